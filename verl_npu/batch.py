@@ -1,0 +1,117 @@
+"""`Batch`: the unit of data that flows between the controller and the workers.
+
+A batch is a set of rows. Each row has tensor fields (stored stacked, dim 0 = row) and
+per-row Python objects (images, ground truths, dicts of processor outputs, ...). Every
+operation keeps the two aligned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import torch
+
+
+@dataclass
+class Batch:
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    lists: dict[str, list] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        sizes = {k: v.shape[0] for k, v in self.tensors.items()}
+        sizes.update({k: len(v) for k, v in self.lists.items()})
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"Batch fields disagree on the number of rows: {sizes}")
+
+    # ---- access -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        for v in self.tensors.values():
+            return int(v.shape[0])
+        for v in self.lists.values():
+            return len(v)
+        return 0
+
+    def __getitem__(self, key: str):
+        if key in self.tensors:
+            return self.tensors[key]
+        return self.lists[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.lists
+
+    def get(self, key: str, default=None):
+        return self[key] if key in self else default
+
+    def set(self, key: str, value) -> None:
+        """Add or replace a field; tensors go to `tensors`, anything else to `lists`."""
+        n = len(self) if (self.tensors or self.lists) else None
+        rows = value.shape[0] if isinstance(value, torch.Tensor) else len(value)
+        if n is not None and rows != n and key not in self:
+            raise ValueError(f"field {key!r} has {rows} rows, batch has {n}")
+        if isinstance(value, torch.Tensor):
+            self.lists.pop(key, None)
+            self.tensors[key] = value
+        else:
+            self.tensors.pop(key, None)
+            self.lists[key] = list(value)
+
+    def update(self, other: "Batch") -> "Batch":
+        for k, v in other.tensors.items():
+            self.set(k, v)
+        for k, v in other.lists.items():
+            self.set(k, v)
+        self.meta.update(other.meta)
+        return self
+
+    # ---- reshaping ----------------------------------------------------------------------
+    def select(self, index: Sequence[int] | torch.Tensor) -> "Batch":
+        """Rows `index`, in that order."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        rows = idx.tolist()
+        return Batch(
+            {k: v[idx.to(v.device)] for k, v in self.tensors.items()},
+            {k: [v[i] for i in rows] for k, v in self.lists.items()},
+            dict(self.meta),
+        )
+
+    def slice(self, start: int, stop: int) -> "Batch":
+        return Batch(
+            {k: v[start:stop] for k, v in self.tensors.items()},
+            {k: v[start:stop] for k, v in self.lists.items()},
+            dict(self.meta),
+        )
+
+    def split(self, size: int) -> list["Batch"]:
+        """Consecutive chunks of `size` rows (the last may be shorter)."""
+        return [self.slice(i, i + size) for i in range(0, len(self), size)]
+
+    def chunk(self, parts: int) -> list["Batch"]:
+        """`parts` equal consecutive chunks; the row count must divide evenly (one per rank)."""
+        if len(self) % parts:
+            raise ValueError(f"cannot split {len(self)} rows into {parts} equal parts")
+        return self.split(len(self) // parts)
+
+    def repeat_interleave(self, n: int) -> "Batch":
+        """Each row repeated n times in place: rows a, b -> a, a, b, b (n=2)."""
+        return Batch(
+            {k: v.repeat_interleave(n, dim=0) for k, v in self.tensors.items()},
+            {k: [x for x in v for _ in range(n)] for k, v in self.lists.items()},
+            dict(self.meta),
+        )
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.lists), dict(self.meta))
+
+    @staticmethod
+    def concat(batches: Iterable["Batch"]) -> "Batch":
+        batches = [b for b in batches if len(b) or b.tensors or b.lists]
+        if not batches:
+            return Batch()
+        first = batches[0]
+        return Batch(
+            {k: torch.cat([b.tensors[k] for b in batches], dim=0) for k in first.tensors},
+            {k: [x for b in batches for x in b.lists[k]] for k in first.lists},
+            dict(first.meta),
+        )

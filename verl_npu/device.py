@@ -1,0 +1,570 @@
+"""The one device layer: every question whose answer depends on NPU / CUDA / CPU is answered here.
+
+No other module branches on the device kind. Code elsewhere asks a `DeviceInfo` (from
+`detect_device`) for the collective backend, the Ray resource request, memory figures, the dtype
+and attention implementation to train with, and so on.
+
+Detection order (`detect_device(None)`): "npu" when `import torch_npu` works and
+`torch.npu.is_available()`, else "cuda" when `torch.cuda.is_available()`, else "cpu".
+An explicit `trainer.device` wins; asking for a kind that is not usable is a `UserError`.
+
+torch is imported lazily inside functions, so importing this module costs only the stdlib.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from verl_npu.errors import UserError
+
+KINDS = ("npu", "cuda", "cpu")
+# Spellings accepted for trainer.device beyond the three kinds.
+_AUTO_SPELLINGS = ("", "auto")
+_ALIASES = {"gpu": "cuda"}
+
+_GIB = float(1 << 30)
+
+# Ascend chips without bf16 (first-generation 910 and the 310 inference cards), matched against
+# torch.npu.get_device_name(); A2/A3 names look like "Ascend910B2" / "Ascend910_9392".
+_FP16_ONLY_NPU_NAME = re.compile(r"910(PremiumA|ProA|A|ProB)(?![0-9A-Za-z_])|Ascend310")
+# torch_npu's SocVersion numbering: bf16 starts at Ascend910B1 (220); 100-104 are first-gen 910,
+# 200-206 are 310P.
+_FIRST_BF16_SOC_VERSION = 220
+
+# Substrings of out-of-memory messages that are plain RuntimeErrors (NPU allocator, CPU allocator).
+_OOM_MESSAGES = ("out of memory", "can't allocate memory", "failed to allocate memory")
+
+
+class EnvDefault(NamedTuple):
+    """One environment default: the variable, the value set when the user has not set it, and why."""
+
+    var: str
+    value: str
+    reason: str
+
+
+# TOKENIZERS_PARALLELISM applies to every kind.
+COMMON_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
+    EnvDefault(
+        "TOKENIZERS_PARALLELISM",
+        "false",
+        "Dataloader workers and Ray workers fork after the tokenizer is used; HF tokenizers then "
+        "warns and can deadlock. Tokenization here is not the bottleneck.",
+    ),
+)
+
+NPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
+    EnvDefault(
+        "HCCL_CONNECT_TIMEOUT",
+        "1800",
+        "HCCL link setup waits only 120 s by default; ranks of an RL job reach their first collective "
+        "minutes apart (model loading, vLLM start-up on many nodes) and would fail with EI0006 "
+        "socket timeouts.",
+    ),
+    EnvDefault(
+        "HCCL_EXEC_TIMEOUT",
+        "3600",
+        "A collective may wait while other ranks finish a long rollout or checkpoint save; the "
+        "default (1836 s) can abort a healthy run with EI0002 'Notify register times out'. "
+        "Note: in AIV expansion mode HCCL caps this at 1091 s.",
+    ),
+    EnvDefault(
+        "TASK_QUEUE_ENABLE",
+        "1",
+        "Level 1 task queue: works with vLLM-Ascend graph mode (ACLGraph capture is rejected at "
+        "level 2) and keeps peak memory lower than level 2. Set 2 yourself for eager-only runs.",
+    ),
+    EnvDefault(
+        "PYTORCH_NPU_ALLOC_CONF",
+        "garbage_collection_threshold:0.95",
+        "Training and rollout share each NPU, so cached blocks are reclaimed before the allocator "
+        "reports OOM from fragmentation. expandable_segments is not used because it conflicts "
+        "with vLLM sleep mode.",
+    ),
+    EnvDefault(
+        "VLLM_ASCEND_ENABLE_NZ",
+        "0",
+        "The FRACTAL_NZ weight layout breaks in-place weight updates from the trainer (garbled "
+        "rollouts after a sync, vllm-ascend #5747).",
+    ),
+    EnvDefault(
+        "USE_OPTIMIZED_MODEL",
+        "0",
+        "vLLM-Ascend's optimized model classes are not suited to RL training, where the rollout "
+        "weights are replaced every step.",
+    ),
+    EnvDefault(
+        "HCCL_HOST_SOCKET_PORT_RANGE",
+        "auto",
+        "Several processes (trainer and rollout engine) open HCCL communicators on the same NPU "
+        "and need distinct host ports.",
+    ),
+    EnvDefault(
+        "HCCL_NPU_SOCKET_PORT_RANGE",
+        "auto",
+        "Same reason as HCCL_HOST_SOCKET_PORT_RANGE, for the device-side sockets.",
+    ),
+)
+
+CUDA_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
+    EnvDefault(
+        "NCCL_DEBUG",
+        "WARN",
+        "Shows NCCL warnings (e.g. a wrong network interface) without the INFO flood.",
+    ),
+)
+
+CPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = ()
+# No thread settings on CPU: Ray already sets OMP_NUM_THREADS to each actor's num_cpus, and in the
+# driver torch has usually initialised its thread pool before this runs.
+
+
+def env_defaults(kind: str) -> tuple[EnvDefault, ...]:
+    """The environment defaults for `kind` ("npu" | "cuda" | "cpu"): kind-specific ones, then common."""
+    specific = {"npu": NPU_ENV_DEFAULTS, "cuda": CUDA_ENV_DEFAULTS, "cpu": CPU_ENV_DEFAULTS}
+    if kind not in specific:
+        raise ValueError(f"unknown device kind {kind!r}; expected one of {KINDS}")
+    return specific[kind] + COMMON_ENV_DEFAULTS
+
+
+def apply_env_defaults(
+    kind: str, env: MutableMapping[str, str] | None = None
+) -> list[tuple[str, str, str]]:
+    """Set each default of `env_defaults(kind)` in `env` (default `os.environ`) unless the variable is
+    already present (a value the user set, even an empty one, wins).
+
+    Returns `(var, value, reason)` for each default that was applied, in table order.
+    """
+    env = os.environ if env is None else env
+    applied: list[tuple[str, str, str]] = []
+    for default in env_defaults(kind):
+        if default.var not in env:
+            env[default.var] = default.value
+            applied.append((default.var, default.value, default.reason))
+    return applied
+
+
+def ray_runtime_env(kind: str, env: MutableMapping[str, str] | None = None) -> dict[str, Any]:
+    """The Ray `runtime_env` every worker should get: `{"env_vars": {var: value}}` for each variable of
+    `env_defaults(kind)`, with the driver's value (from `env`, default `os.environ`) when it has one,
+    else the default. This makes workers on every node agree with the driver.
+
+    The visible-devices variable is never included: Ray sets `ASCEND_RT_VISIBLE_DEVICES` /
+    `CUDA_VISIBLE_DEVICES` per actor to the devices it was given (unless the user sets
+    `RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1`; see `DeviceInfo.local_device_index`).
+    """
+    env = os.environ if env is None else env
+    env_vars = {d.var: env.get(d.var, d.value) for d in env_defaults(kind)}
+    return {"env_vars": env_vars}
+
+
+# ----------------------------------------------------------------------------------------------
+# Detection
+
+
+def _import_torch_npu() -> tuple[Any, str]:
+    """Import torch_npu (which registers `torch.npu`). Returns (module or None, why not)."""
+    try:
+        import torch_npu  # noqa: F401  (import registers torch.npu)
+    except Exception as exc:  # ImportError, or OSError/RuntimeError when CANN is not sourced
+        return None, f"torch_npu does not import ({type(exc).__name__}: {exc})"
+    return torch_npu, ""
+
+
+def _probe_npu() -> tuple[bool, str]:
+    """(usable, description) for NPU."""
+    module, why = _import_torch_npu()
+    if module is None:
+        return False, why
+    import torch
+
+    npu = getattr(torch, "npu", None)
+    if npu is None:
+        return False, "torch_npu imports but torch.npu is missing"
+    try:
+        if not npu.is_available():
+            return False, "torch_npu imports but torch.npu.is_available() is False (no NPU visible)"
+        return True, f"{npu.device_count()} NPU(s)"
+    except RuntimeError as exc:
+        return False, f"torch.npu.is_available() failed: {exc}"
+
+
+def _probe_cuda() -> tuple[bool, str]:
+    """(usable, description) for CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "torch.cuda.is_available() is False"
+    return True, f"{torch.cuda.device_count()} CUDA GPU(s)"
+
+
+def _probe(kind: str) -> tuple[bool, str]:
+    if kind == "npu":
+        return _probe_npu()
+    if kind == "cuda":
+        return _probe_cuda()
+    return True, f"{os.cpu_count()} CPU core(s)"
+
+
+def _normalize_requested(requested: str | None) -> str | None:
+    if requested is None:
+        return None
+    name = str(requested).strip().lower()
+    if name in _AUTO_SPELLINGS:
+        return None
+    name = _ALIASES.get(name, name)
+    if name not in KINDS:
+        raise UserError(
+            f"trainer.device={requested!r} is not a device kind. "
+            f"Fix: set trainer.device to npu, cuda or cpu, or leave it unset (null) to detect."
+        )
+    return name
+
+
+def detect_device(requested: str | None = None) -> "DeviceInfo":
+    """The device to run on.
+
+    `requested` is `trainer.device`: None / "" / "auto" detects ("npu" if torch_npu imports and
+    `torch.npu.is_available()`, else "cuda" if `torch.cuda.is_available()`, else "cpu");
+    "npu" / "cuda" / "cpu" (or "gpu" for cuda) is used as given after checking it is usable.
+    Raises `UserError` naming trainer.device and what was found when it is not.
+    """
+    kind = _normalize_requested(requested)
+    if kind is None:
+        for candidate in ("npu", "cuda"):
+            if _probe(candidate)[0]:
+                return DeviceInfo(candidate)
+        return DeviceInfo("cpu")
+    usable, why = _probe(kind)
+    if not usable:
+        found = "; ".join(f"{k}: {_probe(k)[1]}" for k in KINDS if k != kind)
+        hint = (
+            "install torch_npu matching your torch and source the CANN set_env.sh before starting"
+            if kind == "npu"
+            else "install a CUDA build of torch and check CUDA_VISIBLE_DEVICES / nvidia-smi"
+        )
+        raise UserError(
+            f"trainer.device={kind} was requested but {kind} is not usable here: {why}. "
+            f"Found instead: {found}. Fix: {hint}; or leave trainer.device unset (null) to use what "
+            f"is found, or set trainer.device=cpu."
+        )
+    return DeviceInfo(kind)
+
+
+# ----------------------------------------------------------------------------------------------
+# The answers
+
+
+def _proc_kib(path: str, field: str) -> int | None:
+    """The value in KiB of `field:` in a /proc file such as /proc/self/status, or None."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cpu_memory_gb() -> dict[str, float]:
+    """Process and host memory on CPU (Linux /proc; getrusage / sysconf elsewhere)."""
+    rss_kib = _proc_kib("/proc/self/status", "VmRSS")
+    peak_kib = _proc_kib("/proc/self/status", "VmHWM")
+    if peak_kib is None:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak_kib = peak // 1024 if sys.platform == "darwin" else peak  # macOS reports bytes
+    if rss_kib is None:
+        rss_kib = peak_kib
+    total_kib = _proc_kib("/proc/meminfo", "MemTotal")
+    free_kib = _proc_kib("/proc/meminfo", "MemAvailable")
+    if total_kib is None:
+        try:
+            page = os.sysconf("SC_PAGE_SIZE")
+            total_kib = os.sysconf("SC_PHYS_PAGES") * page // 1024
+            free_kib = os.sysconf("SC_AVPHYS_PAGES") * page // 1024
+        except (ValueError, OSError, AttributeError):
+            total_kib = free_kib = 0
+    to_gb = 1024.0 / _GIB
+    return {
+        "allocated_gb": rss_kib * to_gb,
+        "reserved_gb": rss_kib * to_gb,
+        "peak_gb": max(peak_kib, rss_kib) * to_gb,
+        "free_gb": (free_kib or 0) * to_gb,
+        "total_gb": total_kib * to_gb,
+    }
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Answers for one device kind ("npu" | "cuda" | "cpu"). Cheap to create; holds no state."""
+
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown device kind {self.kind!r}; expected one of {KINDS}")
+
+    # -- static answers ------------------------------------------------------------------------
+
+    @property
+    def is_accelerator(self) -> bool:
+        """True for npu and cuda."""
+        return self.kind != "cpu"
+
+    @property
+    def torch_module(self) -> Any:
+        """`torch.npu` / `torch.cuda`, or None on cpu."""
+        if self.kind == "cpu":
+            return None
+        import torch
+
+        return getattr(torch, self.kind)
+
+    @property
+    def dist_backend(self) -> str:
+        """torch.distributed backend: "hccl" | "nccl" | "gloo"."""
+        return {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[self.kind]
+
+    @property
+    def visible_devices_env(self) -> str | None:
+        """The variable that restricts which devices a process sees, or None on cpu."""
+        return {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES", "cpu": None}[self.kind]
+
+    @property
+    def ray_resource(self) -> str | None:
+        """Ray resource name for one device ("NPU" | "GPU"); None on cpu (workers ask for CPUs only)."""
+        return {"npu": "NPU", "cuda": "GPU", "cpu": None}[self.kind]
+
+    def ray_actor_options(self, num_devices: int = 1, num_cpus: int = 1) -> dict[str, Any]:
+        """Options for `RemoteClass.options(**...)`: npu `{"num_cpus": c, "resources": {"NPU": n}}`,
+        cuda `{"num_cpus": c, "num_gpus": n}`, cpu `{"num_cpus": c}` (num_devices ignored)."""
+        options: dict[str, Any] = {"num_cpus": num_cpus}
+        if self.kind == "npu":
+            options["resources"] = {"NPU": num_devices}
+        elif self.kind == "cuda":
+            options["num_gpus"] = num_devices
+        return options
+
+    def ray_bundle(self, num_devices: int = 1, num_cpus: int = 1) -> dict[str, float]:
+        """One placement-group bundle: `{"CPU": c, "NPU"|"GPU": n}`, or `{"CPU": c}` on cpu."""
+        bundle: dict[str, float] = {"CPU": num_cpus}
+        if self.ray_resource is not None:
+            bundle[self.ray_resource] = num_devices
+        return bundle
+
+    # -- devices -------------------------------------------------------------------------------
+
+    def count(self) -> int:
+        """Devices visible to this process (cpu: `os.cpu_count()`)."""
+        if self.kind == "cpu":
+            return os.cpu_count() or 1
+        return int(self.torch_module.device_count())
+
+    def device_name(self, index: int = 0) -> str:
+        """Marketing name of device `index` (e.g. "Ascend910B2"); cpu: "cpu"."""
+        if self.kind == "cpu":
+            return "cpu"
+        return str(self.torch_module.get_device_name(index))
+
+    def describe(self) -> str:
+        """One line for logs, e.g. "npu: 8 x Ascend910B2, backend hccl"."""
+        if self.kind == "cpu":
+            return f"cpu: {self.count()} core(s), backend gloo"
+        return f"{self.kind}: {self.count()} x {self.device_name(0)}, backend {self.dist_backend}"
+
+    def local_device_index(self, local_rank: int = 0) -> int:
+        """Device index a worker with `local_rank` should use in its own process.
+
+        When the visible-devices variable lists exactly one device (Ray's default: each actor sees
+        only its own device), that device is index 0; otherwise (torchrun, or Ray with
+        RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1) it is `local_rank`. cpu: 0.
+        """
+        if self.kind == "cpu":
+            return 0
+        visible = os.environ.get(self.visible_devices_env or "", "")
+        ids = [part for part in visible.split(",") if part.strip()]
+        return 0 if len(ids) == 1 else local_rank
+
+    def torch_device(self, local_rank: int = 0) -> Any:
+        """`torch.device` for this worker: cpu, or `<kind>:<local_device_index(local_rank)>`."""
+        import torch
+
+        if self.kind == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.kind, self.local_device_index(local_rank))
+
+    def set_device(self, local_rank: int = 0) -> None:
+        """Make `local_device_index(local_rank)` the current device (no-op on cpu)."""
+        if self.kind != "cpu":
+            self.torch_module.set_device(self.local_device_index(local_rank))
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def memory(self) -> dict[str, float]:
+        """Memory figures in GiB.
+
+        Accelerators (current device): allocated_gb = memory_allocated, reserved_gb =
+        memory_reserved (held by the caching allocator), peak_gb = max_memory_allocated since the
+        last `reset_peak_memory`, free_gb / total_gb = mem_get_info (device-wide, all processes).
+        cpu: allocated_gb = reserved_gb = this process's RSS, peak_gb = its peak RSS (VmHWM),
+        free_gb = host MemAvailable, total_gb = host MemTotal.
+        """
+        if self.kind == "cpu":
+            return _cpu_memory_gb()
+        mod = self.torch_module
+        allocated = mod.memory_allocated()
+        reserved = mod.memory_reserved()
+        try:
+            free, total = mod.mem_get_info()
+        except (RuntimeError, AttributeError):
+            total = mod.get_device_properties(mod.current_device()).total_memory
+            free = total - reserved
+        return {
+            "allocated_gb": allocated / _GIB,
+            "reserved_gb": reserved / _GIB,
+            "peak_gb": mod.max_memory_allocated() / _GIB,
+            "free_gb": free / _GIB,
+            "total_gb": total / _GIB,
+        }
+
+    def reset_peak_memory(self) -> None:
+        """Restart peak tracking. cpu (Linux): resets VmHWM to the current RSS via
+        /proc/self/clear_refs; where that is not allowed the peak stays the process lifetime peak."""
+        if self.kind != "cpu":
+            self.torch_module.reset_peak_memory_stats()
+            return
+        try:
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+                fh.write("5")
+        except OSError:
+            pass
+
+    def empty_cache(self) -> None:
+        """Return cached allocator blocks to the device (no-op on cpu)."""
+        if self.kind != "cpu":
+            self.torch_module.empty_cache()
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (no-op on cpu)."""
+        if self.kind != "cpu":
+            self.torch_module.synchronize()
+
+    def is_oom_error(self, exc: BaseException) -> bool:
+        """True for `torch.OutOfMemoryError` (CUDA), Python `MemoryError`, and RuntimeErrors whose
+        message says an allocator ran out ("NPU out of memory", CPU "can't allocate memory")."""
+        import torch
+
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        if isinstance(exc, RuntimeError):
+            text = str(exc).lower()
+            return any(msg in text for msg in _OOM_MESSAGES)
+        return False
+
+    # -- randomness ----------------------------------------------------------------------------
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed torch's CPU generator and every device generator of this kind with `seed`."""
+        import torch
+
+        torch.manual_seed(seed)
+        if self.kind != "cpu":
+            self.torch_module.manual_seed_all(seed)
+
+    def rng_state(self) -> dict[str, Any]:
+        """Device generator states for a checkpoint: `{kind: [state per visible device]}`; cpu: {}.
+        (torch's CPU generator is not included: save `torch.get_rng_state()` beside it.)"""
+        if self.kind == "cpu":
+            return {}
+        return {self.kind: list(self.torch_module.get_rng_state_all())}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore what `rng_state` returned. States saved on another kind are ignored (a run moved
+        from npu to cpu cannot replay device randomness); with fewer devices than saved, the first
+        ones are restored."""
+        if self.kind == "cpu" or self.kind not in state:
+            return
+        saved = list(state[self.kind])
+        count = self.count()
+        if len(saved) >= count:
+            self.torch_module.set_rng_state_all(saved[:count])
+        else:
+            for index, device_state in enumerate(saved):
+                self.torch_module.set_rng_state(device_state, index)
+
+    # -- numerics and kernels ------------------------------------------------------------------
+
+    def supports_bf16(self) -> bool:
+        """Whether the device computes in bfloat16.
+
+        cpu: True. cuda: `torch.cuda.is_bf16_supported()`. npu: False when the device name is a
+        first-generation 910 ("Ascend910A", "910ProA", "910PremiumA", "910ProB") or a 310; else
+        `torch.npu.is_bf16_supported()` when torch_npu has it; else SoC version >= Ascend910B1.
+        """
+        if self.kind == "cpu":
+            return True
+        if self.kind == "cuda":
+            return bool(self.torch_module.is_bf16_supported())
+        npu = self.torch_module
+        try:
+            name = str(npu.get_device_name(npu.current_device()))
+        except (RuntimeError, AttributeError):
+            name = ""
+        if _FP16_ONLY_NPU_NAME.search(name):
+            return False
+        if hasattr(npu, "is_bf16_supported"):
+            try:
+                return bool(npu.is_bf16_supported())
+            except RuntimeError:
+                pass
+        soc = _npu_soc_version()
+        return soc is None or soc >= _FIRST_BF16_SOC_VERSION
+
+    def train_dtype(self) -> Any:
+        """Compute dtype for training: bfloat16 on accelerators that support it, float32 otherwise
+        (cpu, and fp16-only NPUs: fp16 would need loss scaling, which verl-npu does not do)."""
+        import torch
+
+        if self.is_accelerator and self.supports_bf16():
+            return torch.bfloat16
+        return torch.float32
+
+    def attn_implementation(self) -> str:
+        """transformers `attn_implementation`: "sdpa" on cuda/cpu. On npu "flash_attention_2" (which
+        transformers routes to its Ascend integration over torch_npu.npu_fusion_attention) when
+        that integration and the op exist, else "eager"."""
+        if self.kind != "npu":
+            return "sdpa"
+        import importlib.util
+
+        torch_npu = sys.modules.get("torch_npu")
+        try:
+            has_integration = (
+                importlib.util.find_spec("transformers.integrations.npu_flash_attention") is not None
+            )
+        except (ImportError, ValueError):
+            has_integration = False
+        if has_integration and hasattr(torch_npu, "npu_fusion_attention"):
+            return "flash_attention_2"
+        return "eager"
+
+
+def _npu_soc_version() -> int | None:
+    """torch_npu's SoC version number, or None when it cannot be read."""
+    torch_npu = sys.modules.get("torch_npu")
+    for owner in (getattr(torch_npu, "npu", None), getattr(getattr(torch_npu, "npu", None), "utils", None)):
+        getter = getattr(owner, "get_soc_version", None)
+        if getter is not None:
+            try:
+                return int(getter())
+            except (RuntimeError, TypeError, ValueError):
+                return None
+    return None

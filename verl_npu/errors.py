@@ -1,0 +1,40 @@
+"""Errors a user can fix, kept apart from bugs.
+
+A `UserError` is printed by the CLI without a traceback (exit 1); anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class UserError(Exception):
+    """A mistake the user can fix. The message names the thing that is wrong and the fix."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One config problem: the full dotted key, what is wrong, and how to fix it."""
+
+    key: str
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.key}: {self.message}"
+        if self.fix:
+            text += f"\n    fix: {self.fix}"
+        return text
+
+
+class ConfigErrors(UserError):
+    """Every problem found in a config, reported at once."""
+
+    def __init__(self, problems: list[Problem], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = [f"{len(self.problems)} config problem(s){where}:"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))

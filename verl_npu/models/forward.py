@@ -1,0 +1,168 @@
+"""Per-token log-probabilities of responses under a policy model.
+
+`response_log_probs` is the one function that turns (prompt + response) token ids into the
+log-probability of each response token, for any transformers causal LM and for Qwen2/2.5-VL
+(images in, 3-D rope positions from the model's own position logic). Two paths give the same
+numbers:
+
+- padded: the batch as a [N, L] tensor with an attention mask;
+- padding-free (`use_remove_padding`): all real tokens packed into one [1, T] row with
+  per-sequence position ids, so no compute is spent on padding. Attention stays inside each
+  sequence because transformers builds a block-diagonal mask from position ids that restart at 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from verl_npu.errors import UserError
+
+# Model types whose forward accepts packed sequences described only by restarting position ids.
+_PACKING_MODEL_TYPES = {"qwen2", "qwen2_5_vl", "qwen2_vl", "qwen3", "llama", "mistral"}
+
+
+@dataclass
+class VisionTokens:
+    """Token ids that mark images / videos in the sequence (None for text-only models)."""
+
+    image_token_id: int | None
+    video_token_id: int | None
+
+    @classmethod
+    def of(cls, model) -> "VisionTokens":
+        cfg = model.config
+        return cls(getattr(cfg, "image_token_id", None), getattr(cfg, "video_token_id", None))
+
+    @property
+    def is_vision(self) -> bool:
+        return self.image_token_id is not None
+
+
+def mm_token_type_ids(input_ids: torch.Tensor, vt: VisionTokens) -> torch.Tensor:
+    """0 for text, 1 for image placeholder tokens, 2 for video ones (Qwen-VL convention)."""
+    types = torch.zeros_like(input_ids, dtype=torch.int32)
+    if vt.image_token_id is not None:
+        types[input_ids == vt.image_token_id] = 1
+    if vt.video_token_id is not None:
+        types[input_ids == vt.video_token_id] = 2
+    return types
+
+
+def merge_multi_modal_inputs(rows: list[dict] | None, device) -> dict[str, torch.Tensor]:
+    """Concatenate per-row processor outputs (pixel_values, image_grid_thw, ...) for one forward."""
+    if not rows:
+        return {}
+    merged: dict[str, list[torch.Tensor]] = {}
+    for row in rows:
+        for key, value in (row or {}).items():
+            merged.setdefault(key, []).append(value)
+    return {k: torch.cat(v, dim=0).to(device) for k, v in merged.items() if v}
+
+
+def supports_remove_padding(model) -> bool:
+    return getattr(model.config, "model_type", None) in _PACKING_MODEL_TYPES
+
+
+def _text_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.clamp(min=0)
+
+
+def rope_positions(model, input_ids, attention_mask, mm_inputs, vt: VisionTokens) -> torch.Tensor:
+    """Position ids as the model itself computes them: [N, L] for text models; [3, N, L] 3-D rope for
+    Qwen-VL with images (via the model's own `get_rope_index`)."""
+    if vt.is_vision and "image_grid_thw" in mm_inputs:
+        inner = getattr(model, "model", model)
+        positions, _ = inner.get_rope_index(
+            input_ids,
+            mm_token_type_ids=mm_token_type_ids(input_ids, vt),
+            image_grid_thw=mm_inputs.get("image_grid_thw"),
+            video_grid_thw=mm_inputs.get("video_grid_thw"),
+            attention_mask=attention_mask,
+        )
+        return positions
+    text = _text_positions(attention_mask)
+    return text.unsqueeze(0).expand(3, -1, -1) if vt.is_vision else text
+
+
+def _token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = logits.float()
+    return torch.gather(F.log_softmax(logits, dim=-1), -1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def response_log_probs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    *,
+    multi_modal_inputs: list[dict] | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    remove_padding: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(token_t | tokens_<t) for the last `response_length` positions of each row.
+
+    `input_ids` / `attention_mask` are [N, L] = left-padded prompt followed by right-padded
+    response. Logits are divided by `temperature` (the sampling temperature, so the numbers
+    match the distribution the rollout sampled from). Returns (log_probs [N, R], entropy [N, R]
+    or None); positions under padding hold values that callers mask out.
+    """
+    device = input_ids.device
+    vt = VisionTokens.of(model)
+    mm = merge_multi_modal_inputs(multi_modal_inputs, device)
+    positions = rope_positions(model, input_ids, attention_mask, mm, vt)
+    n, length = input_ids.shape
+    targets = torch.roll(input_ids, shifts=-1, dims=1)  # targets[:, t] = input_ids[:, t + 1]
+
+    if remove_padding:
+        if not supports_remove_padding(model):
+            raise UserError(
+                f"actor_rollout_ref.model.use_remove_padding=true is not supported for model type "
+                f"{model.config.model_type!r}; set actor_rollout_ref.model.use_remove_padding=false"
+            )
+        keep = attention_mask.bool()
+        flat_ids = input_ids[keep].unsqueeze(0)
+        text_pos = _text_positions(attention_mask)[keep].unsqueeze(0)
+        if positions.dim() == 3:  # [3, N, L] -> [4, 1, T]: text positions first (they delimit sequences)
+            packed_pos = torch.cat([text_pos.unsqueeze(0), positions[:, keep].unsqueeze(1)], dim=0)
+        else:
+            packed_pos = text_pos
+        extra = dict(mm)
+        out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False, **extra)
+        logits = out.logits[0] / temperature  # [T, V]
+        # A row's last real token "predicts" the next row's first token here; that position is
+        # never read (responses end before it or it is padding), so no special case is needed.
+        lp_flat = _token_log_probs(logits, targets[keep])
+        log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
+        log_probs[keep] = lp_flat
+        entropy = None
+        if with_entropy:
+            entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
+            entropy[keep] = _entropy(logits)
+    else:
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            use_cache=False,
+            **mm,
+        )
+        logits = out.logits / temperature  # [N, L, V]
+        log_probs = _token_log_probs(logits, targets)
+        entropy = _entropy(logits) if with_entropy else None
+
+    # logits at position t predict token t+1: responses occupy [L-R, L), so read [L-R-1, L-1)
+    start = length - response_length - 1
+    log_probs = log_probs[:, start : length - 1]
+    if entropy is not None:
+        entropy = entropy[:, start : length - 1]
+    return log_probs, entropy

@@ -1,0 +1,98 @@
+"""The rollout engine interface: prompts (with images) in, response token ids (and log-probs) out.
+
+Every engine (`hf` here, `vllm` / `vllm-ascend` for accelerators) implements `RolloutEngine`,
+so the worker code does not care which one samples. Row layout of a generated batch: the n
+samples of prompt i are rows i*n .. i*n + n - 1.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from verl_npu.batch import Batch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: verl's rollout keys (`rollout.*` or `rollout.val_kwargs.*` for validation)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    do_sample: bool = True
+    max_new_tokens: int = 512
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return (not self.do_sample) or self.temperature <= 0
+
+    @classmethod
+    def for_training(cls, rollout_cfg) -> "SamplingParams":
+        return cls(
+            n=int(rollout_cfg.n),
+            temperature=float(rollout_cfg.temperature),
+            top_k=int(rollout_cfg.top_k),
+            top_p=float(rollout_cfg.top_p),
+            do_sample=bool(rollout_cfg.do_sample),
+            max_new_tokens=int(rollout_cfg.response_length),
+            ignore_eos=bool(rollout_cfg.ignore_eos),
+        )
+
+    @classmethod
+    def for_validation(cls, rollout_cfg) -> "SamplingParams":
+        val = rollout_cfg.val_kwargs
+        return cls(
+            n=int(val.n),
+            temperature=float(val.temperature),
+            top_k=int(val.top_k),
+            top_p=float(val.top_p),
+            do_sample=bool(val.do_sample),
+            max_new_tokens=int(rollout_cfg.response_length),
+            ignore_eos=bool(rollout_cfg.ignore_eos),
+        )
+
+
+class RolloutEngine(ABC):
+    """Samples responses for a batch of prompts."""
+
+    @abstractmethod
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """`prompts` holds `input_ids` / `attention_mask` [B, P] (left-padded), `raw_prompt_ids`,
+        and for multimodal rows `multi_modal_data` ({"image": [PIL]}) and `multi_modal_inputs`
+        (processor tensors). Returns B*n rows with: `prompts` [B*n, P], `responses` [B*n, R]
+        (right-padded), `response_mask` [B*n, R] (1 on generated tokens up to and including EOS),
+        `input_ids` / `attention_mask` [B*n, P+R], and every per-row field of `prompts`
+        repeated n times."""
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Push the actor's new weights into the engine (no-op for engines that share them)."""
+
+    def sleep(self) -> None:
+        """Free engine memory between rollouts (KV cache, weights copy) where supported."""
+
+    def wake_up(self) -> None:
+        """Undo `sleep`."""
+
+
+def finish_rollout(prompts: Batch, responses: torch.Tensor, eos_ids: list[int], pad_id: int, n: int) -> Batch:
+    """Shared tail of every engine: pad responses, build masks and the full sequences."""
+    rows = prompts.repeat_interleave(n)
+    is_eos = torch.zeros_like(responses, dtype=torch.bool)
+    for eos in eos_ids:
+        is_eos |= responses == eos
+    # tokens after the first EOS are not part of the response
+    after_eos = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) > 0
+    response_mask = (~after_eos).long()
+    responses = responses.masked_fill(after_eos, pad_id)
+    prompt_ids = rows["input_ids"]
+    rows.set("prompts", prompt_ids)
+    rows.set("responses", responses)
+    rows.set("response_mask", response_mask)
+    rows.set("input_ids", torch.cat([prompt_ids, responses], dim=1))
+    rows.set("attention_mask", torch.cat([rows["attention_mask"], response_mask], dim=1))
+    return rows

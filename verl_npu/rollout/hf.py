@@ -1,0 +1,75 @@
+"""`hf` rollout: transformers `generate` on the actor's own module.
+
+It runs anywhere torch runs (the CPU demo, tests, a single accelerator) and always samples from
+the actor's current weights, so there is nothing to synchronise after an update.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from verl_npu.batch import Batch
+from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids
+from verl_npu.rollout.base import RolloutEngine, SamplingParams, finish_rollout
+
+
+class HFRollout(RolloutEngine):
+    def __init__(self, module: torch.nn.Module, tokenizer, micro_batch_size: int | None = None, synced: bool = False):
+        self.module = module
+        # sharded (FSDP) modules: every rank must run the same number of forward passes, so ranks
+        # keep stepping until all of them are done (transformers' synced_gpus)
+        self.synced = synced
+        self.tokenizer = tokenizer
+        self.micro_batch_size = micro_batch_size
+        gen_cfg = getattr(module, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        chunks = prompts.split(self.micro_batch_size) if self.micro_batch_size else [prompts]
+        responses = [self._generate_chunk(chunk, params) for chunk in chunks]
+        width = params.max_new_tokens
+        responses = torch.cat([F.pad(r, (0, width - r.shape[1]), value=self.pad_id) for r in responses])
+        return finish_rollout(prompts, responses, self.eos_ids, self.pad_id, params.n)
+
+    def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> torch.Tensor:
+        module = self.module
+        was_training = module.training
+        module.eval()
+        rows = prompts.repeat_interleave(params.n)
+        device = next(module.parameters()).device
+        input_ids = rows["input_ids"].to(device)
+        kwargs = dict(
+            input_ids=input_ids,
+            attention_mask=rows["attention_mask"].to(device),
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            use_cache=True,
+            synced_gpus=self.synced,
+        )
+        if params.ignore_eos:
+            kwargs["min_new_tokens"] = params.max_new_tokens
+        if params.greedy:
+            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        else:
+            kwargs.update(
+                do_sample=True,
+                temperature=params.temperature,
+                top_k=params.top_k if params.top_k > 0 else 0,  # 0 = no top-k (not the config default 50)
+                top_p=params.top_p,
+            )
+        mm_rows = rows.get("multi_modal_inputs")
+        if mm_rows and any(mm_rows):
+            kwargs.update(merge_multi_modal_inputs(mm_rows, device))
+            kwargs["mm_token_type_ids"] = mm_token_type_ids(input_ids, VisionTokens.of(module))
+        try:
+            out = module.generate(**kwargs)
+        finally:
+            module.train(was_training)
+        return out[:, input_ids.shape[1] :].cpu()

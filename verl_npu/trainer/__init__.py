@@ -1,0 +1,1 @@
+"""The single-controller PPO/GRPO loop, checkpoints and run tracking."""
