@@ -28,6 +28,10 @@ class HFRollout(RolloutEngine):
             eos = tokenizer.eos_token_id
         self.eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        # a response must never contain image/video markers: the model would look for pixels for them
+        cfg = module.config
+        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        self.suppress_ids = [int(getattr(cfg, n)) for n in names if getattr(cfg, n, None) is not None]
 
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -53,6 +57,8 @@ class HFRollout(RolloutEngine):
             use_cache=True,
             synced_gpus=self.synced,
         )
+        if self.suppress_ids:
+            kwargs["suppress_tokens"] = self.suppress_ids
         if params.ignore_eos:
             kwargs["min_new_tokens"] = params.max_new_tokens
         if params.greedy:

@@ -1,0 +1,176 @@
+"""One broken config per validation rule: exit code 1 and a message naming the right key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verl_npu.cli import main
+from verl_npu.config import load_recipe
+from verl_npu.errors import ConfigErrors
+
+# The flagship recipe (8 devices, n=4, train batch 32, mini 8, micro 1) with its placeholders filled.
+FILLED = [
+    "af_output_dir=/tmp/verl_npu_out",
+    "data.train_files=/data/geo3k/train.parquet",
+    "data.val_files=/data/geo3k/test.parquet",
+    "actor_rollout_ref.model.path=/models/Qwen2.5-VL-7B-Instruct",
+]
+A = "backend_config.actor_rollout_ref."
+
+# (overrides, full key that must be named, fragment of the message)
+BROKEN = [
+    # required fields and placeholders
+    (["af_output_dir=null"], "af_output_dir", "required"),
+    (["data.train_files=EDIT_ME: train"], "backend_config.data.train_files", "placeholder"),
+    # types and ranges
+    (["data.train_batch_size=abc"], "backend_config.data.train_batch_size", "must be a int"),
+    (["data.shuffle=3"], "backend_config.data.shuffle", "must be a bool"),
+    (["actor_rollout_ref.rollout.gpu_memory_utilization=1.5"], A + "rollout.gpu_memory_utilization", "out of range"),
+    (["actor_rollout_ref.actor.optim.lr=-1.0"], A + "actor.optim.lr", "out of range"),
+    (["data.max_prompt_length=0"], "backend_config.data.max_prompt_length", "out of range"),
+    # enums
+    (["algorithm.adv_estimator=foo"], "backend_config.algorithm.adv_estimator", "not one of"),
+    (["actor_rollout_ref.actor.kl_loss_type=bar"], A + "actor.kl_loss_type", "not one of"),
+    (["algorithm.kl_penalty=bar"], "backend_config.algorithm.kl_penalty", "not one of"),
+    (["actor_rollout_ref.actor.loss_agg_mode=sum"], A + "actor.loss_agg_mode", "not one of"),
+    (["data.truncation=cut"], "backend_config.data.truncation", "not one of"),
+    (["trainer.resume_mode=always"], "backend_config.trainer.resume_mode", "not one of"),
+    (["trainer.logger=[console,foo]"], "backend_config.trainer.logger", "not one of"),
+    (["actor_rollout_ref.rollout.name=tgi"], A + "rollout.name", "not one of"),
+    (["actor_rollout_ref.actor.strategy=deepspeed"], A + "actor.strategy", "not one of"),
+    (["actor_rollout_ref.actor.optim.warmup_style=linear"], A + "actor.optim.warmup_style", "not one of"),
+    # known to verl, not supported by verl-npu
+    (["algorithm.adv_estimator=gae"], "backend_config.algorithm.adv_estimator", "does not support"),
+    (["actor_rollout_ref.rollout.name=sglang"], A + "rollout.name", "does not support"),
+    (["trainer.logger=[console,wandb]"], "backend_config.trainer.logger", "does not support"),
+    (["actor_rollout_ref.actor.strategy=megatron"], A + "actor.strategy", "does not support"),
+    (["actor_rollout_ref.model.lora_rank=8"], A + "model.lora_rank", "does not support LoRA"),
+    (["reward_model.enable=true"], "backend_config.reward_model.enable", "does not support reward models"),
+    (["critic.ppo_mini_batch_size=8"], "backend_config.critic.ppo_mini_batch_size", "does not support a critic"),
+    (["critic.enable=true"], "backend_config.critic.enable", "does not support a critic"),
+    (["trainer.default_hdfs_dir=hdfs://x"], "backend_config.trainer.default_hdfs_dir", "does not support HDFS"),
+    (["data.custom_cls.path=my.py"], "backend_config.data.custom_cls.path", "does not support custom dataset"),
+    (["data.video_key=videos"], "backend_config.data.video_key", "does not support video"),
+    (["actor_rollout_ref.model.use_fused_kernels=true"], A + "model.use_fused_kernels", "does not support fused"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"], A + "actor.policy_loss.loss_mode", "does not support"),
+    (["actor_rollout_ref.rollout.multi_turn.max_turns=3"], A + "rollout.multi_turn.max_turns", "does not support"),
+    # deprecated verl keys name their replacement
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=8"], A + "actor.ppo_micro_batch_size",
+     "ppo_micro_batch_size_per_gpu"),
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size=8"], A + "rollout.log_prob_micro_batch_size",
+     "log_prob_micro_batch_size_per_gpu"),
+    (["actor_rollout_ref.ref.log_prob_micro_batch_size=8"], A + "ref.log_prob_micro_batch_size",
+     "log_prob_micro_batch_size_per_gpu"),
+    (["trainer.remove_previous_ckpt_in_save=true"], "backend_config.trainer.remove_previous_ckpt_in_save",
+     "max_actor_ckpt_to_keep"),
+    # unknown keys, with a suggestion
+    (["data.max_promt_length=5"], "backend_config.data.max_promt_length", "did you mean backend_config.data.max_prompt_length"),
+    (["data.ppo_mini_batch_size=5"], "backend_config.data.ppo_mini_batch_size",
+     "did you mean backend_config.actor_rollout_ref.actor.ppo_mini_batch_size"),
+    (["foo.bar=1"], "foo.bar", "unknown top-level key"),
+    # batch relations
+    (["data.train_batch_size=4"], A + "actor.ppo_mini_batch_size", "larger than data.train_batch_size"),
+    (["data.train_batch_size=33"], "backend_config.data.train_batch_size", "cannot be split evenly"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=9"], A + "actor.ppo_mini_batch_size", "cannot be split evenly"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"], A + "actor.ppo_micro_batch_size_per_gpu",
+     "not divisible by 3"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"], A + "actor.ppo_micro_batch_size_per_gpu",
+     "use_dynamic_bsz is false"),
+    (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null"], A + "ref.log_prob_micro_batch_size_per_gpu",
+     "use_dynamic_bsz is false"),
+    (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000"],
+     A + "actor.ppo_max_token_len_per_gpu", "cannot hold one sequence"),
+    (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=100"],
+     A + "ref.log_prob_max_token_len_per_gpu", "cannot hold one sequence"),
+    (["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true"], A + "rollout.log_prob_use_dynamic_bsz",
+     "actor.use_dynamic_bsz is False"),
+    # group estimators, sampling
+    (["actor_rollout_ref.rollout.n=1"], A + "rollout.n", "needs at least 2"),
+    (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], A + "rollout.n", "needs at least 2"),
+    (["actor_rollout_ref.rollout.temperature=0"], A + "rollout.temperature", "do_sample is true"),
+    (["actor_rollout_ref.rollout.val_kwargs.do_sample=true"], A + "rollout.val_kwargs.temperature",
+     "do_sample is true"),
+    # resume
+    (["trainer.resume_mode=resume_path"], "backend_config.trainer.resume_from_path", "global_step_N"),
+    (["trainer.resume_mode=resume_path", "trainer.resume_from_path=/ckpt/latest"],
+     "backend_config.trainer.resume_from_path", "global_step_N"),
+    # parallel sizes
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], A + "rollout.tensor_model_parallel_size",
+     "does not divide the 8 devices"),
+    (["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+     A + "rollout.tensor_model_parallel_size", "hf rollout"),
+    (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=3"], A + "actor.ulysses_sequence_parallel_size",
+     "does not divide"),
+    (["actor_rollout_ref.ref.ulysses_sequence_parallel_size=3"], A + "ref.ulysses_sequence_parallel_size",
+     "does not divide"),
+    (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.model.use_remove_padding=false"],
+     A + "model.use_remove_padding", "sequence parallelism"),
+    # engine lengths
+    (["actor_rollout_ref.rollout.max_num_batched_tokens=1000"], A + "rollout.max_num_batched_tokens",
+     "below max_prompt_length + max_response_length = 2048"),
+    (["actor_rollout_ref.rollout.max_model_len=1000"], A + "rollout.max_model_len", "below"),
+    (["actor_rollout_ref.rollout.response_length=7"], A + "rollout.response_length", "differs"),
+    (["data.min_pixels=2000000"], "backend_config.data.min_pixels", "above max_pixels"),
+    # engine_kwargs set in two places with different values
+    (["engine_kwargs.vllm.enforce_eager=true", "actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager=false"],
+     "engine_kwargs.vllm.enforce_eager", "set it in one place"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,fragment", BROKEN, ids=[" ".join(b[0])[:60] for b in BROKEN])
+def test_broken_config_is_refused_naming_the_key(overrides, key, fragment, capsys):
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("qwen25vl_geo3k", FILLED + overrides)
+    named = [p for p in info.value.problems if p.key == key]
+    assert named, f"no problem names {key}: {info.value}"
+    assert any(fragment in f"{p.message} {p.fix}" for p in named), str(info.value)
+    # the same mistake through the CLI: exit 1, key named, no traceback
+    assert main(["validate", "qwen25vl_geo3k", *FILLED, *overrides]) == 1
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err
+
+
+def test_filled_flagship_is_valid():
+    rc = load_recipe("qwen25vl_geo3k", FILLED)
+    assert rc.world_size == 8
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("qwen25vl_geo3k", ["data.truncation=cut", "actor_rollout_ref.rollout.n=1", "data.foo=1"])
+    keys = {p.key for p in info.value.problems}
+    assert {"backend_config.data.truncation", A + "rollout.n", "backend_config.data.foo", "af_output_dir",
+            "backend_config.data.train_files", "backend_config.data.val_files", A + "model.path"} <= keys
+
+
+def test_a_bad_value_is_reported_once_not_again_by_relations():
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("qwen25vl_geo3k", FILLED + ["data.train_batch_size=abc"])
+    assert [p.key for p in info.value.problems] == ["backend_config.data.train_batch_size"]
+
+
+def test_harmless_unsupported_values_are_accepted():
+    rc = load_recipe("qwen25vl_geo3k", FILLED + ["critic.enable=false", "reward_model.enable=false",
+                                                 "actor_rollout_ref.model.lora_rank=0",
+                                                 "actor_rollout_ref.rollout.multi_turn.enable=false"])
+    assert rc.backend.reward_model.enable is False
+
+
+def test_val_batch_size_only_warns():
+    rc = load_recipe("qwen25vl_geo3k", FILLED + ["data.val_batch_size=64"])
+    assert any("val_batch_size" in w for w in rc.warnings)
+
+
+def test_sequence_parallel_must_fit_the_attention_heads(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"text_config": {"num_attention_heads": 28,
+                                                                   "num_key_value_heads": 4}}))
+    overrides = FILLED + [f"actor_rollout_ref.model.path={model}",
+                          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8"]
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("qwen25vl_geo3k", overrides)
+    assert any(p.key == A + "actor.ulysses_sequence_parallel_size" and "28 attention" in p.message
+               for p in info.value.problems)

@@ -1,0 +1,239 @@
+"""Preprocessing to RL parquet: geometry3k (local HF-format fixture and --synthetic) and gsm8k."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import types
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from verl_npu.data import geometry3k, gsm8k, synthetic_geometry
+from verl_npu.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+RL_COLUMNS = ["data_source", "prompt", "images", "ability", "reward_model", "extra_info"]
+HF_IMAGES = pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+
+
+def png(size=(40, 30), colour=(10, 200, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_hf_split(path: Path, rows: list[dict]) -> None:
+    """Rows in the Hugging Face geometry3k parquet layout (images as {bytes, path} structs, extra columns)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({
+        "images": pa.array([[{"bytes": b, "path": None} for b in r["images"]] for r in rows], type=HF_IMAGES),
+        "problem": [r["problem"] for r in rows],
+        "answer": [r["answer"] for r in rows],
+        "id": [str(i) for i in range(len(rows))],
+    })
+    pq.write_table(table, path)
+
+
+def hf_fixture(root: Path, bad_train_row: dict | None = None) -> Path:
+    train = [
+        {"images": [png((40, 30))], "problem": "<image>Find x. Line AB is 3.", "answer": "3"},
+        {"images": [png((64, 64), (200, 0, 0))], "problem": "<image>Find the area.", "answer": "\\frac{1}{2}"},
+        {"images": [png(), png((20, 50))], "problem": "<image>Compare with <image>. Find y.", "answer": "12"},
+    ]
+    if bad_train_row is not None:
+        train.insert(1, bad_train_row)
+    write_hf_split(root / "data" / "train-00000-of-00001.parquet", train)
+    write_hf_split(root / "data" / "test-00000-of-00001.parquet",
+                   [{"images": [png((30, 30))], "problem": "<image>What is z?", "answer": "7"}])
+    write_hf_split(root / "data" / "validation-00000-of-00001.parquet",
+                   [{"images": [png()], "problem": "<image>unused", "answer": "1"}])
+    return root
+
+
+def check_rl_file(path: str, data_source: str, split: str) -> list[dict]:
+    """Assert the verl RL schema on one output file and return its rows."""
+    table = pq.read_table(path)
+    assert table.column_names == RL_COLUMNS
+    rows = table.to_pylist()
+    for i, row in enumerate(rows):
+        assert row["data_source"] == data_source
+        assert row["ability"] == "math"
+        [message] = row["prompt"]
+        assert message["role"] == "user"
+        problem = row["extra_info"]["question"]
+        if data_source == "synthetic_geometry":  # short prompt for tiny CPU models
+            assert message["content"] == problem + " " + geometry3k.SYNTHETIC_INSTRUCTION
+        else:
+            assert message["content"] == problem + " " + geometry3k.INSTRUCTION
+            assert "<think>" in message["content"] and "\\boxed{}" in message["content"]
+        assert problem.count("<image>") == len(row["images"]) >= 1
+        for img in row["images"]:
+            Image.open(io.BytesIO(img["bytes"])).load()  # stored as encoded bytes that decode
+        assert row["reward_model"] == {"style": "rule", "ground_truth": row["extra_info"]["answer"]}
+        assert row["extra_info"]["split"] == split
+        assert row["extra_info"]["index"] == i
+    return rows
+
+
+def test_local_hf_fixture_converts_to_rl_schema(tmp_path, capsys):
+    src = hf_fixture(tmp_path / "src")
+    geometry3k.main(["--local-dataset-path", str(src), "--local-save-dir", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "train: 3 rows, 4 images" in out and "test: 1 rows, 1 images" in out
+    assert str(tmp_path / "out" / "train.parquet") in out
+    train = check_rl_file(str(tmp_path / "out" / "train.parquet"), "hiyouga/geometry3k", "train")
+    check_rl_file(str(tmp_path / "out" / "test.parquet"), "hiyouga/geometry3k", "test")
+    assert not (tmp_path / "out" / "validation.parquet").exists()
+    assert [r["reward_model"]["ground_truth"] for r in train] == ["3", "\\frac{1}{2}", "12"]
+    # The source bytes are kept as they are: same pixels, same size.
+    assert Image.open(io.BytesIO(train[1]["images"][0]["bytes"])).size == (64, 64)
+    assert Image.open(io.BytesIO(train[2]["images"][1]["bytes"])).size == (20, 50)
+
+
+def test_save_to_disk_arrow_folder_is_read(tmp_path):
+    root = tmp_path / "saved"
+    for split, n in (("train", 2), ("test", 1)):
+        table = pa.table({"images": pa.array([[{"bytes": png(), "path": None}]] * n, type=HF_IMAGES),
+                          "problem": ["<image>q"] * n, "answer": ["5"] * n})
+        (root / split).mkdir(parents=True)
+        with pa.OSFile(str(root / split / "data-00000-of-00001.arrow"), "wb") as sink:
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+    result = geometry3k.prepare(tmp_path / "out", str(root), progress=False)
+    assert result["rows"] == {"train": 2, "test": 1}
+    check_rl_file(result["paths"]["train"], "hiyouga/geometry3k", "train")
+
+
+@pytest.mark.parametrize(
+    "bad_row, expected",
+    [
+        ({"images": [png()], "problem": "<image> and <image>?", "answer": "1"},
+         "2 <image> placeholder(s) but the row has 1"),
+        ({"images": [b"not an image"], "problem": "<image>q", "answer": "1"}, "image 0: image bytes do not decode"),
+        ({"images": [png()], "problem": "<image>q", "answer": ""}, "'answer' is empty"),
+    ],
+)
+def test_bad_row_is_named_or_skipped_and_counted(tmp_path, capsys, bad_row, expected):
+    src = hf_fixture(tmp_path / "src", bad_train_row=bad_row)
+    with pytest.raises(SystemExit) as exc:
+        geometry3k.main(["--local-dataset-path", str(src), "--local-save-dir", str(tmp_path / "out")])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "split train" in err and "train-00000-of-00001.parquet row 1" in err and "--skip-bad-rows" in err
+    assert "Traceback" not in err
+
+    geometry3k.main(["--local-dataset-path", str(src), "--local-save-dir", str(tmp_path / "out"), "--skip-bad-rows"])
+    assert "train: 3 rows, 4 images, 1 bad row(s) skipped" in capsys.readouterr().out
+    assert pq.read_metadata(tmp_path / "out" / "train.parquet").num_rows == 3
+
+
+def test_missing_column_and_missing_split_name_the_file(tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    pq.write_table(pa.table({"problem": ["<image>q"], "answer": ["1"]}), root / "train.parquet")
+    pq.write_table(pa.table({"problem": ["<image>q"], "answer": ["1"]}), root / "test.parquet")
+    with pytest.raises(UserError, match=r"train.parquet: missing column\(s\) 'images'"):
+        geometry3k.prepare(tmp_path / "out", str(root), progress=False)
+    (root / "test.parquet").unlink()
+    with pytest.raises(UserError, match="has no test split"):
+        geometry3k.prepare(tmp_path / "out", str(root), progress=False)
+    with pytest.raises(UserError, match="does not exist"):
+        geometry3k.prepare(tmp_path / "out", str(tmp_path / "nope"), progress=False)
+
+
+def test_hub_unreachable_or_datasets_missing_points_to_offline_options(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    with pytest.raises(UserError, match="use --local-dataset-path DIR or --synthetic N"):
+        geometry3k.hub_splits("hiyouga/geometry3k", ("train", "test"))
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("hub unreachable")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(UserError, match=r"ConnectionError: hub unreachable.*--local-dataset-path DIR.*--synthetic N"):
+        geometry3k.prepare("/tmp/unused", None, progress=False)
+
+
+def test_synthetic_output_passes_schema_is_balanced_and_deterministic(tmp_path):
+    result = geometry3k.prepare_synthetic(tmp_path / "a", n_train=24, n_test=8, seed=3, image_size=48)
+    assert result["rows"] == {"train": 24, "test": 8} and result["images"] == {"train": 24, "test": 8}
+    assert result["train"] == result["paths"]["train"] == str(tmp_path / "a" / "train.parquet")
+    train = check_rl_file(result["paths"]["train"], "synthetic_geometry", "train")
+    test = check_rl_file(result["paths"]["test"], "synthetic_geometry", "test")
+    assert Counter(r["reward_model"]["ground_truth"] for r in train) == {"3": 6, "4": 6, "5": 6, "6": 6}
+    assert Counter(r["reward_model"]["ground_truth"] for r in test) == {"3": 2, "4": 2, "5": 2, "6": 2}
+    for r in train:
+        assert Image.open(io.BytesIO(r["images"][0]["bytes"])).size == (48, 48)
+    # Same seed -> same bytes; another seed -> other pictures; train and test pictures differ.
+    again = geometry3k.prepare_synthetic(tmp_path / "b", 24, 8, seed=3, image_size=48)
+    assert Path(again["paths"]["train"]).read_bytes() == Path(result["paths"]["train"]).read_bytes()
+    other = pq.read_table(geometry3k.prepare_synthetic(tmp_path / "c", 24, 8, seed=4, image_size=48)["paths"]["train"])
+    assert other.column("images").to_pylist() != [r["images"] for r in train]
+    train_images = {r["images"][0]["bytes"] for r in train}
+    assert not train_images & {r["images"][0]["bytes"] for r in test}
+
+
+def test_synthetic_pictures_show_the_answer():
+    """Each picture holds its kind's colour (the answer's cue) and a white background."""
+    rows = synthetic_geometry.generate_rows(12, seed=0, image_size=56)
+    colour_of = {str(k.sides): k.colour for k in synthetic_geometry.POLYGON_KINDS}
+    for row in rows:
+        pixels = np.asarray(row["images"][0]).reshape(-1, 3)
+        colours = Counter(map(tuple, pixels))
+        assert colours[(255, 255, 255)] > 0.2 * len(pixels)
+        assert colours[colour_of[row["answer"]]] > 0.07 * len(pixels)  # a filled polygon, not a speck
+        others = {k.colour for k in synthetic_geometry.POLYGON_KINDS} - {colour_of[row["answer"]]}
+        assert not any(colours[c] for c in others)
+    # More sides at equal radius -> more of the circle covered: the shape really differs per kind.
+    vertices = synthetic_geometry.polygon_vertices(6, (0.0, 0.0), 1.0, 0.0)
+    assert len(vertices) == 6 and vertices[0] == pytest.approx((1.0, 0.0))
+
+
+def test_synthetic_cli_defaults_test_rows_and_rejects_bad_sizes(tmp_path, capsys):
+    geometry3k.main(["--synthetic", "9", "--local-save-dir", str(tmp_path), "--seed", "1"])
+    assert "train: 9 rows" in capsys.readouterr().out
+    assert pq.read_metadata(tmp_path / "test.parquet").num_rows == 2  # 9 // 4
+    with pytest.raises(SystemExit):
+        geometry3k.main(["--synthetic", "4", "--image-size", "8", "--local-save-dir", str(tmp_path)])
+    assert "--image-size must be at least 16" in capsys.readouterr().err
+
+
+def test_gsm8k_local_fixture(tmp_path, capsys):
+    src = tmp_path / "gsm"
+    src.mkdir()
+    q = ["Tom has 3 apples and buys 1,231 more. How many?", "What is 2+2?"]
+    a = ["3 + 1231 = 1234\n#### 1,234", "2+2=4\n#### 4"]
+    pq.write_table(pa.table({"question": q, "answer": a}), src / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"question": q[:1], "answer": a[:1]}), src / "test-00000-of-00001.parquet")
+    gsm8k.main(["--local-dataset-path", str(src), "--local-save-dir", str(tmp_path / "out")])
+    assert "train: 2 rows, 0 images" in capsys.readouterr().out
+    table = pq.read_table(tmp_path / "out" / "train.parquet")
+    assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    rows = table.to_pylist()
+    assert rows[0]["data_source"] == "openai/gsm8k"
+    assert rows[0]["reward_model"] == {"style": "rule", "ground_truth": "1234"}
+    assert rows[0]["prompt"][0]["content"] == q[0] + " " + gsm8k.INSTRUCTION
+    assert rows[1]["extra_info"] == {"split": "train", "index": 1, "answer": a[1], "question": q[1]}
+
+    pq.write_table(pa.table({"question": q, "answer": [a[0], "no final answer"]}), src / "train-00000-of-00001.parquet")
+    with pytest.raises(UserError, match=r"split train, .*row 1: 'answer' has no '####'"):
+        gsm8k.prepare(tmp_path / "out2", str(src), progress=False)
+
+
+def test_data_prep_script_runs_and_reports_errors_without_traceback(tmp_path):
+    ok = subprocess.run([sys.executable, str(REPO / "data_prep" / "geometry3k.py"), "--synthetic", "4",
+                         "--local-save-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "train.parquet").exists() and "test: 1 rows" in ok.stdout
+    bad = subprocess.run([sys.executable, str(REPO / "data_prep" / "gsm8k.py"), "--local-dataset-path",
+                          str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1
+    assert "error: --local-dataset-path" in bad.stderr and "Traceback" not in bad.stderr

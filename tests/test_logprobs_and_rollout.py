@@ -1,0 +1,129 @@
+"""Training log-probs must equal a plain forward of the same model on the same tokens."""
+
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+from verl_npu.batch import Batch
+from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids, response_log_probs
+from verl_npu.rollout.base import SamplingParams
+from verl_npu.rollout.hf import HFRollout
+
+RESPONSE_LEN = 6
+
+
+def _vl_prompts(path):
+    proc = AutoProcessor.from_pretrained(path)
+    proc.tokenizer.padding_side = "left"
+    questions = ["How many sides?", "What is the shape? answer with a number"]
+    images = [Image.new("RGB", (56, 56), (255, 0, 0)), Image.new("RGB", (112, 84), (0, 128, 255))]
+    texts = [
+        proc.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        for q in questions
+    ]
+    enc = proc(text=texts, images=images, return_tensors="pt", padding=True)
+    rows = []
+    for text, image in zip(texts, images):
+        one = proc(text=[text], images=[image], return_tensors="pt")
+        rows.append({"pixel_values": one["pixel_values"], "image_grid_thw": one["image_grid_thw"]})
+    batch = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, {"multi_modal_inputs": rows})
+    return proc.tokenizer, batch
+
+
+def _plain_log_probs(model, rollout: Batch) -> torch.Tensor:
+    """Reference: the model's own forward (it computes its own 3-D rope positions)."""
+    ids = rollout["input_ids"]
+    kwargs = {}
+    if VisionTokens.of(model).is_vision:
+        kwargs = merge_multi_modal_inputs(rollout["multi_modal_inputs"], "cpu")
+        kwargs["mm_token_type_ids"] = mm_token_type_ids(ids, VisionTokens.of(model))
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=rollout["attention_mask"], **kwargs).logits
+    length = ids.shape[1]
+    logits = logits[:, length - RESPONSE_LEN - 1 : length - 1].float()
+    return torch.log_softmax(logits, -1).gather(-1, rollout["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_vl_training_log_probs_equal_plain_forward(tiny_vl_path, remove_padding):
+    tokenizer, prompts = _vl_prompts(tiny_vl_path)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vl_path, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    rollout = HFRollout(model, tokenizer).generate(prompts, SamplingParams(n=2, max_new_tokens=RESPONSE_LEN))
+    assert rollout["responses"].shape == (4, RESPONSE_LEN)
+    with torch.no_grad():
+        lp, _ = response_log_probs(
+            model,
+            rollout["input_ids"],
+            rollout["attention_mask"],
+            RESPONSE_LEN,
+            multi_modal_inputs=rollout["multi_modal_inputs"],
+            remove_padding=remove_padding,
+        )
+    mask = rollout["response_mask"].bool()
+    ref = _plain_log_probs(model, rollout)
+    torch.testing.assert_close(lp[mask], ref[mask], atol=1e-5, rtol=1e-5)
+    # the log-probs are real: not all equal, all <= 0
+    assert (lp[mask] <= 0).all() and lp[mask].std() > 0
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_text_log_probs_equal_plain_forward_with_padding(tiny_lm_path, remove_padding):
+    tok = AutoTokenizer.from_pretrained(tiny_lm_path)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
+    enc = tok(["a short one", "a much longer prompt with many more words in it"], return_tensors="pt", padding=True)
+    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    torch.manual_seed(1)
+    rollout = HFRollout(model, tok).generate(prompts, SamplingParams(n=3, max_new_tokens=RESPONSE_LEN))
+    with torch.no_grad():
+        lp, ent = response_log_probs(
+            model, rollout["input_ids"], rollout["attention_mask"], RESPONSE_LEN,
+            with_entropy=True, remove_padding=remove_padding,
+        )
+    mask = rollout["response_mask"].bool()
+    torch.testing.assert_close(lp[mask], _plain_log_probs(model, rollout)[mask], atol=1e-5, rtol=1e-5)
+    assert (ent[mask] > 0).all()
+
+
+def test_temperature_scales_logits(tiny_lm_path):
+    tok = AutoTokenizer.from_pretrained(tiny_lm_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
+    ids = tok(["one two three four"], return_tensors="pt")["input_ids"]
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        hot, _ = response_log_probs(model, ids, mask, 2, temperature=2.0)
+        logits = model(input_ids=ids).logits[:, -3:-1] / 2.0
+    ref = torch.log_softmax(logits, -1).gather(-1, ids[:, -2:].unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(hot, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_rollout_masks_tokens_after_eos(tiny_lm_path):
+    from verl_npu.rollout.base import finish_rollout
+
+    prompts = Batch({"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.ones(1, 2, dtype=torch.long)})
+    responses = torch.tensor([[7, 9, 8, 7], [9, 9, 7, 7]])  # 9 = EOS
+    out = finish_rollout(prompts, responses, eos_ids=[9], pad_id=0, n=2)
+    assert out["response_mask"].tolist() == [[1, 1, 0, 0], [1, 0, 0, 0]]
+    assert out["responses"].tolist() == [[7, 9, 0, 0], [9, 0, 0, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]]
+    assert out["input_ids"].shape == (2, 6)
+
+
+def test_greedy_rollout_is_deterministic_and_ignore_eos_fills_length(tiny_lm_path):
+    tok = AutoTokenizer.from_pretrained(tiny_lm_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
+    enc = tok(["count the sides"], return_tensors="pt")
+    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    engine = HFRollout(model, tok)
+    greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=5, ignore_eos=True)
+    a = engine.generate(prompts, greedy)
+    b = engine.generate(prompts, greedy)
+    assert torch.equal(a["responses"], b["responses"])
+    assert torch.equal(a["responses"][0], a["responses"][1])
+    assert a["response_mask"].sum().item() == 10

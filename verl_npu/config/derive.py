@@ -1,0 +1,172 @@
+"""Derived settings: values verl-npu fills in when the user did not set them, each with its reason.
+
+A key the user set (in the recipe or on the command line) is never overwritten. A derivation
+whose inputs already have a problem is skipped. Rules (seq = max_prompt_length + max_response_length):
+- rollout.prompt_length / response_length = data.max_prompt_length / max_response_length
+- rollout.max_model_len = seq; rollout.max_num_batched_tokens = max(8192, seq)
+- rollout.tensor_model_parallel_size = 1 for the hf rollout
+- actor Ulysses SP, when responses exceed 8192 tokens: max_response_length // 2048, lowered to the
+  largest size that divides the device count and (when the model config is readable) the heads
+- ref SP = actor SP; ref/rollout log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
+- with dynamic batch size: actor.ppo_max_token_len_per_gpu = n x seq, and the ref/rollout
+  log_prob_max_token_len_per_gpu = that value
+- actor.clip_ratio_low / clip_ratio_high = clip_ratio
+- trainer.default_local_dir = <af_output_dir>/checkpoints, trainer.tensorboard_dir = <af_output_dir>/tensorboard
+- top-level engine_kwargs.<engine> is merged into actor_rollout_ref.rollout.engine_kwargs.<engine>
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl_npu.config.rules import ACTOR, BC, DATA, REF, ROLL, TRAINER, get
+from verl_npu.config.schema import PLACEHOLDER
+from verl_npu.errors import Problem
+
+LONG_RESPONSE = 8192
+TOKENS_PER_SP_RANK = 2048
+
+
+class _Skip(Exception):
+    pass
+
+
+def model_heads(path: Any) -> tuple[int, int] | None:
+    """(attention heads, key-value heads) from `<path>/config.json` (the text model's config for
+    VLMs), or None when the path is not a readable local model folder."""
+    if not isinstance(path, str) or "://" in path:
+        return None
+    cfg_file = Path(os.path.expanduser(path)) / "config.json"
+    try:
+        conf = json.loads(cfg_file.read_text())
+    except (OSError, ValueError):
+        return None
+    text = conf.get("text_config") if isinstance(conf.get("text_config"), dict) else {}
+    heads = conf.get("num_attention_heads") or text.get("num_attention_heads")
+    kv = conf.get("num_key_value_heads") or text.get("num_key_value_heads") or heads
+    if not isinstance(heads, int) or not isinstance(kv, int):
+        return None
+    return heads, kv
+
+
+def ulysses_size(response_length: int, world: int, heads: tuple[int, int] | None) -> int:
+    """The seed's long-sequence rule: response_length // 2048 when responses exceed 8192 tokens
+    (else 1), lowered until it divides the device count and fits the attention heads."""
+    if response_length <= LONG_RESPONSE:
+        return 1
+    sp = max(1, response_length // TOKENS_PER_SP_RANK)
+    while sp > 1:
+        fits_heads = heads is None or (heads[0] % sp == 0 and (heads[1] % sp == 0 or sp % heads[1] == 0))
+        if world % sp == 0 and fits_heads:
+            break
+        sp -= 1
+    return sp
+
+
+def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
+           ) -> tuple[list[tuple[str, Any, str]], list[Problem]]:
+    """Fill in derived values in `cfg` (in place). Returns ([(key, value, reason)], problems)."""
+    derived: list[tuple[str, Any, str]] = []
+    problems: list[Problem] = []
+
+    def val(path: str) -> Any:
+        if path in bad:
+            raise _Skip(path)
+        return get(cfg, path)
+
+    def put(path: str, value: Any, reason: str) -> None:
+        if path in user_keys or path in bad:
+            return
+        OmegaConf.update(cfg, path, value, merge=False)
+        derived.append((path, value, reason))
+
+    def step(fn) -> None:
+        try:
+            fn()
+        except _Skip:
+            pass
+
+    def lengths() -> None:
+        p, r = val(DATA + "max_prompt_length"), val(DATA + "max_response_length")
+        put(ROLL + "prompt_length", p, "data.max_prompt_length")
+        put(ROLL + "response_length", r, "data.max_response_length")
+        put(ROLL + "max_model_len", p + r, f"max_prompt_length + max_response_length = {p + r}")
+        if p + r > LONG_RESPONSE:
+            put(ROLL + "max_num_batched_tokens", p + r,
+                f"prompt + response = {p + r} exceeds 8192, so the engine must batch a whole sequence")
+        else:
+            put(ROLL + "max_num_batched_tokens", LONG_RESPONSE,
+                f"prompt + response = {p + r} fits in the default 8192")
+
+    def hf_tp() -> None:
+        if val(ROLL + "name") == "hf":
+            put(ROLL + "tensor_model_parallel_size", 1, "the hf rollout runs one model copy per device")
+
+    def sequence_parallel() -> None:
+        r = val(DATA + "max_response_length")
+        world = val(TRAINER + "nnodes") * val(TRAINER + "n_gpus_per_node")
+        key = ACTOR + "ulysses_sequence_parallel_size"
+        if r > LONG_RESPONSE:
+            heads = model_heads(val(BC + "actor_rollout_ref.model.path"))
+            sp = ulysses_size(r, world, heads)
+            fit = (f"fits {world} devices and {heads[0]}/{heads[1]} attention/kv heads" if heads else
+                   f"fits {world} devices (model config not readable: heads not checked)")
+            put(key, sp, f"responses of {r} tokens exceed 8192: {r} // 2048 = {r // 2048}, lowered to {sp} "
+                f"that {fit}")
+        sp_now = val(key)
+        if sp_now != get(cfg, REF + "ulysses_sequence_parallel_size"):
+            put(REF + "ulysses_sequence_parallel_size", sp_now, "actor.ulysses_sequence_parallel_size")
+
+    def dynamic_bsz() -> None:
+        dyn = val(ACTOR + "use_dynamic_bsz")
+        put(ROLL + "log_prob_use_dynamic_bsz", dyn, "actor.use_dynamic_bsz")
+        put(REF + "log_prob_use_dynamic_bsz", dyn, "actor.use_dynamic_bsz")
+        if not dyn:
+            return
+        n = val(ROLL + "n")
+        seq = val(DATA + "max_prompt_length") + val(DATA + "max_response_length")
+        put(ACTOR + "ppo_max_token_len_per_gpu", n * seq,
+            f"use_dynamic_bsz: n x (prompt + response) = {n} x {seq}")
+        tokens = val(ACTOR + "ppo_max_token_len_per_gpu")
+        for key in (ROLL + "log_prob_max_token_len_per_gpu", REF + "log_prob_max_token_len_per_gpu"):
+            put(key, tokens, "actor.ppo_max_token_len_per_gpu")
+
+    def clip() -> None:
+        eps = val(ACTOR + "clip_ratio")
+        for key in (ACTOR + "clip_ratio_low", ACTOR + "clip_ratio_high"):
+            if get(cfg, key) is None:
+                put(key, eps, "actor.clip_ratio")
+
+    def folders() -> None:
+        out = val("af_output_dir")
+        if not isinstance(out, str) or out.startswith(PLACEHOLDER):
+            return
+        base = out.rstrip("/") or "/"
+        if get(cfg, TRAINER + "default_local_dir") is None:
+            put(TRAINER + "default_local_dir", f"{base}/checkpoints", "<af_output_dir>/checkpoints")
+        if get(cfg, TRAINER + "tensorboard_dir") is None:
+            put(TRAINER + "tensorboard_dir", f"{base}/tensorboard", "<af_output_dir>/tensorboard")
+
+    def engine_kwargs() -> None:
+        for engine in ("vllm", "sglang"):
+            top = val(f"engine_kwargs.{engine}") or {}
+            target = ROLL + f"engine_kwargs.{engine}"
+            if not top:
+                continue
+            inner = dict(val(target) or {})
+            for k, v in top.items():
+                if k in inner and inner[k] != v:
+                    problems.append(Problem(f"engine_kwargs.{engine}.{k}", f"is {v!r} but {target}.{k} is "
+                                            f"{inner[k]!r}", "set it in one place only"))
+                inner[k] = v
+            OmegaConf.update(cfg, target, inner, merge=False)
+            derived.append((target, inner, f"merged from top-level engine_kwargs.{engine}"))
+
+    for fn in (lengths, hf_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs):
+        step(fn)
+    return derived, problems

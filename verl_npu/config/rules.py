@@ -1,0 +1,413 @@
+"""Validation: per-key checks (required, placeholder, type, choices, range, unsupported values)
+and the cross-key rules (batch relations, parallel sizes, sampling, resume, lengths).
+
+Every rule is registered in `RULES` with the keys it involves, so `verl-npu explain KEY` can
+list the rules of a key. Rules see the config after derivation; a rule whose inputs already
+have a per-key problem is skipped so that one mistake is reported once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl_npu.config.schema import (
+    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, INT, PLACEHOLDER, SCHEMA, STR, STR_LIST,
+    STR_OR_LIST, Key,
+)
+from verl_npu.errors import Problem
+
+BC = "backend_config."
+DATA, ACTOR, ROLL, REF = BC + "data.", BC + "actor_rollout_ref.actor.", BC + "actor_rollout_ref.rollout.", \
+    BC + "actor_rollout_ref.ref."
+TRAINER, ALGO = BC + "trainer.", BC + "algorithm."
+
+
+def get(cfg: DictConfig, path: str) -> Any:
+    """The plain value at a full dotted key (containers converted to Python lists/dicts)."""
+    value = OmegaConf.select(cfg, path, throw_on_missing=False)
+    if isinstance(value, (DictConfig,)) or OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+# ------------------------------------------------------------------ per-key checks
+def _type_ok(type_: str, value: Any) -> bool:
+    if type_ == INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if type_ == FLOAT:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if type_ == BOOL:
+        return isinstance(value, bool)
+    if type_ == STR:
+        return isinstance(value, str)
+    if type_ == DICT:
+        return isinstance(value, dict)
+    if type_ == STR_LIST:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if type_ == STR_OR_LIST:
+        return isinstance(value, str) or (isinstance(value, list) and bool(value)
+                                          and all(isinstance(v, str) for v in value))
+    if type_ == FLOAT_LIST:
+        return isinstance(value, list) and all(_type_ok(FLOAT, v) for v in value)
+    raise AssertionError(f"unknown schema type {type_}")
+
+
+def range_text(key: Key) -> str:
+    """The numeric limits of a key in words ('' when none)."""
+    parts = []
+    if key.gt is not None:
+        parts.append(f"> {key.gt:g}")
+    if key.min is not None:
+        parts.append(f">= {key.min:g}")
+    if key.max is not None:
+        parts.append(f"<= {key.max:g}")
+    return " and ".join(parts)
+
+
+def _show(value: Any) -> str:
+    """A value as the user writes it in YAML (true, null, [a, b])."""
+    from verl_npu.config.loader import _scalar
+
+    return _scalar(value)
+
+
+def _is_placeholder(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().startswith(PLACEHOLDER)
+    if isinstance(value, list):
+        return any(_is_placeholder(v) for v in value)
+    return False
+
+
+def check_key(key: Key, value: Any) -> list[Problem]:
+    """Problems of one key's value on its own (no other keys involved)."""
+    p = key.path
+    if key.required and (value is None or value == "" or value == []):
+        return [Problem(p, "is required but not set", f"set it in the recipe or pass {key.short}=VALUE")]
+    if _is_placeholder(value):
+        return [Problem(p, f"still holds the placeholder {value!r}",
+                        f"edit it in the recipe, or pass {key.short}=<your value> ({key.doc.rstrip('.')})")]
+    if value is None:
+        if key.allows_null:
+            return []
+        return [Problem(p, "must not be null", f"set a {key.type} (default: {_show(key.default)})")]
+    if not _type_ok(key.type, value):
+        return [Problem(p, f"must be a {key.type}, got {value!r} ({type(value).__name__})",
+                        f"set a {key.type} value" + (f", e.g. the default {_show(key.default)}"
+                                                      if key.default is not None else ""))]
+    is_off = value == key.default or (key.default is None and value is False)
+    if key.off_only and not is_off:
+        return [Problem(p, f"verl-npu does not support {key.off_only} yet (got {value!r})",
+                        f"remove it or set it to {key.default!r}")]
+    values = value if isinstance(value, list) and key.type in (STR_LIST, STR_OR_LIST) else [value]
+    for v in values:
+        if v in key.unsupported:
+            return [Problem(p, f"verl-npu does not support {key.short.rsplit('.', 1)[-1]}={v} yet",
+                            f"use one of: {', '.join(map(str, key.choices))}")]
+        if key.choices and v not in key.choices:
+            return [Problem(p, f"{v!r} is not one of {', '.join(map(str, key.choices))}",
+                            f"pick one of: {', '.join(map(str, key.choices))}")]
+    if key.type in (INT, FLOAT):
+        bad = ((key.gt is not None and not value > key.gt) or (key.min is not None and value < key.min)
+               or (key.max is not None and value > key.max))
+        if bad:
+            return [Problem(p, f"{value!r} is out of range (must be {range_text(key)})",
+                            f"set a value {range_text(key)}")]
+    return []
+
+
+def check_keys(cfg: DictConfig, user_keys: frozenset[str]) -> list[Problem]:
+    """Per-key problems for every schema key (defaults included, so required keys are caught)."""
+    problems: list[Problem] = []
+    for key in SCHEMA.values():
+        problems += check_key(key, get(cfg, key.path))
+    return problems
+
+
+# ------------------------------------------------------------------ cross-key rules
+class _Skip(Exception):
+    """An input of the rule already has a problem; the rule does not apply."""
+
+
+class Ctx:
+    """What a rule sees: the derived config, the user-set keys and the keys already in error."""
+
+    def __init__(self, cfg: DictConfig, user_keys: frozenset[str], bad: set[str]):
+        self.cfg, self.user_keys, self.bad = cfg, user_keys, bad
+        self.warnings: list[str] = []
+
+    def __call__(self, path: str) -> Any:
+        if path in self.bad:
+            raise _Skip(path)
+        return get(self.cfg, path)
+
+    @property
+    def world(self) -> int:
+        return int(self(TRAINER + "nnodes")) * int(self(TRAINER + "n_gpus_per_node"))
+
+    @property
+    def seq_len(self) -> int:
+        return int(self(DATA + "max_prompt_length")) + int(self(DATA + "max_response_length"))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-key rule: the keys it involves, what it requires in words, and its check."""
+
+    name: str
+    keys: tuple[str, ...]
+    text: str
+    check: Callable[[Ctx], Iterator[Problem]]
+
+
+RULES: list[Rule] = []
+
+
+def _rule(name: str, keys: tuple[str, ...], text: str):
+    def register(fn: Callable[[Ctx], Iterator[Problem]]):
+        RULES.append(Rule(name, keys, text, fn))
+        return fn
+    return register
+
+
+_WORLD = (TRAINER + "nnodes", TRAINER + "n_gpus_per_node")
+_N, _TBS, _MINI = ROLL + "n", DATA + "train_batch_size", ACTOR + "ppo_mini_batch_size"
+_MICRO, _DYN = ACTOR + "ppo_micro_batch_size_per_gpu", ACTOR + "use_dynamic_bsz"
+_LENS = (DATA + "max_prompt_length", DATA + "max_response_length")
+
+
+@_rule("train_ge_mini", (_TBS, _MINI), "data.train_batch_size must be >= actor.ppo_mini_batch_size")
+def _train_ge_mini(c: Ctx) -> Iterator[Problem]:
+    if c(_TBS) < c(_MINI):
+        yield Problem(_MINI, f"ppo_mini_batch_size {c(_MINI)} is larger than data.train_batch_size {c(_TBS)}",
+                      "lower ppo_mini_batch_size or raise data.train_batch_size")
+
+
+@_rule("train_divisible", (_TBS, _N) + _WORLD,
+       "data.train_batch_size x rollout.n must be divisible by the device count (nnodes x n_gpus_per_node)")
+def _train_divisible(c: Ctx) -> Iterator[Problem]:
+    total = c(_TBS) * c(_N)
+    if total % c.world:
+        yield Problem(_TBS, f"train_batch_size x rollout.n = {total} responses cannot be split evenly over "
+                      f"{c.world} devices", f"make train_batch_size x n a multiple of {c.world}")
+
+
+@_rule("mini_divisible", (_MINI, _N) + _WORLD,
+       "actor.ppo_mini_batch_size x rollout.n must be divisible by the device count")
+def _mini_divisible(c: Ctx) -> Iterator[Problem]:
+    total = c(_MINI) * c(_N)
+    if total % c.world:
+        yield Problem(_MINI, f"ppo_mini_batch_size x rollout.n = {total} responses cannot be split evenly "
+                      f"over {c.world} devices", f"make ppo_mini_batch_size x n a multiple of {c.world}")
+
+
+@_rule("micro_required", (_DYN, _MICRO, ROLL + "log_prob_micro_batch_size_per_gpu",
+                          REF + "log_prob_micro_batch_size_per_gpu"),
+       "without use_dynamic_bsz, every *_micro_batch_size_per_gpu in use must be set")
+def _micro_required(c: Ctx) -> Iterator[Problem]:
+    if c(_DYN):
+        return
+    needed = [_MICRO, ROLL + "log_prob_micro_batch_size_per_gpu"]
+    if c(ACTOR + "use_kl_loss") or c(ALGO + "use_kl_in_reward"):
+        needed.append(REF + "log_prob_micro_batch_size_per_gpu")   # the reference model runs only with KL
+    for key in needed:
+        if c(key) is None:
+            yield Problem(key, "is not set and actor.use_dynamic_bsz is false",
+                          f"set {key.removeprefix(BC)}=1 (or more), or turn on actor.use_dynamic_bsz")
+
+
+@_rule("micro_divides", (_MINI, _N, _MICRO, _DYN) + _WORLD,
+       "without use_dynamic_bsz, the per-device mini batch (ppo_mini_batch_size x n / devices) must be "
+       "divisible by ppo_micro_batch_size_per_gpu")
+def _micro_divides(c: Ctx) -> Iterator[Problem]:
+    micro, total = c(_MICRO), c(_MINI) * c(_N)
+    if c(_DYN) or micro is None or total % c.world:
+        return
+    per_device = total // c.world
+    if per_device % micro:
+        yield Problem(_MICRO, f"the per-device mini batch is {per_device} responses "
+                      f"({c(_MINI)} x n={c(_N)} / {c.world} devices), not divisible by {micro}",
+                      f"use a ppo_micro_batch_size_per_gpu that divides {per_device}")
+
+
+_TOKEN_KEYS = (ACTOR + "ppo_max_token_len_per_gpu", ROLL + "log_prob_max_token_len_per_gpu",
+               REF + "log_prob_max_token_len_per_gpu")
+
+
+@_rule("dynamic_token_len", (_DYN,) + _TOKEN_KEYS + _LENS,
+       "with use_dynamic_bsz, every *max_token_len_per_gpu must be >= max_prompt_length + max_response_length")
+def _dynamic_token_len(c: Ctx) -> Iterator[Problem]:
+    if not c(_DYN):
+        return
+    for key in _TOKEN_KEYS:
+        if c(key) < c.seq_len:
+            yield Problem(key, f"{c(key)} tokens cannot hold one sequence of max_prompt_length + "
+                          f"max_response_length = {c.seq_len}", f"set it to at least {c.seq_len}")
+
+
+@_rule("dynamic_consistent", (_DYN, ROLL + "log_prob_use_dynamic_bsz", REF + "log_prob_use_dynamic_bsz"),
+       "rollout/ref log_prob_use_dynamic_bsz must equal actor.use_dynamic_bsz")
+def _dynamic_consistent(c: Ctx) -> Iterator[Problem]:
+    for key in (ROLL + "log_prob_use_dynamic_bsz", REF + "log_prob_use_dynamic_bsz"):
+        if c(key) != c(_DYN):
+            yield Problem(key, f"is {c(key)} but actor.use_dynamic_bsz is {c(_DYN)}",
+                          "remove it (it follows actor.use_dynamic_bsz) or set both the same")
+
+
+@_rule("group_needs_n", (ALGO + "adv_estimator", _N), "grpo and rloo compare responses within a group: "
+       "rollout.n must be >= 2")
+def _group_needs_n(c: Ctx) -> Iterator[Problem]:
+    est = c(ALGO + "adv_estimator")
+    if est in ("grpo", "rloo") and c(_N) < 2:
+        yield Problem(_N, f"adv_estimator={est} needs at least 2 responses per prompt, got n={c(_N)}",
+                      "set actor_rollout_ref.rollout.n=4 (or more)")
+
+
+@_rule("sampling_temperature", (ROLL + "do_sample", ROLL + "temperature", ROLL + "val_kwargs.do_sample",
+                                ROLL + "val_kwargs.temperature"),
+       "do_sample=true needs temperature > 0 (temperature 0 is greedy: set do_sample=false)")
+def _sampling_temperature(c: Ctx) -> Iterator[Problem]:
+    for base in (ROLL, ROLL + "val_kwargs."):
+        if c(base + "do_sample") and c(base + "temperature") == 0:
+            yield Problem(base + "temperature", "is 0 while do_sample is true",
+                          "set temperature > 0, or do_sample=false for greedy decoding")
+
+
+@_rule("resume_path", (TRAINER + "resume_mode", TRAINER + "resume_from_path"),
+       "resume_mode=resume_path needs resume_from_path naming a global_step_N checkpoint folder")
+def _resume_path(c: Ctx) -> Iterator[Problem]:
+    if c(TRAINER + "resume_mode") != "resume_path":
+        return
+    path = c(TRAINER + "resume_from_path")
+    if not path or not re.fullmatch(r"global_step_\d+", Path(str(path).rstrip("/")).name):
+        yield Problem(TRAINER + "resume_from_path", f"must name a global_step_N folder, got {path!r}",
+                      "point it at <checkpoints>/global_step_N, or use resume_mode=auto")
+
+
+@_rule("tp_divides", (ROLL + "tensor_model_parallel_size", ROLL + "name") + _WORLD,
+       "rollout.tensor_model_parallel_size must divide the device count (and be 1 for the hf rollout)")
+def _tp_divides(c: Ctx) -> Iterator[Problem]:
+    tp = c(ROLL + "tensor_model_parallel_size")
+    if c(ROLL + "name") == "hf" and tp != 1:
+        yield Problem(ROLL + "tensor_model_parallel_size", f"is {tp} but the hf rollout has no tensor "
+                      "parallelism", "set it to 1 or remove it")
+    elif c.world % tp:
+        yield Problem(ROLL + "tensor_model_parallel_size", f"{tp} does not divide the {c.world} devices",
+                      f"use a divisor of {c.world}")
+
+
+_SP_KEYS = (ACTOR + "ulysses_sequence_parallel_size", REF + "ulysses_sequence_parallel_size")
+
+
+@_rule("sp_divides", _SP_KEYS + _WORLD, "ulysses_sequence_parallel_size must divide the device count")
+def _sp_divides(c: Ctx) -> Iterator[Problem]:
+    for key in _SP_KEYS:
+        if c.world % c(key):
+            yield Problem(key, f"{c(key)} does not divide the {c.world} devices", f"use a divisor of {c.world}")
+
+
+@_rule("sp_needs_rmpad", _SP_KEYS + (BC + "actor_rollout_ref.model.use_remove_padding",),
+       "ulysses_sequence_parallel_size > 1 needs model.use_remove_padding=true")
+def _sp_needs_rmpad(c: Ctx) -> Iterator[Problem]:
+    if max(c(k) for k in _SP_KEYS) > 1 and not c(BC + "actor_rollout_ref.model.use_remove_padding"):
+        yield Problem(BC + "actor_rollout_ref.model.use_remove_padding", "is false but sequence parallelism is on",
+                      "set actor_rollout_ref.model.use_remove_padding=true or the SP size to 1")
+
+
+@_rule("sp_heads", _SP_KEYS + (BC + "actor_rollout_ref.model.path",),
+       "the SP size must divide the model's attention heads (checked when the model config is readable)")
+def _sp_heads(c: Ctx) -> Iterator[Problem]:
+    from verl_npu.config.derive import model_heads
+
+    heads = model_heads(c(BC + "actor_rollout_ref.model.path"))
+    if heads is None:
+        return
+    for key in _SP_KEYS:
+        sp = c(key)
+        if sp > 1 and (heads[0] % sp or (heads[1] % sp and sp % heads[1])):
+            yield Problem(key, f"{sp} does not fit the model's {heads[0]} attention / {heads[1]} key-value "
+                          "heads", "use a size that divides the attention heads")
+
+
+@_rule("batched_tokens", (ROLL + "max_num_batched_tokens", ROLL + "max_model_len") + _LENS,
+       "rollout.max_num_batched_tokens and max_model_len must be >= max_prompt_length + max_response_length")
+def _batched_tokens(c: Ctx) -> Iterator[Problem]:
+    for key in (ROLL + "max_num_batched_tokens", ROLL + "max_model_len"):
+        if c(key) is not None and c(key) < c.seq_len:
+            yield Problem(key, f"{c(key)} is below max_prompt_length + max_response_length = {c.seq_len}",
+                          f"remove it (derived) or set it to at least {c.seq_len}")
+
+
+@_rule("rollout_lengths", (ROLL + "prompt_length", ROLL + "response_length") + _LENS,
+       "rollout.prompt_length/response_length must equal data.max_prompt_length/max_response_length")
+def _rollout_lengths(c: Ctx) -> Iterator[Problem]:
+    for key, src in ((ROLL + "prompt_length", _LENS[0]), (ROLL + "response_length", _LENS[1])):
+        if c(key) != c(src):
+            yield Problem(key, f"{c(key)} differs from {src.removeprefix(BC)}={c(src)}",
+                          f"remove it (it follows {src.removeprefix(BC)})")
+
+
+@_rule("pixels", (DATA + "min_pixels", DATA + "max_pixels"), "data.min_pixels must be <= data.max_pixels")
+def _pixels(c: Ctx) -> Iterator[Problem]:
+    if c(DATA + "min_pixels") > c(DATA + "max_pixels"):
+        yield Problem(DATA + "min_pixels", f"{c(DATA + 'min_pixels')} is above max_pixels "
+                      f"{c(DATA + 'max_pixels')}", "lower min_pixels or raise max_pixels")
+
+
+@_rule("warnings", (DATA + "val_batch_size", ACTOR + "use_kl_loss", ALGO + "use_kl_in_reward"),
+       "data.val_batch_size set, or KL both in the loss and in the reward, only warns")
+def _warnings(c: Ctx) -> Iterator[Problem]:
+    for key, why in DEPRECATED_WARN_ONLY.items():
+        if c(key) is not None:
+            c.warnings.append(f"{key} is deprecated in verl: {why}")
+    if c(ACTOR + "use_kl_loss") and c(ALGO + "use_kl_in_reward"):
+        c.warnings.append("KL is applied twice: actor.use_kl_loss and algorithm.use_kl_in_reward are both true")
+    return iter(())
+
+
+def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -> tuple[list[Problem], list[str]]:
+    """Run every cross-key rule; returns (problems, warnings)."""
+    ctx = Ctx(cfg, user_keys, bad)
+    problems: list[Problem] = []
+    for rule in RULES:
+        try:
+            problems += list(rule.check(ctx))
+        except _Skip:
+            continue
+    return problems, ctx.warnings
+
+
+# ------------------------------------------------------------------ files
+def check_paths(rc) -> list[Problem]:
+    """Problems for data files, the model folder and the custom reward file that do not exist.
+    `tiny://` model paths are built locally and are skipped; `~` is expanded as verl does."""
+    b = BC
+    problems: list[Problem] = []
+    checks: list[tuple[str, Any, str]] = [
+        (b + "data.train_files", get(rc.cfg, b + "data.train_files"), "file"),
+        (b + "data.val_files", get(rc.cfg, b + "data.val_files"), "file"),
+        (b + "actor_rollout_ref.model.path", get(rc.cfg, b + "actor_rollout_ref.model.path"), "model"),
+        (b + "custom_reward_function.path", get(rc.cfg, b + "custom_reward_function.path"), "file"),
+    ]
+    for key, value, kind in checks:
+        for item in (value if isinstance(value, list) else [value]):
+            if item is None or (kind == "model" and str(item).startswith("tiny://")):
+                continue
+            if re.match(r"^[a-z]+://", str(item)):
+                problems.append(Problem(key, f"{item!r}: remote paths are not supported yet",
+                                        "copy the files to a local folder and point the key at them"))
+                continue
+            path = Path(os.path.expanduser(str(item)))
+            if kind == "model" and not path.is_dir():
+                problems.append(Problem(key, f"model folder {item!r} does not exist",
+                                        "download the model (e.g. huggingface-cli download ...) and set its folder"))
+            elif kind == "file" and not path.is_file():
+                problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
+                                        f"{Path.cwd()})", "run the data_prep script or fix the path"))
+    return problems

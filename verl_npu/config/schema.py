@@ -1,0 +1,364 @@
+"""The recipe schema: every key verl-npu knows, with its default, type, meaning and limits.
+
+Keys are full dotted paths from the recipe root (`backend_config.data.train_batch_size`).
+Names follow upstream verl. A key is one of:
+- supported: validated against `type`, `choices` and the numeric range;
+- supported only at its "off" value (`off_only`): any other value is a "not supported yet" error;
+- a free-form dict (`type == DICT`): anything below it passes through unchecked.
+Whole verl subtrees that verl-npu does not support live in `UNSUPPORTED_PREFIXES`; verl keys
+renamed upstream live in `DEPRECATED`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Type names (what `explain` prints and `rules.check_type` accepts).
+INT, FLOAT, BOOL, STR, DICT = "int", "float", "bool", "str", "dict"
+STR_LIST, STR_OR_LIST, FLOAT_LIST = "list[str]", "str | list[str]", "list[float]"
+
+#: first segments of verl's own config; `data.x=1` on the command line means `backend_config.data.x=1`.
+VERL_SECTIONS = (
+    "data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function",
+    "algorithm", "trainer", "ray_init",
+)
+TOP_LEVEL = ("af_output_dir", "backend_config", "engine_kwargs")
+#: a value starting with this is a placeholder that the user must replace.
+PLACEHOLDER = "EDIT_ME"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: full dotted path, default, type name, one-line meaning and limits."""
+
+    path: str
+    default: Any
+    type: str
+    doc: str
+    choices: tuple = ()          # supported values (empty: any value of the type)
+    unsupported: tuple = ()      # values verl knows but verl-npu does not support yet
+    min: float | None = None     # inclusive lower bound
+    max: float | None = None     # inclusive upper bound
+    gt: float | None = None      # exclusive lower bound
+    nullable: bool = False       # null allowed (implied by a null default)
+    required: bool = False       # must be set by the user (placeholders refused)
+    off_only: str = ""           # non-empty: only the default is supported; text says what is missing
+    derived: str = ""            # non-empty: filled in by verl_npu.config.derive when not set; says how
+
+    @property
+    def short(self) -> str:
+        """The key without the `backend_config.` prefix (verl's own spelling)."""
+        return self.path[len("backend_config."):] if self.path.startswith("backend_config.") else self.path
+
+    @property
+    def allows_null(self) -> bool:
+        return self.nullable or self.default is None
+
+
+_KEYS: list[Key] = []
+
+
+def _k(path: str, default: Any, type_: str, doc: str, **kw: Any) -> None:
+    full = path if path.split(".")[0] in TOP_LEVEL else f"backend_config.{path}"
+    _KEYS.append(Key(full, default, type_, doc, **kw))
+
+
+# ---------------------------------------------------------------- top level
+_k("af_output_dir", None, STR, "Folder that receives everything a run writes: resolved config, logs, "
+   "metrics, tensorboard events, checkpoints.", required=True)
+# ---------------------------------------------------------------- data
+_k("data.tokenizer", None, STR, "Tokenizer path; null uses the model's own tokenizer.")
+_k("data.train_files", None, STR_OR_LIST, "Training parquet file(s): one path or a list.", required=True)
+_k("data.val_files", None, STR_OR_LIST, "Validation parquet file(s): one path or a list.", required=True)
+_k("data.prompt_key", "prompt", STR, "Column holding the prompt (a list of chat messages).")
+_k("data.reward_fn_key", "data_source", STR, "Column whose value selects the reward function.")
+_k("data.image_key", "images", STR, "Column holding the images of a multimodal row.")
+_k("data.video_key", None, STR, "Column holding videos.", off_only="video inputs")
+_k("data.max_prompt_length", 512, INT, "Longest prompt in tokens; prompts are left-padded to this length.", min=1)
+_k("data.max_response_length", 512, INT, "Longest generated response in tokens.", min=1)
+_k("data.train_batch_size", 1024, INT, "Prompts sampled per training step (each gets rollout.n responses).", min=1)
+_k("data.val_batch_size", None, INT, "Deprecated in verl: validation batch size; null sends the whole "
+   "validation set at once.", min=1)
+_k("data.return_raw_chat", False, BOOL, "Also return the chat messages without the chat template applied.")
+_k("data.return_raw_input_ids", False, BOOL, "Also return prompt token ids without the chat template "
+   "(for a reward model with a different template).")
+_k("data.return_full_prompt", False, BOOL, "Also return the prompt text with the chat template applied.")
+_k("data.shuffle", True, BOOL, "Shuffle the training data each epoch.")
+_k("data.seed", 1, INT, "Seed of the training-data shuffle.")
+_k("data.validation_shuffle", False, BOOL, "Shuffle the validation data.")
+_k("data.filter_overlong_prompts", False, BOOL, "Drop rows whose prompt is longer than max_prompt_length.")
+_k("data.filter_overlong_prompts_workers", 1, INT, "Processes used to filter overlong prompts.", min=1)
+_k("data.truncation", "error", STR, "What to do with a prompt longer than max_prompt_length: "
+   "error, or cut tokens from the left, right or middle.", choices=("error", "left", "right", "middle"))
+_k("data.dataloader_num_workers", 0, INT, "Worker processes of the training dataloader.", min=0)
+_k("data.trust_remote_code", False, BOOL, "Allow custom code shipped with the tokenizer/processor.")
+_k("data.min_pixels", 3136, INT, "verl-npu: smallest image area in pixels after qwen-vl-utils resizing.", min=1)
+_k("data.max_pixels", 1003520, INT, "verl-npu: largest image area in pixels after qwen-vl-utils resizing.", min=1)
+_k("data.use_shm", False, BOOL, "Load data through shared memory.", off_only="shared-memory data loading")
+_k("data.custom_cls.path", None, STR, "File with a custom dataset class.", off_only="custom dataset classes")
+_k("data.custom_cls.name", None, STR, "Class name in data.custom_cls.path.", off_only="custom dataset classes")
+
+# ---------------------------------------------------------------- actor_rollout_ref
+A = "actor_rollout_ref"
+_k(f"{A}.hybrid_engine", True, BOOL, "Actor and rollout share devices (the only mode).",
+   off_only="a separate (non-hybrid) rollout")
+_k(f"{A}.model.path", None, STR, "Hugging Face model folder, or tiny://qwen25vl / tiny://qwen2 for a "
+   "tiny local model.", required=True)
+_k(f"{A}.model.external_lib", None, STR, "Python module imported first to register custom models.")
+_k(f"{A}.model.override_config", {}, DICT, "Model config fields to override (e.g. attn_implementation, dropout).")
+_k(f"{A}.model.enable_gradient_checkpointing", True, BOOL, "Recompute activations in backward to save memory.")
+_k(f"{A}.model.enable_activation_offload", False, BOOL, "Offload activations to host memory during training.")
+_k(f"{A}.model.use_remove_padding", True, BOOL, "Pack sequences without padding in training forward passes.")
+_k(f"{A}.model.trust_remote_code", False, BOOL, "Allow custom code shipped with the model.")
+_k(f"{A}.model.use_fused_kernels", False, BOOL, "Use fused log-prob/entropy kernels.", off_only="fused kernels")
+_k(f"{A}.model.use_liger", False, BOOL, "Use Liger kernels.", off_only="Liger kernels")
+_k(f"{A}.model.use_shm", False, BOOL, "Load model weights through shared memory.", off_only="shared-memory model loading")
+_k(f"{A}.model.lora_rank", 0, INT, "LoRA rank; 0 trains all weights.", off_only="LoRA")
+_k(f"{A}.model.lora_alpha", 16, INT, "LoRA scaling.", off_only="LoRA")
+_k(f"{A}.model.target_modules", "all-linear", STR_OR_LIST, "LoRA target modules.", off_only="LoRA")
+_k(f"{A}.model.custom_chat_template", None, STR, "Jinja chat template replacing the tokenizer's own.")
+
+AC = f"{A}.actor"
+_k(f"{AC}.strategy", "fsdp2", STR, "Training backend.", choices=("fsdp", "fsdp2"), unsupported=("megatron",))
+_k(f"{AC}.ppo_mini_batch_size", 256, INT, "Prompts per optimizer step (x rollout.n responses).", min=1)
+_k(f"{AC}.ppo_micro_batch_size_per_gpu", None, INT, "Responses per forward/backward on one device "
+   "(gradient accumulation); required unless use_dynamic_bsz.", min=1)
+_k(f"{AC}.use_dynamic_bsz", False, BOOL, "Pack micro batches by token count (ppo_max_token_len_per_gpu) "
+   "instead of a fixed number of responses.")
+_k(f"{AC}.ppo_max_token_len_per_gpu", 16384, INT, "Most tokens in one micro batch on one device "
+   "(with use_dynamic_bsz).", min=1, derived="n x (max_prompt_length + max_response_length) with use_dynamic_bsz")
+_k(f"{AC}.grad_clip", 1.0, FLOAT, "Clip the gradient norm to this value.", gt=0)
+_k(f"{AC}.clip_ratio", 0.2, FLOAT, "PPO clip range epsilon.", gt=0)
+_k(f"{AC}.clip_ratio_low", None, FLOAT, "Lower clip epsilon (null: clip_ratio).", min=0,
+   derived="clip_ratio")
+_k(f"{AC}.clip_ratio_high", None, FLOAT, "Upper clip epsilon (null: clip_ratio).", min=0,
+   derived="clip_ratio")
+_k(f"{AC}.clip_ratio_c", 3.0, FLOAT, "Dual-clip constant: losses of negative-advantage tokens are capped "
+   "at clip_ratio_c x |advantage|.", gt=1)
+_k(f"{AC}.loss_agg_mode", "token-mean", STR, "How token losses are averaged into the batch loss.",
+   choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+_k(f"{AC}.entropy_coeff", 0.0, FLOAT, "Weight of the entropy bonus in the policy loss.", min=0)
+_k(f"{AC}.use_kl_loss", False, BOOL, "Add a KL(actor || ref) term to the policy loss (GRPO style).")
+_k(f"{AC}.kl_loss_coef", 0.001, FLOAT, "Weight of the KL loss term.", min=0)
+_k(f"{AC}.kl_loss_type", "low_var_kl", STR, "KL estimator of the KL loss.",
+   choices=("kl", "abs", "mse", "low_var_kl", "full"))
+_k(f"{AC}.ppo_epochs", 1, INT, "Passes over each rollout batch.", min=1)
+_k(f"{AC}.shuffle", False, BOOL, "Shuffle the rollout batch between PPO epochs.")
+_k(f"{AC}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel group size of the actor.",
+   min=1, derived="max_response_length // 2048 when responses exceed 8192 tokens")
+_k(f"{AC}.use_torch_compile", True, BOOL, "Compile hot functions with torch.compile.")
+_k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss (vanilla = dual-clip PPO).",
+   choices=("vanilla",), unsupported=("gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo",
+                                      "dppo_tv", "dppo_kl", "dro", "bypass_mode"))
+_k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder frozen.", off_only="freezing the vision tower")
+O = f"{AC}.optim"
+_k(f"{O}.lr", 1e-6, FLOAT, "Actor learning rate.", min=0)
+_k(f"{O}.lr_warmup_steps", -1, INT, "Warmup steps; negative uses lr_warmup_steps_ratio.", min=-1)
+_k(f"{O}.lr_warmup_steps_ratio", 0.0, FLOAT, "Warmup steps as a fraction of total training steps.", min=0, max=1)
+_k(f"{O}.warmup_style", "constant", STR, "Learning-rate shape after warmup.", choices=("constant", "cosine"))
+_k(f"{O}.min_lr_ratio", 0.0, FLOAT, "Final learning rate of the cosine schedule, as a fraction of lr.", min=0, max=1)
+_k(f"{O}.num_cycles", 0.5, FLOAT, "Cosine cycles over training (0.5 = one half-cosine decay).", gt=0)
+_k(f"{O}.weight_decay", 0.01, FLOAT, "AdamW weight decay.", min=0)
+_k(f"{O}.betas", [0.9, 0.999], FLOAT_LIST, "AdamW betas.")
+_k(f"{O}.total_training_steps", -1, INT, "Schedule length; -1 is filled in at run time from the data.", min=-1)
+F = f"{AC}.fsdp_config"
+_k(f"{F}.param_offload", False, BOOL, "Keep actor parameters in host memory between uses.")
+_k(f"{F}.optimizer_offload", False, BOOL, "Keep optimizer state in host memory between steps.")
+_k(f"{F}.reshard_after_forward", True, BOOL, "FSDP2: free gathered parameters after forward.")
+_k(f"{F}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap modules with at least this many parameters "
+   "(0: wrap decoder layers).", min=0)
+_k(f"{F}.fsdp_size", -1, INT, "Devices per FSDP shard group; -1 shards over all.", min=-1)
+_k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra"], STR_LIST, "What a checkpoint holds.",
+   choices=("model", "optimizer", "extra", "hf_model"))
+_k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST, "What resuming loads.",
+   choices=("model", "optimizer", "extra", "hf_model"))
+
+R = f"{A}.ref"
+_k(f"{R}.log_prob_micro_batch_size_per_gpu", None, INT, "Responses per reference log-prob forward on one "
+   "device; required unless dynamic batch size.", min=1)
+_k(f"{R}.log_prob_use_dynamic_bsz", None, BOOL, "Pack reference log-prob batches by tokens.",
+   derived="actor.use_dynamic_bsz")
+_k(f"{R}.log_prob_max_token_len_per_gpu", 16384, INT, "Most tokens per reference forward on one device "
+   "(dynamic batch size).", min=1, derived="actor.ppo_max_token_len_per_gpu with dynamic batch size")
+_k(f"{R}.fsdp_config.param_offload", False, BOOL, "Keep reference parameters in host memory between uses.")
+_k(f"{R}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel size of the reference model.",
+   min=1, derived="actor.ulysses_sequence_parallel_size")
+
+RO = f"{A}.rollout"
+_k(f"{RO}.name", "vllm", STR, "Rollout engine: vllm, or hf (transformers generate; CPU and tests).",
+   choices=("vllm", "hf"), unsupported=("sglang", "trtllm"))
+_k(f"{RO}.mode", "async", STR, "Rollout mode.", choices=("async",), unsupported=("sync",))
+_k(f"{RO}.temperature", 1.0, FLOAT, "Sampling temperature.", min=0)
+_k(f"{RO}.top_k", -1, INT, "Sample from the k most likely tokens; -1 disables.", min=-1)
+_k(f"{RO}.top_p", 1.0, FLOAT, "Nucleus sampling mass; 1.0 disables.", gt=0, max=1)
+_k(f"{RO}.do_sample", True, BOOL, "Sample (true) or decode greedily (false).")
+_k(f"{RO}.n", 1, INT, "Responses per prompt (the GRPO group size).", min=1)
+_k(f"{RO}.dtype", "bfloat16", STR, "Rollout weight dtype.", choices=("bfloat16", "float16", "float32"))
+_k(f"{RO}.gpu_memory_utilization", 0.5, FLOAT, "Fraction of device memory vLLM may use.", gt=0, max=1)
+_k(f"{RO}.ignore_eos", False, BOOL, "Keep generating after the end-of-sequence token.")
+_k(f"{RO}.enforce_eager", False, BOOL, "Disable graph capture in vLLM.")
+_k(f"{RO}.free_cache_engine", True, BOOL, "Release the KV cache (engine sleep) after each rollout.")
+_k(f"{RO}.tensor_model_parallel_size", 2, INT, "Tensor-parallel size of each rollout engine.", min=1,
+   derived="1 for the hf rollout")
+_k(f"{RO}.max_num_batched_tokens", 8192, INT, "Most tokens vLLM schedules in one engine step.", min=1,
+   derived="max(8192, max_prompt_length + max_response_length)")
+_k(f"{RO}.max_model_len", None, INT, "Longest sequence (prompt + response) the engine accepts.", min=1,
+   derived="max_prompt_length + max_response_length")
+_k(f"{RO}.max_num_seqs", 1024, INT, "Most sequences vLLM runs at once.", min=1)
+_k(f"{RO}.enable_chunked_prefill", True, BOOL, "Split long prefills into chunks.")
+_k(f"{RO}.load_format", "auto", STR, "How the engine loads initial weights.",
+   choices=("auto", "dummy", "safetensors", "hf", "dummy_dtensor", "dummy_hf"))
+_k(f"{RO}.disable_log_stats", True, BOOL, "Silence the engine's periodic statistics log.")
+_k(f"{RO}.log_prob_micro_batch_size_per_gpu", None, INT, "Responses per old-log-prob forward on one device; "
+   "required unless dynamic batch size.", min=1)
+_k(f"{RO}.log_prob_use_dynamic_bsz", None, BOOL, "Pack old-log-prob batches by tokens.",
+   derived="actor.use_dynamic_bsz")
+_k(f"{RO}.log_prob_max_token_len_per_gpu", 16384, INT, "Most tokens per old-log-prob forward on one device.",
+   min=1, derived="actor.ppo_max_token_len_per_gpu with dynamic batch size")
+_k(f"{RO}.prompt_length", None, INT, "Prompt length the engine is sized for.", min=1,
+   derived="data.max_prompt_length")
+_k(f"{RO}.response_length", None, INT, "Most tokens generated per response.", min=1,
+   derived="data.max_response_length")
+_k(f"{RO}.val_kwargs.top_k", -1, INT, "Validation top_k.", min=-1)
+_k(f"{RO}.val_kwargs.top_p", 1.0, FLOAT, "Validation top_p.", gt=0, max=1)
+_k(f"{RO}.val_kwargs.temperature", 0.0, FLOAT, "Validation temperature.", min=0)
+_k(f"{RO}.val_kwargs.n", 1, INT, "Responses per validation prompt.", min=1)
+_k(f"{RO}.val_kwargs.do_sample", False, BOOL, "Sample during validation (false: greedy).")
+_k(f"{RO}.engine_kwargs.vllm", {}, DICT, "Extra vLLM engine arguments (verl form); the engine reads this "
+   "after top-level engine_kwargs.vllm is merged in.")
+_k(f"{RO}.engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (sglang rollout not supported yet).")
+_k(f"{RO}.use_fire_sampling", False, BOOL, "FIRE sampling.", off_only="FIRE sampling")
+_k(f"{RO}.multi_turn.enable", False, BOOL, "Multi-turn / tool-calling rollout.", off_only="multi-turn rollout")
+
+# ---------------------------------------------------------------- critic, reward, algorithm
+_k("critic.enable", None, BOOL, "Train a critic (needed by gae).", off_only="a critic (gae)")
+_k("reward_model.enable", False, BOOL, "Score with a reward model instead of rule-based functions.",
+   off_only="reward models")
+_k("reward_model.reward_manager", "naive", STR, "How rule-based rewards are computed per response.",
+   choices=("naive",), unsupported=("prime", "batch", "dapo"))
+_k("reward_model.launch_reward_fn_async", False, BOOL, "Compute rewards asynchronously.",
+   off_only="asynchronous reward functions")
+_k("custom_reward_function.path", None, STR, "Python file with your reward function; null uses the "
+   "built-in reward for each data_source.")
+_k("custom_reward_function.name", "compute_score", STR, "Function name in custom_reward_function.path.")
+AL = "algorithm"
+_k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor.", min=0, max=1)
+_k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda.", min=0, max=1)
+_k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator.",
+   choices=("grpo", "rloo", "reinforce_plus_plus", "remax"),
+   unsupported=("gae", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg", "gdpo"))
+_k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO: divide group-centred scores by the group std "
+   "(false = Dr.GRPO).")
+_k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
+_k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
+   choices=("kl", "abs", "mse", "low_var_kl", "full"))
+_k(f"{AL}.kl_ctrl.type", "fixed", STR, "In-reward KL coefficient controller.", choices=("fixed", "adaptive"))
+_k(f"{AL}.kl_ctrl.kl_coef", 0.001, FLOAT, "Initial in-reward KL coefficient.", min=0)
+_k(f"{AL}.kl_ctrl.horizon", 10000, INT, "Adaptive controller horizon.", min=1)
+_k(f"{AL}.kl_ctrl.target_kl", 0.1, FLOAT, "Adaptive controller target KL.", gt=0)
+_k(f"{AL}.use_pf_ppo", False, BOOL, "Preference-feedback PPO.", off_only="pf-ppo")
+
+# ---------------------------------------------------------------- trainer, ray
+T = "trainer"
+_k(f"{T}.balance_batch", True, BOOL, "Reorder each batch so every data-parallel rank gets similar token counts.")
+_k(f"{T}.total_epochs", 30, INT, "Passes over the training data.", min=1)
+_k(f"{T}.total_training_steps", None, INT, "Stop after this many steps (null: total_epochs decides).", min=1)
+_k(f"{T}.project_name", "verl_npu", STR, "Project name for loggers.")
+_k(f"{T}.experiment_name", "run", STR, "Run name for loggers.")
+_k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks.", choices=("console", "tensorboard", "file"),
+   unsupported=("wandb", "mlflow", "swanlab", "clearml", "trackio", "vemlp_wandb", "tracking"))
+_k(f"{T}.log_val_generations", 0, INT, "Validation generations printed/logged per validation.", min=0)
+_k(f"{T}.rollout_data_dir", None, STR, "Folder for JSONL dumps of training rollouts (null: none).")
+_k(f"{T}.validation_data_dir", None, STR, "Folder for JSONL dumps of validation generations (null: none).")
+_k(f"{T}.nnodes", 1, INT, "Nodes in the run.", min=1)
+_k(f"{T}.n_gpus_per_node", 8, INT, "Devices (NPUs/GPUs; 1 on CPU) per node.", min=1)
+_k(f"{T}.save_freq", -1, INT, "Save a checkpoint every N steps (and at the end); -1 never.", min=-1)
+_k(f"{T}.resume_mode", "auto", STR, "auto: resume from the latest checkpoint in default_local_dir if any; "
+   "disable: start fresh; resume_path: resume from resume_from_path.",
+   choices=("auto", "disable", "resume_path"))
+_k(f"{T}.resume_from_path", None, STR, "Checkpoint folder global_step_N to resume from (resume_path mode).")
+_k(f"{T}.val_before_train", True, BOOL, "Validate once before the first step.")
+_k(f"{T}.val_only", False, BOOL, "Only validate, then exit.")
+_k(f"{T}.test_freq", -1, INT, "Validate every N steps; -1 never (except val_before_train and the end).", min=-1)
+_k(f"{T}.critic_warmup", 0, INT, "Steps that train only the critic.", min=0, max=0)
+_k(f"{T}.default_hdfs_dir", None, STR, "HDFS folder for checkpoints.", off_only="HDFS checkpoints")
+_k(f"{T}.del_local_ckpt_after_load", False, BOOL, "Delete the local checkpoint once it is loaded.")
+_k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
+_k(f"{T}.tensorboard_dir", None, STR, "verl-npu: TensorBoard event folder.", derived="<af_output_dir>/tensorboard")
+_k(f"{T}.max_actor_ckpt_to_keep", None, INT, "Keep only the newest N actor checkpoints (null: all).", min=1)
+_k(f"{T}.device", None, STR, "Device kind; null detects npu, then cuda, then cpu.",
+   choices=("cpu", "cuda", "npu"))
+_k(f"{T}.profile_steps", None, STR_LIST, "Steps to profile.", off_only="profiling")
+_k("ray_init.num_cpus", None, INT, "CPUs Ray may use (null: all).", min=1)
+_k("ray_init.timeline_json_file", None, STR, "Write a Ray timeline to this file.")
+
+# ---------------------------------------------------------------- engine_kwargs (top level)
+_k("engine_kwargs.vllm", {}, DICT, "Extra vLLM engine arguments (ModelArts form), merged into "
+   "actor_rollout_ref.rollout.engine_kwargs.vllm; e.g. disable_mm_preprocessor_cache: true "
+   "(newer vLLM: mm_processor_cache_gb: 0) turns off the multimodal preprocessor cache.")
+_k("engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (kept for format compatibility; "
+   "the sglang rollout is not supported yet).")
+
+#: every key by full dotted path.
+SCHEMA: dict[str, Key] = {k.path: k for k in _KEYS}
+del _KEYS
+
+#: verl subtrees verl-npu does not support: prefix (full path) -> the missing feature.
+UNSUPPORTED_PREFIXES: dict[str, str] = {
+    "backend_config.critic": "a critic (gae / PPO with values); only critic.enable: false is accepted",
+    "backend_config.reward_model.model": "reward models",
+    "backend_config.reward_model.sandbox_fusion": "sandbox rewards",
+    "backend_config.actor_rollout_ref.rollout.multi_turn": "multi-turn rollout",
+    "backend_config.actor_rollout_ref.actor.profiler": "profiling",
+    "backend_config.actor_rollout_ref.ref.profiler": "profiling",
+    "backend_config.algorithm.pf_ppo": "pf-ppo",
+    "backend_config.trainer.controller_nsight_options": "profiling",
+    "backend_config.trainer.worker_nsight_options": "profiling",
+}
+
+#: deprecated verl keys (full path) -> the key that replaces them.
+DEPRECATED: dict[str, str] = {
+    "backend_config.actor_rollout_ref.actor.ppo_micro_batch_size":
+        "backend_config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "backend_config.actor_rollout_ref.rollout.log_prob_micro_batch_size":
+        "backend_config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "backend_config.actor_rollout_ref.ref.log_prob_micro_batch_size":
+        "backend_config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "backend_config.trainer.remove_previous_ckpt_in_save": "backend_config.trainer.max_actor_ckpt_to_keep",
+}
+#: deprecated keys that only warn (as in verl).
+DEPRECATED_WARN_ONLY = {"backend_config.data.val_batch_size": "leave it null: validation sends the whole set at once"}
+
+REQUIRED = tuple(k.path for k in SCHEMA.values() if k.required)
+
+
+def free_form_owner(path: str) -> str | None:
+    """The free-form dict key that `path` lies under (or is), else None."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        head = ".".join(parts[:i])
+        key = SCHEMA.get(head)
+        if key is not None and key.type == DICT:
+            return head
+    return None
+
+
+def is_section(path: str) -> bool:
+    """True when `path` is a strict prefix of some schema key (a section, not a leaf)."""
+    prefix = path + "."
+    return any(p.startswith(prefix) for p in SCHEMA)
+
+
+def defaults_tree() -> dict:
+    """A fresh nested dict of every key at its default (deep copies of list/dict defaults)."""
+    import copy
+
+    root: dict = {}
+    for key in SCHEMA.values():
+        node = root
+        *heads, leaf = key.path.split(".")
+        for h in heads:
+            node = node.setdefault(h, {})
+        node[leaf] = copy.deepcopy(key.default)
+    return root

@@ -1,0 +1,474 @@
+"""Geometry3K -> RL parquet files (``train.parquet``, ``test.parquet``), plus the shared prep machinery.
+
+Source format (Hugging Face ``hiyouga/geometry3k``): columns ``images`` (list of images),
+``problem`` (str with one ``<image>`` placeholder per image) and ``answer`` (str). Sources:
+the hub through ``datasets`` (imported lazily), ``--local-dataset-path`` (parquet files or a
+``save_to_disk`` folder), or ``--synthetic N`` (rendered polygons, no network, see
+``verl_npu.data.synthetic_geometry``).
+
+Each output row (verl's RL schema, see docs/data_formats.md)::
+
+    data_source   "hiyouga/geometry3k" (or "synthetic_geometry" with --synthetic)
+    prompt        [{"role": "user", "content": problem + " " + INSTRUCTION}]
+    images        [{"bytes": <PNG/JPEG bytes>, "path": None}, ...]
+    ability       "math"
+    reward_model  {"style": "rule", "ground_truth": answer}
+    extra_info    {"split", "index" (source row), "answer", "question" (problem)}
+
+The helpers here (``SourceSplit``, ``local_splits``, ``hub_splits``, ``convert_splits``,
+``write_rl_parquet``, ``run_cli``) are reused by ``verl_npu.data.gsm8k``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+from verl_npu.data import synthetic_geometry
+from verl_npu.errors import UserError
+
+HUB_ID = "hiyouga/geometry3k"
+SPLITS = ("train", "test")  # like verl's script, the hub's validation split is not used
+SOURCE_COLUMNS = ("images", "problem", "answer")
+IMAGE_PLACEHOLDER = "<image>"
+INSTRUCTION = (
+    "Reason about the problem first, writing your reasoning inside <think> </think> tags, "
+    "then give the final answer inside \\boxed{}."
+)
+# The synthetic task is for tiny models trained from scratch on a CPU: every prompt token costs
+# compute on every step, so it asks for the bare answer (its reward accepts a bare number or \boxed{}).
+SYNTHETIC_INSTRUCTION = "Answer with the number only."
+
+PROMPT_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+IMAGES_TYPE = pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+REWARD_MODEL_TYPE = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])
+EXTRA_INFO_TYPE = pa.struct(
+    [("split", pa.string()), ("index", pa.int64()), ("answer", pa.string()), ("question", pa.string())]
+)
+
+
+class BadRow(Exception):
+    """A source row that cannot be converted; the message says what is wrong with it."""
+
+
+@dataclass
+class SourceSplit:
+    """One split of a source dataset: where it comes from and how to iterate its rows.
+
+    ``rows()`` yields ``(where, row)``: ``where`` names the row for error messages (file and
+    row number), ``row`` is a dict of the source columns.
+    """
+
+    name: str
+    where: str
+    num_rows: int
+    rows: Callable[[], Iterator[tuple[str, dict]]]
+    columns: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- sources
+def _split_of_file(path: Path) -> str:
+    """Split name of a source file: the file name up to the first '-' or '.', else its folder."""
+    stem = path.name.split(".")[0].split("-")[0]
+    if stem in ("train", "validation", "valid", "val", "test", "dev"):
+        return stem
+    return path.parent.name
+
+
+def _read_arrow_stream(path: Path) -> pa.Table:
+    """A table from a ``datasets.save_to_disk`` arrow file (arrow IPC stream format)."""
+    with pa.memory_map(str(path)) as source:
+        try:
+            return pa.ipc.open_stream(source).read_all()
+        except pa.ArrowInvalid:
+            source.seek(0)
+            return pa.ipc.open_file(source).read_all()
+
+
+def local_splits(path: str | os.PathLike, required: tuple[str, ...], wanted: tuple[str, ...]) -> dict[str, SourceSplit]:
+    """The ``wanted`` splits of a local source folder (parquet files or a ``save_to_disk`` folder).
+
+    A file's split is its name up to the first '-' or '.' (``train-00000-of-00001.parquet`` ->
+    ``train``, ``test.parquet`` -> ``test``), otherwise its folder name (``train/data-0.arrow``).
+
+    Raises:
+        UserError: the path is missing, holds no parquet/arrow files, lacks a wanted split, or a
+            file lacks a required column (the message names the file and the column).
+    """
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise UserError(f"--local-dataset-path {root} does not exist; give a folder with the dataset's parquet files")
+    if root.is_file():
+        raise UserError(
+            f"--local-dataset-path {root} is a file; give the folder that holds one parquet (or arrow) file per "
+            f"split, named after the split ({', '.join(wanted)})"
+        )
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".parquet", ".arrow") and p.is_file())
+    if not files:
+        raise UserError(f"--local-dataset-path {root} holds no .parquet or .arrow files")
+    by_split: dict[str, list[Path]] = {}
+    for f in files:
+        by_split.setdefault(_split_of_file(f), []).append(f)
+    missing = [s for s in wanted if s not in by_split]
+    if missing:
+        raise UserError(
+            f"--local-dataset-path {root} has no {', '.join(missing)} split (found: {', '.join(sorted(by_split))}); "
+            f"name the files after their split, e.g. {missing[0]}.parquet or {missing[0]}-00000-of-00001.parquet"
+        )
+    splits = {}
+    for name in wanted:
+        split_files = by_split[name]
+        num_rows = 0
+        for f in split_files:
+            names = _file_columns(f)
+            absent = [c for c in required if c not in names]
+            if absent:
+                raise UserError(
+                    f"{f}: missing column(s) {', '.join(repr(c) for c in absent)} (found: {', '.join(names)}); "
+                    f"the source format needs columns {', '.join(required)}"
+                )
+            num_rows += _file_num_rows(f)
+        splits[name] = SourceSplit(name, str(root), num_rows, _file_rows_iter(split_files), list(required))
+    return splits
+
+
+def _file_columns(path: Path) -> list[str]:
+    if path.suffix == ".parquet":
+        return list(pq.read_schema(path).names)
+    return list(_read_arrow_stream(path).schema.names)
+
+
+def _file_num_rows(path: Path) -> int:
+    if path.suffix == ".parquet":
+        return pq.ParquetFile(path).metadata.num_rows
+    return _read_arrow_stream(path).num_rows
+
+
+def _file_rows_iter(files: list[Path]) -> Callable[[], Iterator[tuple[str, dict]]]:
+    def rows() -> Iterator[tuple[str, dict]]:
+        for f in files:
+            if f.suffix == ".parquet":
+                batches = pq.ParquetFile(f).iter_batches(batch_size=64)
+            else:
+                batches = _read_arrow_stream(f).to_batches(max_chunksize=64)
+            i = 0
+            for batch in batches:
+                for row in batch.to_pylist():
+                    yield f"{f} row {i}", row
+                    i += 1
+
+    return rows
+
+
+def hub_splits(hub_id: str, wanted: tuple[str, ...], config_name: str | None = None) -> dict[str, SourceSplit]:
+    """The ``wanted`` splits of a Hugging Face hub dataset, through ``datasets`` (imported here only).
+
+    Raises:
+        UserError: ``datasets`` is not installed or the hub cannot be reached.
+    """
+    try:
+        import datasets  # noqa: PLC0415 - optional dependency, only for hub downloads
+    except ImportError as e:
+        raise UserError(
+            f"loading {hub_id} from the Hugging Face hub needs the 'datasets' package ({e}); "
+            f"pip install datasets, or use --local-dataset-path DIR or --synthetic N"
+        ) from e
+    try:
+        dsd = datasets.load_dataset(hub_id, config_name) if config_name else datasets.load_dataset(hub_id)
+    except Exception as e:  # network errors come in many types; all mean the same to the user
+        raise UserError(
+            f"could not load {hub_id} from the Hugging Face hub ({type(e).__name__}: {e}); "
+            f"use --local-dataset-path DIR (a saved copy) or --synthetic N (no network)"
+        ) from e
+    out = {}
+    for name in wanted:
+        if name not in dsd:
+            raise UserError(f"{hub_id} has no split {name!r} (found: {', '.join(dsd)})")
+        ds = dsd[name]
+
+        def rows(ds=ds, name=name) -> Iterator[tuple[str, dict]]:
+            for i, row in enumerate(ds):
+                yield f"{hub_id} split {name} row {i}", row
+
+        out[name] = SourceSplit(name, f"{hub_id}[{name}]", len(ds), rows, list(ds.column_names))
+    return out
+
+
+def memory_splits(rows_by_split: dict[str, list[dict]], where: str) -> dict[str, SourceSplit]:
+    """Splits over in-memory rows (the synthetic generator's output)."""
+    out = {}
+    for name, rows in rows_by_split.items():
+
+        def it(rows=rows, name=name) -> Iterator[tuple[str, dict]]:
+            for i, row in enumerate(rows):
+                yield f"{where} split {name} row {i}", row
+
+        out[name] = SourceSplit(name, where, len(rows), it)
+    return out
+
+
+# --------------------------------------------------------------------------- conversion
+def encode_image(value: Any) -> bytes:
+    """Encoded image bytes for one source image value, verified to decode.
+
+    Accepts a PIL image (saved as PNG), ``{"bytes": ..., "path": ...}`` (the Hugging Face image
+    struct: bytes kept as they are), raw bytes, or a file path.
+
+    Raises:
+        BadRow: the value is of another type, or its bytes/file do not decode as an image.
+    """
+    if isinstance(value, Image.Image):
+        buf = io.BytesIO()
+        value.save(buf, format="PNG")
+        return buf.getvalue()
+    data = None
+    if isinstance(value, dict):
+        if value.get("bytes") is not None:
+            data = value["bytes"]
+        elif value.get("path"):
+            value = value["path"]
+    if isinstance(value, (bytes, bytearray)):
+        data = bytes(value)
+    if data is None and isinstance(value, (str, os.PathLike)):
+        try:
+            data = Path(value).read_bytes()
+        except OSError as e:
+            raise BadRow(f"image file {value} cannot be read ({e})") from e
+    if data is None:
+        raise BadRow(f"image value of type {type(value).__name__} is not an image, bytes, path or {{bytes, path}}")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+    except Exception as e:  # PIL raises several types for corrupt data
+        raise BadRow(f"image bytes do not decode ({type(e).__name__}: {e})") from e
+    return data
+
+
+def geometry3k_row(row: dict, split: str, index: int, data_source: str, instruction: str = INSTRUCTION) -> dict:
+    """One source row (``images``, ``problem``, ``answer``) as an RL row (schema in the module doc).
+
+    Raises:
+        BadRow: problem/answer missing or empty, an image does not decode, or the number of
+            ``<image>`` placeholders in the problem differs from the number of images.
+    """
+    problem, answer, images = row.get("problem"), row.get("answer"), row.get("images")
+    if not isinstance(problem, str) or not problem.strip():
+        raise BadRow(f"'problem' is empty or not a string ({problem!r})")
+    if answer is None or not str(answer).strip():
+        raise BadRow(f"'answer' is empty ({answer!r})")
+    if images is None:
+        images = []
+    if not isinstance(images, (list, tuple)):
+        images = [images]
+    n_placeholders = problem.count(IMAGE_PLACEHOLDER)
+    if n_placeholders != len(images):
+        raise BadRow(
+            f"'problem' has {n_placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but the row has {len(images)} "
+            f"image(s); each image needs exactly one {IMAGE_PLACEHOLDER} in the problem text, in order"
+        )
+    encoded = []
+    for k, img in enumerate(images):
+        try:
+            encoded.append({"bytes": encode_image(img), "path": None})
+        except BadRow as e:
+            raise BadRow(f"image {k}: {e}") from e
+    answer = str(answer).strip()
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": problem + " " + instruction}],
+        "images": encoded,
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": split, "index": index, "answer": answer, "question": problem},
+    }
+
+
+def rl_schema(with_images: bool) -> pa.Schema:
+    """Arrow schema of an RL parquet file (the ``images`` column only when ``with_images``)."""
+    fields = [("data_source", pa.string()), ("prompt", PROMPT_TYPE)]
+    if with_images:
+        fields.append(("images", IMAGES_TYPE))
+    fields += [("ability", pa.string()), ("reward_model", REWARD_MODEL_TYPE), ("extra_info", EXTRA_INFO_TYPE)]
+    return pa.schema(fields)
+
+
+def write_rl_parquet(rows: list[dict], path: str | os.PathLike, with_images: bool) -> None:
+    """Write RL rows to ``path`` with the fixed schema of ``rl_schema`` (parent folders created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=rl_schema(with_images)), path)
+
+
+@dataclass
+class PrepResult:
+    """What a prep run wrote: per split the output path, rows written, images and rows skipped."""
+
+    paths: dict[str, str]
+    rows: dict[str, int]
+    images: dict[str, int]
+    skipped: dict[str, int]
+
+    def as_dict(self) -> dict:
+        """``{split: path, ..., "paths": {split: path}, "rows": {...}, "images": {...}, "skipped": {...}}``."""
+        return {**self.paths, "paths": self.paths, "rows": self.rows, "images": self.images, "skipped": self.skipped}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PrepResult":
+        return cls(d["paths"], d["rows"], d["images"], d["skipped"])
+
+    def summary(self) -> str:
+        lines = []
+        for split, path in self.paths.items():
+            skipped = f", {self.skipped[split]} bad row(s) skipped" if self.skipped[split] else ""
+            lines.append(f"  {split}: {self.rows[split]} rows, {self.images[split]} images{skipped} -> {path}")
+        return "wrote:\n" + "\n".join(lines)
+
+
+def convert_splits(
+    splits: dict[str, SourceSplit],
+    convert: Callable[[dict, str, int], dict],
+    save_dir: str | os.PathLike,
+    with_images: bool,
+    skip_bad_rows: bool = False,
+    progress: bool = True,
+) -> PrepResult:
+    """Convert every split with ``convert(row, split, index)`` and write ``<save_dir>/<split>.parquet``.
+
+    Raises:
+        UserError: a row is bad (naming the split, file and row) and ``skip_bad_rows`` is False,
+            or every row of a split is bad.
+    """
+    from tqdm import tqdm  # noqa: PLC0415 - only the CLI path draws a progress bar
+
+    save_dir = Path(save_dir).expanduser()
+    result = PrepResult({}, {}, {}, {})
+    for name, split in splits.items():
+        out_rows, skipped = [], 0
+        bar = tqdm(split.rows(), total=split.num_rows, desc=f"{name}", unit="row", disable=not progress)
+        for index, (where, row) in enumerate(bar):
+            try:
+                out_rows.append(convert(row, name, index))
+            except BadRow as e:
+                if not skip_bad_rows:
+                    raise UserError(
+                        f"bad row: split {name}, {where}: {e}. Fix the source row, or pass --skip-bad-rows to "
+                        f"skip bad rows (they are counted in the summary)"
+                    ) from None
+                skipped += 1
+        if not out_rows:
+            raise UserError(f"split {name} of {split.where} has no usable rows ({skipped} bad, {split.num_rows} total)")
+        path = save_dir / f"{name}.parquet"
+        write_rl_parquet(out_rows, path, with_images)
+        result.paths[name] = str(path)
+        result.rows[name] = len(out_rows)
+        result.images[name] = sum(len(r.get("images") or []) for r in out_rows)
+        result.skipped[name] = skipped
+    return result
+
+
+# --------------------------------------------------------------------------- entry points
+def prepare_synthetic(
+    save_dir: str | os.PathLike, n_train: int, n_test: int, seed: int = 0, image_size: int = 56, progress: bool = False
+) -> dict:
+    """Write the synthetic polygon task to ``<save_dir>/{train,test}.parquet`` (data_source ``synthetic_geometry``).
+
+    Returns ``{"train": path, "test": path, "paths": {split: path}, "rows": {split: n},
+    "images": {split: n}, "skipped": {split: 0}}``.
+    """
+    if n_train < 1 or n_test < 1:
+        raise UserError(f"--synthetic needs at least 1 train and 1 test row (got train={n_train}, test={n_test})")
+    if image_size < 16:
+        raise UserError(f"--image-size must be at least 16 pixels to draw a polygon (got {image_size})")
+    rows = {
+        "train": synthetic_geometry.generate_rows(n_train, seed, image_size, "train"),
+        "test": synthetic_geometry.generate_rows(n_test, seed, image_size, "test"),
+    }
+    result = convert_splits(
+        memory_splits(rows, "synthetic"),
+        lambda row, split, i: geometry3k_row(row, split, i, synthetic_geometry.DATA_SOURCE, SYNTHETIC_INSTRUCTION),
+        save_dir,
+        with_images=True,
+        progress=progress,
+    )
+    return result.as_dict()
+
+
+def prepare(
+    save_dir: str | os.PathLike,
+    local_dataset_path: str | None = None,
+    skip_bad_rows: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Convert real Geometry3K (local copy, else the hub) to ``<save_dir>/{train,test}.parquet``.
+
+    Returns the same dict as ``prepare_synthetic``.
+    """
+    if local_dataset_path:
+        splits = local_splits(local_dataset_path, SOURCE_COLUMNS, SPLITS)
+    else:
+        splits = hub_splits(HUB_ID, SPLITS)
+        for s in splits.values():
+            absent = [c for c in SOURCE_COLUMNS if c not in s.columns]
+            if absent:
+                raise UserError(f"{s.where}: missing column(s) {', '.join(absent)}")
+    result = convert_splits(
+        splits,
+        lambda row, split, i: geometry3k_row(row, split, i, HUB_ID),
+        save_dir,
+        with_images=True,
+        skip_bad_rows=skip_bad_rows,
+        progress=progress,
+    )
+    return result.as_dict()
+
+
+def run_cli(body: Callable[[], dict]) -> None:
+    """Run a prep entry point: print its summary, or a UserError without a traceback and exit 1."""
+    try:
+        result = body()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(PrepResult.from_dict(result).summary())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="data_prep/geometry3k.py",
+        description="Write Geometry3K (or a synthetic polygon task) as RL parquet files: train.parquet, test.parquet.",
+    )
+    p.add_argument("--local-save-dir", default="~/data/geo3k", help="output folder (default: ~/data/geo3k)")
+    p.add_argument("--local-dataset-path", default=None,
+                   help="a local copy of hiyouga/geometry3k: a folder of parquet files or a save_to_disk folder")
+    p.add_argument("--synthetic", type=int, default=None, metavar="N",
+                   help="write N synthetic train rows (rendered polygons, no network) instead of Geometry3K")
+    p.add_argument("--synthetic-test", type=int, default=None, metavar="N",
+                   help="synthetic test rows (default: N // 4, at least 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")
+    p.add_argument("--image-size", type=int, default=56, help="synthetic image side in pixels (default 56)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="skip (and count) rows that cannot be converted instead of stopping at the first")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point of ``data_prep/geometry3k.py``."""
+    args = build_parser().parse_args(argv)
+    if args.synthetic is not None:
+        if args.local_dataset_path:
+            print("error: --synthetic and --local-dataset-path exclude each other; pass one", file=sys.stderr)
+            raise SystemExit(1)
+        n_test = args.synthetic_test if args.synthetic_test is not None else max(1, args.synthetic // 4)
+        run_cli(lambda: prepare_synthetic(
+            args.local_save_dir, args.synthetic, n_test, args.seed, args.image_size, progress=True))
+    else:
+        run_cli(lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows))

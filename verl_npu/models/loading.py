@@ -1,0 +1,311 @@
+"""Load the policy model, tokenizer and processor named by ``actor_rollout_ref.model.path``.
+
+Paths may be ``tiny://NAME`` (built locally by `verl_npu.models.tiny`), a local folder (``~`` is
+expanded) or a Hugging Face hub id, which works only where the hub is reachable or the model is in
+the local Hugging Face cache. Every mistake a user can make here (missing folder, folder without
+weights, tokenizer without a chat template, bad override key, missing external library) raises a
+`UserError` naming the path or key and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from verl_npu.errors import UserError
+from verl_npu.models.tiny import is_tiny_uri, materialize
+
+logger = logging.getLogger(__name__)
+
+MODEL_KEY = "actor_rollout_ref.model"
+
+# Files any of which makes a folder hold weights transformers can load.
+_SINGLE_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt")
+_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def resolve_model_path(path) -> str:
+    """The local path for ``path``: ``tiny://NAME`` is materialized (built on first use) and its
+    cache folder returned; a leading ``~`` is expanded; anything else is returned unchanged."""
+    if path is None or str(path).strip() == "":
+        raise UserError(f"{MODEL_KEY}.path is empty: set it to a model folder, a hub id or tiny://qwen25vl")
+    path = str(path)
+    if is_tiny_uri(path):
+        return str(materialize(path))
+    if path.startswith("~"):
+        return os.path.expanduser(path)
+    return path
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    """``org/name`` (one slash, no leading ``/`` ``.`` or ``~``): what the hub could serve."""
+    return (
+        not os.path.isabs(path)
+        and not path.startswith((".", "~"))
+        and path.count("/") == 1
+        and all(part for part in path.split("/"))
+    )
+
+
+def _check_path_exists(path: str, original) -> None:
+    """UserError when ``path`` is neither a local folder nor something the hub could serve."""
+    if os.path.isdir(path):
+        return
+    shown = f"{original!r}" + (f" (resolved to {path!r})" if str(original) != path else "")
+    if os.path.exists(path):
+        raise UserError(f"{MODEL_KEY}.path {shown} is a file; it must be a model folder (with config.json)")
+    if not _looks_like_hub_id(path):
+        raise UserError(
+            f"{MODEL_KEY}.path {shown} does not exist. Set it to a local model folder (config.json, "
+            "weights, tokenizer files) or to tiny://qwen25vl / tiny://qwen2 for a tiny local model. "
+            "Hub downloads are not supported offline: download the model first "
+            "(e.g. `huggingface-cli download ORG/NAME --local-dir DIR`) and point the path at DIR."
+        )
+
+
+def _hub_failure(path: str, what: str, err: Exception) -> UserError:
+    return UserError(
+        f"{MODEL_KEY}.path {path!r} is not a local folder and loading its {what} from the Hugging Face "
+        f"hub failed ({type(err).__name__}: {err}). Hub downloads are not supported offline: download "
+        f"the model first (`huggingface-cli download {path} --local-dir DIR`) and set the path to DIR."
+    )
+
+
+def load_config(path, *, trust_remote_code: bool = False):
+    """The transformers config of the model at ``path`` (resolved as in `resolve_model_path`)."""
+    from transformers import AutoConfig
+
+    local = resolve_model_path(path)
+    _check_path_exists(local, path)
+    if os.path.isdir(local) and not os.path.isfile(os.path.join(local, "config.json")):
+        raise UserError(
+            f"{MODEL_KEY}.path {path!r}: the folder has no config.json, so it is not a Hugging Face "
+            f"model folder (it holds: {_listing(local)}). Point the path at the folder that has config.json."
+        )
+    try:
+        return AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        if not os.path.isdir(local):
+            raise _hub_failure(local, "config", err) from err
+        raise
+    except ValueError as err:
+        if "trust_remote_code" in str(err) or "model type" in str(err) or "model_type" in str(err):
+            raise UserError(
+                f"{MODEL_KEY}.path {path!r}: transformers does not know this model's architecture ({err}). "
+                f"If the model ships its own code set {MODEL_KEY}.trust_remote_code=true, or import the "
+                f"library that registers it with {MODEL_KEY}.external_lib."
+            ) from err
+        raise
+
+
+def is_vision_language(model_or_config) -> bool:
+    """True when the model (or its config) takes images: the config has a ``vision_config`` or its
+    model_type is one transformers maps to an image-text-to-text model."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    config = getattr(model_or_config, "config", model_or_config)
+    if getattr(config, "vision_config", None) is not None:
+        return True
+    return getattr(config, "model_type", None) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def load_tokenizer_and_processor(path, *, trust_remote_code: bool = False, custom_chat_template: str | None = None):
+    """``(tokenizer, processor)`` for the model at ``path``; ``processor`` is None for text-only models.
+
+    ``custom_chat_template`` (a Jinja string, or the path of a file holding one) replaces the
+    tokenizer's and processor's chat template. A tokenizer left without a chat template is a
+    UserError. A tokenizer without a pad token gets its eos token as pad token.
+    """
+    from transformers import AutoProcessor, AutoTokenizer
+
+    local = resolve_model_path(path)
+    _check_path_exists(local, path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        if not os.path.isdir(local):
+            raise _hub_failure(local, "tokenizer", err) from err
+        raise UserError(
+            f"{MODEL_KEY}.path {path!r}: no tokenizer could be loaded from the folder ({err}). "
+            f"It holds: {_listing(local)}. Copy the tokenizer files (tokenizer.json, tokenizer_config.json) "
+            "of the base model into it."
+        ) from err
+
+    if custom_chat_template:
+        template = str(custom_chat_template)
+        if "{" not in template and os.path.isfile(os.path.expanduser(template)):
+            template = Path(os.path.expanduser(template)).read_text()
+        tokenizer.chat_template = template
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"the tokenizer of {MODEL_KEY}.path {path!r} has no chat template, so prompts cannot be "
+            f"rendered. Set {MODEL_KEY}.custom_chat_template to a Jinja chat template (or use the "
+            "instruct/chat variant of the model, whose tokenizer ships one)."
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        logger.info("tokenizer of %s has no pad token: using eos token %r", path, tokenizer.eos_token)
+
+    processor = None
+    config = load_config(path, trust_remote_code=trust_remote_code)
+    if is_vision_language(config):
+        try:
+            processor = AutoProcessor.from_pretrained(local, trust_remote_code=trust_remote_code)
+        except OSError as err:
+            raise UserError(
+                f"{MODEL_KEY}.path {path!r} is a vision-language model ({config.model_type}) but its "
+                f"processor could not be loaded ({err}). Copy the processor files "
+                "(processor_config.json or preprocessor_config.json) of the base model into the folder."
+            ) from err
+        if getattr(processor, "image_processor", None) is None:
+            processor = None  # AutoProcessor fell back to the bare tokenizer
+        else:
+            processor.tokenizer = tokenizer  # one tokenizer object: pad token, template as set above
+            if custom_chat_template or not getattr(processor, "chat_template", None):
+                processor.chat_template = tokenizer.chat_template
+    return tokenizer, processor
+
+
+def _listing(folder: str, limit: int = 12) -> str:
+    names = sorted(os.listdir(folder))
+    if not names:
+        return "nothing (empty folder)"
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} files)" if len(names) > limit else "")
+
+
+def check_weights_present(folder: str, shown_path=None) -> None:
+    """UserError unless ``folder`` holds loadable weights: a single weights file, or an index file
+    whose listed shards all exist. The message names the folder and the missing files."""
+    shown = shown_path if shown_path is not None else folder
+    if any(os.path.isfile(os.path.join(folder, f)) for f in _SINGLE_WEIGHT_FILES):
+        return
+    for index_name in _INDEX_FILES:
+        index_path = os.path.join(folder, index_name)
+        if os.path.isfile(index_path):
+            try:
+                shards = sorted(set(json.loads(Path(index_path).read_text())["weight_map"].values()))
+            except (ValueError, KeyError) as err:
+                raise UserError(f"{MODEL_KEY}.path {shown!r}: {index_name} is not a valid weight index ({err})")
+            missing = [s for s in shards if not os.path.isfile(os.path.join(folder, s))]
+            if not missing:
+                return
+            raise UserError(
+                f"{MODEL_KEY}.path {shown!r}: {index_name} lists {len(shards)} weight shard(s) but "
+                f"{len(missing)} are missing: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}. "
+                "Copy the missing shards into the folder (an interrupted download or copy leaves this)."
+            )
+    if any(f.endswith(".safetensors") for f in os.listdir(folder)):
+        return  # unindexed safetensors under another name: let transformers decide
+    raise UserError(
+        f"{MODEL_KEY}.path {shown!r} has a config but no weights: expected model.safetensors (or "
+        "model-XXXXX-of-YYYYY.safetensors shards with model.safetensors.index.json, or pytorch_model.bin); "
+        f"the folder holds: {_listing(folder)}. Copy the weights into it, or point the path at the "
+        "complete model folder (a checkpoint's huggingface/ folder holds them)."
+    )
+
+
+def apply_override_config(config, override_config: dict | None) -> None:
+    """Set each ``override_config`` key on ``config``. A dict value aimed at a sub-config (for
+    example ``text_config``) is applied to it key by key. For a composite (vision-language) config,
+    a key its ``text_config`` also has is set there too, because the text model reads it there."""
+    if not override_config:
+        return
+    for key, value in dict(override_config).items():
+        target = getattr(config, key, None)
+        if isinstance(value, dict) and hasattr(target, "to_dict"):
+            apply_override_config(target, value)
+            continue
+        try:
+            setattr(config, key, value)
+            text_config = getattr(config, "text_config", None)
+            if text_config is not None and text_config is not config and hasattr(text_config, key):
+                setattr(text_config, key, value)
+        except Exception as err:  # noqa: BLE001 - strict configs raise their own validation errors
+            raise UserError(
+                f"{MODEL_KEY}.override_config.{key}={value!r} is rejected by the model config ({err}); "
+                "fix or remove that key."
+            ) from err
+
+
+def load_policy_model(
+    path,
+    *,
+    dtype: torch.dtype,
+    attn_implementation: str = "sdpa",
+    override_config: dict | None = None,
+    trust_remote_code: bool = False,
+    external_lib: str | None = None,
+    gradient_checkpointing: bool = False,
+) -> torch.nn.Module:
+    """Load the policy model at ``path`` in ``dtype``.
+
+    Imports ``external_lib`` first (so it can register architectures), loads the config and
+    applies ``override_config`` to it, then loads weights with the image-text-to-text auto class
+    for vision-language models and the causal-LM auto class otherwise. With
+    ``gradient_checkpointing`` activations are recomputed in backward (non-reentrant).
+    """
+    if external_lib:
+        try:
+            importlib.import_module(external_lib)
+        except ImportError as err:
+            raise UserError(
+                f"{MODEL_KEY}.external_lib={external_lib!r} cannot be imported ({err}); install it or "
+                "remove the key."
+            ) from err
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    local = resolve_model_path(path)
+    config = load_config(path, trust_remote_code=trust_remote_code)
+    if os.path.isdir(local):
+        check_weights_present(local, path)
+    apply_override_config(config, override_config)
+
+    auto_class = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+    try:
+        model = auto_class.from_pretrained(
+            local,
+            config=config,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
+    except OSError as err:
+        if not os.path.isdir(local):
+            raise _hub_failure(local, "weights", err) from err
+        raise
+    except (ImportError, ValueError) as err:
+        if "attn" in str(err).lower() or "attention" in str(err).lower():
+            raise UserError(
+                f"attention implementation {attn_implementation!r} cannot be used for {path!r} here "
+                f"({err}). Use 'sdpa' or 'eager' (or install the package the message names)."
+            ) from err
+        if "Unrecognized configuration class" in str(err):
+            raise UserError(
+                f"{MODEL_KEY}.path {path!r}: model type {config.model_type!r} is neither a causal LM nor an "
+                "image-text-to-text model transformers knows; verl-npu trains only those."
+            ) from err
+        raise
+    if gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    return model
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute layer activations in backward (non-reentrant checkpointing). transformers >= 5.23
+    names this ``activation_checkpointing_enable``; older releases ``gradient_checkpointing_enable``."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def is_activation_checkpointing(model) -> bool:
+    """True when any submodule of ``model`` has activation (gradient) checkpointing switched on."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())

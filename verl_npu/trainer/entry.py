@@ -1,0 +1,135 @@
+"""`verl-npu run`: from a validated recipe to a finished (or cleanly stopped) training run."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from verl_npu.errors import UserError
+
+log = logging.getLogger("verl_npu")
+
+
+def total_steps(cfg, steps_per_epoch: int) -> int:
+    """epochs x batches per epoch, or trainer.total_training_steps when set and smaller (as in
+    verl, the run ends at whichever limit comes first)."""
+    by_epochs = int(cfg.trainer.total_epochs) * steps_per_epoch
+    if cfg.trainer.total_training_steps:
+        return min(int(cfg.trainer.total_training_steps), by_epochs)
+    return by_epochs
+
+
+def _oom_advice(rc) -> str:
+    ckpt = rc.backend.trainer.default_local_dir
+    return (
+        "the device ran out of memory. Lower one of: "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (or ppo_max_token_len_per_gpu with use_dynamic_bsz), "
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu, "
+        "actor_rollout_ref.rollout.gpu_memory_utilization, data.max_response_length; or turn on "
+        "actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload. "
+        f"The last complete checkpoint (if any) in {ckpt} is intact; rerun with trainer.resume_mode=auto."
+    )
+
+
+def build_workers(rc, total_training_steps: int):
+    """One in-process worker for a single device; Ray workers (one per device) otherwise."""
+    if rc.world_size == 1:
+        from verl_npu.workers.actor import ActorRolloutRefWorker
+        from verl_npu.workers.group import LocalWorkerGroup
+
+        return LocalWorkerGroup(ActorRolloutRefWorker(rc.backend, total_training_steps))
+    from verl_npu.workers.ray_group import RayWorkerGroup
+
+    return RayWorkerGroup(rc, total_training_steps)
+
+
+def run_training(rc) -> int:
+    """Train as the recipe says. Returns the process exit code."""
+    from verl_npu.data import RLDataset, StatefulBatchLoader
+    from verl_npu.device import apply_env_defaults, detect_device
+    from verl_npu.models.loading import load_tokenizer_and_processor
+    from verl_npu.rewards import RewardScorer, load_reward_fn
+    from verl_npu.trainer.checkpoint import CheckpointManager
+    from verl_npu.trainer.ppo import PPOTrainer
+    from verl_npu.trainer.tracking import Tracker, setup_run_logging
+
+    cfg = rc.backend
+    out_dir = Path(rc.cfg.af_output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    setup_run_logging(out_dir)
+    (out_dir / "exp-config.yaml").write_text(rc.to_yaml())
+    device = detect_device(cfg.trainer.device)
+    for var, value, reason in apply_env_defaults(device.kind):
+        log.info("env %s=%s (%s)", var, value, reason)
+    log.info("device: %s; workers: %d; output: %s", device.kind, rc.world_size, out_dir)
+
+    tokenizer, processor = load_tokenizer_and_processor(
+        cfg.actor_rollout_ref.model.path,
+        trust_remote_code=bool(cfg.actor_rollout_ref.model.trust_remote_code),
+        custom_chat_template=cfg.actor_rollout_ref.model.get("custom_chat_template"),
+    )
+    train_set = RLDataset(_as_list(cfg.data.train_files), tokenizer, processor, cfg.data)
+    train_loader = StatefulBatchLoader(
+        train_set, int(cfg.data.train_batch_size), bool(cfg.data.shuffle), int(cfg.data.seed), drop_last=True
+    )
+    if len(train_loader) == 0:
+        raise UserError(
+            f"data.train_files has {len(train_set)} usable rows, fewer than data.train_batch_size="
+            f"{cfg.data.train_batch_size}: lower data.train_batch_size or add data"
+        )
+    val_loader = None
+    if cfg.data.val_files and (int(cfg.trainer.test_freq) > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only):
+        val_set = RLDataset(_as_list(cfg.data.val_files), tokenizer, processor, cfg.data)
+        val_batch = min(len(val_set), 256)
+        val_loader = StatefulBatchLoader(
+            val_set, val_batch, bool(cfg.data.validation_shuffle), int(cfg.data.seed), drop_last=False
+        )
+    steps = total_steps(cfg, len(train_loader))
+    log.info("%d steps (%d per epoch); %d prompts x %d responses per step",
+             steps, len(train_loader), cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n)
+
+    reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
+    checkpoints = CheckpointManager(cfg.trainer.default_local_dir, cfg.trainer.max_actor_ckpt_to_keep)
+    resume_step = 0
+    latest = checkpoints.resolve_resume(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
+    if latest is not None:
+        resume_step = CheckpointManager.step_of(latest)
+    tracker = Tracker(
+        out_dir,
+        list(cfg.trainer.logger),
+        cfg.trainer.project_name,
+        cfg.trainer.experiment_name,
+        resume_step=resume_step,
+    )
+    workers = build_workers(rc, steps)
+    try:
+        info = workers.init_model()
+        log.info("model: %s", info)
+        trainer = PPOTrainer(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps)
+        final = trainer.fit(resume_from=latest)
+    except KeyboardInterrupt:
+        log.warning("interrupted: stopping. Checkpoints are written atomically, so the last complete one "
+                    "in %s is intact; rerun the same command to resume.", checkpoints.root)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - turn device OOM into advice, re-raise the rest
+        if device.is_oom_error(exc):
+            raise UserError(_oom_advice(rc)) from exc
+        raise
+    finally:
+        tracker.close()
+        workers.shutdown()
+    score = final.get("critic/score/mean")
+    log.info("done: %d steps; last mean score %s; outputs in %s", trainer.global_step,
+             f"{score:.3f}" if score is not None and math.isfinite(score) else "n/a", out_dir)
+    return 0
+
+
+def _as_list(files) -> list[str]:
+    if files is None:
+        return []
+    if isinstance(files, str):
+        return [files]
+    return [str(f) for f in OmegaConf.to_container(files)] if not isinstance(files, list) else [str(f) for f in files]

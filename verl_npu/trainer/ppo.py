@@ -1,0 +1,283 @@
+"""The single-controller PPO/GRPO loop.
+
+One training step, in order (verl's order, verl's names):
+
+1. sample `data.train_batch_size` prompts from the resumable loader;
+2. generate `rollout.n` responses per prompt (workers, rollout engine);
+3. score every response with the reward function (controller, CPU);
+4. old log-probs from the actor, reference log-probs when a KL term needs them (workers);
+5. optional KL penalty in the reward, then advantages (`algorithm.adv_estimator`);
+6. `actor.ppo_epochs` passes of mini-batch updates (workers);
+7. metrics; validation every `trainer.test_freq` steps; a checkpoint every `trainer.save_freq`
+   steps and on the last step.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from verl_npu import algorithms
+from verl_npu.batch import Batch
+from verl_npu.rollout.base import SamplingParams
+from verl_npu.trainer.checkpoint import CheckpointManager, load_rng_state, load_torch, save_rng_state, save_torch
+from verl_npu.trainer.metrics import data_metrics, timed, timing_metrics
+from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
+from verl_npu.workers.actor import needs_reference
+from verl_npu.workers.balance import balance_for_ranks
+from verl_npu.workers.group import WorkerGroup
+
+log = logging.getLogger("verl_npu")
+
+CURVES_EVERY = 10  # steps between refreshes of training_curves.png
+
+
+def batch_from_rows(rows: dict) -> Batch:
+    """A collated loader batch (tensors + lists) as a `Batch`."""
+    tensors = {k: v for k, v in rows.items() if isinstance(v, torch.Tensor)}
+    lists = {k: v for k, v in rows.items() if not isinstance(v, torch.Tensor)}
+    return Batch(tensors, lists)
+
+
+class PPOTrainer:
+    def __init__(
+        self,
+        rc,
+        workers: WorkerGroup,
+        tokenizer,
+        train_loader,
+        val_loader,
+        reward_scorer,
+        tracker: Tracker,
+        checkpoints: CheckpointManager,
+        total_training_steps: int,
+    ):
+        self.rc = rc
+        self.cfg = rc.backend
+        self.out_dir = Path(rc.cfg.af_output_dir)
+        self.workers = workers
+        self.tokenizer = tokenizer
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.reward_scorer = reward_scorer
+        self.tracker = tracker
+        self.checkpoints = checkpoints
+        self.total_training_steps = total_training_steps
+        self.global_step = 0
+        self.kl_ctrl = algorithms.make_kl_controller(self.cfg.algorithm.kl_ctrl)
+        rollout_cfg = self.cfg.actor_rollout_ref.rollout
+        self.train_sampling = SamplingParams.for_training(rollout_cfg)
+        self.val_sampling = SamplingParams.for_validation(rollout_cfg)
+
+    # ---- resume ----------------------------------------------------------------------------
+    def resume(self, ckpt: Path | None) -> None:
+        """Continue from checkpoint `ckpt` (already resolved from trainer.resume_mode): weights,
+        optimizer, LR schedule, RNG, the loader's position and the KL coefficient."""
+        if ckpt is None:
+            return
+        self.workers.load_checkpoint(str(Path(ckpt) / "actor"))
+        state = load_torch(Path(ckpt) / "data.pt")
+        self.train_loader.load_state_dict(state["dataloader"])
+        load_rng_state(state["rng"])
+        self.kl_ctrl.value = state["kl_coef"]
+        self.global_step = CheckpointManager.step_of(ckpt)
+        log.info("resumed from %s at step %d (next batch: %s)", ckpt, self.global_step, state["dataloader"])
+
+    def save_checkpoint(self) -> None:
+        step = self.global_step
+
+        def write(tmp_dir: Path) -> None:
+            self.workers.save_checkpoint(str(tmp_dir / "actor"), True)
+            save_torch(
+                {
+                    "dataloader": self.train_loader.state_dict(),
+                    "global_step": step,
+                    "kl_coef": self.kl_ctrl.value,
+                    "rng": save_rng_state(),
+                },
+                tmp_dir / "data.pt",
+            )
+
+        path = self.checkpoints.save(step, write)
+        log.info("saved checkpoint %s", path)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def fit(self, resume_from: Path | None = None) -> dict[str, float]:
+        trainer_cfg = self.cfg.trainer
+        self.resume(resume_from)
+        last_val: dict[str, float] = {}
+        # a resumed run already logged its validation at this step: validating again would add a row
+        fresh = self.global_step == 0
+        if self.val_loader is not None and (trainer_cfg.val_only or (trainer_cfg.val_before_train and fresh)):
+            last_val = self.validate()
+            self.tracker.log(last_val, step=self.global_step)
+            if trainer_cfg.val_only:
+                return last_val
+        progress = ProgressBar(total=self.total_training_steps, initial=self.global_step)
+        metrics: dict[str, float] = {}
+        save_timing: dict[str, float] = {}  # reported in the row of the step after the save
+        try:
+            while self.global_step < self.total_training_steps:
+                for rows in self.train_loader:
+                    self.global_step += 1
+                    metrics = self.train_step(batch_from_rows(rows))
+                    is_last = self.global_step >= self.total_training_steps
+                    test_freq = int(trainer_cfg.test_freq)
+                    if self.val_loader is not None and test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
+                        last_val = self.validate()
+                        metrics.update(last_val)
+                    if save_timing:
+                        metrics["timing_s/save_checkpoint"] = save_timing.pop("save_checkpoint")
+                    # the row is written before the checkpoint: a crash in between never loses a row
+                    self.tracker.log(metrics, step=self.global_step)
+                    save_freq = int(trainer_cfg.save_freq)
+                    if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
+                        with timed("save_checkpoint", save_timing):
+                            self.save_checkpoint()
+                    progress.update(self.global_step, metrics.get("critic/score/mean"))
+                    if self.global_step % CURVES_EVERY == 0 or is_last:
+                        plot_training_curves(self.out_dir / "metrics.jsonl", self.out_dir / "training_curves.png")
+                    if is_last:
+                        break
+        finally:
+            progress.close()
+        return metrics
+
+    def train_step(self, prompts: Batch) -> dict[str, float]:
+        cfg = self.cfg
+        timings: dict[str, float] = {}
+        with timed("step", timings):
+            prompts.set("uid", [f"{self.global_step}-{i}" for i in range(len(prompts))])
+            with timed("gen", timings):
+                batch = self.workers.generate_sequences(prompts, self.train_sampling)
+            if cfg.trainer.balance_batch:
+                batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.world_size))
+            with timed("reward", timings):
+                self.score(batch)
+            with timed("old_log_prob", timings):
+                batch.update(self.workers.compute_log_prob(batch))
+            entropy = algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
+            if needs_reference(cfg):
+                with timed("ref", timings):
+                    batch.update(self.workers.compute_ref_log_prob(batch))
+            with timed("adv", timings):
+                kl_metrics = self.compute_advantages(batch)
+            with timed("update_actor", timings):
+                actor_metrics = self.workers.update_actor(batch)
+            if self.cfg.trainer.rollout_data_dir:
+                self.dump_generations(batch, Path(self.cfg.trainer.rollout_data_dir))
+        metrics = {
+            "training/global_step": float(self.global_step),
+            "training/epoch": float((self.global_step - 1) // max(len(self.train_loader), 1)),
+            "actor/entropy_before_update": float(entropy),
+        }
+        metrics.update(actor_metrics)
+        metrics.update(kl_metrics)
+        metrics.update(data_metrics(batch, int(cfg.data.max_response_length)))
+        metrics.update(timing_metrics(timings, batch, self.workers.world_size))
+        return metrics
+
+    # ---- pieces of a step ---------------------------------------------------------------------
+    def decode_responses(self, batch: Batch) -> list[str]:
+        texts = []
+        for ids, mask in zip(batch["responses"], batch["response_mask"]):
+            texts.append(self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
+        return texts
+
+    def score(self, batch: Batch, scorer=None) -> list[str]:
+        """token_level_scores: the sequence score on the last response token, zeros elsewhere."""
+        texts = self.decode_responses(batch)
+        scores, extras = (scorer or self.reward_scorer).score(
+            texts, batch["data_source"], batch["ground_truth"], batch["extra_info"]
+        )
+        mask = batch["response_mask"]
+        last = (mask.sum(-1) - 1).clamp(min=0)
+        token_scores = torch.zeros(mask.shape, dtype=torch.float32)
+        token_scores[torch.arange(len(batch)), last] = torch.tensor(scores, dtype=torch.float32)
+        batch.set("token_level_scores", token_scores)
+        batch.set("response_text", texts)
+        batch.meta["reward_extras"] = extras
+        return texts
+
+    def compute_advantages(self, batch: Batch) -> dict[str, float]:
+        algo = self.cfg.algorithm
+        metrics: dict[str, float] = {}
+        if algo.use_kl_in_reward:
+            rewards, metrics = algorithms.apply_kl_in_reward(
+                batch["token_level_scores"],
+                batch["old_log_probs"],
+                batch["ref_log_prob"],
+                batch["response_mask"].float(),
+                self.kl_ctrl,
+                algo.kl_penalty,
+            )
+        else:
+            rewards = batch["token_level_scores"]
+        batch.set("token_level_rewards", rewards)
+        advantages, returns = algorithms.compute_advantages(
+            algo.adv_estimator,
+            token_level_rewards=rewards,
+            response_mask=batch["response_mask"].float(),
+            group_ids=batch["uid"],
+            config=algo,
+        )
+        batch.set("advantages", advantages)
+        batch.set("returns", returns)
+        return {k: float(v) for k, v in metrics.items()}
+
+    def dump_generations(self, batch: Batch, folder: Path) -> None:
+        scores = batch["token_level_scores"].sum(-1).tolist()
+        rows = [
+            {
+                "step": self.global_step,
+                "uid": uid,
+                "response": text,
+                "ground_truth": gt,
+                "score": score,
+                "data_source": src,
+            }
+            for uid, text, gt, score, src in zip(
+                batch["uid"], batch["response_text"], batch["ground_truth"], scores, batch["data_source"]
+            )
+        ]
+        dump_jsonl(folder / f"{self.global_step}.jsonl", rows)
+
+    # ---- validation ----------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """Generate with `rollout.val_kwargs` over the whole validation set; mean reward per data source."""
+        n = self.val_sampling.n
+        per_source: dict[str, list[float]] = {}
+        extras_per_source: dict[str, dict[str, list[float]]] = {}
+        samples: list[str] = []
+        for rows in self.val_loader.iterate_once() if hasattr(self.val_loader, "iterate_once") else self.val_loader:
+            prompts = batch_from_rows(rows)
+            world = self.workers.world_size
+            pad = (-len(prompts)) % world  # every rank needs a chunk of equal size
+            if pad:
+                prompts = Batch.concat([prompts, prompts.select([0] * pad)])
+            batch = self.workers.generate_sequences(prompts, self.val_sampling)
+            if pad:
+                batch = batch.slice(0, len(batch) - pad * n)
+            texts = self.score(batch)
+            scores = batch["token_level_scores"].sum(-1).tolist()
+            for i, (src, score) in enumerate(zip(batch["data_source"], scores)):
+                per_source.setdefault(src, []).append(score)
+                for name, values in batch.meta["reward_extras"].items():
+                    extras_per_source.setdefault(src, {}).setdefault(name, []).append(values[i])
+            budget = int(self.cfg.trainer.log_val_generations) - len(samples)
+            for text, gt in list(zip(texts, batch["ground_truth"]))[: max(budget, 0)]:
+                samples.append(f"[ground truth: {gt}] {text!r}")
+            if self.cfg.trainer.validation_data_dir:
+                self.dump_generations(batch, Path(self.cfg.trainer.validation_data_dir))
+        metrics = {}
+        for src, values in per_source.items():
+            metrics[f"val-core/{src}/reward/mean@{n}"] = sum(values) / len(values)
+            for name, values_ in extras_per_source.get(src, {}).items():
+                metrics[f"val-aux/{src}/{name}/mean@{n}"] = sum(values_) / len(values_)
+        if samples:
+            text = "\n".join(samples)
+            log.info("validation generations at step %d:\n%s", self.global_step, text)
+            self.tracker.log_text("val/generations", text, step=self.global_step)
+        return metrics

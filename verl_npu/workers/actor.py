@@ -1,0 +1,300 @@
+"""The actor/rollout/reference worker: everything that touches model weights on one device.
+
+One worker runs per device (rank). The controller never sees weights; it sends batches and
+gets back tensors and metrics through a worker group. The worker holds:
+- the policy (actor) module with its optimizer and LR schedule,
+- the reference module, loaded only when a KL term needs it (actor KL loss or KL in reward),
+- the rollout engine (`hf` samples from the actor module itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from verl_npu import algorithms
+from verl_npu.batch import Batch
+from verl_npu.device import detect_device
+from verl_npu.errors import UserError
+from verl_npu.models.forward import response_log_probs
+from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
+from verl_npu.optim import build_lr_scheduler, build_optimizer
+from verl_npu.rollout.base import RolloutEngine, SamplingParams
+from verl_npu.workers import parallel
+from verl_npu.workers.micro import micro_batch_indices, trim_left_padding
+
+log = logging.getLogger("verl_npu")
+
+
+def needs_reference(cfg) -> bool:
+    """The reference policy is loaded only when some KL term uses it."""
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+
+
+class ActorRolloutRefWorker:
+    def __init__(self, cfg, total_training_steps: int, rank: int = 0, world_size: int = 1):
+        self.cfg = cfg  # the backend_config node
+        self.rank = rank
+        self.world_size = world_size
+        self.total_training_steps = total_training_steps
+        self.device = detect_device(cfg.trainer.device)
+        self.torch_device = self.device.torch_device(int(os.environ.get("LOCAL_RANK", 0)))
+
+    # ---- setup ---------------------------------------------------------------------------
+    def init_model(self) -> dict:
+        cfg = self.cfg
+        model_cfg = cfg.actor_rollout_ref.model
+        actor_cfg = cfg.actor_rollout_ref.actor
+        self.device.manual_seed(int(cfg.data.seed))
+        self.tokenizer, self.processor = load_tokenizer_and_processor(
+            model_cfg.path,
+            trust_remote_code=bool(model_cfg.trust_remote_code),
+            custom_chat_template=model_cfg.get("custom_chat_template"),
+        )
+        dtype = self.device.train_dtype()
+        load_kwargs = dict(
+            dtype=dtype,
+            attn_implementation=self.device.attn_implementation(),
+            override_config=dict(model_cfg.override_config or {}),
+            trust_remote_code=bool(model_cfg.trust_remote_code),
+            external_lib=model_cfg.external_lib,
+        )
+        module = load_policy_model(
+            model_cfg.path, gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing), **load_kwargs
+        )
+        self.module = parallel.shard_module(module.to(self.torch_device), actor_cfg.fsdp_config, self.world_size)
+        self.ref_module = None
+        if needs_reference(cfg):
+            ref = load_policy_model(model_cfg.path, **load_kwargs).to(self.torch_device)
+            ref.requires_grad_(False)
+            ref.eval()
+            self.ref_module = parallel.shard_module(ref, cfg.actor_rollout_ref.ref.fsdp_config, self.world_size)
+        self.optimizer = build_optimizer(
+            [p for p in self.module.parameters() if p.requires_grad], actor_cfg.optim
+        )
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, actor_cfg.optim, self.total_training_steps)
+        self.rollout = self._build_rollout()
+        return {"num_params": sum(p.numel() for p in self.module.parameters()), "dtype": str(dtype)}
+
+    def _build_rollout(self) -> RolloutEngine:
+        rollout_cfg = self.cfg.actor_rollout_ref.rollout
+        if rollout_cfg.name == "hf":
+            from verl_npu.rollout.hf import HFRollout
+
+            return HFRollout(self.module, self.tokenizer, synced=self.world_size > 1)
+        from verl_npu.rollout.vllm import VLLMRollout  # noqa: WPS433 (optional engine)
+
+        return VLLMRollout(self.module, self.tokenizer, self.processor, self.cfg, engine_kwargs=None)
+
+    # ---- rollout ---------------------------------------------------------------------------
+    def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
+        return self.rollout.generate(prompts, params)
+
+    # ---- log-probs --------------------------------------------------------------------------
+    def _log_probs(self, module, batch: Batch, *, with_entropy: bool, micro: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        response_length = batch["responses"].shape[1]
+        temperature = float(self.cfg.actor_rollout_ref.rollout.temperature)
+        remove_padding = bool(self.cfg.actor_rollout_ref.model.use_remove_padding)
+        log_probs, entropies = [], []
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                for idx in micro_batch_indices(batch["attention_mask"], **micro):
+                    part = trim_left_padding(batch.select(idx)).to(self.torch_device)
+                    lp, ent = response_log_probs(
+                        module,
+                        part["input_ids"],
+                        part["attention_mask"],
+                        response_length,
+                        multi_modal_inputs=part.get("multi_modal_inputs"),
+                        temperature=temperature,
+                        with_entropy=with_entropy,
+                        remove_padding=remove_padding,
+                    )
+                    log_probs.append(lp.cpu())
+                    if ent is not None:
+                        entropies.append(ent.cpu())
+        finally:
+            module.train(was_training)
+        return torch.cat(log_probs), (torch.cat(entropies) if entropies else None)
+
+    def _log_prob_micro(self, role_cfg) -> dict:
+        if role_cfg.log_prob_use_dynamic_bsz:
+            return {"max_token_len": int(role_cfg.log_prob_max_token_len_per_gpu)}
+        return {"micro_batch_size": int(role_cfg.log_prob_micro_batch_size_per_gpu or 1)}
+
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """Log-probs of the sampled responses under the current actor ("old" log-probs for PPO)."""
+        micro = self._log_prob_micro(self.cfg.actor_rollout_ref.rollout)
+        log_probs, entropy = self._log_probs(self.module, batch, with_entropy=True, micro=micro)
+        return Batch({"old_log_probs": log_probs, "entropys": entropy})
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        if self.ref_module is None:
+            raise RuntimeError("reference log-probs asked for, but no KL term needs the reference model")
+        micro = self._log_prob_micro(self.cfg.actor_rollout_ref.ref)
+        log_probs, _ = self._log_probs(self.ref_module, batch, with_entropy=False, micro=micro)
+        return Batch({"ref_log_prob": log_probs})
+
+    # ---- update ----------------------------------------------------------------------------
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """`ppo_epochs` passes over mini-batches; one optimizer step per mini-batch; gradients
+        accumulated over micro-batches so that the step equals one over the whole mini-batch."""
+        cfg = self.cfg
+        actor_cfg = cfg.actor_rollout_ref.actor
+        n = int(cfg.actor_rollout_ref.rollout.n)
+        mini_rows = int(actor_cfg.ppo_mini_batch_size) * n // self.world_size
+        if actor_cfg.use_dynamic_bsz:
+            micro = {"max_token_len": int(actor_cfg.ppo_max_token_len_per_gpu)}
+        else:
+            micro = {"micro_batch_size": int(actor_cfg.ppo_micro_batch_size_per_gpu or 1)}
+        temperature = float(cfg.actor_rollout_ref.rollout.temperature)
+        remove_padding = bool(cfg.actor_rollout_ref.model.use_remove_padding)
+        clip_low = actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else actor_cfg.clip_ratio
+        clip_high = actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else actor_cfg.clip_ratio
+        mode = actor_cfg.loss_agg_mode
+        entropy_coeff = float(actor_cfg.entropy_coeff)
+        use_kl_loss = bool(actor_cfg.use_kl_loss)
+        response_length = batch["responses"].shape[1]
+
+        sums: dict[str, list[float]] = {}
+        generator = torch.Generator().manual_seed(int(cfg.data.seed) + int(self.lr_scheduler.last_epoch))
+        self.module.train()
+        for _ in range(int(actor_cfg.ppo_epochs)):
+            order = torch.randperm(len(batch), generator=generator) if actor_cfg.shuffle else torch.arange(len(batch))
+            for mini_start in range(0, len(batch), mini_rows):
+                mini = batch.select(order[mini_start : mini_start + mini_rows])
+                # global counts make micro-batch losses add up to the mini-batch loss (and across ranks)
+                global_tokens = parallel.all_reduce_sum(
+                    float(mini["response_mask"].sum()), self.world_size, self.torch_device
+                )
+                global_seqs = parallel.all_reduce_sum(
+                    float((mini["response_mask"].sum(1) > 0).sum()), self.world_size, self.torch_device
+                )
+                agg = dict(
+                    global_tokens=global_tokens,
+                    global_seqs=global_seqs,
+                    dp_size=self.world_size,
+                    loss_scale_factor=response_length,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                for idx in micro_batch_indices(mini["attention_mask"], **micro):
+                    part = trim_left_padding(mini.select(idx)).to(self.torch_device)
+                    mask = part["response_mask"].float()
+                    log_prob, entropy = response_log_probs(
+                        self.module,
+                        part["input_ids"],
+                        part["attention_mask"],
+                        response_length,
+                        multi_modal_inputs=part.get("multi_modal_inputs"),
+                        temperature=temperature,
+                        with_entropy=True,  # logged as actor/entropy even when not in the loss
+                        remove_padding=remove_padding,
+                    )
+                    pg = algorithms.ppo_policy_loss(
+                        log_prob,
+                        part["old_log_probs"],
+                        part["advantages"],
+                        mask,
+                        clip_ratio_low=float(clip_low),
+                        clip_ratio_high=float(clip_high),
+                        clip_ratio_c=float(actor_cfg.clip_ratio_c),
+                        loss_agg_mode=mode,
+                        **agg,
+                    )
+                    loss = pg["pg_loss"]
+                    entropy_loss = algorithms.agg_loss(entropy, mask, mode, **agg)
+                    if entropy_coeff:
+                        loss = loss - entropy_coeff * entropy_loss
+                    stats = {
+                        "actor/pg_loss": pg["pg_loss"],
+                        "actor/entropy": entropy_loss,
+                        "actor/pg_clipfrac": pg["pg_clipfrac"],
+                        "actor/pg_clipfrac_lower": pg["pg_clipfrac_lower"],
+                        "actor/ppo_kl": pg["ppo_kl"],
+                    }
+                    if use_kl_loss:
+                        kl = algorithms.kl_penalty(log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type)
+                        kl_loss = algorithms.agg_loss(kl, mask, mode, **agg)
+                        loss = loss + float(actor_cfg.kl_loss_coef) * kl_loss
+                        stats["actor/kl_loss"] = kl_loss
+                        stats["actor/kl_coef"] = float(actor_cfg.kl_loss_coef)
+                    loss.backward()
+                    # losses are already scaled to their share of the mini-batch: sum them
+                    share = float(mask.sum()) / max(global_tokens / self.world_size, 1.0)
+                    for key, value in stats.items():
+                        value = float(value.detach()) if torch.is_tensor(value) else float(value)
+                        summed = key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss")
+                        sums.setdefault(key, []).append(value if summed else value * share)
+                grad_norm = parallel.clip_grad_norm(self.module, float(actor_cfg.grad_clip))
+                if not torch.isfinite(grad_norm):
+                    log.warning("non-finite grad norm %s: skipping this optimizer step", float(grad_norm))
+                    self.optimizer.zero_grad(set_to_none=True)
+                else:
+                    self.optimizer.step()
+                sums.setdefault("actor/grad_norm", []).append(float(grad_norm))
+        self.lr_scheduler.step()
+        mini_batches = max(1, int(actor_cfg.ppo_epochs) * -(-len(batch) // mini_rows))
+        metrics = {}
+        for key, values in sums.items():
+            # per-mini-batch values were accumulated over micro-batches; average over mini-batches
+            metrics[key] = sum(values) / (mini_batches if key != "actor/grad_norm" else len(values))
+        metrics["actor/lr"] = float(self.lr_scheduler.get_last_lr()[0])
+        mem = self.device.memory()
+        metrics["actor/perf/max_memory_allocated_gb"] = float(mem.get("peak_gb", 0.0))
+        return metrics
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(self, actor_dir: str, save_hf: bool = True) -> None:
+        """verl's layout: model/optim/extra_state per rank, plus a Hugging Face folder."""
+        actor_dir = Path(actor_dir)
+        actor_dir.mkdir(parents=True, exist_ok=True)
+        tag = f"world_size_{self.world_size}_rank_{self.rank}"
+        torch.save(parallel.module_state_dict(self.module), actor_dir / f"model_{tag}.pt")
+        torch.save(parallel.optimizer_state_dict(self.module, self.optimizer), actor_dir / f"optim_{tag}.pt")
+        extra = {
+            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "rng": {"cpu": torch.get_rng_state(), "device": self.device.rng_state()},
+        }
+        torch.save(extra, actor_dir / f"extra_state_{tag}.pt")
+        if save_hf:
+            full = parallel.full_state_dict(self.module)
+            if self.rank == 0:
+                self._export_hf(actor_dir / "huggingface", full)
+        parallel.barrier(self.world_size)
+
+    def _export_hf(self, out_dir: Path, state_dict: dict) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        inner = parallel.unwrap(self.module)
+        inner.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
+        self.tokenizer.save_pretrained(out_dir)
+        if self.processor is not None:
+            self.processor.save_pretrained(out_dir)
+
+    def load_checkpoint(self, actor_dir: str) -> None:
+        actor_dir = Path(actor_dir)
+        tag = f"world_size_{self.world_size}_rank_{self.rank}"
+        model_file = actor_dir / f"model_{tag}.pt"
+        if not model_file.exists():
+            found = sorted(p.name for p in actor_dir.glob("model_world_size_*"))
+            raise UserError(
+                f"checkpoint {actor_dir} has no {model_file.name} (found: {', '.join(found) or 'none'}); "
+                f"a checkpoint resumes on the same number of workers it was saved with"
+            )
+        parallel.load_module_state_dict(self.module, torch.load(model_file, weights_only=False))
+        parallel.load_optimizer_state_dict(
+            self.module, self.optimizer, torch.load(actor_dir / f"optim_{tag}.pt", weights_only=False)
+        )
+        extra = torch.load(actor_dir / f"extra_state_{tag}.pt", weights_only=False)
+        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        torch.set_rng_state(extra["rng"]["cpu"])
+        self.device.set_rng_state(extra["rng"]["device"])
+        self.rollout.update_weights(self.module)
+
+    def parameter_snapshot(self) -> dict[str, torch.Tensor]:
+        """Full parameters on CPU (tests and the 1-vs-2 worker equivalence check)."""
+        return {k: v.detach().cpu().clone() for k, v in parallel.full_state_dict(self.module).items()}

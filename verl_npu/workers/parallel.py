@@ -1,0 +1,118 @@
+"""Data parallelism for the workers: FSDP2 sharding, collectives and state dicts.
+
+With one worker everything here is the identity (no process group is needed, so the CPU demo
+starts fast). With several workers (one per device, a torch.distributed group over hccl / nccl /
+gloo) the modules are sharded with FSDP2 (`fully_shard`): every decoder / vision block is its
+own unit and the root holds the embeddings and the head (tied weights stay in one unit).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed(world_size: int) -> bool:
+    return world_size > 1 and dist.is_available() and dist.is_initialized()
+
+
+def _block_classes(module: torch.nn.Module) -> set[str]:
+    return set(getattr(module, "_no_split_modules", None) or [])
+
+
+def shard_module(module: torch.nn.Module, fsdp_cfg, world_size: int) -> torch.nn.Module:
+    """FSDP2-shard `module` over the default process group (identity for one worker).
+
+    `fsdp_config.param_offload` keeps parameters on the CPU between uses;
+    `reshard_after_forward` frees gathered parameters after each forward;
+    `wrap_policy.min_num_params` makes blocks smaller than that stay in their parent unit.
+    """
+    if not is_distributed(world_size):
+        return module
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    kwargs = {"reshard_after_forward": bool(fsdp_cfg.get("reshard_after_forward", True))}
+    if fsdp_cfg.get("param_offload", False):
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    min_params = int((fsdp_cfg.get("wrap_policy") or {}).get("min_num_params", 0) or 0)
+    names = _block_classes(module)
+    for sub in module.modules():
+        if sub is module or type(sub).__name__ not in names:
+            continue
+        if sum(p.numel() for p in sub.parameters()) >= min_params:
+            fully_shard(sub, **kwargs)
+    fully_shard(module, **kwargs)
+    return module
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    return module  # FSDP2 shards in place: the module keeps its own class and methods
+
+
+def all_reduce_sum(value: float, world_size: int, device: torch.device | str = "cpu") -> float:
+    """Sum of `value` over ranks (hccl / nccl need the tensor on the rank's device)."""
+    if not is_distributed(world_size):
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def barrier(world_size: int) -> None:
+    if is_distributed(world_size):
+        dist.barrier()
+
+
+def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm (across shards) and return it as a plain tensor."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    if not params:
+        return torch.tensor(0.0)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+    if hasattr(norm, "full_tensor"):  # DTensor under FSDP2
+        norm = norm.full_tensor()
+    return norm.detach().float().cpu()
+
+
+def module_state_dict(module: torch.nn.Module) -> dict:
+    """This rank's part of the weights (the whole model with one worker)."""
+    if hasattr(torch.distributed, "checkpoint") and dist.is_initialized():
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(module)
+    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+
+def load_module_state_dict(module: torch.nn.Module, state: dict) -> None:
+    if dist.is_initialized():
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(module, state)
+    else:
+        module.load_state_dict(state)
+
+
+def optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    if dist.is_initialized():
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(module, optimizer)
+    return optimizer.state_dict()
+
+
+def load_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    if dist.is_initialized():
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(module, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
+
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on the CPU, gathered from every shard (collective: all ranks call it)."""
+    if dist.is_initialized():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu() for k, v in module.state_dict().items()}

@@ -1,0 +1,180 @@
+"""`RayWorkerGroup`: one Ray actor per device, forming one torch.distributed group.
+
+- Each actor asks Ray for one device of the detected kind ("NPU" resource, a GPU, or on a
+  CPU machine one CPU) inside a placement group, so the group is scheduled all at once.
+- Rank 0's node address and a free port on it are the rendezvous for torch.distributed
+  (hccl / nccl / gloo, from the device layer).
+- A Ray cluster that is already running (RAY_ADDRESS, or `ray start` on this node via
+  `address="auto"` when RAY_ADDRESS is set) is joined, never replaced, and never shut down by us.
+- A worker that dies stops the run at once with an error naming its rank and the last complete
+  checkpoint: results are awaited one by one, so one dead actor cannot leave the others hanging
+  unnoticed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from verl_npu.batch import Batch
+from verl_npu.errors import UserError
+from verl_npu.workers.group import WorkerGroup
+
+log = logging.getLogger("verl_npu")
+
+WORKER_START_TIMEOUT_S = 600
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+class _WorkerHost:
+    """Runs inside a Ray actor: sets up torch.distributed, then hosts one ActorRolloutRefWorker."""
+
+    def __init__(self, cfg: dict, total_training_steps: int, rank: int, world_size: int, addr: str, port: int):
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": "0",  # Ray makes exactly one device visible to each actor
+                "MASTER_ADDR": addr,
+                "MASTER_PORT": str(port),
+            }
+        )
+        import torch.distributed as dist
+
+        from verl_npu.device import detect_device
+        from verl_npu.workers.actor import ActorRolloutRefWorker
+
+        backend_cfg = OmegaConf.create(cfg)
+        device = detect_device(backend_cfg.trainer.device)
+        device.set_device(0)
+        dist.init_process_group(backend=device.dist_backend, rank=rank, world_size=world_size)
+        self.worker = ActorRolloutRefWorker(backend_cfg, total_training_steps, rank=rank, world_size=world_size)
+
+    def call(self, method: str, *args, **kwargs) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def ping(self) -> str:
+        return _node_ip()
+
+
+class RayWorkerGroup(WorkerGroup):
+    def __init__(self, rc, total_training_steps: int):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from verl_npu.device import detect_device, ray_runtime_env
+
+        cfg = rc.backend
+        self.world_size = rc.world_size
+        self.last_checkpoint_dir = str(cfg.trainer.default_local_dir)
+        device = detect_device(cfg.trainer.device)
+        self._started_ray = False
+        if not ray.is_initialized():
+            init_kwargs: dict[str, Any] = {"include_dashboard": False, "runtime_env": ray_runtime_env(device.kind)}
+            if os.environ.get("RAY_ADDRESS"):
+                init_kwargs["address"] = os.environ["RAY_ADDRESS"]
+            else:
+                self._started_ray = True
+                if cfg.ray_init.num_cpus:
+                    init_kwargs["num_cpus"] = int(cfg.ray_init.num_cpus)
+            ray.init(**init_kwargs)
+        self._timeline = cfg.ray_init.timeline_json_file
+        options = device.ray_actor_options(num_devices=1, num_cpus=1)
+        bundle = {"CPU": float(options.get("num_cpus", 1))}
+        if device.ray_resource:
+            bundle[device.ray_resource] = 1.0
+        self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        ready, _ = ray.wait([self._pg.ready()], timeout=WORKER_START_TIMEOUT_S)
+        if not ready:
+            raise UserError(
+                f"Ray could not place {self.world_size} workers each needing {bundle} within "
+                f"{WORKER_START_TIMEOUT_S}s; the cluster has {ray.cluster_resources()}. Lower "
+                f"trainer.n_gpus_per_node / trainer.nnodes or add nodes"
+            )
+        host_cls = ray.remote(_WorkerHost)
+        addr = ray.get(ray.remote(num_cpus=0)(_node_ip).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=0)
+        ).remote())
+        port = _free_port() if addr == _node_ip() else 29500
+        container = OmegaConf.to_container(cfg, resolve=True)
+        self.actors = [
+            host_cls.options(
+                **options,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
+                name=None,
+            ).remote(container, total_training_steps, rank, self.world_size, addr, port)
+            for rank in range(self.world_size)
+        ]
+        self._gather([a.ping.remote() for a in self.actors])
+
+    # ---- calls --------------------------------------------------------------------------------
+    def _gather(self, refs: list) -> list[Any]:
+        """Results in rank order; the first failure (a dead or failing worker) stops everything."""
+        import ray
+
+        index = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                rank = index[ref]
+                try:
+                    results[rank] = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self.shutdown()
+                    raise UserError(
+                        f"worker rank {rank} died ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
+                        f"The run is stopped; the last complete checkpoint in {self.last_checkpoint_dir} is intact: "
+                        f"rerun with trainer.resume_mode=auto to continue. If it was killed for memory, lower "
+                        f"the micro batch sizes or turn on actor_rollout_ref.actor.fsdp_config.param_offload"
+                    ) from None
+                except ray.exceptions.RayTaskError as exc:
+                    self.shutdown()
+                    cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                    if isinstance(cause, UserError):
+                        raise cause from None
+                    raise RuntimeError(f"worker rank {rank} failed: {cause!r}") from cause
+        return [results[r] for r in range(len(refs))]
+
+    def broadcast(self, method: str, *args, **kwargs) -> list[Any]:
+        return self._gather([a.call.remote(method, *args, **kwargs) for a in self.actors])
+
+    def scatter(self, method: str, chunks: list[Batch], *args, **kwargs) -> list[Any]:
+        return self._gather([a.call.remote(method, c, *args, **kwargs) for a, c in zip(self.actors, chunks)])
+
+    def shutdown(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        if self._timeline:
+            ray.timeline(filename=str(self._timeline))
+            self._timeline = None
+        for actor in getattr(self, "actors", []):
+            ray.kill(actor)
+        self.actors = []
+        if getattr(self, "_pg", None) is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+            self._pg = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
