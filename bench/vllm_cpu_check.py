@@ -140,7 +140,15 @@ def main() -> None:
     results["after_update_rows_equal_hf"] = int((v_after["responses"] == h_after["responses"]).all(dim=1).sum())
     # 5. EOS handling: the random model never samples its real EOS, so declare a token it emits
     # early in greedy decoding the EOS for both engines; both must stop there, EOS included
-    stop = int(v_after["responses"][0, 3])
+    # pick the token that ends the most rows somewhere after their first token
+    counts: dict[int, int] = {}
+    for row in v_after["responses"][::2].tolist():
+        first_seen: dict[int, int] = {}
+        for pos, tok in enumerate(row):
+            first_seen.setdefault(tok, pos)
+        for tok, pos in first_seen.items():
+            counts[tok] = counts.get(tok, 0) + (1 if pos > 0 else 0)
+    stop = max(counts, key=counts.get)
     engine.eos_ids = [stop]
     hf.eos_ids = [stop]
     v_eos = engine.generate(prompts, greedy)

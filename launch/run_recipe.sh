@@ -24,16 +24,21 @@ else
     PYTHON="python3"
 fi
 
-# ---------------------------------------------------------------------------------------------
-# MULTI-NODE / ASCEND ENVIRONMENT: reserved for the multi-node issue, not implemented yet.
-# This is where NNODES / NODE_RANK / MASTER_ADDR handling, sourcing CANN's set_env.sh, and
-# `ray start --head` (rank 0) or `ray start --address=$MASTER_ADDR:PORT` (other ranks) will go.
-# Today the launcher runs a single node: the trainer starts whatever it needs itself.
-# ---------------------------------------------------------------------------------------------
+# Multi-node (NNODES > 1) and the Ascend CANN environment: launch/cluster.sh, see docs/multinode.md.
+#   NNODES (default 1), NODE_RANK (default 0), MASTER_ADDR (required when NNODES > 1),
+#   MASTER_PORT (Ray port, default 6379), NODE_WAIT_TIMEOUT (seconds, default 600).
+# With NNODES unset or 1 the launcher runs one node: the trainer starts whatever it needs itself.
+source "${REPO_ROOT}/launch/cluster.sh"
+source_cann_env
 
 # Relative recipe paths and data paths in recipes are relative to the caller's directory, as in
 # verl; the package is imported from the repo even when it is not installed.
 export PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
+
+if [[ "${NNODES:-1}" != "1" ]]; then
+    run_multinode "$@"
+    exit $?
+fi
 
 echo "[run_recipe] repo: ${REPO_ROOT}"
 echo "[run_recipe] python: ${PYTHON}"

@@ -127,3 +127,19 @@ def test_greedy_rollout_is_deterministic_and_ignore_eos_fills_length(tiny_lm_pat
     assert torch.equal(a["responses"], b["responses"])
     assert torch.equal(a["responses"][0], a["responses"][1])
     assert a["response_mask"].sum().item() == 10
+
+
+def test_samples_depend_on_the_prompt_not_on_its_batch(tiny_lm_path):
+    """Per-prompt seeding: the same uid gets the same samples alone or in a batch (1 vs N workers)."""
+    tok = AutoTokenizer.from_pretrained(tiny_lm_path)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
+    enc = tok(["first prompt here", "the second one"], return_tensors="pt", padding=True)
+    both = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, {"uid": ["u1", "u2"]})
+    engine = HFRollout(model, tok, seed=7)
+    params = SamplingParams(n=3, max_new_tokens=5, ignore_eos=True)
+    together = engine.generate(both, params)
+    alone = engine.generate(both.slice(1, 2), params)
+    assert torch.equal(together["responses"][3:], alone["responses"])
+    other_seed = HFRollout(model, tok, seed=8).generate(both.slice(1, 2), params)
+    assert not torch.equal(other_seed["responses"], alone["responses"])

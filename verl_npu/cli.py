@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -238,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `verl-npu` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
+    if hasattr(signal, "SIGPIPE"):  # `verl-npu show x | head` ends quietly, like any Unix tool
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return int(args.fn(args) or 0)
     except UserError as exc:

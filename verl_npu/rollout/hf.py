@@ -2,9 +2,15 @@
 
 It runs anywhere torch runs (the CPU demo, tests, a single accelerator) and always samples from
 the actor's current weights, so there is nothing to synchronise after an update.
+
+Sampling is seeded per prompt, from (`seed`, the prompt's uid): a prompt gets the same samples
+whichever worker generates it and whatever else is in its batch, so runs on 1 and on N workers
+(and resumed runs) see the same responses.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -15,13 +21,13 @@ from verl_npu.rollout.base import RolloutEngine, SamplingParams, finish_rollout
 
 
 class HFRollout(RolloutEngine):
-    def __init__(self, module: torch.nn.Module, tokenizer, micro_batch_size: int | None = None, synced: bool = False):
+    def __init__(self, module: torch.nn.Module, tokenizer, *, seed: int = 0, synced: bool = False):
         self.module = module
+        self.seed = seed
         # sharded (FSDP) modules: every rank must run the same number of forward passes, so ranks
         # keep stepping until all of them are done (transformers' synced_gpus)
         self.synced = synced
         self.tokenizer = tokenizer
-        self.micro_batch_size = micro_batch_size
         gen_cfg = getattr(module, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
         if eos is None:
@@ -35,8 +41,14 @@ class HFRollout(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        chunks = prompts.split(self.micro_batch_size) if self.micro_batch_size else [prompts]
-        responses = [self._generate_chunk(chunk, params) for chunk in chunks]
+        if params.greedy:  # no randomness: one batched call
+            responses = [self._generate_chunk(prompts, params)]
+        else:
+            uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
+            responses = []
+            for i, uid in enumerate(uids):
+                torch.manual_seed(self.seed * 1_000_003 + zlib.crc32(str(uid).encode()))
+                responses.append(self._generate_chunk(prompts.slice(i, i + 1), params))
         width = params.max_new_tokens
         responses = torch.cat([F.pad(r, (0, width - r.shape[1]), value=self.pad_id) for r in responses])
         return finish_rollout(prompts, responses, self.eos_ids, self.pad_id, params.n)

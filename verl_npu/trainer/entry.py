@@ -34,6 +34,42 @@ def _oom_advice(rc) -> str:
     )
 
 
+def unsupported_by_trainer(rc) -> list:
+    """Valid verl settings that this trainer does not implement yet: refused by name before any
+    worker starts (never silently ignored)."""
+    from verl_npu.errors import Problem
+
+    cfg = rc.backend
+    arr = cfg.actor_rollout_ref
+    bc = "backend_config."
+    problems = []
+    for role in ("actor", "ref"):
+        sp = int(arr[role].ulysses_sequence_parallel_size)
+        if sp > 1:
+            problems.append(Problem(
+                f"{bc}actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
+                f"is {sp}: verl-npu's trainer does not implement Ulysses sequence parallelism yet",
+                "set it to 1 (and lower data.max_response_length or use param/optimizer offload if memory is short)",
+            ))
+    if arr.actor.use_kl_loss and arr.actor.kl_loss_type == "full":
+        problems.append(Problem(
+            f"{bc}actor_rollout_ref.actor.kl_loss_type",
+            "'full' needs the reference model's whole distribution inside the update, which verl-npu does not do yet",
+            "use low_var_kl (verl's default), kl, abs or mse",
+        ))
+    if cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_penalty == "full":
+        problems.append(Problem(f"{bc}algorithm.kl_penalty", "'full' is not implemented for KL in the reward",
+                                "use kl, abs, mse or low_var_kl"))
+    tp = int(arr.rollout.tensor_model_parallel_size)
+    if tp > 1:
+        problems.append(Problem(
+            f"{bc}actor_rollout_ref.rollout.tensor_model_parallel_size",
+            f"is {tp}: verl-npu runs one rollout engine per device, so tensor-parallel rollout is not available yet",
+            "set actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        ))
+    return problems
+
+
 def build_workers(rc, total_training_steps: int):
     """One in-process worker for a single device; Ray workers (one per device) otherwise."""
     if rc.world_size == 1:
@@ -56,7 +92,12 @@ def run_training(rc) -> int:
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.tracking import Tracker, setup_run_logging
 
+    from verl_npu.errors import ConfigErrors
+
     cfg = rc.backend
+    problems = unsupported_by_trainer(rc)
+    if problems:
+        raise ConfigErrors(problems, source=str(rc.source))
     out_dir = Path(rc.cfg.af_output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     setup_run_logging(out_dir)

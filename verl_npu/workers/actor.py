@@ -84,10 +84,12 @@ class ActorRolloutRefWorker:
         if rollout_cfg.name == "hf":
             from verl_npu.rollout.hf import HFRollout
 
-            return HFRollout(self.module, self.tokenizer, synced=self.world_size > 1)
+            return HFRollout(self.module, self.tokenizer, seed=int(self.cfg.data.seed), synced=self.world_size > 1)
         from verl_npu.rollout.vllm import VLLMRollout  # noqa: WPS433 (optional engine)
 
-        return VLLMRollout(self.module, self.tokenizer, self.processor, self.cfg, engine_kwargs=None)
+        return VLLMRollout(
+            self.module, self.tokenizer, self.processor, self.cfg, seed=int(self.cfg.data.seed) + self.rank
+        )
 
     # ---- rollout ---------------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -238,6 +240,9 @@ class ActorRolloutRefWorker:
                     self.optimizer.step()
                 sums.setdefault("actor/grad_norm", []).append(float(grad_norm))
         self.lr_scheduler.step()
+        # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
+        # shares the module; a collective for vLLM, so every rank calls it)
+        self.rollout.update_weights(self.module)
         mini_batches = max(1, int(actor_cfg.ppo_epochs) * -(-len(batch) // mini_rows))
         metrics = {}
         for key, values in sums.items():
@@ -270,6 +275,10 @@ class ActorRolloutRefWorker:
     def _export_hf(self, out_dir: Path, state_dict: dict) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         inner = parallel.unwrap(self.module)
+        # tied weights (lm_head = embeddings) are stored once, as transformers itself does; a gathered
+        # FSDP state dict holds them as two separate tensors
+        tied = getattr(inner, "all_tied_weights_keys", None) or {}
+        state_dict = {k: v for k, v in state_dict.items() if k not in tied}
         inner.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
         self.tokenizer.save_pretrained(out_dir)
         if self.processor is not None:

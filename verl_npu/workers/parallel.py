@@ -16,6 +16,9 @@ def is_distributed(world_size: int) -> bool:
     return world_size > 1 and dist.is_available() and dist.is_initialized()
 
 
+_VISION_TOWER_NAMES = {"visual", "vision_tower", "vision_model"}
+
+
 def _block_classes(module: torch.nn.Module) -> set[str]:
     return set(getattr(module, "_no_split_modules", None) or [])
 
@@ -41,7 +44,15 @@ def shard_module(module: torch.nn.Module, fsdp_cfg, world_size: int) -> torch.nn
             continue
         if sum(p.numel() for p in sub.parameters()) >= min_params:
             fully_shard(sub, **kwargs)
+    # Vision towers get a unit of their own: `generate` may run them outside the root's forward
+    # (precomputed image features), and a unit gathers its parameters only inside its own forward.
+    for name, sub in module.named_modules():
+        if name.rsplit(".", 1)[-1] in _VISION_TOWER_NAMES:
+            fully_shard(sub, **kwargs)
     fully_shard(module, **kwargs)
+    # FSDP2 picks its root at the first forward; `generate` may call the vision unit first, so
+    # settle the root now (torch has no public call for this yet).
+    module._get_fsdp_state()._lazy_init()
     return module
 
 
