@@ -17,8 +17,19 @@ COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor
             "actor/grad_norm", "actor/pg_clipfrac"]
 
 
+# A dense reward so that every step has a real policy gradient: with all-zero rewards only float
+# noise is left, and Adam scales noise up to full-size steps that no two layouts share.
+DENSE_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(sum(map(ord, solution_str)) % 7) / 6.0
+"""
+
+
 def overrides(out: Path, data: Path, gpus: int) -> list[str]:
+    reward = out.parent / "dense_reward.py"
+    reward.write_text(DENSE_REWARD)
     values = {
+        "custom_reward_function.path": reward,
         "af_output_dir": out,
         "data.train_files": data / "train.parquet",
         "data.val_files": data / "test.parquet",
@@ -70,6 +81,10 @@ def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path):
     w2 = load_file(str(ckpt2 / "huggingface" / "model.safetensors"))
     assert set(w1) == set(w2), (set(w1) ^ set(w2))
     initial = load_file(str(Path(tiny_vl_path) / "model.safetensors"))
+    # Adam divides by sqrt(v): on the rare elements whose gradient is nearly zero, float-level
+    # differences in reduction order become visible (seen: at most ~6e-5 after 3 steps of lr 1e-3)
     for name in w1:
-        torch.testing.assert_close(w2[name], w1[name], atol=2e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(w2[name], w1[name], atol=1e-4, rtol=1e-4, msg=name)
+    mean_diff = sum((w2[n] - w1[n]).abs().sum().item() for n in w1) / sum(w1[n].numel() for n in w1)
+    assert mean_diff < 1e-6
     assert any(not torch.equal(w1[n], initial[n]) for n in w1)  # and they did train

@@ -188,3 +188,21 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path, geo_data, tiny_c
             assert rows[step][key] == pytest.approx(reference[step][key], rel=1e-4, abs=1e-6), (step, key)
     if batch_size == 4:
         assert rows[3]["training/epoch"] == 1.0  # the epoch after the boundary is not skipped
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path, geo_data, tiny_cache):
+    over = tiny_overrides(tmp_path, geo_data, **{"trainer.total_training_steps": 200, "trainer.save_freq": 1,
+                                                 "trainer.test_freq": -1, "trainer.logger": "[console]"})
+    proc = _cli_run(over, tiny_cache)
+    marker = tmp_path / "out" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (marker.exists() and int(marker.read_text()) >= 2):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert "interrupted" in output and "Traceback" not in output
+    ckpts = tmp_path / "out" / "checkpoints"
+    assert not [p for p in ckpts.iterdir() if p.name.startswith(".")]  # nothing half-written left visible
+    step = int(marker.read_text())
+    assert (ckpts / f"global_step_{step}" / "actor" / "huggingface" / "model.safetensors").exists()

@@ -80,14 +80,15 @@ def test_gsm8k_reads_only_the_tail_and_flexible_method():
 
 # (response, ground truth, accuracy, format)
 SYNTH_TABLE = [
-    ("4", "4", 1, 1),
-    ("  4 sides", "4", 1, 1),
+    ("4", "4", 1, 0),  # a bare number is an answer, but earns no format credit
+    ("  4 sides", "4", 1, 0),
     ("\\boxed{4}", "4", 1, 1),
     ("<think>corners</think>\\boxed{5}", "5", 1, 1),
     ("3 or maybe \\boxed{6}", "6", 1, 1),  # the box wins over the first number
     ("it has 6 sides", "6", 1, 0),  # first number counts, but no format
     ("\\boxed{4.0}", "4", 1, 1),
-    ("5", "4", 0, 1),
+    ("5", "4", 0, 0),
+    ("\\boxed{5}", "4", 0, 1),
     ("four", "4", 0, 0),
     ("", "4", 0, 0),
 ]
@@ -156,9 +157,9 @@ def test_scorer_returns_scores_and_aligned_sub_scores():
         ["3", "4", "4", "3"],
         [{}, {}, {}, {}],
     )
-    assert scores == pytest.approx([1.0, 1.0, 1.0, 0.1])
+    assert scores == pytest.approx([1.0, 1.0, 0.9, 0.1])
     assert extras["accuracy"][0] == 1 and math.isnan(extras["accuracy"][1]) and extras["accuracy"][3] == 0
-    assert extras["format"][2] == 1 and extras["format"][3] == 1
+    assert extras["format"][2] == 0 and extras["format"][3] == 1
     assert extras["strict_accuracy"][1] == 1 and math.isnan(extras["strict_accuracy"][0])
     assert all(len(v) == 4 for v in extras.values())
 

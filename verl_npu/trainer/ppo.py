@@ -100,8 +100,7 @@ class PPOTrainer:
                 tmp_dir / "data.pt",
             )
 
-        path = self.checkpoints.save(step, write)
-        log.info("saved checkpoint %s", path)
+        self.checkpoints.save(step, write)
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self, resume_from: Path | None = None) -> dict[str, float]:
