@@ -30,11 +30,16 @@ def run(workers: int, steps: int, data: Path, out: Path, extra: list[str]) -> di
     overrides = [
         f"af_output_dir={out}", f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
         f"trainer.n_gpus_per_node={workers}", f"trainer.total_training_steps={steps}", "trainer.save_freq=-1",
-        "trainer.test_freq=-1", "trainer.logger=[console]", "ray_init.num_cpus=2", *extra,
+        "trainer.test_freq=-1", "trainer.logger=[console]", "ray_init.num_cpus=2",
+        # micro batches that fit the per-device share at both sizes (32 responses per device with 2)
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64", *extra,
     ]
     start = time.time()
-    subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *overrides], cwd=REPO, check=True,
-                   capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *overrides], cwd=REPO,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"run with {workers} worker(s) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     wall = time.time() - start
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = rows[1:]  # the first step pays one-off warm-up costs

@@ -88,3 +88,78 @@ def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path):
     mean_diff = sum((w2[n] - w1[n]).abs().sum().item() for n in w1) / sum(w1[n].numel() for n in w1)
     assert mean_diff < 1e-6
     assert any(not torch.equal(w1[n], initial[n]) for n in w1)  # and they did train
+
+
+@pytest.mark.slow
+def test_a_dead_worker_stops_the_run_with_a_clear_error(tmp_path, tiny_cache):
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = tmp_path / "data"
+    prepare_synthetic(data, n_train=12, n_test=4, seed=0, image_size=56)
+    over = overrides(tmp_path / "run", data, 2) + ["trainer.total_training_steps=500", "trainer.save_freq=1"]
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, VERL_NPU_CACHE=str(tiny_cache))
+    proc = subprocess.Popen([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *over], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "run" / "logs" / "run.log"
+    marker = tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.time() + 180
+    pid = None
+    while time.time() < deadline and proc.poll() is None:
+        if pid is None and log.exists():
+            found = re.search(r"worker rank 1: pid (\d+)", log.read_text())
+            pid = int(found.group(1)) if found else None
+        if pid is not None and marker.exists():
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.1)
+    assert pid is not None, "worker pids were not logged"
+    killed_at = time.time()
+    output, _ = proc.communicate(timeout=120)
+    assert time.time() - killed_at < 120
+    assert proc.returncode == 1, output
+    assert "worker rank 1 died" in output and "checkpoints" in output and "Traceback" not in output
+
+
+@pytest.mark.slow
+def test_killed_two_worker_run_resumes_on_two_workers(tmp_path, tiny_cache):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = tmp_path / "data"
+    prepare_synthetic(data, n_train=12, n_test=4, seed=0, image_size=56)
+    steps = ["trainer.total_training_steps=4", "trainer.save_freq=2"]
+    straight = tmp_path / "straight"
+    assert run_training(load_recipe("tiny_geo3k", overrides(straight, data, 2) + steps)) == 0
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, VERL_NPU_CACHE=str(tiny_cache))
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *overrides(killed, data, 2), *steps]
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    marker = killed / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if marker.exists() and marker.read_text().strip() == "2":
+            os.killpg(proc.pid, signal.SIGKILL)  # the controller and its Ray workers, all at once
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+    resumed = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    ref, got = metrics(straight), metrics(killed)
+    assert sorted(got) == [1, 2, 3, 4]
+    for step in (3, 4):
+        for key in COMPARED:
+            assert got[step][key] == pytest.approx(ref[step][key], rel=1e-4, abs=1e-5), (step, key)

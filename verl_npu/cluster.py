@@ -178,9 +178,10 @@ def check_cluster(need: ClusterNeed, nodes: Iterable[Mapping[str, Any]]) -> list
 def missing_nodes_message(need: ClusterNeed, nodes: Iterable[Mapping[str, Any]], expected_nodes: int,
                           waited_s: float, address: str) -> str:
     """The timeout error of `wait_for_nodes`: how many nodes and devices are missing and, when the
-    nodes carry launcher node ranks, which ranks have not joined."""
+    nodes carry launcher node ranks, which ranks have not joined. A node's devices count up to
+    trainer.n_gpus_per_node (a CPU node's many cores do not make up for a missing node)."""
     views = alive_nodes(nodes)
-    have_devices = sum(v.amount(need.resource) for v in views)
+    have_devices = sum(min(v.amount(need.resource), need.per_node) for v in views)
     want_devices = expected_nodes * need.per_node
     ranks = {v.rank for v in views if v.rank is not None}
     text = (f"after {waited_s:.0f} s only {len(views)} of {expected_nodes} node(s) joined the Ray cluster "

@@ -68,8 +68,8 @@ class _WorkerHost:
     def call(self, method: str, *args, **kwargs) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
 
-    def ping(self) -> str:
-        return _node_ip()
+    def ping(self) -> tuple[str, int]:
+        return _node_ip(), os.getpid()
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -121,7 +121,8 @@ class RayWorkerGroup(WorkerGroup):
             ).remote(container, total_training_steps, rank, self.world_size, addr, port)
             for rank in range(self.world_size)
         ]
-        self._gather([a.ping.remote() for a in self.actors])
+        for rank, (ip, pid) in enumerate(self._gather([a.ping.remote() for a in self.actors])):
+            log.info("worker rank %d: pid %d on %s", rank, pid, ip)
 
     # ---- calls --------------------------------------------------------------------------------
     def _gather(self, refs: list) -> list[Any]:
