@@ -206,3 +206,20 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path, geo_data, 
     assert not [p for p in ckpts.iterdir() if p.name.startswith(".")]  # nothing half-written left visible
     step = int(marker.read_text())
     assert (ckpts / f"global_step_{step}" / "actor" / "huggingface" / "model.safetensors").exists()
+
+
+def test_bf16_compute_keeps_fp32_master_weights(tmp_path, geo_data, tiny_vl_path, monkeypatch):
+    """Where the device computes in bf16, the worker autocasts; weights and optimizer stay fp32."""
+    from verl_npu.device import DeviceInfo
+    from verl_npu.workers.actor import ActorRolloutRefWorker
+
+    monkeypatch.setattr(DeviceInfo, "train_dtype", lambda self: torch.bfloat16)
+    rc = load_recipe("tiny_geo3k", tiny_overrides(tmp_path, geo_data))
+    worker = ActorRolloutRefWorker(rc.backend, total_training_steps=1)
+    info = worker.init_model()
+    assert info["compute_dtype"] == "torch.bfloat16"
+    assert all(p.dtype == torch.float32 for p in worker.module.parameters())
+    assert all(p.dtype == torch.bfloat16 for p in worker.ref_module.parameters())
+    with worker._autocast():
+        x = torch.nn.functional.linear(torch.randn(2, 4), torch.randn(3, 4))
+    assert x.dtype == torch.bfloat16

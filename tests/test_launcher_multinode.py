@@ -158,7 +158,8 @@ def test_two_nodes_without_master_addr(launch):
 def test_node_rank_out_of_range(launch, rank):
     proc = launch(NNODES="2", NODE_RANK=rank, MASTER_ADDR="10.9.8.7")
     assert proc.returncode != 0
-    assert f"NODE_RANK={rank} is out of range for NNODES=2: use 0 on the head node and 1..1 on the others" in proc.stderr
+    assert (f"NODE_RANK={rank} is out of range for NNODES=2: use 0 on the head node and 1..1 on the others"
+            in proc.stderr)
     assert launch.calls == []
 
 
@@ -274,3 +275,28 @@ def test_single_node_behaviour_unchanged(launch, nnodes):
         f"[run_recipe] running: {sys.executable} -m verl_npu.cli run {launch.recipe} trainer.nnodes=0",
     ]
     assert launch.calls == []
+
+
+def test_terminated_worker_stops_only_the_ray_it_started(launch):
+    import signal
+    import time
+
+    launch.set_status_answers(0, after_start=1000)  # the head stays up
+    proc = subprocess.Popen(["bash", str(LAUNCHER), str(launch.recipe)], cwd=launch.tmp,
+                            env={**launch.env, "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.9.8.7",
+                                 "NODE_POLL_INTERVAL": "0.2"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while not any(c.startswith("status --address") for c in launch.calls):
+            assert proc.poll() is None and time.monotonic() < deadline, "the worker never reached its wait loop"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out
+    assert "stopping the Ray worker this launcher started on this node" in out
+    assert launch.ray_cli_calls()[1].startswith("start --address 10.9.8.7:6379")
+    assert launch.ray_cli_calls()[-1] == "stop"

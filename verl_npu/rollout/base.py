@@ -79,6 +79,24 @@ class RolloutEngine(ABC):
         """Undo `sleep`."""
 
 
+def stop_and_pad_ids(module, tokenizer) -> tuple[list[int], int]:
+    """EOS ids (the model's generation config, else the tokenizer's) and the padding id."""
+    gen_cfg = getattr(module, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    return eos_ids, int(pad_id)
+
+
+def vision_marker_ids(config) -> list[int]:
+    """Image/video marker tokens: a response must never contain them (the model would look for
+    pixels behind them), so engines forbid sampling them."""
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return [int(getattr(config, n)) for n in names if getattr(config, n, None) is not None]
+
+
 def finish_rollout(prompts: Batch, responses: torch.Tensor, eos_ids: list[int], pad_id: int, n: int) -> Batch:
     """Shared tail of every engine: pad responses, build masks and the full sequences."""
     rows = prompts.repeat_interleave(n)

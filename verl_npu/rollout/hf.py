@@ -17,7 +17,13 @@ import torch.nn.functional as F
 
 from verl_npu.batch import Batch
 from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids
-from verl_npu.rollout.base import RolloutEngine, SamplingParams, finish_rollout
+from verl_npu.rollout.base import (
+    RolloutEngine,
+    SamplingParams,
+    finish_rollout,
+    stop_and_pad_ids,
+    vision_marker_ids,
+)
 
 
 class HFRollout(RolloutEngine):
@@ -28,16 +34,8 @@ class HFRollout(RolloutEngine):
         # keep stepping until all of them are done (transformers' synced_gpus)
         self.synced = synced
         self.tokenizer = tokenizer
-        gen_cfg = getattr(module, "generation_config", None)
-        eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
-        if eos is None:
-            eos = tokenizer.eos_token_id
-        self.eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        # a response must never contain image/video markers: the model would look for pixels for them
-        cfg = module.config
-        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-        self.suppress_ids = [int(getattr(cfg, n)) for n in names if getattr(cfg, n, None) is not None]
+        self.eos_ids, self.pad_id = stop_and_pad_ids(module, tokenizer)
+        self.suppress_ids = vision_marker_ids(module.config)
 
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:

@@ -42,7 +42,7 @@ import torch
 
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
-from verl_npu.rollout.base import RolloutEngine, SamplingParams, finish_rollout
+from verl_npu.rollout.base import RolloutEngine, SamplingParams, finish_rollout, stop_and_pad_ids
 
 log = logging.getLogger("verl_npu")
 
@@ -488,12 +488,7 @@ class VLLMRollout(RolloutEngine):
         config = getattr(module, "config", None)
         self.multimodal = processor is not None and config is not None and is_vision_language(config)
         self.image_token_id = getattr(config, "image_token_id", None) if config is not None else None
-        gen_cfg = getattr(module, "generation_config", None)
-        eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
-        if eos is None:
-            eos = tokenizer.eos_token_id
-        self.eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.eos_ids, self.pad_id = stop_and_pad_ids(module, tokenizer)
 
         if engine_kwargs is None:
             engine_kwargs = _cfg_get(_cfg_get(rollout_cfg, "engine_kwargs", {}), "vllm", {})

@@ -60,6 +60,19 @@ def unsupported_by_trainer(rc) -> list:
     if cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_penalty == "full":
         problems.append(Problem(f"{bc}algorithm.kl_penalty", "'full' is not implemented for KL in the reward",
                                 "use kl, abs, mse or low_var_kl"))
+    for role in ("actor", "ref"):
+        fsdp = arr[role].fsdp_config
+        prefix = f"{bc}actor_rollout_ref.{role}.fsdp_config"
+        if fsdp.get("param_offload") and rc.world_size == 1:
+            problems.append(Problem(f"{prefix}.param_offload", "offloading works through FSDP2, which needs 2+ workers",
+                                    "set it to false, or use trainer.n_gpus_per_node >= 2"))
+        if role == "actor" and fsdp.get("optimizer_offload") and not fsdp.get("param_offload"):
+            problems.append(Problem(f"{prefix}.optimizer_offload",
+                                    "FSDP2 offloads the optimizer state together with the parameters, not alone",
+                                    f"also set {role}.fsdp_config.param_offload=true, or set this to false"))
+        if int(fsdp.get("fsdp_size", -1) or -1) not in (-1, rc.world_size):
+            problems.append(Problem(f"{prefix}.fsdp_size", "hybrid sharding (fsdp_size < world size) is not implemented",
+                                    "leave it at -1 (shard over all workers)"))
     tp = int(arr.rollout.tensor_model_parallel_size)
     if tp > 1:
         problems.append(Problem(

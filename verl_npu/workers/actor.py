@@ -9,6 +9,7 @@ gets back tensors and metrics through a worker group. The worker holds:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -54,30 +55,46 @@ class ActorRolloutRefWorker:
             trust_remote_code=bool(model_cfg.trust_remote_code),
             custom_chat_template=model_cfg.get("custom_chat_template"),
         )
-        dtype = self.device.train_dtype()
+        # fp32 master weights and optimizer state; forward/backward in the device's compute dtype
+        # (bf16 on accelerators that have it): FSDP2 mixed precision with several workers,
+        # autocast with one
+        compute_dtype = self.device.train_dtype()
+        self.compute_dtype = compute_dtype
         load_kwargs = dict(
-            dtype=dtype,
             attn_implementation=self.device.attn_implementation(),
             override_config=dict(model_cfg.override_config or {}),
             trust_remote_code=bool(model_cfg.trust_remote_code),
             external_lib=model_cfg.external_lib,
         )
         module = load_policy_model(
-            model_cfg.path, gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing), **load_kwargs
+            model_cfg.path,
+            dtype=torch.float32,
+            gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
+            **load_kwargs,
         )
-        self.module = parallel.shard_module(module.to(self.torch_device), actor_cfg.fsdp_config, self.world_size)
+        self.module = parallel.shard_module(
+            module.to(self.torch_device), actor_cfg.fsdp_config, self.world_size, param_dtype=compute_dtype
+        )
         self.ref_module = None
         if needs_reference(cfg):
-            ref = load_policy_model(model_cfg.path, **load_kwargs).to(self.torch_device)
+            ref = load_policy_model(model_cfg.path, dtype=compute_dtype, **load_kwargs).to(self.torch_device)
             ref.requires_grad_(False)
             ref.eval()
-            self.ref_module = parallel.shard_module(ref, cfg.actor_rollout_ref.ref.fsdp_config, self.world_size)
+            self.ref_module = parallel.shard_module(
+                ref, cfg.actor_rollout_ref.ref.fsdp_config, self.world_size, param_dtype=compute_dtype
+            )
         self.optimizer = build_optimizer(
             [p for p in self.module.parameters() if p.requires_grad], actor_cfg.optim
         )
         self.lr_scheduler = build_lr_scheduler(self.optimizer, actor_cfg.optim, self.total_training_steps)
         self.rollout = self._build_rollout()
-        return {"num_params": sum(p.numel() for p in self.module.parameters()), "dtype": str(dtype)}
+        return {"num_params": sum(p.numel() for p in self.module.parameters()), "compute_dtype": str(compute_dtype)}
+
+    def _autocast(self):
+        """Compute-dtype autocast for a single unsharded worker (FSDP2 casts by itself)."""
+        if self.compute_dtype == torch.float32 or parallel.is_distributed(self.world_size):
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.torch_device.type, dtype=self.compute_dtype)
 
     def _build_rollout(self) -> RolloutEngine:
         rollout_cfg = self.cfg.actor_rollout_ref.rollout
@@ -93,7 +110,8 @@ class ActorRolloutRefWorker:
 
     # ---- rollout ---------------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
-        return self.rollout.generate(prompts, params)
+        with self._autocast():
+            return self.rollout.generate(prompts, params)
 
     # ---- log-probs --------------------------------------------------------------------------
     def _log_probs(self, module, batch: Batch, *, with_entropy: bool, micro: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -107,16 +125,17 @@ class ActorRolloutRefWorker:
             with torch.no_grad():
                 for idx in micro_batch_indices(batch["attention_mask"], **micro):
                     part = trim_left_padding(batch.select(idx)).to(self.torch_device)
-                    lp, ent = response_log_probs(
-                        module,
-                        part["input_ids"],
-                        part["attention_mask"],
-                        response_length,
-                        multi_modal_inputs=part.get("multi_modal_inputs"),
-                        temperature=temperature,
-                        with_entropy=with_entropy,
-                        remove_padding=remove_padding,
-                    )
+                    with self._autocast():
+                        lp, ent = response_log_probs(
+                            module,
+                            part["input_ids"],
+                            part["attention_mask"],
+                            response_length,
+                            multi_modal_inputs=part.get("multi_modal_inputs"),
+                            temperature=temperature,
+                            with_entropy=with_entropy,
+                            remove_padding=remove_padding,
+                        )
                     log_probs.append(lp.cpu())
                     if ent is not None:
                         entropies.append(ent.cpu())
@@ -187,16 +206,17 @@ class ActorRolloutRefWorker:
                 for idx in micro_batch_indices(mini["attention_mask"], **micro):
                     part = trim_left_padding(mini.select(idx)).to(self.torch_device)
                     mask = part["response_mask"].float()
-                    log_prob, entropy = response_log_probs(
-                        self.module,
-                        part["input_ids"],
-                        part["attention_mask"],
-                        response_length,
-                        multi_modal_inputs=part.get("multi_modal_inputs"),
-                        temperature=temperature,
-                        with_entropy=True,  # logged as actor/entropy even when not in the loss
-                        remove_padding=remove_padding,
-                    )
+                    with self._autocast():
+                        log_prob, entropy = response_log_probs(
+                            self.module,
+                            part["input_ids"],
+                            part["attention_mask"],
+                            response_length,
+                            multi_modal_inputs=part.get("multi_modal_inputs"),
+                            temperature=temperature,
+                            with_entropy=True,  # logged as actor/entropy even when not in the loss
+                            remove_padding=remove_padding,
+                        )
                     pg = algorithms.ppo_policy_loss(
                         log_prob,
                         part["old_log_probs"],

@@ -23,18 +23,23 @@ def _block_classes(module: torch.nn.Module) -> set[str]:
     return set(getattr(module, "_no_split_modules", None) or [])
 
 
-def shard_module(module: torch.nn.Module, fsdp_cfg, world_size: int) -> torch.nn.Module:
+def shard_module(
+    module: torch.nn.Module, fsdp_cfg, world_size: int, param_dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
     """FSDP2-shard `module` over the default process group (identity for one worker).
 
     `fsdp_config.param_offload` keeps parameters on the CPU between uses;
     `reshard_after_forward` frees gathered parameters after each forward;
     `wrap_policy.min_num_params` makes blocks smaller than that stay in their parent unit.
+    Parameters are gathered in `param_dtype` for compute; gradients are reduced in fp32.
     """
     if not is_distributed(world_size):
         return module
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kwargs = {"reshard_after_forward": bool(fsdp_cfg.get("reshard_after_forward", True))}
+    if param_dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if fsdp_cfg.get("param_offload", False):
         kwargs["offload_policy"] = CPUOffloadPolicy()
     min_params = int((fsdp_cfg.get("wrap_policy") or {}).get("min_num_params", 0) or 0)
