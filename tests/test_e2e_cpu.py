@@ -124,15 +124,34 @@ def _gsm8k_like(folder: Path) -> Path:
     return folder
 
 
-def test_text_model_run(tmp_path, tiny_lm_path):
+@pytest.mark.parametrize("estimator, kl_type", [("rloo", "low_var_kl"), ("remax", "mse"),
+                                               ("reinforce_plus_plus", "full")])
+def test_text_model_run(tmp_path, tiny_lm_path, estimator, kl_type):
+    """A text model, padding-free log-probs, token-budget micro-batches, every estimator, KL kinds
+    (the exact 'full' one included), JSONL dumps."""
     data = _gsm8k_like(tmp_path / "gsm")
+    # gsm8k's own score plus a dense term, so that random-init samples differ and gradients are real
+    reward = tmp_path / "dense.py"
+    reward.write_text(
+        "from verl_npu.rewards import default_compute_score\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    out = dict(default_compute_score(data_source, solution_str, ground_truth, extra_info))\n"
+        "    out['score'] += (sum(map(ord, solution_str)) % 5) / 10\n"
+        "    return out\n"
+    )
     rc = load_recipe(
         "tiny_geo3k",
         tiny_overrides(
             tmp_path, data,
             **{"actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.model.use_remove_padding": "true",
-               "algorithm.adv_estimator": "rloo", "trainer.total_training_steps": 2, "trainer.save_freq": -1,
-               "trainer.test_freq": -1},
+               "actor_rollout_ref.actor.use_dynamic_bsz": "true",
+               "data.max_prompt_length": 48, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 100,
+               "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 100,
+               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 100,
+               "algorithm.adv_estimator": estimator, "actor_rollout_ref.actor.kl_loss_type": kl_type,
+               "trainer.total_training_steps": 2, "trainer.save_freq": -1,
+               "trainer.test_freq": -1, "trainer.rollout_data_dir": tmp_path / "rollouts",
+               "custom_reward_function.path": reward},
         ),
     )
     assert run_training(rc) == 0
@@ -140,6 +159,12 @@ def test_text_model_run(tmp_path, tiny_lm_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["actor/pg_loss"] is not None and r["actor/grad_norm"] > 0 for r in rows)
     assert "critic/score/strict_accuracy/mean" in rows[0]
+    dumped = [json.loads(line) for line in (tmp_path / "rollouts" / "2.jsonl").read_text().splitlines()]
+    assert len(dumped) == 4 * 2 and {"response", "score", "ground_truth", "uid"} <= set(dumped[0])
+    if estimator == "remax":
+        assert "timing_s/gen_max" in rows[0]
+    # the policy leaves the reference after the first optimizer step: every KL kind is >= 0 and grows
+    assert 0 <= rows[0]["actor/kl_loss"] < rows[1]["actor/kl_loss"] < 1
 
 
 # ---- resume -----------------------------------------------------------------------------------

@@ -143,3 +143,22 @@ def test_samples_depend_on_the_prompt_not_on_its_batch(tiny_lm_path):
     assert torch.equal(together["responses"][3:], alone["responses"])
     other_seed = HFRollout(model, tok, seed=8).generate(both.slice(1, 2), params)
     assert not torch.equal(other_seed["responses"], alone["responses"])
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_returned_logits_give_the_same_log_probs(tiny_lm_path, remove_padding):
+    tok = AutoTokenizer.from_pretrained(tiny_lm_path)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
+    enc = tok(["short", "a longer prompt than that"], return_tensors="pt", padding=True)
+    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    rollout = HFRollout(model, tok).generate(prompts, SamplingParams(n=2, max_new_tokens=RESPONSE_LEN))
+    with torch.no_grad():
+        lp, _, logits = response_log_probs(
+            model, rollout["input_ids"], rollout["attention_mask"], RESPONSE_LEN,
+            temperature=0.7, remove_padding=remove_padding, return_logits=True,
+        )
+    assert logits.shape == (4, RESPONSE_LEN, model.config.vocab_size)
+    from_logits = torch.log_softmax(logits, -1).gather(-1, rollout["responses"].unsqueeze(-1)).squeeze(-1)
+    mask = rollout["response_mask"].bool()
+    torch.testing.assert_close(from_logits[mask], lp[mask], atol=1e-5, rtol=1e-5)

@@ -19,16 +19,15 @@ def test_demo_recipe_is_fully_supported():
     assert unsupported_by_trainer(load_recipe("tiny_geo3k")) == []
 
 
-def test_sequence_parallel_tensor_parallel_and_full_kl_are_refused_by_name():
+def test_sequence_parallel_tensor_parallel_and_full_kl_in_reward_are_refused_by_name():
     rc = load_recipe("qwen25vl_geo3k_longseq", REQUIRED)
     found = keys(unsupported_by_trainer(rc))
     assert "backend_config.actor_rollout_ref.actor.ulysses_sequence_parallel_size" in found
     assert "backend_config.actor_rollout_ref.rollout.tensor_model_parallel_size" in found
-    rc = load_recipe("tiny_geo3k", ["actor_rollout_ref.actor.use_kl_loss=true",
-                                    "actor_rollout_ref.actor.kl_loss_type=full",
+    rc = load_recipe("tiny_geo3k", ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full",
                                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"])
     [problem] = unsupported_by_trainer(rc)
-    assert problem.key.endswith("actor.kl_loss_type") and "low_var_kl" in problem.fix
+    assert problem.key.endswith("algorithm.kl_penalty") and "low_var_kl" in problem.fix
 
 
 def test_total_steps_is_the_smaller_of_epochs_and_explicit_steps():

@@ -108,13 +108,15 @@ def response_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     remove_padding: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return_logits: bool = False,
+):
     """log p(token_t | tokens_<t) for the last `response_length` positions of each row.
 
     `input_ids` / `attention_mask` are [N, L] = left-padded prompt followed by right-padded
     response. Logits are divided by `temperature` (the sampling temperature, so the numbers
     match the distribution the rollout sampled from). Returns (log_probs [N, R], entropy [N, R]
-    or None); positions under padding hold values that callers mask out.
+    or None), plus the temperature-scaled logits [N, R, V] as a third item when `return_logits`
+    (for the exact "full" KL); positions under padding hold values that callers mask out.
     """
     device = input_ids.device
     vt = VisionTokens.of(model)
@@ -148,6 +150,9 @@ def response_log_probs(
         if with_entropy:
             entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
             entropy[keep] = _entropy(logits)
+        if return_logits:
+            packed_logits, logits = logits, logits.new_zeros(n, length, logits.shape[-1])
+            logits[keep] = packed_logits
     else:
         out = model(
             input_ids=input_ids,
@@ -165,4 +170,6 @@ def response_log_probs(
     log_probs = log_probs[:, start : length - 1]
     if entropy is not None:
         entropy = entropy[:, start : length - 1]
+    if return_logits:
+        return log_probs, entropy, logits[:, start : length - 1]
     return log_probs, entropy

@@ -51,12 +51,6 @@ def unsupported_by_trainer(rc) -> list:
                 f"is {sp}: verl-npu's trainer does not implement Ulysses sequence parallelism yet",
                 "set it to 1 (and lower data.max_response_length or use param/optimizer offload if memory is short)",
             ))
-    if arr.actor.use_kl_loss and arr.actor.kl_loss_type == "full":
-        problems.append(Problem(
-            f"{bc}actor_rollout_ref.actor.kl_loss_type",
-            "'full' needs the reference model's whole distribution inside the update, which verl-npu does not do yet",
-            "use low_var_kl (verl's default), kl, abs or mse",
-        ))
     if cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_penalty == "full":
         problems.append(Problem(f"{bc}algorithm.kl_penalty", "'full' is not implemented for KL in the reward",
                                 "use kl, abs, mse or low_var_kl"))

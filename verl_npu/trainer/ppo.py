@@ -15,6 +15,7 @@ One training step, in order (verl's order, verl's names):
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -151,6 +152,9 @@ class PPOTrainer:
             prompts.set("uid", [f"{self.global_step}-{i}" for i in range(len(prompts))])
             with timed("gen", timings):
                 batch = self.workers.generate_sequences(prompts, self.train_sampling)
+            if cfg.algorithm.adv_estimator == "remax":
+                with timed("gen_max", timings):
+                    batch.set("baseline_rewards", self.greedy_baseline(prompts))
             if cfg.trainer.balance_batch:
                 batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.world_size))
             with timed("reward", timings):
@@ -179,6 +183,12 @@ class PPOTrainer:
         return metrics
 
     # ---- pieces of a step ---------------------------------------------------------------------
+    def greedy_baseline(self, prompts: Batch) -> torch.Tensor:
+        """ReMax's baseline: the score of one greedy response per prompt, repeated for its n samples."""
+        greedy = self.workers.generate_sequences(prompts, replace(self.train_sampling, n=1, do_sample=False))
+        self.score(greedy)
+        return greedy["token_level_scores"].sum(-1).repeat_interleave(self.train_sampling.n)
+
     def decode_responses(self, batch: Batch) -> list[str]:
         texts = []
         for ids, mask in zip(batch["responses"], batch["response_mask"]):
@@ -221,6 +231,7 @@ class PPOTrainer:
             response_mask=batch["response_mask"].float(),
             group_ids=batch["uid"],
             config=algo,
+            **({"baseline_rewards": batch["baseline_rewards"]} if "baseline_rewards" in batch else {}),
         )
         batch.set("advantages", advantages)
         batch.set("returns", returns)

@@ -206,17 +206,27 @@ class ActorRolloutRefWorker:
                 for idx in micro_batch_indices(mini["attention_mask"], **micro):
                     part = trim_left_padding(mini.select(idx)).to(self.torch_device)
                     mask = part["response_mask"].float()
+                    forward = dict(
+                        multi_modal_inputs=part.get("multi_modal_inputs"),
+                        temperature=temperature,
+                        remove_padding=remove_padding,
+                    )
+                    full_kl = use_kl_loss and actor_cfg.kl_loss_type == "full"
                     with self._autocast():
-                        log_prob, entropy = response_log_probs(
-                            self.module,
-                            part["input_ids"],
-                            part["attention_mask"],
-                            response_length,
-                            multi_modal_inputs=part.get("multi_modal_inputs"),
-                            temperature=temperature,
-                            with_entropy=True,  # logged as actor/entropy even when not in the loss
-                            remove_padding=remove_padding,
+                        # entropy is logged as actor/entropy even when it is not in the loss
+                        out = response_log_probs(
+                            self.module, part["input_ids"], part["attention_mask"], response_length,
+                            with_entropy=True, return_logits=full_kl, **forward,
                         )
+                        log_prob, entropy = out[0], out[1]
+                        kl_inputs = {}
+                        if full_kl:  # the exact KL needs both whole distributions at every position
+                            with torch.no_grad():
+                                ref_out = response_log_probs(
+                                    self.ref_module, part["input_ids"], part["attention_mask"], response_length,
+                                    return_logits=True, **forward,
+                                )
+                            kl_inputs = {"logits": out[2], "ref_logits": ref_out[2]}
                     pg = algorithms.ppo_policy_loss(
                         log_prob,
                         part["old_log_probs"],
@@ -240,7 +250,9 @@ class ActorRolloutRefWorker:
                         "actor/ppo_kl": pg["ppo_kl"],
                     }
                     if use_kl_loss:
-                        kl = algorithms.kl_penalty(log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type)
+                        kl = algorithms.kl_penalty(
+                            log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type, **kl_inputs
+                        )
                         kl_loss = algorithms.agg_loss(kl, mask, mode, **agg)
                         loss = loss + float(actor_cfg.kl_loss_coef) * kl_loss
                         stats["actor/kl_loss"] = kl_loss
