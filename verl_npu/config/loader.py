@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl_npu.config import derive as _derive
 from verl_npu.config import rules as _rules
 from verl_npu.config.schema import (
-    DEPRECATED, DEPRECATED_WARN_ONLY, SCHEMA, TOP_LEVEL, UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key,
+    DEPRECATED, SCHEMA, TOP_LEVEL, UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key,
     defaults_tree, free_form_owner, is_section,
 )
 from verl_npu.errors import ConfigErrors, Problem, UserError

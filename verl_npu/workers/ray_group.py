@@ -41,6 +41,10 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
+def _rendezvous_address() -> tuple[str, int]:
+    return _node_ip(), _free_port()
+
+
 class _WorkerHost:
     """Runs inside a Ray actor: sets up torch.distributed, then hosts one ActorRolloutRefWorker."""
 
@@ -108,10 +112,10 @@ class RayWorkerGroup(WorkerGroup):
                 f"trainer.n_gpus_per_node / trainer.nnodes or add nodes"
             )
         host_cls = ray.remote(_WorkerHost)
-        addr = ray.get(ray.remote(num_cpus=0)(_node_ip).options(
+        # the rendezvous lives on rank 0's node (which need not be this one): ask that node for a free port
+        addr, port = ray.get(ray.remote(num_cpus=0)(_rendezvous_address).options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=0)
         ).remote())
-        port = _free_port() if addr == _node_ip() else 29500
         container = OmegaConf.to_container(cfg, resolve=True)
         self.actors = [
             host_cls.options(
