@@ -362,3 +362,10 @@ def test_vllm_rollout_glue_with_stand_in_engine(monkeypatch, tmp_path):
     assert ("wake_up", ["weights"]) in log
     engine.close()
     assert not os.path.exists(sync_dir)
+
+
+def test_vision_markers_are_never_sampled():
+    kw, _ = vr.sampling_kwargs(SamplingParams(n=2), stop_token_ids=[7], banned_token_ids=[502, 503])
+    assert kw["logit_bias"] == {502: -100.0, 503: -100.0}
+    kw, _ = vr.sampling_kwargs(SamplingParams(n=2), stop_token_ids=[7])
+    assert "logit_bias" not in kw

@@ -42,7 +42,13 @@ import torch
 
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
-from verl_npu.rollout.base import RolloutEngine, SamplingParams, finish_rollout, stop_and_pad_ids
+from verl_npu.rollout.base import (
+    RolloutEngine,
+    SamplingParams,
+    finish_rollout,
+    stop_and_pad_ids,
+    vision_marker_ids,
+)
 
 log = logging.getLogger("verl_npu")
 
@@ -223,7 +229,9 @@ def engine_args_from_config(
 
 
 # ---------------------------------------------------------------------------- sampling
-def sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int] = ()) -> tuple[dict[str, Any], int]:
+def sampling_kwargs(
+    params: SamplingParams, stop_token_ids: Sequence[int] = (), banned_token_ids: Sequence[int] = ()
+) -> tuple[dict[str, Any], int]:
     """(`vllm.SamplingParams` keyword arguments, copies of each output) for `params`.
 
     Greedy decoding (do_sample false or temperature 0) asks vLLM for one sample (it rejects n>1
@@ -231,6 +239,7 @@ def sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int] = ()) 
     anyway. top_k <= 0 means "no top-k" and is left out, so each vLLM version's own "off" value
     applies (-1 in old releases, 0 in new ones). `logprobs=0` returns the sampled token's
     log-prob. `stop_token_ids` (the model's EOS ids) are only sent when EOS is not ignored.
+    `banned_token_ids` (image/video markers) get a -100 logit bias: never sampled.
     """
     kwargs: dict[str, Any] = dict(
         max_tokens=int(params.max_new_tokens),
@@ -240,6 +249,8 @@ def sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int] = ()) 
     )
     if not params.ignore_eos and stop_token_ids:
         kwargs["stop_token_ids"] = [int(t) for t in stop_token_ids]
+    if banned_token_ids:
+        kwargs["logit_bias"] = {int(t): -100.0 for t in banned_token_ids}
     if params.greedy:
         kwargs.update(n=1, temperature=0.0, top_p=1.0)
         return kwargs, int(params.n)
@@ -488,6 +499,7 @@ class VLLMRollout(RolloutEngine):
         config = getattr(module, "config", None)
         self.multimodal = processor is not None and config is not None and is_vision_language(config)
         self.image_token_id = getattr(config, "image_token_id", None) if config is not None else None
+        self.banned_ids = vision_marker_ids(config) if config is not None else []
         self.eos_ids, self.pad_id = stop_and_pad_ids(module, tokenizer)
 
         if engine_kwargs is None:
@@ -535,7 +547,7 @@ class VLLMRollout(RolloutEngine):
         self.wake_up()
         try:
             inputs = vllm_prompts(prompts["raw_prompt_ids"], prompts.get("multi_modal_data"), self.image_token_id)
-            kwargs, repeat = sampling_kwargs(params, self.eos_ids)
+            kwargs, repeat = sampling_kwargs(params, self.eos_ids, self.banned_ids)
             outputs = self.llm.generate(inputs, sampling_params=self._vllm.SamplingParams(**kwargs), use_tqdm=False)
         finally:
             if self.free_cache_engine:
