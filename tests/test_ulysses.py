@@ -141,6 +141,10 @@ def _compare_model(model, ids, pos, rank, inner: str) -> None:
     wrong = ulysses.gather_sequence(wrong.detach(), 1, group, pad)
     assert (wrong - ref_logits).abs().max() > 1e-3
 
+    # a KV cache would hold only this rank's tokens: refused with a clear message
+    with ulysses.sequence_parallel(group, global_pos, inner=inner), pytest.raises(ValueError, match="use_cache=False"):
+        model(input_ids=local_ids, position_ids=local_pos, use_cache=True)
+
 
 def _model_worker(rank: int, world: int, port: int, model_path: str) -> None:
     _init(rank, world, port)

@@ -20,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from verl_npu.errors import ConfigErrors, UserError
+from verl_npu.errors import ConfigErrors, UserError, run_command
 
 
 def _say(text: str = "") -> None:
@@ -241,14 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if hasattr(signal, "SIGPIPE"):  # `verl-npu show x | head` ends quietly, like any Unix tool
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    try:
-        return int(args.fn(args) or 0)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run_command(lambda: args.fn(args))
 
 
 if __name__ == "__main__":

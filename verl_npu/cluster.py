@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from verl_npu.errors import UserError
+from verl_npu.errors import UserError, run_command
 
 NODE_RANK_RESOURCE_PREFIX = "verl_npu_node_rank_"
 # Ray resource each worker of a device kind asks for (the device layer's `ray_resource`; CPU
@@ -368,14 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m verl_npu.cluster`; returns the exit code (1 on a UserError)."""
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.fn(args) or 0)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run_command(lambda: args.fn(args))
 
 
 if __name__ == "__main__":

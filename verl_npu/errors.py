@@ -6,7 +6,9 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import Any, Callable
 
 
 class UserError(Exception):
@@ -38,3 +40,16 @@ class ConfigErrors(UserError):
         lines = [f"{len(self.problems)} config problem(s){where}:"]
         lines += [f"  - {p}" for p in self.problems]
         super().__init__("\n".join(lines))
+
+
+def run_command(body: Callable[[], Any]) -> int:
+    """Run a command-line entry point: its exit code, or 1 with the message (no traceback) for a
+    UserError, or 130 on Ctrl-C. Every verl-npu command goes through here."""
+    try:
+        return int(body() or 0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
