@@ -57,14 +57,37 @@ def metrics(out: Path) -> dict[int, dict]:
     return {r["step"]: r for r in rows}
 
 
-@pytest.mark.slow
-def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path):
-    data = tmp_path / "data"
-    prepare_synthetic(data, n_train=12, n_test=4, seed=0, image_size=56)
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert run_training(load_recipe("tiny_geo3k", overrides(one, data, 1))) == 0
-    assert run_training(load_recipe("tiny_geo3k", overrides(two, data, 2))) == 0
+def text_data(folder: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} plus {i + 2}?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)},
+             "extra_info": {"split": "train", "index": i}} for i in range(12)]
+    for name in ("train", "test"):
+        pq.write_table(pa.Table.from_pylist(rows), folder / f"{name}.parquet")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sp", [1, 2], ids=["data-parallel", "ulysses-sp2"])
+def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path, tiny_lm_path, sp):
+    """sp=1: two data-parallel FSDP2 workers (VL model); sp=2: one Ulysses group of two workers
+    sharing each packed sequence (text model); both against one worker."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    if sp == 1:
+        data, model_path, extra = tmp_path / "data", tiny_vl_path, []
+        prepare_synthetic(data, n_train=12, n_test=4, seed=0, image_size=56)
+    else:
+        data, model_path = text_data(tmp_path / "data"), tiny_lm_path
+        extra = ["actor_rollout_ref.model.path=tiny://qwen2", "actor_rollout_ref.model.use_remove_padding=true",
+                 "data.max_prompt_length=32"]
+    ulysses = [f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}",
+               f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={sp}"]
+    assert run_training(load_recipe("tiny_geo3k", overrides(one, data, 1) + extra)) == 0
+    assert run_training(load_recipe("tiny_geo3k", overrides(two, data, 2) + extra + ulysses)) == 0
+    assert f"'data_parallel': {2 // sp}, 'ulysses_sp': {sp}" in (two / "logs" / "run.log").read_text()
     m1, m2 = metrics(one), metrics(two)
     assert sorted(m1) == sorted(m2) == [1, 2, 3]
     for step in m1:
@@ -80,7 +103,7 @@ def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path):
     w1 = load_file(str(ckpt1 / "huggingface" / "model.safetensors"))
     w2 = load_file(str(ckpt2 / "huggingface" / "model.safetensors"))
     assert set(w1) == set(w2), (set(w1) ^ set(w2))
-    initial = load_file(str(Path(tiny_vl_path) / "model.safetensors"))
+    initial = load_file(str(Path(model_path) / "model.safetensors"))
     # Adam divides by sqrt(v): on the rare elements whose gradient is nearly zero, float-level
     # differences in reduction order become visible (seen: at most ~6e-5 after 3 steps of lr 1e-3)
     for name in w1:

@@ -19,10 +19,9 @@ def test_demo_recipe_is_fully_supported():
     assert unsupported_by_trainer(load_recipe("tiny_geo3k")) == []
 
 
-def test_sequence_parallel_tensor_parallel_and_full_kl_in_reward_are_refused_by_name():
+def test_tensor_parallel_rollout_and_full_kl_in_reward_are_refused_by_name():
     rc = load_recipe("qwen25vl_geo3k_longseq", REQUIRED)
     found = keys(unsupported_by_trainer(rc))
-    assert "backend_config.actor_rollout_ref.actor.ulysses_sequence_parallel_size" in found
     assert "backend_config.actor_rollout_ref.rollout.tensor_model_parallel_size" in found
     rc = load_recipe("tiny_geo3k", ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full",
                                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"])
@@ -37,3 +36,25 @@ def test_total_steps_is_the_smaller_of_epochs_and_explicit_steps():
     assert total_steps(rc.backend, 32) == 50
     rc = load_recipe("tiny_geo3k", ["trainer.total_training_steps=500", "trainer.total_epochs=1"])
     assert total_steps(rc.backend, 32) == 32
+
+
+def test_reference_sequence_parallel_must_match_the_actor():
+    rc = load_recipe("tiny_geo3k", ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.use_remove_padding=true",
+                                    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                                    "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                                    "actor_rollout_ref.model.path=tiny://qwen2"])
+    [problem] = unsupported_by_trainer(rc)
+    assert problem.key.endswith("ref.ulysses_sequence_parallel_size") and "set both to 2" in problem.fix
+
+
+def test_ulysses_is_refused_for_vision_language_models_before_any_worker_starts(tiny_vl_path):
+    sp = ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.use_remove_padding=true",
+          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+          "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
+    problems = unsupported_by_trainer(load_recipe("tiny_geo3k", sp))
+    assert len(problems) == 1, [str(p) for p in problems]
+    [problem] = problems
+    assert problem.key.endswith("actor.ulysses_sequence_parallel_size") and "vision-language" in problem.message
+    assert unsupported_by_trainer(load_recipe("tiny_geo3k", sp + ["actor_rollout_ref.model.path=tiny://qwen2"])) == []

@@ -109,6 +109,7 @@ def response_log_probs(
     with_entropy: bool = False,
     remove_padding: bool = False,
     return_logits: bool = False,
+    sp_group=None,
 ):
     """log p(token_t | tokens_<t) for the last `response_length` positions of each row.
 
@@ -117,6 +118,11 @@ def response_log_probs(
     match the distribution the rollout sampled from). Returns (log_probs [N, R], entropy [N, R]
     or None), plus the temperature-scaled logits [N, R, V] as a third item when `return_logits`
     (for the exact "full" KL); positions under padding hold values that callers mask out.
+
+    `sp_group` (Ulysses sequence parallelism, padding-free path only): every rank of the group
+    passes the same rows; each runs the model on its 1/P slice of the packed tokens, attention
+    all-to-alls between them, and the logits are gathered back, so every rank returns the full
+    result. Gradients come out scaled by P, which cancels FSDP's average over the SP peers.
     """
     device = input_ids.device
     vt = VisionTokens.of(model)
@@ -138,9 +144,11 @@ def response_log_probs(
             packed_pos = torch.cat([text_pos.unsqueeze(0), positions[:, keep].unsqueeze(1)], dim=0)
         else:
             packed_pos = text_pos
-        extra = dict(mm)
-        out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False, **extra)
-        logits = out.logits[0] / temperature  # [T, V]
+        if sp_group is not None:
+            logits = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group) / temperature
+        else:
+            out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False, **mm)
+            logits = out.logits[0] / temperature  # [T, V]
         # A row's last real token "predicts" the next row's first token here; that position is
         # never read (responses end before it or it is padding), so no special case is needed.
         lp_flat = _token_log_probs(logits, targets[keep])
@@ -173,3 +181,31 @@ def response_log_probs(
     if return_logits:
         return log_probs, entropy, logits[:, start : length - 1]
     return log_probs, entropy
+
+
+def _sequence_parallel_logits(model, flat_ids, packed_pos, mm: dict, sp_group) -> torch.Tensor:
+    """Logits [T, V] of the packed sequence, computed by the SP group: this rank runs the model on
+    its 1/P slice of the tokens with Ulysses attention, and the slices are gathered back. Token ids
+    (not embeddings) are sharded so the embedding runs inside the model's own forward, where FSDP
+    gathers its weights."""
+    from verl_npu.models import ulysses
+
+    if mm:
+        raise UserError(
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1 is not implemented for "
+            "vision-language models yet; set it to 1"
+        )
+    p = ulysses.sp_size(sp_group)
+    local_ids, pad = ulysses.pad_and_shard(flat_ids, -1, sp_group)
+    # padding gets positions that restart at 0: a sequence of its own, never attended to by real tokens
+    pos_pad = torch.nn.functional.pad(packed_pos, (0, pad))
+    local_pos, _ = ulysses.pad_and_shard(pos_pad, -1, sp_group)
+    name = ulysses.register_ulysses_attention()
+    inner_impl = model.config.get_text_config()._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        with ulysses.sequence_parallel(sp_group, pos_pad, inner=inner_impl):
+            out = model(input_ids=local_ids, position_ids=local_pos, attention_mask=None, use_cache=False)
+    finally:
+        model.set_attn_implementation(inner_impl)
+    return ulysses.gather_sequence(out.logits, 1, sp_group, pad, grad_scale=float(p))[0]

@@ -43,14 +43,21 @@ def unsupported_by_trainer(rc) -> list:
     arr = cfg.actor_rollout_ref
     bc = "backend_config."
     problems = []
-    for role in ("actor", "ref"):
-        sp = int(arr[role].ulysses_sequence_parallel_size)
-        if sp > 1:
-            problems.append(Problem(
-                f"{bc}actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
-                f"is {sp}: verl-npu's trainer does not implement Ulysses sequence parallelism yet",
-                "set it to 1 (and lower data.max_response_length or use param/optimizer offload if memory is short)",
-            ))
+    actor_sp, ref_sp = int(arr.actor.ulysses_sequence_parallel_size), int(arr.ref.ulysses_sequence_parallel_size)
+    if actor_sp > 1 and _is_vision_language(arr.model):
+        problems.append(Problem(
+            f"{bc}actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+            f"is {actor_sp}: Ulysses sequence parallelism is implemented for text models, not yet for "
+            "vision-language ones",
+            "set actor/ref ulysses_sequence_parallel_size to 1 (lower data.max_response_length or turn on "
+            "param_offload if memory is short)",
+        ))
+    if ref_sp != actor_sp:
+        problems.append(Problem(
+            f"{bc}actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+            f"is {ref_sp} but the actor's is {actor_sp}: the reference model shares the actor's SP groups",
+            f"set both to {actor_sp}",
+        ))
     if cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_penalty == "full":
         problems.append(Problem(f"{bc}algorithm.kl_penalty", "'full' is not implemented for KL in the reward",
                                 "use kl, abs, mse or low_var_kl"))
@@ -75,6 +82,17 @@ def unsupported_by_trainer(rc) -> list:
             "set actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         ))
     return problems
+
+
+def _is_vision_language(model_cfg) -> bool:
+    """Whether the recipe's model is a vision-language one (False when its config cannot be read:
+    the workers then report the real problem)."""
+    from verl_npu.models.loading import is_vision_language, load_config
+
+    try:
+        return is_vision_language(load_config(model_cfg.path, trust_remote_code=bool(model_cfg.trust_remote_code)))
+    except (UserError, OSError, ValueError):
+        return False
 
 
 def build_workers(rc, total_training_steps: int):

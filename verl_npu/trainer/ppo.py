@@ -156,7 +156,7 @@ class PPOTrainer:
                 with timed("gen_max", timings):
                     batch.set("baseline_rewards", self.greedy_baseline(prompts))
             if cfg.trainer.balance_batch:
-                batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.world_size))
+                batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
             with timed("reward", timings):
                 self.score(batch)
             with timed("old_log_prob", timings):
@@ -263,8 +263,7 @@ class PPOTrainer:
         samples: list[str] = []
         for rows in self.val_loader.iterate_once() if hasattr(self.val_loader, "iterate_once") else self.val_loader:
             prompts = batch_from_rows(rows)
-            world = self.workers.world_size
-            pad = (-len(prompts)) % world  # every rank needs a chunk of equal size
+            pad = (-len(prompts)) % self.workers.dp_size  # every data-parallel rank needs an equal chunk
             if pad:
                 prompts = Batch.concat([prompts, prompts.select([0] * pad)])
             batch = self.workers.generate_sequences(prompts, self.val_sampling)

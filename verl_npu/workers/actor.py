@@ -83,12 +83,25 @@ class ActorRolloutRefWorker:
             self.ref_module = parallel.shard_module(
                 ref, cfg.actor_rollout_ref.ref.fsdp_config, self.world_size, param_dtype=compute_dtype
             )
+        sp = int(actor_cfg.ulysses_sequence_parallel_size)
+        self.sp_group, self.dp_rank, self.dp_size = parallel.sequence_parallel_group(self.world_size, sp)
+        if self.sp_group is not None:
+            from verl_npu.models.ulysses import check_heads
+
+            problem = check_heads(self.module.config, sp)
+            if problem:
+                raise UserError(f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}: {problem}")
         self.optimizer = build_optimizer(
             [p for p in self.module.parameters() if p.requires_grad], actor_cfg.optim
         )
         self.lr_scheduler = build_lr_scheduler(self.optimizer, actor_cfg.optim, self.total_training_steps)
         self.rollout = self._build_rollout()
-        return {"num_params": sum(p.numel() for p in self.module.parameters()), "compute_dtype": str(compute_dtype)}
+        return {
+            "num_params": sum(p.numel() for p in self.module.parameters()),
+            "compute_dtype": str(compute_dtype),
+            "data_parallel": self.dp_size,
+            "ulysses_sp": self.world_size // self.dp_size if self.sp_group is not None else 1,
+        }
 
     def _autocast(self):
         """Compute-dtype autocast for a single unsharded worker (FSDP2 casts by itself)."""
@@ -135,6 +148,7 @@ class ActorRolloutRefWorker:
                             temperature=temperature,
                             with_entropy=with_entropy,
                             remove_padding=remove_padding,
+                            sp_group=self.sp_group,
                         )
                     log_probs.append(lp.cpu())
                     if ent is not None:
@@ -168,7 +182,7 @@ class ActorRolloutRefWorker:
         cfg = self.cfg
         actor_cfg = cfg.actor_rollout_ref.actor
         n = int(cfg.actor_rollout_ref.rollout.n)
-        mini_rows = int(actor_cfg.ppo_mini_batch_size) * n // self.world_size
+        mini_rows = int(actor_cfg.ppo_mini_batch_size) * n // self.dp_size
         if actor_cfg.use_dynamic_bsz:
             micro = {"max_token_len": int(actor_cfg.ppo_max_token_len_per_gpu)}
         else:
@@ -190,16 +204,18 @@ class ActorRolloutRefWorker:
             for mini_start in range(0, len(batch), mini_rows):
                 mini = batch.select(order[mini_start : mini_start + mini_rows])
                 # global counts make micro-batch losses add up to the mini-batch loss (and across ranks)
+                # (SP peers hold the same rows: each shard is counted sp times by the world sum)
+                sp = self.world_size // self.dp_size
                 global_tokens = parallel.all_reduce_sum(
                     float(mini["response_mask"].sum()), self.world_size, self.torch_device
-                )
+                ) / sp
                 global_seqs = parallel.all_reduce_sum(
                     float((mini["response_mask"].sum(1) > 0).sum()), self.world_size, self.torch_device
-                )
+                ) / sp
                 agg = dict(
                     global_tokens=global_tokens,
                     global_seqs=global_seqs,
-                    dp_size=self.world_size,
+                    dp_size=self.dp_size,
                     loss_scale_factor=response_length,
                 )
                 self.optimizer.zero_grad(set_to_none=True)
@@ -210,6 +226,7 @@ class ActorRolloutRefWorker:
                         multi_modal_inputs=part.get("multi_modal_inputs"),
                         temperature=temperature,
                         remove_padding=remove_padding,
+                        sp_group=self.sp_group,
                     )
                     full_kl = use_kl_loss and actor_cfg.kl_loss_type == "full"
                     with self._autocast():
@@ -259,7 +276,7 @@ class ActorRolloutRefWorker:
                         stats["actor/kl_coef"] = float(actor_cfg.kl_loss_coef)
                     loss.backward()
                     # losses are already scaled to their share of the mini-batch: sum them
-                    share = float(mask.sum()) / max(global_tokens / self.world_size, 1.0)
+                    share = float(mask.sum()) / max(global_tokens / self.dp_size, 1.0)
                     for key, value in stats.items():
                         value = float(value.detach()) if torch.is_tensor(value) else float(value)
                         summed = key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss")

@@ -17,6 +17,12 @@ from verl_npu.batch import Batch
 
 class WorkerGroup(ABC):
     world_size: int = 1
+    sp_size: int = 1  # Ulysses: ranks [i*sp, (i+1)*sp) hold the same data shard
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel size: how many different shards a batch is split into."""
+        return self.world_size // self.sp_size
 
     @abstractmethod
     def broadcast(self, method: str, *args, **kwargs) -> list[Any]:
@@ -26,9 +32,14 @@ class WorkerGroup(ABC):
     def scatter(self, method: str, chunks: list[Batch], *args, **kwargs) -> list[Any]:
         """Call `method` on worker r with chunks[r]; results in rank order."""
 
+    def _shards(self, batch: Batch) -> list[Batch]:
+        """One chunk per rank: equal data-parallel chunks, each repeated for its SP group."""
+        chunks = batch.chunk(self.dp_size)
+        return [chunks[rank // self.sp_size] for rank in range(self.world_size)]
+
     def dispatch(self, method: str, batch: Batch, *args, **kwargs) -> Batch:
-        results = self.scatter(method, batch.chunk(self.world_size), *args, **kwargs)
-        return Batch.concat(results)
+        results = self.scatter(method, self._shards(batch), *args, **kwargs)
+        return Batch.concat(results[:: self.sp_size])  # SP peers return the same rows
 
     # ---- the worker API, spelled out for readers of the trainer ----------------------------
     def init_model(self) -> dict:
@@ -44,7 +55,7 @@ class WorkerGroup(ABC):
         return self.dispatch("compute_ref_log_prob", batch)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        per_rank = self.scatter("update_actor", batch.chunk(self.world_size))
+        per_rank = self.scatter("update_actor", self._shards(batch))
         keys = per_rank[0].keys()
         return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
 

@@ -61,6 +61,22 @@ def shard_module(
     return module
 
 
+def sequence_parallel_group(world_size: int, sp: int):
+    """The Ulysses group of this rank: consecutive ranks [i*sp, (i+1)*sp) share one data shard.
+    Returns (group or None, data-parallel rank, data-parallel size). Every rank creates every
+    group (torch.distributed requires it)."""
+    if sp <= 1 or not is_distributed(world_size):
+        rank = dist.get_rank() if is_distributed(world_size) else 0
+        return None, rank, world_size
+    rank = dist.get_rank()
+    mine = None
+    for start in range(0, world_size, sp):
+        group = dist.new_group(list(range(start, start + sp)))
+        if start <= rank < start + sp:
+            mine = group
+    return mine, rank // sp, world_size // sp
+
+
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     return module  # FSDP2 shards in place: the module keeps its own class and methods
 

@@ -86,6 +86,7 @@ class RayWorkerGroup(WorkerGroup):
 
         cfg = rc.backend
         self.world_size = rc.world_size
+        self.sp_size = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
         self.last_checkpoint_dir = str(cfg.trainer.default_local_dir)
         device = detect_device(cfg.trainer.device)
         self._started_ray = False
