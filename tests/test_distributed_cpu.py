@@ -71,13 +71,15 @@ def text_data(folder: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sp", [1, 2], ids=["data-parallel", "ulysses-sp2"])
-def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path, tiny_lm_path, sp):
-    """sp=1: two data-parallel FSDP2 workers (VL model); sp=2: one Ulysses group of two workers
-    sharing each packed sequence (text model); both against one worker."""
+@pytest.mark.parametrize("sp, vision", [(1, True), (2, True), (2, False)],
+                         ids=["data-parallel", "ulysses-sp2-vl", "ulysses-sp2-text"])
+def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path, tiny_lm_path, sp, vision):
+    """sp=1: two data-parallel FSDP2 workers; sp=2: one Ulysses group of two workers sharing each
+    packed sequence; each against one worker."""
     one, two = tmp_path / "one", tmp_path / "two"
-    if sp == 1:
-        data, model_path, extra = tmp_path / "data", tiny_vl_path, []
+    if vision:
+        data, model_path = tmp_path / "data", tiny_vl_path
+        extra = ["actor_rollout_ref.model.use_remove_padding=true"] if sp > 1 else []
         prepare_synthetic(data, n_train=12, n_test=4, seed=0, image_size=56)
     else:
         data, model_path = text_data(tmp_path / "data"), tiny_lm_path

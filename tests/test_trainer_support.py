@@ -48,13 +48,10 @@ def test_reference_sequence_parallel_must_match_the_actor():
     assert problem.key.endswith("ref.ulysses_sequence_parallel_size") and "set both to 2" in problem.fix
 
 
-def test_ulysses_is_refused_for_vision_language_models_before_any_worker_starts(tiny_vl_path):
+def test_ulysses_is_accepted_for_text_and_vision_language_models():
     sp = ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.use_remove_padding=true",
           "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
           "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
-    problems = unsupported_by_trainer(load_recipe("tiny_geo3k", sp))
-    assert len(problems) == 1, [str(p) for p in problems]
-    [problem] = problems
-    assert problem.key.endswith("actor.ulysses_sequence_parallel_size") and "vision-language" in problem.message
+    assert unsupported_by_trainer(load_recipe("tiny_geo3k", sp)) == []
     assert unsupported_by_trainer(load_recipe("tiny_geo3k", sp + ["actor_rollout_ref.model.path=tiny://qwen2"])) == []

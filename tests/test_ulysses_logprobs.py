@@ -1,4 +1,4 @@
-"""`response_log_probs` with Ulysses SP=2 (2 gloo processes) equals SP=1 (text models; VL + SP is refused)."""
+"""`response_log_probs` with Ulysses SP=2 (2 gloo processes) equals SP=1, for a text and a VL model."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _inputs(path: str, vision: bool):
             "weights": torch.randn(3, R, generator=gen) * resp_mask}
 
 
-@pytest.mark.parametrize("vision", [False], ids=["text"])
+@pytest.mark.parametrize("vision", [False, True], ids=["text", "vl"])
 def test_sequence_parallel_log_probs_and_grads_match(tmp_path, tiny_lm_path, tiny_vl_path, vision):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 

@@ -183,29 +183,43 @@ def response_log_probs(
     return log_probs, entropy
 
 
+def _decoder(model):
+    """The module that turns token ids / embeddings into hidden states (the language model)."""
+    inner = getattr(model, "model", model)
+    return getattr(inner, "language_model", inner)
+
+
 def _sequence_parallel_logits(model, flat_ids, packed_pos, mm: dict, sp_group) -> torch.Tensor:
-    """Logits [T, V] of the packed sequence, computed by the SP group: this rank runs the model on
-    its 1/P slice of the tokens with Ulysses attention, and the slices are gathered back. Token ids
-    (not embeddings) are sharded so the embedding runs inside the model's own forward, where FSDP
-    gathers its weights."""
+    """Logits [T, V] of the packed sequence, computed by the SP group.
+
+    The model runs as usual on the whole packed row (embeddings and image features are made inside
+    its own forward, where FSDP gathers their weights); a hook hands the decoder only this rank's
+    1/P slice of the tokens and positions, Ulysses attention all-to-alls between the ranks, and the
+    logits of the slices are gathered back."""
     from verl_npu.models import ulysses
 
-    if mm:
-        raise UserError(
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1 is not implemented for "
-            "vision-language models yet; set it to 1"
-        )
     p = ulysses.sp_size(sp_group)
-    local_ids, pad = ulysses.pad_and_shard(flat_ids, -1, sp_group)
+    pad = (-flat_ids.shape[-1]) % p
     # padding gets positions that restart at 0: a sequence of its own, never attended to by real tokens
     pos_pad = torch.nn.functional.pad(packed_pos, (0, pad))
-    local_pos, _ = ulysses.pad_and_shard(pos_pad, -1, sp_group)
+
+    def shard_inputs(module, args, kwargs):
+        for key in ("input_ids", "inputs_embeds"):
+            if kwargs.get(key) is not None:
+                kwargs[key], _ = ulysses.pad_and_shard(kwargs[key], 1, sp_group)
+        kwargs["position_ids"], _ = ulysses.pad_and_shard(kwargs["position_ids"], -1, sp_group)
+        return args, kwargs
+
     name = ulysses.register_ulysses_attention()
-    inner_impl = model.config.get_text_config()._attn_implementation
-    model.set_attn_implementation(name)
+    text_cfg = model.config.get_text_config()
+    inner_impl = text_cfg._attn_implementation
+    composite = text_cfg is not model.config
+    hook = _decoder(model).register_forward_pre_hook(shard_inputs, with_kwargs=True)
+    model.set_attn_implementation({"text_config": name} if composite else name)
     try:
         with ulysses.sequence_parallel(sp_group, pos_pad, inner=inner_impl):
-            out = model(input_ids=local_ids, position_ids=local_pos, attention_mask=None, use_cache=False)
+            out = model(input_ids=flat_ids, position_ids=pos_pad, attention_mask=None, use_cache=False, **mm)
     finally:
-        model.set_attn_implementation(inner_impl)
+        hook.remove()
+        model.set_attn_implementation({"text_config": inner_impl} if composite else inner_impl)
     return ulysses.gather_sequence(out.logits, 1, sp_group, pad, grad_scale=float(p))[0]

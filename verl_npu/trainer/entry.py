@@ -44,14 +44,6 @@ def unsupported_by_trainer(rc) -> list:
     bc = "backend_config."
     problems = []
     actor_sp, ref_sp = int(arr.actor.ulysses_sequence_parallel_size), int(arr.ref.ulysses_sequence_parallel_size)
-    if actor_sp > 1 and _is_vision_language(arr.model):
-        problems.append(Problem(
-            f"{bc}actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-            f"is {actor_sp}: Ulysses sequence parallelism is implemented for text models, not yet for "
-            "vision-language ones",
-            "set actor/ref ulysses_sequence_parallel_size to 1 (lower data.max_response_length or turn on "
-            "param_offload if memory is short)",
-        ))
     if ref_sp != actor_sp:
         problems.append(Problem(
             f"{bc}actor_rollout_ref.ref.ulysses_sequence_parallel_size",
@@ -82,17 +74,6 @@ def unsupported_by_trainer(rc) -> list:
             "set actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         ))
     return problems
-
-
-def _is_vision_language(model_cfg) -> bool:
-    """Whether the recipe's model is a vision-language one (False when its config cannot be read:
-    the workers then report the real problem)."""
-    from verl_npu.models.loading import is_vision_language, load_config
-
-    try:
-        return is_vision_language(load_config(model_cfg.path, trust_remote_code=bool(model_cfg.trust_remote_code)))
-    except (UserError, OSError, ValueError):
-        return False
 
 
 def build_workers(rc, total_training_steps: int):
