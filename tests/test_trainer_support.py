@@ -55,3 +55,12 @@ def test_ulysses_is_accepted_for_text_and_vision_language_models():
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
     assert unsupported_by_trainer(load_recipe("tiny_geo3k", sp)) == []
     assert unsupported_by_trainer(load_recipe("tiny_geo3k", sp + ["actor_rollout_ref.model.path=tiny://qwen2"])) == []
+
+
+def test_validate_warns_about_what_run_would_refuse(capsys):
+    from verl_npu.cli import main
+
+    assert main(["validate", "qwen25vl_geo3k", *REQUIRED]) == 0
+    err = capsys.readouterr().err
+    assert "verl-npu run will refuse backend_config.actor_rollout_ref.rollout.tensor_model_parallel_size" in err
+    assert "fix: set actor_rollout_ref.rollout.tensor_model_parallel_size=1" in err
