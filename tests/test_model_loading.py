@@ -15,24 +15,20 @@ from verl_npu.errors import UserError
 from verl_npu.models import loading, tiny
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("verl_npu_cache")
-
-
+# the session's tiny models (tests/conftest.py): built once for the whole test run
 @pytest.fixture(autouse=True)
-def _tiny_cache(cache_dir, monkeypatch):
-    monkeypatch.setenv("VERL_NPU_CACHE", str(cache_dir))
+def _tiny_cache(tiny_cache, monkeypatch):
+    monkeypatch.setenv("VERL_NPU_CACHE", str(tiny_cache))
 
 
-@pytest.fixture(scope="module")
-def vl_dir(cache_dir) -> Path:
-    return tiny.materialize("tiny://qwen25vl", cache_dir=cache_dir)
+@pytest.fixture
+def vl_dir(tiny_vl_path) -> Path:
+    return Path(tiny_vl_path)
 
 
-@pytest.fixture(scope="module")
-def text_dir(cache_dir) -> Path:
-    return tiny.materialize("tiny://qwen2", cache_dir=cache_dir)
+@pytest.fixture
+def text_dir(tiny_lm_path) -> Path:
+    return Path(tiny_lm_path)
 
 
 def _copy(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> Path:
