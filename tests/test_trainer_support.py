@@ -64,3 +64,31 @@ def test_validate_warns_about_what_run_would_refuse(capsys):
     err = capsys.readouterr().err
     assert "verl-npu run will refuse backend_config.actor_rollout_ref.rollout.tensor_model_parallel_size" in err
     assert "fix: set actor_rollout_ref.rollout.tensor_model_parallel_size=1" in err
+
+
+def test_out_of_memory_in_a_worker_becomes_advice(monkeypatch, tmp_path):
+    """A device OOM (here raised by the actor update, wrapped as a worker failure) ends the run with
+    the settings to lower and where the intact checkpoint is, not a traceback."""
+    import pytest
+    import torch
+
+    from verl_npu.errors import UserError
+    from verl_npu.trainer import entry
+    from verl_npu.workers.group import LocalWorkerGroup
+
+    def failing_update(self, batch):
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        except torch.OutOfMemoryError as oom:
+            raise RuntimeError("worker rank 0 failed") from oom
+
+    monkeypatch.setattr(LocalWorkerGroup, "update_actor", failing_update)
+    rc = load_recipe("tiny_geo3k", [f"af_output_dir={tmp_path / 'out'}", "trainer.total_training_steps=1",
+                                    "trainer.test_freq=-1", "trainer.logger=[console]",
+                                    f"data.train_files={tmp_path / 'd' / 'train.parquet'}",
+                                    f"data.val_files={tmp_path / 'd' / 'test.parquet'}"])
+    from verl_npu.data.geometry3k import prepare_synthetic
+
+    prepare_synthetic(tmp_path / "d", 16, 4, seed=0, image_size=56)
+    with pytest.raises(UserError, match="ran out of memory.*ppo_micro_batch_size_per_gpu.*resume_mode=auto"):
+        entry.run_training(rc)

@@ -162,8 +162,11 @@ def run_training(rc) -> int:
                     "in %s is intact; rerun the same command to resume.", checkpoints.root)
         return 130
     except Exception as exc:  # noqa: BLE001 - turn device OOM into advice, re-raise the rest
-        if device.is_oom_error(exc):
-            raise UserError(_oom_advice(rc)) from exc
+        cause = exc
+        while cause is not None:  # a worker's OOM arrives wrapped in the worker group's error
+            if device.is_oom_error(cause):
+                raise UserError(_oom_advice(rc)) from exc
+            cause = cause.__cause__
         raise
     finally:
         tracker.close()
