@@ -261,7 +261,7 @@ class PPOTrainer:
         per_source: dict[str, list[float]] = {}
         extras_per_source: dict[str, dict[str, list[float]]] = {}
         samples: list[str] = []
-        for rows in self.val_loader.iterate_once() if hasattr(self.val_loader, "iterate_once") else self.val_loader:
+        for rows in self.val_loader:  # one pass: the loader yields one epoch per iteration
             prompts = batch_from_rows(rows)
             pad = (-len(prompts)) % self.workers.dp_size  # every data-parallel rank needs an equal chunk
             if pad:
