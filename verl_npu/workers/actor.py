@@ -187,13 +187,6 @@ class ActorRolloutRefWorker:
             micro = {"max_token_len": int(actor_cfg.ppo_max_token_len_per_gpu)}
         else:
             micro = {"micro_batch_size": int(actor_cfg.ppo_micro_batch_size_per_gpu or 1)}
-        temperature = float(cfg.actor_rollout_ref.rollout.temperature)
-        remove_padding = bool(cfg.actor_rollout_ref.model.use_remove_padding)
-        clip_low = actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else actor_cfg.clip_ratio
-        clip_high = actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else actor_cfg.clip_ratio
-        mode = actor_cfg.loss_agg_mode
-        entropy_coeff = float(actor_cfg.entropy_coeff)
-        use_kl_loss = bool(actor_cfg.use_kl_loss)
         response_length = batch["responses"].shape[1]
 
         sums: dict[str, list[float]] = {}
@@ -222,58 +215,7 @@ class ActorRolloutRefWorker:
                 for idx in micro_batch_indices(mini["attention_mask"], **micro):
                     part = trim_left_padding(mini.select(idx)).to(self.torch_device)
                     mask = part["response_mask"].float()
-                    forward = dict(
-                        multi_modal_inputs=part.get("multi_modal_inputs"),
-                        temperature=temperature,
-                        remove_padding=remove_padding,
-                        sp_group=self.sp_group,
-                    )
-                    full_kl = use_kl_loss and actor_cfg.kl_loss_type == "full"
-                    with self._autocast():
-                        # entropy is logged as actor/entropy even when it is not in the loss
-                        out = response_log_probs(
-                            self.module, part["input_ids"], part["attention_mask"], response_length,
-                            with_entropy=True, return_logits=full_kl, **forward,
-                        )
-                        log_prob, entropy = out[0], out[1]
-                        kl_inputs = {}
-                        if full_kl:  # the exact KL needs both whole distributions at every position
-                            with torch.no_grad():
-                                ref_out = response_log_probs(
-                                    self.ref_module, part["input_ids"], part["attention_mask"], response_length,
-                                    return_logits=True, **forward,
-                                )
-                            kl_inputs = {"logits": out[2], "ref_logits": ref_out[2]}
-                    pg = algorithms.ppo_policy_loss(
-                        log_prob,
-                        part["old_log_probs"],
-                        part["advantages"],
-                        mask,
-                        clip_ratio_low=float(clip_low),
-                        clip_ratio_high=float(clip_high),
-                        clip_ratio_c=float(actor_cfg.clip_ratio_c),
-                        loss_agg_mode=mode,
-                        **agg,
-                    )
-                    loss = pg["pg_loss"]
-                    entropy_loss = algorithms.agg_loss(entropy, mask, mode, **agg)
-                    if entropy_coeff:
-                        loss = loss - entropy_coeff * entropy_loss
-                    stats = {
-                        "actor/pg_loss": pg["pg_loss"],
-                        "actor/entropy": entropy_loss,
-                        "actor/pg_clipfrac": pg["pg_clipfrac"],
-                        "actor/pg_clipfrac_lower": pg["pg_clipfrac_lower"],
-                        "actor/ppo_kl": pg["ppo_kl"],
-                    }
-                    if use_kl_loss:
-                        kl = algorithms.kl_penalty(
-                            log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type, **kl_inputs
-                        )
-                        kl_loss = algorithms.agg_loss(kl, mask, mode, **agg)
-                        loss = loss + float(actor_cfg.kl_loss_coef) * kl_loss
-                        stats["actor/kl_loss"] = kl_loss
-                        stats["actor/kl_coef"] = float(actor_cfg.kl_loss_coef)
+                    loss, stats = self._micro_batch_loss(part, mask, response_length, agg)
                     loss.backward()
                     # losses are already scaled to their share of the mini-batch: sum them
                     share = float(mask.sum()) / max(global_tokens / self.dp_size, 1.0)
@@ -301,6 +243,67 @@ class ActorRolloutRefWorker:
         mem = self.device.memory()
         metrics["actor/perf/max_memory_allocated_gb"] = float(mem.get("peak_gb", 0.0))
         return metrics
+
+
+    def _micro_batch_loss(self, part: Batch, mask: torch.Tensor, response_length: int, agg: dict):
+        """The PPO loss of one micro-batch (already scaled to its share of the mini-batch through the
+        global counts in `agg`): clipped policy loss - entropy_coeff x entropy + kl_loss_coef x KL."""
+        cfg = self.cfg
+        actor_cfg = cfg.actor_rollout_ref.actor
+        mode = actor_cfg.loss_agg_mode
+        use_kl_loss = bool(actor_cfg.use_kl_loss)
+        full_kl = use_kl_loss and actor_cfg.kl_loss_type == "full"
+        forward = dict(
+            multi_modal_inputs=part.get("multi_modal_inputs"),
+            temperature=float(cfg.actor_rollout_ref.rollout.temperature),
+            remove_padding=bool(cfg.actor_rollout_ref.model.use_remove_padding),
+            sp_group=self.sp_group,
+        )
+        with self._autocast():
+            # entropy is logged as actor/entropy even when it is not in the loss
+            out = response_log_probs(
+                self.module, part["input_ids"], part["attention_mask"], response_length,
+                with_entropy=True, return_logits=full_kl, **forward,
+            )
+            log_prob, entropy = out[0], out[1]
+            kl_inputs = {}
+            if full_kl:  # the exact KL needs both whole distributions at every position
+                with torch.no_grad():
+                    ref_out = response_log_probs(
+                        self.ref_module, part["input_ids"], part["attention_mask"], response_length,
+                        return_logits=True, **forward,
+                    )
+                kl_inputs = {"logits": out[2], "ref_logits": ref_out[2]}
+        clip = actor_cfg.clip_ratio
+        pg = algorithms.ppo_policy_loss(
+            log_prob,
+            part["old_log_probs"],
+            part["advantages"],
+            mask,
+            clip_ratio_low=float(actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else clip),
+            clip_ratio_high=float(actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else clip),
+            clip_ratio_c=float(actor_cfg.clip_ratio_c),
+            loss_agg_mode=mode,
+            **agg,
+        )
+        loss = pg["pg_loss"]
+        entropy_loss = algorithms.agg_loss(entropy, mask, mode, **agg)
+        if actor_cfg.entropy_coeff:
+            loss = loss - float(actor_cfg.entropy_coeff) * entropy_loss
+        stats = {
+            "actor/pg_loss": pg["pg_loss"],
+            "actor/entropy": entropy_loss,
+            "actor/pg_clipfrac": pg["pg_clipfrac"],
+            "actor/pg_clipfrac_lower": pg["pg_clipfrac_lower"],
+            "actor/ppo_kl": pg["ppo_kl"],
+        }
+        if use_kl_loss:
+            kl = algorithms.kl_penalty(log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type, **kl_inputs)
+            kl_loss = algorithms.agg_loss(kl, mask, mode, **agg)
+            loss = loss + float(actor_cfg.kl_loss_coef) * kl_loss
+            stats["actor/kl_loss"] = kl_loss
+            stats["actor/kl_coef"] = float(actor_cfg.kl_loss_coef)
+        return loss, stats
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, actor_dir: str, save_hf: bool = True) -> None:
