@@ -17,14 +17,9 @@ DEMO_TRAIN_ROWS = 512
 DEMO_TEST_ROWS = 64
 
 
-def _files(value) -> list[str]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else [str(v) for v in value]
-
-
 def prepare_assets(rc) -> list[str]:
     """Make what a demo recipe needs; returns a line per thing made."""
+    from verl_npu.data import as_file_list
     from verl_npu.models.tiny import is_tiny_uri
 
     data = rc.backend.data
@@ -32,7 +27,7 @@ def prepare_assets(rc) -> list[str]:
     if not is_tiny_uri(model_path):
         return []
     made = []
-    train, val = _files(data.train_files), _files(data.val_files)
+    train, val = as_file_list(data.train_files), as_file_list(data.val_files)
     if any(not Path(f).exists() for f in train + val):
         if len(train) != 1 or len(val) != 1 or Path(train[0]).parent != Path(val[0]).parent:
             return made

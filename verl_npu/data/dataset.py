@@ -94,7 +94,7 @@ class DataSettings:
         return s
 
 
-def _as_file_list(files: Any) -> list[str]:
+def as_file_list(files: Any) -> list[str]:
     if isinstance(files, (str, os.PathLike)):
         return [str(files)]
     try:
@@ -160,7 +160,7 @@ class RLDataset:
         self.tokenizer = tokenizer
         self.processor = processor
         self.settings = DataSettings.from_cfg(data_cfg)
-        self.files = _as_file_list(files)
+        self.files = as_file_list(files)
         if not self.files:
             raise UserError("no data files given (data.train_files / data.val_files is empty)")
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

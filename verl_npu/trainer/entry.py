@@ -6,8 +6,6 @@ import logging
 import math
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from verl_npu.errors import UserError
 
 log = logging.getLogger("verl_npu")
@@ -118,7 +116,7 @@ def run_training(rc) -> int:
         trust_remote_code=bool(cfg.actor_rollout_ref.model.trust_remote_code),
         custom_chat_template=cfg.actor_rollout_ref.model.get("custom_chat_template"),
     )
-    train_set = RLDataset(_as_list(cfg.data.train_files), tokenizer, processor, cfg.data)
+    train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data)
     train_loader = StatefulBatchLoader(
         train_set, int(cfg.data.train_batch_size), bool(cfg.data.shuffle), int(cfg.data.seed), drop_last=True
     )
@@ -129,7 +127,7 @@ def run_training(rc) -> int:
         )
     val_loader = None
     if cfg.data.val_files and (int(cfg.trainer.test_freq) > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only):
-        val_set = RLDataset(_as_list(cfg.data.val_files), tokenizer, processor, cfg.data)
+        val_set = RLDataset(cfg.data.val_files, tokenizer, processor, cfg.data)
         val_batch = min(len(val_set), 256)
         val_loader = StatefulBatchLoader(
             val_set, val_batch, bool(cfg.data.validation_shuffle), int(cfg.data.seed), drop_last=False
@@ -176,10 +174,3 @@ def run_training(rc) -> int:
              f"{score:.3f}" if score is not None and math.isfinite(score) else "n/a", out_dir)
     return 0
 
-
-def _as_list(files) -> list[str]:
-    if files is None:
-        return []
-    if isinstance(files, str):
-        return [files]
-    return [str(f) for f in OmegaConf.to_container(files)] if not isinstance(files, list) else [str(f) for f in files]

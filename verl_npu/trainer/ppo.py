@@ -107,14 +107,13 @@ class PPOTrainer:
     def fit(self, resume_from: Path | None = None) -> dict[str, float]:
         trainer_cfg = self.cfg.trainer
         self.resume(resume_from)
-        last_val: dict[str, float] = {}
         # a resumed run already logged its validation at this step: validating again would add a row
         fresh = self.global_step == 0
         if self.val_loader is not None and (trainer_cfg.val_only or (trainer_cfg.val_before_train and fresh)):
-            last_val = self.validate()
-            self.tracker.log(last_val, step=self.global_step)
+            val_metrics = self.validate()
+            self.tracker.log(val_metrics, step=self.global_step)
             if trainer_cfg.val_only:
-                return last_val
+                return val_metrics
         progress = ProgressBar(total=self.total_training_steps, initial=self.global_step)
         metrics: dict[str, float] = {}
         save_timing: dict[str, float] = {}  # reported in the row of the step after the save
@@ -126,8 +125,7 @@ class PPOTrainer:
                     is_last = self.global_step >= self.total_training_steps
                     test_freq = int(trainer_cfg.test_freq)
                     if self.val_loader is not None and test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
-                        last_val = self.validate()
-                        metrics.update(last_val)
+                        metrics.update(self.validate())
                     if save_timing:
                         metrics["timing_s/save_checkpoint"] = save_timing.pop("save_checkpoint")
                     # the row is written before the checkpoint: a crash in between never loses a row

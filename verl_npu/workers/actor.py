@@ -326,7 +326,7 @@ class ActorRolloutRefWorker:
 
     def _export_hf(self, out_dir: Path, state_dict: dict) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        inner = parallel.unwrap(self.module)
+        inner = self.module  # FSDP2 shards in place: the module keeps its class and save_pretrained
         # tied weights (lm_head = embeddings) are stored once, as transformers itself does; a gathered
         # FSDP state dict holds them as two separate tensors
         tied = getattr(inner, "all_tied_weights_keys", None) or {}

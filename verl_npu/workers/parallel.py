@@ -77,10 +77,6 @@ def sequence_parallel_group(world_size: int, sp: int):
     return mine, rank // sp, world_size // sp
 
 
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    return module  # FSDP2 shards in place: the module keeps its own class and methods
-
-
 def all_reduce_sum(value: float, world_size: int, device: torch.device | str = "cpu") -> float:
     """Sum of `value` over ranks (hccl / nccl need the tensor on the rank's device)."""
     if not is_distributed(world_size):
