@@ -18,6 +18,9 @@ FILLED = [
     "actor_rollout_ref.model.path=/models/Qwen2.5-VL-7B-Instruct",
 ]
 A = "backend_config.actor_rollout_ref."
+A_RO = "actor_rollout_ref.rollout."
+# prompt + response = 512: rollout.max_num_batched_tokens=512 passes the length rule, not vLLM's max_num_seqs rule
+SHORT = ["data.max_prompt_length=256", "data.max_response_length=256"]
 
 # (overrides, full key that must be named, fragment of the message)
 BROKEN = [
@@ -98,7 +101,19 @@ BROKEN = [
      "backend_config.trainer.resume_from_path", "global_step_N"),
     # parallel sizes
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], A + "rollout.tensor_model_parallel_size",
-     "does not divide the 8 devices"),
+     "not one of 1, 2, 4, 8"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=16", "trainer.n_gpus_per_node=16"],
+     A + "rollout.tensor_model_parallel_size", "not one of 1, 2, 4, 8"),
+    # 4 divides the 8 devices, but not the 2 of one node: a TP group would span nodes
+    (["trainer.nnodes=4", "trainer.n_gpus_per_node=2"], A + "rollout.tensor_model_parallel_size",
+     "does not divide trainer.n_gpus_per_node=2"),
+    # 2 prompts x n=4 fill the 8 devices, but TP 1 means 8 rollout groups for 2 prompts (TP 2: 4 groups)
+    (["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=1"], "backend_config.data.train_batch_size",
+     "over the 8 rollout groups"),
+    (["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "backend_config.data.train_batch_size",
+     "multiple of 4"),
     (["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
      A + "rollout.tensor_model_parallel_size", "hf rollout"),
     (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=3"], A + "actor.ulysses_sequence_parallel_size",
@@ -113,6 +128,35 @@ BROKEN = [
     (["actor_rollout_ref.rollout.max_model_len=1000"], A + "rollout.max_model_len", "below"),
     (["actor_rollout_ref.rollout.response_length=7"], A + "rollout.response_length", "differs"),
     (["data.min_pixels=2000000"], "backend_config.data.min_pixels", "above max_pixels"),
+    # vLLM engine arguments that vLLM refuses at engine start (engine_kwargs.vllm entries win)
+    (SHORT + [A_RO + "max_num_batched_tokens=512"], A + "rollout.max_num_batched_tokens",
+     "set actor_rollout_ref.rollout.max_num_seqs<=512 or raise actor_rollout_ref.rollout.max_num_batched_tokens"),
+    (["engine_kwargs.vllm.max_num_batched_tokens=1000"], "engine_kwargs.vllm.max_num_batched_tokens",
+     "below max_num_seqs 1024"),
+    (["engine_kwargs.vllm.max_num_seqs=9000"], "engine_kwargs.vllm.max_num_seqs",
+     "set engine_kwargs.vllm.max_num_seqs<=8192"),
+    (SHORT + [A_RO + "max_num_batched_tokens=512", A_RO + "max_num_seqs=256",
+              A_RO + "engine_kwargs.vllm.max_num_seqs=1024"],
+     A + "rollout.max_num_batched_tokens", "max_num_seqs 1024 (actor_rollout_ref.rollout.engine_kwargs.vllm"),
+    ([A_RO + "enable_chunked_prefill=false", A_RO + "max_model_len=10000"], A + "rollout.max_num_batched_tokens",
+     "below max_model_len 10000 with chunked prefill off"),
+    ([A_RO + "engine_kwargs.vllm.enable_chunked_prefill=false", "engine_kwargs.vllm.max_model_len=10000"],
+     A + "rollout.max_num_batched_tokens", "actor_rollout_ref.rollout.engine_kwargs.vllm.enable_chunked_prefill=true"),
+    (["engine_kwargs.vllm.max_model_len=1000"], "engine_kwargs.vllm.max_model_len",
+     "below max_prompt_length + max_response_length = 2048"),
+    (["engine_kwargs.vllm.max_num_active_seqs=2000"], "engine_kwargs.vllm.max_num_active_seqs",
+     "above max_num_seqs 1024"),
+    (["engine_kwargs.vllm.long_prefill_token_threshold=4096"], "engine_kwargs.vllm.long_prefill_token_threshold",
+     "above max_model_len 2048"),
+    (["engine_kwargs.vllm.tensor_parallel_size=2"], "engine_kwargs.vllm.tensor_parallel_size",
+     "tensor_model_parallel_size=2"),
+    ([A_RO + "engine_kwargs.vllm.pipeline_parallel_size=2"], A + "rollout.engine_kwargs.vllm.pipeline_parallel_size",
+     "no pipeline or data parallelism"),
+    (["engine_kwargs.vllm.gpu_memory_utilization=1.5"], "engine_kwargs.vllm.gpu_memory_utilization", "(0, 1]"),
+    # the rollout keys of the weight sync
+    ([A_RO + "update_weights_bucket_megabytes=0"], A + "rollout.update_weights_bucket_megabytes", "out of range"),
+    ([A_RO + "max_probs_diff=0"], A + "rollout.max_probs_diff", "out of range"),
+    ([A_RO + "multi_stage_wake_up=3"], A + "rollout.multi_stage_wake_up", "must be a bool"),
     # engine_kwargs set in two places with different values
     (["engine_kwargs.vllm.enforce_eager=true", "actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager=false"],
      "engine_kwargs.vllm.enforce_eager", "set it in one place"),
@@ -174,3 +218,98 @@ def test_sequence_parallel_must_fit_the_attention_heads(tmp_path):
         load_recipe("qwen25vl_geo3k", overrides)
     assert any(p.key == A + "actor.ulysses_sequence_parallel_size" and "28 attention" in p.message
                for p in info.value.problems)
+
+
+@pytest.mark.parametrize("overrides", [
+    # the engine_kwargs entry wins over the rollout key, in both directions
+    SHORT + [A_RO + "max_num_batched_tokens=512", "engine_kwargs.vllm.max_num_seqs=256"],
+    SHORT + [A_RO + "max_num_batched_tokens=512", A_RO + "engine_kwargs.vllm.max_num_seqs=512"],
+    [A_RO + "max_num_batched_tokens=2048", "engine_kwargs.vllm.max_num_batched_tokens=4096",
+     A_RO + "max_num_seqs=4096"],
+    [A_RO + "enable_chunked_prefill=false", A_RO + "max_model_len=10000", "engine_kwargs.vllm.enable_chunked_prefill=true"],
+    [A_RO + "enable_chunked_prefill=false", A_RO + "max_model_len=10000",
+     A_RO + "engine_kwargs.vllm.max_num_batched_tokens=10000"],
+    ["engine_kwargs.vllm.tensor_parallel_size=4", "engine_kwargs.vllm.max_num_seqs=8192"],
+    # vLLM's rules do not apply to the hf rollout
+    [A_RO + "name=hf", A_RO + "tensor_model_parallel_size=1", "engine_kwargs.vllm.max_num_batched_tokens=10"],
+    # 2 prompts over 8 devices / TP 4 = 2 rollout groups
+    ["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
+    # the weight-sync keys: null disables the probability check
+    [A_RO + "max_probs_diff=null", A_RO + "update_weights_bucket_megabytes=64", A_RO + "multi_stage_wake_up=true"],
+], ids=lambda o: " ".join(o)[:70])
+def test_vllm_rules_take_engine_kwargs_into_account(overrides):
+    rc = load_recipe("qwen25vl_geo3k", FILLED + overrides)
+    assert rc.world_size == 8
+
+
+def test_weight_sync_keys_have_their_defaults():
+    rollout = load_recipe("qwen25vl_geo3k", FILLED).backend.actor_rollout_ref.rollout
+    assert rollout.update_weights_bucket_megabytes == 512
+    assert rollout.max_probs_diff == pytest.approx(0.05) and rollout.multi_stage_wake_up is False
+
+
+def _model(tmp_path, **config):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    return f"actor_rollout_ref.model.path={model}"
+
+
+@pytest.mark.parametrize("heads,kv,tp,ok", [
+    (28, 4, 4, True), (28, 4, 8, False), (24, 6, 4, False), (32, 2, 8, True), (24, 6, 2, True),
+])
+def test_rollout_tp_must_fit_the_attention_heads(tmp_path, heads, kv, tp, ok):
+    overrides = FILLED + [_model(tmp_path, text_config={"num_attention_heads": heads, "num_key_value_heads": kv}),
+                          f"{A_RO}tensor_model_parallel_size={tp}"]
+    if ok:
+        assert load_recipe("qwen25vl_geo3k", overrides).backend.actor_rollout_ref.rollout.tensor_model_parallel_size == tp
+        return
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("qwen25vl_geo3k", overrides)
+    [problem] = info.value.problems
+    assert problem.key == A + "rollout.tensor_model_parallel_size"
+    assert f"{heads} attention / {kv} key-value heads" in problem.message and "use one of" in problem.fix
+
+
+def test_engine_max_model_len_must_fit_the_model(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    model = _model(tmp_path, max_position_embeddings=32768, num_attention_heads=28, num_key_value_heads=4)
+    long = FILLED + [model, "data.max_response_length=32768"]          # 1024 + 32768 > 32768
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("qwen25vl_geo3k", long)
+    [problem] = info.value.problems
+    assert problem.key == "backend_config.data.max_response_length"
+    assert "max_position_embeddings=32768" in problem.message and "at most 32768" in problem.fix
+    # an explicit max_model_len (rollout key or engine_kwargs) is named itself
+    for key in (A + "rollout.max_model_len", "engine_kwargs.vllm.max_model_len"):
+        with pytest.raises(ConfigErrors) as info:
+            load_recipe("qwen25vl_geo3k", FILLED + [model, f"{key}=40000"])
+        assert [p.key for p in info.value.problems] == [key]
+    assert load_recipe("qwen25vl_geo3k", FILLED + [model, "data.max_response_length=31744"])  # exactly 32768
+    assert load_recipe("qwen25vl_geo3k", long + [A_RO + "name=hf", A_RO + "tensor_model_parallel_size=1"])
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    assert load_recipe("qwen25vl_geo3k", long)
+
+
+def test_rope_scaling_raises_the_model_length_limit(tmp_path):
+    model = _model(tmp_path, max_position_embeddings=32768, rope_scaling={"type": "yarn", "factor": 4.0},
+                   num_attention_heads=28, num_key_value_heads=4)
+    rc = load_recipe("qwen25vl_geo3k", FILLED + [model, "data.max_response_length=65536"])
+    assert rc.backend.actor_rollout_ref.rollout.max_model_len == 1024 + 65536
+
+
+def test_rollout_engine_names_come_from_the_registry():
+    from verl_npu.config import SCHEMA
+    from verl_npu.rollout import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS
+
+    key = SCHEMA[A + "rollout.name"]
+    assert key.choices == tuple(ROLLOUT_ENGINES) and key.unsupported == tuple(UNSUPPORTED_ROLLOUTS)
+    assert key.default in key.choices
+
+
+def test_adv_estimator_choices_match_the_algorithm_registry():
+    """The schema spells the names out (the registry's module imports torch); they must agree."""
+    from verl_npu.algorithms import ADVANTAGE_ESTIMATORS
+    from verl_npu.config import SCHEMA
+
+    assert set(SCHEMA["backend_config.algorithm.adv_estimator"].choices) == set(ADVANTAGE_ESTIMATORS)

@@ -4,7 +4,7 @@ A key the user set (in the recipe or on the command line) is never overwritten. 
 whose inputs already have a problem is skipped. Rules (seq = max_prompt_length + max_response_length):
 - rollout.prompt_length / response_length = data.max_prompt_length / max_response_length
 - rollout.max_model_len = seq; rollout.max_num_batched_tokens = max(8192, seq)
-- rollout.tensor_model_parallel_size = 1 for the hf rollout
+- rollout.tensor_model_parallel_size = 1 for engines without tensor parallelism (hf)
 - actor Ulysses SP, when responses exceed 8192 tokens: max_response_length // 2048, lowered to the
   largest size that divides the device count and (when the model config is readable) the heads
 - ref SP = actor SP; ref/rollout log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl_npu.config.rules import ACTOR, BC, DATA, REF, ROLL, TRAINER, get
 from verl_npu.config.schema import PLACEHOLDER
 from verl_npu.errors import Problem
+from verl_npu.rollout import ROLLOUT_ENGINES
 
 LONG_RESPONSE = 8192
 TOKENS_PER_SP_RANK = 2048
@@ -36,9 +37,8 @@ class _Skip(Exception):
     pass
 
 
-def model_heads(path: Any) -> tuple[int, int] | None:
-    """(attention heads, key-value heads) from `<path>/config.json` (the text model's config for
-    VLMs), or None when the path is not a readable local model folder."""
+def model_config(path: Any) -> dict | None:
+    """`<path>/config.json` as a dict, or None when the path is not a readable local model folder."""
     if not isinstance(path, str) or "://" in path:
         return None
     cfg_file = Path(os.path.expanduser(path)) / "config.json"
@@ -46,12 +46,58 @@ def model_heads(path: Any) -> tuple[int, int] | None:
         conf = json.loads(cfg_file.read_text())
     except (OSError, ValueError):
         return None
+    return conf if isinstance(conf, dict) else None
+
+
+def model_heads(path: Any) -> tuple[int, int] | None:
+    """(attention heads, key-value heads) from `<path>/config.json` (the text model's config for
+    VLMs), or None when the path is not a readable local model folder."""
+    conf = model_config(path)
+    if conf is None:
+        return None
     text = conf.get("text_config") if isinstance(conf.get("text_config"), dict) else {}
     heads = conf.get("num_attention_heads") or text.get("num_attention_heads")
     kv = conf.get("num_key_value_heads") or text.get("num_key_value_heads") or heads
     if not isinstance(heads, int) or not isinstance(kv, int):
         return None
     return heads, kv
+
+
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
+                  "max_seq_length", "seq_len", "model_max_length")
+
+
+def _factors(node: Any) -> list[float]:
+    """Every numeric `factor` inside a rope_scaling / rope_parameters value (per-layer-type dicts too)."""
+    if not isinstance(node, dict):
+        return []
+    found = [float(node["factor"])] if isinstance(node.get("factor"), (int, float)) else []
+    for value in node.values():
+        found += _factors(value)
+    return found
+
+
+def model_length_limit(path: Any) -> tuple[int, str] | None:
+    """An upper bound of the longest sequence vLLM lets an engine of this model hold, with the
+    config field it comes from; None when unknown (no readable config, or no length field).
+
+    vLLM takes the smallest length field of the text config (times the RoPE scaling factor) and
+    refuses a larger max_model_len. This bound is deliberately generous (the largest field, the
+    largest factor, text and top-level configs alike), so exceeding it always fails in vLLM."""
+    conf = model_config(path)
+    if conf is None:
+        return None
+    nodes = [conf] + [conf[k] for k in ("text_config", "language_config", "llm_config")
+                      if isinstance(conf.get(k), dict)]
+    lengths = [(int(n[k]), k) for n in nodes for k in _POSITION_KEYS
+               if isinstance(n.get(k), int) and not isinstance(n.get(k), bool) and n[k] > 0]
+    if not lengths:
+        return None
+    factor = max([1.0] + [f for n in nodes for k in ("rope_scaling", "rope_parameters") for f in _factors(n.get(k))])
+    length, field = max(lengths)
+    if factor > 1:
+        return int(length * factor), f"{field}={length} x rope factor {factor:g}"
+    return length, f"{field}={length}"
 
 
 def ulysses_size(response_length: int, world: int, heads: tuple[int, int] | None) -> int:
@@ -103,9 +149,11 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             put(ROLL + "max_num_batched_tokens", LONG_RESPONSE,
                 f"prompt + response = {p + r} fits in the default 8192")
 
-    def hf_tp() -> None:
-        if val(ROLL + "name") == "hf":
-            put(ROLL + "tensor_model_parallel_size", 1, "the hf rollout runs one model copy per device")
+    def rollout_tp() -> None:
+        name = val(ROLL + "name")
+        spec = ROLLOUT_ENGINES.get(name)
+        if spec is not None and not spec.tensor_parallel:
+            put(ROLL + "tensor_model_parallel_size", 1, f"the {name} rollout has no tensor parallelism")
 
     def sequence_parallel() -> None:
         r = val(DATA + "max_response_length")
@@ -167,6 +215,6 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             OmegaConf.update(cfg, target, inner, merge=False)
             derived.append((target, inner, f"merged from top-level engine_kwargs.{engine}"))
 
-    for fn in (lengths, hf_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs):
+    for fn in (lengths, rollout_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs):
         step(fn)
     return derived, problems

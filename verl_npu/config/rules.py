@@ -1,5 +1,6 @@
 """Validation: per-key checks (required, placeholder, type, choices, range, unsupported values)
-and the cross-key rules (batch relations, parallel sizes, sampling, resume, lengths).
+and the cross-key rules (batch relations, parallel sizes, sampling, resume, lengths, the vLLM engine
+arguments vLLM itself refuses at engine start).
 
 Every rule is registered in `RULES` with the keys it involves, so `verl-npu explain KEY` can
 list the rules of a key. Rules see the config after derivation; a rule whose inputs already
@@ -18,9 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl_npu.config.schema import (
     BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, INT, PLACEHOLDER, SCHEMA, STR, STR_LIST,
-    STR_OR_LIST, Key,
+    STR_OR_LIST, TP_SIZES, Key,
 )
 from verl_npu.errors import Problem
+from verl_npu.rollout import ROLLOUT_ENGINES
 
 BC = "backend_config."
 DATA, ACTOR, ROLL, REF = BC + "data.", BC + "actor_rollout_ref.actor.", BC + "actor_rollout_ref.rollout.", \
@@ -290,16 +292,46 @@ def _resume_path(c: Ctx) -> Iterator[Problem]:
                       "point it at <checkpoints>/global_step_N, or use resume_mode=auto")
 
 
-@_rule("tp_divides", (ROLL + "tensor_model_parallel_size", ROLL + "name") + _WORLD,
-       "rollout.tensor_model_parallel_size must divide the device count (and be 1 for the hf rollout)")
+_TP, _NAME = ROLL + "tensor_model_parallel_size", ROLL + "name"
+
+
+@_rule("tp_divides", (_TP, _NAME) + _WORLD,
+       "rollout.tensor_model_parallel_size (1, 2, 4 or 8) must divide trainer.n_gpus_per_node, so a TP group of "
+       "consecutive ranks never spans nodes (and so divides the device count); engines without tensor "
+       "parallelism (hf) need 1")
 def _tp_divides(c: Ctx) -> Iterator[Problem]:
-    tp = c(ROLL + "tensor_model_parallel_size")
-    if c(ROLL + "name") == "hf" and tp != 1:
-        yield Problem(ROLL + "tensor_model_parallel_size", f"is {tp} but the hf rollout has no tensor "
-                      "parallelism", "set it to 1 or remove it")
-    elif c.world % tp:
-        yield Problem(ROLL + "tensor_model_parallel_size", f"{tp} does not divide the {c.world} devices",
-                      f"use a divisor of {c.world}")
+    tp, name, per_node = c(_TP), c(_NAME), c(TRAINER + "n_gpus_per_node")
+    if not ROLLOUT_ENGINES[name].tensor_parallel:
+        if tp != 1:
+            yield Problem(_TP, f"is {tp} but the {name} rollout has no tensor parallelism", "set it to 1 or remove it")
+    elif per_node % tp:
+        fits = ", ".join(str(t) for t in TP_SIZES if per_node % t == 0)
+        yield Problem(_TP, f"{tp} does not divide trainer.n_gpus_per_node={per_node}: the ranks of one rollout "
+                      "engine (a TP group of consecutive ranks) must sit on one node",
+                      f"use one of {fits}, or change trainer.n_gpus_per_node")
+
+
+def rollout_groups(c: Ctx) -> tuple[int, str]:
+    """(ranks per rollout group, what sets it): a TP group for tensor-parallel engines, else the
+    actor's Ulysses SP group (those engines sample on the actor's own module)."""
+    if ROLLOUT_ENGINES[c(_NAME)].tensor_parallel:
+        return c(_TP), f"rollout.tensor_model_parallel_size={c(_TP)}"
+    sp = c(ACTOR + "ulysses_sequence_parallel_size")
+    return sp, f"actor.ulysses_sequence_parallel_size={sp}"
+
+
+@_rule("train_divisible_by_rollout_groups", (_TBS, _TP, _NAME, ACTOR + "ulysses_sequence_parallel_size") + _WORLD,
+       "data.train_batch_size must be divisible by the rollout data-parallel size: device count / "
+       "tensor_model_parallel_size (vllm), or / the actor's Ulysses SP size (hf); every rollout group samples "
+       "an equal share of the prompts")
+def _train_divisible_by_rollout_groups(c: Ctx) -> Iterator[Problem]:
+    size, why = rollout_groups(c)
+    if c.world % size:
+        return          # tp_divides / sp_divides report it
+    groups = c.world // size
+    if c(_TBS) % groups:
+        yield Problem(_TBS, f"{c(_TBS)} prompts cannot be split evenly over the {groups} rollout groups "
+                      f"({c.world} devices / {why})", f"make data.train_batch_size a multiple of {groups}")
 
 
 _SP_KEYS = (ACTOR + "ulysses_sequence_parallel_size", REF + "ulysses_sequence_parallel_size")
@@ -342,6 +374,161 @@ def _batched_tokens(c: Ctx) -> Iterator[Problem]:
         if c(key) is not None and c(key) < c.seq_len:
             yield Problem(key, f"{c(key)} is below max_prompt_length + max_response_length = {c.seq_len}",
                           f"remove it (derived) or set it to at least {c.seq_len}")
+
+
+# ---- vLLM engine arguments: what vLLM itself refuses at engine start, checked here instead. The engine
+# gets the rollout keys, then actor_rollout_ref.rollout.engine_kwargs.vllm (which already holds the
+# top-level engine_kwargs.vllm) on top: a non-null engine_kwargs entry wins over the rollout key.
+_EK, _TOP_EK = ROLL + "engine_kwargs.vllm", "engine_kwargs.vllm"
+_VLLM_INPUTS = (_NAME, _EK, _TOP_EK)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class _Arg:
+    """One effective vLLM engine argument: its value and the key that set it."""
+
+    value: Any
+    key: str            # full key that set it (an engine_kwargs entry or the rollout key)
+    user_set: bool      # set by the user (recipe, command line or engine_kwargs), not a default / derived
+
+    @property
+    def short(self) -> str:
+        return self.key.removeprefix(BC)
+
+
+def vllm_arg(c: Ctx, arg: str, rollout_key: str | None = None) -> _Arg | None:
+    """The value the vllm engine gets for `arg`: engine_kwargs.vllm.<arg> when given, else the
+    rollout key (None: neither)."""
+    merged, top = c(_EK) or {}, c(_TOP_EK) or {}
+    if merged.get(arg) is not None:
+        key = f"{_TOP_EK}.{arg}" if top.get(arg) is not None else f"{_EK}.{arg}"
+        if key in c.bad:
+            raise _Skip(key)
+        return _Arg(merged[arg], key, True)
+    if rollout_key is None:
+        return None
+    key = ROLL + rollout_key
+    return _Arg(c(key), key, key in c.user_keys)
+
+
+def _vllm(c: Ctx) -> bool:
+    return c(_NAME) == "vllm"
+
+
+@_rule("vllm_scheduler", _VLLM_INPUTS + tuple(ROLL + k for k in (
+        "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill")) + _LENS,
+       "vllm rollout (engine_kwargs.vllm entries win over the rollout keys): max_num_batched_tokens >= "
+       "max_num_seqs; max_num_batched_tokens >= max_model_len when enable_chunked_prefill=false; "
+       "max_model_len from engine_kwargs >= max_prompt_length + max_response_length; engine_kwargs "
+       "max_num_active_seqs <= max_num_seqs and long_prefill_token_threshold <= max_model_len")
+def _vllm_scheduler(c: Ctx) -> Iterator[Problem]:
+    if not _vllm(c):
+        return
+    tokens = vllm_arg(c, "max_num_batched_tokens", "max_num_batched_tokens")
+    seqs = vllm_arg(c, "max_num_seqs", "max_num_seqs")
+    model_len = vllm_arg(c, "max_model_len", "max_model_len")
+    chunked = vllm_arg(c, "enable_chunked_prefill", "enable_chunked_prefill")
+    if _int(tokens.value) and _int(seqs.value) and tokens.value < seqs.value:
+        blame = seqs if seqs.user_set and not tokens.user_set else tokens
+        yield Problem(blame.key, f"max_num_batched_tokens {tokens.value} ({tokens.short}) is below max_num_seqs "
+                      f"{seqs.value} ({seqs.short}): vLLM refuses to start an engine whose token budget cannot "
+                      "give every running sequence a token",
+                      f"set {seqs.short}<={tokens.value} or raise {tokens.short} to at least {seqs.value}")
+    if model_len.key != ROLL + "max_model_len" and _int(model_len.value) and model_len.value != -1 \
+            and model_len.value < c.seq_len:
+        yield Problem(model_len.key, f"{model_len.value} is below max_prompt_length + max_response_length = "
+                      f"{c.seq_len}, so the engine cannot hold a whole prompt and response",
+                      f"remove it (rollout.max_model_len is derived) or set it to at least {c.seq_len}")
+    length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
+    if chunked.value is False and _int(tokens.value) and tokens.value < length:
+        yield Problem(tokens.key, f"{tokens.value} is below max_model_len {length} with chunked prefill off "
+                      f"({chunked.short}=false): vLLM refuses to start an engine that cannot prefill a whole "
+                      "sequence in one step", f"raise {tokens.short} to at least {length}, lower the "
+                      f"max_model_len, or set {chunked.short}=true")
+    active = vllm_arg(c, "max_num_active_seqs")
+    if active is not None and _int(active.value) and _int(seqs.value) and active.value > seqs.value:
+        yield Problem(active.key, f"{active.value} is above max_num_seqs {seqs.value} ({seqs.short}); vLLM "
+                      "refuses it", f"set it to at most {seqs.value} or remove it")
+    threshold = vllm_arg(c, "long_prefill_token_threshold")
+    if threshold is not None and _int(threshold.value) and threshold.value > length:
+        yield Problem(threshold.key, f"{threshold.value} is above max_model_len {length}; vLLM refuses it",
+                      f"set it to at most {length} (0 disables it) or remove it")
+
+
+@_rule("vllm_engine_kwargs", _VLLM_INPUTS + (_TP,),
+       "vllm rollout: engine_kwargs.vllm must not change the engine layout (tensor_parallel_size must equal "
+       "rollout.tensor_model_parallel_size; pipeline_parallel_size and data_parallel_size must be 1), and a "
+       "gpu_memory_utilization there must be in (0, 1]")
+def _vllm_engine_kwargs(c: Ctx) -> Iterator[Problem]:
+    if not _vllm(c):
+        return
+    tp = vllm_arg(c, "tensor_parallel_size")
+    if tp is not None and tp.value != c(_TP):
+        yield Problem(tp.key, f"is {tp.value!r} but actor_rollout_ref.rollout.tensor_model_parallel_size is "
+                      f"{c(_TP)}: the trainer builds its rollout groups from the rollout key",
+                      f"remove it and set actor_rollout_ref.rollout.tensor_model_parallel_size={tp.value}")
+    for arg in ("pipeline_parallel_size", "data_parallel_size"):
+        got = vllm_arg(c, arg)
+        if got is not None and got.value != 1:
+            yield Problem(got.key, f"is {got.value!r}: verl-npu runs one colocated engine per TP group, with no "
+                          "pipeline or data parallelism inside it", "remove it (data parallelism comes from "
+                          "the device count / tensor_model_parallel_size)")
+    mem = vllm_arg(c, "gpu_memory_utilization")
+    if mem is not None and not (isinstance(mem.value, (int, float)) and not isinstance(mem.value, bool)
+                                and 0 < mem.value <= 1):
+        yield Problem(mem.key, f"{mem.value!r} is not a fraction in (0, 1]; vLLM refuses it",
+                      "set actor_rollout_ref.rollout.gpu_memory_utilization (e.g. 0.5) and remove this entry")
+
+
+_MODEL = BC + "actor_rollout_ref.model.path"
+
+
+@_rule("vllm_tp_heads", (_NAME, _TP, _MODEL),
+       "vllm rollout: tensor_model_parallel_size must divide the model's attention heads, and the key-value "
+       "heads must divide it or be divisible by it (checked when the model config is readable)")
+def _vllm_tp_heads(c: Ctx) -> Iterator[Problem]:
+    from verl_npu.config.derive import model_heads
+
+    if not _vllm(c) or c(_TP) == 1:
+        return
+    heads = model_heads(c(_MODEL))
+    if heads is None:
+        return
+    tp, (q, kv) = c(_TP), heads
+    if q % tp or (kv % tp and tp % kv):
+        fits = ", ".join(str(t) for t in TP_SIZES if q % t == 0 and (kv % t == 0 or t % kv == 0)) or "1"
+        yield Problem(_TP, f"{tp} does not fit the model's {q} attention / {kv} key-value heads: vLLM splits "
+                      "heads evenly over the TP ranks", f"use one of {fits}")
+
+
+@_rule("vllm_model_len", _VLLM_INPUTS + (ROLL + "max_model_len", _MODEL) + _LENS,
+       "vllm rollout: the engine's max_model_len must not exceed the model's own length limit "
+       "(max_position_embeddings and the like in its config.json, checked when readable), unless "
+       "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+def _vllm_model_len(c: Ctx) -> Iterator[Problem]:
+    from verl_npu.config.derive import model_length_limit
+
+    if not _vllm(c) or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
+        return
+    model_len = vllm_arg(c, "max_model_len", "max_model_len")
+    if not _int(model_len.value):
+        return
+    limit = model_length_limit(c(_MODEL))
+    if limit is None or model_len.value <= limit[0]:
+        return
+    if model_len.user_set:
+        yield Problem(model_len.key, f"{model_len.value} is above the model's limit {limit[0]} ({limit[1]} in its "
+                      "config.json); vLLM refuses it", f"set it to at most {limit[0]}")
+    else:
+        yield Problem(DATA + "max_response_length", f"max_prompt_length + max_response_length = {model_len.value} "
+                      f"(the engine's max_model_len) is above the model's limit {limit[0]} ({limit[1]} in its "
+                      "config.json); vLLM refuses it", f"lower data.max_response_length or data.max_prompt_length "
+                      f"so they add up to at most {limit[0]} (or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if the "
+                      "model really handles longer sequences)")
 
 
 @_rule("rollout_lengths", (ROLL + "prompt_length", ROLL + "response_length") + _LENS,

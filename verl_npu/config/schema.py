@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from verl_npu.rollout import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # a registry of names: imports nothing heavy
+
 # Type names (what `explain` prints and `rules.check_type` accepts).
 INT, FLOAT, BOOL, STR, DICT = "int", "float", "bool", "str", "dict"
 STR_LIST, STR_OR_LIST, FLOAT_LIST = "list[str]", "str | list[str]", "list[float]"
@@ -26,6 +28,8 @@ VERL_SECTIONS = (
 TOP_LEVEL = ("af_output_dir", "backend_config", "engine_kwargs")
 #: a value starting with this is a placeholder that the user must replace.
 PLACEHOLDER = "EDIT_ME"
+#: rollout tensor-parallel sizes verl-npu accepts.
+TP_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -186,8 +190,8 @@ _k(f"{R}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel siz
    min=1, derived="actor.ulysses_sequence_parallel_size")
 
 RO = f"{A}.rollout"
-_k(f"{RO}.name", "vllm", STR, "Rollout engine: vllm, or hf (transformers generate; CPU and tests).",
-   choices=("vllm", "hf"), unsupported=("sglang", "trtllm"))
+_k(f"{RO}.name", "vllm", STR, "Rollout engine: " + "; ".join(f"{s.name}: {s.doc}" for s in ROLLOUT_ENGINES.values())
+   + ".", choices=tuple(ROLLOUT_ENGINES), unsupported=tuple(UNSUPPORTED_ROLLOUTS))
 _k(f"{RO}.mode", "async", STR, "Rollout mode.", choices=("async",), unsupported=("sync",))
 _k(f"{RO}.temperature", 1.0, FLOAT, "Sampling temperature.", min=0)
 _k(f"{RO}.top_k", -1, INT, "Sample from the k most likely tokens; -1 disables.", min=-1)
@@ -199,8 +203,9 @@ _k(f"{RO}.gpu_memory_utilization", 0.5, FLOAT, "Fraction of device memory vLLM m
 _k(f"{RO}.ignore_eos", False, BOOL, "Keep generating after the end-of-sequence token.")
 _k(f"{RO}.enforce_eager", False, BOOL, "Disable graph capture in vLLM.")
 _k(f"{RO}.free_cache_engine", True, BOOL, "Release the KV cache (engine sleep) after each rollout.")
-_k(f"{RO}.tensor_model_parallel_size", 2, INT, "Tensor-parallel size of each rollout engine.", min=1,
-   derived="1 for the hf rollout")
+_k(f"{RO}.tensor_model_parallel_size", 2, INT, "Tensor-parallel size of each rollout engine: one engine "
+   "spans this many consecutive ranks of one node (vllm); engines without tensor parallelism (hf) need 1.",
+   choices=TP_SIZES, derived="1 for engines without tensor parallelism (hf)")
 _k(f"{RO}.max_num_batched_tokens", 8192, INT, "Most tokens vLLM schedules in one engine step.", min=1,
    derived="max(8192, max_prompt_length + max_response_length)")
 _k(f"{RO}.max_model_len", None, INT, "Longest sequence (prompt + response) the engine accepts.", min=1,
@@ -228,6 +233,13 @@ _k(f"{RO}.val_kwargs.do_sample", False, BOOL, "Sample during validation (false: 
 _k(f"{RO}.engine_kwargs.vllm", {}, DICT, "Extra vLLM engine arguments (verl form); the engine reads this "
    "after top-level engine_kwargs.vllm is merged in.")
 _k(f"{RO}.engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (sglang rollout not supported yet).")
+_k(f"{RO}.update_weights_bucket_megabytes", 512, INT, "Most megabytes of gathered weights held at once while "
+   "the actor's weights stream into the rollout engine (peak extra memory of a weight sync).", min=1)
+_k(f"{RO}.max_probs_diff", 0.05, FLOAT, "verl-npu: largest allowed mean |p_rollout - p_actor| over response "
+   "tokens (training/rollout_probs_diff_mean) before the run stops with 'engine out of sync'; 0.05 suits "
+   "bf16, fp32 runs are ~1e-6; null disables the check.", gt=0, nullable=True)
+_k(f"{RO}.multi_stage_wake_up", False, BOOL, "Wake the engine in two stages around each weight sync: weights "
+   "first, then the KV cache after the sync, so the sync's peak memory excludes the KV cache.")
 _k(f"{RO}.use_fire_sampling", False, BOOL, "FIRE sampling.", off_only="FIRE sampling")
 _k(f"{RO}.multi_turn.enable", False, BOOL, "Multi-turn / tool-calling rollout.", off_only="multi-turn rollout")
 
@@ -245,6 +257,8 @@ _k("custom_reward_function.name", "compute_score", STR, "Function name in custom
 AL = "algorithm"
 _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor.", min=0, max=1)
 _k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda.", min=0, max=1)
+# The choices are verl_npu.algorithms.ADVANTAGE_ESTIMATORS' names, spelled out: that registry's module
+# imports torch, which the config must not (tests/test_config_rules.py checks the two agree).
 _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator.",
    choices=("grpo", "rloo", "reinforce_plus_plus", "remax"),
    unsupported=("gae", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg", "gdpo"))

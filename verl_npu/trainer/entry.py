@@ -64,13 +64,6 @@ def unsupported_by_trainer(rc) -> list:
         if int(fsdp.get("fsdp_size", -1) or -1) not in (-1, rc.world_size):
             problems.append(Problem(f"{prefix}.fsdp_size", "hybrid sharding (fsdp_size < world size) is not implemented",
                                     "leave it at -1 (shard over all workers)"))
-    tp = int(arr.rollout.tensor_model_parallel_size)
-    if tp > 1:
-        problems.append(Problem(
-            f"{bc}actor_rollout_ref.rollout.tensor_model_parallel_size",
-            f"is {tp}: verl-npu runs one rollout engine per device, so tensor-parallel rollout is not available yet",
-            "set actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        ))
     return problems
 
 
