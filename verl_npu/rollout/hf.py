@@ -10,13 +10,12 @@ whichever worker generates it and whatever else is in its batch, so runs on 1 an
 
 from __future__ import annotations
 
-import zlib
-
 import torch
 import torch.nn.functional as F
 
 from verl_npu.batch import Batch
 from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids
+from verl_npu.rollout.requests import prompt_seed
 from verl_npu.rollout.base import (
     RolloutEngine,
     SamplingParams,
@@ -37,6 +36,11 @@ class HFRollout(RolloutEngine):
         self.eos_ids, self.pad_id = stop_and_pad_ids(module, tokenizer)
         self.suppress_ids = vision_marker_ids(module.config)
 
+    @classmethod
+    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1) -> "HFRollout":
+        # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above)
+        return cls(module, tokenizer, seed=int(cfg.data.seed), synced=world_size > 1)
+
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         if params.greedy:  # no randomness: one batched call
@@ -45,7 +49,7 @@ class HFRollout(RolloutEngine):
             uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
             responses = []
             for i, uid in enumerate(uids):
-                torch.manual_seed(self.seed * 1_000_003 + zlib.crc32(str(uid).encode()))
+                torch.manual_seed(prompt_seed(self.seed, uid))
                 responses.append(self._generate_chunk(prompts.slice(i, i + 1), params))
         width = params.max_new_tokens
         responses = torch.cat([F.pad(r, (0, width - r.shape[1]), value=self.pad_id) for r in responses])

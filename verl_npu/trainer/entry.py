@@ -79,8 +79,9 @@ def build_workers(rc, total_training_steps: int):
     return RayWorkerGroup(rc, total_training_steps)
 
 
-def run_training(rc) -> int:
-    """Train as the recipe says. Returns the process exit code."""
+def run_training(rc, after_fit=None) -> int:
+    """Train as the recipe says. Returns the process exit code. `after_fit(workers)`, if given, is
+    called once training has finished, while the workers are still up (tests inspect every rank)."""
     from verl_npu.data import RLDataset, StatefulBatchLoader
     from verl_npu.device import apply_env_defaults, detect_device
     from verl_npu.models.loading import load_tokenizer_and_processor
@@ -148,6 +149,8 @@ def run_training(rc) -> int:
         log.info("model: %s", info)
         trainer = PPOTrainer(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps)
         final = trainer.fit(resume_from=latest)
+        if after_fit is not None:
+            after_fit(workers)
     except KeyboardInterrupt:
         log.warning("interrupted: stopping. Checkpoints are written atomically, so the last complete one "
                     "in %s is intact; rerun the same command to resume.", checkpoints.root)

@@ -24,7 +24,8 @@ from verl_npu import algorithms
 from verl_npu.batch import Batch
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.trainer.checkpoint import CheckpointManager, load_rng_state, load_torch, save_rng_state, save_torch
-from verl_npu.trainer.metrics import data_metrics, timed, timing_metrics
+from verl_npu.errors import UserError
+from verl_npu.trainer.metrics import data_metrics, rollout_probs_diff_metrics, timed, timing_metrics
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.workers.actor import needs_reference
 from verl_npu.workers.balance import balance_for_ranks
@@ -33,6 +34,10 @@ from verl_npu.workers.group import WorkerGroup
 log = logging.getLogger("verl_npu")
 
 CURVES_EVERY = 10  # steps between refreshes of training_curves.png
+
+
+class EngineOutOfSync(UserError):
+    """The rollout engine's probabilities left `rollout.max_probs_diff` of the actor's."""
 
 
 def batch_from_rows(rows: dict) -> Batch:
@@ -159,6 +164,7 @@ class PPOTrainer:
                 self.score(batch)
             with timed("old_log_prob", timings):
                 batch.update(self.workers.compute_log_prob(batch))
+            sync_metrics = self.check_rollout_sync(batch)
             entropy = algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
             if needs_reference(cfg):
                 with timed("ref", timings):
@@ -175,12 +181,34 @@ class PPOTrainer:
             "actor/entropy_before_update": float(entropy),
         }
         metrics.update(actor_metrics)
+        metrics.update(sync_metrics)
         metrics.update(kl_metrics)
         metrics.update(data_metrics(batch, int(cfg.data.max_response_length)))
         metrics.update(timing_metrics(timings, batch, self.workers.world_size))
         return metrics
 
     # ---- pieces of a step ---------------------------------------------------------------------
+    def check_rollout_sync(self, batch: Batch) -> dict[str, float]:
+        """verl's rollout-vs-actor probability metrics, for engines that return log-probs; stops the
+        run when the mean difference passes `rollout.max_probs_diff` (an engine sampling from other
+        weights than the actor's must never be trained on)."""
+        if "rollout_log_probs" not in batch:
+            return {}
+        metrics = rollout_probs_diff_metrics(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"])
+        limit = self.cfg.actor_rollout_ref.rollout.get("max_probs_diff")
+        mean = metrics.get("training/rollout_probs_diff_mean", 0.0)
+        if limit is not None and mean > float(limit):
+            raise EngineOutOfSync(
+                f"step {self.global_step}: the rollout engine is out of sync with the actor: mean |p_rollout - "
+                f"p_actor| over response tokens is {mean:.4g} (max {metrics['training/rollout_probs_diff_max']:.4g}), "
+                f"above actor_rollout_ref.rollout.max_probs_diff={float(limit):g}. The engine is sampling from "
+                f"other weights than the actor's (a failed weight sync), or the rollout dtype is too coarse for "
+                f"this limit: compare rollout.dtype with the actor's, raise max_probs_diff for bf16 / fp16 "
+                f"rollouts, or set it to null to only log the difference. Nothing of this step was trained on; "
+                f"the last complete checkpoint in {self.checkpoints.root} is intact."
+            )
+        return metrics
+
     def greedy_baseline(self, prompts: Batch) -> torch.Tensor:
         """ReMax's baseline: the score of one greedy response per prompt, repeated for its n samples."""
         greedy = self.workers.generate_sequences(prompts, replace(self.train_sampling, n=1, do_sample=False))
@@ -261,7 +289,7 @@ class PPOTrainer:
         samples: list[str] = []
         for rows in self.val_loader:  # one pass: the loader yields one epoch per iteration
             prompts = batch_from_rows(rows)
-            pad = (-len(prompts)) % self.workers.dp_size  # every data-parallel rank needs an equal chunk
+            pad = (-len(prompts)) % self.workers.rollout_dp_size  # every rollout group needs an equal chunk
             if pad:
                 prompts = Batch.concat([prompts, prompts.select([0] * pad)])
             batch = self.workers.generate_sequences(prompts, self.val_sampling)

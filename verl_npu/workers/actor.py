@@ -4,7 +4,9 @@ One worker runs per device (rank). The controller never sees weights; it sends b
 gets back tensors and metrics through a worker group. The worker holds:
 - the policy (actor) module with its optimizer and LR schedule,
 - the reference module, loaded only when a KL term needs it (actor KL loss or KL in reward),
-- the rollout engine (`hf` samples from the actor module itself).
+- the rollout engine, built by name from the registry in `verl_npu.rollout` (`hf` samples from
+  the actor module itself; `vllm` holds its own copy of the weights, refreshed in memory after
+  every update).
 """
 
 from __future__ import annotations
@@ -110,15 +112,11 @@ class ActorRolloutRefWorker:
         return torch.autocast(device_type=self.torch_device.type, dtype=self.compute_dtype)
 
     def _build_rollout(self) -> RolloutEngine:
-        rollout_cfg = self.cfg.actor_rollout_ref.rollout
-        if rollout_cfg.name == "hf":
-            from verl_npu.rollout.hf import HFRollout
+        from verl_npu.rollout import build_rollout
 
-            return HFRollout(self.module, self.tokenizer, seed=int(self.cfg.data.seed), synced=self.world_size > 1)
-        from verl_npu.rollout.vllm import VLLMRollout  # noqa: WPS433 (optional engine)
-
-        return VLLMRollout(
-            self.module, self.tokenizer, self.processor, self.cfg, seed=int(self.cfg.data.seed) + self.rank
+        return build_rollout(
+            str(self.cfg.actor_rollout_ref.rollout.name), self.module, self.tokenizer, self.processor, self.cfg,
+            rank=self.rank, world_size=self.world_size,
         )
 
     # ---- rollout ---------------------------------------------------------------------------
@@ -319,7 +317,7 @@ class ActorRolloutRefWorker:
         }
         torch.save(extra, actor_dir / f"extra_state_{tag}.pt")
         if save_hf:
-            full = parallel.full_state_dict(self.module)
+            full = parallel.full_state_dict_on_rank0(self.module)
             if self.rank == 0:
                 self._export_hf(actor_dir / "huggingface", full)
         parallel.barrier(self.world_size)
@@ -357,5 +355,12 @@ class ActorRolloutRefWorker:
         self.rollout.update_weights(self.module)
 
     def parameter_snapshot(self) -> dict[str, torch.Tensor]:
-        """Full parameters on CPU (tests and the 1-vs-2 worker equivalence check)."""
+        """This rank's view of the full parameters, on CPU (a collective: tests compare every
+        rank's snapshot, and 1-vs-N worker runs)."""
         return {k: v.detach().cpu().clone() for k, v in parallel.full_state_dict(self.module).items()}
+
+    def rollout_weights_digest(self) -> dict:
+        """The rollout engine's own weights on this rank, summarised (engines with a separate
+        copy of the weights only; tests check that every rank's engine got the same update)."""
+        digest = getattr(self.rollout, "weights_digest", None)
+        return digest() if callable(digest) else {}

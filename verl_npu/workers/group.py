@@ -18,11 +18,17 @@ from verl_npu.batch import Batch
 class WorkerGroup(ABC):
     world_size: int = 1
     sp_size: int = 1  # Ulysses: ranks [i*sp, (i+1)*sp) hold the same data shard
+    rollout_group: int = 1  # ranks [i*g, (i+1)*g) share one rollout engine (vLLM TP) and its prompts
 
     @property
     def dp_size(self) -> int:
         """Data-parallel size: how many different shards a batch is split into."""
         return self.world_size // self.sp_size
+
+    @property
+    def rollout_dp_size(self) -> int:
+        """How many different prompt shards a rollout is split into (world / rollout group)."""
+        return self.world_size // self.rollout_group
 
     @abstractmethod
     def broadcast(self, method: str, *args, **kwargs) -> list[Any]:
@@ -32,21 +38,25 @@ class WorkerGroup(ABC):
     def scatter(self, method: str, chunks: list[Batch], *args, **kwargs) -> list[Any]:
         """Call `method` on worker r with chunks[r]; results in rank order."""
 
-    def _shards(self, batch: Batch) -> list[Batch]:
-        """One chunk per rank: equal data-parallel chunks, each repeated for its SP group."""
-        chunks = batch.chunk(self.dp_size)
-        return [chunks[rank // self.sp_size] for rank in range(self.world_size)]
+    def _shards(self, batch: Batch, group: int | None = None) -> list[Batch]:
+        """One chunk per rank: equal chunks, one per group of `group` consecutive ranks (default:
+        the SP group), each repeated for every rank of its group."""
+        group = self.sp_size if group is None else group
+        chunks = batch.chunk(self.world_size // group)
+        return [chunks[rank // group] for rank in range(self.world_size)]
 
-    def dispatch(self, method: str, batch: Batch, *args, **kwargs) -> Batch:
-        results = self.scatter(method, self._shards(batch), *args, **kwargs)
-        return Batch.concat(results[:: self.sp_size])  # SP peers return the same rows
+    def dispatch(self, method: str, batch: Batch, *args, group: int | None = None, **kwargs) -> Batch:
+        group = self.sp_size if group is None else group
+        results = self.scatter(method, self._shards(batch, group), *args, **kwargs)
+        return Batch.concat(results[::group])  # the ranks of a group return the same rows
 
     # ---- the worker API, spelled out for readers of the trainer ----------------------------
     def init_model(self) -> dict:
         return self.broadcast("init_model")[0]
 
     def generate_sequences(self, prompts: Batch, params) -> Batch:
-        return self.dispatch("generate_sequences", prompts, params)
+        # every rank of a rollout (TP) group gets the same prompts; one output per group
+        return self.dispatch("generate_sequences", prompts, params, group=self.rollout_group)
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         return self.dispatch("compute_log_prob", batch)
@@ -66,7 +76,16 @@ class WorkerGroup(ABC):
         self.broadcast("load_checkpoint", actor_dir)
 
     def parameter_snapshot(self) -> dict:
-        return self.broadcast("parameter_snapshot")[0]
+        """Rank 0's view of the full parameters (see `parameter_snapshots` for every rank's)."""
+        return self.parameter_snapshots()[0]
+
+    def parameter_snapshots(self) -> list[dict]:
+        """Every rank's own view of the full parameters, in rank order."""
+        return self.broadcast("parameter_snapshot")
+
+    def rollout_weights_digests(self) -> list[dict]:
+        """Every rank's rollout-engine weight digest (empty for engines that share the actor's)."""
+        return self.broadcast("rollout_weights_digest")
 
     def shutdown(self) -> None:
         """Release the workers (and their devices)."""

@@ -8,6 +8,8 @@ own unit and the root holds the embeddings and the head (tied weights stay in on
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -137,10 +139,64 @@ def load_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Op
         optimizer.load_state_dict(state)
 
 
+def _gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a DTensor shard is all-gathered (a collective), a plain tensor is itself."""
+    tensor = tensor.detach()
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def iter_full_tensors(
+    module: torch.nn.Module,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    bucket_bytes: int = 512 << 20,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) for every entry of `module.state_dict()`, on EVERY rank.
+
+    Collective: every rank must consume the whole iterator, in the same order. Tensors are
+    gathered one bucket at a time (entries in state-dict order until their full size in `dtype`
+    would pass `bucket_bytes`; an entry larger than a bucket is a bucket of its own), cast to
+    `dtype` (floating tensors; None keeps them) and moved to `device` (None keeps them), so the
+    extra memory held at once is about one bucket. Tied weights appear under each of their
+    names (as in the state dict)."""
+    entries = list(module.state_dict().items())
+
+    def nbytes(tensor: torch.Tensor) -> int:
+        size = dtype.itemsize if (dtype is not None and tensor.is_floating_point()) else tensor.element_size()
+        return tensor.numel() * size  # numel of a DTensor is its global size
+
+    start = 0
+    while start < len(entries):
+        stop, total = start, 0
+        while stop < len(entries) and (stop == start or total + nbytes(entries[stop][1]) <= bucket_bytes):
+            total += nbytes(entries[stop][1])
+            stop += 1
+        bucket = []
+        for name, tensor in entries[start:stop]:
+            full = _gathered(tensor)
+            if dtype is not None and full.is_floating_point():
+                full = full.to(dtype)
+            if device is not None:
+                full = full.to(device)
+            bucket.append((name, full))
+        yield from bucket
+        del bucket
+        start = stop
+
+
 def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's weights on the CPU, gathered from every shard (collective: all ranks call it)."""
+    """The whole model's weights on the CPU, gathered from every shard, on EVERY rank
+    (collective: all ranks call it)."""
+    return {name: t.cpu() for name, t in iter_full_tensors(module, device="cpu")}
+
+
+def full_state_dict_on_rank0(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on the CPU of rank 0 only (other ranks get an empty dict): for
+    writing one Hugging Face export without a full copy on every rank. Collective."""
     if dist.is_initialized():
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+

@@ -45,6 +45,18 @@ def _rendezvous_address() -> tuple[str, int]:
     return _node_ip(), _free_port()
 
 
+def _portable(exc: Exception) -> Exception:
+    """`exc` if Ray can carry it back to the controller, else a RuntimeError with its text (an
+    engine's validation error may not pickle, and Ray would then only say "isn't serializable")."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
 class _WorkerHost:
     """Runs inside a Ray actor: sets up torch.distributed, then hosts one ActorRolloutRefWorker."""
 
@@ -70,10 +82,22 @@ class _WorkerHost:
         self.worker = ActorRolloutRefWorker(backend_cfg, total_training_steps, rank=rank, world_size=world_size)
 
     def call(self, method: str, *args, **kwargs) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
+        try:
+            return getattr(self.worker, method)(*args, **kwargs)
+        except Exception as exc:
+            portable = _portable(exc)
+            if portable is exc:
+                raise
+            raise portable from None
 
     def ping(self) -> tuple[str, int]:
         return _node_ip(), os.getpid()
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (logged next to its pid; tests check the placement)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -87,6 +111,9 @@ class RayWorkerGroup(WorkerGroup):
         cfg = rc.backend
         self.world_size = rc.world_size
         self.sp_size = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+        from verl_npu.rollout import rollout_group_size
+
+        self.rollout_group = rollout_group_size(cfg)
         self.last_checkpoint_dir = str(cfg.trainer.default_local_dir)
         device = detect_device(cfg.trainer.device)
         self._started_ray = False
@@ -126,8 +153,10 @@ class RayWorkerGroup(WorkerGroup):
             ).remote(container, total_training_steps, rank, self.world_size, addr, port)
             for rank in range(self.world_size)
         ]
-        for rank, (ip, pid) in enumerate(self._gather([a.ping.remote() for a in self.actors])):
-            log.info("worker rank %d: pid %d on %s", rank, pid, ip)
+        hosts = self._gather([a.ping.remote() for a in self.actors])
+        nodes = self._gather([a.node_id.remote() for a in self.actors])
+        for rank, ((ip, pid), node) in enumerate(zip(hosts, nodes)):
+            log.info("worker rank %d: pid %d on %s (Ray node %s)", rank, pid, ip, node)
 
     # ---- calls --------------------------------------------------------------------------------
     def _gather(self, refs: list) -> list[Any]:
