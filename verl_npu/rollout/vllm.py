@@ -506,7 +506,7 @@ class VLLMRollout(RolloutEngine):
         from verl_npu.workers import parallel
 
         start = time.perf_counter()
-        self._log_memory("before weight sync")
+        self._log_memory("Before state_dict() in sharding manager memory")
         if self._asleep:
             self._wake(["weights"] if self.multi_stage_wake_up else None)
         weights = _Counting(parallel.iter_full_tensors(module, dtype=self.dtype, bucket_bytes=self.bucket_bytes))
@@ -515,7 +515,7 @@ class VLLMRollout(RolloutEngine):
         finally:
             weights.drain()
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        self._log_memory("after weight sync")
+        self._log_memory("After sync model weights in sharding manager")
         if self._asleep:
             if self.multi_stage_wake_up:
                 self._wake(["kv_cache"])
@@ -541,7 +541,8 @@ class VLLMRollout(RolloutEngine):
             mem = detect_device(None).memory()
         except Exception:  # noqa: BLE001 (memory reporting must never break a run)
             return
-        log.debug("vllm rollout rank %d memory %s: %s", self.rank, phase, mem)
+        # verl's phase names, so logs of the two trainers can be read side by side
+        log.debug("rank %d: %s, %s", self.rank, phase, mem)
 
     def _wake(self, tags: list[str] | None) -> None:
         if tags is None:
@@ -553,17 +554,17 @@ class VLLMRollout(RolloutEngine):
         """Free the KV cache and offload weights (vLLM sleep level 1; the only level vllm-ascend
         has) where the platform supports sleep mode; otherwise nothing."""
         if self.sleep_mode and not self._asleep:
-            self._log_memory("before sleep")
+            self._log_memory("Before vllm offload in sharding manager")
             self.llm.sleep(level=1)
             self._asleep = True
-            self._log_memory("after sleep")
+            self._log_memory("After vllm offload in sharding manager")
 
     def wake_up(self) -> None:
         if self.sleep_mode and self._asleep:
             self._wake(None)
             self._asleep = False
             self.llm.reset_prefix_cache()  # cached blocks did not survive the sleep
-            self._log_memory("after wake up")
+            self._log_memory("After vllm wake up in sharding manager")
 
     def close(self) -> None:
         """Nothing on disk to clean up (weights travel in memory); the engine stops when garbage-collected."""
