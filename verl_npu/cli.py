@@ -6,6 +6,7 @@
     verl-npu show NAME|PATH [key=value ...]
     verl-npu explain KEY | SECTION | --all
     verl-npu run NAME|PATH [key=value ...]
+    verl-npu doctor [--out DIR] [--device cpu|cuda|npu] [--rollout auto|hf|vllm] [--skip-train]
 
 A user's mistake (`UserError`) is printed without a traceback and exits 1. This module imports
 no torch/transformers/ray at import time; only `run` loads them (through the trainer).
@@ -214,6 +215,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result if isinstance(result, int) else 0
 
 
+# ------------------------------------------------------------------ doctor
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from verl_npu.doctor import run_doctor
+
+    return run_doctor(args.out, device=args.device, rollout=args.rollout, skip_train=args.skip_train, echo=_say)
+
+
 # ------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-npu", description="RL post-training recipes for NPU, CUDA and CPU.")
@@ -237,6 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("key", nargs="?")
     p.add_argument("--all", action="store_true", help="print the whole reference (markdown)")
     p.set_defaults(fn=cmd_explain)
+    p = sub.add_parser("doctor", help="check this machine before a real run (device, versions, all-reduce, 2 steps)")
+    p.add_argument("--out", default="doctor_report", help="folder for doctor.json and doctor.txt (default ./doctor_report)")
+    p.add_argument("--device", choices=("cpu", "cuda", "npu"), help="device to check (default: the one detected)")
+    p.add_argument("--rollout", choices=("auto", "hf", "vllm"), default="auto",
+                   help="rollout of the training check (auto: vllm when it works on this device, else hf)")
+    p.add_argument("--skip-train", action="store_true", help="skip the 2-step training check")
+    p.set_defaults(fn=cmd_doctor)
     return parser
 
 
