@@ -44,6 +44,8 @@ def test_validate_valid_prints_a_summary():
     assert "responses per step: 128" in out.stdout
     assert "gradient-accumulation steps per update: 4" in out.stdout
     assert "actor_rollout_ref.rollout.max_num_batched_tokens = 8192" in out.stdout
+    # the flagship's TP 4 on 8 devices: two engines, each sampling half the prompts
+    assert "rollout: 2 vllm engine(s) of tensor_model_parallel_size 4, 16 prompts each per step" in out.stdout
 
 
 def test_validate_counts_steps_from_parquet(tmp_path):

@@ -86,6 +86,15 @@ def summary_lines(rc) -> list[str]:
         f"(ceil({tbs} / ppo_mini_batch_size {mini}) x ppo_epochs {actor.ppo_epochs})",
         f"responses per update: {mini * n} ({per_device} per device)",
     ]
+    from verl_npu.rollout import rollout_group_size, rollout_spec
+
+    rollout = b.actor_rollout_ref.rollout
+    group = rollout_group_size(b)
+    if rollout_spec(str(rollout.name)).tensor_parallel:
+        lines.append(f"rollout: {world // group} {rollout.name} engine(s) of tensor_model_parallel_size {group}, "
+                     f"{tbs // max(world // group, 1)} prompts each per step")
+    else:
+        lines.append(f"rollout: {rollout.name} on the actor's module ({world // group} prompt shard(s))")
     if actor.use_dynamic_bsz:
         lines.append(f"gradient accumulation: dynamic (micro batches of <= {actor.ppo_max_token_len_per_gpu} "
                      "tokens per device)")
