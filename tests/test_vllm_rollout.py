@@ -365,6 +365,15 @@ def test_portable_worker_errors():
     assert isinstance(converted, RuntimeError) and str(converted) == "Unpicklable: engine said no"
 
 
+def test_consecutive_ranks_share_a_node():
+    from verl_npu.workers.ray_group import ranks_by_node
+
+    # a PACK placement group that interleaved two nodes: ranks 0-1 must land on one node, 2-3 on the other
+    assert ranks_by_node(["a", "b", "a", "b"], 4) == [0, 2, 1, 3]
+    assert ranks_by_node(["b", "b", "a", "a"], 4) == [0, 1, 2, 3]
+    assert ranks_by_node([], 3) == [0, 1, 2]  # nodes unknown: bundle order
+
+
 def test_rollout_registry():
     from verl_npu import rollout
 

@@ -45,6 +45,27 @@ def _rendezvous_address() -> tuple[str, int]:
     return _node_ip(), _free_port()
 
 
+def _bundle_nodes(pg) -> list[str]:
+    """The Ray node id of each bundle of a ready placement group, in bundle order."""
+    from ray.util.placement_group import placement_group_table
+
+    table = placement_group_table(pg).get("bundles_to_node_id") or {}
+    return [str(table.get(i, "")) for i in range(len(table))] if table else []
+
+
+def ranks_by_node(bundle_nodes: list[str], world_size: int) -> list[int]:
+    """Bundle index for each rank so that consecutive ranks share a node: nodes in the order of
+    their first bundle, bundles in order within a node. A "PACK" placement group may interleave
+    nodes, while rollout TP groups and Ulysses groups of consecutive ranks must stay inside one
+    node (fast intra-node links; vLLM's TP group is node-local). Nodes unknown: bundle order."""
+    if len(bundle_nodes) != world_size:
+        return list(range(world_size))
+    order: dict[str, list[int]] = {}
+    for index, node in enumerate(bundle_nodes):
+        order.setdefault(node, []).append(index)
+    return [index for indices in order.values() for index in indices]
+
+
 def _portable(exc: Exception) -> Exception:
     """`exc` if Ray can carry it back to the controller, else a RuntimeError with its text (an
     engine's validation error may not pickle, and Ray would then only say "isn't serializable")."""
@@ -139,16 +160,18 @@ class RayWorkerGroup(WorkerGroup):
                 f"{WORKER_START_TIMEOUT_S}s; the cluster has {ray.cluster_resources()}. Lower "
                 f"trainer.n_gpus_per_node / trainer.nnodes or add nodes"
             )
+        bundles = ranks_by_node(_bundle_nodes(self._pg), self.world_size)
         host_cls = ray.remote(_WorkerHost)
         # the rendezvous lives on rank 0's node (which need not be this one): ask that node for a free port
         addr, port = ray.get(ray.remote(num_cpus=0)(_rendezvous_address).options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=0)
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=bundles[0])
         ).remote())
         container = OmegaConf.to_container(cfg, resolve=True)
         self.actors = [
             host_cls.options(
                 **options,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=bundles[rank]),
                 name=None,
             ).remote(container, total_training_steps, rank, self.world_size, addr, port)
             for rank in range(self.world_size)
