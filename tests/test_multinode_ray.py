@@ -238,7 +238,7 @@ def metrics(out: Path) -> dict[int, dict]:
 # ---------------------------------------------------------------------------- the test
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="loopback multi-node Ray cluster: Linux only")
-@pytest.mark.parametrize("engine", ["hf", "vllm"])
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_two_ray_nodes_train_like_one_worker(tmp_path, tiny_lm_path, engine):
     import torch
     from safetensors.torch import load_file
