@@ -131,8 +131,9 @@ def test_load_custom_reward_with_kwargs(tmp_path):
     )
     fn = load_reward_fn({"path": str(f), "name": "length_reward", "reward_kwargs": {"scale": 0.5}})
     assert fn("any", "abcd", "abcd") == {"score": 2.0, "matched": True}
-    assert load_reward_fn({"path": None, "name": "compute_score"}) is default_compute_score
-    assert load_reward_fn(None) is default_compute_score
+    assert fn.name == f"length_reward in {f}" and fn.timeout_s == 30.0
+    assert load_reward_fn({"path": None, "name": "compute_score"}).fn is default_compute_score
+    assert load_reward_fn(None).fn is default_compute_score
 
 
 def test_bad_custom_reward_names_file_and_function(tmp_path):
@@ -170,10 +171,12 @@ def test_scorer_reports_a_raising_reward_with_row_and_source():
             raise ZeroDivisionError("division by zero")
         return 1.0
 
-    with pytest.raises(UserError, match=r"row 1 \(data_source 'src/b'\).*ZeroDivisionError: division by zero"):
-        RewardScorer(flaky).score(["ok", "boom"], ["src/a", "src/b"], ["x", "y"], [{}, {}])
-    with pytest.raises(UserError, match=r"row 0 \(data_source 'unknown/ds'\).*no reward function"):
-        RewardScorer().score(["x"], ["unknown/ds"], ["y"], [{}])
+    with pytest.raises(UserError, match=r"reward of data file t.parquet row 7 \(data_source 'src/b', response 1 of "
+                                        r"the batch\).*flaky raised ZeroDivisionError: division by zero"):
+        RewardScorer(flaky).score(["ok", "boom"], ["src/a", "src/b"], ["x", "y"], [{}, {}],
+                                  rows=["data file t.parquet row 3", "data file t.parquet row 7"])
+    with pytest.raises(UserError, match=r"dataset row 4 \(data_source 'unknown/ds', response 0.*no reward function"):
+        RewardScorer().score(["x"], ["unknown/ds"], ["y"], [{}], rows=[4])
 
 
 @pytest.mark.parametrize("result, message", [

@@ -5,7 +5,7 @@
     verl-npu validate NAME|PATH [key=value ...] [--check-paths]
     verl-npu show NAME|PATH [key=value ...]
     verl-npu explain KEY | SECTION | --all
-    verl-npu run NAME|PATH [key=value ...]
+    verl-npu run NAME|PATH [key=value ...] [--demo-data]
     verl-npu doctor [--out DIR] [--device cpu|cuda|npu] [--rollout auto|hf|vllm] [--skip-train]
 
 A user's mistake (`UserError`) is printed without a traceback and exits 1. This module imports
@@ -204,7 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(f"  {line}")
     prepare_assets = _optional("verl_npu.demo", "prepare_assets")
     if prepare_assets is not None:
-        for line in prepare_assets(rc) or []:
+        for line in prepare_assets(rc, demo_data=args.demo_data) or []:
             _say(f"[verl-npu] prepared {line}")
     problems = check_paths(rc)
     if problems:
@@ -249,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="key=value (full or verl short form)")
         if verb == "validate":
             p.add_argument("--check-paths", action="store_true", help="also check data/model paths exist")
+        if verb == "run":
+            p.add_argument("--demo-data", action="store_true",
+                           help="with a tiny:// model, write synthetic demo data to the missing data files "
+                                "(never replaces a file); without it only the demo recipes' own data paths get it")
         p.set_defaults(fn=fn)
     p = sub.add_parser("explain", help="meaning, type, default and rules of a key")
     p.add_argument("key", nargs="?")

@@ -1,14 +1,23 @@
 """Assets of demo recipes, made on first use: tiny local models and synthetic data.
 
-Rule: a recipe whose model is a `tiny://` model is a demo recipe; when its train/val parquet
-files are missing, synthetic geometry data is written there (the same thing
-`python data_prep/geometry3k.py --synthetic N --local-save-dir DIR` does). Real recipes never get
-data made up for them: a missing file stays an error.
+Rule: `run` never writes into a folder the user named. Synthetic data (the same thing
+`python data_prep/geometry3k.py --synthetic N --local-save-dir DIR` writes for tiny://qwen25vl;
+`DEMO_DATA` says which task each tiny model gets) is made only when
+- the model is a `tiny://` model (a demo recipe), and
+- the recipe's train/val files are a shipped demo recipe's own default paths (for `tiny_geo3k`:
+  `data/tiny_geo3k/train.parquet` and `data/tiny_geo3k/test.parquet`, relative to the current
+  folder), or `verl-npu run --demo-data` asks for it explicitly;
+and even then only the missing files are written: an existing file is never replaced or renamed.
+Any other missing data file is left to the path check, which stops the run with the same error as
+`verl-npu validate --check-paths` (naming the key and the file).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger("verl_npu")
@@ -16,33 +25,112 @@ log = logging.getLogger("verl_npu")
 DEMO_TRAIN_ROWS = 512
 DEMO_TEST_ROWS = 64
 
+#: tiny model -> (module, function, extra keyword arguments, what it writes): the synthetic data of
+#: its demos. The function is called as ``fn(save_dir, n_train, n_test, seed=..., **kwargs)``, writes
+#: ``train.parquet`` / ``test.parquet`` and returns a dict with ``"paths": {"train", "test"}``
+#: (as ``verl_npu.data.geometry3k.prepare_synthetic`` does). A model without an entry, or whose
+#: function does not exist, gets no data made up.
+DEMO_DATA = {
+    "qwen25vl": ("verl_npu.data.geometry3k", "prepare_synthetic", {"image_size": 56}, "synthetic geometry data"),
+    "qwen2": ("verl_npu.data.gsm8k", "prepare_synthetic", {}, "synthetic arithmetic data"),
+}
 
-def prepare_assets(rc) -> list[str]:
-    """Make what a demo recipe needs; returns a line per thing made."""
+
+def _data_writer(model_path: str):
+    """(function, kwargs, label) that writes the demo data of tiny model ``model_path``, or None."""
+    import importlib
+
+    entry = DEMO_DATA.get(str(model_path).split("://", 1)[-1])
+    if entry is None:
+        return None
+    module, name, kwargs, label = entry
+    fn = getattr(importlib.import_module(module), name, None)
+    return (fn, kwargs, label) if callable(fn) else None
+
+
+def _resolved(path) -> str:
+    return os.path.abspath(os.path.expanduser(str(path)))
+
+
+def demo_data_paths() -> list[tuple[str, str, str]]:
+    """(model, train file, val file) of every shipped demo recipe (a `tiny://` model, one train and
+    one val file), the files resolved against the current folder as a run would resolve them."""
+    import yaml
+
     from verl_npu.data import as_file_list
     from verl_npu.models.tiny import is_tiny_uri
+    from verl_npu.recipes import list_recipes
+
+    pairs = []
+    for info in list_recipes():
+        try:
+            backend = (yaml.safe_load(info.path.read_text()) or {}).get("backend_config") or {}
+            model = ((backend.get("actor_rollout_ref") or {}).get("model") or {}).get("path")
+            data = backend.get("data") or {}
+            train, val = as_file_list(data.get("train_files") or []), as_file_list(data.get("val_files") or [])
+        except Exception:  # noqa: BLE001 - a recipe that does not parse is no demo
+            continue
+        if is_tiny_uri(model) and len(train) == 1 and len(val) == 1:
+            pairs.append((str(model), _resolved(train[0]), _resolved(val[0])))
+    return pairs
+
+
+def may_make_demo_data(rc, demo_data: bool = False) -> bool:
+    """True when `run` may write synthetic data to the recipe's train/val files: a `tiny://`
+    model, one train and one val file, and either `demo_data` (the `--demo-data` flag) or the
+    model and files are a shipped demo recipe's own."""
+    from verl_npu.data import as_file_list
+    from verl_npu.models.tiny import is_tiny_uri
+
+    data = rc.backend.data
+    model = str(rc.backend.actor_rollout_ref.model.path)
+    if not is_tiny_uri(model):
+        return False
+    train, val = as_file_list(data.train_files or []), as_file_list(data.val_files or [])
+    if len(train) != 1 or len(val) != 1:
+        return False
+    return demo_data or (model, _resolved(train[0]), _resolved(val[0])) in demo_data_paths()
+
+
+def prepare_assets(rc, demo_data: bool = False) -> list[str]:
+    """Make what a demo recipe needs (see the module docstring); returns a line per thing made.
+    Nothing is made for a recipe whose model is not a `tiny://` model."""
+    from verl_npu.data import as_file_list
+    from verl_npu.models.tiny import is_tiny_uri, materialize
 
     data = rc.backend.data
     model_path = str(rc.backend.actor_rollout_ref.model.path)
     if not is_tiny_uri(model_path):
         return []
     made = []
-    train, val = as_file_list(data.train_files), as_file_list(data.val_files)
-    if any(not Path(f).exists() for f in train + val):
-        if len(train) != 1 or len(val) != 1 or Path(train[0]).parent != Path(val[0]).parent:
-            return made
-        from verl_npu.data.geometry3k import prepare_synthetic
-
-        save_dir = Path(train[0]).parent
-        result = prepare_synthetic(save_dir, DEMO_TRAIN_ROWS, DEMO_TEST_ROWS, seed=int(data.seed), image_size=56)
-        # prepare_synthetic writes train.parquet / test.parquet; the recipe names them
-        for want, made_path in ((train[0], result["paths"]["train"]), (val[0], result["paths"]["test"])):
-            if Path(want).resolve() != Path(made_path).resolve():
-                Path(made_path).replace(want)
-        made.append(f"synthetic geometry data in {save_dir} ({DEMO_TRAIN_ROWS} train / {DEMO_TEST_ROWS} test rows)")
-    from verl_npu.models.tiny import materialize
-
+    train, val = as_file_list(data.train_files or []), as_file_list(data.val_files or [])
+    wanted = [(f, split) for files, split in ((train, "train"), (val, "test")) for f in files]
+    missing = [(Path(os.path.expanduser(f)), split) for f, split in wanted if not Path(os.path.expanduser(f)).exists()]
+    if missing:
+        writer = _data_writer(model_path)
+        if writer is None or not may_make_demo_data(rc, demo_data):
+            return []  # the path check names the missing file(s); nothing is written
+        made.append(_write_missing(missing, int(data.seed if data.seed is not None else 0), writer))
     made.append(f"tiny model {model_path} at {materialize(model_path)}")
     for line in made:
         log.info("demo assets: %s", line)
     return made
+
+
+def _write_missing(missing: list[tuple[Path, str]], seed: int, writer) -> str:
+    """Synthetic data for each missing (file, split), generated aside and moved into place; files
+    that appeared in the meantime are left alone."""
+    fn, kwargs, label = writer
+    first = missing[0][0]
+    first.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".verl_npu_demo_", dir=first.parent))
+    try:
+        result = fn(scratch, DEMO_TRAIN_ROWS, DEMO_TEST_ROWS, seed=seed, **kwargs)
+        for path, split in missing:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                shutil.move(str(result["paths"][split]), str(path))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    names = ", ".join(str(p) for p, _ in missing)
+    return f"{label}: {names} ({DEMO_TRAIN_ROWS} train / {DEMO_TEST_ROWS} test rows)"

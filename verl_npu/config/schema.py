@@ -254,6 +254,8 @@ _k("reward_model.launch_reward_fn_async", False, BOOL, "Compute rewards asynchro
 _k("custom_reward_function.path", None, STR, "Python file with your reward function; null uses the "
    "built-in reward for each data_source.")
 _k("custom_reward_function.name", "compute_score", STR, "Function name in custom_reward_function.path.")
+_k("custom_reward_function.timeout_s", 30.0, FLOAT, "Seconds one reward call (one response) may take; "
+   "a call past it stops the run with an error naming the dataset row. null: no limit.", gt=0, nullable=True)
 AL = "algorithm"
 _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor.", min=0, max=1)
 _k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda.", min=0, max=1)

@@ -26,6 +26,7 @@ import io
 import logging
 import multiprocessing as mp
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,10 @@ TRUNCATION_MODES = ("error", "left", "right", "middle")
 # Processor outputs aligned with the token sequence: they are not per-image inputs, and padding
 # or truncation would misalign them (the model code rebuilds mm_token_type_ids from input_ids).
 SEQUENCE_ALIGNED_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
+#: the image check (`RLDataset.check_images`) draws a progress bar above this many rows
+CHECK_PROGRESS_MIN_ROWS = 1000
+#: bad rows listed one by one in the image check's error (the count covers them all)
+MAX_LISTED_PROBLEMS = 10
 
 
 def _cfg_get(cfg: Any, key: str, default: Any) -> Any:
@@ -180,6 +185,7 @@ class RLDataset:
             self._offsets.append(self._offsets[-1] + t.num_rows)
         self.num_source_rows = len(self._refs)
         self.num_filtered = 0
+        self.check_images()
         if self.settings.filter_overlong_prompts:
             self._filter_overlong()
 
@@ -247,6 +253,78 @@ class RLDataset:
                     f"(columns: {', '.join(cols)}); set data.image_key to the column holding the images"
                 )
         return table
+
+    def check_images(self) -> None:
+        """Check every row's images before training: each decodes (the whole image, not only its
+        header), can be resized within the pixel limits (``smart_resize``), matches one ``<image>``
+        placeholder, and (unless ``data.filter_overlong_prompts``) its image tokens alone fit
+        ``data.max_prompt_length``. A tqdm bar (stderr) shows the progress above
+        `CHECK_PROGRESS_MIN_ROWS` rows.
+
+        Raises:
+            UserError: listing the bad rows (file, row in the file, column, image number, what is
+                wrong; at most `MAX_LISTED_PROBLEMS` of them) and their count.
+        """
+        if self.processor is None:
+            return
+        s = self.settings
+        tables = [(fi, t) for fi, t in enumerate(self._tables) if s.image_key in t.column_names]
+        total = sum(t.num_rows for _, t in tables)
+        if not total:
+            return
+        from tqdm import tqdm  # noqa: PLC0415
+
+        problems: list[str] = []
+        bad_rows = 0
+        with tqdm(total=total, desc="checking images", unit="row", file=sys.stderr, leave=False,
+                  disable=total <= CHECK_PROGRESS_MIN_ROWS) as bar:
+            for fi, table in tables:
+                r = 0
+                for chunk in table.select([s.image_key, s.prompt_key]).to_batches(max_chunksize=256):
+                    for images, prompt in zip(chunk.column(0).to_pylist(), chunk.column(1).to_pylist()):
+                        found = self._row_image_problems(images or [], prompt, self.files[fi], r)
+                        if found:
+                            bad_rows += 1
+                            problems += found[:max(0, MAX_LISTED_PROBLEMS - len(problems))]
+                        r += 1
+                    bar.update(chunk.num_rows)
+        if bad_rows:
+            more = f"\n  ({bad_rows} bad rows in all)" if bad_rows > 1 else ""
+            raise UserError(
+                f"{bad_rows} of {total} rows with images cannot be used (checked before training):\n  - "
+                + "\n  - ".join(problems) + more
+                + "\nFix or drop these rows (data_prep/geometry3k.py --skip-bad-rows drops undecodable ones), "
+                "or point data.train_files / data.val_files at good files"
+            )
+
+    def _row_image_problems(self, images: list, prompt: Any, file: str, r: int) -> list[str]:
+        """What is wrong with the images of row ``r`` of ``file`` (empty: nothing)."""
+        s = self.settings
+        where = f"data file {file} row {r} column {s.image_key!r}"
+        out = []
+        try:
+            self._messages({s.prompt_key: prompt}, f"data file {file} row {r}", len(images))
+        except UserError as e:
+            out.append(str(e))
+        tokens = 0
+        for k, value in enumerate(images):
+            try:
+                image = _decode_image(value, where, k)
+            except UserError as e:
+                out.append(str(e))
+                continue
+            try:
+                h, w = self._resized_size(image.height, image.width)
+            except (ValueError, ZeroDivisionError, AssertionError) as e:
+                out.append(f"{where}: image {k} is {image.width}x{image.height} px and cannot be resized within "
+                           f"min_pixels={self.min_pixels}..max_pixels={self.max_pixels} ({e}); crop or pad it")
+                continue
+            tokens += self.image_tokens(h, w)
+        if tokens > s.max_prompt_length and not s.filter_overlong_prompts:
+            out.append(f"{where}: the images alone take {tokens} prompt tokens, more than data.max_prompt_length="
+                       f"{s.max_prompt_length}; raise data.max_prompt_length, lower data.max_pixels (now "
+                       f"{self.max_pixels}), or set data.filter_overlong_prompts=true to drop such rows")
+        return out
 
     def _filter_overlong(self) -> None:
         n = len(self._refs)
@@ -403,6 +481,7 @@ class RLDataset:
             ground_truth=_ground_truth(row, where),
             extra_info=row.get("extra_info") or {},
             index=source_index,
+            data_row=where,
         )
         if images:
             item["multi_modal_data"] = {"image": images}

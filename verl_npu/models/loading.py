@@ -2,9 +2,10 @@
 
 Paths may be ``tiny://NAME`` (built locally by `verl_npu.models.tiny`), a local folder (``~`` is
 expanded) or a Hugging Face hub id, which works only where the hub is reachable or the model is in
-the local Hugging Face cache. Every mistake a user can make here (missing folder, folder without
-weights, tokenizer without a chat template, bad override key, missing external library) raises a
-`UserError` naming the path or key and the fix.
+the local Hugging Face cache. Every mistake a user can make here (missing folder, a folder that is
+not a model, a model folder without weights, tokenizer files or (vision-language) processor files,
+tokenizer without a chat template, bad override key, missing external library) raises a
+`UserError` naming the path or key, what is missing and how to get it.
 """
 
 from __future__ import annotations
@@ -83,9 +84,13 @@ def load_config(path, *, trust_remote_code: bool = False):
     local = resolve_model_path(path)
     _check_path_exists(local, path)
     if os.path.isdir(local) and not os.path.isfile(os.path.join(local, "config.json")):
+        below = _model_folders_below(local)
+        hint = (f" Model folders below it: {', '.join(below)}." if below else "")
         raise UserError(
             f"{MODEL_KEY}.path {path!r}: the folder has no config.json, so it is not a Hugging Face "
-            f"model folder (it holds: {_listing(local)}). Point the path at the folder that has config.json."
+            f"model folder (it holds: {_listing(local)}).{hint} Point the path at the folder that has config.json, "
+            "or download the model into a folder of its own (`huggingface-cli download ORG/NAME --local-dir DIR`) "
+            "and point the path at DIR."
         )
     try:
         return AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
@@ -119,22 +124,34 @@ def load_tokenizer_and_processor(path, *, trust_remote_code: bool = False, custo
 
     ``custom_chat_template`` (a Jinja string, or the path of a file holding one) replaces the
     tokenizer's and processor's chat template. A tokenizer left without a chat template is a
-    UserError. A tokenizer without a pad token gets its eos token as pad token.
+    UserError. A tokenizer without a pad token gets its eos token as pad token. A local folder is
+    checked first (`check_model_folder`): config.json, weights, tokenizer files and, for a
+    vision-language model, processor files; every missing part is named in one UserError.
     """
     from transformers import AutoProcessor, AutoTokenizer
 
     local = resolve_model_path(path)
     _check_path_exists(local, path)
+    config = load_config(path, trust_remote_code=trust_remote_code)  # a folder without config.json stops here
+    if os.path.isdir(local):
+        check_model_folder(local, path, config, trust_remote_code=trust_remote_code)
     try:
         tokenizer = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - OSError, ValueError ("Couldn't instantiate the backend tokenizer"), ...
         if not os.path.isdir(local):
-            raise _hub_failure(local, "tokenizer", err) from err
+            if isinstance(err, OSError):
+                raise _hub_failure(local, "tokenizer", err) from err
+            raise
         raise UserError(
-            f"{MODEL_KEY}.path {path!r}: no tokenizer could be loaded from the folder ({err}). "
-            f"It holds: {_listing(local)}. Copy the tokenizer files (tokenizer.json, tokenizer_config.json) "
-            "of the base model into it."
+            f"{MODEL_KEY}.path {path!r}: no tokenizer could be loaded from the folder ({type(err).__name__}: {err}). "
+            f"It holds: {_listing(local)}. {_TOKENIZER_FIX}"
         ) from err
+    if len(tokenizer) < _MIN_VOCAB:
+        holds = f" (the folder holds: {_listing(local)})" if os.path.isdir(local) else ""
+        raise UserError(
+            f"{MODEL_KEY}.path {path!r}: the tokenizer loaded from it has {len(tokenizer)} token(s), so its "
+            f"vocabulary files are missing or empty{holds}. {_TOKENIZER_FIX}"
+        )
 
     if custom_chat_template:
         template = str(custom_chat_template)
@@ -152,7 +169,6 @@ def load_tokenizer_and_processor(path, *, trust_remote_code: bool = False, custo
         logger.info("tokenizer of %s has no pad token: using eos token %r", path, tokenizer.eos_token)
 
     processor = None
-    config = load_config(path, trust_remote_code=trust_remote_code)
     if is_vision_language(config):
         try:
             processor = AutoProcessor.from_pretrained(local, trust_remote_code=trust_remote_code)
@@ -169,6 +185,86 @@ def load_tokenizer_and_processor(path, *, trust_remote_code: bool = False, custo
             if custom_chat_template or not getattr(processor, "chat_template", None):
                 processor.chat_template = tokenizer.chat_template
     return tokenizer, processor
+
+
+# Files that hold a tokenizer's vocabulary (one of them is needed); `*.tiktoken` too.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                    "sentencepiece.bpe.model", "vocab.model")
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+# A tokenizer with fewer tokens than this was built without its vocabulary files.
+_MIN_VOCAB = 16
+_TOKENIZER_FIX = ("Copy the tokenizer files of the model it comes from (tokenizer.json and tokenizer_config.json, or "
+                  "vocab.json + merges.txt; a fine-tuned checkpoint often lacks them) into the folder, or download "
+                  "the complete model (`huggingface-cli download ORG/NAME --local-dir DIR`).")
+
+
+def _hub_name(folder: str) -> str:
+    """The model's hub id when config.json records one (``_name_or_path``), else ``ORG/NAME``."""
+    try:
+        name = json.loads(Path(folder, "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and _looks_like_hub_id(name) else "ORG/NAME"
+
+
+def _has_tokenizer_files(folder: str, trust_remote_code: bool) -> bool:
+    names = os.listdir(folder)
+    if any(n in _TOKENIZER_FILES or n.endswith(".tiktoken") for n in names):
+        return True
+    # a remote-code tokenizer may keep its vocabulary elsewhere
+    if trust_remote_code and "tokenizer_config.json" in names:
+        try:
+            return "auto_map" in json.loads(Path(folder, "tokenizer_config.json").read_text())
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+def _has_weights(folder: str) -> bool:
+    names = os.listdir(folder)
+    return (any(n in _SINGLE_WEIGHT_FILES or n in _INDEX_FILES for n in names)
+            or any(n.endswith(".safetensors") for n in names))
+
+
+def check_model_folder(folder: str, shown_path, config, *, trust_remote_code: bool = False) -> None:
+    """UserError naming every part a local model folder lacks (config.json is checked before):
+    weights, tokenizer files, and for a vision-language model the processor files; the message
+    says how to get them. With weights listed in an index but shards missing, the error of
+    `check_weights_present`."""
+    missing = []
+    if not _has_weights(folder):
+        missing.append("weights (model.safetensors, or model-*.safetensors shards with model.safetensors.index.json)")
+    if not _has_tokenizer_files(folder, trust_remote_code):
+        missing.append("tokenizer files (tokenizer.json and tokenizer_config.json, or vocab.json + merges.txt)")
+    if is_vision_language(config) and not any(os.path.isfile(os.path.join(folder, f)) for f in _PROCESSOR_FILES):
+        missing.append(f"processor files (preprocessor_config.json or processor_config.json: the image settings of "
+                       f"this vision-language model, {config.model_type})")
+    if not missing:
+        check_weights_present(folder, shown_path)
+        return
+    raise UserError(
+        f"{MODEL_KEY}.path {shown_path!r} is not a complete model folder: it has config.json but no "
+        + "; no ".join(missing) + f". The folder holds: {_listing(folder)}. Download the complete model into it "
+        f"(`huggingface-cli download {_hub_name(folder)} --local-dir {folder}` adds the missing files), or copy the "
+        "missing files from the model it comes from (a fine-tuned checkpoint often lacks tokenizer and processor "
+        "files: copy them from its base model)."
+    )
+
+
+def _model_folders_below(folder: str, depth: int = 3, limit: int = 3) -> list[str]:
+    """Up to ``limit`` folders under ``folder`` (at most ``depth`` levels down) that hold a config.json."""
+    found: list[str] = []
+    base = Path(folder)
+    for current, dirs, files in os.walk(folder):
+        rel_depth = len(Path(current).relative_to(base).parts)
+        if rel_depth >= depth:
+            dirs[:] = []
+        dirs.sort()
+        if rel_depth and "config.json" in files:
+            found.append(current)
+            if len(found) >= limit:
+                break
+    return found
 
 
 def _listing(folder: str, limit: int = 12) -> str:

@@ -23,8 +23,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import logging
 import math
+import numbers
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +38,12 @@ from verl_npu.errors import UserError
 from verl_npu.rewards import geo3k, gsm8k, synthetic_geometry
 
 RewardFn = Callable[..., "float | dict"]
+
+#: seconds one reward call may take (custom_reward_function.timeout_s; null: no limit)
+DEFAULT_TIMEOUT_S = 30.0
+#: alarms a timed-out reward may swallow (one a second) before the process is ended
+STUCK_ALARMS = 5
+_BUILTIN = "verl_npu.rewards.default_compute_score (the built-in rewards)"
 
 _REGISTRY: dict[str, RewardFn] = {}
 
@@ -78,19 +90,57 @@ def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def load_reward_fn(custom_reward_function_cfg: Any = None) -> RewardFn:
-    """The user's reward (``custom_reward_function.path`` / ``.name``), else ``default_compute_score``.
+def _timeout_of(cfg: Any) -> float | None:
+    """``custom_reward_function.timeout_s``: absent -> the default; null -> None (no limit).
+
+    Raises:
+        UserError: the value is not a positive number.
+    """
+    if cfg is None:
+        return DEFAULT_TIMEOUT_S
+    has = ("timeout_s" in cfg) if hasattr(cfg, "__contains__") else hasattr(cfg, "timeout_s")
+    if not has:
+        return DEFAULT_TIMEOUT_S
+    value = cfg.get("timeout_s") if hasattr(cfg, "get") else getattr(cfg, "timeout_s")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
+        raise UserError(f"custom_reward_function.timeout_s must be a positive number of seconds or null "
+                        f"(no limit), got {value!r}")
+    return float(value)
+
+
+class RewardFunction:
+    """A reward function with what errors call it (``name``) and its per-call limit (``timeout_s``,
+    None: none). Calling it calls the function."""
+
+    def __init__(self, fn: RewardFn, name: str, timeout_s: float | None = DEFAULT_TIMEOUT_S):
+        self.fn = fn
+        self.name = name
+        self.timeout_s = timeout_s
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"RewardFunction({self.name}, timeout_s={self.timeout_s})"
+
+
+def load_reward_fn(custom_reward_function_cfg: Any = None) -> RewardFunction:
+    """The user's reward (``custom_reward_function.path`` / ``.name``), else ``default_compute_score``,
+    as a `RewardFunction` carrying its name and ``custom_reward_function.timeout_s``.
 
     ``name`` defaults to ``compute_score``; ``reward_kwargs`` (a mapping), when set, is bound as
     extra keyword arguments of the user's function.
 
     Raises:
         UserError: the file is missing, fails to import, or has no callable of that name (the
-            message names the file and the function).
+            message names the file and the function); ``timeout_s`` is not a positive number.
     """
+    timeout_s = _timeout_of(custom_reward_function_cfg)
     path = _cfg_get(custom_reward_function_cfg, "path")
     if not path:
-        return default_compute_score
+        return RewardFunction(default_compute_score, _BUILTIN, timeout_s)
     name = _cfg_get(custom_reward_function_cfg, "name", "compute_score") or "compute_score"
     file = Path(str(path)).expanduser()
     if not file.is_file():
@@ -103,6 +153,9 @@ def load_reward_fn(custom_reward_function_cfg: Any = None) -> RewardFn:
     sys.modules[module_name] = module  # lets the user's module pickle its own objects (Ray workers)
     try:
         spec.loader.exec_module(module)
+    except SystemExit as e:
+        sys.modules.pop(module_name, None)
+        raise UserError(f"custom_reward_function.path: importing {file} called sys.exit({e.code!r})") from None
     except Exception as e:
         sys.modules.pop(module_name, None)
         raise UserError(f"custom_reward_function.path: importing {file} failed ({type(e).__name__}: {e})") from e
@@ -116,63 +169,228 @@ def load_reward_fn(custom_reward_function_cfg: Any = None) -> RewardFn:
     kwargs = _cfg_get(custom_reward_function_cfg, "reward_kwargs") or {}
     if kwargs:
         fn = functools.partial(fn, **dict(kwargs))
-    return fn
+    return RewardFunction(fn, f"{name} in {file}", timeout_s)
+
+
+# ------------------------------------------------------------------ calling a reward safely
+class RewardTimeout(BaseException):
+    """Raised inside a reward function that passed its deadline. A BaseException, so that the
+    function's own ``except Exception`` does not swallow it."""
+
+
+def as_score(value: Any) -> float | None:
+    """``value`` as a float when it is a real number, else None.
+
+    Accepted: int, float, bool (True = 1.0, False = 0.0, as verl's reward managers store a bool
+    into a float tensor), numpy / torch scalars and one-element arrays. Refused (None): str
+    (``"1"`` included), None, lists, dicts, complex numbers, anything else.
+    """
+    if type(value).__module__.split(".")[0] in ("numpy", "torch") and hasattr(value, "item"):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):  # more than one element
+            return None
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return None
+
+
+def _call_with_alarm(fn: Callable, args: tuple, timeout_s: float, stuck_message: str) -> tuple[bool, Any]:
+    """``(True, result)``, or ``(False, None)`` when ``fn`` ran past ``timeout_s``.
+
+    Main thread only: SIGALRM interrupts Python code, sleeps and I/O, and C loops that check for
+    signals (a catastrophic regular expression included). The alarm repeats every second until
+    the call returns, so a reward that catches the first one gets another; one that swallows
+    `STUCK_ALARMS` of them (a bare ``except:`` in a loop) cannot be stopped from inside the
+    process, so the process ends (exit status 1) after printing ``stuck_message``. A timer that
+    was already running (e.g. pytest-timeout's) is put back with its remaining time.
+    """
+    state = {"done": False, "fired": 0}
+
+    def on_alarm(signum, frame):  # noqa: ARG001
+        if state["done"]:
+            return
+        state["fired"] += 1
+        if state["fired"] > STUCK_ALARMS:
+            _die(stuck_message)
+        raise RewardTimeout()
+
+    start = time.monotonic()
+    previous_handler = signal.signal(signal.SIGALRM, on_alarm)
+    previous_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s, 1.0)
+    try:
+        try:
+            result = fn(*args)
+        finally:
+            state["done"] = True
+    except RewardTimeout:
+        return False, None
+    except (Exception, SystemExit):
+        if state["fired"]:  # the function turned the timeout into an error of its own
+            return False, None
+        raise
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler if previous_handler is not None else signal.SIG_DFL)
+        if previous_timer[0] > 0:
+            left = previous_timer[0] - (time.monotonic() - start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), previous_timer[1])
+    if state["fired"]:  # caught the alarm and returned late: still a timeout
+        return False, None
+    return True, result
+
+
+def _call_in_thread(fn: Callable, args: tuple, timeout_s: float) -> tuple[bool, Any]:
+    """Like `_call_with_alarm`, for callers outside the main thread: the call runs in a daemon
+    thread that is abandoned when it passes the deadline. (A C loop that holds the GIL, such as
+    a catastrophic regular expression, cannot be timed out this way.)"""
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="verl-npu-reward", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return False, None
+    if "error" in box:
+        raise box["error"]
+    return True, box["result"]
+
+
+def _die(message: str) -> None:
+    log = logging.getLogger("verl_npu")
+    if log.handlers:  # a run's log: its console handler prints it too
+        log.error("%s", message)
+        logging.shutdown()
+    else:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def call_with_timeout(fn: Callable, args: tuple, timeout_s: float | None,
+                      stuck_message: str = "a reward function ignores its timeout") -> tuple[bool, Any]:
+    """``fn(*args)`` with a deadline: ``(True, result)`` or ``(False, None)`` after ``timeout_s``
+    seconds (None: no deadline). Exceptions of ``fn`` propagate."""
+    if timeout_s is None:
+        return True, fn(*args)
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+        return _call_with_alarm(fn, args, timeout_s, stuck_message)
+    return _call_in_thread(fn, args, timeout_s)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class RewardScorer:
     """Scores a batch of responses with one reward function, row by row.
 
-    ``score(responses, data_sources, ground_truths, extra_infos)`` returns ``(scores, extras)``:
-    ``scores[i]`` is row i's reward (a float result, or the ``"score"`` of a dict result) and
-    ``extras[name][i]`` each numeric sub-score of dict results (NaN for rows whose result lacks
-    that name; booleans count as 0/1; non-numeric values are not returned).
+    ``score(responses, data_sources, ground_truths, extra_infos, rows=None)`` returns
+    ``(scores, extras)``: ``scores[i]`` is response i's reward (a float result, or the ``"score"``
+    of a dict result) and ``extras[name][i]`` each numeric sub-score of dict results (NaN for
+    responses whose result lacks that name; booleans count as 0/1; non-numeric values are not
+    returned). ``rows[i]`` names response i's dataset row (the dataset's ``data_row``, e.g.
+    ``"data file train.parquet row 5"``, or an int row index); every error names it.
+
+    A score must be a real number: int, float, bool (True = 1, False = 0, as in verl), or a
+    numpy / torch scalar. Each call has ``timeout_s`` seconds (None: no limit).
 
     Raises (from ``score``):
-        UserError: the function raised (naming the row, its data source and the exception),
-            returned a dict without ``"score"``, or returned a non-numeric or non-finite score.
+        UserError: naming the function, the dataset row, its data source and the value, when the
+            function raised, called ``sys.exit``, passed ``timeout_s``, returned a dict without
+            ``"score"``, or returned a non-numeric (``"1"``, None, a list, ...) or non-finite score.
     """
 
-    def __init__(self, fn: RewardFn | None = None):
-        self.fn = fn or default_compute_score
+    def __init__(self, fn: RewardFn | RewardFunction | None = None, timeout_s: Any = "default"):
+        fn = fn or default_compute_score
+        if isinstance(fn, RewardFunction):
+            self.fn, self.name, self.timeout_s = fn.fn, fn.name, fn.timeout_s
+        else:
+            self.fn, self.name, self.timeout_s = fn, _describe(fn), DEFAULT_TIMEOUT_S
+        if timeout_s != "default":
+            self.timeout_s = None if timeout_s is None else float(timeout_s)
+
+    def _name_for(self, data_source: Any) -> str:
+        if self.fn is default_compute_score:
+            builtin = _REGISTRY.get(data_source)
+            return f"{_describe(builtin)} (the built-in reward of {data_source!r})" if builtin is not None else _BUILTIN
+        return self.name
 
     def score(self, responses: list[str], data_sources: list[str], ground_truths: list[str],
-              extra_infos: list[dict] | None = None) -> tuple[list[float], dict[str, list[float]]]:
+              extra_infos: list[dict] | None = None,
+              rows: list | None = None) -> tuple[list[float], dict[str, list[float]]]:
         n = len(responses)
         if extra_infos is None:
             extra_infos = [None] * n
-        if not (len(data_sources) == len(ground_truths) == len(extra_infos) == n):
+        if not (len(data_sources) == len(ground_truths) == len(extra_infos) == n) or (rows is not None
+                                                                                   and len(rows) != n):
             raise ValueError(
                 f"RewardScorer.score: lengths differ (responses {n}, data_sources {len(data_sources)}, "
-                f"ground_truths {len(ground_truths)}, extra_infos {len(extra_infos)})"
+                f"ground_truths {len(ground_truths)}, extra_infos {len(extra_infos)}"
+                f"{'' if rows is None else f', rows {len(rows)}'})"
             )
         scores: list[float] = []
         extras: dict[str, list[float]] = {}
         for i, (resp, src, gt, info) in enumerate(zip(responses, data_sources, ground_truths, extra_infos)):
-            where = f"reward of row {i} (data_source {src!r})"
+            row = rows[i] if rows is not None else None
+            if row is None:
+                row_text = "an unknown dataset row"
+            elif isinstance(row, (int, numbers.Integral)):
+                row_text = f"dataset row {int(row)}"
+            else:
+                row_text = str(row)
+            where = f"reward of {row_text} (data_source {src!r}, response {i} of the batch)"
+            name = self._name_for(src)
+            timeout_text = (f"the reward function {name} did not return within custom_reward_function.timeout_s"
+                            f"={self.timeout_s:g} s (response: {_short(resp, 120)})") if self.timeout_s else ""
             try:
-                result = self.fn(src, resp, gt, info)
+                finished, result = call_with_timeout(
+                    self.fn, (src, resp, gt, info), self.timeout_s,
+                    f"{where}: {timeout_text} and ignores the timeout (it catches BaseException); the "
+                    "process stops. Fix the function.",
+                )
             except UserError as e:
                 raise UserError(f"{where}: {e}") from e
+            except SystemExit as e:
+                raise UserError(f"{where}: the reward function {name} called sys.exit({e.code!r}); a reward "
+                                "function must return a score, not end the process") from None
             except Exception as e:
-                raise UserError(f"{where}: the reward function raised {type(e).__name__}: {e}") from e
+                raise UserError(f"{where}: the reward function {name} raised {type(e).__name__}: {e}") from e
+            if not finished:
+                raise UserError(
+                    f"{where}: {timeout_text}; fix the hang or slowness, or raise custom_reward_function.timeout_s "
+                    "(null disables the limit)"
+                )
             subs: dict[str, float] = {}
             if isinstance(result, dict):
                 if "score" not in result:
-                    raise UserError(f"{where}: the reward function returned a dict without 'score' "
+                    raise UserError(f"{where}: the reward function {name} returned a dict without 'score' "
                                     f"(keys: {', '.join(map(str, result))}); add a 'score' entry")
                 value = result["score"]
+                what = "a dict whose 'score' is "
                 for k, v in result.items():
-                    if k != "score" and isinstance(v, (int, float)):  # bool is an int
-                        subs[str(k)] = float(v)
+                    sub = as_score(v) if k != "score" else None
+                    if sub is not None:
+                        subs[str(k)] = sub
             else:
-                value = result
-            try:
-                value = float(value)
-            except (TypeError, ValueError):
-                raise UserError(f"{where}: the reward function returned {value!r}, not a number") from None
-            if not math.isfinite(value):
-                raise UserError(f"{where}: the reward function returned a non-finite score ({value})")
-            scores.append(value)
+                value, what = result, ""
+            number = as_score(value)
+            if number is None:
+                raise UserError(
+                    f"{where}: the reward function {name} returned {what}{_short(value)} ({type(value).__name__}), "
+                    "not a number; return a float (a bool counts as 0/1) or a dict with a numeric 'score'"
+                )
+            if not math.isfinite(number):
+                raise UserError(f"{where}: the reward function {name} returned a non-finite score ({number})")
+            scores.append(number)
             for k, v in subs.items():
                 if k not in extras:
                     extras[k] = [math.nan] * i
@@ -183,4 +401,15 @@ class RewardScorer:
         return scores, extras
 
 
-__all__ = ["RewardScorer", "default_compute_score", "load_reward_fn", "register_reward", "registered_data_sources"]
+def _describe(fn: Any) -> str:
+    """``module.qualname`` of a function (through functools.partial), else its repr."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}.{qualname}" if module and qualname else repr(fn)
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S", "RewardFunction", "RewardScorer", "RewardTimeout", "as_score", "call_with_timeout",
+    "default_compute_score", "load_reward_fn", "register_reward", "registered_data_sources",
+]

@@ -225,7 +225,8 @@ class PPOTrainer:
         """token_level_scores: the sequence score on the last response token, zeros elsewhere."""
         texts = self.decode_responses(batch)
         scores, extras = (scorer or self.reward_scorer).score(
-            texts, batch["data_source"], batch["ground_truth"], batch["extra_info"]
+            texts, batch["data_source"], batch["ground_truth"], batch["extra_info"],
+            rows=batch["data_row"] if "data_row" in batch else None,  # errors name the dataset row
         )
         mask = batch["response_mask"]
         last = (mask.sum(-1) - 1).clamp(min=0)
