@@ -88,7 +88,7 @@ def test_vl_run_trains_logs_and_checkpoints(tmp_path, geo_data, tiny_vl_path):
     initial = load_file(str(Path(tiny_vl_path) / "model.safetensors"))
     unchanged = [k for k, v in initial.items() if k in trained and torch.equal(v, trained[k])]
     assert not unchanged, f"parameters that did not change: {unchanged[:5]}"
-    assert (ckpt / "global_step_3" / "data.pt").exists()
+    assert (ckpt / "global_step_3" / "trainer_state.json").exists()  # the trainer state: JSON, no pickle
     # the Hugging Face export loads with plain transformers
     from transformers import AutoModelForImageTextToText, AutoProcessor
 

@@ -220,7 +220,15 @@ def cmd_run(args: argparse.Namespace) -> int:
              "nothing was trained.")
         return 0
     _say("[verl-npu] starting training")
-    result = run_training(rc)
+    from verl_npu.trainer.preempt import Preempted, handle_signals
+
+    # SIGTERM (a scheduler preempting the job): finish the step, save, exit 143; Ctrl-C: stop now
+    with handle_signals():
+        try:
+            result = run_training(rc)
+        except Preempted as stop:  # before training started (the trainer reports the later ones)
+            print(f"error: {stop}", file=sys.stderr, flush=True)
+            return stop.exit_code
     return result if isinstance(result, int) else 0
 
 

@@ -303,6 +303,9 @@ _k(f"{T}.del_local_ckpt_after_load", False, BOOL, "Delete the local checkpoint o
 _k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
 _k(f"{T}.tensorboard_dir", None, STR, "verl-npu: TensorBoard event folder.", derived="<af_output_dir>/tensorboard")
 _k(f"{T}.max_actor_ckpt_to_keep", None, INT, "Keep only the newest N actor checkpoints (null: all).", min=1)
+_k(f"{T}.save_on_preempt", True, BOOL, "verl-npu: on SIGTERM (a scheduler preempting the job), finish the "
+   "current step, save a checkpoint of it (even with save_freq=-1) and exit 143 naming it; false: exit 143 "
+   "after the step without saving. Either way resume_mode=auto continues from the newest checkpoint.")
 _k(f"{T}.device", None, STR, "Device kind; null detects npu, then cuda, then cpu.",
    choices=("cpu", "cuda", "npu"))
 _k(f"{T}.profile_steps", None, STR_LIST, "Steps to profile.", off_only="profiling")

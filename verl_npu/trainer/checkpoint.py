@@ -15,16 +15,37 @@ How a save stays safe against a crash at any moment:
 
 So the marker always names a finished folder, and a folder without `COMPLETE` is never used.
 Leftover temp folders of a crashed save are removed on the next `CheckpointManager(...)` or save.
+
+What a resume trusts (docs/reliability.md):
+
+- every checkpoint carries `manifest.json` (size and CRC-32 of every file), written before
+  `COMPLETE`; resume checks it and names the file that is missing, truncated or changed. With
+  `resume_mode=auto` a damaged checkpoint is skipped for the newest intact one; with
+  `resume_mode=resume_path` it is an error. A checkpoint without a manifest (written by an older
+  verl-npu) is used with a warning that it cannot be verified;
+- nothing is unpickled: `.pt` files load with `torch.load(weights_only=True)` and a short
+  allow-list (DTensor shards, numpy arrays of old RNG states); the trainer's own state is JSON
+  (`trainer_state.json`);
+- before a save the free space is checked against the last checkpoint's size, and a save that
+  runs out of space (`ENOSPC`, also inside a worker) is a `DiskFull` error that leaves the
+  previous checkpoints as they were.
 """
 
 from __future__ import annotations
 
+import base64
+import errno
+import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
 import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +55,14 @@ logger = logging.getLogger(__name__)
 
 MARKER_FILE = "latest_checkpointed_iteration.txt"
 COMPLETE_FILE = "COMPLETE"
+MANIFEST_FILE = "manifest.json"
+#: the trainer's own state (data position, step, KL coefficient, host RNGs): JSON, no pickle
+TRAINER_STATE_FILE = "trainer_state.json"
+#: what verl-npu wrote before TRAINER_STATE_FILE (a torch pickle); still read, with weights_only=True
+LEGACY_TRAINER_STATE_FILE = "data.pt"
+_MANIFEST_FORMAT = "verl-npu checkpoint manifest"
+_TRAINER_STATE_FORMAT = "verl-npu trainer state"
+_CHUNK = 8 << 20  # bytes read at a time for checksums
 STEP_DIR_PREFIX = "global_step_"
 _STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
 # Hidden names: a save in progress, and a finished checkpoint being replaced or deleted.
@@ -94,8 +123,60 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (binary units, as `df -h` prints them)."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+# ---- disk full -------------------------------------------------------------------------------
+class DiskFull(UserError):
+    """A checkpoint could not be written for lack of space; the previous checkpoints are intact."""
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """True when `exc` or anything it was raised from is "no space left on device": an OSError
+    with errno ENOSPC, or the text of one (torch's stream writer, safetensors and a worker group
+    re-raise it as another type; Ray keeps the cause)."""
+    pending, seen = [exc], set()
+    while pending:
+        cur = pending.pop()
+        if cur is None or id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno == errno.ENOSPC:
+            return True
+        text = str(cur)
+        if "No space left on device" in text or "os error 28" in text:
+            return True
+        pending += [cur.__cause__, cur.__context__, getattr(cur, "cause", None)]
+    return False
+
+
+def folder_size(path: str | Path) -> int:
+    """Bytes of every regular file under `path` (0 when it does not exist)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if not os.path.islink(os.path.join(dirpath, name)):
+                total += st.st_size
+    return total
+
+
+# ---- torch files -----------------------------------------------------------------------------
 def save_torch(obj: Any, path: str | Path) -> None:
-    """`torch.save(obj)` to `path` through a temp file + fsync + `os.replace` (never half-written)."""
+    """`torch.save(obj)` to `path` through a temp file + fsync + `os.replace` (never half-written).
+
+    The data goes through a Python file object, so a full disk is an `OSError(ENOSPC)` naming
+    `path` (torch's own writer turns it into a RuntimeError that never says so)."""
     import torch
 
     path = Path(path)
@@ -107,22 +188,78 @@ def save_torch(obj: Any, path: str | Path) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except Exception as exc:
+        if is_disk_full(exc):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from exc
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
-def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
-    """`torch.load(path, weights_only=False, map_location=map_location)`.
+def _safe_globals() -> list:
+    """The allow-list of `load_torch` beyond torch's own (tensors, containers, numbers, strings):
+    numpy arrays and dtypes (host RNG states in files of older verl-npu versions) and the classes
+    of a DTensor (FSDP2 shards: the tensor, its spec, placements and device mesh). Nothing here
+    runs code of the file's choosing."""
+    import numpy as np
 
-    `weights_only=False` because checkpoints hold our own Python objects (RNG tuples, sampler
-    state); only load checkpoints you wrote yourself.
-    """
+    allowed: list = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), type(np.dtype(np.float64))]
+    reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
+    allowed += [(reconstruct, "numpy._core.multiarray._reconstruct"),
+                (reconstruct, "numpy.core.multiarray._reconstruct")]
+    import torch.distributed as dist
+
+    if dist.is_available():
+        from torch.distributed import device_mesh
+        from torch.distributed import tensor as dtensor
+        from torch.distributed.tensor import _dtensor_spec, placement_types
+
+        allowed += [dtensor.DTensor, device_mesh.DeviceMesh, _dtensor_spec.DTensorSpec, _dtensor_spec.TensorMeta]
+        allowed += [getattr(placement_types, name) for name in ("Shard", "Replicate", "Partial", "_StridedShard")
+                    if hasattr(placement_types, name)]
+        if hasattr(_dtensor_spec, "ShardOrderEntry"):
+            allowed.append(_dtensor_spec.ShardOrderEntry)
+    return allowed
+
+
+class UnsafeCheckpointFile(UserError):
+    """A checkpoint file holds Python objects that loading would have to run code to build."""
+
+
+def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
+    """`torch.load(path, weights_only=True)` with the allow-list of `_safe_globals()`.
+
+    Nothing in the file is executed: a file holding any other Python object is refused with an
+    `UnsafeCheckpointFile` naming it; a missing, truncated or damaged file is a `UserError`
+    naming it."""
     import torch
 
-    return torch.load(Path(path), map_location=map_location, weights_only=False)
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"checkpoint file {path} is missing") from None
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        what = f"it refers to {found.group(1)}, which is not on the allow-list" if found else \
+            str(exc).strip().splitlines()[-1][:200]
+        raise UnsafeCheckpointFile(
+            f"refusing to load {path}: it holds a Python object that is not a tensor or plain data "
+            f"({what}). verl-npu never writes such objects: the file was replaced or modified, and "
+            f"loading it could run arbitrary code. Nothing of it was executed; resume from a "
+            f"checkpoint you trust"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - torch's reader errors have no common type
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(
+            f"checkpoint file {path} cannot be read ({type(exc).__name__}: {first[:200]}): it is "
+            f"truncated or damaged; resume from another checkpoint"
+        ) from None
 
 
+# ---- host RNG states -------------------------------------------------------------------------
 def save_rng_state() -> dict[str, Any]:
     """The host RNG states: `python` (random.getstate()), `numpy` (np.random.get_state()),
     `torch_cpu` (torch.get_rng_state()). Device RNGs belong to `verl_npu.device`."""
@@ -147,6 +284,232 @@ def load_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch_cpu"].cpu())
+
+
+def rng_state_to_json(state: dict[str, Any]) -> dict[str, Any]:
+    """`save_rng_state()` as plain JSON values (lists, numbers, base64 text): exact, no pickle."""
+    version, internal, gauss = state["python"]
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    return {
+        "python": [int(version), [int(x) for x in internal], None if gauss is None else float(gauss)],
+        "numpy": [str(name), [int(x) for x in keys], int(pos), int(has_gauss), float(cached)],
+        "torch_cpu": base64.b64encode(state["torch_cpu"].cpu().numpy().tobytes()).decode("ascii"),
+    }
+
+
+def rng_state_from_json(data: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `rng_state_to_json` (ValueError/KeyError/TypeError on malformed input)."""
+    import numpy as np
+    import torch
+
+    version, internal, gauss = data["python"]
+    name, keys, pos, has_gauss, cached = data["numpy"]
+    raw = base64.b64decode(data["torch_cpu"], validate=True)
+    return {
+        "python": (int(version), tuple(int(x) for x in internal), None if gauss is None else float(gauss)),
+        "numpy": (str(name), np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)),
+        "torch_cpu": torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone(),
+    }
+
+
+# ---- the trainer's state ---------------------------------------------------------------------
+def _plain(value: Any) -> Any:
+    """JSON-ready copy: numpy / torch scalars become Python numbers, tuples lists."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        return value.item()
+    return value
+
+
+def save_trainer_state(path: str | Path, *, dataloader: dict, global_step: int, kl_coef: float,
+                       rng: dict[str, Any]) -> None:
+    """Write the trainer's state to `path` as JSON (temp file + fsync + rename). `rng` is what
+    `save_rng_state()` returns."""
+    doc = {
+        "format": _TRAINER_STATE_FORMAT,
+        "version": 1,
+        "global_step": int(global_step),
+        "dataloader": _plain(dataloader),
+        "kl_coef": float(kl_coef),
+        "rng": rng_state_to_json(rng),
+    }
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
+    """The trainer's state saved in checkpoint folder `ckpt`: `{"dataloader", "global_step",
+    "kl_coef", "rng"}` (rng as `save_rng_state()` returns it). Reads `trainer_state.json`; a
+    checkpoint of an older verl-npu has `data.pt` instead, read with `load_torch` (weights_only).
+    A missing or malformed file is a `UserError` naming it."""
+    ckpt = Path(ckpt)
+    path = ckpt / TRAINER_STATE_FILE
+    if not path.is_file():
+        legacy = ckpt / LEGACY_TRAINER_STATE_FILE
+        if legacy.is_file():
+            state = load_torch(legacy)
+            if not isinstance(state, dict) or not {"dataloader", "kl_coef", "rng"} <= set(state):
+                raise UserError(f"{legacy} is not a verl-npu trainer state (keys: "
+                                f"{sorted(state) if isinstance(state, dict) else type(state).__name__})")
+            logger.info("read the trainer state of %s from %s (older verl-npu format)", ckpt, legacy.name)
+            return state
+        raise UserError(f"checkpoint {ckpt} has no {TRAINER_STATE_FILE} (nor {LEGACY_TRAINER_STATE_FILE}): "
+                        "its save did not finish or the file was deleted; resume from another checkpoint")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc.get("format") != _TRAINER_STATE_FORMAT:
+            raise ValueError(f"format is {doc.get('format')!r}")
+        return {
+            "dataloader": doc["dataloader"],
+            "global_step": int(doc["global_step"]),
+            "kl_coef": float(doc["kl_coef"]),
+            "rng": rng_state_from_json(doc["rng"]),
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{path} is not a valid verl-npu trainer state ({type(exc).__name__}: {exc}); "
+                        "the file is damaged: resume from another checkpoint") from None
+
+
+# ---- manifests -------------------------------------------------------------------------------
+def _file_crc32(path: Path) -> tuple[int, str]:
+    """(size, CRC-32 as 8 hex digits) of a file, read in 8 MiB blocks (zlib releases the GIL
+    while it sums a block, so several files are summed in parallel threads)."""
+    crc, size = 0, 0
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            crc = zlib.crc32(view[:n], crc)
+            size += n
+    return size, f"{crc & 0xFFFFFFFF:08x}"
+
+
+def _listed_files(folder: Path) -> list[str]:
+    """Relative paths (posix) of the regular files of a checkpoint, manifest and COMPLETE aside;
+    hidden names (leftover temp files, `.nfs*`) are not part of a checkpoint."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            full = Path(dirpath) / name
+            rel = full.relative_to(folder).as_posix()
+            if rel in (MANIFEST_FILE, COMPLETE_FILE) or full.is_symlink() or not full.is_file():
+                continue
+            found.append(rel)
+    return found
+
+
+def _sum_files(folder: Path, rels: list[str]) -> list[tuple[int, str] | BaseException]:
+    def one(rel: str):
+        try:
+            return _file_crc32(folder / rel)
+        except OSError as exc:
+            return exc
+
+    if len(rels) <= 1:
+        return [one(r) for r in rels]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, len(rels))) as pool:
+        return list(pool.map(one, rels))
+
+
+def write_manifest(folder: str | Path, step: int | None = None) -> dict:
+    """Write `folder/manifest.json`: size and CRC-32 of every file under `folder`. Returns it."""
+    folder = Path(folder)
+    rels = _listed_files(folder)
+    files = {}
+    for rel, result in zip(rels, _sum_files(folder, rels)):
+        if isinstance(result, BaseException):
+            raise result
+        files[rel] = {"size": result[0], "crc32": result[1]}
+    manifest = {
+        "format": _MANIFEST_FORMAT,
+        "version": 1,
+        "step": step,
+        "checksum": "crc32",
+        "total_bytes": sum(f["size"] for f in files.values()),
+        "files": files,
+    }
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    return manifest
+
+
+@dataclass
+class Verification:
+    """What `verify_checkpoint` found. `verified` is False for a checkpoint without a manifest
+    (written by an older verl-npu: nothing to check against); `problems` lists damaged files."""
+
+    path: Path
+    verified: bool
+    problems: list[str] = field(default_factory=list)
+    total_bytes: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def describe(self) -> str:
+        return "; ".join(self.problems)
+
+
+def verify_checkpoint(folder: str | Path) -> Verification:
+    """Check every file of checkpoint `folder` against its manifest: missing, wrong size
+    (truncated or grown), wrong checksum (changed in place), or not listed (added after the save)."""
+    folder = Path(folder)
+    mpath = folder / MANIFEST_FILE
+    if not mpath.exists():
+        return Verification(folder, verified=False)
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != _MANIFEST_FORMAT or not isinstance(files, dict):
+            raise ValueError("not a verl-npu checkpoint manifest")
+        for rel, entry in files.items():
+            int(entry["size"]), str(entry["crc32"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return Verification(folder, True, [f"{MANIFEST_FILE}: unreadable ({type(exc).__name__}: {exc})"])
+    problems: list[str] = []
+    to_sum: list[str] = []
+    for rel, entry in files.items():
+        target = folder / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            problems.append(f"{MANIFEST_FILE}: lists {rel!r}, a path outside the checkpoint")
+            continue
+        if not target.is_file():
+            problems.append(f"{rel}: missing (the manifest lists it, {entry['size']} bytes)")
+            continue
+        size = target.stat().st_size
+        if size != int(entry["size"]):
+            how = "truncated" if size < int(entry["size"]) else "grown"
+            problems.append(f"{rel}: {size} bytes, the manifest says {entry['size']} ({how})")
+            continue
+        to_sum.append(rel)
+    for rel, result in zip(to_sum, _sum_files(folder, to_sum)):
+        if isinstance(result, BaseException):
+            problems.append(f"{rel}: unreadable ({result})")
+        elif result[1] != str(files[rel]["crc32"]):
+            problems.append(f"{rel}: contents changed since the save (CRC-32 {result[1]}, the manifest says "
+                            f"{files[rel]['crc32']}): the file is damaged or was modified")
+    for rel in _listed_files(folder):
+        if rel not in files:
+            problems.append(f"{rel}: not in the manifest (added after the save)")
+    return Verification(folder, True, problems, int(manifest.get("total_bytes") or 0))
 
 
 def _complete_step_dirs(folder: Path) -> list[Path]:
@@ -232,17 +595,53 @@ class CheckpointManager:
             shutil.rmtree(child, ignore_errors=True)
 
     # ---- save ------------------------------------------------------------------------------
+    def expected_size(self) -> tuple[int, Path] | None:
+        """(bytes, folder) of the newest complete checkpoint: about what the next save needs
+        (from its manifest, else measured); None when there is none."""
+        complete = self.list_complete()
+        if not complete:
+            return None
+        newest = complete[-1]
+        try:
+            total = json.loads((newest / MANIFEST_FILE).read_text(encoding="utf-8"))["total_bytes"]
+            return int(total), newest
+        except (OSError, ValueError, KeyError, TypeError):
+            return folder_size(newest), newest
+
+    def _disk_full(self, step: int, needed: int | None, sized_from: str, written: int | None = None) -> DiskFull:
+        free = shutil.disk_usage(self.root).free
+        if needed is not None:
+            need = f"needed ~{human_bytes(needed)} ({sized_from})"
+        else:
+            need = f"needed more than {human_bytes(written or 0)} (written before the disk filled)"
+        latest = self.latest()
+        kept = (f"the last complete checkpoint, {latest}, is intact" if latest is not None
+                else "no complete checkpoint exists yet")
+        return DiskFull(
+            f"no space left on {self.root}: {need}, free {human_bytes(free)}. Checkpoint step {step} was not "
+            f"saved and nothing was removed: {kept}. Free some space there (a save needs room for one "
+            f"checkpoint more than trainer.max_actor_ckpt_to_keep keeps; see docs/reliability.md), or point "
+            f"trainer.default_local_dir at a larger disk, then rerun with trainer.resume_mode=auto"
+        )
+
     def save(self, step: int, write_fn: Callable[[Path], None]) -> Path:
         """Write checkpoint `step` atomically and return `root/global_step_<step>`.
 
-        `write_fn(tmp_dir)` writes every file of the checkpoint into `tmp_dir`. If it raises,
-        the temp folder is removed, nothing else changes, and the exception propagates.
+        `write_fn(tmp_dir)` writes every file of the checkpoint into `tmp_dir`; a manifest of
+        them and `COMPLETE` are added. If it raises, the temp folder is removed, nothing else
+        changes, and the exception propagates; running out of space (before the save: less free
+        than the last checkpoint's size; or ENOSPC during it, also from a worker) is `DiskFull`.
         """
         step = int(step)
         if step < 0:
             raise ValueError(f"checkpoint step must be >= 0, got {step}")
         self.root.mkdir(parents=True, exist_ok=True)
         self.cleanup_leftovers()
+        expected = self.expected_size()
+        if expected is not None:
+            needed, sized_from = expected[0], f"the size of {expected[1].name}"
+            if shutil.disk_usage(self.root).free < needed:
+                raise self._disk_full(step, needed, sized_from)
         pid = os.getpid()
         tmp = self.root / f"{_TMP_PREFIX}{STEP_DIR_PREFIX}{step}-{pid}"
         if tmp.exists():
@@ -251,12 +650,20 @@ class CheckpointManager:
         started = time.time()
         try:
             write_fn(tmp)
+            write_manifest(tmp, step)
             (tmp / COMPLETE_FILE).write_text(
-                f"step={step}\nsaved_at={time.strftime('%Y-%m-%dT%H:%M:%S')}\n", encoding="utf-8"
+                f"step={step}\nsaved_at={time.strftime('%Y-%m-%dT%H:%M:%S')}\nmanifest={MANIFEST_FILE}\n",
+                encoding="utf-8",
             )
             _fsync_tree(tmp)
-        except BaseException:
+        except BaseException as exc:
+            written = folder_size(tmp)
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, Exception) and is_disk_full(exc):
+                raise self._disk_full(
+                    step, expected[0] if expected else None,
+                    f"the size of {expected[1].name}" if expected else "", written,
+                ) from None
             raise
 
         final = self.step_dir(step)
@@ -274,7 +681,16 @@ class CheckpointManager:
             os.rename(tmp, final)
             _fsync_dir(self.root)
 
-        _write_text_atomic(self.marker_path, f"{step}\n")
+        try:
+            _write_text_atomic(self.marker_path, f"{step}\n")
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise DiskFull(
+                f"no space left on {self.root} for the few bytes of {MARKER_FILE}: checkpoint {final} is "
+                f"complete, but the marker still names the previous one. Free some space, then rerun with "
+                f"trainer.resume_mode=resume_path trainer.resume_from_path={final}"
+            ) from None
         self._rotate(keep=final)
         logger.info("saved checkpoint %s (%.1f s)", final, time.time() - started)
         return final
@@ -334,14 +750,18 @@ class CheckpointManager:
         """The checkpoint to resume from, or None for a fresh start.
 
         - `disable`: None.
-        - `auto`: `latest()` (None when root holds no complete checkpoint).
+        - `auto`: `latest()` verified against its manifest; a damaged one is reported file by
+          file and the newest intact one is used instead (None when root holds no complete
+          checkpoint; UserError when every one is damaged).
         - `resume_path`: `resume_from_path` (relative paths resolve against the cwd); it must be
-          an existing, complete folder named `global_step_N`, else UserError.
+          an existing, complete, intact folder named `global_step_N`, else UserError.
+
+        A checkpoint without a manifest (older verl-npu) is used with a warning.
         """
         if resume_mode == "disable":
             return None
         if resume_mode == "auto":
-            found = self.latest()
+            found = self._newest_intact()
             if found is None:
                 logger.info("resume_mode=auto: no complete checkpoint under %s; starting fresh", self.root)
             else:
@@ -375,7 +795,46 @@ class CheckpointManager:
                 f"trainer.resume_from_path: {path} has no {COMPLETE_FILE} file: its save did not "
                 f"finish (or it was not written by verl-npu); {self._available_hint(path.parent)}"
             )
+        check = verify_checkpoint(path)
+        if not check.ok:
+            raise UserError(
+                f"trainer.resume_from_path: checkpoint {path} is damaged: {check.describe()}. "
+                f"Nothing was loaded. Point resume_from_path at another checkpoint, or use "
+                f"trainer.resume_mode=auto, which skips damaged ones; {self._available_hint(path.parent)}"
+            )
+        self._warn_unverified(check)
         return path
+
+    @staticmethod
+    def _warn_unverified(check: Verification) -> None:
+        if not check.verified:
+            logger.warning(
+                "checkpoint %s has no %s (it was written by an older verl-npu): its files cannot be "
+                "verified before loading", check.path, MANIFEST_FILE,
+            )
+
+    def _newest_intact(self) -> Path | None:
+        """`latest()`, verified against its manifest; a damaged one is reported (file by file)
+        and skipped for the next older complete checkpoint. UserError when every one is damaged
+        (never a silent fresh start over the user's checkpoints)."""
+        first = self.latest()
+        if first is None:
+            return None
+        candidates = [first] + [p for p in reversed(self.list_complete()) if p != first]
+        damaged = []
+        for path in candidates:
+            check = verify_checkpoint(path)
+            if check.ok:
+                if damaged:
+                    logger.warning("resume_mode=auto: falling back to %s, the newest intact checkpoint", path)
+                self._warn_unverified(check)
+                return path
+            logger.error("checkpoint %s is damaged, skipping it: %s", path, check.describe())
+            damaged.append(f"{path.name}: {check.describe()}")
+        raise UserError(
+            f"every checkpoint in {self.root} is damaged, so none can be resumed: " + " | ".join(damaged)
+            + ". Move the folder aside (or set trainer.resume_mode=disable) to start fresh"
+        )
 
     @staticmethod
     def _available_hint(folder: Path) -> str:

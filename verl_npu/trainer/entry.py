@@ -74,20 +74,37 @@ def build_workers(rc, total_training_steps: int):
         from verl_npu.workers.group import LocalWorkerGroup
 
         return LocalWorkerGroup(ActorRolloutRefWorker(rc.backend, total_training_steps))
+    from verl_npu.trainer.preempt import sigterm_blocked
     from verl_npu.workers.ray_group import RayWorkerGroup
 
-    return RayWorkerGroup(rc, total_training_steps)
+    # Ray's processes (started here when no cluster is running) inherit a blocked SIGTERM: a
+    # scheduler's SIGTERM to the whole process group then reaches only this controller, which
+    # finishes the step and saves before it stops the workers (docs/reliability.md)
+    with sigterm_blocked():
+        return RayWorkerGroup(rc, total_training_steps)
 
 
 def run_training(rc, after_fit=None) -> int:
     """Train as the recipe says. Returns the process exit code. `after_fit(workers)`, if given, is
-    called once training has finished, while the workers are still up (tests inspect every rank)."""
+    called once training has finished, while the workers are still up (tests inspect every rank).
+    The output folder is locked for the whole run (one run per folder: verl_npu.trainer.runlock),
+    before anything is written into it."""
+    from verl_npu.trainer import preempt
+    from verl_npu.trainer.runlock import RunLock
+
+    preempt.reset()  # a stop asked of an earlier run in this process is not this run's
+    with RunLock(Path(rc.cfg.af_output_dir)):
+        return _run_training_locked(rc, after_fit)
+
+
+def _run_training_locked(rc, after_fit=None) -> int:
     from verl_npu.data import RLDataset, StatefulBatchLoader
     from verl_npu.device import apply_env_defaults, detect_device
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
     from verl_npu.trainer.checkpoint import CheckpointManager
     from verl_npu.trainer.ppo import PPOTrainer
+    from verl_npu.trainer.preempt import Preempted
     from verl_npu.trainer.tracking import Tracker, setup_run_logging
 
     from verl_npu.errors import ConfigErrors
@@ -155,6 +172,14 @@ def run_training(rc, after_fit=None) -> int:
         log.warning("interrupted: stopping. Checkpoints are written atomically, so the last complete one "
                     "in %s is intact; rerun the same command to resume.", checkpoints.root)
         return 130
+    except Preempted as stop:  # SIGTERM (verl_npu.trainer.preempt); the message names the checkpoint
+        text = str(stop)
+        if "checkpoint" not in text:
+            latest = checkpoints.latest()
+            text += (f"; the last complete checkpoint, {latest}, is intact: rerun the same command to resume"
+                     if latest is not None else f"; no complete checkpoint exists in {checkpoints.root}")
+        log.warning("%s", text)
+        return stop.exit_code
     except Exception as exc:  # noqa: BLE001 - turn device OOM into advice, re-raise the rest
         cause = exc
         while cause is not None:  # a worker's OOM arrives wrapped in the worker group's error

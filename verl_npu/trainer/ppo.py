@@ -23,7 +23,10 @@ import torch
 from verl_npu import algorithms
 from verl_npu.batch import Batch
 from verl_npu.rollout.base import SamplingParams
-from verl_npu.trainer.checkpoint import CheckpointManager, load_rng_state, load_torch, save_rng_state, save_torch
+from verl_npu.trainer import preempt
+from verl_npu.trainer.checkpoint import (
+    TRAINER_STATE_FILE, CheckpointManager, load_rng_state, load_trainer_state, save_rng_state, save_trainer_state,
+)
 from verl_npu.errors import UserError
 from verl_npu.trainer.metrics import data_metrics, rollout_probs_diff_metrics, timed, timing_metrics
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
@@ -83,34 +86,62 @@ class PPOTrainer:
         optimizer, LR schedule, RNG, the loader's position and the KL coefficient."""
         if ckpt is None:
             return
+        state = load_trainer_state(ckpt)  # read (and check) before the workers change anything
         self.workers.load_checkpoint(str(Path(ckpt) / "actor"))
-        state = load_torch(Path(ckpt) / "data.pt")
         self.train_loader.load_state_dict(state["dataloader"])
         load_rng_state(state["rng"])
         self.kl_ctrl.value = state["kl_coef"]
         self.global_step = CheckpointManager.step_of(ckpt)
         log.info("resumed from %s at step %d (next batch: %s)", ckpt, self.global_step, state["dataloader"])
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self) -> Path:
         step = self.global_step
 
         def write(tmp_dir: Path) -> None:
             self.workers.save_checkpoint(str(tmp_dir / "actor"), True)
-            save_torch(
-                {
-                    "dataloader": self.train_loader.state_dict(),
-                    "global_step": step,
-                    "kl_coef": self.kl_ctrl.value,
-                    "rng": save_rng_state(),
-                },
-                tmp_dir / "data.pt",
+            save_trainer_state(
+                tmp_dir / TRAINER_STATE_FILE,
+                dataloader=self.train_loader.state_dict(),
+                global_step=step,
+                kl_coef=float(self.kl_ctrl.value),
+                rng=save_rng_state(),
             )
 
-        self.checkpoints.save(step, write)
+        path = self.checkpoints.save(step, write)
+        self.last_saved = (step, path)
+        return path
+
+    def stop_for_signal(self, signum: int, save_timing: dict[str, float]) -> None:
+        """The end of a run stopped by a signal after a complete step: save it (unless this step
+        was just saved, or trainer.save_on_preempt is false) and raise `Preempted` naming the
+        checkpoint a rerun continues from."""
+        name = preempt.signal_name(signum)
+        step = self.global_step
+        if self.last_saved is not None and self.last_saved[0] == step:
+            path, how = self.last_saved[1], "saved"
+        elif self.cfg.trainer.get("save_on_preempt", True):
+            log.warning("%s: saving a checkpoint of step %d before stopping", name, step)
+            with timed("save_checkpoint", save_timing):
+                path = self.save_checkpoint()
+            how = "saved"
+        else:
+            path, how = self.checkpoints.latest(), "not saved (trainer.save_on_preempt=false)"
+        if how == "saved":
+            where = f"saved checkpoint {path}"
+        elif path is not None:
+            where = f"{how}; the last complete checkpoint is {path} (step {CheckpointManager.step_of(path)})"
+        else:
+            where = f"{how}; there is no complete checkpoint in {self.checkpoints.root}"
+        raise preempt.Preempted(
+            f"stopped by {name} after step {step} of {self.total_training_steps}: {where}. Rerun the same "
+            f"command (trainer.resume_mode=auto) to continue from it",
+            preempt.exit_code_for(signum),
+        )
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self, resume_from: Path | None = None) -> dict[str, float]:
         trainer_cfg = self.cfg.trainer
+        self.last_saved: tuple[int, Path] | None = None  # (step, folder) of this run's newest save
         self.resume(resume_from)
         # a resumed run already logged its validation at this step: validating again would add a row
         fresh = self.global_step == 0
@@ -122,6 +153,8 @@ class PPOTrainer:
         progress = ProgressBar(total=self.total_training_steps, initial=self.global_step)
         metrics: dict[str, float] = {}
         save_timing: dict[str, float] = {}  # reported in the row of the step after the save
+        # a SIGTERM from here on lets the step in progress finish (verl_npu.trainer.preempt)
+        preempt.set_phase("training")
         try:
             while self.global_step < self.total_training_steps:
                 for rows in self.train_loader:
@@ -144,7 +177,11 @@ class PPOTrainer:
                         plot_training_curves(self.out_dir / "metrics.jsonl", self.out_dir / "training_curves.png")
                     if is_last:
                         break
+                    signum = preempt.stop_requested()
+                    if signum is not None:
+                        self.stop_for_signal(signum, save_timing)
         finally:
+            preempt.set_phase("finishing")
             progress.close()
         return metrics
 

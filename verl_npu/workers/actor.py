@@ -305,21 +305,33 @@ class ActorRolloutRefWorker:
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, actor_dir: str, save_hf: bool = True) -> None:
-        """verl's layout: model/optim/extra_state per rank, plus a Hugging Face folder."""
+        """verl's layout: model/optim/extra_state per rank, plus a Hugging Face folder.
+
+        A full disk anywhere in here (torch's writer, safetensors) is re-raised as
+        `OSError(ENOSPC)` naming `actor_dir`, so that the controller reports it as such."""
+        from verl_npu.trainer.checkpoint import is_disk_full, save_torch
+
         actor_dir = Path(actor_dir)
-        actor_dir.mkdir(parents=True, exist_ok=True)
-        tag = f"world_size_{self.world_size}_rank_{self.rank}"
-        torch.save(parallel.module_state_dict(self.module), actor_dir / f"model_{tag}.pt")
-        torch.save(parallel.optimizer_state_dict(self.module, self.optimizer), actor_dir / f"optim_{tag}.pt")
-        extra = {
-            "lr_scheduler": self.lr_scheduler.state_dict(),
-            "rng": {"cpu": torch.get_rng_state(), "device": self.device.rng_state()},
-        }
-        torch.save(extra, actor_dir / f"extra_state_{tag}.pt")
-        if save_hf:
-            full = parallel.full_state_dict_on_rank0(self.module)
-            if self.rank == 0:
-                self._export_hf(actor_dir / "huggingface", full)
+        try:
+            actor_dir.mkdir(parents=True, exist_ok=True)
+            tag = f"world_size_{self.world_size}_rank_{self.rank}"
+            save_torch(parallel.module_state_dict(self.module), actor_dir / f"model_{tag}.pt")
+            save_torch(parallel.optimizer_state_dict(self.module, self.optimizer), actor_dir / f"optim_{tag}.pt")
+            extra = {
+                "lr_scheduler": self.lr_scheduler.state_dict(),
+                "rng": {"cpu": torch.get_rng_state(), "device": self.device.rng_state()},
+            }
+            save_torch(extra, actor_dir / f"extra_state_{tag}.pt")
+            if save_hf:
+                full = parallel.full_state_dict_on_rank0(self.module)
+                if self.rank == 0:
+                    self._export_hf(actor_dir / "huggingface", full)
+        except Exception as exc:
+            if is_disk_full(exc) and not (isinstance(exc, OSError) and exc.filename):
+                import errno
+
+                raise OSError(errno.ENOSPC, f"No space left on device (rank {self.rank})", str(actor_dir)) from exc
+            raise
         parallel.barrier(self.world_size)
 
     def _export_hf(self, out_dir: Path, state_dict: dict) -> None:
@@ -335,6 +347,10 @@ class ActorRolloutRefWorker:
             self.processor.save_pretrained(out_dir)
 
     def load_checkpoint(self, actor_dir: str) -> None:
+        """Load this rank's files. Every file goes through `load_torch` (weights_only=True: nothing
+        in it is executed); a missing, damaged or unsafe file is a UserError naming it."""
+        from verl_npu.trainer.checkpoint import load_torch
+
         actor_dir = Path(actor_dir)
         tag = f"world_size_{self.world_size}_rank_{self.rank}"
         model_file = actor_dir / f"model_{tag}.pt"
@@ -344,11 +360,18 @@ class ActorRolloutRefWorker:
                 f"checkpoint {actor_dir} has no {model_file.name} (found: {', '.join(found) or 'none'}); "
                 f"a checkpoint resumes on the same number of workers it was saved with"
             )
-        parallel.load_module_state_dict(self.module, torch.load(model_file, weights_only=False))
-        parallel.load_optimizer_state_dict(
-            self.module, self.optimizer, torch.load(actor_dir / f"optim_{tag}.pt", weights_only=False)
-        )
-        extra = torch.load(actor_dir / f"extra_state_{tag}.pt", weights_only=False)
+        files = {kind: actor_dir / f"{kind}_{tag}.pt" for kind in ("model", "optim", "extra_state")}
+        missing = [p.name for p in files.values() if not p.is_file()]
+        if missing:
+            raise UserError(f"checkpoint {actor_dir} lacks {', '.join(missing)}: it is incomplete; "
+                            "resume from another checkpoint")
+        # read (and check) every file before changing any state
+        states = {kind: load_torch(path) for kind, path in files.items()}
+        extra = states["extra_state"]
+        if not isinstance(extra, dict) or "lr_scheduler" not in extra or "rng" not in extra:
+            raise UserError(f"{files['extra_state']} is not a verl-npu extra state (no lr_scheduler / rng)")
+        parallel.load_module_state_dict(self.module, states["model"])
+        parallel.load_optimizer_state_dict(self.module, self.optimizer, states["optim"])
         self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         torch.set_rng_state(extra["rng"]["cpu"])
         self.device.set_rng_state(extra["rng"]["device"])
