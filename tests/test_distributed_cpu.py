@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from run_helpers import step_metrics, text_data, write_varied_reward
 
 from verl_npu.config import load_recipe
 from verl_npu.data.geometry3k import prepare_synthetic
@@ -17,17 +18,8 @@ COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor
             "actor/grad_norm", "actor/pg_clipfrac"]
 
 
-# A dense reward so that every step has a real policy gradient: with all-zero rewards only float
-# noise is left, and Adam scales noise up to full-size steps that no two layouts share.
-DENSE_REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return float(sum(map(ord, solution_str)) % 7) / 6.0
-"""
-
-
 def overrides(out: Path, data: Path, gpus: int) -> list[str]:
-    reward = out.parent / "dense_reward.py"
-    reward.write_text(DENSE_REWARD)
+    reward = write_varied_reward(out.parent / "dense_reward.py")
     values = {
         "custom_reward_function.path": reward,
         "af_output_dir": out,
@@ -52,24 +44,6 @@ def overrides(out: Path, data: Path, gpus: int) -> list[str]:
     return [f"{k}={v}" for k, v in values.items()]
 
 
-def metrics(out: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r for r in rows}
-
-
-def text_data(folder: Path) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} plus {i + 2}?"}],
-             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)},
-             "extra_info": {"split": "train", "index": i}} for i in range(12)]
-    for name in ("train", "test"):
-        pq.write_table(pa.Table.from_pylist(rows), folder / f"{name}.parquet")
-    return folder
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sp, vision", [(1, True), (2, True), (2, False)],
                          ids=["data-parallel", "ulysses-sp2-vl", "ulysses-sp2-text"])
@@ -90,7 +64,7 @@ def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path, tiny_lm_path, 
     assert run_training(load_recipe("tiny_geo3k", overrides(one, data, 1) + extra)) == 0
     assert run_training(load_recipe("tiny_geo3k", overrides(two, data, 2) + extra + ulysses)) == 0
     assert f"'data_parallel': {2 // sp}, 'ulysses_sp': {sp}" in (two / "logs" / "run.log").read_text()
-    m1, m2 = metrics(one), metrics(two)
+    m1, m2 = step_metrics(one), step_metrics(two)
     assert sorted(m1) == sorted(m2) == [1, 2, 3]
     for step in m1:
         for key in COMPARED:
@@ -183,7 +157,7 @@ def test_killed_two_worker_run_resumes_on_two_workers(tmp_path, tiny_cache):
 
     resumed = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    ref, got = metrics(straight), metrics(killed)
+    ref, got = step_metrics(straight), step_metrics(killed)
     assert sorted(got) == [1, 2, 3, 4]
     for step in (3, 4):
         for key in COMPARED:

@@ -42,6 +42,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from run_helpers import step_metrics, text_data, write_varied_reward
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
@@ -50,12 +51,6 @@ STEPS = 3
 DRIVER_TIMEOUT_S = 300
 MARKER = "VERL_NPU_TEST_RAY_CLUSTER"  # set in every process the cluster starts: how leftovers are found
 NODE_RANK_RESOURCE = "verl_npu_node_rank_"  # verl_npu.cluster.NODE_RANK_RESOURCE_PREFIX
-
-# A dense reward so that every step has a real policy gradient (as in test_distributed_cpu.py).
-DENSE_REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return float(sum(map(ord, solution_str)) % 7) / 6.0
-"""
 
 
 # ---------------------------------------------------------------------------- the cluster
@@ -138,22 +133,8 @@ def two_node_cluster():
 
 
 # ---------------------------------------------------------------------------- one training run
-def text_data(folder: Path) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} plus {i + 2}?"}],
-             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)},
-             "extra_info": {"split": "train", "index": i}} for i in range(12)]
-    for name in ("train", "test"):
-        pq.write_table(pa.Table.from_pylist(rows), folder / f"{name}.parquet")
-    return folder
-
-
 def overrides(out: Path, data: Path, model: Path, engine: str, nnodes: int) -> list[str]:
-    reward = data / "dense_reward.py"
-    reward.write_text(DENSE_REWARD)
+    reward = write_varied_reward(data / "dense_reward.py")
     values = {
         "custom_reward_function.path": reward,
         "af_output_dir": out,
@@ -230,11 +211,6 @@ def run_driver(spec: dict, env: dict, log: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode)
 
 
-def metrics(out: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r for r in rows if "step" in r}
-
-
 # ---------------------------------------------------------------------------- the test
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="loopback multi-node Ray cluster: Linux only")
@@ -282,7 +258,7 @@ def test_two_ray_nodes_train_like_one_worker(tmp_path, tiny_lm_path, engine):
         "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
 
     # training: the same per-step metrics as one worker
-    m1, m2 = metrics(one), metrics(two)
+    m1, m2 = step_metrics(one), step_metrics(two)
     assert sorted(m1) == sorted(m2) == list(range(1, STEPS + 1))
     for step in m1:
         for key in COMPARED:

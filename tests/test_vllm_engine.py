@@ -17,7 +17,6 @@ What they prove:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -25,34 +24,15 @@ import torch
 
 pytest.importorskip("vllm")
 
+from run_helpers import step_metrics, text_data, write_varied_reward  # noqa: E402
+
 from verl_npu.config import load_recipe  # noqa: E402
 from verl_npu.trainer.entry import run_training  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-# varied scores from the text: a constant reward would make the sync check weak
-VARIED_REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return float(sum(map(ord, solution_str)) % 7) / 6.0
-"""
-
-
-def text_data(folder: Path, rows: int = 16) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder.mkdir(parents=True, exist_ok=True)
-    table = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} plus {i + 2}?"}],
-              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)},
-              "extra_info": {"split": "train", "index": i}} for i in range(rows)]
-    for name in ("train", "test"):
-        pq.write_table(pa.Table.from_pylist(table), folder / f"{name}.parquet")
-    return folder
-
-
 def vllm_overrides(out: Path, data: Path, gpus: int, tp: int, steps: int, **extra) -> list[str]:
-    reward = out.parent / "varied_reward.py"
-    reward.write_text(VARIED_REWARD)
+    reward = write_varied_reward(out.parent / "varied_reward.py")
     values = {
         "af_output_dir": out,
         "custom_reward_function.path": reward,
@@ -85,13 +65,8 @@ def vllm_overrides(out: Path, data: Path, gpus: int, tp: int, steps: int, **extr
     return [f"{k}={v}" for k, v in values.items()]
 
 
-def metrics(out: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r for r in rows if "training/global_step" in r}
-
-
 def assert_engine_in_sync(out: Path, steps: int) -> dict[int, dict]:
-    m = metrics(out)
+    m = step_metrics(out)
     assert sorted(m) == list(range(1, steps + 1))
     for step, row in m.items():
         assert row["training/rollout_probs_diff_valid"] == 1.0
@@ -155,7 +130,7 @@ def test_engine_greedy_equals_transformers_before_and_after_an_in_memory_update(
 # ------------------------------------------------------------------------- training runs
 @pytest.mark.parametrize("gpus, tp", [(1, 1), (2, 1), (2, 2)], ids=["1-worker", "2-workers-dp2", "2-workers-tp2"])
 def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpus, tp):
-    data = text_data(tmp_path / "data")
+    data = text_data(tmp_path / "data", rows=16)
     out = tmp_path / "run"
     captured = {}
 
@@ -181,7 +156,7 @@ def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpu
 
 
 def test_two_worker_vllm_run_resumes_with_every_engine_restored(tmp_path, tiny_cache):
-    data = text_data(tmp_path / "data")
+    data = text_data(tmp_path / "data", rows=16)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     constant_lr = {"actor_rollout_ref.actor.optim.warmup_style": "constant"}  # 2 and 4 planned steps: same LRs
     full = vllm_overrides(straight, data, 2, 1, steps=4, **constant_lr)

@@ -1,0 +1,42 @@
+"""Small pieces that several end-to-end tests share: a text parquet, a varied reward, metrics rows.
+
+(Imported by test files as `from run_helpers import ...`: pytest puts tests/ on sys.path.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# A dense reward that varies with the text, so every step has a real policy gradient: with all-zero
+# (or constant) rewards only float noise is left, Adam scales noise up to full-size steps that no
+# two layouts share, and an engine-sync check would compare nothing.
+VARIED_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(sum(map(ord, solution_str)) % 7) / 6.0
+"""
+
+
+def write_varied_reward(path: Path) -> Path:
+    path.write_text(VARIED_REWARD)
+    return path
+
+
+def text_data(folder: Path, rows: int = 12) -> Path:
+    """train.parquet and test.parquet of `rows` GSM8K-style addition questions in `folder`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    table = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} plus {i + 2}?"}],
+              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)},
+              "extra_info": {"split": "train", "index": i}} for i in range(rows)]
+    for name in ("train", "test"):
+        pq.write_table(pa.Table.from_pylist(table), folder / f"{name}.parquet")
+    return folder
+
+
+def step_metrics(out: Path) -> dict[int, dict]:
+    """The training rows of `out/metrics.jsonl`, by step."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r for r in rows if "training/global_step" in r}
