@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import re
+import runpy
 import subprocess
 import sys
 import types
@@ -237,3 +239,108 @@ def test_data_prep_script_runs_and_reports_errors_without_traceback(tmp_path):
                           str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1
     assert "error: --local-dataset-path" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------------ verl's spellings, --dry-run, geo3k.py
+@pytest.mark.parametrize("save_flag", ["--local-save-dir", "--local_save_dir", "--local_dir"])
+def test_verl_underscore_spellings_are_accepted(tmp_path, capsys, save_flag):
+    src = hf_fixture(tmp_path / "src")
+    geometry3k.main(["--local_dataset_path", str(src), save_flag, str(tmp_path / "geo")])
+    assert "train: 3 rows, 4 images" in capsys.readouterr().out
+    assert (tmp_path / "geo" / "train.parquet").is_file()
+    gsm = tmp_path / "gsm"
+    gsm.mkdir()
+    for split in ("train", "test"):
+        pq.write_table(pa.table({"question": ["q?"], "answer": ["x\n#### 5"]}), gsm / f"{split}.parquet")
+    gsm8k.main(["--local_dataset_path", str(gsm), save_flag, str(tmp_path / "gsm_out")])
+    assert pq.read_table(tmp_path / "gsm_out" / "train.parquet").to_pylist()[0]["reward_model"]["ground_truth"] == "5"
+    args = gsm8k.build_parser().parse_args([save_flag, "d", "--synthetic_test", "3", "--skip_bad_rows", "--dry_run"])
+    assert (args.local_save_dir, args.synthetic_test, args.skip_bad_rows, args.dry_run) == ("d", 3, True, True)
+
+
+@pytest.mark.parametrize("module", [geometry3k, gsm8k])
+def test_dry_run_reads_and_writes_nothing(tmp_path, capsys, monkeypatch, module):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # a hub download would fail loudly
+    out_dir = tmp_path / "out"
+    for argv, says in ((["--local-save-dir", str(out_dir)], "from the Hugging Face hub"),
+                       (["--local_dataset_path", str(tmp_path / "missing"), "--local_dir", str(out_dir)],
+                        f"convert the local copy {tmp_path / 'missing'}"),
+                       (["--synthetic", "8", "--local-save-dir", str(out_dir)], "generate 8 train / 2 test synthetic")):
+        module.main([*argv, "--dry-run"])
+        out = capsys.readouterr().out
+        assert out.startswith("dry run: would ") and says in out, out
+        assert f"write {out_dir / 'train.parquet'}, {out_dir / 'test.parquet'}" in out
+    assert not out_dir.exists()
+    with pytest.raises(SystemExit) as exc:
+        module.main(["--dry-run", "--no-such-flag"])
+    assert exc.value.code == 2
+
+
+def test_geo3k_py_is_verls_name_for_geometry3k_py(tmp_path, capsys, monkeypatch):
+    """`python data_prep/geo3k.py --local_save_dir DIR` (verl's file and flag names) works as typed."""
+    ok = subprocess.run([sys.executable, str(REPO / "data_prep" / "geo3k.py"), "--synthetic", "4", "--local_save_dir",
+                         str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    check_rl_file(str(tmp_path / "train.parquet"), "synthetic_geometry", "train")
+    helps = []
+    for name in ("geo3k.py", "geometry3k.py"):  # in this process: a second interpreter start costs seconds
+        monkeypatch.setattr(sys, "argv", [name, "--help"])
+        with pytest.raises(SystemExit) as exc:
+            runpy.run_path(str(REPO / "data_prep" / name), run_name="__main__")
+        assert exc.value.code == 0
+        helps.append(capsys.readouterr().out)
+    assert helps[0] == helps[1] and "--local_save_dir" in helps[0] and "--local_dir" in helps[0]
+
+
+# ------------------------------------------------------------------ gsm8k --synthetic
+def test_gsm8k_synthetic_rows_are_gsm8k_source_rows_with_right_answers():
+    from verl_npu.data import synthetic_arithmetic
+
+    rows = synthetic_arithmetic.generate_rows(100, seed=5)
+    pairs = Counter()
+    for row in rows:
+        assert set(row) == {"question", "answer"}
+        [a] = (int(n) for n in re.findall(r"\d+", row["question"]))  # one number; the change is the word "one"
+        work, final = row["answer"].split("\n")
+        op = work.split()[1]
+        pairs[a, op] += 1
+        expected = a + 1 if op == "+" else a - 1
+        assert work == f"{a} {op} 1 = {expected}" and final == f"#### {expected}"
+        # the words say which way the count goes
+        assert ("one more" in row["question"]) == (op == "+")
+        assert any(w in row["question"] for w in ("one away", "takes one")) == (op == "-")
+        assert gsm8k.final_answer(row["answer"]) == str(expected)  # GSM8K's own answer parsing
+    # number 1..5 and direction balanced and independent: reading only one of them is not enough
+    assert pairs == {(a, op): 10 for a in range(1, 6) for op in "+-"}
+    assert synthetic_arithmetic.generate_rows(100, seed=5) == rows
+    assert synthetic_arithmetic.generate_rows(100, seed=6) != rows
+    test_rows = synthetic_arithmetic.generate_rows(100, 5, "test")
+    assert [r["question"] for r in test_rows] != [r["question"] for r in rows]
+    wider = synthetic_arithmetic.generate_rows(16, 0, max_number=8)
+    assert {r["answer"][-1] for r in wider} == {str(k) for k in range(0, 10)}
+    with pytest.raises(ValueError, match="max_number"):
+        synthetic_arithmetic.generate_rows(4, 0, max_number=9)
+
+
+def test_gsm8k_synthetic_cli_writes_rl_parquet(tmp_path, capsys):
+    gsm8k.main(["--synthetic", "18", "--seed", "2", "--local-save-dir", str(tmp_path / "a")])
+    out = capsys.readouterr().out
+    assert "train: 18 rows, 0 images" in out and "test: 4 rows, 0 images" in out  # 18 // 4
+    table = pq.read_table(tmp_path / "a" / "train.parquet")
+    assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    for i, row in enumerate(table.to_pylist()):
+        assert row["data_source"] == "synthetic_arithmetic" and row["ability"] == "math"
+        question = row["extra_info"]["question"]
+        assert row["prompt"] == [{"role": "user", "content": question + " " + gsm8k.SYNTHETIC_INSTRUCTION}]
+        assert "####" in gsm8k.SYNTHETIC_INSTRUCTION
+        assert row["reward_model"] == {"style": "rule", "ground_truth": row["extra_info"]["answer"].split("#### ")[1]}
+        assert row["extra_info"]["split"] == "train" and row["extra_info"]["index"] == i
+    gsm8k.main(["--synthetic", "18", "--seed", "2", "--synthetic-test", "5", "--local_dir", str(tmp_path / "b")])
+    assert (tmp_path / "b" / "train.parquet").read_bytes() == (tmp_path / "a" / "train.parquet").read_bytes()
+    assert pq.read_metadata(tmp_path / "b" / "test.parquet").num_rows == 5
+    with pytest.raises(SystemExit) as exc:
+        gsm8k.main(["--synthetic", "4", "--local-dataset-path", str(tmp_path), "--local-save-dir", str(tmp_path / "c")])
+    assert exc.value.code == 1 and "exclude each other" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gsm8k.main(["--synthetic", "0", "--local-save-dir", str(tmp_path / "d")])
+    assert "at least 1 train" in capsys.readouterr().err

@@ -444,20 +444,33 @@ def run_cli(body: Callable[[], dict]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="data_prep/geometry3k.py",
-        description="Write Geometry3K (or a synthetic polygon task) as RL parquet files: train.parquet, test.parquet.",
+        description="Write Geometry3K (or a synthetic polygon task) as RL parquet files: train.parquet, test.parquet. "
+                    "verl's underscore spellings of the options are accepted too (--local_save_dir, "
+                    "--local_dir, --local_dataset_path).",
     )
-    p.add_argument("--local-save-dir", default="~/data/geo3k", help="output folder (default: ~/data/geo3k)")
-    p.add_argument("--local-dataset-path", default=None,
+    p.add_argument("--local-save-dir", "--local_save_dir", "--local_dir", dest="local_save_dir",
+                   default="~/data/geo3k", help="output folder (default: ~/data/geo3k)")
+    p.add_argument("--local-dataset-path", "--local_dataset_path", dest="local_dataset_path", default=None,
                    help="a local copy of hiyouga/geometry3k: a folder of parquet files or a save_to_disk folder")
     p.add_argument("--synthetic", type=int, default=None, metavar="N",
                    help="write N synthetic train rows (rendered polygons, no network) instead of Geometry3K")
-    p.add_argument("--synthetic-test", type=int, default=None, metavar="N",
-                   help="synthetic test rows (default: N // 4, at least 1)")
+    p.add_argument("--synthetic-test", "--synthetic_test", dest="synthetic_test", type=int, default=None,
+                   metavar="N", help="synthetic test rows (default: N // 4, at least 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")
-    p.add_argument("--image-size", type=int, default=56, help="synthetic image side in pixels (default 56)")
-    p.add_argument("--skip-bad-rows", action="store_true",
+    p.add_argument("--image-size", "--image_size", dest="image_size", type=int, default=56,
+                   help="synthetic image side in pixels (default 56)")
+    p.add_argument("--skip-bad-rows", "--skip_bad_rows", dest="skip_bad_rows", action="store_true",
                    help="skip (and count) rows that cannot be converted instead of stopping at the first")
+    p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                   help="check the options and say what would be read and written, without reading or writing")
     return p
+
+
+def dry_run_plan(source: str, save_dir: str) -> str:
+    """The line ``--dry-run`` prints: where the rows would come from (``source``, a verb phrase) and
+    the files that would be written."""
+    out = Path(save_dir).expanduser()
+    return f"dry run: would {source} and write {out / 'train.parquet'}, {out / 'test.parquet'} (nothing done)"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -468,7 +481,15 @@ def main(argv: list[str] | None = None) -> None:
             print("error: --synthetic and --local-dataset-path exclude each other; pass one", file=sys.stderr)
             raise SystemExit(1)
         n_test = args.synthetic_test if args.synthetic_test is not None else max(1, args.synthetic // 4)
+        if args.dry_run:
+            print(dry_run_plan(f"generate {args.synthetic} train / {n_test} test synthetic polygon rows "
+                               f"(seed {args.seed}, {args.image_size} px)", args.local_save_dir))
+            return
         run_cli(lambda: prepare_synthetic(
             args.local_save_dir, args.synthetic, n_test, args.seed, args.image_size, progress=True))
+    elif args.dry_run:
+        source = (f"convert the local copy {args.local_dataset_path}" if args.local_dataset_path
+                  else f"download {HUB_ID} from the Hugging Face hub (needs the network and the 'datasets' package)")
+        print(dry_run_plan(source, args.local_save_dir))
     else:
         run_cli(lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows))

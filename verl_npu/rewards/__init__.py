@@ -15,6 +15,7 @@ data_source          score                                       module
 hiyouga/geometry3k   0.9 * accuracy + 0.1 * format               ``verl_npu.rewards.geo3k``
 openai/gsm8k         strict ``#### n`` match (flexible logged)   ``verl_npu.rewards.gsm8k``
 synthetic_geometry   0.9 * accuracy + 0.1 * format               ``verl_npu.rewards.synthetic_geometry``
+synthetic_arithmetic 0.9 * accuracy + 0.1 * format               ``verl_npu.rewards.synthetic_arithmetic``
 ==================== =========================================== ===============================
 """
 
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from verl_npu.errors import UserError
-from verl_npu.rewards import geo3k, gsm8k, synthetic_geometry
+from verl_npu.rewards import geo3k, gsm8k, synthetic_arithmetic, synthetic_geometry
 
 RewardFn = Callable[..., "float | dict"]
 
@@ -64,6 +65,7 @@ def registered_data_sources() -> list[str]:
 register_reward("hiyouga/geometry3k", geo3k.compute_score)
 register_reward("openai/gsm8k", gsm8k.compute_score)
 register_reward("synthetic_geometry", synthetic_geometry.compute_score)
+register_reward("synthetic_arithmetic", synthetic_arithmetic.compute_score)
 
 
 def default_compute_score(data_source: str, solution_str: str, ground_truth: str,
