@@ -398,3 +398,18 @@ def test_vision_markers_are_never_sampled():
     assert kw["logit_bias"] == {502: -100.0, 503: -100.0}
     kw, _ = vr.sampling_kwargs(SamplingParams(n=2), stop_token_ids=[7])
     assert "logit_bias" not in kw
+
+
+def test_stale_cpu_tp_shared_memory_is_removed_only_when_unused(tmp_path):
+    import mmap
+
+    stale = tmp_path / "-tp:0-[0-1]-cpushm_1"
+    stale.write_bytes(b"\0" * 4096)
+    in_use = tmp_path / "-tp:0-[0-1]-cpushm_0"
+    in_use.write_bytes(b"\0" * 4096)
+    other = tmp_path / "psm_1234"
+    other.write_bytes(b"x")
+    with open(in_use, "r+b") as f, mmap.mmap(f.fileno(), 4096):  # a live engine's file: mapped here
+        removed = vr.remove_stale_cpu_shm(str(tmp_path))
+    assert removed == [str(stale)]
+    assert not stale.exists() and in_use.exists() and other.exists()

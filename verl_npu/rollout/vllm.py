@@ -301,6 +301,44 @@ def _on_cpu_platform() -> bool:
         return False
 
 
+def _mapped_files() -> set[str]:
+    """Paths that some live process on this machine has mapped (from /proc/*/maps)."""
+    from pathlib import Path
+
+    used: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended or is not ours to read
+            continue
+        used.update(line.split(None, 5)[-1].strip() for line in text.splitlines() if line.count(" ") >= 5)
+    return used
+
+
+def remove_stale_cpu_shm(shm_dir: str = "/dev/shm") -> list[str]:
+    """Delete vLLM CPU tensor-parallel shared-memory files that no live process maps; returns them.
+
+    vLLM's CPU TP group names these files from the ranks only (`...-cpushm_<rank>`), never deletes
+    them when a worker process ends, and refuses to start when one exists (`create shm in
+    SHMManager failed. errno: 17`): without this, the second TP run on a machine would fail."""
+    from pathlib import Path
+
+    found = sorted(str(p) for p in Path(shm_dir).glob("*cpushm*"))
+    if not found:
+        return []
+    busy = _mapped_files()
+    removed = []
+    for path in found:
+        if path in busy:
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def engine_worker(llm: Any) -> Any:
     """The vLLM worker object of this process's part of the engine (the engine runs in-process:
     `VLLM_ENABLE_V1_MULTIPROCESSING=0`, uni-process or external-launcher executor).
@@ -444,6 +482,14 @@ class VLLMRollout(RolloutEngine):
         if world_size > 1:
             # the engine joins the trainer's process group: TP groups of consecutive ranks
             args.setdefault("distributed_executor_backend", "external_launcher")
+            if _on_cpu_platform() and int(args.get("tensor_parallel_size", 1)) > 1:
+                stale = remove_stale_cpu_shm()
+                if stale:
+                    log.info("vllm rollout: removed shared-memory files an earlier CPU TP engine left: %s", stale)
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.barrier()  # every rank cleaned up before any engine creates its files
         # the engine core must live in this process: weights stream into its worker object
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.sleep_mode = bool(args.get("enable_sleep_mode"))
