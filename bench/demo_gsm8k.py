@@ -100,7 +100,7 @@ def main() -> int:
         "",
         f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `{command}` on {os.cpu_count()} CPU "
         f"cores ({platform.processor() or platform.machine()}), Python {platform.python_version()}. Each seed is "
-        "`bash launch/run_recipe.sh tiny_gsm8k data.seed=S` from a fresh output folder (data.seed: data order "
+        "`bash launch/run_recipe.sh tiny_gsm8k data.seed=1` (then 2, 3) from a fresh output folder (data.seed: data order "
         "and sampling; the model's initial weights are the same).",
         "",
         "| seed | steps | mean reward, first 10 steps | mean reward, last 10 steps | ratio | accuracy, last 10 steps "

@@ -297,27 +297,21 @@ def test_gsm8k_synthetic_rows_are_gsm8k_source_rows_with_right_answers():
     from verl_npu.data import synthetic_arithmetic
 
     rows = synthetic_arithmetic.generate_rows(100, seed=5)
-    pairs = Counter()
+    numbers = Counter()
     for row in rows:
         assert set(row) == {"question", "answer"}
         [a] = (int(n) for n in re.findall(r"\d+", row["question"]))  # one number; the change is the word "one"
-        work, final = row["answer"].split("\n")
-        op = work.split()[1]
-        pairs[a, op] += 1
-        expected = a + 1 if op == "+" else a - 1
-        assert work == f"{a} {op} 1 = {expected}" and final == f"#### {expected}"
-        # the words say which way the count goes
-        assert ("one more" in row["question"]) == (op == "+")
-        assert any(w in row["question"] for w in ("one away", "takes one")) == (op == "-")
-        assert gsm8k.final_answer(row["answer"]) == str(expected)  # GSM8K's own answer parsing
-    # number 1..5 and direction balanced and independent: reading only one of them is not enough
-    assert pairs == {(a, op): 10 for a in range(1, 6) for op in "+-"}
+        assert "one more" in row["question"]
+        numbers[a] += 1
+        assert row["answer"] == f"{a} + 1 = {a + 1}\n#### {a + 1}"
+        assert gsm8k.final_answer(row["answer"]) == str(a + 1)  # GSM8K's own answer parsing
+    assert numbers == {a: 20 for a in range(1, 6)}  # balanced: a question-blind policy gets 1 in 5
     assert synthetic_arithmetic.generate_rows(100, seed=5) == rows
     assert synthetic_arithmetic.generate_rows(100, seed=6) != rows
     test_rows = synthetic_arithmetic.generate_rows(100, 5, "test")
     assert [r["question"] for r in test_rows] != [r["question"] for r in rows]
     wider = synthetic_arithmetic.generate_rows(16, 0, max_number=8)
-    assert {r["answer"][-1] for r in wider} == {str(k) for k in range(0, 10)}
+    assert {r["answer"][-1] for r in wider} == {str(k) for k in range(2, 10)}
     with pytest.raises(ValueError, match="max_number"):
         synthetic_arithmetic.generate_rows(4, 0, max_number=9)
 

@@ -41,27 +41,18 @@ def test_scores(response, expected):
     assert (result["score"], result["accuracy"], result["format"]) == pytest.approx(expected)
 
 
-def test_a_random_policy_gets_partial_credit_and_blind_policies_stay_below_the_bounds():
-    """What the demo relies on: random tokens sometimes score; a policy that ignores the question
-    cannot beat BLIND_BEST_SCORE, one that ignores the direction cannot beat DIRECTION_BLIND_BEST_SCORE."""
+def test_a_random_policy_gets_partial_credit_and_a_blind_one_stays_below_the_bound():
+    """What the demo relies on: random tokens sometimes score, and a policy that ignores the
+    question cannot beat BLIND_BEST_SCORE."""
     assert reward.MAX_NUMBER == synthetic_arithmetic.MAX_NUMBER
     rows = synthetic_arithmetic.generate_rows(1000, seed=0)
     truths = [r["answer"].rsplit("#### ", 1)[1] for r in rows]
-    numbers = [int(r["answer"].split()[0]) for r in rows]
     rng = random.Random(0)
     vocabulary = [str(d) for d in range(10)] + ["a", "the", " ", "?", "#", "."] * 20  # mostly non-digits
     random_scores = [score("".join(rng.choice(vocabulary) for _ in range(3)), t)["score"] for t in truths]
     assert 0.0 < sum(random_scores) / len(random_scores) < 0.1
-
-    def mean_score(answer_of) -> float:
-        return sum(score(f"#### {answer_of(n)}", t)["score"] for n, t in zip(numbers, truths)) / len(truths)
-
-    best_blind = max(mean_score(lambda n, c=c: c) for c in range(0, 10))
-    assert best_blind == pytest.approx(reward.BLIND_BEST_SCORE, abs=0.01) and reward.BLIND_BEST_SCORE == 0.28
-    direction_blind = max(mean_score(lambda n: n + 1), mean_score(lambda n: n - 1),
-                          mean_score(lambda n: n + 1 if n < 3 else n - 1),
-                          mean_score(lambda n: n - 1 if n < 3 else n + 1))
-    assert direction_blind == pytest.approx(reward.DIRECTION_BLIND_BEST_SCORE, abs=0.01)
+    best_blind = max(sum(score(f"#### {c}", t)["score"] for t in truths) / len(truths) for c in range(10))
+    assert best_blind == pytest.approx(reward.BLIND_BEST_SCORE) and reward.BLIND_BEST_SCORE == pytest.approx(0.28)
     # reading the question pays: the right answer in the format scores 1 on every row
     assert all(score(f"#### {t}", t)["score"] == 1.0 for t in truths)
 

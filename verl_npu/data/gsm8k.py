@@ -4,7 +4,7 @@ Source format (Hugging Face ``openai/gsm8k``, config ``main``): columns ``questi
 ``answer``, where ``answer`` is a worked solution ending in ``#### <number>``.
 
 ``--synthetic N`` writes offline word problems in the same source format instead
-(``verl_npu.data.synthetic_arithmetic``: a count of 1-5 things goes up or down by one), converted
+(``verl_npu.data.synthetic_arithmetic``: a count of 1-5 things grows by one), converted
 by the same code with data_source ``synthetic_arithmetic`` and a shorter instruction.
 
 Each output row (verl's RL schema without ``images``, see docs/data_formats.md)::
@@ -139,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-dataset-path", "--local_dataset_path", dest="local_dataset_path", default=None,
                    help="a local copy of openai/gsm8k (main): a folder of parquet files or a save_to_disk folder")
     p.add_argument("--synthetic", type=int, default=None, metavar="N",
-                   help="write N synthetic train rows (one-step word problems: a count of 1-5 things goes up "
-                        "or down by one; no network) instead of GSM8K")
+                   help="write N synthetic train rows (one-step word problems: a count of 1-5 things grows by "
+                        "one; no network) instead of GSM8K")
     p.add_argument("--synthetic-test", "--synthetic_test", dest="synthetic_test", type=int, default=None,
                    metavar="N", help="synthetic test rows (default: N // 4, at least 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")

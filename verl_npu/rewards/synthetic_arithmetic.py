@@ -15,15 +15,10 @@ earns no format credit: rewarding "write any digit" would teach a habit that is 
 every question and drowns out the accuracy signal (the lesson of the polygon task,
 ``verl_npu.rewards.synthetic_geometry``).
 
-What the numbers mean (``verl_npu.data.synthetic_arithmetic``: the number in the question, 1..5,
-and the direction, up or down by one, are balanced and independent; answers run 0..6):
-
-- a policy that ignores the question answers one fixed value, right at most 1/5 of the time:
-  its best expected score is ``0.9 / 5 + 0.1 = 0.28`` (``BLIND_BEST_SCORE``);
-- a policy that reads the number but not the direction is right half the time:
-  ``0.9 / 2 + 0.1 = 0.55`` (``DIRECTION_BLIND_BEST_SCORE``).
-
-A mean score clearly above 0.28 means the policy reads the number; above 0.55, the words too.
+What the numbers mean: the number in the question (1..5) is balanced, and so are the answers
+(2..6, ``verl_npu.data.synthetic_arithmetic``). A policy that ignores the question answers one
+fixed value, right at most 1/5 of the time: its best expected score is ``0.9 / 5 + 0.1 = 0.28``
+(``BLIND_BEST_SCORE``). A mean score clearly above 0.28 means the policy reads the question.
 """
 
 from __future__ import annotations
@@ -35,7 +30,6 @@ from verl_npu.rewards.gsm8k import numbers_match
 FORMAT_WEIGHT = 0.1
 MAX_NUMBER = 5  # verl_npu.data.synthetic_arithmetic.MAX_NUMBER (not imported: rewards stay light to import)
 BLIND_BEST_SCORE = (1 - FORMAT_WEIGHT) / MAX_NUMBER + FORMAT_WEIGHT  # 0.28
-DIRECTION_BLIND_BEST_SCORE = (1 - FORMAT_WEIGHT) / 2 + FORMAT_WEIGHT  # 0.55
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 STRICT = re.compile(r"####\s*(-?\d[\d,]*(?:\.\d+)?)")
 
