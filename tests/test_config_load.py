@@ -47,8 +47,11 @@ def test_override_short_full_and_hydra_plus_forms():
     assert parse_override("af_output_dir=/x") == ("af_output_dir", "/x")
     with pytest.raises(UserError, match="not key=value"):
         parse_override("data.train_batch_size")
-    with pytest.raises(UserError, match="deleting keys"):
-        parse_override("~data.seed=1")
+    assert parse_override("++data.seed=3") == ("backend_config.data.seed", 3)
+    from verl_npu.config.loader import DELETE
+
+    assert parse_override("~data.seed") == ("backend_config.data.seed", DELETE)
+    assert parse_override("~data.seed=1") == ("backend_config.data.seed", DELETE)
 
 
 def test_overrides_apply_over_the_recipe():

@@ -16,7 +16,7 @@ next line validates):
   train.parquet and test.parquet. Save folders are always redirected to the temporary folder.
 - `verl-npu VERB ...` (and `python -m verl_npu.cli ...`): the verb and its flags parse (the
   real argparse parser); list, cp, validate, show and explain run; `run` is validated like
-  `verl-npu run` does before it trains (load_recipe + unsupported_by_trainer), never trained.
+  `verl-npu run` does before it trains (load_recipe, whose rules include the trainer's refusals), never trained.
   EDIT_ME fields the command does not set are filled (the recipe header says to edit them).
 - `bash launch/run_recipe.sh ...`: the launcher runs with a stand-in Python that records the
   command the launcher would exec (it must be `-m verl_npu.cli run` with the quoted arguments);
@@ -363,17 +363,13 @@ def _validate_for_run(recipe_arg: str, overrides: list[str], ctx: Context) -> No
     """What `verl-npu run` checks before it trains: the recipe loads and the trainer supports it."""
     from verl_npu.config import load_recipe
     from verl_npu.errors import UserError
-    from verl_npu.trainer.entry import unsupported_by_trainer
 
     try:
         recipe = _resolve_recipe(recipe_arg, ctx)
         with _in_dir(ctx.cwd):
-            rc = load_recipe(str(recipe), _filled_overrides(recipe, overrides, ctx))
+            load_recipe(str(recipe), _filled_overrides(recipe, overrides, ctx))  # trainer refusals included
     except UserError as e:
         raise CommandFailed(f"the recipe does not validate: {e}") from None
-    refused = unsupported_by_trainer(rc)
-    if refused:
-        raise CommandFailed(f"verl-npu run would refuse: {'; '.join(map(str, refused))}")
 
 
 def _any_recipe(check) -> None:

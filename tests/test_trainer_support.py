@@ -1,7 +1,12 @@
-"""Valid verl settings the trainer does not implement yet are refused by name, never ignored."""
+"""Valid verl settings the trainer does not implement yet are refused by name, never ignored: they
+are rules of the config registry (verl_npu.config.rules.RULES, names starting with `trainer_`), so
+`validate` and `run` report them with every other problem, before anything starts."""
 
-from verl_npu.config import load_recipe
-from verl_npu.trainer.entry import total_steps, unsupported_by_trainer
+import pytest
+
+from verl_npu.config import RULES, load_recipe
+from verl_npu.errors import ConfigErrors
+from verl_npu.trainer.entry import total_steps
 
 REQUIRED = [
     "af_output_dir=/tmp/out",
@@ -11,21 +16,27 @@ REQUIRED = [
 ]
 
 
-def keys(problems):
-    return {p.key for p in problems}
+def refused(recipe, overrides):
+    """The problems `load_recipe` reports (each must come from a trainer_* rule or a key check)."""
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe(recipe, overrides)
+    return info.value.problems
+
+
+def test_trainer_refusals_live_in_the_rule_registry():
+    names = {r.name for r in RULES}
+    assert {"trainer_ref_sp", "trainer_full_kl_in_reward", "trainer_fsdp_offload_and_sharding"} <= names
 
 
 def test_demo_recipe_is_fully_supported():
-    assert unsupported_by_trainer(load_recipe("tiny_geo3k")) == []
+    load_recipe("tiny_geo3k")
 
 
 def test_tensor_parallel_rollout_runs_and_full_kl_in_reward_is_refused_by_name():
-    rc = load_recipe("qwen25vl_geo3k_longseq", REQUIRED)
+    rc = load_recipe("qwen25vl_geo3k_longseq", REQUIRED)  # the shipped recipe runs as shipped
     assert int(rc.backend.actor_rollout_ref.rollout.tensor_model_parallel_size) > 1
-    assert unsupported_by_trainer(rc) == []  # the shipped recipe runs as shipped
-    rc = load_recipe("tiny_geo3k", ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full",
-                                    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"])
-    [problem] = unsupported_by_trainer(rc)
+    [problem] = refused("tiny_geo3k", ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full",
+                                       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"])
     assert problem.key.endswith("algorithm.kl_penalty") and "low_var_kl" in problem.fix
 
 
@@ -39,12 +50,11 @@ def test_total_steps_is_the_smaller_of_epochs_and_explicit_steps():
 
 
 def test_reference_sequence_parallel_must_match_the_actor():
-    rc = load_recipe("tiny_geo3k", ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.use_remove_padding=true",
-                                    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                                    "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
-                                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                                    "actor_rollout_ref.model.path=tiny://qwen2"])
-    [problem] = unsupported_by_trainer(rc)
+    [problem] = refused("tiny_geo3k", ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.use_remove_padding=true",
+                                       "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                                       "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+                                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                                       "actor_rollout_ref.model.path=tiny://qwen2"])
     assert problem.key.endswith("ref.ulysses_sequence_parallel_size") and "set both to 2" in problem.fix
 
 
@@ -53,20 +63,17 @@ def test_ulysses_is_accepted_for_text_and_vision_language_models():
           "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
           "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
-    assert unsupported_by_trainer(load_recipe("tiny_geo3k", sp)) == []
-    assert unsupported_by_trainer(load_recipe("tiny_geo3k", sp + ["actor_rollout_ref.model.path=tiny://qwen2"])) == []
+    load_recipe("tiny_geo3k", sp)
+    load_recipe("tiny_geo3k", sp + ["actor_rollout_ref.model.path=tiny://qwen2"])
 
 
-def test_validate_warns_about_what_run_would_refuse(capsys):
+def test_validate_refuses_what_run_would_refuse(capsys):
     from verl_npu.cli import main
 
-    assert main(["validate", "qwen25vl_geo3k", *REQUIRED, "actor_rollout_ref.actor.fsdp_config.fsdp_size=4"]) == 0
+    assert main(["validate", "qwen25vl_geo3k", *REQUIRED, "actor_rollout_ref.actor.fsdp_config.fsdp_size=4"]) == 1
     err = capsys.readouterr().err
-    assert "verl-npu run will refuse backend_config.actor_rollout_ref.actor.fsdp_config.fsdp_size" in err
-    assert "hybrid sharding" in err
-    capsys.readouterr()
-    assert main(["validate", "qwen25vl_geo3k", *REQUIRED]) == 0
-    assert "verl-npu run will refuse" not in capsys.readouterr().err  # the flagship runs as shipped
+    assert "backend_config.actor_rollout_ref.actor.fsdp_config.fsdp_size" in err and "hybrid sharding" in err
+    assert main(["validate", "qwen25vl_geo3k", *REQUIRED]) == 0  # the flagship runs as shipped
 
 
 def test_out_of_memory_in_a_worker_becomes_advice(monkeypatch, tmp_path):

@@ -73,12 +73,11 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
 
 def placeholder_fields(path: Path) -> list[str]:
     """Full dotted keys in a recipe file whose value is an EDIT_ME placeholder."""
-    from verl_npu.config.loader import _flatten, read_yaml_file
-    from verl_npu.config.rules import _is_placeholder
+    from verl_npu.config.tree import flatten, is_placeholder, read_yaml_file
 
     flat: dict = {}
-    _flatten(read_yaml_file(path), "", flat)
-    return [k for k, v in flat.items() if _is_placeholder(v)]
+    flatten(read_yaml_file(path), "", flat)
+    return [k for k, v in flat.items() if is_placeholder(v)]
 
 
 def copy_recipe(name_or_path: str, dest: str | os.PathLike) -> tuple[Path, list[str]]:

@@ -5,11 +5,25 @@
     rc.backend.data.train_batch_size   # 8
 
 Importing this package does not import torch, transformers or ray.
+
+Import order (one way: a module imports only modules above it, at module level or inside a
+function; tests/test_config_compat.py checks it, and imports each module fresh in a subprocess):
+
+    schema        the keys verl-npu reads (defaults, types, limits)
+    schema_verl   verl keys verl-npu does not implement: no-ops, refusals, aliases, refused subtrees
+    tree          key spellings, the recipe file as a dict, flattening, reading one value
+    modelinfo     what the checks read from a local model's config.json
+    rules         per-key checks and the cross-key rule registry (RULES), trainer refusals included
+    derive        derived values
+    verl_npu.recipes   finding shipped recipe files (uses tree only)
+    loader        load_recipe: read, override, classify, resolve, check, derive
+    reference, compat  the generated docs (config_reference.md, verl_compat.md)
 """
 
 from verl_npu.config.loader import (
     Derived, RecipeConfig, describe_key, expand_key, load_recipe, parse_override, parse_value,
 )
+from verl_npu.config.schema_verl import ALIASES, REFUSED_SUBTREES, VERL_ONLY
 from verl_npu.config.rules import RULES, check_paths
 from verl_npu.config.schema import DEPRECATED, REQUIRED, SCHEMA, UNSUPPORTED_PREFIXES, Key
 
@@ -20,6 +34,6 @@ def find_key(name: str) -> Key | None:
 
 
 __all__ = [
-    "DEPRECATED", "REQUIRED", "RULES", "SCHEMA", "UNSUPPORTED_PREFIXES", "Derived", "Key", "RecipeConfig",
+    "ALIASES", "DEPRECATED", "REFUSED_SUBTREES", "REQUIRED", "RULES", "VERL_ONLY", "SCHEMA", "UNSUPPORTED_PREFIXES", "Derived", "Key", "RecipeConfig",
     "check_paths", "describe_key", "expand_key", "find_key", "load_recipe", "parse_override", "parse_value",
 ]

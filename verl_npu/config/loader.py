@@ -1,15 +1,17 @@
 """Load a recipe: read YAML, apply `key=value` overrides, merge over the defaults, validate, derive.
 
-Merge order: schema defaults <- recipe file <- command-line overrides. Every user-set key is
-classified (known, free-form, deprecated, unsupported, unknown) so that no key is silently
-ignored. Nothing here imports torch, transformers or ray.
+Merge order: schema defaults <- recipe file <- command-line overrides (Hydra's `+key`, `++key`
+and `~key` included). Every user-set key is classified (schema key, free-form entry, verl alias,
+verl key without effect here, deprecated, refused verl feature, unknown) so that no key is
+silently ignored. verl's short-form interpolations (`${data.max_response_length}`) resolve
+against `backend_config`. Nothing here imports torch, transformers or ray.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -19,8 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from verl_npu.config import derive as _derive
 from verl_npu.config import rules as _rules
 from verl_npu.config.schema import (
-    DEPRECATED, SCHEMA, TOP_LEVEL, UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key,
-    defaults_tree, free_form_owner, is_section,
+    DEPRECATED, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key, defaults_tree,
+    free_form_owner,
+)
+from verl_npu.config.schema_verl import (
+    ALIASES, EXTRA_VERL_SECTIONS, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
+)
+from verl_npu.config.tree import (
+    BC, expand_key, flatten, known_section, read_yaml_file, scalar, set_path,
 )
 from verl_npu.errors import ConfigErrors, Problem, UserError
 
@@ -43,6 +51,7 @@ class RecipeConfig:
     source: Path
     user_keys: frozenset[str] = frozenset()      # full keys set by the recipe or the overrides
     warnings: list[str] = field(default_factory=list)
+    noop: list[Derived] = field(default_factory=list)   # verl keys the user set that change nothing here, and why
 
     @property
     def backend(self) -> DictConfig:
@@ -65,13 +74,7 @@ class RecipeConfig:
 
 
 # ------------------------------------------------------------------ YAML text helpers
-def _scalar(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**9, allow_unicode=True).strip()
-    if text.endswith("\n..."):
-        text = text[: -len("\n...")]
-    elif text.endswith("..."):
-        text = text[:-3].strip()
-    return text
+_scalar = scalar   # kept for callers of the old private name
 
 
 def _emit(node: dict, indent: int, prefix: str, notes: dict[str, str], lines: list[str]) -> None:
@@ -86,32 +89,18 @@ def _emit(node: dict, indent: int, prefix: str, notes: dict[str, str], lines: li
             lines.append(f"{pad}{_scalar(k)}: {_scalar(v)}{note}")
 
 
-# ------------------------------------------------------------------ reading
-def read_yaml_file(path: Path) -> dict:
-    """The recipe file as a plain dict (interpolations kept as text). UserError on bad YAML."""
-    if not path.is_file():
-        raise UserError(f"recipe file not found: {path}")
-    try:
-        loaded = OmegaConf.load(path)
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}".rstrip()) from None
-    except Exception as exc:  # omegaconf wraps some parse errors in its own types
-        raise UserError(f"{path}: cannot read the recipe: {exc}") from None
-    if not isinstance(loaded, DictConfig):
-        raise UserError(f"{path}: a recipe must be a YAML mapping with af_output_dir, backend_config "
-                        f"and engine_kwargs, not a {type(loaded).__name__}")
-    return OmegaConf.to_container(loaded, resolve=False)
-
-
-def expand_key(key: str) -> str:
-    """Full dotted key from the recipe root; verl's short form `data.x` means `backend_config.data.x`."""
-    first = key.split(".", 1)[0]
-    if first in VERL_SECTIONS:
-        return f"backend_config.{key}"
-    return key
-
-
+# ------------------------------------------------------------------ overrides
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")
+
+
+class _Delete:
+    """The value of a Hydra `~key` override: remove the key, so its default applies."""
+
+    def __repr__(self) -> str:
+        return "<delete>"
+
+
+DELETE = _Delete()
 
 
 def parse_value(text: str) -> Any:
@@ -135,42 +124,67 @@ def parse_value(text: str) -> Any:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`key=value` -> (full dotted key, parsed value). Hydra's `+`/`++` prefixes are accepted."""
-    if "=" not in text:
-        raise UserError(f"override '{text}' is not key=value (example: data.train_batch_size=64)")
-    key, value = text.split("=", 1)
-    key = key.strip().lstrip("+")
-    if key.startswith("~"):
-        raise UserError(f"override '{text}': deleting keys with '~' is not supported; set the key to null")
+    """`key=value` -> (full dotted key, parsed value), with Hydra's prefixes: `+key=value` (add) and
+    `++key=value` (add or override) set the key like `key=value`; `~key` (or `~key=value`) deletes
+    it, so the schema default applies again: its value is `DELETE`."""
+    body = text.strip()
+    delete = body.startswith("~")
+    if delete:
+        body = body[1:]
+    elif "=" not in body:
+        raise UserError(f"override '{text}' is not key=value (example: data.train_batch_size=64; "
+                        "~key deletes a key)")
+    key, _, value = body.partition("=")
+    key = key.strip()
+    if not delete:
+        key = key[2:] if key.startswith("++") else key[1:] if key.startswith("+") else key
     if not _KEY_RE.match(key):
         raise UserError(f"override '{text}': '{key}' is not a dotted key (example: data.train_batch_size=64)")
-    return expand_key(key), parse_value(value)
+    return expand_key(key), DELETE if delete else parse_value(value)
 
 
-def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
-    """Leaves of a user tree as {full key: value}; free-form dicts and unknown subtrees stay whole."""
-    if not isinstance(node, dict):
-        out[prefix] = node
-        return
-    if prefix and (prefix in SCHEMA or free_form_owner(prefix) == prefix):
-        out[prefix] = node
-        return
-    if prefix and not is_section(prefix) and prefix not in ("", "backend_config"):
-        out[prefix] = node          # an unknown / unsupported subtree: reported once, at its top
-        return
-    for k, v in node.items():
-        _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+# ------------------------------------------------------------------ interpolations
+_SECTIONS = VERL_SECTIONS + EXTRA_VERL_SECTIONS
+_SHORT_REF = re.compile(r"\$\{(\s*(?:oc\.select:\s*)?)(" + "|".join(_SECTIONS) + r")(?=[.}:,\s])")
 
 
-def _set_path(tree: dict, path: str, value: Any) -> None:
-    *heads, leaf = path.split(".")
-    node = tree
-    for h in heads:
-        nxt = node.get(h)
-        if not isinstance(nxt, dict):
-            nxt = node[h] = {}
-        node = nxt
-    node[leaf] = value
+def expand_interpolations(value: Any) -> Any:
+    """`${data.x}` (verl's spelling, relative to the verl config) -> `${backend_config.data.x}`, in
+    every string of `value` (lists and dicts too); `${oc.select:data.x,1}` likewise. Full keys,
+    relative `${.x}` references and other resolvers are left as they are."""
+    if isinstance(value, str):
+        return _SHORT_REF.sub(lambda m: "${" + m.group(1) + "backend_config." + m.group(2), value)
+    if isinstance(value, list):
+        return [expand_interpolations(v) for v in value]
+    if isinstance(value, dict):
+        return {k: expand_interpolations(v) for k, v in value.items()}
+    return value
+
+
+def _has_interpolation(value: Any) -> bool:
+    if isinstance(value, str):
+        return "${" in value
+    if isinstance(value, list):
+        return any(_has_interpolation(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_interpolation(v) for v in value.values())
+    return False
+
+
+_MISSING_REF = re.compile(r"Interpolation key '([^']+)' not found|Key '([^']+)' not in")
+
+
+def _interpolation_problem(path: str, raw: Any, exc: Exception) -> Problem:
+    """A clean error for a `${...}` that does not resolve, naming the key it refers to."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    found = _MISSING_REF.search(text)
+    if found:
+        ref = (found.group(1) or found.group(2)).removeprefix("backend_config.")
+        return Problem(path, f"refers to {ref!r}, which is not a key of the recipe (value {raw!r})",
+                       "refer to an existing key, e.g. ${data.max_response_length} (verl's short form) "
+                       "or ${backend_config.data.max_response_length}")
+    return Problem(path, f"the reference in {raw!r} cannot be resolved ({text})",
+                   "write ${section.key}, e.g. ${data.max_response_length}")
 
 
 def _suggest(path: str) -> str:
@@ -192,33 +206,148 @@ def _harmless(value: Any) -> bool:
     return value is None or value is False or value == {} or value == []
 
 
-def classify(user: dict[str, Any], origin: str) -> tuple[dict[str, Any], list[Problem], list[str]]:
-    """Split user leaves into accepted {key: value}, problems and warnings. `origin` names where
-    the keys came from (the recipe file or 'command line')."""
-    accepted: dict[str, Any] = {}
-    problems: list[Problem] = []
-    warnings: list[str] = []
+@dataclass
+class _Sorted:
+    """User keys sorted by what verl-npu does with them."""
+
+    accepted: dict[str, Any] = field(default_factory=dict)     # schema keys (aliases already renamed)
+    verl_only: dict[str, Any] = field(default_factory=dict)    # VERL_ONLY keys / _target_ (checked, no effect)
+    alias_of: dict[str, str] = field(default_factory=dict)     # schema key -> the verl alias that set it
+    problems: list[Problem] = field(default_factory=list)
+
+    def update(self, other: "_Sorted") -> None:
+        for target in other.accepted:      # a later source replaces an earlier one, alias or not
+            self.alias_of.pop(target, None)
+        self.accepted.update(other.accepted)
+        self.verl_only.update(other.verl_only)
+        self.alias_of.update(other.alias_of)
+        self.problems += other.problems
+
+
+def classify(user: dict[str, Any], origin: str) -> _Sorted:
+    """Sort user leaves {full key: value} (from the recipe file or the command line, named by
+    `origin`) into schema keys, verl keys without effect here, and problems. Every key ends in
+    exactly one place: nothing is dropped silently."""
+    out = _Sorted()
     for path, value in user.items():
         top = path.split(".", 1)[0]
         if path in SCHEMA or free_form_owner(path):
-            accepted[path] = value
+            key = SCHEMA.get(path)
+            if key is not None and key.type == STR_LIST and isinstance(value, str):
+                value = [value]   # verl accepts one name for a list of names (trainer.logger=console)
+            out.accepted[path] = value
+        elif path in ALIASES:
+            target = ALIASES[path]
+            if target in out.accepted and out.accepted[target] != value:
+                out.problems.append(Problem(path, f"is {value!r} but {target.removeprefix(BC)} (the key it "
+                                            f"stands for) is {out.accepted[target]!r} ({origin})",
+                                            "set only one of them"))
+            else:
+                out.accepted[target] = value
+                out.alias_of[target] = path
+        elif path in VERL_ONLY:
+            found = _rules.check_key(VERL_ONLY[path], value)
+            out.problems += found
+            if not found:
+                out.verl_only[path] = value
+        elif is_target(path) and top == "backend_config" and isinstance(value, str):
+            out.verl_only[path] = value
         elif path in DEPRECATED:
-            problems.append(Problem(path, f"is a deprecated verl key ({origin})",
-                                    f"use {DEPRECATED[path]} instead"))
-        elif any(path == p or path.startswith(p + ".") for p in UNSUPPORTED_PREFIXES):
-            prefix = next(p for p in UNSUPPORTED_PREFIXES if path == p or path.startswith(p + "."))
-            if not _harmless(value):
-                problems.append(Problem(path, f"verl-npu does not support {UNSUPPORTED_PREFIXES[prefix]} yet",
-                                        "remove this key"))
-        elif is_section(path):
-            problems.append(Problem(path, f"is a section, not a value ({origin})",
-                                    f"set the keys inside it, e.g. {next(k for k in SCHEMA if k.startswith(path + '.'))}=..."))
+            out.problems.append(Problem(path, f"is a deprecated verl key ({origin})",
+                                        f"use {DEPRECATED[path]} instead"))
+        elif refused_subtree(path) or any(path == p or path.startswith(p + ".") for p in UNSUPPORTED_PREFIXES):
+            hit = refused_subtree(path)
+            if hit:
+                what, instead = hit[1]
+            else:
+                prefix = next(p for p in UNSUPPORTED_PREFIXES if path == p or path.startswith(p + "."))
+                what, instead = UNSUPPORTED_PREFIXES[prefix], "remove this key"
+            if _harmless(value):
+                out.verl_only[path] = value
+            else:
+                out.problems.append(Problem(path, f"verl-npu does not support {what} yet (a verl feature; "
+                                            f"{origin})", instead))
+        elif known_section(path):
+            inside = next((k for k in list(SCHEMA) + list(VERL_ONLY) if k.startswith(path + ".")), path)
+            out.problems.append(Problem(path, f"is a section, not a value ({origin})",
+                                        f"set the keys inside it, e.g. {inside.removeprefix(BC)}=..."))
         elif top not in TOP_LEVEL:
-            problems.append(Problem(path, f"unknown top-level key ({origin}); a recipe has af_output_dir, "
-                                    "backend_config and engine_kwargs", _suggest(expand_key(path))))
+            out.problems.append(Problem(path, f"unknown top-level key ({origin}); a recipe has af_output_dir, "
+                                        "backend_config and engine_kwargs", _suggest(expand_key(path))))
         else:
-            problems.append(Problem(path, f"unknown key ({origin})", _suggest(path)))
-    return accepted, problems, warnings
+            out.problems.append(Problem(path, f"unknown key ({origin}): not a verl-npu or verl key", _suggest(path)))
+    return out
+
+
+def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dict[str, Any]) -> _Sorted:
+    """Command-line overrides, in order, as a `_Sorted` of their own; `~key` deletions remove the
+    key from `base` (the recipe file's keys) and from earlier overrides."""
+    over_flat: dict[str, Any] = {}
+    for key, value in parsed:
+        owner = free_form_owner(key)
+        if value is DELETE:
+            if owner and owner != key:       # one entry of a free-form dict
+                current = dict(over_flat.get(owner, base.accepted.get(owner, SCHEMA[owner].default)) or {})
+                node = current
+                *heads, leaf = key[len(owner) + 1:].split(".")
+                for h in heads:
+                    node = node.get(h) if isinstance(node.get(h), dict) else {}
+                node.pop(leaf, None)
+                over_flat[owner] = current
+                continue
+            for store in (over_flat, base.accepted, base.verl_only, raw_flat):
+                for k in [k for k in store if k == key or k.startswith(key + ".")]:
+                    del store[k]
+            target = ALIASES.get(key)
+            if target:
+                over_flat.pop(target, None)
+                base.accepted.pop(target, None)
+            continue
+        if owner and owner != key:   # one entry inside a free-form dict: merge into that dict
+            current = dict(over_flat.get(owner, base.accepted.get(owner, SCHEMA[owner].default)) or {})
+            set_path(current, key[len(owner) + 1:], value)
+            over_flat[owner] = current
+        elif isinstance(value, dict) and key not in SCHEMA and key not in VERL_ONLY and known_section(key):
+            flatten(value, key, over_flat)
+        else:
+            over_flat[key] = value
+    return classify(over_flat, "command line")
+
+
+def _resolve(cfg: DictConfig, sorted_: _Sorted) -> list[Problem]:
+    """Resolve every `${...}` in place; a reference that does not resolve is reported on the key
+    that holds it (and that key goes back to its default so the other checks still run)."""
+    problems: list[Problem] = []
+    holders = {**sorted_.accepted, **sorted_.verl_only}
+    for path, raw in holders.items():
+        if not _has_interpolation(raw):
+            continue
+        try:
+            node = OmegaConf.select(cfg, path, throw_on_missing=True)
+            if OmegaConf.is_config(node):
+                OmegaConf.to_container(node, resolve=True)
+        except Exception as exc:   # omegaconf's InterpolationKeyError, GrammarParseError, ...
+            problems.append(_interpolation_problem(path, raw, exc))
+            default = SCHEMA[path].default if path in SCHEMA else None
+            OmegaConf.update(cfg, path, default, merge=False)
+    try:
+        OmegaConf.resolve(cfg)
+    except Exception as exc:   # a reference in a schema default or in an unexpected place
+        problems.append(_interpolation_problem("(interpolation)", "", exc))
+    return problems
+
+
+def _noop_reason(path: str) -> str:
+    """Why a verl key the user set changes nothing here."""
+    key = VERL_ONLY.get(path)
+    if key is not None:
+        return key.noop or f"left off: verl-npu does not support {key.off_only} yet"
+    if is_target(path):
+        return TARGET_NOOP
+    hit = refused_subtree(path)
+    what = hit[1][0] if hit else next((w for p, w in UNSUPPORTED_PREFIXES.items() if path.startswith(p + ".")
+                                       or path == p), "this verl feature")
+    return f"left off: verl-npu does not support {what} yet"
 
 
 # ------------------------------------------------------------------ load
@@ -234,37 +363,22 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     source = find_recipe(name_or_path)
     raw = read_yaml_file(source)
     flat: dict[str, Any] = {}
-    _flatten(raw, "", flat)
-    accepted, problems, warnings = classify(flat, source.name)
-
+    flatten(raw, "", flat)
+    sorted_ = classify(flat, source.name)
     parsed = [parse_override(o) for o in overrides]
-    over_flat: dict[str, Any] = {}
-    for key, value in parsed:
-        owner = free_form_owner(key)
-        if owner and owner != key:   # one entry inside a free-form dict: merge into that dict
-            base = dict(over_flat.get(owner, accepted.get(owner, SCHEMA[owner].default)) or {})
-            _set_path(base, key[len(owner) + 1:], value)
-            over_flat[owner] = base
-        elif isinstance(value, dict) and key not in SCHEMA and is_section(key):
-            _flatten(value, key, over_flat)
-        else:
-            over_flat[key] = value
-    acc2, probs2, warns2 = classify(over_flat, "command line")
-    accepted.update(acc2)
-    problems += probs2
-    warnings += warns2
+    sorted_.update(_apply_overrides(parsed, sorted_, flat))
+    problems = sorted_.problems
 
     tree = defaults_tree()
-    for path, value in accepted.items():
-        _set_path(tree, path, value)
+    for path, value in {**sorted_.verl_only, **sorted_.accepted}.items():
+        set_path(tree, path, expand_interpolations(value))
     cfg = OmegaConf.create(tree)
-    try:
-        OmegaConf.resolve(cfg)
-    except Exception as exc:
-        problems.append(Problem("(interpolation)", f"a ${{...}} reference cannot be resolved: {exc}",
-                                "interpolations use full keys, e.g. ${backend_config.data.max_response_length}"))
-    user_keys = frozenset(accepted)
+    problems += _resolve(cfg, sorted_)
+    user_keys = frozenset(sorted_.accepted)
     key_problems = _rules.check_keys(cfg, user_keys)
+    # an error on a key set through its verl alias names the alias the user wrote
+    key_problems = [replace(p, key=sorted_.alias_of[p.key]) if p.key in sorted_.alias_of else p
+                    for p in key_problems]
     bad = {p.key for p in key_problems} | {p.key for p in problems}
     problems += key_problems
     derived_raw, derive_problems = _derive.derive(cfg, user_keys, bad)
@@ -272,9 +386,9 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     bad |= {p.key for p in derive_problems}
     rel_problems, rel_warnings = _rules.check_relations(cfg, user_keys, bad)
     problems += rel_problems
-    warnings += rel_warnings
+    noop = [Derived(k, v, _noop_reason(k)) for k, v in sorted_.verl_only.items()]
     rc = RecipeConfig(cfg=cfg, derived=[Derived(*d) for d in derived_raw], source=source,
-                      user_keys=user_keys, warnings=warnings)
+                      user_keys=user_keys, warnings=rel_warnings, noop=noop)
     if check_paths and not problems:
         problems += _rules.check_paths(rc)
     if problems:

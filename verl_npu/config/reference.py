@@ -6,9 +6,9 @@ Regenerate with:  python -m verl_npu.config.reference > docs/config_reference.md
 
 from __future__ import annotations
 
-from verl_npu.config.loader import _scalar
 from verl_npu.config.rules import RULES, range_text
 from verl_npu.config.schema import DEPRECATED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
+from verl_npu.config.tree import scalar as _scalar
 
 
 def _section(key: Key) -> str:
@@ -35,7 +35,7 @@ def _notes(key: Key) -> str:
     if range_text(key):
         notes.append("range: " + range_text(key))
     if key.off_only:
-        notes.append(f"only the default (no {key.off_only} yet)")
+        notes.append(f"only the default (no {key.off_only} yet)" + (f"; instead: {key.instead}" if key.instead else ""))
     if key.derived:
         notes.append(f"derived when unset: {key.derived}")
     return "; ".join(notes)

@@ -17,25 +17,13 @@ from typing import Any, Callable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl_npu.config.modelinfo import model_heads, model_length_limit
 from verl_npu.config.schema import (
-    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, INT, PLACEHOLDER, SCHEMA, STR, STR_LIST,
-    STR_OR_LIST, TP_SIZES, Key,
+    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, INT, SCHEMA, STR, STR_LIST, STR_OR_LIST, TP_SIZES, Key,
 )
+from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, get, is_placeholder, scalar
 from verl_npu.errors import Problem
 from verl_npu.rollout import ROLLOUT_ENGINES
-
-BC = "backend_config."
-DATA, ACTOR, ROLL, REF = BC + "data.", BC + "actor_rollout_ref.actor.", BC + "actor_rollout_ref.rollout.", \
-    BC + "actor_rollout_ref.ref."
-TRAINER, ALGO = BC + "trainer.", BC + "algorithm."
-
-
-def get(cfg: DictConfig, path: str) -> Any:
-    """The plain value at a full dotted key (containers converted to Python lists/dicts)."""
-    value = OmegaConf.select(cfg, path, throw_on_missing=False)
-    if isinstance(value, (DictConfig,)) or OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
 
 
 # ------------------------------------------------------------------ per-key checks
@@ -72,19 +60,8 @@ def range_text(key: Key) -> str:
     return " and ".join(parts)
 
 
-def _show(value: Any) -> str:
-    """A value as the user writes it in YAML (true, null, [a, b])."""
-    from verl_npu.config.loader import _scalar
-
-    return _scalar(value)
-
-
-def _is_placeholder(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().startswith(PLACEHOLDER)
-    if isinstance(value, list):
-        return any(_is_placeholder(v) for v in value)
-    return False
+_show = scalar   # a value as the user writes it in YAML (true, null, [a, b])
+_is_placeholder = is_placeholder
 
 
 def check_key(key: Key, value: Any) -> list[Problem]:
@@ -105,13 +82,13 @@ def check_key(key: Key, value: Any) -> list[Problem]:
                                                       if key.default is not None else ""))]
     is_off = value == key.default or (key.default is None and value is False)
     if key.off_only and not is_off:
-        return [Problem(p, f"verl-npu does not support {key.off_only} yet (got {value!r})",
-                        f"remove it or set it to {key.default!r}")]
+        return [Problem(p, f"verl-npu does not support {key.off_only} yet (a verl feature; got {_show(value)})",
+                        key.instead or f"remove it or set it to {_show(key.default)}")]
     values = value if isinstance(value, list) and key.type in (STR_LIST, STR_OR_LIST) else [value]
     for v in values:
         if v in key.unsupported:
             return [Problem(p, f"verl-npu does not support {key.short.rsplit('.', 1)[-1]}={v} yet",
-                            f"use one of: {', '.join(map(str, key.choices))}")]
+                            key.instead or f"use one of: {', '.join(map(str, key.choices))}")]
         if key.choices and v not in key.choices:
             return [Problem(p, f"{v!r} is not one of {', '.join(map(str, key.choices))}",
                             f"pick one of: {', '.join(map(str, key.choices))}")]
@@ -355,8 +332,6 @@ def _sp_needs_rmpad(c: Ctx) -> Iterator[Problem]:
 @_rule("sp_heads", _SP_KEYS + (BC + "actor_rollout_ref.model.path",),
        "the SP size must divide the model's attention heads (checked when the model config is readable)")
 def _sp_heads(c: Ctx) -> Iterator[Problem]:
-    from verl_npu.config.derive import model_heads
-
     heads = model_heads(c(BC + "actor_rollout_ref.model.path"))
     if heads is None:
         return
@@ -491,8 +466,6 @@ _MODEL = BC + "actor_rollout_ref.model.path"
        "vllm rollout: tensor_model_parallel_size must divide the model's attention heads, and the key-value "
        "heads must divide it or be divisible by it (checked when the model config is readable)")
 def _vllm_tp_heads(c: Ctx) -> Iterator[Problem]:
-    from verl_npu.config.derive import model_heads
-
     if not _vllm(c) or c(_TP) == 1:
         return
     heads = model_heads(c(_MODEL))
@@ -510,8 +483,6 @@ def _vllm_tp_heads(c: Ctx) -> Iterator[Problem]:
        "(max_position_embeddings and the like in its config.json, checked when readable), unless "
        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
 def _vllm_model_len(c: Ctx) -> Iterator[Problem]:
-    from verl_npu.config.derive import model_length_limit
-
     if not _vllm(c) or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
         return
     model_len = vllm_arg(c, "max_model_len", "max_model_len")
@@ -556,6 +527,51 @@ def _warnings(c: Ctx) -> Iterator[Problem]:
     if c(ACTOR + "use_kl_loss") and c(ALGO + "use_kl_in_reward"):
         c.warnings.append("KL is applied twice: actor.use_kl_loss and algorithm.use_kl_in_reward are both true")
     return iter(())
+
+
+# ---- what the trainer does not implement yet (valid verl settings, refused by name before anything starts)
+_SP_ACTOR, _SP_REF = ACTOR + "ulysses_sequence_parallel_size", REF + "ulysses_sequence_parallel_size"
+
+
+@_rule("trainer_ref_sp", (_SP_ACTOR, _SP_REF),
+       "the reference model shares the actor's Ulysses groups: ref.ulysses_sequence_parallel_size must equal the actor's")
+def _trainer_ref_sp(c: Ctx) -> Iterator[Problem]:
+    if c(_SP_REF) != c(_SP_ACTOR):
+        yield Problem(_SP_REF, f"is {c(_SP_REF)} but the actor's is {c(_SP_ACTOR)}: the reference model shares the "
+                      "actor's SP groups", f"set both to {c(_SP_ACTOR)}")
+
+
+@_rule("trainer_full_kl_in_reward", (ALGO + "use_kl_in_reward", ALGO + "kl_penalty"),
+       "algorithm.kl_penalty=full is not implemented for KL in the reward (use_kl_in_reward=true)")
+def _trainer_full_kl(c: Ctx) -> Iterator[Problem]:
+    if c(ALGO + "use_kl_in_reward") and c(ALGO + "kl_penalty") == "full":
+        yield Problem(ALGO + "kl_penalty", "'full' is not implemented for KL in the reward",
+                      "use kl, abs, mse or low_var_kl")
+
+
+_FSDP = tuple(f"{BC}actor_rollout_ref.{role}.fsdp_config.{k}" for role in ("actor", "ref")
+              for k in ("param_offload", "optimizer_offload", "fsdp_size")) + _WORLD
+
+
+@_rule("trainer_fsdp_offload_and_sharding", _FSDP,
+       "FSDP2 offloading needs 2+ workers; optimizer_offload needs param_offload; fsdp_size must be -1 or the "
+       "device count (no hybrid sharding)")
+def _trainer_fsdp(c: Ctx) -> Iterator[Problem]:
+    for role in ("actor", "ref"):
+        prefix = f"{BC}actor_rollout_ref.{role}.fsdp_config."
+        param = bool(c(prefix + "param_offload"))
+        if param and c.world == 1:
+            yield Problem(prefix + "param_offload", "offloading works through FSDP2, which needs 2+ workers",
+                          "set it to false, or use trainer.n_gpus_per_node >= 2")
+        opt = get(c.cfg, prefix + "optimizer_offload")
+        if role == "actor" and opt and not param:
+            yield Problem(prefix + "optimizer_offload",
+                          "FSDP2 offloads the optimizer state together with the parameters, not alone",
+                          f"also set {role}.fsdp_config.param_offload=true, or set this to false")
+        size = get(c.cfg, prefix + "fsdp_size")
+        if int(size if size is not None else -1) not in (-1, c.world):
+            yield Problem(prefix + "fsdp_size", "hybrid sharding (fsdp_size < world size) is not implemented",
+                          "leave it at -1 (shard over all workers)")
 
 
 def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -> tuple[list[Problem], list[str]]:

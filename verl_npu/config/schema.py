@@ -4,7 +4,9 @@ Keys are full dotted paths from the recipe root (`backend_config.data.train_batc
 Names follow upstream verl. A key is one of:
 - supported: validated against `type`, `choices` and the numeric range;
 - supported only at its "off" value (`off_only`): any other value is a "not supported yet" error;
-- a free-form dict (`type == DICT`): anything below it passes through unchecked.
+- a free-form dict (`type == DICT`): anything below it passes through unchecked;
+- a no-op (`noop`): a verl key accepted at any valid value that changes nothing here (the text says why).
+verl keys verl-npu does not implement at all (no-ops, refusals, renamed keys) live in `schema_verl`.
 Whole verl subtrees that verl-npu does not support live in `UNSUPPORTED_PREFIXES`; verl keys
 renamed upstream live in `DEPRECATED`.
 """
@@ -48,6 +50,8 @@ class Key:
     nullable: bool = False       # null allowed (implied by a null default)
     required: bool = False       # must be set by the user (placeholders refused)
     off_only: str = ""           # non-empty: only the default is supported; text says what is missing
+    instead: str = ""            # with off_only / unsupported: what to do instead
+    noop: str = ""               # non-empty: accepted, but has no effect in verl-npu; text says why
     derived: str = ""            # non-empty: filled in by verl_npu.config.derive when not set; says how
 
     @property
@@ -86,8 +90,11 @@ _k("data.val_batch_size", None, INT, "Deprecated in verl: validation batch size;
    "validation set at once.", min=1)
 _k("data.return_raw_chat", False, BOOL, "Also return the chat messages without the chat template applied.")
 _k("data.return_raw_input_ids", False, BOOL, "Also return prompt token ids without the chat template "
-   "(for a reward model with a different template).")
-_k("data.return_full_prompt", False, BOOL, "Also return the prompt text with the chat template applied.")
+   "(for a reward model with a different template).", off_only="returning raw input ids (only reward models "
+   "read them)", instead="leave it false; reward models are not supported yet")
+_k("data.return_full_prompt", False, BOOL, "Also return the prompt text with the chat template applied.",
+   off_only="returning the full prompt text (only reward models and agent loops read it)",
+   instead="leave it false; reward functions get the response text and the ground truth")
 _k("data.shuffle", True, BOOL, "Shuffle the training data each epoch.")
 _k("data.seed", 1, INT, "Seed of the training-data shuffle.")
 _k("data.validation_shuffle", False, BOOL, "Shuffle the validation data.")
@@ -95,7 +102,8 @@ _k("data.filter_overlong_prompts", False, BOOL, "Drop rows whose prompt is longe
 _k("data.filter_overlong_prompts_workers", 1, INT, "Processes used to filter overlong prompts.", min=1)
 _k("data.truncation", "error", STR, "What to do with a prompt longer than max_prompt_length: "
    "error, or cut tokens from the left, right or middle.", choices=("error", "left", "right", "middle"))
-_k("data.dataloader_num_workers", 0, INT, "Worker processes of the training dataloader.", min=0)
+_k("data.dataloader_num_workers", 0, INT, "Threads that prepare the rows of a batch (tokenizing, image "
+   "resizing) in parallel; 0 prepares them one by one in the trainer. Batches are the same either way.", min=0)
 _k("data.trust_remote_code", False, BOOL, "Allow custom code shipped with the tokenizer/processor.")
 _k("data.min_pixels", 3136, INT, "verl-npu: smallest image area in pixels after qwen-vl-utils resizing.", min=1)
 _k("data.max_pixels", 1003520, INT, "verl-npu: largest image area in pixels after qwen-vl-utils resizing.", min=1)
@@ -112,7 +120,9 @@ _k(f"{A}.model.path", None, STR, "Hugging Face model folder, or tiny://qwen25vl 
 _k(f"{A}.model.external_lib", None, STR, "Python module imported first to register custom models.")
 _k(f"{A}.model.override_config", {}, DICT, "Model config fields to override (e.g. attn_implementation, dropout).")
 _k(f"{A}.model.enable_gradient_checkpointing", True, BOOL, "Recompute activations in backward to save memory.")
-_k(f"{A}.model.enable_activation_offload", False, BOOL, "Offload activations to host memory during training.")
+_k(f"{A}.model.enable_activation_offload", False, BOOL, "Offload activations to host memory during training.",
+   off_only="activation offloading", instead="use model.enable_gradient_checkpointing=true (recompute "
+   "activations) or a smaller ppo_micro_batch_size_per_gpu / ppo_max_token_len_per_gpu")
 _k(f"{A}.model.use_remove_padding", True, BOOL, "Pack sequences without padding in training forward passes.")
 _k(f"{A}.model.trust_remote_code", False, BOOL, "Allow custom code shipped with the model.")
 _k(f"{A}.model.use_fused_kernels", False, BOOL, "Use fused log-prob/entropy kernels.", off_only="fused kernels")
@@ -254,6 +264,8 @@ _k("reward_model.launch_reward_fn_async", False, BOOL, "Compute rewards asynchro
 _k("custom_reward_function.path", None, STR, "Python file with your reward function; null uses the "
    "built-in reward for each data_source.")
 _k("custom_reward_function.name", "compute_score", STR, "Function name in custom_reward_function.path.")
+_k("custom_reward_function.reward_kwargs", {}, DICT, "Extra keyword arguments passed to your reward "
+   "function on every call (e.g. {format_score: 0.1}); only with custom_reward_function.path.")
 _k("custom_reward_function.timeout_s", 30.0, FLOAT, "Seconds one reward call (one response) may take; "
    "a call past it stops the run with an error naming the dataset row. null: no limit.", gt=0, nullable=True)
 AL = "algorithm"
@@ -301,7 +313,8 @@ _k(f"{T}.critic_warmup", 0, INT, "Steps that train only the critic.", min=0, max
 _k(f"{T}.default_hdfs_dir", None, STR, "HDFS folder for checkpoints.", off_only="HDFS checkpoints")
 _k(f"{T}.del_local_ckpt_after_load", False, BOOL, "Delete the local checkpoint once it is loaded.")
 _k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
-_k(f"{T}.tensorboard_dir", None, STR, "verl-npu: TensorBoard event folder.", derived="<af_output_dir>/tensorboard")
+_k(f"{T}.tensorboard_dir", None, STR, "TensorBoard event folder (with 'tensorboard' in trainer.logger); verl "
+   "reads it from $TENSORBOARD_DIR.", derived="<af_output_dir>/tensorboard")
 _k(f"{T}.max_actor_ckpt_to_keep", None, INT, "Keep only the newest N actor checkpoints (null: all).", min=1)
 _k(f"{T}.save_on_preempt", True, BOOL, "verl-npu: on SIGTERM (a scheduler preempting the job), finish the "
    "current step, save a checkpoint of it (even with save_freq=-1) and exit 143 naming it; false: exit 143 "

@@ -32,41 +32,6 @@ def _oom_advice(rc) -> str:
     )
 
 
-def unsupported_by_trainer(rc) -> list:
-    """Valid verl settings that this trainer does not implement yet: refused by name before any
-    worker starts (never silently ignored)."""
-    from verl_npu.errors import Problem
-
-    cfg = rc.backend
-    arr = cfg.actor_rollout_ref
-    bc = "backend_config."
-    problems = []
-    actor_sp, ref_sp = int(arr.actor.ulysses_sequence_parallel_size), int(arr.ref.ulysses_sequence_parallel_size)
-    if ref_sp != actor_sp:
-        problems.append(Problem(
-            f"{bc}actor_rollout_ref.ref.ulysses_sequence_parallel_size",
-            f"is {ref_sp} but the actor's is {actor_sp}: the reference model shares the actor's SP groups",
-            f"set both to {actor_sp}",
-        ))
-    if cfg.algorithm.use_kl_in_reward and cfg.algorithm.kl_penalty == "full":
-        problems.append(Problem(f"{bc}algorithm.kl_penalty", "'full' is not implemented for KL in the reward",
-                                "use kl, abs, mse or low_var_kl"))
-    for role in ("actor", "ref"):
-        fsdp = arr[role].fsdp_config
-        prefix = f"{bc}actor_rollout_ref.{role}.fsdp_config"
-        if fsdp.get("param_offload") and rc.world_size == 1:
-            problems.append(Problem(f"{prefix}.param_offload", "offloading works through FSDP2, which needs 2+ workers",
-                                    "set it to false, or use trainer.n_gpus_per_node >= 2"))
-        if role == "actor" and fsdp.get("optimizer_offload") and not fsdp.get("param_offload"):
-            problems.append(Problem(f"{prefix}.optimizer_offload",
-                                    "FSDP2 offloads the optimizer state together with the parameters, not alone",
-                                    f"also set {role}.fsdp_config.param_offload=true, or set this to false"))
-        if int(fsdp.get("fsdp_size", -1) or -1) not in (-1, rc.world_size):
-            problems.append(Problem(f"{prefix}.fsdp_size", "hybrid sharding (fsdp_size < world size) is not implemented",
-                                    "leave it at -1 (shard over all workers)"))
-    return problems
-
-
 def build_workers(rc, total_training_steps: int):
     """One in-process worker for a single device; Ray workers (one per device) otherwise."""
     if rc.world_size == 1:
@@ -107,12 +72,7 @@ def _run_training_locked(rc, after_fit=None) -> int:
     from verl_npu.trainer.preempt import Preempted
     from verl_npu.trainer.tracking import Tracker, setup_run_logging
 
-    from verl_npu.errors import ConfigErrors
-
     cfg = rc.backend
-    problems = unsupported_by_trainer(rc)
-    if problems:
-        raise ConfigErrors(problems, source=str(rc.source))
     out_dir = Path(rc.cfg.af_output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     setup_run_logging(out_dir)

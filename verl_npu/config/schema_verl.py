@@ -1,0 +1,263 @@
+"""verl keys that verl-npu does not implement, each with what happens to it here.
+
+`schema.SCHEMA` holds the keys verl-npu reads. Everything else in upstream verl's `ppo_trainer`
+config (verl 0.7-0.10, checked against the key list in tests/data/verl_ppo_trainer_keys.txt) is
+one of:
+- `VERL_ONLY[path]`, a `Key` that is either a no-op (`noop`: any valid value is accepted and
+  changes nothing here, the text says why) or refused unless at its no-op value (`off_only`:
+  the default is accepted, anything else is an error naming the missing feature and `instead`);
+- `ALIASES[path]`: a verl spelling of a key verl-npu reads under another name (verl renamed it,
+  or keeps an engine copy of it); the value goes to that key;
+- under `REFUSED_SUBTREES[prefix]`: a whole verl feature (critic, reward model, megatron, ...);
+  a value other than null / false / {} / [] is an error naming the feature and what to do instead;
+- `_target_` anywhere: verl's Hydra class selector, a no-op (verl-npu builds its own objects).
+A user key that is none of these (and not in SCHEMA) is "unknown": not a verl key at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, STR, STR_LIST, STR_OR_LIST, Key
+
+#: top-level verl sections besides schema.VERL_SECTIONS (all of their keys are in this module).
+EXTRA_VERL_SECTIONS = ("reward_manager", "transfer_queue", "ray_kwargs")
+
+VERL_ONLY: dict[str, Key] = {}
+BC = "backend_config."
+
+
+def _full(path: str) -> str:
+    return BC + path
+
+
+def _noop(path: str, default: Any, type_: str, why: str, **kw: Any) -> None:
+    VERL_ONLY[_full(path)] = Key(_full(path), default, type_, why, noop=why, **kw)
+
+
+def _off(path: str, default: Any, type_: str, what: str, instead: str, **kw: Any) -> None:
+    VERL_ONLY[_full(path)] = Key(_full(path), default, type_, f"verl: {what}.", off_only=what, instead=instead,
+                                 nullable=True, **kw)
+
+
+A, AC, R, RO, M = ("actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.ref",
+                   "actor_rollout_ref.rollout", "actor_rollout_ref.model")
+LEAVE = "leave it at its default"
+
+# ---------------------------------------------------------------- actor_rollout_ref (common)
+_noop(f"{A}.nccl_timeout", 600, INT, "verl's timeout in seconds for its NCCL weight-sync groups; verl-npu "
+      "syncs weights inside its own process group (torch.distributed's default timeout).", min=1)
+
+# ---------------------------------------------------------------- actor / ref: shared engine keys
+for role in ("actor", "ref"):
+    base = f"{A}.{role}"
+    fc = f"{base}.fsdp_config"
+    _noop(f"{base}.rollout_n", None, INT, "verl's internal copy of rollout.n; verl-npu reads rollout.n.")
+    _off(f"{base}.entropy_from_logits_with_chunking", False, BOOL, "chunked entropy from logits",
+         LEAVE + " (false)")
+    _off(f"{base}.entropy_checkpointing", False, BOOL, "recomputing the entropy in backward", LEAVE + " (false)")
+    _off(f"{base}.router_replay.mode", "disabled", STR, "MoE router replay", LEAVE + " ('disabled')")
+    _off(f"{base}.router_replay.record_file", None, STR, "MoE router replay", "remove it")
+    _off(f"{base}.router_replay.replay_file", None, STR, "MoE router replay", "remove it")
+    _off(f"{fc}.offload_policy", False, BOOL, "FSDP2's CPU offload policy as a separate switch",
+         f"use {role}.fsdp_config.param_offload=true (FSDP2 CPU offload, 2+ workers)")
+    _off(f"{fc}.forward_prefetch", False, BOOL, "FSDP forward prefetch", LEAVE + " (false)")
+    _off(f"{fc}.model_dtype", "fp32", STR, "master weights in a dtype other than fp32",
+         "leave it at fp32 (verl-npu keeps fp32 weights and computes in the device's dtype)")
+    _off(f"{fc}.dtype", "bfloat16", STR, "choosing the compute dtype", "leave it at bfloat16 (verl-npu computes "
+         "in bf16 on NPU/CUDA, fp32 on CPU)")
+    _noop(f"{fc}.use_orig_params", False, BOOL, "an FSDP1 flag; FSDP2 always keeps the original parameters.")
+    _off(f"{fc}.seed", 42, INT, "a separate seed for the training engine", LEAVE + " (42)")
+    _off(f"{fc}.full_determinism", False, BOOL, "fully deterministic kernels", LEAVE + " (false)")
+    _off(f"{fc}.entropy_from_logits_with_chunking", False, BOOL, "chunked entropy from logits", LEAVE + " (false)")
+    _off(f"{fc}.entropy_checkpointing", False, BOOL, "recomputing the entropy in backward", LEAVE + " (false)")
+    _noop(f"{fc}.forward_only", role == "ref", BOOL, "verl's engine flag for roles that never train; verl-npu "
+          "knows the reference model does not train.")
+    _noop(f"{fc}.strategy", "fsdp", STR, "verl's engine copy of actor.strategy; verl-npu reads actor.strategy.",
+          choices=("fsdp", "fsdp2"), unsupported=("megatron",), instead="use actor.strategy=fsdp2")
+_off(f"{AC}.fsdp_config.grad_offload", False, BOOL, "gradient offload (removed from verl)",
+     "use actor.fsdp_config.param_offload=true")
+_off(f"{R}.fsdp_config.wrap_policy.min_num_params", 0, INT, "a wrap policy for the reference model of its own",
+     "leave it at 0 (the reference model is wrapped like the actor, by decoder layers)")
+_noop(f"{R}.fsdp_config.optimizer_offload", False, BOOL, "the reference model has no optimizer.")
+_off(f"{R}.fsdp_config.reshard_after_forward", True, BOOL, "keeping the reference model gathered after forward",
+     LEAVE + " (true)")
+_off(f"{R}.fsdp_config.fsdp_size", -1, INT, "hybrid sharding of the reference model",
+     "leave it at -1 (shard over all workers)")
+_noop(f"{R}.strategy", "fsdp", STR, "the reference model uses the actor's backend (actor.strategy).",
+      choices=("fsdp", "fsdp2"), unsupported=("megatron",), instead="use actor.strategy=fsdp2")
+_off(f"{R}.use_torch_compile", False, BOOL, "compiling the reference model's log-prob computation",
+     "set it to false (verl-npu does not compile the reference forward)")
+
+# ---------------------------------------------------------------- actor
+_off(f"{AC}.optim.optimizer", "AdamW", STR, "optimizers other than AdamW", "use AdamW (optim.lr, betas, weight_decay)")
+_off(f"{AC}.optim.optimizer_impl", "torch.optim", STR, "optimizer implementations other than torch.optim",
+     LEAVE + " (torch.optim)")
+_off(f"{AC}.optim.override_optimizer_config", None, DICT, "extra optimizer constructor arguments",
+     "use optim.lr / betas / weight_decay")
+for leaf, mode in (("clip_cov_ratio", "clip_cov"), ("clip_cov_lb", "clip_cov"), ("clip_cov_ub", "clip_cov"),
+                   ("kl_cov_ratio", "kl_cov"), ("ppo_kl_coef", "kl_cov")):
+    _noop(f"{AC}.policy_loss.{leaf}", None, FLOAT, f"read only by policy_loss.loss_mode={mode}, which verl-npu "
+          "does not support (that mode is refused by name).")
+for leaf, default in (("tau_pos", 1.0), ("tau_neg", 1.05)):
+    _noop(f"{AC}.{leaf}", default, FLOAT, "read only by policy_loss.loss_mode=sapo, which verl-npu does not "
+          "support (that mode is refused by name).")
+_off(f"{AC}.loss_scale_factor", None, FLOAT, "a fixed loss scale factor", "remove it (loss_agg_mode decides "
+     "the normalisation)")
+_off(f"{AC}.calculate_entropy", False, BOOL, "computing the entropy when entropy_coeff is 0", LEAVE + " (false)")
+_off(f"{AC}.use_prefix_grouper", False, BOOL, "prefix-grouped forward passes", LEAVE + " (false)")
+_off(f"{AC}.data_loader_seed", 42, INT, "a separate seed for the PPO mini-batch shuffle", LEAVE + " (42)")
+_off(f"{AC}.checkpoint.async_save", False, BOOL, "asynchronous checkpoint saving",
+     "leave it false (checkpoints are written aside and renamed into place)")
+_off(f"{AC}.calculate_sum_pi_squared", False, BOOL, "the sum-of-squared-probabilities metric", LEAVE + " (false)")
+_off(f"{AC}.sum_pi_squared_checkpointing", False, BOOL, "the sum-of-squared-probabilities metric",
+     LEAVE + " (false)")
+
+# ---------------------------------------------------------------- rollout
+_off(f"{RO}.cudagraph_capture_sizes", None, STR_LIST, "choosing CUDA-graph capture sizes here",
+     "pass it to vLLM as engine_kwargs.vllm.cudagraph_capture_sizes")
+_off(f"{RO}.data_parallel_size", 1, INT, "data parallelism inside one rollout engine",
+     "leave it at 1: the number of engines is the device count / tensor_model_parallel_size")
+_off(f"{RO}.expert_parallel_size", 1, INT, "expert parallelism in the rollout engine", LEAVE + " (1)")
+_off(f"{RO}.pipeline_model_parallel_size", 1, INT, "pipeline parallelism in the rollout engine", LEAVE + " (1)")
+_off(f"{RO}.enable_prefix_caching", True, BOOL, "switching prefix caching here",
+     "pass it to vLLM as engine_kwargs.vllm.enable_prefix_caching")
+_off(f"{RO}.logprobs_mode", "processed_logprobs", STR, "other rollout log-prob modes", LEAVE)
+_off(f"{RO}.scheduling_policy", "fcfs", STR, "other vLLM scheduling policies", LEAVE + " (fcfs)")
+_off(f"{RO}.over_sample_rate", 0, FLOAT, "over-sampling and aborting the slowest rollouts", LEAVE + " (0)")
+_off(f"{RO}.engine_kwargs.trtllm", {}, DICT, "the TRT-LLM rollout", "use rollout.name=vllm (or hf)")
+_off(f"{RO}.calculate_log_probs", False, BOOL, "returning the engine's own log-probs",
+     "leave it false (verl-npu recomputes log-probs with the actor)")
+_noop(f"{RO}.agent.num_workers", 8, INT, "verl's agent-loop worker count; verl-npu's rollout runs inside its "
+      "training workers, one engine per TP group.", min=1)
+_off(f"{RO}.agent.default_agent_loop", "single_turn_agent", STR, "agent loops other than single-turn",
+     LEAVE + " (single_turn_agent)")
+_off(f"{RO}.agent.agent_loop_config_path", None, STR, "agent loops", "remove it")
+_off(f"{RO}.agent.custom_async_server.path", None, STR, "custom async rollout servers", "remove it")
+_off(f"{RO}.agent.custom_async_server.name", None, STR, "custom async rollout servers", "remove it")
+_off(f"{RO}.checkpoint_engine.backend", "naive", STR, "weight-sync backends other than in-memory",
+     LEAVE + " (naive)")
+_off(f"{RO}.checkpoint_engine.engine_kwargs", {}, DICT, "weight-sync backend options", "remove it")
+_off(f"{RO}.trace.backend", None, STR, "rollout tracing (weave, mlflow)", "remove it")
+_noop(f"{RO}.trace.token2text", False, BOOL, "read only with rollout.trace.backend, which verl-npu refuses.")
+_noop(f"{RO}.trace.max_samples_per_step_per_worker", None, INT, "read only with rollout.trace.backend, which "
+      "verl-npu refuses.")
+_off(f"{RO}.skip_rollout", False, BOOL, "replaying dumped rollouts instead of generating", LEAVE + " (false)")
+_noop(f"{RO}.skip_dump_dir", "/tmp/rollout_dump", STR, "read only with rollout.skip_rollout, which verl-npu refuses.")
+_off(f"{RO}.skip_tokenizer_init", True, BOOL, "an engine that loads its own tokenizer", LEAVE + " (true)")
+_off(f"{RO}.enable_rollout_routing_replay", False, BOOL, "MoE routing replay", LEAVE + " (false)")
+_off(f"{RO}.prometheus.enable", False, BOOL, "the Prometheus rollout metrics server", "remove it")
+for leaf, default, type_ in (("port", 9090, INT), ("file", None, STR), ("served_model_name", None, STR)):
+    _noop(f"{RO}.prometheus.{leaf}", default, type_, "read only with rollout.prometheus.enable, which verl-npu "
+          "refuses.")
+_off(f"{RO}.quantization", None, STR, "quantized rollout", "remove it")
+_off(f"{RO}.quantization_config_file", None, STR, "quantized rollout", "remove it")
+_off(f"{RO}.mtp", None, DICT, "multi-token-prediction speculative decoding", "remove it")
+_noop(f"{RO}.layered_summon", False, BOOL, "verl gathers LoRA weights layer by layer with it; verl-npu has no "
+      "LoRA (refused by name), so there is nothing to gather.")
+
+# ---------------------------------------------------------------- model
+_off(f"{M}.hf_config_path", None, STR, "a model config outside model.path", "put config.json in model.path")
+_off(f"{M}.exclude_modules", None, STR_OR_LIST, "LoRA", "remove the LoRA keys")
+_off(f"{M}.lora_adapter_path", None, STR, "LoRA", "remove the LoRA keys")
+_off(f"{M}.tiled_mlp.enabled", False, BOOL, "tiled MLP", LEAVE + " (false)")
+_noop(f"{M}.tiled_mlp.num_shards", 4, INT, "read only with model.tiled_mlp.enabled, which verl-npu refuses.")
+_off(f"{M}.mtp.enable", False, BOOL, "multi-token prediction", "remove the mtp keys")
+for leaf, default, type_ in (("enable_train", False, BOOL), ("enable_rollout", False, BOOL),
+                             ("detach_encoder", False, BOOL), ("mtp_loss_scaling_factor", 0.1, FLOAT),
+                             ("speculative_algorithm", "EAGLE", STR), ("speculative_num_steps", 2, INT),
+                             ("speculative_eagle_topk", 2, INT), ("speculative_num_draft_tokens", 4, INT),
+                             ("method", "mtp", STR), ("num_speculative_tokens", 1, INT)):
+    _noop(f"{M}.mtp.{leaf}", default, type_, "read only with model.mtp.enable, which verl-npu refuses.")
+
+# ---------------------------------------------------------------- data
+_off("data.train_max_samples", -1, INT, "training on the first N rows only", "cut the parquet file")
+_off("data.val_max_samples", -1, INT, "validating on the first N rows only", "cut the parquet file")
+_off("data.tool_config_path", None, STR, "tool-calling rollout", "remove it")
+_noop("data.image_patch_size", 14, INT, "the image patch size comes from the model's own processor.")
+_off("data.return_multi_modal_inputs", True, BOOL, "dropping the processor outputs of multimodal rows",
+     LEAVE + " (true)")
+_off("data.sampler.class_path", None, STR, "custom samplers", "use data.shuffle / data.seed")
+_off("data.sampler.class_name", None, STR, "custom samplers", "use data.shuffle / data.seed")
+_off("data.datagen.path", None, STR, "dynamic data generation", "write the data to parquet first")
+_off("data.datagen.name", None, STR, "dynamic data generation", "write the data to parquet first")
+_off("data.apply_chat_template_kwargs", {}, DICT, "extra chat-template arguments",
+     "set model.custom_chat_template to a template that renders what you need")
+
+# ---------------------------------------------------------------- reward manager, algorithm, trainer
+_noop("reward_manager.source", "register", STR, "how verl finds its reward manager class; verl-npu's reward "
+      "manager is reward_model.reward_manager.")
+_off("reward_manager.module.path", None, STR, "custom reward-manager classes",
+     "use custom_reward_function.path for your own scoring")
+_off("reward_manager.module.name", "custom_reward_manager", STR, "custom reward-manager classes",
+     "use custom_reward_function.name")
+_noop("trainer.esi_redundant_time", 0, FLOAT, "verl saves early before an ESI instance expires; verl-npu saves "
+      "when the scheduler sends SIGTERM (trainer.save_on_preempt).", min=0)
+_noop("trainer.max_critic_ckpt_to_keep", None, INT, "verl-npu trains no critic (critic keys are refused by "
+      "name), so there are no critic checkpoints to keep.", min=1)
+_noop("trainer.ray_wait_register_center_timeout", 300, INT, "verl's wait for its Ray register center; verl-npu "
+      "has none (its workers report to the launcher directly).", min=1)
+_noop("trainer.use_legacy_worker_impl", "auto", STR, "verl's choice between its two worker implementations; "
+      "verl-npu has one.", choices=("auto", "enable", "disable"))
+_off("transfer_queue.enable", False, BOOL, "TransferQueue data transfer", LEAVE + " (false)")
+
+#: verl keys that verl-npu reads under another name: verl path -> schema path (both full).
+ALIASES: dict[str, str] = {_full(k): _full(v) for k, v in {
+    f"{AC}.optim.lr_scheduler_type": f"{AC}.optim.warmup_style",
+    f"{AC}.optim.clip_grad": f"{AC}.grad_clip",
+    f"{AC}.use_remove_padding": f"{M}.use_remove_padding",
+    f"{AC}.use_fused_kernels": f"{M}.use_fused_kernels",
+    f"{AC}.fsdp_config.ulysses_sequence_parallel_size": f"{AC}.ulysses_sequence_parallel_size",
+    f"{R}.fsdp_config.ulysses_sequence_parallel_size": f"{R}.ulysses_sequence_parallel_size",
+    f"{AC}.fsdp_config.use_torch_compile": f"{AC}.use_torch_compile",
+    f"{R}.fsdp_config.use_torch_compile": f"{R}.use_torch_compile",
+    f"{RO}.checkpoint_engine.update_weights_bucket_megabytes": f"{RO}.update_weights_bucket_megabytes",
+    f"{M}.tokenizer_path": "data.tokenizer",
+    "reward_manager.name": "reward_model.reward_manager",
+    "ray_kwargs.ray_init.num_cpus": "ray_init.num_cpus",
+    "ray_kwargs.timeline_json_file": "ray_init.timeline_json_file",
+}.items()}
+
+_MEGATRON = ("Megatron (tensor/pipeline/expert-parallel training)", "use actor.strategy=fsdp2 (FSDP2 shards "
+             "over all devices; Ulysses sequence parallelism for long responses)")
+_CRITIC = ("a critic (gae / PPO with values)", "use a critic-free estimator: algorithm.adv_estimator="
+           "grpo, rloo, reinforce_plus_plus or remax")
+_RM = ("reward models", "score with rule-based functions: custom_reward_function.path, or the "
+       "built-in reward of each data_source")
+#: whole verl features verl-npu refuses: full prefix -> (what is missing, what to do instead).
+REFUSED_SUBTREES: dict[str, tuple[str, str]] = {_full(k): v for k, v in {
+    f"{AC}.megatron": _MEGATRON,
+    f"{R}.megatron": _MEGATRON,
+    "critic": _CRITIC,
+    "reward_model": _RM,
+    f"{RO}.multi_turn": ("multi-turn / tool-calling rollout", "use single-turn prompts (remove multi_turn keys)"),
+    f"{RO}.agent": ("agent loops", "remove the agent keys (single-turn rollout)"),
+    "algorithm.rollout_correction": ("rollout importance-sampling correction", "remove it; verl-npu keeps the "
+                                     "engine in sync with the actor and checks it (rollout.max_probs_diff)"),
+    "algorithm.pf_ppo": ("pf-ppo", "remove it"),
+    "ray_kwargs": ("Ray options other than ray_init.num_cpus and timeline_json_file",
+                   "set ray_init.num_cpus, or configure the Ray cluster you start (RAY_ADDRESS)"),
+    "transfer_queue": ("TransferQueue data transfer", "remove it"),
+}.items()}
+
+#: LoRA keys: in SCHEMA (off_only "LoRA") or VERL_ONLY; listed for the compatibility table.
+LORA_KEYS = tuple(_full(f"{M}.{k}") for k in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules",
+                                                "lora_adapter_path"))
+
+
+def refused_subtree(path: str) -> tuple[str, tuple[str, str]] | None:
+    """(prefix, (what, instead)) of the refused verl feature that `path` lies under, else None
+    (the longest matching prefix wins)."""
+    hits = [p for p in REFUSED_SUBTREES if path == p or path.startswith(p + ".")]
+    if not hits:
+        return None
+    best = max(hits, key=len)
+    return best, REFUSED_SUBTREES[best]
+
+
+def is_target(path: str) -> bool:
+    """True for verl's Hydra class selector `..._target_` (a no-op here)."""
+    return path.rsplit(".", 1)[-1] == "_target_"
+
+
+TARGET_NOOP = "verl's Hydra class selector (_target_); verl-npu builds its own config objects"
