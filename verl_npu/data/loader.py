@@ -62,7 +62,8 @@ class StatefulBatchLoader:
     same sample count) with a warning, since the prompts before it are no longer the ones seen.
     """
 
-    def __init__(self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True):
+    def __init__(self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True,
+                 num_workers: int = 0):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset = dataset
@@ -70,6 +71,7 @@ class StatefulBatchLoader:
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
+        self.num_workers = int(num_workers)   # data.dataloader_num_workers: threads preparing a batch's rows
         self.epoch = 0
         self.sample_index = 0
 
@@ -112,7 +114,7 @@ class StatefulBatchLoader:
         while self.epoch == epoch and self._has_batch_at(self.sample_index, n):
             start = self.sample_index
             stop = min(start + self.batch_size, n)
-            rows = [self.dataset[int(i)] for i in order[start:stop]]
+            rows = self._rows([int(i) for i in order[start:stop]])
             if self._has_batch_at(stop, n):
                 self.sample_index = stop
             else:
@@ -120,6 +122,16 @@ class StatefulBatchLoader:
             yield collate_rows(rows)
         if self.epoch == epoch:  # entered at (or past) the end of the epoch: move on, yield nothing
             self.epoch, self.sample_index = epoch + 1, 0
+
+    def _rows(self, indices: list[int]) -> list:
+        """`dataset[i]` for each index, in order: one by one, or on `num_workers` threads (tokenizing
+        and image resizing release the GIL in large part); the rows are the same either way."""
+        if self.num_workers <= 0 or len(indices) < 2:
+            return [self.dataset[i] for i in indices]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(self.num_workers, len(indices))) as pool:
+            return list(pool.map(self.dataset.__getitem__, indices))
 
     def state_dict(self) -> dict:
         """The position of the next batch, in samples, with what the order depends on (all ints

@@ -89,7 +89,8 @@ def _run_training_locked(rc, after_fit=None) -> int:
     )
     train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data)
     train_loader = StatefulBatchLoader(
-        train_set, int(cfg.data.train_batch_size), bool(cfg.data.shuffle), int(cfg.data.seed), drop_last=True
+        train_set, int(cfg.data.train_batch_size), bool(cfg.data.shuffle), int(cfg.data.seed), drop_last=True,
+        num_workers=int(cfg.data.dataloader_num_workers),
     )
     if len(train_loader) == 0:
         raise UserError(
@@ -101,7 +102,8 @@ def _run_training_locked(rc, after_fit=None) -> int:
         val_set = RLDataset(cfg.data.val_files, tokenizer, processor, cfg.data)
         val_batch = min(len(val_set), 256)
         val_loader = StatefulBatchLoader(
-            val_set, val_batch, bool(cfg.data.validation_shuffle), int(cfg.data.seed), drop_last=False
+            val_set, val_batch, bool(cfg.data.validation_shuffle), int(cfg.data.seed), drop_last=False,
+            num_workers=int(cfg.data.dataloader_num_workers),
         )
     steps = total_steps(cfg, len(train_loader))
     log.info("%d steps (%d per epoch); %d prompts x %d responses per step",
@@ -119,6 +121,7 @@ def _run_training_locked(rc, after_fit=None) -> int:
         cfg.trainer.project_name,
         cfg.trainer.experiment_name,
         resume_step=resume_step,
+        tensorboard_dir=cfg.trainer.get("tensorboard_dir"),
     )
     workers = build_workers(rc, steps)
     try:

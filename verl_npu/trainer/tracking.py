@@ -113,7 +113,7 @@ class Tracker:
       Resuming (`resume_step > 0`): rows with `step > resume_step` (written by the crashed run
       after its last checkpoint) are removed first. Fresh start (`resume_step == 0`): an existing
       non-empty metrics.jsonl is moved aside to `metrics.previous-<time>.jsonl`.
-    - `tensorboard`: `SummaryWriter(out_dir/tensorboard)`, `add_scalar(key, value, step)` per key.
+    - `tensorboard`: `SummaryWriter(tensorboard_dir)` (default `out_dir/tensorboard`), `add_scalar(key, value, step)` per key.
       On resume, TensorBoard is told to drop the crashed run's events with step > resume_step
       (`purge_step`); on a fresh start, all earlier events in that folder.
     - `console`: one compact INFO line per step on the "verl_npu" logger.
@@ -127,6 +127,7 @@ class Tracker:
         project: str,
         experiment: str,
         resume_step: int = 0,
+        tensorboard_dir: str | Path | None = None,
     ):
         unknown = [name for name in loggers if name not in SUPPORTED_LOGGERS]
         if unknown:
@@ -137,6 +138,8 @@ class Tracker:
         self.project = project
         self.experiment = experiment
         self.resume_step = int(resume_step)
+        # trainer.tensorboard_dir (derived as <af_output_dir>/tensorboard when unset)
+        self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir else self.out_dir / TENSORBOARD_DIR
         self.metrics_path = self.out_dir / METRICS_FILE
         self._prepare_metrics_file()
         self._metrics_fh = open(self.metrics_path, "a", encoding="utf-8")
@@ -165,7 +168,7 @@ class Tracker:
     def _open_tensorboard(self):
         from torch.utils.tensorboard import SummaryWriter
 
-        tb_dir = self.out_dir / TENSORBOARD_DIR
+        tb_dir = self.tensorboard_dir
         had_events = tb_dir.is_dir() and any(tb_dir.glob("events.out.tfevents.*"))
         purge_step = None
         if self.resume_step > 0:
