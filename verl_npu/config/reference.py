@@ -36,6 +36,8 @@ def _notes(key: Key) -> str:
         notes.append("range: " + range_text(key))
     if key.off_only:
         notes.append(f"only the default (no {key.off_only} yet)" + (f"; instead: {key.instead}" if key.instead else ""))
+    if key.noop:
+        notes.append(f"no effect here: {key.noop}")
     if key.derived:
         notes.append(f"derived when unset: {key.derived}")
     return "; ".join(notes)

@@ -134,7 +134,9 @@ _k(f"{A}.model.target_modules", "all-linear", STR_OR_LIST, "LoRA target modules.
 _k(f"{A}.model.custom_chat_template", None, STR, "Jinja chat template replacing the tokenizer's own.")
 
 AC = f"{A}.actor"
-_k(f"{AC}.strategy", "fsdp2", STR, "Training backend.", choices=("fsdp", "fsdp2"), unsupported=("megatron",))
+_k(f"{AC}.strategy", "fsdp2", STR, "Training backend.", choices=("fsdp", "fsdp2"), unsupported=("megatron",),
+   noop="fsdp and fsdp2 both train with FSDP2 in verl-npu (megatron is refused by name)",
+   instead="use fsdp2 (FSDP2; Ulysses sequence parallelism for long responses)")
 _k(f"{AC}.ppo_mini_batch_size", 256, INT, "Prompts per optimizer step (x rollout.n responses).", min=1)
 _k(f"{AC}.ppo_micro_batch_size_per_gpu", None, INT, "Responses per forward/backward on one device "
    "(gradient accumulation); required unless use_dynamic_bsz.", min=1)
@@ -164,7 +166,8 @@ _k(f"{AC}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel gr
 _k(f"{AC}.use_torch_compile", True, BOOL, "Compile hot functions with torch.compile.")
 _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss (vanilla = dual-clip PPO).",
    choices=("vanilla",), unsupported=("gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo",
-                                      "dppo_tv", "dppo_kl", "dro", "bypass_mode"))
+                                      "dppo_tv", "dppo_kl", "dro", "bypass_mode"),
+   noop="vanilla (dual-clip PPO) is the only policy loss here; other modes are refused by name")
 _k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder frozen.", off_only="freezing the vision tower")
 O = f"{AC}.optim"
 _k(f"{O}.lr", 1e-6, FLOAT, "Actor learning rate.", min=0)
@@ -202,7 +205,8 @@ _k(f"{R}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel siz
 RO = f"{A}.rollout"
 _k(f"{RO}.name", "vllm", STR, "Rollout engine: " + "; ".join(f"{s.name}: {s.doc}" for s in ROLLOUT_ENGINES.values())
    + ".", choices=tuple(ROLLOUT_ENGINES), unsupported=tuple(UNSUPPORTED_ROLLOUTS))
-_k(f"{RO}.mode", "async", STR, "Rollout mode.", choices=("async",), unsupported=("sync",))
+_k(f"{RO}.mode", "async", STR, "Rollout mode.", choices=("async",), unsupported=("sync",),
+   noop="verl-npu's rollout has one mode (verl removed sync)")
 _k(f"{RO}.temperature", 1.0, FLOAT, "Sampling temperature.", min=0)
 _k(f"{RO}.top_k", -1, INT, "Sample from the k most likely tokens; -1 disables.", min=-1)
 _k(f"{RO}.top_p", 1.0, FLOAT, "Nucleus sampling mass; 1.0 disables.", gt=0, max=1)
@@ -242,7 +246,8 @@ _k(f"{RO}.val_kwargs.n", 1, INT, "Responses per validation prompt.", min=1)
 _k(f"{RO}.val_kwargs.do_sample", False, BOOL, "Sample during validation (false: greedy).")
 _k(f"{RO}.engine_kwargs.vllm", {}, DICT, "Extra vLLM engine arguments (verl form); the engine reads this "
    "after top-level engine_kwargs.vllm is merged in.")
-_k(f"{RO}.engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (sglang rollout not supported yet).")
+_k(f"{RO}.engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (sglang rollout not supported yet).",
+   noop="read only by the sglang rollout, which is refused by name (rollout.name=sglang)")
 _k(f"{RO}.update_weights_bucket_megabytes", 512, INT, "Most megabytes of gathered weights held at once while "
    "the actor's weights stream into the rollout engine (peak extra memory of a weight sync).", min=1)
 _k(f"{RO}.max_probs_diff", 0.05, FLOAT, "verl-npu: largest allowed mean |p_rollout - p_actor| over response "
@@ -258,7 +263,8 @@ _k("critic.enable", None, BOOL, "Train a critic (needed by gae).", off_only="a c
 _k("reward_model.enable", False, BOOL, "Score with a reward model instead of rule-based functions.",
    off_only="reward models")
 _k("reward_model.reward_manager", "naive", STR, "How rule-based rewards are computed per response.",
-   choices=("naive",), unsupported=("prime", "batch", "dapo"))
+   choices=("naive",), unsupported=("prime", "batch", "dapo"),
+   noop="naive (one reward call per response) is the only reward manager here; others are refused by name")
 _k("reward_model.launch_reward_fn_async", False, BOOL, "Compute rewards asynchronously.",
    off_only="asynchronous reward functions")
 _k("custom_reward_function.path", None, STR, "Python file with your reward function; null uses the "
@@ -270,7 +276,8 @@ _k("custom_reward_function.timeout_s", 30.0, FLOAT, "Seconds one reward call (on
    "a call past it stops the run with an error naming the dataset row. null: no limit.", gt=0, nullable=True)
 AL = "algorithm"
 _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor.", min=0, max=1)
-_k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda.", min=0, max=1)
+_k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda.", min=0, max=1,
+   noop="read only by adv_estimator=gae, which is refused by name (no critic yet)")
 # The choices are verl_npu.algorithms.ADVANTAGE_ESTIMATORS' names, spelled out: that registry's module
 # imports torch, which the config must not (tests/test_config_rules.py checks the two agree).
 _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator.",
@@ -309,7 +316,8 @@ _k(f"{T}.resume_from_path", None, STR, "Checkpoint folder global_step_N to resum
 _k(f"{T}.val_before_train", True, BOOL, "Validate once before the first step.")
 _k(f"{T}.val_only", False, BOOL, "Only validate, then exit.")
 _k(f"{T}.test_freq", -1, INT, "Validate every N steps; -1 never (except val_before_train and the end).", min=-1)
-_k(f"{T}.critic_warmup", 0, INT, "Steps that train only the critic.", min=0, max=0)
+_k(f"{T}.critic_warmup", 0, INT, "Steps that train only the critic.", min=0, max=0,
+   noop="there is no critic to warm up (critic keys are refused by name); only 0 is accepted")
 _k(f"{T}.default_hdfs_dir", None, STR, "HDFS folder for checkpoints.", off_only="HDFS checkpoints")
 _k(f"{T}.del_local_ckpt_after_load", False, BOOL, "Delete the local checkpoint once it is loaded.")
 _k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
@@ -330,7 +338,7 @@ _k("engine_kwargs.vllm", {}, DICT, "Extra vLLM engine arguments (ModelArts form)
    "actor_rollout_ref.rollout.engine_kwargs.vllm; e.g. disable_mm_preprocessor_cache: true "
    "(newer vLLM: mm_processor_cache_gb: 0) turns off the multimodal preprocessor cache.")
 _k("engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (kept for format compatibility; "
-   "the sglang rollout is not supported yet).")
+   "the sglang rollout is not supported yet).", noop="read only by the sglang rollout, which is refused by name")
 
 #: every key by full dotted path.
 SCHEMA: dict[str, Key] = {k.path: k for k in _KEYS}

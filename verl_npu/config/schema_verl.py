@@ -86,8 +86,9 @@ _off(f"{R}.fsdp_config.fsdp_size", -1, INT, "hybrid sharding of the reference mo
      "leave it at -1 (shard over all workers)")
 _noop(f"{R}.strategy", "fsdp", STR, "the reference model uses the actor's backend (actor.strategy).",
       choices=("fsdp", "fsdp2"), unsupported=("megatron",), instead="use actor.strategy=fsdp2")
-_off(f"{R}.use_torch_compile", False, BOOL, "compiling the reference model's log-prob computation",
-     "set it to false (verl-npu does not compile the reference forward)")
+for leaf in ("use_torch_compile", "fsdp_config.use_torch_compile"):
+    _off(f"{R}.{leaf}", False, BOOL, "compiling the reference model's log-prob computation",
+         "set it to false (verl-npu does not compile the reference forward)")
 
 # ---------------------------------------------------------------- actor
 _off(f"{AC}.optim.optimizer", "AdamW", STR, "optimizers other than AdamW", "use AdamW (optim.lr, betas, weight_decay)")
@@ -210,7 +211,6 @@ ALIASES: dict[str, str] = {_full(k): _full(v) for k, v in {
     f"{AC}.fsdp_config.ulysses_sequence_parallel_size": f"{AC}.ulysses_sequence_parallel_size",
     f"{R}.fsdp_config.ulysses_sequence_parallel_size": f"{R}.ulysses_sequence_parallel_size",
     f"{AC}.fsdp_config.use_torch_compile": f"{AC}.use_torch_compile",
-    f"{R}.fsdp_config.use_torch_compile": f"{R}.use_torch_compile",
     f"{RO}.checkpoint_engine.update_weights_bucket_megabytes": f"{RO}.update_weights_bucket_megabytes",
     f"{M}.tokenizer_path": "data.tokenizer",
     "reward_manager.name": "reward_model.reward_manager",

@@ -1,0 +1,141 @@
+"""What verl-npu does with each of upstream verl's config keys, and docs/verl_compat.md rendered from it.
+
+`status(key)` answers for one key (verl's short form or the full path); `render_compat()` writes the
+whole table from the schema (`schema.SCHEMA`, `schema_verl`), so the document cannot drift from what
+`load_recipe` does. Regenerate with:
+
+    python -m verl_npu.config.compat > docs/verl_compat.md
+
+(tests/test_config_compat.py fails when the file is out of date.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl_npu.config.schema import DEPRECATED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
+from verl_npu.config.schema_verl import (
+    ALIASES, REFUSED_SUBTREES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
+)
+from verl_npu.config.tree import expand_key, scalar
+
+SUPPORTED, NOOP, REFUSED, DEPRECATED_KIND, UNKNOWN = "supported", "no-op here", "refused", "deprecated", "unknown"
+
+
+@dataclass(frozen=True)
+class Status:
+    """What verl-npu does with one key: `kind` (supported / no-op here / refused / deprecated /
+    unknown) and the text a user reads (why, and what to do instead)."""
+
+    kind: str
+    text: str
+
+
+def _refused_values(key: Key) -> str:
+    if key.off_only:
+        return (f"only `{scalar(key.default)}` accepted: no {key.off_only} yet"
+                + (f"; instead: {key.instead}" if key.instead else ""))
+    return ""
+
+
+def status(name: str) -> Status:
+    """The status of one verl key (short `data.x` or full `backend_config.data.x`)."""
+    path = expand_key(name)
+    key = SCHEMA.get(path)
+    if key is not None:
+        if key.off_only:
+            return Status(REFUSED, _refused_values(key))
+        if key.noop:
+            return Status(NOOP, key.noop)
+        text = "read by verl-npu"
+        if key.unsupported:
+            text += "; values not supported yet: " + ", ".join(f"`{v}`" for v in key.unsupported)
+        if key.derived:
+            text += f"; derived when unset: {key.derived}"
+        return Status(SUPPORTED, text)
+    if path in ALIASES:
+        return Status(SUPPORTED, f"read as `{ALIASES[path].removeprefix('backend_config.')}`")
+    key = VERL_ONLY.get(path)
+    if key is not None:
+        if key.noop:
+            extra = ("; refused values: " + ", ".join(f"`{v}`" for v in key.unsupported)) if key.unsupported else ""
+            return Status(NOOP, key.noop + extra)
+        return Status(REFUSED, _refused_values(key))
+    if is_target(path) and path.startswith("backend_config."):
+        return Status(NOOP, TARGET_NOOP)
+    if path in DEPRECATED:
+        return Status(DEPRECATED_KIND, f"renamed: use `{DEPRECATED[path].removeprefix('backend_config.')}`")
+    if path in DEPRECATED_WARN_ONLY:
+        return Status(DEPRECATED_KIND, f"accepted with a warning: {DEPRECATED_WARN_ONLY[path]}")
+    hit = refused_subtree(path)
+    if hit:
+        what, instead = hit[1]
+        return Status(REFUSED, f"{what} not supported yet (null/false accepted); instead: {instead}")
+    for prefix, what in UNSUPPORTED_PREFIXES.items():
+        if path == prefix or path.startswith(prefix + "."):
+            return Status(REFUSED, f"{what} not supported yet (null/false accepted)")
+    return Status(UNKNOWN, "not a verl-npu or verl key")
+
+
+def _section(short: str) -> str:
+    parts = short.split(".")
+    if parts[0] == "actor_rollout_ref" and len(parts) > 2:
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def rows() -> list[tuple[str, str, Status]]:
+    """(section, key or `prefix.*`, status) for every key the schema knows, sorted by section."""
+    names: list[str] = []
+    names += [p for p in SCHEMA if p.startswith("backend_config.") or p.startswith("engine_kwargs")
+              or p == "af_output_dir"]
+    names += list(ALIASES) + list(VERL_ONLY) + list(DEPRECATED) + list(DEPRECATED_WARN_ONLY)
+    out = [(_section(n.removeprefix("backend_config.")), f"`{n.removeprefix('backend_config.')}`", status(n))
+           for n in dict.fromkeys(names)]
+    prefixes = dict.fromkeys(list(REFUSED_SUBTREES) + list(UNSUPPORTED_PREFIXES))
+    out += [(_section(p.removeprefix("backend_config.")), f"`{p.removeprefix('backend_config.')}.*`",
+             status(p + ".any")) for p in prefixes]
+    order = {s: i for i, s in enumerate(dict.fromkeys(r[0] for r in out))}
+    return sorted(out, key=lambda r: order[r[0]])
+
+
+def render_compat() -> str:
+    """docs/verl_compat.md as markdown."""
+    out = [
+        "# verl config compatibility",
+        "",
+        "Generated from `verl_npu/config/schema.py` and `verl_npu/config/schema_verl.py` by",
+        "`python -m verl_npu.config.compat > docs/verl_compat.md`. Do not edit by hand.",
+        "",
+        "What verl-npu does with each key of upstream verl's `ppo_trainer` config (keys in verl's",
+        "short form; in a recipe they live under `backend_config.`):",
+        "",
+        "- **supported**: read by verl-npu (some under another name: a verl alias);",
+        "- **no-op here**: accepted at any valid value; it changes nothing in verl-npu, for the reason given;",
+        "- **refused**: accepted only at its off value; anything else stops `validate` / `run` with an error",
+        "  naming the missing feature and what to do instead (`prefix.*` rows: a whole verl feature);",
+        "- **deprecated**: verl's own deprecations (`verl-npu` says which key replaces it).",
+        "",
+        "`_target_` keys anywhere are no-ops (" + TARGET_NOOP + "). A key in none of these",
+        "rows is not a verl key: it is reported as unknown, with a did-you-mean hint.",
+        "",
+    ]
+    section = None
+    for sec, name, st in rows():
+        if sec != section:
+            section = sec
+            out += [f"## {sec}", "", "| key | status | why / what instead |", "|---|---|---|"]
+        out.append(f"| {name} | {st.kind} | {_cell(st.text)} |")
+    out.append("")
+    text = "\n".join(out)
+    return text.replace("|\n## ", "|\n\n## ") + ("" if text.endswith("\n") else "\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(render_compat())
