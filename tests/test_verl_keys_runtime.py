@@ -78,3 +78,71 @@ def test_reward_kwargs_are_accepted_and_passed_to_the_reward_function(tmp_path):
     assert fn("x", "4", "4") == 1.25 and fn("x", "5", "4") == 0.25
     with pytest.raises(ConfigErrors, match="reward_kwargs"):
         load_recipe("tiny_gsm8k", ["custom_reward_function.reward_kwargs=3"])
+
+
+def test_entropy_chunking_gives_the_same_entropy(tiny_lm_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl_npu.models.forward import _entropy, response_log_probs
+
+    logits = torch.randn(3, 5, 7, dtype=torch.float64)
+    assert torch.allclose(_entropy(logits, chunk=4), _entropy(logits)) and _entropy(logits, 4).shape == (3, 5)
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    ids = torch.randint(3, 200, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    for rmpad in (False, True):
+        whole = response_log_probs(model, ids, mask, 4, with_entropy=True, remove_padding=rmpad)
+        chunked = response_log_probs(model, ids, mask, 4, with_entropy=True, remove_padding=rmpad, entropy_chunk=3)
+        assert torch.allclose(whole[1], chunked[1], atol=1e-6) and torch.equal(whole[0], chunked[0])
+    rc = load_recipe("tiny_gsm8k", ["++actor_rollout_ref.actor.entropy_from_logits_with_chunking=true"])
+    assert rc.backend.actor_rollout_ref.actor.entropy_from_logits_with_chunking is True
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prefetch_worker(rank: int, world: int, port: int, path: str, out: str) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from verl_npu.workers.parallel import shard_module
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        ids = torch.randint(3, 200, (2, 8), generator=torch.Generator().manual_seed(0))
+        results = {}
+        for prefetch in (False, True):
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            sharded = shard_module(model, {"forward_prefetch": prefetch}, world)
+            layers = sharded.model.layers
+            results[prefetch] = (sharded(input_ids=ids).logits.detach(),
+                                 [len(layer._get_fsdp_state()._states_to_forward_prefetch) for layer in layers])
+        assert torch.allclose(results[True][0], results[False][0])
+        assert results[False][1] == [0] * len(layers)
+        assert results[True][1] == [1] * (len(layers) - 1) + [0]   # each block prefetches the next
+        if rank == 0:
+            open(out, "w").write("ok")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_forward_prefetch_sets_fsdp2_prefetch_and_keeps_the_numbers(tiny_lm_path, tmp_path):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "ok"
+    mp.spawn(_prefetch_worker, args=(2, _free_port(), str(tiny_lm_path), str(out)), nprocs=2, join=True)
+    assert out.read_text() == "ok"

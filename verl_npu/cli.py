@@ -125,6 +125,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     _say(f"{rc.source}: valid")
     for line in summary_lines(rc):
         _say(f"  {line}")
+    if rc.noop:
+        _say("  verl keys with no effect here:")
+        for d in rc.noop:
+            _say(f"    {d.key.removeprefix('backend_config.')}={d.value}  ({d.reason})")
     if not args.check_paths:
         _say("  (files were not checked; add --check-paths to check data and model paths)")
     return 0
@@ -165,16 +169,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
         for k in under:
             _say(f"{k.short:<{width}}  {k.doc}")
         return 0
+    from verl_npu.config.compat import DEPRECATED_KIND, NOOP, REFUSED, SUPPORTED, status
     from verl_npu.config.loader import _suggest
-    from verl_npu.config.schema import DEPRECATED, UNSUPPORTED_PREFIXES
 
     full = expand_key(args.key)
-    if full in DEPRECATED:
-        raise UserError(f"{args.key} is a deprecated verl key; use {DEPRECATED[full]}")
-    for p, what in UNSUPPORTED_PREFIXES.items():
-        if full == p or full.startswith(p + "."):
-            raise UserError(f"{args.key}: verl-npu does not support {what} yet")
-    raise UserError(f"unknown key {args.key}; {_suggest(full)}")
+    st = status(full)
+    if st.kind in (SUPPORTED, NOOP):    # a verl alias or a verl key that changes nothing here
+        _say(f"{full}\n  verl key, {st.kind}: {st.text}")
+        return 0
+    if st.kind == DEPRECATED_KIND:
+        raise UserError(f"{args.key} is a deprecated verl key: {st.text}")
+    if st.kind == REFUSED:
+        _say(f"{full}\n  verl key, refused: {st.text}")
+        return 0
+    raise UserError(f"unknown key {args.key} (not a verl-npu or verl key); {_suggest(full)}")
 
 
 # ------------------------------------------------------------------ run

@@ -186,6 +186,10 @@ _k(f"{F}.reshard_after_forward", True, BOOL, "FSDP2: free gathered parameters af
 _k(f"{F}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap modules with at least this many parameters "
    "(0: wrap decoder layers).", min=0)
 _k(f"{F}.fsdp_size", -1, INT, "Devices per FSDP shard group; -1 shards over all.", min=-1)
+_k(f"{F}.forward_prefetch", False, BOOL, "FSDP2: each decoder block gathers the next block's parameters "
+   "during its own forward (more overlap, one more block in memory); no effect with one worker.")
+_k(f"{AC}.entropy_from_logits_with_chunking", False, BOOL, "Compute the actor's entropy 2048 tokens at a "
+   "time, so the fp32 softmax temporaries never span the whole micro batch (same values, lower peak memory).")
 _k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra"], STR_LIST, "What a checkpoint holds.",
    choices=("model", "optimizer", "extra", "hf_model"))
 _k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST, "What resuming loads.",
@@ -199,6 +203,8 @@ _k(f"{R}.log_prob_use_dynamic_bsz", None, BOOL, "Pack reference log-prob batches
 _k(f"{R}.log_prob_max_token_len_per_gpu", 16384, INT, "Most tokens per reference forward on one device "
    "(dynamic batch size).", min=1, derived="actor.ppo_max_token_len_per_gpu with dynamic batch size")
 _k(f"{R}.fsdp_config.param_offload", False, BOOL, "Keep reference parameters in host memory between uses.")
+_k(f"{R}.fsdp_config.forward_prefetch", False, BOOL, "FSDP2 forward prefetch of the reference model (see "
+   "actor.fsdp_config.forward_prefetch).")
 _k(f"{R}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel size of the reference model.",
    min=1, derived="actor.ulysses_sequence_parallel_size")
 

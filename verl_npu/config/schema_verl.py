@@ -53,15 +53,12 @@ for role in ("actor", "ref"):
     base = f"{A}.{role}"
     fc = f"{base}.fsdp_config"
     _noop(f"{base}.rollout_n", None, INT, "verl's internal copy of rollout.n; verl-npu reads rollout.n.")
-    _off(f"{base}.entropy_from_logits_with_chunking", False, BOOL, "chunked entropy from logits",
-         LEAVE + " (false)")
     _off(f"{base}.entropy_checkpointing", False, BOOL, "recomputing the entropy in backward", LEAVE + " (false)")
     _off(f"{base}.router_replay.mode", "disabled", STR, "MoE router replay", LEAVE + " ('disabled')")
     _off(f"{base}.router_replay.record_file", None, STR, "MoE router replay", "remove it")
     _off(f"{base}.router_replay.replay_file", None, STR, "MoE router replay", "remove it")
     _off(f"{fc}.offload_policy", False, BOOL, "FSDP2's CPU offload policy as a separate switch",
          f"use {role}.fsdp_config.param_offload=true (FSDP2 CPU offload, 2+ workers)")
-    _off(f"{fc}.forward_prefetch", False, BOOL, "FSDP forward prefetch", LEAVE + " (false)")
     _off(f"{fc}.model_dtype", "fp32", STR, "master weights in a dtype other than fp32",
          "leave it at fp32 (verl-npu keeps fp32 weights and computes in the device's dtype)")
     _off(f"{fc}.dtype", "bfloat16", STR, "choosing the compute dtype", "leave it at bfloat16 (verl-npu computes "
@@ -69,12 +66,13 @@ for role in ("actor", "ref"):
     _noop(f"{fc}.use_orig_params", False, BOOL, "an FSDP1 flag; FSDP2 always keeps the original parameters.")
     _off(f"{fc}.seed", 42, INT, "a separate seed for the training engine", LEAVE + " (42)")
     _off(f"{fc}.full_determinism", False, BOOL, "fully deterministic kernels", LEAVE + " (false)")
-    _off(f"{fc}.entropy_from_logits_with_chunking", False, BOOL, "chunked entropy from logits", LEAVE + " (false)")
     _off(f"{fc}.entropy_checkpointing", False, BOOL, "recomputing the entropy in backward", LEAVE + " (false)")
     _noop(f"{fc}.forward_only", role == "ref", BOOL, "verl's engine flag for roles that never train; verl-npu "
           "knows the reference model does not train.")
     _noop(f"{fc}.strategy", "fsdp", STR, "verl's engine copy of actor.strategy; verl-npu reads actor.strategy.",
           choices=("fsdp", "fsdp2"), unsupported=("megatron",), instead="use actor.strategy=fsdp2")
+for leaf in ("entropy_from_logits_with_chunking", "fsdp_config.entropy_from_logits_with_chunking"):
+    _noop(f"{R}.{leaf}", False, BOOL, "the reference model computes no entropy (only log-probs).")
 _off(f"{AC}.fsdp_config.grad_offload", False, BOOL, "gradient offload (removed from verl)",
      "use actor.fsdp_config.param_offload=true")
 _off(f"{R}.fsdp_config.wrap_policy.min_num_params", 0, INT, "a wrap policy for the reference model of its own",
@@ -211,6 +209,7 @@ ALIASES: dict[str, str] = {_full(k): _full(v) for k, v in {
     f"{AC}.fsdp_config.ulysses_sequence_parallel_size": f"{AC}.ulysses_sequence_parallel_size",
     f"{R}.fsdp_config.ulysses_sequence_parallel_size": f"{R}.ulysses_sequence_parallel_size",
     f"{AC}.fsdp_config.use_torch_compile": f"{AC}.use_torch_compile",
+    f"{AC}.fsdp_config.entropy_from_logits_with_chunking": f"{AC}.entropy_from_logits_with_chunking",
     f"{RO}.checkpoint_engine.update_weights_bucket_megabytes": f"{RO}.update_weights_bucket_megabytes",
     f"{M}.tokenizer_path": "data.tokenizer",
     "reward_manager.name": "reward_model.reward_manager",

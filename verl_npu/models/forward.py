@@ -93,9 +93,15 @@ def _token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     return torch.gather(F.log_softmax(logits, dim=-1), -1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    logp = F.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def _entropy(logits: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dim. `chunk` > 0 computes it `chunk` tokens at a
+    time (actor.entropy_from_logits_with_chunking), so the fp32 softmax temporaries never cover
+    all tokens at once; the values are the same."""
+    if chunk <= 0 or logits.shape[:-1].numel() <= chunk:
+        logp = F.log_softmax(logits.float(), dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+    flat = logits.reshape(-1, logits.shape[-1])
+    return torch.cat([_entropy(part) for part in flat.split(chunk)]).reshape(logits.shape[:-1])
 
 
 def response_log_probs(
@@ -110,6 +116,7 @@ def response_log_probs(
     remove_padding: bool = False,
     return_logits: bool = False,
     sp_group=None,
+    entropy_chunk: int = 0,
 ):
     """log p(token_t | tokens_<t) for the last `response_length` positions of each row.
 
@@ -157,7 +164,7 @@ def response_log_probs(
         entropy = None
         if with_entropy:
             entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
-            entropy[keep] = _entropy(logits)
+            entropy[keep] = _entropy(logits, entropy_chunk)
         if return_logits:
             packed_logits, logits = logits, logits.new_zeros(n, length, logits.shape[-1])
             logits[keep] = packed_logits
@@ -171,7 +178,7 @@ def response_log_probs(
         )
         logits = out.logits / temperature  # [N, L, V]
         log_probs = _token_log_probs(logits, targets)
-        entropy = _entropy(logits) if with_entropy else None
+        entropy = _entropy(logits, entropy_chunk) if with_entropy else None
 
     # logits at position t predict token t+1: responses occupy [L-R, L), so read [L-R-1, L-1)
     start = length - response_length - 1

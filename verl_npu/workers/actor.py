@@ -37,6 +37,9 @@ def needs_reference(cfg) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
+#: tokens per chunk of the entropy computation with actor.entropy_from_logits_with_chunking (verl uses 2048)
+ENTROPY_CHUNK = 2048
+
 class ActorRolloutRefWorker:
     def __init__(self, cfg, total_training_steps: int, rank: int = 0, world_size: int = 1):
         self.cfg = cfg  # the backend_config node
@@ -87,6 +90,8 @@ class ActorRolloutRefWorker:
             )
         sp = int(actor_cfg.ulysses_sequence_parallel_size)
         self.sp_group, self.dp_rank, self.dp_size = parallel.sequence_parallel_group(self.world_size, sp)
+        # actor.entropy_from_logits_with_chunking: the actor's entropy, ENTROPY_CHUNK tokens at a time
+        self.entropy_chunk = ENTROPY_CHUNK if actor_cfg.get("entropy_from_logits_with_chunking") else 0
         if self.sp_group is not None:
             from verl_npu.models.ulysses import check_heads
 
@@ -147,6 +152,8 @@ class ActorRolloutRefWorker:
                             with_entropy=with_entropy,
                             remove_padding=remove_padding,
                             sp_group=self.sp_group,
+            entropy_chunk=self.entropy_chunk,
+                            entropy_chunk=self.entropy_chunk if module is self.module else 0,
                         )
                     log_probs.append(lp.cpu())
                     if ent is not None:

@@ -32,7 +32,9 @@ def shard_module(
 
     `fsdp_config.param_offload` keeps parameters on the CPU between uses;
     `reshard_after_forward` frees gathered parameters after each forward;
-    `wrap_policy.min_num_params` makes blocks smaller than that stay in their parent unit.
+    `wrap_policy.min_num_params` makes blocks smaller than that stay in their parent unit;
+    `forward_prefetch` makes each block's unit start gathering the next block's parameters during
+    its own forward (FSDP2 explicit prefetch: more overlap, one more block gathered at a time).
     Parameters are gathered in `param_dtype` for compute; gradients are reduced in fp32.
     """
     if not is_distributed(world_size):
@@ -46,11 +48,15 @@ def shard_module(
         kwargs["offload_policy"] = CPUOffloadPolicy()
     min_params = int((fsdp_cfg.get("wrap_policy") or {}).get("min_num_params", 0) or 0)
     names = _block_classes(module)
+    blocks = []
     for sub in module.modules():
         if sub is module or type(sub).__name__ not in names:
             continue
         if sum(p.numel() for p in sub.parameters()) >= min_params:
-            fully_shard(sub, **kwargs)
+            blocks.append(fully_shard(sub, **kwargs))
+    if fsdp_cfg.get("forward_prefetch", False):
+        for block, nxt in zip(blocks, blocks[1:]):
+            block.set_modules_to_forward_prefetch([nxt])
     # Vision towers get a unit of their own: `generate` may run them outside the root's forward
     # (precomputed image features), and a unit gathers its parameters only inside its own forward.
     for name, sub in module.named_modules():
