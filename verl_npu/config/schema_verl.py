@@ -85,8 +85,8 @@ _off(f"{R}.fsdp_config.fsdp_size", -1, INT, "hybrid sharding of the reference mo
 _noop(f"{R}.strategy", "fsdp", STR, "the reference model uses the actor's backend (actor.strategy).",
       choices=("fsdp", "fsdp2"), unsupported=("megatron",), instead="use actor.strategy=fsdp2")
 for leaf in ("use_torch_compile", "fsdp_config.use_torch_compile"):
-    _off(f"{R}.{leaf}", False, BOOL, "compiling the reference model's log-prob computation",
-         "set it to false (verl-npu does not compile the reference forward)")
+    _noop(f"{R}.{leaf}", False, BOOL, "verl compiles only the entropy computation with it (dp_actor), and the "
+          "reference model computes no entropy, in verl as here.")
 
 # ---------------------------------------------------------------- actor
 _off(f"{AC}.optim.optimizer", "AdamW", STR, "optimizers other than AdamW", "use AdamW (optim.lr, betas, weight_decay)")
