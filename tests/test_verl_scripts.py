@@ -116,3 +116,39 @@ def test_the_corpus_is_big_enough_and_covers_the_families():
     assert len(names) >= 15
     for family in ("grpo", "ppo", "rloo", "remax", "reinforce_pp", "npu_ci", "_npu", "vl"):
         assert any(family in n for n in names), family
+
+
+# ------------------------------------------------------------------ three scripts train on CPU
+#: the overrides that size a script for 2 CPU workers and tiny models (batch sizes, lengths, device
+#: counts); `rollout.name=hf` because vLLM is not installed in this environment (CPU)
+SIZING = {
+    "data.train_batch_size": "4", "data.max_prompt_length": "256", "data.max_response_length": "4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "2", "actor_rollout_ref.rollout.n": "2",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "1", "actor_rollout_ref.rollout.name": "hf",
+    "trainer.n_gpus_per_node": "2", "trainer.nnodes": "1", "trainer.total_training_steps": "2",
+}
+RUNS = {"grpo_qwen2_5_7b_npu": "tiny://qwen2", "grpo_qwen2_5_vl_3b_npu": "tiny://qwen25vl",
+        "npu_ci_qwen2_5_05b_grpo": "tiny://qwen2"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_verl_script_trains_two_steps_on_cpu(name, local, tmp_path):
+    """A text GRPO, a VL GRPO and an NPU CI script train for 2 steps on 2 CPU workers with the tiny
+    models; only SIZING (and the local paths) are changed. Their ref.fsdp_config.param_offload=true
+    needs FSDP2, hence 2 workers."""
+    import subprocess
+    import sys
+
+    overrides, header = read_script(HERE / f"{name}.txt")
+    args = localized(overrides, header["data"], local, tmp_path / "out")
+    args = [a for a in args if a.split("=", 1)[0].lstrip("+") not in SIZING]
+    args = [f"actor_rollout_ref.model.path={RUNS[name]}" if a.startswith("actor_rollout_ref.model.path=") else a
+            for a in args] + [f"{k}={v}" for k, v in SIZING.items()]
+    out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "actor/pg_loss" in r]
+    assert steps == [1, 2]
+    assert all(r["response_length/mean"] > 0 for r in rows if "actor/pg_loss" in r)

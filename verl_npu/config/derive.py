@@ -11,12 +11,14 @@ whose inputs already have a problem is skipped. Rules (seq = max_prompt_length +
 - with dynamic batch size: actor.ppo_max_token_len_per_gpu = n x seq, and the ref/rollout
   log_prob_max_token_len_per_gpu = that value
 - actor.clip_ratio_low / clip_ratio_high = clip_ratio
-- trainer.default_local_dir = <af_output_dir>/checkpoints, trainer.tensorboard_dir = <af_output_dir>/tensorboard
+- trainer.default_local_dir = <af_output_dir>/checkpoints, trainer.tensorboard_dir = $TENSORBOARD_DIR when set
+  (as in verl), else <af_output_dir>/tensorboard
 - top-level engine_kwargs.<engine> is merged into actor_rollout_ref.rollout.engine_kwargs.<engine>
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -115,7 +117,11 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
         if get(cfg, TRAINER + "default_local_dir") is None:
             put(TRAINER + "default_local_dir", f"{base}/checkpoints", "<af_output_dir>/checkpoints")
         if get(cfg, TRAINER + "tensorboard_dir") is None:
-            put(TRAINER + "tensorboard_dir", f"{base}/tensorboard", "<af_output_dir>/tensorboard")
+            env = os.environ.get("TENSORBOARD_DIR")
+            if env:
+                put(TRAINER + "tensorboard_dir", env, "$TENSORBOARD_DIR (verl's variable)")
+            else:
+                put(TRAINER + "tensorboard_dir", f"{base}/tensorboard", "<af_output_dir>/tensorboard")
 
     def engine_kwargs() -> None:
         for engine in ("vllm", "sglang"):

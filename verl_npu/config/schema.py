@@ -328,7 +328,7 @@ _k(f"{T}.default_hdfs_dir", None, STR, "HDFS folder for checkpoints.", off_only=
 _k(f"{T}.del_local_ckpt_after_load", False, BOOL, "Delete the local checkpoint once it is loaded.")
 _k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
 _k(f"{T}.tensorboard_dir", None, STR, "TensorBoard event folder (with 'tensorboard' in trainer.logger); verl "
-   "reads it from $TENSORBOARD_DIR.", derived="<af_output_dir>/tensorboard")
+   "reads it from $TENSORBOARD_DIR.", derived="$TENSORBOARD_DIR, else <af_output_dir>/tensorboard")
 _k(f"{T}.max_actor_ckpt_to_keep", None, INT, "Keep only the newest N actor checkpoints (null: all).", min=1)
 _k(f"{T}.save_on_preempt", True, BOOL, "verl-npu: on SIGTERM (a scheduler preempting the job), finish the "
    "current step, save a checkpoint of it (even with save_freq=-1) and exit 143 naming it; false: exit 143 "

@@ -152,7 +152,6 @@ class ActorRolloutRefWorker:
                             with_entropy=with_entropy,
                             remove_padding=remove_padding,
                             sp_group=self.sp_group,
-            entropy_chunk=self.entropy_chunk,
                             entropy_chunk=self.entropy_chunk if module is self.module else 0,
                         )
                     log_probs.append(lp.cpu())
@@ -263,6 +262,7 @@ class ActorRolloutRefWorker:
             temperature=float(cfg.actor_rollout_ref.rollout.temperature),
             remove_padding=bool(cfg.actor_rollout_ref.model.use_remove_padding),
             sp_group=self.sp_group,
+            entropy_chunk=self.entropy_chunk,
         )
         with self._autocast():
             # entropy is logged as actor/entropy even when it is not in the loss

@@ -45,7 +45,9 @@ def shard_module(
     if param_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if fsdp_cfg.get("param_offload", False):
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        # pinned host memory needs an accelerator runtime; a CPU-only run offloads to plain memory
+        on_accelerator = any(p.device.type != "cpu" for p in module.parameters())
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=on_accelerator)
     min_params = int((fsdp_cfg.get("wrap_policy") or {}).get("min_num_params", 0) or 0)
     names = _block_classes(module)
     blocks = []
