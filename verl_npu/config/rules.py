@@ -271,6 +271,19 @@ def _group_needs_n(c: Ctx) -> Iterator[Problem]:
                       "set actor_rollout_ref.rollout.n=4 (or more)")
 
 
+@_rule("logger_library", (TRAINER + "logger",),
+       "every tracker in trainer.logger (wandb, mlflow, swanlab) needs its library: pip install 'verl-npu[NAME]'")
+def _logger_library(c: Ctx) -> Iterator[Problem]:
+    from verl_npu.trainer.loggers import missing_library
+
+    loggers = c(TRAINER + "logger")
+    for name in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
+        problem = missing_library(name)
+        if problem:
+            what, _, fix = problem.partition(": ")
+            yield Problem(TRAINER + "logger", f"{name}: {what}", fix)
+
+
 @_rule("sampling_temperature", (ROLL + "do_sample", ROLL + "temperature", ROLL + "val_kwargs.do_sample",
                                 ROLL + "val_kwargs.temperature"),
        "do_sample=true needs temperature > 0 (temperature 0 is greedy: set do_sample=false)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_npu.rollout import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # a registry of names: imports nothing heavy
+from verl_npu.trainer.loggers import LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
 # Type names (what `explain` prints and `rules.check_type` accepts).
 INT, FLOAT, BOOL, STR, DICT = "int", "float", "bool", "str", "dict"
@@ -282,8 +283,11 @@ _k(f"{T}.total_epochs", 30, INT, "Passes over the training data.", min=1)
 _k(f"{T}.total_training_steps", None, INT, "Stop after this many steps (null: total_epochs decides).", min=1)
 _k(f"{T}.project_name", "verl_npu", STR, "Project name for loggers.")
 _k(f"{T}.experiment_name", "run", STR, "Run name for loggers.")
-_k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks.", choices=("console", "tensorboard", "file"),
-   unsupported=("wandb", "mlflow", "swanlab", "clearml", "trackio", "vemlp_wandb", "tracking"))
+_k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks, each with verl's metric names, trainer.project_name / "
+   "experiment_name as project / run name and the resolved recipe as run config: " + "; ".join(
+       f"{s.name}: {s.doc}" + (f" (pip install 'verl-npu[{s.extra}]')" if s.extra else "") for s in LOGGERS.values())
+   + ". A tracker whose library is missing is refused at validation.",
+   choices=tuple(LOGGERS), unsupported=UNSUPPORTED_LOGGERS)
 _k(f"{T}.log_val_generations", 0, INT, "Validation generations printed/logged per validation.", min=0)
 _k(f"{T}.rollout_data_dir", None, STR, "Folder for JSONL dumps of training rollouts (null: none).")
 _k(f"{T}.validation_data_dir", None, STR, "Folder for JSONL dumps of validation generations (null: none).")

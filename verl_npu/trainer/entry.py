@@ -67,6 +67,13 @@ def unsupported_by_trainer(rc) -> list:
     return problems
 
 
+def _run_config(rc) -> dict:
+    """The resolved recipe as plain data: the run config that experiment trackers record."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(rc.cfg, resolve=True)
+
+
 def build_workers(rc, total_training_steps: int):
     """One in-process worker for a single device; Ray workers (one per device) otherwise."""
     if rc.world_size == 1:
@@ -159,6 +166,7 @@ def _run_training_locked(rc, after_fit=None) -> int:
         cfg.trainer.project_name,
         cfg.trainer.experiment_name,
         resume_step=resume_step,
+        run_config=_run_config(rc),
     )
     workers = build_workers(rc, steps)
     try:
