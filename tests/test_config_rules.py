@@ -307,8 +307,12 @@ def test_rollout_engine_names_come_from_the_registry():
 
 
 def test_adv_estimator_choices_match_the_algorithm_registry():
-    """The schema spells the names out (the registry's module imports torch); they must agree."""
+    """The schema's choices are the names registry's keys (verl_npu.estimators, no torch); the tensor
+    functions are registered under exactly those names."""
     from verl_npu.algorithms import ADVANTAGE_ESTIMATORS
     from verl_npu.config import SCHEMA
+    from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS
 
-    assert set(SCHEMA["backend_config.algorithm.adv_estimator"].choices) == set(ADVANTAGE_ESTIMATORS)
+    key = SCHEMA["backend_config.algorithm.adv_estimator"]
+    assert key.choices == tuple(ESTIMATORS) and set(ESTIMATORS) == set(ADVANTAGE_ESTIMATORS)
+    assert "reinforce_plus_plus_baseline" in key.choices and not set(UNSUPPORTED_ESTIMATORS) & set(key.choices)

@@ -22,6 +22,7 @@ from verl_npu.config.schema import (
     STR_OR_LIST, TP_SIZES, Key,
 )
 from verl_npu.errors import Problem
+from verl_npu.estimators import ESTIMATORS
 from verl_npu.rollout import ROLLOUT_ENGINES
 
 BC = "backend_config."
@@ -262,11 +263,11 @@ def _dynamic_consistent(c: Ctx) -> Iterator[Problem]:
                           "remove it (it follows actor.use_dynamic_bsz) or set both the same")
 
 
-@_rule("group_needs_n", (ALGO + "adv_estimator", _N), "grpo and rloo compare responses within a group: "
-       "rollout.n must be >= 2")
+@_rule("group_needs_n", (ALGO + "adv_estimator", _N), "estimators that compare responses within a group ("
+       + ", ".join(s.name for s in ESTIMATORS.values() if s.needs_group) + "): rollout.n must be >= 2")
 def _group_needs_n(c: Ctx) -> Iterator[Problem]:
     est = c(ALGO + "adv_estimator")
-    if est in ("grpo", "rloo") and c(_N) < 2:
+    if est in ESTIMATORS and ESTIMATORS[est].needs_group and c(_N) < 2:
         yield Problem(_N, f"adv_estimator={est} needs at least 2 responses per prompt, got n={c(_N)}",
                       "set actor_rollout_ref.rollout.n=4 (or more)")
 
