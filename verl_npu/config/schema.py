@@ -157,7 +157,9 @@ _k(f"{AC}.use_torch_compile", True, BOOL, "Compile hot functions with torch.comp
 _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss (vanilla = dual-clip PPO).",
    choices=("vanilla",), unsupported=("gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo",
                                       "dppo_tv", "dppo_kl", "dro", "bypass_mode"))
-_k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder frozen.", off_only="freezing the vision tower")
+_k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder (visual / vision_tower / vision_model) "
+   "frozen: its parameters get no gradient and no optimizer state; the language model trains. A model without "
+   "a vision encoder is refused at start.")
 O = f"{AC}.optim"
 _k(f"{O}.lr", 1e-6, FLOAT, "Actor learning rate.", min=0)
 _k(f"{O}.lr_warmup_steps", -1, INT, "Warmup steps; negative uses lr_warmup_steps_ratio.", min=-1)

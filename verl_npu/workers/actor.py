@@ -74,6 +74,10 @@ class ActorRolloutRefWorker:
             gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
             **load_kwargs,
         )
+        if actor_cfg.get("freeze_vision_tower", False):
+            from verl_npu.models.freeze import freeze_vision_tower
+
+            log.info("freeze_vision_tower: %d vision-tower parameters frozen", freeze_vision_tower(module))
         self.module = parallel.shard_module(
             module.to(self.torch_device), actor_cfg.fsdp_config, self.world_size, param_dtype=compute_dtype
         )
