@@ -20,12 +20,12 @@ from verl_npu.trainer.loggers import LOGGERS, UNSUPPORTED_LOGGERS   # the same, 
 
 # Type names (what `explain` prints and `rules.check_type` accepts).
 INT, FLOAT, BOOL, STR, DICT = "int", "float", "bool", "str", "dict"
-STR_LIST, STR_OR_LIST, FLOAT_LIST = "list[str]", "str | list[str]", "list[float]"
+STR_LIST, STR_OR_LIST, FLOAT_LIST, INT_LIST = "list[str]", "str | list[str]", "list[float]", "list[int]"
 
 #: first segments of verl's own config; `data.x=1` on the command line means `backend_config.data.x=1`.
 VERL_SECTIONS = (
     "data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function",
-    "algorithm", "trainer", "ray_init",
+    "algorithm", "trainer", "ray_init", "global_profiler",
 )
 TOP_LEVEL = ("af_output_dir", "backend_config", "engine_kwargs")
 #: a value starting with this is a placeholder that the user must replace.
@@ -117,7 +117,10 @@ _k(f"{A}.model.enable_gradient_checkpointing", True, BOOL, "Recompute activation
 _k(f"{A}.model.enable_activation_offload", False, BOOL, "Offload activations to host memory during training.")
 _k(f"{A}.model.use_remove_padding", True, BOOL, "Pack sequences without padding in training forward passes.")
 _k(f"{A}.model.trust_remote_code", False, BOOL, "Allow custom code shipped with the model.")
-_k(f"{A}.model.use_fused_kernels", False, BOOL, "Use fused log-prob/entropy kernels.", off_only="fused kernels")
+_k(f"{A}.model.use_fused_kernels", False, BOOL, "Compute log-probs and entropy (actor and reference) from the "
+   "final hidden states a chunk of tokens at a time, never holding the float32 [tokens x vocab] logits; the "
+   "backward recomputes each chunk. Same numbers, lower peak memory for large vocabularies "
+   "(bench/fused_logprobs.md).")
 _k(f"{A}.model.use_liger", False, BOOL, "Use Liger kernels.", off_only="Liger kernels")
 _k(f"{A}.model.use_shm", False, BOOL, "Load model weights through shared memory.", off_only="shared-memory model loading")
 _k(f"{A}.model.lora_rank", 0, INT, "LoRA rank; 0 trains all weights.", off_only="LoRA")
@@ -182,6 +185,24 @@ _k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra"], STR_LIST, 
 _k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST, "What resuming loads.",
    choices=("model", "optimizer", "extra", "hf_model"))
 
+
+
+def _profiler_keys(role: str) -> None:
+    """verl's per-role profiler keys (verl_npu.trainer.profiling)."""
+    P = f"{A}.{role}.profiler"
+    _k(f"{P}.enable", False, BOOL, f"Record the {role}'s worker processes during global_profiler.steps (the actor "
+       "and the reference model share a process: either role enabling it records the whole step there).")
+    _k(f"{P}.all_ranks", False, BOOL, "Record every rank (else only profiler.ranks).")
+    _k(f"{P}.ranks", [], INT_LIST, "Ranks to record when all_ranks is false, e.g. [0].")
+    _k(f"{P}.tool", None, STR, "Profiler of this role; null: global_profiler.tool.")
+    _k(f"{P}.save_path", None, STR, "Trace folder of this role; null: global_profiler.save_path.")
+    _k(f"{P}.tool_config", {}, DICT, "Per-tool options; read: tool_config.<torch|npu>.contents, a list of "
+       "memory (allocations), shapes (operator input shapes), stack (Python stacks); cpu / cuda / npu "
+       "activity is always recorded. Options of other tools apply only to those tools.")
+
+
+_profiler_keys("actor")
+
 R = f"{A}.ref"
 _k(f"{R}.log_prob_micro_batch_size_per_gpu", None, INT, "Responses per reference log-prob forward on one "
    "device; required unless dynamic batch size.", min=1)
@@ -192,6 +213,7 @@ _k(f"{R}.log_prob_max_token_len_per_gpu", 16384, INT, "Most tokens per reference
 _k(f"{R}.fsdp_config.param_offload", False, BOOL, "Keep reference parameters in host memory between uses.")
 _k(f"{R}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel size of the reference model.",
    min=1, derived="actor.ulysses_sequence_parallel_size")
+_profiler_keys("ref")
 
 RO = f"{A}.rollout"
 _k(f"{RO}.name", "vllm", STR, "Rollout engine: " + "; ".join(f"{s.name}: {s.doc}" for s in ROLLOUT_ENGINES.values())
@@ -314,6 +336,19 @@ _k(f"{T}.save_on_preempt", True, BOOL, "verl-npu: on SIGTERM (a scheduler preemp
 _k(f"{T}.device", None, STR, "Device kind; null detects npu, then cuda, then cpu.",
    choices=("cpu", "cuda", "npu"))
 _k(f"{T}.profile_steps", None, STR_LIST, "Steps to profile.", off_only="profiling")
+GP = "global_profiler"
+_k(f"{GP}.tool", None, STR, "Profiler over global_profiler.steps; null: no profiling. torch: torch.profiler on "
+   "cpu / cuda (a Chrome trace per rank), torch_npu.profiler on npu; npu: torch_npu.profiler, NPU runs only. "
+   "verl's nsys, torch_memory, precision_debugger and memray are refused with the reason.")
+_k(f"{GP}.steps", None, INT_LIST, "Training steps to profile, e.g. [2, 3] (needs a tool and a role's "
+   "profiler.enable).")
+_k(f"{GP}.profile_continuous_steps", False, BOOL, "One trace over consecutive profiled steps (named after the "
+   "first) instead of one per step.")
+_k(f"{GP}.save_path", "profile", STR, "Trace folder; relative paths are under af_output_dir. Each profiled step "
+   "writes step_<N>/rank_<R>/ (trace.json on cpu / cuda).")
+_k(f"{GP}.global_tool_config", {}, DICT, "verl's per-tool settings (nsys, torch_memory, precision_debugger); "
+   "they apply only to those tools, which verl-npu refuses; the torch tool reads "
+   "<role>.profiler.tool_config.torch.")
 _k("ray_init.num_cpus", None, INT, "CPUs Ray may use (null: all).", min=1)
 _k("ray_init.timeline_json_file", None, STR, "Write a Ray timeline to this file.")
 
@@ -334,11 +369,9 @@ UNSUPPORTED_PREFIXES: dict[str, str] = {
     "backend_config.reward_model.model": "reward models",
     "backend_config.reward_model.sandbox_fusion": "sandbox rewards",
     "backend_config.actor_rollout_ref.rollout.multi_turn": "multi-turn rollout",
-    "backend_config.actor_rollout_ref.actor.profiler": "profiling",
-    "backend_config.actor_rollout_ref.ref.profiler": "profiling",
     "backend_config.algorithm.pf_ppo": "pf-ppo",
-    "backend_config.trainer.controller_nsight_options": "profiling",
-    "backend_config.trainer.worker_nsight_options": "profiling",
+    "backend_config.trainer.controller_nsight_options": "Nsight Systems profiling (use global_profiler.tool=torch)",
+    "backend_config.trainer.worker_nsight_options": "Nsight Systems profiling (use global_profiler.tool=torch)",
 }
 
 #: deprecated verl keys (full path) -> the key that replaces them.

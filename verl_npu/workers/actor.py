@@ -45,6 +45,9 @@ class ActorRolloutRefWorker:
         self.total_training_steps = total_training_steps
         self.device = detect_device(cfg.trainer.device)
         self.torch_device = self.device.torch_device(int(os.environ.get("LOCAL_RANK", 0)))
+        from verl_npu.trainer.profiling import WorkerProfiler
+
+        self.profiler = WorkerProfiler(cfg, rank, self.device)
 
     # ---- setup ---------------------------------------------------------------------------
     def init_model(self) -> dict:
@@ -151,6 +154,7 @@ class ActorRolloutRefWorker:
                             with_entropy=with_entropy,
                             remove_padding=remove_padding,
                             sp_group=self.sp_group,
+                            fused=bool(self.cfg.actor_rollout_ref.model.get("use_fused_kernels", False)),
                         )
                     log_probs.append(lp.cpu())
                     if ent is not None:
@@ -260,6 +264,7 @@ class ActorRolloutRefWorker:
             temperature=float(cfg.actor_rollout_ref.rollout.temperature),
             remove_padding=bool(cfg.actor_rollout_ref.model.use_remove_padding),
             sp_group=self.sp_group,
+            fused=bool(cfg.actor_rollout_ref.model.get("use_fused_kernels", False)),
         )
         with self._autocast():
             # entropy is logged as actor/entropy even when it is not in the loss
@@ -306,6 +311,15 @@ class ActorRolloutRefWorker:
             stats["actor/kl_loss"] = kl_loss
             stats["actor/kl_coef"] = float(actor_cfg.kl_loss_coef)
         return loss, stats
+
+    # ---- profiling (verl_npu.trainer.profiling) -------------------------------------------
+    def start_profile(self, folder: str) -> None:
+        """Start recording this process into folder/rank_<rank> if a role's profiler selects this rank."""
+        self.profiler.start(folder)
+
+    def stop_profile(self) -> str | None:
+        """Stop recording; returns the trace written (None when this rank was not recording)."""
+        return self.profiler.stop()
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, actor_dir: str, save_hf: bool = True) -> None:
