@@ -85,3 +85,58 @@ def test_freeze_vision_tower_on_a_text_model_is_refused_by_name():
 
     with pytest.raises(UserError, match="freeze_vision_tower"):
         freeze_vision_tower(load_policy_model("tiny://qwen2", dtype=torch.float32))
+
+
+# ---- profiler ----------------------------------------------------------------------------------
+PROFILE = {"global_profiler.tool": "torch", "global_profiler.steps": "[2]", "global_profiler.save_path": "prof",
+           "actor_rollout_ref.actor.profiler.enable": "true", "actor_rollout_ref.actor.profiler.ranks": "[0]",
+           "trainer.total_training_steps": 2}
+
+
+@pytest.mark.slow
+def test_profiler_traces_the_named_step_under_af_output_dir(tmp_path, geo_data, tiny_vl_path):
+    rc = load_recipe("tiny_geo3k", overrides(tmp_path, geo_data, **PROFILE))
+    assert run_training(rc) == 0
+    root = tmp_path / "out" / "prof"
+    assert [p.name for p in root.iterdir()] == ["step_2"]           # step 1 was not profiled
+    trace = json.loads((root / "step_2" / "rank_0" / "trace.json").read_text())
+    events = trace["traceEvents"]
+    names = {e.get("name", "") for e in events}
+    assert len(events) > 100 and any(n.startswith("aten::") for n in names)
+
+
+FILLED = ["af_output_dir=/tmp/verl_npu_out", "data.train_files=/data/t.parquet", "data.val_files=/data/v.parquet",
+          "actor_rollout_ref.model.path=/models/m", "trainer.device=cpu"]
+ROLE = ["actor_rollout_ref.actor.profiler.enable=true", "actor_rollout_ref.actor.profiler.all_ranks=true"]
+GP = "backend_config.global_profiler."
+
+
+@pytest.mark.parametrize("extra,key,fragment", [
+    (["global_profiler.tool=nsys", "global_profiler.steps=[1]"] + ROLE, GP + "tool", "Nsight Systems must wrap"),
+    (["global_profiler.tool=npu", "global_profiler.steps=[1]"] + ROLE, GP + "tool", "this run is on cpu"),
+    (["global_profiler.tool=torch_memory", "global_profiler.steps=[1]"] + ROLE, GP + "tool", "memory snapshots"),
+    (["global_profiler.tool=torch", "global_profiler.steps=[1]"], GP + "tool", "no role records"),
+    (["global_profiler.tool=torch"] + ROLE, GP + "steps", "nothing would be profiled"),
+    (["global_profiler.steps=[1]"] + ROLE, GP + "tool", "is null"),
+    (["global_profiler.tool=torch", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=true"],
+     "backend_config.actor_rollout_ref.actor.profiler.ranks", "no rank would record"),
+    (["global_profiler.tool=torch", "global_profiler.steps=[1.5]"] + ROLE, GP + "steps", "list[int]"),
+])
+def test_profiler_settings_that_would_record_nothing_or_cannot_run_are_refused(extra, key, fragment):
+    from verl_npu.errors import ConfigErrors
+
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("qwen25vl_geo3k", FILLED + extra)
+    named = [p for p in info.value.problems if p.key == key]
+    assert any(fragment in f"{p.message} {p.fix}" for p in named), str(info.value)
+
+
+def test_verl_profiler_overrides_validate():
+    rc = load_recipe("qwen25vl_geo3k", FILLED + [
+        "global_profiler.tool=torch", "global_profiler.steps=[1,2,5]", "global_profiler.save_path=./outputs/profile",
+        "global_profiler.profile_continuous_steps=true", "actor_rollout_ref.actor.profiler.enable=True",
+        "actor_rollout_ref.actor.profiler.all_ranks=False", "actor_rollout_ref.actor.profiler.ranks=[0]",
+        "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[memory,shapes]",
+        "actor_rollout_ref.ref.profiler.enable=True", "actor_rollout_ref.ref.profiler.all_ranks=True",
+        "global_profiler.global_tool_config.nsys.discrete=False"])
+    assert list(rc.backend.global_profiler.steps) == [1, 2, 5]
