@@ -102,3 +102,28 @@ def test_vl_model_log_probs_equal_unfused(tiny_vl_path):
                                   with_entropy=True, remove_padding=True, fused=fused) for fused in (False, True)]
     torch.testing.assert_close(out[1][0], out[0][0], **TOL)
     torch.testing.assert_close(out[1][1], out[0][1], **TOL)
+
+
+# ---- actor.use_torch_compile ------------------------------------------------------------------
+@pytest.mark.slow
+def test_torch_compile_gives_the_same_log_probs_entropy_and_gradients(tiny_lm_path):
+    """One compilation (tens of seconds on CPU) serves both paths and every shape (dynamic=True)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    ids, mask, response = _batch(model.config.vocab_size)
+    results = {}
+    for fused, compile in ((False, False), (False, True), (True, True)):
+        model.zero_grad(set_to_none=True)
+        lp, ent = response_log_probs(model, ids, mask, response, temperature=0.8, with_entropy=True,
+                                     remove_padding=True, fused=fused, compile=compile)
+        keep = mask[:, -response:].float()
+        ((lp * keep).sum() - 0.3 * (ent * keep).sum()).backward()
+        results[fused, compile] = (lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                                               if p.grad is not None})
+    lp0, ent0, g0 = results[False, False]
+    keep = mask[:, -response:].bool()
+    for variant in ((False, True), (True, True)):
+        lp1, ent1, g1 = results[variant]
+        torch.testing.assert_close(lp1[keep], lp0[keep], **TOL)
+        torch.testing.assert_close(ent1[keep], ent0[keep], **TOL)
+        for name in g0:
+            torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)

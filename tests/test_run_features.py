@@ -140,3 +140,19 @@ def test_verl_profiler_overrides_validate():
         "actor_rollout_ref.ref.profiler.enable=True", "actor_rollout_ref.ref.profiler.all_ranks=True",
         "global_profiler.global_tool_config.nsys.discrete=False"])
     assert list(rc.backend.global_profiler.steps) == [1, 2, 5]
+
+
+# ---- use_fused_kernels in a run ----------------------------------------------------------------
+@pytest.mark.slow
+def test_fused_kernels_run_matches_the_unfused_run(tmp_path, geo_data, tiny_vl_path):
+    """Same seeds, one step each: the fused run logs the same entropy, losses and grad norm."""
+    rows = {}
+    for fused in ("false", "true"):
+        out = tmp_path / fused
+        out.mkdir()
+        rc = load_recipe("tiny_geo3k", overrides(out, geo_data, **{"actor_rollout_ref.model.use_fused_kernels": fused}))
+        assert run_training(rc) == 0
+        rows[fused] = json.loads((out / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    for key in ("actor/entropy_before_update", "actor/entropy", "actor/pg_loss", "actor/grad_norm",
+                "critic/score/mean"):
+        assert rows["true"][key] == pytest.approx(rows["false"][key], rel=1e-4, abs=1e-6), key

@@ -156,7 +156,10 @@ _k(f"{AC}.ppo_epochs", 1, INT, "Passes over each rollout batch.", min=1)
 _k(f"{AC}.shuffle", False, BOOL, "Shuffle the rollout batch between PPO epochs.")
 _k(f"{AC}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel group size of the actor.",
    min=1, derived="max_response_length // 2048 when responses exceed 8192 tokens")
-_k(f"{AC}.use_torch_compile", True, BOOL, "Compile hot functions with torch.compile.")
+_k(f"{AC}.use_torch_compile", False, BOOL, "Run the actor's log-prob / entropy computation (log-softmax, gather, "
+   "entropy over the vocabulary; per chunk with use_fused_kernels) through torch.compile with dynamic shapes. "
+   "verl's default is true; verl-npu's is false because the first compilation takes tens of seconds (about 30 s "
+   "on a 2-core CPU), which dominates short and CPU runs, and verl's Ascend scripts turn it off.")
 _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss (vanilla = dual-clip PPO).",
    choices=("vanilla",), unsupported=("gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo",
                                       "dppo_tv", "dppo_kl", "dro", "bypass_mode"))

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from verl_npu.errors import UserError
-from verl_npu.models.fused_logprobs import chunked_log_probs, lm_head_bypassed
+from verl_npu.models.fused_logprobs import OutputHead, chunked_log_probs, compiled_log_probs_entropy, lm_head_bypassed
 
 # Model types whose forward accepts packed sequences described only by restarting position ids.
 _PACKING_MODEL_TYPES = {"qwen2", "qwen2_5_vl", "qwen2_vl", "qwen3", "llama", "mistral"}
@@ -112,6 +112,7 @@ def response_log_probs(
     return_logits: bool = False,
     sp_group=None,
     fused: bool = False,
+    compile: bool = False,
 ):
     """log p(token_t | tokens_<t) for the last `response_length` positions of each row.
 
@@ -129,22 +130,31 @@ def response_log_probs(
     `fused` (`model.use_fused_kernels`): the model returns hidden states instead of logits and the
     log-probs / entropy are computed a chunk of tokens at a time (verl_npu.models.fused_logprobs),
     never holding the float32 [tokens x vocab] logits; the numbers are the same.
+
+    `compile` (`actor.use_torch_compile`): the log-softmax / gather / entropy computation runs
+    through torch.compile (`fused_logprobs.compiled_log_probs_entropy`); the numbers are the same.
     """
     if fused:
         with lm_head_bypassed(model) as head:
+            head.compile = compile
             return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
                                        temperature, with_entropy, remove_padding, return_logits, sp_group, head)
     return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
-                               temperature, with_entropy, remove_padding, return_logits, sp_group, None)
+                               temperature, with_entropy, remove_padding, return_logits, sp_group,
+                               OutputHead(compile=True) if compile else None)
 
 
 def _log_probs_entropy(raw, targets, temperature, with_entropy, head):
     """(log-probs, entropy or None, logits or None) from the model's output `raw`: logits, or the
-    final hidden states when `head` (the bypassed output projection) is given."""
-    if head is None:
+    final hidden states when `head` holds the bypassed output projection; `head.compile` runs the
+    formula through torch.compile."""
+    if head is None or head.weight is None:
         logits = raw / temperature
+        if head is not None and head.compile:
+            lp, ent = compiled_log_probs_entropy()(logits, targets, with_entropy)
+            return lp, ent, logits
         return _token_log_probs(logits, targets), (_entropy(logits) if with_entropy else None), logits
-    lp, ent = chunked_log_probs(raw, head.weight, head.bias, targets, temperature, with_entropy)
+    lp, ent = chunked_log_probs(raw, head.weight, head.bias, targets, temperature, with_entropy, compile=head.compile)
     return lp, ent, None
 
 

@@ -45,6 +45,27 @@ def _matmul_dtype(tensor: torch.Tensor) -> torch.dtype:
     return tensor.dtype
 
 
+def log_probs_entropy(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    """From (temperature-scaled) logits [..., V]: float32 log p(targets) and, when asked, the entropy
+    ``-sum_v p_v log p_v``. The one formula both paths use (compiled by `compiled_log_probs_entropy`)."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    log_probs = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    return log_probs, entropy
+
+
+_COMPILED = None
+
+
+def compiled_log_probs_entropy():
+    """`log_probs_entropy` through torch.compile (dynamic shapes: one compilation serves every
+    batch size and length), built once per process (`actor.use_torch_compile`)."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(log_probs_entropy, dynamic=True)
+    return _COMPILED
+
+
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias, dtype: torch.dtype, temperature: float):
     raw = F.linear(h.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
     return raw.float() / temperature
@@ -52,7 +73,7 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias, dtype: torch.dtyp
 
 class _ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy, formula):
         dtype = _matmul_dtype(hidden)
         n = hidden.shape[0]
         log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -61,12 +82,11 @@ class _ChunkedLogProbs(torch.autograd.Function):
             for start in range(0, n, chunk):
                 stop = min(start + chunk, n)
                 z = _chunk_logits(hidden[start:stop], weight, bias, dtype, temperature)
-                lse = torch.logsumexp(z, dim=-1)
-                log_probs[start:stop] = z.gather(-1, targets[start:stop].unsqueeze(-1)).squeeze(-1) - lse
+                lp, ent = formula(z, targets[start:stop], with_entropy)
+                log_probs[start:stop] = lp
                 if with_entropy:
-                    p = torch.softmax(z, dim=-1)
-                    entropy[start:stop] = lse - (p * z).sum(-1)
-                del z
+                    entropy[start:stop] = ent
+                del z, lp, ent
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.dtype, ctx.temperature, ctx.chunk, ctx.with_entropy = dtype, temperature, chunk, with_entropy
         if entropy is None:
@@ -106,7 +126,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 del dz, draw
         grad_w = grad_w.to(weight.dtype) if need_w else None
         grad_b = grad_b.to(bias.dtype) if need_b else None
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def chunked_log_probs(
@@ -117,16 +137,19 @@ def chunked_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk: int | None = None,
+    compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(targets) and (optionally) the entropy, float32, for hidden states [..., H] under the
     output projection `weight` [V, H] (+ `bias` [V]) and `temperature`, `chunk` tokens at a time
     (default: `chunk_tokens(V)`). Differentiable in `hidden`, `weight` and `bias`; the backward
-    recomputes each chunk's logits."""
+    recomputes each chunk's logits. `compile`: each chunk's forward formula runs through
+    `compiled_log_probs_entropy`."""
     lead = hidden.shape[:-1]
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1).long()
     chunk = int(chunk or chunk_tokens(weight.shape[0]))
-    out = _ChunkedLogProbs.apply(flat_h, weight, bias, flat_t, float(temperature), chunk, bool(with_entropy))
+    formula = compiled_log_probs_entropy() if compile else log_probs_entropy
+    out = _ChunkedLogProbs.apply(flat_h, weight, bias, flat_t, float(temperature), chunk, bool(with_entropy), formula)
     if with_entropy:
         log_probs, entropy = out
         return log_probs.reshape(lead), entropy.reshape(lead)
@@ -140,6 +163,7 @@ class OutputHead:
 
     weight: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    compile: bool = False   # run the log-prob / entropy formula through torch.compile
 
     def logits(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
         """The full logits (only for callers that need them all, e.g. the exact 'full' KL)."""

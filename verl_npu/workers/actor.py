@@ -48,6 +48,8 @@ class ActorRolloutRefWorker:
         from verl_npu.trainer.profiling import WorkerProfiler
 
         self.profiler = WorkerProfiler(cfg, rank, self.device)
+        # actor.use_torch_compile: the actor's log-prob / entropy formula runs through torch.compile
+        self._compile = bool(cfg.actor_rollout_ref.actor.get("use_torch_compile", False))
 
     # ---- setup ---------------------------------------------------------------------------
     def init_model(self) -> dict:
@@ -155,6 +157,7 @@ class ActorRolloutRefWorker:
                             remove_padding=remove_padding,
                             sp_group=self.sp_group,
                             fused=bool(self.cfg.actor_rollout_ref.model.get("use_fused_kernels", False)),
+                            compile=module is self.module and self._compile,
                         )
                     log_probs.append(lp.cpu())
                     if ent is not None:
@@ -270,7 +273,7 @@ class ActorRolloutRefWorker:
             # entropy is logged as actor/entropy even when it is not in the loss
             out = response_log_probs(
                 self.module, part["input_ids"], part["attention_mask"], response_length,
-                with_entropy=True, return_logits=full_kl, **forward,
+                with_entropy=True, return_logits=full_kl, compile=self._compile, **forward,
             )
             log_prob, entropy = out[0], out[1]
             kl_inputs = {}
