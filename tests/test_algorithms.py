@@ -74,6 +74,26 @@ def test_reinforce_plus_plus_discounted_returns_whitened():
     assert adv[1, 2] == 0
 
 
+def test_reinforce_plus_plus_baseline_group_mean_then_batch_whitening():
+    """verl's formula by hand: s_i - mean of its uid group (a group of one keeps s_i), broadcast over
+    the response tokens, whitened with the mean and unbiased variance of all response tokens."""
+    import statistics
+
+    adv, ret = A.compute_advantages(
+        "reinforce_plus_plus_baseline", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS
+    )
+    # group a = {1, 0, 3} (mean 4/3); b = {2} and c = {5} are groups of one (baseline 0)
+    centred = [1 - 4 / 3, 0 - 4 / 3, 3 - 4 / 3, 2.0, 5.0]
+    tokens = [2, 1, 3, 2, 1]  # response tokens per row (MASK)
+    values = [c for c, n in zip(centred, tokens) for _ in range(n)]
+    mean, var = statistics.fmean(values), statistics.variance(values)
+    expected = [(c - mean) / math.sqrt(var + 1e-8) for c in centred]
+    close(adv, torch.tensor(expected).unsqueeze(-1) * MASK)
+    close(adv[MASK.bool()].mean(), 0.0)
+    assert torch.equal(adv, ret)
+    assert adv[0, 2] == 0 and adv[1, 1] == 0  # zero on padding
+
+
 def test_remax_reward_to_go_minus_baseline():
     rewards = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -90,7 +110,8 @@ def test_unknown_estimator_lists_known_and_gae_is_not_registered():
     with pytest.raises(KeyError, match="grpo") as info:
         A.compute_advantages("gae", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS)
     assert "rloo" in str(info.value) and "reinforce_plus_plus" in str(info.value)
-    assert set(A.ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus", "remax"}
+    assert set(A.ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                                           "remax"}
 
 
 def test_grpo_group_ids_length_mismatch():

@@ -151,7 +151,7 @@ def test_a_reference_to_a_missing_key_is_a_clean_error_naming_it():
 
 
 # ------------------------------------------------------------------ never silently ignored
-READERS = {"get", "select", "getattr", "hasattr", "c", "val"}    # plus any function named *_get
+READERS = {"get", "select", "getattr", "hasattr", "c", "val", "_role_setting"}    # plus any *_get
 WRITERS = {"put"}                                                # derive's "fill this key in"
 NOT_CODE = {"config/schema.py", "config/schema_verl.py", "config/reference.py", "config/compat.py"}
 

@@ -125,7 +125,8 @@ def _gsm8k_like(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("estimator, kl_type", [("rloo", "low_var_kl"), ("remax", "mse"),
-                                               ("reinforce_plus_plus", "full")])
+                                               ("reinforce_plus_plus", "full"),
+                                               ("reinforce_plus_plus_baseline", "abs")])
 def test_text_model_run(tmp_path, tiny_lm_path, estimator, kl_type):
     """A text model, padding-free log-probs, token-budget micro-batches, every estimator, KL kinds
     (the exact 'full' one included), JSONL dumps."""

@@ -61,8 +61,8 @@ def test_metrics_jsonl_rows(tmp_path):
 
 
 def test_unknown_logger_rejected(tmp_path):
-    with pytest.raises(ValueError, match="wandb"):
-        Tracker(tmp_path, ["console", "wandb"], "p", "e")
+    with pytest.raises(ValueError, match="clearml"):
+        Tracker(tmp_path, ["console", "clearml"], "p", "e")
 
 
 def test_resume_drops_rows_after_resume_step(tmp_path):

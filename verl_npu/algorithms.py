@@ -225,6 +225,24 @@ def reinforce_plus_plus_advantage(token_level_rewards, response_mask, group_ids=
     return advantages, returns
 
 
+@register_advantage("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
+    """REINFORCE++ with a group-mean baseline: ``s_i = Σ_t r_{i,t}``; ``b_i`` = mean of ``s_j`` over
+    the rows j with the same uid as i (a group of one row uses ``b_i = 0``); ``a_{i,t} = (s_i - b_i)·mask``
+    broadcast over the response tokens; ``advantages = masked_whiten(a, mask)·mask`` (mean and
+    unbiased variance over all response tokens of the batch). Returns = advantages.
+    """
+    scores = _sequence_scores(token_level_rewards, response_mask)
+    centred = scores.clone()
+    for rows in _groups(group_ids, scores.shape[0]).values():
+        if len(rows) > 1:
+            index = torch.tensor(rows, device=scores.device)
+            centred[index] = scores[index] - scores[index].mean()
+    per_token = centred.unsqueeze(-1) * response_mask
+    advantages = masked_whiten(per_token, response_mask) * response_mask
+    return advantages, advantages
+
+
 @register_advantage("remax")
 def remax_advantage(token_level_rewards, response_mask, group_ids=None, config=None, *, baseline_rewards=None, **_):
     """ReMax: ``returns_{i,t} = Σ_{t'≥t} r_{i,t'}·mask`` (undiscounted reward-to-go);

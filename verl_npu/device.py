@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from verl_npu.errors import UserError
@@ -555,6 +556,46 @@ class DeviceInfo:
         if has_integration and hasattr(torch_npu, "npu_fusion_attention"):
             return "flash_attention_2"
         return "eager"
+
+    def start_profiler(self, out_dir: Path, contents: Sequence[str] = ()) -> "RunningProfiler":
+        """Start recording this process: torch.profiler (CPU activity, plus CUDA on cuda) on cpu /
+        cuda, written as a Chrome trace `out_dir/trace.json`; torch_npu.profiler (CPU + NPU) on npu,
+        written by torch_npu's trace handler into `out_dir`. `contents` adds `memory` (allocations),
+        `shapes` (operator input shapes) and `stack` (Python stacks)."""
+        want = set(contents)
+        options = dict(record_shapes="shapes" in want, profile_memory="memory" in want, with_stack="stack" in want)
+        if self.kind == "npu":
+            torch_npu, _ = _import_torch_npu()
+            prof_mod = torch_npu.profiler
+            activities = [prof_mod.ProfilerActivity.CPU, prof_mod.ProfilerActivity.NPU]
+            prof = prof_mod.profile(activities=activities, on_trace_ready=prof_mod.tensorboard_trace_handler(
+                str(out_dir)), **options)
+            chrome_trace = False
+        else:
+            import torch.profiler as prof_mod
+
+            activities = [prof_mod.ProfilerActivity.CPU]
+            if self.kind == "cuda":
+                activities.append(prof_mod.ProfilerActivity.CUDA)
+            prof = prof_mod.profile(activities=activities, **options)
+            chrome_trace = True
+        prof.start()
+        return RunningProfiler(prof, Path(out_dir), chrome_trace)
+
+
+class RunningProfiler:
+    """A profiler recording on this process; `stop()` writes its trace and returns where."""
+
+    def __init__(self, prof: Any, out_dir: Path, chrome_trace: bool):
+        self._prof, self.out_dir, self._chrome_trace = prof, out_dir, chrome_trace
+
+    def stop(self) -> Path:
+        self._prof.stop()   # torch_npu writes its trace folder here (on_trace_ready)
+        if not self._chrome_trace:
+            return self.out_dir
+        path = self.out_dir / "trace.json"
+        self._prof.export_chrome_trace(str(path))
+        return path
 
 
 def _npu_soc_version() -> int | None:

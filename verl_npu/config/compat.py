@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_npu.config.schema import DEPRECATED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
+from verl_npu.config.schema import DICT, DEPRECATED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
 from verl_npu.config.schema_verl import (
     ALIASES, REFUSED_SUBTREES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
 )
@@ -74,7 +74,21 @@ def status(name: str) -> Status:
     for prefix, what in UNSUPPORTED_PREFIXES.items():
         if path == prefix or path.startswith(prefix + "."):
             return Status(REFUSED, f"{what} not supported yet (null/false accepted)")
+    parent = _dict_parent(path)
+    if parent is not None:
+        inner = status(parent)
+        return Status(inner.kind, f"inside the free-form `{parent.removeprefix('backend_config.')}`: {inner.text}")
     return Status(UNKNOWN, "not a verl-npu or verl key")
+
+
+def _dict_parent(path: str) -> str | None:
+    """The nearest enclosing key of type dict (its contents pass through unchecked), or None."""
+    parts = path.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        key = SCHEMA.get(".".join(parts[:end]))
+        if key is not None:
+            return key.path if key.type == DICT else None
+    return None
 
 
 def _section(short: str) -> str:

@@ -16,16 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS   # names only: imports nothing heavy
 from verl_npu.rollout import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # a registry of names: imports nothing heavy
+from verl_npu.trainer.loggers import LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
 # Type names (what `explain` prints and `rules.check_type` accepts).
 INT, FLOAT, BOOL, STR, DICT = "int", "float", "bool", "str", "dict"
-STR_LIST, STR_OR_LIST, FLOAT_LIST = "list[str]", "str | list[str]", "list[float]"
+STR_LIST, STR_OR_LIST, FLOAT_LIST, INT_LIST = "list[str]", "str | list[str]", "list[float]", "list[int]"
 
 #: first segments of verl's own config; `data.x=1` on the command line means `backend_config.data.x=1`.
 VERL_SECTIONS = (
     "data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function",
-    "algorithm", "trainer", "ray_init",
+    "algorithm", "trainer", "ray_init", "global_profiler",
 )
 TOP_LEVEL = ("af_output_dir", "backend_config", "engine_kwargs")
 #: a value starting with this is a placeholder that the user must replace.
@@ -125,7 +127,10 @@ _k(f"{A}.model.enable_activation_offload", False, BOOL, "Offload activations to 
    "activations) or a smaller ppo_micro_batch_size_per_gpu / ppo_max_token_len_per_gpu")
 _k(f"{A}.model.use_remove_padding", True, BOOL, "Pack sequences without padding in training forward passes.")
 _k(f"{A}.model.trust_remote_code", False, BOOL, "Allow custom code shipped with the model.")
-_k(f"{A}.model.use_fused_kernels", False, BOOL, "Use fused log-prob/entropy kernels.", off_only="fused kernels")
+_k(f"{A}.model.use_fused_kernels", False, BOOL, "Compute log-probs and entropy (actor and reference) from the "
+   "final hidden states a chunk of tokens at a time, never holding the float32 [tokens x vocab] logits; the "
+   "backward recomputes each chunk. Same numbers, lower peak memory for large vocabularies "
+   "(bench/fused_logprobs.md).")
 _k(f"{A}.model.use_liger", False, BOOL, "Use Liger kernels.", off_only="Liger kernels")
 _k(f"{A}.model.use_shm", False, BOOL, "Load model weights through shared memory.", off_only="shared-memory model loading")
 _k(f"{A}.model.lora_rank", 0, INT, "LoRA rank; 0 trains all weights.", off_only="LoRA")
@@ -163,12 +168,17 @@ _k(f"{AC}.ppo_epochs", 1, INT, "Passes over each rollout batch.", min=1)
 _k(f"{AC}.shuffle", False, BOOL, "Shuffle the rollout batch between PPO epochs.")
 _k(f"{AC}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel group size of the actor.",
    min=1, derived="max_response_length // 2048 when responses exceed 8192 tokens")
-_k(f"{AC}.use_torch_compile", True, BOOL, "Compile hot functions with torch.compile.")
+_k(f"{AC}.use_torch_compile", False, BOOL, "Run the actor's log-prob / entropy computation (log-softmax, gather, "
+   "entropy over the vocabulary; per chunk with use_fused_kernels) through torch.compile with dynamic shapes. "
+   "verl's default is true; verl-npu's is false because the first compilation takes tens of seconds (about 30 s "
+   "on a 2-core CPU), which dominates short and CPU runs, and verl's Ascend scripts turn it off.")
 _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss (vanilla = dual-clip PPO).",
    choices=("vanilla",), unsupported=("gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo",
                                       "dppo_tv", "dppo_kl", "dro", "bypass_mode"),
    noop="vanilla (dual-clip PPO) is the only policy loss here; other modes are refused by name")
-_k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder frozen.", off_only="freezing the vision tower")
+_k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder (visual / vision_tower / vision_model) "
+   "frozen: its parameters get no gradient and no optimizer state; the language model trains. A model without "
+   "a vision encoder is refused at start.")
 O = f"{AC}.optim"
 _k(f"{O}.lr", 1e-6, FLOAT, "Actor learning rate.", min=0)
 _k(f"{O}.lr_warmup_steps", -1, INT, "Warmup steps; negative uses lr_warmup_steps_ratio.", min=-1)
@@ -195,6 +205,24 @@ _k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra"], STR_LIST, 
 _k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST, "What resuming loads.",
    choices=("model", "optimizer", "extra", "hf_model"))
 
+
+
+def _profiler_keys(role: str) -> None:
+    """verl's per-role profiler keys (verl_npu.trainer.profiling)."""
+    P = f"{A}.{role}.profiler"
+    _k(f"{P}.enable", False, BOOL, f"Record the {role}'s worker processes during global_profiler.steps (the actor "
+       "and the reference model share a process: either role enabling it records the whole step there).")
+    _k(f"{P}.all_ranks", False, BOOL, "Record every rank (else only profiler.ranks).")
+    _k(f"{P}.ranks", [], INT_LIST, "Ranks to record when all_ranks is false, e.g. [0].")
+    _k(f"{P}.tool", None, STR, "Profiler of this role; null: global_profiler.tool.")
+    _k(f"{P}.save_path", None, STR, "Trace folder of this role; null: global_profiler.save_path.")
+    _k(f"{P}.tool_config", {}, DICT, "Per-tool options; read: tool_config.<torch|npu>.contents, a list of "
+       "memory (allocations), shapes (operator input shapes), stack (Python stacks); cpu / cuda / npu "
+       "activity is always recorded. Options of other tools apply only to those tools.")
+
+
+_profiler_keys("actor")
+
 R = f"{A}.ref"
 _k(f"{R}.log_prob_micro_batch_size_per_gpu", None, INT, "Responses per reference log-prob forward on one "
    "device; required unless dynamic batch size.", min=1)
@@ -207,6 +235,7 @@ _k(f"{R}.fsdp_config.forward_prefetch", False, BOOL, "FSDP2 forward prefetch of 
    "actor.fsdp_config.forward_prefetch).")
 _k(f"{R}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel size of the reference model.",
    min=1, derived="actor.ulysses_sequence_parallel_size")
+_profiler_keys("ref")
 
 RO = f"{A}.rollout"
 _k(f"{RO}.name", "vllm", STR, "Rollout engine: " + "; ".join(f"{s.name}: {s.doc}" for s in ROLLOUT_ENGINES.values())
@@ -284,11 +313,9 @@ AL = "algorithm"
 _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor.", min=0, max=1)
 _k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda.", min=0, max=1,
    noop="read only by adv_estimator=gae, which is refused by name (no critic yet)")
-# The choices are verl_npu.algorithms.ADVANTAGE_ESTIMATORS' names, spelled out: that registry's module
-# imports torch, which the config must not (tests/test_config_rules.py checks the two agree).
-_k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator.",
-   choices=("grpo", "rloo", "reinforce_plus_plus", "remax"),
-   unsupported=("gae", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg", "gdpo"))
+_k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator: " + "; ".join(
+   f"{s.name}: {s.doc}" for s in ESTIMATORS.values()) + ".", choices=tuple(ESTIMATORS),
+   unsupported=UNSUPPORTED_ESTIMATORS)
 _k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO: divide group-centred scores by the group std "
    "(false = Dr.GRPO).")
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
@@ -307,8 +334,11 @@ _k(f"{T}.total_epochs", 30, INT, "Passes over the training data.", min=1)
 _k(f"{T}.total_training_steps", None, INT, "Stop after this many steps (null: total_epochs decides).", min=1)
 _k(f"{T}.project_name", "verl_npu", STR, "Project name for loggers.")
 _k(f"{T}.experiment_name", "run", STR, "Run name for loggers.")
-_k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks.", choices=("console", "tensorboard", "file"),
-   unsupported=("wandb", "mlflow", "swanlab", "clearml", "trackio", "vemlp_wandb", "tracking"))
+_k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks, each with verl's metric names, trainer.project_name / "
+   "experiment_name as project / run name and the resolved recipe as run config: " + "; ".join(
+       f"{s.name}: {s.doc}" + (f" (pip install 'verl-npu[{s.extra}]')" if s.extra else "") for s in LOGGERS.values())
+   + ". A tracker whose library is missing is refused at validation.",
+   choices=tuple(LOGGERS), unsupported=UNSUPPORTED_LOGGERS)
 _k(f"{T}.log_val_generations", 0, INT, "Validation generations printed/logged per validation.", min=0)
 _k(f"{T}.rollout_data_dir", None, STR, "Folder for JSONL dumps of training rollouts (null: none).")
 _k(f"{T}.validation_data_dir", None, STR, "Folder for JSONL dumps of validation generations (null: none).")
@@ -336,6 +366,19 @@ _k(f"{T}.save_on_preempt", True, BOOL, "verl-npu: on SIGTERM (a scheduler preemp
 _k(f"{T}.device", None, STR, "Device kind; null detects npu, then cuda, then cpu.",
    choices=("cpu", "cuda", "npu"))
 _k(f"{T}.profile_steps", None, STR_LIST, "Steps to profile.", off_only="profiling")
+GP = "global_profiler"
+_k(f"{GP}.tool", None, STR, "Profiler over global_profiler.steps; null: no profiling. torch: torch.profiler on "
+   "cpu / cuda (a Chrome trace per rank), torch_npu.profiler on npu; npu: torch_npu.profiler, NPU runs only. "
+   "verl's nsys, torch_memory, precision_debugger and memray are refused with the reason.")
+_k(f"{GP}.steps", None, INT_LIST, "Training steps to profile, e.g. [2, 3] (needs a tool and a role's "
+   "profiler.enable).")
+_k(f"{GP}.profile_continuous_steps", False, BOOL, "One trace over consecutive profiled steps (named after the "
+   "first) instead of one per step.")
+_k(f"{GP}.save_path", "profile", STR, "Trace folder; relative paths are under af_output_dir. Each profiled step "
+   "writes step_<N>/rank_<R>/ (trace.json on cpu / cuda).")
+_k(f"{GP}.global_tool_config", {}, DICT, "verl's per-tool settings (nsys, torch_memory, precision_debugger); "
+   "they apply only to those tools, which verl-npu refuses; the torch tool reads "
+   "<role>.profiler.tool_config.torch.")
 _k("ray_init.num_cpus", None, INT, "CPUs Ray may use (null: all).", min=1)
 _k("ray_init.timeline_json_file", None, STR, "Write a Ray timeline to this file.")
 
@@ -356,11 +399,9 @@ UNSUPPORTED_PREFIXES: dict[str, str] = {
     "backend_config.reward_model.model": "reward models",
     "backend_config.reward_model.sandbox_fusion": "sandbox rewards",
     "backend_config.actor_rollout_ref.rollout.multi_turn": "multi-turn rollout",
-    "backend_config.actor_rollout_ref.actor.profiler": "profiling",
-    "backend_config.actor_rollout_ref.ref.profiler": "profiling",
     "backend_config.algorithm.pf_ppo": "pf-ppo",
-    "backend_config.trainer.controller_nsight_options": "profiling",
-    "backend_config.trainer.worker_nsight_options": "profiling",
+    "backend_config.trainer.controller_nsight_options": "Nsight Systems profiling (use global_profiler.tool=torch)",
+    "backend_config.trainer.worker_nsight_options": "Nsight Systems profiling (use global_profiler.tool=torch)",
 }
 
 #: deprecated verl keys (full path) -> the key that replaces them.

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from verl_npu.errors import UserError
+from verl_npu.models.fused_logprobs import OutputHead, chunked_log_probs, compiled_log_probs_entropy, lm_head_bypassed
 
 # Model types whose forward accepts packed sequences described only by restarting position ids.
 _PACKING_MODEL_TYPES = {"qwen2", "qwen2_5_vl", "qwen2_vl", "qwen3", "llama", "mistral"}
@@ -117,6 +118,8 @@ def response_log_probs(
     return_logits: bool = False,
     sp_group=None,
     entropy_chunk: int = 0,
+    fused: bool = False,
+    compile: bool = False,
 ):
     """log p(token_t | tokens_<t) for the last `response_length` positions of each row.
 
@@ -130,7 +133,42 @@ def response_log_probs(
     passes the same rows; each runs the model on its 1/P slice of the packed tokens, attention
     all-to-alls between them, and the logits are gathered back, so every rank returns the full
     result. Gradients come out scaled by P, which cancels FSDP's average over the SP peers.
+
+    `fused` (`model.use_fused_kernels`): the model returns hidden states instead of logits and the
+    log-probs / entropy are computed a chunk of tokens at a time (verl_npu.models.fused_logprobs),
+    never holding the float32 [tokens x vocab] logits; the numbers are the same.
+
+    `compile` (`actor.use_torch_compile`): the log-softmax / gather / entropy computation runs
+    through torch.compile (`fused_logprobs.compiled_log_probs_entropy`); the numbers are the same.
     """
+    if fused:
+        with lm_head_bypassed(model) as head:
+            head.compile = compile
+            return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
+                                       temperature, with_entropy, remove_padding, return_logits, sp_group, head,
+                                       entropy_chunk)
+    return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
+                               temperature, with_entropy, remove_padding, return_logits, sp_group,
+                               OutputHead(compile=True) if compile else None, entropy_chunk)
+
+
+def _log_probs_entropy(raw, targets, temperature, with_entropy, head, entropy_chunk=0):
+    """(log-probs, entropy or None, logits or None) from the model's output `raw`: logits, or the
+    final hidden states when `head` holds the bypassed output projection; `head.compile` runs the
+    formula through torch.compile; `entropy_chunk` > 0 (plain path) computes the entropy that many
+    tokens at a time."""
+    if head is None or head.weight is None:
+        logits = raw / temperature
+        if head is not None and head.compile:
+            lp, ent = compiled_log_probs_entropy()(logits, targets, with_entropy)
+            return lp, ent, logits
+        return _token_log_probs(logits, targets), (_entropy(logits, entropy_chunk) if with_entropy else None), logits
+    lp, ent = chunked_log_probs(raw, head.weight, head.bias, targets, temperature, with_entropy, compile=head.compile)
+    return lp, ent, None
+
+
+def _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs, temperature,
+                        with_entropy, remove_padding, return_logits, sp_group, head, entropy_chunk=0):
     device = input_ids.device
     vt = VisionTokens.of(model)
     mm = merge_multi_modal_inputs(multi_modal_inputs, device)
@@ -152,20 +190,23 @@ def response_log_probs(
         else:
             packed_pos = text_pos
         if sp_group is not None:
-            logits = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group) / temperature
+            raw = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group)
         else:
             out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False, **mm)
-            logits = out.logits[0] / temperature  # [T, V]
+            raw = out.logits[0]  # [T, V] (hidden states [T, H] with a bypassed head)
         # A row's last real token "predicts" the next row's first token here; that position is
         # never read (responses end before it or it is padding), so no special case is needed.
-        lp_flat = _token_log_probs(logits, targets[keep])
+        lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[keep], temperature, with_entropy, head,
+                                                       entropy_chunk)
         log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
         log_probs[keep] = lp_flat
         entropy = None
         if with_entropy:
             entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
-            entropy[keep] = _entropy(logits, entropy_chunk)
+            entropy[keep] = ent_flat
         if return_logits:
+            if logits is None:
+                logits = head.logits(raw, temperature)
             packed_logits, logits = logits, logits.new_zeros(n, length, logits.shape[-1])
             logits[keep] = packed_logits
     else:
@@ -176,9 +217,10 @@ def response_log_probs(
             use_cache=False,
             **mm,
         )
-        logits = out.logits / temperature  # [N, L, V]
-        log_probs = _token_log_probs(logits, targets)
-        entropy = _entropy(logits, entropy_chunk) if with_entropy else None
+        log_probs, entropy, logits = _log_probs_entropy(out.logits, targets, temperature, with_entropy, head,
+                                                        entropy_chunk)
+        if return_logits and logits is None:
+            logits = head.logits(out.logits, temperature)
 
     # logits at position t predict token t+1: responses occupy [L-R, L), so read [L-R-1, L-1)
     start = length - response_length - 1

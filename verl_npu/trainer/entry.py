@@ -32,6 +32,13 @@ def _oom_advice(rc) -> str:
     )
 
 
+def _run_config(rc) -> dict:
+    """The resolved recipe as plain data: the run config that experiment trackers record."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(rc.cfg, resolve=True)
+
+
 def build_workers(rc, total_training_steps: int):
     """One in-process worker for a single device; Ray workers (one per device) otherwise."""
     if rc.world_size == 1:
@@ -122,6 +129,7 @@ def _run_training_locked(rc, after_fit=None) -> int:
         cfg.trainer.experiment_name,
         resume_step=resume_step,
         tensorboard_dir=cfg.trainer.get("tensorboard_dir"),
+        run_config=_run_config(rc),
     )
     workers = build_workers(rc, steps)
     try:

@@ -28,6 +28,7 @@ from verl_npu.trainer.checkpoint import (
     TRAINER_STATE_FILE, CheckpointManager, load_rng_state, load_trainer_state, save_rng_state, save_trainer_state,
 )
 from verl_npu.errors import UserError
+from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.metrics import data_metrics, rollout_probs_diff_metrics, timed, timing_metrics
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.workers.actor import needs_reference
@@ -151,6 +152,7 @@ class PPOTrainer:
             if trainer_cfg.val_only:
                 return val_metrics
         progress = ProgressBar(total=self.total_training_steps, initial=self.global_step)
+        profiling = StepProfiling(self.cfg, self.out_dir, self.workers)
         metrics: dict[str, float] = {}
         save_timing: dict[str, float] = {}  # reported in the row of the step after the save
         # a SIGTERM from here on lets the step in progress finish (verl_npu.trainer.preempt)
@@ -159,8 +161,10 @@ class PPOTrainer:
             while self.global_step < self.total_training_steps:
                 for rows in self.train_loader:
                     self.global_step += 1
-                    metrics = self.train_step(batch_from_rows(rows))
                     is_last = self.global_step >= self.total_training_steps
+                    profiling.before_step(self.global_step)
+                    metrics = self.train_step(batch_from_rows(rows))
+                    profiling.after_step(self.global_step, is_last)
                     test_freq = int(trainer_cfg.test_freq)
                     if self.val_loader is not None and test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
                         metrics.update(self.validate())
@@ -183,6 +187,7 @@ class PPOTrainer:
         finally:
             preempt.set_phase("finishing")
             progress.close()
+            profiling.close()
         return metrics
 
     def train_step(self, prompts: Batch) -> dict[str, float]:

@@ -17,7 +17,9 @@ from typing import Any, Iterable
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_LOGGERS = ("console", "tensorboard", "file")
+from verl_npu.trainer.loggers import LOGGERS, open_sink, tracker_names
+
+SUPPORTED_LOGGERS = tuple(LOGGERS)
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -118,6 +120,8 @@ class Tracker:
       (`purge_step`); on a fresh start, all earlier events in that folder.
     - `console`: one compact INFO line per step on the "verl_npu" logger.
     - `file`: accepted; it is metrics.jsonl.
+    - `wandb`, `mlflow`, `swanlab`: a run in that tracker (verl_npu.trainer.loggers), project
+      `project`, run name `experiment`, run config `run_config` (the resolved recipe).
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class Tracker:
         experiment: str,
         resume_step: int = 0,
         tensorboard_dir: str | Path | None = None,
+        run_config: dict | None = None,
     ):
         unknown = [name for name in loggers if name not in SUPPORTED_LOGGERS]
         if unknown:
@@ -147,7 +152,14 @@ class Tracker:
         self._writer = None
         if "tensorboard" in self.loggers:
             self._writer = self._open_tensorboard()
+        self._sinks = []
         self._closed = False
+        try:
+            for name in tracker_names(self.loggers):
+                self._sinks.append(open_sink(name, self.out_dir, project, experiment, run_config or {}))
+        except BaseException:
+            self.close()
+            raise
 
     def _prepare_metrics_file(self) -> None:
         path = self.metrics_path
@@ -191,6 +203,8 @@ class Tracker:
             for key, value in values.items():
                 self._writer.add_scalar(key, value, global_step=step)
             self._writer.flush()
+        for sink in self._sinks:
+            sink.log({k: v for k, v in values.items() if math.isfinite(v)}, step)
         if self._console:
             logging.getLogger("verl_npu").info(format_console_line(values, step))
 
@@ -208,6 +222,11 @@ class Tracker:
         self._metrics_fh.close()
         if self._writer is not None:
             self._writer.close()
+        for sink in self._sinks:
+            try:
+                sink.close()
+            except Exception as exc:  # noqa: BLE001 - one tracker failing to finish must not hide the others
+                logger.warning("closing the %s logger failed: %s", type(sink).__name__, exc)
 
     def __enter__(self) -> "Tracker":
         return self

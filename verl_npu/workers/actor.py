@@ -48,6 +48,11 @@ class ActorRolloutRefWorker:
         self.total_training_steps = total_training_steps
         self.device = detect_device(cfg.trainer.device)
         self.torch_device = self.device.torch_device(int(os.environ.get("LOCAL_RANK", 0)))
+        from verl_npu.trainer.profiling import WorkerProfiler
+
+        self.profiler = WorkerProfiler(cfg, rank, self.device)
+        # actor.use_torch_compile: the actor's log-prob / entropy formula runs through torch.compile
+        self._compile = bool(cfg.actor_rollout_ref.actor.get("use_torch_compile", False))
 
     # ---- setup ---------------------------------------------------------------------------
     def init_model(self) -> dict:
@@ -77,6 +82,10 @@ class ActorRolloutRefWorker:
             gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
             **load_kwargs,
         )
+        if actor_cfg.get("freeze_vision_tower", False):
+            from verl_npu.models.freeze import freeze_vision_tower
+
+            log.info("freeze_vision_tower: %d vision-tower parameters frozen", freeze_vision_tower(module))
         self.module = parallel.shard_module(
             module.to(self.torch_device), actor_cfg.fsdp_config, self.world_size, param_dtype=compute_dtype
         )
@@ -153,6 +162,8 @@ class ActorRolloutRefWorker:
                             remove_padding=remove_padding,
                             sp_group=self.sp_group,
                             entropy_chunk=self.entropy_chunk if module is self.module else 0,
+                            fused=bool(self.cfg.actor_rollout_ref.model.get("use_fused_kernels", False)),
+                            compile=module is self.module and self._compile,
                         )
                     log_probs.append(lp.cpu())
                     if ent is not None:
@@ -263,12 +274,13 @@ class ActorRolloutRefWorker:
             remove_padding=bool(cfg.actor_rollout_ref.model.use_remove_padding),
             sp_group=self.sp_group,
             entropy_chunk=self.entropy_chunk,
+            fused=bool(cfg.actor_rollout_ref.model.get("use_fused_kernels", False)),
         )
         with self._autocast():
             # entropy is logged as actor/entropy even when it is not in the loss
             out = response_log_probs(
                 self.module, part["input_ids"], part["attention_mask"], response_length,
-                with_entropy=True, return_logits=full_kl, **forward,
+                with_entropy=True, return_logits=full_kl, compile=self._compile, **forward,
             )
             log_prob, entropy = out[0], out[1]
             kl_inputs = {}
@@ -309,6 +321,15 @@ class ActorRolloutRefWorker:
             stats["actor/kl_loss"] = kl_loss
             stats["actor/kl_coef"] = float(actor_cfg.kl_loss_coef)
         return loss, stats
+
+    # ---- profiling (verl_npu.trainer.profiling) -------------------------------------------
+    def start_profile(self, folder: str) -> None:
+        """Start recording this process into folder/rank_<rank> if a role's profiler selects this rank."""
+        self.profiler.start(folder)
+
+    def stop_profile(self) -> str | None:
+        """Stop recording; returns the trace written (None when this rank was not recording)."""
+        return self.profiler.stop()
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, actor_dir: str, save_hf: bool = True) -> None:

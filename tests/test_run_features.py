@@ -1,0 +1,158 @@
+"""Run-time features of verl keys, each in a short real CPU run on the tiny models:
+`actor.freeze_vision_tower`, the profiler (`global_profiler.*`, `<role>.profiler.*`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from run_helpers import write_varied_reward
+
+from verl_npu.config import load_recipe
+from verl_npu.data.geometry3k import prepare_synthetic
+from verl_npu.errors import UserError
+from verl_npu.trainer.entry import run_training
+
+
+@pytest.fixture(scope="module")
+def geo_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("geo")
+    prepare_synthetic(folder, n_train=8, n_test=4, seed=0, image_size=56)
+    return folder
+
+
+def overrides(tmp_path: Path, data_dir: Path, **extra) -> list[str]:
+    values = {
+        "af_output_dir": str(tmp_path / "out"),
+        "data.train_files": str(data_dir / "train.parquet"),
+        "data.val_files": str(data_dir / "test.parquet"),
+        "data.train_batch_size": 4,
+        "data.max_response_length": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.actor.use_kl_loss": "false",
+        "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 8,
+        "trainer.total_training_steps": 1,
+        "trainer.save_freq": -1,
+        "trainer.test_freq": -1,
+        "trainer.val_before_train": "false",
+        "trainer.logger": "[console]",
+        "custom_reward_function.path": write_varied_reward(tmp_path / "reward.py"),
+    }
+    values.update(extra)
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+# ---- freeze_vision_tower -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_freeze_vision_tower_keeps_the_tower_and_trains_the_rest(tmp_path, geo_data, tiny_vl_path):
+    from verl_npu.models.loading import load_policy_model
+
+    initial = {k: v.clone() for k, v in load_policy_model("tiny://qwen25vl", dtype=torch.float32).state_dict().items()}
+    seen = {}
+
+    def inspect(workers):
+        worker = workers.worker
+        params = dict(worker.module.named_parameters())
+        seen["grad"] = {n for n, p in params.items() if p.grad is not None or p.requires_grad}
+        with_state = {id(p) for p in worker.optimizer.state}
+        seen["state"] = {n for n, p in params.items() if id(p) in with_state}
+        seen["after"] = workers.parameter_snapshot()
+
+    rc = load_recipe("tiny_geo3k", overrides(tmp_path, geo_data, **{"actor_rollout_ref.actor.freeze_vision_tower": "true"}))
+    assert run_training(rc, after_fit=inspect) == 0
+    after = seen["after"]
+    visual = [k for k in after if ".visual." in f".{k}"]
+    rest = [k for k in after if k not in visual]
+    assert visual and rest
+    for key in visual:   # bit-for-bit unchanged
+        assert torch.equal(after[key], initial[key]), key
+    changed = [k for k in rest if not torch.equal(after[k], initial[k])]
+    assert len(changed) > len(rest) // 2, f"only {len(changed)} of {len(rest)} language-model tensors changed"
+    # no gradient, no optimizer state for the tower; the rest has both
+    assert not any(".visual." in f".{n}" for n in seen["grad"] | seen["state"])
+    assert {n for n in seen["state"]} and all(".visual." not in f".{n}" for n in seen["state"])
+
+
+def test_freeze_vision_tower_on_a_text_model_is_refused_by_name():
+    from verl_npu.models.freeze import freeze_vision_tower
+    from verl_npu.models.loading import load_policy_model
+
+    with pytest.raises(UserError, match="freeze_vision_tower"):
+        freeze_vision_tower(load_policy_model("tiny://qwen2", dtype=torch.float32))
+
+
+# ---- profiler ----------------------------------------------------------------------------------
+PROFILE = {"global_profiler.tool": "torch", "global_profiler.steps": "[2]", "global_profiler.save_path": "prof",
+           "actor_rollout_ref.actor.profiler.enable": "true", "actor_rollout_ref.actor.profiler.ranks": "[0]",
+           "trainer.total_training_steps": 2}
+
+
+@pytest.mark.slow
+def test_profiler_traces_the_named_step_under_af_output_dir(tmp_path, geo_data, tiny_vl_path):
+    rc = load_recipe("tiny_geo3k", overrides(tmp_path, geo_data, **PROFILE))
+    assert run_training(rc) == 0
+    root = tmp_path / "out" / "prof"
+    assert [p.name for p in root.iterdir()] == ["step_2"]           # step 1 was not profiled
+    trace = json.loads((root / "step_2" / "rank_0" / "trace.json").read_text())
+    events = trace["traceEvents"]
+    names = {e.get("name", "") for e in events}
+    assert len(events) > 100 and any(n.startswith("aten::") for n in names)
+
+
+FILLED = ["af_output_dir=/tmp/verl_npu_out", "data.train_files=/data/t.parquet", "data.val_files=/data/v.parquet",
+          "actor_rollout_ref.model.path=/models/m", "trainer.device=cpu"]
+ROLE = ["actor_rollout_ref.actor.profiler.enable=true", "actor_rollout_ref.actor.profiler.all_ranks=true"]
+GP = "backend_config.global_profiler."
+
+
+@pytest.mark.parametrize("extra,key,fragment", [
+    (["global_profiler.tool=nsys", "global_profiler.steps=[1]"] + ROLE, GP + "tool", "Nsight Systems must wrap"),
+    (["global_profiler.tool=npu", "global_profiler.steps=[1]"] + ROLE, GP + "tool", "this run is on cpu"),
+    (["global_profiler.tool=torch_memory", "global_profiler.steps=[1]"] + ROLE, GP + "tool", "memory snapshots"),
+    (["global_profiler.tool=torch", "global_profiler.steps=[1]"], GP + "tool", "no role records"),
+    (["global_profiler.tool=torch"] + ROLE, GP + "steps", "nothing would be profiled"),
+    (["global_profiler.steps=[1]"] + ROLE, GP + "tool", "is null"),
+    (["global_profiler.tool=torch", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=true"],
+     "backend_config.actor_rollout_ref.actor.profiler.ranks", "no rank would record"),
+    (["global_profiler.tool=torch", "global_profiler.steps=[1.5]"] + ROLE, GP + "steps", "list[int]"),
+])
+def test_profiler_settings_that_would_record_nothing_or_cannot_run_are_refused(extra, key, fragment):
+    from verl_npu.errors import ConfigErrors
+
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("qwen25vl_geo3k", FILLED + extra)
+    named = [p for p in info.value.problems if p.key == key]
+    assert any(fragment in f"{p.message} {p.fix}" for p in named), str(info.value)
+
+
+def test_verl_profiler_overrides_validate():
+    rc = load_recipe("qwen25vl_geo3k", FILLED + [
+        "global_profiler.tool=torch", "global_profiler.steps=[1,2,5]", "global_profiler.save_path=./outputs/profile",
+        "global_profiler.profile_continuous_steps=true", "actor_rollout_ref.actor.profiler.enable=True",
+        "actor_rollout_ref.actor.profiler.all_ranks=False", "actor_rollout_ref.actor.profiler.ranks=[0]",
+        "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[memory,shapes]",
+        "actor_rollout_ref.ref.profiler.enable=True", "actor_rollout_ref.ref.profiler.all_ranks=True",
+        "global_profiler.global_tool_config.nsys.discrete=False"])
+    assert list(rc.backend.global_profiler.steps) == [1, 2, 5]
+
+
+# ---- use_fused_kernels in a run ----------------------------------------------------------------
+@pytest.mark.slow
+def test_fused_kernels_run_matches_the_unfused_run(tmp_path, geo_data, tiny_vl_path):
+    """Same seeds, one step each: the fused run logs the same entropy, losses and grad norm."""
+    rows = {}
+    for fused in ("false", "true"):
+        out = tmp_path / fused
+        out.mkdir()
+        rc = load_recipe("tiny_geo3k", overrides(out, geo_data, **{"actor_rollout_ref.model.use_fused_kernels": fused}))
+        assert run_training(rc) == 0
+        rows[fused] = json.loads((out / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    for key in ("actor/entropy_before_update", "actor/entropy", "actor/pg_loss", "actor/grad_norm",
+                "critic/score/mean"):
+        assert rows["true"][key] == pytest.approx(rows["false"][key], rel=1e-4, abs=1e-6), key

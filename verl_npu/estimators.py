@@ -1,0 +1,39 @@
+"""Advantage estimators by name (`algorithm.adv_estimator`): what the config may name.
+
+The names, their group needs and one-line meanings live here, in a module that imports nothing
+heavy, so the config schema takes its choices from this registry; the tensor functions are
+registered under the same names in `verl_npu.algorithms.ADVANTAGE_ESTIMATORS` (a test checks the
+two agree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    name: str
+    needs_group: bool   # compares responses to the same prompt: rollout.n must be >= 2
+    doc: str
+
+
+ESTIMATORS: dict[str, EstimatorSpec] = {}
+
+#: estimators upstream verl has and verl-npu does not: refused by name.
+UNSUPPORTED_ESTIMATORS = ("gae", "opo", "grpo_passk", "gpg", "gdpo", "rloo_vectorized", "grpo_vectorized",
+                          "optimal_token_baseline", "tir_optimal_token_baseline")
+
+
+def register_estimator(name: str, *, needs_group: bool, doc: str) -> None:
+    if name in ESTIMATORS:
+        raise ValueError(f"advantage estimator {name!r} is registered twice")
+    ESTIMATORS[name] = EstimatorSpec(name, needs_group, doc)
+
+
+register_estimator("grpo", needs_group=True, doc="group-normalised sequence score")
+register_estimator("rloo", needs_group=True, doc="score minus the leave-one-out group mean")
+register_estimator("reinforce_plus_plus", needs_group=False, doc="discounted return, whitened over the batch")
+register_estimator("reinforce_plus_plus_baseline", needs_group=False,
+                   doc="score minus the group mean, whitened over the batch")
+register_estimator("remax", needs_group=False, doc="return minus the score of a greedy response")

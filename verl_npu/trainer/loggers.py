@@ -1,0 +1,213 @@
+"""Metric sinks by name (`trainer.logger`): the one registry.
+
+Built-in sinks (`console`, `tensorboard`, `file`) are written by `verl_npu.trainer.tracking.Tracker`
+itself. The experiment trackers (`wandb`, `mlflow`, `swanlab`) each go through their own library,
+an optional extra (`pip install 'verl-npu[wandb]'`, ...). Asking which sinks exist, and whether a
+sink's library is installed, imports no tracker library and no torch (the config validation does
+it before anything starts).
+
+Every tracker sink gets verl's metric names, `trainer.project_name` / `trainer.experiment_name`
+as its project / run names, and the run's resolved recipe as the run config. Where the tracker
+writes when no server is configured (the default here, and what the tests use):
+
+- `wandb`: offline mode (`WANDB_MODE=offline` unless `WANDB_MODE` is set or `WANDB_API_KEY` is
+  present), files under `<af_output_dir>/wandb/`; `wandb sync <that folder>` uploads them later.
+- `mlflow`: `MLFLOW_TRACKING_URI` if set, else a local SQLite store
+  `<af_output_dir>/mlflow/mlflow.db` with artifacts in `<af_output_dir>/mlflow/artifacts/`
+  (browse with `mlflow ui --backend-store-uri sqlite:///<af_output_dir>/mlflow/mlflow.db`).
+  MLflow metric names allow only letters, digits, `_ - . / :` and spaces: `@` is written `_at_`
+  (`val-core/x/reward/mean_at_1`), anything else not allowed becomes `_`.
+- `swanlab`: `SWANLAB_MODE` if set, else `cloud` when `SWANLAB_API_KEY` is present, else
+  `offline`; files under `<af_output_dir>/swanlog/` (`swanlab sync <run folder>` uploads them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("verl_npu")
+
+
+@dataclass(frozen=True)
+class LoggerSpec:
+    name: str
+    doc: str
+    module: str = ""   # the library a tracker sink imports ("" for built-in sinks)
+    extra: str = ""    # the pyproject extra that installs it
+    sink: str = ""     # "module:Class" of the tracker sink ("" for built-in sinks)
+
+
+LOGGERS: dict[str, LoggerSpec] = {}
+
+#: loggers upstream verl has and verl-npu does not: refused by name.
+UNSUPPORTED_LOGGERS = ("clearml", "trackio", "vemlp_wandb", "tracking", "rl_insight")
+
+
+def register_logger(spec: LoggerSpec) -> None:
+    if spec.name in LOGGERS:
+        raise ValueError(f"logger {spec.name!r} is registered twice")
+    LOGGERS[spec.name] = spec
+
+
+register_logger(LoggerSpec("console", "one line per step on the run log"))
+register_logger(LoggerSpec("tensorboard", "TensorBoard events in <af_output_dir>/tensorboard"))
+register_logger(LoggerSpec("file", "metrics.jsonl (always written)"))
+register_logger(LoggerSpec("wandb", "Weights & Biases (offline files under <af_output_dir>/wandb unless "
+                           "WANDB_MODE / WANDB_API_KEY)", "wandb", "wandb", f"{__name__}:WandbSink"))
+register_logger(LoggerSpec("mlflow", "MLflow (MLFLOW_TRACKING_URI, else a local store in "
+                           "<af_output_dir>/mlflow)", "mlflow", "mlflow", f"{__name__}:MlflowSink"))
+register_logger(LoggerSpec("swanlab", "SwanLab (offline files under <af_output_dir>/swanlog unless "
+                           "SWANLAB_MODE / SWANLAB_API_KEY)", "swanlab", "swanlab", f"{__name__}:SwanlabSink"))
+
+
+def library_available(module: str) -> bool:
+    """True when `module` can be imported (a module set to None in sys.modules counts as missing,
+    as Python's import does)."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_library(name: str) -> str | None:
+    """For a tracker logger whose library is not installed: what to do; else None."""
+    spec = LOGGERS.get(name)
+    if spec is None or not spec.module or library_available(spec.module):
+        return None
+    return (f"the {spec.module} library is not installed: pip install 'verl-npu[{spec.extra}]' "
+            f"(or remove {name} from trainer.logger)")
+
+
+def tracker_names(loggers: list[str]) -> list[str]:
+    """The loggers in `loggers` that are tracker sinks (have their own library)."""
+    return [name for name in loggers if name in LOGGERS and LOGGERS[name].sink]
+
+
+def open_sink(name: str, out_dir: Path, project: str, experiment: str, config: dict) -> "Sink":
+    """Start tracker sink `name` (a run in its library); a missing library is a clear error."""
+    problem = missing_library(name)
+    if problem:
+        from verl_npu.errors import UserError
+
+        raise UserError(f"backend_config.trainer.logger: {name}: {problem}")
+    module_name, _, class_name = LOGGERS[name].sink.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(Path(out_dir), project, experiment, config)
+
+
+class Sink:
+    """A tracker run: `log(values, step)` with float values, `close()` once."""
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class WandbSink(Sink):
+    """A wandb run named `experiment` in project `project`, config = the resolved recipe."""
+
+    def __init__(self, out_dir: Path, project: str, experiment: str, config: dict):
+        import wandb
+
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=project, name=experiment, config=config, dir=str(out_dir), mode=mode,
+                              reinit="create_new", settings=wandb.Settings(silent=True))
+        if mode == "offline":
+            log.info("wandb: offline run in %s (upload later with: wandb sync %s)", self.run.dir,
+                     Path(self.run.dir).parent)
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+_MLFLOW_BAD = re.compile(r"[^\w\-./: ]")
+
+
+def mlflow_name(key: str) -> str:
+    """A metric name MLflow accepts: `@` -> `_at_`, other characters it refuses -> `_`."""
+    return _MLFLOW_BAD.sub("_", key.replace("@", "_at_"))
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(tree, dict):
+        out: dict[str, str] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: str(tree)}
+
+
+class MlflowSink(Sink):
+    """An MLflow run named `experiment` in experiment `project`; the resolved recipe is logged as
+    flattened params (`backend_config.data.train_batch_size` = ...) and as `config.yaml`."""
+
+    def __init__(self, out_dir: Path, project: str, experiment: str, config: dict):
+        import mlflow
+        from mlflow.entities import Param
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        artifact_location = None
+        if not uri:
+            store = out_dir / "mlflow"
+            store.mkdir(parents=True, exist_ok=True)
+            uri = f"sqlite:///{(store / 'mlflow.db').resolve()}"
+            artifact_location = (store / "artifacts").resolve().as_uri()
+        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        found = self.client.get_experiment_by_name(project)
+        exp_id = found.experiment_id if found else self.client.create_experiment(
+            project, artifact_location=artifact_location)
+        self.run_id = self.client.create_run(exp_id, run_name=experiment).info.run_id
+        params = [Param(k[:250], v[:6000]) for k, v in _flatten(config).items()]
+        for start in range(0, len(params), 100):
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+        self.client.log_dict(self.run_id, config, "config.yaml")
+        log.info("mlflow: run %s in experiment %r at %s", self.run_id, project, uri)
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(mlflow_name(k), float(v), now, int(step)) for k, v in values.items()]
+        for start in range(0, len(metrics), 500):
+            self.client.log_batch(self.run_id, metrics=metrics[start:start + 500])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+class SwanlabSink(Sink):
+    """A SwanLab experiment named `experiment` in project `project`, config = the resolved recipe."""
+
+    def __init__(self, out_dir: Path, project: str, experiment: str, config: dict):
+        import swanlab
+
+        mode = os.environ.get("SWANLAB_MODE") or ("cloud" if os.environ.get("SWANLAB_API_KEY") else "offline")
+        logdir = out_dir / "swanlog"
+        logdir.mkdir(parents=True, exist_ok=True)
+        self.run = swanlab.init(project=project, experiment_name=experiment, config=config,
+                                logdir=str(logdir), mode=mode)
+        self._swanlab = swanlab
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self._swanlab.finish()

@@ -1,0 +1,127 @@
+"""Step profiling (`global_profiler.*`, `actor_rollout_ref.{actor,ref}.profiler.*`), verl's meanings.
+
+- `global_profiler.tool` picks the profiler (`torch`: torch.profiler on cpu / cuda and
+  torch_npu.profiler on npu, through `verl_npu.device`; `npu`: the same torch_npu profiler,
+  NPU runs only); null turns profiling off.
+- `global_profiler.steps` names the training steps to profile; `profile_continuous_steps=true`
+  keeps one trace running over consecutive profiled steps (named after the first).
+- `global_profiler.save_path` (relative paths are under af_output_dir) receives, per profiled step,
+  `step_<N>/rank_<R>/`: a Chrome trace `trace.json` (cpu / cuda; open it in https://ui.perfetto.dev
+  or chrome://tracing) or torch_npu's own trace folder (npu).
+- `<role>.profiler.enable` with `all_ranks` or `ranks` selects the worker processes that record.
+  The actor and the reference model run in the same worker process, so either role enabling it
+  records the whole step of that process (rollout, log-probs, update). `<role>.profiler.tool` /
+  `save_path` override the global ones when set; `<role>.profiler.tool_config.<tool>.contents`
+  adds to the trace: `memory` (allocations), `shapes` (operator input shapes), `stack` (Python
+  stacks); CPU and device activity are always recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("verl_npu")
+
+#: tools that run here, and the device kinds each runs on.
+TOOLS = {"torch": ("cpu", "cuda", "npu"), "npu": ("npu",)}
+#: verl's other tools: refused by name, with the reason.
+REFUSED_TOOLS = {
+    "nsys": "Nsight Systems must wrap each Ray worker process at start-up, which verl-npu does not do; "
+            "use global_profiler.tool=torch (CUDA kernels are in its trace)",
+    "torch_memory": "memory snapshots are not implemented; use global_profiler.tool=torch with "
+                    "<role>.profiler.tool_config.torch.contents=[memory]",
+    "precision_debugger": "msprobe's precision debugger is not integrated; use global_profiler.tool=torch",
+    "memray": "memray traces are not implemented; use global_profiler.tool=torch with contents=[memory]",
+}
+CONTENTS = ("cpu", "cuda", "npu", "memory", "shapes", "stack")
+ROLES = ("actor", "ref")
+
+
+def _get(node: Any, key: str, default: Any = None) -> Any:
+    value = node.get(key, default) if node is not None else default
+    return default if value is None else value
+
+
+def role_profiles_rank(role_cfg: Any, rank: int) -> bool:
+    """Whether a role's profiler config selects this rank."""
+    if not _get(role_cfg, "enable", False):
+        return False
+    return bool(_get(role_cfg, "all_ranks", False)) or rank in [int(r) for r in _get(role_cfg, "ranks", [])]
+
+
+def _role_setting(cfg: Any, key: str) -> Any:
+    """A role's override of a global_profiler setting (the first enabled role that sets it), else the global."""
+    for role in ROLES:
+        role_cfg = cfg.actor_rollout_ref[role].get("profiler")
+        if _get(role_cfg, "enable", False) and _get(role_cfg, key) is not None:
+            return _get(role_cfg, key)
+    return _get(cfg.get("global_profiler"), key)
+
+
+class StepProfiling:
+    """The controller's side: which steps are profiled, where traces go; tells the workers."""
+
+    def __init__(self, cfg: Any, out_dir: Path, workers: Any):
+        gp = cfg.get("global_profiler")
+        self.tool = _role_setting(cfg, "tool")
+        self.steps = sorted({int(s) for s in _get(gp, "steps", [])}) if self.tool else []
+        self.continuous = bool(_get(gp, "profile_continuous_steps", False))
+        save = Path(str(_role_setting(cfg, "save_path") or "profile")).expanduser()
+        self.root = save if save.is_absolute() else Path(out_dir) / save
+        self.workers = workers
+        self.active = False
+
+    def before_step(self, step: int) -> None:
+        if step in self.steps and not self.active:
+            folder = self.root / f"step_{step}"
+            self.workers.broadcast("start_profile", str(folder))
+            self.active = True
+
+    def after_step(self, step: int, is_last: bool) -> None:
+        if not self.active:
+            return
+        if self.continuous and not is_last and step + 1 in self.steps:
+            return
+        written = [p for p in self.workers.broadcast("stop_profile") if p]
+        self.active = False
+        if written:
+            log.info("profile of step %d: %s", step, ", ".join(written))
+
+    def close(self) -> None:
+        """Stop a trace still running (a run that stopped early)."""
+        if self.active:
+            self.workers.broadcast("stop_profile")
+            self.active = False
+
+
+class WorkerProfiler:
+    """A worker's side: records when an enabled role selects this rank."""
+
+    def __init__(self, cfg: Any, rank: int, device: Any):
+        self.device = device
+        self.rank = rank
+        roles = [cfg.actor_rollout_ref[role].get("profiler") for role in ROLES]
+        self.enabled = any(role_profiles_rank(r, rank) for r in roles)
+        contents: set[str] = set()
+        for role_cfg in roles:
+            if role_profiles_rank(role_cfg, rank):
+                tool_config = _get(role_cfg, "tool_config", {}) or {}
+                for tool in TOOLS:
+                    contents.update(str(c) for c in (_get(tool_config.get(tool), "contents", []) or []))
+        self.contents = sorted(contents)
+        self._running = None
+
+    def start(self, folder: str) -> None:
+        if not self.enabled or self._running is not None:
+            return
+        out = Path(folder) / f"rank_{self.rank}"
+        out.mkdir(parents=True, exist_ok=True)
+        self._running = self.device.start_profiler(out, self.contents)
+
+    def stop(self) -> str | None:
+        if self._running is None:
+            return None
+        running, self._running = self._running, None
+        return str(running.stop())
