@@ -598,6 +598,24 @@ class RunningProfiler:
         return path
 
 
+def varlen_attention_kernel(device_type: str) -> str:
+    """The variable-length attention kernel of the padding-free path for tensors on `device_type`
+    (a torch device type), a name in `verl_npu.models.varlen.VARLEN_KERNELS`: "npu_fusion"
+    (torch_npu.npu_fusion_attention, TND layout) on npu when torch_npu has the op, "flash_attn"
+    (flash_attn_varlen_func) on cuda when flash-attn imports, else "sdpa_per_sequence"."""
+    import importlib.util
+
+    if device_type == "npu" and hasattr(sys.modules.get("torch_npu"), "npu_fusion_attention"):
+        return "npu_fusion"
+    if device_type == "cuda":
+        try:
+            if importlib.util.find_spec("flash_attn") is not None:
+                return "flash_attn"
+        except (ImportError, ValueError):
+            pass
+    return "sdpa_per_sequence"
+
+
 def _npu_soc_version() -> int | None:
     """torch_npu's SoC version number, or None when it cannot be read."""
     torch_npu = sys.modules.get("torch_npu")

@@ -8,7 +8,8 @@ numbers:
 - padded: the batch as a [N, L] tensor with an attention mask;
 - padding-free (`use_remove_padding`): all real tokens packed into one [1, T] row with
   per-sequence position ids, so no compute is spent on padding. Attention stays inside each
-  sequence because transformers builds a block-diagonal mask from position ids that restart at 0.
+  sequence through a variable-length attention kernel (`verl_npu.models.varlen`: per-sequence
+  SDPA on CPU, flash-attention varlen on CUDA, the fused NPU attention on Ascend; no [T, T] mask).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from verl_npu.device import varlen_attention_kernel
 from verl_npu.errors import UserError
 from verl_npu.models.fused_logprobs import OutputHead, chunked_log_probs, compiled_log_probs_entropy, lm_head_bypassed
+from verl_npu.models.varlen import packed_attention
 
 # Model types whose forward accepts packed sequences described only by restarting position ids.
 _PACKING_MODEL_TYPES = {"qwen2", "qwen2_5_vl", "qwen2_vl", "qwen3", "llama", "mistral"}
@@ -192,7 +195,9 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
         if sp_group is not None:
             raw = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group)
         else:
-            out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False, **mm)
+            kernel = varlen_attention_kernel(device.type)
+            with packed_attention(model, keep.sum(1), kernel):
+                out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False, **mm)
             raw = out.logits[0]  # [T, V] (hidden states [T, H] with a bypassed head)
         # A row's last real token "predicts" the next row's first token here; that position is
         # never read (responses end before it or it is padding), so no special case is needed.

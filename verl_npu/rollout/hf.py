@@ -3,15 +3,21 @@
 It runs anywhere torch runs (the CPU demo, tests, a single accelerator) and always samples from
 the actor's current weights, so there is nothing to synchronise after an update.
 
-Sampling is seeded per prompt, from (`seed`, the prompt's uid): a prompt gets the same samples
-whichever worker generates it and whatever else is in its batch, so runs on 1 and on N workers
-(and resumed runs) see the same responses.
+All prompts of a worker batch and their n samples go through one `generate` call. Sampling stays
+seeded per prompt: `generate` runs in its greedy mode with `PerRowSampler` as the last logits
+processor, which draws each row's next token by inverse-CDF sampling from the temperature / top-k /
+top-p distribution, using uniforms from the row's own generator (seeded from `seed` and the
+prompt's uid, one stream per sample). A prompt therefore gets the same samples whichever worker
+generates it and whatever else is in its batch, so runs on 1 and on N workers (and resumed runs)
+see the same responses, up to the float differences of different batch shapes (a token whose
+cumulative probability sits within rounding of its uniform could flip).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from verl_npu.batch import Batch
 from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids
@@ -23,6 +29,43 @@ from verl_npu.rollout.base import (
     stop_and_pad_ids,
     vision_marker_ids,
 )
+
+
+class PerRowSampler(LogitsProcessor):
+    """Samples the next token of every row from its own random stream, inside a greedy `generate`.
+
+    Row r = i * n + j (prompt i, sample j) uses uniform number t of row j of a [n, max_new_tokens]
+    table drawn from `torch.Generator().manual_seed(seeds[i])`, where t is the index of the new
+    token. The token is the first index whose cumulative probability (softmax of the scores after
+    transformers' own temperature, top-k and top-p warpers, in that order, the order `generate`
+    applies them when sampling) reaches u x total mass, i.e. an exact draw from that distribution.
+    The returned scores are 0 at the chosen token and -inf elsewhere, so the greedy argmax takes it.
+    """
+
+    def __init__(self, params: SamplingParams, seeds: list[int], prompt_width: int):
+        self.prompt_width = prompt_width
+        self.warpers = [TemperatureLogitsWarper(params.temperature)]
+        if params.top_k > 0:
+            self.warpers.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(params.top_p))
+        tables = []
+        for seed in seeds:
+            generator = torch.Generator().manual_seed(int(seed))
+            # (0, 1]: a uniform of exactly 0 could pick a leading zero-probability token
+            tables.append(1.0 - torch.rand(params.n, params.max_new_tokens, generator=generator))
+        self.uniforms = torch.cat(tables)  # [rows, max_new_tokens]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        t = min(input_ids.shape[1] - self.prompt_width, self.uniforms.shape[1] - 1)
+        probs = torch.softmax(scores.float(), dim=-1)
+        cdf = probs.cumsum(-1)
+        u = self.uniforms[:, t].to(cdf.device).unsqueeze(-1) * cdf[:, -1:]
+        choice = torch.searchsorted(cdf, u).clamp(max=scores.shape[-1] - 1)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, choice, 0.0)
 
 
 class HFRollout(RolloutEngine):
@@ -43,16 +86,10 @@ class HFRollout(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        if params.greedy:  # no randomness: one batched call
-            responses = [self._generate_chunk(prompts, params)]
-        else:
-            uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
-            responses = []
-            for i, uid in enumerate(uids):
-                torch.manual_seed(prompt_seed(self.seed, uid))
-                responses.append(self._generate_chunk(prompts.slice(i, i + 1), params))
+        """All prompts x `params.n` samples in one `generate` call (see the module docstring for seeding)."""
+        responses = self._generate_chunk(prompts, params)
         width = params.max_new_tokens
-        responses = torch.cat([F.pad(r, (0, width - r.shape[1]), value=self.pad_id) for r in responses])
+        responses = F.pad(responses, (0, width - responses.shape[1]), value=self.pad_id)
         return finish_rollout(prompts, responses, self.eos_ids, self.pad_id, params.n)
 
     def _generate_chunk(self, prompts: Batch, params: SamplingParams) -> torch.Tensor:
@@ -75,15 +112,13 @@ class HFRollout(RolloutEngine):
             kwargs["suppress_tokens"] = self.suppress_ids
         if params.ignore_eos:
             kwargs["min_new_tokens"] = params.max_new_tokens
-        if params.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
-        else:
-            kwargs.update(
-                do_sample=True,
-                temperature=params.temperature,
-                top_k=params.top_k if params.top_k > 0 else 0,  # 0 = no top-k (not the config default 50)
-                top_p=params.top_p,
-            )
+        # greedy mode always: sampled rollouts pick their token in PerRowSampler (argmax of its output)
+        kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        if not params.greedy:
+            uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
+            kwargs["logits_processor"] = LogitsProcessorList([
+                PerRowSampler(params, [prompt_seed(self.seed, uid) for uid in uids], input_ids.shape[1])
+            ])
         mm_rows = rows.get("multi_modal_inputs")
         if mm_rows and any(mm_rows):
             kwargs.update(merge_multi_modal_inputs(mm_rows, device))

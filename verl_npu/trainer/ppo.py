@@ -5,7 +5,9 @@ One training step, in order (verl's order, verl's names):
 1. sample `data.train_batch_size` prompts from the resumable loader;
 2. generate `rollout.n` responses per prompt (workers, rollout engine);
 3. score every response with the reward function (controller, CPU);
-4. old log-probs from the actor, reference log-probs when a KL term needs them (workers);
+4. old log-probs from the actor (skipped when provably redundant: then the update's own forward
+   gives them, see `ActorRolloutRefWorker.old_log_prob_pass_needed`), reference log-probs when a
+   KL term needs them (workers);
 5. optional KL penalty in the reward, then advantages (`algorithm.adv_estimator`);
 6. `actor.ppo_epochs` passes of mini-batch updates (workers);
 7. metrics; validation every `trainer.test_freq` steps; a checkpoint every `trainer.save_freq`
@@ -80,6 +82,7 @@ class PPOTrainer:
         rollout_cfg = self.cfg.actor_rollout_ref.rollout
         self.train_sampling = SamplingParams.for_training(rollout_cfg)
         self.val_sampling = SamplingParams.for_validation(rollout_cfg)
+        self.old_log_prob_reasons: list[str] | None = None  # asked of the workers on the first step
 
     # ---- resume ----------------------------------------------------------------------------
     def resume(self, ckpt: Path | None) -> None:
@@ -204,10 +207,12 @@ class PPOTrainer:
                 batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
             with timed("reward", timings):
                 self.score(batch)
+            skip_old = not self.old_log_prob_pass_needed()
             with timed("old_log_prob", timings):
-                batch.update(self.workers.compute_log_prob(batch))
+                if not skip_old:
+                    batch.update(self.workers.compute_log_prob(batch))
             sync_metrics = self.check_rollout_sync(batch)
-            entropy = algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
+            entropy = None if skip_old else algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
             if needs_reference(cfg):
                 with timed("ref", timings):
                     batch.update(self.workers.compute_ref_log_prob(batch))
@@ -215,6 +220,9 @@ class PPOTrainer:
                 kl_metrics = self.compute_advantages(batch)
             with timed("update_actor", timings):
                 actor_metrics = self.workers.update_actor(batch)
+            if skip_old:  # the same masked mean, from the update's forward on the same weights
+                tokens = actor_metrics.pop("_old/tokens")
+                entropy = actor_metrics.pop("_old/entropy_sum") / max(tokens, 1.0)
             if self.cfg.trainer.rollout_data_dir:
                 self.dump_generations(batch, Path(self.cfg.trainer.rollout_data_dir))
         metrics = {
@@ -230,6 +238,17 @@ class PPOTrainer:
         return metrics
 
     # ---- pieces of a step ---------------------------------------------------------------------
+    def old_log_prob_pass_needed(self) -> bool:
+        """Whether the separate old-log-prob pass runs (asked of the workers once, logged once)."""
+        if self.old_log_prob_reasons is None:
+            self.old_log_prob_reasons = list(self.workers.old_log_prob_pass_reasons())
+            if self.old_log_prob_reasons:
+                log.info("old-log-prob pass: runs (%s)", "; ".join(self.old_log_prob_reasons))
+            else:
+                log.info("old-log-prob pass: skipped, the update's own forward gives the old log-probs "
+                         "(hf rollout, one epoch of one mini-batch, no KL in reward, no dropout)")
+        return bool(self.old_log_prob_reasons)
+
     def check_rollout_sync(self, batch: Batch) -> dict[str, float]:
         """verl's rollout-vs-actor probability metrics, for engines that return log-probs; stops the
         run when the mean difference passes `rollout.max_probs_diff` (an engine sampling from other

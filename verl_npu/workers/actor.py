@@ -40,6 +40,52 @@ def needs_reference(cfg) -> bool:
 #: tokens per chunk of the entropy computation with actor.entropy_from_logits_with_chunking (verl uses 2048)
 ENTROPY_CHUNK = 2048
 
+
+def _active_dropout(module) -> list[str]:
+    """Dropout that makes a train-mode forward differ from an eval-mode one: `nn.Dropout` modules
+    with p > 0 and config fields named `*dropout*` above 0 (attention dropout is a config value in
+    transformers, not a module), in the model config and its sub-configs."""
+    found = [f"{name} (p={m.p})" for name, m in module.named_modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    configs = [("config", getattr(module, "config", None))]
+    while configs:
+        prefix, cfg = configs.pop()
+        if cfg is None:
+            continue
+        for key, value in vars(cfg).items():
+            if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+                configs.append((f"{prefix}.{key}", value))
+            elif "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                found.append(f"{prefix}.{key}={value}")
+    return found
+
+
+def old_log_prob_pass_needed(cfg, module) -> list[str]:
+    """Why the separate old-log-prob forward must run; empty when it is provably redundant.
+
+    It is redundant exactly when the old log-probs equal what the update's own (single) forward
+    computes: the responses were sampled from the actor's current module (`hf` rollout: no other
+    copy of the weights, no other kernels or dtype), the update is one epoch of one mini-batch (so
+    that forward runs on the very weights that sampled), nothing needs the old log-probs before the
+    update (KL in the reward), and a train-mode forward equals an eval-mode one (no dropout). Then
+    the update uses old = current.detach() (ratio exactly 1), as if the pass had run."""
+    rollout = cfg.actor_rollout_ref.rollout
+    actor = cfg.actor_rollout_ref.actor
+    reasons = []
+    if str(rollout.name) != "hf":
+        reasons.append(f"rollout.name={rollout.name}: the engine samples from its own copy of the weights")
+    if int(actor.ppo_epochs) != 1:
+        reasons.append(f"actor.ppo_epochs={actor.ppo_epochs}: later epochs update from changed weights")
+    if int(actor.ppo_mini_batch_size) < int(cfg.data.train_batch_size):
+        reasons.append(f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < data.train_batch_size="
+                       f"{cfg.data.train_batch_size}: later mini-batches update from changed weights")
+    if bool(cfg.algorithm.use_kl_in_reward):
+        reasons.append("algorithm.use_kl_in_reward: the reward needs the old log-probs before the update")
+    dropout = _active_dropout(module)
+    if dropout:
+        reasons.append(f"dropout is active in training mode ({', '.join(dropout[:3])})")
+    return reasons
+
+
 class ActorRolloutRefWorker:
     def __init__(self, cfg, total_training_steps: int, rank: int = 0, world_size: int = 1):
         self.cfg = cfg  # the backend_config node
@@ -112,6 +158,7 @@ class ActorRolloutRefWorker:
         )
         self.lr_scheduler = build_lr_scheduler(self.optimizer, actor_cfg.optim, self.total_training_steps)
         self.rollout = self._build_rollout()
+        self.old_log_prob_reasons = old_log_prob_pass_needed(cfg, self.module)
         return {
             "num_params": sum(p.numel() for p in self.module.parameters()),
             "compute_dtype": str(compute_dtype),
@@ -183,6 +230,11 @@ class ActorRolloutRefWorker:
         log_probs, entropy = self._log_probs(self.module, batch, with_entropy=True, micro=micro)
         return Batch({"old_log_probs": log_probs, "entropys": entropy})
 
+    def old_log_prob_pass_reasons(self) -> list[str]:
+        """Why this worker needs the separate old-log-prob pass (empty: `update_actor` computes
+        the old log-probs itself; see `old_log_prob_pass_needed`)."""
+        return list(self.old_log_prob_reasons)
+
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         if self.ref_module is None:
             raise RuntimeError("reference log-probs asked for, but no KL term needs the reference model")
@@ -193,11 +245,21 @@ class ActorRolloutRefWorker:
     # ---- update ----------------------------------------------------------------------------
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """`ppo_epochs` passes over mini-batches; one optimizer step per mini-batch; gradients
-        accumulated over micro-batches so that the step equals one over the whole mini-batch."""
+        accumulated over micro-batches so that the step equals one over the whole mini-batch.
+
+        Without `old_log_probs` in `batch` (the trainer skipped the pass because it is redundant,
+        see `old_log_prob_pass_needed`), each micro-batch's own forward gives them (detached), and
+        the masked entropy sum and token count of that forward come back as
+        `_old/entropy_sum` / `_old/tokens` (for the trainer's `actor/entropy_before_update`)."""
         cfg = self.cfg
         actor_cfg = cfg.actor_rollout_ref.actor
         n = int(cfg.actor_rollout_ref.rollout.n)
         mini_rows = int(actor_cfg.ppo_mini_batch_size) * n // self.dp_size
+        reuse = "old_log_probs" not in batch
+        if reuse and self.old_log_prob_reasons:
+            raise RuntimeError("update_actor without old_log_probs, but the pass is needed: "
+                               + "; ".join(self.old_log_prob_reasons))
+        reuse_sums = {"_old/entropy_sum": 0.0, "_old/tokens": 0.0}
         if actor_cfg.use_dynamic_bsz:
             micro = {"max_token_len": int(actor_cfg.ppo_max_token_len_per_gpu)}
         else:
@@ -232,6 +294,9 @@ class ActorRolloutRefWorker:
                     mask = part["response_mask"].float()
                     loss, stats = self._micro_batch_loss(part, mask, response_length, agg)
                     loss.backward()
+                    if reuse:
+                        reuse_sums["_old/entropy_sum"] += float(stats.pop("_entropy_sum"))
+                        reuse_sums["_old/tokens"] += float(mask.sum())
                     # losses are already scaled to their share of the mini-batch: sum them
                     share = float(mask.sum()) / max(global_tokens / self.dp_size, 1.0)
                     for key, value in stats.items():
@@ -255,6 +320,8 @@ class ActorRolloutRefWorker:
             # per-mini-batch values were accumulated over micro-batches; average over mini-batches
             metrics[key] = sum(values) / (mini_batches if key != "actor/grad_norm" else len(values))
         metrics["actor/lr"] = float(self.lr_scheduler.get_last_lr()[0])
+        if reuse:
+            metrics.update(reuse_sums)
         mem = self.device.memory()
         metrics["actor/perf/max_memory_allocated_gb"] = float(mem.get("peak_gb", 0.0))
         return metrics
@@ -292,9 +359,12 @@ class ActorRolloutRefWorker:
                     )
                 kl_inputs = {"logits": out[2], "ref_logits": ref_out[2]}
         clip = actor_cfg.clip_ratio
+        reuse = "old_log_probs" not in part
+        # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
+        old_log_prob = log_prob.detach() if reuse else part["old_log_probs"]
         pg = algorithms.ppo_policy_loss(
             log_prob,
-            part["old_log_probs"],
+            old_log_prob,
             part["advantages"],
             mask,
             clip_ratio_low=float(actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else clip),
@@ -314,6 +384,8 @@ class ActorRolloutRefWorker:
             "actor/pg_clipfrac_lower": pg["pg_clipfrac_lower"],
             "actor/ppo_kl": pg["ppo_kl"],
         }
+        if reuse:
+            stats["_entropy_sum"] = (entropy.detach() * mask).sum()
         if use_kl_loss:
             kl = algorithms.kl_penalty(log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type, **kl_inputs)
             kl_loss = algorithms.agg_loss(kl, mask, mode, **agg)

@@ -61,6 +61,11 @@ class WorkerGroup(ABC):
     def compute_log_prob(self, batch: Batch) -> Batch:
         return self.dispatch("compute_log_prob", batch)
 
+    def old_log_prob_pass_reasons(self) -> list[str]:
+        """Why the separate old-log-prob pass is needed (rank 0's answer; every rank has the same
+        config and model); empty when the update computes the old log-probs itself."""
+        return self.broadcast("old_log_prob_pass_reasons")[0]
+
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         return self.dispatch("compute_ref_log_prob", batch)
 

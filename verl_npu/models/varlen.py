@@ -1,0 +1,137 @@
+"""Variable-length (packed) causal attention for the padding-free path, on every device.
+
+`response_log_probs(remove_padding=True)` packs a micro-batch's real tokens into one [1, T] row.
+Inside `packed_attention(model, lengths)` the language model's attention runs through
+`varlen_attention_forward` (registered in transformers' AttentionInterface as
+``verl_npu_varlen``, with no mask function, so transformers builds no [T, T] mask): every
+sequence attends causally to itself only, from the cumulative lengths ``cu_seqlens``
+([0, l0, l0+l1, ..., T]). The kernel is chosen by the device layer
+(`DeviceInfo.varlen_attention_kernel`), one name per kernel in `VARLEN_KERNELS`:
+
+- ``sdpa_per_sequence``: `torch.nn.functional.scaled_dot_product_attention` on each sequence
+  (sequences of the same length batched together), on CPU and wherever no fused kernel exists;
+- ``flash_attn``: flash-attention's `flash_attn_varlen_func` (CUDA with `flash-attn` installed);
+- ``npu_fusion``: `torch_npu.npu_fusion_attention` in the TND layout with `actual_seq_qlen` /
+  `actual_seq_kvlen` and a causal `sparse_mode` (Ascend).
+
+All three compute softmax(q k^T * scaling + causal mask within the sequence) v per head, with
+grouped-query heads (k/v heads shared by num_heads / num_kv_heads query heads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_NAME = "verl_npu_varlen"
+
+
+@dataclass
+class _Packed:
+    cu_seqlens: torch.Tensor | None = None  # int64 [S + 1], on CPU
+    kernel: str = "sdpa_per_sequence"
+
+
+_STATE = _Packed()
+
+
+def _sdpa_per_sequence(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; one SDPA call per distinct sequence length."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    starts, lengths = cu[:-1].tolist(), (cu[1:] - cu[:-1]).tolist()
+    out = torch.empty_like(q)
+    by_length: dict[int, list[int]] = {}
+    for start, length in zip(starts, lengths):
+        if length > 0:
+            by_length.setdefault(length, []).append(start)
+    for length, group in by_length.items():
+        index = (torch.tensor(group).unsqueeze(1) + torch.arange(length)).reshape(-1).to(q.device)
+        # [n, L, H, D] -> [n, H, L, D]
+        qs, ks, vs = (x.index_select(0, index).view(len(group), length, *x.shape[1:]).transpose(1, 2)
+                      for x in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling)
+        out.index_copy_(0, index, o.transpose(1, 2).reshape(-1, *q.shape[1:]))
+    return out
+
+
+def _flash_attn(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
+    from flash_attn import flash_attn_varlen_func
+
+    cu32 = cu.to(device=q.device, dtype=torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())
+    return flash_attn_varlen_func(q, k, v, cu32, cu32, longest, longest, softmax_scale=scaling, causal=True)
+
+
+_NPU_CAUSAL_MASK_SIZE = 2048  # the op's compressed causal mask is 2048 x 2048 (sparse_mode 3)
+
+
+def _npu_fusion(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
+    import torch_npu
+
+    mask = torch.ones(_NPU_CAUSAL_MASK_SIZE, _NPU_CAUSAL_MASK_SIZE, dtype=torch.bool, device=q.device).triu(1)
+    ends = cu[1:].tolist()
+    return torch_npu.npu_fusion_attention(
+        q, k, v, q.shape[1], input_layout="TND", scale=scaling, keep_prob=1.0, atten_mask=mask,
+        sparse_mode=3, actual_seq_qlen=ends, actual_seq_kvlen=ends,
+    )[0]
+
+
+VARLEN_KERNELS: dict[str, Callable] = {
+    "sdpa_per_sequence": _sdpa_per_sequence,
+    "flash_attn": _flash_attn,
+    "npu_fusion": _npu_fusion,
+}
+
+
+def varlen_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention-function signature: query [1, H, T, D], key/value [1, Hkv, T, D] of the
+    packed row; returns ([1, T, H, D], None). Needs `packed_attention` around the model call."""
+    cu = _STATE.cu_seqlens
+    if cu is None:
+        raise RuntimeError(f"{ATTENTION_NAME} attention runs only inside verl_npu.models.varlen.packed_attention")
+    if query.shape[0] != 1 or int(cu[-1]) != query.shape[2]:
+        raise RuntimeError(f"{ATTENTION_NAME}: expected one packed row of {int(cu[-1])} tokens, got {tuple(query.shape)}")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, H, D]
+    out = VARLEN_KERNELS[_STATE.kernel](q, k, v, cu, float(scaling))
+    return out.unsqueeze(0), None
+
+
+def register_varlen_attention() -> str:
+    """Register `varlen_attention_forward` (idempotent); no mask function, so no [T, T] mask is built."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, varlen_attention_forward)
+    return ATTENTION_NAME
+
+
+@contextlib.contextmanager
+def packed_attention(model, lengths: torch.Tensor, kernel: str):
+    """Within the block, `model`'s language-model attention is the variable-length `kernel` over the
+    sequences of `lengths` (tokens per packed sequence, in order); the previous implementation is
+    restored afterwards. A vision tower keeps its own attention."""
+    if kernel not in VARLEN_KERNELS:
+        raise ValueError(f"unknown variable-length attention kernel {kernel!r}; known: {', '.join(VARLEN_KERNELS)}")
+    name = register_varlen_attention()
+    text_cfg = model.config.get_text_config()
+    previous = text_cfg._attn_implementation
+    composite = text_cfg is not model.config
+    lengths = lengths.detach().to("cpu", torch.int64)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    cu[1:] = lengths.cumsum(0)
+    old_state = (_STATE.cu_seqlens, _STATE.kernel)
+    model.set_attn_implementation({"text_config": name} if composite else name)
+    _STATE.cu_seqlens, _STATE.kernel = cu, kernel
+    try:
+        yield
+    finally:
+        _STATE.cu_seqlens, _STATE.kernel = old_state
+        model.set_attn_implementation({"text_config": previous} if composite else previous)
