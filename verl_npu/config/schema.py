@@ -173,10 +173,13 @@ _k(f"{F}.reshard_after_forward", True, BOOL, "FSDP2: free gathered parameters af
 _k(f"{F}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap modules with at least this many parameters "
    "(0: wrap decoder layers).", min=0)
 _k(f"{F}.fsdp_size", -1, INT, "Devices per FSDP shard group; -1 shards over all.", min=-1)
-_k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra"], STR_LIST, "What a checkpoint holds.",
-   choices=("model", "optimizer", "extra", "hf_model"))
-_k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST, "What resuming loads.",
-   choices=("model", "optimizer", "extra", "hf_model"))
+_k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra", "hf_model"], STR_LIST,
+   "What a checkpoint of the actor holds: model / optimizer / extra (LR schedule, RNG) shards per rank, "
+   "hf_model the full weights in huggingface/ (config and tokenizer are always there). verl-npu's default "
+   "adds hf_model to verl's. docs/checkpoints.md.", choices=("model", "optimizer", "extra", "hf_model"))
+_k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST,
+   "What resuming loads of the actor's checkpoint (the rest starts as in a fresh run).",
+   choices=("model", "optimizer", "extra"), unsupported=("hf_model",))
 
 R = f"{A}.ref"
 _k(f"{R}.log_prob_micro_batch_size_per_gpu", None, INT, "Responses per reference log-prob forward on one "
@@ -299,7 +302,8 @@ _k(f"{T}.val_only", False, BOOL, "Only validate, then exit.")
 _k(f"{T}.test_freq", -1, INT, "Validate every N steps; -1 never (except val_before_train and the end).", min=-1)
 _k(f"{T}.critic_warmup", 0, INT, "Steps that train only the critic.", min=0, max=0)
 _k(f"{T}.default_hdfs_dir", None, STR, "HDFS folder for checkpoints.", off_only="HDFS checkpoints")
-_k(f"{T}.del_local_ckpt_after_load", False, BOOL, "Delete the local checkpoint once it is loaded.")
+_k(f"{T}.del_local_ckpt_after_load", False, BOOL, "verl: delete the local copy of a checkpoint downloaded from "
+   "HDFS once it is loaded.", off_only="remote (HDFS) checkpoints, whose downloaded copy this deletes")
 _k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
 _k(f"{T}.tensorboard_dir", None, STR, "verl-npu: TensorBoard event folder.", derived="<af_output_dir>/tensorboard")
 _k(f"{T}.max_actor_ckpt_to_keep", None, INT, "Keep only the newest N actor checkpoints (null: all).", min=1)
