@@ -501,6 +501,18 @@ class DeviceInfo:
             for index, device_state in enumerate(saved):
                 self.torch_module.set_rng_state(device_state, index)
 
+    def current_rng_state(self) -> dict[str, Any]:
+        """The generator state of this process's current device as verl's checkpoints keep it,
+        `{kind: state}` (one tensor, e.g. `{"cuda": ...}`); cpu: {}."""
+        if self.kind == "cpu":
+            return {}
+        return {self.kind: self.torch_module.get_rng_state()}
+
+    def set_current_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore what `current_rng_state` returned (another kind's state, or none, is ignored)."""
+        if self.kind != "cpu" and self.kind in state and state[self.kind] is not None:
+            self.torch_module.set_rng_state(state[self.kind])
+
     # -- numerics and kernels ------------------------------------------------------------------
 
     def supports_bf16(self) -> bool:

@@ -200,11 +200,13 @@ _k(f"{F}.forward_prefetch", False, BOOL, "FSDP2: each decoder block gathers the 
    "during its own forward (more overlap, one more block in memory); no effect with one worker.")
 _k(f"{AC}.entropy_from_logits_with_chunking", False, BOOL, "Compute the actor's entropy 2048 tokens at a "
    "time, so the fp32 softmax temporaries never span the whole micro batch (same values, lower peak memory).")
-_k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra"], STR_LIST, "What a checkpoint holds.",
-   choices=("model", "optimizer", "extra", "hf_model"))
-_k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST, "What resuming loads.",
-   choices=("model", "optimizer", "extra", "hf_model"))
-
+_k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra", "hf_model"], STR_LIST,
+   "What a checkpoint of the actor holds: model / optimizer / extra (LR schedule, RNG) shards per rank, "
+   "hf_model the full weights in huggingface/ (config and tokenizer are always there). verl-npu's default "
+   "adds hf_model to verl's. docs/checkpoints.md.", choices=("model", "optimizer", "extra", "hf_model"))
+_k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST,
+   "What resuming loads of the actor's checkpoint (the rest starts as in a fresh run).",
+   choices=("model", "optimizer", "extra"), unsupported=("hf_model",))
 
 
 def _profiler_keys(role: str) -> None:
@@ -355,7 +357,8 @@ _k(f"{T}.test_freq", -1, INT, "Validate every N steps; -1 never (except val_befo
 _k(f"{T}.critic_warmup", 0, INT, "Steps that train only the critic.", min=0, max=0,
    noop="there is no critic to warm up (critic keys are refused by name); only 0 is accepted")
 _k(f"{T}.default_hdfs_dir", None, STR, "HDFS folder for checkpoints.", off_only="HDFS checkpoints")
-_k(f"{T}.del_local_ckpt_after_load", False, BOOL, "Delete the local checkpoint once it is loaded.")
+_k(f"{T}.del_local_ckpt_after_load", False, BOOL, "verl: delete the local copy of a checkpoint downloaded from "
+   "HDFS once it is loaded.", off_only="remote (HDFS) checkpoints, whose downloaded copy this deletes")
 _k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
 _k(f"{T}.tensorboard_dir", None, STR, "TensorBoard event folder (with 'tensorboard' in trainer.logger); verl "
    "reads it from $TENSORBOARD_DIR.", derived="$TENSORBOARD_DIR, else <af_output_dir>/tensorboard")

@@ -33,13 +33,9 @@ What a resume trusts (docs/reliability.md):
 
 from __future__ import annotations
 
-import base64
-import errno
 import json
 import logging
 import os
-import pickle
-import random
 import re
 import shutil
 import time
@@ -47,21 +43,31 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from verl_npu.errors import UserError
+from verl_npu.trainer.verl_resume import is_verl_checkpoint
+from verl_npu.trainer.ckpt_files import (  # noqa: F401 - re-exported: the checkpoint API in one place
+    LEGACY_TRAINER_STATE_FILE,
+    TRAINER_STATE_FILE,
+    UnsafeCheckpointFile,
+    is_disk_full,
+    load_rng_state,
+    load_torch,
+    load_trainer_state,
+    rng_state_from_json,
+    rng_state_to_json,
+    save_rng_state,
+    save_torch,
+    save_trainer_state,
+)
 
 logger = logging.getLogger(__name__)
 
 MARKER_FILE = "latest_checkpointed_iteration.txt"
 COMPLETE_FILE = "COMPLETE"
 MANIFEST_FILE = "manifest.json"
-#: the trainer's own state (data position, step, KL coefficient, host RNGs): JSON, no pickle
-TRAINER_STATE_FILE = "trainer_state.json"
-#: what verl-npu wrote before TRAINER_STATE_FILE (a torch pickle); still read, with weights_only=True
-LEGACY_TRAINER_STATE_FILE = "data.pt"
 _MANIFEST_FORMAT = "verl-npu checkpoint manifest"
-_TRAINER_STATE_FORMAT = "verl-npu trainer state"
 _CHUNK = 8 << 20  # bytes read at a time for checksums
 STEP_DIR_PREFIX = "global_step_"
 _STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
@@ -138,25 +144,6 @@ class DiskFull(UserError):
     """A checkpoint could not be written for lack of space; the previous checkpoints are intact."""
 
 
-def is_disk_full(exc: BaseException | None) -> bool:
-    """True when `exc` or anything it was raised from is "no space left on device": an OSError
-    with errno ENOSPC, or the text of one (torch's stream writer, safetensors and a worker group
-    re-raise it as another type; Ray keeps the cause)."""
-    pending, seen = [exc], set()
-    while pending:
-        cur = pending.pop()
-        if cur is None or id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.errno == errno.ENOSPC:
-            return True
-        text = str(cur)
-        if "No space left on device" in text or "os error 28" in text:
-            return True
-        pending += [cur.__cause__, cur.__context__, getattr(cur, "cause", None)]
-    return False
-
-
 def folder_size(path: str | Path) -> int:
     """Bytes of every regular file under `path` (0 when it does not exist)."""
     total = 0
@@ -169,217 +156,6 @@ def folder_size(path: str | Path) -> int:
             if not os.path.islink(os.path.join(dirpath, name)):
                 total += st.st_size
     return total
-
-
-# ---- torch files -----------------------------------------------------------------------------
-def save_torch(obj: Any, path: str | Path) -> None:
-    """`torch.save(obj)` to `path` through a temp file + fsync + `os.replace` (never half-written).
-
-    The data goes through a Python file object, so a full disk is an `OSError(ENOSPC)` naming
-    `path` (torch's own writer turns it into a RuntimeError that never says so)."""
-    import torch
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except Exception as exc:
-        if is_disk_full(exc):
-            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from exc
-        raise
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _safe_globals() -> list:
-    """The allow-list of `load_torch` beyond torch's own (tensors, containers, numbers, strings):
-    numpy arrays and dtypes (host RNG states in files of older verl-npu versions) and the classes
-    of a DTensor (FSDP2 shards: the tensor, its spec, placements and device mesh). Nothing here
-    runs code of the file's choosing."""
-    import numpy as np
-
-    allowed: list = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), type(np.dtype(np.float64))]
-    reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
-    allowed += [(reconstruct, "numpy._core.multiarray._reconstruct"),
-                (reconstruct, "numpy.core.multiarray._reconstruct")]
-    import torch.distributed as dist
-
-    if dist.is_available():
-        from torch.distributed import device_mesh
-        from torch.distributed import tensor as dtensor
-        from torch.distributed.tensor import _dtensor_spec, placement_types
-
-        allowed += [dtensor.DTensor, device_mesh.DeviceMesh, _dtensor_spec.DTensorSpec, _dtensor_spec.TensorMeta]
-        allowed += [getattr(placement_types, name) for name in ("Shard", "Replicate", "Partial", "_StridedShard")
-                    if hasattr(placement_types, name)]
-        if hasattr(_dtensor_spec, "ShardOrderEntry"):
-            allowed.append(_dtensor_spec.ShardOrderEntry)
-    return allowed
-
-
-class UnsafeCheckpointFile(UserError):
-    """A checkpoint file holds Python objects that loading would have to run code to build."""
-
-
-def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
-    """`torch.load(path, weights_only=True)` with the allow-list of `_safe_globals()`.
-
-    Nothing in the file is executed: a file holding any other Python object is refused with an
-    `UnsafeCheckpointFile` naming it; a missing, truncated or damaged file is a `UserError`
-    naming it."""
-    import torch
-
-    path = Path(path)
-    try:
-        with torch.serialization.safe_globals(_safe_globals()):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except FileNotFoundError:
-        raise UserError(f"checkpoint file {path} is missing") from None
-    except pickle.UnpicklingError as exc:
-        found = re.search(r"GLOBAL (\S+)", str(exc))
-        what = f"it refers to {found.group(1)}, which is not on the allow-list" if found else \
-            str(exc).strip().splitlines()[-1][:200]
-        raise UnsafeCheckpointFile(
-            f"refusing to load {path}: it holds a Python object that is not a tensor or plain data "
-            f"({what}). verl-npu never writes such objects: the file was replaced or modified, and "
-            f"loading it could run arbitrary code. Nothing of it was executed; resume from a "
-            f"checkpoint you trust"
-        ) from None
-    except Exception as exc:  # noqa: BLE001 - torch's reader errors have no common type
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(
-            f"checkpoint file {path} cannot be read ({type(exc).__name__}: {first[:200]}): it is "
-            f"truncated or damaged; resume from another checkpoint"
-        ) from None
-
-
-# ---- host RNG states -------------------------------------------------------------------------
-def save_rng_state() -> dict[str, Any]:
-    """The host RNG states: `python` (random.getstate()), `numpy` (np.random.get_state()),
-    `torch_cpu` (torch.get_rng_state()). Device RNGs belong to `verl_npu.device`."""
-    import numpy as np
-    import torch
-
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch_cpu": torch.get_rng_state(),
-    }
-
-
-def load_rng_state(state: dict[str, Any]) -> None:
-    """Restore the states returned by `save_rng_state` (all three keys are required)."""
-    import numpy as np
-    import torch
-
-    missing = [k for k in ("python", "numpy", "torch_cpu") if k not in state]
-    if missing:
-        raise KeyError(f"RNG state lacks {missing}; it was not written by save_rng_state()")
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch_cpu"].cpu())
-
-
-def rng_state_to_json(state: dict[str, Any]) -> dict[str, Any]:
-    """`save_rng_state()` as plain JSON values (lists, numbers, base64 text): exact, no pickle."""
-    version, internal, gauss = state["python"]
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    return {
-        "python": [int(version), [int(x) for x in internal], None if gauss is None else float(gauss)],
-        "numpy": [str(name), [int(x) for x in keys], int(pos), int(has_gauss), float(cached)],
-        "torch_cpu": base64.b64encode(state["torch_cpu"].cpu().numpy().tobytes()).decode("ascii"),
-    }
-
-
-def rng_state_from_json(data: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of `rng_state_to_json` (ValueError/KeyError/TypeError on malformed input)."""
-    import numpy as np
-    import torch
-
-    version, internal, gauss = data["python"]
-    name, keys, pos, has_gauss, cached = data["numpy"]
-    raw = base64.b64decode(data["torch_cpu"], validate=True)
-    return {
-        "python": (int(version), tuple(int(x) for x in internal), None if gauss is None else float(gauss)),
-        "numpy": (str(name), np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)),
-        "torch_cpu": torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone(),
-    }
-
-
-# ---- the trainer's state ---------------------------------------------------------------------
-def _plain(value: Any) -> Any:
-    """JSON-ready copy: numpy / torch scalars become Python numbers, tuples lists."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
-        return value.item()
-    return value
-
-
-def save_trainer_state(path: str | Path, *, dataloader: dict, global_step: int, kl_coef: float,
-                       rng: dict[str, Any]) -> None:
-    """Write the trainer's state to `path` as JSON (temp file + fsync + rename). `rng` is what
-    `save_rng_state()` returns."""
-    doc = {
-        "format": _TRAINER_STATE_FORMAT,
-        "version": 1,
-        "global_step": int(global_step),
-        "dataloader": _plain(dataloader),
-        "kl_coef": float(kl_coef),
-        "rng": rng_state_to_json(rng),
-    }
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
-    """The trainer's state saved in checkpoint folder `ckpt`: `{"dataloader", "global_step",
-    "kl_coef", "rng"}` (rng as `save_rng_state()` returns it). Reads `trainer_state.json`; a
-    checkpoint of an older verl-npu has `data.pt` instead, read with `load_torch` (weights_only).
-    A missing or malformed file is a `UserError` naming it."""
-    ckpt = Path(ckpt)
-    path = ckpt / TRAINER_STATE_FILE
-    if not path.is_file():
-        legacy = ckpt / LEGACY_TRAINER_STATE_FILE
-        if legacy.is_file():
-            state = load_torch(legacy)
-            if not isinstance(state, dict) or not {"dataloader", "kl_coef", "rng"} <= set(state):
-                raise UserError(f"{legacy} is not a verl-npu trainer state (keys: "
-                                f"{sorted(state) if isinstance(state, dict) else type(state).__name__})")
-            logger.info("read the trainer state of %s from %s (older verl-npu format)", ckpt, legacy.name)
-            return state
-        raise UserError(f"checkpoint {ckpt} has no {TRAINER_STATE_FILE} (nor {LEGACY_TRAINER_STATE_FILE}): "
-                        "its save did not finish or the file was deleted; resume from another checkpoint")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        if doc.get("format") != _TRAINER_STATE_FORMAT:
-            raise ValueError(f"format is {doc.get('format')!r}")
-        return {
-            "dataloader": doc["dataloader"],
-            "global_step": int(doc["global_step"]),
-            "kl_coef": float(doc["kl_coef"]),
-            "rng": rng_state_from_json(doc["rng"]),
-        }
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"{path} is not a valid verl-npu trainer state ({type(exc).__name__}: {exc}); "
-                        "the file is damaged: resume from another checkpoint") from None
 
 
 # ---- manifests -------------------------------------------------------------------------------
@@ -733,7 +509,8 @@ class CheckpointManager:
         marker_step = self._marker_step()
         if marker_step is not None:
             path = self.step_dir(marker_step)
-            if self.is_complete(path):
+            # a folder of verl's trainer has no COMPLETE: verl's marker moving to it says it is done
+            if self.is_complete(path) or is_verl_checkpoint(path):
                 return path
         complete = self.list_complete()
         if marker_step is not None or complete:
@@ -790,6 +567,10 @@ class CheckpointManager:
                 f"trainer.resume_from_path: {path} does not exist; "
                 f"{self._available_hint(path.parent)}"
             )
+        if is_verl_checkpoint(path):
+            logger.warning("%s was written by upstream verl (no %s, no %s): resuming it without verifying its "
+                           "files", path, COMPLETE_FILE, MANIFEST_FILE)
+            return path
         if not self.is_complete(path):
             raise UserError(
                 f"trainer.resume_from_path: {path} has no {COMPLETE_FILE} file: its save did not "
@@ -809,8 +590,8 @@ class CheckpointManager:
     def _warn_unverified(check: Verification) -> None:
         if not check.verified:
             logger.warning(
-                "checkpoint %s has no %s (it was written by an older verl-npu): its files cannot be "
-                "verified before loading", check.path, MANIFEST_FILE,
+                "checkpoint %s has no %s (it was written by upstream verl or an older verl-npu): its files "
+                "cannot be verified before loading", check.path, MANIFEST_FILE,
             )
 
     def _newest_intact(self) -> Path | None:

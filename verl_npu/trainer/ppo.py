@@ -31,6 +31,7 @@ from verl_npu.trainer.checkpoint import (
 )
 from verl_npu.errors import UserError
 from verl_npu.trainer.profiling import StepProfiling
+from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.trainer.metrics import data_metrics, rollout_probs_diff_metrics, timed, timing_metrics
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.workers.actor import needs_reference
@@ -90,10 +91,14 @@ class PPOTrainer:
         optimizer, LR schedule, RNG, the loader's position and the KL coefficient."""
         if ckpt is None:
             return
-        state = load_trainer_state(ckpt)  # read (and check) before the workers change anything
+        if is_verl_checkpoint(ckpt):  # written by upstream verl's trainer: no trainer_state.json
+            state = trainer_state_from_verl(ckpt, self.train_loader, float(self.kl_ctrl.value))
+        else:
+            state = load_trainer_state(ckpt)  # read (and check) before the workers change anything
         self.workers.load_checkpoint(str(Path(ckpt) / "actor"))
         self.train_loader.load_state_dict(state["dataloader"])
-        load_rng_state(state["rng"])
+        if state["rng"] is not None:
+            load_rng_state(state["rng"])
         self.kl_ctrl.value = state["kl_coef"]
         self.global_step = CheckpointManager.step_of(ckpt)
         log.info("resumed from %s at step %d (next batch: %s)", ckpt, self.global_step, state["dataloader"])
@@ -102,7 +107,7 @@ class PPOTrainer:
         step = self.global_step
 
         def write(tmp_dir: Path) -> None:
-            self.workers.save_checkpoint(str(tmp_dir / "actor"), True)
+            self.workers.save_checkpoint(str(tmp_dir / "actor"))
             save_trainer_state(
                 tmp_dir / TRAINER_STATE_FILE,
                 dataloader=self.train_loader.state_dict(),

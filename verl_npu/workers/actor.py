@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from pathlib import Path
 
 import torch
 
@@ -404,83 +403,41 @@ class ActorRolloutRefWorker:
         return self.profiler.stop()
 
     # ---- checkpoints ----------------------------------------------------------------------
-    def save_checkpoint(self, actor_dir: str, save_hf: bool = True) -> None:
-        """verl's layout: model/optim/extra_state per rank, plus a Hugging Face folder.
+    def save_checkpoint(self, actor_dir: str) -> None:
+        """This rank's part of `actor_dir` in verl's layout (`verl_npu.workers.actor_ckpt`)."""
+        from verl_npu.workers.actor_ckpt import save_actor
 
-        A full disk anywhere in here (torch's writer, safetensors) is re-raised as
-        `OSError(ENOSPC)` naming `actor_dir`, so that the controller reports it as such."""
-        from verl_npu.trainer.checkpoint import is_disk_full, save_torch
-
-        actor_dir = Path(actor_dir)
-        try:
-            actor_dir.mkdir(parents=True, exist_ok=True)
-            tag = f"world_size_{self.world_size}_rank_{self.rank}"
-            save_torch(parallel.module_state_dict(self.module), actor_dir / f"model_{tag}.pt")
-            save_torch(parallel.optimizer_state_dict(self.module, self.optimizer), actor_dir / f"optim_{tag}.pt")
-            extra = {
-                "lr_scheduler": self.lr_scheduler.state_dict(),
-                "rng": {"cpu": torch.get_rng_state(), "device": self.device.rng_state()},
-            }
-            save_torch(extra, actor_dir / f"extra_state_{tag}.pt")
-            if save_hf:
-                full = parallel.full_state_dict_on_rank0(self.module)
-                if self.rank == 0:
-                    self._export_hf(actor_dir / "huggingface", full)
-        except Exception as exc:
-            if is_disk_full(exc) and not (isinstance(exc, OSError) and exc.filename):
-                import errno
-
-                raise OSError(errno.ENOSPC, f"No space left on device (rank {self.rank})", str(actor_dir)) from exc
-            raise
-        parallel.barrier(self.world_size)
-
-    def _export_hf(self, out_dir: Path, state_dict: dict) -> None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        inner = self.module  # FSDP2 shards in place: the module keeps its class and save_pretrained
-        # tied weights (lm_head = embeddings) are stored once, as transformers itself does; a gathered
-        # FSDP state dict holds them as two separate tensors
-        tied = getattr(inner, "all_tied_weights_keys", None) or {}
-        state_dict = {k: v for k, v in state_dict.items() if k not in tied}
-        inner.save_pretrained(out_dir, state_dict=state_dict, safe_serialization=True)
-        self.tokenizer.save_pretrained(out_dir)
-        if self.processor is not None:
-            self.processor.save_pretrained(out_dir)
+        save_actor(self, actor_dir)
 
     def load_checkpoint(self, actor_dir: str) -> None:
-        """Load this rank's files. Every file goes through `load_torch` (weights_only=True: nothing
-        in it is executed); a missing, damaged or unsafe file is a UserError naming it."""
-        from verl_npu.trainer.checkpoint import load_torch
+        """Load this rank's files of an actor folder of verl-npu or verl (`actor_ckpt.load_actor`)."""
+        from verl_npu.workers.actor_ckpt import load_actor
 
-        actor_dir = Path(actor_dir)
-        tag = f"world_size_{self.world_size}_rank_{self.rank}"
-        model_file = actor_dir / f"model_{tag}.pt"
-        if not model_file.exists():
-            found = sorted(p.name for p in actor_dir.glob("model_world_size_*"))
-            raise UserError(
-                f"checkpoint {actor_dir} has no {model_file.name} (found: {', '.join(found) or 'none'}); "
-                f"a checkpoint resumes on the same number of workers it was saved with"
-            )
-        files = {kind: actor_dir / f"{kind}_{tag}.pt" for kind in ("model", "optim", "extra_state")}
-        missing = [p.name for p in files.values() if not p.is_file()]
-        if missing:
-            raise UserError(f"checkpoint {actor_dir} lacks {', '.join(missing)}: it is incomplete; "
-                            "resume from another checkpoint")
-        # read (and check) every file before changing any state
-        states = {kind: load_torch(path) for kind, path in files.items()}
-        extra = states["extra_state"]
-        if not isinstance(extra, dict) or "lr_scheduler" not in extra or "rng" not in extra:
-            raise UserError(f"{files['extra_state']} is not a verl-npu extra state (no lr_scheduler / rng)")
-        parallel.load_module_state_dict(self.module, states["model"])
-        parallel.load_optimizer_state_dict(self.module, self.optimizer, states["optim"])
-        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        torch.set_rng_state(extra["rng"]["cpu"])
-        self.device.set_rng_state(extra["rng"]["device"])
-        self.rollout.update_weights(self.module)
+        load_actor(self, actor_dir)
 
     def parameter_snapshot(self) -> dict[str, torch.Tensor]:
         """This rank's view of the full parameters, on CPU (a collective: tests compare every
         rank's snapshot, and 1-vs-N worker runs)."""
         return {k: v.detach().cpu().clone() for k, v in parallel.full_state_dict(self.module).items()}
+
+    def training_state_snapshot(self) -> dict:
+        """What a resume restores, as whole tensors on the CPU (a collective; tests compare it with
+        the saving run's): `params` and AdamW's `exp_avg` / `exp_avg_sq` / `step` by parameter
+        name, the scheduler's `last_epoch` and `lr`, and this process's torch CPU RNG state."""
+        moments = {}
+        for name, param in self.module.named_parameters():
+            state = self.optimizer.state.get(param, {})
+            moments[name] = {k: parallel._gathered(state[k]).cpu().clone() for k in ("exp_avg", "exp_avg_sq")
+                             if k in state}
+            if "step" in state:
+                moments[name]["step"] = float(state["step"])
+        return {
+            "params": self.parameter_snapshot(),
+            "moments": moments,
+            "last_epoch": int(self.lr_scheduler.last_epoch),
+            "lr": float(self.lr_scheduler.get_last_lr()[0]),
+            "torch_cpu_rng": torch.get_rng_state(),
+        }
 
     def rollout_weights_digest(self) -> dict:
         """The rollout engine's own weights on this rank, summarised (engines with a separate

@@ -74,8 +74,8 @@ class WorkerGroup(ABC):
         keys = per_rank[0].keys()
         return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
 
-    def save_checkpoint(self, actor_dir: str, save_hf: bool = True) -> None:
-        self.broadcast("save_checkpoint", actor_dir, save_hf)
+    def save_checkpoint(self, actor_dir: str) -> None:
+        self.broadcast("save_checkpoint", actor_dir)
 
     def load_checkpoint(self, actor_dir: str) -> None:
         self.broadcast("load_checkpoint", actor_dir)

@@ -25,10 +25,24 @@ def _block_classes(module: torch.nn.Module) -> set[str]:
     return set(getattr(module, "_no_split_modules", None) or [])
 
 
+#: the name of the sharding dimension of the device mesh, as verl names it: verl's model merger
+#: reads a checkpoint's DTensors only when their mesh is named ("fsdp",) (or ("ddp", "fsdp"))
+FSDP_MESH_DIMS = ("fsdp",)
+
+
+def fsdp_mesh(device_type: str, world_size: int):
+    """The 1-D device mesh FSDP2 shards over: every rank of the default process group, its one
+    dimension named "fsdp" (verl's name, kept in every DTensor of a checkpoint)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (world_size,), mesh_dim_names=FSDP_MESH_DIMS)
+
+
 def shard_module(
     module: torch.nn.Module, fsdp_cfg, world_size: int, param_dtype: torch.dtype = torch.float32
 ) -> torch.nn.Module:
-    """FSDP2-shard `module` over the default process group (identity for one worker).
+    """FSDP2-shard `module` over the default process group (identity for one worker), on the
+    mesh of `fsdp_mesh` (dimension named "fsdp", as verl's tools expect).
 
     `fsdp_config.param_offload` keeps parameters on the CPU between uses;
     `reshard_after_forward` frees gathered parameters after each forward;
@@ -41,7 +55,9 @@ def shard_module(
         return module
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    kwargs = {"reshard_after_forward": bool(fsdp_cfg.get("reshard_after_forward", True))}
+    device_type = next(iter(module.parameters())).device.type
+    kwargs = {"reshard_after_forward": bool(fsdp_cfg.get("reshard_after_forward", True)),
+              "mesh": fsdp_mesh(device_type, world_size)}
     if param_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if fsdp_cfg.get("param_offload", False):
@@ -112,39 +128,103 @@ def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
     return norm.detach().float().cpu()
 
 
-def module_state_dict(module: torch.nn.Module) -> dict:
-    """This rank's part of the weights (the whole model with one worker)."""
-    if hasattr(torch.distributed, "checkpoint") and dist.is_initialized():
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+_ONE_RANK_MESHES: dict = {}
 
-        return get_model_state_dict(module)
-    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+def one_rank_mesh(device_type: str, backend: str):
+    """A mesh of one rank, dimension "fsdp", for a worker that runs alone (and is not sharded).
+
+    verl shards even one device with FSDP2, so its checkpoints of one worker hold DTensors on such
+    a mesh, and its loader expects them. A DeviceMesh can only be created inside a process group:
+    a one-rank group (`backend`, in-memory store) exists just long enough to create it, so the rest
+    of the process still sees no process group. Cached per device type."""
+    if device_type not in _ONE_RANK_MESHES:
+        if dist.is_initialized():
+            _ONE_RANK_MESHES[device_type] = fsdp_mesh(device_type, 1)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            try:
+                _ONE_RANK_MESHES[device_type] = fsdp_mesh(device_type, 1)
+            finally:
+                dist.destroy_process_group()
+    return _ONE_RANK_MESHES[device_type]
+
+
+def _as_shard(tensor: torch.Tensor, mesh) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return DTensor.from_local(tensor.detach(), mesh, [Shard(0)], run_check=False)
+
+
+def module_state_dict(module: torch.nn.Module, mesh=None) -> dict:
+    """This rank's part of the weights, as verl's checkpoint manager saves it: `module.state_dict()`
+    (FSDP2: DTensor shards on the "fsdp" mesh). A module that is not sharded (one worker) gives its
+    parameters as DTensors of `mesh` (`one_rank_mesh`: what verl writes for one device) when
+    `mesh` is given, else as plain tensors."""
+    state = module.state_dict()
+    if mesh is None or dist.is_initialized():
+        return state
+    params = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    return {k: _as_shard(v, mesh) if k in params else v.detach() for k, v in state.items()}
+
+
+def _plain_if_unsharded(value):
+    """A DTensor read from a 1-rank checkpoint (verl shards even one worker with FSDP2) as the
+    plain tensor it holds, for a module that is not sharded here; anything else unchanged."""
+    if hasattr(value, "device_mesh") and hasattr(value, "to_local"):
+        if value.device_mesh.size() != 1:
+            raise ValueError(f"a tensor sharded over {value.device_mesh.size()} ranks cannot load into one worker")
+        return value.to_local()
+    if isinstance(value, dict):
+        return {k: _plain_if_unsharded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_if_unsharded(v) for v in value]
+    return value
 
 
 def load_module_state_dict(module: torch.nn.Module, state: dict) -> None:
+    """Load what `module_state_dict` saved (or verl's manager: the same format) into `module`."""
     if dist.is_initialized():
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         set_model_state_dict(module, state)
     else:
-        module.load_state_dict(state)
+        module.load_state_dict(_plain_if_unsharded(state))
 
 
-def optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    if dist.is_initialized():
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        return get_optimizer_state_dict(module, optimizer)
-    return optimizer.state_dict()
+def optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer, mesh=None) -> dict:
+    """This rank's optimizer state as verl saves it: `optimizer.state_dict()` (parameters by
+    index in `param_groups`; FSDP2: DTensor moments). For a module that is not sharded, `mesh`
+    (as in `module_state_dict`) turns the moments shaped like their parameter into DTensors."""
+    state = optimizer.state_dict()
+    if mesh is None or dist.is_initialized():
+        return state
+    shapes = {index: p.shape for index, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    wrapped = {}
+    for index, entry in state["state"].items():
+        wrapped[index] = {k: _as_shard(v, mesh) if torch.is_tensor(v) and v.dim() and v.shape == shapes.get(index)
+                          else v for k, v in entry.items()}
+    return {"state": wrapped, "param_groups": state["param_groups"]}
 
 
 def load_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    if dist.is_initialized():
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    """Load `optimizer_state_dict`'s format (verl's), or the parameter-name keyed format that
+    older verl-npu checkpoints hold (torch.distributed.checkpoint's `get_optimizer_state_dict`)."""
+    by_name = any(isinstance(k, str) for k in state.get("state", {})) or any(
+        isinstance(p, str) for group in state.get("param_groups", []) for p in group.get("params", []))
+    if by_name:
+        if dist.is_initialized():
+            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(module, optimizer, state)
-    else:
-        optimizer.load_state_dict(state)
+            set_optimizer_state_dict(module, optimizer, state)
+            return
+        names = {name: index for index, (name, p) in enumerate(
+            (n, p) for n, p in module.named_parameters() if p.requires_grad)}
+        state = {
+            "state": {names[k]: v for k, v in state["state"].items()},
+            "param_groups": [dict(g, params=[names[p] for p in g["params"]]) for g in state["param_groups"]],
+        }
+    optimizer.load_state_dict(state if dist.is_initialized() else _plain_if_unsharded(state))
 
 
 def _gathered(tensor: torch.Tensor) -> torch.Tensor:
