@@ -156,3 +156,28 @@ def test_fused_kernels_run_matches_the_unfused_run(tmp_path, geo_data, tiny_vl_p
     for key in ("actor/entropy_before_update", "actor/entropy", "actor/pg_loss", "actor/grad_norm",
                 "critic/score/mean"):
         assert rows["true"][key] == pytest.approx(rows["false"][key], rel=1e-4, abs=1e-6), key
+
+
+# ---- the three on two FSDP2 workers -------------------------------------------------------------
+@pytest.mark.slow
+def test_fused_kernels_freeze_and_profiler_on_two_fsdp2_workers(tmp_path, geo_data, tiny_vl_path):
+    """Sharded parameters: the fused head works where FSDP2 gathers the output projection, the frozen
+    tower stays put on every rank, and every rank writes its trace."""
+    from verl_npu.models.loading import load_policy_model
+
+    initial = load_policy_model("tiny://qwen25vl", dtype=torch.float32).state_dict()
+    snapshots = []
+    extra = {"trainer.n_gpus_per_node": 2, "ray_init.num_cpus": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+             "actor_rollout_ref.model.use_fused_kernels": "true", "actor_rollout_ref.actor.freeze_vision_tower": "true",
+             **PROFILE, "actor_rollout_ref.actor.profiler.ranks": "[0,1]"}
+    rc = load_recipe("tiny_geo3k", overrides(tmp_path, geo_data, **extra))
+    assert run_training(rc, after_fit=lambda workers: snapshots.extend(workers.parameter_snapshots())) == 0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in rows)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / "out" / "prof" / "step_2" / f"rank_{rank}" / "trace.json").read_text())["traceEvents"]
+    for snap in snapshots:
+        visual = [k for k in snap if ".visual." in f".{k}"]
+        assert visual and all(torch.equal(snap[k], initial[k]) for k in visual)
+        assert any(not torch.equal(snap[k], initial[k]) for k in snap if k not in visual)
