@@ -2,9 +2,9 @@
 
 The unfused path lets the model's `lm_head` produce logits for every token, then takes a float32
 log-softmax (and softmax for the entropy) of the whole [T, V] tensor: several [T, V] float32
-tensors live at once, which for a 150k vocabulary is ~600 KB per token each. Here the model
-returns its final hidden states instead ([T, H], `lm_head_bypassed`), and `chunked_log_probs`
-projects `chunk` tokens at a time:
+tensors live at once, which for a 150k vocabulary is ~600 KB per token each. Here, within
+`fused_head`, the model's output projection receives the final hidden states [T, H] and returns
+(log-prob, entropy) [T, 2] from `chunked_log_probs`, which projects `chunk` tokens at a time:
 
     z = (h_c @ W^T + b) / temperature           (float32, [chunk, V], then freed)
     log_prob_t = z_{t, y_t} - logsumexp(z_t)
