@@ -128,3 +128,16 @@ def test_torch_compile_gives_the_same_log_probs_entropy_and_gradients(tiny_lm_pa
         torch.testing.assert_close(ent1[keep], ent0[keep], **TOL)
         for name in g0:
             torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_fused_kernel_backend_torch_is_accepted_and_triton_refused_by_name():
+    from verl_npu.config import load_recipe
+    from verl_npu.errors import ConfigErrors
+
+    key = "actor_rollout_ref.model.fused_kernel_options.impl_backend"
+    rc = load_recipe("tiny_gsm8k", ["actor_rollout_ref.model.use_fused_kernels=true", f"{key}=torch"])
+    assert rc.backend.actor_rollout_ref.model.use_fused_kernels is True
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("tiny_gsm8k", [f"{key}=triton"])
+    (problem,) = info.value.problems
+    assert problem.key == f"backend_config.{key}" and "triton" in problem.message

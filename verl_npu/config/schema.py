@@ -121,6 +121,9 @@ _k(f"{A}.model.use_fused_kernels", False, BOOL, "Compute log-probs and entropy (
    "final hidden states a chunk of tokens at a time, never holding the float32 [tokens x vocab] logits; the "
    "backward recomputes each chunk. Same numbers, lower peak memory for large vocabularies "
    "(bench/fused_logprobs.md).")
+_k(f"{A}.model.fused_kernel_options.impl_backend", "torch", STR, "Implementation of the fused log-prob / entropy "
+   "computation (use_fused_kernels): torch, chunked PyTorch operations (verl_npu/models/fused_logprobs.py).",
+   off_only="the triton backend of the fused kernels (torch computes the same values)")
 _k(f"{A}.model.use_liger", False, BOOL, "Use Liger kernels.", off_only="Liger kernels")
 _k(f"{A}.model.use_shm", False, BOOL, "Load model weights through shared memory.", off_only="shared-memory model loading")
 _k(f"{A}.model.lora_rank", 0, INT, "LoRA rank; 0 trains all weights.", off_only="LoRA")
