@@ -143,6 +143,8 @@ def test_verl_profiler_overrides_validate():
         "actor_rollout_ref.actor.profiler.all_ranks=False", "actor_rollout_ref.actor.profiler.ranks=[0]",
         "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[memory,shapes]",
         "actor_rollout_ref.ref.profiler.enable=True", "actor_rollout_ref.ref.profiler.all_ranks=True",
+        "actor_rollout_ref.rollout.profiler.enable=True", "actor_rollout_ref.rollout.profiler.ranks=[0]",
+        "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=True",
         "global_profiler.global_tool_config.nsys.discrete=False"])
     assert list(rc.backend.global_profiler.steps) == [1, 2, 5]
 

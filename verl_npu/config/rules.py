@@ -288,7 +288,7 @@ def _logger_library(c: Ctx) -> Iterator[Problem]:
 
 
 _GP = BC + "global_profiler."
-_PROFILER_ROLES = {role: BC + f"actor_rollout_ref.{role}.profiler." for role in ("actor", "ref")}
+_PROFILER_ROLES = {role: BC + f"actor_rollout_ref.{role}.profiler." for role in ("actor", "ref", "rollout")}
 
 
 @_rule("profiler", (_GP + "tool", _GP + "steps", TRAINER + "device", *(

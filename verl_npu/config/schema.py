@@ -196,15 +196,18 @@ _k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST, 
 def _profiler_keys(role: str) -> None:
     """verl's per-role profiler keys (verl_npu.trainer.profiling)."""
     P = f"{A}.{role}.profiler"
-    _k(f"{P}.enable", False, BOOL, f"Record the {role}'s worker processes during global_profiler.steps (the actor "
-       "and the reference model share a process: either role enabling it records the whole step there).")
+    _k(f"{P}.enable", False, BOOL, f"Record the {role}'s worker processes during global_profiler.steps (the actor, "
+       "the reference model and the rollout engine share a process: any of them enabling it records the whole "
+       "step there).")
     _k(f"{P}.all_ranks", False, BOOL, "Record every rank (else only profiler.ranks).")
     _k(f"{P}.ranks", [], INT_LIST, "Ranks to record when all_ranks is false, e.g. [0].")
     _k(f"{P}.tool", None, STR, "Profiler of this role; null: global_profiler.tool.")
     _k(f"{P}.save_path", None, STR, "Trace folder of this role; null: global_profiler.save_path.")
     _k(f"{P}.tool_config", {}, DICT, "Per-tool options; read: tool_config.<torch|npu>.contents, a list of "
        "memory (allocations), shapes (operator input shapes), stack (Python stacks); cpu / cuda / npu "
-       "activity is always recorded. Options of other tools apply only to those tools.")
+       "activity is always recorded. Other options (discrete, schedule, level, analysis, profile_token_*) "
+       "change nothing here: every profiled step gives one whole-step trace per recording rank; options of "
+       "the refused tools apply only to those tools.")
 
 
 _profiler_keys("actor")
@@ -274,6 +277,7 @@ _k(f"{RO}.multi_stage_wake_up", False, BOOL, "Wake the engine in two stages arou
    "first, then the KV cache after the sync, so the sync's peak memory excludes the KV cache.")
 _k(f"{RO}.use_fire_sampling", False, BOOL, "FIRE sampling.", off_only="FIRE sampling")
 _k(f"{RO}.multi_turn.enable", False, BOOL, "Multi-turn / tool-calling rollout.", off_only="multi-turn rollout")
+_profiler_keys("rollout")
 
 # ---------------------------------------------------------------- critic, reward, algorithm
 _k("critic.enable", None, BOOL, "Train a critic (needed by gae).", off_only="a critic (gae)")

@@ -1,4 +1,4 @@
-"""Step profiling (`global_profiler.*`, `actor_rollout_ref.{actor,ref}.profiler.*`), verl's meanings.
+"""Step profiling (`global_profiler.*`, `actor_rollout_ref.{actor,ref,rollout}.profiler.*`), verl's meanings.
 
 - `global_profiler.tool` picks the profiler (`torch`: torch.profiler on cpu / cuda and
   torch_npu.profiler on npu, through `verl_npu.device`; `npu`: the same torch_npu profiler,
@@ -8,9 +8,10 @@
 - `global_profiler.save_path` (relative paths are under af_output_dir) receives, per profiled step,
   `step_<N>/rank_<R>/`: a Chrome trace `trace.json` (cpu / cuda; open it in https://ui.perfetto.dev
   or chrome://tracing) or torch_npu's own trace folder (npu).
-- `<role>.profiler.enable` with `all_ranks` or `ranks` selects the worker processes that record.
-  The actor and the reference model run in the same worker process, so either role enabling it
-  records the whole step of that process (rollout, log-probs, update). `<role>.profiler.tool` /
+- `<role>.profiler.enable` (role: actor, ref, rollout) with `all_ranks` or `ranks` selects the
+  worker processes that record. The actor, the reference model and the rollout engine run in the
+  same worker process, so any role enabling it records the whole step of that process (rollout,
+  log-probs, update). `<role>.profiler.tool` /
   `save_path` override the global ones when set; `<role>.profiler.tool_config.<tool>.contents`
   adds to the trace: `memory` (allocations), `shapes` (operator input shapes), `stack` (Python
   stacks); CPU and device activity are always recorded.
@@ -36,7 +37,7 @@ REFUSED_TOOLS = {
     "memray": "memray traces are not implemented; use global_profiler.tool=torch with contents=[memory]",
 }
 CONTENTS = ("cpu", "cuda", "npu", "memory", "shapes", "stack")
-ROLES = ("actor", "ref")
+ROLES = ("actor", "ref", "rollout")
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:
