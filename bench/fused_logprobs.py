@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -96,6 +97,10 @@ def main() -> None:
         name = "log-prob (no grad)" if not train else "training (forward + backward)"
         lines.append(f"| {name} | {un['extra_peak_mb']:.0f} | {fu['extra_peak_mb']:.0f} | "
                      f"{un['seconds']:.2f} | {fu['seconds']:.2f} |")
+    load = os.getloadavg()[0]
+    lines += ["", f"Memory is the point of this table. Times are indicative only: load average {load:.1f} on "
+              f"{os.cpu_count()} cores while recording; the fused backward recomputes each chunk's logits, so a "
+              "training pass does about one more [tokens x vocab] projection."]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -20,22 +20,6 @@ REPO = Path(__file__).resolve().parent.parent
 VERL_KEYS = [line.strip() for line in (REPO / "tests" / "data" / "verl_ppo_trainer_keys.txt").read_text().splitlines()
              if line.strip() and not line.startswith("#")]
 
-# owned by branch issue9-features / issue15-verl-ckpt; the lead removes this after merging
-OTHER_BRANCHES = {
-    "backend_config.actor_rollout_ref.actor.use_torch_compile",           # issue9-features
-    "backend_config.actor_rollout_ref.model.fused_kernel_options.impl_backend",  # issue9-features
-    "backend_config.actor_rollout_ref.actor.checkpoint.save_contents",     # issue15-verl-ckpt
-    "backend_config.actor_rollout_ref.actor.checkpoint.load_contents",     # issue15-verl-ckpt
-    "backend_config.trainer.del_local_ckpt_after_load",                    # issue15-verl-ckpt
-}
-OTHER_BRANCH_PREFIXES = ("global_profiler.", "actor_rollout_ref.rollout.profiler.")   # issue9-features
-
-
-def _theirs(key: str) -> bool:
-    short = key.removeprefix("backend_config.")
-    return key in OTHER_BRANCHES or f"backend_config.{short}" in OTHER_BRANCHES or short.startswith(OTHER_BRANCH_PREFIXES)
-
-
 def problems(overrides, recipe="tiny_gsm8k"):
     with pytest.raises(ConfigErrors) as info:
         load_recipe(recipe, overrides)
@@ -45,7 +29,7 @@ def problems(overrides, recipe="tiny_gsm8k"):
 # ------------------------------------------------------------------ every verl key is known
 def test_every_verl_key_is_supported_noop_or_refused_never_unknown():
     assert len(VERL_KEYS) > 500
-    unknown = [k for k in VERL_KEYS if status(k).kind == UNKNOWN and not _theirs(k)]
+    unknown = [k for k in VERL_KEYS if status(k).kind == UNKNOWN]
     assert unknown == []
     kinds = {status(k).kind for k in VERL_KEYS}
     assert {SUPPORTED, NOOP, REFUSED} <= kinds
@@ -215,7 +199,7 @@ def test_every_accepted_key_is_read_by_code_or_marked_noop_or_refused():
     today for a key that is only declared (e.g. a new schema line no code reads)."""
     reads = read_names()
     unread = [k.path for k in SCHEMA.values()
-              if not (k.off_only or k.noop) and k.path.rsplit(".", 1)[-1] not in reads and not _theirs(k.path)]
+              if not (k.off_only or k.noop) and k.path.rsplit(".", 1)[-1] not in reads]
     assert unread == [], "read these keys in code, or mark them noop=/off_only= with the reason in the schema"
     for key in VERL_ONLY.values():
         assert key.noop or (key.off_only and key.instead), key.path

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from verl_npu.models.forward import response_log_probs
-from verl_npu.models.fused_logprobs import chunk_tokens, chunked_log_probs, lm_head_bypassed
+from verl_npu.models.fused_logprobs import chunk_tokens, chunked_log_probs, fused_head
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -49,12 +49,13 @@ def test_chunk_size_bounds_the_float32_logits():
     assert chunk_tokens(100) > 1000
 
 
-def test_the_head_is_restored_after_the_bypass(tiny_lm_path):
+def test_the_head_is_restored_after_the_fused_block(tiny_lm_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
     ids = torch.tensor([[1, 2, 3]])
-    with lm_head_bypassed(model) as head:
-        hidden = model(input_ids=ids).logits
-    assert hidden.shape[-1] == model.config.hidden_size and head.weight is model.get_output_embeddings().weight
+    with fused_head(model, temperature=1.0, with_entropy=True) as head:
+        head.targets = torch.tensor([[2, 3, 0]])
+        pair = model(input_ids=ids).logits
+    assert pair.shape == (1, 3, 2)
     assert model(input_ids=ids).logits.shape[-1] == model.config.vocab_size
 
 
@@ -127,3 +128,16 @@ def test_torch_compile_gives_the_same_log_probs_entropy_and_gradients(tiny_lm_pa
         torch.testing.assert_close(ent1[keep], ent0[keep], **TOL)
         for name in g0:
             torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_fused_kernel_backend_torch_is_accepted_and_triton_refused_by_name():
+    from verl_npu.config import load_recipe
+    from verl_npu.errors import ConfigErrors
+
+    key = "actor_rollout_ref.model.fused_kernel_options.impl_backend"
+    rc = load_recipe("tiny_gsm8k", ["actor_rollout_ref.model.use_fused_kernels=true", f"{key}=torch"])
+    assert rc.backend.actor_rollout_ref.model.use_fused_kernels is True
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("tiny_gsm8k", [f"{key}=triton"])
+    (problem,) = info.value.problems
+    assert problem.key == f"backend_config.{key}" and "triton" in problem.message

@@ -47,15 +47,14 @@ def _leveldb_records(path: Path, header_len: int = 7, block: int = 32768) -> lis
     return records
 
 
-def test_wandb_offline_run_holds_metrics_names_and_config(tmp_path):
-    pytest.importorskip("wandb")
+def _wandb_records(out_dir: Path):
+    """(run record, {step: history row}) of the one offline wandb run under out_dir."""
     import json
 
     from wandb.proto import wandb_internal_pb2 as pb
 
-    _log_two_steps(tmp_path, "wandb")
-    files = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(files) == 1, list(tmp_path.rglob("*"))
+    files = list((out_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, list(out_dir.rglob("*"))
     history, run = {}, None
     for raw in _leveldb_records(files[0]):
         record = pb.Record()
@@ -66,7 +65,17 @@ def test_wandb_offline_run_holds_metrics_names_and_config(tmp_path):
             history[row["_step"]] = row
         elif kind == "run":
             run = record.run
-    assert run is not None and run.project == "proj" and run.display_name == "exp-1"
+    assert run is not None
+    return run, history
+
+
+def test_wandb_offline_run_holds_metrics_names_and_config(tmp_path):
+    pytest.importorskip("wandb")
+    import json
+
+    _log_two_steps(tmp_path, "wandb")
+    run, history = _wandb_records(tmp_path)
+    assert run.project == "proj" and run.display_name == "exp-1"
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["backend_config"]["data"]["train_batch_size"] == 8
     for step, values in METRICS.items():

@@ -94,12 +94,17 @@ PROFILE = {"global_profiler.tool": "torch", "global_profiler.steps": "[2]", "glo
 
 
 @pytest.mark.slow
-def test_profiler_traces_the_named_step_under_af_output_dir(tmp_path, geo_data, tiny_vl_path):
-    rc = load_recipe("tiny_geo3k", overrides(tmp_path, geo_data, **PROFILE))
+@pytest.mark.parametrize("steps, continuous, folder", [("[2]", "false", "step_2"), ("[1,2]", "true", "step_1")],
+                         ids=["step-2", "continuous-1-2"])
+def test_profiler_traces_the_named_step_under_af_output_dir(tmp_path, geo_data, tiny_vl_path, steps, continuous,
+                                                            folder):
+    """[2]: step 1 is not profiled; [1,2] with profile_continuous_steps: one trace over both steps."""
+    rc = load_recipe("tiny_geo3k", overrides(tmp_path, geo_data, **{
+        **PROFILE, "global_profiler.steps": steps, "global_profiler.profile_continuous_steps": continuous}))
     assert run_training(rc) == 0
     root = tmp_path / "out" / "prof"
-    assert [p.name for p in root.iterdir()] == ["step_2"]           # step 1 was not profiled
-    trace = json.loads((root / "step_2" / "rank_0" / "trace.json").read_text())
+    assert [p.name for p in root.iterdir()] == [folder]
+    trace = json.loads((root / folder / "rank_0" / "trace.json").read_text())
     events = trace["traceEvents"]
     names = {e.get("name", "") for e in events}
     assert len(events) > 100 and any(n.startswith("aten::") for n in names)
@@ -138,6 +143,8 @@ def test_verl_profiler_overrides_validate():
         "actor_rollout_ref.actor.profiler.all_ranks=False", "actor_rollout_ref.actor.profiler.ranks=[0]",
         "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[memory,shapes]",
         "actor_rollout_ref.ref.profiler.enable=True", "actor_rollout_ref.ref.profiler.all_ranks=True",
+        "actor_rollout_ref.rollout.profiler.enable=True", "actor_rollout_ref.rollout.profiler.ranks=[0]",
+        "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=True",
         "global_profiler.global_tool_config.nsys.discrete=False"])
     assert list(rc.backend.global_profiler.steps) == [1, 2, 5]
 
@@ -156,3 +163,47 @@ def test_fused_kernels_run_matches_the_unfused_run(tmp_path, geo_data, tiny_vl_p
     for key in ("actor/entropy_before_update", "actor/entropy", "actor/pg_loss", "actor/grad_norm",
                 "critic/score/mean"):
         assert rows["true"][key] == pytest.approx(rows["false"][key], rel=1e-4, abs=1e-6), key
+
+
+# ---- the three on two FSDP2 workers -------------------------------------------------------------
+@pytest.mark.slow
+def test_fused_kernels_freeze_and_profiler_on_two_fsdp2_workers(tmp_path, geo_data, tiny_vl_path):
+    """Sharded parameters: the fused head works where FSDP2 gathers the output projection, the frozen
+    tower stays put on every rank, and every rank writes its trace."""
+    from verl_npu.models.loading import load_policy_model
+
+    initial = load_policy_model("tiny://qwen25vl", dtype=torch.float32).state_dict()
+    snapshots = []
+    extra = {"trainer.n_gpus_per_node": 2, "ray_init.num_cpus": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+             "actor_rollout_ref.model.use_fused_kernels": "true", "actor_rollout_ref.actor.freeze_vision_tower": "true",
+             **PROFILE, "actor_rollout_ref.actor.profiler.ranks": "[0,1]"}
+    rc = load_recipe("tiny_geo3k", overrides(tmp_path, geo_data, **extra))
+    assert run_training(rc, after_fit=lambda workers: snapshots.extend(workers.parameter_snapshots())) == 0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in rows)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / "out" / "prof" / "step_2" / f"rank_{rank}" / "trace.json").read_text())["traceEvents"]
+    for snap in snapshots:
+        visual = [k for k in snap if ".visual." in f".{k}"]
+        assert visual and all(torch.equal(snap[k], initial[k]) for k in visual)
+        assert any(not torch.equal(snap[k], initial[k]) for k in snap if k not in visual)
+
+
+# ---- a tracker in a real run -------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_run_logs_to_wandb_with_its_names_and_resolved_recipe(tmp_path, geo_data, tiny_vl_path):
+    pytest.importorskip("wandb")
+    from test_loggers import _wandb_records
+
+    rc = load_recipe("tiny_geo3k", overrides(tmp_path, geo_data, **{
+        "trainer.logger": "[console,wandb]", "trainer.project_name": "proj9", "trainer.experiment_name": "exp9"}))
+    assert run_training(rc) == 0
+    run, history = _wandb_records(tmp_path / "out")
+    assert (run.project, run.display_name) == ("proj9", "exp9")
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["af_output_dir"] == str(tmp_path / "out")
+    assert config["backend_config"]["actor_rollout_ref"]["model"]["path"] == "tiny://qwen25vl"
+    row = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert history[1]["critic/score/mean"] == pytest.approx(row["critic/score/mean"])
+    assert {"actor/pg_loss", "timing_s/step", "response_length/mean"} <= set(history[1])

@@ -30,7 +30,7 @@ def _worker(rank: int, world: int, port: int, path: str, result_dir: str) -> Non
         data = torch.load(os.path.join(result_dir, "inputs.pt"), weights_only=False)
         cls = AutoModelForImageTextToText if data["vision"] else AutoModelForCausalLM
         model = cls.from_pretrained(path, dtype=torch.float32)
-        kwargs = dict(multi_modal_inputs=data["mm"], remove_padding=True, with_entropy=True)
+        kwargs = dict(multi_modal_inputs=data["mm"], remove_padding=True, with_entropy=True, fused=data["fused"])
         lp, ent = response_log_probs(model, data["ids"], data["mask"], data["R"], sp_group=dist.group.WORLD, **kwargs)
         (lp * data["weights"]).sum().backward()
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -71,14 +71,16 @@ def _inputs(path: str, vision: bool):
             "weights": torch.randn(3, R, generator=gen) * resp_mask}
 
 
-@pytest.mark.parametrize("vision", [False, True], ids=["text", "vl"])
-def test_sequence_parallel_log_probs_and_grads_match(tmp_path, tiny_lm_path, tiny_vl_path, vision):
+@pytest.mark.parametrize("vision, fused", [(False, False), (True, False), (False, True)],
+                         ids=["text", "vl", "text-fused-kernels"])
+def test_sequence_parallel_log_probs_and_grads_match(tmp_path, tiny_lm_path, tiny_vl_path, vision, fused):
+    """fused: the SP ranks compute their slices' log-probs in the fused head (model.use_fused_kernels)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from verl_npu.models.forward import response_log_probs
 
     path = str(tiny_vl_path if vision else tiny_lm_path)
-    data = _inputs(path, vision)
+    data = {**_inputs(path, vision), "fused": fused}
     torch.save(data, tmp_path / "inputs.pt")
     mp.spawn(_worker, args=(2, _free_port(), path, str(tmp_path)), nprocs=2, join=True)
     sp = torch.load(tmp_path / "sp.pt", weights_only=False)

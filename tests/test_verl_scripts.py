@@ -23,8 +23,6 @@ SCRIPTS = sorted(HERE.glob("*.txt"))
 #: a declared refusal -> words one of its error messages contains
 FEATURES = {"critic": ("critic", "gae"), "lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
             "multi-turn": ("multi-turn",), "reward model": ("reward model",)}
-# owned by branch issue9-features / issue15-verl-ckpt; the lead removes this after merging
-OTHER_BRANCHES = {"backend_config.trainer.logger", "backend_config.actor_rollout_ref.model.use_fused_kernels"}
 
 
 def read_script(path: Path) -> tuple[list[str], dict[str, str]]:
@@ -95,7 +93,7 @@ def test_verl_script_validates_or_is_refused_by_name(script, local, tmp_path, ca
     except ConfigErrors as e:
         every = e.problems
     assert (code == 0) == (every == [])
-    problems = [p for p in every if p.key not in OTHER_BRANCHES]
+    problems = every
     expect = header["expect"]
     if expect == "pass":
         assert problems == [], "\n".join(map(str, problems))

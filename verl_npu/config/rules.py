@@ -266,16 +266,7 @@ def _logger_library(c: Ctx) -> Iterator[Problem]:
 
 
 _GP = BC + "global_profiler."
-_PROFILER_ROLES = {role: BC + f"actor_rollout_ref.{role}.profiler." for role in ("actor", "ref")}
-
-
-def _device_kind(requested: Any) -> str:
-    from verl_npu.device import detect_device
-
-    try:
-        return detect_device(requested).kind
-    except Exception:  # noqa: BLE001 - a bad trainer.device is reported by its own check
-        return str(requested)
+_PROFILER_ROLES = {role: BC + f"actor_rollout_ref.{role}.profiler." for role in ("actor", "ref", "rollout")}
 
 
 @_rule("profiler", (_GP + "tool", _GP + "steps", TRAINER + "device", *(
@@ -283,53 +274,10 @@ def _device_kind(requested: Any) -> str:
        "profiling needs a tool that runs here (torch; npu on NPU runs), global_profiler.steps, and a role's "
        "profiler.enable selecting ranks (all_ranks or ranks); verl's other tools are refused with the reason")
 def _profiler(c: Ctx) -> Iterator[Problem]:
-    from verl_npu.trainer.profiling import CONTENTS, REFUSED_TOOLS, TOOLS
+    from verl_npu.trainer.profiling import config_problems
 
-    enabled = [role for role, p in _PROFILER_ROLES.items() if c(p + "enable")]
-    tool_keys = [_GP + "tool"] + [_PROFILER_ROLES[r] + "tool" for r in enabled]
-    kind = None
-    for key in tool_keys:
-        tool = c(key)
-        if tool is None:
-            continue
-        if tool in REFUSED_TOOLS:
-            yield Problem(key, f"verl-npu does not support the {tool} profiler: {REFUSED_TOOLS[tool].split('; ')[0]}",
-                          REFUSED_TOOLS[tool].split("; ", 1)[-1])
-        elif tool not in TOOLS:
-            yield Problem(key, f"{tool!r} is not one of {', '.join(TOOLS)}", "use global_profiler.tool=torch")
-        else:
-            kind = kind or _device_kind(c(TRAINER + "device"))
-            if kind not in TOOLS[tool]:
-                yield Problem(key, f"the {tool} profiler runs on {' / '.join(TOOLS[tool])} devices, this run is on "
-                              f"{kind}", "use global_profiler.tool=torch (torch_npu.profiler on NPU runs)")
-    tool = next((c(k) for k in reversed(tool_keys) if c(k) is not None), None)
-    steps = c(_GP + "steps") or []
-    if tool is not None and not enabled:
-        yield Problem(_GP + "tool", f"is {tool} but no role records: nothing would be profiled",
-                      "set actor_rollout_ref.actor.profiler.enable=true and .all_ranks=true (or .ranks=[0])")
-    if tool is not None and not steps:
-        yield Problem(_GP + "steps", f"is empty while global_profiler.tool={tool}: nothing would be profiled",
-                      "name the steps, e.g. global_profiler.steps=[2]")
-    if enabled and tool is None:
-        yield Problem(_GP + "tool", f"is null while {enabled[0]}.profiler.enable=true: nothing would be profiled",
-                      "set global_profiler.tool=torch (and global_profiler.steps)")
-    if any(int(s) < 1 for s in steps):
-        yield Problem(_GP + "steps", f"{steps}: training steps count from 1", "use steps >= 1")
-    for role in enabled:
-        p = _PROFILER_ROLES[role]
-        ranks = c(p + "ranks") or []
-        if not c(p + "all_ranks") and not ranks:
-            yield Problem(p + "ranks", f"is empty and {role}.profiler.all_ranks is false: no rank would record",
-                          f"set actor_rollout_ref.{role}.profiler.all_ranks=true or ranks=[0]")
-        bad_ranks = [r for r in ranks if not 0 <= r < c.world]
-        if bad_ranks:
-            yield Problem(p + "ranks", f"{bad_ranks} outside the {c.world} ranks of this run", f"use ranks in 0..{c.world - 1}")
-        for tool_name, options in (c(p + "tool_config") or {}).items():
-            contents = (options or {}).get("contents") if isinstance(options, dict) else None
-            unknown = [x for x in (contents or []) if x not in CONTENTS]
-            if tool_name in TOOLS and unknown:
-                yield Problem(p + "tool_config", f"{tool_name}.contents has {unknown}, not among {', '.join(CONTENTS)}",
-                              "use memory, shapes and/or stack")
+    for key, message, fix in config_problems(c, _GP, _PROFILER_ROLES, TRAINER + "device", c.world):
+        yield Problem(key, message, fix)
 
 
 @_rule("sampling_temperature", (ROLL + "do_sample", ROLL + "temperature", ROLL + "val_kwargs.do_sample",

@@ -131,6 +131,9 @@ _k(f"{A}.model.use_fused_kernels", False, BOOL, "Compute log-probs and entropy (
    "final hidden states a chunk of tokens at a time, never holding the float32 [tokens x vocab] logits; the "
    "backward recomputes each chunk. Same numbers, lower peak memory for large vocabularies "
    "(bench/fused_logprobs.md).")
+_k(f"{A}.model.fused_kernel_options.impl_backend", "torch", STR, "Implementation of the fused log-prob / entropy "
+   "computation (use_fused_kernels): torch, chunked PyTorch operations (verl_npu/models/fused_logprobs.py).",
+   off_only="the triton backend of the fused kernels (torch computes the same values)")
 _k(f"{A}.model.use_liger", False, BOOL, "Use Liger kernels.", off_only="Liger kernels")
 _k(f"{A}.model.use_shm", False, BOOL, "Load model weights through shared memory.", off_only="shared-memory model loading")
 _k(f"{A}.model.lora_rank", 0, INT, "LoRA rank; 0 trains all weights.", off_only="LoRA")
@@ -212,15 +215,18 @@ _k(f"{AC}.checkpoint.load_contents", ["model", "optimizer", "extra"], STR_LIST,
 def _profiler_keys(role: str) -> None:
     """verl's per-role profiler keys (verl_npu.trainer.profiling)."""
     P = f"{A}.{role}.profiler"
-    _k(f"{P}.enable", False, BOOL, f"Record the {role}'s worker processes during global_profiler.steps (the actor "
-       "and the reference model share a process: either role enabling it records the whole step there).")
+    _k(f"{P}.enable", False, BOOL, f"Record the {role}'s worker processes during global_profiler.steps (the actor, "
+       "the reference model and the rollout engine share a process: any of them enabling it records the whole "
+       "step there).")
     _k(f"{P}.all_ranks", False, BOOL, "Record every rank (else only profiler.ranks).")
     _k(f"{P}.ranks", [], INT_LIST, "Ranks to record when all_ranks is false, e.g. [0].")
     _k(f"{P}.tool", None, STR, "Profiler of this role; null: global_profiler.tool.")
     _k(f"{P}.save_path", None, STR, "Trace folder of this role; null: global_profiler.save_path.")
     _k(f"{P}.tool_config", {}, DICT, "Per-tool options; read: tool_config.<torch|npu>.contents, a list of "
        "memory (allocations), shapes (operator input shapes), stack (Python stacks); cpu / cuda / npu "
-       "activity is always recorded. Options of other tools apply only to those tools.")
+       "activity is always recorded. Other options (discrete, schedule, level, analysis, profile_token_*) "
+       "change nothing here: every profiled step gives one whole-step trace per recording rank; options of "
+       "the refused tools apply only to those tools.")
 
 
 _profiler_keys("actor")
@@ -294,6 +300,7 @@ _k(f"{RO}.multi_stage_wake_up", False, BOOL, "Wake the engine in two stages arou
    "first, then the KV cache after the sync, so the sync's peak memory excludes the KV cache.")
 _k(f"{RO}.use_fire_sampling", False, BOOL, "FIRE sampling.", off_only="FIRE sampling")
 _k(f"{RO}.multi_turn.enable", False, BOOL, "Multi-turn / tool-calling rollout.", off_only="multi-turn rollout")
+_profiler_keys("rollout")
 
 # ---------------------------------------------------------------- critic, reward, algorithm
 _k("critic.enable", None, BOOL, "Train a critic (needed by gae).", off_only="a critic (gae)")
@@ -368,7 +375,9 @@ _k(f"{T}.save_on_preempt", True, BOOL, "verl-npu: on SIGTERM (a scheduler preemp
    "after the step without saving. Either way resume_mode=auto continues from the newest checkpoint.")
 _k(f"{T}.device", None, STR, "Device kind; null detects npu, then cuda, then cpu.",
    choices=("cpu", "cuda", "npu"))
-_k(f"{T}.profile_steps", None, STR_LIST, "Steps to profile.", off_only="profiling")
+_k(f"{T}.profile_steps", None, STR_LIST, "verl's older spelling of the steps to profile.",
+   off_only="trainer.profile_steps", instead="set global_profiler.steps (with global_profiler.tool=torch and "
+   "actor_rollout_ref.actor.profiler.enable=true)")
 GP = "global_profiler"
 _k(f"{GP}.tool", None, STR, "Profiler over global_profiler.steps; null: no profiling. torch: torch.profiler on "
    "cpu / cuda (a Chrome trace per rank), torch_npu.profiler on npu; npu: torch_npu.profiler, NPU runs only. "
@@ -381,7 +390,8 @@ _k(f"{GP}.save_path", "profile", STR, "Trace folder; relative paths are under af
    "writes step_<N>/rank_<R>/ (trace.json on cpu / cuda).")
 _k(f"{GP}.global_tool_config", {}, DICT, "verl's per-tool settings (nsys, torch_memory, precision_debugger); "
    "they apply only to those tools, which verl-npu refuses; the torch tool reads "
-   "<role>.profiler.tool_config.torch.")
+   "<role>.profiler.tool_config.torch.", noop="applies only to nsys / torch_memory / precision_debugger, "
+   "which are refused by name; the torch tool reads <role>.profiler.tool_config.torch")
 _k("ray_init.num_cpus", None, INT, "CPUs Ray may use (null: all).", min=1)
 _k("ray_init.timeline_json_file", None, STR, "Write a Ray timeline to this file.")
 

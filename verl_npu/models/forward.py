@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from verl_npu.device import varlen_attention_kernel
 from verl_npu.errors import UserError
-from verl_npu.models.fused_logprobs import OutputHead, chunked_log_probs, compiled_log_probs_entropy, lm_head_bypassed
+from verl_npu.models.fused_logprobs import compiled_log_probs_entropy, fused_head
 from verl_npu.models.varlen import packed_attention
 
 # Model types whose forward accepts packed sequences described only by restarting position ids.
@@ -137,41 +137,39 @@ def response_log_probs(
     all-to-alls between them, and the logits are gathered back, so every rank returns the full
     result. Gradients come out scaled by P, which cancels FSDP's average over the SP peers.
 
-    `fused` (`model.use_fused_kernels`): the model returns hidden states instead of logits and the
-    log-probs / entropy are computed a chunk of tokens at a time (verl_npu.models.fused_logprobs),
-    never holding the float32 [tokens x vocab] logits; the numbers are the same.
+    `fused` (`model.use_fused_kernels`): the model's output projection computes the log-probs and
+    entropy itself, a chunk of tokens at a time (verl_npu.models.fused_logprobs), never holding the
+    float32 [tokens x vocab] logits; the numbers are the same. A pass that returns the logits (the
+    exact "full" KL) is not fused.
 
-    `compile` (`actor.use_torch_compile`): the log-softmax / gather / entropy computation runs
-    through torch.compile (`fused_logprobs.compiled_log_probs_entropy`); the numbers are the same.
+    `compile` (`actor.use_torch_compile`): the log-softmax / gather / entropy formula runs through
+    torch.compile (`fused_logprobs.compiled_log_probs_entropy`); the numbers are the same.
     """
-    if fused:
-        with lm_head_bypassed(model) as head:
-            head.compile = compile
+    if fused and not return_logits:
+        with fused_head(model, temperature, with_entropy, compile) as head:
             return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
                                        temperature, with_entropy, remove_padding, return_logits, sp_group, head,
-                                       entropy_chunk)
+                                       compile, entropy_chunk)
     return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
-                               temperature, with_entropy, remove_padding, return_logits, sp_group,
-                               OutputHead(compile=True) if compile else None, entropy_chunk)
+                               temperature, with_entropy, remove_padding, return_logits, sp_group, None, compile,
+                               entropy_chunk)
 
 
-def _log_probs_entropy(raw, targets, temperature, with_entropy, head, entropy_chunk=0):
-    """(log-probs, entropy or None, logits or None) from the model's output `raw`: logits, or the
-    final hidden states when `head` holds the bypassed output projection; `head.compile` runs the
-    formula through torch.compile; `entropy_chunk` > 0 (plain path) computes the entropy that many
-    tokens at a time."""
-    if head is None or head.weight is None:
-        logits = raw / temperature
-        if head is not None and head.compile:
-            lp, ent = compiled_log_probs_entropy()(logits, targets, with_entropy)
-            return lp, ent, logits
-        return _token_log_probs(logits, targets), (_entropy(logits, entropy_chunk) if with_entropy else None), logits
-    lp, ent = chunked_log_probs(raw, head.weight, head.bias, targets, temperature, with_entropy, compile=head.compile)
-    return lp, ent, None
+def _log_probs_entropy(raw, targets, temperature, with_entropy, head, compile, entropy_chunk=0):
+    """(log-probs, entropy or None, logits or None) from the model's output `raw`: logits, or with a
+    fused `head` the [..., 2] (log-prob, entropy) it computed. `entropy_chunk` > 0 (plain path)
+    computes the entropy that many tokens at a time."""
+    if head is not None:
+        return raw[..., 0], (raw[..., 1] if with_entropy else None), None
+    logits = raw / temperature
+    if compile:
+        lp, ent = compiled_log_probs_entropy()(logits, targets, with_entropy)
+        return lp, ent, logits
+    return _token_log_probs(logits, targets), (_entropy(logits, entropy_chunk) if with_entropy else None), logits
 
 
 def _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs, temperature,
-                        with_entropy, remove_padding, return_logits, sp_group, head, entropy_chunk=0):
+                        with_entropy, remove_padding, return_logits, sp_group, head, compile, entropy_chunk=0):
     device = input_ids.device
     vt = VisionTokens.of(model)
     mm = merge_multi_modal_inputs(multi_modal_inputs, device)
@@ -192,16 +190,22 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             packed_pos = torch.cat([text_pos.unsqueeze(0), positions[:, keep].unsqueeze(1)], dim=0)
         else:
             packed_pos = text_pos
+        if head is not None:   # the fused head needs the targets of the tokens it sees
+            head.targets = targets[keep].unsqueeze(0)
+            if sp_group is not None:
+                from verl_npu.models import ulysses
+
+                head.targets = ulysses.pad_and_shard(head.targets, 1, sp_group)[0]
         if sp_group is not None:
             raw = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group)
         else:
             kernel = varlen_attention_kernel(device.type)
             with packed_attention(model, keep.sum(1), kernel):
                 out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False, **mm)
-            raw = out.logits[0]  # [T, V] (hidden states [T, H] with a bypassed head)
+            raw = out.logits[0]  # [T, V] ([T, 2] with a fused head)
         # A row's last real token "predicts" the next row's first token here; that position is
         # never read (responses end before it or it is padding), so no special case is needed.
-        lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[keep], temperature, with_entropy, head,
+        lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[keep], temperature, with_entropy, head, compile,
                                                        entropy_chunk)
         log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
         log_probs[keep] = lp_flat
@@ -210,11 +214,11 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
             entropy[keep] = ent_flat
         if return_logits:
-            if logits is None:
-                logits = head.logits(raw, temperature)
             packed_logits, logits = logits, logits.new_zeros(n, length, logits.shape[-1])
             logits[keep] = packed_logits
     else:
+        if head is not None:
+            head.targets = targets
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -222,10 +226,8 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             use_cache=False,
             **mm,
         )
-        log_probs, entropy, logits = _log_probs_entropy(out.logits, targets, temperature, with_entropy, head,
+        log_probs, entropy, logits = _log_probs_entropy(out.logits, targets, temperature, with_entropy, head, compile,
                                                         entropy_chunk)
-        if return_logits and logits is None:
-            logits = head.logits(out.logits, temperature)
 
     # logits at position t predict token t+1: responses occupy [L-R, L), so read [L-R-1, L-1)
     start = length - response_length - 1

@@ -2,9 +2,9 @@
 
 The unfused path lets the model's `lm_head` produce logits for every token, then takes a float32
 log-softmax (and softmax for the entropy) of the whole [T, V] tensor: several [T, V] float32
-tensors live at once, which for a 150k vocabulary is ~600 KB per token each. Here the model
-returns its final hidden states instead ([T, H], `lm_head_bypassed`), and `chunked_log_probs`
-projects `chunk` tokens at a time:
+tensors live at once, which for a 150k vocabulary is ~600 KB per token each. Here, within
+`fused_head`, the model's output projection receives the final hidden states [T, H] and returns
+(log-prob, entropy) [T, 2] from `chunked_log_probs`, which projects `chunk` tokens at a time:
 
     z = (h_c @ W^T + b) / temperature           (float32, [chunk, V], then freed)
     log_prob_t = z_{t, y_t} - logsumexp(z_t)
@@ -157,34 +157,36 @@ def chunked_log_probs(
 
 
 @dataclass
-class OutputHead:
-    """The output projection the model would have applied (captured at its forward call, when
-    FSDP has gathered it)."""
+class FusedHead:
+    """What the model's output projection computes while `fused_head` is active: set `targets`
+    (shaped like the hidden states without their last axis) before each model call."""
 
-    weight: torch.Tensor | None = None
-    bias: torch.Tensor | None = None
-    compile: bool = False   # run the log-prob / entropy formula through torch.compile
-
-    def logits(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
-        """The full logits (only for callers that need them all, e.g. the exact 'full' KL)."""
-        return F.linear(hidden, self.weight.to(hidden.dtype),
-                        None if self.bias is None else self.bias.to(hidden.dtype)) / temperature
+    temperature: float = 1.0
+    with_entropy: bool = False
+    compile: bool = False
+    targets: torch.Tensor | None = None
 
 
 @contextlib.contextmanager
-def lm_head_bypassed(model):
-    """Within the block the model's output projection returns its input, so `model(...).logits`
-    holds the final hidden states [..., H]; the projection's weight and bias, as seen at that call,
-    are recorded in the yielded `OutputHead`."""
+def fused_head(model, temperature: float, with_entropy: bool, compile: bool = False):
+    """Within the block the model's output projection returns, instead of logits [..., V], the
+    tensor [..., 2] of (log p(targets), entropy) computed by `chunked_log_probs` from its input
+    hidden states and its own weight (the entropy column is 0 without `with_entropy`). The
+    computation runs inside the projection's forward, where FSDP has gathered the weight (and
+    gathers it again for the backward), so it works sharded as unsharded."""
     head = model.get_output_embeddings()
-    captured = OutputHead()
+    state = FusedHead(float(temperature), bool(with_entropy), bool(compile))
 
-    def passthrough(hidden):
-        captured.weight, captured.bias = head.weight, head.bias
-        return hidden
+    def forward(hidden):
+        if state.targets is None or state.targets.shape != hidden.shape[:-1]:
+            raise RuntimeError(f"fused log-probs: targets {None if state.targets is None else tuple(state.targets.shape)}"
+                               f" do not match the hidden states {tuple(hidden.shape[:-1])}")
+        lp, ent = chunked_log_probs(hidden, head.weight, head.bias, state.targets, state.temperature,
+                                    state.with_entropy, compile=state.compile)
+        return torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)], dim=-1)
 
-    head.forward = passthrough
+    head.forward = forward
     try:
-        yield captured
+        yield state
     finally:
         del head.forward   # back to the class's forward

@@ -7,7 +7,8 @@ sink's library is installed, imports no tracker library and no torch (the config
 it before anything starts).
 
 Every tracker sink gets verl's metric names, `trainer.project_name` / `trainer.experiment_name`
-as its project / run names, and the run's resolved recipe as the run config. Where the tracker
+as its project / run names, and the run's resolved recipe as the run config. Each launch (a
+resume included) is a new run in the tracker; metrics.jsonl is the one continuous record. Where the tracker
 writes when no server is configured (the default here, and what the tests use):
 
 - `wandb`: offline mode (`WANDB_MODE=offline` unless `WANDB_MODE` is set or `WANDB_API_KEY` is
