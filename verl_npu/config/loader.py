@@ -411,6 +411,10 @@ def describe_key(key: Key) -> str:
         lines.append(f"  range: {rng}")
     if key.off_only:
         lines.append(f"  verl-npu does not support {key.off_only} yet: only the default is accepted")
+    if key.instead:
+        lines.append(f"  instead: {key.instead}")
+    if key.noop:
+        lines.append(f"  no effect in verl-npu: {key.noop}")
     if key.derived:
         lines.append(f"  derived when not set: {key.derived}")
     if key.path != key.short:
