@@ -138,6 +138,10 @@ def test_short_form_interpolations_resolve_like_verl():
                                     "actor_rollout_ref.rollout.max_model_len=${oc.select:data.nope,100}"])
     b = rc.backend
     assert b.actor_rollout_ref.rollout.response_length == 7
+    rc = load_recipe("tiny_gsm8k", ["actor_rollout_ref.ref.strategy=${actor_rollout_ref.actor.strategy}"])
+    assert [(d.key.rsplit(".", 1)[-1], d.value) for d in rc.noop] == [("strategy", "fsdp2")]   # verl-only keys too
+    [p] = problems(["actor_rollout_ref.rollout.data_parallel_size=${trainer.total_epochs}"])
+    assert p.key.endswith("data_parallel_size") and "got 10" in p.message
     assert b.trainer.experiment_name == "verl_npu_demo_x" and b.actor_rollout_ref.rollout.max_model_len == 100
 
 
