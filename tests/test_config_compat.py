@@ -122,6 +122,10 @@ def test_short_form_interpolations_resolve_like_verl():
                                     "actor_rollout_ref.rollout.max_model_len=${oc.select:data.nope,100}"])
     b = rc.backend
     assert b.actor_rollout_ref.rollout.response_length == 7
+    rc = load_recipe("tiny_gsm8k", ["actor_rollout_ref.ref.strategy=${actor_rollout_ref.actor.strategy}"])
+    assert [(d.key.rsplit(".", 1)[-1], d.value) for d in rc.noop] == [("strategy", "fsdp2")]   # verl-only keys too
+    [p] = problems(["actor_rollout_ref.rollout.data_parallel_size=${trainer.total_epochs}"])
+    assert p.key.endswith("data_parallel_size") and "got 10" in p.message
     assert b.trainer.experiment_name == "verl_npu_demo_x" and b.actor_rollout_ref.rollout.max_model_len == 100
 
 
@@ -197,19 +201,33 @@ def test_every_accepted_key_is_read_by_code_or_marked_noop_or_refused():
     unless that key is the target of derive's `put` (filling a key in is not reading it). Known
     blind spot: keys sharing a last segment (`n`, `path`) pass when either is read. The test fails
     today for a key that is only declared (e.g. a new schema line no code reads)."""
-    reads = read_names()
-    unread = [k.path for k in SCHEMA.values()
-              if not (k.off_only or k.noop) and k.path.rsplit(".", 1)[-1] not in reads]
+    unread = unread_keys(SCHEMA.values(), read_names())
     assert unread == [], "read these keys in code, or mark them noop=/off_only= with the reason in the schema"
     for key in VERL_ONLY.values():
         assert key.noop or (key.off_only and key.instead), key.path
 
 
-def test_the_scan_finds_an_unread_key():
-    """The scan can fail: a name read nowhere in verl_npu/ is not in its result."""
+def unread_keys(keys, reads) -> list[str]:
+    """Full paths of the keys that are neither read (by last segment) nor marked noop / off_only."""
+    return [k.path for k in keys if not (k.off_only or k.noop) and k.path.rsplit(".", 1)[-1] not in reads]
+
+
+def test_the_walk_fails_for_a_key_no_code_reads():
+    """The walk can fail: a declared key that nothing reads is reported, and marking it as a no-op
+    (with its reason) or as refused unless off clears it."""
+    from dataclasses import replace
+
+    from verl_npu.config.schema import BOOL, Key
+
     reads = read_names()
-    assert "reward_kwargs" in reads and "tensorboard_dir" in reads and "dataloader_num_workers" in reads
-    assert "enable_activation_offload" not in reads and "no_such_key_anywhere" not in reads
+    assert {"reward_kwargs", "tensorboard_dir", "dataloader_num_workers"} <= set(reads)
+    declared_only = Key("backend_config.data.shiny_new_switch", False, BOOL, "A key only declared.")
+    assert unread_keys([declared_only], reads) == ["backend_config.data.shiny_new_switch"]
+    assert unread_keys([replace(declared_only, noop="why it changes nothing")], reads) == []
+    assert unread_keys([replace(declared_only, off_only="shiny switches")], reads) == []
+    # before issue 9 this key was accepted at any value and read nowhere: now it is refused unless off
+    assert "enable_activation_offload" not in reads
+    assert SCHEMA["backend_config.actor_rollout_ref.model.enable_activation_offload"].off_only
 
 
 # ------------------------------------------------------------------ one-way imports in verl_npu/config

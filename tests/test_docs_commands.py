@@ -630,7 +630,7 @@ def check_python(exe: str, args: list[str], redirect: str | None, ctx: Context, 
                 raise CommandFailed(f"python -m verl_npu.cluster has no command {rest[:1]}")
             _check_flags_known(sub, rest[1:], f"verl_npu.cluster {rest[0]}")
             return
-        if module == "verl_npu.config.reference":
+        if module in ("verl_npu.config.reference", "verl_npu.config.compat"):   # generated docs
             proc = subprocess.run([sys.executable, "-m", module], cwd=REPO, capture_output=True, text=True,
                                   timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
             if proc.returncode:

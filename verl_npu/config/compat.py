@@ -33,7 +33,8 @@ class Status:
 
 def _refused_values(key: Key) -> str:
     if key.off_only:
-        return (f"only `{scalar(key.default)}` accepted: no {key.off_only} yet"
+        off = "`null` / `false`" if key.default is None else f"`{scalar(key.default)}`"
+        return (f"only {off} accepted ({key.off_only}: not supported yet)"
                 + (f"; instead: {key.instead}" if key.instead else ""))
     return ""
 
@@ -59,7 +60,7 @@ def status(name: str) -> Status:
     if key is not None:
         if key.noop:
             extra = ("; refused values: " + ", ".join(f"`{v}`" for v in key.unsupported)) if key.unsupported else ""
-            return Status(NOOP, key.noop + extra)
+            return Status(NOOP, key.noop.rstrip(".") + extra)
         return Status(REFUSED, _refused_values(key))
     if is_target(path) and path.startswith("backend_config."):
         return Status(NOOP, TARGET_NOOP)

@@ -246,10 +246,7 @@ def classify(user: dict[str, Any], origin: str) -> _Sorted:
                 out.accepted[target] = value
                 out.alias_of[target] = path
         elif path in VERL_ONLY:
-            found = _rules.check_key(VERL_ONLY[path], value)
-            out.problems += found
-            if not found:
-                out.verl_only[path] = value
+            out.verl_only[path] = value     # checked once resolved (_check_verl_only)
         elif is_target(path) and top == "backend_config" and isinstance(value, str):
             out.verl_only[path] = value
         elif path in DEPRECATED:
@@ -337,6 +334,19 @@ def _resolve(cfg: DictConfig, sorted_: _Sorted) -> list[Problem]:
     return problems
 
 
+def _check_verl_only(cfg: DictConfig, sorted_: _Sorted, earlier: list[Problem]) -> list[Problem]:
+    """Value checks of the VERL_ONLY keys the user set (after `${...}` resolution); a refused one
+    leaves the no-op list."""
+    done = {p.key for p in earlier}
+    found: list[Problem] = []
+    for path in [p for p in sorted_.verl_only if p in VERL_ONLY and p not in done]:
+        bad = _rules.check_key(VERL_ONLY[path], _rules.get(cfg, path))
+        if bad:
+            found += bad
+            del sorted_.verl_only[path]
+    return found
+
+
 def _noop_reason(path: str) -> str:
     """Why a verl key the user set changes nothing here."""
     key = VERL_ONLY.get(path)
@@ -375,7 +385,7 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     cfg = OmegaConf.create(tree)
     problems += _resolve(cfg, sorted_)
     user_keys = frozenset(sorted_.accepted)
-    key_problems = _rules.check_keys(cfg, user_keys)
+    key_problems = _rules.check_keys(cfg, user_keys) + _check_verl_only(cfg, sorted_, problems)
     # an error on a key set through its verl alias names the alias the user wrote
     key_problems = [replace(p, key=sorted_.alias_of[p.key]) if p.key in sorted_.alias_of else p
                     for p in key_problems]
@@ -386,7 +396,7 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     bad |= {p.key for p in derive_problems}
     rel_problems, rel_warnings = _rules.check_relations(cfg, user_keys, bad)
     problems += rel_problems
-    noop = [Derived(k, v, _noop_reason(k)) for k, v in sorted_.verl_only.items()]
+    noop = [Derived(k, _rules.get(cfg, k), _noop_reason(k)) for k in sorted_.verl_only]
     rc = RecipeConfig(cfg=cfg, derived=[Derived(*d) for d in derived_raw], source=source,
                       user_keys=user_keys, warnings=rel_warnings, noop=noop)
     if check_paths and not problems:
@@ -411,6 +421,10 @@ def describe_key(key: Key) -> str:
         lines.append(f"  range: {rng}")
     if key.off_only:
         lines.append(f"  verl-npu does not support {key.off_only} yet: only the default is accepted")
+    if key.instead:
+        lines.append(f"  instead: {key.instead}")
+    if key.noop:
+        lines.append(f"  no effect in verl-npu: {key.noop}")
     if key.derived:
         lines.append(f"  derived when not set: {key.derived}")
     if key.path != key.short:

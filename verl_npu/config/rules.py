@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl_npu.config.modelinfo import model_heads, model_length_limit
 from verl_npu.config.schema import (
