@@ -840,6 +840,8 @@ BROKEN = [
     ("python -m verl_npu.cluster preflight --nodes FILE RECIPE", "no option --nodes"),
     ("python -m verl_npu.nothing", "no check for python -m"),
     ("source launch/nothing.sh", "no such file"),
+    (".venv-verl/bin/python -m verl.model_merger merge --backend fsdp --hf_upload_path x", "--hf_upload_path"),
+    ("python -m verl.trainer.main_ppo trainer.no_such_key=1", "not a key=value override"),
 ]
 
 
