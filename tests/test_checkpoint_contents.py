@@ -81,3 +81,59 @@ def test_save_and_load_contents(tmp_path, tiny_lm_path):
     state = resumed_state("d", "[model]")  # weights only: the schedule starts over too
     assert state["last_epoch"] == 0 and all(torch.equal(state["params"][k], v) for k, v in saved.items()
                                             if k in state["params"])
+
+
+# ---- checkpoints of upstream verl's trainer, recognised without verl (the real ones: test_verl_interop.py)
+def _verl_like(root: Path, step: int, fsdp_version: int = 2, world_size: int = 1) -> Path:
+    """The shape of a folder verl's trainer writes: actor/ with fsdp_config.json, data.pt, no COMPLETE."""
+    folder = root / f"global_step_{step}"
+    (folder / "actor").mkdir(parents=True)
+    (folder / "actor" / "fsdp_config.json").write_text(
+        json.dumps({"FSDP_version": fsdp_version, "world_size": world_size}))
+    torch.save({"_num_yielded": step, "_sampler_iter_state": {"samples_yielded": 2 * step}}, folder / "data.pt")
+    return folder
+
+
+def test_a_verl_checkpoint_is_found_by_marker_or_path(tmp_path, caplog):
+    from verl_npu.trainer.checkpoint import CheckpointManager
+    from verl_npu.trainer.verl_resume import is_verl_checkpoint
+
+    folder = _verl_like(tmp_path, 3)
+    assert is_verl_checkpoint(folder)
+    mgr = CheckpointManager(tmp_path)
+    assert mgr.resolve_resume("auto", None) is None  # verl moves its marker only after a save completes
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+    assert mgr.resolve_resume("auto", None) == folder
+    assert mgr.resolve_resume("resume_path", str(folder)) == folder
+    assert "written by upstream verl" in caplog.text
+    (folder / "COMPLETE").write_text("")
+    assert not is_verl_checkpoint(folder)  # one of verl-npu's own
+
+
+@pytest.mark.parametrize("shuffle, expected", [(False, (1, 2)), (True, (1, 0))])
+def test_data_position_of_a_verl_checkpoint(tmp_path, shuffle, expected, caplog):
+    from verl_npu.data import StatefulBatchLoader
+    from verl_npu.trainer.verl_resume import trainer_state_from_verl
+
+    folder = _verl_like(tmp_path, 5)  # 4 batches per epoch: epoch 1, batch 1
+    loader = StatefulBatchLoader(list(range(8)), 2, shuffle, 1, drop_last=True)
+    state = trainer_state_from_verl(folder, loader, kl_coef=0.001)
+    assert state["global_step"] == 5 and state["kl_coef"] == 0.001 and state["rng"] is None
+    assert (state["dataloader"]["epoch"], state["dataloader"]["sample_index"]) == expected
+    assert ("starts epoch 1 over" in caplog.text) == shuffle
+
+
+def test_an_fsdp1_verl_checkpoint_is_refused_by_name(tmp_path):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from verl_npu.workers.actor_ckpt import load_actor
+
+    folder = _verl_like(tmp_path, 2, fsdp_version=1)
+    worker = SimpleNamespace(cfg=OmegaConf.create({"actor_rollout_ref": {"actor": {}}}), world_size=1, rank=0)
+    with pytest.raises(UserError, match=r"FSDP1 .*strategy=fsdp2"):
+        load_actor(worker, folder / "actor")
+    folder = _verl_like(tmp_path / "b", 2, world_size=4)
+    with pytest.raises(UserError, match="saved by 4 workers, this run has 1"):
+        load_actor(worker, folder / "actor")
