@@ -573,10 +573,7 @@ def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -
 # ------------------------------------------------------------------ files
 def check_paths(rc) -> list[Problem]:
     """Problems for data files, the model folder and the custom reward file that do not exist.
-    `tiny://` model paths are built locally and are skipped; `~` is expanded as verl does; a hub id
-    (`org/name`, not a local folder) must be in the Hugging Face cache or known to a reachable hub."""
-    from verl_npu.models.hub import check_hub_id, looks_like_hub_id
-
+    `tiny://` model paths are built locally and are skipped; `~` is expanded as verl does."""
     b = BC
     problems: list[Problem] = []
     checks: list[tuple[str, Any, str]] = [
@@ -594,11 +591,6 @@ def check_paths(rc) -> list[Problem]:
                                         "copy the files to a local folder and point the key at them"))
                 continue
             path = Path(os.path.expanduser(str(item)))
-            if kind == "model" and not path.exists() and looks_like_hub_id(str(item)):
-                reason = check_hub_id(str(item))  # cached, or known to a reachable hub: fine
-                if reason:
-                    problems.append(Problem(key, reason, "pre-download the model or point the key at a local folder"))
-                continue
             if kind == "model" and not path.is_dir():
                 problems.append(Problem(key, f"model folder {item!r} does not exist",
                                         "download the model (e.g. huggingface-cli download ...) and set its folder"))

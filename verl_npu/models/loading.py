@@ -1,8 +1,8 @@
 """Load the policy model, tokenizer and processor named by ``actor_rollout_ref.model.path``.
 
 Paths may be ``tiny://NAME`` (built locally by `verl_npu.models.tiny`), a local folder (``~`` is
-expanded) or a Hugging Face hub id, looked up in the local Hugging Face cache and downloaded only
-when it is not there and the hub is reachable (`verl_npu.models.hub`). Every mistake a user can make here (missing folder, a folder that is
+expanded) or a Hugging Face hub id, which works only where the hub is reachable or the model is in
+the local Hugging Face cache. Every mistake a user can make here (missing folder, a folder that is
 not a model, a model folder without weights, tokenizer files or (vision-language) processor files,
 tokenizer without a chat template, bad override key, missing external library) raises a
 `UserError` naming the path or key, what is missing and how to get it.
@@ -32,9 +32,7 @@ _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 def resolve_model_path(path) -> str:
     """The local path for ``path``: ``tiny://NAME`` is materialized (built on first use) and its
-    cache folder returned; a leading ``~`` is expanded; a hub id ``org/name`` that is not a local
-    folder becomes its snapshot folder in the Hugging Face cache (downloaded there when the hub is
-    reachable; UserError when it cannot be had); anything else is returned unchanged."""
+    cache folder returned; a leading ``~`` is expanded; anything else is returned unchanged."""
     if path is None or str(path).strip() == "":
         raise UserError(f"{MODEL_KEY}.path is empty: set it to a model folder, a hub id or tiny://qwen25vl")
     path = str(path)
@@ -42,9 +40,7 @@ def resolve_model_path(path) -> str:
         return str(materialize(path))
     if path.startswith("~"):
         return os.path.expanduser(path)
-    from verl_npu.models.hub import local_path_or_hub
-
-    return local_path_or_hub(path)  # a hub id: its folder in the Hugging Face cache (verl_npu.models.hub)
+    return path
 
 
 def _looks_like_hub_id(path: str) -> bool:
