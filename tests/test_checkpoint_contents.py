@@ -49,6 +49,7 @@ def overrides(out: Path, data: Path, model: str, steps: int, **extra) -> list[st
     return [f"{k}={v}" for k, v in values.items()]
 
 
+@pytest.mark.slow
 def test_save_and_load_contents(tmp_path, tiny_lm_path):
     data = text_data(tmp_path / "data", rows=4)
     # a checkpoint of the model and the extra state only: no optimizer file, no Hugging Face weights
