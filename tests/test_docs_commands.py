@@ -74,6 +74,11 @@ ALLOWED_PARTIAL: dict[str, str] = {
     "multinode": "several nodes and a Ray cluster: the recipe and overrides are validated, the launcher "
                  "is not started (it would start Ray)",
     "cd": "changes into the repository root, where these checks run anyway",
+    "verl-venv": "tests/verl_side.sh builds a side venv with upstream verl 0.9.1 from PyPI (minutes): the script "
+                 "exists and bash parses it (bash -n)",
+    "verl-tools": "upstream verl's own commands need verl's venv (tests/verl_side.sh builds it): the model "
+                  "merger's verb and flags must be the ones tests/test_verl_interop.py runs for real; the "
+                  "trainer's key=value overrides must be keys of verl's config language (the schema)",
     "other-venv": "commands of a hand-built second venv (/tmp/vllm-venv, recorded in bench/vllm_cpu_check.md; "
                   "tests/vllm_cpu.sh is the maintained form): not run",
 }
@@ -638,6 +643,9 @@ def check_python(exe: str, args: list[str], redirect: str | None, ctx: Context, 
             if redirect and proc.stdout != (REPO / redirect).read_text():
                 raise CommandFailed(f"its output differs from {redirect}: regenerate the file with this command")
             return
+        if module.split(".")[0] == "verl":
+            check_upstream_verl(module, rest, ctx)
+            return
         raise CommandFailed(f"no check for python -m {module}; add one to tests/test_docs_commands.py")
     script = REPO / args[0]
     if "/tmp/vllm-venv/" in exe:
@@ -660,6 +668,29 @@ def check_python(exe: str, args: list[str], redirect: str | None, ctx: Context, 
     raise CommandFailed(f"no check for python {args[0]}; add one to tests/test_docs_commands.py")
 
 
+def check_upstream_verl(module: str, args: list[str], ctx: Context) -> None:
+    """`python -m verl.model_merger ...` / `python -m verl.trainer.main_ppo ...` (upstream verl)."""
+    ctx.allow("verl-tools")
+    if module == "verl.model_merger":
+        tested = (REPO / "tests" / "test_verl_interop.py").read_text()
+        if not args or args[0] not in ("merge", "test"):
+            raise CommandFailed(f"verl.model_merger takes merge or test, got {args[:1]}")
+        for flag in _flags(args[1:]):
+            if f'"{flag}"' not in tested:
+                raise CommandFailed(f"verl.model_merger {flag}: not a flag tests/test_verl_interop.py runs")
+        return
+    if module == "verl.trainer.main_ppo":
+        from verl_npu.config import expand_key
+        from verl_npu.config.schema import SCHEMA
+
+        for arg in args:
+            key = expand_key(arg.split("=", 1)[0].lstrip("+"))
+            if "=" not in arg or key not in SCHEMA:
+                raise CommandFailed(f"{arg}: not a key=value override of verl's config language")
+        return
+    raise CommandFailed(f"no check for python -m {module}; add one to tests/test_docs_commands.py")
+
+
 def check_simple(tokens: list[str], ctx: Context, synopsis: bool) -> None:
     env = {}
     while tokens and ENV_ASSIGN.match(tokens[0]):
@@ -675,7 +706,7 @@ def check_simple(tokens: list[str], ctx: Context, synopsis: bool) -> None:
         tokens = tokens[:i]
     exe, args = tokens[0], tokens[1:]
     name = exe.rsplit("/", 1)[-1]
-    if "/" in exe and not exe.startswith(("/tmp/vllm-venv/", ".venv/")) and not (REPO / exe).exists():
+    if "/" in exe and not exe.startswith(("/tmp/vllm-venv/", ".venv/", ".venv-verl/")) and not (REPO / exe).exists():
         raise CommandFailed(f"{exe} does not exist")
     if exe.startswith("/tmp/vllm-venv/"):
         ctx.allow("other-venv")
@@ -713,8 +744,8 @@ def check_simple(tokens: list[str], ctx: Context, synopsis: bool) -> None:
             raise CommandFailed(f"{args[0]} does not exist")
         if args[0] == "launch/run_recipe.sh":
             check_launcher(args[1:], env, ctx, synopsis)
-        elif args[0] == "tests/vllm_cpu.sh":
-            ctx.allow("vllm-venv")
+        elif args[0] in ("tests/vllm_cpu.sh", "tests/verl_side.sh"):
+            ctx.allow("vllm-venv" if args[0] == "tests/vllm_cpu.sh" else "verl-venv")
             proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
             if proc.returncode:
                 raise CommandFailed(f"bash -n: {proc.stderr.strip()}")
@@ -805,6 +836,8 @@ BROKEN = [
     ("python -m verl_npu.cluster preflight --nodes FILE RECIPE", "no option --nodes"),
     ("python -m verl_npu.nothing", "no check for python -m"),
     ("source launch/nothing.sh", "no such file"),
+    (".venv-verl/bin/python -m verl.model_merger merge --backend fsdp --hf_upload_path x", "--hf_upload_path"),
+    ("python -m verl.trainer.main_ppo trainer.no_such_key=1", "not a key=value override"),
 ]
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The upstream-verl interchange tests (`pytest -m verl_side`): verl 0.9.1's own model merger and
+# checkpoint manager against verl-npu's checkpoints, in both directions (docs/checkpoints.md).
+#
+# verl pins its own torch and transformers, so it lives in a side venv (.venv-verl, or $VERL_VENV)
+# beside the project's: verl==0.9.1 with torch 2.13.0+cpu (about 2.5 minutes to build the first
+# time). The tests themselves run in the project's venv (.venv, or $PROJECT_VENV) and call verl as
+# a subprocess in the side venv (VERL_SIDE_PYTHON). Finding no such test is a failure, never a
+# silent pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VERL_VENV:-.venv-verl}"
+PROJECT_VENV="${PROJECT_VENV:-.venv}"
+VERL_VERSION="0.9.1"
+TORCH_VERSION="2.13.0+cpu"
+
+if ! "$VENV/bin/python" -c "import verl.model_merger, torch" >/dev/null 2>&1; then
+  echo "verl_side: building $VENV with verl==$VERL_VERSION and torch==$TORCH_VERSION"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" "verl==$VERL_VERSION"
+fi
+
+export VERL_SIDE_PYTHON="$PWD/$VENV/bin/python"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
+set +e
+"$PROJECT_VENV/bin/python" -m pytest -q -m verl_side -p no:cacheprovider tests/
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "verl_side: no verl_side test was collected; failing" >&2
+  exit 1
+fi
+exit "$status"
