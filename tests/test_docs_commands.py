@@ -800,7 +800,7 @@ def test_the_commands_are_found():
     readme = [c.text for c in commands_of(REPO / "README.md")]
     assert "bash launch/run_recipe.sh tiny_geo3k" in " ".join(readme)
     assert any(t.startswith(".venv/bin/python data_prep/gsm8k.py --synthetic") for t in readme)
-    assert any(t.endswith("&& bash tests/vllm_cpu.sh") for t in readme)
+    assert any(t.endswith("&& bash tests/vllm_cpu.sh && bash tests/verl_side.sh") for t in readme)
     assert sum(t.startswith(".venv/bin/verl-npu ") for t in readme) >= 6
     for recipe in sorted((REPO / "recipes").rglob("*.yaml")):
         run = [c for c in commands_of(recipe) if c.strict]
