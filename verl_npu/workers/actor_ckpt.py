@@ -118,8 +118,16 @@ def read_fsdp_config(actor_dir: Path) -> dict | None:
 # ---- Hugging Face folder --------------------------------------------------------------------------
 def save_hf_folder(out_dir: Path, module, tokenizer, processor, state_dict: dict | None) -> None:
     """`huggingface/`: the model config, its generation config and the tokenizer / processor; with
-    `state_dict` (the full weights) also the weights (safetensors), loadable with transformers."""
+    `state_dict` (the full weights) also the weights (safetensors), loadable with transformers. A LoRA
+    actor's weights are written merged, and its adapter as a peft folder (`lora.save_hf_lora`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    from verl_npu.models import lora
+
+    if lora.is_lora(module):  # the merged model's weights, plus the adapter as a peft folder
+        if state_dict is not None:
+            lora.save_hf_lora(out_dir, module, state_dict)
+            state_dict = None  # written; the config files below are the base model's
+        module = module.get_base_model()
     if state_dict is not None:
         # tied weights (lm_head = embeddings) are stored once, as transformers itself does; a gathered
         # FSDP state dict holds them as two separate tensors
