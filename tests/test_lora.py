@@ -4,6 +4,7 @@ weights, the HF export holds the merged model and a peft adapter folder, resume 
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import pytest
@@ -96,7 +97,8 @@ def test_merged_weights_equal_peft_merge_and_unload(tiny_lm_path):
     assert not any("o_proj" in k for k in lora._lora_layers(model))
 
 
-def test_checkpoint_export_resume_and_adapter_path(tmp_path, tiny_lm_path):
+@pytest.mark.slow
+def test_checkpoint_export_resume_and_adapter_path(tmp_path, tiny_lm_path, caplog):
     """A 3-step LoRA run with checkpoints; huggingface/ holds the merged model and a peft adapter
     folder; resuming from global_step_2 trains step 3 as the straight run did; a new run started
     from the exported adapter (lora_adapter_path) computes that adapter's log-probs."""
@@ -123,7 +125,9 @@ def test_checkpoint_export_resume_and_adapter_path(tmp_path, tiny_lm_path):
     shutil.copytree(straight / "out", out)
     shutil.rmtree(out / "checkpoints" / "global_step_3")
     (out / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2\n")
-    assert run_training(load_recipe("tiny_geo3k", tiny_overrides(out.parent, data, **common))) == 0
+    with caplog.at_level(logging.INFO, logger="verl_npu"):
+        assert run_training(load_recipe("tiny_geo3k", tiny_overrides(out.parent, data, **common))) == 0
+    assert "resumed from" in caplog.text and "global_step_2" in caplog.text
     rows = {r["step"]: r for r in read_metrics(out)}
     assert sorted(rows) == [1, 2, 3]
     for key in COMPARED:
@@ -146,3 +150,14 @@ def _dense_reward(tmp_path):
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float(sum(map(ord, solution_str)) % 7) / 6.0\n")
     return reward
+
+
+def test_an_adapter_path_without_adapter_config_is_a_config_error(tmp_path):
+    from verl_npu.errors import ConfigErrors
+
+    data = _gsm8k_like(tmp_path / "gsm")
+    over = tiny_overrides(tmp_path, data, **{**LORA, "actor_rollout_ref.model.lora_adapter_path": tmp_path})
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("tiny_geo3k", over, check_paths=True)
+    [problem] = info.value.problems
+    assert problem.key.endswith("model.lora_adapter_path") and "adapter_config.json" in problem.message

@@ -139,8 +139,8 @@ _k(f"{A}.model.use_shm", False, BOOL, "Load model weights through shared memory.
 _k(f"{A}.model.lora_rank", 0, INT, "LoRA rank r; 0 trains all weights. Above 0 the actor is wrapped in a peft "
    "LoRA adapter before FSDP2 sharding: only the adapter matrices train (and hold optimizer state), the "
    "reference policy is the actor with its adapters off (no second copy), vLLM gets the merged weights, "
-   "checkpoints' huggingface/ hold the merged model and the adapter (huggingface/lora_adapter/).")
-_k(f"{A}.model.lora_alpha", 16, INT, "LoRA alpha: the adapter's output is scaled by lora_alpha / lora_rank.")
+   "checkpoints' huggingface/ hold the merged model and the adapter (huggingface/lora_adapter/).", min=0)
+_k(f"{A}.model.lora_alpha", 16, INT, "LoRA alpha: the adapter's output is scaled by lora_alpha / lora_rank.", gt=0)
 _k(f"{A}.model.target_modules", "all-linear", STR_OR_LIST, "Layers that get an adapter (peft's "
    "target_modules): a list of module names (e.g. [q_proj, v_proj]), a regex, or all-linear (every linear "
    "layer but the output head).")
