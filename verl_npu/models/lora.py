@@ -14,7 +14,6 @@ Face export writes those merged weights plus the adapter as a peft folder (`save
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -74,14 +73,17 @@ def wrap_lora(module: torch.nn.Module, model_cfg) -> torch.nn.Module:
 
 
 def is_lora(module: torch.nn.Module) -> bool:
-    """True for a peft-wrapped module (`wrap_lora`)."""
-    return hasattr(module, "peft_config") and hasattr(module, "disable_adapter")
+    """True when `module` holds peft LoRA layers (a peft model, or the transformers model inside one)."""
+    from peft.tuners.lora import LoraLayer
+
+    return any(isinstance(sub, LoraLayer) for sub in module.modules())
 
 
-def adapters_disabled(module: torch.nn.Module):
-    """Context in which `module` computes with its base weights only (peft's `disable_adapter`):
-    the reference policy of a LoRA actor."""
-    return module.disable_adapter() if is_lora(module) else contextlib.nullcontext()
+def adapters_disabled(peft_model):
+    """Context in which the model computes with its base weights only (peft's `disable_adapter` of
+    the `wrap_lora` model; it switches the shared LoRA layers off, so the transformers model inside
+    computes the base model too): the reference policy of a LoRA actor."""
+    return peft_model.disable_adapter()
 
 
 def _lora_layers(module: torch.nn.Module) -> dict[str, tuple[float, bool]]:
@@ -141,17 +143,18 @@ def merged_state_dict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -
     return dict(merged_tensors(module, state.items()))
 
 
-def save_hf_lora(out_dir: Path, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+def save_hf_lora(out_dir: Path, module: torch.nn.Module, peft_model, state: dict[str, torch.Tensor]) -> None:
     """Write the merged model (transformers folder: config + safetensors) into `out_dir` and the
     adapter as a peft folder (adapter_config.json + adapter_model.safetensors) into
-    `out_dir/lora_adapter`, which `peft.PeftModel.from_pretrained(base, folder)` loads. `state` is
-    the gathered peft state dict (rank 0)."""
-    base = module.get_base_model()
+    `out_dir/lora_adapter`, which `peft.PeftModel.from_pretrained(base, folder)` loads. `module` is
+    the transformers model inside `peft_model` (`wrap_lora`), `state` its gathered state dict (rank 0)."""
     merged = merged_state_dict(module, state)
-    tied = getattr(base, "all_tied_weights_keys", None) or {}
-    base.save_pretrained(out_dir, state_dict={k: v for k, v in merged.items() if k not in tied},
-                         safe_serialization=True)
-    module.save_pretrained(out_dir / ADAPTER_DIR, state_dict=state, safe_serialization=True)
+    tied = getattr(module, "all_tied_weights_keys", None) or {}
+    module.save_pretrained(out_dir, state_dict={k: v for k, v in merged.items() if k not in tied},
+                           safe_serialization=True)
+    # peft names the inner model's entries base_model.model.<name>
+    prefixed = {k if k.startswith("base_model.model.") else f"base_model.model.{k}": v for k, v in state.items()}
+    peft_model.save_pretrained(out_dir / ADAPTER_DIR, state_dict=prefixed, safe_serialization=True)
 
 
 def trainable_summary(module: torch.nn.Module) -> dict[str, int]:

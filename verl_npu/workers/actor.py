@@ -128,8 +128,12 @@ class ActorRolloutRefWorker:
             gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
             **load_kwargs,
         )
-        if lora.lora_enabled(model_cfg):  # before sharding: only the adapters require grad
-            module = lora.wrap_lora(module, model_cfg)
+        # LoRA: peft injects the adapters before sharding (only they require grad); the worker
+        # computes with the transformers model inside (FSDP2's root, as without LoRA) and keeps
+        # the peft wrapper for disabling the adapters and saving them
+        self.peft_model = lora.wrap_lora(module, model_cfg) if lora.lora_enabled(model_cfg) else None
+        if self.peft_model is not None:
+            module = self.peft_model.get_base_model()
             log.info("LoRA: %s parameters", lora.trainable_summary(module))
         if actor_cfg.get("freeze_vision_tower", False):
             from verl_npu.models.freeze import freeze_vision_tower
@@ -140,7 +144,7 @@ class ActorRolloutRefWorker:
         )
         self.ref_module = None
         # a LoRA actor's reference is the actor itself with its adapters off (no second copy)
-        self.ref_is_actor = needs_reference(cfg) and lora.is_lora(self.module)
+        self.ref_is_actor = needs_reference(cfg) and self.peft_model is not None
         if needs_reference(cfg) and not self.ref_is_actor:
             ref = load_policy_model(model_cfg.path, dtype=compute_dtype, **load_kwargs).to(self.torch_device)
             ref.requires_grad_(False)
@@ -252,7 +256,7 @@ class ActorRolloutRefWorker:
     def _reference(self):
         """The reference module: the separate one, or (LoRA) the actor with its adapters off."""
         if self.ref_is_actor:
-            with lora.adapters_disabled(self.module):
+            with lora.adapters_disabled(self.peft_model):
                 yield self.module
         else:
             yield self.ref_module
