@@ -159,3 +159,29 @@ def test_an_adapter_path_without_adapter_config_is_a_config_error(tmp_path):
         load_recipe("tiny_geo3k", over, check_paths=True)
     [problem] = info.value.problems
     assert problem.key.endswith("model.lora_adapter_path") and "adapter_config.json" in problem.message
+
+
+@pytest.mark.slow
+def test_two_fsdp2_workers_train_the_adapter(tmp_path, tiny_lm_path):
+    """2 CPU workers (FSDP2 shards, gloo): a LoRA step (two optimizer updates) with the KL loss to the adapters-off
+    reference; the export's merged weights are peft's merge of the exported adapter, and weights
+    without an adapter (embeddings, norms) are still the base model's."""
+    from peft import PeftModel
+
+    data = _gsm8k_like(tmp_path / "gsm")
+    over = {**LORA, "trainer.n_gpus_per_node": 2, "trainer.total_training_steps": 1, "trainer.save_freq": 1,
+            "custom_reward_function.path": _dense_reward(tmp_path), "ray_init.num_cpus": 2}
+    assert run_training(load_recipe("tiny_geo3k", tiny_overrides(tmp_path, data, **over))) == 0
+    [row] = read_metrics(tmp_path / "out")
+    # two mini-batches: the second one's KL to the adapters-off reference is above 0
+    assert row["actor/grad_norm"] > 0 and 0 < row["actor/kl_loss"] < 1
+    hf = tmp_path / "out" / "checkpoints" / "global_step_1" / "actor" / "huggingface"
+    base = load_policy_model(tiny_lm_path, dtype=torch.float32).state_dict()
+    merged = PeftModel.from_pretrained(load_policy_model(tiny_lm_path, dtype=torch.float32),
+                                       hf / "lora_adapter").merge_and_unload().state_dict()
+    exported = load_file(hf / "model.safetensors")
+    for key, value in exported.items():
+        torch.testing.assert_close(value, merged[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert torch.equal(exported["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
+    assert not torch.equal(exported["model.layers.0.self_attn.q_proj.weight"],
+                           base["model.layers.0.self_attn.q_proj.weight"])
