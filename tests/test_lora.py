@@ -75,6 +75,14 @@ def test_only_adapters_train_and_the_reference_is_the_base_model(tmp_path, tiny_
     base = _base_log_probs(tiny_lm_path, batch)
     torch.testing.assert_close(ref, base, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(worker.compute_log_prob(batch)["old_log_probs"], base, atol=1e-4)
+    # what the vLLM sync streams: the base model's names, W + B @ A * scaling for adapted layers
+    from verl_npu.workers import parallel
+
+    synced = dict(lora.merged_tensors(module, parallel.iter_full_tensors(module), dtype=torch.bfloat16))
+    expected = worker.peft_model.merge_and_unload().state_dict()
+    assert set(synced) == set(expected) and all(v.dtype == torch.bfloat16 for v in synced.values())
+    for key, value in expected.items():
+        torch.testing.assert_close(synced[key], value.to(torch.bfloat16), msg=key)
 
 
 def test_merged_weights_equal_peft_merge_and_unload(tiny_lm_path):
