@@ -62,16 +62,12 @@ def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise()
     noop = ["actor_rollout_ref.ref.use_torch_compile=false", "actor_rollout_ref.ref.use_torch_compile=true", "actor_rollout_ref.nccl_timeout=1200",
             "trainer.use_legacy_worker_impl=disable", "actor_rollout_ref.rollout.layered_summon=true",
             "actor_rollout_ref.rollout.data_parallel_size=1", "actor_rollout_ref.rollout.expert_parallel_size=1",
-            "trainer.max_critic_ckpt_to_keep=2", "actor_rollout_ref.model.lora_adapter_path=null",
-            "actor_rollout_ref.model.exclude_modules=null", "actor_rollout_ref.rollout.multi_stage_wake_up=false",
+            "trainer.max_critic_ckpt_to_keep=2", "actor_rollout_ref.rollout.multi_stage_wake_up=false",
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=null"]
     load_recipe("tiny_gsm8k", noop)
     refused = {
         "actor_rollout_ref.rollout.data_parallel_size=2": "data parallelism inside one rollout engine",
         "actor_rollout_ref.rollout.expert_parallel_size=4": "expert parallelism",
-        "actor_rollout_ref.model.lora_adapter_path=/a": "LoRA",
-        "actor_rollout_ref.model.exclude_modules=.*visual.*": "LoRA",
-        "actor_rollout_ref.model.lora_rank=8": "LoRA",
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2": "Megatron",
         "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2": "Megatron",
         "critic.ppo_micro_batch_size_per_gpu=4": "a critic",

@@ -620,7 +620,8 @@ def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -
 
 # ------------------------------------------------------------------ files
 def check_paths(rc) -> list[Problem]:
-    """Problems for data files, the model folder and the custom reward file that do not exist.
+    """Problems for data files, the model folder, the custom reward file and the LoRA adapter folder
+    (model.lora_adapter_path: adapter_config.json in it) that do not exist.
     `tiny://` model paths are built locally and are skipped; `~` is expanded as verl does."""
     b = BC
     problems: list[Problem] = []
@@ -629,6 +630,8 @@ def check_paths(rc) -> list[Problem]:
         (b + "data.val_files", get(rc.cfg, b + "data.val_files"), "file"),
         (b + "actor_rollout_ref.model.path", get(rc.cfg, b + "actor_rollout_ref.model.path"), "model"),
         (b + "custom_reward_function.path", get(rc.cfg, b + "custom_reward_function.path"), "file"),
+        (b + "actor_rollout_ref.model.lora_adapter_path", get(rc.cfg, b + "actor_rollout_ref.model.lora_adapter_path"),
+         "adapter"),
     ]
     for key, value, kind in checks:
         for item in (value if isinstance(value, list) else [value]):
@@ -642,6 +645,10 @@ def check_paths(rc) -> list[Problem]:
             if kind == "model" and not path.is_dir():
                 problems.append(Problem(key, f"model folder {item!r} does not exist",
                                         "download the model (e.g. huggingface-cli download ...) and set its folder"))
+            elif kind == "adapter" and not (path / "adapter_config.json").is_file():
+                problems.append(Problem(key, f"{item!r} is not a peft adapter folder (no adapter_config.json)",
+                                        "name a folder written by peft's save_pretrained, e.g. a checkpoint's "
+                                        "actor/huggingface/lora_adapter"))
             elif kind == "file" and not path.is_file():
                 problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
                                         f"{Path.cwd()})", "run the data_prep script or fix the path"))

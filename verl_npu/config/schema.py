@@ -136,9 +136,19 @@ _k(f"{A}.model.fused_kernel_options.impl_backend", "torch", STR, "Implementation
    off_only="the triton backend of the fused kernels (torch computes the same values)")
 _k(f"{A}.model.use_liger", False, BOOL, "Use Liger kernels.", off_only="Liger kernels")
 _k(f"{A}.model.use_shm", False, BOOL, "Load model weights through shared memory.", off_only="shared-memory model loading")
-_k(f"{A}.model.lora_rank", 0, INT, "LoRA rank; 0 trains all weights.", off_only="LoRA")
-_k(f"{A}.model.lora_alpha", 16, INT, "LoRA scaling.", off_only="LoRA")
-_k(f"{A}.model.target_modules", "all-linear", STR_OR_LIST, "LoRA target modules.", off_only="LoRA")
+_k(f"{A}.model.lora_rank", 0, INT, "LoRA rank r; 0 trains all weights. Above 0 the actor is wrapped in a peft "
+   "LoRA adapter before FSDP2 sharding: only the adapter matrices train (and hold optimizer state), the "
+   "reference policy is the actor with its adapters off (no second copy), vLLM gets the merged weights, "
+   "checkpoints' huggingface/ hold the merged model and the adapter (huggingface/lora_adapter/).", min=0)
+_k(f"{A}.model.lora_alpha", 16, INT, "LoRA alpha: the adapter's output is scaled by lora_alpha / lora_rank.", gt=0)
+_k(f"{A}.model.target_modules", "all-linear", STR_OR_LIST, "Layers that get an adapter (peft's "
+   "target_modules): a list of module names (e.g. [q_proj, v_proj]), a regex, or all-linear (every linear "
+   "layer but the output head).")
+_k(f"{A}.model.exclude_modules", None, STR_OR_LIST, "Layers kept without an adapter although target_modules "
+   "matches them (peft's exclude_modules): a list of names or a regex; null excludes none.")
+_k(f"{A}.model.lora_adapter_path", None, STR, "A peft adapter folder (adapter_config.json + "
+   "adapter_model.safetensors, e.g. a checkpoint's huggingface/lora_adapter) to start training from; its own "
+   "config sets rank, alpha and targets. null starts a new adapter (with lora_rank > 0).")
 _k(f"{A}.model.custom_chat_template", None, STR, "Jinja chat template replacing the tokenizer's own.")
 
 AC = f"{A}.actor"

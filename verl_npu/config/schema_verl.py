@@ -152,13 +152,11 @@ for leaf, default, type_ in (("port", 9090, INT), ("file", None, STR), ("served_
 _off(f"{RO}.quantization", None, STR, "quantized rollout", "remove it")
 _off(f"{RO}.quantization_config_file", None, STR, "quantized rollout", "remove it")
 _off(f"{RO}.mtp", None, DICT, "multi-token-prediction speculative decoding", "remove it")
-_noop(f"{RO}.layered_summon", False, BOOL, "verl gathers LoRA weights layer by layer with it; verl-npu has no "
-      "LoRA (refused by name), so there is nothing to gather.")
+_noop(f"{RO}.layered_summon", False, BOOL, "verl gathers LoRA weights layer by layer with it; verl-npu's weight "
+      "sync already streams the merged LoRA weights one bucket at a time.")
 
 # ---------------------------------------------------------------- model
 _off(f"{M}.hf_config_path", None, STR, "a model config outside model.path", "put config.json in model.path")
-_off(f"{M}.exclude_modules", None, STR_OR_LIST, "LoRA", "remove the LoRA keys")
-_off(f"{M}.lora_adapter_path", None, STR, "LoRA", "remove the LoRA keys")
 _off(f"{M}.tiled_mlp.enabled", False, BOOL, "tiled MLP", LEAVE + " (false)")
 _noop(f"{M}.tiled_mlp.num_shards", 4, INT, "read only with model.tiled_mlp.enabled, which verl-npu refuses.")
 _off(f"{M}.mtp.enable", False, BOOL, "multi-token prediction", "remove the mtp keys")
@@ -239,7 +237,7 @@ REFUSED_SUBTREES: dict[str, tuple[str, str]] = {_full(k): v for k, v in {
     "transfer_queue": ("TransferQueue data transfer", "remove it"),
 }.items()}
 
-#: LoRA keys: in SCHEMA (off_only "LoRA") or VERL_ONLY; listed for the compatibility table.
+#: LoRA keys (in SCHEMA); listed for the compatibility table.
 LORA_KEYS = tuple(_full(f"{M}.{k}") for k in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules",
                                                 "lora_adapter_path"))
 

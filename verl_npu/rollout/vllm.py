@@ -555,7 +555,13 @@ class VLLMRollout(RolloutEngine):
         self._log_memory("Before state_dict() in sharding manager memory")
         if self._asleep:
             self._wake(["weights"] if self.multi_stage_wake_up else None)
-        weights = _Counting(parallel.iter_full_tensors(module, dtype=self.dtype, bucket_bytes=self.bucket_bytes))
+        from verl_npu.models import lora
+
+        if lora.is_lora(module):  # the engine holds the base model: send W + B @ A * scaling
+            full = parallel.iter_full_tensors(module, bucket_bytes=self.bucket_bytes)
+            weights = _Counting(lora.merged_tensors(module, full, dtype=self.dtype))
+        else:
+            weights = _Counting(parallel.iter_full_tensors(module, dtype=self.dtype, bucket_bytes=self.bucket_bytes))
         try:
             self.weight_sync_method = load_weights_in_place(engine_worker(self.llm), weights)
         finally:

@@ -21,6 +21,7 @@ from verl_npu import algorithms
 from verl_npu.batch import Batch
 from verl_npu.device import detect_device
 from verl_npu.errors import UserError
+from verl_npu.models import lora
 from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
 from verl_npu.optim import build_lr_scheduler, build_optimizer
@@ -127,6 +128,13 @@ class ActorRolloutRefWorker:
             gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
             **load_kwargs,
         )
+        # LoRA: peft injects the adapters before sharding (only they require grad); the worker
+        # computes with the transformers model inside (FSDP2's root, as without LoRA) and keeps
+        # the peft wrapper for disabling the adapters and saving them
+        self.peft_model = lora.wrap_lora(module, model_cfg) if lora.lora_enabled(model_cfg) else None
+        if self.peft_model is not None:
+            module = self.peft_model.get_base_model()
+            log.info("LoRA: %s parameters", lora.trainable_summary(module))
         if actor_cfg.get("freeze_vision_tower", False):
             from verl_npu.models.freeze import freeze_vision_tower
 
@@ -135,7 +143,9 @@ class ActorRolloutRefWorker:
             module.to(self.torch_device), actor_cfg.fsdp_config, self.world_size, param_dtype=compute_dtype
         )
         self.ref_module = None
-        if needs_reference(cfg):
+        # a LoRA actor's reference is the actor itself with its adapters off (no second copy)
+        self.ref_is_actor = needs_reference(cfg) and self.peft_model is not None
+        if needs_reference(cfg) and not self.ref_is_actor:
             ref = load_policy_model(model_cfg.path, dtype=compute_dtype, **load_kwargs).to(self.torch_device)
             ref.requires_grad_(False)
             ref.eval()
@@ -235,11 +245,21 @@ class ActorRolloutRefWorker:
         return list(self.old_log_prob_reasons)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        if self.ref_module is None:
+        if self.ref_module is None and not self.ref_is_actor:
             raise RuntimeError("reference log-probs asked for, but no KL term needs the reference model")
         micro = self._log_prob_micro(self.cfg.actor_rollout_ref.ref)
-        log_probs, _ = self._log_probs(self.ref_module, batch, with_entropy=False, micro=micro)
+        with self._reference() as ref:
+            log_probs, _ = self._log_probs(ref, batch, with_entropy=False, micro=micro)
         return Batch({"ref_log_prob": log_probs})
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """The reference module: the separate one, or (LoRA) the actor with its adapters off."""
+        if self.ref_is_actor:
+            with lora.adapters_disabled(self.peft_model):
+                yield self.module
+        else:
+            yield self.ref_module
 
     # ---- update ----------------------------------------------------------------------------
     def update_actor(self, batch: Batch) -> dict[str, float]:
@@ -351,9 +371,9 @@ class ActorRolloutRefWorker:
             log_prob, entropy = out[0], out[1]
             kl_inputs = {}
             if full_kl:  # the exact KL needs both whole distributions at every position
-                with torch.no_grad():
+                with torch.no_grad(), self._reference() as ref:
                     ref_out = response_log_probs(
-                        self.ref_module, part["input_ids"], part["attention_mask"], response_length,
+                        ref, part["input_ids"], part["attention_mask"], response_length,
                         return_logits=True, **forward,
                     )
                 kl_inputs = {"logits": out[2], "ref_logits": ref_out[2]}

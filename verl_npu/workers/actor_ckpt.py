@@ -116,10 +116,16 @@ def read_fsdp_config(actor_dir: Path) -> dict | None:
 
 
 # ---- Hugging Face folder --------------------------------------------------------------------------
-def save_hf_folder(out_dir: Path, module, tokenizer, processor, state_dict: dict | None) -> None:
+def save_hf_folder(out_dir: Path, module, tokenizer, processor, state_dict: dict | None, peft_model=None) -> None:
     """`huggingface/`: the model config, its generation config and the tokenizer / processor; with
-    `state_dict` (the full weights) also the weights (safetensors), loadable with transformers."""
+    `state_dict` (the full weights) also the weights (safetensors), loadable with transformers. With
+    `peft_model` (LoRA) the weights are written merged, and the adapter as a peft folder (`lora.save_hf_lora`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    from verl_npu.models import lora
+
+    if peft_model is not None and state_dict is not None:  # merged weights + the adapter as a peft folder
+        lora.save_hf_lora(out_dir, module, peft_model, state_dict)
+        state_dict = None  # written; the config files and tokenizer follow
     if state_dict is not None:
         # tied weights (lm_head = embeddings) are stored once, as transformers itself does; a gathered
         # FSDP state dict holds them as two separate tensors
@@ -161,7 +167,8 @@ def save_actor(worker, actor_dir: str | Path) -> None:
         full = parallel.full_state_dict_on_rank0(worker.module) if "hf_model" in save_contents else None
         if rank == 0:
             write_fsdp_config(actor_dir, ws)
-            save_hf_folder(actor_dir / HF_DIR, worker.module, worker.tokenizer, worker.processor, full)
+            save_hf_folder(actor_dir / HF_DIR, worker.module, worker.tokenizer, worker.processor, full,
+                           peft_model=getattr(worker, "peft_model", None))
     except Exception as exc:
         if is_disk_full(exc) and not (isinstance(exc, OSError) and exc.filename):
             raise OSError(errno.ENOSPC, f"No space left on device (rank {rank})", str(actor_dir)) from exc
