@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from verl_npu.config.modelinfo import model_heads, model_length_limit
 from verl_npu.config.schema import (
@@ -619,15 +619,47 @@ def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -
 
 
 # ------------------------------------------------------------------ files
+#: keys that name a model (or tokenizer) folder: a local folder, a tiny:// model or a hub id
+MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "data.tokenizer")
+
+
+def resolve_hub_ids(rc) -> list[Problem]:
+    """Replace every hub id (`owner/name[@revision]`) among the `MODEL_PATH_KEYS` values that is not
+    a local folder by its snapshot folder in the Hugging Face cache (downloaded there when the hub
+    is reachable and HF_HUB_OFFLINE is not set), in `rc.cfg` itself, so that workers and the rollout
+    engine load that folder; each replacement is recorded in `rc.derived` with the id. Returns a
+    Problem for each id that could not be resolved."""
+    from verl_npu.config.loader import Derived
+    from verl_npu.models.hub import HubIdMissing, hub_folder, looks_like_hub_id
+
+    problems: list[Problem] = []
+    for key in MODEL_PATH_KEYS:
+        value = get(rc.cfg, key)
+        if not looks_like_hub_id(value) or Path(os.path.expanduser(value)).is_dir():
+            continue
+        try:
+            folder, how = hub_folder(value, key.removeprefix(BC))
+        except HubIdMissing as err:
+            problems.append(Problem(key, err.what, err.advice))
+            continue
+        OmegaConf.update(rc.cfg, key, str(folder), merge=False)
+        where = "found in the Hugging Face cache" if how == "cache" else "downloaded into the Hugging Face cache"
+        rc.derived.append(Derived(key, str(folder), f"hub id {value} {where}"))
+    return problems
+
+
 def check_paths(rc) -> list[Problem]:
     """Problems for data files, the model folder and the custom reward file that do not exist.
-    `tiny://` model paths are built locally and are skipped; `~` is expanded as verl does."""
+    Hub ids among the model paths are first resolved to local folders (`resolve_hub_ids`, which
+    changes `rc.cfg`); `tiny://` model paths are built locally and are skipped; `~` is expanded
+    as verl does."""
     b = BC
-    problems: list[Problem] = []
+    problems = resolve_hub_ids(rc)
+    bad = {p.key for p in problems}
     checks: list[tuple[str, Any, str]] = [
         (b + "data.train_files", get(rc.cfg, b + "data.train_files"), "file"),
         (b + "data.val_files", get(rc.cfg, b + "data.val_files"), "file"),
-        (b + "actor_rollout_ref.model.path", get(rc.cfg, b + "actor_rollout_ref.model.path"), "model"),
+        *((key, get(rc.cfg, key), "model") for key in MODEL_PATH_KEYS if key not in bad),
         (b + "custom_reward_function.path", get(rc.cfg, b + "custom_reward_function.path"), "file"),
     ]
     for key, value, kind in checks:
@@ -641,7 +673,7 @@ def check_paths(rc) -> list[Problem]:
             path = Path(os.path.expanduser(str(item)))
             if kind == "model" and not path.is_dir():
                 problems.append(Problem(key, f"model folder {item!r} does not exist",
-                                        "download the model (e.g. huggingface-cli download ...) and set its folder"))
+                                        "set it to a local model folder or a Hugging Face hub id (owner/name)"))
             elif kind == "file" and not path.is_file():
                 problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
                                         f"{Path.cwd()})", "run the data_prep script or fix the path"))
