@@ -87,3 +87,13 @@ def test_validate_check_paths_reports_a_missing_hub_id(hub_cache, tmp_path):
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "backend_config.actor_rollout_ref.model.path" in out.stderr and "'nobody/missing-model'" in out.stderr
     assert str(hub_cache) in out.stderr and "hf download nobody/missing-model" in out.stderr
+
+
+def test_resolved_config_names_the_snapshot_folder(hub_cache, tmp_path):
+    from verl_npu.config import load_recipe
+
+    args = _check_paths_args(tmp_path, MODEL_ID)[1:-1]
+    rc = load_recipe(args[0], args[1:], check_paths=True)
+    snapshot = hub_cache / "models--tiny-org--tiny-qwen2" / "snapshots" / COMMIT
+    assert rc.backend.actor_rollout_ref.model.path == str(snapshot)
+    assert f"# derived: hub id {MODEL_ID} found in the Hugging Face cache" in rc.to_yaml()
