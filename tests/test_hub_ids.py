@@ -97,3 +97,12 @@ def test_resolved_config_names_the_snapshot_folder(hub_cache, tmp_path):
     snapshot = hub_cache / "models--tiny-org--tiny-qwen2" / "snapshots" / COMMIT
     assert rc.backend.actor_rollout_ref.model.path == str(snapshot)
     assert f"# derived: hub id {MODEL_ID} found in the Hugging Face cache" in rc.to_yaml()
+
+
+def test_config_rules_read_a_cached_hub_id_without_check_paths(hub_cache, tmp_path):
+    from verl_npu.config import load_recipe
+    from verl_npu.errors import ConfigErrors
+
+    args = _check_paths_args(tmp_path, MODEL_ID)[1:-1]
+    with pytest.raises(ConfigErrors, match=r"model's limit 4096 \(max_position_embeddings=4096"):
+        load_recipe(args[0], [*args[1:], "data.max_prompt_length=1024", "data.max_response_length=8192"])

@@ -58,6 +58,21 @@ class HubIdMissing(UserError):
         super().__init__(f"{key}: {self.what}. {self.advice}")
 
 
+def cached_folder(model_id) -> Path | None:
+    """The snapshot folder of hub id ``model_id`` when the cache holds it, else None (also for a
+    value that is not a hub id); never downloads, never raises."""
+    if not looks_like_hub_id(model_id):
+        return None
+    from huggingface_hub import snapshot_download
+
+    match = _HUB_ID.match(model_id)
+    try:
+        return Path(snapshot_download(match["repo"], revision=match["rev"], cache_dir=cache_dir(),
+                                      local_files_only=True))
+    except Exception:  # noqa: BLE001 - not (completely) in the cache
+        return None
+
+
 def hub_folder(model_id: str, key: str = "actor_rollout_ref.model.path") -> tuple[Path, str]:
     """``(snapshot folder, how it was found)`` for hub id ``model_id`` (``owner/name[@revision]``),
     ``how`` being ``"cache"`` or ``"download"``. Raises `HubIdMissing` (naming ``key``, the id, the
@@ -67,15 +82,13 @@ def hub_folder(model_id: str, key: str = "actor_rollout_ref.model.path") -> tupl
     match = _HUB_ID.match(model_id)
     if match is None:
         raise UserError(f"{key}: {model_id!r} is not a Hugging Face hub id (owner/name)")
-    repo, revision, cache = match["repo"], match["rev"], cache_dir()
-    try:
-        return Path(snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=True)), "cache"
-    except Exception:  # noqa: BLE001 - any lookup failure means "not (completely) in the cache"
-        pass
+    cached = cached_folder(model_id)
+    if cached is not None:
+        return cached, "cache"
     if offline():
         raise HubIdMissing(model_id, key, "HF_HUB_OFFLINE is set, so it was not downloaded")
     try:
-        return Path(snapshot_download(repo, revision=revision, cache_dir=cache)), "download"
+        return Path(snapshot_download(match["repo"], revision=match["rev"], cache_dir=cache_dir())), "download"
     except Exception as err:  # noqa: BLE001 - network, auth, unknown repo: all end in the same advice
         first = str(err).splitlines()[0] if str(err) else ""
         raise HubIdMissing(model_id, key, f"downloading it failed: {type(err).__name__}: {first}") from None
