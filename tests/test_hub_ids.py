@@ -106,3 +106,11 @@ def test_config_rules_read_a_cached_hub_id_without_check_paths(hub_cache, tmp_pa
     args = _check_paths_args(tmp_path, MODEL_ID)[1:-1]
     with pytest.raises(ConfigErrors, match=r"model's limit 4096 \(max_position_embeddings=4096"):
         load_recipe(args[0], [*args[1:], "data.max_prompt_length=1024", "data.max_response_length=8192"])
+
+
+def test_run_stops_before_any_worker_on_a_missing_hub_id(hub_cache, tmp_path):
+    args = _check_paths_args(tmp_path, "nobody/missing-model")
+    out = cli("run", *args[1:-1])
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "'nobody/missing-model'" in out.stderr and str(hub_cache) in out.stderr
+    assert "starting training" not in out.stdout
