@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl_npu.config.modelinfo import model_heads, model_length_limit
 from verl_npu.config.schema import (
@@ -627,9 +627,8 @@ def resolve_hub_ids(rc) -> list[Problem]:
     """Replace every hub id (`owner/name[@revision]`) among the `MODEL_PATH_KEYS` values that is not
     a local folder by its snapshot folder in the Hugging Face cache (downloaded there when the hub
     is reachable and HF_HUB_OFFLINE is not set), in `rc.cfg` itself, so that workers and the rollout
-    engine load that folder; each replacement is recorded in `rc.derived` with the id. Returns a
+    engine load that folder; each replacement is recorded in `rc.derived` (`rc.set_derived`) with the id. Returns a
     Problem for each id that could not be resolved."""
-    from verl_npu.config.loader import Derived
     from verl_npu.models.hub import HubIdMissing, hub_folder, looks_like_hub_id
 
     problems: list[Problem] = []
@@ -642,9 +641,8 @@ def resolve_hub_ids(rc) -> list[Problem]:
         except HubIdMissing as err:
             problems.append(Problem(key, err.what, err.advice))
             continue
-        OmegaConf.update(rc.cfg, key, str(folder), merge=False)
         where = "found in the Hugging Face cache" if how == "cache" else "downloaded into the Hugging Face cache"
-        rc.derived.append(Derived(key, str(folder), f"hub id {value} {where}"))
+        rc.set_derived(key, str(folder), f"hub id {value} {where}")
     return problems
 
 
