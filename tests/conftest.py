@@ -9,6 +9,8 @@ import pytest
 # 2-core CI machines: one intra-op thread per process keeps parallel helpers from thrashing.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The hub is not reachable from tests: hub ids resolve from a local cache only, nothing is downloaded.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")

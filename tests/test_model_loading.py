@@ -46,7 +46,9 @@ def test_resolve_model_path(vl_dir, monkeypatch, tmp_path):
     assert loading.resolve_model_path("tiny://qwen25vl") == str(vl_dir)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert loading.resolve_model_path("~/models/x") == str(tmp_path / "models" / "x")
-    assert loading.resolve_model_path("Qwen/Qwen2.5-VL-3B-Instruct") == "Qwen/Qwen2.5-VL-3B-Instruct"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="'Qwen/Qwen2.5-VL-3B-Instruct' is not a local folder"):
+        loading.resolve_model_path("Qwen/Qwen2.5-VL-3B-Instruct")  # a hub id missing from the (empty) cache
     with pytest.raises(UserError, match="actor_rollout_ref.model.path is empty"):
         loading.resolve_model_path("")
 
@@ -61,7 +63,7 @@ def test_missing_path_is_user_error(tmp_path):
             load()
         msg = str(err.value)
         assert str(missing) in msg and "does not exist" in msg
-        assert "offline" in msg and "tiny://qwen25vl" in msg
+        assert "hub id" in msg and "tiny://qwen25vl" in msg
 
 
 def test_folder_without_config_is_user_error(tmp_path):

@@ -210,9 +210,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if prepare_assets is not None:
         for line in prepare_assets(rc, demo_data=args.demo_data) or []:
             _say(f"[verl-npu] prepared {line}")
-    problems = check_paths(rc)
+    known = len(rc.derived)
+    problems = check_paths(rc)  # also resolves hub ids to their cache folders, in rc.cfg
     if problems:
         raise ConfigErrors(problems, source=str(rc.source))
+    for d in rc.derived[known:]:
+        _say(f"[verl-npu] {d.key.removeprefix('backend_config.')} = {d.value}  ({d.reason})")
     _say("[verl-npu] data and model paths found")
     detect_device = _optional("verl_npu.device", "detect_device")
     if detect_device is not None:

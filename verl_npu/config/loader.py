@@ -63,6 +63,11 @@ class RecipeConfig:
         t = self.cfg.backend_config.trainer
         return int(t.nnodes) * int(t.n_gpus_per_node)
 
+    def set_derived(self, key: str, value: Any, reason: str) -> None:
+        """Set full dotted `key` to `value` in `cfg` and record it, with `reason`, in `derived`."""
+        OmegaConf.update(self.cfg, key, value, merge=False)
+        self.derived.append(Derived(key, value, reason))
+
     def to_yaml(self) -> str:
         """The resolved recipe as YAML; each derived value carries a `# derived: <reason>` comment."""
         notes = {d.key: d.reason for d in self.derived}

@@ -1,5 +1,5 @@
 """What the config checks read from a local model folder's config.json: heads, length limit, and the
-Ulysses size rule that depends on them. Imports only `tree`-level modules (no torch)."""
+Ulysses size rule that depends on them. Imports no torch (a hub id is looked up in the Hugging Face cache)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+from verl_npu.models.hub import cached_folder, looks_like_hub_id
+
 LONG_RESPONSE = 8192
 TOKENS_PER_SP_RANK = 2048
 
 
 def model_config(path: Any) -> dict | None:
-    """`<path>/config.json` as a dict, or None when the path is not a readable local model folder."""
+    """`<path>/config.json` as a dict, or None when the path is not a readable local model folder.
+    A hub id that is not a local folder is read from its snapshot in the Hugging Face cache, if
+    the cache holds it (nothing is downloaded here)."""
     if not isinstance(path, str) or "://" in path:
         return None
-    cfg_file = Path(os.path.expanduser(path)) / "config.json"
+    folder = Path(os.path.expanduser(path))
+    if not folder.is_dir() and looks_like_hub_id(path):
+        folder = cached_folder(path) or folder
+    cfg_file = folder / "config.json"
     try:
         conf = json.loads(cfg_file.read_text())
     except (OSError, ValueError):

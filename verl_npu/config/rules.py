@@ -619,16 +619,45 @@ def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -
 
 
 # ------------------------------------------------------------------ files
+#: keys that name a model (or tokenizer) folder: a local folder, a tiny:// model or a hub id
+MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "data.tokenizer")
+
+
+def resolve_hub_ids(rc) -> list[Problem]:
+    """Replace every hub id (`owner/name[@revision]`) among the `MODEL_PATH_KEYS` values that is not
+    a local folder by its snapshot folder in the Hugging Face cache (downloaded there when the hub
+    is reachable and HF_HUB_OFFLINE is not set), in `rc.cfg` itself, so that workers and the rollout
+    engine load that folder; each replacement is recorded in `rc.derived` (`rc.set_derived`) with the id. Returns a
+    Problem for each id that could not be resolved."""
+    from verl_npu.models.hub import HubIdMissing, hub_folder, looks_like_hub_id
+
+    problems: list[Problem] = []
+    for key in MODEL_PATH_KEYS:
+        value = get(rc.cfg, key)
+        if not looks_like_hub_id(value) or Path(os.path.expanduser(value)).is_dir():
+            continue
+        try:
+            folder, how = hub_folder(value, key.removeprefix(BC))
+        except HubIdMissing as err:
+            problems.append(Problem(key, err.what, err.advice))
+            continue
+        where = "found in the Hugging Face cache" if how == "cache" else "downloaded into the Hugging Face cache"
+        rc.set_derived(key, str(folder), f"hub id {value} {where}")
+    return problems
+
+
 def check_paths(rc) -> list[Problem]:
     """Problems for data files, the model folder, the custom reward file and the LoRA adapter folder
-    (model.lora_adapter_path: adapter_config.json in it) that do not exist.
-    `tiny://` model paths are built locally and are skipped; `~` is expanded as verl does."""
+    (model.lora_adapter_path: adapter_config.json in it) that do not exist. Hub ids among the model
+    paths are first resolved to local folders (`resolve_hub_ids`, which changes `rc.cfg`); `tiny://`
+    model paths are built locally and are skipped; `~` is expanded as verl does."""
     b = BC
-    problems: list[Problem] = []
+    problems = resolve_hub_ids(rc)
+    bad = {p.key for p in problems}
     checks: list[tuple[str, Any, str]] = [
         (b + "data.train_files", get(rc.cfg, b + "data.train_files"), "file"),
         (b + "data.val_files", get(rc.cfg, b + "data.val_files"), "file"),
-        (b + "actor_rollout_ref.model.path", get(rc.cfg, b + "actor_rollout_ref.model.path"), "model"),
+        *((key, get(rc.cfg, key), "model") for key in MODEL_PATH_KEYS if key not in bad),
         (b + "custom_reward_function.path", get(rc.cfg, b + "custom_reward_function.path"), "file"),
         (b + "actor_rollout_ref.model.lora_adapter_path", get(rc.cfg, b + "actor_rollout_ref.model.lora_adapter_path"),
          "adapter"),
@@ -644,7 +673,7 @@ def check_paths(rc) -> list[Problem]:
             path = Path(os.path.expanduser(str(item)))
             if kind == "model" and not path.is_dir():
                 problems.append(Problem(key, f"model folder {item!r} does not exist",
-                                        "download the model (e.g. huggingface-cli download ...) and set its folder"))
+                                        "set it to a local model folder or a Hugging Face hub id (owner/name)"))
             elif kind == "adapter" and not (path / "adapter_config.json").is_file():
                 problems.append(Problem(key, f"{item!r} is not a peft adapter folder (no adapter_config.json)",
                                         "name a folder written by peft's save_pretrained, e.g. a checkpoint's "

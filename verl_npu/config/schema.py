@@ -117,7 +117,8 @@ _k("data.custom_cls.name", None, STR, "Class name in data.custom_cls.path.", off
 A = "actor_rollout_ref"
 _k(f"{A}.hybrid_engine", True, BOOL, "Actor and rollout share devices (the only mode).",
    off_only="a separate (non-hybrid) rollout")
-_k(f"{A}.model.path", None, STR, "Hugging Face model folder, or tiny://qwen25vl / tiny://qwen2 for a "
+_k(f"{A}.model.path", None, STR, "Hugging Face model folder, a hub id (owner/name[@revision], taken from "
+   "the local HF cache, downloaded only where the hub is reachable), or tiny://qwen25vl / tiny://qwen2 for a "
    "tiny local model.", required=True)
 _k(f"{A}.model.external_lib", None, STR, "Python module imported first to register custom models.")
 _k(f"{A}.model.override_config", {}, DICT, "Model config fields to override (e.g. attn_implementation, dropout).")

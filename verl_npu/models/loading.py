@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from verl_npu.errors import UserError
+from verl_npu.models.hub import hub_folder, looks_like_hub_id
 from verl_npu.models.tiny import is_tiny_uri, materialize
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,10 @@ _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 def resolve_model_path(path) -> str:
     """The local path for ``path``: ``tiny://NAME`` is materialized (built on first use) and its
-    cache folder returned; a leading ``~`` is expanded; anything else is returned unchanged."""
+    cache folder returned; a leading ``~`` is expanded; a hub id (``owner/name[@revision]``) that
+    is not a local folder becomes its snapshot folder in the Hugging Face cache
+    (`verl_npu.models.hub.hub_folder`: a UserError when it is not there and cannot be downloaded);
+    anything else is returned unchanged."""
     if path is None or str(path).strip() == "":
         raise UserError(f"{MODEL_KEY}.path is empty: set it to a model folder, a hub id or tiny://qwen25vl")
     path = str(path)
@@ -40,40 +44,25 @@ def resolve_model_path(path) -> str:
         return str(materialize(path))
     if path.startswith("~"):
         return os.path.expanduser(path)
+    if looks_like_hub_id(path) and not os.path.exists(path):
+        folder, how = hub_folder(path, f"{MODEL_KEY}.path")
+        if how == "download":
+            logger.info("hub id %s downloaded to %s", path, folder)
+        return str(folder)
     return path
 
 
-def _looks_like_hub_id(path: str) -> bool:
-    """``org/name`` (one slash, no leading ``/`` ``.`` or ``~``): what the hub could serve."""
-    return (
-        not os.path.isabs(path)
-        and not path.startswith((".", "~"))
-        and path.count("/") == 1
-        and all(part for part in path.split("/"))
-    )
-
-
 def _check_path_exists(path: str, original) -> None:
-    """UserError when ``path`` is neither a local folder nor something the hub could serve."""
+    """UserError when ``path`` (as `resolve_model_path` returned it) is not a local folder."""
     if os.path.isdir(path):
         return
     shown = f"{original!r}" + (f" (resolved to {path!r})" if str(original) != path else "")
     if os.path.exists(path):
         raise UserError(f"{MODEL_KEY}.path {shown} is a file; it must be a model folder (with config.json)")
-    if not _looks_like_hub_id(path):
-        raise UserError(
-            f"{MODEL_KEY}.path {shown} does not exist. Set it to a local model folder (config.json, "
-            "weights, tokenizer files) or to tiny://qwen25vl / tiny://qwen2 for a tiny local model. "
-            "Hub downloads are not supported offline: download the model first "
-            "(e.g. `huggingface-cli download ORG/NAME --local-dir DIR`) and point the path at DIR."
-        )
-
-
-def _hub_failure(path: str, what: str, err: Exception) -> UserError:
-    return UserError(
-        f"{MODEL_KEY}.path {path!r} is not a local folder and loading its {what} from the Hugging Face "
-        f"hub failed ({type(err).__name__}: {err}). Hub downloads are not supported offline: download "
-        f"the model first (`huggingface-cli download {path} --local-dir DIR`) and set the path to DIR."
+    raise UserError(
+        f"{MODEL_KEY}.path {shown} does not exist. Set it to a local model folder (config.json, "
+        "weights, tokenizer files), a Hugging Face hub id in the local cache (owner/name), or "
+        "tiny://qwen25vl / tiny://qwen2 for a tiny local model."
     )
 
 
@@ -94,10 +83,6 @@ def load_config(path, *, trust_remote_code: bool = False):
         )
     try:
         return AutoConfig.from_pretrained(local, trust_remote_code=trust_remote_code)
-    except OSError as err:
-        if not os.path.isdir(local):
-            raise _hub_failure(local, "config", err) from err
-        raise
     except ValueError as err:
         if "trust_remote_code" in str(err) or "model type" in str(err) or "model_type" in str(err):
             raise UserError(
@@ -138,10 +123,6 @@ def load_tokenizer_and_processor(path, *, trust_remote_code: bool = False, custo
     try:
         tokenizer = AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001 - OSError, ValueError ("Couldn't instantiate the backend tokenizer"), ...
-        if not os.path.isdir(local):
-            if isinstance(err, OSError):
-                raise _hub_failure(local, "tokenizer", err) from err
-            raise
         raise UserError(
             f"{MODEL_KEY}.path {path!r}: no tokenizer could be loaded from the folder ({type(err).__name__}: {err}). "
             f"It holds: {_listing(local)}. {_TOKENIZER_FIX}"
@@ -204,7 +185,7 @@ def _hub_name(folder: str) -> str:
         name = json.loads(Path(folder, "config.json").read_text()).get("_name_or_path")
     except (OSError, ValueError, AttributeError):
         name = None
-    return name if isinstance(name, str) and _looks_like_hub_id(name) else "ORG/NAME"
+    return name if isinstance(name, str) and looks_like_hub_id(name) else "ORG/NAME"
 
 
 def _has_tokenizer_files(folder: str, trust_remote_code: bool) -> bool:
@@ -371,10 +352,6 @@ def load_policy_model(
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
         )
-    except OSError as err:
-        if not os.path.isdir(local):
-            raise _hub_failure(local, "weights", err) from err
-        raise
     except (ImportError, ValueError) as err:
         if "attn" in str(err).lower() or "attention" in str(err).lower():
             raise UserError(
