@@ -13,7 +13,7 @@ Responses are either all 32 tokens long ("equal") or 1..32 tokens ("mixed", wher
 the padding). Models: random-init Qwen2 configs built in memory (the tiny test model and a small
 one); the median of `--repeats` timed runs after one warm-up.
 
-Usage:  python bench/packing_cpu.py [--repeats 3] [--threads 2]
+Usage:  python bench/packing_cpu.py [--repeats 3] [--threads 1]
 Results are recorded by hand in bench/vs_trl.md.
 """
 
@@ -71,7 +71,7 @@ def timed_step(model, ids, mask, layout: str) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median reported)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

@@ -167,16 +167,23 @@ def response_log_probs(
             packed_logits, logits = logits, logits.new_zeros(n, length, logits.shape[-1])
             logits[keep] = packed_logits
     else:
+        # only the last R + 1 positions need logits (the first R of them predict the response): the
+        # lm head, log-softmax and entropy run on those only; the rest is zero-padded on the left
+        keep = response_length + 1
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=positions,
             use_cache=False,
+            logits_to_keep=keep,
             **mm,
         )
-        logits = out.logits / temperature  # [N, L, V]
-        log_probs = _token_log_probs(logits, targets)
-        entropy = _entropy(logits) if with_entropy else None
+        logits = out.logits / temperature  # [N, R + 1, V]
+        left = length - keep
+        log_probs = F.pad(_token_log_probs(logits, targets[:, left:]), (left, 0))
+        entropy = F.pad(_entropy(logits), (left, 0)) if with_entropy else None
+        if return_logits:
+            logits = F.pad(logits, (0, 0, left, 0))  # [N, L, V]
 
     # logits at position t predict token t+1: responses occupy [L-R, L), so read [L-R-1, L-1)
     start = length - response_length - 1
