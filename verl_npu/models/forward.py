@@ -147,25 +147,29 @@ def response_log_probs(
             packed_pos = torch.cat([text_pos.unsqueeze(0), positions[:, keep].unsqueeze(1)], dim=0)
         else:
             packed_pos = text_pos
+        # logits only where a response token is predicted: real tokens in columns [L-R-1, L-1)
+        needed = torch.zeros_like(keep)
+        needed[:, length - response_length - 1 : length - 1] = True
+        needed &= keep
+        wanted = needed[keep].nonzero().squeeze(-1)  # their indices in the packed row
         if sp_group is not None:
-            logits = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group) / temperature
+            logits = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group)[wanted] / temperature
         else:
             kernel = varlen_attention_kernel(device.type)
             with packed_attention(model, keep.sum(1), kernel):
-                out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False, **mm)
-            logits = out.logits[0] / temperature  # [T, V]
-        # A row's last real token "predicts" the next row's first token here; that position is
-        # never read (responses end before it or it is padding), so no special case is needed.
-        lp_flat = _token_log_probs(logits, targets[keep])
+                out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
+                            logits_to_keep=wanted, **mm)
+            logits = out.logits[0] / temperature  # [len(wanted), V]
+        lp_flat = _token_log_probs(logits, targets[needed])
         log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
-        log_probs[keep] = lp_flat
+        log_probs[needed] = lp_flat
         entropy = None
         if with_entropy:
             entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
-            entropy[keep] = _entropy(logits)
+            entropy[needed] = _entropy(logits)
         if return_logits:
             packed_logits, logits = logits, logits.new_zeros(n, length, logits.shape[-1])
-            logits[keep] = packed_logits
+            logits[needed] = packed_logits
     else:
         # only the last R + 1 positions need logits (the first R of them predict the response): the
         # lm head, log-softmax and entropy run on those only; the rest is zero-padded on the left
