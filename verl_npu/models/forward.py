@@ -8,7 +8,7 @@ numbers:
 - padded: the batch as a [N, L] tensor with an attention mask;
 - padding-free (`use_remove_padding`): all real tokens packed into one [1, T] row with
   per-sequence position ids, so no compute is spent on padding. Attention stays inside each
-  sequence through a variable-length attention kernel (`verl_npu.models.varlen`: per-sequence
+  sequence through a variable-length attention kernel (`verl_npu.models.varlen`: batched per-sequence
   SDPA on CPU, flash-attention varlen on CUDA, the fused NPU attention on Ascend; no [T, T] mask).
 """
 
