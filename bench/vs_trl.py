@@ -14,7 +14,7 @@ tokens per second (completion tokens / step seconds over the same steps), peak R
 the median step (verl-npu: its `timing_s/*` metrics; TRL: timers around its own methods, see
 `trl_side`), and the ratio verl-npu / TRL (goal: <= 0.67).
 
-Usage:  python bench/vs_trl.py [--task vl|text] [--steps 10] [--smoke] [--threads 2]
+Usage:  python bench/vs_trl.py [--task vl|text] [--steps 10] [--smoke] [--threads 1]
                                [--remove-padding] [--json FILE]
 TRL is a benchmark-only dependency (`pip install -e .[bench]`); without it --smoke runs the
 verl-npu side only. Results are recorded by hand in bench/vs_trl.md.
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     parser.add_argument("--task", choices=["vl", "text"], default="vl", help="picture task (tiny Qwen2.5-VL) or text")
     parser.add_argument("--steps", type=int, default=10, help="training steps per side (median over steps 3..N)")
     parser.add_argument("--smoke", action="store_true", help="2 steps per side (verl-npu only without TRL); no timing goal")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads in each trainer process")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in each trainer process (1: stable on a shared machine)")
     parser.add_argument("--remove-padding", action="store_true", help="verl-npu with use_remove_padding=true")
     parser.add_argument("--sides", default="verl,trl", help="comma-separated: verl, trl")
     parser.add_argument("--json", help="also write the summary here")

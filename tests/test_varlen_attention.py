@@ -70,11 +70,11 @@ def _reference_attention(q, k, v, cu, scale):
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v)
 
 
-def test_sdpa_per_sequence_matches_dense_block_diagonal_attention():
+def test_sdpa_sequences_matches_dense_block_diagonal_attention():
     torch.manual_seed(0)
     cu = torch.tensor([0, 4, 5, 9, 16])  # lengths 4, 1, 4, 7: two sequences share a length
     q, k, v = torch.randn(16, 4, 8), torch.randn(16, 2, 8), torch.randn(16, 2, 8)
-    out = varlen.VARLEN_KERNELS["sdpa_per_sequence"](q, k, v, cu, 0.3)
+    out = varlen.VARLEN_KERNELS["sdpa_sequences"](q, k, v, cu, 0.3)
     torch.testing.assert_close(out, _reference_attention(q, k, v, cu, 0.3), atol=1e-5, rtol=1e-5)
 
 
@@ -94,14 +94,14 @@ def test_npu_kernel_passes_the_tnd_layout_and_cumulative_lengths(monkeypatch):
     fake.npu_fusion_attention = npu_fusion_attention
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     assert varlen_attention_kernel("npu") == "npu_fusion"
-    assert varlen_attention_kernel("cpu") == "sdpa_per_sequence"
+    assert varlen_attention_kernel("cpu") == "sdpa_sequences"
     torch.manual_seed(1)
     cu = torch.tensor([0, 3, 8])
     q, k, v = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)  # [1, H, T, D]
     with monkeypatch.context() as m:
         m.setattr(varlen, "_STATE", varlen._Packed(cu, "npu_fusion"))
         npu_out, _ = varlen.varlen_attention_forward(None, q, k, v, None, scaling=0.25)
-        m.setattr(varlen, "_STATE", varlen._Packed(cu, "sdpa_per_sequence"))
+        m.setattr(varlen, "_STATE", varlen._Packed(cu, "sdpa_sequences"))
         cpu_out, _ = varlen.varlen_attention_forward(None, q, k, v, None, scaling=0.25)
     assert calls == [(4, "TND", 3, [3, 8], [3, 8], (2048, 2048))]
     assert npu_out.shape == (1, 8, 4, 16)

@@ -614,7 +614,7 @@ def varlen_attention_kernel(device_type: str) -> str:
     """The variable-length attention kernel of the padding-free path for tensors on `device_type`
     (a torch device type), a name in `verl_npu.models.varlen.VARLEN_KERNELS`: "npu_fusion"
     (torch_npu.npu_fusion_attention, TND layout) on npu when torch_npu has the op, "flash_attn"
-    (flash_attn_varlen_func) on cuda when flash-attn imports, else "sdpa_per_sequence"."""
+    (flash_attn_varlen_func) on cuda when flash-attn imports, else "sdpa_sequences"."""
     import importlib.util
 
     if device_type == "npu" and hasattr(sys.modules.get("torch_npu"), "npu_fusion_attention"):
@@ -625,7 +625,7 @@ def varlen_attention_kernel(device_type: str) -> str:
                 return "flash_attn"
         except (ImportError, ValueError):
             pass
-    return "sdpa_per_sequence"
+    return "sdpa_sequences"
 
 
 def _npu_soc_version() -> int | None:

@@ -8,7 +8,7 @@ numbers:
 - padded: the batch as a [N, L] tensor with an attention mask;
 - padding-free (`use_remove_padding`): all real tokens packed into one [1, T] row with
   per-sequence position ids, so no compute is spent on padding. Attention stays inside each
-  sequence through a variable-length attention kernel (`verl_npu.models.varlen`: per-sequence
+  sequence through a variable-length attention kernel (`verl_npu.models.varlen`: batched per-sequence
   SDPA on CPU, flash-attention varlen on CUDA, the fused NPU attention on Ascend; no [T, T] mask).
 """
 
@@ -190,44 +190,57 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             packed_pos = torch.cat([text_pos.unsqueeze(0), positions[:, keep].unsqueeze(1)], dim=0)
         else:
             packed_pos = text_pos
-        if head is not None:   # the fused head needs the targets of the tokens it sees
-            head.targets = targets[keep].unsqueeze(0)
-            if sp_group is not None:
+        # logits only where a response token is predicted: real tokens in columns [L-R-1, L-1)
+        needed = torch.zeros_like(keep)
+        needed[:, length - response_length - 1 : length - 1] = True
+        needed &= keep
+        wanted = needed[keep].nonzero().squeeze(-1)  # their indices in the packed row
+        if sp_group is not None:
+            if head is not None:   # the fused head needs the targets of the tokens it sees: this rank's slice
                 from verl_npu.models import ulysses
 
-                head.targets = ulysses.pad_and_shard(head.targets, 1, sp_group)[0]
-        if sp_group is not None:
-            raw = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group)
+                head.targets = ulysses.pad_and_shard(targets[keep].unsqueeze(0), 1, sp_group)[0]
+            raw = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group)[wanted]
         else:
+            if head is not None:
+                head.targets = targets[needed].unsqueeze(0)
             kernel = varlen_attention_kernel(device.type)
             with packed_attention(model, keep.sum(1), kernel):
-                out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False, **mm)
-            raw = out.logits[0]  # [T, V] ([T, 2] with a fused head)
-        # A row's last real token "predicts" the next row's first token here; that position is
-        # never read (responses end before it or it is padding), so no special case is needed.
-        lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[keep], temperature, with_entropy, head, compile,
+                out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
+                            logits_to_keep=wanted, **mm)
+            raw = out.logits[0]  # [len(wanted), V] ([len(wanted), 2] with a fused head)
+        lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[needed], temperature, with_entropy, head, compile,
                                                        entropy_chunk)
         log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
-        log_probs[keep] = lp_flat
+        log_probs[needed] = lp_flat
         entropy = None
         if with_entropy:
             entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
-            entropy[keep] = ent_flat
+            entropy[needed] = ent_flat
         if return_logits:
             packed_logits, logits = logits, logits.new_zeros(n, length, logits.shape[-1])
-            logits[keep] = packed_logits
+            logits[needed] = packed_logits
     else:
+        # only the last R + 1 positions need logits (the first R of them predict the response): the
+        # lm head, log-softmax and entropy run on those only; the rest is zero-padded on the left
+        n_keep = response_length + 1
+        left = length - n_keep
         if head is not None:
-            head.targets = targets
+            head.targets = targets[:, left:]
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=positions,
             use_cache=False,
+            logits_to_keep=n_keep,
             **mm,
         )
-        log_probs, entropy, logits = _log_probs_entropy(out.logits, targets, temperature, with_entropy, head, compile,
-                                                        entropy_chunk)
+        log_probs, entropy, logits = _log_probs_entropy(out.logits, targets[:, left:], temperature, with_entropy, head,
+                                                        compile, entropy_chunk)
+        log_probs = F.pad(log_probs, (left, 0))
+        entropy = F.pad(entropy, (left, 0)) if entropy is not None else None
+        if return_logits:
+            logits = F.pad(logits, (0, 0, left, 0))  # [N, L, V]
 
     # logits at position t predict token t+1: responses occupy [L-R, L), so read [L-R-1, L-1)
     start = length - response_length - 1

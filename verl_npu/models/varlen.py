@@ -8,8 +8,9 @@ sequence attends causally to itself only, from the cumulative lengths ``cu_seqle
 ([0, l0, l0+l1, ..., T]). The kernel is chosen by the device layer
 (`DeviceInfo.varlen_attention_kernel`), one name per kernel in `VARLEN_KERNELS`:
 
-- ``sdpa_per_sequence``: `torch.nn.functional.scaled_dot_product_attention` on each sequence
-  (sequences of the same length batched together), on CPU and wherever no fused kernel exists;
+- ``sdpa_sequences``: one `torch.nn.functional.scaled_dot_product_attention` call on the
+  sequences gathered into a right-padded [S, H, Lmax, D] batch (causal, so no mask at all), on CPU
+  and wherever no fused kernel exists; only attention sees that padding, everything else runs packed;
 - ``flash_attn``: flash-attention's `flash_attn_varlen_func` (CUDA with `flash-attn` installed);
 - ``npu_fusion``: `torch_npu.npu_fusion_attention` in the TND layout with `actual_seq_qlen` /
   `actual_seq_kvlen` and a causal `sparse_mode` (Ascend).
@@ -33,32 +34,32 @@ ATTENTION_NAME = "verl_npu_varlen"
 @dataclass
 class _Packed:
     cu_seqlens: torch.Tensor | None = None  # int64 [S + 1], on CPU
-    kernel: str = "sdpa_per_sequence"
+    kernel: str = "sdpa_sequences"
 
 
 _STATE = _Packed()
 
 
-def _sdpa_per_sequence(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; one SDPA call per distinct sequence length."""
+def _sdpa_sequences(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D] with one SDPA call: the sequences are gathered into
+    [S, H, Lmax, D] (right-padded: with a causal mask a real query never reaches a padded key), and
+    the real positions are gathered back. Attention only is padded; no [T, T] mask exists."""
     groups = q.shape[1] // k.shape[1]
+    lengths = cu[1:] - cu[:-1]
+    longest = int(lengths.max())
+    pos = torch.arange(longest)
+    valid = pos[None, :] < lengths[:, None]  # [S, Lmax]
+    src = torch.where(valid, cu[:-1, None] + pos[None, :], 0).reshape(-1).to(q.device)
+
+    def gather(x):  # [T, h, D] -> [S, h, Lmax, D]
+        return x.index_select(0, src).view(len(lengths), longest, *x.shape[1:]).transpose(1, 2)
+
+    ks, vs = gather(k), gather(v)
     if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-    starts, lengths = cu[:-1].tolist(), (cu[1:] - cu[:-1]).tolist()
-    out = torch.empty_like(q)
-    by_length: dict[int, list[int]] = {}
-    for start, length in zip(starts, lengths):
-        if length > 0:
-            by_length.setdefault(length, []).append(start)
-    for length, group in by_length.items():
-        index = (torch.tensor(group).unsqueeze(1) + torch.arange(length)).reshape(-1).to(q.device)
-        # [n, L, H, D] -> [n, H, L, D]
-        qs, ks, vs = (x.index_select(0, index).view(len(group), length, *x.shape[1:]).transpose(1, 2)
-                      for x in (q, k, v))
-        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling)
-        out.index_copy_(0, index, o.transpose(1, 2).reshape(-1, *q.shape[1:]))
-    return out
+        ks, vs = ks.repeat_interleave(groups, dim=1), vs.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(gather(q), ks, vs, is_causal=True, scale=scaling)
+    real = valid.reshape(-1).nonzero().squeeze(-1).to(q.device)  # packed order: sequence after sequence
+    return out.transpose(1, 2).reshape(-1, *q.shape[1:]).index_select(0, real)
 
 
 def _flash_attn(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -84,7 +85,7 @@ def _npu_fusion(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
 
 
 VARLEN_KERNELS: dict[str, Callable] = {
-    "sdpa_per_sequence": _sdpa_per_sequence,
+    "sdpa_sequences": _sdpa_sequences,
     "flash_attn": _flash_attn,
     "npu_fusion": _npu_fusion,
 }
