@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from verl_npu.device import varlen_attention_kernel
 from verl_npu.models import varlen
 from verl_npu.models.forward import response_log_probs
+from verl_npu.models.loading import enable_activation_checkpointing
 
 RESPONSE = 5
 
@@ -29,9 +30,16 @@ def _mixed_batch(tok):
     return ids, mask, response_mask.bool()
 
 
-def test_packed_log_probs_and_gradients_equal_the_padded_path(tiny_lm_path, monkeypatch):
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "activation-checkpointing"])
+def test_packed_log_probs_and_gradients_equal_the_padded_path(tiny_lm_path, monkeypatch, checkpointing):
+    """With activation checkpointing the backward recomputes each layer after the packed call has
+    returned: the recomputation must run the same variable-length attention (else the gradients
+    would come from attention across sequences, or torch's checkpoint check fails)."""
     tok = AutoTokenizer.from_pretrained(tiny_lm_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
+    if checkpointing:
+        enable_activation_checkpointing(model)
+        model.train()
     torch.manual_seed(0)
     ids, mask, resp = _mixed_batch(tok)
     seen = []
@@ -52,7 +60,7 @@ def test_packed_log_probs_and_gradients_equal_the_padded_path(tiny_lm_path, monk
         torch.testing.assert_close(results[True][2][name], grad, atol=1e-5, rtol=1e-4, msg=name)
     # the packed forward ran through the varlen kernel, one packed row, and no mask was built
     layers = model.config.num_hidden_layers
-    assert len(seen) == layers and all(a is None and shape[0] == 1 and shape[2] == int(mask.sum())
+    assert len(seen) == layers * (2 if checkpointing else 1) and all(a is None and shape[0] == 1 and shape[2] == int(mask.sum())
                                        for a, shape in seen)
     # the previous implementation is back for generate and the padded path
     assert model.config._attn_implementation == "sdpa"

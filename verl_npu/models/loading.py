@@ -372,7 +372,10 @@ def load_policy_model(
 def enable_activation_checkpointing(model) -> None:
     """Recompute layer activations in backward (non-reentrant checkpointing). transformers >= 5.23
     names this ``activation_checkpointing_enable``; older releases ``gradient_checkpointing_enable``."""
-    kwargs = {"use_reentrant": False}
+    from verl_npu.models.varlen import checkpoint_context_fn
+
+    # the recomputation of a padding-free forward must run its variable-length attention again
+    kwargs = {"use_reentrant": False, "context_fn": checkpoint_context_fn}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

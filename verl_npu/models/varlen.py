@@ -35,6 +35,7 @@ ATTENTION_NAME = "verl_npu_varlen"
 class _Packed:
     cu_seqlens: torch.Tensor | None = None  # int64 [S + 1], on CPU
     kernel: str = "sdpa_sequences"
+    model: object = None                    # the model whose attention is switched (for recomputation)
 
 
 _STATE = _Packed()
@@ -128,11 +129,39 @@ def packed_attention(model, lengths: torch.Tensor, kernel: str):
     lengths = lengths.detach().to("cpu", torch.int64)
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     cu[1:] = lengths.cumsum(0)
-    old_state = (_STATE.cu_seqlens, _STATE.kernel)
+    old_state = (_STATE.cu_seqlens, _STATE.kernel, _STATE.model)
     model.set_attn_implementation({"text_config": name} if composite else name)
-    _STATE.cu_seqlens, _STATE.kernel = cu, kernel
+    _STATE.cu_seqlens, _STATE.kernel, _STATE.model = cu, kernel, model
     try:
         yield
     finally:
-        _STATE.cu_seqlens, _STATE.kernel = old_state
+        _STATE.cu_seqlens, _STATE.kernel, _STATE.model = old_state
         model.set_attn_implementation({"text_config": previous} if composite else previous)
+
+
+@contextlib.contextmanager
+def _packed_again(cu: torch.Tensor, kernel: str, model):
+    """The packed attention of one earlier forward, switched on again for its recomputation."""
+    text_cfg = model.config.get_text_config()
+    composite = text_cfg is not model.config
+    previous, old_state = text_cfg._attn_implementation, (_STATE.cu_seqlens, _STATE.kernel, _STATE.model)
+    model.set_attn_implementation({"text_config": ATTENTION_NAME} if composite else ATTENTION_NAME)
+    _STATE.cu_seqlens, _STATE.kernel, _STATE.model = cu, kernel, model
+    try:
+        yield
+    finally:
+        _STATE.cu_seqlens, _STATE.kernel, _STATE.model = old_state
+        model.set_attn_implementation({"text_config": previous} if composite else previous)
+
+
+def checkpoint_context_fn():
+    """`context_fn` for non-reentrant activation checkpointing (torch.utils.checkpoint).
+
+    Activation checkpointing recomputes a layer's forward during the backward, after
+    `packed_attention` has returned and restored the model's usual attention. Called at each
+    checkpointed forward, this captures the packed state of that moment (if any) and returns a
+    recomputation context that switches the same variable-length attention and sequence lengths on
+    again, so the recomputed layer is the layer that ran (same numbers, same saved tensors)."""
+    if _STATE.cu_seqlens is None or _STATE.model is None:
+        return contextlib.nullcontext(), contextlib.nullcontext()
+    return contextlib.nullcontext(), _packed_again(_STATE.cu_seqlens, _STATE.kernel, _STATE.model)
