@@ -581,7 +581,10 @@ def _trainer_full_kl(c: Ctx) -> Iterator[Problem]:
                       "use kl, abs, mse or low_var_kl")
 
 
-_FSDP = tuple(f"{BC}actor_rollout_ref.{role}.fsdp_config.{k}" for role in ("actor", "ref")
+#: the roles with an fsdp_config: (config section, the role's name in messages, its optimizer offloads)
+_FSDP_ROLES = (("actor_rollout_ref.actor", "actor", True), ("actor_rollout_ref.ref", "ref", False),
+               ("critic", "critic", True))
+_FSDP = tuple(f"{BC}{section}.fsdp_config.{k}" for section, _, _ in _FSDP_ROLES
               for k in ("param_offload", "optimizer_offload", "fsdp_size")) + _WORLD
 
 
@@ -589,14 +592,14 @@ _FSDP = tuple(f"{BC}actor_rollout_ref.{role}.fsdp_config.{k}" for role in ("acto
        "FSDP2 offloading needs 2+ workers; optimizer_offload needs param_offload; fsdp_size must be -1 or the "
        "device count (no hybrid sharding)")
 def _trainer_fsdp(c: Ctx) -> Iterator[Problem]:
-    for role in ("actor", "ref"):
-        prefix = f"{BC}actor_rollout_ref.{role}.fsdp_config."
+    for section, role, has_optimizer in _FSDP_ROLES:
+        prefix = f"{BC}{section}.fsdp_config."
         param = bool(c(prefix + "param_offload"))
         if param and c.world == 1:
             yield Problem(prefix + "param_offload", "offloading works through FSDP2, which needs 2+ workers",
                           "set it to false, or use trainer.n_gpus_per_node >= 2")
         opt = get(c.cfg, prefix + "optimizer_offload")
-        if role == "actor" and opt and not param:
+        if has_optimizer and opt and not param:
             yield Problem(prefix + "optimizer_offload",
                           "FSDP2 offloads the optimizer state together with the parameters, not alone",
                           f"also set {role}.fsdp_config.param_offload=true, or set this to false")
