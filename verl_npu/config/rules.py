@@ -583,7 +583,7 @@ def _trainer_full_kl(c: Ctx) -> Iterator[Problem]:
 
 #: the roles with an fsdp_config: (config section, the role's name in messages, its optimizer offloads)
 _FSDP_ROLES = (("actor_rollout_ref.actor", "actor", True), ("actor_rollout_ref.ref", "ref", False),
-               ("critic", "critic", True))
+               ("critic.model", "critic.model", True))
 _FSDP = tuple(f"{BC}{section}.fsdp_config.{k}" for section, _, _ in _FSDP_ROLES
               for k in ("param_offload", "optimizer_offload", "fsdp_size")) + _WORLD
 

@@ -314,6 +314,11 @@ _k(f"{C}.model.path", None, STR, "Model the critic starts from (its backbone; th
    "with one label). null: actor_rollout_ref.model.path.")
 _k(f"{C}.model.override_config", {}, DICT, "Critic model config fields to override.")
 _k(f"{C}.model.enable_gradient_checkpointing", True, BOOL, "Recompute the critic's activations in backward.")
+_k(f"{C}.model.use_remove_padding", False, BOOL, "verl: pack the critic's sequences without padding.",
+   noop="the critic's forward is a padded one; packing gives the same values (it saves compute only)")
+_k(f"{C}.ulysses_sequence_parallel_size", 1, INT, "verl: Ulysses sequence-parallel size of the critic.", min=1,
+   noop="the critic runs whole sequences on every rank: the ranks of an actor Ulysses group hold the same rows "
+   "and compute the same values and gradients (same results, more activation memory per device)")
 _k(f"{C}.ppo_mini_batch_size", None, INT, "Prompts per critic optimizer step (x rollout.n responses); null: "
    "actor.ppo_mini_batch_size.", min=1)
 _k(f"{C}.ppo_micro_batch_size_per_gpu", None, INT, "Responses per critic forward/backward on one device "
@@ -345,7 +350,7 @@ _k(f"{CO}.min_lr_ratio", 0.0, FLOAT, "Final critic learning rate of the cosine s
 _k(f"{CO}.num_cycles", 0.5, FLOAT, "Cosine cycles over training (critic).", gt=0)
 _k(f"{CO}.weight_decay", 0.01, FLOAT, "Critic AdamW weight decay.", min=0)
 _k(f"{CO}.betas", [0.9, 0.999], FLOAT_LIST, "Critic AdamW betas.")
-CF = f"{C}.fsdp_config"
+CF = f"{C}.model.fsdp_config"  # verl keeps the critic's FSDP settings under critic.model
 _k(f"{CF}.param_offload", False, BOOL, "Keep critic parameters in host memory between uses.")
 _k(f"{CF}.optimizer_offload", False, BOOL, "Keep the critic's optimizer state in host memory between steps.")
 _k(f"{CF}.reshard_after_forward", True, BOOL, "FSDP2: free gathered critic parameters after forward.")

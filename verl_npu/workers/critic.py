@@ -4,7 +4,7 @@ The value model is the transformers token-classification model of `critic.model.
 the actor's model) with one label: the backbone's final hidden state at every position goes
 through one Linear (`score`, hidden -> 1), giving one value per token (verl's critic is the same
 model class, so the checkpoint's parameter names match verl's). Its own FSDP2 shards
-(`critic.fsdp_config`), AdamW and LR schedule (`critic.optim`).
+(`critic.model.fsdp_config`), AdamW and LR schedule (`critic.optim`).
 
 The value of response token t is read at the position that predicts it (the hidden state of the
 token before it), as the actor's log-prob of token t is.
@@ -100,9 +100,12 @@ class CriticWorker:
             override_config=dict(model_cfg.get("override_config") or {}), trust_remote_code=trust,
             gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", True)),
         )
-        self.module = parallel.shard_module(module.to(self.torch_device), critic_cfg.fsdp_config, self.world_size,
+        self.module = parallel.shard_module(module.to(self.torch_device), critic_cfg.model.fsdp_config, self.world_size,
                                             param_dtype=self.compute_dtype)
-        _, _, self.dp_size = parallel.sequence_parallel_group(self.world_size, 1)
+        # the group sends the ranks of an actor Ulysses group the same rows; the critic runs whole
+        # sequences on each (no sequence parallelism), so its data-parallel size is the actor's
+        self.sp = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+        self.dp_size = self.world_size // self.sp
         self.optimizer = build_optimizer([p for p in self.module.parameters() if p.requires_grad], critic_cfg.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, critic_cfg.optim, self.total_training_steps)
         return {"num_params": sum(p.numel() for p in self.module.parameters())}
@@ -158,9 +161,11 @@ class CriticWorker:
             order = torch.randperm(len(batch), generator=generator) if c.get("shuffle") else torch.arange(len(batch))
             for start in range(0, len(batch), mini_rows):
                 mini = batch.select(order[start : start + mini_rows])
-                tokens = parallel.all_reduce_sum(float(mini["response_mask"].sum()), self.world_size, self.torch_device)
+                # each row is held by `sp` ranks: the world sums count it sp times
+                tokens = parallel.all_reduce_sum(float(mini["response_mask"].sum()), self.world_size,
+                                                 self.torch_device) / self.sp
                 seqs = parallel.all_reduce_sum(float((mini["response_mask"].sum(1) > 0).sum()), self.world_size,
-                                               self.torch_device)
+                                               self.torch_device) / self.sp
                 agg = dict(global_tokens=tokens, global_seqs=seqs, dp_size=self.dp_size,
                            loss_scale_factor=response_length)
                 self.optimizer.zero_grad(set_to_none=True)
