@@ -68,6 +68,11 @@ def test_clipped_value_loss_matches_hand_computed_numbers():
 
 
 def test_policy_loss_is_looked_up_by_loss_mode():
+    from verl_npu.config.schema import SCHEMA
+    from verl_npu.policy_losses import POLICY_LOSS_MODES
+
+    assert set(A.POLICY_LOSSES) == set(POLICY_LOSS_MODES)
+    assert SCHEMA["backend_config.actor_rollout_ref.actor.policy_loss.loss_mode"].choices == tuple(POLICY_LOSS_MODES)
     assert A.policy_loss_fn("vanilla") is A.ppo_policy_loss
     with pytest.raises(KeyError, match="vanilla"):
         A.policy_loss_fn("no_such_loss")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS   # names only: imports nothing heavy
+from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
 from verl_npu.rollout import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # a registry of names: imports nothing heavy
 from verl_npu.trainer.loggers import LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
@@ -175,10 +176,9 @@ _k(f"{AC}.use_torch_compile", False, BOOL, "Run the actor's log-prob / entropy c
    "entropy over the vocabulary; per chunk with use_fused_kernels) through torch.compile with dynamic shapes. "
    "verl's default is true; verl-npu's is false because the first compilation takes tens of seconds (about 30 s "
    "on a 2-core CPU), which dominates short and CPU runs, and verl's Ascend scripts turn it off.")
-_k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss (vanilla = dual-clip PPO).",
-   choices=("vanilla",), unsupported=("gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo",
-                                      "dppo_tv", "dppo_kl", "dro", "bypass_mode"),
-   noop="vanilla (dual-clip PPO) is the only policy loss here; other modes are refused by name")
+_k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss: " + "; ".join(
+   f"{name}: {doc}" for name, doc in POLICY_LOSS_MODES.items()) + ".", choices=tuple(POLICY_LOSS_MODES),
+   unsupported=UNSUPPORTED_POLICY_LOSSES)
 _k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder (visual / vision_tower / vision_model) "
    "frozen: its parameters get no gradient and no optimizer state; the language model trains. A model without "
    "a vision encoder is refused at start.")
