@@ -226,3 +226,25 @@ def test_two_workers_train_the_critic_like_one(tmp_path, ppo_data, tiny_lm_path)
     for step in m1:
         for key in COMPARED:
             assert m2[step][key] == pytest.approx(m1[step][key], rel=1e-4, abs=1e-5), (step, key)
+
+
+@pytest.mark.slow
+def test_resuming_a_checkpoint_without_critic_folder_names_it(tmp_path, ppo_reference, ppo_data):
+    import shutil
+
+    from verl_npu.config import load_recipe
+    from verl_npu.errors import UserError
+    from verl_npu.trainer.entry import run_training
+
+    out = tmp_path / "out"
+    shutil.copytree(ppo_reference, out)
+    from verl_npu.trainer.checkpoint import write_manifest
+
+    # a complete checkpoint of a run without a critic (its manifest lists no critic files)
+    shutil.rmtree(out / "checkpoints" / "global_step_3" / "critic")
+    write_manifest(out / "checkpoints" / "global_step_3", 3)
+    over = ppo_overrides(out, ppo_data, **{"trainer.resume_mode": "resume_path",
+                                           "trainer.resume_from_path": out / "checkpoints" / "global_step_3",
+                                           "trainer.total_training_steps": 4})
+    with pytest.raises(UserError, match="has no critic/ folder"):
+        run_training(load_recipe("tiny_geo3k", over))

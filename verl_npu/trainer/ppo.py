@@ -97,6 +97,12 @@ class PPOTrainer:
             state = trainer_state_from_verl(ckpt, self.train_loader, float(self.kl_ctrl.value))
         else:
             state = load_trainer_state(ckpt)  # read (and check) before the workers change anything
+        absent = [role for role in self.workers.roles if not (Path(ckpt) / role).is_dir()]
+        if absent:
+            raise UserError(
+                f"checkpoint {ckpt} has no {', '.join(r + '/' for r in absent)} folder, which this run needs "
+                f"(roles: {', '.join(self.workers.roles)}): it was saved by a run without that role. Resume it with "
+                f"the config that wrote it, or start fresh (trainer.resume_mode=disable)")
         for role in self.workers.roles:  # one folder per role: actor/, critic/
             self.workers.load_checkpoint(str(Path(ckpt) / role), role=role)
         self.train_loader.load_state_dict(state["dataloader"])
