@@ -179,20 +179,42 @@ def test_ppo_with_a_critic_trains_and_checkpoints_both_roles(ppo_reference):
 
 
 @pytest.mark.slow
-def test_ppo_resume_restores_actor_and_critic_exactly(tmp_path, ppo_reference, ppo_data):
-    import shutil
+def test_ppo_run_killed_after_a_checkpoint_resumes_actor_and_critic_exactly(tmp_path, ppo_reference, ppo_data,
+                                                                            tiny_cache):
+    """SIGKILL once global_step_2 is complete; the rerun resumes both roles from it and trains step 3
+    exactly as the uninterrupted run did."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
 
     from run_helpers import step_metrics
 
-    from verl_npu.config import load_recipe
-    from verl_npu.trainer.entry import run_training
-
     out = tmp_path / "out"
-    shutil.copytree(ppo_reference, out)
-    ckpts = out / "checkpoints"
-    shutil.rmtree(ckpts / "global_step_3")
-    (ckpts / "latest_checkpointed_iteration.txt").write_text("2\n")
-    assert run_training(load_recipe("tiny_geo3k", ppo_overrides(out, ppo_data, **{"trainer.critic_warmup": 1}))) == 0
+    args = ppo_overrides(out, ppo_data, **{"trainer.critic_warmup": 1})
+    env = dict(os.environ, VERL_NPU_CACHE=str(tiny_cache), OMP_NUM_THREADS="1")
+    repo = Path(__file__).resolve().parents[1]
+
+    def cli():
+        return subprocess.Popen([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *args], cwd=repo,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    proc = cli()
+    marker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if marker.exists() and marker.read_text().strip() == "2":
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
+    resumed = cli()
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output
+    assert "resumed from" in output and "global_step_2" in output
     got, ref = step_metrics(out), step_metrics(ppo_reference)
     assert sorted(got) == [1, 2, 3]
     for key in COMPARED:
