@@ -1,8 +1,8 @@
 """Upstream verl's own launch scripts on verl-npu (issue 9): the overrides of 20 example, NPU and NPU-CI
 scripts (tests/data/verl_scripts/*.txt, source path and commit in each header), with only their data,
 model and reward-file paths replaced by local tiny ones, go through `verl-npu validate --check-paths`:
-each passes, or fails only on a named refusal of a verl feature verl-npu does not support (critic/gae,
-LoRA, Megatron, SGLang), as its `# expect:` line says. Three of them train for 2 steps on CPU with only
+each passes, or fails only on a named refusal of a verl feature verl-npu does not support (LoRA,
+Megatron, SGLang), as its `# expect:` line says. Three of them train for 2 steps on CPU with only
 sizing overrides (slow)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent / "data" / "verl_scripts"
 BASE = HERE / "verl_base.yaml"
 SCRIPTS = sorted(HERE.glob("*.txt"))
 #: a declared refusal -> words one of its error messages contains
-FEATURES = {"critic": ("critic", "gae"), "lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
+FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
             "multi-turn": ("multi-turn",), "reward model": ("reward model",)}
 
 
@@ -69,7 +69,7 @@ def localized(overrides: list[str], kind: str, local: dict, out: Path) -> list[s
     """The script's overrides with its data / model / reward / checkpoint paths pointing at local ones."""
     data = local["root"] / kind
     paths = {"data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
-             "actor_rollout_ref.model.path": local["models"][kind],
+             "actor_rollout_ref.model.path": local["models"][kind], "critic.model.path": local["models"][kind],
              "custom_reward_function.path": local["reward"], "trainer.default_local_dir": out / "checkpoints"}
     result = []
     for item in overrides:

@@ -262,6 +262,64 @@ def remax_advantage(token_level_rewards, response_mask, group_ids=None, config=N
     return advantages, returns
 
 
+@register_advantage("gae")
+def gae_advantage(token_level_rewards, response_mask, group_ids=None, config=None, *, values=None, **_unused):
+    """Generalised advantage estimation from the critic's ``values`` [B, T] (PPO).
+
+    Per row, t runs from the last response position to the first with ``next_value = 0`` and
+    ``running = 0``: ``delta_t = r_t + gamma·next_value - V_t``, ``cand_t = delta_t + gamma·lam·running``;
+    where ``mask_t = 1`` the state moves (``next_value = V_t``, ``running = cand_t``), where it is 0 both
+    keep their values; ``A_t = running`` after position t. ``returns = A + V``, then
+    ``A = masked_whiten(A, mask)`` over all response tokens of the batch. ``gamma`` / ``lam`` come from
+    ``config`` (default 1.0).
+    """
+    if values is None:
+        raise ValueError("adv_estimator=gae needs the critic's values")
+    gamma = float(_cfg_get(config, "gamma", 1.0))
+    lam = float(_cfg_get(config, "lam", 1.0))
+    rewards = token_level_rewards.float()
+    values = values.float()
+    mask = response_mask.float()
+    batch, length = rewards.shape
+    next_value = torch.zeros(batch)
+    running = torch.zeros(batch)
+    advantages = torch.zeros(batch, length)
+    for t in reversed(range(length)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        candidate = delta + gamma * lam * running
+        keep = mask[:, t]
+        next_value = keep * values[:, t] + (1 - keep) * next_value
+        running = keep * candidate + (1 - keep) * running
+        advantages[:, t] = running
+    returns = advantages + values
+    return masked_whiten(advantages, mask), returns
+
+
+def clipped_value_loss(
+    vpreds: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    **agg_kwargs: Any,
+) -> dict[str, torch.Tensor]:
+    """PPO's clipped value loss (the critic's objective).
+
+    ``V_clip = clamp(V_pred, V_old - c, V_old + c)``;
+    ``vf_loss = 0.5 · agg_loss(max((V_pred - R)², (V_clip - R)²), mask, loss_agg_mode, **agg_kwargs)``;
+    ``vf_clipfrac`` = masked mean of ``[(V_clip - R)² > (V_pred - R)²]`` (detached).
+    """
+    mask = response_mask.to(vpreds.dtype)
+    clipped = torch.clamp(vpreds, old_values - cliprange_value, old_values + cliprange_value)
+    loss_pred = (vpreds - returns) ** 2
+    loss_clip = (clipped - returns) ** 2
+    per_token = torch.maximum(loss_pred, loss_clip)
+    with torch.no_grad():
+        clipfrac = masked_mean((loss_clip > loss_pred).to(mask.dtype), mask)
+    return {"vf_loss": 0.5 * agg_loss(per_token, mask, loss_agg_mode, **agg_kwargs), "vf_clipfrac": clipfrac}
+
+
 # ----------------------------------------------------------------------------- loss aggregation
 
 
@@ -363,7 +421,16 @@ def ppo_policy_loss(
     }
 
 
+#: policy losses by ``actor.policy_loss.loss_mode``; each takes ``ppo_policy_loss``'s arguments and
+#: returns its dict (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower). Add a loss by registering it here.
 POLICY_LOSSES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {"vanilla": ppo_policy_loss}
+
+
+def policy_loss_fn(loss_mode: str) -> Callable[..., dict[str, torch.Tensor]]:
+    """The policy loss registered as ``loss_mode`` (KeyError naming the registered ones)."""
+    if loss_mode not in POLICY_LOSSES:
+        raise KeyError(f"unknown policy_loss.loss_mode {loss_mode!r}; known: {', '.join(sorted(POLICY_LOSSES))}")
+    return POLICY_LOSSES[loss_mode]
 
 
 # ----------------------------------------------------------------------------- entropy and KL

@@ -16,19 +16,20 @@ class EstimatorSpec:
     name: str
     needs_group: bool   # compares responses to the same prompt: rollout.n must be >= 2
     doc: str
+    needs_critic: bool = False  # advantages from a critic's values: the critic role is built
 
 
 ESTIMATORS: dict[str, EstimatorSpec] = {}
 
 #: estimators upstream verl has and verl-npu does not: refused by name.
-UNSUPPORTED_ESTIMATORS = ("gae", "opo", "grpo_passk", "gpg", "gdpo", "rloo_vectorized", "grpo_vectorized",
+UNSUPPORTED_ESTIMATORS = ("opo", "grpo_passk", "gpg", "gdpo", "rloo_vectorized", "grpo_vectorized",
                           "optimal_token_baseline", "tir_optimal_token_baseline")
 
 
-def register_estimator(name: str, *, needs_group: bool, doc: str) -> None:
+def register_estimator(name: str, *, needs_group: bool, doc: str, needs_critic: bool = False) -> None:
     if name in ESTIMATORS:
         raise ValueError(f"advantage estimator {name!r} is registered twice")
-    ESTIMATORS[name] = EstimatorSpec(name, needs_group, doc)
+    ESTIMATORS[name] = EstimatorSpec(name, needs_group, doc, needs_critic)
 
 
 register_estimator("grpo", needs_group=True, doc="group-normalised sequence score")
@@ -36,4 +37,6 @@ register_estimator("rloo", needs_group=True, doc="score minus the leave-one-out 
 register_estimator("reinforce_plus_plus", needs_group=False, doc="discounted return, whitened over the batch")
 register_estimator("reinforce_plus_plus_baseline", needs_group=False,
                    doc="score minus the group mean, whitened over the batch")
+register_estimator("gae", needs_group=False, doc="generalised advantage estimation from a critic's values "
+                   "(gamma, lam), whitened over the batch; trains a critic", needs_critic=True)
 register_estimator("remax", needs_group=False, doc="return minus the score of a greedy response")

@@ -219,6 +219,46 @@ def _micro_divides(c: Ctx) -> Iterator[Problem]:
                       f"use a ppo_micro_batch_size_per_gpu that divides {per_device}")
 
 
+_CRITIC = BC + "critic."
+_CRITIC_KEYS = tuple(_CRITIC + k for k in ("enable", "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu",
+                                           "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
+                                           "forward_max_token_len_per_gpu"))
+
+
+@_rule("critic_batches", _CRITIC_KEYS + (ALGO + "adv_estimator", _TBS, _N, _MINI, _MICRO, _DYN) + _LENS + _WORLD,
+       "with a critic: gae needs critic.enable unset or true; critic.ppo_mini_batch_size (null: the actor's) <= "
+       "data.train_batch_size and x rollout.n divisible by the device count; without use_dynamic_bsz its micro "
+       "batch divides the per-device mini batch; with it, its token budgets hold one sequence")
+def _critic_batches(c: Ctx) -> Iterator[Problem]:
+    gae = c(ALGO + "adv_estimator") == "gae"
+    if gae and c(_CRITIC + "enable") is False:
+        yield Problem(_CRITIC + "enable", "is false but algorithm.adv_estimator=gae needs a critic's values",
+                      "leave critic.enable unset (or true), or use a critic-free estimator")
+    if not (gae or c(_CRITIC + "enable")):
+        return
+    mini_key = _CRITIC + "ppo_mini_batch_size" if c(_CRITIC + "ppo_mini_batch_size") is not None else _MINI
+    mini, total = c(mini_key), c(mini_key) * c(_N)
+    if mini > c(_TBS):
+        yield Problem(mini_key, f"the critic's mini batch {mini} is larger than data.train_batch_size {c(_TBS)}",
+                      "lower critic.ppo_mini_batch_size or raise data.train_batch_size")
+    if total % c.world:
+        yield Problem(mini_key, f"the critic's mini batch x rollout.n = {total} responses cannot be split evenly "
+                      f"over {c.world} devices", f"make critic.ppo_mini_batch_size x n a multiple of {c.world}")
+        return
+    dynamic = c(_CRITIC + "use_dynamic_bsz")
+    if not (c(_DYN) if dynamic is None else dynamic):
+        micro_key = _CRITIC + "ppo_micro_batch_size_per_gpu"
+        micro = c(micro_key) if c(micro_key) is not None else c(_MICRO)
+        if micro is not None and (total // c.world) % micro:
+            yield Problem(micro_key, f"the critic's per-device mini batch is {total // c.world} responses, not "
+                          f"divisible by its micro batch {micro}", "use a micro batch size that divides it")
+        return
+    for key in (_CRITIC + "ppo_max_token_len_per_gpu", _CRITIC + "forward_max_token_len_per_gpu"):
+        if c(key) is not None and c(key) < c.seq_len:
+            yield Problem(key, f"{c(key)} tokens cannot hold one sequence of max_prompt_length + "
+                          f"max_response_length = {c.seq_len}", f"set it to at least {c.seq_len}")
+
+
 _TOKEN_KEYS = (ACTOR + "ppo_max_token_len_per_gpu", ROLL + "log_prob_max_token_len_per_gpu",
                REF + "log_prob_max_token_len_per_gpu")
 
@@ -581,7 +621,10 @@ def _trainer_full_kl(c: Ctx) -> Iterator[Problem]:
                       "use kl, abs, mse or low_var_kl")
 
 
-_FSDP = tuple(f"{BC}actor_rollout_ref.{role}.fsdp_config.{k}" for role in ("actor", "ref")
+#: the roles with an fsdp_config: (config section, the role's name in messages, its optimizer offloads)
+_FSDP_ROLES = (("actor_rollout_ref.actor", "actor", True), ("actor_rollout_ref.ref", "ref", False),
+               ("critic.model", "critic.model", True))
+_FSDP = tuple(f"{BC}{section}.fsdp_config.{k}" for section, _, _ in _FSDP_ROLES
               for k in ("param_offload", "optimizer_offload", "fsdp_size")) + _WORLD
 
 
@@ -589,14 +632,14 @@ _FSDP = tuple(f"{BC}actor_rollout_ref.{role}.fsdp_config.{k}" for role in ("acto
        "FSDP2 offloading needs 2+ workers; optimizer_offload needs param_offload; fsdp_size must be -1 or the "
        "device count (no hybrid sharding)")
 def _trainer_fsdp(c: Ctx) -> Iterator[Problem]:
-    for role in ("actor", "ref"):
-        prefix = f"{BC}actor_rollout_ref.{role}.fsdp_config."
+    for section, role, has_optimizer in _FSDP_ROLES:
+        prefix = f"{BC}{section}.fsdp_config."
         param = bool(c(prefix + "param_offload"))
         if param and c.world == 1:
             yield Problem(prefix + "param_offload", "offloading works through FSDP2, which needs 2+ workers",
                           "set it to false, or use trainer.n_gpus_per_node >= 2")
         opt = get(c.cfg, prefix + "optimizer_offload")
-        if role == "actor" and opt and not param:
+        if has_optimizer and opt and not param:
             yield Problem(prefix + "optimizer_offload",
                           "FSDP2 offloads the optimizer state together with the parameters, not alone",
                           f"also set {role}.fsdp_config.param_offload=true, or set this to false")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS   # names only: imports nothing heavy
+from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
 from verl_npu.rollout import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # a registry of names: imports nothing heavy
 from verl_npu.trainer.loggers import LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
@@ -186,10 +187,9 @@ _k(f"{AC}.use_torch_compile", False, BOOL, "Run the actor's log-prob / entropy c
    "entropy over the vocabulary; per chunk with use_fused_kernels) through torch.compile with dynamic shapes. "
    "verl's default is true; verl-npu's is false because the first compilation takes tens of seconds (about 30 s "
    "on a 2-core CPU), which dominates short and CPU runs, and verl's Ascend scripts turn it off.")
-_k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss (vanilla = dual-clip PPO).",
-   choices=("vanilla",), unsupported=("gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo",
-                                      "dppo_tv", "dppo_kl", "dro", "bypass_mode"),
-   noop="vanilla (dual-clip PPO) is the only policy loss here; other modes are refused by name")
+_k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss: " + "; ".join(
+   f"{name}: {doc}" for name, doc in POLICY_LOSS_MODES.items()) + ".", choices=tuple(POLICY_LOSS_MODES),
+   unsupported=UNSUPPORTED_POLICY_LOSSES)
 _k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder (visual / vision_tower / vision_model) "
    "frozen: its parameters get no gradient and no optimizer state; the language model trains. A model without "
    "a vision encoder is refused at start.")
@@ -314,7 +314,62 @@ _k(f"{RO}.multi_turn.enable", False, BOOL, "Multi-turn / tool-calling rollout.",
 _profiler_keys("rollout")
 
 # ---------------------------------------------------------------- critic, reward, algorithm
-_k("critic.enable", None, BOOL, "Train a critic (needed by gae).", off_only="a critic (gae)")
+C = "critic"
+_k(f"{C}.enable", None, BOOL, "Train a critic (a value model beside the actor, on the same devices). null: "
+   "exactly when algorithm.adv_estimator reads values (gae); true: also with other estimators.")
+_k(f"{C}.strategy", "fsdp2", STR, "Training backend of the critic.", choices=("fsdp", "fsdp2"),
+   unsupported=("megatron",), noop="fsdp and fsdp2 both train with FSDP2 in verl-npu (megatron is refused by name)",
+   instead="use fsdp2")
+_k(f"{C}.model.path", None, STR, "Model the critic starts from (its backbone; the value head, a Linear from the "
+   "final hidden state to one value per token, is new unless the folder holds a token-classification model "
+   "with one label). null: actor_rollout_ref.model.path.")
+_k(f"{C}.model.override_config", {}, DICT, "Critic model config fields to override.")
+_k(f"{C}.model.enable_gradient_checkpointing", True, BOOL, "Recompute the critic's activations in backward.")
+_k(f"{C}.model.use_remove_padding", False, BOOL, "verl: pack the critic's sequences without padding.",
+   noop="the critic's forward is a padded one; packing gives the same values (it saves compute only)")
+_k(f"{C}.ulysses_sequence_parallel_size", 1, INT, "verl: Ulysses sequence-parallel size of the critic.", min=1,
+   noop="the critic runs whole sequences on every rank: the ranks of an actor Ulysses group hold the same rows "
+   "and compute the same values and gradients (same results, more activation memory per device)")
+_k(f"{C}.ppo_mini_batch_size", None, INT, "Prompts per critic optimizer step (x rollout.n responses); null: "
+   "actor.ppo_mini_batch_size.", min=1)
+_k(f"{C}.ppo_micro_batch_size_per_gpu", None, INT, "Responses per critic forward/backward on one device "
+   "(gradient accumulation); null: actor.ppo_micro_batch_size_per_gpu.", min=1)
+_k(f"{C}.forward_micro_batch_size_per_gpu", None, INT, "Responses per value forward (no gradient) on one device; "
+   "null: critic.ppo_micro_batch_size_per_gpu.", min=1)
+_k(f"{C}.use_dynamic_bsz", None, BOOL, "Pack critic micro batches by token count (ppo_max_token_len_per_gpu / "
+   "forward_max_token_len_per_gpu) instead of a fixed number of responses; null: actor.use_dynamic_bsz.")
+_k(f"{C}.ppo_max_token_len_per_gpu", 32768, INT, "Most tokens in one critic training micro batch on one device "
+   "(with use_dynamic_bsz).", min=1)
+_k(f"{C}.forward_max_token_len_per_gpu", None, INT, "Most tokens in one value-forward micro batch on one device "
+   "(with use_dynamic_bsz); null: critic.ppo_max_token_len_per_gpu.", min=1)
+_k(f"{C}.ppo_epochs", None, INT, "Critic passes over each rollout batch; null: actor.ppo_epochs.", min=1)
+_k(f"{C}.shuffle", False, BOOL, "Shuffle the rollout batch between critic epochs.")
+_k(f"{C}.cliprange_value", 0.5, FLOAT, "Value clip c: predictions are clipped to old value +- c in the loss "
+   "0.5 x max((V - R)^2, (clip(V) - R)^2).", min=0)
+_k(f"{C}.loss_agg_mode", None, STR, "How token value losses are averaged into the batch loss; null: "
+   "actor.loss_agg_mode.", choices=("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                                    "seq-mean-token-sum-norm"))
+_k(f"{C}.grad_clip", 1.0, FLOAT, "Clip the critic's gradient norm to this value.", gt=0)
+CO = f"{C}.optim"
+_k(f"{CO}.lr", 1e-5, FLOAT, "Critic learning rate.", min=0)
+_k(f"{CO}.lr_warmup_steps", -1, INT, "Critic warmup steps; negative uses lr_warmup_steps_ratio.", min=-1)
+_k(f"{CO}.lr_warmup_steps_ratio", 0.0, FLOAT, "Critic warmup steps as a fraction of total training steps.",
+   min=0, max=1)
+_k(f"{CO}.warmup_style", "constant", STR, "Critic learning-rate shape after warmup.", choices=("constant", "cosine"))
+_k(f"{CO}.min_lr_ratio", 0.0, FLOAT, "Final critic learning rate of the cosine schedule, as a fraction of lr.",
+   min=0, max=1)
+_k(f"{CO}.num_cycles", 0.5, FLOAT, "Cosine cycles over training (critic).", gt=0)
+_k(f"{CO}.weight_decay", 0.01, FLOAT, "Critic AdamW weight decay.", min=0)
+_k(f"{CO}.betas", [0.9, 0.999], FLOAT_LIST, "Critic AdamW betas.")
+CF = f"{C}.model.fsdp_config"  # verl keeps the critic's FSDP settings under critic.model
+_k(f"{CF}.param_offload", False, BOOL, "Keep critic parameters in host memory between uses.")
+_k(f"{CF}.optimizer_offload", False, BOOL, "Keep the critic's optimizer state in host memory between steps.")
+_k(f"{CF}.reshard_after_forward", True, BOOL, "FSDP2: free gathered critic parameters after forward.")
+_k(f"{CF}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap critic modules with at least this many parameters "
+   "(0: wrap decoder layers).", min=0)
+_k(f"{CF}.fsdp_size", -1, INT, "Devices per FSDP shard group of the critic; -1 shards over all.", min=-1)
+_k(f"{CF}.forward_prefetch", False, BOOL, "FSDP2 forward prefetch of the critic (see "
+   "actor.fsdp_config.forward_prefetch).")
 _k("reward_model.enable", False, BOOL, "Score with a reward model instead of rule-based functions.",
    off_only="reward models")
 _k("reward_model.reward_manager", "naive", STR, "How rule-based rewards are computed per response.",
@@ -330,9 +385,8 @@ _k("custom_reward_function.reward_kwargs", {}, DICT, "Extra keyword arguments pa
 _k("custom_reward_function.timeout_s", 30.0, FLOAT, "Seconds one reward call (one response) may take; "
    "a call past it stops the run with an error naming the dataset row. null: no limit.", gt=0, nullable=True)
 AL = "algorithm"
-_k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor.", min=0, max=1)
-_k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda.", min=0, max=1,
-   noop="read only by adv_estimator=gae, which is refused by name (no critic yet)")
+_k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor (gae, reinforce_plus_plus).", min=0, max=1)
+_k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda (adv_estimator=gae).", min=0, max=1)
 _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator: " + "; ".join(
    f"{s.name}: {s.doc}" for s in ESTIMATORS.values()) + ".", choices=tuple(ESTIMATORS),
    unsupported=UNSUPPORTED_ESTIMATORS)
@@ -372,8 +426,7 @@ _k(f"{T}.resume_from_path", None, STR, "Checkpoint folder global_step_N to resum
 _k(f"{T}.val_before_train", True, BOOL, "Validate once before the first step.")
 _k(f"{T}.val_only", False, BOOL, "Only validate, then exit.")
 _k(f"{T}.test_freq", -1, INT, "Validate every N steps; -1 never (except val_before_train and the end).", min=-1)
-_k(f"{T}.critic_warmup", 0, INT, "Steps that train only the critic.", min=0, max=0,
-   noop="there is no critic to warm up (critic keys are refused by name); only 0 is accepted")
+_k(f"{T}.critic_warmup", 0, INT, "The first N steps train only the critic (the actor is not updated).", min=0)
 _k(f"{T}.default_hdfs_dir", None, STR, "HDFS folder for checkpoints.", off_only="HDFS checkpoints")
 _k(f"{T}.del_local_ckpt_after_load", False, BOOL, "verl: delete the local copy of a checkpoint downloaded from "
    "HDFS once it is loaded.", off_only="remote (HDFS) checkpoints, whose downloaded copy this deletes")
@@ -381,6 +434,9 @@ _k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_outpu
 _k(f"{T}.tensorboard_dir", None, STR, "TensorBoard event folder (with 'tensorboard' in trainer.logger); verl "
    "reads it from $TENSORBOARD_DIR.", derived="$TENSORBOARD_DIR, else <af_output_dir>/tensorboard")
 _k(f"{T}.max_actor_ckpt_to_keep", None, INT, "Keep only the newest N actor checkpoints (null: all).", min=1)
+_k(f"{T}.max_critic_ckpt_to_keep", None, INT, "Keep only the newest N critic checkpoints (null: all). A step "
+   "folder resumes only with both actor/ and critic/, so with a critic the smaller of the two limits removes "
+   "whole global_step_N folders.", min=1)
 _k(f"{T}.save_on_preempt", True, BOOL, "verl-npu: on SIGTERM (a scheduler preempting the job), finish the "
    "current step, save a checkpoint of it (even with save_freq=-1) and exit 143 naming it; false: exit 143 "
    "after the step without saving. Either way resume_mode=auto continues from the newest checkpoint.")
@@ -419,7 +475,6 @@ del _KEYS
 
 #: verl subtrees verl-npu does not support: prefix (full path) -> the missing feature.
 UNSUPPORTED_PREFIXES: dict[str, str] = {
-    "backend_config.critic": "a critic (gae / PPO with values); only critic.enable: false is accepted",
     "backend_config.reward_model.model": "reward models",
     "backend_config.reward_model.sandbox_fusion": "sandbox rewards",
     "backend_config.actor_rollout_ref.rollout.multi_turn": "multi-turn rollout",

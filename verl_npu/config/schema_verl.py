@@ -190,8 +190,6 @@ _off("reward_manager.module.name", "custom_reward_manager", STR, "custom reward-
      "use custom_reward_function.name")
 _noop("trainer.esi_redundant_time", 0, FLOAT, "verl saves early before an ESI instance expires; verl-npu saves "
       "when the scheduler sends SIGTERM (trainer.save_on_preempt).", min=0)
-_noop("trainer.max_critic_ckpt_to_keep", None, INT, "verl-npu trains no critic (critic keys are refused by "
-      "name), so there are no critic checkpoints to keep.", min=1)
 _noop("trainer.ray_wait_register_center_timeout", 300, INT, "verl's wait for its Ray register center; verl-npu "
       "has none (its workers report to the launcher directly).", min=1)
 _noop("trainer.use_legacy_worker_impl", "auto", STR, "verl's choice between its two worker implementations; "
@@ -217,8 +215,8 @@ ALIASES: dict[str, str] = {_full(k): _full(v) for k, v in {
 
 _MEGATRON = ("Megatron (tensor/pipeline/expert-parallel training)", "use actor.strategy=fsdp2 (FSDP2 shards "
              "over all devices; Ulysses sequence parallelism for long responses)")
-_CRITIC = ("a critic (gae / PPO with values)", "use a critic-free estimator: algorithm.adv_estimator="
-           "grpo, rloo, reinforce_plus_plus or remax")
+_CRITIC = ("this critic option", "remove it; the critic keys verl-npu reads are listed under critic.* in "
+           "docs/config_reference.md")
 _RM = ("reward models", "score with rule-based functions: custom_reward_function.path, or the "
        "built-in reward of each data_source")
 #: whole verl features verl-npu refuses: full prefix -> (what is missing, what to do instead).

@@ -39,13 +39,27 @@ def _run_config(rc) -> dict:
     return OmegaConf.to_container(rc.cfg, resolve=True)
 
 
-def build_workers(rc, total_training_steps: int):
-    """One in-process worker for a single device; Ray workers (one per device) otherwise."""
-    if rc.world_size == 1:
-        from verl_npu.workers.actor import ActorRolloutRefWorker
-        from verl_npu.workers.group import LocalWorkerGroup
+def checkpoints_to_keep(cfg) -> int | None:
+    """How many `global_step_N` folders to keep: the smallest limit of the roles this run trains
+    (`trainer.max_actor_ckpt_to_keep`, and `max_critic_ckpt_to_keep` with a critic; null: no limit).
+    A step folder resumes only with every role's files, so a role's limit removes whole steps."""
+    from verl_npu.workers.roles import needs_critic
 
-        return LocalWorkerGroup(ActorRolloutRefWorker(rc.backend, total_training_steps))
+    limits = [cfg.trainer.max_actor_ckpt_to_keep]
+    if needs_critic(cfg):
+        limits.append(cfg.trainer.get("max_critic_ckpt_to_keep"))
+    limits = [int(n) for n in limits if n is not None]
+    return min(limits) if limits else None
+
+
+def build_workers(rc, total_training_steps: int):
+    """In-process workers (one per role) for a single device; Ray workers (one per device, each hosting
+    every role) otherwise."""
+    if rc.world_size == 1:
+        from verl_npu.workers.group import LocalWorkerGroup
+        from verl_npu.workers.roles import build_workers as build_role_workers
+
+        return LocalWorkerGroup(build_role_workers(rc.backend, total_training_steps))
     from verl_npu.trainer.preempt import sigterm_blocked
     from verl_npu.workers.ray_group import RayWorkerGroup
 
@@ -117,7 +131,7 @@ def _run_training_locked(rc, after_fit=None) -> int:
              steps, len(train_loader), cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n)
 
     reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
-    checkpoints = CheckpointManager(cfg.trainer.default_local_dir, cfg.trainer.max_actor_ckpt_to_keep)
+    checkpoints = CheckpointManager(cfg.trainer.default_local_dir, checkpoints_to_keep(cfg))
     resume_step = 0
     latest = checkpoints.resolve_resume(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
     if latest is not None:

@@ -39,6 +39,11 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     metrics.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
     metrics.update(_stats("critic/advantages", batch["advantages"][mask]))
     metrics.update(_stats("critic/returns", batch["returns"][mask]))
+    if "values" in batch:  # PPO with a critic: verl's value statistics and explained variance
+        values, returns = batch["values"][mask], batch["returns"][mask]
+        metrics.update(_stats("critic/values", values))
+        var_returns = torch.var(returns.float())
+        metrics["critic/vf_explained_var"] = float(1.0 - torch.var((returns - values).float()) / (var_returns + 1e-5))
     metrics.update(_stats("response_length", response_len))
     metrics["response_length/clip_ratio"] = float((response_len >= max_response_length).float().mean())
     metrics.update(_stats("prompt_length", prompt_len))

@@ -8,8 +8,10 @@ One training step, in order (verl's order, verl's names):
 4. old log-probs from the actor (skipped when provably redundant: then the update's own forward
    gives them, see `ActorRolloutRefWorker.old_log_prob_pass_needed`), reference log-probs when a
    KL term needs them (workers);
-5. optional KL penalty in the reward, then advantages (`algorithm.adv_estimator`);
-6. `actor.ppo_epochs` passes of mini-batch updates (workers);
+5. the critic's values (with a critic role: gae), optional KL penalty in the reward, then
+   advantages (`algorithm.adv_estimator`);
+6. `critic.ppo_epochs` passes of critic updates (with a critic), then `actor.ppo_epochs` passes
+   of actor mini-batch updates (workers; none during the first `trainer.critic_warmup` steps);
 7. metrics; validation every `trainer.test_freq` steps; a checkpoint every `trainer.save_freq`
    steps and on the last step.
 """
@@ -95,7 +97,14 @@ class PPOTrainer:
             state = trainer_state_from_verl(ckpt, self.train_loader, float(self.kl_ctrl.value))
         else:
             state = load_trainer_state(ckpt)  # read (and check) before the workers change anything
-        self.workers.load_checkpoint(str(Path(ckpt) / "actor"))
+        absent = [role for role in self.workers.roles if not (Path(ckpt) / role).is_dir()]
+        if absent:
+            raise UserError(
+                f"checkpoint {ckpt} has no {', '.join(r + '/' for r in absent)} folder, which this run needs "
+                f"(roles: {', '.join(self.workers.roles)}): it was saved by a run without that role. Resume it with "
+                f"the config that wrote it, or start fresh (trainer.resume_mode=disable)")
+        for role in self.workers.roles:  # one folder per role: actor/, critic/
+            self.workers.load_checkpoint(str(Path(ckpt) / role), role=role)
         self.train_loader.load_state_dict(state["dataloader"])
         if state["rng"] is not None:
             load_rng_state(state["rng"])
@@ -107,7 +116,8 @@ class PPOTrainer:
         step = self.global_step
 
         def write(tmp_dir: Path) -> None:
-            self.workers.save_checkpoint(str(tmp_dir / "actor"))
+            for role in self.workers.roles:
+                self.workers.save_checkpoint(str(tmp_dir / role), role=role)
             save_trainer_state(
                 tmp_dir / TRAINER_STATE_FILE,
                 dataloader=self.train_loader.state_dict(),
@@ -212,7 +222,10 @@ class PPOTrainer:
                 batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
             with timed("reward", timings):
                 self.score(batch)
-            skip_old = not self.old_log_prob_pass_needed()
+            has_critic = "critic" in self.workers.roles
+            # a critic-warmup step does not update the actor: the update's forward cannot give the old log-probs
+            update_actor = self.global_step > int(cfg.trainer.get("critic_warmup", 0) or 0)
+            skip_old = update_actor and not self.old_log_prob_pass_needed()
             with timed("old_log_prob", timings):
                 if not skip_old:
                     batch.update(self.workers.compute_log_prob(batch))
@@ -221,10 +234,19 @@ class PPOTrainer:
             if needs_reference(cfg):
                 with timed("ref", timings):
                     batch.update(self.workers.compute_ref_log_prob(batch))
+            if has_critic:
+                with timed("values", timings):
+                    batch.update(self.workers.compute_values(batch))
             with timed("adv", timings):
                 kl_metrics = self.compute_advantages(batch)
-            with timed("update_actor", timings):
-                actor_metrics = self.workers.update_actor(batch)
+            critic_metrics = {}
+            if has_critic:
+                with timed("update_critic", timings):
+                    critic_metrics = self.workers.update_critic(batch)
+            actor_metrics = {}
+            if update_actor:
+                with timed("update_actor", timings):
+                    actor_metrics = self.workers.update_actor(batch)
             if skip_old:  # the same masked mean, from the update's forward on the same weights
                 tokens = actor_metrics.pop("_old/tokens")
                 entropy = actor_metrics.pop("_old/entropy_sum") / max(tokens, 1.0)
@@ -235,6 +257,7 @@ class PPOTrainer:
             "training/epoch": float((self.global_step - 1) // max(len(self.train_loader), 1)),
             "actor/entropy_before_update": float(entropy),
         }
+        metrics.update(critic_metrics)
         metrics.update(actor_metrics)
         metrics.update(sync_metrics)
         metrics.update(kl_metrics)
@@ -324,7 +347,7 @@ class PPOTrainer:
             response_mask=batch["response_mask"].float(),
             group_ids=batch["uid"],
             config=algo,
-            **({"baseline_rewards": batch["baseline_rewards"]} if "baseline_rewards" in batch else {}),
+            **{k: batch[k] for k in ("baseline_rewards", "values") if k in batch},
         )
         batch.set("advantages", advantages)
         batch.set("returns", returns)

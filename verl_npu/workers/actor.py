@@ -381,7 +381,8 @@ class ActorRolloutRefWorker:
         reuse = "old_log_probs" not in part
         # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
         old_log_prob = log_prob.detach() if reuse else part["old_log_probs"]
-        pg = algorithms.ppo_policy_loss(
+        policy_loss = algorithms.policy_loss_fn(str(actor_cfg.policy_loss.loss_mode))
+        pg = policy_loss(
             log_prob,
             old_log_prob,
             part["advantages"],

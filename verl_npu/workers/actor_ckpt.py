@@ -224,4 +224,5 @@ def load_actor(worker, actor_dir: str | Path) -> None:
         parallel.load_optimizer_state_dict(worker.module, worker.optimizer, states["optimizer"])
     if "extra" in states:
         restore_extra_state(states["extra"], worker.lr_scheduler, worker.device, files["extra"])
-    worker.rollout.update_weights(worker.module)
+    if getattr(worker, "rollout", None) is not None:  # the critic has no rollout engine
+        worker.rollout.update_weights(worker.module)

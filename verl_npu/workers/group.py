@@ -3,7 +3,9 @@
 The trainer only ever talks to a `WorkerGroup`. A group has `world_size` workers (one per
 device); `dispatch` splits a batch into one equal chunk per rank, runs the method on every
 worker, and concatenates the results in rank order; `broadcast` runs a method with the same
-arguments everywhere. `LocalWorkerGroup` runs one worker in this process (no Ray, fast start:
+arguments everywhere. Each rank hosts one worker per role the config needs
+(`verl_npu.workers.roles`: "actor", "critic"); `role=` picks whose method runs (default: the
+actor). `LocalWorkerGroup` runs one worker in this process (no Ray, fast start:
 the CPU demo); `RayWorkerGroup` (verl_npu.workers.ray_group) runs one Ray actor per device.
 """
 
@@ -31,12 +33,17 @@ class WorkerGroup(ABC):
         return self.world_size // self.rollout_group
 
     @abstractmethod
-    def broadcast(self, method: str, *args, **kwargs) -> list[Any]:
-        """Call `method` on every worker with the same arguments; results in rank order."""
+    def broadcast(self, method: str, *args, role: str = "actor", **kwargs) -> list[Any]:
+        """Call `method` of role `role` on every rank with the same arguments; results in rank order."""
 
     @abstractmethod
-    def scatter(self, method: str, chunks: list[Batch], *args, **kwargs) -> list[Any]:
-        """Call `method` on worker r with chunks[r]; results in rank order."""
+    def scatter(self, method: str, chunks: list[Batch], *args, role: str = "actor", **kwargs) -> list[Any]:
+        """Call `method` of role `role` on rank r with chunks[r]; results in rank order."""
+
+    @property
+    def roles(self) -> list[str]:
+        """The roles every rank hosts (the actor first)."""
+        return ["actor"]
 
     def _shards(self, batch: Batch, group: int | None = None) -> list[Batch]:
         """One chunk per rank: equal chunks, one per group of `group` consecutive ranks (default:
@@ -45,14 +52,19 @@ class WorkerGroup(ABC):
         chunks = batch.chunk(self.world_size // group)
         return [chunks[rank // group] for rank in range(self.world_size)]
 
-    def dispatch(self, method: str, batch: Batch, *args, group: int | None = None, **kwargs) -> Batch:
+    def dispatch(self, method: str, batch: Batch, *args, group: int | None = None, role: str = "actor",
+                 **kwargs) -> Batch:
         group = self.sp_size if group is None else group
-        results = self.scatter(method, self._shards(batch, group), *args, **kwargs)
+        results = self.scatter(method, self._shards(batch, group), *args, role=role, **kwargs)
         return Batch.concat(results[::group])  # the ranks of a group return the same rows
 
     # ---- the worker API, spelled out for readers of the trainer ----------------------------
     def init_model(self) -> dict:
-        return self.broadcast("init_model")[0]
+        """Load every role's model (actor first); the actor's summary, plus `critic_num_params` etc."""
+        info = self.broadcast("init_model")[0]
+        for role in self.roles[1:]:
+            info.update({f"{role}_{k}": v for k, v in self.broadcast("init_model", role=role)[0].items()})
+        return info
 
     def generate_sequences(self, prompts: Batch, params) -> Batch:
         # every rank of a rollout (TP) group gets the same prompts; one output per group
@@ -70,15 +82,26 @@ class WorkerGroup(ABC):
         return self.dispatch("compute_ref_log_prob", batch)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        per_rank = self.scatter("update_actor", self._shards(batch))
+        return self.update("actor", "update_actor", batch)
+
+    def update(self, role: str, method: str, batch: Batch) -> dict[str, float]:
+        """Run a training method of `role` on every rank's shard; metrics averaged over ranks."""
+        per_rank = self.scatter(method, self._shards(batch), role=role)
         keys = per_rank[0].keys()
         return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
 
-    def save_checkpoint(self, actor_dir: str) -> None:
-        self.broadcast("save_checkpoint", actor_dir)
+    def compute_values(self, batch: Batch) -> Batch:
+        """The critic's values of the response tokens (`values` [B, T])."""
+        return self.dispatch("compute_values", batch, role="critic")
 
-    def load_checkpoint(self, actor_dir: str) -> None:
-        self.broadcast("load_checkpoint", actor_dir)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        return self.update("critic", "update_critic", batch)
+
+    def save_checkpoint(self, actor_dir: str, role: str = "actor") -> None:
+        self.broadcast("save_checkpoint", actor_dir, role=role)
+
+    def load_checkpoint(self, actor_dir: str, role: str = "actor") -> None:
+        self.broadcast("load_checkpoint", actor_dir, role=role)
 
     def parameter_snapshot(self) -> dict:
         """Rank 0's view of the full parameters (see `parameter_snapshots` for every rank's)."""
@@ -97,15 +120,21 @@ class WorkerGroup(ABC):
 
 
 class LocalWorkerGroup(WorkerGroup):
-    """One worker in the controller's own process."""
+    """One rank in the controller's own process: one worker per role ({role: worker}, or the
+    actor worker alone)."""
 
-    def __init__(self, worker):
-        self.worker = worker
+    def __init__(self, workers):
+        self.workers = dict(workers) if isinstance(workers, dict) else {"actor": workers}
+        self.worker = self.workers["actor"]
         self.world_size = 1
 
-    def broadcast(self, method: str, *args, **kwargs) -> list[Any]:
-        return [getattr(self.worker, method)(*args, **kwargs)]
+    @property
+    def roles(self) -> list[str]:
+        return list(self.workers)
 
-    def scatter(self, method: str, chunks: list[Batch], *args, **kwargs) -> list[Any]:
+    def broadcast(self, method: str, *args, role: str = "actor", **kwargs) -> list[Any]:
+        return [getattr(self.workers[role], method)(*args, **kwargs)]
+
+    def scatter(self, method: str, chunks: list[Batch], *args, role: str = "actor", **kwargs) -> list[Any]:
         assert len(chunks) == 1
-        return [getattr(self.worker, method)(chunks[0], *args, **kwargs)]
+        return [getattr(self.workers[role], method)(chunks[0], *args, **kwargs)]

@@ -79,7 +79,8 @@ def _portable(exc: Exception) -> Exception:
 
 
 class _WorkerHost:
-    """Runs inside a Ray actor: sets up torch.distributed, then hosts one ActorRolloutRefWorker."""
+    """Runs inside a Ray actor: sets up torch.distributed, then hosts one worker per role the
+    config needs (`verl_npu.workers.roles`), all on this actor's device."""
 
     def __init__(self, cfg: dict, total_training_steps: int, rank: int, world_size: int, addr: str, port: int):
         os.environ.update(
@@ -94,17 +95,17 @@ class _WorkerHost:
         import torch.distributed as dist
 
         from verl_npu.device import detect_device
-        from verl_npu.workers.actor import ActorRolloutRefWorker
+        from verl_npu.workers.roles import build_workers
 
         backend_cfg = OmegaConf.create(cfg)
         device = detect_device(backend_cfg.trainer.device)
         device.set_device(0)
         dist.init_process_group(backend=device.dist_backend, rank=rank, world_size=world_size)
-        self.worker = ActorRolloutRefWorker(backend_cfg, total_training_steps, rank=rank, world_size=world_size)
+        self.workers = build_workers(backend_cfg, total_training_steps, rank=rank, world_size=world_size)
 
-    def call(self, method: str, *args, **kwargs) -> Any:
+    def call(self, role: str, method: str, *args, **kwargs) -> Any:
         try:
-            return getattr(self.worker, method)(*args, **kwargs)
+            return getattr(self.workers[role], method)(*args, **kwargs)
         except Exception as exc:
             portable = _portable(exc)
             if portable is exc:
@@ -135,6 +136,9 @@ class RayWorkerGroup(WorkerGroup):
         from verl_npu.rollout import rollout_group_size
 
         self.rollout_group = rollout_group_size(cfg)
+        from verl_npu.workers.roles import roles_for
+
+        self._roles = roles_for(cfg)
         self.last_checkpoint_dir = str(cfg.trainer.default_local_dir)
         device = detect_device(cfg.trainer.device)
         self._started_ray = False
@@ -211,11 +215,15 @@ class RayWorkerGroup(WorkerGroup):
                     raise RuntimeError(f"worker rank {rank} failed: {cause!r}") from cause
         return [results[r] for r in range(len(refs))]
 
-    def broadcast(self, method: str, *args, **kwargs) -> list[Any]:
-        return self._gather([a.call.remote(method, *args, **kwargs) for a in self.actors])
+    @property
+    def roles(self) -> list[str]:
+        return list(self._roles)
 
-    def scatter(self, method: str, chunks: list[Batch], *args, **kwargs) -> list[Any]:
-        return self._gather([a.call.remote(method, c, *args, **kwargs) for a, c in zip(self.actors, chunks)])
+    def broadcast(self, method: str, *args, role: str = "actor", **kwargs) -> list[Any]:
+        return self._gather([a.call.remote(role, method, *args, **kwargs) for a in self.actors])
+
+    def scatter(self, method: str, chunks: list[Batch], *args, role: str = "actor", **kwargs) -> list[Any]:
+        return self._gather([a.call.remote(role, method, c, *args, **kwargs) for a, c in zip(self.actors, chunks)])
 
     def shutdown(self) -> None:
         import ray

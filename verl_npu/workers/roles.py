@@ -1,0 +1,61 @@
+"""Worker roles: which workers a run builds, by name.
+
+A role is a worker class that holds its own model, FSDP2 shards and optimizer. Every role a
+config needs is built on every rank (colocated on the same devices, as verl's hybrid engine
+does); the controller reaches a role's method through `WorkerGroup.dispatch(..., role=name)`.
+Adding a role is one `register_role` call: a name, the worker class (as "module:Class", imported
+only when built) and the predicate that says whether a config needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from verl_npu.estimators import ESTIMATORS
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    name: str
+    worker: str                       # "package.module:ClassName"
+    needed: Callable[[object], bool]  # backend config -> whether the run builds this role
+    doc: str
+
+    def worker_class(self):
+        module, _, cls = self.worker.partition(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+ROLES: dict[str, RoleSpec] = {}
+
+
+def register_role(name: str, worker: str, needed: Callable[[object], bool], doc: str) -> None:
+    if name in ROLES:
+        raise ValueError(f"worker role {name!r} is registered twice")
+    ROLES[name] = RoleSpec(name, worker, needed, doc)
+
+
+def needs_critic(cfg) -> bool:
+    """A critic is trained when the advantage estimator reads values (gae) or critic.enable is true."""
+    spec = ESTIMATORS.get(str(cfg.algorithm.adv_estimator))
+    enable = cfg.get("critic", {}).get("enable") if hasattr(cfg, "get") else None
+    return bool(enable) or bool(spec is not None and spec.needs_critic)
+
+
+register_role("actor", "verl_npu.workers.actor:ActorRolloutRefWorker", lambda cfg: True,
+              "policy, rollout engine and reference policy (always built)")
+register_role("critic", "verl_npu.workers.critic:CriticWorker", needs_critic,
+              "value model (a value head on a transformers model) for gae")
+
+
+def roles_for(cfg) -> list[str]:
+    """Names of the roles `cfg` needs, in registration order (the actor first)."""
+    return [name for name, spec in ROLES.items() if spec.needed(cfg)]
+
+
+def build_workers(cfg, total_training_steps: int, rank: int = 0, world_size: int = 1) -> dict:
+    """One worker per needed role, on this rank: {role name: worker}."""
+    return {name: ROLES[name].worker_class()(cfg, total_training_steps, rank=rank, world_size=world_size)
+            for name in roles_for(cfg)}
