@@ -662,8 +662,8 @@ def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -
 
 
 # ------------------------------------------------------------------ files
-#: keys that name a model (or tokenizer) folder: a local folder, a tiny:// model or a hub id
-MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "data.tokenizer")
+#: keys that name a model folder: a local folder, a tiny:// model or a hub id (data.tokenizer is refused unless null)
+MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path",)
 
 
 def resolve_hub_ids(rc) -> list[Problem]:

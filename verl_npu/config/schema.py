@@ -79,7 +79,10 @@ def _k(path: str, default: Any, type_: str, doc: str, **kw: Any) -> None:
 _k("af_output_dir", None, STR, "Folder that receives everything a run writes: resolved config, logs, "
    "metrics, tensorboard events, checkpoints.", required=True)
 # ---------------------------------------------------------------- data
-_k("data.tokenizer", None, STR, "Tokenizer path; null uses the model's own tokenizer.")
+_k("data.tokenizer", None, STR, "Tokenizer path; null uses the model's own tokenizer.",
+   off_only="a tokenizer from another folder than the model's", instead="leave it null: the tokenizer and "
+   "processor of actor_rollout_ref.model.path are used; to change the prompt format set "
+   "actor_rollout_ref.model.custom_chat_template")
 _k("data.train_files", None, STR_OR_LIST, "Training parquet file(s): one path or a list.", required=True)
 _k("data.val_files", None, STR_OR_LIST, "Validation parquet file(s): one path or a list.", required=True)
 _k("data.prompt_key", "prompt", STR, "Column holding the prompt (a list of chat messages).")
