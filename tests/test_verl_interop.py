@@ -5,7 +5,8 @@ tests/verl_side.sh, which sets VERL_SIDE_PYTHON and runs these tests: `pytest -m
 verl runs there as a subprocess; verl-npu runs here. Checked:
 - verl's model merger (`python -m verl.model_merger merge --backend fsdp`) reads verl-npu's 1- and
   2-worker checkpoints of the tiny demo into the weights of verl-npu's own `huggingface/` export
-  (same keys; the merger always writes bfloat16: equal to the export cast to bfloat16);
+  (same keys; the merger always writes bfloat16: equal to the export cast to bfloat16), and the
+  critic's checkpoint of a PPO run into the critic's export (value head included);
 - verl's `FSDPCheckpointManager.load_checkpoint` reads them into an FSDP2 model, AdamW and LR
   schedule (weights equal to the export exactly);
 - a checkpoint written by verl's `FSDPCheckpointManager` (plus verl's trainer's `data.pt` and
@@ -135,6 +136,39 @@ def test_verl_model_merger_reads_our_checkpoint(workers, geo_data, runs_root, ti
     diff = max(float((merged[k].float() - ours[k].to(torch.bfloat16).float()).abs().max()) for k in ours)
     assert diff == 0.0
     assert any(float(t.abs().sum()) > 0 for t in merged.values())
+
+
+def test_verl_model_merger_reads_our_critic_checkpoint(runs_root, tiny_cache, tmp_path):
+    """The critic's checkpoint of a PPO run (GAE, `global_step_N/critic` beside `actor`) is read by
+    verl's merger into the weights of the critic's own `huggingface/` export (a token-classification
+    model with one label: the value head)."""
+    data = text_data(runs_root / "ppo_data")
+    out = runs_root / "ppo"
+    values = {
+        "af_output_dir": out, "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
+        "custom_reward_function.path": write_varied_reward(runs_root / "ppo_reward.py"),
+        "data.train_batch_size": 4, "data.max_prompt_length": 32, "data.max_response_length": 3,
+        "actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4, "algorithm.adv_estimator": "gae",
+        "critic.optim.lr": 1e-3, "critic.ppo_micro_batch_size_per_gpu": 2, "trainer.total_training_steps": 1,
+        "trainer.save_freq": 1, "trainer.test_freq": -1, "trainer.val_before_train": "false",
+        "trainer.logger": "[console]", "ray_init.num_cpus": 2,
+    }
+    assert run_training(load_recipe("tiny_geo3k", [f"{k}={v}" for k, v in values.items()])) == 0
+    critic = out / "checkpoints" / "global_step_1" / "critic"
+    assert json.loads((critic / "fsdp_config.json").read_text()) == {"FSDP_version": 2, "world_size": 1}
+    for kind in ("model", "optim", "extra_state"):
+        assert (critic / f"{kind}_world_size_1_rank_0.pt").is_file()
+    for name in ("config.json", "tokenizer_config.json", "model.safetensors"):
+        assert (critic / "huggingface" / name).is_file(), name
+    target = tmp_path / "merged_critic"
+    side("-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(critic),
+         "--target_dir", str(target))
+    merged, ours = safetensors_of(target), safetensors_of(critic / "huggingface")
+    assert sorted(merged) == sorted(ours) and any("score" in k for k in ours)  # the value head is there
+    diff = max(float((merged[k].float() - ours[k].to(torch.bfloat16).float()).abs().max()) for k in ours)
+    assert diff == 0.0
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["1-worker", "2-workers"])
