@@ -6,7 +6,8 @@ verl runs there as a subprocess; verl-npu runs here. Checked:
 - verl's model merger (`python -m verl.model_merger merge --backend fsdp`) reads verl-npu's 1- and
   2-worker checkpoints of the tiny demo into the weights of verl-npu's own `huggingface/` export
   (same keys; the merger always writes bfloat16: equal to the export cast to bfloat16), and the
-  critic's checkpoint of a PPO run into the critic's export (value head included);
+  critic's checkpoint of a PPO run into the critic's export (value head included), and a LoRA
+  actor's checkpoint into its base weights and peft adapter, both equal to ours;
 - verl's `FSDPCheckpointManager.load_checkpoint` reads them into an FSDP2 model, AdamW and LR
   schedule (weights equal to the export exactly);
 - a checkpoint written by verl's `FSDPCheckpointManager` (plus verl's trainer's `data.pt` and
@@ -169,6 +170,46 @@ def test_verl_model_merger_reads_our_critic_checkpoint(runs_root, tiny_cache, tm
     assert sorted(merged) == sorted(ours) and any("score" in k for k in ours)  # the value head is there
     diff = max(float((merged[k].float() - ours[k].to(torch.bfloat16).float()).abs().max()) for k in ours)
     assert diff == 0.0
+
+
+def test_verl_model_merger_reads_our_lora_checkpoint(runs_root, tiny_cache, tmp_path):
+    """A LoRA actor's checkpoint (peft names, `lora_train_meta.json`): verl's merger writes the base
+    weights and the adapter as a peft folder; both equal ours exactly (in the bfloat16 it writes):
+    the base to the base layers of our shards, the adapter (keys, rank, alpha) to our
+    `huggingface/lora_adapter/`."""
+    data = text_data(runs_root / "lora_data")
+    out = runs_root / "lora"
+    values = {
+        "af_output_dir": out, "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
+        "custom_reward_function.path": write_varied_reward(runs_root / "lora_reward.py"),
+        "data.train_batch_size": 4, "data.max_prompt_length": 32, "data.max_response_length": 3,
+        "actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.model.lora_rank": 4,
+        "actor_rollout_ref.model.lora_alpha": 8, "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": 1,
+        "trainer.save_freq": 1, "trainer.test_freq": -1, "trainer.val_before_train": "false",
+        "trainer.logger": "[console]",
+    }
+    assert run_training(load_recipe("tiny_geo3k", [f"{k}={v}" for k, v in values.items()])) == 0
+    actor = out / "checkpoints" / "global_step_1" / "actor"
+    assert json.loads((actor / "lora_train_meta.json").read_text()) == {"r": 4, "lora_alpha": 8,
+                                                                         "task_type": "CAUSAL_LM"}
+    target = tmp_path / "merged_lora"
+    side("-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor),
+         "--target_dir", str(target))
+    shards = load_torch(actor / "model_world_size_1_rank_0.pt")
+    assert all(name.startswith("base_model.model.") for name in shards)  # peft's names, as verl's files
+    base = {name.removeprefix("base_model.model.").replace(".base_layer.", "."): t.full_tensor()
+            for name, t in shards.items() if "lora_" not in name}
+    merged = safetensors_of(target)
+    assert set(merged) <= set(base) and set(base) - set(merged) <= {"lm_head.weight"}  # tied to the embeddings
+    assert max(float((merged[k].float() - base[k].to(torch.bfloat16).float()).abs().max()) for k in merged) == 0.0
+    theirs = safetensors_of(target / "lora_adapter")
+    ours = safetensors_of(actor / "huggingface" / "lora_adapter")
+    assert sorted(theirs) == sorted(ours) and len(ours) > 0
+    assert max(float((theirs[k].float() - ours[k].to(theirs[k].dtype).float()).abs().max()) for k in ours) == 0.0
+    adapter = json.loads((target / "lora_adapter" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"]) == (4, 8)
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["1-worker", "2-workers"])

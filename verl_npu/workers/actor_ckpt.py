@@ -10,6 +10,7 @@ verl's resume read ours, and ours reads verl's); W is the world size, R the rank
     extra_state_world_size_W_rank_R.pt  {"lr_scheduler": scheduler.state_dict(),
                                          "rng": {"cpu", "numpy", "random"[, device kind]}}
     fsdp_config.json                    {"FSDP_version": 2, "world_size": W} (rank 0)
+    lora_train_meta.json                LoRA only: {"r", "lora_alpha", "task_type"} (rank 0)
     huggingface/                        config, generation config, tokenizer / processor always;
                                         the full weights (safetensors) when `hf_model` is saved
 
@@ -101,6 +102,23 @@ def write_fsdp_config(actor_dir: Path, world_size: int) -> None:
         json.dumps({"FSDP_version": FSDP_VERSION, "world_size": int(world_size)}, indent=4), encoding="utf-8")
 
 
+LORA_META_FILE = "lora_train_meta.json"
+#: a LoRA actor's FSDP2 root is the transformers model inside peft; verl's root is the peft model,
+#: so its files name parameters `base_model.model.<name>` (and verl's merger expects that)
+PEFT_PREFIX = "base_model.model."
+
+
+def write_lora_train_meta(actor_dir: Path, peft_model) -> None:
+    """verl's `lora_train_meta.json` ({"r", "lora_alpha", "task_type"}) for a LoRA actor: verl's model
+    merger reads the adapter's rank and alpha from it (without it, it assumes alpha 0)."""
+    if peft_model is None:
+        return
+    config = next(iter(peft_model.peft_config.values()))
+    task_type = getattr(config.task_type, "value", config.task_type) or "CAUSAL_LM"
+    meta = {"r": int(config.r), "lora_alpha": int(config.lora_alpha), "task_type": str(task_type)}
+    (Path(actor_dir) / LORA_META_FILE).write_text(json.dumps(meta, indent=4), encoding="utf-8")
+
+
 def read_fsdp_config(actor_dir: Path) -> dict | None:
     """`fsdp_config.json` of an actor folder as a dict; None when absent; UserError when malformed."""
     path = Path(actor_dir) / FSDP_CONFIG_FILE
@@ -158,7 +176,10 @@ def save_actor(worker, actor_dir: str | Path) -> None:
         # one worker is not sharded; its files still hold DTensors of a one-rank mesh, as verl's do
         mesh = parallel.one_rank_mesh(worker.torch_device.type, worker.device.dist_backend) if ws == 1 else None
         if "model" in save_contents:
-            save_torch(parallel.module_state_dict(worker.module, mesh), actor_dir / rank_file("model", ws, rank))
+            state = parallel.module_state_dict(worker.module, mesh)
+            if getattr(worker, "peft_model", None) is not None:
+                state = {PEFT_PREFIX + name: value for name, value in state.items()}
+            save_torch(state, actor_dir / rank_file("model", ws, rank))
         if "optimizer" in save_contents:
             save_torch(parallel.optimizer_state_dict(worker.module, worker.optimizer, mesh),
                        actor_dir / rank_file("optim", ws, rank))
@@ -167,6 +188,7 @@ def save_actor(worker, actor_dir: str | Path) -> None:
         full = parallel.full_state_dict_on_rank0(worker.module) if "hf_model" in save_contents else None
         if rank == 0:
             write_fsdp_config(actor_dir, ws)
+            write_lora_train_meta(actor_dir, getattr(worker, "peft_model", None))
             save_hf_folder(actor_dir / HF_DIR, worker.module, worker.tokenizer, worker.processor, full,
                            peft_model=getattr(worker, "peft_model", None))
     except Exception as exc:
@@ -219,7 +241,10 @@ def load_actor(worker, actor_dir: str | Path) -> None:
         log.warning("actor_rollout_ref.actor.checkpoint.load_contents=%s: not loading %s from %s (they start "
                     "as in a fresh run)", load_contents, ", ".join(skipped), actor_dir)
     if "model" in states:
-        parallel.load_module_state_dict(worker.module, states["model"])
+        state = states["model"]
+        if getattr(worker, "peft_model", None) is not None:
+            state = {name.removeprefix(PEFT_PREFIX): value for name, value in state.items()}
+        parallel.load_module_state_dict(worker.module, state)
     if "optimizer" in states:
         parallel.load_optimizer_state_dict(worker.module, worker.optimizer, states["optimizer"])
     if "extra" in states:
