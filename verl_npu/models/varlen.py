@@ -122,26 +122,19 @@ def packed_attention(model, lengths: torch.Tensor, kernel: str):
     restored afterwards. A vision tower keeps its own attention."""
     if kernel not in VARLEN_KERNELS:
         raise ValueError(f"unknown variable-length attention kernel {kernel!r}; known: {', '.join(VARLEN_KERNELS)}")
-    name = register_varlen_attention()
-    text_cfg = model.config.get_text_config()
-    previous = text_cfg._attn_implementation
-    composite = text_cfg is not model.config
+    register_varlen_attention()
     lengths = lengths.detach().to("cpu", torch.int64)
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
     cu[1:] = lengths.cumsum(0)
-    old_state = (_STATE.cu_seqlens, _STATE.kernel, _STATE.model)
-    model.set_attn_implementation({"text_config": name} if composite else name)
-    _STATE.cu_seqlens, _STATE.kernel, _STATE.model = cu, kernel, model
-    try:
+    with _packed_state(cu, kernel, model):
         yield
-    finally:
-        _STATE.cu_seqlens, _STATE.kernel, _STATE.model = old_state
-        model.set_attn_implementation({"text_config": previous} if composite else previous)
 
 
 @contextlib.contextmanager
-def _packed_again(cu: torch.Tensor, kernel: str, model):
-    """The packed attention of one earlier forward, switched on again for its recomputation."""
+def _packed_state(cu: torch.Tensor, kernel: str, model):
+    """`model`'s text attention is the variable-length kernel over the sequences `cu` delimits; the
+    previous implementation and packed state come back afterwards. Used by `packed_attention` and,
+    for a forward's recomputation, by `checkpoint_context_fn`."""
     text_cfg = model.config.get_text_config()
     composite = text_cfg is not model.config
     previous, old_state = text_cfg._attn_implementation, (_STATE.cu_seqlens, _STATE.kernel, _STATE.model)
@@ -164,4 +157,4 @@ def checkpoint_context_fn():
     again, so the recomputed layer is the layer that ran (same numbers, same saved tensors)."""
     if _STATE.cu_seqlens is None or _STATE.model is None:
         return contextlib.nullcontext(), contextlib.nullcontext()
-    return contextlib.nullcontext(), _packed_again(_STATE.cu_seqlens, _STATE.kernel, _STATE.model)
+    return contextlib.nullcontext(), _packed_state(_STATE.cu_seqlens, _STATE.kernel, _STATE.model)
