@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,25 +48,39 @@ def _leveldb_records(path: Path, header_len: int = 7, block: int = 32768) -> lis
     return records
 
 
+def _record(raw: bytes):
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    record = pb.Record()
+    record.ParseFromString(raw)
+    return record
+
+
 def _wandb_records(out_dir: Path):
     """(run record, {step: history row}) of the one offline wandb run under out_dir."""
     import json
 
-    from wandb.proto import wandb_internal_pb2 as pb
-
     files = list((out_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1, list(out_dir.rglob("*"))
+    # wandb's service process writes the file behind finish(); on a loaded machine it can lag
+    # behind, so wait (bounded) until the run's closing `exit` record is on disk.
+    deadline = time.monotonic() + 120
+    while True:
+        raws = _leveldb_records(files[0])
+        kinds = [_record(raw).WhichOneof("record_type") for raw in raws]
+        if "exit" in kinds or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     history, run = {}, None
-    for raw in _leveldb_records(files[0]):
-        record = pb.Record()
-        record.ParseFromString(raw)
+    for raw in raws:
+        record = _record(raw)
         kind = record.WhichOneof("record_type")
         if kind == "history":
             row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
             history[row["_step"]] = row
         elif kind == "run":
             run = record.run
-    assert run is not None
+    assert run is not None, kinds
     return run, history
 
 
