@@ -190,3 +190,50 @@ def test_cli_bad_recipe_is_a_user_error(tmp_path, capsys):
     bad.write_text(RECIPE.replace("nnodes: 2", "nnodes: 0"))
     assert main(["ray-start-args", "--node-rank", "0", str(bad)]) == 1
     assert "trainer.nnodes" in capsys.readouterr().err
+
+
+# ---- an unreachable RAY_ADDRESS fails fast, by name -------------------------------------------
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_ray_address_is_a_user_error_and_a_listening_one_passes():
+    import socket
+
+    from verl_npu.cluster import check_ray_address_reachable
+
+    port = _closed_port()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(UserError) as err:
+            check_ray_address_reachable(address, timeout_s=5)
+        assert address in str(err.value) and "ray start --head" in str(err.value)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        check_ray_address_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=5)
+    check_ray_address_reachable("auto")  # no port: left to Ray
+
+
+def test_run_with_an_unreachable_ray_address_stops_without_traceback(tmp_path):
+    """`verl-npu run` on 2 workers (Ray) with RAY_ADDRESS naming no cluster: a one-line error, not Ray's
+    minutes of retries."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", RAY_ADDRESS=f"127.0.0.1:{_closed_port()}")
+    proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", f"af_output_dir={tmp_path}",
+                           "backend_config.trainer.total_training_steps=1",
+                           "backend_config.trainer.n_gpus_per_node=2",
+                           "backend_config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], capture_output=True, text=True,
+                          cwd=repo, env=env, timeout=180)
+    assert proc.returncode != 0
+    assert "cannot connect to the Ray cluster at RAY_ADDRESS" not in proc.stdout
+    assert "cannot connect to the Ray cluster at 127.0.0.1:" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

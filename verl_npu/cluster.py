@@ -262,6 +262,30 @@ def _load(args: argparse.Namespace):
     return rc, detect_device(rc.backend.trainer.device)
 
 
+RAY_CONNECT_PROBE_S = 10.0
+
+
+def check_ray_address_reachable(address: str, timeout_s: float = RAY_CONNECT_PROBE_S) -> None:
+    """Raise a UserError unless a TCP connection to `address` (`host:port` or `ray://host:port`)
+    opens within `timeout_s`. `ray.init(address=...)` on an unreachable address keeps retrying for
+    minutes before it fails, so the address is probed first. `auto` and forms without a port are
+    left to Ray."""
+    import socket
+
+    host_port = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, sep, port = host_port.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(
+            f"cannot connect to the Ray cluster at {address} ({exc.strerror or type(exc).__name__} "
+            f"within {timeout_s:.0f}s). Fix: start the head node first (`ray start --head`), check "
+            f"RAY_ADDRESS / MASTER_ADDR / MASTER_PORT, or unset RAY_ADDRESS to run on this machine"
+        ) from None
+
+
 class _RayNodes:
     """`ray.nodes()` of the cluster at `address`, through one driver connection (closed by `close`,
     which disconnects without stopping the cluster)."""
@@ -272,6 +296,7 @@ class _RayNodes:
         import ray
 
         self._ray = ray
+        check_ray_address_reachable(address)
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except Exception as exc:  # ConnectionError, TimeoutError, auth errors: all mean "not reachable"

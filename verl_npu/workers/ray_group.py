@@ -145,12 +145,23 @@ class RayWorkerGroup(WorkerGroup):
         if not ray.is_initialized():
             init_kwargs: dict[str, Any] = {"include_dashboard": False, "runtime_env": ray_runtime_env(device.kind)}
             if os.environ.get("RAY_ADDRESS"):
+                from verl_npu.cluster import check_ray_address_reachable
+
+                check_ray_address_reachable(os.environ["RAY_ADDRESS"])
                 init_kwargs["address"] = os.environ["RAY_ADDRESS"]
             else:
                 self._started_ray = True
                 if cfg.ray_init.num_cpus:
                     init_kwargs["num_cpus"] = int(cfg.ray_init.num_cpus)
-            ray.init(**init_kwargs)
+            try:
+                ray.init(**init_kwargs)
+            except ConnectionError as exc:
+                # an unreachable RAY_ADDRESS: Ray gives up after its own connect timeout
+                raise UserError(
+                    f"cannot connect to the Ray cluster at RAY_ADDRESS={init_kwargs.get('address')} "
+                    f"({str(exc).splitlines()[0] if str(exc) else 'connection failed'}). Fix: start the head "
+                    f"node first (`ray start --head`), correct RAY_ADDRESS, or unset it to run on this machine"
+                ) from None
         self._timeline = cfg.ray_init.timeline_json_file
         options = device.ray_actor_options(num_devices=1, num_cpus=1)
         bundle = {"CPU": float(options.get("num_cpus", 1))}
