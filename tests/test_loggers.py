@@ -19,11 +19,14 @@ CONFIG = {"af_output_dir": "/tmp/x", "backend_config": {"data": {"train_batch_si
                                                          "trainer": {"project_name": "proj"}}}
 METRICS = {1: {"critic/score/mean": 0.25, "actor/pg_loss": -0.5, "val-core/synthetic/reward/mean@1": 0.5},
            2: {"critic/score/mean": 0.75, "actor/pg_loss": -0.25}}
+GENERATIONS = "[ground truth: 4] '\\\\boxed{4}'\n[ground truth: 3] 'five'"
 
 
 def _log_two_steps(out: Path, name: str) -> None:
     with Tracker(out, ["file", name], "proj", "exp-1", run_config=CONFIG) as tracker:
         for step, values in METRICS.items():
+            if step == 1:
+                tracker.log_text("val/generations", GENERATIONS, step)
             tracker.log(values, step)
 
 
@@ -77,7 +80,7 @@ def _wandb_records(out_dir: Path):
         kind = record.WhichOneof("record_type")
         if kind == "history":
             row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            history[row["_step"]] = row
+            history.setdefault(row["_step"], {}).update(row)
         elif kind == "run":
             run = record.run
     assert run is not None, kinds
@@ -96,6 +99,12 @@ def test_wandb_offline_run_holds_metrics_names_and_config(tmp_path):
     for step, values in METRICS.items():
         for key, value in values.items():
             assert history[step][key] == pytest.approx(value)
+    # a table is logged as nested keys (val/generations, _type) ... and a json file beside the run
+    assert history[1]["val/generations/_type"] == "table-file"
+    (table_file,) = (tmp_path / "wandb").glob(f"offline-run-*/files/{history[1]['val/generations/path']}")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["step", "sample"]
+    assert table["data"] == [[1, line] for line in GENERATIONS.splitlines()]
 
 
 # ---- mlflow ----------------------------------------------------------------------------------
@@ -119,6 +128,7 @@ def test_mlflow_local_store_holds_metrics_params_and_config(tmp_path, monkeypatc
     assert (val.step, val.value) == (1, 0.5)
     artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
     assert artifacts.is_relative_to(tmp_path) and (artifacts / "config.yaml").is_file()
+    assert (artifacts / "val" / "generations" / "step_00000001.txt").read_text() == GENERATIONS
 
 
 # ---- swanlab ---------------------------------------------------------------------------------
@@ -148,6 +158,9 @@ def test_swanlab_offline_run_holds_metrics_names_and_config(tmp_path, monkeypatc
     for step, values in METRICS.items():
         for key, value in values.items():
             assert scalars[(key, step)] == pytest.approx(value)
+    # the text sample is a media file of the run
+    media = [f for f in (run_dir / "media").rglob("*.txt")]
+    assert [f.read_text() for f in media] == [GENERATIONS], sorted(p.name for p in run_dir.rglob("*"))
     config = yaml.safe_load((run_dir / "files" / "config.yaml").read_text())
     assert config["backend_config"]["value"]["data"]["train_batch_size"] == 8
 

@@ -416,7 +416,10 @@ _k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks, each with verl's metric 
        f"{s.name}: {s.doc}" + (f" (pip install 'verl-npu[{s.extra}]')" if s.extra else "") for s in LOGGERS.values())
    + ". A tracker whose library is missing is refused at validation.",
    choices=tuple(LOGGERS), unsupported=UNSUPPORTED_LOGGERS)
-_k(f"{T}.log_val_generations", 0, INT, "Validation generations printed/logged per validation.", min=0)
+_k(f"{T}.log_val_generations", 0, INT,
+   "Validation generations (ground truth and response) per validation: printed, and logged to TensorBoard text, "
+   "a wandb table, an MLflow text artifact (val/generations/step_N.txt) or a SwanLab text, per trainer.logger.",
+   min=0)
 _k(f"{T}.rollout_data_dir", None, STR, "Folder for JSONL dumps of training rollouts (null: none).")
 _k(f"{T}.validation_data_dir", None, STR, "Folder for JSONL dumps of validation generations (null: none).")
 _k(f"{T}.nnodes", 1, INT, "Nodes in the run.", min=1)

@@ -112,6 +112,10 @@ class Sink:
     def log(self, values: dict[str, float], step: int) -> None:
         raise NotImplementedError
 
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """Record a text sample (validation generations, one per line) under `tag` at `step`."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -132,6 +136,12 @@ class WandbSink(Sink):
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        import wandb
+
+        table = wandb.Table(columns=["step", "sample"], data=[[step, line] for line in text.splitlines()])
+        self.run.log({tag: table}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -190,6 +200,9 @@ class MlflowSink(Sink):
         for start in range(0, len(metrics), 500):
             self.client.log_batch(self.run_id, metrics=metrics[start:start + 500])
 
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        self.client.log_text(self.run_id, text, f"{tag}/step_{int(step):08d}.txt")
+
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
 
@@ -209,6 +222,9 @@ class SwanlabSink(Sink):
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        self.run.log({tag: self._swanlab.Text(text)}, step=step)
 
     def close(self) -> None:
         self._swanlab.finish()

@@ -209,10 +209,13 @@ class Tracker:
             logging.getLogger("verl_npu").info(format_console_line(values, step))
 
     def log_text(self, tag: str, text: str, step: int) -> None:
-        """Record a text sample (e.g. validation generations): TensorBoard `add_text` and the log."""
+        """Record a text sample (e.g. validation generations): TensorBoard `add_text`, every experiment
+        tracker (a wandb table, an MLflow text artifact, a SwanLab text) and the log."""
         if self._writer is not None:
             self._writer.add_text(tag, text, global_step=int(step))
             self._writer.flush()
+        for sink in self._sinks:
+            sink.log_text(tag, text, int(step))
         logging.getLogger("verl_npu").info("[%s] step %d:\n%s", tag, int(step), text)
 
     def close(self) -> None:
