@@ -87,6 +87,20 @@ def prompt_positions(module, input_ids: torch.Tensor, attention_mask: torch.Tens
     return torch.cat([text.unsqueeze(0), rope_positions(module, input_ids, attention_mask, mm_inputs, vt)], dim=0)
 
 
+def decode_attention_masks(module, attention_mask: torch.Tensor) -> Callable[[int], torch.Tensor]:
+    """The attention mask of a decode step over `length` keys, from the 2-D mask [rows, all keys]:
+    the 2-D mask's first `length` columns, which the model turns into its 4-D mask at every step;
+    or, where that 4-D mask is known to be just the padding mask (SDPA attention, no sliding-window
+    layer, some padding: a single query may attend to every unpadded key before it), that boolean
+    [rows, 1, 1, length] mask sliced from one built once, which the model takes as is."""
+    text = module.config.get_text_config()
+    sliding = "sliding_attention" in (getattr(text, "layer_types", None) or [])
+    if text._attn_implementation != "sdpa" or sliding or bool(attention_mask.all()):
+        return lambda length: attention_mask[:, :length]
+    full = attention_mask.bool()[:, None, None, :]
+    return lambda length: full[..., :length]
+
+
 def _takes_logits_to_keep(module) -> bool:
     return "logits_to_keep" in inspect.signature(module.forward).parameters
 
@@ -140,7 +154,7 @@ def decode(
         attention_mask = attention_mask.repeat_interleave(n, dim=0)
     # position of new token t: last prompt position + 1 + t (every row of a 4-row VL position id alike)
     new_positions = positions[..., -1:] + 1 + torch.arange(max_new_tokens, device=device)
-    mask = torch.cat([attention_mask, attention_mask.new_ones(rows, max_new_tokens)], dim=1)
+    step_mask = decode_attention_masks(module, torch.cat([attention_mask, attention_mask.new_ones(rows, max_new_tokens)], 1))
     eos = torch.tensor(eos_ids, device=device)
     suppress = torch.tensor(suppress_ids or [], dtype=torch.long, device=device)
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -156,6 +170,6 @@ def decode(
         finished |= torch.isin(token, eos)
         if t + 1 == max_new_tokens or _all_ranks_finished(finished, synced):
             return tokens[:, : t + 1]
-        logits = module(input_ids=token.unsqueeze(-1), attention_mask=mask[:, : width + t + 1],
+        logits = module(input_ids=token.unsqueeze(-1), attention_mask=step_mask(width + t + 1),
                         position_ids=new_positions[..., t : t + 1], past_key_values=cache, use_cache=True).logits[:, -1]
     return tokens[:, :0]
