@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from verl_npu.batch import Batch
-from verl_npu.models.forward import merge_multi_modal_inputs
+from verl_npu.models.forward import merge_multi_modal_inputs, shared_left_padding
 from verl_npu.rollout.base import (
     RolloutEngine,
     SamplingParams,
@@ -37,14 +37,6 @@ from verl_npu.rollout.base import (
 )
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
-
-
-def drop_shared_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor):
-    """(input_ids, attention_mask) from the first column that some row attends to on (all columns
-    if no row attends to any)."""
-    used = attention_mask.bool().any(0).nonzero()
-    first = int(used[0]) if used.numel() else 0
-    return input_ids[:, first:], attention_mask[:, first:]
 
 
 class HFRollout(RolloutEngine):
@@ -76,7 +68,8 @@ class HFRollout(RolloutEngine):
         was_training = module.training
         module.eval()
         device = next(module.parameters()).device
-        input_ids, attention_mask = drop_shared_left_padding(prompts["input_ids"], prompts["attention_mask"])
+        skip = shared_left_padding(prompts["attention_mask"])
+        input_ids, attention_mask = prompts["input_ids"][:, skip:], prompts["attention_mask"][:, skip:]
         pick = greedy_pick
         if not params.greedy:
             uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
