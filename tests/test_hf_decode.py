@@ -16,7 +16,6 @@ from verl_npu.batch import Batch
 from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids
 from verl_npu.rollout.base import SamplingParams, stop_and_pad_ids, vision_marker_ids
 from verl_npu.rollout.decode import PerRowSampler, decode
-from verl_npu.models.forward import shared_left_padding
 from verl_npu.rollout.hf import HFRollout
 
 NEW = 12
@@ -119,13 +118,15 @@ def test_greedy_decode_with_ignore_eos_never_stops(tiny_lm_path):
 
 def test_shared_left_padding_is_dropped_without_changing_tokens(tiny_lm_path):
     tok, model, ids, mask, mm = _text_batch(tiny_lm_path, extra_left_pad=20)
-    assert shared_left_padding(mask) == 20
-    assert shared_left_padding(torch.zeros_like(mask)) == 0
     engine = HFRollout(model, tok)
+    widths = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+                                    with_kwargs=True)
     rollout = engine.generate(Batch({"input_ids": ids, "attention_mask": mask}),
                               SamplingParams(n=1, do_sample=False, max_new_tokens=NEW))
     ref = _hf_generate(model, tok, ids, mask, mm)
     assert torch.equal(rollout["responses"][:, : ref.shape[1]], ref)
+    assert widths[0] == ids.shape[1] - 20  # the prefill never saw the 20 shared padding columns
     assert rollout["prompts"].shape == ids.shape  # the batch keeps its layout
 
 

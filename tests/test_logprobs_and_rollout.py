@@ -189,35 +189,3 @@ def test_returned_logits_give_the_same_log_probs(tiny_lm_path, remove_padding):
     from_logits = torch.log_softmax(logits, -1).gather(-1, rollout["responses"].unsqueeze(-1)).squeeze(-1)
     mask = rollout["response_mask"].bool()
     torch.testing.assert_close(from_logits[mask], lp[mask], atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("kind", ["text", "vl"])
-def test_shared_left_padding_does_not_change_log_probs(kind, tiny_lm_path, tiny_vl_path):
-    """Prompts padded to data.max_prompt_length: the forward skips the columns no row uses, and the
-    log-probs equal those of the same rows without that padding."""
-    if kind == "vl":
-        tokenizer, prompts = _vl_prompts(tiny_vl_path)
-        model = AutoModelForImageTextToText.from_pretrained(tiny_vl_path, dtype=torch.float32).eval()
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
-        tokenizer.padding_side = "left"
-        model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
-        enc = tokenizer(["short", "a longer prompt than that"], return_tensors="pt", padding=True)
-        prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    rollout = HFRollout(model, tokenizer, seed=3).generate(prompts, SamplingParams(n=2, max_new_tokens=RESPONSE_LEN))
-    ids, mask = rollout["input_ids"], rollout["attention_mask"]
-    pad = 17
-    padded_ids = torch.cat([torch.full((ids.shape[0], pad), tokenizer.pad_token_id), ids], 1)
-    padded_mask = torch.cat([torch.zeros(ids.shape[0], pad, dtype=mask.dtype), mask], 1)
-    mm = rollout.get("multi_modal_inputs")
-    widths = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
-                                    with_kwargs=True)
-    with torch.no_grad():
-        ref, _ = response_log_probs(model, ids, mask, RESPONSE_LEN, multi_modal_inputs=mm)
-        lp, _ = response_log_probs(model, padded_ids, padded_mask, RESPONSE_LEN, multi_modal_inputs=mm)
-    assert widths[0] == widths[1] <= ids.shape[1]  # the 17 columns were never run
-    assert lp.shape == ref.shape
-    keep = rollout["response_mask"].bool()
-    torch.testing.assert_close(lp[keep], ref[keep], atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(ref[keep], _plain_log_probs(model, rollout)[keep], atol=1e-5, rtol=1e-5)

@@ -66,14 +66,6 @@ def merge_multi_modal_inputs(rows: list[dict] | None, device) -> dict[str, torch
     return {k: torch.cat(v, dim=0).to(device) for k, v in merged.items() if v}
 
 
-def shared_left_padding(attention_mask: torch.Tensor) -> int:
-    """How many leading columns no row attends to (left padding every row has; 0 if no row attends
-    to any column). Prompts come padded to `data.max_prompt_length`; a forward can skip these
-    columns: their keys are masked out for every query, so the real tokens' outputs do not change."""
-    used = attention_mask.bool().any(0).nonzero()
-    return int(used[0]) if used.numel() else 0
-
-
 def supports_remove_padding(model) -> bool:
     return getattr(model.config, "model_type", None) in _PACKING_MODEL_TYPES
 
@@ -231,16 +223,14 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
     else:
         # only the last R + 1 positions need logits (the first R of them predict the response): the
         # lm head, log-softmax and entropy run on those only; the rest is zero-padded on the left
-        # (the model skips the left padding all rows share)
         n_keep = response_length + 1
         left = length - n_keep
         if head is not None:
             head.targets = targets[:, left:]
-        skip = min(shared_left_padding(attention_mask), left)
         out = model(
-            input_ids=input_ids[:, skip:],
-            attention_mask=attention_mask[:, skip:],
-            position_ids=positions[..., skip:],
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
             use_cache=False,
             logits_to_keep=n_keep,
             **mm,

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from verl_npu.batch import Batch
-from verl_npu.models.forward import merge_multi_modal_inputs, shared_left_padding
+from verl_npu.models.forward import merge_multi_modal_inputs
 from verl_npu.rollout.base import (
     RolloutEngine,
     SamplingParams,
@@ -37,6 +37,7 @@ from verl_npu.rollout.base import (
 )
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
+from verl_npu.workers.micro import trim_left_padding
 
 
 class HFRollout(RolloutEngine):
@@ -68,8 +69,8 @@ class HFRollout(RolloutEngine):
         was_training = module.training
         module.eval()
         device = next(module.parameters()).device
-        skip = shared_left_padding(prompts["attention_mask"])
-        input_ids, attention_mask = prompts["input_ids"][:, skip:], prompts["attention_mask"][:, skip:]
+        trimmed = trim_left_padding(prompts)  # the left padding every prompt has
+        input_ids, attention_mask = trimmed["input_ids"], trimmed["attention_mask"]
         pick = greedy_pick
         if not params.greedy:
             uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
