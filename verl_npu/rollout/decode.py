@@ -1,11 +1,13 @@
 """The `hf` rollout's decode loop: one prefill, then one KV-cached forward per new token.
 
-It replaces transformers' `generate` for the rollout because, on the small models this engine is
-for, a decode step is mostly Python overhead, and `generate` spends as much per step on its own
-machinery (logits processors, stopping criteria, re-preparing the model inputs, growing the
-attention mask and position ids by concatenation) as on the model. The loop calls the model's
-own `forward` with what `generate` would pass it, so greedy decoding gives `generate(do_sample=
-False)`'s tokens (tested token for token on a text and a vision-language model):
+It replaces transformers' `generate` for the rollout because `generate` prefills (and encodes the
+images of) each of the n copies of a prompt, and adds per-step machinery (a logits-processor
+list, stopping criteria, re-preparing the model inputs, growing the attention mask and position
+ids by concatenation, the model rebuilding its 4-D mask): on the small models this engine is for,
+the two together were more than a third of the rollout's time (`bench/vs_trl.md`, "Profile of
+`gen`"). The loop calls the
+model's own `forward` with what `generate` would pass it, so greedy decoding gives `generate(
+do_sample=False)`'s tokens (tested token for token on a text and a vision-language model):
 
 - positions: for a text model, `cumsum(attention_mask) - 1` (0 on left padding) for the prompt,
   then the last prompt position + 1, + 2, ... for each new token; for Qwen2/2.5-VL, the model's
@@ -154,7 +156,8 @@ def decode(
         attention_mask = attention_mask.repeat_interleave(n, dim=0)
     # position of new token t: last prompt position + 1 + t (every row of a 4-row VL position id alike)
     new_positions = positions[..., -1:] + 1 + torch.arange(max_new_tokens, device=device)
-    step_mask = decode_attention_masks(module, torch.cat([attention_mask, attention_mask.new_ones(rows, max_new_tokens)], 1))
+    full_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, max_new_tokens)], dim=1)
+    step_mask = decode_attention_masks(module, full_mask)
     eos = torch.tensor(eos_ids, device=device)
     suppress = torch.tensor(suppress_ids or [], dtype=torch.long, device=device)
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
