@@ -5,9 +5,9 @@ images of) each of the n copies of a prompt, and adds per-step machinery (a logi
 list, stopping criteria, re-preparing the model inputs, growing the attention mask and position
 ids by concatenation, the model rebuilding its 4-D mask): on the small models this engine is for,
 the two together were more than a third of the rollout's time (`bench/vs_trl.md`, "Profile of
-`gen`"). The loop calls the
-model's own `forward` with what `generate` would pass it, so greedy decoding gives `generate(
-do_sample=False)`'s tokens (tested token for token on a text and a vision-language model):
+`gen`"). The loop calls the model's own `forward` with what `generate` would pass it, so greedy
+decoding gives `generate(do_sample=False)`'s tokens (tested token for token on a text and a
+vision-language model):
 
 - positions: for a text model, `cumsum(attention_mask) - 1` (0 on left padding) for the prompt,
   then the last prompt position + 1, + 2, ... for each new token; for Qwen2/2.5-VL, the model's
