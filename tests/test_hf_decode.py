@@ -13,7 +13,7 @@ from transformers import (AutoModelForCausalLM, AutoModelForImageTextToText, Aut
                           LogitsProcessor, LogitsProcessorList)
 
 from verl_npu.batch import Batch
-from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids
+from verl_npu.models.forward import VisionTokens, mm_token_type_ids
 from verl_npu.rollout.base import SamplingParams, stop_and_pad_ids, vision_marker_ids
 from verl_npu.rollout.decode import PerRowSampler, decode
 from verl_npu.rollout.hf import HFRollout
