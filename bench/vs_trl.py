@@ -6,7 +6,8 @@ picture task, `tiny://qwen2` for the text task), one parquet (synthetic polygons
 --synthetic N` word problems, scored by verl's rule for their data source), the same prompts per
 step in the same order (no shuffling on either side: 8 prompts x 4 samples), up to 32 new tokens,
 fp32, no KL term, the same learning rate (constant, no weight decay), one optimizer step per
-batch (one mini-batch, one epoch), HF `generate` on both sides, one CPU process each, the same
+batch (one mini-batch, one epoch), the transformers model decoding with a KV cache on both sides
+(TRL: `generate`; verl-npu: its `hf` rollout's decode loop), one CPU process each, the same
 number of torch threads. Each trainer runs in its own child process (so peak RSS is its own).
 
 Reported per side: the median step seconds over steps 3..N (all steps with --smoke), completion

@@ -130,20 +130,23 @@ def test_greedy_rollout_is_deterministic_and_ignore_eos_fills_length(tiny_lm_pat
 
 
 def test_samples_depend_on_the_prompt_not_on_its_batch(tiny_lm_path, monkeypatch):
-    """One `generate` call per batch, still seeded per prompt: the same uid gets the same samples
+    """One decode (one prefill) per batch, still seeded per prompt: the same uid gets the same samples
     alone or in a batch (1 vs N workers); the same seed gives the same samples twice."""
+    import verl_npu.rollout.hf as hf
+
     tok = AutoTokenizer.from_pretrained(tiny_lm_path)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
     calls = []
-    real_generate = model.generate
-    monkeypatch.setattr(model, "generate", lambda **kw: calls.append(kw["input_ids"].shape) or real_generate(**kw))
+    real_decode = hf.decode
+    monkeypatch.setattr(hf, "decode", lambda module, ids, *a, **kw: calls.append((ids.shape[0], kw["n"]))
+                        or real_decode(module, ids, *a, **kw))
     enc = tok(["first prompt here", "the second one"], return_tensors="pt", padding=True)
     both = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, {"uid": ["u1", "u2"]})
     engine = HFRollout(model, tok, seed=7)
     params = SamplingParams(n=3, max_new_tokens=5, ignore_eos=True)
     together = engine.generate(both, params)
-    assert len(calls) == 1 and calls[0][0] == 6  # all prompts x n samples in one call
+    assert calls == [(2, 3)]  # all prompts x n samples in one call
     assert torch.equal(engine.generate(both, params)["responses"], together["responses"])
     alone = engine.generate(both.slice(1, 2), params)
     assert torch.equal(together["responses"][3:], alone["responses"])
@@ -154,16 +157,16 @@ def test_samples_depend_on_the_prompt_not_on_its_batch(tiny_lm_path, monkeypatch
 
 
 def test_per_row_sampler_draws_from_the_warped_distribution():
-    """The inverse-CDF draw inside greedy `generate` follows softmax(logits / T) restricted by top-k."""
-    from verl_npu.rollout.hf import PerRowSampler
+    """The inverse-CDF draw follows softmax(logits / T) restricted by top-k."""
+    from verl_npu.rollout.decode import PerRowSampler
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]])
     rows = 4000
     params = SamplingParams(n=rows, temperature=0.8, top_k=4, max_new_tokens=1)
-    sampler = PerRowSampler(params, [123], prompt_width=1)
-    out = sampler(torch.zeros(rows, 1, dtype=torch.long), logits.expand(rows, -1).clone())
-    assert torch.isfinite(out).sum(-1).eq(1).all()  # exactly one token kept per row
-    counts = torch.bincount(out.argmax(-1), minlength=5).float() / rows
+    sampler = PerRowSampler(params, [123])
+    tokens = sampler(logits.expand(rows, -1).clone(), 0)
+    assert tokens.shape == (rows,)
+    counts = torch.bincount(tokens, minlength=5).float() / rows
     expected = torch.softmax(torch.tensor([2.0, 1.0, 0.0, float("-inf"), 0.5]) / 0.8, -1)
     assert counts[3] == 0  # cut by top-k
     torch.testing.assert_close(counts, expected, atol=0.03, rtol=0)
