@@ -282,3 +282,14 @@ def test_two_workers_score_like_one(tmp_path, rm_data, rm_path, hf_rm):
     m1, m2 = step_metrics(one), step_metrics(two)
     for step in (1, 2):
         assert m2[step]["critic/score/mean"] == pytest.approx(m1[step]["critic/score/mean"], abs=1e-4)
+
+
+def test_a_causal_lm_is_refused_as_a_reward_model_when_loaded(tiny_lm_path):
+    """The worker's own check (for paths the config check cannot read, e.g. tiny:// or hub ids):
+    a model without a score head is a UserError naming the key."""
+    from verl_npu.errors import UserError
+    from verl_npu.workers.reward_model import load_reward_model
+
+    with pytest.raises(UserError, match=r"reward_model.model.path=.*Qwen2ForCausalLM, not a sequence-classification"):
+        load_reward_model(str(tiny_lm_path), dtype=torch.float32, attn_implementation="sdpa", override_config=None,
+                          trust_remote_code=False)

@@ -621,34 +621,6 @@ def _trainer_full_kl(c: Ctx) -> Iterator[Problem]:
                       "use kl, abs, mse or low_var_kl")
 
 
-#: the roles with an fsdp_config: (config section, the role's name in messages, its optimizer offloads)
-_FSDP_ROLES = (("actor_rollout_ref.actor", "actor", True), ("actor_rollout_ref.ref", "ref", False),
-               ("critic.model", "critic.model", True), ("reward_model.model", "reward_model.model", False))
-_FSDP = tuple(f"{BC}{section}.fsdp_config.{k}" for section, _, _ in _FSDP_ROLES
-              for k in ("param_offload", "optimizer_offload", "fsdp_size")) + _WORLD
-
-
-@_rule("trainer_fsdp_offload_and_sharding", _FSDP,
-       "FSDP2 offloading needs 2+ workers; optimizer_offload needs param_offload; fsdp_size must be -1 or the "
-       "device count (no hybrid sharding)")
-def _trainer_fsdp(c: Ctx) -> Iterator[Problem]:
-    for section, role, has_optimizer in _FSDP_ROLES:
-        prefix = f"{BC}{section}.fsdp_config."
-        param = bool(c(prefix + "param_offload"))
-        if param and c.world == 1:
-            yield Problem(prefix + "param_offload", "offloading works through FSDP2, which needs 2+ workers",
-                          "set it to false, or use trainer.n_gpus_per_node >= 2")
-        opt = get(c.cfg, prefix + "optimizer_offload")
-        if has_optimizer and opt and not param:
-            yield Problem(prefix + "optimizer_offload",
-                          "FSDP2 offloads the optimizer state together with the parameters, not alone",
-                          f"also set {role}.fsdp_config.param_offload=true, or set this to false")
-        size = get(c.cfg, prefix + "fsdp_size")
-        if int(size if size is not None else -1) not in (-1, c.world):
-            yield Problem(prefix + "fsdp_size", "hybrid sharding (fsdp_size < world size) is not implemented",
-                          "leave it at -1 (shard over all workers)")
-
-
 def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -> tuple[list[Problem], list[str]]:
     """Run every cross-key rule; returns (problems, warnings)."""
     ctx = Ctx(cfg, user_keys, bad)
@@ -724,7 +696,7 @@ def check_paths(rc) -> list[Problem]:
                 problems.append(Problem(key, f"model folder {item!r} does not exist",
                                         "set it to a local model folder or a Hugging Face hub id (owner/name)"))
             elif kind == "model" and key in _MODEL_PATH_USED_IF:
-                problems += rules_rm.model_folder_problems(key, path)
+                problems += rules_roles.model_folder_problems(key, path)
             elif kind == "adapter" and not (path / "adapter_config.json").is_file():
                 problems.append(Problem(key, f"{item!r} is not a peft adapter folder (no adapter_config.json)",
                                         "name a folder written by peft's save_pretrained, e.g. a checkpoint's "
@@ -735,4 +707,4 @@ def check_paths(rc) -> list[Problem]:
     return problems
 
 
-from verl_npu.config import rules_rm  # noqa: E402,F401  (registers the reward model's rules in RULES)
+from verl_npu.config import rules_roles  # noqa: E402,F401  (registers the roles' rules in RULES)

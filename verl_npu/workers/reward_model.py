@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 
 import torch
@@ -36,6 +37,7 @@ from verl_npu.workers import parallel
 from verl_npu.workers.micro import micro_batch_indices, trim_left_padding
 
 RM_KEY = "reward_model.model"
+log = logging.getLogger("verl_npu")
 
 
 def load_reward_model(path, *, dtype: torch.dtype, attn_implementation: str, override_config: dict | None,
@@ -52,10 +54,17 @@ def load_reward_model(path, *, dtype: torch.dtype, attn_implementation: str, ove
                             "remove the key") from err
     config = load_config(path, trust_remote_code=trust_remote_code)
     apply_override_config(config, override_config)
+    archs = list(getattr(config, "architectures", None) or [])
+    if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise UserError(f"{RM_KEY}.path={path} is a {', '.join(archs)}, not a sequence-classification model; "
+                        "point it at a reward model (AutoModelForSequenceClassification, num_labels=1)")
     if int(getattr(config, "num_labels", 1)) != 1:
         raise UserError(f"{RM_KEY}.path={path}: the model has num_labels={config.num_labels}; a reward model "
                         "gives one score (num_labels=1)")
     config.classifier_dropout = 0.0
+    loader_log = logging.getLogger("transformers.modeling_utils")
+    level = loader_log.level
+    loader_log.setLevel(logging.ERROR)  # its report of the missing score.bias reads like an error: ours below
     try:
         model, info = AutoModelForTokenClassification.from_pretrained(
             resolve_model_path(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
@@ -63,6 +72,8 @@ def load_reward_model(path, *, dtype: torch.dtype, attn_implementation: str, ove
         )
     except ValueError as err:  # an architecture without a token-classification class
         raise UserError(f"{RM_KEY}.path={path}: cannot load it as a per-token scorer ({err})") from err
+    finally:
+        loader_log.setLevel(level)
     missing = set(info.get("missing_keys", ()))
     head = [k for k in missing if not k.endswith("score.bias")]
     if head:
@@ -72,6 +83,8 @@ def load_reward_model(path, *, dtype: torch.dtype, attn_implementation: str, ove
         for name, param in model.named_parameters():
             if name in missing:  # score.bias: sequence-classification heads have none
                 param.zero_()
+                log.info("reward model: %s is not in the checkpoint (a sequence-classification head has no "
+                         "bias): zero", name)
     model.requires_grad_(False)
     return model.eval()
 

@@ -1,4 +1,5 @@
-"""Cross-key rules of the reward model role (`reward_model.*`), registered in `rules.RULES`.
+"""Cross-key rules of the worker roles' own sections (the FSDP settings of every role, the reward
+model's `reward_model.*`), registered in `rules.RULES`.
 
 Kept apart from `rules.py` (which imports this module at its end) so that each file stays small.
 """
@@ -7,11 +8,38 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.config.rules import _LENS, Ctx, _rule
-from verl_npu.config.tree import BC
+from verl_npu.config.rules import _LENS, _WORLD, Ctx, _rule
+from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
 
 RM = BC + "reward_model."
+
+#: the roles with an fsdp_config: (config section, the role's name in messages, its optimizer offloads)
+_FSDP_ROLES = (("actor_rollout_ref.actor", "actor", True), ("actor_rollout_ref.ref", "ref", False),
+               ("critic.model", "critic.model", True), ("reward_model.model", "reward_model.model", False))
+_FSDP = tuple(f"{BC}{section}.fsdp_config.{k}" for section, _, _ in _FSDP_ROLES
+              for k in ("param_offload", "optimizer_offload", "fsdp_size")) + _WORLD
+
+
+@_rule("trainer_fsdp_offload_and_sharding", _FSDP,
+       "FSDP2 offloading needs 2+ workers; optimizer_offload needs param_offload; fsdp_size must be -1 or the "
+       "device count (no hybrid sharding)")
+def _trainer_fsdp(c: Ctx) -> Iterator[Problem]:
+    for section, role, has_optimizer in _FSDP_ROLES:
+        prefix = f"{BC}{section}.fsdp_config."
+        param = bool(c(prefix + "param_offload"))
+        if param and c.world == 1:
+            yield Problem(prefix + "param_offload", "offloading works through FSDP2, which needs 2+ workers",
+                          "set it to false, or use trainer.n_gpus_per_node >= 2")
+        opt = get(c.cfg, prefix + "optimizer_offload")
+        if has_optimizer and opt and not param:
+            yield Problem(prefix + "optimizer_offload",
+                          "FSDP2 offloads the optimizer state together with the parameters, not alone",
+                          f"also set {role}.fsdp_config.param_offload=true, or set this to false")
+        size = get(c.cfg, prefix + "fsdp_size")
+        if int(size if size is not None else -1) not in (-1, c.world):
+            yield Problem(prefix + "fsdp_size", "hybrid sharding (fsdp_size < world size) is not implemented",
+                          "leave it at -1 (shard over all workers)")
 
 
 @_rule("reward_model_path", (RM + "enable", RM + "model.path"),
