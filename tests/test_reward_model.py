@@ -255,6 +255,11 @@ def test_a_grpo_run_is_scored_by_the_reward_model(tmp_path, rm_data, rm_path):
     assert any(k.startswith("val-core/") for k in rows[2]) and any("rule_reward" in k for k in rows[2])
     step2 = out / "checkpoints" / "global_step_2"
     assert sorted(p.name for p in step2.iterdir() if p.is_dir()) == ["actor"]   # the frozen RM is not saved
+    # resuming needs no reward model folder: it is loaded again from reward_model.model.path
+    longer = run_overrides(out, rm_data, **{"trainer.total_training_steps": 3})
+    assert run_training(load_recipe("tiny_geo3k", longer)) == 0
+    assert sorted(step_metrics(out)) == [1, 2, 3]
+    assert "resumed from" in (out / "logs" / "run.log").read_text()
 
 
 @pytest.mark.slow
