@@ -273,15 +273,19 @@ def test_two_workers_score_like_one(tmp_path, rm_data, rm_path, hf_rm):
     rows = sample_rows(seed=3, n=4)
     batch = padded_batch(rows, prompt_len=10, response_len=6, pad=0)
     expected = [hf_score(hf_rm, p + r) for p, r in rows]
-    seen = []
+    seen, uneven = [], []
 
     def every_rank(workers):
         seen.extend(workers.scatter("compute_rm_score", [batch] * workers.world_size, role="reward_model"))
+        # 3 rows over 2 ranks: the group pads with a copy of row 0 and drops its score again
+        uneven.append(workers.compute_rm_score(batch.select([0, 1, 2]))["rm_scores"])
 
     one, two = tmp_path / "one", tmp_path / "two"
     assert run_training(load_recipe("tiny_geo3k", run_overrides(one, rm_data, 1)), after_fit=every_rank) == 0
     assert run_training(load_recipe("tiny_geo3k", run_overrides(two, rm_data, 2)), after_fit=every_rank) == 0
-    assert len(seen) == 3
+    assert len(seen) == 3 and len(uneven) == 2
+    for result in uneven:
+        assert result.shape[0] == 3 and result.sum(-1).tolist() == pytest.approx(expected[:3], abs=1e-4)
     for result in seen:
         assert result["rm_scores"].sum(-1).tolist() == pytest.approx(expected, abs=1e-4)
     m1, m2 = step_metrics(one), step_metrics(two)
