@@ -50,7 +50,7 @@ BROKEN = [
     (["trainer.logger=[console,clearml]"], "backend_config.trainer.logger", "does not support"),
     (["actor_rollout_ref.actor.strategy=megatron"], A + "actor.strategy", "does not support"),
     (["actor_rollout_ref.model.lora_rank=-1"], A + "model.lora_rank", ">= 0"),
-    (["reward_model.enable=true"], "backend_config.reward_model.enable", "does not support reward models"),
+    (["reward_model.enable=true"], "backend_config.reward_model.model.path", "is required with reward_model.enable"),
     (["critic.model.tokenizer_path=/t"], "backend_config.critic.model.tokenizer_path",
      "does not support this critic option"),
     (["algorithm.adv_estimator=gae", "critic.enable=false"], "backend_config.critic.enable", "needs a critic"),

@@ -621,34 +621,6 @@ def _trainer_full_kl(c: Ctx) -> Iterator[Problem]:
                       "use kl, abs, mse or low_var_kl")
 
 
-#: the roles with an fsdp_config: (config section, the role's name in messages, its optimizer offloads)
-_FSDP_ROLES = (("actor_rollout_ref.actor", "actor", True), ("actor_rollout_ref.ref", "ref", False),
-               ("critic.model", "critic.model", True))
-_FSDP = tuple(f"{BC}{section}.fsdp_config.{k}" for section, _, _ in _FSDP_ROLES
-              for k in ("param_offload", "optimizer_offload", "fsdp_size")) + _WORLD
-
-
-@_rule("trainer_fsdp_offload_and_sharding", _FSDP,
-       "FSDP2 offloading needs 2+ workers; optimizer_offload needs param_offload; fsdp_size must be -1 or the "
-       "device count (no hybrid sharding)")
-def _trainer_fsdp(c: Ctx) -> Iterator[Problem]:
-    for section, role, has_optimizer in _FSDP_ROLES:
-        prefix = f"{BC}{section}.fsdp_config."
-        param = bool(c(prefix + "param_offload"))
-        if param and c.world == 1:
-            yield Problem(prefix + "param_offload", "offloading works through FSDP2, which needs 2+ workers",
-                          "set it to false, or use trainer.n_gpus_per_node >= 2")
-        opt = get(c.cfg, prefix + "optimizer_offload")
-        if has_optimizer and opt and not param:
-            yield Problem(prefix + "optimizer_offload",
-                          "FSDP2 offloads the optimizer state together with the parameters, not alone",
-                          f"also set {role}.fsdp_config.param_offload=true, or set this to false")
-        size = get(c.cfg, prefix + "fsdp_size")
-        if int(size if size is not None else -1) not in (-1, c.world):
-            yield Problem(prefix + "fsdp_size", "hybrid sharding (fsdp_size < world size) is not implemented",
-                          "leave it at -1 (shard over all workers)")
-
-
 def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -> tuple[list[Problem], list[str]]:
     """Run every cross-key rule; returns (problems, warnings)."""
     ctx = Ctx(cfg, user_keys, bad)
@@ -663,7 +635,13 @@ def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -
 
 # ------------------------------------------------------------------ files
 #: keys that name a model folder: a local folder, a tiny:// model or a hub id (data.tokenizer is refused unless null)
-MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path",)
+MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "reward_model.model.path")
+#: model path keys read only when another key is true: path key -> that key
+_MODEL_PATH_USED_IF = {BC + "reward_model.model.path": BC + "reward_model.enable"}
+
+
+def _model_path_keys(cfg) -> list[str]:
+    return [k for k in MODEL_PATH_KEYS if k not in _MODEL_PATH_USED_IF or get(cfg, _MODEL_PATH_USED_IF[k])]
 
 
 def resolve_hub_ids(rc) -> list[Problem]:
@@ -675,7 +653,7 @@ def resolve_hub_ids(rc) -> list[Problem]:
     from verl_npu.models.hub import HubIdMissing, hub_folder, looks_like_hub_id
 
     problems: list[Problem] = []
-    for key in MODEL_PATH_KEYS:
+    for key in _model_path_keys(rc.cfg):
         value = get(rc.cfg, key)
         if not looks_like_hub_id(value) or Path(os.path.expanduser(value)).is_dir():
             continue
@@ -700,7 +678,7 @@ def check_paths(rc) -> list[Problem]:
     checks: list[tuple[str, Any, str]] = [
         (b + "data.train_files", get(rc.cfg, b + "data.train_files"), "file"),
         (b + "data.val_files", get(rc.cfg, b + "data.val_files"), "file"),
-        *((key, get(rc.cfg, key), "model") for key in MODEL_PATH_KEYS if key not in bad),
+        *((key, get(rc.cfg, key), "model") for key in _model_path_keys(rc.cfg) if key not in bad),
         (b + "custom_reward_function.path", get(rc.cfg, b + "custom_reward_function.path"), "file"),
         (b + "actor_rollout_ref.model.lora_adapter_path", get(rc.cfg, b + "actor_rollout_ref.model.lora_adapter_path"),
          "adapter"),
@@ -717,6 +695,8 @@ def check_paths(rc) -> list[Problem]:
             if kind == "model" and not path.is_dir():
                 problems.append(Problem(key, f"model folder {item!r} does not exist",
                                         "set it to a local model folder or a Hugging Face hub id (owner/name)"))
+            elif kind == "model" and key in _MODEL_PATH_USED_IF:
+                problems += rules_roles.model_folder_problems(key, path)
             elif kind == "adapter" and not (path / "adapter_config.json").is_file():
                 problems.append(Problem(key, f"{item!r} is not a peft adapter folder (no adapter_config.json)",
                                         "name a folder written by peft's save_pretrained, e.g. a checkpoint's "
@@ -725,3 +705,6 @@ def check_paths(rc) -> list[Problem]:
                 problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
                                         f"{Path.cwd()})", "run the data_prep script or fix the path"))
     return problems
+
+
+from verl_npu.config import rules_roles  # noqa: E402,F401  (registers the roles' rules in RULES)

@@ -373,9 +373,51 @@ _k(f"{CF}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap critic modules with a
 _k(f"{CF}.fsdp_size", -1, INT, "Devices per FSDP shard group of the critic; -1 shards over all.", min=-1)
 _k(f"{CF}.forward_prefetch", False, BOOL, "FSDP2 forward prefetch of the critic (see "
    "actor.fsdp_config.forward_prefetch).")
-_k("reward_model.enable", False, BOOL, "Score with a reward model instead of rule-based functions.",
-   off_only="reward models")
-_k("reward_model.reward_manager", "naive", STR, "How rule-based rewards are computed per response.",
+RM = "reward_model"
+_k(f"{RM}.enable", False, BOOL, "Score responses with a reward model (a sequence-classification model, one "
+   "label) instead of the rule-based reward: the model's output at the last valid token of prompt + response "
+   "becomes the token-level score on the last response token; the rule reward, when the data source has one, "
+   "is logged as critic/score/rule_reward/mean. Frozen: no optimizer, not checkpointed.")
+_k(f"{RM}.strategy", "fsdp", STR, "Backend of the reward model.", choices=("fsdp", "fsdp2"),
+   unsupported=("megatron",), noop="fsdp and fsdp2 both shard with FSDP2 in verl-npu (megatron is refused by name)",
+   instead="use fsdp2")
+_k(f"{RM}.model.path", None, STR, "The reward model: a transformers AutoModelForSequenceClassification folder "
+   "(or hub id / tiny:// model) with num_labels=1. Required with reward_model.enable.")
+_k(f"{RM}.model.input_tokenizer", None, STR, "The tokenizer the rollouts were made with (verl: the actor's model "
+   "path). null, or a tokenizer equal to the reward model's (same vocabulary and chat template): the rollout's "
+   "token ids go to the reward model as they are. Otherwise each prompt (its chat messages) and response are "
+   "decoded and re-rendered with the reward model's chat template and tokenizer.")
+_k(f"{RM}.model.trust_remote_code", False, BOOL, "Allow custom code in the reward model's folder.")
+_k(f"{RM}.model.override_config", {}, DICT, "Reward model config fields to override.")
+_k(f"{RM}.model.external_lib", None, STR, "Python module imported before the reward model is loaded (to register "
+   "custom architectures).")
+_k(f"{RM}.model.use_remove_padding", False, BOOL, "verl: pack the reward model's sequences without padding.",
+   noop="the reward model's forward is a padded one; packing gives the same scores (it saves compute only)")
+_k(f"{RM}.model.use_fused_kernels", False, BOOL, "verl: fused log-prob kernels.",
+   noop="a sequence-classification model has no language-model head to fuse")
+_k(f"{RM}.model.use_shm", False, BOOL, "Load reward model weights through shared memory.",
+   off_only="shared-memory model loading")
+_k(f"{RM}.ulysses_sequence_parallel_size", 1, INT, "verl: Ulysses sequence-parallel size of the reward model.",
+   min=1, noop="the reward model runs whole sequences on every rank: the ranks of an actor Ulysses group hold "
+   "the same rows and compute the same scores")
+RMF = f"{RM}.model.fsdp_config"
+_k(f"{RMF}.param_offload", False, BOOL, "Keep reward model parameters in host memory between uses.")
+_k(f"{RMF}.reshard_after_forward", True, BOOL, "FSDP2: free gathered reward model parameters after forward.")
+_k(f"{RMF}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap reward model modules with at least this many "
+   "parameters (0: wrap decoder layers).", min=0)
+_k(f"{RMF}.fsdp_size", -1, INT, "Devices per FSDP shard group of the reward model; -1 shards over all.", min=-1)
+_k(f"{RMF}.forward_prefetch", False, BOOL, "FSDP2 forward prefetch of the reward model.")
+_k(f"{RM}.micro_batch_size_per_gpu", None, INT, "Responses per reward model forward on one device (without "
+   "use_dynamic_bsz); null: all of the device's responses at once.", min=1)
+_k(f"{RM}.max_length", None, INT, "Most tokens of prompt + response the reward model reads: longer sequences "
+   "keep their last max_length tokens (the prompt's start is cut; the scored last token stays). null: no limit.",
+   min=1)
+_k(f"{RM}.use_dynamic_bsz", False, BOOL, "Pack reward model micro batches by token count "
+   "(forward_max_token_len_per_gpu) instead of micro_batch_size_per_gpu responses.")
+_k(f"{RM}.forward_max_token_len_per_gpu", 32768, INT, "Most tokens in one reward model micro batch on one "
+   "device (with use_dynamic_bsz).", min=1)
+_k("reward_model.reward_manager", "naive", STR, "How rule-based rewards are computed per response (with "
+   "reward_model.enable the reward model's scores are used instead, as in verl's managers).",
    choices=("naive",), unsupported=("prime", "batch", "dapo"),
    noop="naive (one reward call per response) is the only reward manager here; others are refused by name")
 _k("reward_model.launch_reward_fn_async", False, BOOL, "Compute rewards asynchronously.",
@@ -481,8 +523,6 @@ del _KEYS
 
 #: verl subtrees verl-npu does not support: prefix (full path) -> the missing feature.
 UNSUPPORTED_PREFIXES: dict[str, str] = {
-    "backend_config.reward_model.model": "reward models",
-    "backend_config.reward_model.sandbox_fusion": "sandbox rewards",
     "backend_config.actor_rollout_ref.rollout.multi_turn": "multi-turn rollout",
     "backend_config.algorithm.pf_ppo": "pf-ppo",
     "backend_config.trainer.controller_nsight_options": "Nsight Systems profiling (use global_profiler.tool=torch)",
@@ -498,6 +538,7 @@ DEPRECATED: dict[str, str] = {
     "backend_config.actor_rollout_ref.ref.log_prob_micro_batch_size":
         "backend_config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
     "backend_config.trainer.remove_previous_ckpt_in_save": "backend_config.trainer.max_actor_ckpt_to_keep",
+    "backend_config.reward_model.micro_batch_size": "backend_config.reward_model.micro_batch_size_per_gpu",
 }
 #: deprecated keys that only warn (as in verl).
 DEPRECATED_WARN_ONLY = {"backend_config.data.val_batch_size": "leave it null: validation sends the whole set at once"}

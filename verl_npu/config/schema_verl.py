@@ -217,14 +217,30 @@ _MEGATRON = ("Megatron (tensor/pipeline/expert-parallel training)", "use actor.s
              "over all devices; Ulysses sequence parallelism for long responses)")
 _CRITIC = ("this critic option", "remove it; the critic keys verl-npu reads are listed under critic.* in "
            "docs/config_reference.md")
-_RM = ("reward models", "score with rule-based functions: custom_reward_function.path, or the "
-       "built-in reward of each data_source")
+_RM = ("this reward-model option", "remove it; the reward_model keys verl-npu reads are listed under "
+       "reward_model.* in docs/config_reference.md")
+_RM_POOL = ("a separate resource pool for the reward model", "remove it: the reward model shares the actor's "
+            "devices (colocated)")
+_RM_LOOP = ("verl's reward loop (asynchronous reward workers)", "remove it: rewards are computed in the trainer "
+            "(reward_model.enable for a model reward, custom_reward_function for rule rewards)")
 #: whole verl features verl-npu refuses: full prefix -> (what is missing, what to do instead).
 REFUSED_SUBTREES: dict[str, tuple[str, str]] = {_full(k): v for k, v in {
     f"{AC}.megatron": _MEGATRON,
     f"{R}.megatron": _MEGATRON,
     "critic": _CRITIC,
     "reward_model": _RM,
+    "reward_model.rollout": ("generative reward models (a rollout engine serving the reward model)",
+                             "use a sequence-classification reward model (reward_model.model.path)"),
+    "reward_model.sandbox_fusion": ("sandbox rewards", "score code with custom_reward_function.path"),
+    "reward_model.profiler": ("profiling the reward model", "profile the actor (global_profiler)"),
+    "reward_model.enable_resource_pool": _RM_POOL,
+    "reward_model.nnodes": _RM_POOL,
+    "reward_model.n_gpus_per_node": _RM_POOL,
+    "reward_model.use_reward_loop": _RM_LOOP,
+    "reward_model.num_workers": _RM_LOOP,
+    "reward_model.reward_loop_source": _RM_LOOP,
+    "reward_model.reward_loop_module_path": _RM_LOOP,
+    "reward_model.reward_loop_class_name": _RM_LOOP,
     f"{RO}.multi_turn": ("multi-turn / tool-calling rollout", "use single-turn prompts (remove multi_turn keys)"),
     f"{RO}.agent": ("agent loops", "remove the agent keys (single-turn rollout)"),
     "algorithm.rollout_correction": ("rollout importance-sampling correction", "remove it; verl-npu keeps the "

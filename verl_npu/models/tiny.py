@@ -6,6 +6,7 @@ corpus, the weights are random with a fixed seed. Two models exist:
 - ``tiny://qwen25vl``: a Qwen2.5-VL (vision tower + text decoder) with a
   ``Qwen2_5_VLProcessor``; the CPU demo's model.
 - ``tiny://qwen2``: a Qwen2 causal LM with the same text sizes and tokenizer.
+- ``tiny://qwen2rm``: a Qwen2 sequence-classification model (one label: a reward model), same sizes and tokenizer.
 
 A built folder is a normal Hugging Face model folder (``config.json``, ``model.safetensors``,
 ``generation_config.json``, tokenizer and, for the VL model, processor files) that plain
@@ -387,7 +388,34 @@ def _mrope_section(head_dim: int) -> list[int]:
 
 # ----------------------------------------------------------------------------- cache
 
-TINY_BUILDERS = {"qwen25vl": build_tiny_qwen25vl, "qwen2": build_tiny_qwen2}
+
+
+def build_tiny_qwen2_rm(out_dir: str | Path, *, seed: int = 0, **size_overrides) -> Path:
+    """Write a tiny random-init Qwen2 sequence-classification model (a reward model: one label,
+    ``TEXT_SIZES``, the same tokenizer as the other tiny models) to ``out_dir`` and return it."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text, _ = _split_sizes(size_overrides, TEXT_SIZES, {})
+    tokenizer = build_tokenizer(out_dir)
+    ids = _token_ids(tokenizer)
+    rope_theta = text.pop("rope_theta")
+    config = Qwen2Config(
+        **text, vocab_size=len(tokenizer), hidden_act="silu", num_labels=1,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        bos_token_id=ids[PAD_TOKEN], eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN],
+    )
+    model = _seeded_init(seed + 1, lambda: Qwen2ForSequenceClassification(config))
+    import torch
+
+    with torch.no_grad():  # random init gives scores near 0: spread them so tests can tell rows apart
+        model.score.weight.mul_(20.0)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    return out_dir
+
+
+TINY_BUILDERS = {"qwen25vl": build_tiny_qwen25vl, "qwen2": build_tiny_qwen2, "qwen2rm": build_tiny_qwen2_rm}
 
 
 def default_cache_dir() -> Path:

@@ -326,6 +326,10 @@ class RewardScorer:
             return f"{_describe(builtin)} (the built-in reward of {data_source!r})" if builtin is not None else _BUILTIN
         return self.name
 
+    def covers(self, data_sources: list[str]) -> bool:
+        """Whether every one of `data_sources` has a rule reward here (always, with your own function)."""
+        return self.fn is not default_compute_score or all(src in _REGISTRY for src in data_sources)
+
     def score(self, responses: list[str], data_sources: list[str], ground_truths: list[str],
               extra_infos: list[dict] | None = None,
               rows: list | None = None) -> tuple[list[float], dict[str, list[float]]]:

@@ -4,7 +4,8 @@ One training step, in order (verl's order, verl's names):
 
 1. sample `data.train_batch_size` prompts from the resumable loader;
 2. generate `rollout.n` responses per prompt (workers, rollout engine);
-3. score every response with the reward function (controller, CPU);
+3. score every response with the reward function (controller, CPU), or with the reward model
+   (workers, `reward_model.enable`: its scores replace the rule reward, which is only logged);
 4. old log-probs from the actor (skipped when provably redundant: then the update's own forward
    gives them, see `ActorRolloutRefWorker.old_log_prob_pass_needed`), reference log-probs when a
    KL term needs them (workers);
@@ -39,6 +40,7 @@ from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_tra
 from verl_npu.workers.actor import needs_reference
 from verl_npu.workers.balance import balance_for_ranks
 from verl_npu.workers.group import WorkerGroup
+from verl_npu.workers.roles import checkpointed_roles
 
 log = logging.getLogger("verl_npu")
 
@@ -97,13 +99,14 @@ class PPOTrainer:
             state = trainer_state_from_verl(ckpt, self.train_loader, float(self.kl_ctrl.value))
         else:
             state = load_trainer_state(ckpt)  # read (and check) before the workers change anything
-        absent = [role for role in self.workers.roles if not (Path(ckpt) / role).is_dir()]
+        roles = checkpointed_roles(self.workers.roles)  # the frozen reward model has no folder
+        absent = [role for role in roles if not (Path(ckpt) / role).is_dir()]
         if absent:
             raise UserError(
                 f"checkpoint {ckpt} has no {', '.join(r + '/' for r in absent)} folder, which this run needs "
-                f"(roles: {', '.join(self.workers.roles)}): it was saved by a run without that role. Resume it with "
+                f"(roles: {', '.join(roles)}): it was saved by a run without that role. Resume it with "
                 f"the config that wrote it, or start fresh (trainer.resume_mode=disable)")
-        for role in self.workers.roles:  # one folder per role: actor/, critic/
+        for role in roles:  # one folder per role: actor/, critic/
             self.workers.load_checkpoint(str(Path(ckpt) / role), role=role)
         self.train_loader.load_state_dict(state["dataloader"])
         if state["rng"] is not None:
@@ -116,7 +119,7 @@ class PPOTrainer:
         step = self.global_step
 
         def write(tmp_dir: Path) -> None:
-            for role in self.workers.roles:
+            for role in checkpointed_roles(self.workers.roles):
                 self.workers.save_checkpoint(str(tmp_dir / role), role=role)
             save_trainer_state(
                 tmp_dir / TRAINER_STATE_FILE,
@@ -311,16 +314,31 @@ class PPOTrainer:
         return texts
 
     def score(self, batch: Batch, scorer=None) -> list[str]:
-        """token_level_scores: the sequence score on the last response token, zeros elsewhere."""
+        """token_level_scores: the sequence score on the last response token, zeros elsewhere.
+
+        With a reward model (reward_model.enable) the score is the model's (`rm_scores`, as in
+        verl's reward managers, which return the model's scores when there are any); the rule
+        reward is then computed only for logging, as the reward extra `rule_reward`
+        (critic/score/rule_reward/mean, val-aux/<source>/rule_reward/mean@n), when every row's
+        data source has a rule reward (custom_reward_function, or a built-in one)."""
         texts = self.decode_responses(batch)
-        scores, extras = (scorer or self.reward_scorer).score(
-            texts, batch["data_source"], batch["ground_truth"], batch["extra_info"],
-            rows=batch["data_row"] if "data_row" in batch else None,  # errors name the dataset row
-        )
+        scorer = scorer or self.reward_scorer
+        with_rm = "reward_model" in self.workers.roles
+        rule, extras = None, {}
+        if not with_rm or scorer.covers(batch["data_source"]):
+            rule, extras = scorer.score(
+                texts, batch["data_source"], batch["ground_truth"], batch["extra_info"],
+                rows=batch["data_row"] if "data_row" in batch else None,  # errors name the dataset row
+            )
         mask = batch["response_mask"]
-        last = (mask.sum(-1) - 1).clamp(min=0)
-        token_scores = torch.zeros(mask.shape, dtype=torch.float32)
-        token_scores[torch.arange(len(batch)), last] = torch.tensor(scores, dtype=torch.float32)
+        if with_rm:
+            token_scores = self.workers.compute_rm_score(batch)["rm_scores"].float()
+            if rule is not None:
+                extras = {**extras, "rule_reward": list(rule)}
+        else:
+            last = (mask.sum(-1) - 1).clamp(min=0)
+            token_scores = torch.zeros(mask.shape, dtype=torch.float32)
+            token_scores[torch.arange(len(batch)), last] = torch.tensor(rule, dtype=torch.float32)
         batch.set("token_level_scores", token_scores)
         batch.set("response_text", texts)
         batch.meta["reward_extras"] = extras

@@ -4,7 +4,7 @@ The trainer only ever talks to a `WorkerGroup`. A group has `world_size` workers
 device); `dispatch` splits a batch into one equal chunk per rank, runs the method on every
 worker, and concatenates the results in rank order; `broadcast` runs a method with the same
 arguments everywhere. Each rank hosts one worker per role the config needs
-(`verl_npu.workers.roles`: "actor", "critic"); `role=` picks whose method runs (default: the
+(`verl_npu.workers.roles`: "actor", "critic", "reward_model"); `role=` picks whose method runs (default: the
 actor). `LocalWorkerGroup` runs one worker in this process (no Ray, fast start:
 the CPU demo); `RayWorkerGroup` (verl_npu.workers.ray_group) runs one Ray actor per device.
 """
@@ -96,6 +96,15 @@ class WorkerGroup(ABC):
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         return self.update("critic", "update_critic", batch)
+
+    def compute_rm_score(self, batch: Batch) -> Batch:
+        """The reward model's scores (`rm_scores` [B, T], on each row's last response token); a
+        batch that does not split evenly over the ranks is padded with copies of its first row,
+        whose scores are dropped again."""
+        pad = (-len(batch)) % self.dp_size
+        padded = Batch.concat([batch, batch.select([0] * pad)]) if pad else batch
+        out = self.dispatch("compute_rm_score", padded, role="reward_model")
+        return out.slice(0, len(batch)) if pad else out
 
     def save_checkpoint(self, actor_dir: str, role: str = "actor") -> None:
         self.broadcast("save_checkpoint", actor_dir, role=role)

@@ -22,6 +22,7 @@ class RoleSpec:
     worker: str                       # "package.module:ClassName"
     needed: Callable[[object], bool]  # backend config -> whether the run builds this role
     doc: str
+    checkpointed: bool = True         # False: a frozen role, no folder in global_step_N/
 
     def worker_class(self):
         module, _, cls = self.worker.partition(":")
@@ -31,10 +32,11 @@ class RoleSpec:
 ROLES: dict[str, RoleSpec] = {}
 
 
-def register_role(name: str, worker: str, needed: Callable[[object], bool], doc: str) -> None:
+def register_role(name: str, worker: str, needed: Callable[[object], bool], doc: str,
+                  checkpointed: bool = True) -> None:
     if name in ROLES:
         raise ValueError(f"worker role {name!r} is registered twice")
-    ROLES[name] = RoleSpec(name, worker, needed, doc)
+    ROLES[name] = RoleSpec(name, worker, needed, doc, checkpointed)
 
 
 def needs_critic(cfg) -> bool:
@@ -48,11 +50,19 @@ register_role("actor", "verl_npu.workers.actor:ActorRolloutRefWorker", lambda cf
               "policy, rollout engine and reference policy (always built)")
 register_role("critic", "verl_npu.workers.critic:CriticWorker", needs_critic,
               "value model (a value head on a transformers model) for gae")
+register_role("reward_model", "verl_npu.workers.reward_model:RewardModelWorker",
+              lambda cfg: bool(cfg.get("reward_model", {}).get("enable")) if hasattr(cfg, "get") else False,
+              "frozen sequence-classification reward model (reward_model.enable)", checkpointed=False)
 
 
 def roles_for(cfg) -> list[str]:
     """Names of the roles `cfg` needs, in registration order (the actor first)."""
     return [name for name, spec in ROLES.items() if spec.needed(cfg)]
+
+
+def checkpointed_roles(names) -> list[str]:
+    """The roles among `names` that save and restore a `global_step_N/<role>` folder."""
+    return [n for n in names if ROLES[n].checkpointed]
 
 
 def build_workers(cfg, total_training_steps: int, rank: int = 0, world_size: int = 1) -> dict:

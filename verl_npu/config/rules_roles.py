@@ -1,0 +1,86 @@
+"""Cross-key rules of the worker roles' own sections (the FSDP settings of every role, the reward
+model's `reward_model.*`), registered in `rules.RULES`.
+
+Kept apart from `rules.py` (which imports this module at its end) so that each file stays small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from verl_npu.config.rules import _LENS, _WORLD, Ctx, _rule
+from verl_npu.config.tree import BC, get
+from verl_npu.errors import Problem
+
+RM = BC + "reward_model."
+
+#: the roles with an fsdp_config: (config section, the role's name in messages, its optimizer offloads)
+_FSDP_ROLES = (("actor_rollout_ref.actor", "actor", True), ("actor_rollout_ref.ref", "ref", False),
+               ("critic.model", "critic.model", True), ("reward_model.model", "reward_model.model", False))
+_FSDP = tuple(f"{BC}{section}.fsdp_config.{k}" for section, _, _ in _FSDP_ROLES
+              for k in ("param_offload", "optimizer_offload", "fsdp_size")) + _WORLD
+
+
+@_rule("trainer_fsdp_offload_and_sharding", _FSDP,
+       "FSDP2 offloading needs 2+ workers; optimizer_offload needs param_offload; fsdp_size must be -1 or the "
+       "device count (no hybrid sharding)")
+def _trainer_fsdp(c: Ctx) -> Iterator[Problem]:
+    for section, role, has_optimizer in _FSDP_ROLES:
+        prefix = f"{BC}{section}.fsdp_config."
+        param = bool(c(prefix + "param_offload"))
+        if param and c.world == 1:
+            yield Problem(prefix + "param_offload", "offloading works through FSDP2, which needs 2+ workers",
+                          "set it to false, or use trainer.n_gpus_per_node >= 2")
+        opt = get(c.cfg, prefix + "optimizer_offload")
+        if has_optimizer and opt and not param:
+            yield Problem(prefix + "optimizer_offload",
+                          "FSDP2 offloads the optimizer state together with the parameters, not alone",
+                          f"also set {role}.fsdp_config.param_offload=true, or set this to false")
+        size = get(c.cfg, prefix + "fsdp_size")
+        if int(size if size is not None else -1) not in (-1, c.world):
+            yield Problem(prefix + "fsdp_size", "hybrid sharding (fsdp_size < world size) is not implemented",
+                          "leave it at -1 (shard over all workers)")
+
+
+@_rule("reward_model_path", (RM + "enable", RM + "model.path"),
+       "reward_model.enable=true needs reward_model.model.path (a sequence-classification model)")
+def _reward_model_path(c: Ctx) -> Iterator[Problem]:
+    if c(RM + "enable") and not c(RM + "model.path"):
+        yield Problem(RM + "model.path", "is required with reward_model.enable=true",
+                      "set it to a transformers sequence-classification model folder (num_labels=1), or set "
+                      "reward_model.enable=false")
+
+
+@_rule("reward_model_token_budget", (RM + "enable", RM + "use_dynamic_bsz", RM + "forward_max_token_len_per_gpu",
+                                     RM + "max_length") + _LENS,
+       "with reward_model.use_dynamic_bsz, forward_max_token_len_per_gpu holds one sequence (prompt + response, "
+       "at most reward_model.max_length tokens)")
+def _reward_model_budget(c: Ctx) -> Iterator[Problem]:
+    if not (c(RM + "enable") and c(RM + "use_dynamic_bsz")):
+        return
+    longest = c.seq_len if c(RM + "max_length") is None else min(c.seq_len, int(c(RM + "max_length")))
+    key = RM + "forward_max_token_len_per_gpu"
+    if c(key) < longest:
+        yield Problem(key, f"{c(key)} tokens cannot hold one sequence of {longest} tokens (max_prompt_length + "
+                      "max_response_length, at most reward_model.max_length)", f"set it to at least {longest}")
+
+
+def model_folder_problems(key: str, folder) -> list[Problem]:
+    """A problem when `folder` (an existing reward model folder) holds no config.json, or one whose
+    `architectures` name no `*ForSequenceClassification` class (a causal LM has no score head)."""
+    import json
+    from pathlib import Path
+
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        return [Problem(key, f"{str(folder)!r} has no config.json: not a transformers model folder",
+                        "point it at a sequence-classification model folder")]
+    try:
+        archs = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError) as err:
+        return [Problem(key, f"{config} cannot be read as JSON ({err})", "fix or replace the model folder")]
+    if archs and not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        return [Problem(key, f"{str(folder)!r} is a {', '.join(map(str, archs))}, not a sequence-classification "
+                        "model: the reward model must be AutoModelForSequenceClassification with num_labels=1",
+                        "point it at a reward model folder (architectures: *ForSequenceClassification)")]
+    return []
