@@ -241,3 +241,17 @@ def test_reference_doc_is_in_sync():
     assert doc == render_reference(), "regenerate: python -m verl_npu.config.reference > docs/config_reference.md"
     for path in SCHEMA:
         assert f"`{find_key(path).short}`" in doc
+
+
+def test_check_paths_reads_the_critic_model_path_only_when_a_critic_is_trained(tmp_path):
+    (tmp_path / "model").mkdir()
+    base = FILLED[:1] + [f"data.train_files={tmp_path / 'model'}", f"data.val_files={tmp_path / 'model'}",
+                         f"actor_rollout_ref.model.path={tmp_path / 'model'}", f"critic.model.path={tmp_path / 'nope'}"]
+    base[1] = "data.train_files=" + str(tmp_path / "t.parquet")
+    base[2] = "data.val_files=" + str(tmp_path / "t.parquet")
+    (tmp_path / "t.parquet").write_bytes(b"x")
+    grpo = load_recipe("qwen25vl_geo3k", base)
+    assert check_paths(grpo) == []        # verl's default critic path is set in scripts that train no critic
+    gae = load_recipe("qwen25vl_geo3k", base + ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=1"])
+    (problem,) = check_paths(gae)
+    assert problem.key == "backend_config.critic.model.path" and "does not exist" in problem.message

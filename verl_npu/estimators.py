@@ -40,3 +40,15 @@ register_estimator("reinforce_plus_plus_baseline", needs_group=False,
 register_estimator("gae", needs_group=False, doc="generalised advantage estimation from a critic's values "
                    "(gamma, lam), whitened over the batch; trains a critic", needs_critic=True)
 register_estimator("remax", needs_group=False, doc="return minus the score of a greedy response")
+
+
+def needs_critic(cfg) -> bool:
+    """A critic is trained when the advantage estimator reads values (gae) or critic.enable is true.
+    `cfg` is the backend (verl-schema) config, as a DictConfig or a plain dict."""
+    def at(tree, *keys):
+        for key in keys:
+            tree = tree.get(key) if hasattr(tree, "get") else None
+        return tree
+
+    spec = ESTIMATORS.get(str(at(cfg, "algorithm", "adv_estimator")))
+    return bool(at(cfg, "critic", "enable")) or bool(spec is not None and spec.needs_critic)

@@ -14,6 +14,8 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     tree          key spellings, the recipe file as a dict, flattening, reading one value
     modelinfo     what the checks read from a local model's config.json
     rules         per-key checks and the cross-key rule registry (RULES), trainer refusals included
+    rules_roles   the worker roles' rules (every role's FSDP settings, reward_model.*), added to RULES
+    paths         --check-paths: data files, model folders (hub ids resolved), reward file, adapter
     derive        derived values
     verl_npu.recipes   finding shipped recipe files (uses tree only)
     loader        load_recipe: read, override, classify, resolve, check, derive
@@ -24,7 +26,8 @@ from verl_npu.config.loader import (
     Derived, RecipeConfig, describe_key, expand_key, load_recipe, parse_override, parse_value,
 )
 from verl_npu.config.schema_verl import ALIASES, REFUSED_SUBTREES, VERL_ONLY
-from verl_npu.config.rules import RULES, check_paths
+from verl_npu.config.paths import check_paths
+from verl_npu.config.rules import RULES
 from verl_npu.config.schema import DEPRECATED, REQUIRED, SCHEMA, UNSUPPORTED_PREFIXES, Key
 
 

@@ -19,6 +19,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from verl_npu.config import derive as _derive
+from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
 from verl_npu.config.schema import (
     DEPRECATED, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key, defaults_tree,
@@ -405,7 +406,7 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     rc = RecipeConfig(cfg=cfg, derived=[Derived(*d) for d in derived_raw], source=source,
                       user_keys=user_keys, warnings=rel_warnings, noop=noop)
     if check_paths and not problems:
-        problems += _rules.check_paths(rc)
+        problems += _paths.check_paths(rc)
     if problems:
         raise ConfigErrors(problems, source=str(source))
     return rc

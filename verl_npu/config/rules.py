@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from verl_npu.config.modelinfo import model_heads, model_length_limit
 from verl_npu.config.schema import (
-    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, INT, INT_LIST, PLACEHOLDER, SCHEMA, STR, STR_LIST,
+    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, INT, INT_LIST, SCHEMA, STR, STR_LIST,
     STR_OR_LIST, TP_SIZES, Key,
 )
 from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, get, is_placeholder, scalar
@@ -631,80 +631,3 @@ def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -
         except _Skip:
             continue
     return problems, ctx.warnings
-
-
-# ------------------------------------------------------------------ files
-#: keys that name a model folder: a local folder, a tiny:// model or a hub id (data.tokenizer is refused unless null)
-MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "reward_model.model.path")
-#: model path keys read only when another key is true: path key -> that key
-_MODEL_PATH_USED_IF = {BC + "reward_model.model.path": BC + "reward_model.enable"}
-
-
-def _model_path_keys(cfg) -> list[str]:
-    return [k for k in MODEL_PATH_KEYS if k not in _MODEL_PATH_USED_IF or get(cfg, _MODEL_PATH_USED_IF[k])]
-
-
-def resolve_hub_ids(rc) -> list[Problem]:
-    """Replace every hub id (`owner/name[@revision]`) among the `MODEL_PATH_KEYS` values that is not
-    a local folder by its snapshot folder in the Hugging Face cache (downloaded there when the hub
-    is reachable and HF_HUB_OFFLINE is not set), in `rc.cfg` itself, so that workers and the rollout
-    engine load that folder; each replacement is recorded in `rc.derived` (`rc.set_derived`) with the id. Returns a
-    Problem for each id that could not be resolved."""
-    from verl_npu.models.hub import HubIdMissing, hub_folder, looks_like_hub_id
-
-    problems: list[Problem] = []
-    for key in _model_path_keys(rc.cfg):
-        value = get(rc.cfg, key)
-        if not looks_like_hub_id(value) or Path(os.path.expanduser(value)).is_dir():
-            continue
-        try:
-            folder, how = hub_folder(value, key.removeprefix(BC))
-        except HubIdMissing as err:
-            problems.append(Problem(key, err.what, err.advice))
-            continue
-        where = "found in the Hugging Face cache" if how == "cache" else "downloaded into the Hugging Face cache"
-        rc.set_derived(key, str(folder), f"hub id {value} {where}")
-    return problems
-
-
-def check_paths(rc) -> list[Problem]:
-    """Problems for data files, the model folder, the custom reward file and the LoRA adapter folder
-    (model.lora_adapter_path: adapter_config.json in it) that do not exist. Hub ids among the model
-    paths are first resolved to local folders (`resolve_hub_ids`, which changes `rc.cfg`); `tiny://`
-    model paths are built locally and are skipped; `~` is expanded as verl does."""
-    b = BC
-    problems = resolve_hub_ids(rc)
-    bad = {p.key for p in problems}
-    checks: list[tuple[str, Any, str]] = [
-        (b + "data.train_files", get(rc.cfg, b + "data.train_files"), "file"),
-        (b + "data.val_files", get(rc.cfg, b + "data.val_files"), "file"),
-        *((key, get(rc.cfg, key), "model") for key in _model_path_keys(rc.cfg) if key not in bad),
-        (b + "custom_reward_function.path", get(rc.cfg, b + "custom_reward_function.path"), "file"),
-        (b + "actor_rollout_ref.model.lora_adapter_path", get(rc.cfg, b + "actor_rollout_ref.model.lora_adapter_path"),
-         "adapter"),
-    ]
-    for key, value, kind in checks:
-        for item in (value if isinstance(value, list) else [value]):
-            if item is None or (kind == "model" and str(item).startswith("tiny://")):
-                continue
-            if re.match(r"^[a-z]+://", str(item)):
-                problems.append(Problem(key, f"{item!r}: remote paths are not supported yet",
-                                        "copy the files to a local folder and point the key at them"))
-                continue
-            path = Path(os.path.expanduser(str(item)))
-            if kind == "model" and not path.is_dir():
-                problems.append(Problem(key, f"model folder {item!r} does not exist",
-                                        "set it to a local model folder or a Hugging Face hub id (owner/name)"))
-            elif kind == "model" and key in _MODEL_PATH_USED_IF:
-                problems += rules_roles.model_folder_problems(key, path)
-            elif kind == "adapter" and not (path / "adapter_config.json").is_file():
-                problems.append(Problem(key, f"{item!r} is not a peft adapter folder (no adapter_config.json)",
-                                        "name a folder written by peft's save_pretrained, e.g. a checkpoint's "
-                                        "actor/huggingface/lora_adapter"))
-            elif kind == "file" and not path.is_file():
-                problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
-                                        f"{Path.cwd()})", "run the data_prep script or fix the path"))
-    return problems
-
-
-from verl_npu.config import rules_roles  # noqa: E402,F401  (registers the roles' rules in RULES)

@@ -1,7 +1,8 @@
 """Cross-key rules of the worker roles' own sections (the FSDP settings of every role, the reward
 model's `reward_model.*`), registered in `rules.RULES`.
 
-Kept apart from `rules.py` (which imports this module at its end) so that each file stays small.
+Kept apart from `rules.py` so that each file stays small; `paths` (and so `loader`) imports this module,
+which registers its rules.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from verl_npu.estimators import ESTIMATORS
+from verl_npu.estimators import needs_critic
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,6 @@ def register_role(name: str, worker: str, needed: Callable[[object], bool], doc:
     if name in ROLES:
         raise ValueError(f"worker role {name!r} is registered twice")
     ROLES[name] = RoleSpec(name, worker, needed, doc, checkpointed)
-
-
-def needs_critic(cfg) -> bool:
-    """A critic is trained when the advantage estimator reads values (gae) or critic.enable is true."""
-    spec = ESTIMATORS.get(str(cfg.algorithm.adv_estimator))
-    enable = cfg.get("critic", {}).get("enable") if hasattr(cfg, "get") else None
-    return bool(enable) or bool(spec is not None and spec.needs_critic)
 
 
 register_role("actor", "verl_npu.workers.actor:ActorRolloutRefWorker", lambda cfg: True,
