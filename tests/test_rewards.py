@@ -162,9 +162,9 @@ def test_scorer_returns_scores_and_aligned_sub_scores():
         ["3", "4", "4", "3"],
         [{}, {}, {}, {}],
     )
-    assert scores == pytest.approx([1.0, 1.0, 0.9, 0.1])
+    assert scores == pytest.approx([1.0, 1.0, 1.0, 0.1])
     assert extras["accuracy"][0] == 1 and math.isnan(extras["accuracy"][1]) and extras["accuracy"][3] == 0
-    assert extras["format"][2] == 0 and extras["format"][3] == 1
+    assert math.isnan(extras["format"][2]) and extras["clean"][2] == 1 and extras["format"][3] == 1
     assert extras["strict_accuracy"][1] == 1 and math.isnan(extras["strict_accuracy"][0])
     assert all(len(v) == 4 for v in extras.values())
 
