@@ -184,13 +184,13 @@ def test_synthetic_output_passes_schema_is_balanced_and_deterministic(tmp_path):
 
 
 def test_synthetic_pictures_show_the_answer():
-    """Each picture holds its kind's colour (the answer's cue) and a white background."""
+    """Each picture holds its kind's colour (the answer's cue) and a grey background."""
     rows = synthetic_geometry.generate_rows(12, seed=0, image_size=56)
     colour_of = {str(k.sides): k.colour for k in synthetic_geometry.POLYGON_KINDS}
     for row in rows:
         pixels = np.asarray(row["images"][0]).reshape(-1, 3)
         colours = Counter(map(tuple, pixels))
-        assert colours[(255, 255, 255)] > 0.2 * len(pixels)
+        assert colours[synthetic_geometry.BACKGROUND] > 0.2 * len(pixels)
         assert colours[colour_of[row["answer"]]] > 0.07 * len(pixels)  # a filled polygon, not a speck
         others = {k.colour for k in synthetic_geometry.POLYGON_KINDS} - {colour_of[row["answer"]]}
         assert not any(colours[c] for c in others)

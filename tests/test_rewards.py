@@ -78,35 +78,39 @@ def test_gsm8k_reads_only_the_tail_and_flexible_method():
     assert gsm8k.compute_score("openai/gsm8k", "it is 72", "72", method="flexible")["score"] == 1
 
 
-# (response, ground truth, accuracy, format)
+# (response, ground truth, accuracy, clean)
 SYNTH_TABLE = [
-    ("4", "4", 1, 0),  # a bare number is an answer, but earns no format credit
-    ("  4 sides", "4", 1, 0),
+    ("4", "4", 1, 1),  # the answer, then the end of turn (special tokens are not in the text)
+    (" 4\n", "4", 1, 1),
     ("\\boxed{4}", "4", 1, 1),
-    ("<think>corners</think>\\boxed{5}", "5", 1, 1),
-    ("3 or maybe \\boxed{6}", "6", 1, 1),  # the box wins over the first number
-    ("it has 6 sides", "6", 1, 0),  # first number counts, but no format
+    ("\\boxed{ 4 }", "4", 1, 1),
+    ("4Find4", "4", 1, 0),  # right, but the response did not stop after the answer
+    ("  4 sides", "4", 1, 0),
+    ("<think>corners</think>\\boxed{5}", "5", 1, 0),
+    ("3 or maybe \\boxed{6}", "6", 1, 0),  # the box wins over the first number
     ("\\boxed{4.0}", "4", 1, 1),
-    ("5", "4", 0, 0),
+    ("5", "4", 0, 1),  # clean but wrong: no credit at all
     ("\\boxed{5}", "4", 0, 1),
     ("four", "4", 0, 0),
     ("", "4", 0, 0),
 ]
 
 
-@pytest.mark.parametrize("response, gt, acc, fmt", SYNTH_TABLE)
-def test_synthetic_geometry_table(response, gt, acc, fmt):
+@pytest.mark.parametrize("response, gt, acc, clean", SYNTH_TABLE)
+def test_synthetic_geometry_table(response, gt, acc, clean):
     result = default_compute_score("synthetic_geometry", response, gt)
-    assert result == {"score": pytest.approx(0.9 * acc + 0.1 * fmt), "accuracy": acc, "format": fmt}
+    assert result == {"score": pytest.approx(acc * (0.8 + 0.2 * clean)), "accuracy": acc, "clean": clean}
 
 
-def test_image_blind_policy_scores_at_most_0325_on_balanced_answers():
+def test_image_blind_policy_scores_at_most_025_on_balanced_answers():
     truths = [r["answer"] for r in generate_rows(40, seed=5, image_size=32)]
     best = max(
-        sum(synth.compute_score("synthetic_geometry", f"\\boxed{{{guess}}}", t)["score"] for t in truths) / len(truths)
-        for guess in "3456"
+        sum(synth.compute_score("synthetic_geometry", guess, t)["score"] for t in truths) / len(truths)
+        for guess in ("3", "4", "5", "6", "\\boxed{4}", "4 sides")
     )
-    assert best == pytest.approx(synth.BLIND_BEST_SCORE) == pytest.approx(0.325)
+    assert best == pytest.approx(synth.BLIND_BEST_SCORE) == pytest.approx(0.25)
+    # ending cleanly is worth nothing without the right answer: no image-blind habit pays
+    assert synth.compute_score("synthetic_geometry", "7", "4")["score"] == 0
 
 
 def test_unknown_data_source_is_named():
@@ -158,9 +162,9 @@ def test_scorer_returns_scores_and_aligned_sub_scores():
         ["3", "4", "4", "3"],
         [{}, {}, {}, {}],
     )
-    assert scores == pytest.approx([1.0, 1.0, 0.9, 0.1])
+    assert scores == pytest.approx([1.0, 1.0, 1.0, 0.1])
     assert extras["accuracy"][0] == 1 and math.isnan(extras["accuracy"][1]) and extras["accuracy"][3] == 0
-    assert extras["format"][2] == 0 and extras["format"][3] == 1
+    assert math.isnan(extras["format"][2]) and extras["clean"][2] == 1 and extras["format"][3] == 1
     assert extras["strict_accuracy"][1] == 1 and math.isnan(extras["strict_accuracy"][0])
     assert all(len(v) == 4 for v in extras.values())
 

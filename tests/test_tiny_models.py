@@ -335,3 +335,20 @@ def test_build_is_deterministic(tmp_path):
     torch.manual_seed(5)
     tiny.build_tiny_qwen2(tmp_path / "d", seed=3)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_seed_in_the_uri_builds_other_weights_in_its_own_folder(cache_dir, text_dir):
+    seeded = tiny.materialize("tiny://qwen2?seed=3", cache_dir=cache_dir)
+    assert seeded != text_dir and seeded.parent == text_dir.parent
+    assert tiny.materialize("tiny://qwen2?seed=0", cache_dir=cache_dir) == text_dir  # seed 0 is the default
+    a, b = load_file(text_dir / "model.safetensors"), load_file(seeded / "model.safetensors")
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    ref = load_file(tiny.build_tiny_qwen2(cache_dir / "ref3", seed=3) / "model.safetensors")
+    assert all(torch.equal(ref[k], b[k]) for k in ref)
+    assert tiny.parse_tiny_uri("tiny://qwen25vl?seed=12") == ("qwen25vl", 12)
+
+
+@pytest.mark.parametrize("uri", ["tiny://qwen2?seed=-1", "tiny://qwen2?seed=x", "tiny://qwen2?rev=1", "tiny://qwen2?seed="])
+def test_bad_tiny_seed_is_user_error(uri, tmp_path):
+    with pytest.raises(UserError, match=r"tiny://qwen2\?seed=N"):
+        tiny.materialize(uri, cache_dir=tmp_path)

@@ -40,7 +40,12 @@ def _data_writer(model_path: str):
     """(function, kwargs, label) that writes the demo data of tiny model ``model_path``, or None."""
     import importlib
 
-    entry = DEMO_DATA.get(str(model_path).split("://", 1)[-1])
+    from verl_npu.models.tiny import parse_tiny_uri
+
+    try:
+        entry = DEMO_DATA.get(parse_tiny_uri(str(model_path))[0])
+    except Exception:  # noqa: BLE001 - a bad tiny path is reported when the model loads
+        return None
     if entry is None:
         return None
     module, name, kwargs, label = entry

@@ -1,7 +1,7 @@
 """A synthetic geometry task in the Hugging Face geometry3k source format, made offline.
 
 Each row is ``{"images": [PIL.Image], "problem": "<image>...", "answer": "3"|"4"|"5"|"6"}``:
-the image (``image_size`` x ``image_size`` px, white background) shows one filled regular
+the image (``image_size`` x ``image_size`` px, grey background) shows one filled regular
 polygon (triangle, square, pentagon or hexagon) with a random size, rotation and position;
 the question asks how many sides it has. The answer follows from the picture alone.
 
@@ -37,11 +37,14 @@ class PolygonKind:
 
 
 POLYGON_KINDS: tuple[PolygonKind, ...] = (
-    PolygonKind("triangle", 3, (220, 40, 40)),  # red
-    PolygonKind("square", 4, (40, 80, 220)),  # blue
-    PolygonKind("pentagon", 5, (30, 160, 60)),  # green
-    PolygonKind("hexagon", 6, (240, 160, 20)),  # orange
+    PolygonKind("triangle", 3, (255, 0, 0)),  # red
+    PolygonKind("square", 4, (0, 0, 255)),  # blue
+    PolygonKind("pentagon", 5, (0, 255, 0)),  # green
+    PolygonKind("hexagon", 6, (255, 255, 0)),  # yellow
 )
+
+#: the background: mid-grey, so each kind's colour differs from it in its own direction
+BACKGROUND = (128, 128, 128)
 
 QUESTION_TEMPLATES: tuple[str, ...] = (
     "<image>How many sides does the polygon in the picture have?",
@@ -63,21 +66,21 @@ def polygon_vertices(
 
 
 def draw_polygon(kind: PolygonKind, rng: np.random.Generator, image_size: int) -> Image.Image:
-    """Render ``kind`` filled in its colour on a white RGB square of side ``image_size``.
+    """Render ``kind`` filled in its colour on a grey (``BACKGROUND``) RGB square of side ``image_size``.
 
-    Radius is 30-45% of the side, rotation uniform in [0, 2*pi), and the centre is jittered
+    Radius is 35-47% of the side, rotation uniform in [0, 2*pi), and the centre is jittered
     by up to (0.5 * side - radius - 1) px so the polygon always stays inside the image.
     """
     if image_size < 16:
         raise ValueError(f"image_size must be >= 16 px to draw a polygon, got {image_size}")
-    radius = float(rng.uniform(0.30, 0.45)) * image_size
+    radius = float(rng.uniform(0.35, 0.47)) * image_size
     slack = max(0.0, image_size / 2 - radius - 1)
     centre = (
         image_size / 2 + float(rng.uniform(-slack, slack)),
         image_size / 2 + float(rng.uniform(-slack, slack)),
     )
     rotation = float(rng.uniform(0, 2 * math.pi))
-    image = Image.new("RGB", (image_size, image_size), (255, 255, 255))
+    image = Image.new("RGB", (image_size, image_size), BACKGROUND)
     ImageDraw.Draw(image).polygon(
         polygon_vertices(kind.sides, centre, radius, rotation), fill=kind.colour, outline=(0, 0, 0)
     )

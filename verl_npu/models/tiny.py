@@ -1,7 +1,8 @@
 """Tiny random-init models built locally, addressed as ``tiny://NAME`` model paths.
 
 Nothing is downloaded: the tokenizer is a small byte-level BPE trained here on a built-in
-corpus, the weights are random with a fixed seed. Two models exist:
+corpus, the weights are random with a fixed seed (0, or ``N`` for ``tiny://NAME?seed=N``). Two
+models exist:
 
 - ``tiny://qwen25vl``: a Qwen2.5-VL (vision tower + text decoder) with a
   ``Qwen2_5_VLProcessor``; the CPU demo's model.
@@ -130,6 +131,30 @@ IMAGE_MAX_PIXELS = 224 * 224
 def is_tiny_uri(s) -> bool:
     """True when ``s`` is a string starting with ``tiny://``."""
     return isinstance(s, str) and s.startswith(TINY_SCHEME)
+
+
+def parse_tiny_uri(uri: str) -> tuple[str, int]:
+    """``(name, seed)`` of ``tiny://NAME`` (seed 0) or ``tiny://NAME?seed=N`` (the seed of the
+    random initial weights; N a non-negative integer).
+
+    Raises:
+        UserError: ``uri`` is not a tiny path, names no known tiny model, or has another query.
+    """
+    if not is_tiny_uri(uri):
+        raise UserError(f"{uri!r} is not a tiny model path; expected one of: {_known_uris()}")
+    name, _, query = uri[len(TINY_SCHEME):].partition("?")
+    name = name.strip("/")
+    if name not in TINY_BUILDERS:
+        raise UserError(f"unknown tiny model {uri!r}; known tiny models: {_known_uris()}")
+    if not query:
+        return name, 0
+    key, _, value = query.partition("=")
+    if key != "seed" or not value.isdigit():
+        raise UserError(
+            f"tiny model path {uri!r}: the only option is the weight seed, written "
+            f"{TINY_SCHEME}{name}?seed=N with N a non-negative integer (e.g. {TINY_SCHEME}{name}?seed=1)"
+        )
+    return name, int(value)
 
 
 # ----------------------------------------------------------------------------- corpus + tokenizer
@@ -444,30 +469,28 @@ def build_hash(name: str, seed: int = 0) -> str:
 
 
 def materialize(uri: str, cache_dir: str | Path | None = None) -> Path:
-    """Return the local folder of the tiny model ``uri`` (``tiny://qwen25vl`` or ``tiny://qwen2``),
-    building it first if the cache lacks it.
+    """Return the local folder of the tiny model ``uri`` (``tiny://qwen25vl`` or ``tiny://qwen2``,
+    optionally with ``?seed=N`` for other random initial weights), building it first if the cache
+    lacks it.
 
-    The folder is ``<cache_dir or default_cache_dir()>/tiny/<name>-<build_hash>/``. A build goes
+    The folder is ``<cache_dir or default_cache_dir()>/tiny/<name>-<build_hash(name, seed)>/``. A build goes
     into a private temporary sibling folder that is then renamed into place, so the final folder
     exists only complete; when another process renamed its build first, that one is used and ours
     is discarded.
     """
-    if not is_tiny_uri(uri):
-        raise UserError(f"{uri!r} is not a tiny model path; expected one of: {_known_uris()}")
-    name = uri[len(TINY_SCHEME):].strip("/")
-    if name not in TINY_BUILDERS:
-        raise UserError(f"unknown tiny model {uri!r}; known tiny models: {_known_uris()}")
+    name, seed = parse_tiny_uri(uri)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    final = root / "tiny" / f"{name}-{build_hash(name)}"
+    final = root / "tiny" / f"{name}-{build_hash(name, seed)}"
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     logger.info("building tiny model %s into %s (once; later runs reuse it)", uri, final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
     try:
-        TINY_BUILDERS[name](tmp, seed=0)
+        TINY_BUILDERS[name](tmp, seed=seed)
         (tmp / "verl_npu_tiny.json").write_text(
-            json.dumps({"uri": uri, "build_hash": build_hash(name), "build_version": BUILD_VERSION}) + "\n"
+            json.dumps({"uri": uri, "seed": seed, "build_hash": build_hash(name, seed),
+                        "build_version": BUILD_VERSION}) + "\n"
         )
         try:
             os.rename(tmp, final)

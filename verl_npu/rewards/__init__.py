@@ -14,7 +14,7 @@ data_source          score                                       module
 ==================== =========================================== ===============================
 hiyouga/geometry3k   0.9 * accuracy + 0.1 * format               ``verl_npu.rewards.geo3k``
 openai/gsm8k         strict ``#### n`` match (flexible logged)   ``verl_npu.rewards.gsm8k``
-synthetic_geometry   0.9 * accuracy + 0.1 * format               ``verl_npu.rewards.synthetic_geometry``
+synthetic_geometry   accuracy * (0.8 + 0.2 * clean)             ``verl_npu.rewards.synthetic_geometry``
 synthetic_arithmetic 0.9 * accuracy + 0.1 * format               ``verl_npu.rewards.synthetic_arithmetic``
 ==================== =========================================== ===============================
 """
@@ -66,6 +66,18 @@ register_reward("hiyouga/geometry3k", geo3k.compute_score)
 register_reward("openai/gsm8k", gsm8k.compute_score)
 register_reward("synthetic_geometry", synthetic_geometry.compute_score)
 register_reward("synthetic_arithmetic", synthetic_arithmetic.compute_score)
+
+#: data source -> (best expected score of a policy that ignores its input, what it ignores): the
+#: demo tasks' answers are balanced, so a score above this means the policy reads its input
+BLIND_CEILINGS: dict[str, tuple[float, str]] = {
+    "synthetic_geometry": (synthetic_geometry.BLIND_BEST_SCORE, "picture"),
+    "synthetic_arithmetic": (synthetic_arithmetic.BLIND_BEST_SCORE, "question"),
+}
+
+
+def blind_ceiling(data_source: str) -> tuple[float, str] | None:
+    """``(score, "picture" | "question")`` for a built-in demo task (``BLIND_CEILINGS``), else None."""
+    return BLIND_CEILINGS.get(data_source)
 
 
 def default_compute_score(data_source: str, solution_str: str, ground_truth: str,

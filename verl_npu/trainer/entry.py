@@ -178,5 +178,22 @@ def _run_training_locked(rc, after_fit=None) -> int:
     score = final.get("critic/score/mean")
     log.info("done: %d steps; last mean score %s; outputs in %s", trainer.global_step,
              f"{score:.3f}" if score is not None and math.isfinite(score) else "n/a", out_dir)
+    _log_summary(cfg, out_dir, tracker)
     return 0
+
+
+def _log_summary(cfg, out_dir: Path, tracker) -> None:
+    """Log the end-of-run summary (verl_npu.trainer.summary); a summary that fails only warns."""
+    from verl_npu.trainer.summary import run_summary
+
+    try:
+        lines = run_summary(
+            out_dir,
+            tensorboard_dir=tracker.tensorboard_dir if "tensorboard" in tracker.loggers else None,
+            builtin_rewards=not (cfg.get("custom_reward_function") or {}).get("path"),
+        )
+    except Exception as exc:  # noqa: BLE001 - the run itself succeeded
+        log.warning("could not write the end-of-run summary: %s", exc)
+        return
+    log.info("%s", "\n".join(lines))
 
