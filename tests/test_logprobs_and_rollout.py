@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Auto
 
 from verl_npu.batch import Batch
 from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids, response_log_probs
-from verl_npu.rollout.base import SamplingParams
+from verl_npu.rollout.base import SamplingParams, vision_marker_ids
 from verl_npu.rollout.hf import HFRollout
 
 RESPONSE_LEN = 6
@@ -35,8 +35,9 @@ def _vl_prompts(path):
     return proc.tokenizer, batch
 
 
-def _plain_log_probs(model, rollout: Batch) -> torch.Tensor:
-    """Reference: the model's own forward (it computes its own 3-D rope positions)."""
+def _plain_log_probs(model, rollout: Batch, suppress_vision: bool = True) -> torch.Tensor:
+    """Reference: the model's own forward (it computes its own 3-D rope positions). The rollout never
+    samples image / video marker tokens, so (`suppress_vision`) they get probability 0 here too."""
     ids = rollout["input_ids"]
     kwargs = {}
     if VisionTokens.of(model).is_vision:
@@ -46,6 +47,8 @@ def _plain_log_probs(model, rollout: Batch) -> torch.Tensor:
         logits = model(input_ids=ids, attention_mask=rollout["attention_mask"], **kwargs).logits
     length = ids.shape[1]
     logits = logits[:, length - RESPONSE_LEN - 1 : length - 1].float()
+    if suppress_vision:
+        logits[..., vision_marker_ids(model.config)] = float("-inf")
     return torch.log_softmax(logits, -1).gather(-1, rollout["responses"].unsqueeze(-1)).squeeze(-1)
 
 
@@ -70,6 +73,9 @@ def test_vl_training_log_probs_equal_plain_forward(tiny_vl_path, remove_padding)
     torch.testing.assert_close(lp[mask], ref[mask], atol=1e-5, rtol=1e-5)
     # the log-probs are real: not all equal, all <= 0
     assert (lp[mask] <= 0).all() and lp[mask].std() > 0
+    # and they describe the distribution the rollout samples from: the vision markers' share is left out
+    # (a random-init model gives them real probability, which used to leak into the training log-probs)
+    assert (lp[mask] > _plain_log_probs(model, rollout, suppress_vision=False)[mask] + 1e-4).all()
 
 
 @pytest.mark.parametrize("remove_padding", [False, True])

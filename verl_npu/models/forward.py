@@ -21,8 +21,10 @@ import torch.nn.functional as F
 
 from verl_npu.device import varlen_attention_kernel
 from verl_npu.errors import UserError
-from verl_npu.models.fused_logprobs import compiled_log_probs_entropy, fused_head
+from verl_npu.models.fused_logprobs import compiled_log_probs_entropy, fused_head, log_probs_entropy, suppress_logits
+from verl_npu.models.shared_prompt import shared_prompt_layout
 from verl_npu.models.varlen import packed_attention
+from verl_npu.rollout.base import vision_marker_ids
 
 # Model types whose forward accepts packed sequences described only by restarting position ids.
 _PACKING_MODEL_TYPES = {"qwen2", "qwen2_5_vl", "qwen2_vl", "qwen3", "llama", "mistral"}
@@ -145,31 +147,37 @@ def response_log_probs(
     `compile` (`actor.use_torch_compile`): the log-softmax / gather / entropy formula runs through
     torch.compile (`fused_logprobs.compiled_log_probs_entropy`); the numbers are the same.
     """
+    # the rollout never samples image / video marker tokens: the log-probs describe that distribution
+    suppress = torch.tensor(vision_marker_ids(model.config), dtype=torch.long, device=input_ids.device)
     if fused and not return_logits:
-        with fused_head(model, temperature, with_entropy, compile) as head:
+        with fused_head(model, temperature, with_entropy, compile, suppress) as head:
             return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
                                        temperature, with_entropy, remove_padding, return_logits, sp_group, head,
-                                       compile, entropy_chunk)
+                                       compile, entropy_chunk, suppress)
     return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
                                temperature, with_entropy, remove_padding, return_logits, sp_group, None, compile,
-                               entropy_chunk)
+                               entropy_chunk, suppress)
 
 
-def _log_probs_entropy(raw, targets, temperature, with_entropy, head, compile, entropy_chunk=0):
+def _log_probs_entropy(raw, targets, temperature, with_entropy, head, compile, entropy_chunk=0, suppress=None):
     """(log-probs, entropy or None, logits or None) from the model's output `raw`: logits, or with a
     fused `head` the [..., 2] (log-prob, entropy) it computed. `entropy_chunk` > 0 (plain path)
-    computes the entropy that many tokens at a time."""
+    computes the entropy that many tokens at a time. The tokens `suppress` get probability 0."""
     if head is not None:
         return raw[..., 0], (raw[..., 1] if with_entropy else None), None
-    logits = raw / temperature
+    logits = suppress_logits(raw / temperature if temperature != 1.0 else raw, suppress)
     if compile:
         lp, ent = compiled_log_probs_entropy()(logits, targets, with_entropy)
         return lp, ent, logits
-    return _token_log_probs(logits, targets), (_entropy(logits, entropy_chunk) if with_entropy else None), logits
+    if with_entropy and entropy_chunk > 0:
+        return _token_log_probs(logits, targets), _entropy(logits, entropy_chunk), logits
+    lp, ent = log_probs_entropy(logits, targets, with_entropy)  # one log-softmax for both
+    return lp, ent, logits
 
 
 def _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs, temperature,
-                        with_entropy, remove_padding, return_logits, sp_group, head, compile, entropy_chunk=0):
+                        with_entropy, remove_padding, return_logits, sp_group, head, compile, entropy_chunk=0,
+                        suppress=None):
     device = input_ids.device
     vt = VisionTokens.of(model)
     mm = merge_multi_modal_inputs(multi_modal_inputs, device)
@@ -205,12 +213,21 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             if head is not None:
                 head.targets = targets[needed].unsqueeze(0)
             kernel = varlen_attention_kernel(device.type)
-            with packed_attention(model, keep.sum(1), kernel):
-                out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
-                            logits_to_keep=wanted, **mm)
+            shared = shared_prompt_layout(input_ids, attention_mask, response_length, multi_modal_inputs)
+            if shared is None:
+                with packed_attention(model, keep.sum(1), kernel):
+                    out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
+                                logits_to_keep=wanted, **mm)
+            else:  # each distinct prompt once (rollout.n > 1): verl_npu.models.shared_prompt
+                flat_ids, packed_pos, wanted, mm = _shared_inputs(shared, input_ids, attention_mask, positions,
+                                                                  needed, multi_modal_inputs)
+                with packed_attention(model, shared.query_lengths, kernel, key_index=shared.key_index,
+                                      key_lengths=shared.key_lengths):
+                    out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
+                                logits_to_keep=wanted, **mm)
             raw = out.logits[0]  # [len(wanted), V] ([len(wanted), 2] with a fused head)
         lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[needed], temperature, with_entropy, head, compile,
-                                                       entropy_chunk)
+                                                       entropy_chunk, suppress)
         log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
         log_probs[needed] = lp_flat
         entropy = None
@@ -236,7 +253,7 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             **mm,
         )
         log_probs, entropy, logits = _log_probs_entropy(out.logits, targets[:, left:], temperature, with_entropy, head,
-                                                        compile, entropy_chunk)
+                                                        compile, entropy_chunk, suppress)
         log_probs = F.pad(log_probs, (left, 0))
         entropy = F.pad(entropy, (left, 0)) if entropy is not None else None
         if return_logits:
@@ -250,6 +267,23 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
     if return_logits:
         return log_probs, entropy, logits[:, start : length - 1]
     return log_probs, entropy
+
+
+def _shared_inputs(shared, input_ids, attention_mask, positions, needed, multi_modal_inputs):
+    """The packed model inputs of a shared-prompt layout: token ids, positions (each token's position
+    in its own row; [4, 1, T] with text positions first for 3-D rope), the packed positions whose
+    logits predict the `needed` targets (row-major, as `targets[needed]`), and the multimodal inputs
+    of one row per distinct prompt."""
+    index = shared.token_index
+    flat_ids = input_ids.reshape(-1)[index].unsqueeze(0)
+    text_pos = _text_positions(attention_mask).reshape(-1)[index].unsqueeze(0)
+    if positions.dim() == 3:
+        packed_pos = torch.cat([text_pos.unsqueeze(0), positions.reshape(3, -1)[:, index].unsqueeze(1)], dim=0)
+    else:
+        packed_pos = text_pos
+    wanted = shared.packed_of[needed.reshape(-1)]
+    rows = [multi_modal_inputs[r] for r in shared.representatives] if multi_modal_inputs else None
+    return flat_ids, packed_pos, wanted, merge_multi_modal_inputs(rows, input_ids.device)
 
 
 def _decoder(model):

@@ -66,14 +66,23 @@ def compiled_log_probs_entropy():
     return _COMPILED
 
 
-def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias, dtype: torch.dtype, temperature: float):
+def suppress_logits(logits: torch.Tensor, suppress: torch.Tensor | None) -> torch.Tensor:
+    """`logits` with the tokens `suppress` (ids) set to the lowest finite value: probability 0 (as
+    the rollout, which never samples them), and no NaN in `p log p` or a full KL where -inf would give one."""
+    if suppress is None or not suppress.numel():
+        return logits
+    return logits.index_fill(-1, suppress.to(logits.device), torch.finfo(logits.dtype).min)
+
+
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias, dtype: torch.dtype, temperature: float,
+                  suppress: torch.Tensor | None = None):
     raw = F.linear(h.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
-    return raw.float() / temperature
+    return suppress_logits(raw.float() / temperature, suppress)
 
 
 class _ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy, formula):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy, formula, suppress):
         dtype = _matmul_dtype(hidden)
         n = hidden.shape[0]
         log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -81,7 +90,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, n, chunk):
                 stop = min(start + chunk, n)
-                z = _chunk_logits(hidden[start:stop], weight, bias, dtype, temperature)
+                z = _chunk_logits(hidden[start:stop], weight, bias, dtype, temperature, suppress)
                 lp, ent = formula(z, targets[start:stop], with_entropy)
                 log_probs[start:stop] = lp
                 if with_entropy:
@@ -89,6 +98,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 del z, lp, ent
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.dtype, ctx.temperature, ctx.chunk, ctx.with_entropy = dtype, temperature, chunk, with_entropy
+        ctx.suppress = suppress
         if entropy is None:
             return log_probs
         return log_probs, entropy
@@ -105,7 +115,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
             for start in range(0, n, ctx.chunk):
                 stop = min(start + ctx.chunk, n)
                 h = hidden[start:stop]
-                z = _chunk_logits(h, weight, bias, ctx.dtype, ctx.temperature)
+                z = _chunk_logits(h, weight, bias, ctx.dtype, ctx.temperature, ctx.suppress)
                 p = torch.softmax(z, dim=-1)
                 dz = torch.zeros_like(z)
                 if grad_lp is not None:
@@ -126,7 +136,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 del dz, draw
         grad_w = grad_w.to(weight.dtype) if need_w else None
         grad_b = grad_b.to(bias.dtype) if need_b else None
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def chunked_log_probs(
@@ -138,18 +148,20 @@ def chunked_log_probs(
     with_entropy: bool = False,
     chunk: int | None = None,
     compile: bool = False,
+    suppress: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(targets) and (optionally) the entropy, float32, for hidden states [..., H] under the
     output projection `weight` [V, H] (+ `bias` [V]) and `temperature`, `chunk` tokens at a time
     (default: `chunk_tokens(V)`). Differentiable in `hidden`, `weight` and `bias`; the backward
     recomputes each chunk's logits. `compile`: each chunk's forward formula runs through
-    `compiled_log_probs_entropy`."""
+    `compiled_log_probs_entropy`. `suppress`: token ids of probability 0 (`suppress_logits`)."""
     lead = hidden.shape[:-1]
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1).long()
     chunk = int(chunk or chunk_tokens(weight.shape[0]))
     formula = compiled_log_probs_entropy() if compile else log_probs_entropy
-    out = _ChunkedLogProbs.apply(flat_h, weight, bias, flat_t, float(temperature), chunk, bool(with_entropy), formula)
+    out = _ChunkedLogProbs.apply(flat_h, weight, bias, flat_t, float(temperature), chunk, bool(with_entropy), formula,
+                                 suppress)
     if with_entropy:
         log_probs, entropy = out
         return log_probs.reshape(lead), entropy.reshape(lead)
@@ -165,24 +177,26 @@ class FusedHead:
     with_entropy: bool = False
     compile: bool = False
     targets: torch.Tensor | None = None
+    suppress: torch.Tensor | None = None   # token ids of probability 0 (the rollout never samples them)
 
 
 @contextlib.contextmanager
-def fused_head(model, temperature: float, with_entropy: bool, compile: bool = False):
+def fused_head(model, temperature: float, with_entropy: bool, compile: bool = False,
+               suppress: torch.Tensor | None = None):
     """Within the block the model's output projection returns, instead of logits [..., V], the
     tensor [..., 2] of (log p(targets), entropy) computed by `chunked_log_probs` from its input
     hidden states and its own weight (the entropy column is 0 without `with_entropy`). The
     computation runs inside the projection's forward, where FSDP has gathered the weight (and
     gathers it again for the backward), so it works sharded as unsharded."""
     head = model.get_output_embeddings()
-    state = FusedHead(float(temperature), bool(with_entropy), bool(compile))
+    state = FusedHead(float(temperature), bool(with_entropy), bool(compile), suppress=suppress)
 
     def forward(hidden):
         if state.targets is None or state.targets.shape != hidden.shape[:-1]:
             raise RuntimeError(f"fused log-probs: targets {None if state.targets is None else tuple(state.targets.shape)}"
                                f" do not match the hidden states {tuple(hidden.shape[:-1])}")
         lp, ent = chunked_log_probs(hidden, head.weight, head.bias, state.targets, state.temperature,
-                                    state.with_entropy, compile=state.compile)
+                                    state.with_entropy, compile=state.compile, suppress=state.suppress)
         return torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)], dim=-1)
 
     head.forward = forward

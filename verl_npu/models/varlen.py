@@ -33,18 +33,24 @@ ATTENTION_NAME = "verl_npu_varlen"
 
 @dataclass
 class _Packed:
-    cu_seqlens: torch.Tensor | None = None  # int64 [S + 1], on CPU
+    cu_seqlens: torch.Tensor | None = None  # int64 [S + 1], on CPU: the queries of each sequence
     kernel: str = "sdpa_sequences"
     model: object = None                    # the model whose attention is switched (for recomputation)
+    key_index: torch.Tensor | None = None   # shared prompts: packed positions of each sequence's keys
+    cu_k: torch.Tensor | None = None        # shared prompts: int64 [S + 1] delimiting key_index
 
 
 _STATE = _Packed()
 
 
-def _sdpa_sequences(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
+def _sdpa_sequences(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D] with one SDPA call: the sequences are gathered into
     [S, H, Lmax, D] (right-padded: with a causal mask a real query never reaches a padded key), and
-    the real positions are gathered back. Attention only is padded; no [T, T] mask exists."""
+    the real positions are gathered back. Attention only is padded; no [T, T] mask exists.
+
+    With `cu_k` (shared prompts) the keys of sequence s are k[cu_k[s]:cu_k[s+1]], at least as many
+    as its queries, and the causal mask is aligned to the last key: the queries are the last
+    tokens of the key sequence (a response after its prompt)."""
     groups = q.shape[1] // k.shape[1]
     lengths = cu[1:] - cu[:-1]
     longest = int(lengths.max())
@@ -52,36 +58,54 @@ def _sdpa_sequences(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
     valid = pos[None, :] < lengths[:, None]  # [S, Lmax]
     src = torch.where(valid, cu[:-1, None] + pos[None, :], 0).reshape(-1).to(q.device)
 
-    def gather(x):  # [T, h, D] -> [S, h, Lmax, D]
-        return x.index_select(0, src).view(len(lengths), longest, *x.shape[1:]).transpose(1, 2)
+    def gather(x, index, rows):  # [T, h, D] -> [S, h, rows, D]
+        return x.index_select(0, index).view(len(lengths), rows, *x.shape[1:]).transpose(1, 2)
 
-    ks, vs = gather(k), gather(v)
+    mask, causal = None, True
+    if cu_k is None:
+        ks, vs = gather(k, src, longest), gather(v, src, longest)
+    else:
+        k_lengths = cu_k[1:] - cu_k[:-1]
+        k_longest = int(k_lengths.max())
+        k_pos = torch.arange(k_longest)
+        k_src = torch.where(k_pos[None, :] < k_lengths[:, None], cu_k[:-1, None] + k_pos[None, :], 0)
+        ks, vs = (gather(x, k_src.reshape(-1).to(q.device), k_longest) for x in (k, v))
+        # query i of a sequence sees key j iff j <= i + (keys - queries) and j is a real key; a padded
+        # query (i >= queries) sees every real key, so no row of the mask is empty
+        shift = (k_lengths - lengths)[:, None, None]
+        mask = (k_pos[None, None, :] <= pos[None, :, None] + shift) & (k_pos[None, None, :] < k_lengths[:, None, None])
+        mask, causal = mask.unsqueeze(1).to(q.device), False
     if groups > 1:
         ks, vs = ks.repeat_interleave(groups, dim=1), vs.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(gather(q), ks, vs, is_causal=True, scale=scaling)
+    out = F.scaled_dot_product_attention(gather(q, src, longest), ks, vs, attn_mask=mask, is_causal=causal,
+                                         scale=scaling)
     real = valid.reshape(-1).nonzero().squeeze(-1).to(q.device)  # packed order: sequence after sequence
     return out.transpose(1, 2).reshape(-1, *q.shape[1:]).index_select(0, real)
 
 
-def _flash_attn(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
+def _flash_attn(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tensor | None = None) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
-    cu32 = cu.to(device=q.device, dtype=torch.int32)
-    longest = int((cu[1:] - cu[:-1]).max())
-    return flash_attn_varlen_func(q, k, v, cu32, cu32, longest, longest, softmax_scale=scaling, causal=True)
+    cu_k = cu if cu_k is None else cu_k
+    cu32, cu_k32 = (x.to(device=q.device, dtype=torch.int32) for x in (cu, cu_k))
+    # flash-attention (>= 2.1) aligns the causal mask to the last key when there are more keys
+    return flash_attn_varlen_func(q, k, v, cu32, cu_k32, int((cu[1:] - cu[:-1]).max()),
+                                  int((cu_k[1:] - cu_k[:-1]).max()), softmax_scale=scaling, causal=True)
 
 
 _NPU_CAUSAL_MASK_SIZE = 2048  # the op's compressed causal mask is 2048 x 2048 (sparse_mode 3)
 
 
-def _npu_fusion(q, k, v, cu: torch.Tensor, scaling: float) -> torch.Tensor:
+def _npu_fusion(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tensor | None = None) -> torch.Tensor:
     import torch_npu
 
     mask = torch.ones(_NPU_CAUSAL_MASK_SIZE, _NPU_CAUSAL_MASK_SIZE, dtype=torch.bool, device=q.device).triu(1)
     ends = cu[1:].tolist()
+    # sparse_mode 3 is the causal mask aligned to the bottom right (the last key), also when a
+    # sequence has more keys than queries (shared prompts)
     return torch_npu.npu_fusion_attention(
         q, k, v, q.shape[1], input_layout="TND", scale=scaling, keep_prob=1.0, atten_mask=mask,
-        sparse_mode=3, actual_seq_qlen=ends, actual_seq_kvlen=ends,
+        sparse_mode=3, actual_seq_qlen=ends, actual_seq_kvlen=ends if cu_k is None else cu_k[1:].tolist(),
     )[0]
 
 
@@ -103,7 +127,12 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, H, D]
-    out = VARLEN_KERNELS[_STATE.kernel](q, k, v, cu, float(scaling))
+    if _STATE.key_index is not None:  # shared prompts: each sequence's keys, its prompt's included
+        index = _STATE.key_index.to(k.device)
+        k, v = k.index_select(0, index), v.index_select(0, index)
+        out = VARLEN_KERNELS[_STATE.kernel](q, k, v, cu, float(scaling), cu_k=_STATE.cu_k)
+    else:
+        out = VARLEN_KERNELS[_STATE.kernel](q, k, v, cu, float(scaling))
     return out.unsqueeze(0), None
 
 
@@ -116,34 +145,51 @@ def register_varlen_attention() -> str:
 
 
 @contextlib.contextmanager
-def packed_attention(model, lengths: torch.Tensor, kernel: str):
+def packed_attention(model, lengths: torch.Tensor, kernel: str, *, key_index: torch.Tensor | None = None,
+                     key_lengths: torch.Tensor | None = None):
     """Within the block, `model`'s language-model attention is the variable-length `kernel` over the
     sequences of `lengths` (tokens per packed sequence, in order); the previous implementation is
-    restored afterwards. A vision tower keeps its own attention."""
+    restored afterwards. A vision tower keeps its own attention.
+
+    Shared prompts (`verl_npu.models.shared_prompt`): with `key_index` / `key_lengths`, sequence s
+    attends to the packed positions key_index[sum(key_lengths[:s]) : sum(key_lengths[:s+1])] (its
+    prompt's and its own), causally from the end: its queries are the last of those keys."""
     if kernel not in VARLEN_KERNELS:
         raise ValueError(f"unknown variable-length attention kernel {kernel!r}; known: {', '.join(VARLEN_KERNELS)}")
     register_varlen_attention()
-    lengths = lengths.detach().to("cpu", torch.int64)
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
-    cu[1:] = lengths.cumsum(0)
-    with _packed_state(cu, kernel, model):
+    cu, cu_k = _cumulative(lengths), None
+    if key_index is not None:
+        cu_k = _cumulative(key_lengths)
+        if int(cu_k[-1]) != len(key_index) or bool((key_lengths.cpu() < lengths.cpu()).any()):
+            raise ValueError("key_lengths must add up to len(key_index), each at least its sequence's length")
+    with _packed_state(cu, kernel, model, key_index, cu_k):
         yield
 
 
+def _cumulative(lengths: torch.Tensor) -> torch.Tensor:
+    lengths = lengths.detach().to("cpu", torch.int64)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    cu[1:] = lengths.cumsum(0)
+    return cu
+
+
 @contextlib.contextmanager
-def _packed_state(cu: torch.Tensor, kernel: str, model):
+def _packed_state(cu: torch.Tensor, kernel: str, model, key_index=None, cu_k=None):
     """`model`'s text attention is the variable-length kernel over the sequences `cu` delimits; the
     previous implementation and packed state come back afterwards. Used by `packed_attention` and,
     for a forward's recomputation, by `checkpoint_context_fn`."""
     text_cfg = model.config.get_text_config()
     composite = text_cfg is not model.config
-    previous, old_state = text_cfg._attn_implementation, (_STATE.cu_seqlens, _STATE.kernel, _STATE.model)
+    fields = ("cu_seqlens", "kernel", "model", "key_index", "cu_k")
+    previous, old_state = text_cfg._attn_implementation, tuple(getattr(_STATE, f) for f in fields)
     model.set_attn_implementation({"text_config": ATTENTION_NAME} if composite else ATTENTION_NAME)
-    _STATE.cu_seqlens, _STATE.kernel, _STATE.model = cu, kernel, model
+    for field, value in zip(fields, (cu, kernel, model, key_index, cu_k)):
+        setattr(_STATE, field, value)
     try:
         yield
     finally:
-        _STATE.cu_seqlens, _STATE.kernel, _STATE.model = old_state
+        for field, value in zip(fields, old_state):
+            setattr(_STATE, field, value)
         model.set_attn_implementation({"text_config": previous} if composite else previous)
 
 
@@ -157,4 +203,5 @@ def checkpoint_context_fn():
     again, so the recomputed layer is the layer that ran (same numbers, same saved tensors)."""
     if _STATE.cu_seqlens is None or _STATE.model is None:
         return contextlib.nullcontext(), contextlib.nullcontext()
-    return contextlib.nullcontext(), _packed_state(_STATE.cu_seqlens, _STATE.kernel, _STATE.model)
+    return contextlib.nullcontext(), _packed_state(_STATE.cu_seqlens, _STATE.kernel, _STATE.model,
+                                                   _STATE.key_index, _STATE.cu_k)
