@@ -9,6 +9,8 @@ fp32, no KL term, the same learning rate (constant, no weight decay), one optimi
 batch (one mini-batch, one epoch), the transformers model decoding with a KV cache on both sides
 (TRL: `generate`; verl-npu: its `hf` rollout's decode loop), one CPU process each, the same
 number of torch threads. Each trainer runs in its own child process (so peak RSS is its own).
+verl-npu runs with its default layout, padding-free (`use_remove_padding=true`, as verl's own example
+scripts set it: each distinct prompt packed once, `docs/performance.md`); `--padded` runs it padded.
 
 Reported per side: the median step seconds over steps 3..N (all steps with --smoke), completion
 tokens per second (completion tokens / step seconds over the same steps), peak RSS, the phases of
@@ -16,7 +18,7 @@ the median step (verl-npu: its `timing_s/*` metrics; TRL: timers around its own 
 `trl_side`), and the ratio verl-npu / TRL (goal: <= 0.67).
 
 Usage:  python bench/vs_trl.py [--task vl|text] [--steps 10] [--smoke] [--threads 1]
-                               [--remove-padding] [--json FILE]
+                               [--padded] [--json FILE]
 TRL is a benchmark-only dependency (`pip install -e .[bench]`); without it --smoke runs the
 verl-npu side only. Results are recorded by hand in bench/vs_trl.md.
 """
@@ -247,7 +249,7 @@ def child(args) -> None:
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     if args.side == "verl":
-        result = verl_side(args.task, args.steps, Path(args.model), Path(args.data), work / "verl", args.remove_padding)
+        result = verl_side(args.task, args.steps, Path(args.model), Path(args.data), work / "verl", not args.padded)
     else:
         result = trl_side(args.task, args.steps, Path(args.model), Path(args.data), work / "trl")
     result["peak_rss_mb"] = peak_rss_mb()
@@ -267,7 +269,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="training steps per side (median over steps 3..N)")
     parser.add_argument("--smoke", action="store_true", help="2 steps per side (verl-npu only without TRL); no timing goal")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each trainer process (1: stable on a shared machine)")
-    parser.add_argument("--remove-padding", action="store_true", help="verl-npu with use_remove_padding=true")
+    parser.add_argument("--padded", action="store_true", help="verl-npu with use_remove_padding=false (default: true)")
     parser.add_argument("--sides", default="verl,trl", help="comma-separated: verl, trl")
     parser.add_argument("--json", help="also write the summary here")
     parser.add_argument("--side", help=argparse.SUPPRESS)
@@ -287,7 +289,7 @@ def main(argv=None) -> int:
         print("TRL is not installed: running the verl-npu side only")
         sides.remove("trl")
     load = os.getloadavg()
-    summary = {"task": args.task, "steps": steps, "threads": args.threads, "remove_padding": args.remove_padding,
+    summary = {"task": args.task, "steps": steps, "threads": args.threads, "remove_padding": not args.padded,
                "loadavg_before": [round(x, 2) for x in load], "sides": {}}
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         work = Path(tmp)
@@ -298,7 +300,7 @@ def main(argv=None) -> int:
             result = work / f"{side}.json"
             cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--task", args.task,
                    "--steps", str(steps), "--threads", str(args.threads), "--model", str(model), "--data", str(data),
-                   "--work", str(work), "--result", str(result)] + (["--remove-padding"] if args.remove_padding else [])
+                   "--work", str(work), "--result", str(result)] + (["--padded"] if args.padded else [])
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
