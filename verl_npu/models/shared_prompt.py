@@ -56,9 +56,10 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, respons
     """Rows grouped by identical prompt (ids, padding and multimodal inputs), in order of first row."""
     prompt_cols = input_ids.shape[1] - response_length
     prompts = torch.where(attention_mask[:, :prompt_cols].bool(), input_ids[:, :prompt_cols], -1)
-    by_key: dict[tuple, list[list[int]]] = {}
+    _, keys = torch.unique(prompts, dim=0, return_inverse=True)  # one id per distinct prompt row
+    by_key: dict[int, list[list[int]]] = {}
     groups: list[list[int]] = []
-    for row, key in enumerate(map(tuple, prompts.tolist())):
+    for row, key in enumerate(keys.tolist()):
         candidates = by_key.setdefault(key, [])
         for group in candidates:
             if multi_modal_inputs is None or _same_inputs(multi_modal_inputs[group[0]], multi_modal_inputs[row]):
