@@ -358,10 +358,11 @@ def build_tiny_qwen25vl(out_dir: str | Path, *, seed: int = 0, **size_overrides)
     return out_dir
 
 
-def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, **size_overrides) -> Path:
-    """Write a tiny random-init Qwen2 causal LM folder (``TEXT_SIZES``, tied embeddings, the same
-    tokenizer as the VL model) to ``out_dir`` and return it; ``size_overrides`` replaces text sizes."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def _tiny_qwen2_config(out_dir: str | Path, size_overrides: dict, **extra):
+    """``out_dir`` (created, with the shared tokenizer written to it), a Qwen2Config of ``TEXT_SIZES``
+    with ``size_overrides`` applied and ``extra`` fields set, and the tokenizer's special ids: what
+    the text LM and the reward model builders share."""
+    from transformers import Qwen2Config
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -370,15 +371,19 @@ def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, **size_overrides) ->
     ids = _token_ids(tokenizer)
     rope_theta = text.pop("rope_theta")
     config = Qwen2Config(
-        **text,
-        vocab_size=len(tokenizer),
-        hidden_act="silu",
+        **text, vocab_size=len(tokenizer), hidden_act="silu",
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-        bos_token_id=ids[PAD_TOKEN],
-        eos_token_id=ids[EOS_TOKEN],
-        pad_token_id=ids[PAD_TOKEN],
-        tie_word_embeddings=True,
+        bos_token_id=ids[PAD_TOKEN], eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN], **extra,
     )
+    return out_dir, config, ids
+
+
+def build_tiny_qwen2(out_dir: str | Path, *, seed: int = 0, **size_overrides) -> Path:
+    """Write a tiny random-init Qwen2 causal LM folder (``TEXT_SIZES``, tied embeddings, the same
+    tokenizer as the VL model) to ``out_dir`` and return it; ``size_overrides`` replaces text sizes."""
+    from transformers import Qwen2ForCausalLM
+
+    out_dir, config, ids = _tiny_qwen2_config(out_dir, size_overrides, tie_word_embeddings=True)
     model = _seeded_init(seed, lambda: Qwen2ForCausalLM(config))
     _save_model(model, out_dir, ids)
     return out_dir
@@ -411,34 +416,21 @@ def _mrope_section(head_dim: int) -> list[int]:
     return [t, h, half - t - h]
 
 
-# ----------------------------------------------------------------------------- cache
-
-
-
 def build_tiny_qwen2_rm(out_dir: str | Path, *, seed: int = 0, **size_overrides) -> Path:
     """Write a tiny random-init Qwen2 sequence-classification model (a reward model: one label,
     ``TEXT_SIZES``, the same tokenizer as the other tiny models) to ``out_dir`` and return it."""
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    text, _ = _split_sizes(size_overrides, TEXT_SIZES, {})
-    tokenizer = build_tokenizer(out_dir)
-    ids = _token_ids(tokenizer)
-    rope_theta = text.pop("rope_theta")
-    config = Qwen2Config(
-        **text, vocab_size=len(tokenizer), hidden_act="silu", num_labels=1,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-        bos_token_id=ids[PAD_TOKEN], eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN],
-    )
-    model = _seeded_init(seed + 1, lambda: Qwen2ForSequenceClassification(config))
     import torch
+    from transformers import Qwen2ForSequenceClassification
 
+    out_dir, config, _ = _tiny_qwen2_config(out_dir, size_overrides, num_labels=1)
+    model = _seeded_init(seed + 1, lambda: Qwen2ForSequenceClassification(config))
     with torch.no_grad():  # random init gives scores near 0: spread them so tests can tell rows apart
         model.score.weight.mul_(20.0)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     return out_dir
 
+
+# ----------------------------------------------------------------------------- cache
 
 TINY_BUILDERS = {"qwen25vl": build_tiny_qwen25vl, "qwen2": build_tiny_qwen2, "qwen2rm": build_tiny_qwen2_rm}
 
