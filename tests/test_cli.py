@@ -74,6 +74,18 @@ def test_validate_check_paths_names_missing_files():
     assert out.returncode == 1 and "backend_config.data.train_files" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_flags_may_come_before_or_between_the_overrides():
+    """`--check-paths` (or `run`'s `--demo-data`) before the overrides: every override is still read
+    (the missing paths are named), and an unknown flag is still refused."""
+    out = cli("validate", "qwen25vl_geo3k", "--check-paths", *FILLED)
+    assert out.returncode == 1 and "Traceback" not in out.stderr and "unrecognized arguments" not in out.stderr
+    assert "backend_config.data.train_files" in out.stderr    # the paths were checked: the flag was read
+    out = cli("validate", "qwen25vl_geo3k", *FILLED[:2], "--check-paths", *FILLED[2:], "data.truncation=cut")
+    assert out.returncode == 1 and "backend_config.data.truncation" in out.stderr   # overrides after it too
+    out = cli("validate", "qwen25vl_geo3k", *FILLED, "--no-such-flag")
+    assert out.returncode == 2 and "unrecognized arguments: --no-such-flag" in out.stderr
+
+
 def test_bad_yaml_missing_file_and_bad_override_have_no_traceback(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("backend_config: {data: [\n")

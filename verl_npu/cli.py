@@ -285,7 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `verl-npu` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # flags may come before, between or after the key=value overrides (`run R --demo-data k=v`):
+    # argparse ends a positional list at the first flag, so the overrides after it come back here
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     if hasattr(signal, "SIGPIPE"):  # `verl-npu show x | head` ends quietly, like any Unix tool
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     return run_command(lambda: args.fn(args))
