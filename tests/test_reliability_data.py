@@ -156,6 +156,28 @@ def test_demo_assets_only_for_the_demos_own_paths(tmp_path, monkeypatch, tiny_ca
     assert check_paths(demo) == []
 
 
+def test_demo_data_of_an_older_version_is_named_with_the_fix(tmp_path, monkeypatch, tiny_cache, caplog):
+    """`run` never replaces a data file, so demo data made by an older verl-npu (other pictures) stays:
+    the run says so, naming the file and the folder to delete. Current data gets no warning."""
+    from verl_npu import demo
+    from verl_npu.demo import prepare_assets
+
+    monkeypatch.setattr(demo, "DEMO_TRAIN_ROWS", 16)
+    monkeypatch.chdir(tmp_path)
+    rc = load_recipe("tiny_geo3k", ["af_output_dir=out"])
+    with caplog.at_level("WARNING", logger="verl_npu"):
+        prepare_assets(rc)
+    assert "older verl-npu" not in caplog.text
+    train = tmp_path / "data" / "tiny_geo3k" / "train.parquet"
+    pq.write_table(pq.read_table(train).replace_schema_metadata(None), train)  # as an older version wrote it
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="verl_npu"):
+        prepare_assets(rc)
+    assert "data/tiny_geo3k/train.parquet was made by an older verl-npu" in caplog.text
+    assert "Delete data/tiny_geo3k to have it made again" in caplog.text
+    assert "test.parquet was made" not in caplog.text
+
+
 def test_demo_data_flag_writes_only_missing_files(tmp_path, monkeypatch, tiny_cache):
     from verl_npu import demo
     from verl_npu.cli import build_parser

@@ -116,10 +116,33 @@ def prepare_assets(rc, demo_data: bool = False) -> list[str]:
         if writer is None or not may_make_demo_data(rc, demo_data):
             return []  # the path check names the missing file(s); nothing is written
         made.append(_write_missing(missing, int(data.seed if data.seed is not None else 0), writer))
+    _warn_if_old_demo_data([f for f, _ in wanted], model_path, rc)
     made.append(f"tiny model {model_path} at {materialize(model_path)}")
     for line in made:
         log.info("demo assets: %s", line)
     return made
+
+
+def _warn_if_old_demo_data(files: list[str], model_path: str, rc) -> None:
+    """A shipped picture demo's own data files made by an older verl-npu (their pictures differ, and
+    `run` never replaces a file) get a warning that says how to have them made again."""
+    from verl_npu.models.tiny import parse_tiny_uri
+
+    if parse_tiny_uri(model_path)[0] != "qwen25vl" or not may_make_demo_data(rc):
+        return
+    from verl_npu.data.geometry3k import synthetic_mark
+    from verl_npu.data.synthetic_geometry import GENERATOR
+
+    for f in files:
+        path = Path(os.path.expanduser(f))
+        try:
+            mark = synthetic_mark(path)
+        except Exception:  # noqa: BLE001 - not a parquet file: the dataset reports it
+            continue
+        if mark != GENERATOR:
+            log.warning("%s was made by an older verl-npu (%s; now: %s): its pictures differ from what the demo "
+                        "expects, and run never replaces a data file. Delete %s to have it made again.",
+                        path, mark or "no generator recorded", GENERATOR, path.parent)
 
 
 def _write_missing(missing: list[tuple[Path, str]], seed: int, writer) -> str:

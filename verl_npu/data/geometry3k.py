@@ -399,7 +399,21 @@ def prepare_synthetic(
         with_images=True,
         progress=progress,
     )
+    for path in result.as_dict()["paths"].values():
+        table = pq.read_table(path)
+        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **SYNTHETIC_MARK}), path)
     return result.as_dict()
+
+
+#: parquet metadata written into synthetic polygon files: which pictures they hold. Files without it
+#: (or with another value) were made by an older verl-npu whose pictures differ (`demo.py` warns).
+SYNTHETIC_MARK = {b"verl_npu.synthetic_data": synthetic_geometry.GENERATOR.encode()}
+
+
+def synthetic_mark(path: str | os.PathLike) -> str | None:
+    """The generator recorded in a synthetic parquet file (None: none recorded)."""
+    value = (pq.read_schema(path).metadata or {}).get(next(iter(SYNTHETIC_MARK)))
+    return value.decode() if value is not None else None
 
 
 def prepare(

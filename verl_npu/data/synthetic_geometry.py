@@ -46,6 +46,10 @@ POLYGON_KINDS: tuple[PolygonKind, ...] = (
 #: the background: mid-grey, so each kind's colour differs from it in its own direction
 BACKGROUND = (128, 128, 128)
 
+#: what the pictures are, recorded in the parquet files (`geometry3k.SYNTHETIC_MARK`); change it
+#: whenever the pictures or questions change, so that data made before is recognised as old
+GENERATOR = "synthetic_geometry v2 (pure-colour polygons on grey)"
+
 QUESTION_TEMPLATES: tuple[str, ...] = (
     "<image>How many sides does the polygon in the picture have?",
     "<image>The figure shows a regular polygon. How many sides does it have?",
