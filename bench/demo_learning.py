@@ -73,7 +73,12 @@ def val_generations(log_text: str) -> list[str]:
     blocks = re.split(r"validation generations at step \d+:\n", log_text)
     if len(blocks) < 2:
         return []
-    return [line for line in blocks[-1].splitlines() if line.startswith("[ground truth:")]
+    lines = []
+    for line in blocks[-1].splitlines():  # the block ends where its lines stop (the console sink repeats it)
+        if not line.startswith("[ground truth:"):
+            break
+        lines.append(line)
+    return lines
 
 
 def run_one(seed: int, threads: int, parallel: int, root: Path, overrides: list[str]) -> dict:
