@@ -1,11 +1,7 @@
 """Every shell command the docs quote works as written.
 
-Where commands are found:
-- README.md, docs/*.md and bench/*.md: every line of a ```bash (sh, shell, console) block, the lines
-  of an untagged ``` block that start with a command, and every `inline span` that starts with a
-  command (python, python3, verl-npu, bash, pip, source, export, or a path ending in one of them,
-  such as .venv/bin/python; NAME=value prefixes allowed);
-- recipes/**/*.yaml: the lines of the header's `# Run:` block, and `inline spans` in the header.
+Where commands are found: README.md, docs/*.md, bench/*.md and the recipes' headers (the rules are in
+tests/doc_commands_extract.py's module doc).
 
 How each is checked (nothing trains, nothing downloads; every file is written under tmp_path; the
 commands of one file run in order in one folder, so a `verl-npu cp` makes the file that the

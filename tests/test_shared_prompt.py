@@ -8,6 +8,8 @@ import torch
 from PIL import Image
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+from run_helpers import assert_packed_matches_padded
+
 from verl_npu.models import varlen
 from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import enable_activation_checkpointing
@@ -86,18 +88,7 @@ def test_shared_prompt_log_probs_and_gradients_equal_the_padded_path(tiny_lm_pat
     real = varlen.varlen_attention_forward
     monkeypatch.setattr(varlen, "varlen_attention_forward",
                         lambda m, q, k, v, a, **kw: seen.append(q.shape[2]) or real(m, q, k, v, a, **kw))
-    results = {}
-    for packed in (False, True):
-        model.zero_grad()
-        lp, ent = response_log_probs(model, ids, mask, RESPONSE, with_entropy=True, remove_padding=packed,
-                                     temperature=0.9)
-        (lp[resp].sum() + ent[resp].mean()).backward()
-        results[packed] = (lp[resp].detach(), ent[resp].detach(),
-                           {n: p.grad.clone() for n, p in model.named_parameters()})
-    torch.testing.assert_close(results[True][0], results[False][0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(results[True][1], results[False][1], atol=1e-5, rtol=1e-5)
-    for name, grad in results[False][2].items():
-        torch.testing.assert_close(results[True][2][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_packed_matches_padded(model, ids, mask, resp, RESPONSE)
     # each distinct prompt ran once: the packed row holds 3 prompts + all response tokens
     prompt_tokens = enc["attention_mask"].sum()
     assert set(seen) == {int(prompt_tokens) + int(resp.sum())}

@@ -10,8 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl_npu.device import varlen_attention_kernel
+from run_helpers import assert_packed_matches_padded
+
 from verl_npu.models import varlen
-from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import enable_activation_checkpointing
 
 RESPONSE = 5
@@ -46,18 +47,7 @@ def test_packed_log_probs_and_gradients_equal_the_padded_path(tiny_lm_path, monk
     real = varlen.varlen_attention_forward
     monkeypatch.setattr(varlen, "varlen_attention_forward",
                         lambda m, q, k, v, a, **kw: seen.append((a, q.shape)) or real(m, q, k, v, a, **kw))
-    results = {}
-    for packed in (False, True):
-        model.zero_grad()
-        lp, ent = response_log_probs(model, ids, mask, RESPONSE, with_entropy=True, remove_padding=packed,
-                                     temperature=0.9)
-        (lp[resp].sum() + ent[resp].mean()).backward()
-        results[packed] = (lp[resp].detach(), ent[resp].detach(),
-                           {n: p.grad.clone() for n, p in model.named_parameters()})
-    torch.testing.assert_close(results[True][0], results[False][0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(results[True][1], results[False][1], atol=1e-5, rtol=1e-5)
-    for name, grad in results[False][2].items():
-        torch.testing.assert_close(results[True][2][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_packed_matches_padded(model, ids, mask, resp, RESPONSE)
     # the packed forward ran through the varlen kernel, one packed row, and no mask was built
     layers = model.config.num_hidden_layers
     assert len(seen) == layers * (2 if checkpointing else 1) and all(a is None and shape[0] == 1 and shape[2] == int(mask.sum())
