@@ -61,3 +61,17 @@ def assert_packed_matches_padded(model, ids, mask, resp, response_len: int) -> N
     torch.testing.assert_close(results[True][1], results[False][1], atol=1e-5, rtol=1e-5)
     for name, grad in results[False][2].items():
         torch.testing.assert_close(results[True][2][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def wait_for_checkpoint(proc, marker: Path, step: int, timeout: float = 240.0) -> bool:
+    """Polls a running `verl-npu run` until its latest-checkpoint marker reads at least `step`; False when
+    the process ended first or the time ran out (the caller then kills or inspects it)."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        text = marker.read_text().strip() if marker.exists() else ""
+        if text.isdigit() and int(text) >= step:
+            return True
+        time.sleep(0.05)
+    return False

@@ -187,10 +187,9 @@ def test_ppo_run_killed_after_a_checkpoint_resumes_actor_and_critic_exactly(tmp_
     import signal
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
-    from run_helpers import step_metrics
+    from run_helpers import step_metrics, wait_for_checkpoint
 
     out = tmp_path / "out"
     args = ppo_overrides(out, ppo_data, **{"trainer.critic_warmup": 1})
@@ -203,12 +202,8 @@ def test_ppo_run_killed_after_a_checkpoint_resumes_actor_and_critic_exactly(tmp_
 
     proc = cli()
     marker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if marker.exists() and marker.read_text().strip() == "2":
-            os.kill(proc.pid, signal.SIGKILL)
-            break
-        time.sleep(0.05)
+    if wait_for_checkpoint(proc, marker, 2):
+        os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
     resumed = cli()

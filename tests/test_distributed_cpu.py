@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from run_helpers import step_metrics, text_data, write_varied_reward
+from run_helpers import step_metrics, text_data, wait_for_checkpoint, write_varied_reward
 
 from verl_npu.config import load_recipe
 from verl_npu.data.geometry3k import prepare_synthetic
@@ -131,7 +131,6 @@ def test_killed_two_worker_run_resumes_on_two_workers(tmp_path, tiny_cache):
     import signal
     import subprocess
     import sys
-    import time
 
     data = tmp_path / "data"
     prepare_synthetic(data, n_train=12, n_test=4, seed=0, image_size=56)
@@ -146,12 +145,8 @@ def test_killed_two_worker_run_resumes_on_two_workers(tmp_path, tiny_cache):
     proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     marker = killed / "checkpoints" / "latest_checkpointed_iteration.txt"
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if marker.exists() and marker.read_text().strip() == "2":
-            os.killpg(proc.pid, signal.SIGKILL)  # the controller and its Ray workers, all at once
-            break
-        time.sleep(0.05)
+    if wait_for_checkpoint(proc, marker, 2, timeout=180):
+        os.killpg(proc.pid, signal.SIGKILL)  # the controller and its Ray workers, all at once
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
 

@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from run_helpers import wait_for_checkpoint
 from safetensors.torch import load_file
 
 from verl_npu.config import load_recipe
@@ -196,12 +196,8 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path, geo_data, tiny_c
     killed = tmp_path / "killed"
     proc = _cli_run(tiny_overrides(killed, geo_data, **common), tiny_cache)
     marker = killed / "out" / "checkpoints" / "latest_checkpointed_iteration.txt"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if marker.exists() and marker.read_text().strip() == "2":
-            os.kill(proc.pid, signal.SIGKILL)
-            break
-        time.sleep(0.05)
+    if wait_for_checkpoint(proc, marker, 2):
+        os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stdout.read()
 
@@ -223,9 +219,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path, geo_data, 
                                                  "trainer.test_freq": -1, "trainer.logger": "[console]"})
     proc = _cli_run(over, tiny_cache)
     marker = tmp_path / "out" / "checkpoints" / "latest_checkpointed_iteration.txt"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (marker.exists() and int(marker.read_text()) >= 2):
-        time.sleep(0.05)
+    wait_for_checkpoint(proc, marker, 2)
     os.kill(proc.pid, signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output

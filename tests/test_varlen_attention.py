@@ -76,6 +76,37 @@ def test_sdpa_sequences_matches_dense_block_diagonal_attention():
     torch.testing.assert_close(out, _reference_attention(q, k, v, cu, 0.3), atol=1e-5, rtol=1e-5)
 
 
+def test_sdpa_sequences_with_shared_prompt_keys_batches_by_query_length(monkeypatch):
+    """A prompt and its short responses (each response's keys: the prompt's and its own, causal from the
+    end) equal explicit per-sequence attention, values and gradients, in float64; and no SDPA call pads
+    a query to more than twice its length (a 40-token prompt beside 1-3-token responses)."""
+    torch.manual_seed(0)
+    q_lengths = torch.tensor([40, 1, 3, 2, 3, 1, 17, 2])
+    k_lengths = torch.tensor([40, 41, 43, 42, 43, 41, 17, 19])
+    cu, cu_k = varlen._cumulative(q_lengths), varlen._cumulative(k_lengths)
+    q = torch.randn(int(cu[-1]), 4, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(int(cu_k[-1]), 2, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(int(cu_k[-1]), 2, 8, dtype=torch.float64, requires_grad=True)
+    padded = []
+    real_sdpa = varlen.F.scaled_dot_product_attention
+    monkeypatch.setattr(varlen.F, "scaled_dot_product_attention",
+                        lambda q_, *a, **kw: padded.append(q_.shape[0] * q_.shape[2]) or real_sdpa(q_, *a, **kw))
+    out = varlen.VARLEN_KERNELS["sdpa_sequences"](q, k, v, cu, 0.3, cu_k=cu_k)
+    expected = []
+    for s in range(len(q_lengths)):
+        qs, ks, vs = q[cu[s]:cu[s + 1]], k[cu_k[s]:cu_k[s + 1]], v[cu_k[s]:cu_k[s + 1]]
+        ks, vs = ks.repeat_interleave(2, 1), vs.repeat_interleave(2, 1)
+        seen = torch.arange(len(ks))[None, :] <= torch.arange(len(qs))[:, None] + (len(ks) - len(qs))
+        scores = torch.einsum("qhd,khd->hqk", qs, ks).mul(0.3).masked_fill(~seen, float("-inf"))
+        expected.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs))
+    expected = torch.cat(expected)
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(torch.autograd.grad(out.sin().sum(), (q, k, v)),
+                         torch.autograd.grad(expected.sin().sum(), (q, k, v))):
+        torch.testing.assert_close(got, want)
+    assert len(padded) > 1 and sum(padded) <= 2 * int(cu[-1]), padded
+
+
 def test_npu_kernel_passes_the_tnd_layout_and_cumulative_lengths(monkeypatch):
     """On Ascend the fused op gets TND tensors, cumulative sequence ends and the causal sparse mode;
     a stand-in torch_npu computes what the op documents (dense block-diagonal causal attention)."""

@@ -155,7 +155,7 @@ def check_device(requested: str | None) -> tuple[Check, Any]:
     check = _run_check("device", body)
     if check.status == FAIL and requested:
         check.details = [d.replace(f"trainer.device={requested} was", f"--device {requested} was") for d in check.details]
-        check.fix += f" The doctor without --device checks the device that is found."
+        check.fix += " The doctor without --device checks the device that is found."
     return check, found.get("dev")
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, STR, STR_LIST, STR_OR_LIST, Key
+from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, STR, STR_LIST, Key
 
 #: top-level verl sections besides schema.VERL_SECTIONS (all of their keys are in this module).
 EXTRA_VERL_SECTIONS = ("reward_manager", "transfer_queue", "ray_kwargs")

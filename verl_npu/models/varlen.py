@@ -8,9 +8,10 @@ sequence attends causally to itself only, from the cumulative lengths ``cu_seqle
 ([0, l0, l0+l1, ..., T]). The kernel is chosen by the device layer
 (`DeviceInfo.varlen_attention_kernel`), one name per kernel in `VARLEN_KERNELS`:
 
-- ``sdpa_sequences``: one `torch.nn.functional.scaled_dot_product_attention` call on the
-  sequences gathered into a right-padded [S, H, Lmax, D] batch (causal, so no mask at all), on CPU
-  and wherever no fused kernel exists; only attention sees that padding, everything else runs packed;
+- ``sdpa_sequences``: `torch.nn.functional.scaled_dot_product_attention` on the sequences gathered
+  into right-padded [S, H, Lmax, D] batches, one per power-of-two query-length class (causal, so no
+  mask unless prompts are shared), on CPU and wherever no fused kernel exists; only attention sees
+  that padding, everything else runs packed;
 - ``flash_attn``: flash-attention's `flash_attn_varlen_func` (CUDA with `flash-attn` installed);
 - ``npu_fusion``: `torch_npu.npu_fusion_attention` in the TND layout with `actual_seq_qlen` /
   `actual_seq_kvlen` and a causal `sparse_mode` (Ascend).
@@ -44,32 +45,53 @@ _STATE = _Packed()
 
 
 def _sdpa_sequences(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tensor | None = None) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D] with one SDPA call: the sequences are gathered into
-    [S, H, Lmax, D] (right-padded: with a causal mask a real query never reaches a padded key), and
-    the real positions are gathered back. Attention only is padded; no [T, T] mask exists.
+    """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D] with SDPA on the sequences gathered into right-padded
+    [S, H, Lmax, D] batches (with a causal mask a real query never reaches a padded key), and the real
+    positions gathered back. Attention only is padded; no [T, T] mask exists.
+
+    Sequences are batched by query length (one SDPA call per power-of-two length class), so no batch
+    pads a query to more than twice its length: a shared prompt (70 tokens) and its 32 responses of
+    3 tokens would otherwise run 33 x 70 queries for 166 real ones.
 
     With `cu_k` (shared prompts) the keys of sequence s are k[cu_k[s]:cu_k[s+1]], at least as many
     as its queries, and the causal mask is aligned to the last key: the queries are the last
     tokens of the key sequence (a response after its prompt)."""
-    groups = q.shape[1] // k.shape[1]
     lengths = cu[1:] - cu[:-1]
+    classes = torch.ceil(torch.log2(lengths.clamp(min=1).double())).long()
+    if bool((classes == classes[0]).all()):
+        return _sdpa_padded(q, k, v, cu, scaling, cu_k, torch.arange(len(lengths)))[0]
+    outs, rows = [], []
+    for c in torch.unique(classes).tolist():
+        out, at = _sdpa_padded(q, k, v, cu, scaling, cu_k, (classes == c).nonzero().squeeze(-1))
+        outs.append(out)
+        rows.append(at)
+    order = torch.empty(int(cu[-1]), dtype=torch.long)
+    order[torch.cat(rows)] = torch.arange(int(cu[-1]))  # packed position -> its row in cat(outs)
+    return torch.cat(outs).index_select(0, order.to(q.device))
+
+
+def _sdpa_padded(q, k, v, cu, scaling, cu_k, seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SDPA call for the sequences `seqs` (indices into cu): their outputs [sum of lengths, H, D]
+    in order, and the packed positions those rows belong to."""
+    groups = q.shape[1] // k.shape[1]
+    starts, lengths = cu[:-1][seqs], (cu[1:] - cu[:-1])[seqs]
     longest = int(lengths.max())
     pos = torch.arange(longest)
     valid = pos[None, :] < lengths[:, None]  # [S, Lmax]
-    src = torch.where(valid, cu[:-1, None] + pos[None, :], 0).reshape(-1).to(q.device)
+    src = torch.where(valid, starts[:, None] + pos[None, :], 0).reshape(-1)
 
     def gather(x, index, rows):  # [T, h, D] -> [S, h, rows, D]
-        return x.index_select(0, index).view(len(lengths), rows, *x.shape[1:]).transpose(1, 2)
+        return x.index_select(0, index.to(x.device)).view(len(lengths), rows, *x.shape[1:]).transpose(1, 2)
 
     mask, causal = None, True
     if cu_k is None:
         ks, vs = gather(k, src, longest), gather(v, src, longest)
     else:
-        k_lengths = cu_k[1:] - cu_k[:-1]
+        k_starts, k_lengths = cu_k[:-1][seqs], (cu_k[1:] - cu_k[:-1])[seqs]
         k_longest = int(k_lengths.max())
         k_pos = torch.arange(k_longest)
-        k_src = torch.where(k_pos[None, :] < k_lengths[:, None], cu_k[:-1, None] + k_pos[None, :], 0)
-        ks, vs = (gather(x, k_src.reshape(-1).to(q.device), k_longest) for x in (k, v))
+        k_src = torch.where(k_pos[None, :] < k_lengths[:, None], k_starts[:, None] + k_pos[None, :], 0)
+        ks, vs = (gather(x, k_src.reshape(-1), k_longest) for x in (k, v))
         # query i of a sequence sees key j iff j <= i + (keys - queries) and j is a real key; a padded
         # query (i >= queries) sees every real key, so no row of the mask is empty
         shift = (k_lengths - lengths)[:, None, None]
@@ -79,8 +101,8 @@ def _sdpa_sequences(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tenso
         ks, vs = ks.repeat_interleave(groups, dim=1), vs.repeat_interleave(groups, dim=1)
     out = F.scaled_dot_product_attention(gather(q, src, longest), ks, vs, attn_mask=mask, is_causal=causal,
                                          scale=scaling)
-    real = valid.reshape(-1).nonzero().squeeze(-1).to(q.device)  # packed order: sequence after sequence
-    return out.transpose(1, 2).reshape(-1, *q.shape[1:]).index_select(0, real)
+    real = valid.reshape(-1).nonzero().squeeze(-1)  # sequence after sequence, real queries only
+    return out.transpose(1, 2).reshape(-1, *q.shape[1:]).index_select(0, real.to(q.device)), src[real]
 
 
 def _flash_attn(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tensor | None = None) -> torch.Tensor:
