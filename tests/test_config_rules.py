@@ -48,6 +48,7 @@ BROKEN = [
     (["algorithm.adv_estimator=opo"], "backend_config.algorithm.adv_estimator", "does not support"),
     (["actor_rollout_ref.rollout.name=sglang"], A + "rollout.name", "does not support"),
     (["trainer.logger=[console,clearml]"], "backend_config.trainer.logger", "does not support"),
+    (["trainer.logger=[console,tracking]"], "backend_config.trainer.logger", "deprecated name for 'wandb'"),
     (["actor_rollout_ref.actor.strategy=megatron"], A + "actor.strategy", "does not support"),
     (["actor_rollout_ref.model.lora_rank=-1"], A + "model.lora_rank", ">= 0"),
     (["reward_model.enable=true"], "backend_config.reward_model.model.path", "is required with reward_model.enable"),

@@ -51,6 +51,8 @@ def status(name: str) -> Status:
         text = "read by verl-npu"
         if key.unsupported:
             text += "; values not supported yet: " + ", ".join(f"`{v}`" for v in key.unsupported)
+        if key.renamed:
+            text += "; verl's deprecated names refused: " + ", ".join(f"`{old}` (write `{new}`)" for old, new in key.renamed)
         if key.derived:
             text += f"; derived when unset: {key.derived}"
         return Status(SUPPORTED, text)

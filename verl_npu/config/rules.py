@@ -90,6 +90,9 @@ def check_key(key: Key, value: Any) -> list[Problem]:
                         key.instead or f"remove it or set it to {_show(key.default)}")]
     values = value if isinstance(value, list) and key.type in (STR_LIST, STR_OR_LIST) else [value]
     for v in values:
+        for old, new in key.renamed:
+            if v == old:
+                return [Problem(p, f"{old!r} is verl's deprecated name for {new!r}", f"write {new} instead of {old}")]
         if v in key.unsupported:
             return [Problem(p, f"verl-npu does not support {key.short.rsplit('.', 1)[-1]}={v} yet",
                             key.instead or f"use one of: {', '.join(map(str, key.choices))}")]

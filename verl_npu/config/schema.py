@@ -19,7 +19,7 @@ from typing import Any
 from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS   # names only: imports nothing heavy
 from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
 from verl_npu.rollout import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # a registry of names: imports nothing heavy
-from verl_npu.trainer.loggers import LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
+from verl_npu.trainer.loggers import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
 # Type names (what `explain` prints and `rules.check_type` accepts).
 INT, FLOAT, BOOL, STR, DICT = "int", "float", "bool", "str", "dict"
@@ -47,6 +47,7 @@ class Key:
     doc: str
     choices: tuple = ()          # supported values (empty: any value of the type)
     unsupported: tuple = ()      # values verl knows but verl-npu does not support yet
+    renamed: tuple = ()          # (old, new) value pairs verl deprecated: refused, naming the new value
     min: float | None = None     # inclusive lower bound
     max: float | None = None     # inclusive upper bound
     gt: float | None = None      # exclusive lower bound
@@ -457,7 +458,7 @@ _k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks, each with verl's metric 
    "experiment_name as project / run name and the resolved recipe as run config: " + "; ".join(
        f"{s.name}: {s.doc}" + (f" (pip install 'verl-npu[{s.extra}]')" if s.extra else "") for s in LOGGERS.values())
    + ". A tracker whose library is missing is refused at validation.",
-   choices=tuple(LOGGERS), unsupported=UNSUPPORTED_LOGGERS)
+   choices=tuple(LOGGERS), unsupported=UNSUPPORTED_LOGGERS, renamed=RENAMED_LOGGERS)
 _k(f"{T}.log_val_generations", 0, INT,
    "Validation generations (ground truth and response) per validation: printed, and logged to TensorBoard text, "
    "a wandb table, an MLflow text artifact (val/generations/step_N.txt) or a SwanLab text, per trainer.logger.",

@@ -49,7 +49,9 @@ class LoggerSpec:
 LOGGERS: dict[str, LoggerSpec] = {}
 
 #: loggers upstream verl has and verl-npu does not: refused by name.
-UNSUPPORTED_LOGGERS = ("clearml", "trackio", "vemlp_wandb", "tracking", "rl_insight")
+UNSUPPORTED_LOGGERS = ("clearml", "trackio", "vemlp_wandb", "rl_insight")
+#: verl's deprecated logger names and what they mean now: refused, naming the new one.
+RENAMED_LOGGERS = (("tracking", "wandb"),)
 
 
 def register_logger(spec: LoggerSpec) -> None:
