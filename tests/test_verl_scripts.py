@@ -133,8 +133,8 @@ RUNS = {"grpo_qwen2_5_7b_npu": "tiny://qwen2", "grpo_qwen2_5_vl_3b_npu": "tiny:/
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_verl_script_trains_two_steps_on_cpu(name, local, tmp_path):
     """A text GRPO, a VL GRPO and an NPU CI script train for 2 steps on 2 CPU workers with the tiny
-    models; only SIZING (and the local paths) are changed. Their ref.fsdp_config.param_offload=true
-    needs FSDP2, hence 2 workers."""
+    models; only SIZING (and the local paths) are changed (2 workers: the multi-worker path; one
+    worker with their ref.fsdp_config.param_offload=true is tests/test_offload.py's)."""
     import subprocess
     import sys
 

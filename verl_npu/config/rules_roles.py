@@ -23,15 +23,12 @@ _FSDP = tuple(f"{BC}{section}.fsdp_config.{k}" for section, _, _ in _FSDP_ROLES
 
 
 @_rule("trainer_fsdp_offload_and_sharding", _FSDP,
-       "FSDP2 offloading needs 2+ workers; optimizer_offload needs param_offload; fsdp_size must be -1 or the "
-       "device count (no hybrid sharding)")
+       "optimizer_offload needs param_offload (FSDP2 offloads both together; one worker shards over a group of "
+       "itself); fsdp_size must be -1 or the device count (no hybrid sharding)")
 def _trainer_fsdp(c: Ctx) -> Iterator[Problem]:
     for section, role, has_optimizer in _FSDP_ROLES:
         prefix = f"{BC}{section}.fsdp_config."
         param = bool(c(prefix + "param_offload"))
-        if param and c.world == 1:
-            yield Problem(prefix + "param_offload", "offloading works through FSDP2, which needs 2+ workers",
-                          "set it to false, or use trainer.n_gpus_per_node >= 2")
         opt = get(c.cfg, prefix + "optimizer_offload")
         if has_optimizer and opt and not param:
             yield Problem(prefix + "optimizer_offload",

@@ -208,7 +208,8 @@ _k(f"{O}.weight_decay", 0.01, FLOAT, "AdamW weight decay.", min=0)
 _k(f"{O}.betas", [0.9, 0.999], FLOAT_LIST, "AdamW betas.")
 _k(f"{O}.total_training_steps", -1, INT, "Schedule length; -1 is filled in at run time from the data.", min=-1)
 F = f"{AC}.fsdp_config"
-_k(f"{F}.param_offload", False, BOOL, "Keep actor parameters in host memory between uses.")
+_k(f"{F}.param_offload", False, BOOL, "Keep actor parameters in host memory between uses (FSDP2 CPU offload; "
+   "on one device the worker shards over a one-rank group, as verl does).")
 _k(f"{F}.optimizer_offload", False, BOOL, "Keep optimizer state in host memory between steps.")
 _k(f"{F}.reshard_after_forward", True, BOOL, "FSDP2: free gathered parameters after forward.")
 _k(f"{F}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap modules with at least this many parameters "

@@ -58,7 +58,7 @@ for role in ("actor", "ref"):
     _off(f"{base}.router_replay.record_file", None, STR, "MoE router replay", "remove it")
     _off(f"{base}.router_replay.replay_file", None, STR, "MoE router replay", "remove it")
     _off(f"{fc}.offload_policy", False, BOOL, "FSDP2's CPU offload policy as a separate switch",
-         f"use {role}.fsdp_config.param_offload=true (FSDP2 CPU offload, 2+ workers)")
+         f"use {role}.fsdp_config.param_offload=true (FSDP2 CPU offload)")
     _off(f"{fc}.model_dtype", "fp32", STR, "master weights in a dtype other than fp32",
          "leave it at fp32 (verl-npu keeps fp32 weights and computes in the device's dtype)")
     _off(f"{fc}.dtype", "bfloat16", STR, "choosing the compute dtype", "leave it at bfloat16 (verl-npu computes "

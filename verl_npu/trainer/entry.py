@@ -56,10 +56,21 @@ def build_workers(rc, total_training_steps: int):
     """In-process workers (one per role) for a single device; Ray workers (one per device, each hosting
     every role) otherwise."""
     if rc.world_size == 1:
+        from verl_npu.device import detect_device
+        from verl_npu.workers import parallel
         from verl_npu.workers.group import LocalWorkerGroup
         from verl_npu.workers.roles import build_workers as build_role_workers
 
-        return LocalWorkerGroup(build_role_workers(rc.backend, total_training_steps))
+        # offloading is FSDP2's: one worker then shards over a group of itself, as verl does
+        sharded = parallel.offloads_parameters(rc.backend)
+        if sharded:
+            parallel.start_one_rank_group(detect_device(rc.backend.trainer.device).dist_backend)
+        try:
+            return LocalWorkerGroup(build_role_workers(rc.backend, total_training_steps), one_rank_group=sharded)
+        except BaseException:
+            if sharded:
+                parallel.stop_one_rank_group()
+            raise
     from verl_npu.trainer.preempt import sigterm_blocked
     from verl_npu.workers.ray_group import RayWorkerGroup
 

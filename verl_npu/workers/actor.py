@@ -176,8 +176,8 @@ class ActorRolloutRefWorker:
         }
 
     def _autocast(self):
-        """Compute-dtype autocast for a single unsharded worker (FSDP2 casts by itself)."""
-        if self.compute_dtype == torch.float32 or parallel.is_distributed(self.world_size):
+        """Compute-dtype autocast for a worker that is not FSDP2-sharded (FSDP2 casts by itself)."""
+        if self.compute_dtype == torch.float32 or parallel.fsdp_enabled(self.world_size):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.torch_device.type, dtype=self.compute_dtype)
 

@@ -111,7 +111,7 @@ class CriticWorker:
         return {"num_params": sum(p.numel() for p in self.module.parameters())}
 
     def _autocast(self):
-        if self.compute_dtype == torch.float32 or parallel.is_distributed(self.world_size):
+        if self.compute_dtype == torch.float32 or parallel.fsdp_enabled(self.world_size):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.torch_device.type, dtype=self.compute_dtype)
 

@@ -130,12 +130,14 @@ class WorkerGroup(ABC):
 
 class LocalWorkerGroup(WorkerGroup):
     """One rank in the controller's own process: one worker per role ({role: worker}, or the
-    actor worker alone)."""
+    actor worker alone). With `one_rank_group` the workers were built inside a process group of
+    this process alone (FSDP2 on one rank, for offloading), which `shutdown` ends."""
 
-    def __init__(self, workers):
+    def __init__(self, workers, one_rank_group: bool = False):
         self.workers = dict(workers) if isinstance(workers, dict) else {"actor": workers}
         self.worker = self.workers["actor"]
         self.world_size = 1
+        self.one_rank_group = one_rank_group
 
     @property
     def roles(self) -> list[str]:
@@ -147,3 +149,10 @@ class LocalWorkerGroup(WorkerGroup):
     def scatter(self, method: str, chunks: list[Batch], *args, role: str = "actor", **kwargs) -> list[Any]:
         assert len(chunks) == 1
         return [getattr(self.workers[role], method)(chunks[0], *args, **kwargs)]
+
+    def shutdown(self) -> None:
+        if self.one_rank_group:
+            from verl_npu.workers.parallel import stop_one_rank_group
+
+            self.one_rank_group = False
+            stop_one_rank_group()

@@ -18,6 +18,39 @@ def is_distributed(world_size: int) -> bool:
     return world_size > 1 and dist.is_available() and dist.is_initialized()
 
 
+def fsdp_enabled(world_size: int) -> bool:
+    """Whether the roles are FSDP2-sharded: over 2+ workers always; a worker that runs alone only
+    inside a one-rank process group (`start_one_rank_group`, for parameter offloading)."""
+    return is_distributed(world_size) or (world_size == 1 and dist.is_available() and dist.is_initialized()
+                                          and dist.get_world_size() == 1)
+
+
+#: the FSDP sections of the roles (`param_offload` in any of them asks for FSDP2 on one worker too)
+FSDP_SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")
+
+
+def offloads_parameters(cfg) -> bool:
+    """True when any role's `fsdp_config.param_offload` is set (cfg: the backend config)."""
+    from omegaconf import OmegaConf
+
+    return any(bool(OmegaConf.select(cfg, f"{section}.fsdp_config.param_offload", default=False))
+               for section in FSDP_SECTIONS)
+
+
+def start_one_rank_group(backend: str) -> None:
+    """A process group of this process alone (in-memory store, no rendezvous), kept until
+    `stop_one_rank_group`: a worker that runs alone then shards its roles with FSDP2 on a one-rank
+    mesh, as verl does on one device, which is what parameter / optimizer offloading is built on."""
+    if dist.is_initialized():
+        raise RuntimeError("a process group already exists in this process")
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def stop_one_rank_group() -> None:
+    if dist.is_initialized() and dist.get_world_size() == 1:
+        dist.destroy_process_group()
+
+
 _VISION_TOWER_NAMES = {"visual", "vision_tower", "vision_model"}
 
 
@@ -41,8 +74,9 @@ def fsdp_mesh(device_type: str, world_size: int):
 def shard_module(
     module: torch.nn.Module, fsdp_cfg, world_size: int, param_dtype: torch.dtype = torch.float32
 ) -> torch.nn.Module:
-    """FSDP2-shard `module` over the default process group (identity for one worker), on the
-    mesh of `fsdp_mesh` (dimension named "fsdp", as verl's tools expect).
+    """FSDP2-shard `module` over the default process group (identity for one worker outside a
+    one-rank group, see `fsdp_enabled`), on the mesh of `fsdp_mesh` (dimension named "fsdp", as
+    verl's tools expect).
 
     `fsdp_config.param_offload` keeps parameters on the CPU between uses;
     `reshard_after_forward` frees gathered parameters after each forward;
@@ -51,7 +85,7 @@ def shard_module(
     its own forward (FSDP2 explicit prefetch: more overlap, one more block gathered at a time).
     Parameters are gathered in `param_dtype` for compute; gradients are reduced in fp32.
     """
-    if not is_distributed(world_size):
+    if not fsdp_enabled(world_size):
         return module
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 

@@ -155,7 +155,7 @@ class RewardModelWorker:
                 "retokenize": self.input_tokenizer is not None}
 
     def _autocast(self):
-        if self.compute_dtype == torch.float32 or parallel.is_distributed(self.world_size):
+        if self.compute_dtype == torch.float32 or parallel.fsdp_enabled(self.world_size):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.torch_device.type, dtype=self.compute_dtype)
 
