@@ -8,7 +8,8 @@ reward varies with the text, so each step has a real policy gradient and the wei
 What they prove:
 - the engine's greedy tokens and log-probs equal transformers' on the same weights, before and
   after an in-memory weight update;
-- training with rollout.name=vllm on 1 worker, on 2 workers (2 engines, rollout DP 2) and with
+- training with rollout.name=vllm on 1 worker (also with FSDP2 offloading, on a one-rank group),
+  on 2 workers (2 engines, rollout DP 2) and with
   TP 2 on 2 workers (one engine over both): every step's training/rollout_probs_diff_max stays
   below 1e-3 in fp32, and the rows come from every rank's engine, so an engine that missed an
   update on any rank fails the check; every rank's engine holds the same weights (DP 2);
@@ -128,8 +129,15 @@ def test_engine_greedy_equals_transformers_before_and_after_an_in_memory_update(
 
 
 # ------------------------------------------------------------------------- training runs
-@pytest.mark.parametrize("gpus, tp", [(1, 1), (2, 1), (2, 2)], ids=["1-worker", "2-workers-dp2", "2-workers-tp2"])
-def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpus, tp):
+OFFLOAD = {"actor_rollout_ref.actor.fsdp_config.param_offload": "true",
+           "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "true"}
+
+
+@pytest.mark.parametrize("gpus, tp, extra", [(1, 1, {}), (1, 1, OFFLOAD), (2, 1, {}), (2, 2, {})],
+                         ids=["1-worker", "1-worker-offload", "2-workers-dp2", "2-workers-tp2"])
+def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpus, tp, extra):
+    """(1-worker-offload: the worker shards over a one-rank process group, which the engine then
+    finds in its process, as the engines of 2+ workers do.)"""
     data = text_data(tmp_path / "data", rows=16)
     out = tmp_path / "run"
     captured = {}
@@ -139,7 +147,8 @@ def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpu
         captured["snapshots"] = workers.parameter_snapshots()
         captured["rollout_dp"] = workers.rollout_dp_size
 
-    assert run_training(load_recipe("tiny_geo3k", vllm_overrides(out, data, gpus, tp, steps=4)), after_fit=inspect) == 0
+    assert run_training(load_recipe("tiny_geo3k", vllm_overrides(out, data, gpus, tp, steps=4, **extra)),
+                        after_fit=inspect) == 0
     assert_engine_in_sync(out, 4)
     assert captured["rollout_dp"] == gpus // tp
     digests, snapshots = captured["digests"], captured["snapshots"]

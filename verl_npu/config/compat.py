@@ -52,7 +52,8 @@ def status(name: str) -> Status:
         if key.unsupported:
             text += "; values not supported yet: " + ", ".join(f"`{v}`" for v in key.unsupported)
         if key.renamed:
-            text += "; verl's deprecated names refused: " + ", ".join(f"`{old}` (write `{new}`)" for old, new in key.renamed)
+            text += "; verl's deprecated names refused: " + ", ".join(
+                f"`{old}` (write `{new}`)" for old, new in key.renamed)
         if key.derived:
             text += f"; derived when unset: {key.derived}"
         return Status(SUPPORTED, text)

@@ -423,7 +423,8 @@ def describe_key(key: Key) -> str:
     if key.unsupported:
         lines.append(f"  known to verl but not supported by verl-npu yet: {', '.join(key.unsupported)}")
     if key.renamed:
-        lines.append("  verl's deprecated names (refused): " + ", ".join(f"{old} -> write {new}" for old, new in key.renamed))
+        lines.append("  verl's deprecated names (refused): "
+                     + ", ".join(f"{old} -> write {new}" for old, new in key.renamed))
     rng = _rules.range_text(key)
     if rng:
         lines.append(f"  range: {rng}")

@@ -33,7 +33,8 @@ def _notes(key: Key) -> str:
     if key.unsupported:
         notes.append("not supported yet: " + ", ".join(f"`{c}`" for c in key.unsupported))
     if key.renamed:
-        notes.append("verl's deprecated names, refused: " + ", ".join(f"`{old}` (write `{new}`)" for old, new in key.renamed))
+        notes.append("verl's deprecated names, refused: "
+                     + ", ".join(f"`{old}` (write `{new}`)" for old, new in key.renamed))
     if range_text(key):
         notes.append("range: " + range_text(key))
     if key.off_only:
