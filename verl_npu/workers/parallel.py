@@ -18,11 +18,20 @@ def is_distributed(world_size: int) -> bool:
     return world_size > 1 and dist.is_available() and dist.is_initialized()
 
 
+_ONE_RANK_FSDP = False  # set while a worker that runs alone shards over a one-rank group
+
+
 def fsdp_enabled(world_size: int) -> bool:
     """Whether the roles are FSDP2-sharded: over 2+ workers always; a worker that runs alone only
-    inside a one-rank process group (`start_one_rank_group`, for parameter offloading)."""
-    return is_distributed(world_size) or (world_size == 1 and dist.is_available() and dist.is_initialized()
-                                          and dist.get_world_size() == 1)
+    between `start_one_rank_group` and `stop_one_rank_group` (parameter offloading)."""
+    return is_distributed(world_size) or (world_size == 1 and _ONE_RANK_FSDP)
+
+
+def is_fsdp(module: torch.nn.Module) -> bool:
+    """True when `module` is FSDP2-sharded (its state dicts hold DTensors)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 #: the FSDP sections of the roles (`param_offload` in any of them asks for FSDP2 on one worker too)
@@ -38,17 +47,23 @@ def offloads_parameters(cfg) -> bool:
 
 
 def start_one_rank_group(backend: str) -> None:
-    """A process group of this process alone (in-memory store, no rendezvous), kept until
-    `stop_one_rank_group`: a worker that runs alone then shards its roles with FSDP2 on a one-rank
-    mesh, as verl does on one device, which is what parameter / optimizer offloading is built on."""
-    if dist.is_initialized():
-        raise RuntimeError("a process group already exists in this process")
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    """From now on a worker that runs alone shards its roles with FSDP2 on a one-rank mesh, as verl
+    does on one device: what parameter / optimizer offloading is built on. FSDP2 needs a process
+    group; this process's own (in-memory store, no rendezvous) is created when none exists, and
+    kept for the life of the process, as vLLM keeps the one it creates (its engine's clean-up at
+    exit expects it), and a later run in the same process reuses it."""
+    global _ONE_RANK_FSDP
+    if not dist.is_initialized():
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    elif dist.get_world_size() != 1:
+        raise RuntimeError(f"a process group of {dist.get_world_size()} ranks already exists in this process")
+    _ONE_RANK_FSDP = True
 
 
 def stop_one_rank_group() -> None:
-    if dist.is_initialized() and dist.get_world_size() == 1:
-        dist.destroy_process_group()
+    """Workers built from now on are not sharded (the process group stays, see `start_one_rank_group`)."""
+    global _ONE_RANK_FSDP
+    _ONE_RANK_FSDP = False
 
 
 _VISION_TOWER_NAMES = {"visual", "vision_tower", "vision_model"}
@@ -196,7 +211,7 @@ def module_state_dict(module: torch.nn.Module, mesh=None) -> dict:
     parameters as DTensors of `mesh` (`one_rank_mesh`: what verl writes for one device) when
     `mesh` is given, else as plain tensors."""
     state = module.state_dict()
-    if mesh is None or dist.is_initialized():
+    if mesh is None or is_fsdp(module):
         return state
     params = {name for name, _ in module.named_parameters(remove_duplicate=False)}
     return {k: _as_shard(v, mesh) if k in params else v.detach() for k, v in state.items()}
@@ -218,7 +233,7 @@ def _plain_if_unsharded(value):
 
 def load_module_state_dict(module: torch.nn.Module, state: dict) -> None:
     """Load what `module_state_dict` saved (or verl's manager: the same format) into `module`."""
-    if dist.is_initialized():
+    if is_fsdp(module):
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         set_model_state_dict(module, state)
@@ -231,7 +246,7 @@ def optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimiz
     index in `param_groups`; FSDP2: DTensor moments). For a module that is not sharded, `mesh`
     (as in `module_state_dict`) turns the moments shaped like their parameter into DTensors."""
     state = optimizer.state_dict()
-    if mesh is None or dist.is_initialized():
+    if mesh is None or is_fsdp(module):
         return state
     shapes = {index: p.shape for index, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     wrapped = {}
@@ -247,7 +262,7 @@ def load_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Op
     by_name = any(isinstance(k, str) for k in state.get("state", {})) or any(
         isinstance(p, str) for group in state.get("param_groups", []) for p in group.get("params", []))
     if by_name:
-        if dist.is_initialized():
+        if is_fsdp(module):
             from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
             set_optimizer_state_dict(module, optimizer, state)
@@ -258,7 +273,7 @@ def load_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Op
             "state": {names[k]: v for k, v in state["state"].items()},
             "param_groups": [dict(g, params=[names[p] for p in g["params"]]) for g in state["param_groups"]],
         }
-    optimizer.load_state_dict(state if dist.is_initialized() else _plain_if_unsharded(state))
+    optimizer.load_state_dict(state if is_fsdp(module) else _plain_if_unsharded(state))
 
 
 def _gathered(tensor: torch.Tensor) -> torch.Tensor:
@@ -316,7 +331,7 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def full_state_dict_on_rank0(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on the CPU of rank 0 only (other ranks get an empty dict): for
     writing one Hugging Face export without a full copy on every rank. Collective."""
-    if dist.is_initialized():
+    if is_fsdp(module):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
