@@ -75,3 +75,30 @@ def wait_for_checkpoint(proc, marker: Path, step: int, timeout: float = 240.0) -
             return True
         time.sleep(0.05)
     return False
+
+
+def text_run_overrides(out: Path, data: Path, **extra) -> list[str]:
+    """key=value overrides of a 2-step GRPO run of the tiny text model on `data` (text_data), writing to `out`,
+    with the varied reward; `extra` replaces or adds keys."""
+    values = {
+        "actor_rollout_ref.model.path": "tiny://qwen2",
+        "custom_reward_function.path": write_varied_reward(out.parent / f"{out.name}_reward.py"),
+        "af_output_dir": out,
+        "data.train_files": data / "train.parquet",
+        "data.val_files": data / "test.parquet",
+        "data.max_prompt_length": 32,
+        "data.train_batch_size": 4,
+        "data.max_response_length": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,  # one mini-batch: the old-log-prob pass is redundant
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.actor.use_kl_loss": "false",
+        "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+        "trainer.total_training_steps": 2,
+        "trainer.save_freq": -1,
+        "trainer.test_freq": -1,
+        "trainer.val_before_train": "false",
+        "trainer.logger": "[console]",
+    }
+    values.update(extra)
+    return [f"{k}={v}" for k, v in values.items()]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from run_helpers import step_metrics, text_data, write_varied_reward
+from run_helpers import step_metrics, text_data, text_run_overrides
 
 from verl_npu.config import load_recipe
 from verl_npu.trainer.entry import run_training
@@ -24,30 +24,15 @@ OFFLOAD = {"actor_rollout_ref.actor.fsdp_config.param_offload": "true",
 
 
 def overrides(out: Path, data: Path, steps: int, **extra) -> list[str]:
-    values = {
-        "actor_rollout_ref.model.path": "tiny://qwen2",
-        "custom_reward_function.path": write_varied_reward(out.parent / f"{out.name}_reward.py"),
-        "af_output_dir": out,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
-        "data.max_prompt_length": 32,
-        "data.train_batch_size": 4,
-        "data.max_response_length": 4,
+    return text_run_overrides(out, data, **{
         "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
         "actor_rollout_ref.actor.use_kl_loss": "true",
         "actor_rollout_ref.actor.optim.lr": 1e-3,
-        "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
         "trainer.total_training_steps": steps,
         "trainer.save_freq": 2,
-        "trainer.test_freq": -1,
-        "trainer.val_before_train": "false",
-        "trainer.logger": "[console]",
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+        **extra})
 
 
 def _close(a: float, b: float) -> bool:

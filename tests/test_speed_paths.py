@@ -3,42 +3,17 @@ skipped old-log-prob pass gives the metrics of a run that does it."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
-from run_helpers import step_metrics, text_data, write_varied_reward
+from run_helpers import step_metrics, text_data
+from run_helpers import text_run_overrides as overrides
 
 from verl_npu.config import load_recipe
 from verl_npu.trainer.entry import run_training
 
 COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm",
             "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy_before_update", "critic/advantages/mean"]
-
-
-def overrides(out: Path, data: Path, **extra) -> list[str]:
-    values = {
-        "actor_rollout_ref.model.path": "tiny://qwen2",
-        "custom_reward_function.path": write_varied_reward(out.parent / f"{out.name}_reward.py"),
-        "af_output_dir": out,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
-        "data.max_prompt_length": 32,
-        "data.train_batch_size": 4,
-        "data.max_response_length": 4,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,  # one mini-batch, one epoch: the pass is redundant
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.actor.use_kl_loss": "false",
-        "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "trainer.total_training_steps": 2,
-        "trainer.save_freq": -1,
-        "trainer.test_freq": -1,
-        "trainer.val_before_train": "false",
-        "trainer.logger": "[console]",
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
 
 
 def _count_forwards(monkeypatch) -> list[int]:
