@@ -130,8 +130,9 @@ class WorkerGroup(ABC):
 
 class LocalWorkerGroup(WorkerGroup):
     """One rank in the controller's own process: one worker per role ({role: worker}, or the
-    actor worker alone). With `one_rank_group` the workers were built inside a process group of
-    this process alone (FSDP2 on one rank, for offloading), which `shutdown` ends."""
+    actor worker alone). With `one_rank_group` the workers were built sharded over a process group
+    of this process alone (FSDP2 on one rank, for offloading); `shutdown` stops later workers from
+    being sharded, and the group itself stays for the process (`parallel.start_one_rank_group`)."""
 
     def __init__(self, workers, one_rank_group: bool = False):
         self.workers = dict(workers) if isinstance(workers, dict) else {"actor": workers}
