@@ -204,7 +204,7 @@ def test_synthetic_cli_defaults_test_rows_and_rejects_bad_sizes(tmp_path, capsys
     assert "train: 9 rows" in capsys.readouterr().out
     assert pq.read_metadata(tmp_path / "test.parquet").num_rows == 2  # 9 // 4
     with pytest.raises(SystemExit):
-        geometry3k.main(["--synthetic", "4", "--image-size", "8", "--local-save-dir", str(tmp_path)])
+        geometry3k.main(["--synthetic", "4", "--image-size", "8", "--local-save-dir", str(tmp_path / "other")])
     assert "--image-size must be at least 16" in capsys.readouterr().err
 
 

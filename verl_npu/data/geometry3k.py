@@ -445,9 +445,22 @@ def prepare(
     return result.as_dict()
 
 
-def run_cli(body: Callable[[], dict]) -> None:
-    """Run a prep entry point: print its summary, or a UserError without a traceback and exit 1."""
+def existing_outputs(save_dir: str | os.PathLike) -> list[Path]:
+    """The files a prep run would replace: ``<save_dir>/{train,test}.parquet`` that exist already."""
+    out = Path(save_dir).expanduser()
+    return [path for path in (out / "train.parquet", out / "test.parquet") if path.exists()]
+
+
+def run_cli(body: Callable[[], dict], save_dir: str | os.PathLike, overwrite: bool = False) -> None:
+    """Run a prep entry point: print its summary, or a UserError without a traceback and exit 1.
+
+    Files a user already has are never replaced silently: without ``overwrite`` (``--overwrite``) a run
+    whose outputs exist stops before reading anything (as ``verl-npu cp`` refuses to overwrite)."""
     try:
+        existing = existing_outputs(save_dir)
+        if existing and not overwrite:
+            raise UserError(f"{', '.join(map(str, existing))} already exist(s); data prep does not replace files "
+                            "silently. Pass --overwrite to replace them, or choose another --local-save-dir")
         result = body()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -477,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip (and count) rows that cannot be converted instead of stopping at the first")
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                    help="check the options and say what would be read and written, without reading or writing")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace train.parquet / test.parquet if they exist (without it an existing file stops the run)")
     return p
 
 
@@ -500,10 +515,12 @@ def main(argv: list[str] | None = None) -> None:
                                f"(seed {args.seed}, {args.image_size} px)", args.local_save_dir))
             return
         run_cli(lambda: prepare_synthetic(
-            args.local_save_dir, args.synthetic, n_test, args.seed, args.image_size, progress=True))
+            args.local_save_dir, args.synthetic, n_test, args.seed, args.image_size, progress=True),
+            args.local_save_dir, args.overwrite)
     elif args.dry_run:
         source = (f"convert the local copy {args.local_dataset_path}" if args.local_dataset_path
                   else f"download {HUB_ID} from the Hugging Face hub (needs the network and the 'datasets' package)")
         print(dry_run_plan(source, args.local_save_dir))
     else:
-        run_cli(lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows))
+        run_cli(lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows),
+                args.local_save_dir, args.overwrite)

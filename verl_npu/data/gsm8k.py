@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip (and count) rows that cannot be converted instead of stopping at the first")
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                    help="check the options and say what would be read and written, without reading or writing")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace train.parquet / test.parquet if they exist (without it an existing file stops the run)")
     return p
 
 
@@ -163,11 +165,13 @@ def main(argv: list[str] | None = None) -> None:
             print(dry_run_plan(f"generate {args.synthetic} train / {n_test} test synthetic arithmetic rows "
                                f"(seed {args.seed})", args.local_save_dir))
             return
-        run_cli(lambda: prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed, progress=True))
+        run_cli(lambda: prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed, progress=True),
+                args.local_save_dir, args.overwrite)
     elif args.dry_run:
         source = (f"convert the local copy {args.local_dataset_path}" if args.local_dataset_path
                   else f"download {HUB_ID} ({HUB_CONFIG}) from the Hugging Face hub "
                        "(needs the network and the 'datasets' package)")
         print(dry_run_plan(source, args.local_save_dir))
     else:
-        run_cli(lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows))
+        run_cli(lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows),
+                args.local_save_dir, args.overwrite)

@@ -493,13 +493,16 @@ class CheckpointManager:
     # ---- find / resume ---------------------------------------------------------------------
     def _marker_step(self) -> int | None:
         try:
-            text = self.marker_path.read_text(encoding="utf-8").strip()
+            text = self.marker_path.read_bytes().decode("utf-8", "replace").strip()
         except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.warning("%s cannot be read (%s); ignoring it", self.marker_path, exc.strerror)
             return None
         try:
             return int(text)
         except ValueError:
-            logger.warning("%s holds %r, not a step number; ignoring it", self.marker_path, text)
+            logger.warning("%s holds %r, not a step number; ignoring it", self.marker_path, text[:80])
             return None
 
     def latest(self) -> Path | None:

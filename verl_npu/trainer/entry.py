@@ -102,13 +102,16 @@ def _run_training_locked(rc, after_fit=None) -> int:
     from verl_npu.trainer.checkpoint import CheckpointManager
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.preempt import Preempted
-    from verl_npu.trainer.tracking import Tracker, setup_run_logging
+    from verl_npu.trainer.tracking import Tracker, keep_aside, setup_run_logging
 
     cfg = rc.backend
     out_dir = Path(rc.cfg.af_output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     setup_run_logging(out_dir)
-    (out_dir / "exp-config.yaml").write_text(rc.to_yaml())
+    exp_config, resolved = out_dir / "exp-config.yaml", rc.to_yaml()
+    if exp_config.exists() and exp_config.read_bytes() != resolved.encode():
+        keep_aside(exp_config, "another config")  # an earlier run's (or the user's own) file is kept
+    exp_config.write_text(resolved)
     device = detect_device(cfg.trainer.device)
     for var, value, reason in apply_env_defaults(device.kind):
         log.info("env %s=%s (%s)", var, value, reason)
@@ -132,6 +135,10 @@ def _run_training_locked(rc, after_fit=None) -> int:
     val_loader = None
     if cfg.data.val_files and (int(cfg.trainer.test_freq) > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only):
         val_set = RLDataset(cfg.data.val_files, tokenizer, processor, cfg.data)
+        if len(val_set) == 0:
+            raise UserError(f"data.val_files ({', '.join(map(str, _as_list(cfg.data.val_files)))}) has no usable "
+                            "row: add rows, point data.val_files at another file, or turn validation off "
+                            "(data.val_files=null, or trainer.test_freq=-1 with trainer.val_before_train=false)")
         val_batch = min(len(val_set), 256)
         val_loader = StatefulBatchLoader(
             val_set, val_batch, bool(cfg.data.validation_shuffle), int(cfg.data.seed), drop_last=False,
@@ -208,3 +215,7 @@ def _log_summary(cfg, out_dir: Path, tracker) -> None:
         return
     log.info("%s", "\n".join(lines))
 
+
+def _as_list(files) -> list:
+    """data.*_files as a list (one path, or a list of paths)."""
+    return [files] if isinstance(files, str) else list(files)

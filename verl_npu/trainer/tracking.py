@@ -21,6 +21,22 @@ from verl_npu.trainer.loggers import LOGGERS, open_sink, tracker_names
 
 SUPPORTED_LOGGERS = tuple(LOGGERS)
 METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "training_curves.png"
+
+
+def keep_aside(path: Path, why: str) -> Path | None:
+    """Move an existing file that a run is about to replace to `<stem>.previous-<time><suffix>` beside
+    it (a user's file is never overwritten silently) and say so; None when there is no such file."""
+    if not path.exists():
+        return None
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    aside = path.with_name(f"{path.stem}.previous-{stamp}{path.suffix}")
+    n = 1
+    while aside.exists():  # two fresh starts within a second: keep both earlier files
+        aside, n = path.with_name(f"{path.stem}.previous-{stamp}-{n}{path.suffix}"), n + 1
+    os.replace(path, aside)
+    logger.warning("%s: moved the existing %s to %s", why, path, aside)
+    return aside
 TENSORBOARD_DIR = "tensorboard"
 
 # (metric key, short label) shown on the console line, in this order, when present.
@@ -114,7 +130,8 @@ class Tracker:
       validation merged) to keep one row per step.
       Resuming (`resume_step > 0`): rows with `step > resume_step` (written by the crashed run
       after its last checkpoint) are removed first. Fresh start (`resume_step == 0`): an existing
-      non-empty metrics.jsonl is moved aside to `metrics.previous-<time>.jsonl`.
+      non-empty metrics.jsonl is moved aside to `metrics.previous-<time>.jsonl`, and an existing
+      training_curves.png to `training_curves.previous-<time>.png`.
     - `tensorboard`: `SummaryWriter(tensorboard_dir)` (default `out_dir/tensorboard`), `add_scalar(key, value, step)` per key.
       On resume, TensorBoard is told to drop the crashed run's events with step > resume_step
       (`purge_step`); on a fresh start, all earlier events in that folder.
@@ -163,6 +180,8 @@ class Tracker:
 
     def _prepare_metrics_file(self) -> None:
         path = self.metrics_path
+        if self.resume_step == 0:  # a fresh start redraws the curves from its own rows only
+            keep_aside(self.out_dir / CURVES_FILE, "fresh start")
         if not path.exists() or path.stat().st_size == 0:
             return
         if self.resume_step > 0:
@@ -173,9 +192,7 @@ class Tracker:
                 logger.info("%s: dropped %d row(s) after step %d (resuming there)", path, dropped, self.resume_step)
             _write_lines_atomic(path, (json.dumps(_jsonable(r), allow_nan=False) for r in kept))
         else:
-            aside = path.with_name(f"metrics.previous-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-            os.replace(path, aside)
-            logger.warning("fresh start: moved the existing %s to %s", path, aside)
+            keep_aside(path, "fresh start")
 
     def _open_tensorboard(self):
         from torch.utils.tensorboard import SummaryWriter

@@ -1,0 +1,166 @@
+"""Bad places and bad files a user can hand the suite get a clean error or the documented safe
+behaviour, and a user's own files are never replaced silently (issue 24; docs/reliability.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from run_helpers import text_data, text_run_overrides
+from verl_npu.data import geometry3k, gsm8k
+from verl_npu.errors import UserError
+from verl_npu.trainer.checkpoint import MARKER_FILE, CheckpointManager
+from verl_npu.trainer.runlock import RunLock
+from verl_npu.trainer.tracking import Tracker
+
+CLI = [sys.executable, "-m", "verl_npu.cli"]
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# ---- af_output_dir that cannot be a run folder -----------------------------------------------------
+def test_output_dir_that_is_a_file_or_below_one_is_named(tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(UserError, match="is an existing file, not a folder"):
+        RunLock(a_file).acquire()
+    with pytest.raises(UserError, match="a part of this path is a file"):
+        RunLock(a_file / "run1").acquire()
+    assert a_file.read_text() == "mine"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere: no permission error to see")
+def test_unwritable_output_dir_is_named(tmp_path):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o500)
+    try:
+        with pytest.raises(UserError, match="cannot create the folder"):
+            RunLock(parent / "run").acquire()
+    finally:
+        parent.chmod(0o700)
+
+
+def test_unwritable_output_dir_under_proc_is_named():
+    """/proc refuses new folders even to root: the error names the folder and the fix."""
+    with pytest.raises(UserError, match=r"af_output_dir /proc/verl_npu_x/run: cannot create the folder"):
+        RunLock("/proc/verl_npu_x/run").acquire()
+
+
+@pytest.mark.slow
+def test_run_cli_with_a_file_as_output_dir_exits_1_without_traceback(tmp_path):
+    data = text_data(tmp_path / "data")
+    a_file = tmp_path / "out"
+    a_file.write_text("mine")
+    proc = _cli("run", "tiny_gsm8k", *text_run_overrides(a_file, data))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert f"af_output_dir {a_file} is an existing file" in proc.stderr
+    assert a_file.read_text() == "mine"
+
+
+# ---- a validation file without rows --------------------------------------------------------------
+@pytest.mark.slow
+def test_empty_validation_parquet_is_named_before_training(tmp_path):
+    data = text_data(tmp_path / "data")
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pq.read_table(data / "test.parquet").slice(0, 0), empty)
+    assert pq.read_metadata(empty).num_rows == 0
+    proc = _cli("run", "tiny_gsm8k", *text_run_overrides(tmp_path / "out", data, **{
+        "data.val_files": empty, "trainer.val_before_train": "true"}))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert f"data.val_files ({empty}) has no usable row" in proc.stderr
+
+
+# ---- a user's files in the run folder are kept aside, never overwritten -------------------------------
+def test_fresh_start_keeps_an_existing_curves_png_aside(tmp_path):
+    (tmp_path / "training_curves.png").write_bytes(b"the user's picture")
+    with Tracker(tmp_path, ["file"], "p", "e", resume_step=0) as tracker:
+        tracker.log({"x": 1.0}, 1)
+    aside = list(tmp_path.glob("training_curves.previous-*.png"))
+    assert len(aside) == 1 and aside[0].read_bytes() == b"the user's picture"
+    assert not (tmp_path / "training_curves.png").exists()
+
+
+def test_two_fresh_starts_in_one_second_keep_both_earlier_files(tmp_path):
+    for i in range(3):
+        (tmp_path / "metrics.jsonl").write_text(f'{{"step": 1, "x": {i}}}\n')
+        Tracker(tmp_path, ["file"], "p", "e", resume_step=0).close()
+    kept = sorted(p.read_text() for p in tmp_path.glob("metrics.previous-*.jsonl"))
+    assert kept == [f'{{"step": 1, "x": {i}}}\n' for i in range(3)]
+
+
+def test_resume_keeps_the_curves_png(tmp_path):
+    (tmp_path / "training_curves.png").write_bytes(b"curves of steps 1-3")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "x": 1.0}\n')
+    Tracker(tmp_path, ["file"], "p", "e", resume_step=1).close()
+    assert (tmp_path / "training_curves.png").read_bytes() == b"curves of steps 1-3"
+    assert not list(tmp_path.glob("*.previous-*"))
+
+
+@pytest.mark.slow
+def test_run_keeps_a_users_exp_config_aside(tmp_path):
+    data = text_data(tmp_path / "data")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "exp-config.yaml").write_text("my: own notes\n")
+    proc = _cli("run", "tiny_gsm8k", *text_run_overrides(out, data, **{"trainer.total_training_steps": 1}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    aside = list(out.glob("exp-config.previous-*.yaml"))
+    assert len(aside) == 1 and aside[0].read_text() == "my: own notes\n"
+    assert "backend_config" in (out / "exp-config.yaml").read_text()
+
+
+# ---- data prep never replaces train/test.parquet silently -------------------------------------------
+@pytest.mark.parametrize("module,extra", [(geometry3k, ["--image-size", "32"]), (gsm8k, [])])
+def test_data_prep_refuses_to_overwrite_without_flag(tmp_path, capsys, module, extra):
+    out = tmp_path / "data"
+    module.main(["--synthetic", "4", "--local-save-dir", str(out), *extra])
+    before = {name: (out / name).read_bytes() for name in ("train.parquet", "test.parquet")}
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--synthetic", "6", "--seed", "3", "--local-save-dir", str(out), *extra])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert str(out / "train.parquet") in err and "--overwrite" in err
+    assert {name: (out / name).read_bytes() for name in before} == before
+    module.main(["--synthetic", "6", "--seed", "3", "--local-save-dir", str(out), "--overwrite", *extra])
+    assert pq.read_metadata(out / "train.parquet").num_rows == 6
+
+
+def test_data_prep_refuses_when_only_one_split_exists(tmp_path, capsys):
+    out = tmp_path / "data"
+    out.mkdir()
+    pq.write_table(pa.table({"x": [1]}), out / "test.parquet")
+    with pytest.raises(SystemExit):
+        gsm8k.main(["--synthetic", "4", "--local-save-dir", str(out)])
+    assert str(out / "test.parquet") in capsys.readouterr().err
+    assert not (out / "train.parquet").exists()
+
+
+# ---- a marker file with bytes that are not text -------------------------------------------------------
+def test_marker_with_non_utf8_bytes_falls_back_with_a_warning(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path)
+    (tmp_path / MARKER_FILE).write_bytes(b"\xff\xfe\x00garbage")
+    with caplog.at_level("WARNING", logger="verl_npu"):
+        assert manager.latest() is None
+    assert any("not a step number" in r.getMessage() for r in caplog.records)
+
+
+def test_marker_with_non_utf8_bytes_falls_back_to_the_newest_complete_checkpoint(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    step = manager.step_dir(2)
+    step.mkdir(parents=True)
+    (step / "COMPLETE").write_text("")
+    (tmp_path / MARKER_FILE).write_bytes(b"\x80\x81")
+    assert manager.is_complete(step)
+    assert manager.latest() == step
