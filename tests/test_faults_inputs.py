@@ -164,3 +164,115 @@ def test_marker_with_non_utf8_bytes_falls_back_to_the_newest_complete_checkpoint
     (tmp_path / MARKER_FILE).write_bytes(b"\x80\x81")
     assert manager.is_complete(step)
     assert manager.latest() == step
+
+
+# ---- every numeric key with absurd values: a named problem, never a traceback ---------------------------
+def _numeric_keys():
+    from verl_npu.config.schema import FLOAT, INT, SCHEMA
+
+    return [key for key in SCHEMA.values() if key.type in (INT, FLOAT) and key.path.startswith("backend_config.")]
+
+
+def test_every_numeric_key_with_absurd_values_is_a_named_problem_never_a_traceback():
+    from verl_npu.config import load_recipe
+    from verl_npu.config.schema import FLOAT
+    from verl_npu.errors import ConfigErrors
+
+    keys = _numeric_keys()
+    assert len(keys) > 50
+    crashes, accepted_non_finite = [], []
+    for key in keys:
+        for value in ("nan", "inf", "-inf", "null", "1e30", "-1e30", "123456789012345678901234567890"):
+            try:
+                rc = load_recipe("tiny_gsm8k", [f"{key.short}={value}"])
+            except ConfigErrors as e:
+                assert all(p.key and p.message for p in e.problems)
+                continue
+            except Exception as exc:  # noqa: BLE001 - what the test looks for
+                crashes.append(f"{key.short}={value}: {type(exc).__name__}: {exc}")
+                continue
+            got = rc.backend
+            for part in key.short.split("."):
+                got = got[part]
+            if key.type == FLOAT and isinstance(got, float) and got != got or got in (float("inf"), float("-inf")):
+                accepted_non_finite.append(f"{key.short}={value}")
+    assert not crashes, "\n".join(crashes[:20])
+    assert not accepted_non_finite, accepted_non_finite[:20]
+
+
+def test_related_numeric_keys_absurd_together_or_one_null_never_a_traceback():
+    """Every cross-key rule's numeric keys set to the same absurd value at once, and each one null while
+    the others hold a plain 1: problems by key, never a traceback from inside a rule."""
+    from verl_npu.config import load_recipe
+    from verl_npu.config.rules import RULES
+    from verl_npu.config.schema import FLOAT, INT, SCHEMA
+    from verl_npu.errors import ConfigErrors
+
+    crashes, combos = [], 0
+    for rule in RULES:
+        numeric = [SCHEMA[k].short for k in rule.keys if k in SCHEMA and SCHEMA[k].type in (INT, FLOAT)]
+        if not numeric:
+            continue
+        overrides = [[f"{k}={v}" for k in numeric] for v in ("nan", "inf", "-inf", "null", "1e30", "-1e30")]
+        overrides += [[f"{k}={'null' if k == nulled else 1}" for k in numeric] for nulled in numeric]
+        for combo in overrides:
+            combos += 1
+            try:
+                load_recipe("tiny_gsm8k", combo)
+            except ConfigErrors:
+                continue
+            except Exception as exc:  # noqa: BLE001 - what the test looks for
+                crashes.append(f"{rule.name}: {combo}: {type(exc).__name__}: {exc}")
+    assert combos > 100
+    assert not crashes, "\n".join(crashes[:20])
+
+
+def test_related_keys_one_null_one_set_is_a_named_problem():
+    """A rule never runs on a value that failed its own check: here the null reaches the Ulysses
+    rule through the key's verl alias."""
+    from verl_npu.config import load_recipe
+    from verl_npu.errors import ConfigErrors
+
+    with pytest.raises(ConfigErrors, match="ulysses_sequence_parallel_size: must not be null"):
+        load_recipe("tiny_gsm8k", ["actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=1",
+                                   "actor_rollout_ref.ref.ulysses_sequence_parallel_size=null"])
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e6"])
+def test_learning_rate_that_cannot_train_is_refused_at_validate(value):
+    from verl_npu.config import load_recipe
+    from verl_npu.errors import ConfigErrors
+
+    with pytest.raises(ConfigErrors, match="actor.optim.lr"):
+        load_recipe("tiny_gsm8k", [f"actor_rollout_ref.actor.optim.lr={value}"])
+
+
+def test_yaml_alias_bomb_as_an_override_is_refused_at_once():
+    """A "billion laughs" list of ~300 characters on the command line: aliases are not expanded, so it
+    stays a short (wrong) value with a named problem, in well under a second and without memory growth."""
+    import resource
+    import time
+
+    from verl_npu.config import load_recipe
+    from verl_npu.errors import ConfigErrors
+
+    level = '["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'
+    parts, name = [f"&a {level}"], "a"
+    for nxt in "bcdefghi":
+        parts.append(f"&{nxt} [" + ",".join([f"*{name}"] * 9) + "]")
+        name = nxt
+    bomb = "[" + ",".join(parts) + "]"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    with pytest.raises(ConfigErrors, match="trainer.logger"):
+        load_recipe("tiny_gsm8k", [f"trainer.logger={bomb}"])
+    assert time.monotonic() - start < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB
+
+
+def test_override_without_aliases_still_parses_lists_and_dicts():
+    from verl_npu.config.loader import parse_value
+
+    assert parse_value("[console,tensorboard]") == ["console", "tensorboard"]
+    assert parse_value("{a: 1, b: [2]}") == {"a": 1, "b": [2]}
+    assert parse_value("*not_an_alias_in_text") == "*not_an_alias_in_text"

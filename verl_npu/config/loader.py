@@ -109,6 +109,16 @@ class _Delete:
 DELETE = _Delete()
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without anchors' aliases: a value on the command line is never expanded from a `*ref`
+    (a "billion laughs" override of a few hundred characters would otherwise grow to gigabytes)."""
+
+    def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's own signature
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("YAML aliases (*name) are not accepted in a command-line value")
+        return super().compose_node(parent, index)
+
+
 def parse_value(text: str) -> Any:
     """A command-line value parsed as verl/Hydra users expect: ints, floats (1e-6), true/false,
     null, [a,b] lists and {k: v} dicts; anything else stays a string."""
@@ -121,7 +131,7 @@ def parse_value(text: str) -> Any:
         except ValueError:
             pass
     try:
-        value = yaml.safe_load(s)
+        value = yaml.load(s, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader without aliases
     except yaml.YAMLError:
         return s
     if isinstance(value, dict) and not s.startswith("{"):
@@ -392,10 +402,12 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     problems += _resolve(cfg, sorted_)
     user_keys = frozenset(sorted_.accepted)
     key_problems = _rules.check_keys(cfg, user_keys) + _check_verl_only(cfg, sorted_, problems)
+    # the rules skip every key in error under its schema name (a key set through its verl alias too)
+    bad = {p.key for p in key_problems} | {p.key for p in problems}
     # an error on a key set through its verl alias names the alias the user wrote
     key_problems = [replace(p, key=sorted_.alias_of[p.key]) if p.key in sorted_.alias_of else p
                     for p in key_problems]
-    bad = {p.key for p in key_problems} | {p.key for p in problems}
+    bad |= {p.key for p in key_problems}
     problems += key_problems
     derived_raw, derive_problems = _derive.derive(cfg, user_keys, bad)
     problems += derive_problems

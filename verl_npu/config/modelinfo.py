@@ -87,7 +87,8 @@ def ulysses_size(response_length: int, world: int, heads: tuple[int, int] | None
     (else 1), lowered until it divides the device count and fits the attention heads."""
     if response_length <= LONG_RESPONSE:
         return 1
-    sp = max(1, response_length // TOKENS_PER_SP_RANK)
+    # a size above the device count never divides it: start there (a huge length stays a short loop)
+    sp = max(1, min(response_length // TOKENS_PER_SP_RANK, world))
     while sp > 1:
         fits_heads = heads is None or (heads[0] % sp == 0 and (heads[1] % sp == 0 or sp % heads[1] == 0))
         if world % sp == 0 and fits_heads:

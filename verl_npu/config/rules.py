@@ -9,6 +9,7 @@ have a per-key problem is skipped so that one mistake is reported once.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ def range_text(key: Key) -> str:
     return " and ".join(parts)
 
 
+_INT64_MAX = 2**63 - 1   # what torch and numpy hold; a larger count or length is a typo
 _show = scalar   # a value as the user writes it in YAML (true, null, [a, b])
 _is_placeholder = is_placeholder
 
@@ -99,6 +101,15 @@ def check_key(key: Key, value: Any) -> list[Problem]:
         if key.choices and v not in key.choices:
             return [Problem(p, f"{v!r} is not one of {', '.join(map(str, key.choices))}",
                             f"pick one of: {', '.join(map(str, key.choices))}")]
+    numbers = value if key.type == FLOAT_LIST else [value] if key.type == FLOAT else []
+    if any(not math.isfinite(v) for v in numbers):
+        return [Problem(p, f"{_show(value)} is not a finite number", "set a finite value"
+                        + (f" ({range_text(key)})" if range_text(key) else "")
+                        + (f", e.g. the default {_show(key.default)}" if key.default is not None else ""))]
+    if key.type == INT and abs(value) > _INT64_MAX:
+        return [Problem(p, f"{value!r} does not fit a 64-bit integer",
+                        "set a value below 2**63" + (f" ({range_text(key)})" if range_text(key) else "")
+                        + (f", e.g. the default {_show(key.default)}" if key.default is not None else ""))]
     if key.type in (INT, FLOAT):
         bad = ((key.gt is not None and not value > key.gt) or (key.min is not None and value < key.min)
                or (key.max is not None and value > key.max))

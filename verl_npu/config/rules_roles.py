@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from verl_npu.config.rules import _LENS, _WORLD, Ctx, _rule
-from verl_npu.config.tree import BC, get
+from verl_npu.config.tree import BC
 from verl_npu.errors import Problem
 
 RM = BC + "reward_model."
@@ -29,12 +29,12 @@ def _trainer_fsdp(c: Ctx) -> Iterator[Problem]:
     for section, role, has_optimizer in _FSDP_ROLES:
         prefix = f"{BC}{section}.fsdp_config."
         param = bool(c(prefix + "param_offload"))
-        opt = get(c.cfg, prefix + "optimizer_offload")
+        opt = c(prefix + "optimizer_offload")
         if has_optimizer and opt and not param:
             yield Problem(prefix + "optimizer_offload",
                           "FSDP2 offloads the optimizer state together with the parameters, not alone",
                           f"also set {role}.fsdp_config.param_offload=true, or set this to false")
-        size = get(c.cfg, prefix + "fsdp_size")
+        size = c(prefix + "fsdp_size")
         if int(size if size is not None else -1) not in (-1, c.world):
             yield Problem(prefix + "fsdp_size", "hybrid sharding (fsdp_size < world size) is not implemented",
                           "leave it at -1 (shard over all workers)")

@@ -198,7 +198,7 @@ _k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder (visual / 
    "frozen: its parameters get no gradient and no optimizer state; the language model trains. A model without "
    "a vision encoder is refused at start.")
 O = f"{AC}.optim"
-_k(f"{O}.lr", 1e-6, FLOAT, "Actor learning rate.", min=0)
+_k(f"{O}.lr", 1e-6, FLOAT, "Actor learning rate (at most 1: larger steps only diverge).", min=0, max=1)
 _k(f"{O}.lr_warmup_steps", -1, INT, "Warmup steps; negative uses lr_warmup_steps_ratio.", min=-1)
 _k(f"{O}.lr_warmup_steps_ratio", 0.0, FLOAT, "Warmup steps as a fraction of total training steps.", min=0, max=1)
 _k(f"{O}.warmup_style", "constant", STR, "Learning-rate shape after warmup.", choices=("constant", "cosine"))
@@ -356,7 +356,7 @@ _k(f"{C}.loss_agg_mode", None, STR, "How token value losses are averaged into th
                                     "seq-mean-token-sum-norm"))
 _k(f"{C}.grad_clip", 1.0, FLOAT, "Clip the critic's gradient norm to this value.", gt=0)
 CO = f"{C}.optim"
-_k(f"{CO}.lr", 1e-5, FLOAT, "Critic learning rate.", min=0)
+_k(f"{CO}.lr", 1e-5, FLOAT, "Critic learning rate (at most 1: larger steps only diverge).", min=0, max=1)
 _k(f"{CO}.lr_warmup_steps", -1, INT, "Critic warmup steps; negative uses lr_warmup_steps_ratio.", min=-1)
 _k(f"{CO}.lr_warmup_steps_ratio", 0.0, FLOAT, "Critic warmup steps as a fraction of total training steps.",
    min=0, max=1)
