@@ -28,7 +28,7 @@ UNSUPPORTED_REASONS = {
             "pass to the estimator yet",
     "optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
                               "actor.calculate_sum_pi_squared), which verl-npu does not compute",
-    "tir_optimal_token_baseline": "the same as optimal_token_baseline (the sum of squared token probabilities)",
+    "tir_optimal_token_baseline": "it needs the same sum of squared token probabilities as optimal_token_baseline",
 }
 
 

@@ -34,7 +34,7 @@ BINARY_KL_EPS = 1e-8
 GEO_MEAN_EPS = 1e-8
 
 
-def _setting(config: Any, path: str) -> float:
+def _setting_get(config: Any, path: str) -> float:
     """The number at dotted ``path`` of the actor section ``config`` (e.g. ``policy_loss.kl_cov_ratio``).
 
     The schema fills every default in, so a missing or null value is an error naming the key."""
@@ -108,8 +108,8 @@ def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     Metrics: ``ppo_kl`` = mean_mask(-clamp(d)); ``pg_clipfrac`` = ``pg_clipfrac_lower`` = 0.
     """
     mask = response_mask.to(log_prob.dtype)
-    tau_pos = torch.as_tensor(_setting(config, "tau_pos"), dtype=advantages.dtype, device=advantages.device)
-    tau_neg = torch.as_tensor(_setting(config, "tau_neg"), dtype=advantages.dtype, device=advantages.device)
+    tau_pos = torch.as_tensor(_setting_get(config, "tau_pos"), dtype=advantages.dtype, device=advantages.device)
+    tau_neg = torch.as_tensor(_setting_get(config, "tau_neg"), dtype=advantages.dtype, device=advantages.device)
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     tau = torch.where(advantages > 0, tau_pos, tau_neg)
@@ -148,8 +148,8 @@ def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
 
     Metrics: ``pg_clipfrac`` = mean_mask([corr = 0]), ``ppo_kl`` = mean_mask(-d).
     """
-    ratio_k = _setting(config, "policy_loss.clip_cov_ratio")
-    lower, upper = _setting(config, "policy_loss.clip_cov_lb"), _setting(config, "policy_loss.clip_cov_ub")
+    ratio_k = _setting_get(config, "policy_loss.clip_cov_ratio")
+    lower, upper = _setting_get(config, "policy_loss.clip_cov_lb"), _setting_get(config, "policy_loss.clip_cov_ub")
     if not ratio_k > 0:
         raise ValueError(f"policy_loss.clip_cov_ratio must be > 0, got {ratio_k}")
     mask = response_mask.to(log_prob.dtype)
@@ -189,8 +189,8 @@ def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_r
 
     Metrics: ``ppo_kl`` = mean_mask(|d|) (verl logs the absolute log-ratio for this mode).
     """
-    ratio_k = _setting(config, "policy_loss.kl_cov_ratio")
-    coef = _setting(config, "policy_loss.ppo_kl_coef")
+    ratio_k = _setting_get(config, "policy_loss.kl_cov_ratio")
+    coef = _setting_get(config, "policy_loss.ppo_kl_coef")
     if not ratio_k > 0:
         raise ValueError(f"policy_loss.kl_cov_ratio must be > 0, got {ratio_k}")
     mask = response_mask.to(log_prob.dtype)
@@ -331,7 +331,7 @@ def dro_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rati
 
     Metrics: ``ppo_kl`` = mean_mask(-d).
     """
-    beta = _setting(config, "policy_loss.dro_beta")
+    beta = _setting_get(config, "policy_loss.dro_beta")
     if not beta > 0:
         raise ValueError(f"policy_loss.dro_beta must be > 0 with loss_mode=dro, got {beta}")
     mask = response_mask.to(log_prob.dtype)

@@ -454,7 +454,7 @@ _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor (gae, reinforce_plus_plus).", min
 _k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda (adv_estimator=gae).", min=0, max=1)
 _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator: " + "; ".join(
    f"{s.name}: {s.doc}" for s in ESTIMATORS.values()) + ".", choices=tuple(ESTIMATORS),
-   unsupported=UNSUPPORTED_ESTIMATORS, instead="; ".join(f"{name} is refused because {why}"
+   unsupported=UNSUPPORTED_ESTIMATORS, instead="; ".join(f"{name}: refused because {why}"
                                                          for name, why in UNSUPPORTED_REASONS.items())
    + "; use one of: " + ", ".join(ESTIMATORS))
 _k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO (grpo, grpo_vectorized, grpo_passk): divide group-centred "
