@@ -170,7 +170,8 @@ def test_every_policy_loss_mode_and_agg_mode_matches_verl(verl_outputs):
     worst: dict[str, float] = {}
     for case, theirs in zip(losses, out["losses"]):
         ours = ours_loss(case)
-        label = f"{case['mode']} {case['loss_agg_mode']} {case['log_prob'].dtype} global={bool(case['global_batch_info'])}"
+        label = (f"{case['mode']} {case['loss_agg_mode']} {case['log_prob'].dtype} "
+                 f"global={bool(case['global_batch_info'])}")
         tol = TOL[case["log_prob"].dtype]
         assert set(ours["metrics"]) == set(theirs["metrics"]), label
         diffs = [float((ours["pg_loss"] - theirs["pg_loss"]).abs()), float((ours["grad"] - theirs["grad"]).abs().max())]
