@@ -385,6 +385,8 @@ def ppo_policy_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    *,
+    config: Any = None,
     **agg_kwargs: Any,
 ) -> dict[str, torch.Tensor]:
     """Dual-clip PPO policy loss (verl's ``vanilla``).
@@ -396,7 +398,8 @@ def ppo_policy_loss(
 
     Metrics (masked token means, detached): ``pg_clipfrac`` = fraction with ``L2 > L1`` (the clip
     is active), ``pg_clipfrac_lower`` = fraction with ``A < 0`` and ``Lc > -A·clip_ratio_c`` (the dual
-    clip is active), ``ppo_kl`` = mean of ``old - logp`` (clamped as above).
+    clip is active), ``ppo_kl`` = mean of ``old - logp`` (clamped as above). ``config`` (the actor's
+    config section, which the other loss modes read their settings from) is not used.
     """
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 for the dual clip, got {clip_ratio_c}")
@@ -421,13 +424,16 @@ def ppo_policy_loss(
     }
 
 
-#: policy losses by ``actor.policy_loss.loss_mode``; each takes ``ppo_policy_loss``'s arguments and
-#: returns its dict (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower). Add a loss by registering it here.
+#: policy losses by ``actor.policy_loss.loss_mode``; each takes ``ppo_policy_loss``'s arguments (and the
+#: keyword ``config``: the actor's config section) and returns a dict with ``pg_loss`` and the metrics
+#: verl logs for that mode (pg_clipfrac, ppo_kl, pg_clipfrac_lower). The other modes of verl live in
+#: ``verl_npu.policy_loss_modes``, which registers them here when this module is imported (see its end).
 POLICY_LOSSES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {"vanilla": ppo_policy_loss}
 
 
 def policy_loss_fn(loss_mode: str) -> Callable[..., dict[str, torch.Tensor]]:
-    """The policy loss registered as ``loss_mode`` (KeyError naming the registered ones)."""
+    """The policy loss registered as ``loss_mode`` (KeyError naming the registered ones); the one lookup
+    for every mode of ``verl_npu.policy_losses.POLICY_LOSS_MODES``."""
     if loss_mode not in POLICY_LOSSES:
         raise KeyError(f"unknown policy_loss.loss_mode {loss_mode!r}; known: {', '.join(sorted(POLICY_LOSSES))}")
     return POLICY_LOSSES[loss_mode]
@@ -571,3 +577,10 @@ def apply_kl_in_reward(
         current_kl = masked_mean(kld, mask, dim=-1).mean().item()
     kl_ctrl.update(current_kl, n_steps=token_level_scores.shape[0])
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+# The policy losses and advantage estimators of verl beyond the ones above live in their own modules
+# (this one stays small); each registers itself into POLICY_LOSSES / ADVANTAGE_ESTIMATORS when imported.
+# They import this module's helpers, so they are imported here, after everything they use is defined.
+import verl_npu.advantage_modes  # noqa: E402,F401  (registers opo, grpo_passk, gpg, *_vectorized)
+import verl_npu.policy_loss_modes  # noqa: E402,F401  (registers gspo, sapo, gpg, clip_cov, ...)

@@ -21,9 +21,15 @@ class EstimatorSpec:
 
 ESTIMATORS: dict[str, EstimatorSpec] = {}
 
-#: estimators upstream verl has and verl-npu does not: refused by name.
-UNSUPPORTED_ESTIMATORS = ("opo", "grpo_passk", "gpg", "gdpo", "rloo_vectorized", "grpo_vectorized",
-                          "optimal_token_baseline", "tir_optimal_token_baseline")
+#: estimators upstream verl has and verl-npu does not: refused by name, with the reason.
+UNSUPPORTED_ESTIMATORS = ("gdpo", "optimal_token_baseline", "tir_optimal_token_baseline")
+UNSUPPORTED_REASONS = {
+    "gdpo": "it needs each reward component per row (algorithm.gdpo_reward_keys), which the trainer does not "
+            "pass to the estimator yet",
+    "optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
+                              "actor.calculate_sum_pi_squared), which verl-npu does not compute",
+    "tir_optimal_token_baseline": "it needs the same sum of squared token probabilities as optimal_token_baseline",
+}
 
 
 def register_estimator(name: str, *, needs_group: bool, doc: str, needs_critic: bool = False) -> None:
@@ -40,6 +46,12 @@ register_estimator("reinforce_plus_plus_baseline", needs_group=False,
 register_estimator("gae", needs_group=False, doc="generalised advantage estimation from a critic's values "
                    "(gamma, lam), whitened over the batch; trains a critic", needs_critic=True)
 register_estimator("remax", needs_group=False, doc="return minus the score of a greedy response")
+register_estimator("opo", needs_group=True, doc="score minus the length-weighted group mean score")
+register_estimator("grpo_passk", needs_group=True, doc="pass@k: only the best response of a group gets "
+                   "(best - second best) score, divided by the group std with norm_adv_by_std_in_grpo")
+register_estimator("gpg", needs_group=True, doc="score minus the group mean, times batch size / non-zero scores")
+register_estimator("rloo_vectorized", needs_group=True, doc="rloo with scatter sums; a group of one gets 0")
+register_estimator("grpo_vectorized", needs_group=True, doc="grpo with scatter sums (group statistics in float32)")
 
 
 def needs_critic(cfg) -> bool:

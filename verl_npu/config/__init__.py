@@ -14,7 +14,8 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     tree          key spellings, the recipe file as a dict, flattening, reading one value
     modelinfo     what the checks read from a local model's config.json
     rules         per-key checks and the cross-key rule registry (RULES), trainer refusals included
-    rules_roles   the worker roles' rules (every role's FSDP settings, reward_model.*), added to RULES
+    rules_roles   the worker roles' rules (every role's FSDP settings, reward_model.*, actor.policy_loss),
+                  added to RULES
     paths         --check-paths: data files, model folders (hub ids resolved), reward file, adapter
     derive        derived values
     verl_npu.recipes   finding shipped recipe files (uses tree only)

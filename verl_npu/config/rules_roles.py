@@ -1,5 +1,5 @@
 """Cross-key rules of the worker roles' own sections (the FSDP settings of every role, the reward
-model's `reward_model.*`), registered in `rules.RULES`.
+model's `reward_model.*`, the actor's policy-loss settings), registered in `rules.RULES`.
 
 Kept apart from `rules.py` so that each file stays small; `paths` (and so `loader`) imports this module,
 which registers its rules.
@@ -61,6 +61,17 @@ def _reward_model_budget(c: Ctx) -> Iterator[Problem]:
     if c(key) < longest:
         yield Problem(key, f"{c(key)} tokens cannot hold one sequence of {longest} tokens (max_prompt_length + "
                       "max_response_length, at most reward_model.max_length)", f"set it to at least {longest}")
+
+
+PL = BC + "actor_rollout_ref.actor.policy_loss."
+
+
+@_rule("policy_loss_settings", (PL + "loss_mode", PL + "dro_beta"),
+       "policy_loss.loss_mode=dro needs policy_loss.dro_beta (> 0): the weight of its log-ratio penalty has no default")
+def _policy_loss_settings(c: Ctx) -> Iterator[Problem]:
+    if c(PL + "loss_mode") == "dro" and c(PL + "dro_beta") is None:
+        yield Problem(PL + "dro_beta", "is required with policy_loss.loss_mode=dro (it has no default, as in verl)",
+                      "set actor_rollout_ref.actor.policy_loss.dro_beta to a value > 0, e.g. 0.1")
 
 
 def model_folder_problems(key: str, folder) -> list[Problem]:

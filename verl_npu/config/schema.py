@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS   # names only: imports nothing heavy
+from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS   # names only: nothing heavy
 from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
 from verl_npu.rollout import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # a registry of names: imports nothing heavy
 from verl_npu.trainer.loggers import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
@@ -177,7 +177,7 @@ _k(f"{AC}.clip_ratio_high", None, FLOAT, "Upper clip epsilon (null: clip_ratio).
 _k(f"{AC}.clip_ratio_c", 3.0, FLOAT, "Dual-clip constant: losses of negative-advantage tokens are capped "
    "at clip_ratio_c x |advantage|.", gt=1)
 _k(f"{AC}.loss_agg_mode", "token-mean", STR, "How token losses are averaged into the batch loss.",
-   choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+   choices=("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
 _k(f"{AC}.entropy_coeff", 0.0, FLOAT, "Weight of the entropy bonus in the policy loss.", min=0)
 _k(f"{AC}.use_kl_loss", False, BOOL, "Add a KL(actor || ref) term to the policy loss (GRPO style).")
 _k(f"{AC}.kl_loss_coef", 0.001, FLOAT, "Weight of the KL loss term.", min=0)
@@ -193,7 +193,25 @@ _k(f"{AC}.use_torch_compile", False, BOOL, "Run the actor's log-prob / entropy c
    "on a 2-core CPU), which dominates short and CPU runs, and verl's Ascend scripts turn it off.")
 _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss: " + "; ".join(
    f"{name}: {doc}" for name, doc in POLICY_LOSS_MODES.items()) + ".", choices=tuple(POLICY_LOSS_MODES),
-   unsupported=UNSUPPORTED_POLICY_LOSSES)
+   unsupported=UNSUPPORTED_POLICY_LOSSES, instead="bypass_mode is verl's rollout correction inside the loss, "
+   "which verl-npu does not have yet; use vanilla (the old log-probs are recomputed by the actor) or another "
+   "mode: " + ", ".join(POLICY_LOSS_MODES))
+PL = f"{AC}.policy_loss"
+_k(f"{PL}.clip_cov_ratio", 0.0002, FLOAT, "clip_cov: at most this fraction of a micro-batch's tokens "
+   "(at least one) loses its gradient.", gt=0, max=1)
+_k(f"{PL}.clip_cov_lb", 1.0, FLOAT, "clip_cov: only tokens whose advantage/log-prob covariance is above this "
+   "can be dropped.")
+_k(f"{PL}.clip_cov_ub", 5.0, FLOAT, "clip_cov: only tokens whose advantage/log-prob covariance is below this "
+   "can be dropped.")
+_k(f"{PL}.kl_cov_ratio", 0.0002, FLOAT, "kl_cov: this fraction of a micro-batch's tokens (at least one), those "
+   "of highest advantage/log-prob covariance, get the |log-ratio| penalty.", gt=0, max=1)
+_k(f"{PL}.ppo_kl_coef", 0.1, FLOAT, "kl_cov: weight of the |log-ratio| penalty.", min=0)
+_k(f"{PL}.dro_beta", None, FLOAT, "dro: weight of the quadratic log-ratio penalty; must be set (> 0) with "
+   "loss_mode=dro.", gt=0)
+_k(f"{AC}.tau_pos", 1.0, FLOAT, "sapo: gate temperature of tokens with a positive advantage (verl: >= 1 keeps "
+   "updates stable).", gt=0)
+_k(f"{AC}.tau_neg", 1.05, FLOAT, "sapo: gate temperature of tokens with a zero or negative advantage (verl: above "
+   "tau_pos for asymmetry).", gt=0)
 _k(f"{AC}.freeze_vision_tower", False, BOOL, "Keep the vision encoder (visual / vision_tower / vision_model) "
    "frozen: its parameters get no gradient and no optimizer state; the language model trains. A model without "
    "a vision encoder is refused at start.")
@@ -436,9 +454,11 @@ _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor (gae, reinforce_plus_plus).", min
 _k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda (adv_estimator=gae).", min=0, max=1)
 _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator: " + "; ".join(
    f"{s.name}: {s.doc}" for s in ESTIMATORS.values()) + ".", choices=tuple(ESTIMATORS),
-   unsupported=UNSUPPORTED_ESTIMATORS)
-_k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO: divide group-centred scores by the group std "
-   "(false = Dr.GRPO).")
+   unsupported=UNSUPPORTED_ESTIMATORS, instead="; ".join(f"{name}: refused because {why}"
+                                                         for name, why in UNSUPPORTED_REASONS.items())
+   + "; use one of: " + ", ".join(ESTIMATORS))
+_k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO (grpo, grpo_vectorized, grpo_passk): divide group-centred "
+   "scores by the group std (false = Dr.GRPO).")
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))

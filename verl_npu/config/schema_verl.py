@@ -94,13 +94,6 @@ _off(f"{AC}.optim.optimizer_impl", "torch.optim", STR, "optimizer implementation
      LEAVE + " (torch.optim)")
 _off(f"{AC}.optim.override_optimizer_config", None, DICT, "extra optimizer constructor arguments",
      "use optim.lr / betas / weight_decay")
-for leaf, mode in (("clip_cov_ratio", "clip_cov"), ("clip_cov_lb", "clip_cov"), ("clip_cov_ub", "clip_cov"),
-                   ("kl_cov_ratio", "kl_cov"), ("ppo_kl_coef", "kl_cov")):
-    _noop(f"{AC}.policy_loss.{leaf}", None, FLOAT, f"read only by policy_loss.loss_mode={mode}, which verl-npu "
-          "does not support (that mode is refused by name).")
-for leaf, default in (("tau_pos", 1.0), ("tau_neg", 1.05)):
-    _noop(f"{AC}.{leaf}", default, FLOAT, "read only by policy_loss.loss_mode=sapo, which verl-npu does not "
-          "support (that mode is refused by name).")
 _off(f"{AC}.loss_scale_factor", None, FLOAT, "a fixed loss scale factor", "remove it (loss_agg_mode decides "
      "the normalisation)")
 _off(f"{AC}.calculate_entropy", False, BOOL, "computing the entropy when entropy_coeff is 0", LEAVE + " (false)")

@@ -391,19 +391,15 @@ class ActorRolloutRefWorker:
             clip_ratio_high=float(actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else clip),
             clip_ratio_c=float(actor_cfg.clip_ratio_c),
             loss_agg_mode=mode,
+            config=actor_cfg,  # each loss mode reads its own settings (policy_loss.*, tau_pos, ...)
             **agg,
         )
         loss = pg["pg_loss"]
         entropy_loss = algorithms.agg_loss(entropy, mask, mode, **agg)
         if actor_cfg.entropy_coeff:
             loss = loss - float(actor_cfg.entropy_coeff) * entropy_loss
-        stats = {
-            "actor/pg_loss": pg["pg_loss"],
-            "actor/entropy": entropy_loss,
-            "actor/pg_clipfrac": pg["pg_clipfrac"],
-            "actor/pg_clipfrac_lower": pg["pg_clipfrac_lower"],
-            "actor/ppo_kl": pg["ppo_kl"],
-        }
+        # pg_loss and the metrics the loss mode logs (pg_clipfrac, ppo_kl, pg_clipfrac_lower; fewer for some modes)
+        stats = {"actor/entropy": entropy_loss, **{f"actor/{key}": value for key, value in pg.items()}}
         if reuse:
             stats["_entropy_sum"] = (entropy.detach() * mask).sum()
         if use_kl_loss:
