@@ -218,16 +218,26 @@ def test_unreachable_ray_address_is_a_user_error_and_a_listening_one_passes():
     check_ray_address_reachable("auto")  # no port: left to Ray
 
 
-def test_run_with_an_unreachable_ray_address_stops_without_traceback(tmp_path):
-    """`verl-npu run` on 2 workers (Ray) with RAY_ADDRESS naming no cluster: a one-line error, not Ray's
-    minutes of retries."""
+@pytest.mark.parametrize("address", ["garbage", "host:", ":6379", "10.0.0.1:port", "10.0.0.1:70000", "ray://"])
+def test_malformed_ray_address_is_a_user_error_naming_it(address):
+    from verl_npu.cluster import check_ray_address_reachable
+
+    with pytest.raises(UserError) as err:
+        check_ray_address_reachable(address, timeout_s=1)
+    assert repr(address) in str(err.value) and "host:port" in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["unreachable", "malformed"])
+def test_run_with_an_unreachable_ray_address_stops_without_traceback(tmp_path, kind):
+    """`verl-npu run` on 2 workers (Ray) with RAY_ADDRESS naming no cluster, or no address at all: a
+    one-line error, not Ray's minutes of retries or its ValueError traceback."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", RAY_ADDRESS=f"127.0.0.1:{_closed_port()}")
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", RAY_ADDRESS=f"127.0.0.1:{_closed_port()}" if kind == "unreachable" else "garbage")
     proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", f"af_output_dir={tmp_path}",
                            "backend_config.trainer.total_training_steps=1",
                            "backend_config.trainer.n_gpus_per_node=2",
@@ -235,5 +245,6 @@ def test_run_with_an_unreachable_ray_address_stops_without_traceback(tmp_path):
                           cwd=repo, env=env, timeout=180)
     assert proc.returncode != 0
     assert "cannot connect to the Ray cluster at RAY_ADDRESS" not in proc.stdout
-    assert "cannot connect to the Ray cluster at 127.0.0.1:" in proc.stderr, proc.stderr[-2000:]
+    expected = "cannot connect to the Ray cluster at 127.0.0.1:" if kind == "unreachable" else "'garbage'"
+    assert expected in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr

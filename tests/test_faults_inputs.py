@@ -276,3 +276,124 @@ def test_override_without_aliases_still_parses_lists_and_dicts():
     assert parse_value("[console,tensorboard]") == ["console", "tensorboard"]
     assert parse_value("{a: 1, b: [2]}") == {"a": 1, "b": [2]}
     assert parse_value("*not_an_alias_in_text") == "*not_an_alias_in_text"
+
+
+# ---- damaged trainer state, a checkpoint of another model ------------------------------------------
+def _state_doc():
+    import json
+
+    from verl_npu.trainer.checkpoint import rng_state_to_json, save_rng_state
+
+    return {"format": "verl-npu trainer state", "version": 1, "global_step": 2,
+            "dataloader": {"epoch": 0, "sample_index": 8, "batch_size": 4}, "kl_coef": 0.001,
+            "rng": json.loads(json.dumps(rng_state_to_json(save_rng_state())))}
+
+
+def _damaged_docs():
+    deep = "[" * 100_000 + "]" * 100_000
+    yield "deeply nested", deep
+    yield "a list", "[1, 2]"
+    for name, change in [
+        ("negative position", lambda d: d["dataloader"].update(sample_index=-3)),
+        ("text position", lambda d: d["dataloader"].update(epoch="zero")),
+        ("dataloader not a dict", lambda d: d.update(dataloader=[0, 8])),
+        ("nan kl", lambda d: d.update(kl_coef="nan")),
+        ("huge step", lambda d: d.update(global_step=1e400)),
+        ("short python rng", lambda d: d["rng"]["python"][1].__delitem__(slice(0, 10))),
+        ("numpy rng keys of the wrong length", lambda d: d["rng"]["numpy"].__setitem__(1, [1, 2, 3])),
+        ("torch rng of the wrong size", lambda d: d["rng"].update(torch_cpu="AAAA")),
+        ("rng not a dict", lambda d: d.update(rng=7)),
+    ]:
+        import json
+
+        doc = _state_doc()
+        change(doc)
+        yield name, json.dumps(doc)
+
+
+def test_a_damaged_trainer_state_is_named_never_a_traceback(tmp_path):
+    """An older-format checkpoint (no manifest, so nothing verified it) with a trainer_state.json that is
+    deeply nested, of the wrong types or holds RNG states the generators refuse: a UserError naming the
+    file, raised before anything is restored."""
+    import json
+    import random
+
+    from verl_npu.trainer.checkpoint import load_trainer_state
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps(_state_doc()))
+    assert load_trainer_state(tmp_path)["global_step"] == 2  # the undamaged one loads
+    before = random.getstate()
+    for name, text in _damaged_docs():
+        (tmp_path / "trainer_state.json").write_text(text)
+        with pytest.raises(UserError, match="trainer_state.json is not a valid verl-npu trainer state") as err:
+            load_trainer_state(tmp_path)
+        assert "resume from another checkpoint" in str(err.value), name
+    assert random.getstate() == before  # the checks tried throwaway generators only
+
+
+@pytest.mark.slow
+def test_resuming_a_checkpoint_of_another_model_size_names_it(tmp_path):
+    from verl_npu.models.tiny import build_tiny_qwen2
+
+    data = text_data(tmp_path / "data")
+    out = tmp_path / "out"
+    first = _cli("run", "tiny_gsm8k", *text_run_overrides(out, data, **{"trainer.total_training_steps": 1,
+                                                                          "trainer.save_freq": 1}))
+    assert first.returncode == 0, first.stderr[-2000:]
+    wider = build_tiny_qwen2(tmp_path / "wider", intermediate_size=320)
+    proc = _cli("run", "tiny_gsm8k", *text_run_overrides(out, data, **{"actor_rollout_ref.model.path": wider}))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "global_step_1/actor/model_world_size_1_rank_0.pt holds weights of another shape" in proc.stderr
+    assert "(256, 128) vs (320, 128)" in proc.stderr and "trainer.resume_mode=disable" in proc.stderr
+
+
+def test_a_checkpoint_of_another_architecture_is_named(tmp_path, monkeypatch):
+    """Names that do not match at all (a text model's checkpoint into a vision-language model): torch's
+    own error, turned into one naming the checkpoint."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from verl_npu.workers import actor_ckpt
+
+    module = torch.nn.Linear(3, 2)
+    worker = SimpleNamespace(module=module, optimizer=torch.optim.AdamW(module.parameters()), world_size=1, rank=0,
+                             cfg=None, peft_model=None)
+    folder = tmp_path / "global_step_1" / "actor"
+    folder.mkdir(parents=True)
+    torch.save({"other.weight": torch.zeros(2, 3)}, folder / "model_world_size_1_rank_0.pt")
+    monkeypatch.setattr(actor_ckpt, "checkpoint_contents", lambda cfg: (["model"], ["model"]))
+    with pytest.raises(UserError, match=r"checkpoint .*global_step_1/actor does not fit this run's model"):
+        actor_ckpt.load_actor(worker, folder)
+
+
+def test_an_unwritable_tiny_model_cache_is_named(tmp_path):
+    from verl_npu.models.tiny import materialize
+
+    a_file = tmp_path / "home"
+    a_file.write_text("not a folder")
+    with pytest.raises(UserError, match=r"cache folder .*home/cache is not writable .*set VERL_NPU_CACHE"):
+        materialize("tiny://qwen2", cache_dir=a_file / "cache")
+
+
+def test_unwritable_home_with_a_tiny_model_is_one_line_without_traceback(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path / "file" / "home"), "OMP_NUM_THREADS": "1"}
+    env.pop("VERL_NPU_CACHE", None)
+    (tmp_path / "file").write_text("a file where HOME's parent should be")
+    proc = subprocess.run([*CLI, "run", "tiny_gsm8k", *text_run_overrides(tmp_path / "out", text_data(tmp_path / "d"))],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "is not writable" in proc.stderr and "set VERL_NPU_CACHE to a writable folder" in proc.stderr
+
+
+# ---- a reward finite in Python but infinite in float32 -----------------------------------------------
+@pytest.mark.parametrize("score", [1e39, -3.5e38])
+def test_a_reward_beyond_float32_is_named_with_the_row(score):
+    from verl_npu.rewards import RewardScorer
+
+    with pytest.raises(UserError, match=r"data file /d/t.parquet row 3 .*beyond what float32 holds") as err:
+        RewardScorer(lambda *a, **k: score).score(["x"], ["s"], ["g"], [{}], rows=["data file /d/t.parquet row 3"])
+    assert f"{score:g}" in str(err.value)
+    assert RewardScorer(lambda *a, **k: 3.4e38).score(["x"], ["s"], ["g"])[0] == [3.4e38]  # still float32

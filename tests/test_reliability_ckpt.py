@@ -535,6 +535,22 @@ def test_a_real_full_disk_stops_cleanly(tmp_path, geo_data, tiny_cache, small_fs
     assert not (out / LOCK_FILE).exists()
 
 
+@pytest.mark.slow
+def test_a_full_disk_under_the_logs_stops_cleanly_and_keeps_the_checkpoints(tmp_path, geo_data, tiny_cache, small_fs):
+    """af_output_dir (logs, metrics, curves) on a 40 KiB file system, checkpoints elsewhere: the run stops
+    with one line naming the folder, no traceback, and every checkpoint it wrote is complete."""
+    fs = small_fs(40)
+    ckpt = tmp_path / "ckpt"
+    proc = cli(overrides(fs / "out", geo_data, **{"trainer.default_local_dir": ckpt}), tiny_cache)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, output
+    assert f"no space left on device while writing the run's files under {fs / 'out'}" in output, output[-3000:]
+    assert "Traceback" not in output
+    complete = CheckpointManager(ckpt).list_complete()
+    assert complete and all(verify_checkpoint(p).ok for p in complete)
+    assert f"the last complete checkpoint, {complete[-1]}, is intact" in output
+
+
 # ---- 5. preemption -------------------------------------------------------------------------------
 def test_signal_handlers_state_machine():
     preempt.reset()

@@ -268,14 +268,19 @@ RAY_CONNECT_PROBE_S = 10.0
 def check_ray_address_reachable(address: str, timeout_s: float = RAY_CONNECT_PROBE_S) -> None:
     """Raise a UserError unless a TCP connection to `address` (`host:port` or `ray://host:port`)
     opens within `timeout_s`. `ray.init(address=...)` on an unreachable address keeps retrying for
-    minutes before it fails, so the address is probed first. `auto` and forms without a port are
-    left to Ray."""
+    minutes before it fails, so the address is probed first. `auto` and `local` are left to Ray;
+    any other form without a host and a numeric port is a UserError saying what Ray accepts."""
     import socket
 
+    if address.strip() in ("auto", "local"):
+        return
     host_port = address.split("://", 1)[-1].rsplit("/", 1)[0]
     host, sep, port = host_port.rpartition(":")
-    if not sep or not port.isdigit():
-        return
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(
+            f"the Ray address {address!r} (RAY_ADDRESS, or preflight --address) is not one Ray understands. "
+            "Fix: set it to the head node's host:port (e.g. 10.0.0.1:6379, what `ray start --head` prints), "
+            "ray://host:10001, or auto; or unset RAY_ADDRESS to run on this machine")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:

@@ -475,9 +475,16 @@ def materialize(uri: str, cache_dir: str | Path | None = None) -> Path:
     final = root / "tiny" / f"{name}-{build_hash(name, seed)}"
     if (final / "config.json").is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
+    except OSError as err:
+        where = "VERL_NPU_CACHE" if cache_dir is None and os.environ.get("VERL_NPU_CACHE") else "the cache folder"
+        raise UserError(
+            f"cannot build the tiny model {uri}: {where} {root} is not writable ({err.strerror or err}); "
+            "set VERL_NPU_CACHE to a writable folder (e.g. VERL_NPU_CACHE=/tmp/verl_npu_cache)"
+        ) from None
     logger.info("building tiny model %s into %s (once; later runs reuse it)", uri, final)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=final.parent))
     try:
         TINY_BUILDERS[name](tmp, seed=seed)
         (tmp / "verl_npu_tiny.json").write_text(

@@ -48,6 +48,9 @@ _BUILTIN = "verl_npu.rewards.default_compute_score (the built-in rewards)"
 
 _REGISTRY: dict[str, RewardFn] = {}
 
+#: the largest finite float32: rewards are trained as float32 tensors
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 def register_reward(data_source: str, fn: RewardFn | None = None):
     """Register ``fn`` as the reward of ``data_source`` (replacing any earlier one); usable as a decorator."""
@@ -408,6 +411,9 @@ class RewardScorer:
                 )
             if not math.isfinite(number):
                 raise UserError(f"{where}: the reward function {name} returned a non-finite score ({number})")
+            if abs(number) > FLOAT32_MAX:  # finite in Python, infinite once stored as float32 for training
+                raise UserError(f"{where}: the reward function {name} returned {number:g}, beyond what float32 "
+                                f"holds (|score| <= {FLOAT32_MAX:.4g}); scale your rewards to a few units")
             scores.append(number)
             for k, v in subs.items():
                 if k not in extras:

@@ -45,13 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from verl_npu.errors import UserError
+from verl_npu.errors import UserError, is_disk_full
 from verl_npu.trainer.verl_resume import is_verl_checkpoint
 from verl_npu.trainer.ckpt_files import (  # noqa: F401 - re-exported: the checkpoint API in one place
     LEGACY_TRAINER_STATE_FILE,
     TRAINER_STATE_FILE,
     UnsafeCheckpointFile,
-    is_disk_full,
     load_rng_state,
     load_torch,
     load_trainer_state,

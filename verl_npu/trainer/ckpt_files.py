@@ -8,6 +8,7 @@ import base64
 import errno
 import json
 import logging
+import math
 import os
 import pickle
 import random
@@ -15,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from verl_npu.errors import UserError
+from verl_npu.errors import UserError, is_disk_full
 
 logger = logging.getLogger("verl_npu.trainer.checkpoint")
 
@@ -25,26 +26,6 @@ TRAINER_STATE_FILE = "trainer_state.json"
 #: (verl's own checkpoints hold a file of this name too: its dataloader state; see verl_resume.py)
 LEGACY_TRAINER_STATE_FILE = "data.pt"
 _TRAINER_STATE_FORMAT = "verl-npu trainer state"
-
-
-# ---- disk full -------------------------------------------------------------------------------
-def is_disk_full(exc: BaseException | None) -> bool:
-    """True when `exc` or anything it was raised from is "no space left on device": an OSError
-    with errno ENOSPC, or the text of one (torch's stream writer, safetensors and a worker group
-    re-raise it as another type; Ray keeps the cause)."""
-    pending, seen = [exc], set()
-    while pending:
-        cur = pending.pop()
-        if cur is None or id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.errno == errno.ENOSPC:
-            return True
-        text = str(cur)
-        if "No space left on device" in text or "os error 28" in text:
-            return True
-        pending += [cur.__cause__, cur.__context__, getattr(cur, "cause", None)]
-    return False
 
 
 # ---- torch files -----------------------------------------------------------------------------
@@ -246,6 +227,12 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
             if not isinstance(state, dict) or not {"dataloader", "kl_coef", "rng"} <= set(state):
                 raise UserError(f"{legacy} is not a verl-npu trainer state (keys: "
                                 f"{sorted(state) if isinstance(state, dict) else type(state).__name__})")
+            try:
+                state["kl_coef"] = float(state["kl_coef"])
+                _check_trainer_state(state)
+            except _MALFORMED as exc:
+                raise UserError(f"{legacy} is not a valid verl-npu trainer state ({type(exc).__name__}: "
+                                f"{str(exc)[:200]}); the file is damaged: resume from another checkpoint") from None
             logger.info("read the trainer state of %s from %s (older verl-npu format)", ckpt, legacy.name)
             return state
         raise UserError(f"checkpoint {ckpt} has no {TRAINER_STATE_FILE} (nor {LEGACY_TRAINER_STATE_FILE}): "
@@ -254,12 +241,40 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
         doc = json.loads(path.read_text(encoding="utf-8"))
         if doc.get("format") != _TRAINER_STATE_FORMAT:
             raise ValueError(f"format is {doc.get('format')!r}")
-        return {
+        state = {
             "dataloader": doc["dataloader"],
             "global_step": int(doc["global_step"]),
             "kl_coef": float(doc["kl_coef"]),
             "rng": rng_state_from_json(doc["rng"]),
         }
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"{path} is not a valid verl-npu trainer state ({type(exc).__name__}: {exc}); "
-                        "the file is damaged: resume from another checkpoint") from None
+        _check_trainer_state(state)
+        return state
+    except _MALFORMED as exc:
+        raise UserError(f"{path} is not a valid verl-npu trainer state ({type(exc).__name__}: "
+                        f"{str(exc)[:200]}); the file is damaged: resume from another checkpoint") from None
+
+
+#: what reading a damaged state can raise (deep nesting: RecursionError; huge numbers: OverflowError)
+_MALFORMED = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, OverflowError,
+              RuntimeError)
+
+
+def _check_trainer_state(state: dict[str, Any]) -> None:
+    """Raise ValueError (or another of `_MALFORMED`) unless `state` can be restored: a finite KL
+    coefficient, a data position of non-negative integers, and RNG states the generators accept
+    (tried on throwaway generators, so nothing global changes)."""
+    import numpy as np
+    import torch
+
+    if not math.isfinite(state["kl_coef"]):
+        raise ValueError(f"kl_coef is {state['kl_coef']}")
+    position = state["dataloader"]
+    counts = [position.get(k, "absent") for k in ("epoch", "sample_index", "batch_index")
+              if k in position or k == "epoch"] if isinstance(position, dict) else ["not a dict"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
+        raise ValueError(f"dataloader position {str(position)[:100]} is not non-negative integers")
+    rng = state["rng"]
+    if rng is not None:
+        random.Random().setstate(rng["python"])
+        np.random.RandomState().set_state(rng["numpy"])
+        torch.Generator().set_state(rng["torch_cpu"])

@@ -6,7 +6,7 @@ import logging
 import math
 from pathlib import Path
 
-from verl_npu.errors import UserError
+from verl_npu.errors import UserError, is_disk_full
 
 log = logging.getLogger("verl_npu")
 
@@ -183,7 +183,15 @@ def _run_training_locked(rc, after_fit=None) -> int:
                      if latest is not None else f"; no complete checkpoint exists in {checkpoints.root}")
         log.warning("%s", text)
         return stop.exit_code
-    except Exception as exc:  # noqa: BLE001 - turn device OOM into advice, re-raise the rest
+    except Exception as exc:  # noqa: BLE001 - turn device OOM and a full disk into advice, re-raise the rest
+        if is_disk_full(exc) and not isinstance(exc, UserError):  # a checkpoint's DiskFull says more itself
+            latest = checkpoints.latest()
+            raise UserError(
+                f"no space left on device while writing the run's files under {out_dir} (logs, metrics, "
+                f"TensorBoard, curves). Fix: free space there or point af_output_dir at a larger disk, then rerun "
+                f"the same command: " + (f"the last complete checkpoint, {latest}, is intact and the run resumes "
+                                         f"from it" if latest is not None else
+                                         f"no checkpoint was complete yet in {checkpoints.root}")) from None
         cause = exc
         while cause is not None:  # a worker's OOM arrives wrapped in the worker group's error
             if device.is_oom_error(cause):

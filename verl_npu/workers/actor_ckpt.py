@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_npu.errors import UserError
+from verl_npu.errors import UserError, is_disk_full
 from verl_npu.workers import parallel
 
 log = logging.getLogger("verl_npu")
@@ -166,7 +166,7 @@ def save_actor(worker, actor_dir: str | Path) -> None:
 
     A full disk anywhere in here (torch's writer, safetensors) is re-raised as `OSError(ENOSPC)`
     naming `actor_dir`, so that the controller reports it as such."""
-    from verl_npu.trainer.checkpoint import is_disk_full, save_torch
+    from verl_npu.trainer.checkpoint import save_torch
 
     actor_dir = Path(actor_dir)
     save_contents, _ = checkpoint_contents(worker.cfg)
@@ -196,6 +196,20 @@ def save_actor(worker, actor_dir: str | Path) -> None:
             raise OSError(errno.ENOSPC, f"No space left on device (rank {rank})", str(actor_dir)) from exc
         raise
     parallel.barrier(ws)
+
+
+def _check_model_fits(module, state: dict, path: Path) -> None:
+    """UserError naming `path` when a weight of the checkpoint has another shape than the model's
+    weight of that name (a checkpoint of another model size), before anything is loaded."""
+    own = module.state_dict()
+    wrong = [f"{name} {tuple(value.shape)} vs {tuple(own[name].shape)}" for name, value in state.items()
+             if name in own and hasattr(value, "shape") and tuple(value.shape) != tuple(own[name].shape)]
+    if wrong:
+        raise UserError(
+            f"{path} holds weights of another shape than this run's model ({len(wrong)} of {len(state)}, "
+            f"checkpoint vs model: {'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}): it was saved "
+            "from another model. Resume it with the actor_rollout_ref.model.path that wrote it, or start fresh "
+            "(trainer.resume_mode=disable)")
 
 
 def load_actor(worker, actor_dir: str | Path) -> None:
@@ -240,13 +254,22 @@ def load_actor(worker, actor_dir: str | Path) -> None:
     if skipped and rank == 0:
         log.warning("actor_rollout_ref.actor.checkpoint.load_contents=%s: not loading %s from %s (they start "
                     "as in a fresh run)", load_contents, ", ".join(skipped), actor_dir)
-    if "model" in states:
-        state = states["model"]
-        if getattr(worker, "peft_model", None) is not None:
-            state = {name.removeprefix(PEFT_PREFIX): value for name, value in state.items()}
-        parallel.load_module_state_dict(worker.module, state)
-    if "optimizer" in states:
-        parallel.load_optimizer_state_dict(worker.module, worker.optimizer, states["optimizer"])
+    state = states.get("model")
+    if state is not None and getattr(worker, "peft_model", None) is not None:
+        state = {name.removeprefix(PEFT_PREFIX): value for name, value in state.items()}
+    if state is not None:
+        _check_model_fits(worker.module, state, files["model"])
+    try:
+        if state is not None:
+            parallel.load_module_state_dict(worker.module, state)
+        if "optimizer" in states:
+            parallel.load_optimizer_state_dict(worker.module, worker.optimizer, states["optimizer"])
+    except (RuntimeError, KeyError, ValueError, IndexError) as exc:
+        raise UserError(
+            f"checkpoint {actor_dir} does not fit this run's model ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0][:300]}): it was saved from another model or another LoRA setting; "
+            "resume it with the model.path and settings that wrote it, or start fresh "
+            "(trainer.resume_mode=disable)") from None
     if "extra" in states:
         restore_extra_state(states["extra"], worker.lr_scheduler, worker.device, files["extra"])
     if getattr(worker, "rollout", None) is not None:  # the critic has no rollout engine
