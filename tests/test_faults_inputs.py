@@ -397,3 +397,66 @@ def test_a_reward_beyond_float32_is_named_with_the_row(score):
         RewardScorer(lambda *a, **k: score).score(["x"], ["s"], ["g"], [{}], rows=["data file /d/t.parquet row 3"])
     assert f"{score:g}" in str(err.value)
     assert RewardScorer(lambda *a, **k: 3.4e38).score(["x"], ["s"], ["g"])[0] == [3.4e38]  # still float32
+
+
+# ---- updates that keep being skipped, weights that are not finite ------------------------------------
+_HUGE_REWARD = """
+calls = [0]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    calls[0] += 1
+    return 3e38 * (calls[0] % 2)  # finite float32, but its advantages overflow the gradient norm
+"""
+
+
+def _diverging_run(tmp_path, limit: str, steps: int) -> tuple[subprocess.CompletedProcess, Path]:
+    reward = tmp_path / "huge_reward.py"
+    reward.write_text(_HUGE_REWARD)
+    out = tmp_path / "out"
+    proc = _cli("run", "tiny_gsm8k", *text_run_overrides(out, text_data(tmp_path / "data"), **{
+        "custom_reward_function.path": reward, "algorithm.norm_adv_by_std_in_grpo": "false",
+        "trainer.total_training_steps": steps, "trainer.save_freq": 1,
+        "trainer.max_consecutive_skipped_updates": limit}))
+    return proc, out
+
+
+@pytest.mark.slow
+def test_a_run_whose_updates_keep_being_skipped_stops_with_an_error(tmp_path):
+    proc, out = _diverging_run(tmp_path, "2", 4)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert ("step 2: the last 2 optimizer steps of the actor were skipped for non-finite gradients "
+            "(trainer.max_consecutive_skipped_updates=2)") in proc.stderr, proc.stderr[-3000:]
+    assert "global_step_1, is intact" in proc.stderr
+    assert [p.name for p in CheckpointManager(out / "checkpoints").list_complete()] == ["global_step_1"]
+
+
+@pytest.mark.slow
+def test_skipped_updates_are_counted_in_metrics_and_summary(tmp_path):
+    import json
+
+    proc, out = _diverging_run(tmp_path, "null", 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["actor/skipped_updates"] for r in rows if "actor/skipped_updates" in r] == [1.0, 1.0]
+    assert [r["actor/skipped_updates_in_a_row"] for r in rows if "actor/skipped_updates" in r] == [1.0, 2.0]
+    assert "actor optimizer steps skipped for a non-finite gradient: 2" in proc.stderr
+
+
+def test_no_checkpoint_holds_a_non_finite_weight(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from verl_npu.workers import actor_ckpt
+
+    module = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        module.weight[0, 1] = float("nan")
+    worker = SimpleNamespace(module=module, world_size=1, rank=0, cfg=None, torch_device=torch.device("cpu"))
+    monkeypatch.setattr(actor_ckpt, "checkpoint_contents", lambda cfg: (["model"], ["model"]))
+    target = tmp_path / ".tmp-step" / "actor"
+    with pytest.raises(UserError, match=r"not saving .*actor: 1 weight tensor\(s\) of the actor hold non-finite"):
+        actor_ckpt.save_actor(worker, target)
+    assert not target.exists()

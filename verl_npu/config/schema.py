@@ -510,6 +510,10 @@ _k(f"{T}.max_critic_ckpt_to_keep", None, INT, "Keep only the newest N critic che
 _k(f"{T}.save_on_preempt", True, BOOL, "verl-npu: on SIGTERM (a scheduler preempting the job), finish the "
    "current step, save a checkpoint of it (even with save_freq=-1) and exit 143 naming it; false: exit 143 "
    "after the step without saving. Either way resume_mode=auto continues from the newest checkpoint.")
+_k(f"{T}.max_consecutive_skipped_updates", 5, INT, "verl-npu: stop the run with an error when this many "
+   "optimizer steps in a row (actor or critic) were skipped for a non-finite gradient norm: the run has diverged "
+   "and nothing it would save could be trusted (null: never stop; skips are counted in "
+   "<role>/skipped_updates either way and in the end-of-run summary).", min=1, nullable=True)
 _k(f"{T}.device", None, STR, "Device kind; null detects npu, then cuda, then cpu.",
    choices=("cpu", "cuda", "npu"))
 _k(f"{T}.profile_steps", None, STR_LIST, "verl's older spelling of the steps to profile.",

@@ -260,6 +260,7 @@ class PPOTrainer:
             "training/epoch": float((self.global_step - 1) // max(len(self.train_loader), 1)),
             "actor/entropy_before_update": float(entropy),
         }
+        self.stop_if_updates_keep_failing({**critic_metrics, **actor_metrics})
         metrics.update(critic_metrics)
         metrics.update(actor_metrics)
         metrics.update(sync_metrics)
@@ -269,6 +270,22 @@ class PPOTrainer:
         return metrics
 
     # ---- pieces of a step ---------------------------------------------------------------------
+    def stop_if_updates_keep_failing(self, update_metrics: dict[str, float]) -> None:
+        """Raise a UserError when a role's optimizer steps were skipped (non-finite gradients)
+        `trainer.max_consecutive_skipped_updates` times in a row, before anything of this step is logged
+        or saved: the weights have diverged."""
+        limit = self.cfg.trainer.get("max_consecutive_skipped_updates")
+        for role in ("actor", "critic"):
+            in_a_row = int(update_metrics.get(f"{role}/skipped_updates_in_a_row", 0))
+            if limit is not None and in_a_row >= int(limit):
+                latest = self.checkpoints.latest()
+                raise UserError(
+                    f"step {self.global_step}: the last {in_a_row} optimizer steps of the {role} were skipped for "
+                    f"non-finite gradients (trainer.max_consecutive_skipped_updates={int(limit)}): the run has "
+                    f"diverged. Lower the {role}'s optim.lr, check the rewards, or lower grad_clip; "
+                    + (f"the last complete checkpoint, {latest}, is intact (resume from it after the change)"
+                       if latest is not None else "no checkpoint was saved"))
+
     def old_log_prob_pass_needed(self) -> bool:
         """Whether the separate old-log-prob pass runs (asked of the workers once, logged once)."""
         if self.old_log_prob_reasons is None:

@@ -5,6 +5,8 @@ Read from the run's ``metrics.jsonl`` (so a resumed run summarises every step it
 - the mean training reward (``critic/score/mean``) over the first and the last 10 logged steps;
 - the share of the last step's responses cut at the token budget (``response_length/clip_ratio``:
   responses that never produced the end-of-turn token);
+- the optimizer steps skipped for a non-finite gradient (``actor/skipped_updates``,
+  ``critic/skipped_updates``), when there were any;
 - the last validation: mean reward and, where the reward logs one, accuracy, per data source;
 - for the built-in demo tasks, the best expected score of a policy that ignores its input
   (``verl_npu.rewards.BLIND_CEILINGS``; only when the built-in rewards score the run);
@@ -56,6 +58,11 @@ def run_summary(out_dir: str | Path, *, tensorboard_dir: str | Path | None = Non
                if isinstance(r.get("response_length/clip_ratio"), (int, float))]
     if clipped:
         lines.append(f"  responses cut at the token budget (no end of turn), last step: {clipped[-1]:.0%}")
+    for role in ("actor", "critic"):
+        skipped = sum(float(r.get(f"{role}/skipped_updates", 0) or 0) for r in rows)
+        if skipped:
+            lines.append(f"  {role} optimizer steps skipped for a non-finite gradient: {skipped:.0f} "
+                         f"({role}/skipped_updates): the updates of those steps were dropped")
     step, val = last_validation(rows)
     sources = sorted({k.split("/")[1] for k in val})
     for src in sources:

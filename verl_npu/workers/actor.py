@@ -162,6 +162,7 @@ class ActorRolloutRefWorker:
             problem = check_heads(self.module.config, sp)
             if problem:
                 raise UserError(f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}: {problem}")
+        self.optimizer_step = parallel.GuardedOptimizerStep("actor")
         self.optimizer = build_optimizer(
             [p for p in self.module.parameters() if p.requires_grad], actor_cfg.optim
         )
@@ -322,12 +323,7 @@ class ActorRolloutRefWorker:
                         value = float(value.detach()) if torch.is_tensor(value) else float(value)
                         summed = key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss")
                         sums.setdefault(key, []).append(value if summed else value * share)
-                grad_norm = parallel.clip_grad_norm(self.module, float(actor_cfg.grad_clip))
-                if not torch.isfinite(grad_norm):
-                    log.warning("non-finite grad norm %s: skipping this optimizer step", float(grad_norm))
-                    self.optimizer.zero_grad(set_to_none=True)
-                else:
-                    self.optimizer.step()
+                grad_norm = self.optimizer_step(self.module, self.optimizer, float(actor_cfg.grad_clip))
                 sums.setdefault("actor/grad_norm", []).append(float(grad_norm))
         self.lr_scheduler.step()
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
@@ -339,6 +335,7 @@ class ActorRolloutRefWorker:
             # per-mini-batch values were accumulated over micro-batches; average over mini-batches
             metrics[key] = sum(values) / (mini_batches if key != "actor/grad_norm" else len(values))
         metrics["actor/lr"] = float(self.lr_scheduler.get_last_lr()[0])
+        metrics.update(self.optimizer_step.metrics())
         if reuse:
             metrics.update(reuse_sums)
         mem = self.device.memory()

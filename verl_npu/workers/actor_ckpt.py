@@ -161,6 +161,12 @@ def save_hf_folder(out_dir: Path, module, tokenizer, processor, state_dict: dict
 
 
 # ---- save / load ----------------------------------------------------------------------------------
+def _local_params(worker):
+    """This rank's local tensors of every parameter (a DTensor's own shard)."""
+    for p in worker.module.parameters():
+        yield p.to_local() if hasattr(p, "to_local") else p
+
+
 def save_actor(worker, actor_dir: str | Path) -> None:
     """Write this rank's part of the actor folder (see the module docstring); a collective.
 
@@ -171,6 +177,14 @@ def save_actor(worker, actor_dir: str | Path) -> None:
     actor_dir = Path(actor_dir)
     save_contents, _ = checkpoint_contents(worker.cfg)
     ws, rank = worker.world_size, worker.rank
+    # every rank counts its shards' non-finite weights and all learn the total: all refuse together
+    bad = parallel.all_reduce_sum(float(sum(not bool(torch.isfinite(p.detach()).all()) for p in _local_params(worker))),
+                                  ws, worker.torch_device)
+    if bad:
+        raise UserError(
+            f"not saving {actor_dir}: {int(bad)} weight tensor(s) of the {actor_dir.name} hold non-finite values "
+            "(NaN / inf), which no checkpoint may hold; the run diverged (lower the learning rate, check the "
+            "rewards, or lower grad_clip). The checkpoints saved before are intact: resume from the last one")
     try:
         actor_dir.mkdir(parents=True, exist_ok=True)
         # one worker is not sharded; its files still hold DTensors of a one-rank mesh, as verl's do

@@ -106,6 +106,7 @@ class CriticWorker:
         # sequences on each (no sequence parallelism), so its data-parallel size is the actor's
         self.sp = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
         self.dp_size = self.world_size // self.sp
+        self.optimizer_step = parallel.GuardedOptimizerStep("critic")
         self.optimizer = build_optimizer([p for p in self.module.parameters() if p.requires_grad], critic_cfg.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, critic_cfg.optim, self.total_training_steps)
         return {"num_params": sum(p.numel() for p in self.module.parameters())}
@@ -185,17 +186,13 @@ class CriticWorker:
                     sums.setdefault("critic/vf_clipfrac", []).append(float(out["vf_clipfrac"]) * share)
                     vpred_mean = algorithms.masked_mean(vpreds.detach(), mask)
                     sums.setdefault("critic/vpred_mean", []).append(float(vpred_mean) * share)
-                grad_norm = parallel.clip_grad_norm(self.module, float(c.grad_clip))
-                if not torch.isfinite(grad_norm):
-                    log.warning("critic: non-finite grad norm %s: skipping this optimizer step", float(grad_norm))
-                    self.optimizer.zero_grad(set_to_none=True)
-                else:
-                    self.optimizer.step()
+                grad_norm = self.optimizer_step(self.module, self.optimizer, float(c.grad_clip))
                 sums.setdefault("critic/grad_norm", []).append(float(grad_norm))
         self.lr_scheduler.step()
         mini_batches = max(1, epochs * -(-len(batch) // mini_rows))
         metrics = {k: sum(v) / (len(v) if k == "critic/grad_norm" else mini_batches) for k, v in sums.items()}
         metrics["critic/lr"] = float(self.lr_scheduler.get_last_lr()[0])
+        metrics.update(self.optimizer_step.metrics())
         return metrics
 
     # ---- checkpoints ----------------------------------------------------------------------------

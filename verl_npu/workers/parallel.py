@@ -8,10 +8,13 @@ own unit and the root holds the embeddings and the head (tied weights stay in on
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger("verl_npu")
 
 
 def is_distributed(world_size: int) -> bool:
@@ -175,6 +178,34 @@ def clip_grad_norm(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
     if hasattr(norm, "full_tensor"):  # DTensor under FSDP2
         norm = norm.full_tensor()
     return norm.detach().float().cpu()
+
+
+class GuardedOptimizerStep:
+    """One optimizer step after clipping, skipped when the gradient norm is not finite, with the
+    count of skipped steps in this update and in a row (across updates: the trainer stops a run
+    whose steps keep being skipped, `trainer.max_consecutive_skipped_updates`)."""
+
+    def __init__(self, role: str):
+        self.role, self.in_a_row, self.skipped = role, 0, 0
+
+    def __call__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+        grad_norm = clip_grad_norm(module, max_norm)
+        if torch.isfinite(grad_norm):
+            optimizer.step()
+            self.in_a_row = 0
+        else:
+            logger.warning("%s: non-finite grad norm %s: skipping this optimizer step", self.role, float(grad_norm))
+            optimizer.zero_grad(set_to_none=True)
+            self.in_a_row += 1
+            self.skipped += 1
+        return grad_norm
+
+    def metrics(self) -> dict[str, float]:
+        """`<role>/skipped_updates` since the last call (then reset) and `<role>/skipped_updates_in_a_row`."""
+        out = {f"{self.role}/skipped_updates": float(self.skipped),
+               f"{self.role}/skipped_updates_in_a_row": float(self.in_a_row)}
+        self.skipped = 0
+        return out
 
 
 _ONE_RANK_MESHES: dict = {}
