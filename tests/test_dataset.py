@@ -164,14 +164,29 @@ def test_truncate_ids_odd_middle():
     assert truncate_ids(ids, 20, "left").tolist() == list(range(10))
 
 
-def test_truncation_error_names_row_and_length(text_tokenizer, tmp_path):
-    path = text_file(tmp_path, ["short", " ".join(["long"] * 80)])
-    ds = RLDataset(path, text_tokenizer, None, cfg(max_prompt_length=30))
-    assert len(ds[0]["raw_prompt_ids"]) < 30
-    n = ds.prompt_length(1)
-    with pytest.raises(UserError, match=rf"text.parquet row 1: the prompt is {n} tokens, longer than "
-                                        rf"data.max_prompt_length=30.*at least {n}.*filter_overlong_prompts"):
-        ds[1]
+def test_truncation_error_names_every_long_row_when_the_dataset_is_built(text_tokenizer, tmp_path):
+    """truncation=error: all rows are measured when the dataset is built, not when training reaches them."""
+    long = " ".join(["long"] * 80)
+    path = text_file(tmp_path, ["short", long, "short too", long])
+    n = RLDataset(path, text_tokenizer, None, cfg(max_prompt_length=1024)).prompt_length(1)
+    with pytest.raises(UserError, match=rf"2 of 4 rows have prompts longer than data.max_prompt_length=30 "
+                                        rf"\(checked before training\):\n  - data file .*text.parquet row 1: {n} "
+                                        rf"tokens\n  - data file .*row 3: {n} tokens\nFix: .*filter_overlong_prompts"):
+        RLDataset(path, text_tokenizer, None, cfg(max_prompt_length=30))
+    ds = RLDataset(path, text_tokenizer, None, cfg(max_prompt_length=30, truncation="left"))  # cut, not refused
+    assert len(ds[1]["raw_prompt_ids"]) == 30
+
+
+def test_a_row_without_ground_truth_is_named_when_the_dataset_is_built(text_tokenizer, tmp_path):
+    rows = [rl_row(f"q{i}", None, "7", "openai/gsm8k") for i in range(5)]
+    rows[2]["reward_model"]["ground_truth"] = None
+    rows[4]["reward_model"] = None
+    path = tmp_path / "gt.parquet"
+    write_rl_parquet(rows, path, with_images=False)
+    with pytest.raises(UserError, match=r"2 of 5 rows have no reward_model.ground_truth .*\n  - data file "
+                                        r".*gt.parquet row 2: .*\n  - data file .*gt.parquet row 4: 'reward_model' "
+                                        r"is None\nFix: give every row a ground truth"):
+        RLDataset(str(path), text_tokenizer, None, cfg())
 
 
 def test_truncation_never_cuts_image_tokens(processor, tmp_path):

@@ -460,3 +460,29 @@ def test_no_checkpoint_holds_a_non_finite_weight(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"not saving .*actor: 1 weight tensor\(s\) of the actor hold non-finite"):
         actor_ckpt.save_actor(worker, target)
     assert not target.exists()
+
+
+# ---- a checkpoint folder that is a link ------------------------------------------------------------
+def test_rotation_removes_a_linked_checkpoint_link_once_and_keeps_its_folder(tmp_path, caplog):
+    import logging
+
+    from verl_npu.trainer.checkpoint import COMPLETE_FILE
+
+    elsewhere = tmp_path / "kept_by_the_user" / "global_step_1"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "weights.bin").write_bytes(b"mine")
+    (elsewhere / COMPLETE_FILE).write_text("")
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "global_step_1").symlink_to(elsewhere, target_is_directory=True)
+    manager = CheckpointManager(root, max_to_keep=1)
+    with caplog.at_level(logging.INFO, logger="verl_npu"):
+        for step in (2, 3):
+            manager.save(step, lambda d, s=step: (d / "w.bin").write_text(str(s)))
+        CheckpointManager(root, max_to_keep=1)  # a restart's crash recovery finds nothing to restore
+    assert [p.name for p in manager.list_complete()] == ["global_step_3"]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == []
+    assert (elsewhere / "weights.bin").read_bytes() == b"mine"  # the user's folder is untouched
+    removed = [r.getMessage() for r in caplog.records if "global_step_1" in r.getMessage()]
+    assert len(removed) == 1 and "removed the link" in removed[0] and "left in place" in removed[0], removed
+    assert not any("restored" in r.getMessage() for r in caplog.records)

@@ -188,6 +188,9 @@ class RLDataset:
         self.check_images()
         if self.settings.filter_overlong_prompts:
             self._filter_overlong()
+        elif self.settings.truncation == "error":
+            self.check_prompt_lengths()
+        self.check_ground_truths()
 
     # ------------------------------------------------------------------ setup
     def _init_vision(self) -> None:
@@ -326,7 +329,8 @@ class RLDataset:
                        f"{self.max_pixels}), or set data.filter_overlong_prompts=true to drop such rows")
         return out
 
-    def _filter_overlong(self) -> None:
+    def _prompt_lengths(self) -> list[int]:
+        """`prompt_length` of every visible row (over `filter_overlong_prompts_workers` processes)."""
         n = len(self._refs)
         workers = max(1, int(self.settings.filter_overlong_prompts_workers or 1))
         if workers > 1 and n > 1 and "fork" in mp.get_all_start_methods():
@@ -334,11 +338,41 @@ class RLDataset:
             _FILTER_DATASET = self  # children inherit it through fork; nothing large is pickled
             try:
                 with mp.get_context("fork").Pool(min(workers, n)) as pool:
-                    lengths = pool.map(_prompt_length_in_worker, range(n), chunksize=max(1, n // (4 * workers)))
+                    return pool.map(_prompt_length_in_worker, range(n), chunksize=max(1, n // (4 * workers)))
             finally:
                 _FILTER_DATASET = None
-        else:
-            lengths = [self.prompt_length(i) for i in range(n)]
+        return [self.prompt_length(i) for i in range(n)]
+
+    def _raise_bad_rows(self, what: str, problems: list[str], fix: str) -> None:
+        if problems:
+            more = f"\n  ({len(problems)} such rows in all)" if len(problems) > MAX_LISTED_PROBLEMS else ""
+            raise UserError(f"{len(problems)} of {len(self._refs)} rows {what} (checked before training):\n  - "
+                            + "\n  - ".join(problems[:MAX_LISTED_PROBLEMS]) + more + f"\nFix: {fix}")
+
+    def check_prompt_lengths(self) -> None:
+        """With ``truncation=error`` (and no filtering), every prompt must fit ``max_prompt_length``:
+        all rows are measured when the dataset is built, not when training reaches them."""
+        limit = self.settings.max_prompt_length
+        self._raise_bad_rows(
+            f"have prompts longer than data.max_prompt_length={limit}",
+            [f"{self._row(i)[1]}: {n} tokens" for i, n in enumerate(self._prompt_lengths()) if n > limit],
+            "raise data.max_prompt_length, set data.filter_overlong_prompts=true to drop such rows, or set "
+            "data.truncation to left, right or middle")
+
+    def check_ground_truths(self) -> None:
+        """Every visible row needs ``reward_model.ground_truth`` (not null) for its reward."""
+        columns = [t.column("reward_model").to_pylist() for t in self._tables]
+        problems = []
+        for fi, r in self._refs:
+            rm = columns[fi][r]
+            if not isinstance(rm, dict) or rm.get("ground_truth") is None:
+                problems.append(f"data file {self.files[fi]} row {r}: 'reward_model' is {rm!r}")
+        self._raise_bad_rows("have no reward_model.ground_truth", problems,
+                             "give every row a ground truth (re-run data prep), or drop those rows")
+
+    def _filter_overlong(self) -> None:
+        n = len(self._refs)
+        lengths = self._prompt_lengths()
         keep = [ref for ref, length in zip(self._refs, lengths) if length <= self.settings.max_prompt_length]
         self.num_filtered = n - len(keep)
         if not keep:

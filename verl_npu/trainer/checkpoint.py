@@ -480,6 +480,14 @@ class CheckpointManager:
                 break
             if path == keep:
                 continue
+            if path.is_symlink():  # a link the user made: drop the link, never the folder it points to
+                target = os.readlink(path)
+                path.unlink()
+                _fsync_dir(self.root)
+                logger.info("removed the link %s -> %s (max_to_keep=%d); the folder it points to is left in place",
+                            path, target, self.max_to_keep)
+                excess -= 1
+                continue
             # Rename before deleting so a half-deleted folder is never visible as a checkpoint.
             trash = self.root / f"{_OLD_PREFIX}{path.name}-{os.getpid()}"
             if trash.exists():
