@@ -1,5 +1,5 @@
-"""The loss modes of verl_npu.policy_loss_modes and the estimators of verl_npu.advantage_modes against
-values worked out by hand on small tensors (tests/test_verl_algorithms.py compares them with verl itself)."""
+"""The loss modes of verl_npu.algorithms.policy_loss_modes and the estimators of verl_npu.algorithms.advantage_modes
+against values worked out by hand on small tensors (tests/test_verl_algorithms.py compares them with verl itself)."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from verl_npu import algorithms as A
-from verl_npu.advantage_modes import gdpo_advantage
+from verl_npu.algorithms.advantage_modes import gdpo_advantage
 from verl_npu.policy_losses import POLICY_LOSS_MODES
 
 D = torch.float64

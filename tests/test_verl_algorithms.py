@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from verl_npu import algorithms as A
-from verl_npu.advantage_modes import gdpo_advantage
+from verl_npu.algorithms.advantage_modes import gdpo_advantage
 from verl_npu.policy_losses import POLICY_LOSS_MODES
 
 REPO = Path(__file__).resolve().parents[1]

@@ -48,7 +48,9 @@ from typing import Callable
 from verl_npu.errors import UserError, is_disk_full
 from verl_npu.trainer.verl_resume import is_verl_checkpoint
 from verl_npu.trainer.ckpt_files import (  # noqa: F401 - re-exported: the checkpoint API in one place
+    _STEP_DIR_RE,
     LEGACY_TRAINER_STATE_FILE,
+    STEP_DIR_PREFIX,
     TRAINER_STATE_FILE,
     UnsafeCheckpointFile,
     load_rng_state,
@@ -59,6 +61,7 @@ from verl_npu.trainer.ckpt_files import (  # noqa: F401 - re-exported: the check
     save_rng_state,
     save_torch,
     save_trainer_state,
+    step_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -68,8 +71,6 @@ COMPLETE_FILE = "COMPLETE"
 MANIFEST_FILE = "manifest.json"
 _MANIFEST_FORMAT = "verl-npu checkpoint manifest"
 _CHUNK = 8 << 20  # bytes read at a time for checksums
-STEP_DIR_PREFIX = "global_step_"
-_STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
 # Hidden names: a save in progress, and a finished checkpoint being replaced or deleted.
 _TMP_PREFIX = ".tmp-"
 _OLD_PREFIX = ".old-"
@@ -314,13 +315,7 @@ class CheckpointManager:
         self.cleanup_leftovers()
 
     # ---- naming ---------------------------------------------------------------------------
-    @staticmethod
-    def step_of(path: str | Path) -> int:
-        """The N of a folder named `global_step_N` (ValueError for any other name)."""
-        match = _STEP_DIR_RE.match(Path(path).name)
-        if not match:
-            raise ValueError(f"{path}: not a checkpoint folder (expected a name like global_step_10)")
-        return int(match.group(1))
+    step_of = staticmethod(step_of)
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"{STEP_DIR_PREFIX}{int(step)}"

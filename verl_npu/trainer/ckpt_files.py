@@ -28,6 +28,19 @@ LEGACY_TRAINER_STATE_FILE = "data.pt"
 _TRAINER_STATE_FORMAT = "verl-npu trainer state"
 
 
+# ---- step folders ----------------------------------------------------------------------------
+STEP_DIR_PREFIX = "global_step_"
+_STEP_DIR_RE = re.compile(r"^global_step_(\d+)$")
+
+
+def step_of(path: str | Path) -> int:
+    """The N of a folder named `global_step_N` (ValueError for any other name)."""
+    match = _STEP_DIR_RE.match(Path(path).name)
+    if not match:
+        raise ValueError(f"{path}: not a checkpoint folder (expected a name like global_step_10)")
+    return int(match.group(1))
+
+
 # ---- torch files -----------------------------------------------------------------------------
 def save_torch(obj: Any, path: str | Path) -> None:
     """`torch.save(obj)` to `path` through a temp file + fsync + `os.replace` (never half-written).

@@ -56,10 +56,10 @@ def _batches_yielded(folder: Path) -> int | None:
 def trainer_state_from_verl(folder: str | Path, loader, kl_coef: float) -> dict[str, Any]:
     """The trainer state (as `load_trainer_state` returns it, `rng` None: verl keeps none for the
     controller) that continues verl's run of checkpoint `folder` with verl-npu's `loader`."""
-    from verl_npu.trainer.checkpoint import CheckpointManager
+    from verl_npu.trainer.ckpt_files import step_of
 
     folder = Path(folder)
-    step = CheckpointManager.step_of(folder)
+    step = step_of(folder)
     per_epoch = max(len(loader), 1)
     epoch, batch = divmod(step, per_epoch)
     yielded = _batches_yielded(folder)

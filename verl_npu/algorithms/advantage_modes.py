@@ -2,10 +2,10 @@
 
 Each has the estimator signature of ``verl_npu.algorithms`` (``fn(token_level_rewards, response_mask,
 group_ids, config, **kw) -> (advantages, returns)``, both [B, T]) and registers itself in
-``algorithms.ADVANTAGE_ESTIMATORS`` when imported (``algorithms`` imports this module at its end).
+``core.ADVANTAGE_ESTIMATORS`` when imported (the ``verl_npu.algorithms`` package imports this module).
 ``s_i = Σ_t r_{i,t}·mask_{i,t}`` is the score of row i (rewards on padding are ignored); a group g is
 the rows with the same uid, of size n_g. Every advantage is broadcast over the row's response
-tokens (0 on padding) and returns = advantages. This module imports torch and ``verl_npu.algorithms`` only.
+tokens (0 on padding) and returns = advantages. This module imports torch and ``verl_npu.algorithms.core`` only.
 
 ``gdpo_advantage`` is here too but not registered: it needs each reward component of every row
 (``reward_components``), which the trainer does not pass to the estimator yet, so
@@ -18,7 +18,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 
-from verl_npu.algorithms import (
+from verl_npu.algorithms.core import (
     GRPO_EPS, _cfg_get, _groups, _sequence_scores, grpo_advantage, masked_whiten, register_advantage,
 )
 

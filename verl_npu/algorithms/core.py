@@ -427,7 +427,7 @@ def ppo_policy_loss(
 #: policy losses by ``actor.policy_loss.loss_mode``; each takes ``ppo_policy_loss``'s arguments (and the
 #: keyword ``config``: the actor's config section) and returns a dict with ``pg_loss`` and the metrics
 #: verl logs for that mode (pg_clipfrac, ppo_kl, pg_clipfrac_lower). The other modes of verl live in
-#: ``verl_npu.policy_loss_modes``, which registers them here when this module is imported (see its end).
+#: ``verl_npu.algorithms.policy_loss_modes``, which registers them here (the package imports it).
 POLICY_LOSSES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {"vanilla": ppo_policy_loss}
 
 
@@ -577,10 +577,3 @@ def apply_kl_in_reward(
         current_kl = masked_mean(kld, mask, dim=-1).mean().item()
     kl_ctrl.update(current_kl, n_steps=token_level_scores.shape[0])
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
-
-
-# The policy losses and advantage estimators of verl beyond the ones above live in their own modules
-# (this one stays small); each registers itself into POLICY_LOSSES / ADVANTAGE_ESTIMATORS when imported.
-# They import this module's helpers, so they are imported here, after everything they use is defined.
-import verl_npu.advantage_modes  # noqa: E402,F401  (registers opo, grpo_passk, gpg, *_vectorized)
-import verl_npu.policy_loss_modes  # noqa: E402,F401  (registers gspo, sapo, gpg, clip_cov, ...)

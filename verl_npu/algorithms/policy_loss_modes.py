@@ -12,9 +12,9 @@ global-batch arguments of ``agg_loss`` (``global_tokens``, ``global_seqs``, ``dp
 Notation: ``d = logp - old`` per token, ``A`` the advantages, ``mask`` the response mask,
 ``mean_mask(x)`` the masked token mean over this call (a micro-batch in training, as in verl),
 ``agg(L)`` = ``agg_loss(L, mask, loss_agg_mode, **agg_kwargs)``, ``sg`` stop-gradient. Metrics are
-detached. This module imports torch and ``verl_npu.algorithms`` only; ``algorithms`` imports it at
-its end, and each loss registers itself in ``algorithms.POLICY_LOSSES`` (looked up by
-``algorithms.policy_loss_fn``).
+detached. This module imports torch and ``verl_npu.algorithms.core`` only; the ``verl_npu.algorithms``
+package imports it, and each loss registers itself in ``core.POLICY_LOSSES`` (looked up by
+``policy_loss_fn``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from verl_npu.algorithms import LOG_RATIO_CLAMP, POLICY_LOSSES, agg_loss, masked_mean
+from verl_npu.algorithms.core import LOG_RATIO_CLAMP, POLICY_LOSSES, agg_loss, masked_mean
 
 #: gspo caps the log of the sequence ratio at this value (verl's numerical guard)
 GSPO_LOG_RATIO_MAX = 10.0

@@ -1,0 +1,13 @@
+"""RL algorithms as pure tensor functions (``core``: advantages, the PPO policy loss, KL, loss
+aggregation, the two name registries) and verl's further policy losses and advantage estimators
+(``policy_loss_modes``, ``advantage_modes``: each registers itself into ``core``'s registries when
+imported, which this package does). Look names up here: ``policy_loss_fn(mode)``,
+``compute_advantages(name, ...)``."""
+
+from verl_npu.algorithms import advantage_modes, policy_loss_modes  # noqa: F401 - registers their names
+from verl_npu.algorithms.core import (  # noqa: F401 - the package's face
+    ADVANTAGE_ESTIMATORS, GRPO_EPS, KL_KINDS, LOG_RATIO_CLAMP, LOSS_AGG_MODES, LOW_VAR_KL_CLAMP, POLICY_LOSSES,
+    WHITEN_EPS, AdaptiveKLController, FixedKLController, agg_loss, apply_kl_in_reward, clipped_value_loss,
+    compute_advantages, entropy_from_logits, kl_penalty, make_kl_controller, masked_mean, masked_sum, masked_var,
+    masked_whiten, policy_loss_fn, ppo_policy_loss, register_advantage,
+)
