@@ -204,7 +204,7 @@ def _closed_port() -> int:
 def test_unreachable_ray_address_is_a_user_error_and_a_listening_one_passes():
     import socket
 
-    from verl_npu.cluster import check_ray_address_reachable
+    from verl_npu.workers.ray_group import check_ray_address_reachable
 
     port = _closed_port()
     for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
@@ -220,7 +220,7 @@ def test_unreachable_ray_address_is_a_user_error_and_a_listening_one_passes():
 
 @pytest.mark.parametrize("address", ["garbage", "host:", ":6379", "10.0.0.1:port", "10.0.0.1:70000", "ray://"])
 def test_malformed_ray_address_is_a_user_error_naming_it(address):
-    from verl_npu.cluster import check_ray_address_reachable
+    from verl_npu.workers.ray_group import check_ray_address_reachable
 
     with pytest.raises(UserError) as err:
         check_ray_address_reachable(address, timeout_s=1)

@@ -314,7 +314,7 @@ def test_rope_scaling_raises_the_model_length_limit(tmp_path):
 
 def test_rollout_engine_names_come_from_the_registry():
     from verl_npu.config import SCHEMA
-    from verl_npu.rollout import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS
+    from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS
 
     key = SCHEMA[A + "rollout.name"]
     assert key.choices == tuple(ROLLOUT_ENGINES) and key.unsupported == tuple(UNSUPPORTED_ROLLOUTS)

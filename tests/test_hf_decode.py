@@ -14,7 +14,8 @@ from transformers import (AutoModelForCausalLM, AutoModelForImageTextToText, Aut
 
 from verl_npu.batch import Batch
 from verl_npu.models.forward import VisionTokens, mm_token_type_ids
-from verl_npu.rollout.base import SamplingParams, stop_and_pad_ids, vision_marker_ids
+from verl_npu.models.forward import vision_marker_ids
+from verl_npu.rollout.base import SamplingParams, stop_and_pad_ids
 from verl_npu.rollout.decode import PerRowSampler, decode
 from verl_npu.rollout.hf import HFRollout
 

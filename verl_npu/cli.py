@@ -86,7 +86,7 @@ def summary_lines(rc) -> list[str]:
         f"(ceil({tbs} / ppo_mini_batch_size {mini}) x ppo_epochs {actor.ppo_epochs})",
         f"responses per update: {mini * n} ({per_device} per device)",
     ]
-    from verl_npu.rollout import rollout_group_size, rollout_spec
+    from verl_npu.rollout_engines import rollout_group_size, rollout_spec
 
     rollout = b.actor_rollout_ref.rollout
     group = rollout_group_size(b)

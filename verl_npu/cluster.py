@@ -262,35 +262,6 @@ def _load(args: argparse.Namespace):
     return rc, detect_device(rc.backend.trainer.device)
 
 
-RAY_CONNECT_PROBE_S = 10.0
-
-
-def check_ray_address_reachable(address: str, timeout_s: float = RAY_CONNECT_PROBE_S) -> None:
-    """Raise a UserError unless a TCP connection to `address` (`host:port` or `ray://host:port`)
-    opens within `timeout_s`. `ray.init(address=...)` on an unreachable address keeps retrying for
-    minutes before it fails, so the address is probed first. `auto` and `local` are left to Ray;
-    any other form without a host and a numeric port is a UserError saying what Ray accepts."""
-    import socket
-
-    if address.strip() in ("auto", "local"):
-        return
-    host_port = address.split("://", 1)[-1].rsplit("/", 1)[0]
-    host, sep, port = host_port.rpartition(":")
-    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(
-            f"the Ray address {address!r} (RAY_ADDRESS, or preflight --address) is not one Ray understands. "
-            "Fix: set it to the head node's host:port (e.g. 10.0.0.1:6379, what `ray start --head` prints), "
-            "ray://host:10001, or auto; or unset RAY_ADDRESS to run on this machine")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise UserError(
-            f"cannot connect to the Ray cluster at {address} ({exc.strerror or type(exc).__name__} "
-            f"within {timeout_s:.0f}s). Fix: start the head node first (`ray start --head`), check "
-            f"RAY_ADDRESS / MASTER_ADDR / MASTER_PORT, or unset RAY_ADDRESS to run on this machine"
-        ) from None
-
-
 class _RayNodes:
     """`ray.nodes()` of the cluster at `address`, through one driver connection (closed by `close`,
     which disconnects without stopping the cluster)."""
@@ -299,6 +270,8 @@ class _RayNodes:
         import logging
 
         import ray
+
+        from verl_npu.workers.ray_group import check_ray_address_reachable
 
         self._ray = ray
         check_ray_address_reachable(address)

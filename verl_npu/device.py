@@ -227,6 +227,19 @@ def _normalize_requested(requested: str | None) -> str | None:
     return name
 
 
+def npu_stack_installed() -> bool:
+    """Whether `torch_npu` can be imported, asked without importing it or torch (what the config
+    checks may know before anything starts; a module set in sys.modules counts, None as missing)."""
+    import importlib.util
+
+    if "torch_npu" in sys.modules:
+        return sys.modules["torch_npu"] is not None
+    try:
+        return importlib.util.find_spec("torch_npu") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def detect_device(requested: str | None = None) -> "DeviceInfo":
     """The device to run on.
 

@@ -16,6 +16,7 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     rules         per-key checks and the cross-key rule registry (RULES), trainer refusals included
     rules_roles   the worker roles' rules (every role's FSDP settings, reward_model.*, actor.policy_loss),
                   added to RULES
+    rules_profiler  the profiler tools and their rule, added to RULES (torch-free device kind)
     paths         --check-paths: data files, model folders (hub ids resolved), reward file, adapter
     derive        derived values
     verl_npu.recipes   finding shipped recipe files (uses tree only)

@@ -27,7 +27,7 @@ from verl_npu.config.modelinfo import LONG_RESPONSE, model_heads, ulysses_size
 from verl_npu.config.schema import PLACEHOLDER
 from verl_npu.config.tree import ACTOR, BC, DATA, REF, ROLL, TRAINER, get
 from verl_npu.errors import Problem
-from verl_npu.rollout import ROLLOUT_ENGINES
+from verl_npu.rollout_engines import ROLLOUT_ENGINES
 
 class _Skip(Exception):
     pass

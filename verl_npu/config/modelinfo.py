@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from verl_npu.models.hub import cached_folder, looks_like_hub_id
+from verl_npu.hub import cached_folder, looks_like_hub_id
 
 LONG_RESPONSE = 8192
 TOKENS_PER_SP_RANK = 2048

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from verl_npu.config import rules_roles
+from verl_npu.config import rules_profiler, rules_roles  # noqa: F401 - rules_profiler: registers its rule
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
 from verl_npu.estimators import needs_critic
@@ -37,7 +37,7 @@ def resolve_hub_ids(rc) -> list[Problem]:
     is reachable and HF_HUB_OFFLINE is not set), in `rc.cfg` itself, so that workers and the rollout
     engine load that folder; each replacement is recorded in `rc.derived` (`rc.set_derived`) with the id. Returns a
     Problem for each id that could not be resolved."""
-    from verl_npu.models.hub import HubIdMissing, hub_folder, looks_like_hub_id
+    from verl_npu.hub import HubIdMissing, hub_folder, looks_like_hub_id
 
     problems: list[Problem] = []
     for key in _model_path_keys(rc.cfg):

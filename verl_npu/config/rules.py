@@ -26,7 +26,7 @@ from verl_npu.config.schema import (
 from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, get, is_placeholder, scalar
 from verl_npu.errors import Problem
 from verl_npu.estimators import ESTIMATORS
-from verl_npu.rollout import ROLLOUT_ENGINES
+from verl_npu.rollout_engines import ROLLOUT_ENGINES
 
 
 # ------------------------------------------------------------------ per-key checks
@@ -309,7 +309,7 @@ def _group_needs_n(c: Ctx) -> Iterator[Problem]:
 @_rule("logger_library", (TRAINER + "logger",),
        "every tracker in trainer.logger (wandb, mlflow, swanlab) needs its library: pip install 'verl-npu[NAME]'")
 def _logger_library(c: Ctx) -> Iterator[Problem]:
-    from verl_npu.trainer.loggers import missing_library
+    from verl_npu.metric_sinks import missing_library
 
     loggers = c(TRAINER + "logger")
     for name in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
@@ -317,21 +317,6 @@ def _logger_library(c: Ctx) -> Iterator[Problem]:
         if problem:
             what, _, fix = problem.partition(": ")
             yield Problem(TRAINER + "logger", f"{name}: {what}", fix)
-
-
-_GP = BC + "global_profiler."
-_PROFILER_ROLES = {role: BC + f"actor_rollout_ref.{role}.profiler." for role in ("actor", "ref", "rollout")}
-
-
-@_rule("profiler", (_GP + "tool", _GP + "steps", TRAINER + "device", *(
-    p + k for p in _PROFILER_ROLES.values() for k in ("enable", "all_ranks", "ranks", "tool", "tool_config"))),
-       "profiling needs a tool that runs here (torch; npu on NPU runs), global_profiler.steps, and a role's "
-       "profiler.enable selecting ranks (all_ranks or ranks); verl's other tools are refused with the reason")
-def _profiler(c: Ctx) -> Iterator[Problem]:
-    from verl_npu.trainer.profiling import config_problems
-
-    for key, message, fix in config_problems(c, _GP, _PROFILER_ROLES, TRAINER + "device", c.world):
-        yield Problem(key, message, fix)
 
 
 @_rule("sampling_temperature", (ROLL + "do_sample", ROLL + "temperature", ROLL + "val_kwargs.do_sample",

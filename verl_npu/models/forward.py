@@ -24,7 +24,13 @@ from verl_npu.errors import UserError
 from verl_npu.models.fused_logprobs import compiled_log_probs_entropy, fused_head, log_probs_entropy, suppress_logits
 from verl_npu.models.shared_prompt import shared_prompt_layout
 from verl_npu.models.varlen import packed_attention
-from verl_npu.rollout.base import vision_marker_ids
+
+def vision_marker_ids(config) -> list[int]:
+    """Image/video marker tokens: a response must never contain them (the model would look for
+    pixels behind them), so engines forbid sampling them."""
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return [int(getattr(config, n)) for n in names if getattr(config, n, None) is not None]
+
 
 # Model types whose forward accepts packed sequences described only by restarting position ids.
 _PACKING_MODEL_TYPES = {"qwen2", "qwen2_5_vl", "qwen2_vl", "qwen3", "llama", "mistral"}

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from verl_npu.errors import UserError
-from verl_npu.models.hub import hub_folder, looks_like_hub_id
+from verl_npu.hub import hub_folder, looks_like_hub_id
 from verl_npu.models.tiny import is_tiny_uri, materialize
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def resolve_model_path(path) -> str:
     """The local path for ``path``: ``tiny://NAME`` is materialized (built on first use) and its
     cache folder returned; a leading ``~`` is expanded; a hub id (``owner/name[@revision]``) that
     is not a local folder becomes its snapshot folder in the Hugging Face cache
-    (`verl_npu.models.hub.hub_folder`: a UserError when it is not there and cannot be downloaded);
+    (`verl_npu.hub.hub_folder`: a UserError when it is not there and cannot be downloaded);
     anything else is returned unchanged."""
     if path is None or str(path).strip() == "":
         raise UserError(f"{MODEL_KEY}.path is empty: set it to a model folder, a hub id or tiny://qwen25vl")

@@ -98,13 +98,6 @@ def stop_and_pad_ids(module, tokenizer) -> tuple[list[int], int]:
     return eos_ids, int(pad_id)
 
 
-def vision_marker_ids(config) -> list[int]:
-    """Image/video marker tokens: a response must never contain them (the model would look for
-    pixels behind them), so engines forbid sampling them."""
-    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-    return [int(getattr(config, n)) for n in names if getattr(config, n, None) is not None]
-
-
 def finish_rollout(prompts: Batch, responses: torch.Tensor, eos_ids: list[int], pad_id: int, n: int) -> Batch:
     """Shared tail of every engine: pad responses, build masks and the full sequences."""
     rows = prompts.repeat_interleave(n)

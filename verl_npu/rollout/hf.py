@@ -27,13 +27,12 @@ import torch
 import torch.nn.functional as F
 
 from verl_npu.batch import Batch
-from verl_npu.models.forward import merge_multi_modal_inputs
+from verl_npu.models.forward import merge_multi_modal_inputs, vision_marker_ids
 from verl_npu.rollout.base import (
     RolloutEngine,
     SamplingParams,
     finish_rollout,
     stop_and_pad_ids,
-    vision_marker_ids,
 )
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed

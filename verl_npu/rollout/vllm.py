@@ -48,12 +48,12 @@ import torch
 
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
+from verl_npu.models.forward import vision_marker_ids
 from verl_npu.rollout.base import (
     RolloutEngine,
     SamplingParams,
     finish_rollout,
     stop_and_pad_ids,
-    vision_marker_ids,
 )
 from verl_npu.rollout.requests import prompt_seed, request_outputs_to_samples, samples_to_tensors, token_prompts
 

@@ -23,21 +23,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from verl_npu.config.rules_profiler import ROLES, TOOLS
+
 log = logging.getLogger("verl_npu")
 
-#: tools that run here, and the device kinds each runs on.
-TOOLS = {"torch": ("cpu", "cuda", "npu"), "npu": ("npu",)}
-#: verl's other tools: refused by name, with the reason.
-REFUSED_TOOLS = {
-    "nsys": "Nsight Systems must wrap each Ray worker process at start-up, which verl-npu does not do; "
-            "use global_profiler.tool=torch (CUDA kernels are in its trace)",
-    "torch_memory": "memory snapshots are not implemented; use global_profiler.tool=torch with "
-                    "<role>.profiler.tool_config.torch.contents=[memory]",
-    "precision_debugger": "msprobe's precision debugger is not integrated; use global_profiler.tool=torch",
-    "memray": "memray traces are not implemented; use global_profiler.tool=torch with contents=[memory]",
-}
-CONTENTS = ("cpu", "cuda", "npu", "memory", "shapes", "stack")
-ROLES = ("actor", "ref", "rollout")
 
 
 def _get(node: Any, key: str, default: Any = None) -> Any:
@@ -126,64 +115,3 @@ class WorkerProfiler:
             return None
         running, self._running = self._running, None
         return str(running.stop())
-
-
-# ---- config checks (called by verl_npu.config.rules; nothing here imports torch) -------------------
-def _device_kind(requested: Any) -> str:
-    from verl_npu.device import detect_device
-
-    try:
-        return detect_device(requested).kind
-    except Exception:  # noqa: BLE001 - a bad trainer.device is reported by its own check
-        return str(requested)
-
-
-def config_problems(c, gp: str, roles: dict[str, str], device_key: str, world: int):
-    """(key, message, fix) for profiler settings that cannot run here or would record nothing.
-    `c(key)` reads a full key; `gp` / `roles[role]` are the full prefixes of global_profiler. and
-    actor_rollout_ref.<role>.profiler."""
-    enabled = [role for role, p in roles.items() if c(p + "enable")]
-    tool_keys = [gp + "tool"] + [roles[r] + "tool" for r in enabled]
-    kind = None
-    for key in tool_keys:
-        tool = c(key)
-        if tool is None:
-            continue
-        if tool in REFUSED_TOOLS:
-            why, _, fix = REFUSED_TOOLS[tool].partition("; ")
-            yield key, f"verl-npu does not support the {tool} profiler: {why}", fix
-        elif tool not in TOOLS:
-            yield key, f"{tool!r} is not one of {', '.join(TOOLS)}", "use global_profiler.tool=torch"
-        else:
-            kind = kind or _device_kind(c(device_key))
-            if kind not in TOOLS[tool]:
-                yield (key, f"the {tool} profiler runs on {' / '.join(TOOLS[tool])} devices, this run is on {kind}",
-                       "use global_profiler.tool=torch (torch_npu.profiler on NPU runs)")
-    tool = next((c(k) for k in reversed(tool_keys) if c(k) is not None), None)
-    steps = c(gp + "steps") or []
-    if tool is not None and not enabled:
-        yield (gp + "tool", f"is {tool} but no role records: nothing would be profiled",
-               "set actor_rollout_ref.actor.profiler.enable=true and .all_ranks=true (or .ranks=[0])")
-    if tool is not None and not steps:
-        yield (gp + "steps", f"is empty while global_profiler.tool={tool}: nothing would be profiled",
-               "name the steps, e.g. global_profiler.steps=[2]")
-    if enabled and tool is None:
-        yield (gp + "tool", f"is null while {enabled[0]}.profiler.enable=true: nothing would be profiled",
-               "set global_profiler.tool=torch (and global_profiler.steps)")
-    if any(int(s) < 1 for s in steps):
-        yield gp + "steps", f"{steps}: training steps count from 1", "use steps >= 1"
-    for role in enabled:
-        p = roles[role]
-        ranks = c(p + "ranks") or []
-        if not c(p + "all_ranks") and not ranks:
-            yield (p + "ranks", f"is empty and {role}.profiler.all_ranks is false: no rank would record",
-                   f"set actor_rollout_ref.{role}.profiler.all_ranks=true or ranks=[0]")
-        bad = [r for r in ranks if not 0 <= r < world]
-        if bad:
-            yield p + "ranks", f"{bad} outside the {world} ranks of this run", f"use ranks in 0..{world - 1}"
-        for tool_name, options in (c(p + "tool_config") or {}).items():
-            contents = options.get("contents") if isinstance(options, dict) else None
-            unknown = [x for x in (contents or []) if x not in CONTENTS]
-            if tool_name in TOOLS and unknown:
-                yield (p + "tool_config", f"{tool_name}.contents has {unknown}, not among {', '.join(CONTENTS)}",
-                       "use memory, shapes and/or stack")

@@ -17,7 +17,8 @@ from typing import Any, Iterable
 
 logger = logging.getLogger(__name__)
 
-from verl_npu.trainer.loggers import LOGGERS, open_sink, tracker_names
+from verl_npu.metric_sinks import LOGGERS, tracker_names
+from verl_npu.trainer.loggers import open_sink
 
 SUPPORTED_LOGGERS = tuple(LOGGERS)
 METRICS_FILE = "metrics.jsonl"

@@ -41,6 +41,33 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
+RAY_CONNECT_PROBE_S = 10.0
+
+
+def check_ray_address_reachable(address: str, timeout_s: float = RAY_CONNECT_PROBE_S) -> None:
+    """Raise a UserError unless a TCP connection to `address` (`host:port` or `ray://host:port`)
+    opens within `timeout_s`. `ray.init(address=...)` on an unreachable address keeps retrying for
+    minutes before it fails, so the address is probed first. `auto` and `local` are left to Ray;
+    any other form without a host and a numeric port is a UserError saying what Ray accepts."""
+    if address.strip() in ("auto", "local"):
+        return
+    host_port = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, sep, port = host_port.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(
+            f"the Ray address {address!r} (RAY_ADDRESS, or preflight --address) is not one Ray understands. "
+            "Fix: set it to the head node's host:port (e.g. 10.0.0.1:6379, what `ray start --head` prints), "
+            "ray://host:10001, or auto; or unset RAY_ADDRESS to run on this machine")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(
+            f"cannot connect to the Ray cluster at {address} ({exc.strerror or type(exc).__name__} "
+            f"within {timeout_s:.0f}s). Fix: start the head node first (`ray start --head`), check "
+            f"RAY_ADDRESS / MASTER_ADDR / MASTER_PORT, or unset RAY_ADDRESS to run on this machine"
+        ) from None
+
+
 def _rendezvous_address() -> tuple[str, int]:
     return _node_ip(), _free_port()
 
@@ -133,7 +160,7 @@ class RayWorkerGroup(WorkerGroup):
         cfg = rc.backend
         self.world_size = rc.world_size
         self.sp_size = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
-        from verl_npu.rollout import rollout_group_size
+        from verl_npu.rollout_engines import rollout_group_size
 
         self.rollout_group = rollout_group_size(cfg)
         from verl_npu.workers.roles import roles_for
@@ -145,8 +172,6 @@ class RayWorkerGroup(WorkerGroup):
         if not ray.is_initialized():
             init_kwargs: dict[str, Any] = {"include_dashboard": False, "runtime_env": ray_runtime_env(device.kind)}
             if os.environ.get("RAY_ADDRESS"):
-                from verl_npu.cluster import check_ray_address_reachable
-
                 check_ray_address_reachable(os.environ["RAY_ADDRESS"])
                 init_kwargs["address"] = os.environ["RAY_ADDRESS"]
             else:

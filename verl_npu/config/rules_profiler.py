@@ -1,0 +1,103 @@
+"""Profiler settings (`global_profiler.*`, `actor_rollout_ref.{actor,ref,rollout}.profiler.*`): the
+tools verl-npu runs, verl's tools it refuses, and the cross-key rule that checks them at validate
+(registered in `rules.RULES`). `verl_npu.trainer.profiling` runs the profiles; it reads the tool
+names from here. Nothing here imports torch: the device kind comes from `trainer.device`, or, when
+that is null, from whether `torch_npu` is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from verl_npu.config.rules import TRAINER, Ctx, _rule
+from verl_npu.config.tree import BC
+from verl_npu.errors import Problem
+
+#: tools that run here, and the device kinds each runs on.
+TOOLS = {"torch": ("cpu", "cuda", "npu"), "npu": ("npu",)}
+#: verl's other tools: refused by name, with the reason.
+REFUSED_TOOLS = {
+    "nsys": "Nsight Systems must wrap each Ray worker process at start-up, which verl-npu does not do; "
+            "use global_profiler.tool=torch (CUDA kernels are in its trace)",
+    "torch_memory": "memory snapshots are not implemented; use global_profiler.tool=torch with "
+                    "<role>.profiler.tool_config.torch.contents=[memory]",
+    "precision_debugger": "msprobe's precision debugger is not integrated; use global_profiler.tool=torch",
+    "memray": "memray traces are not implemented; use global_profiler.tool=torch with contents=[memory]",
+}
+CONTENTS = ("cpu", "cuda", "npu", "memory", "shapes", "stack")
+ROLES = ("actor", "ref", "rollout")
+
+
+def _device_kinds(requested) -> tuple[str, ...]:
+    """The device kinds this run may be on: `trainer.device`, or for null / auto npu when torch_npu is
+    installed, else cpu or cuda (all the tool checks need, known without importing torch)."""
+    if requested not in (None, "", "auto"):
+        return (str(requested),)
+    from verl_npu.device import npu_stack_installed  # stdlib only; imported when a profiler is set
+
+    return ("npu",) if npu_stack_installed() else ("cpu", "cuda")
+
+
+def config_problems(c, gp: str, roles: dict[str, str], device_key: str, world: int):
+    """(key, message, fix) for profiler settings that cannot run here or would record nothing.
+    `c(key)` reads a full key; `gp` / `roles[role]` are the full prefixes of global_profiler. and
+    actor_rollout_ref.<role>.profiler."""
+    enabled = [role for role, p in roles.items() if c(p + "enable")]
+    tool_keys = [gp + "tool"] + [roles[r] + "tool" for r in enabled]
+    kinds = None
+    for key in tool_keys:
+        tool = c(key)
+        if tool is None:
+            continue
+        if tool in REFUSED_TOOLS:
+            why, _, fix = REFUSED_TOOLS[tool].partition("; ")
+            yield key, f"verl-npu does not support the {tool} profiler: {why}", fix
+        elif tool not in TOOLS:
+            yield key, f"{tool!r} is not one of {', '.join(TOOLS)}", "use global_profiler.tool=torch"
+        else:
+            kinds = kinds or _device_kinds(c(device_key))
+            if not set(kinds) & set(TOOLS[tool]):
+                yield (key, f"the {tool} profiler runs on {' / '.join(TOOLS[tool])} devices, this run is on "
+                       f"{' or '.join(kinds)}",
+                       "use global_profiler.tool=torch (torch_npu.profiler on NPU runs)")
+    tool = next((c(k) for k in reversed(tool_keys) if c(k) is not None), None)
+    steps = c(gp + "steps") or []
+    if tool is not None and not enabled:
+        yield (gp + "tool", f"is {tool} but no role records: nothing would be profiled",
+               "set actor_rollout_ref.actor.profiler.enable=true and .all_ranks=true (or .ranks=[0])")
+    if tool is not None and not steps:
+        yield (gp + "steps", f"is empty while global_profiler.tool={tool}: nothing would be profiled",
+               "name the steps, e.g. global_profiler.steps=[2]")
+    if enabled and tool is None:
+        yield (gp + "tool", f"is null while {enabled[0]}.profiler.enable=true: nothing would be profiled",
+               "set global_profiler.tool=torch (and global_profiler.steps)")
+    if any(int(s) < 1 for s in steps):
+        yield gp + "steps", f"{steps}: training steps count from 1", "use steps >= 1"
+    for role in enabled:
+        p = roles[role]
+        ranks = c(p + "ranks") or []
+        if not c(p + "all_ranks") and not ranks:
+            yield (p + "ranks", f"is empty and {role}.profiler.all_ranks is false: no rank would record",
+                   f"set actor_rollout_ref.{role}.profiler.all_ranks=true or ranks=[0]")
+        bad = [r for r in ranks if not 0 <= r < world]
+        if bad:
+            yield p + "ranks", f"{bad} outside the {world} ranks of this run", f"use ranks in 0..{world - 1}"
+        for tool_name, options in (c(p + "tool_config") or {}).items():
+            contents = options.get("contents") if isinstance(options, dict) else None
+            unknown = [x for x in (contents or []) if x not in CONTENTS]
+            if tool_name in TOOLS and unknown:
+                yield (p + "tool_config", f"{tool_name}.contents has {unknown}, not among {', '.join(CONTENTS)}",
+                       "use memory, shapes and/or stack")
+
+
+_GP = BC + "global_profiler."
+_PROFILER_ROLES = {role: BC + f"actor_rollout_ref.{role}.profiler." for role in ("actor", "ref", "rollout")}
+
+
+@_rule("profiler", (_GP + "tool", _GP + "steps", TRAINER + "device", *(
+    p + k for p in _PROFILER_ROLES.values() for k in ("enable", "all_ranks", "ranks", "tool", "tool_config"))),
+       "profiling needs a tool that runs here (torch; npu on NPU runs), global_profiler.steps, and a role's "
+       "profiler.enable selecting ranks (all_ranks or ranks); verl's other tools are refused with the reason")
+def _profiler(c: Ctx) -> Iterator[Problem]:
+    for key, message, fix in config_problems(c, _GP, _PROFILER_ROLES, TRAINER + "device", c.world):
+        yield Problem(key, message, fix)
