@@ -69,12 +69,12 @@ def command(seed: int, out_dir: Path, overrides: list[str]) -> list[str]:
 
 
 def val_generations(log_text: str) -> list[str]:
-    """The generations of the last 'validation generations at step N:' block of a run.log."""
-    blocks = re.split(r"validation generations at step \d+:\n", log_text)
+    """The generations of the last '[val/generations] step N:' block of a run.log."""
+    blocks = re.split(r"\[val/generations\] step \d+:\n", log_text)
     if len(blocks) < 2:
         return []
     lines = []
-    for line in blocks[-1].splitlines():  # the block ends where its lines stop (the console sink repeats it)
+    for line in blocks[-1].splitlines():  # the block ends where its lines stop
         if not line.startswith("[ground truth:"):
             break
         lines.append(line)

@@ -201,9 +201,10 @@ def _run_training_locked(rc, after_fit=None) -> int:
     finally:
         tracker.close()
         workers.shutdown()
-    score = final.get("critic/score/mean")
-    log.info("done: %d steps; last mean score %s; outputs in %s", trainer.global_step,
-             f"{score:.3f}" if score is not None and math.isfinite(score) else "n/a", out_dir)
+    if final:  # an already complete run trained nothing and said so
+        score = final.get("critic/score/mean")
+        log.info("done: %d steps; last mean score %s; outputs in %s", trainer.global_step,
+                 f"{score:.3f}" if score is not None and math.isfinite(score) else "n/a", out_dir)
     _log_summary(cfg, out_dir, tracker)
     return 0
 

@@ -165,6 +165,7 @@ class PPOTrainer:
         trainer_cfg = self.cfg.trainer
         self.last_saved: tuple[int, Path] | None = None  # (step, folder) of this run's newest save
         self.resume(resume_from)
+        self.tracker.total_steps = self.total_training_steps
         # a resumed run already logged its validation at this step: validating again would add a row
         fresh = self.global_step == 0
         if self.val_loader is not None and (trainer_cfg.val_only or (trainer_cfg.val_before_train and fresh)):
@@ -172,6 +173,12 @@ class PPOTrainer:
             self.tracker.log(val_metrics, step=self.global_step)
             if trainer_cfg.val_only:
                 return val_metrics
+        if self.global_step >= self.total_training_steps:
+            log.warning("nothing to do: the run in %s is already complete at step %d of %d "
+                        "(trainer.total_training_steps). To train further, raise trainer.total_training_steps "
+                        "(or trainer.total_epochs); to start over, set trainer.resume_mode=disable or use "
+                        "another af_output_dir", self.out_dir, self.global_step, self.total_training_steps)
+            return {}
         progress = ProgressBar(total=self.total_training_steps, initial=self.global_step)
         profiling = StepProfiling(self.cfg, self.out_dir, self.workers)
         metrics: dict[str, float] = {}
@@ -437,7 +444,6 @@ class PPOTrainer:
             for name, values_ in extras_per_source.get(src, {}).items():
                 metrics[f"val-aux/{src}/{name}/mean@{n}"] = sum(values_) / len(values_)
         if samples:
-            text = "\n".join(samples)
-            log.info("validation generations at step %d:\n%s", self.global_step, text)
-            self.tracker.log_text("val/generations", text, step=self.global_step)
+            # one block in the log (the tracker prints it), TensorBoard and every experiment tracker
+            self.tracker.log_text("val/generations", "\n".join(samples), step=self.global_step)
         return metrics

@@ -167,6 +167,10 @@ class Tracker:
         self._prepare_metrics_file()
         self._metrics_fh = open(self.metrics_path, "a", encoding="utf-8")
         self._console = "console" in self.loggers
+        #: the run's last step, set by the trainer: console lines then read `step k/N ... s/step, left`
+        self.total_steps: int | None = None
+        self._last_row_at: float | None = None  # time of the last training row (seconds per step)
+        self._step_s: float | None = None  # a moving mean of the wall seconds between training rows
         self._writer = None
         if "tensorboard" in self.loggers:
             self._writer = self._open_tensorboard()
@@ -224,7 +228,24 @@ class Tracker:
         for sink in self._sinks:
             sink.log({k: v for k, v in values.items() if math.isfinite(v)}, step)
         if self._console:
-            logging.getLogger("verl_npu").info(format_console_line(values, step))
+            logging.getLogger("verl_npu").info(format_console_line(values, step, self._progress(values, step)))
+
+    def _progress(self, values: dict[str, float], step: int) -> str:
+        """`step k/N`, and for training rows `1.8 s/step, 6m05s left` (wall time between training rows,
+        validation and saving included, as a moving mean); `step k` when no total was set."""
+        if self.total_steps is None:
+            return f"step {step}"
+        text = f"step {step}/{self.total_steps}"
+        if "training/global_step" not in values:
+            return text
+        now = time.monotonic()
+        elapsed = now - self._last_row_at if self._last_row_at is not None else values.get("timing_s/step")
+        self._last_row_at = now
+        if elapsed is None or not math.isfinite(elapsed):
+            return text
+        self._step_s = elapsed if self._step_s is None else 0.8 * self._step_s + 0.2 * elapsed
+        left = max(self.total_steps - step, 0) * self._step_s
+        return f"{text} | {self._step_s:.3g} s/step, {_duration(left)} left"
 
     def log_text(self, tag: str, text: str, step: int) -> None:
         """Record a text sample (e.g. validation generations): TensorBoard `add_text`, every experiment
@@ -256,9 +277,20 @@ class Tracker:
         self.close()
 
 
-def format_console_line(metrics: dict[str, float], step: int) -> str:
-    """`step N | score 0.420 | resp_len 35.1 | ... | val <source> 0.500`: the key metrics present."""
-    parts = [f"step {step}"]
+def _duration(seconds: float) -> str:
+    """`45s`, `6m05s`, `2h03m`."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def format_console_line(metrics: dict[str, float], step: int, progress: str | None = None) -> str:
+    """`step N | score 0.420 | resp_len 35.1 | ... | val <source> 0.500`: the key metrics present;
+    `progress` replaces the leading `step N` (`step 97/300 | 1.8 s/step, 6m05s left`)."""
+    parts = [progress or f"step {step}"]
     for key, label in _CONSOLE_KEYS:
         if key in metrics:
             parts.append(f"{label} {metrics[key]:.4g}")
