@@ -49,3 +49,30 @@ def test_console_line_progress_replaces_the_bare_step():
     metrics = {"critic/score/mean": 0.5}
     assert format_console_line(metrics, 3) == "step 3 | score 0.5"
     assert format_console_line(metrics, 3, "step 3/10 | 2 s/step, 14s left") == "step 3/10 | 2 s/step, 14s left | score 0.5"
+
+
+def test_more_workers_than_this_machine_has_is_refused_at_once(tmp_path):
+    """A recipe for 8 accelerators on a machine without one (trainer.device null falls back to the CPU),
+    and 4 CPU workers on fewer cores: one line naming the key, before any model, data or Ray, not a
+    ten-minute wait for resources."""
+    import time
+
+    data = text_data(tmp_path / "data")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    cores = os.cpu_count() or 1
+    for device, extra in (("null", "no GPU or NPU was found"), ("cpu", "")):
+        start = time.monotonic()
+        args = text_run_overrides(tmp_path / f"out_{device}", data, **{
+            "trainer.device": device, "trainer.n_gpus_per_node": cores + 6,
+            "data.train_batch_size": 8 * (cores + 6), "actor_rollout_ref.actor.ppo_mini_batch_size": 8 * (cores + 6),
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1})
+        proc = subprocess.run([*CLI, "run", "tiny_gsm8k", *args], capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr
+        assert (f"trainer.n_gpus_per_node={cores + 6} asks for {cores + 6} workers on this node, which has {cores} "
+                f"core(s)") in proc.stderr, proc.stderr[-3000:]
+        assert extra in proc.stderr and f"set trainer.n_gpus_per_node to at most {cores}" in proc.stderr
+        assert "Started a local Ray instance" not in proc.stderr
+        assert time.monotonic() - start < 60

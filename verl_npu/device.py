@@ -382,6 +382,23 @@ class DeviceInfo:
             return os.cpu_count() or 1
         return int(self.torch_module.device_count())
 
+    def workers_problem(self, per_node: int, requested_kind: str | None, ray_cpus: int | None = None) -> str | None:
+        """Why `per_node` workers (`trainer.n_gpus_per_node`) cannot start on this node, else None: more
+        than the visible devices (on cpu: the cores, or `ray_init.num_cpus`, one worker process each),
+        which would leave Ray waiting for resources that never come. `requested_kind` is
+        `trainer.device` (null: detected), so a recipe for accelerators that found none says so."""
+        have = min(self.count(), ray_cpus) if self.kind == "cpu" and ray_cpus else self.count()
+        if per_node <= have:
+            return None
+        what = (f"{have} core(s)" + (" (ray_init.num_cpus)" if ray_cpus and ray_cpus < self.count() else "")
+                if self.kind == "cpu" else f"{have} visible {self.kind} device(s) ({self.visible_devices_env})")
+        why = ("" if self.kind != "cpu" or requested_kind == "cpu" else
+               "no GPU or NPU was found (trainer.device=null fell back to the CPU), so ")
+        return (f"{why}trainer.n_gpus_per_node={per_node} asks for {per_node} workers on this node, which has "
+                f"{what}: the run would wait for devices that never come. Fix: set trainer.n_gpus_per_node to at "
+                f"most {have}" + (" (on a laptop, start from the tiny_geo3k or tiny_gsm8k recipe)"
+                                  if self.kind == "cpu" else "") + ", or run on a node with more devices")
+
     def device_name(self, index: int = 0) -> str:
         """Marketing name of device `index` (e.g. "Ascend910B2"); cpu: "cpu"."""
         if self.kind == "cpu":

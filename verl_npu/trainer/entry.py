@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 
 from verl_npu.errors import UserError, is_disk_full
@@ -113,6 +114,11 @@ def _run_training_locked(rc, after_fit=None) -> int:
         keep_aside(exp_config, "another config")  # an earlier run's (or the user's own) file is kept
     exp_config.write_text(resolved)
     device = detect_device(cfg.trainer.device)
+    if int(cfg.trainer.nnodes) == 1 and not os.environ.get("RAY_ADDRESS"):  # a cluster brings its own nodes
+        problem = device.workers_problem(int(cfg.trainer.n_gpus_per_node), cfg.trainer.device,
+                                         cfg.ray_init.get("num_cpus"))
+        if problem:
+            raise UserError(problem)
     for var, value, reason in apply_env_defaults(device.kind):
         log.info("env %s=%s (%s)", var, value, reason)
     log.info("device: %s; workers: %d; output: %s", device.kind, rc.world_size, out_dir)
