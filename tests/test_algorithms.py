@@ -108,11 +108,11 @@ def test_remax_reward_to_go_minus_baseline():
 
 def test_unknown_estimator_lists_known_ones():
     with pytest.raises(KeyError, match="grpo") as info:
-        A.compute_advantages("gdpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS)
+        A.compute_advantages("no_such_estimator", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS)
     assert "rloo" in str(info.value) and "reinforce_plus_plus" in str(info.value)
     assert set(A.ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
                                            "remax", "gae", "opo", "grpo_passk", "gpg", "rloo_vectorized",
-                                           "grpo_vectorized"}
+                                           "grpo_vectorized", "gdpo"}
 
 
 def test_grpo_group_ids_length_mismatch():

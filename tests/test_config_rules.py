@@ -45,7 +45,8 @@ BROKEN = [
     (["actor_rollout_ref.actor.strategy=deepspeed"], A + "actor.strategy", "not one of"),
     (["actor_rollout_ref.actor.optim.warmup_style=linear"], A + "actor.optim.warmup_style", "not one of"),
     # known to verl, not supported by verl-npu
-    (["algorithm.adv_estimator=gdpo"], "backend_config.algorithm.adv_estimator", "does not support"),
+    (["algorithm.gdpo_reward_keys=[a,b]", "algorithm.gdpo_reward_weights=[1.0]"],
+     "backend_config.algorithm.gdpo_reward_weights", "has 1 weight(s) for 2 reward component(s)"),
     (["algorithm.adv_estimator=optimal_token_baseline"], "backend_config.algorithm.adv_estimator", "does not support"),
     (["actor_rollout_ref.rollout.name=sglang"], A + "rollout.name", "does not support"),
     (["trainer.logger=[console,clearml]"], "backend_config.trainer.logger", "does not support"),

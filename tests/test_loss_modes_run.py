@@ -42,3 +42,23 @@ def test_loss_mode_trains(tmp_path, tiny_lm_path, loss_mode, estimator, agg, ext
         assert "actor/pg_clipfrac" in row
     if loss_mode == "clip_cov":  # a wide band and budget: some tokens lose their gradient
         assert row["actor/pg_clipfrac"] > 0
+
+
+def test_gdpo_trains_on_the_reward_functions_components(tmp_path):
+    """gdpo normalises each component the reward function returns (here two of a dict) in its group:
+    the trainer hands the estimator the step's reward extras."""
+    data = _gsm8k_like(tmp_path / "gsm")
+    reward = tmp_path / "parts.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    a, b = sum(map(ord, solution_str)) % 5 / 5, len(solution_str) % 3 / 3\n"
+                      "    return {'score': a + b, 'fmt': a, 'acc': b}\n")
+    rc = load_recipe("tiny_geo3k", tiny_overrides(
+        tmp_path, data,
+        **{"actor_rollout_ref.model.path": "tiny://qwen2", "data.max_prompt_length": 48,
+           "algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": "[fmt,acc]",
+           "algorithm.gdpo_reward_weights": "[1.0,2.0]", "trainer.total_training_steps": 1,
+           "trainer.save_freq": -1, "trainer.test_freq": -1, "custom_reward_function.path": reward},
+    ))
+    assert run_training(rc) == 0
+    [row] = read_metrics(tmp_path / "out")
+    assert row["actor/grad_norm"] > 0 and row["critic/advantages/max"] > 0 > row["critic/advantages/min"]

@@ -8,6 +8,7 @@ import torch
 
 from verl_npu import algorithms as A
 from verl_npu.algorithms.advantage_modes import gdpo_advantage
+from verl_npu.errors import UserError
 from verl_npu.policy_losses import POLICY_LOSS_MODES
 
 D = torch.float64
@@ -213,5 +214,11 @@ def test_gdpo_normalises_each_component_in_its_group_then_whitens():
                             reward_components={"x": [0.0, 1.0], "y": [2.0, 0.0]})
     # per component ±1/√2; sum = ±√2 (row 0 +, row 1 -); whitened over 4 tokens (unbiased var 8/3): ±√(3/4)
     close(adv, t([[1, 1], [-1, -1]]) * math.sqrt(0.75), tol=1e-6)
-    with pytest.raises(ValueError, match="gdpo_reward_keys"):
+    with pytest.raises(UserError, match=r"gdpo_reward_keys \['x', 'y'\] must all be keys .* returned \['x'\]"):
         gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config, reward_components={"x": [0, 1]})
+    with pytest.raises(UserError, match="1 of 2 rows' rewards have no 'y'"):
+        gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config,
+                       reward_components={"x": [0.0, 1.0], "y": [2.0, float("nan")]})
+    with pytest.raises(UserError, match="has 1 weights for 2 gdpo_reward_keys"):
+        gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], {**config, "gdpo_reward_weights": [1.0]},
+                       reward_components={"x": [0.0, 1.0], "y": [2.0, 0.0]})

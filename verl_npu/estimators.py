@@ -22,10 +22,8 @@ class EstimatorSpec:
 ESTIMATORS: dict[str, EstimatorSpec] = {}
 
 #: estimators upstream verl has and verl-npu does not: refused by name, with the reason.
-UNSUPPORTED_ESTIMATORS = ("gdpo", "optimal_token_baseline", "tir_optimal_token_baseline")
+UNSUPPORTED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 UNSUPPORTED_REASONS = {
-    "gdpo": "it needs each reward component per row (algorithm.gdpo_reward_keys), which the trainer does not "
-            "pass to the estimator yet",
     "optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
                               "actor.calculate_sum_pi_squared), which verl-npu does not compute",
     "tir_optimal_token_baseline": "it needs the same sum of squared token probabilities as optimal_token_baseline",
@@ -52,6 +50,8 @@ register_estimator("grpo_passk", needs_group=True, doc="pass@k: only the best re
 register_estimator("gpg", needs_group=True, doc="score minus the group mean, times batch size / non-zero scores")
 register_estimator("rloo_vectorized", needs_group=True, doc="rloo with scatter sums; a group of one gets 0")
 register_estimator("grpo_vectorized", needs_group=True, doc="grpo with scatter sums (group statistics in float32)")
+register_estimator("gdpo", needs_group=True, doc="GRPO per reward component (algorithm.gdpo_reward_keys: keys of the "
+                   "reward function's dict), weighted (gdpo_reward_weights), summed, whitened over the batch")
 
 
 def needs_critic(cfg) -> bool:

@@ -7,9 +7,8 @@ group_ids, config, **kw) -> (advantages, returns)``, both [B, T]) and registers 
 the rows with the same uid, of size n_g. Every advantage is broadcast over the row's response
 tokens (0 on padding) and returns = advantages. This module imports torch and ``verl_npu.algorithms.core`` only.
 
-``gdpo_advantage`` is here too but not registered: it needs each reward component of every row
-(``reward_components``), which the trainer does not pass to the estimator yet, so
-``algorithm.adv_estimator=gdpo`` is refused at validate (``verl_npu.estimators``).
+``gdpo_advantage`` reads each reward component of every row (``reward_components``: what the reward
+function returned besides ``score``, which the trainer passes from the step's reward extras).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import torch
 from verl_npu.algorithms.core import (
     GRPO_EPS, _cfg_get, _groups, _sequence_scores, grpo_advantage, masked_whiten, register_advantage,
 )
+from verl_npu.errors import UserError
 
 
 def _group_index(group_ids: Sequence[Hashable] | None, batch_size: int, device) -> tuple[torch.Tensor, int]:
@@ -136,6 +136,7 @@ def grpo_vectorized_advantage(token_level_rewards, response_mask, group_ids, con
     return _broadcast(advantages, response_mask)
 
 
+@register_advantage("gdpo")
 def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
                    reward_components: Mapping[str, Sequence[float]] | None = None, **_unused):
     """GDPO (group reward-decoupled normalisation, arXiv 2601.05242): GRPO per reward component, then summed.
@@ -151,11 +152,17 @@ def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
     if keys:
         if reward_components is None or any(key not in reward_components for key in keys):
             have = sorted(reward_components or {})
-            raise ValueError(f"gdpo: algorithm.gdpo_reward_keys {keys} must all be reward components; have {have}")
+            raise UserError(f"algorithm.gdpo_reward_keys {keys} must all be keys of the dict your reward function "
+                            f"returns besides 'score'; it returned {have or 'no other key'}: return them, or "
+                            "fix gdpo_reward_keys")
         last = (response_mask.sum(dim=-1).long() - 1).clamp(min=0)
         rows = torch.arange(response_mask.shape[0], device=response_mask.device)
         components = []
         for key in keys:
+            missing = sum(1 for value in reward_components[key] if value != value)  # NaN: a row without it
+            if missing:
+                raise UserError(f"algorithm.gdpo_reward_keys: {missing} of {len(reward_components[key])} rows' "
+                                f"rewards have no {key!r}; every row's reward dict must hold every gdpo key")
             placed = torch.zeros_like(token_level_rewards)
             placed[rows, last] = torch.as_tensor(reward_components[key], dtype=placed.dtype, device=placed.device)
             components.append(placed)
@@ -163,7 +170,8 @@ def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
         components = [token_level_rewards]
     weights = list(_cfg_get(config, "gdpo_reward_weights", None) or [1.0] * len(components))
     if len(weights) != len(components):
-        raise ValueError(f"gdpo: {len(weights)} gdpo_reward_weights for {len(components)} gdpo_reward_keys")
+        raise UserError(f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(components)} "
+                        "gdpo_reward_keys: give one weight per key")
     total = sum(float(w) * grpo_advantage(c, response_mask, group_ids, config)[0] for w, c in zip(weights, components))
     advantages = masked_whiten(total, response_mask) * response_mask
     return advantages, advantages

@@ -306,6 +306,15 @@ def _group_needs_n(c: Ctx) -> Iterator[Problem]:
                       "set actor_rollout_ref.rollout.n=4 (or more)")
 
 
+@_rule("gdpo_weights", (ALGO + "gdpo_reward_keys", ALGO + "gdpo_reward_weights"),
+       "algorithm.gdpo_reward_weights needs one weight per algorithm.gdpo_reward_keys entry")
+def _gdpo_weights(c: Ctx) -> Iterator[Problem]:
+    keys, weights = c(ALGO + "gdpo_reward_keys"), c(ALGO + "gdpo_reward_weights")
+    if weights is not None and len(weights) != len(keys or [None]):
+        yield Problem(ALGO + "gdpo_reward_weights", f"has {len(weights)} weight(s) for {len(keys or [None])} reward "
+                      f"component(s) ({keys or 'the score alone'})", "give one weight per gdpo_reward_keys entry")
+
+
 @_rule("logger_library", (TRAINER + "logger",),
        "every tracker in trainer.logger (wandb, mlflow, swanlab) needs its library: pip install 'verl-npu[NAME]'")
 def _logger_library(c: Ctx) -> Iterator[Problem]:

@@ -459,6 +459,9 @@ _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator: " + "; ".join(
    + "; use one of: " + ", ".join(ESTIMATORS))
 _k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO (grpo, grpo_vectorized, grpo_passk): divide group-centred "
    "scores by the group std (false = Dr.GRPO).")
+_k(f"{AL}.gdpo_reward_keys", None, STR_LIST, "gdpo: the reward components to normalise one by one, keys of the "
+   "dict the reward function returns besides 'score' (null: the score alone).")
+_k(f"{AL}.gdpo_reward_weights", None, FLOAT_LIST, "gdpo: one weight per gdpo_reward_keys entry (null: all 1).")
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))

@@ -389,6 +389,7 @@ class PPOTrainer:
             response_mask=batch["response_mask"].float(),
             group_ids=batch["uid"],
             config=algo,
+            reward_components=batch.meta.get("reward_extras"),  # gdpo's per-component rewards
             **{k: batch[k] for k in ("baseline_rewards", "values") if k in batch},
         )
         batch.set("advantages", advantages)
