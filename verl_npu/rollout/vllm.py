@@ -525,6 +525,7 @@ class VLLMRollout(RolloutEngine):
                 uids = prompts.get("uid") or [str(i) for i in range(len(inputs))]
                 sampling = [self._vllm.SamplingParams(**kwargs, seed=prompt_seed(self.seed, uid)) for uid in uids]
             outputs = self.llm.generate(inputs, sampling_params=sampling, use_tqdm=False)
+            self.last_prompt_tokens = sum(len(row["prompt_token_ids"]) for row in inputs) * int(kwargs["n"])
         finally:
             if self.free_cache_engine:
                 self.sleep()
@@ -577,6 +578,15 @@ class VLLMRollout(RolloutEngine):
                 self._wake(["kv_cache"])
             self._asleep = False
         self.last_sync = {"seconds": time.perf_counter() - start, "tensors": float(weights.taken)}
+
+    def engine_stats(self) -> dict[str, Any]:
+        """The engine's own scheduler settings (as vLLM resolved them) and the prompt tokens the last
+        `generate` asked it to prefill (prompts x n), for tests and diagnostics."""
+        sched = self.llm.llm_engine.vllm_config.scheduler_config
+        return {"enable_chunked_prefill": bool(sched.enable_chunked_prefill),
+                "max_num_batched_tokens": int(sched.max_num_batched_tokens),
+                "max_num_seqs": int(sched.max_num_seqs),
+                "last_prompt_tokens": int(getattr(self, "last_prompt_tokens", 0))}
 
     def weights_digest(self) -> dict[str, tuple[float, float]]:
         """(sum, sum of squares) of every engine parameter on this rank, in float64: ranks that
