@@ -13,7 +13,10 @@ What they prove:
   TP 2 on 2 workers (one engine over both): every step's training/rollout_probs_diff_max stays
   below 1e-3 in fp32, and the rows come from every rank's engine, so an engine that missed an
   update on any rank fails the check; every rank's engine holds the same weights (DP 2);
-- a 2-worker vLLM run killed after a checkpoint resumes with every rank's engine restored.
+- a 2-worker vLLM run killed after a checkpoint resumes with every rank's engine restored;
+- prompts x n far above max_num_batched_tokens (issue 24): on CPU the derived settings (chunked
+  prefill off) train 2 workers in sync, and sample exactly what a budget that never chunks samples,
+  while vLLM's own chunked prefill with those settings splits prompts and dies on seeded requests.
 """
 
 from __future__ import annotations
