@@ -10,6 +10,18 @@ from verl_npu.cli import main
 from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors
 
+
+
+@pytest.fixture(autouse=True)
+def _validated_as_on_npus(monkeypatch):
+    """These checks validate the flagship recipe as on its target machine (NPUs, trainer.device
+    null): a few vLLM settings are derived differently on a CPU (chunked prefill off, see
+    tests/test_vllm_cpu_prefill_config.py), and this machine may be one."""
+    import verl_npu.device as device
+
+    monkeypatch.setattr(device, "detect_device", lambda requested=None: device.DeviceInfo("npu"))
+
+
 # The flagship recipe (8 devices, n=4, train batch 32, mini 8, micro 1) with its placeholders filled.
 FILLED = [
     "af_output_dir=/tmp/verl_npu_out",

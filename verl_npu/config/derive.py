@@ -14,6 +14,11 @@ whose inputs already have a problem is skipped. Rules (seq = max_prompt_length +
 - trainer.default_local_dir = <af_output_dir>/checkpoints, trainer.tensorboard_dir = $TENSORBOARD_DIR when set
   (as in verl), else <af_output_dir>/tensorboard
 - top-level engine_kwargs.<engine> is merged into actor_rollout_ref.rollout.engine_kwargs.<engine>
+- vllm rollout on a device whose vLLM cannot prefill in chunks while each prompt samples from its
+  own seed (CPU: `DeviceInfo.vllm_chunked_prefill_with_seeds`): rollout.enable_chunked_prefill =
+  false, and rollout.max_num_batched_tokens raised to max_model_len when below it (vLLM needs a
+  whole prompt to fit one step without chunking). The samples are the same as with chunked prefill
+  and a budget that never chunks: a step only prefills fewer prompts.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ class _Skip(Exception):
     pass
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
            ) -> tuple[list[tuple[str, Any, str]], list[Problem]]:
     """Fill in derived values in `cfg` (in place). Returns ([(key, value, reason)], problems)."""
@@ -48,6 +57,7 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
         if path in user_keys or path in bad:
             return
         OmegaConf.update(cfg, path, value, merge=False)
+        derived[:] = [d for d in derived if d[0] != path]  # a later derivation of the same key replaces it
         derived.append((path, value, reason))
 
     def step(fn) -> None:
@@ -138,6 +148,31 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             OmegaConf.update(cfg, target, inner, merge=False)
             derived.append((target, inner, f"merged from top-level engine_kwargs.{engine}"))
 
-    for fn in (lengths, rollout_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs):
+    def vllm_prefill() -> None:
+        if val(ROLL + "name") != "vllm":
+            return
+        from verl_npu.device import configured_device  # lazily: validating an hf recipe needs no probe
+
+        device = configured_device(val(TRAINER + "device"))
+        if device is None or device.vllm_chunked_prefill_with_seeds:
+            return
+        put(ROLL + "enable_chunked_prefill", False,
+            f"vLLM on {device.kind} cannot prefill a prompt in chunks while it samples from its own seed "
+            "(it dies with 'CPU Generator does not use offset'); whole prefills give the same samples")
+        # what the engine gets: an engine_kwargs.vllm entry (already merged) wins over the rollout key
+        engine = val(ROLL + "engine_kwargs.vllm") or {}
+
+        def effective(arg: str) -> Any:
+            return engine[arg] if engine.get(arg) is not None else val(ROLL + arg)
+
+        if effective("enable_chunked_prefill") is not False or engine.get("max_num_batched_tokens") is not None:
+            return  # chunked prefill asked for, or the budget set in engine_kwargs: the rules decide
+        length, tokens = effective("max_model_len"), val(ROLL + "max_num_batched_tokens")
+        if _is_int(length) and _is_int(tokens) and tokens < length:
+            put(ROLL + "max_num_batched_tokens", length,
+                f"max_model_len = {length}: without chunked prefill (on {device.kind}) a whole prompt must fit "
+                "one engine step")
+
+    for fn in (lengths, rollout_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs, vllm_prefill):
         step(fn)
     return derived, problems

