@@ -11,7 +11,6 @@ from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors
 
 
-
 @pytest.fixture(autouse=True)
 def _validated_as_on_npus(monkeypatch):
     """These checks validate the flagship recipe as on its target machine (NPUs, trainer.device

@@ -25,6 +25,16 @@ FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
             "multi-turn": ("multi-turn",), "reward model": ("reward model",)}
 
 
+@pytest.fixture(autouse=True)
+def _validated_as_on_their_devices(monkeypatch):
+    """The scripts are validated as on the accelerators they were written for (trainer.device null
+    detects an NPU): on a CPU, vLLM settings are derived and checked for the CPU (chunked prefill off,
+    tests/test_vllm_cpu_prefill_config.py), and this machine may be one."""
+    import verl_npu.device as device
+
+    monkeypatch.setattr(device, "detect_device", lambda requested=None: device.DeviceInfo("npu"))
+
+
 def read_script(path: Path) -> tuple[list[str], dict[str, str]]:
     """(overrides, header fields) of one corpus file."""
     overrides, header = [], {}
