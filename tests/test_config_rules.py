@@ -18,7 +18,7 @@ def _validated_as_on_npus(monkeypatch):
     tests/test_vllm_cpu_prefill_config.py), and this machine may be one."""
     import verl_npu.device as device
 
-    monkeypatch.setattr(device, "detect_device", lambda requested=None: device.DeviceInfo("npu"))
+    monkeypatch.setattr(device, "configured_device", lambda requested=None: device.DeviceInfo("npu"))
 
 
 # The flagship recipe (8 devices, n=4, train batch 32, mini 8, micro 1) with its placeholders filled.

@@ -166,3 +166,21 @@ def test_the_config_layer_reaches_nothing_heavy_even_inside_functions():
         pending += sorted(ours)
     assert "verl_npu.config.rules" in seen and "verl_npu.rollout_engines" in seen
     assert heavy == [], heavy
+
+
+def test_validating_a_vllm_recipe_imports_no_torch():
+    """The config checks that depend on the device (vLLM's chunked prefill on CPU, the profiler tools)
+    ask `device.configured_device`, which knows the kind without importing torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom verl_npu.config import load_recipe\n"
+            "rc = load_recipe('tiny_gsm8k', ['actor_rollout_ref.rollout.name=vllm', 'global_profiler.tool=torch',"
+            " 'global_profiler.steps=[1]', 'actor_rollout_ref.actor.profiler.enable=true',"
+            " 'actor_rollout_ref.actor.profiler.all_ranks=true'])\n"
+            "print(rc.backend.actor_rollout_ref.rollout.enable_chunked_prefill, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    chunked, torch_imported = out.stdout.split()
+    assert torch_imported == "False"
+    assert chunked == ("True" if Path("/proc/driver/nvidia/version").exists() else "False")  # a CPU plans no chunks

@@ -32,7 +32,7 @@ def _validated_as_on_their_devices(monkeypatch):
     tests/test_vllm_cpu_prefill_config.py), and this machine may be one."""
     import verl_npu.device as device
 
-    monkeypatch.setattr(device, "detect_device", lambda requested=None: device.DeviceInfo("npu"))
+    monkeypatch.setattr(device, "configured_device", lambda requested=None: device.DeviceInfo("npu"))
 
 
 def read_script(path: Path) -> tuple[list[str], dict[str, str]]:

@@ -28,7 +28,7 @@ VLLM = [RO + "name=vllm", RO + "tensor_model_parallel_size=1", "data.max_prompt_
 def on(monkeypatch):
     """on(kind): validate as on a machine where `kind` is what trainer.device=null finds."""
     def pin(kind: str) -> None:
-        monkeypatch.setattr(device_layer, "detect_device", lambda requested=None: device_layer.DeviceInfo(kind))
+        monkeypatch.setattr(device_layer, "configured_device", lambda requested=None: device_layer.DeviceInfo(kind))
     return pin
 
 

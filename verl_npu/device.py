@@ -271,12 +271,17 @@ def detect_device(requested: str | None = None) -> "DeviceInfo":
 
 
 def configured_device(requested: str | None) -> "DeviceInfo | None":
-    """`detect_device(requested)` for the config checks, or None when `trainer.device` names a
-    kind that is not usable here (that is reported on its own, by `run` and `doctor`)."""
-    try:
-        return detect_device(requested)
-    except UserError:
+    """The device the config checks plan for, known without importing torch (validate stays instant):
+    `trainer.device` when it names a kind; for null / auto, npu when torch_npu is installed, cuda when
+    an NVIDIA driver is loaded, else cpu (`run` then detects it for real). None for any other value
+    (reported by its own check)."""
+    if requested in KINDS:
+        return DeviceInfo(str(requested))
+    if requested not in (None, "", "auto"):
         return None
+    if npu_stack_installed():
+        return DeviceInfo("npu")
+    return DeviceInfo("cuda" if os.path.exists("/proc/driver/nvidia/version") else "cpu")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Profiler settings (`global_profiler.*`, `actor_rollout_ref.{actor,ref,rollout}.profiler.*`): the
 tools verl-npu runs, verl's tools it refuses, and the cross-key rule that checks them at validate
 (registered in `rules.RULES`). `verl_npu.trainer.profiling` runs the profiles; it reads the tool
-names from here. Nothing here imports torch: the device kind comes from `trainer.device`, or, when
-that is null, from whether `torch_npu` is installed.
+names from here. Nothing here imports torch: the device kind is the one the config plans for
+(`verl_npu.device.configured_device`).
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ ROLES = ("actor", "ref", "rollout")
 
 
 def _device_kinds(requested) -> tuple[str, ...]:
-    """The device kinds this run may be on: `trainer.device`, or for null / auto npu when torch_npu is
-    installed, else cpu or cuda (all the tool checks need, known without importing torch)."""
-    if requested not in (None, "", "auto"):
-        return (str(requested),)
-    from verl_npu.device import npu_stack_installed  # stdlib only; imported when a profiler is set
+    """The device kind this run plans for (`verl_npu.device.configured_device`: torch is not imported)."""
+    from verl_npu.device import configured_device  # stdlib only; imported when a profiler is set
 
-    return ("npu",) if npu_stack_installed() else ("cpu", "cuda")
+    device = configured_device(requested)
+    return (device.kind,) if device is not None else (str(requested),)
 
 
 def config_problems(c, gp: str, roles: dict[str, str], device_key: str, world: int):
