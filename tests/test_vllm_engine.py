@@ -210,7 +210,8 @@ def test_vision_language_requests_are_valid_vllm_inputs(tmp_path):
     from vllm.inputs.llm import TokensPrompt
     from vllm.multimodal.parse import MultiModalDataParser
 
-    from verl_npu.rollout.base import SamplingParams, vision_marker_ids
+    from verl_npu.models.forward import vision_marker_ids
+    from verl_npu.rollout.base import SamplingParams
     from verl_npu.rollout.requests import token_prompts
     from verl_npu.rollout.vllm import _engine_arg_names, sampling_kwargs, translate_engine_kwargs
 
