@@ -286,5 +286,3 @@ def load_actor(worker, actor_dir: str | Path) -> None:
             "(trainer.resume_mode=disable)") from None
     if "extra" in states:
         restore_extra_state(states["extra"], worker.lr_scheduler, worker.device, files["extra"])
-    if getattr(worker, "rollout", None) is not None:  # the critic has no rollout engine
-        worker.rollout.update_weights(worker.module)
