@@ -1,9 +1,10 @@
-"""The actor/rollout/reference worker: everything that touches model weights on one device.
+"""The actor/rollout/reference worker: the policy's forward and the PPO loss over training engines.
 
 One worker runs per device (rank). The controller never sees weights; it sends batches and
 gets back tensors and metrics through a worker group. The worker holds:
-- the policy (actor) module with its optimizer and LR schedule,
-- the reference module, loaded only when a KL term needs it (actor KL loss or KL in reward),
+- the policy's engine (`TrainingEngine`: module, optimizer, LR schedule, the update loop),
+- the reference policy's frozen engine, built only when a KL term needs it (actor KL loss or KL
+  in reward); a LoRA actor's reference is its own engine with the adapters off,
 - the rollout engine, built by name from the registry in `verl_npu.rollout` (`hf` samples from
   the actor module itself; `vllm` holds its own copy of the weights, refreshed in memory after
   every update).
@@ -12,7 +13,6 @@ gets back tensors and metrics through a worker group. The worker holds:
 from __future__ import annotations
 
 import contextlib
-import logging
 
 import torch
 
@@ -26,8 +26,6 @@ from verl_npu.models.loading import load_policy_model, load_tokenizer_and_proces
 from verl_npu.rollout.base import RolloutEngine, SamplingParams
 from verl_npu.workers import parallel
 from verl_npu.workers.engine import TrainingEngine, micro_batching
-
-log = logging.getLogger("verl_npu")
 
 
 def needs_reference(cfg) -> bool:
@@ -119,23 +117,14 @@ class ActorRolloutRefWorker:
         engine = self.engine
         self.device.manual_seed(int(cfg.data.seed))
         self.tokenizer, self.processor = load_tokenizer_and_processor(
-            model_cfg.path,
-            trust_remote_code=bool(model_cfg.trust_remote_code),
-            custom_chat_template=model_cfg.get("custom_chat_template"),
-        )
+            model_cfg.path, trust_remote_code=bool(model_cfg.trust_remote_code),
+            custom_chat_template=model_cfg.get("custom_chat_template"))
         engine.tokenizer, engine.processor = self.tokenizer, self.processor
-        load_kwargs = dict(
-            attn_implementation=self.device.attn_implementation(),
-            override_config=dict(model_cfg.override_config or {}),
-            trust_remote_code=bool(model_cfg.trust_remote_code),
-            external_lib=model_cfg.external_lib,
-        )
-        module = load_policy_model(
-            model_cfg.path,
-            dtype=torch.float32,
-            gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
-            **load_kwargs,
-        )
+        load_kwargs = dict(attn_implementation=self.device.attn_implementation(),
+                           override_config=dict(model_cfg.override_config or {}),
+                           trust_remote_code=bool(model_cfg.trust_remote_code), external_lib=model_cfg.external_lib)
+        module = load_policy_model(model_cfg.path, dtype=torch.float32, **load_kwargs,
+                                   gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing))
         engine.attach(module, actor_cfg.fsdp_config, model_cfg=model_cfg,
                       freeze_vision_tower=bool(actor_cfg.get("freeze_vision_tower", False)))
         # a LoRA actor's reference is the actor itself with its adapters off (no second copy)
@@ -168,10 +157,8 @@ class ActorRolloutRefWorker:
     def _build_rollout(self) -> RolloutEngine:
         from verl_npu.rollout import build_rollout
 
-        return build_rollout(
-            str(self.cfg.actor_rollout_ref.rollout.name), self.module, self.tokenizer, self.processor, self.cfg,
-            rank=self.rank, world_size=self.world_size,
-        )
+        return build_rollout(str(self.cfg.actor_rollout_ref.rollout.name), self.module, self.tokenizer,
+                             self.processor, self.cfg, rank=self.rank, world_size=self.world_size)
 
     # ---- rollout ---------------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -256,9 +243,9 @@ class ActorRolloutRefWorker:
                 reuse_sums["_old/tokens"] += float(mask.sum())
             return self._ppo_loss(part, out, mask, agg)
 
+        rows = int(actor_cfg.ppo_mini_batch_size) * int(self.cfg.actor_rollout_ref.rollout.n) // self.engine.dp_size
         metrics = self.engine.train(
-            batch, self._train_forward, loss_fn,
-            mini_rows=int(actor_cfg.ppo_mini_batch_size) * int(self.cfg.actor_rollout_ref.rollout.n) // self.engine.dp_size,
+            batch, self._train_forward, loss_fn, mini_rows=rows,
             epochs=int(actor_cfg.ppo_epochs), shuffle=bool(actor_cfg.shuffle),
             micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
                                  int(actor_cfg.ppo_micro_batch_size_per_gpu or 1)),
@@ -301,17 +288,12 @@ class ActorRolloutRefWorker:
         old_log_prob = log_prob.detach() if "old_log_probs" not in part else part["old_log_probs"]
         policy_loss = algorithms.policy_loss_fn(str(actor_cfg.policy_loss.loss_mode))
         pg = policy_loss(
-            log_prob,
-            old_log_prob,
-            part["advantages"],
-            mask,
+            log_prob, old_log_prob, part["advantages"], mask,
             clip_ratio_low=float(actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else clip),
             clip_ratio_high=float(actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else clip),
-            clip_ratio_c=float(actor_cfg.clip_ratio_c),
-            loss_agg_mode=mode,
+            clip_ratio_c=float(actor_cfg.clip_ratio_c), loss_agg_mode=mode,
             config=actor_cfg,  # each loss mode reads its own settings (policy_loss.*, tau_pos, ...)
-            **agg,
-        )
+            **agg)
         loss = pg["pg_loss"]
         entropy_loss = algorithms.agg_loss(entropy, mask, mode, **agg)
         if actor_cfg.entropy_coeff:

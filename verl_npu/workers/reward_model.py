@@ -146,7 +146,8 @@ class RewardModelWorker:
             external_lib=model_cfg.get("external_lib"),
         )
         module = self.engine.attach(module, model_cfg.fsdp_config)
-        return {"num_params": sum(p.numel() for p in module.parameters()), "retokenize": self.input_tokenizer is not None}
+        return {"num_params": sum(p.numel() for p in module.parameters()),
+                "retokenize": self.input_tokenizer is not None}
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids, attention_mask) the reward model reads, before max_length."""
@@ -185,9 +186,10 @@ class RewardModelWorker:
         rm = self.cfg.reward_model
         ids, mask = self._inputs(batch)
         inputs = Batch({"input_ids": ids, "attention_mask": keep_last_tokens(mask, rm.get("max_length"))})
+        micro = micro_batching(rm.use_dynamic_bsz, rm.get("forward_max_token_len_per_gpu"),
+                               rm.get("micro_batch_size_per_gpu"))
         scores = self.engine.infer(
-            inputs, lambda module, part: last_token_scores(module, part["input_ids"], part["attention_mask"]),
-            micro_batching(rm.use_dynamic_bsz, rm.get("forward_max_token_len_per_gpu"), rm.get("micro_batch_size_per_gpu")))
+            inputs, lambda module, part: last_token_scores(module, part["input_ids"], part["attention_mask"]), micro)
         response_mask = batch["response_mask"]
         last = (response_mask.sum(-1) - 1).clamp(min=0)
         token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
