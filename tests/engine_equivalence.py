@@ -48,7 +48,12 @@ RUNS = {
                                         "critic.ppo_max_token_len_per_gpu": 80, "actor_rollout_ref.actor.ppo_epochs": 2,
                                         "actor_rollout_ref.actor.shuffle": "true", "critic.shuffle": "true",
                                         "actor_rollout_ref.actor.ppo_mini_batch_size": 2}),
+    # two steps saved each step, then the same folder again to step 3: resumed from global_step_2
+    "i_resume_critic_kl": ("tiny_gsm8k", {**KL, **GAE, "trainer.total_training_steps": 2, "trainer.save_freq": 1,
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size": 2}),
 }
+#: runs continued by a second `verl-npu run` in the same folder with these overrides
+RESUMED = {"i_resume_critic_kl": {"trainer.total_training_steps": 3}}
 SKIPPED_PREFIXES = ("timing_s/", "perf/", "actor/perf/")
 #: checkpoint entries that differ between two runs of the same tree: Python's `random` is seeded
 #: from the OS at start-up and nothing in a run reseeds it
@@ -85,6 +90,10 @@ def run(tree: Path, out: Path, names: list[str]) -> None:
         start = time.time()
         proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", recipe, *over], cwd=tree, env=env,
                               capture_output=True, text=True)
+        if name in RESUMED and proc.returncode == 0:
+            again = text_run_overrides(out / name, data, **{**extra, **RESUMED[name]})
+            proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", recipe, *again], cwd=tree, env=env,
+                                  capture_output=True, text=True)
         (out / f"{name}.log").write_text(proc.stdout + proc.stderr)
         print(f"{name}: exit {proc.returncode} in {time.time() - start:.0f}s", flush=True)
 
