@@ -56,7 +56,8 @@ class TrainingEngine:
         """Make the role's freshly loaded `module` this engine's: LoRA adapters when `model_cfg` asks
         for them (peft injects them before sharding; the engine computes with the transformers model
         inside and keeps the peft wrapper for disabling and saving the adapters), the vision tower
-        frozen when asked, then moved to this rank's device and FSDP2-sharded with `fsdp_cfg`."""
+        frozen when asked, then moved to this rank's device and FSDP2-sharded with `fsdp_cfg`; returns
+        that module."""
         if model_cfg is not None and lora.lora_enabled(model_cfg):
             self.peft_model = lora.wrap_lora(module, model_cfg)
             module = self.peft_model.get_base_model()
