@@ -3,7 +3,9 @@
     python tests/engine_equivalence.py run TREE OUT [NAME ...]   # the runs of RUNS with TREE's verl_npu
     python tests/engine_equivalence.py compare OUT_A OUT_B       # every metric and checkpoint tensor, ==
 
-Each run is `verl-npu run` in a subprocess with PYTHONPATH=TREE, writing OUT/NAME. `compare` reports,
+Each run is `verl-npu run` in a subprocess with PYTHONPATH=TREE, writing OUT/NAME (the runs of BF16 with
+the device's compute dtype patched to bf16, so that one worker autocasts; those of RESUMED run a second
+time in the same folder and resume). Set VERL_NPU_CACHE to one folder for both trees. `compare` reports,
 per run, the metric keys whose values differ (timing_s/*, perf/* and memory keys are left out) and the
 checkpoint files whose tensors differ.
 """
@@ -52,6 +54,14 @@ RUNS = {
     "i_resume_critic_kl": ("tiny_gsm8k", {**KL, **GAE, "trainer.total_training_steps": 2, "trainer.save_freq": 1,
                                           "actor_rollout_ref.actor.ppo_mini_batch_size": 2}),
 }
+#: runs whose device computes in bf16 (DeviceInfo.train_dtype patched): one worker autocasts
+BF16 = {"j_bf16_autocast_critic_rm_kl": ("tiny_gsm8k", {**STEPS3, **KL, **GAE, "reward_model.enable": "true",
+                                                        "reward_model.model.path": "tiny://qwen2rm",
+                                                        "actor_rollout_ref.actor.ppo_mini_batch_size": 2})}
+RUNS.update(BF16)
+#: the CLI with the device's compute dtype patched to bf16
+BF16_CLI = ("import sys, torch; from verl_npu.device import DeviceInfo; "
+            "DeviceInfo.train_dtype = lambda self: torch.bfloat16; from verl_npu.cli import main; sys.exit(main())")
 #: runs continued by a second `verl-npu run` in the same folder with these overrides
 RESUMED = {"i_resume_critic_kl": {"trainer.total_training_steps": 3}}
 SKIPPED_PREFIXES = ("timing_s/", "perf/", "actor/perf/")
@@ -88,7 +98,8 @@ def run(tree: Path, out: Path, names: list[str]) -> None:
         recipe, extra = RUNS[name]
         over = text_run_overrides(out / name, geo if recipe == "tiny_geo3k" else data, **extra)
         start = time.time()
-        proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", recipe, *over], cwd=tree, env=env,
+        cli = ["-c", BF16_CLI] if name in BF16 else ["-m", "verl_npu.cli"]
+        proc = subprocess.run([sys.executable, *cli, "run", recipe, *over], cwd=tree, env=env,
                               capture_output=True, text=True)
         if name in RESUMED and proc.returncode == 0:
             again = text_run_overrides(out / name, data, **{**extra, **RESUMED[name]})
