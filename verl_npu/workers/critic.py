@@ -108,6 +108,7 @@ class CriticWorker:
 
     @staticmethod
     def _values(module, part: Batch) -> torch.Tensor:
+        """The critic's forward: values [B, T] of a micro-batch's response tokens."""
         return response_values(module, part["input_ids"], part["attention_mask"], part["responses"].shape[1])
 
     def compute_values(self, batch: Batch) -> Batch:
