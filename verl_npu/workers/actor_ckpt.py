@@ -1,4 +1,6 @@
-"""The actor's checkpoint folder (`global_step_N/actor/`) in upstream verl's format.
+"""A trained role's checkpoint folder (`global_step_N/actor/`, `critic/`) in upstream verl's format.
+
+`TrainingEngine.save` / `load` write and read it; `worker` below is such an engine.
 
 Files, as verl's FSDP checkpoint manager writes and reads them (so that verl's model merger and
 verl's resume read ours, and ours reads verl's); W is the world size, R the rank:
@@ -286,5 +288,3 @@ def load_actor(worker, actor_dir: str | Path) -> None:
             "(trainer.resume_mode=disable)") from None
     if "extra" in states:
         restore_extra_state(states["extra"], worker.lr_scheduler, worker.device, files["extra"])
-    if getattr(worker, "rollout", None) is not None:  # the critic has no rollout engine
-        worker.rollout.update_weights(worker.module)

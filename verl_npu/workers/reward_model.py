@@ -21,7 +21,6 @@ no folder for it (it is reloaded from `reward_model.model.path` on resume).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import os
@@ -33,8 +32,7 @@ from verl_npu.device import detect_device
 from verl_npu.errors import UserError
 from verl_npu.models.loading import apply_override_config, load_config, load_tokenizer_and_processor, resolve_model_path
 from verl_npu.models.tiny import is_tiny_uri
-from verl_npu.workers import parallel
-from verl_npu.workers.micro import micro_batch_indices, trim_left_padding
+from verl_npu.workers.engine import TrainingEngine, micro_batching
 
 RM_KEY = "reward_model.model"
 log = logging.getLogger("verl_npu")
@@ -125,16 +123,15 @@ def same_tokenizer(a, b) -> bool:
 
 
 class RewardModelWorker:
+    """The reward model role: a frozen engine and `last_token_scores` as its forward."""
+
     def __init__(self, cfg, total_training_steps: int, rank: int = 0, world_size: int = 1):
         self.cfg = cfg
-        self.rank = rank
-        self.world_size = world_size
-        self.device = detect_device(cfg.trainer.device)
-        self.torch_device = self.device.torch_device(int(os.environ.get("LOCAL_RANK", 0)))
+        self.engine = TrainingEngine(cfg, "reward_model", detect_device(cfg.trainer.device), rank=rank,
+                                     world_size=world_size)
 
     def init_model(self) -> dict:
-        rm = self.cfg.reward_model
-        model_cfg = rm.model
+        model_cfg = self.cfg.reward_model.model
         path = str(model_cfg.path)
         trust = bool(model_cfg.trust_remote_code)
         self.tokenizer, _ = load_tokenizer_and_processor(path, trust_remote_code=trust)
@@ -143,27 +140,14 @@ class RewardModelWorker:
             source = load_input_tokenizer(str(model_cfg.input_tokenizer), trust_remote_code=trust)
             if not same_tokenizer(source, self.tokenizer):
                 self.input_tokenizer = source
-        self.compute_dtype = self.device.train_dtype()
         module = load_reward_model(
-            path, dtype=torch.float32, attn_implementation=self.device.attn_implementation(),
+            path, dtype=torch.float32, attn_implementation=self.engine.device.attn_implementation(),
             override_config=dict(model_cfg.get("override_config") or {}), trust_remote_code=trust,
             external_lib=model_cfg.get("external_lib"),
         )
-        self.module = parallel.shard_module(module.to(self.torch_device), model_cfg.fsdp_config, self.world_size,
-                                            param_dtype=self.compute_dtype)
-        return {"num_params": sum(p.numel() for p in self.module.parameters()),
+        module = self.engine.attach(module, model_cfg.fsdp_config)
+        return {"num_params": sum(p.numel() for p in module.parameters()),
                 "retokenize": self.input_tokenizer is not None}
-
-    def _autocast(self):
-        if self.compute_dtype == torch.float32 or parallel.fsdp_enabled(self.world_size):
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.torch_device.type, dtype=self.compute_dtype)
-
-    def _micro(self) -> dict:
-        rm = self.cfg.reward_model
-        if rm.use_dynamic_bsz:
-            return {"max_token_len": int(rm.forward_max_token_len_per_gpu)}
-        return {"micro_batch_size": rm.get("micro_batch_size_per_gpu")}
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids, attention_mask) the reward model reads, before max_length."""
@@ -199,24 +183,15 @@ class RewardModelWorker:
         """`rm_scores` [B, response_length]: each row's reward model score on its last response
         token (the last position whose response mask is 1; position 0 for an empty response), zeros
         elsewhere, as verl's reward model worker returns them."""
+        rm = self.cfg.reward_model
         ids, mask = self._inputs(batch)
-        mask = keep_last_tokens(mask, self.cfg.reward_model.get("max_length"))
-        inputs = Batch({"input_ids": ids, "attention_mask": mask})
-        scores = torch.zeros(len(batch))
-        with torch.no_grad():
-            for idx in micro_batch_indices(mask, **self._micro()):
-                part = trim_left_padding(inputs.select(idx)).to(self.torch_device)
-                with self._autocast():
-                    scores[idx] = last_token_scores(self.module, part["input_ids"], part["attention_mask"]).cpu()
+        inputs = Batch({"input_ids": ids, "attention_mask": keep_last_tokens(mask, rm.get("max_length"))})
+        micro = micro_batching(rm.use_dynamic_bsz, rm.get("forward_max_token_len_per_gpu"),
+                               rm.get("micro_batch_size_per_gpu"))
+        scores = self.engine.infer(
+            inputs, lambda module, part: last_token_scores(module, part["input_ids"], part["attention_mask"]), micro)
         response_mask = batch["response_mask"]
         last = (response_mask.sum(-1) - 1).clamp(min=0)
         token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
         token_scores[torch.arange(len(batch)), last] = scores
         return Batch({"rm_scores": token_scores})
-
-    # the reward model is frozen: nothing to save or restore; the actor's profiler covers the process
-    def start_profile(self, folder: str) -> None:
-        return None
-
-    def stop_profile(self) -> None:
-        return None

@@ -1,8 +1,9 @@
 """Worker roles: which workers a run builds, by name.
 
-A role is a worker class that holds its own model, FSDP2 shards and optimizer. Every role a
-config needs is built on every rank (colocated on the same devices, as verl's hybrid engine
-does); the controller reaches a role's method through `WorkerGroup.dispatch(..., role=name)`.
+A role is a worker class: a forward function (and, when it trains, a loss) over its own
+`TrainingEngine` (`verl_npu.workers.engine`: model, FSDP2 shards, optimizer, the update loop).
+Every role a config needs is built on every rank (colocated on the same devices, as verl's
+hybrid engine does); the controller reaches a role's method through `WorkerGroup.dispatch(..., role=name)`.
 Adding a role is one `register_role` call: a name, the worker class (as "module:Class", imported
 only when built) and the predicate that says whether a config needs it.
 """
