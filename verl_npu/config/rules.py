@@ -475,10 +475,18 @@ def _vllm(c: Ctx) -> bool:
 
 
 def _device(c: Ctx):
-    """The device the run uses (trainer.device, detected when null), or None when it is not usable."""
+    """The device the run plans for (`device.configured_device`: trainer.device, or what this machine
+    has; torch is not imported), or None when trainer.device names no device kind."""
     from verl_npu.device import configured_device
 
     return configured_device(c(TRAINER + "device"))
+
+
+def _scheduler_args(c: Ctx):
+    """What vLLM's scheduler gets (engine_kwargs.vllm wins over the rollout key): the token budget,
+    max_num_seqs, max_model_len and enable_chunked_prefill."""
+    return tuple(vllm_arg(c, name, name) for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                                                       "enable_chunked_prefill"))
 
 
 @_rule("vllm_scheduler", _VLLM_INPUTS + (TRAINER + "device",) + tuple(ROLL + k for k in (
@@ -490,10 +498,7 @@ def _device(c: Ctx):
 def _vllm_scheduler(c: Ctx) -> Iterator[Problem]:
     if not _vllm(c):
         return
-    tokens = vllm_arg(c, "max_num_batched_tokens", "max_num_batched_tokens")
-    seqs = vllm_arg(c, "max_num_seqs", "max_num_seqs")
-    model_len = vllm_arg(c, "max_model_len", "max_model_len")
-    chunked = vllm_arg(c, "enable_chunked_prefill", "enable_chunked_prefill")
+    tokens, seqs, model_len, chunked = _scheduler_args(c)
     if _int(tokens.value) and _int(seqs.value) and tokens.value < seqs.value:
         blame = seqs if seqs.user_set and not tokens.user_set else tokens
         yield Problem(blame.key, f"max_num_batched_tokens {tokens.value} ({tokens.short}) is below max_num_seqs "
@@ -536,10 +541,7 @@ def _vllm_seeded_prefill(c: Ctx) -> Iterator[Problem]:
     device = _device(c)
     if device is None or device.vllm_chunked_prefill_with_seeds:
         return
-    tokens = vllm_arg(c, "max_num_batched_tokens", "max_num_batched_tokens")
-    seqs = vllm_arg(c, "max_num_seqs", "max_num_seqs")
-    model_len = vllm_arg(c, "max_model_len", "max_model_len")
-    chunked = vllm_arg(c, "enable_chunked_prefill", "enable_chunked_prefill")
+    tokens, seqs, model_len, chunked = _scheduler_args(c)
     length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
     why = (f"vLLM on {device.kind} cannot prefill a prompt in chunks while it samples from the prompt's own seed "
            "(the step dies with 'CPU Generator does not use offset')")
