@@ -149,7 +149,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         body = body[1:]
     elif "=" not in body:
         raise UserError(f"override '{text}' is not key=value (example: data.train_batch_size=64; "
-                        "~key deletes a key)")
+                        "~key puts a key back to its default)")
     key, _, value = body.partition("=")
     key = key.strip()
     if not delete:
