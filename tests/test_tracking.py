@@ -197,3 +197,16 @@ def test_progress_bar_resume_and_reward():
     quiet.update(2, 1.0)
     assert quiet.step == 2
     quiet.close()
+
+
+def test_kl_panel_plots_what_the_run_has():
+    from verl_npu.trainer.tracking import kl_panel
+
+    def rows(**series):
+        return [{"training/global_step": i + 1, **{k.replace("__", "/"): v[i] for k, v in series.items()}}
+                for i in range(2)]
+
+    assert kl_panel(rows(actor__kl_loss=[0.1, 0.2], actor__ppo_kl=[0.0, 0.3])) == ("KL", [("actor/kl_loss",) * 2])
+    assert kl_panel(rows(actor__kl_loss=[0.0, 0.0], actor__ppo_kl=[0.0, 0.3]))[1] == [("actor/ppo_kl",) * 2]
+    title, series = kl_panel(rows(actor__ppo_kl=[0.0, 0.0], actor__entropy=[2.0, 1.5]))  # the demos' case
+    assert title == "entropy (no KL in this run)" and series == [("actor/entropy", "actor/entropy")]

@@ -314,11 +314,24 @@ def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+#: the KL series a run may log, in the order the KL panel prefers them
+KL_SERIES = ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")
+
+
+def kl_panel(rows: list[dict]) -> tuple[str, list[tuple[str, str]]]:
+    """(title, [(key, label)]) of the curves' third panel: the first KL series of `KL_SERIES` that is
+    not zero throughout; a run without any (no KL loss or penalty, and on-policy updates whose
+    ppo_kl is exactly 0, as in the demos) gets its policy entropy instead, and the title says why."""
+    for key in KL_SERIES:
+        if any(y != 0 for y in _series(rows, key)[1]):
+            return "KL", [(key, key)]
+    return "entropy (no KL in this run)", [("actor/entropy", "actor/entropy")]
+
+
 def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path) -> None:
     """Draw a 2x2 PNG from metrics.jsonl over `training/global_step` (or `step`):
     reward (`critic/score/mean` and every `val-core/*/reward/mean@1`), `response_length/mean`,
-    KL (`actor/kl_loss`, or `actor/ppo_kl` when kl_loss is absent), `actor/pg_loss`.
-    Panels without data say so. Written to a temp file then `os.replace`d onto `out_png`."""
+    KL or entropy (`kl_panel`), `actor/pg_loss`. Panels without data say so. Written to a temp file then `os.replace`d onto `out_png`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -327,11 +340,10 @@ def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path) -> None
     val_keys = sorted(
         {k for r in rows for k in r if k.startswith("val-core/") and k.endswith("/reward/mean@1")}
     )
-    kl_key = "actor/kl_loss" if _series(rows, "actor/kl_loss")[0] else "actor/ppo_kl"
     panels = [
         ("reward", [("critic/score/mean", "train score (mean)")] + [(k, k) for k in val_keys]),
         ("response length", [("response_length/mean", "response_length/mean")]),
-        ("KL", [(kl_key, kl_key)]),
+        kl_panel(rows),
         ("policy loss", [("actor/pg_loss", "actor/pg_loss")]),
     ]
     # Figure + Agg canvas directly: no pyplot global state, safe off the main thread.
