@@ -115,7 +115,7 @@ def test_explain_short_full_and_section():
     section = cli("explain", "algorithm.kl_ctrl")
     assert section.returncode == 0 and "algorithm.kl_ctrl.target_kl" in section.stdout
     dep = cli("explain", "actor_rollout_ref.actor.ppo_micro_batch_size")
-    assert dep.returncode == 1 and "ppo_micro_batch_size_per_gpu" in dep.stderr
+    assert dep.returncode == 0 and "ppo_micro_batch_size_per_gpu" in dep.stdout   # accepted, mapped (verl 0.9.1 reads it)
     everything = cli("explain", "--all")
     assert everything.returncode == 0
     assert everything.stdout == (REPO / "docs" / "config_reference.md").read_text()

@@ -85,15 +85,19 @@ BROKEN = [
     (["actor_rollout_ref.actor.policy_loss.ppo_kl_coef=-1"], A + "actor.policy_loss.ppo_kl_coef", "out of range"),
     (["actor_rollout_ref.actor.tau_neg=0"], A + "actor.tau_neg", "out of range"),
     (["actor_rollout_ref.rollout.multi_turn.max_turns=3"], A + "rollout.multi_turn.max_turns", "does not support"),
-    # deprecated verl keys name their replacement
+    # verl's deprecated keys set together with the key that replaces them (the recipe sets the *_per_gpu ones)
     (["actor_rollout_ref.actor.ppo_micro_batch_size=8"], A + "actor.ppo_micro_batch_size",
      "ppo_micro_batch_size_per_gpu"),
     (["actor_rollout_ref.rollout.log_prob_micro_batch_size=8"], A + "rollout.log_prob_micro_batch_size",
      "log_prob_micro_batch_size_per_gpu"),
     (["actor_rollout_ref.ref.log_prob_micro_batch_size=8"], A + "ref.log_prob_micro_batch_size",
      "log_prob_micro_batch_size_per_gpu"),
-    (["trainer.remove_previous_ckpt_in_save=true"], "backend_config.trainer.remove_previous_ckpt_in_save",
-     "max_actor_ckpt_to_keep"),
+    (["trainer.remove_previous_ckpt_in_save=true", "trainer.max_actor_ckpt_to_keep=3"],
+     "backend_config.trainer.remove_previous_ckpt_in_save", "max_actor_ckpt_to_keep"),
+    (["critic.ppo_micro_batch_size=8", "critic.ppo_micro_batch_size_per_gpu=1"], "backend_config.critic.ppo_micro_batch_size",
+     "critic.ppo_micro_batch_size_per_gpu are both set"),
+    # a deprecated verl key that verl 0.9.1 no longer reads stays refused, naming its replacement
+    (["reward_model.micro_batch_size=8"], "backend_config.reward_model.micro_batch_size", "micro_batch_size_per_gpu"),
     # unknown keys, with a suggestion
     (["data.max_promt_length=5"], "backend_config.data.max_promt_length", "did you mean backend_config.data.max_prompt_length"),
     (["data.ppo_mini_batch_size=5"], "backend_config.data.ppo_mini_batch_size",

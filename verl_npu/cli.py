@@ -2,7 +2,7 @@
 
     verl-npu list
     verl-npu cp NAME DEST
-    verl-npu validate NAME|PATH [key=value ...] [--check-paths]
+    verl-npu validate NAME|PATH [key=value ...] [--check-paths] [--strict]
     verl-npu show NAME|PATH [key=value ...]
     verl-npu explain KEY | SECTION | --all
     verl-npu run NAME|PATH [key=value ...] [--demo-data]
@@ -121,6 +121,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from verl_npu.config import load_recipe
 
     rc = load_recipe(args.recipe, args.overrides, check_paths=args.check_paths)
+    if args.strict and rc.ignored:
+        raise UserError("--strict: keys added with + that neither verl nor verl-npu reads: "
+                        + ", ".join(k.removeprefix("backend_config.") for k in rc.ignored)
+                        + " (remove them, or validate without --strict to ignore them)")
     _warn(rc)
     _say(f"{rc.source}: valid")
     for line in summary_lines(rc):
@@ -170,12 +174,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
             _say(f"{k.short:<{width}}  {k.doc}")
         return 0
     from verl_npu.config.compat import DEPRECATED_KIND, NOOP, REFUSED, SUPPORTED, status
+    from verl_npu.config.schema import DEPRECATED_MAPPED
     from verl_npu.config.loader import _suggest
 
     full = expand_key(args.key)
     st = status(full)
     if st.kind in (SUPPORTED, NOOP):    # a verl alias or a verl key that changes nothing here
         _say(f"{full}\n  verl key, {st.kind}: {st.text}")
+        return 0
+    if st.kind == DEPRECATED_KIND and full in DEPRECATED_MAPPED:
+        _say(f"{full}\n  verl's deprecated key, {st.text}")
         return 0
     if st.kind == DEPRECATED_KIND:
         raise UserError(f"{args.key} is a deprecated verl key: {st.text}")
@@ -264,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="key=value (full or verl short form)")
         if verb == "validate":
             p.add_argument("--check-paths", action="store_true", help="also check data/model paths exist")
+            p.add_argument("--strict", action="store_true",
+                           help="refuse keys added with + that nothing reads (otherwise ignored with a warning)")
         if verb == "run":
             p.add_argument("--demo-data", action="store_true",
                            help="with a tiny:// model, write synthetic demo data to the missing data files "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_npu.config.schema import DICT, DEPRECATED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
+from verl_npu.config.schema import DICT, DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
 from verl_npu.config.schema_verl import (
     ALIASES, REFUSED_SUBTREES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
 )
@@ -67,8 +67,11 @@ def status(name: str) -> Status:
         return Status(REFUSED, _refused_values(key))
     if is_target(path) and path.startswith("backend_config."):
         return Status(NOOP, TARGET_NOOP)
+    if path in DEPRECATED_MAPPED:
+        return Status(DEPRECATED_KIND, f"accepted (verl 0.9.1 still reads it): {DEPRECATED_MAPPED[path]}")
     if path in DEPRECATED:
-        return Status(DEPRECATED_KIND, f"renamed: use `{DEPRECATED[path].removeprefix('backend_config.')}`")
+        return Status(DEPRECATED_KIND, "no longer read by verl 0.9.1, refused: use "
+                      f"`{DEPRECATED[path].removeprefix('backend_config.')}`")
     if path in DEPRECATED_WARN_ONLY:
         return Status(DEPRECATED_KIND, f"accepted with a warning: {DEPRECATED_WARN_ONLY[path]}")
     hit = refused_subtree(path)
@@ -111,7 +114,7 @@ def rows() -> list[tuple[str, str, Status]]:
     names: list[str] = []
     names += [p for p in SCHEMA if p.startswith("backend_config.") or p.startswith("engine_kwargs")
               or p == "af_output_dir"]
-    names += list(ALIASES) + list(VERL_ONLY) + list(DEPRECATED) + list(DEPRECATED_WARN_ONLY)
+    names += list(ALIASES) + list(VERL_ONLY) + list(DEPRECATED_MAPPED) + list(DEPRECATED) + list(DEPRECATED_WARN_ONLY)
     out = [(_section(n.removeprefix("backend_config.")), f"`{n.removeprefix('backend_config.')}`", status(n))
            for n in dict.fromkeys(names)]
     prefixes = dict.fromkeys(list(REFUSED_SUBTREES) + list(UNSUPPORTED_PREFIXES))
@@ -136,10 +139,13 @@ def render_compat() -> str:
         "- **no-op here**: accepted at any valid value; it changes nothing in verl-npu, for the reason given;",
         "- **refused**: accepted only at its off value; anything else stops `validate` / `run` with an error",
         "  naming the missing feature and what to do instead (`prefix.*` rows: a whole verl feature);",
-        "- **deprecated**: verl's own deprecations (`verl-npu` says which key replaces it).",
+        "- **deprecated**: verl's own deprecations: those verl 0.9.1 still reads are mapped onto the new key",
+        "  as verl maps them, with a warning naming both; the others are refused, naming the key that replaces them.",
         "",
         "`_target_` keys anywhere are no-ops (" + TARGET_NOOP + "). A key in none of these",
-        "rows is not a verl key: it is reported as unknown, with a did-you-mean hint.",
+        "rows is not a verl key: it is reported as unknown, with a did-you-mean hint. One added with Hydra's `+`",
+        "(`+key=value`) is ignored instead, listed in one warning at start and at the end of the run's",
+        "`exp-config.yaml`; `verl-npu validate --strict` refuses it.",
         "",
     ]
     section = None

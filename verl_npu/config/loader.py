@@ -22,7 +22,7 @@ from verl_npu.config import derive as _derive
 from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
 from verl_npu.config.schema import (
-    DEPRECATED, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key, defaults_tree,
+    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key, defaults_tree,
     free_form_owner,
 )
 from verl_npu.config.schema_verl import (
@@ -53,6 +53,7 @@ class RecipeConfig:
     user_keys: frozenset[str] = frozenset()      # full keys set by the recipe or the overrides
     warnings: list[str] = field(default_factory=list)
     noop: list[Derived] = field(default_factory=list)   # verl keys the user set that change nothing here, and why
+    ignored: dict[str, Any] = field(default_factory=dict)   # keys added with `+` that nothing reads: full key -> value
 
     @property
     def backend(self) -> DictConfig:
@@ -76,6 +77,9 @@ class RecipeConfig:
         lines = [f"# resolved by verl-npu from {self.source}",
                  "# values marked 'derived' were filled in by verl-npu; set them to override"]
         _emit(data, 0, "", notes, lines)
+        if self.ignored:   # comments: the file stays a recipe verl-npu loads
+            lines.append("# ignored: added with + on the command line, read by nothing here (neither verl nor verl-npu)")
+            lines += [f"#   {k.removeprefix(BC)}={_scalar(v)}" for k, v in self.ignored.items()]
         return "\n".join(lines) + "\n"
 
 
@@ -159,6 +163,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     return expand_key(key), DELETE if delete else parse_value(value)
 
 
+def added_with_plus(text: str) -> bool:
+    """True for Hydra's `+key=value` / `++key=value`: a key the user adds, which verl itself lets through."""
+    return text.strip().startswith("+")
+
+
 # ------------------------------------------------------------------ interpolations
 _SECTIONS = VERL_SECTIONS + EXTRA_VERL_SECTIONS
 _SHORT_REF = re.compile(r"\$\{(\s*(?:oc\.select:\s*)?)(" + "|".join(_SECTIONS) + r")(?=[.}:,\s])")
@@ -229,6 +238,8 @@ class _Sorted:
     accepted: dict[str, Any] = field(default_factory=dict)     # schema keys (aliases already renamed)
     verl_only: dict[str, Any] = field(default_factory=dict)    # VERL_ONLY keys / _target_ (checked, no effect)
     alias_of: dict[str, str] = field(default_factory=dict)     # schema key -> the verl alias that set it
+    deprecated: dict[str, Any] = field(default_factory=dict)   # verl's deprecated keys verl-npu maps (mapped later)
+    ignored: dict[str, Any] = field(default_factory=dict)      # unknown keys added with `+`: ignored, with a warning
     problems: list[Problem] = field(default_factory=list)
 
     def update(self, other: "_Sorted") -> None:
@@ -237,16 +248,21 @@ class _Sorted:
         self.accepted.update(other.accepted)
         self.verl_only.update(other.verl_only)
         self.alias_of.update(other.alias_of)
+        self.deprecated.update(other.deprecated)
+        self.ignored.update(other.ignored)
         self.problems += other.problems
 
 
-def classify(user: dict[str, Any], origin: str) -> _Sorted:
+def classify(user: dict[str, Any], origin: str, added: Iterable[str] = ()) -> _Sorted:
     """Sort user leaves {full key: value} (from the recipe file or the command line, named by
-    `origin`) into schema keys, verl keys without effect here, and problems. Every key ends in
-    exactly one place: nothing is dropped silently."""
+    `origin`) into schema keys, verl keys without effect here, verl's deprecated keys, and problems.
+    An unknown key at or under one of `added` (overrides written `+key=...`) is ignored with a warning
+    instead of refused. Every key ends in exactly one place: nothing is dropped silently."""
     out = _Sorted()
+    added = tuple(added)
     for path, value in user.items():
         top = path.split(".", 1)[0]
+        plus = any(path == a or path.startswith(a + ".") for a in added)
         if path in SCHEMA or free_form_owner(path):
             key = SCHEMA.get(path)
             if key is not None and key.type == STR_LIST and isinstance(value, str):
@@ -265,6 +281,8 @@ def classify(user: dict[str, Any], origin: str) -> _Sorted:
             out.verl_only[path] = value     # checked once resolved (_check_verl_only)
         elif is_target(path) and top == "backend_config" and isinstance(value, str):
             out.verl_only[path] = value
+        elif path in DEPRECATED_MICRO or path == DEPRECATED_CKPT[0]:
+            out.deprecated[path] = value    # mapped to the new key once the config is resolved (_map_deprecated)
         elif path in DEPRECATED:
             out.problems.append(Problem(path, f"is a deprecated verl key ({origin})",
                                         f"use {DEPRECATED[path]} instead"))
@@ -284,6 +302,8 @@ def classify(user: dict[str, Any], origin: str) -> _Sorted:
             inside = next((k for k in list(SCHEMA) + list(VERL_ONLY) if k.startswith(path + ".")), path)
             out.problems.append(Problem(path, f"is a section, not a value ({origin})",
                                         f"set the keys inside it, e.g. {inside.removeprefix(BC)}=..."))
+        elif plus:
+            out.ignored[path] = value
         elif top not in TOP_LEVEL:
             out.problems.append(Problem(path, f"unknown top-level key ({origin}); a recipe has af_output_dir, "
                                         "backend_config and engine_kwargs", _suggest(expand_key(path))))
@@ -292,9 +312,10 @@ def classify(user: dict[str, Any], origin: str) -> _Sorted:
     return out
 
 
-def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dict[str, Any]) -> _Sorted:
+def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dict[str, Any],
+                     added: Iterable[str] = ()) -> _Sorted:
     """Command-line overrides, in order, as a `_Sorted` of their own; `~key` deletions remove the
-    key from `base` (the recipe file's keys) and from earlier overrides."""
+    key from `base` (the recipe file's keys) and from earlier overrides. `added`: the keys written `+key=...`."""
     over_flat: dict[str, Any] = {}
     for key, value in parsed:
         owner = free_form_owner(key)
@@ -308,7 +329,7 @@ def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dic
                 node.pop(leaf, None)
                 over_flat[owner] = current
                 continue
-            for store in (over_flat, base.accepted, base.verl_only, raw_flat):
+            for store in (over_flat, base.accepted, base.verl_only, base.deprecated, base.ignored, raw_flat):
                 for k in [k for k in store if k == key or k.startswith(key + ".")]:
                     del store[k]
             target = ALIASES.get(key)
@@ -324,7 +345,7 @@ def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dic
             flatten(value, key, over_flat)
         else:
             over_flat[key] = value
-    return classify(over_flat, "command line")
+    return classify(over_flat, "command line", added)
 
 
 def _resolve(cfg: DictConfig, sorted_: _Sorted) -> list[Problem]:
@@ -376,6 +397,91 @@ def _noop_reason(path: str) -> str:
     return f"left off: verl-npu does not support {what} yet"
 
 
+def _short(path: str) -> str:
+    return path.removeprefix(BC)
+
+
+def _map_deprecated(cfg: DictConfig, sorted_: _Sorted, bad: set[str]
+                    ) -> tuple[list[Derived], list[Problem], list[str]]:
+    """verl's deprecated keys that verl 0.9.1 still reads, mapped as verl maps them onto the new keys
+    (in `cfg`, in place): (the values set, problems, one warning per key naming both). A new key
+    whose old key is refused joins `bad`, so that the rules do not report it a second time."""
+    done: list[Derived] = []
+    problems: list[Problem] = []
+    warnings: list[str] = []
+    trainer = BC + "trainer."
+    for old, value in sorted_.deprecated.items():
+        if value is None:      # verl's own default: the same as not setting it
+            continue
+        if old == DEPRECATED_CKPT[0]:
+            if not isinstance(value, bool):
+                problems.append(Problem(old, f"must be a bool, got {value!r}", "set true or false (or remove it: "
+                                        "it is verl's deprecated key; write trainer.max_actor_ckpt_to_keep=1)"))
+                continue
+            if not value:
+                continue
+            clash = [k for k in DEPRECATED_CKPT[1] if sorted_.accepted.get(k) not in (None, 1)]
+            if clash:
+                problems.append(Problem(old, f"is true (keep one checkpoint) but {_short(clash[0])} is "
+                                        f"{sorted_.accepted[clash[0]]}", f"remove {_short(old)} (verl's deprecated "
+                                        f"key) and keep {_short(clash[0])}, or set {_short(clash[0])}=1"))
+                continue
+            for new in DEPRECATED_CKPT[1]:
+                OmegaConf.update(cfg, new, 1, merge=False)
+                done.append(Derived(new, 1, f"from verl's deprecated {_short(old)}=true"))
+            warnings.append(f"{_short(old)}=true is verl's deprecated key: mapped to "
+                            + " and ".join(f"{_short(k)}=1" for k in DEPRECATED_CKPT[1])
+                            + "; write those instead")
+            continue
+        new, sp_key = DEPRECATED_MICRO[old]
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(Problem(old, f"must be an int, got {value!r} ({type(value).__name__})",
+                                    f"set {_short(new)} instead (responses per device)"))
+            bad.add(new)
+            continue
+        if sorted_.accepted.get(new) is not None:
+            critic = new.startswith(BC + "critic.")
+            dyn = _rules.get(cfg, BC + "critic.use_dynamic_bsz") if critic else None
+            dyn = _rules.get(cfg, BC + "actor_rollout_ref.actor.use_dynamic_bsz") if dyn is None else dyn
+            if dyn:    # verl reads neither with dynamic batch sizes, and lets both through
+                warnings.append(f"{_short(old)} (verl's deprecated key) is not read: {_short(new)} is set too, "
+                                "and use_dynamic_bsz packs micro batches by token count")
+                continue
+            problems.append(Problem(old, f"and {_short(new)} are both set ({value} and {sorted_.accepted[new]}); "
+                                    f"{_short(old)} is verl's deprecated key", f"remove {_short(old)} and keep "
+                                    f"{_short(new)} (responses per device)"))
+            continue
+        needed = (trainer + "nnodes", trainer + "n_gpus_per_node", sp_key)
+        if any(k in bad for k in needed):
+            continue          # already reported
+        world = int(_rules.get(cfg, needed[0])) * int(_rules.get(cfg, needed[1]))
+        sp = int(_rules.get(cfg, sp_key) or 1)
+        ranks = max(world // sp, 1)
+        per = value // ranks
+        how = f"{value} // {ranks} data-parallel ranks: {world} devices / {_short(sp_key)} {sp}"
+        if per < 1:
+            problems.append(Problem(old, f"is {value}, {per} responses per device ({how}); verl refuses "
+                                    "below one too", f"write {_short(new)}=<responses per device>, "
+                                    f"e.g. {_short(new)}=1"))
+            bad.add(new)
+            continue
+        OmegaConf.update(cfg, new, per, merge=False)
+        done.append(Derived(new, per, f"from verl's deprecated {_short(old)}={value}: {how}"))
+        warnings.append(f"{_short(old)}={value} is verl's deprecated key: mapped to {_short(new)}={per} "
+                        f"({how}); write {_short(new)}={per} instead")
+    return done, problems, warnings
+
+
+def _ignored_warning(ignored: dict[str, Any]) -> str:
+    """The one warning that lists the keys added with `+` that nothing reads."""
+    items = []
+    for path, value in ignored.items():
+        hint = _suggest(path)
+        hint = f" ({hint.replace(BC, '')})" if hint.startswith("did you mean") else ""
+        items.append(f"{_short(path)}={_scalar(value)}{hint}")
+    return "added with +, read by nothing here: ignored: " + "; ".join(items)
+
+
 # ------------------------------------------------------------------ load
 def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, check_paths: bool = False
                 ) -> RecipeConfig:
@@ -391,8 +497,10 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     flat: dict[str, Any] = {}
     flatten(raw, "", flat)
     sorted_ = classify(flat, source.name)
+    overrides = list(overrides)
     parsed = [parse_override(o) for o in overrides]
-    sorted_.update(_apply_overrides(parsed, sorted_, flat))
+    added = [key for (key, _), text in zip(parsed, overrides) if added_with_plus(text)]
+    sorted_.update(_apply_overrides(parsed, sorted_, flat, added))
     problems = sorted_.problems
 
     tree = defaults_tree()
@@ -412,11 +520,17 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     derived_raw, derive_problems = _derive.derive(cfg, user_keys, bad)
     problems += derive_problems
     bad |= {p.key for p in derive_problems}
+    mapped, map_problems, warnings = _map_deprecated(cfg, sorted_, bad)
+    problems += map_problems
+    user_keys |= {d.key for d in mapped}     # the rules read them as set by the user
     rel_problems, rel_warnings = _rules.check_relations(cfg, user_keys, bad)
     problems += rel_problems
+    if sorted_.ignored:
+        warnings.insert(0, _ignored_warning(sorted_.ignored))
     noop = [Derived(k, _rules.get(cfg, k), _noop_reason(k)) for k in sorted_.verl_only]
-    rc = RecipeConfig(cfg=cfg, derived=[Derived(*d) for d in derived_raw], source=source,
-                      user_keys=user_keys, warnings=rel_warnings, noop=noop)
+    rc = RecipeConfig(cfg=cfg, derived=[Derived(*d) for d in derived_raw] + mapped, source=source,
+                      user_keys=user_keys, warnings=warnings + rel_warnings, noop=noop,
+                      ignored=dict(sorted_.ignored))
     if check_paths and not problems:
         problems += _paths.check_paths(rc)
     if problems:

@@ -7,7 +7,7 @@ Regenerate with:  python -m verl_npu.config.reference > docs/config_reference.md
 from __future__ import annotations
 
 from verl_npu.config.rules import RULES, range_text
-from verl_npu.config.schema import DEPRECATED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
+from verl_npu.config.schema import DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
 from verl_npu.config.tree import scalar as _scalar
 
 
@@ -59,6 +59,9 @@ def render_reference() -> str:
         "(except the top-level ones). On the command line both forms work:",
         "`data.train_batch_size=64` and `backend_config.data.train_batch_size=64`.",
         "A value starting with `EDIT_ME` is a placeholder and is refused.",
+        "A key that is neither a verl-npu nor a verl key is refused, except one added with Hydra's `+`",
+        "(`+key=value`): that one is ignored, listed in one warning at start and at the end of the run's",
+        "`exp-config.yaml`; `verl-npu validate --strict` refuses it too.",
         "",
     ]
     sections: dict[str, list[Key]] = {}
@@ -71,7 +74,10 @@ def render_reference() -> str:
             out.append(f"| `{k.short}` | {type_} | `{_cell(_scalar(k.default))}` | {_cell(k.doc)} | "
                        f"{_cell(_notes(k))} |")
         out.append("")
-    out += ["## Deprecated verl keys (errors)", ""]
+    out += ["## Deprecated verl keys", "",
+            "Those verl 0.9.1 still reads are accepted and mapped as verl maps them, with a warning naming both:", ""]
+    out += [f"- `{old.removeprefix('backend_config.')}`: {how}" for old, how in DEPRECATED_MAPPED.items()]
+    out += ["", "Those verl 0.9.1 no longer reads are errors:", ""]
     out += [f"- `{old.removeprefix('backend_config.')}`: use `{new.removeprefix('backend_config.')}`"
             for old, new in DEPRECATED.items()]
     out += [f"- `{old.removeprefix('backend_config.')}`: only a warning; {why}"

@@ -559,17 +559,39 @@ UNSUPPORTED_PREFIXES: dict[str, str] = {
     "backend_config.trainer.worker_nsight_options": "Nsight Systems profiling (use global_profiler.tool=torch)",
 }
 
-#: deprecated verl keys (full path) -> the key that replaces them.
+#: deprecated verl keys that verl 0.9.1 no longer reads (full path) -> the key that replaces them: refused.
 DEPRECATED: dict[str, str] = {
-    "backend_config.actor_rollout_ref.actor.ppo_micro_batch_size":
-        "backend_config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "backend_config.actor_rollout_ref.rollout.log_prob_micro_batch_size":
-        "backend_config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-    "backend_config.actor_rollout_ref.ref.log_prob_micro_batch_size":
-        "backend_config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-    "backend_config.trainer.remove_previous_ckpt_in_save": "backend_config.trainer.max_actor_ckpt_to_keep",
     "backend_config.reward_model.micro_batch_size": "backend_config.reward_model.micro_batch_size_per_gpu",
 }
+_A = "backend_config.actor_rollout_ref."
+#: verl's deprecated micro batch sizes that verl 0.9.1 still accepts: old key (full path) -> (the per-device key
+#: it sets, the Ulysses sequence-parallel size key of that role). The old value counts responses over all
+#: data-parallel ranks: the per-device value is old // (nnodes * n_gpus_per_node // sequence-parallel size),
+#: and below 1 is refused (verl: micro batch * sp must be >= the device count). Setting both is refused, as in
+#: verl (without use_dynamic_bsz; with it neither is read). A null old value is the same as not setting it.
+DEPRECATED_MICRO: dict[str, tuple[str, str]] = {
+    _A + "actor.ppo_micro_batch_size":
+        (_A + "actor.ppo_micro_batch_size_per_gpu", _A + "actor.ulysses_sequence_parallel_size"),
+    _A + "rollout.log_prob_micro_batch_size":
+        (_A + "rollout.log_prob_micro_batch_size_per_gpu", _A + "actor.ulysses_sequence_parallel_size"),
+    _A + "ref.log_prob_micro_batch_size":
+        (_A + "ref.log_prob_micro_batch_size_per_gpu", _A + "ref.ulysses_sequence_parallel_size"),
+    "backend_config.critic.ppo_micro_batch_size":
+        ("backend_config.critic.ppo_micro_batch_size_per_gpu", "backend_config.critic.ulysses_sequence_parallel_size"),
+}
+#: verl's deprecated `trainer.remove_previous_ckpt_in_save`, still read by verl 0.9.1: true keeps one checkpoint,
+#: i.e. sets these keys to 1 (verl ignores them then; verl-npu refuses one set to another value).
+DEPRECATED_CKPT = ("backend_config.trainer.remove_previous_ckpt_in_save",
+                   ("backend_config.trainer.max_actor_ckpt_to_keep", "backend_config.trainer.max_critic_ckpt_to_keep"))
+#: every deprecated verl key verl-npu accepts and maps (full path) -> what it sets, in words.
+DEPRECATED_MAPPED: dict[str, str] = {
+    **{old: f"sets `{new.removeprefix('backend_config.')}` to it // the data-parallel ranks (devices // "
+            f"`{sp.removeprefix('backend_config.')}`), with a warning; setting both is refused"
+       for old, (new, sp) in DEPRECATED_MICRO.items()},
+    DEPRECATED_CKPT[0]: "true sets `trainer.max_actor_ckpt_to_keep` and `trainer.max_critic_ckpt_to_keep` to 1, "
+                        "with a warning; either set to another value is refused",
+}
+del _A
 #: deprecated keys that only warn (as in verl).
 DEPRECATED_WARN_ONLY = {"backend_config.data.val_batch_size": "leave it null: validation sends the whole set at once"}
 
