@@ -82,6 +82,14 @@ def test_deprecated_and_new_key_both_set_are_refused(old, new):
     assert problem.key == A + old and new in problem.message and f"remove actor_rollout_ref.{old}" in problem.fix
 
 
+def test_both_set_with_dynamic_batch_sizes_only_warns():
+    """verl checks the pair only without use_dynamic_bsz (then it reads neither)."""
+    rc = _load("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_micro_batch_size=16")
+    assert rc.backend.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 1   # the recipe's, untouched
+    assert any("actor_rollout_ref.actor.ppo_micro_batch_size (verl's deprecated key) is not read" in w
+               for w in rc.warnings)
+
+
 def test_deprecated_micro_batch_size_below_one_per_device_is_refused():
     with pytest.raises(ConfigErrors) as info:
         _load("~actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size=4")

@@ -2,9 +2,10 @@
 
 Merge order: schema defaults <- recipe file <- command-line overrides (Hydra's `+key`, `++key`
 and `~key` included). Every user-set key is classified (schema key, free-form entry, verl alias,
-verl key without effect here, deprecated, refused verl feature, unknown) so that no key is
-silently ignored. verl's short-form interpolations (`${data.max_response_length}`) resolve
-against `backend_config`. Nothing here imports torch, transformers or ray.
+verl key without effect here, deprecated (mapped with a warning, or refused), refused verl feature,
+unknown) so that no key is silently ignored: an unknown key added with `+` is ignored with a warning
+and listed in `RecipeConfig.ignored` (and at the end of `to_yaml`). verl's short-form
+interpolations (`${data.max_response_length}`) resolve against `backend_config`. Nothing here imports torch, transformers or ray.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ Names follow upstream verl. A key is one of:
 - a free-form dict (`type == DICT`): anything below it passes through unchecked;
 - a no-op (`noop`): a verl key accepted at any valid value that changes nothing here (the text says why).
 verl keys verl-npu does not implement at all (no-ops, refusals, renamed keys) live in `schema_verl`.
-Whole verl subtrees that verl-npu does not support live in `UNSUPPORTED_PREFIXES`; verl keys
-renamed upstream live in `DEPRECATED`.
+Whole verl subtrees that verl-npu does not support live in `UNSUPPORTED_PREFIXES`; verl's deprecated
+keys that verl 0.9.1 still reads live in `DEPRECATED_MICRO` / `DEPRECATED_CKPT` (accepted, mapped by the
+loader with a warning), those it no longer reads in `DEPRECATED` (refused, naming the new key).
 """
 
 from __future__ import annotations
