@@ -5,7 +5,8 @@ and `~key` included). Every user-set key is classified (schema key, free-form en
 verl key without effect here, deprecated (mapped with a warning, or refused), refused verl feature,
 unknown) so that no key is silently ignored: an unknown key added with `+` is ignored with a warning
 and listed in `RecipeConfig.ignored` (and at the end of `to_yaml`). verl's short-form
-interpolations (`${data.max_response_length}`) resolve against `backend_config`. Nothing here imports torch, transformers or ray.
+interpolations (`${data.max_response_length}`) resolve against `backend_config`. Nothing here
+imports torch, transformers or ray.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from verl_npu.config import derive as _derive
 from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
 from verl_npu.config.schema import (
-    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key, defaults_tree,
-    free_form_owner,
+    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES,
+    VERL_SECTIONS, Key, defaults_tree, free_form_owner,
 )
 from verl_npu.config.schema_verl import (
     ALIASES, EXTRA_VERL_SECTIONS, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
@@ -79,7 +80,8 @@ class RecipeConfig:
                  "# values marked 'derived' were filled in by verl-npu; set them to override"]
         _emit(data, 0, "", notes, lines)
         if self.ignored:   # comments: the file stays a recipe verl-npu loads
-            lines.append("# ignored: added with + on the command line, read by nothing here (neither verl nor verl-npu)")
+            lines.append("# ignored: added with + on the command line, read by nothing here "
+                         "(neither verl nor verl-npu)")
             lines += [f"#   {k.removeprefix(BC)}={_scalar(v)}" for k, v in self.ignored.items()]
         return "\n".join(lines) + "\n"
 
