@@ -189,3 +189,20 @@ def test_explain_a_deprecated_key_verl_still_reads():
     assert out.returncode == 0 and "log_prob_micro_batch_size_per_gpu" in out.stdout
     refused = _cli("explain", "reward_model.micro_batch_size")
     assert refused.returncode == 1 and "reward_model.micro_batch_size_per_gpu" in refused.stderr
+
+
+def test_deprecated_optimizer_grad_clip_added_with_plus_is_read():
+    """verl 0.9.1's optimizer config still takes `grad_clip` (deprecated; copied to clip_grad): verl reads
+    it, so it is mapped, not ignored as a +key that nothing reads."""
+    rc = _load("+actor_rollout_ref.actor.optim.grad_clip=0.5", "+critic.optim.grad_clip=0.25")
+    assert rc.backend.actor_rollout_ref.actor.grad_clip == 0.5 and rc.backend.critic.grad_clip == 0.25
+    assert rc.ignored == {}
+    assert any("actor_rollout_ref.actor.optim.grad_clip=0.5 is verl's deprecated key" in w
+               and "actor_rollout_ref.actor.grad_clip=0.5" in w for w in rc.warnings)
+    with pytest.raises(ConfigErrors) as info:
+        _load("+actor_rollout_ref.actor.optim.grad_clip=0.5", "actor_rollout_ref.actor.optim.clip_grad=2.0")
+    assert info.value.problems[0].key == A + "actor.optim.grad_clip"
+    assert "actor_rollout_ref.actor.optim.clip_grad is 2.0" in info.value.problems[0].message
+    with pytest.raises(ConfigErrors) as info:
+        _load("+actor_rollout_ref.actor.optim.grad_clip=-1")
+    assert info.value.problems[0].key == A + "actor.optim.grad_clip" and "out of range" in info.value.problems[0].message

@@ -24,7 +24,7 @@ from verl_npu.config import derive as _derive
 from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
 from verl_npu.config.schema import (
-    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES,
+    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, DEPRECATED_RENAMED, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES,
     VERL_SECTIONS, Key, defaults_tree, free_form_owner,
 )
 from verl_npu.config.schema_verl import (
@@ -284,7 +284,7 @@ def classify(user: dict[str, Any], origin: str, added: Iterable[str] = ()) -> _S
             out.verl_only[path] = value     # checked once resolved (_check_verl_only)
         elif is_target(path) and top == "backend_config" and isinstance(value, str):
             out.verl_only[path] = value
-        elif path in DEPRECATED_MICRO or path == DEPRECATED_CKPT[0]:
+        elif path in DEPRECATED_MICRO or path in DEPRECATED_RENAMED or path == DEPRECATED_CKPT[0]:
             out.deprecated[path] = value    # mapped to the new key once the config is resolved (_map_deprecated)
         elif path in DEPRECATED:
             out.problems.append(Problem(path, f"is a deprecated verl key ({origin})",
@@ -435,6 +435,24 @@ def _map_deprecated(cfg: DictConfig, sorted_: _Sorted, bad: set[str]
             warnings.append(f"{_short(old)}=true is verl's deprecated key: mapped to "
                             + " and ".join(f"{_short(k)}=1" for k in DEPRECATED_CKPT[1])
                             + "; write those instead")
+            continue
+        if old in DEPRECATED_RENAMED:
+            new = DEPRECATED_RENAMED[old]
+            bad_value = [replace(p, key=old) for p in _rules.check_key(SCHEMA[new], value)]
+            if bad_value:
+                problems += bad_value
+                continue
+            user = sorted_.accepted.get(new)
+            if user is not None and user != value:
+                problems.append(Problem(old, f"is {value} but {_short(sorted_.alias_of.get(new, new))} is {user}; "
+                                        f"{_short(old)} is verl's deprecated key", f"remove {_short(old)} and keep "
+                                        f"{_short(sorted_.alias_of.get(new, new))}"))
+                continue
+            if user is None:
+                OmegaConf.update(cfg, new, value, merge=False)
+                done.append(Derived(new, value, f"from verl's deprecated {_short(old)}={value}"))
+            warnings.append(f"{_short(old)}={value} is verl's deprecated key: mapped to {_short(new)}={value} "
+                            f"(verl: optim.clip_grad); write {_short(new)}={value} instead")
             continue
         new, sp_key = DEPRECATED_MICRO[old]
         if isinstance(value, bool) or not isinstance(value, int):

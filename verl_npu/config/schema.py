@@ -8,7 +8,7 @@ Names follow upstream verl. A key is one of:
 - a no-op (`noop`): a verl key accepted at any valid value that changes nothing here (the text says why).
 verl keys verl-npu does not implement at all (no-ops, refusals, renamed keys) live in `schema_verl`.
 Whole verl subtrees that verl-npu does not support live in `UNSUPPORTED_PREFIXES`; verl's deprecated
-keys that verl 0.9.1 still reads live in `DEPRECATED_MICRO` / `DEPRECATED_CKPT` (accepted, mapped by the
+keys that verl 0.9.1 still reads live in `DEPRECATED_MICRO` / `DEPRECATED_CKPT` / `DEPRECATED_RENAMED` (mapped by the
 loader with a warning), those it no longer reads in `DEPRECATED` (refused, naming the new key).
 """
 
@@ -584,8 +584,17 @@ DEPRECATED_MICRO: dict[str, tuple[str, str]] = {
 #: i.e. sets these keys to 1 (verl ignores them then; verl-npu refuses one set to another value).
 DEPRECATED_CKPT = ("backend_config.trainer.remove_previous_ckpt_in_save",
                    ("backend_config.trainer.max_actor_ckpt_to_keep", "backend_config.trainer.max_critic_ckpt_to_keep"))
+#: verl's deprecated optimizer `grad_clip` (a field of verl 0.9.1's optimizer config, set with `+`; verl copies it
+#: to `optim.clip_grad`): old key (full path) -> the key it sets (verl-npu reads `optim.clip_grad` as that key).
+DEPRECATED_RENAMED: dict[str, str] = {
+    _A + "actor.optim.grad_clip": _A + "actor.grad_clip",
+    "backend_config.critic.optim.grad_clip": "backend_config.critic.grad_clip",
+}
 #: every deprecated verl key verl-npu accepts and maps (full path) -> what it sets, in words.
 DEPRECATED_MAPPED: dict[str, str] = {
+    **{old: f"sets `{new.removeprefix('backend_config.')}` (verl: `optim.clip_grad`), with a warning; "
+            "a different value set there too is refused"
+       for old, new in DEPRECATED_RENAMED.items()},
     **{old: f"sets `{new.removeprefix('backend_config.')}` to it // the data-parallel ranks (devices // "
             f"`{sp.removeprefix('backend_config.')}`), with a warning; setting both is refused"
        for old, (new, sp) in DEPRECATED_MICRO.items()},
