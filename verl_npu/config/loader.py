@@ -26,7 +26,7 @@ from verl_npu.config.schema import (
     free_form_owner,
 )
 from verl_npu.config.schema_verl import (
-    ALIASES, EXTRA_VERL_SECTIONS, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
+    ALIASES, EXTRA_VERL_SECTIONS, WARN_ALIASES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
 )
 from verl_npu.config.tree import (
     BC, expand_key, flatten, known_section, read_yaml_file, scalar, set_path,
@@ -415,6 +415,9 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     rel_problems, rel_warnings = _rules.check_relations(cfg, user_keys, bad)
     problems += rel_problems
     noop = [Derived(k, _rules.get(cfg, k), _noop_reason(k)) for k in sorted_.verl_only]
+    rel_warnings += [f"{alias.removeprefix(BC)} is the DAPO recipe's older spelling of {target.removeprefix(BC)}: "
+                     "read as that key (write the new one)"
+                     for target, alias in sorted_.alias_of.items() if alias in WARN_ALIASES]
     rc = RecipeConfig(cfg=cfg, derived=[Derived(*d) for d in derived_raw], source=source,
                       user_keys=user_keys, warnings=rel_warnings, noop=noop)
     if check_paths and not problems:
