@@ -182,6 +182,8 @@ BASE = ["actor_rollout_ref.model.path=tiny://qwen2"]
       "reward_model.reward_kwargs.overlong_buffer_cfg.len=300", "reward_model.reward_kwargs.max_resp_len=256"],
      "reward_model.reward_kwargs.overlong_buffer_cfg.len", "longer than max_resp_len=256"),
     (["data.gen_batch_size=0"], "data.gen_batch_size", ""),
+    (["algorithm.filter_groups.enable=true", "data.gen_batch_size=3", "trainer.n_gpus_per_node=2"],
+     "data.gen_batch_size", "3 prompts cannot be split evenly over the 2 rollout groups"),
 ])
 def test_dapo_config_refusals(overrides, key, fragment):
     with pytest.raises(ConfigErrors) as err:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.config.rules import Ctx, _rule
-from verl_npu.config.tree import ALGO, BC, DATA, ROLL
+from verl_npu.config.rules import _WORLD, Ctx, _rule, rollout_groups
+from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, ROLL
 from verl_npu.errors import Problem
 
 FG = ALGO + "filter_groups."
 RK = BC + "reward_model.reward_kwargs."
 OB = RK + "overlong_buffer_cfg."
 MANAGER = BC + "reward_model.reward_manager"
+_GROUP_KEYS = (ROLL + "tensor_model_parallel_size", ROLL + "name", ACTOR + "ulysses_sequence_parallel_size")
 
 
 @_rule("dapo_filter_groups", (FG + "enable", FG + "metric", ROLL + "n", ALGO + "use_kl_in_reward",
@@ -64,3 +65,19 @@ def _dapo_overlong_buffer(c: Ctx) -> Iterator[Problem]:
     elif size > max_len:
         yield Problem(OB + "len", f"is {size}, longer than max_resp_len={max_len} (the response budget the "
                       "buffer ends at)", f"set it to at most {max_len}")
+
+
+@_rule("dapo_gen_batch_divisible_by_rollout_groups", (FG + "enable", DATA + "gen_batch_size") + _GROUP_KEYS + _WORLD,
+       "with algorithm.filter_groups.enable, data.gen_batch_size must be divisible by the rollout data-parallel size "
+       "(every rollout group samples an equal share of each generation batch)")
+def _dapo_gen_batch_divisible(c: Ctx) -> Iterator[Problem]:
+    gen = c(DATA + "gen_batch_size")
+    if not c(FG + "enable") or gen is None:
+        return
+    size, why = rollout_groups(c)
+    if c.world % size:
+        return          # tp_divides / sp_divides report it
+    groups = c.world // size
+    if int(gen) % groups:
+        yield Problem(DATA + "gen_batch_size", f"{gen} prompts cannot be split evenly over the {groups} rollout "
+                      f"groups ({c.world} devices / {why})", f"make data.gen_batch_size a multiple of {groups}")
