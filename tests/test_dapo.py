@@ -205,3 +205,17 @@ def test_dapo_keys_are_accepted_and_the_old_overlong_spelling_warns():
                "reward_model.reward_kwargs.overlong_buffer_cfg.len" in w for w in rc.warnings)
     plain = load_recipe("tiny_gsm8k", BASE + ["data.gen_batch_size=16"])
     assert any("data.gen_batch_size=16 has no effect" in w for w in plain.warnings)
+
+
+def test_metric_values_read_extras_and_name_a_missing_one():
+    from verl_npu.errors import UserError
+    from verl_npu.trainer.dynamic_sampling import metric_values
+
+    scores = torch.tensor([[0.0, 2.0], [0.0, 1.0]])
+    batch = Batch({"token_level_scores": scores}, {"uid": ["a", "a"]})
+    batch.meta["reward_extras"] = {"accuracy": [1.0, 0.0]}
+    assert metric_values(batch, "seq_reward") == [2.0, 1.0]
+    assert metric_values(batch, "acc") == [2.0, 1.0]          # no extra 'acc': the summed score
+    assert metric_values(batch, "accuracy") == [1.0, 0.0]
+    with pytest.raises(UserError, match=r"metric='format' is not a reward extra of this run \(extras: accuracy\)"):
+        metric_values(batch, "format")
