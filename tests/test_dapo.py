@@ -219,3 +219,16 @@ def test_metric_values_read_extras_and_name_a_missing_one():
     assert metric_values(batch, "accuracy") == [1.0, 0.0]
     with pytest.raises(UserError, match=r"metric='format' is not a reward extra of this run \(extras: accuracy\)"):
         metric_values(batch, "format")
+
+
+def test_the_dapo_scripts_plus_spelling_of_reward_kwargs_loads():
+    """verl's DAPO scripts add the reward kwargs with Hydra's +."""
+    rc = load_recipe("tiny_gsm8k", BASE + [
+        "data.max_response_length=64", "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
+        "data.gen_batch_size=48", "reward_model.reward_manager=dapo",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=16",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+        "+reward_model.reward_kwargs.max_resp_len=64"])
+    kwargs = rc.backend.reward_model.reward_kwargs
+    assert kwargs.max_resp_len == 64 and kwargs.overlong_buffer_cfg.len == 16 and not rc.warnings
