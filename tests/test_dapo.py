@@ -4,11 +4,15 @@ reward manager's overlong penalty, their config rules; tiny CPU runs of the text
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from run_helpers import step_metrics, text_data, text_run_overrides
+from run_helpers import step_metrics, text_data, text_run_overrides, wait_for_checkpoint
 
 from verl_npu.batch import Batch
 from verl_npu.config import load_recipe
@@ -127,6 +131,33 @@ def test_dynamic_sampling_resume_continues_exactly(tmp_path):
     a, b = step_metrics(tmp_path / "a" / "out")[2], step_metrics(tmp_path / "b" / "out")[2]
     for key in ("train/num_gen_batches", "training/filter_groups/kept_groups", "critic/score/mean"):
         assert a[key] == b[key], key
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
+    """SIGKILL after the step-2 checkpoint of an 8-step run, rerun: every step's sampling and training
+    metrics equal the uninterrupted run's (the loader continues after every generation batch consumed)."""
+    extra = {"trainer.total_training_steps": 8, "trainer.save_freq": 2}
+    assert run_training(load_recipe("tiny_gsm8k", _overrides(tmp_path / "a", HALF_CONSTANT_REWARD, **extra))) == 0
+    over = _overrides(tmp_path / "b", HALF_CONSTANT_REWARD, **extra)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    cmd = [sys.executable, "-m", "verl_npu.cli", "run", "tiny_gsm8k", *over]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed = wait_for_checkpoint(proc, tmp_path / "b" / "out" / "checkpoints" / "latest_checkpointed_iteration.txt", 2)
+    if killed:
+        os.kill(proc.pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    if killed and proc.returncode == -signal.SIGKILL:
+        assert "resumed from" in again.stdout + again.stderr
+    a, b = step_metrics(tmp_path / "a" / "out"), step_metrics(tmp_path / "b" / "out")
+    assert sorted(b) == list(range(1, 9))
+    for step in range(1, 9):
+        for key in ("train/num_gen_batches", "training/filter_groups/kept_groups", "critic/score/mean",
+                    "actor/pg_loss"):
+            assert b[step][key] == pytest.approx(a[step][key], rel=1e-4, abs=1e-6), (step, key)
+    assert _state(tmp_path / "a" / "out", 8)["dataloader"] == _state(tmp_path / "b" / "out", 8)["dataloader"]
 
 
 # ---- the dapo reward manager's overlong penalty ------------------------------------------------------------
