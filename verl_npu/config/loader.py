@@ -28,7 +28,7 @@ from verl_npu.config.schema import (
     VERL_SECTIONS, Key, defaults_tree, free_form_owner,
 )
 from verl_npu.config.schema_verl import (
-    ALIASES, EXTRA_VERL_SECTIONS, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
+    ALIASES, EXTRA_VERL_SECTIONS, WARN_ALIASES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
 )
 from verl_npu.config.tree import (
     BC, expand_key, flatten, known_section, read_yaml_file, scalar, set_path,
@@ -549,6 +549,9 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     if sorted_.ignored:
         warnings.insert(0, _ignored_warning(sorted_.ignored))
     noop = [Derived(k, _rules.get(cfg, k), _noop_reason(k)) for k in sorted_.verl_only]
+    rel_warnings += [f"{alias.removeprefix(BC)} is the DAPO recipe's older spelling of {target.removeprefix(BC)}: "
+                     "read as that key (write the new one)"
+                     for target, alias in sorted_.alias_of.items() if alias in WARN_ALIASES]
     rc = RecipeConfig(cfg=cfg, derived=[Derived(*d) for d in derived_raw] + mapped, source=source,
                       user_keys=user_keys, warnings=warnings + rel_warnings, noop=noop,
                       ignored=dict(sorted_.ignored))

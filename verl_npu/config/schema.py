@@ -94,6 +94,9 @@ _k("data.video_key", None, STR, "Column holding videos.", off_only="video inputs
 _k("data.max_prompt_length", 512, INT, "Longest prompt in tokens; prompts are left-padded to this length.", min=1)
 _k("data.max_response_length", 512, INT, "Longest generated response in tokens.", min=1)
 _k("data.train_batch_size", 1024, INT, "Prompts sampled per training step (each gets rollout.n responses).", min=1)
+_k("data.gen_batch_size", None, INT, "Prompts per generation batch of dynamic sampling (read only with "
+   "algorithm.filter_groups.enable, where it is the training loader's batch size; null: data.train_batch_size). "
+   "Any size >= 1: batches are generated until train_batch_size groups are kept.", min=1)
 _k("data.val_batch_size", None, INT, "Deprecated in verl: validation batch size; null sends the whole "
    "validation set at once.", min=1)
 _k("data.return_raw_chat", False, BOOL, "Also return the chat messages without the chat template applied.")
@@ -439,9 +442,21 @@ _k(f"{RM}.use_dynamic_bsz", False, BOOL, "Pack reward model micro batches by tok
 _k(f"{RM}.forward_max_token_len_per_gpu", 32768, INT, "Most tokens in one reward model micro batch on one "
    "device (with use_dynamic_bsz).", min=1)
 _k("reward_model.reward_manager", "naive", STR, "How rule-based rewards are computed per response (with "
-   "reward_model.enable the reward model's scores are used instead, as in verl's managers).",
-   choices=("naive",), unsupported=("prime", "batch", "dapo"),
-   noop="naive (one reward call per response) is the only reward manager here; others are refused by name")
+   "reward_model.enable the reward model's scores are used instead, as in verl's managers): naive: one reward "
+   "call per response; dapo: the same, plus DAPO's overlong penalty (reward_model.reward_kwargs."
+   "overlong_buffer_cfg), and the reward extra 'acc' (the score) for functions that return a float.",
+   choices=("naive", "dapo"), unsupported=("prime", "batch"), instead="use naive or dapo")
+RK = "reward_model.reward_kwargs"
+_k(f"{RK}.max_resp_len", None, INT, "dapo reward manager: the response budget the overlong buffer ends at "
+   "(verl's recipes pass data.max_response_length; null: data.max_response_length).", min=1)
+_k(f"{RK}.overlong_buffer_cfg.enable", False, BOOL, "dapo reward manager: add DAPO's overlong penalty to each "
+   "score: min(-(L - (max_resp_len - len)) / len * penalty_factor, 0) for a response of L valid tokens.")
+_k(f"{RK}.overlong_buffer_cfg.len", 0, INT, "dapo overlong buffer: the last `len` tokens of max_resp_len where "
+   "the penalty grows linearly from 0 to -penalty_factor (must be > 0 and <= max_resp_len when enabled).", min=0)
+_k(f"{RK}.overlong_buffer_cfg.penalty_factor", 0.0, FLOAT, "dapo overlong buffer: the penalty of a response "
+   "that uses the whole max_resp_len.", min=0)
+_k(f"{RK}.overlong_buffer_cfg.log", False, BOOL, "dapo overlong buffer: also log the reward extras "
+   "overlong_reward (the penalty) and overlong (1 when the penalty is below 0) as critic/score/<name>/mean.")
 _k("reward_model.launch_reward_fn_async", False, BOOL, "Compute rewards asynchronously.",
    off_only="asynchronous reward functions")
 _k("custom_reward_function.path", None, STR, "Python file with your reward function; null uses the "
@@ -464,6 +479,19 @@ _k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO (grpo, grpo_vectorized, gr
 _k(f"{AL}.gdpo_reward_keys", None, STR_LIST, "gdpo: the reward components to normalise one by one, keys of the "
    "dict the reward function returns besides 'score' (null: the score alone).")
 _k(f"{AL}.gdpo_reward_weights", None, FLOAT_LIST, "gdpo: one weight per gdpo_reward_keys entry (null: all 1).")
+FG = f"{AL}.filter_groups"
+_k(f"{FG}.enable", False, BOOL, "DAPO dynamic sampling: generate batches of data.gen_batch_size prompts, drop "
+   "every group (the rollout.n responses of one prompt) whose filter_groups.metric has zero std, and keep "
+   "generating until data.train_batch_size groups are kept; the step trains on exactly that many "
+   "(verl_npu/trainer/dynamic_sampling.py).")
+_k(f"{FG}.metric", "reward", STR, "The per-response value whose std decides a group: reward / seq_reward / "
+   "seq_final_reward: the response's summed score before any KL penalty; score: the reward function's score; "
+   "acc: the reward extra 'acc' (the score when the function returns a float); any other name: that reward "
+   "extra (a key of the dict the reward function returns).", nullable=True)
+_k(f"{FG}.max_num_gen_batches", 0, INT, "Most generation batches one step may use; past it the run stops with "
+   "an error (as verl's DAPO recipe does). 0 or less: no limit.")
+_k(f"{FG}.max_inflight_gen_batches", 1, INT, "verl V1: generation batches in flight at once.", min=1,
+   noop="generation batches run one after another here")
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))

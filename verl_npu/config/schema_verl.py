@@ -204,7 +204,11 @@ ALIASES: dict[str, str] = {_full(k): _full(v) for k, v in {
     "reward_manager.name": "reward_model.reward_manager",
     "ray_kwargs.ray_init.num_cpus": "ray_init.num_cpus",
     "ray_kwargs.timeline_json_file": "ray_init.timeline_json_file",
+    **{f"reward_model.overlong_buffer.{k}": f"reward_model.reward_kwargs.overlong_buffer_cfg.{k}"
+       for k in ("enable", "len", "penalty_factor", "log")},
 }.items()}
+#: aliases that also warn (the DAPO recipe's older spelling): one warning naming both keys.
+WARN_ALIASES = frozenset(k for k in ALIASES if k.startswith(_full("reward_model.overlong_buffer.")))
 
 _MEGATRON = ("Megatron (tensor/pipeline/expert-parallel training)", "use actor.strategy=fsdp2 (FSDP2 shards "
              "over all devices; Ulysses sequence parallelism for long responses)")

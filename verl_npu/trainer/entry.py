@@ -129,14 +129,17 @@ def _run_training_locked(rc, after_fit=None) -> int:
         custom_chat_template=cfg.actor_rollout_ref.model.get("custom_chat_template"),
     )
     train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data)
+    # DAPO's dynamic sampling reads batches of data.gen_batch_size prompts (verl_npu/trainer/dynamic_sampling.py)
+    dynamic = bool(cfg.algorithm.filter_groups.enable) and cfg.data.get("gen_batch_size") is not None
+    loader_batch = int(cfg.data.gen_batch_size if dynamic else cfg.data.train_batch_size)
     train_loader = StatefulBatchLoader(
-        train_set, int(cfg.data.train_batch_size), bool(cfg.data.shuffle), int(cfg.data.seed), drop_last=True,
+        train_set, loader_batch, bool(cfg.data.shuffle), int(cfg.data.seed), drop_last=True,
         num_workers=int(cfg.data.dataloader_num_workers),
     )
     if len(train_loader) == 0:
         raise UserError(
-            f"data.train_files has {len(train_set)} usable rows, fewer than data.train_batch_size="
-            f"{cfg.data.train_batch_size}: lower data.train_batch_size or add data"
+            f"data.train_files has {len(train_set)} usable rows, fewer than "
+            f"{'data.gen_batch_size' if dynamic else 'data.train_batch_size'}={loader_batch}: lower it or add data"
         )
     val_loader = None
     if cfg.data.val_files and (int(cfg.trainer.test_freq) > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only):

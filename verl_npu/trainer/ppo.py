@@ -6,6 +6,9 @@ One training step, in order (verl's order, verl's names):
 2. generate `rollout.n` responses per prompt (workers, rollout engine);
 3. score every response with the reward function (controller, CPU), or with the reward model
    (workers, `reward_model.enable`: its scores replace the rule reward, which is only logged);
+   with `algorithm.filter_groups.enable` (DAPO's dynamic sampling) steps 1-3 repeat over batches of
+   `data.gen_batch_size` prompts until `data.train_batch_size` groups of non-zero metric variance are
+   kept (`verl_npu.trainer.dynamic_sampling`);
 4. old log-probs from the actor (skipped when provably redundant: then the update's own forward
    gives them, see `ActorRolloutRefWorker.old_log_prob_pass_needed`), reference log-probs when a
    KL term needs them (workers);
@@ -29,10 +32,12 @@ from verl_npu import algorithms
 from verl_npu.batch import Batch
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.trainer import preempt
+from verl_npu.rewards.dapo import dapo_scores
 from verl_npu.trainer.checkpoint import (
     TRAINER_STATE_FILE, CheckpointManager, load_rng_state, load_trainer_state, save_rng_state, save_trainer_state,
 )
 from verl_npu.errors import UserError
+from verl_npu.trainer.dynamic_sampling import DynamicSampler
 from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.trainer.metrics import data_metrics, rollout_probs_diff_metrics, timed, timing_metrics
@@ -88,6 +93,7 @@ class PPOTrainer:
         self.train_sampling = SamplingParams.for_training(rollout_cfg)
         self.val_sampling = SamplingParams.for_validation(rollout_cfg)
         self.old_log_prob_reasons: list[str] | None = None  # asked of the workers on the first step
+        self.dynamic_sampler = DynamicSampler.from_config(self.cfg)  # None without filter_groups.enable
 
     # ---- resume ----------------------------------------------------------------------------
     def resume(self, ckpt: Path | None) -> None:
@@ -221,17 +227,19 @@ class PPOTrainer:
     def train_step(self, prompts: Batch) -> dict[str, float]:
         cfg = self.cfg
         timings: dict[str, float] = {}
+        sampling_metrics: dict[str, float] = {}
         with timed("step", timings):
-            prompts.set("uid", [f"{self.global_step}-{i}" for i in range(len(prompts))])
-            with timed("gen", timings):
-                batch = self.workers.generate_sequences(prompts, self.train_sampling)
-            if cfg.algorithm.adv_estimator == "remax":
-                with timed("gen_max", timings):
-                    batch.set("baseline_rewards", self.greedy_baseline(prompts))
-            if cfg.trainer.balance_batch:
-                batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
-            with timed("reward", timings):
-                self.score(batch)
+            if self.dynamic_sampler is None:
+                batch = self.generate(prompts, 0, timings)
+                if cfg.trainer.balance_batch:
+                    batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
+                with timed("reward", timings):
+                    self.score(batch)
+            else:  # DAPO's dynamic sampling: scored batches until train_batch_size groups are kept
+                batch, sampling_metrics = self.dynamic_sampler.collect(
+                    prompts, self.next_prompts, lambda p, k: self.generate(p, k, timings, score=True), self.global_step)
+                if cfg.trainer.balance_batch:
+                    batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
             has_critic = "critic" in self.workers.roles
             # a critic-warmup step does not update the actor: the update's forward cannot give the old log-probs
             update_actor = self.global_step > int(cfg.trainer.get("critic_warmup", 0) or 0)
@@ -271,12 +279,36 @@ class PPOTrainer:
         metrics.update(critic_metrics)
         metrics.update(actor_metrics)
         metrics.update(sync_metrics)
+        metrics.update(sampling_metrics)
         metrics.update(kl_metrics)
         metrics.update(data_metrics(batch, int(cfg.data.max_response_length)))
         metrics.update(timing_metrics(timings, batch, self.workers.world_size))
         return metrics
 
     # ---- pieces of a step ---------------------------------------------------------------------
+    def generate(self, prompts: Batch, k: int, timings: dict[str, float], score: bool = False) -> Batch:
+        """`rollout.n` responses per prompt (uids `<step>-<i>`, `<step>-<k>-<i>` for the k-th generation
+        batch of a dynamic-sampling step), ReMax's baseline, and with `score` the scores."""
+        tag = f"{self.global_step}" if k == 0 else f"{self.global_step}-{k}"
+        prompts.set("uid", [f"{tag}-{i}" for i in range(len(prompts))])
+        with timed("gen", timings):
+            batch = self.workers.generate_sequences(prompts, self.train_sampling)
+        if self.cfg.algorithm.adv_estimator == "remax":
+            with timed("gen_max", timings):
+                batch.set("baseline_rewards", self.greedy_baseline(prompts))
+        if score:
+            with timed("reward", timings):
+                self.score(batch)
+        return batch
+
+    def next_prompts(self) -> Batch:
+        """The loader's next batch, into the next epoch when this one is used up (dynamic sampling)."""
+        for _ in range(2):
+            for rows in self.train_loader:
+                return batch_from_rows(rows)
+        raise UserError("the training loader yields no batch: data.train_files has fewer usable rows than "
+                        "data.gen_batch_size; lower data.gen_batch_size or add data")
+
     def stop_if_updates_keep_failing(self, update_metrics: dict[str, float]) -> None:
         """Raise a UserError when a role's optimizer steps were skipped (non-finite gradients)
         `trainer.max_consecutive_skipped_updates` times in a row, before anything of this step is logged
@@ -360,6 +392,9 @@ class PPOTrainer:
             if rule is not None:
                 extras = {**extras, "rule_reward": list(rule)}
         else:
+            if self.cfg.reward_model.get("reward_manager") == "dapo":  # the overlong penalty, reward extra acc
+                rule, extras = dapo_scores(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
+                                           int(self.cfg.data.max_response_length))
             last = (mask.sum(-1) - 1).clamp(min=0)
             token_scores = torch.zeros(mask.shape, dtype=torch.float32)
             token_scores[torch.arange(len(batch)), last] = torch.tensor(rule, dtype=torch.float32)
