@@ -482,6 +482,11 @@ def _device(c: Ctx):
     return configured_device(c(TRAINER + "device"))
 
 
+#: what the two vLLM scheduler rules read
+_SCHEDULER_INPUTS = _VLLM_INPUTS + (TRAINER + "device",) + tuple(ROLL + k for k in (
+    "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill")) + _LENS
+
+
 def _scheduler_args(c: Ctx):
     """What vLLM's scheduler gets (engine_kwargs.vllm wins over the rollout key): the token budget,
     max_num_seqs, max_model_len and enable_chunked_prefill."""
@@ -489,8 +494,7 @@ def _scheduler_args(c: Ctx):
                                                        "enable_chunked_prefill"))
 
 
-@_rule("vllm_scheduler", _VLLM_INPUTS + (TRAINER + "device",) + tuple(ROLL + k for k in (
-        "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill")) + _LENS,
+@_rule("vllm_scheduler", _SCHEDULER_INPUTS,
        "vllm rollout (engine_kwargs.vllm entries win over the rollout keys): max_num_batched_tokens >= "
        "max_num_seqs; max_num_batched_tokens >= max_model_len when enable_chunked_prefill=false; "
        "max_model_len from engine_kwargs >= max_prompt_length + max_response_length; engine_kwargs "
@@ -529,8 +533,7 @@ def _vllm_scheduler(c: Ctx) -> Iterator[Problem]:
                       f"set it to at most {length} (0 disables it) or remove it")
 
 
-@_rule("vllm_seeded_prefill", _VLLM_INPUTS + (TRAINER + "device",) + tuple(ROLL + k for k in (
-        "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill")) + _LENS,
+@_rule("vllm_seeded_prefill", _SCHEDULER_INPUTS,
        "vllm rollout on a device whose vLLM cannot prefill a prompt in chunks while the prompt samples from its "
        "own seed (cpu): enable_chunked_prefill must be false (derived) unless max_num_batched_tokens >= "
        "max_num_seqs x max_model_len (no step can then split a prompt), and engine_kwargs "
