@@ -8,6 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+#: the flagship recipe's required fields filled in (the paths need not exist: validation without --check-paths)
+FLAGSHIP_FILLED = [
+    "af_output_dir=/tmp/verl_npu_out",
+    "data.train_files=/data/geo3k/train.parquet",
+    "data.val_files=/data/geo3k/test.parquet",
+    "actor_rollout_ref.model.path=/models/Qwen2.5-VL-7B-Instruct",
+]
+
 # A dense reward that varies with the text, so every step has a real policy gradient: with all-zero
 # (or constant) rewards only float noise is left, Adam scales noise up to full-size steps that no
 # two layouts share, and an engine-sync check would compare nothing.

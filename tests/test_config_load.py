@@ -11,6 +11,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from run_helpers import FLAGSHIP_FILLED as FILLED
 from verl_npu.config import (
     SCHEMA, check_paths, describe_key, find_key, load_recipe, parse_override, parse_value,
 )
@@ -18,12 +19,6 @@ from verl_npu.config.reference import render_reference
 from verl_npu.errors import ConfigErrors, UserError
 
 REPO = Path(__file__).resolve().parent.parent
-FILLED = [
-    "af_output_dir=/tmp/verl_npu_out",
-    "data.train_files=/data/geo3k/train.parquet",
-    "data.val_files=/data/geo3k/test.parquet",
-    "actor_rollout_ref.model.path=/models/Qwen2.5-VL-7B-Instruct",
-]
 ROLL = "backend_config.actor_rollout_ref.rollout."
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from run_helpers import FLAGSHIP_FILLED as FILLED
 from verl_npu.cli import main
 from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors
@@ -22,12 +23,6 @@ def _validated_as_on_npus(monkeypatch):
 
 
 # The flagship recipe (8 devices, n=4, train batch 32, mini 8, micro 1) with its placeholders filled.
-FILLED = [
-    "af_output_dir=/tmp/verl_npu_out",
-    "data.train_files=/data/geo3k/train.parquet",
-    "data.val_files=/data/geo3k/test.parquet",
-    "actor_rollout_ref.model.path=/models/Qwen2.5-VL-7B-Instruct",
-]
 A = "backend_config.actor_rollout_ref."
 A_RO = "actor_rollout_ref.rollout."
 # prompt + response = 512: rollout.max_num_batched_tokens=512 passes the length rule, not vLLM's max_num_seqs rule

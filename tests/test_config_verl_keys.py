@@ -12,16 +12,11 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from run_helpers import FLAGSHIP_FILLED as FILLED
 from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors
 
 REPO = Path(__file__).resolve().parent.parent
-FILLED = [
-    "af_output_dir=/tmp/verl_npu_out",
-    "data.train_files=/data/geo3k/train.parquet",
-    "data.val_files=/data/geo3k/test.parquet",
-    "actor_rollout_ref.model.path=/models/Qwen2.5-VL-7B-Instruct",
-]
 A = "backend_config.actor_rollout_ref."
 
 
