@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.config.rules import TRAINER, Ctx, _rule
+from verl_npu.config.rules import TRAINER, Ctx, _device, _rule
 from verl_npu.config.tree import BC
 from verl_npu.errors import Problem
 
@@ -28,21 +28,13 @@ CONTENTS = ("cpu", "cuda", "npu", "memory", "shapes", "stack")
 ROLES = ("actor", "ref", "rollout")
 
 
-def _device_kinds(requested) -> tuple[str, ...]:
-    """The device kind this run plans for (`verl_npu.device.configured_device`: torch is not imported)."""
-    from verl_npu.device import configured_device  # stdlib only; imported when a profiler is set
-
-    device = configured_device(requested)
-    return (device.kind,) if device is not None else (str(requested),)
-
-
 def config_problems(c, gp: str, roles: dict[str, str], device_key: str, world: int):
     """(key, message, fix) for profiler settings that cannot run here or would record nothing.
     `c(key)` reads a full key; `gp` / `roles[role]` are the full prefixes of global_profiler. and
     actor_rollout_ref.<role>.profiler."""
     enabled = [role for role, p in roles.items() if c(p + "enable")]
     tool_keys = [gp + "tool"] + [roles[r] + "tool" for r in enabled]
-    kinds = None
+    kind = None
     for key in tool_keys:
         tool = c(key)
         if tool is None:
@@ -53,10 +45,11 @@ def config_problems(c, gp: str, roles: dict[str, str], device_key: str, world: i
         elif tool not in TOOLS:
             yield key, f"{tool!r} is not one of {', '.join(TOOLS)}", "use global_profiler.tool=torch"
         else:
-            kinds = kinds or _device_kinds(c(device_key))
-            if not set(kinds) & set(TOOLS[tool]):
-                yield (key, f"the {tool} profiler runs on {' / '.join(TOOLS[tool])} devices, this run is on "
-                       f"{' or '.join(kinds)}",
+            if kind is None:
+                device = _device(c)  # what the run plans for, without importing torch
+                kind = device.kind if device is not None else str(c(device_key))
+            if kind not in TOOLS[tool]:
+                yield (key, f"the {tool} profiler runs on {' / '.join(TOOLS[tool])} devices, this run is on {kind}",
                        "use global_profiler.tool=torch (torch_npu.profiler on NPU runs)")
     tool = next((c(k) for k in reversed(tool_keys) if c(k) is not None), None)
     steps = c(gp + "steps") or []
