@@ -40,6 +40,7 @@ def _worker(rank: int, world: int, port: int, path: str, result_dir: str) -> Non
         if rank == 0:
             torch.save({"lp": lp.detach(), "ent": ent.detach(), "grads": grads}, os.path.join(result_dir, "sp.pt"))
     finally:
+        dist.barrier()  # neither rank tears gloo down while its peer still talks to it
         dist.destroy_process_group()
 
 
