@@ -3,7 +3,7 @@
 Upstream verl's script is examples/data_preprocess/geo3k.py; this file lets the name typed from habit work.
 """
 
-from verl_npu.data.geometry3k import main
+from _entry import run  # data_prep/_entry.py: names the Python to use when verl_npu is missing
 
 if __name__ == "__main__":
-    main()
+    run("verl_npu.data.geometry3k")

@@ -1,6 +1,6 @@
 """Write Geometry3K (or --synthetic N polygons) as RL parquet files. Run with --help for the options."""
 
-from verl_npu.data.geometry3k import main
+from _entry import run  # data_prep/_entry.py: names the Python to use when verl_npu is missing
 
 if __name__ == "__main__":
-    main()
+    run("verl_npu.data.geometry3k")

@@ -97,12 +97,14 @@ def _capture(fn) -> tuple[int, str, str]:
 
 
 def _run_script(path: Path, argv: list[str]) -> tuple[int, str, str]:
-    old = sys.argv
+    """`python path argv...` in this process: argv and the script's folder first on sys.path, as python sets them."""
+    old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [str(path), *argv]
+    sys.path.insert(0, str(path.parent))
     try:
         return _capture(lambda: runpy.run_path(str(path), run_name="__main__"))
     finally:
-        sys.argv = old
+        sys.argv, sys.path[:] = old_argv, old_path
 
 
 def _flags(tokens: list[str]) -> list[str]:

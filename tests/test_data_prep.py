@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 import runpy
+import socket
 import subprocess
 import sys
 import types
@@ -160,7 +161,16 @@ def test_hub_unreachable_or_datasets_missing_points_to_offline_options(monkeypat
         raise ConnectionError("hub unreachable")
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
-    with pytest.raises(UserError, match=r"ConnectionError: hub unreachable.*--local-dataset-path DIR.*--synthetic N"):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with socket.socket() as server:  # a hub that answers: datasets' own error is passed on
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        with pytest.raises(UserError, match=r"ConnectionError: hub unreachable.*--local-dataset-path DIR.*--synthetic N"):
+            geometry3k.prepare("/tmp/unused", None, progress=False)
+    # a hub that does not answer: named as such (datasets read only its empty cache)
+    with pytest.raises(UserError, match=r"the hub cannot be reached \(no connection to 127.0.0.1:\d+ .*\) and the "
+                                        r"datasets cache has no copy.*--local-dataset-path DIR.*--synthetic N"):
         geometry3k.prepare("/tmp/unused", None, progress=False)
 
 
@@ -283,6 +293,7 @@ def test_geo3k_py_is_verls_name_for_geometry3k_py(tmp_path, capsys, monkeypatch)
     assert ok.returncode == 0, ok.stderr
     check_rl_file(str(tmp_path / "train.parquet"), "synthetic_geometry", "train")
     helps = []
+    monkeypatch.syspath_prepend(str(REPO / "data_prep"))  # what `python data_prep/x.py` puts on sys.path
     for name in ("geo3k.py", "geometry3k.py"):  # in this process: a second interpreter start costs seconds
         monkeypatch.setattr(sys, "argv", [name, "--help"])
         with pytest.raises(SystemExit) as exc:
@@ -290,6 +301,44 @@ def test_geo3k_py_is_verls_name_for_geometry3k_py(tmp_path, capsys, monkeypatch)
         assert exc.value.code == 0
         helps.append(capsys.readouterr().out)
     assert helps[0] == helps[1] and "--local_save_dir" in helps[0] and "--local_dir" in helps[0]
+
+
+def test_data_prep_with_a_python_lacking_the_project_names_the_python_to_use():
+    """`python data_prep/x.py` with the system Python (no verl_npu): one line naming the missing package
+    and the project's Python, no traceback. `-S` leaves out site-packages, where the project is installed."""
+    for name in ("geometry3k.py", "gsm8k.py", "geo3k.py"):
+        res = subprocess.run([sys.executable, "-S", str(REPO / "data_prep" / name), "--help"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1, res
+        assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
+        assert f"data_prep/{name}: this Python ({sys.executable}) cannot import 'verl_npu'" in res.stderr
+        assert f"data_prep/{name} ..." in res.stderr and "source .venv/bin/activate" in res.stderr
+
+
+def test_unreachable_hub_is_named_in_seconds_not_after_retries(monkeypatch):
+    """A dead network is found by one TCP connect (the hub's host from HF_ENDPOINT); HF_HUB_OFFLINE is a
+    reason too; a listening host is reachable. A model id then fails at once, naming why."""
+    from verl_npu import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connecting is refused
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        reason = hub.unreachable_reason()
+        assert reason is not None and f"no connection to 127.0.0.1:{port}" in reason
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert hub.unreachable_reason() is None
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.unreachable_reason() == "HF_HUB_OFFLINE is set"
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(REPO / "tests" / "no-such-cache"))
+    with pytest.raises(hub.HubIdMissing, match="the hub cannot be reached: no connection to 127.0.0.1"):
+        hub.hub_folder("nobody/no-such-model")
 
 
 # ------------------------------------------------------------------ gsm8k --synthetic

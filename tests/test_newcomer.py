@@ -76,3 +76,65 @@ def test_more_workers_than_this_machine_has_is_refused_at_once(tmp_path):
         assert extra in proc.stderr and f"set trainer.n_gpus_per_node to at most {cores}" in proc.stderr
         assert "Started a local Ray instance" not in proc.stderr
         assert time.monotonic() - start < 60
+
+
+def _engine_needing(monkeypatch, package: str) -> None:
+    """The vllm engine as if it needed ``package`` (a name no Python has): the real lookup, a known answer."""
+    import dataclasses
+
+    from verl_npu import rollout_engines
+
+    spec = rollout_engines.ROLLOUT_ENGINES["vllm"]
+    monkeypatch.setitem(rollout_engines.ROLLOUT_ENGINES, "vllm", dataclasses.replace(spec, package=package))
+
+
+def test_a_missing_engine_package_and_an_unreachable_model_are_found_before_anything_loads(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """`validate` warns (the config may be meant for another machine); `run` refuses both at once, before any
+    data is made, model loaded or Ray started; a hub id that is cached or a local folder is fine."""
+    import socket
+
+    from verl_npu import cli
+    from verl_npu.config import load_recipe
+    from verl_npu.config.paths import machine_problems
+
+    _engine_needing(monkeypatch, "no_such_engine_package_xyz")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed.getsockname()[1]}")
+        overrides = ["af_output_dir=" + str(tmp_path / "out"), "data.train_files=/nowhere/train.parquet",
+                     "data.val_files=/nowhere/test.parquet", "actor_rollout_ref.model.path=nobody/no-model"]
+        problems, notes = machine_problems(load_recipe("qwen25vl_geo3k", overrides))
+        assert [p.key.removeprefix("backend_config.") for p in problems] == [
+            "actor_rollout_ref.rollout.name", "actor_rollout_ref.model.path"] and notes == []
+        assert "no_such_engine_package_xyz package is not installed" in problems[0].message
+        assert "actor_rollout_ref.rollout.name=hf" in problems[0].fix
+        assert "the hub cannot be reached: no connection to 127.0.0.1" in problems[1].message
+
+        assert cli.main(["validate", "qwen25vl_geo3k", *overrides]) == 0
+        out = capsys.readouterr().out
+        assert out.count("warning: this machine cannot run it as it is:") == 2, out
+
+        assert cli.main(["run", "qwen25vl_geo3k", *overrides]) == 1
+        err = capsys.readouterr().err
+        assert "actor_rollout_ref.rollout.name: 'vllm': the no_such_engine_package_xyz package" in err, err
+        assert "actor_rollout_ref.model.path: 'nobody/no-model'" in err and "data.train_files" in err
+        assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+    _engine_needing(monkeypatch, "json")  # an installed package: no problem
+    local = ["actor_rollout_ref.model.path=" + str(tmp_path)]
+    assert machine_problems(load_recipe("qwen25vl_geo3k", [*overrides, *local])) == ([], [])
+
+
+def test_explain_lists_the_rules_that_name_the_key_first():
+    """`explain data.max_prompt_length` opens with the length rules, not the critic's batch rule that reads
+    the key only through the token budgets."""
+    from verl_npu.config import describe_key, find_key
+
+    text = describe_key(find_key("data.max_prompt_length"))
+    rules = text.split("  rules:\n", 1)[1].splitlines()
+    naming = [i for i, line in enumerate(rules) if "max_prompt_length" in line]
+    assert naming and naming == list(range(len(naming))), rules
+    assert any("with a critic" in line for line in rules[len(naming):]), rules

@@ -133,6 +133,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         _say("  verl keys with no effect here:")
         for d in rc.noop:
             _say(f"    {d.key.removeprefix('backend_config.')}={d.value}  ({d.reason})")
+    from verl_npu.config.paths import machine_problems
+
+    problems, notes = machine_problems(rc)
+    for p in problems:
+        _say(f"  warning: this machine cannot run it as it is: {p.key.removeprefix('backend_config.')}: "
+             f"{p.message}. Fix: {p.fix}")
+    for note in notes:
+        _say(f"  note: {note}")
     if not args.check_paths:
         _say("  (files were not checked; add --check-paths to check data and model paths)")
     return 0
@@ -209,17 +217,21 @@ def _optional(module: str, attr: str):
 def cmd_run(args: argparse.Namespace) -> int:
     from verl_npu.config import check_paths, load_recipe
 
+    from verl_npu.config.paths import machine_problems
+
     rc = load_recipe(args.recipe, args.overrides)
     _warn(rc)
     _say(f"[verl-npu] {rc.source}: configuration valid")
     for line in summary_lines(rc):
         _say(f"  {line}")
+    problems, _ = machine_problems(rc)  # a missing engine package or unreachable model: before anything is made
     prepare_assets = _optional("verl_npu.demo", "prepare_assets")
-    if prepare_assets is not None:
+    if prepare_assets is not None and not problems:
         for line in prepare_assets(rc, demo_data=args.demo_data) or []:
             _say(f"[verl-npu] prepared {line}")
     known = len(rc.derived)
-    problems = check_paths(rc)  # also resolves hub ids to their cache folders, in rc.cfg
+    named = {p.key for p in problems}
+    problems += [p for p in check_paths(rc) if p.key not in named]  # check_paths resolves hub ids, in rc.cfg
     if problems:
         raise ConfigErrors(problems, source=str(rc.source))
     for d in rc.derived[known:]:

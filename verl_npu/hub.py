@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 from verl_npu.errors import UserError
 
@@ -46,6 +48,22 @@ def cache_dir() -> Path:
 def offline() -> bool:
     """True when ``HF_HUB_OFFLINE`` is set to a true value: no download is tried."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def unreachable_reason(timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be reached now, or None when a TCP connection to it opens within
+    ``timeout`` seconds. The host is ``$HF_ENDPOINT``'s (default huggingface.co). huggingface_hub
+    and datasets retry a dead network for half a minute before failing; this answers in seconds."""
+    if offline():
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = url.hostname or "huggingface.co"
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        return f"no connection to {host}:{port} within {timeout:g} s ({type(err).__name__}: {err})"
+    return None
 
 
 class HubIdMissing(UserError):
@@ -87,6 +105,9 @@ def hub_folder(model_id: str, key: str = "actor_rollout_ref.model.path") -> tupl
         return cached, "cache"
     if offline():
         raise HubIdMissing(model_id, key, "HF_HUB_OFFLINE is set, so it was not downloaded")
+    unreachable = unreachable_reason()
+    if unreachable is not None:
+        raise HubIdMissing(model_id, key, f"the hub cannot be reached: {unreachable}")
     try:
         return Path(snapshot_download(match["repo"], revision=match["rev"], cache_dir=cache_dir())), "download"
     except Exception as err:  # noqa: BLE001 - network, auth, unknown repo: all end in the same advice

@@ -588,7 +588,10 @@ def describe_key(key: Key) -> str:
         lines.append(f"  derived when not set: {key.derived}")
     if key.path != key.short:
         lines.append(f"  short form on the command line: {key.short}=...")
-    involved = [r for r in _rules.RULES if key.path in r.keys]
+    # rules that name the key come first (stable otherwise): a rule that reaches it only through
+    # other keys (the critic's batch rules read data.* lengths) matters less to someone reading it
+    name = key.path.rsplit(".", 1)[-1]
+    involved = sorted((r for r in _rules.RULES if key.path in r.keys), key=lambda r: name not in r.text)
     if involved:
         lines.append("  rules:")
         lines += [f"    - {r.text}" for r in involved]

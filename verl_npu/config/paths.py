@@ -93,3 +93,36 @@ def check_paths(rc) -> list[Problem]:
                                         f"{Path.cwd()})", "run the data_prep script or fix the path"))
     return problems
 
+
+
+def machine_problems(rc) -> tuple[list[Problem], list[str]]:
+    """What this machine lacks for the run, found without loading anything: ``(problems, notes)``.
+
+    Problems: the rollout engine's package is not installed (vLLM, looked up without importing it);
+    a model hub id is neither in the Hugging Face cache nor downloadable (the hub cannot be reached,
+    or HF_HUB_OFFLINE is set). Notes: a hub id that is not cached but will be downloaded on the
+    first run. `run` refuses the problems before any model loads; `validate` prints them as warnings
+    (a config can be valid for another machine)."""
+    from verl_npu.hub import HubIdMissing, cached_folder, looks_like_hub_id, unreachable_reason
+    from verl_npu.rollout_engines import missing_package
+
+    problems: list[Problem] = []
+    notes: list[str] = []
+    key = BC + "actor_rollout_ref.rollout.name"
+    name = get(rc.cfg, key)
+    missing = missing_package(str(name)) if name is not None else None
+    if missing is not None:
+        problems.append(Problem(key, f"{name!r}: {missing.split('; ', 1)[0]}", missing.split("; ", 1)[1]))
+    unreachable = None
+    for path_key in _model_path_keys(rc.cfg):
+        value = get(rc.cfg, path_key)
+        if not looks_like_hub_id(value) or Path(os.path.expanduser(value)).is_dir() or cached_folder(value):
+            continue
+        unreachable = unreachable or unreachable_reason() or ""
+        if unreachable:
+            err = HubIdMissing(value, path_key.removeprefix(BC), f"the hub cannot be reached: {unreachable}")
+            problems.append(Problem(path_key, err.what, err.advice))
+        else:
+            notes.append(f"{path_key.removeprefix(BC)}: hub id {value} is not in the Hugging Face cache; "
+                         "the run downloads it first")
+    return problems, notes

@@ -169,14 +169,41 @@ def _file_rows_iter(files: list[Path]) -> Callable[[], Iterator[tuple[str, dict]
     return rows
 
 
+def _import_datasets(offline: bool):
+    """``import datasets``; with ``offline`` (the hub cannot be reached) it is first imported with
+    HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set, which datasets reads at import: it then loads only from
+    its cache (a copy loaded before still works) and an empty cache fails at once, not after half a
+    minute of retries. The environment is put back afterwards."""
+    if not offline or "datasets" in sys.modules:
+        import datasets  # noqa: PLC0415 - optional dependency, only for hub downloads
+
+        return datasets
+    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, "1"))
+    try:
+        import datasets  # noqa: PLC0415
+
+        return datasets
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def hub_splits(hub_id: str, wanted: tuple[str, ...], config_name: str | None = None) -> dict[str, SourceSplit]:
     """The ``wanted`` splits of a Hugging Face hub dataset, through ``datasets`` (imported here only).
 
     Raises:
         UserError: ``datasets`` is not installed or the hub cannot be reached.
     """
+    from verl_npu.hub import unreachable_reason  # noqa: PLC0415 - only for hub downloads
+
+    unreachable = unreachable_reason()
     try:
-        import datasets  # noqa: PLC0415 - optional dependency, only for hub downloads
+        datasets = _import_datasets(offline=unreachable is not None)
     except ImportError as e:
         raise UserError(
             f"loading {hub_id} from the Hugging Face hub needs the 'datasets' package ({e}); "
@@ -185,8 +212,10 @@ def hub_splits(hub_id: str, wanted: tuple[str, ...], config_name: str | None = N
     try:
         dsd = datasets.load_dataset(hub_id, config_name) if config_name else datasets.load_dataset(hub_id)
     except Exception as e:  # network errors come in many types; all mean the same to the user
+        why = f"the hub cannot be reached ({unreachable}) and the datasets cache has no copy" if unreachable \
+            else f"{type(e).__name__}: {e}"
         raise UserError(
-            f"could not load {hub_id} from the Hugging Face hub ({type(e).__name__}: {e}); "
+            f"could not load {hub_id} from the Hugging Face hub ({why}); "
             f"use --local-dataset-path DIR (a saved copy) or --synthetic N (no network)"
         ) from e
     out = {}

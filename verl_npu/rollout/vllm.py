@@ -60,16 +60,12 @@ from verl_npu.rollout.base import (
     stop_and_pad_ids,
 )
 from verl_npu.rollout.requests import prompt_seed, request_outputs_to_samples, samples_to_tensors, token_prompts
+from verl_npu.rollout_engines import VLLM_INSTALL_HINT as INSTALL_HINT
 
 log = logging.getLogger("verl_npu")
 
 ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm"
 ROLLOUT_KEY = "actor_rollout_ref.rollout"
-INSTALL_HINT = (
-    "the vllm rollout needs vLLM: on CUDA `pip install 'verl-npu[vllm]'`; on Ascend NPUs install vllm "
-    "(VLLM_TARGET_DEVICE=empty) and the matching vllm-ascend (see README, 'NPU install'); or sample with "
-    "transformers instead: actor_rollout_ref.rollout.name=hf"
-)
 DROP = object()  # a translation result meaning "leave this argument out"
 
 
