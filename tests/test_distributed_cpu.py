@@ -152,6 +152,9 @@ def test_killed_two_worker_run_resumes_on_two_workers(tmp_path, tiny_cache):
 
     resumed = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    # the console is what a user reads: no Ray token-auth warning, no transformers bars or deprecations
+    for noise in ("Token authentication is enabled", "Loading weights", "Writing model shards", "past_key_values"):
+        assert noise not in resumed.stderr, noise
     ref, got = step_metrics(straight), step_metrics(killed)
     assert sorted(got) == [1, 2, 3, 4]
     for step in (3, 4):

@@ -36,6 +36,8 @@ def test_step_lines_show_progress_one_validation_block_and_a_finished_run_says_s
     assert first.stderr.count("[val/generations] step 2:") == 1  # printed once, not once per sink
     assert "validation generations at step" not in first.stderr
     assert "done: 2 steps" in first.stderr
+    for noise in ("Loading weights", "Writing model shards", "past_key_values", "FutureWarning"):
+        assert noise not in first.stderr, noise  # transformers' bars and deprecations stay off the console
 
     again = _run(out, data)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -336,7 +336,11 @@ def load_policy_model(
             ) from err
 
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.utils import logging as hf_logging
 
+    # transformers' tqdm bars ("Loading weights", later "Writing model shards" when this process
+    # saves) cut through the console's log lines and tell nothing the log does not
+    hf_logging.disable_progress_bar()
     local = resolve_model_path(path)
     config = load_config(path, trust_remote_code=trust_remote_code)
     if os.path.isdir(local):

@@ -107,6 +107,12 @@ def _takes_logits_to_keep(module) -> bool:
     return "logits_to_keep" in inspect.signature(module.forward).parameters
 
 
+def _cache_name(module) -> str:
+    """The forward argument that takes the KV cache: ``cache`` from transformers 5.24 on (which warns
+    about ``past_key_values`` on every call), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 def _all_ranks_finished(finished: torch.Tensor, synced: bool) -> bool:
     done = finished.all()
     if synced:
@@ -147,7 +153,8 @@ def decode(
     extra = {"logits_to_keep": 1} if _takes_logits_to_keep(module) else {}
     out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
                  **mm_inputs, **extra)
-    cache = out.past_key_values
+    cache_name = _cache_name(module)
+    cache = out.cache if cache_name == "cache" else out.past_key_values
     logits = out.logits[:, -1]
     if n > 1:
         cache.batch_repeat_interleave(n)
@@ -174,5 +181,5 @@ def decode(
         if t + 1 == max_new_tokens or _all_ranks_finished(finished, synced):
             return tokens[:, : t + 1]
         logits = module(input_ids=token.unsqueeze(-1), attention_mask=step_mask(width + t + 1),
-                        position_ids=new_positions[..., t : t + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+                        position_ids=new_positions[..., t : t + 1], use_cache=True, **{cache_name: cache}).logits[:, -1]
     return tokens[:, :0]

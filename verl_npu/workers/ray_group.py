@@ -178,6 +178,9 @@ class RayWorkerGroup(WorkerGroup):
                 self._started_ray = True
                 if cfg.ray_init.num_cpus:
                     init_kwargs["num_cpus"] = int(cfg.ray_init.num_cpus)
+                # a local instance of our own: its default token authentication is right, and Ray's
+                # warning that it is on ("set RAY_AUTH_MODE=disabled to opt out") is console noise
+                logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             try:
                 ray.init(**init_kwargs)
             except ConnectionError as exc:
