@@ -41,6 +41,7 @@ from verl_npu.trainer.dynamic_sampling import DynamicSampler
 from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.trainer.metrics import data_metrics, rollout_probs_diff_metrics, timed, timing_metrics
+from verl_npu.trainer.readable import readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.workers.actor import needs_reference
 from verl_npu.workers.balance import balance_for_ranks
@@ -470,8 +471,9 @@ class PPOTrainer:
                 for name, values in batch.meta["reward_extras"].items():
                     extras_per_source.setdefault(src, {}).setdefault(name, []).append(values[i])
             budget = int(self.cfg.trainer.log_val_generations) - len(samples)
-            for text, gt in list(zip(texts, batch["ground_truth"]))[: max(budget, 0)]:
-                samples.append(f"[ground truth: {gt}] {text!r}")
+            for i, (text, gt) in enumerate(list(zip(texts, batch["ground_truth"]))[: max(budget, 0)]):
+                ids = batch["responses"][i][batch["response_mask"][i].bool()].tolist()
+                samples.append(f"[ground truth: {gt}] {readable_text(self.tokenizer, ids, text)!r}")
             if self.cfg.trainer.validation_data_dir:
                 self.dump_generations(batch, Path(self.cfg.trainer.validation_data_dir))
         metrics = {}
