@@ -23,6 +23,8 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     verl_npu.recipes   finding shipped recipe files (uses tree only)
     loader        load_recipe: read, override, classify, resolve, check, derive
     reference, compat  the generated docs (config_reference.md, verl_compat.md)
+    memory_plan   the per-device memory formulas (weights, gradients, AdamW, activations, logits, KV cache)
+    memory_recipe the memory plan of a resolved recipe: phases, host figure, verdict, knobs (`verl-npu plan`)
 """
 
 from verl_npu.config.loader import (
