@@ -116,12 +116,15 @@ def test_actor_update_sums_the_resident_state_and_its_micro_batch():
     plan = add_knobs(build_plan(s, m, device_bytes=64 << 30, device_name="910B"), s, m)
     update = {p.name: p.bytes for p in next(ph for ph in plan.phases if ph.name == "actor update").parts}
     assert update["actor weights"] == math.ceil(4 * m.params / 8)
-    assert update["actor grads"] == math.ceil(4 * m.params / 8)
+    assert update["actor grads at the peak"] == 4 * 152064 * 3584 // 8     # zero_grad freed the rest: the head's
+    assert next(p for p in plan.phases if p.name == "rollout").parts[1].bytes == math.ceil(4 * m.params / 8)
     assert update["actor AdamW"] == math.ceil(8 * m.params / 8)
     tokens = 16 * 1536     # ppo_micro_batch_size_per_gpu 16 x (512 + 1024)
-    assert update["activations"] == mp.activation_bytes(m, tokens, checkpointing=True, remove_padding=True,
-                                                        compute_bytes=2)
     assert update["logits + grads"] == 3 * 4 * 16 * 1024 * 152064   # padding-free: response tokens only
+    saved, recompute = mp.checkpointed_split(m, tokens, remove_padding=True, compute_bytes=2)
+    assert saved + recompute == mp.activation_bytes(m, tokens, checkpointing=True, remove_padding=True, compute_bytes=2)
+    # checkpointing: one layer's recompute (12.4 GB - 4.9 GB) is smaller than the logits (29.9 GB): not added
+    assert update["activations"] == saved == 16 * 1536 * 28 * 3584 * 2
     assert "ref weights" not in update          # the ref is offloaded in this recipe
     assert "actor_rollout_ref.model.use_fused_kernels=true" in dict(plan.knobs)
 

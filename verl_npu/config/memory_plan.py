@@ -156,6 +156,16 @@ def activation_bytes(m: ModelSize, tokens: float, *, checkpointing: bool, remove
     return int(tokens * per_token * compute_bytes)
 
 
+def checkpointed_split(m: ModelSize, tokens: float, *, remove_padding: bool, compute_bytes: int) -> tuple[int, int]:
+    """With gradient checkpointing: (the layers' saved inputs T * L * H * b, one layer's recompute
+    T * (9 H [+ 2 H] + 6 I) * b). The recompute comes after the logits' backward has freed them, so
+    an update's peak holds the larger of the recompute and the logits, not both (measured)."""
+    extra = ACT_RMPAD_EXTRA_H * m.hidden if remove_padding else 0.0
+    saved = tokens * m.layers * CKPT_LAYER_H * m.hidden * compute_bytes
+    recompute = tokens * (CKPT_RECOMPUTE_H * m.hidden + extra + CKPT_RECOMPUTE_I * m.intermediate) * compute_bytes
+    return int(saved), int(recompute)
+
+
 def inference_bytes(m: ModelSize, tokens: float, compute_bytes: int) -> int:
     """A forward without gradients keeps one layer's working set: T * (4 H + 3 I) * b."""
     return int(tokens * (4 * m.hidden + 3 * m.intermediate) * compute_bytes)

@@ -142,6 +142,22 @@ def _micro(s: Settings, rows: int | None, dynamic: bool, budget: int) -> tuple[f
     return rows * s.seq, rows * (s.response + (0 if s.remove_padding else 1)), f"{rows} rows x {s.seq} tokens"
 
 
+def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: ModelSize, shards: int) -> list[Part]:
+    """The update starts by freeing the gradients (zero_grad): at the backward's peak only the head's
+    exist, V * H * 4 / W (all of them only at its end, when the activations are gone): the larger of
+    the two moments is kept."""
+    full = next((p for p in resident if p.name == "actor grads"), None)
+    if full is None:
+        return resident
+    head = 0 if s.lora_rank > 0 else mp.grad_bytes(m.vocab * m.hidden, shards, False)
+    if sum(p.bytes for p in update) + head >= full.bytes:
+        part = Part("actor grads at the peak", head, "the head's V x H fp32 (the others come as activations go)")
+    else:
+        part = Part("actor grads (end of backward)", full.bytes, full.formula)
+        update[:] = [Part("activations left", 0, "freed by then")]
+    return [part if p is full else p for p in resident]
+
+
 def _sp_logits(s: Settings, m: ModelSize, tokens: float) -> list[Part]:
     """Ulysses (sp > 1): every rank gathers the logits of all T packed tokens, T * V * b, before
     keeping the response's (the head runs on each rank's T / sp: T / sp * V * b more)."""
@@ -238,14 +254,18 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     vis = mp.vision_activation_bytes(actor, patches, checkpointing=s.checkpointing, frozen=s.freeze_vision,
                                      compute_bytes=s.compute_bytes)
     logits = mp.logits_bytes(logit_tokens, actor.vocab, copies=mp.LOGIT_COPIES_TRAIN, fused=s.fused)
+    if s.checkpointing:  # one layer's recompute and the logits' backward do not overlap: the larger counts
+        saved, recompute = mp.checkpointed_split(actor, tokens / s.sp, remove_padding=s.remove_padding,
+                                                 compute_bytes=s.compute_bytes)
+        act = saved + max(0, recompute - logits)
     update = [Part("activations", act, f"{how}{' / sp ' + str(s.sp) if s.sp > 1 else ''}, "
-                   f"checkpointing {'on' if s.checkpointing else 'off'}, "
+                   f"checkpointing {'on (layer inputs + a recompute beyond the logits)' if s.checkpointing else 'off'}, "
                    f"{'padding-free' if s.remove_padding else 'padded'}"),
               Part("logits + grads", logits, "fp32 [Rt x V] x 3" + (" (fused: 64 MiB chunks)" if s.fused else ""))]
     update += _sp_logits(s, actor, tokens)
     if vis:
         update.append(Part("vision tower activations", vis, f"{patches:.0f} patches at max_pixels"))
-    phases.append(Phase("actor update", resident + gathered + update))
+    phases.append(Phase("actor update", _update_grads(resident, update, s, actor, shards) + gathered + update))
     if s.critic and critic is not None:
         c_tokens, _, how = _micro(s, s.critic_micro_rows or s.micro_rows, s.critic_dynamic, s.critic_budget)
         phases.append(Phase("critic update", resident + gathered + [Part("activations", mp.activation_bytes(
