@@ -174,6 +174,26 @@ def test_validate_prints_one_memory_line_and_plan_refuses_unknown_models(qwen7b,
     assert "actor_rollout_ref.model.path" in err and "Traceback" not in err
 
 
+def test_run_refuses_a_plan_that_will_not_fit_unless_forced(tiny_lm_path, tmp_path, monkeypatch, capsys):
+    import verl_npu.cli as cli
+
+    trained = []
+    optional = cli._optional
+    monkeypatch.setattr(cli, "_optional", lambda module, attr: (lambda rc: trained.append(rc) or 0)
+                        if attr == "run_training" else optional(module, attr))
+    monkeypatch.chdir(tmp_path)   # the demo data is written under ./data
+    big = [f"af_output_dir={tmp_path / 'out'}", "data.max_prompt_length=2000", "data.max_response_length=2000",
+           "actor_rollout_ref.rollout.n=64", "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4096"]    # 4096 rows of 4000 tokens at once
+    assert main(["run", "tiny_gsm8k", *big]) == 1
+    err = capsys.readouterr().err
+    assert "will not fit" in err and "actor update" in err and "--force" in err and "Traceback" not in err
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2048" in err and not trained
+    assert main(["run", "tiny_gsm8k", *big, "--force"]) == 0 and len(trained) == 1
+    assert main(["run", "tiny_gsm8k", f"af_output_dir={tmp_path / 'out2'}"]) == 0 and len(trained) == 2
+    assert ": fits" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------ against a real CPU update (loose bound)
 def _measure():
     spec = importlib.util.spec_from_file_location("memory_measure", REPO / "bench" / "memory_measure.py")

@@ -6,7 +6,7 @@
     verl-npu show NAME|PATH [key=value ...]
     verl-npu explain KEY | SECTION | --all
     verl-npu plan NAME|PATH [key=value ...] [--device-memory 64GiB|910B|H100] [--json]
-    verl-npu run NAME|PATH [key=value ...] [--demo-data]
+    verl-npu run NAME|PATH [key=value ...] [--demo-data] [--force]
     verl-npu doctor [--out DIR] [--device cpu|cuda|npu] [--rollout auto|hf|vllm] [--skip-train]
 
 A user's mistake (`UserError`) is printed without a traceback and exits 1. This module imports
@@ -217,9 +217,33 @@ def _plan_summary(rc) -> str:
 
     try:
         plan, why = plan_for(rc)
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:  # a plan must never break validate
-        return f"memory plan: not made ({type(exc).__name__}: {exc})"
+    except (KeyError, ValueError, TypeError, AttributeError, ArithmeticError, OSError, UserError) as exc:
+        return f"memory plan: not made ({type(exc).__name__}: {exc})"  # a plan never breaks validate or run
     return summary_line(plan) if plan is not None else f"memory plan: {why}"
+
+
+def _refuse_if_it_will_not_fit(rc, force: bool) -> None:
+    """`run`: stop before any worker starts when the plan says the peak will not fit (unless --force)."""
+    from verl_npu.config.memory_recipe import plan_for
+
+    try:
+        plan, _ = plan_for(rc)
+    except (KeyError, ValueError, TypeError, AttributeError, ArithmeticError, OSError, UserError):
+        return
+    if plan is None or plan.verdict != "will not fit":
+        return
+    peak = plan.peak
+    why = plan.problems[0] if plan.problems else (
+        f"the {peak.name} needs {_size(peak.total)} of {_size(plan.device_bytes)} ({plan.device_name}); largest part: "
+        + max(((p.name, p.bytes) for p in peak.parts), key=lambda x: x[1])[0])
+    knobs = "".join(f"\n  {override}   (saves {_size(saved)})" for override, saved in plan.knobs[:6])
+    if force:
+        _say(f"[verl-npu] warning: memory plan: will not fit ({why}); running anyway (--force)")
+        return
+    raise UserError(f"memory plan: will not fit: {why}. `verl-npu plan {rc.source}` with the same overrides shows every phase; "
+                    f"knobs that lower the peak:{knobs or ' none found'}\n"
+                    "Fix: apply knobs until `verl-npu plan` says it fits (--device-memory if the device differs), "
+                    "or pass --force to run anyway")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -305,6 +329,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for d in rc.derived[known:]:
         _say(f"[verl-npu] {d.key.removeprefix('backend_config.')} = {d.value}  ({d.reason})")
     _say("[verl-npu] data and model paths found")
+    _say(f"[verl-npu] {_plan_summary(rc)}")
+    _refuse_if_it_will_not_fit(rc, getattr(args, "force", False))
     detect_device = _optional("verl_npu.device", "detect_device")
     if detect_device is not None:
         info = detect_device(rc.backend.trainer.device)
@@ -358,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--demo-data", action="store_true",
                            help="with a tiny:// model, write synthetic demo data to the missing data files "
                                 "(never replaces a file); without it only the demo recipes' own data paths get it")
+            p.add_argument("--force", action="store_true",
+                           help="run even when the memory plan says it will not fit (verl-npu plan)")
         p.set_defaults(fn=fn)
     p = sub.add_parser("plan", help="per-device memory of each phase, the peak, and the knobs that lower it")
     p.add_argument("recipe", help="shipped recipe name or path to a .yaml file")

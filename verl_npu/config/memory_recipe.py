@@ -316,7 +316,7 @@ KNOBS = [  # (override, change of Settings, applies when)
      and s.gpu_memory_utilization > 0.15),
     ("actor_rollout_ref.rollout.free_cache_engine=true", {"free_cache": True}, lambda s: s.rollout == "vllm"
      and not s.free_cache),
-    ("trainer.n_gpus_per_node=double (more devices)", "devices", lambda s: True),
+    ("trainer.nnodes=double (twice the devices)", "devices", lambda s: True),
 ]
 
 
@@ -335,8 +335,8 @@ def _knob_settings(s: Settings, change) -> tuple[Settings, str]:
     if change == "gmu":
         value = round(s.gpu_memory_utilization - 0.1, 2)
         return replace(s, gpu_memory_utilization=value), str(value)
-    world = s.world * 2
-    return replace(s, world=world, gpus_per_node=s.gpus_per_node * 2, fsdp=True), str(s.gpus_per_node * 2)
+    nodes = max(1, s.world // max(1, s.gpus_per_node))
+    return replace(s, world=s.world * 2, fsdp=True), str(nodes * 2)
 
 
 def add_knobs(plan: Plan, s: Settings, actor: ModelSize, **models) -> Plan:
