@@ -1,10 +1,10 @@
 """The per-device memory plan of a recipe (issue 26): pure arithmetic, no torch, so `validate` stays instant.
 
-`verl_npu.config.memory_recipe.plan_recipe(rc, device_bytes)` reads the resolved recipe and each role's `config.json` and returns a
-`Plan`: per phase (rollout, old log-probs, ref log-probs, actor update, critic update, reward model,
-checkpoint save) the bytes one device holds, broken into parts, plus a host figure per node, the
-verdict against the device's memory and the knobs that would lower the peak (each re-planned, with
-the bytes it saves). This module holds the formulas of the parts and the Plan; `memory_recipe` reads
+`verl_npu.config.memory_recipe.plan_recipe(rc, ...)` reads the resolved recipe and each role's
+`config.json` and returns a `Plan`: per phase (rollout, old log-probs, ref log-probs, actor update,
+critic update, reward model, checkpoint save) the bytes one device holds, broken into parts, plus a
+host figure per node, the verdict against the device's memory and the knobs that would lower the
+peak (each re-planned, with the bytes it saves). This module holds the formulas of the parts and the Plan; `memory_recipe` reads
 the recipe and puts the phases together. `docs/memory.md` lists every formula; each function below
 states its own.
 
@@ -20,8 +20,7 @@ torch's MemTracker: bench/memory_measure.py) and are scaled by b/4 for bf16; log
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 GIB = 1 << 30
 TIGHT = 0.10                 # under 10% headroom: tight

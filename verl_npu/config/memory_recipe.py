@@ -84,7 +84,6 @@ class Settings:
 def settings_from_recipe(rc, accelerator: bool | None = None) -> Settings:
     """The `Settings` of a resolved recipe (`verl_npu.config.load_recipe`); `accelerator`: plan for an
     accelerator (bf16 compute) or the CPU (float32); None: the recipe's trainer.device (auto: an accelerator)."""
-    from verl_npu.device import configured_device
     from verl_npu.estimators import needs_critic
 
     b = rc.backend
@@ -197,8 +196,8 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
                           + mp.grad_bytes(pc, shards, s.critic_offload) + mp.adam_bytes(pc, shards, s.critic_offload),
                           f"16 x {pc:,} / {shards}")]
     if s.reward_model and reward is not None:
-        resident.append(Part("reward model weights", mp.weight_bytes(reward.params, s.compute_bytes, shards,
-                                                                     s.rm_offload), f"{s.compute_bytes} x {reward.params:,} / {shards}"))
+        rm_bytes = mp.weight_bytes(reward.params, s.compute_bytes, shards, s.rm_offload)
+        resident.append(Part("reward model weights", rm_bytes, f"{s.compute_bytes} x {reward.params:,} / {shards}"))
     resident = [p for p in resident if p.bytes]
     gathered = []
     if s.fsdp:
@@ -398,8 +397,8 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "m
 
 
 def parse_device_memory(text: str) -> tuple[int, str, bool | None]:
-    """(bytes, name, an accelerator? (None: unknown)) of --device-memory: an amount ("64GiB", "80GB", "65536MiB"; a bare number is
-    GiB) or a known accelerator ("910B", "H100", "A100-40": verl_npu.device.DEVICE_MEMORY_GIB)."""
+    """(bytes, name, an accelerator? (None: unknown)) of --device-memory: an amount ("64GiB", "80GB",
+    "65536MiB"; a bare number is GiB) or a known accelerator ("910B", "H100", "A100-40": verl_npu.device.DEVICE_MEMORY_GIB)."""
     import re
 
     from verl_npu.device import DEVICE_MEMORY_GIB
