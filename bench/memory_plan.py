@@ -7,8 +7,8 @@ For every point: a random-init Qwen2 of the given sizes (written once under --mo
 update on the CPU measured by bench/memory_measure.py (torch's MemTracker, the second of two updates),
 and the plan of the same settings (`tiny_gsm8k` with the sizes, lengths and micro-batch as overrides,
 planned for the CPU: float32). Points marked "fit" are among those the activation coefficients were
-fitted on; "held-out" ones (other sizes and lengths) were not. One worker only; no vision tower,
-LoRA, offload, critic or host figure yet (docs/memory.md, "How right it is").
+fitted on; "held-out" ones (other sizes and lengths, a token budget) were not. One worker only;
+no vision tower, LoRA, offload, critic or host figure yet (docs/memory.md, "How right it is").
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def build(folder: Path, hidden: int, inter: int, layers: int, vocab: int) -> Pat
     return folder
 
 
-def predict(folder: Path, rows: int, prompt: int, response: int, rmpad: bool, ckpt: bool) -> int:
+def predict(folder: Path, rows: int, prompt: int, response: int, rmpad: bool, ckpt: bool, extra=()) -> int:
     from verl_npu.config import load_recipe
     from verl_npu.config.memory_plan import model_size
     from verl_npu.config.memory_recipe import plan_recipe
@@ -52,7 +52,7 @@ def predict(folder: Path, rows: int, prompt: int, response: int, rmpad: bool, ck
         f"actor_rollout_ref.actor.ppo_mini_batch_size={rows // 2}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows}",
         f"actor_rollout_ref.model.use_remove_padding={str(rmpad).lower()}",
-        f"actor_rollout_ref.model.enable_gradient_checkpointing={str(ckpt).lower()}"])
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={str(ckpt).lower()}", *extra])
     size = model_size(json.loads((folder / "config.json").read_text()))
     plan = plan_recipe(rc, 1 << 34, "cpu", {"actor": size}, accelerator=False)
     return next(p for p in plan.phases if p.name == "actor update").total
@@ -65,21 +65,26 @@ def main() -> int:
     args = parser.parse_args()
     from memory_measure import measure_update
 
-    points = [(m, s, rp, ck) for m in MODELS for s in SHAPES for rp in (False, True) for ck in (False, True)]
+    points = [(m, s, rp, ck, "") for m in MODELS for s in SHAPES for rp in (False, True) for ck in (False, True)]
+    # a token budget (use_dynamic_bsz) on the held-out models (LoRA: MemTracker hooks every parameter's
+    # gradient and refuses peft's frozen base weights, so it is not measured here)
+    points += [(m, s, rp, ck, "dynamic") for m in MODELS[5:] for s in SHAPES for rp, ck in ((False, False), (True, True))]
     if args.quick:
         points = points[::len(points) // 8][:8]
-    print("| model (H, I, L, V) | rows x (prompt + response) | padding-free | checkpointing | set | predicted MB | "
-          "measured MB | error |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model (H, I, L, V) | rows x (prompt + response) | padding-free | checkpointing | variant | set | "
+          "predicted MB | measured MB | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
     errors = {"fit": [], "held-out": []}
-    for (name, h, i, layers, v, fit_m), (rows, p, r, fit_s), rp, ck in points:
+    for (name, h, i, layers, v, fit_m), (rows, p, r, fit_s), rp, ck, variant in points:
         folder = build(Path(args.models) / name, h, i, layers, v)
         measured = measure_update(folder, rows=rows, prompt=p, response=r, remove_padding=rp, checkpointing=ck)["peak"]
-        predicted = predict(folder, rows, p, r, rp, ck)
+        extra = ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                 f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={rows * (p + r)}"] if variant else []
+        predicted = predict(folder, rows, p, r, rp, ck, extra)
         err = predicted / measured - 1
-        kind = "fit" if fit_m and fit_s else "held-out"
+        kind = "fit" if fit_m and fit_s and not variant else "held-out"
         errors[kind].append(err)
-        print(f"| {name} ({h}, {i}, {layers}, {v}) | {rows} x ({p} + {r}) | {rp} | {ck} | {kind} | "
+        print(f"| {name} ({h}, {i}, {layers}, {v}) | {rows} x ({p} + {r}) | {rp} | {ck} | {variant or '-'} | {kind} | "
               f"{predicted / 1e6:.1f} | {measured / 1e6:.1f} | {err:+.1%} |", flush=True)
     for kind, errs in errors.items():
         if errs:
