@@ -58,11 +58,42 @@ def predict(folder: Path, rows: int, prompt: int, response: int, rmpad: bool, ck
     return next(p for p in plan.phases if p.name == "actor update").total
 
 
+def host_check(recipe: str, out: Path) -> tuple[float, float]:
+    """(planned host GiB, the peak RSS GiB of a real 2-step `verl-npu run` of `recipe` in a child process)."""
+    import subprocess
+
+    from verl_npu.config import load_recipe
+    from verl_npu.config.memory_recipe import plan_for
+
+    args = [f"af_output_dir={out / recipe}", "trainer.total_training_steps=2", "trainer.resume_mode=disable",
+            "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.val_before_train=false", "trainer.logger=[console]"]
+    # a wrapper process of its own per run: its RUSAGE_CHILDREN is this run's peak RSS alone
+    wrapper = ("import resource, subprocess, sys; done = subprocess.run(sys.argv[1:], capture_output=True); "
+               "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "verl_npu.cli", "run", recipe, *args],
+                          capture_output=True, text=True, cwd=out)
+    code, kib = done.stdout.split()[-2:]
+    if code != "0":
+        raise SystemExit(f"the run of {recipe} failed (exit {code}): {done.stderr[-2000:]}")
+    plan, _ = plan_for(load_recipe(recipe, args))
+    return sum(p.bytes for p in plan.host) / 2**30, int(kib) / 2**20
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="/tmp/verl_npu_memory_plan_models", help="folder for the models")
     parser.add_argument("--quick", action="store_true", help="8 points only")
+    parser.add_argument("--host", action="store_true",
+                        help="instead: the host figure of tiny_gsm8k and tiny_geo3k against a 2-step run's peak RSS")
     args = parser.parse_args()
+    if args.host:
+        out = Path(args.models) / "host"
+        out.mkdir(parents=True, exist_ok=True)
+        print("| recipe | planned host GiB | peak RSS GiB | error |\n|---|---|---|---|")
+        for recipe in ("tiny_gsm8k", "tiny_geo3k"):
+            planned, rss = host_check(recipe, out)
+            print(f"| {recipe} | {planned:.2f} | {rss:.2f} | {planned / rss - 1:+.0%} |", flush=True)
+        return 0
     from memory_measure import measure_update
 
     points = [(m, s, rp, ck, "") for m in MODELS for s in SHAPES for rp in (False, True) for ck in (False, True)]

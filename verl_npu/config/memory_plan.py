@@ -31,7 +31,9 @@ CKPT_LAYER_H, CKPT_RECOMPUTE_H, CKPT_RECOMPUTE_I = 1.0, 9.0, 6.0
 LOGIT_COPIES_TRAIN = 3       # float32 log-softmax output, its gradient, the logits' gradient
 LOGIT_COPIES_INFER = 4       # float32 logits, log-softmax, entropy's exp and product (old log-probs)
 FUSED_CHUNK_BYTES = 64 << 20  # verl_npu.models.fused_logprobs.CHUNK_BYTES
-WORKER_BASE_BYTES = 3 * GIB // 2  # one worker process: Python, torch, transformers, Ray (host figure)
+WORKER_BASE_BYTES = GIB      # one worker process: Python, torch, transformers (measured: 1.02-1.07 GiB
+                             # peak RSS of 2-step tiny runs in one process, less the planned tensors)
+RAY_BYTES = GIB // 2         # the driver and Ray's own processes beside several workers (not measured)
 
 
 # ------------------------------------------------------------------------------------------------ model numbers

@@ -280,7 +280,12 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
 
     # host figure of one node
     local = min(s.gpus_per_node, s.world)
-    host = [Part("worker processes", local * mp.WORKER_BASE_BYTES, f"{local} x 1.5 GiB (Python, torch, Ray)")]
+    host = [Part("worker processes", local * mp.WORKER_BASE_BYTES, f"{local} x 1 GiB (Python, torch, transformers)")]
+    if local > 1:
+        host.append(Part("driver and Ray", mp.RAY_BYTES, "an estimate"))
+    if s.compute_bytes == 4:
+        peak = max(p.total for p in phases)
+        host.append(Part("the workers' tensors (the CPU is the device)", local * peak, f"{local} x the peak phase"))
     if offload:
         host.append(Part("offloaded actor", local * math.ceil(16 * trainable / shards), "16 x P / W per worker"))
     if s.use_ref and s.ref_offload:
