@@ -151,6 +151,24 @@ def test_plan_of_a_tiny_recipe_fits(tiny_lm_path, capsys):
     assert "actor update" in out and "peak: actor update" in out and ": fits" in out
 
 
+def test_every_shipped_recipe_gets_a_plan(tiny_lm_path, tiny_vl_path, tmp_path):
+    from verl_npu.config.memory_recipe import plan_for
+    from verl_npu.recipes import list_recipes
+
+    for name, conf in (("qwen7b", QWEN25_7B), ("qwen7bvl", QWEN25_VL_7B)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(conf))
+    for recipe in list_recipes():
+        text = recipe.path.read_text()
+        model = [] if "tiny://" in text else \
+            [f"actor_rollout_ref.model.path={tmp_path / ('qwen7bvl' if 'vl' in recipe.name else 'qwen7b')}"]
+        plan, why = plan_for(load_recipe(recipe.name, [*OUT, *model] if model else []))
+        assert plan is not None, (recipe.name, why)
+        assert plan.verdict in ("fits", "tight", "will not fit") and plan.peak.total > 0
+        if not model:
+            assert plan.verdict == "fits", recipe.name     # the CPU demos are never refused by `run`
+
+
 def test_plan_names_the_phase_and_part_that_overflow_and_the_knobs(qwen7b, capsys):
     assert main(["plan", "qwen25_gsm8k", *OUT, f"actor_rollout_ref.model.path={qwen7b}",
                  "--device-memory", "64GiB"]) == 0
