@@ -212,6 +212,18 @@ def test_run_refuses_a_plan_that_will_not_fit_unless_forced(tiny_lm_path, tmp_pa
     assert ": fits" in capsys.readouterr().out
 
 
+def test_run_only_warns_for_an_assumed_accelerator_card(qwen7b, capsys):
+    from verl_npu.cli import _refuse_if_it_will_not_fit
+
+    rc = load_recipe("qwen25_gsm8k", [*OUT, f"actor_rollout_ref.model.path={qwen7b}"])   # will not fit a 910B
+    _refuse_if_it_will_not_fit(rc, force=False)            # trainer.device auto: the 910B is assumed
+    assert "will not fit" in capsys.readouterr().out
+    with pytest.raises(UserError, match="will not fit"):
+        _refuse_if_it_will_not_fit(rc, force=False, device_memory="64GiB")
+    _refuse_if_it_will_not_fit(rc, force=False, device_memory="H200")   # 141 GiB: fits
+    assert "warning" not in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------ against a real CPU update (loose bound)
 def _measure():
     spec = importlib.util.spec_from_file_location("memory_measure", REPO / "bench" / "memory_measure.py")

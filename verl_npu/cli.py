@@ -6,7 +6,7 @@
     verl-npu show NAME|PATH [key=value ...]
     verl-npu explain KEY | SECTION | --all
     verl-npu plan NAME|PATH [key=value ...] [--device-memory 64GiB|910B|H100] [--json]
-    verl-npu run NAME|PATH [key=value ...] [--demo-data] [--force]
+    verl-npu run NAME|PATH [key=value ...] [--demo-data] [--force] [--device-memory SIZE]
     verl-npu doctor [--out DIR] [--device cpu|cuda|npu] [--rollout auto|hf|vllm] [--skip-train]
 
 A user's mistake (`UserError`) is printed without a traceback and exits 1. This module imports
@@ -211,23 +211,25 @@ def _size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _plan_summary(rc) -> str:
-    """validate's one line about memory (never an error: a plan that cannot be made says why)."""
+def _plan_summary(rc, device_memory: str | None = None) -> str:
+    """validate's and run's one line about memory (never an error: a plan that cannot be made says why)."""
     from verl_npu.config.memory_recipe import plan_for, summary_line
 
     try:
-        plan, why = plan_for(rc)
+        plan, why = plan_for(rc, device_memory)
     except (KeyError, ValueError, TypeError, AttributeError, ArithmeticError, OSError, UserError) as exc:
         return f"memory plan: not made ({type(exc).__name__}: {exc})"  # a plan never breaks validate or run
     return summary_line(plan) if plan is not None else f"memory plan: {why}"
 
 
-def _refuse_if_it_will_not_fit(rc, force: bool) -> None:
-    """`run`: stop before any worker starts when the plan says the peak will not fit (unless --force)."""
+def _refuse_if_it_will_not_fit(rc, force: bool, device_memory: str | None = None) -> None:
+    """`run`: stop before any worker starts when the plan says the peak will not fit (unless --force).
+    Only where the device's memory is known (the CPU, or --device-memory): for an accelerator whose card
+    is assumed, a warning (a wrong refusal would stop a run that fits a larger card)."""
     from verl_npu.config.memory_recipe import plan_for
 
     try:
-        plan, _ = plan_for(rc)
+        plan, _ = plan_for(rc, device_memory)
     except (KeyError, ValueError, TypeError, AttributeError, ArithmeticError, OSError, UserError):
         return
     if plan is None or plan.verdict != "will not fit":
@@ -237,8 +239,9 @@ def _refuse_if_it_will_not_fit(rc, force: bool) -> None:
         f"the {peak.name} needs {_size(peak.total)} of {_size(plan.device_bytes)} ({plan.device_name}); largest part: "
         + max(((p.name, p.bytes) for p in peak.parts), key=lambda x: x[1])[0])
     knobs = "".join(f"\n  {override}   (saves {_size(saved)})" for override, saved in plan.knobs[:6])
-    if force:
-        _say(f"[verl-npu] warning: memory plan: will not fit ({why}); running anyway (--force)")
+    if force or plan.device_assumed:
+        reason = "--force" if force else "the card is assumed; run --device-memory SIZE to be stopped instead"
+        _say(f"[verl-npu] warning: memory plan: will not fit ({why}); running anyway ({reason})")
         return
     raise UserError(f"memory plan: will not fit: {why}. `verl-npu plan {rc.source}` with the same overrides shows every phase; "
                     f"knobs that lower the peak:{knobs or ' none found'}\n"
@@ -329,8 +332,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for d in rc.derived[known:]:
         _say(f"[verl-npu] {d.key.removeprefix('backend_config.')} = {d.value}  ({d.reason})")
     _say("[verl-npu] data and model paths found")
-    _say(f"[verl-npu] {_plan_summary(rc)}")
-    _refuse_if_it_will_not_fit(rc, getattr(args, "force", False))
+    _say(f"[verl-npu] {_plan_summary(rc, getattr(args, 'device_memory', None))}")
+    _refuse_if_it_will_not_fit(rc, getattr(args, "force", False), getattr(args, "device_memory", None))
     detect_device = _optional("verl_npu.device", "detect_device")
     if detect_device is not None:
         info = detect_device(rc.backend.trainer.device)
@@ -386,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(never replaces a file); without it only the demo recipes' own data paths get it")
             p.add_argument("--force", action="store_true",
                            help="run even when the memory plan says it will not fit (verl-npu plan)")
+            p.add_argument("--device-memory", help="the memory of one device, for the memory plan (64GiB, 910B, "
+                           "H100, ...): with it, a plan that will not fit stops the run on an accelerator too")
         p.set_defaults(fn=fn)
     p = sub.add_parser("plan", help="per-device memory of each phase, the peak, and the knobs that lower it")
     p.add_argument("recipe", help="shipped recipe name or path to a .yaml file")

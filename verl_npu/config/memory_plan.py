@@ -230,6 +230,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     knobs: list[tuple[str, int]] = field(default_factory=list)   # (override, bytes saved at the peak)
     problems: list[str] = field(default_factory=list)            # e.g. a KV cache too small for one sequence
+    device_assumed: bool = False   # the device's memory is the kind's usual card, not known (run then only warns)
 
     @property
     def peak(self) -> Phase:

@@ -469,7 +469,9 @@ def plan_for(rc, spec: str | None = None) -> tuple[Plan | None, str]:
     models = {"actor": actor, "critic": model_numbers(critic_path) if critic_path else None,
               "reward": model_numbers(b.reward_model.model.path) if b.reward_model.enable else None}
     size, name, accelerator = device_memory(rc, spec)
-    return plan_recipe(rc, size, name, models, accelerator), ""
+    plan = plan_recipe(rc, size, name, models, accelerator)
+    plan.device_assumed = not spec and accelerator
+    return plan, ""
 
 
 def summary_line(plan: Plan) -> str:
