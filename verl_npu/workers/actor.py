@@ -33,7 +33,8 @@ def needs_reference(cfg) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
-#: tokens per chunk of the entropy computation with actor.entropy_from_logits_with_chunking (verl uses 2048)
+#: tokens per chunk of the entropy computation with actor.entropy_from_logits_with_chunking when
+#: actor.entropy_from_logits_chunk_size is unset (verl's default too)
 ENTROPY_CHUNK = 2048
 
 
@@ -136,8 +137,9 @@ class ActorRolloutRefWorker:
             self.ref.attach(ref.eval(), cfg.actor_rollout_ref.ref.fsdp_config)
         sp = int(actor_cfg.ulysses_sequence_parallel_size)
         self.sp_group, _, engine.dp_size = parallel.sequence_parallel_group(self.world_size, sp)
-        # actor.entropy_from_logits_with_chunking: the actor's entropy, ENTROPY_CHUNK tokens at a time
-        self.entropy_chunk = ENTROPY_CHUNK if actor_cfg.get("entropy_from_logits_with_chunking") else 0
+        # actor.entropy_from_logits_with_chunking: the actor's entropy, entropy_from_logits_chunk_size tokens at a time
+        chunk = int(actor_cfg.get("entropy_from_logits_chunk_size") or ENTROPY_CHUNK)
+        self.entropy_chunk = chunk if actor_cfg.get("entropy_from_logits_with_chunking") else 0
         if self.sp_group is not None:
             from verl_npu.models.ulysses import check_heads
 
