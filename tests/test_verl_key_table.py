@@ -175,3 +175,26 @@ def test_against_verl_091s_own_yaml():
         "text = '\\n'.join(p.read_text(errors='ignore') for p in root.rglob('*.py'))\n"
         f"print(json.dumps({{n: n in text for n in {names!r}}}))"))
     assert all(hits.values()), hits
+
+
+def test_token_budget_is_per_device_with_ulysses():
+    """verl's *_max_token_len_per_gpu is per device: with Ulysses over sp ranks a micro batch packs budget x sp
+    tokens (each rank holds 1/sp of it), so verl's long-sequence scripts set (prompt + response) / sp."""
+    from verl_npu.workers.engine import micro_batching
+
+    assert micro_batching(True, 5632, None, sp=4) == {"max_token_len": 22528}
+    assert micro_batching(False, 5632, 2, sp=4) == {"micro_batch_size": 2}
+    dyn = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "data.max_prompt_length=1024",
+           "data.max_response_length=3072", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.n=8",
+           "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "data.train_batch_size=8",
+           "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.model.use_remove_padding=true"]
+    budgets = [f"actor_rollout_ref.{k}=1024" for k in ("actor.ppo_max_token_len_per_gpu",
+                                                         "rollout.log_prob_max_token_len_per_gpu",
+                                                         "ref.log_prob_max_token_len_per_gpu")]
+    load_recipe("tiny_gsm8k", [*dyn, *budgets, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4"])
+    from verl_npu.errors import ConfigErrors
+
+    with pytest.raises(ConfigErrors) as info:
+        load_recipe("tiny_gsm8k", [*dyn, *budgets, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
+    problem = next(p for p in info.value.problems if p.key.endswith("actor.ppo_max_token_len_per_gpu"))
+    assert "x 2 Ulysses ranks" in problem.message and "at least 2048" in problem.fix

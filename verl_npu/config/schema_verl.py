@@ -56,11 +56,17 @@ _noop(f"{A}.nccl_timeout", 600, INT, "verl's timeout in seconds for its NCCL wei
       "syncs weights inside its own process group (torch.distributed's default timeout).", min=1)
 
 # ---------------------------------------------------------------- actor / ref: shared engine keys
+_ENTROPY_CKPT = {
+    "actor": "a memory saving only: verl recomputes the entropy's activations in backward instead of keeping "
+             "them; verl-npu keeps them (same values; the entropy is differentiated only with entropy_coeff > 0, "
+             "and actor.entropy_from_logits_with_chunking bounds its memory).",
+    "ref": "the reference model computes no entropy (only log-probs).",
+}
 for role in ("actor", "ref"):
     base = f"{A}.{role}"
     fc = f"{base}.fsdp_config"
     _noop(f"{base}.rollout_n", None, INT, "verl's internal copy of rollout.n; verl-npu reads rollout.n.")
-    _off(f"{base}.entropy_checkpointing", False, BOOL, "recomputing the entropy in backward", LEAVE + " (false)")
+    _noop(f"{base}.entropy_checkpointing", False, BOOL, _ENTROPY_CKPT[role])
     _off(f"{base}.router_replay.mode", "disabled", STR, "MoE router replay", LEAVE + " ('disabled')")
     _off(f"{base}.router_replay.record_file", None, STR, "MoE router replay", "remove it")
     _off(f"{base}.router_replay.replay_file", None, STR, "MoE router replay", "remove it")
@@ -73,7 +79,7 @@ for role in ("actor", "ref"):
     _noop(f"{fc}.use_orig_params", False, BOOL, "an FSDP1 flag; FSDP2 always keeps the original parameters.")
     _off(f"{fc}.seed", 42, INT, "a separate seed for the training engine", LEAVE + " (42)")
     _off(f"{fc}.full_determinism", False, BOOL, "fully deterministic kernels", LEAVE + " (false)")
-    _off(f"{fc}.entropy_checkpointing", False, BOOL, "recomputing the entropy in backward", LEAVE + " (false)")
+    _noop(f"{fc}.entropy_checkpointing", False, BOOL, _ENTROPY_CKPT[role])
     _noop(f"{fc}.forward_only", role == "ref", BOOL, "verl's engine flag for roles that never train; verl-npu "
           "knows the reference model does not train.")
     _noop(f"{fc}.strategy", "fsdp", STR, "verl's engine copy of actor.strategy; verl-npu reads actor.strategy.",
@@ -125,8 +131,9 @@ _off(f"{RO}.logprobs_mode", "processed_logprobs", STR, "other rollout log-prob m
 _off(f"{RO}.scheduling_policy", "fcfs", STR, "other vLLM scheduling policies", LEAVE + " (fcfs)")
 _off(f"{RO}.over_sample_rate", 0, FLOAT, "over-sampling and aborting the slowest rollouts", LEAVE + " (0)")
 _off(f"{RO}.engine_kwargs.trtllm", {}, DICT, "the TRT-LLM rollout", "use rollout.name=vllm (or hf)")
-_off(f"{RO}.calculate_log_probs", False, BOOL, "returning the engine's own log-probs",
-     "leave it false (verl-npu recomputes log-probs with the actor)")
+_noop(f"{RO}.calculate_log_probs", False, BOOL, "the vllm rollout always returns the engine's own log-probs "
+      "(rollout_log_probs, compared with the actor's every step: training/rollout_probs_diff_*); the hf rollout "
+      "generates with the actor itself. The PPO ratio uses the actor's recomputed log-probs either way.")
 _noop(f"{RO}.agent.num_workers", 8, INT, "verl's agent-loop worker count; verl-npu's rollout runs inside its "
       "training workers, one engine per TP group.", min=1)
 _off(f"{RO}.agent.default_agent_loop", "single_turn_agent", STR, "agent loops other than single-turn",

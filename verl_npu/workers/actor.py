@@ -190,9 +190,13 @@ class ActorRolloutRefWorker:
 
         return engine.infer(batch, forward, micro)
 
+    def _sp_size(self) -> int:
+        """Ranks of this worker's Ulysses sequence-parallel group (1 without one)."""
+        return self.world_size // self.engine.dp_size if self.sp_group is not None else 1
+
     def _log_prob_micro(self, role_cfg) -> dict:
         return micro_batching(role_cfg.log_prob_use_dynamic_bsz, role_cfg.log_prob_max_token_len_per_gpu,
-                              int(role_cfg.log_prob_micro_batch_size_per_gpu or 1))
+                              int(role_cfg.log_prob_micro_batch_size_per_gpu or 1), sp=self._sp_size())
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Log-probs of the sampled responses under the current actor ("old" log-probs for PPO)."""
@@ -250,7 +254,7 @@ class ActorRolloutRefWorker:
             batch, self._train_forward, loss_fn, mini_rows=rows,
             epochs=int(actor_cfg.ppo_epochs), shuffle=bool(actor_cfg.shuffle),
             micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
-                                 int(actor_cfg.ppo_micro_batch_size_per_gpu or 1)),
+                                 int(actor_cfg.ppo_micro_batch_size_per_gpu or 1), sp=self._sp_size()),
             grad_clip=float(actor_cfg.grad_clip), summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"))
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
         # shares the module; a collective for vLLM, so every rank calls it)
