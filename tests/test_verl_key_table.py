@@ -198,3 +198,27 @@ def test_token_budget_is_per_device_with_ulysses():
         load_recipe("tiny_gsm8k", [*dyn, *budgets, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
     problem = next(p for p in info.value.problems if p.key.endswith("actor.ppo_max_token_len_per_gpu"))
     assert "x 2 Ulysses ranks" in problem.message and "at least 2048" in problem.fix
+
+
+def test_verl_091_reward_spellings_added_with_plus_are_read_not_ignored(tmp_path):
+    """verl 0.9.1's scripts write the dapo manager's settings and the reward function's arguments under
+    `reward.` with `+` (verl's schema does not declare them): they reach the keys verl-npu reads."""
+    reward = tmp_path / "r.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
+                      "    return bonus\n")
+    rc = load_recipe("tiny_gsm8k", [
+        "reward.reward_manager.name=dapo", f"reward.custom_reward_function.path={reward}",
+        "+reward.custom_reward_function.reward_kwargs.bonus=0.25",
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward.reward_kwargs.overlong_buffer_cfg.len=2",
+        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+        "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
+        "+reward.reward_kwargs.max_resp_len=8"])
+    assert rc.ignored == {}
+    b = rc.backend
+    assert dict(b.custom_reward_function.reward_kwargs) == {"bonus": 0.25}
+    cfg = b.reward_model.reward_kwargs
+    assert cfg.overlong_buffer_cfg.enable is True and cfg.overlong_buffer_cfg.len == 2 and cfg.max_resp_len == 8
+    rc = load_recipe("tiny_gsm8k", [f"reward.custom_reward_function.path={reward}",
+                                    "+reward.custom_reward_function.reward_kwargs.bonus=0.25",
+                                    "~reward.custom_reward_function.reward_kwargs.bonus"])
+    assert dict(rc.backend.custom_reward_function.reward_kwargs) == {}

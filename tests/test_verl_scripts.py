@@ -1,8 +1,9 @@
-"""Upstream verl's own launch scripts on verl-npu (issues 9 and 23): the overrides of verl's example, recipe
-(DAPO), GSPO, rollout-correction, NPU and NPU-CI scripts (tests/data/verl_scripts/*.txt, source path and commit in each header), with only their data,
-model and reward-file paths replaced by local tiny ones, go through `verl-npu validate --check-paths`:
-each passes, or fails only on a named refusal of a verl feature verl-npu does not support (LoRA,
-Megatron, SGLang), as its `# expect:` line says. Three of them train for 2 steps on CPU with only
+"""Upstream verl's own launch scripts on verl-npu (issues 9 and 23): the overrides of verl's example,
+DAPO recipe, GSPO, rollout-correction, NPU and NPU-CI scripts (tests/data/verl_scripts/*.txt, source path
+and commit in each header), with only their data, model and reward-file paths replaced by local tiny
+ones, go through `verl-npu validate --check-paths`: each passes, or fails only on a named refusal of a
+verl feature verl-npu does not support (Megatron, SGLang, rollout correction until it lands, ...) or on
+a named check (CHECKS), as its `# expect:` line says. Three of them train for 2 steps on CPU with only
 sizing overrides (slow)."""
 
 from __future__ import annotations

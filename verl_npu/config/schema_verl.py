@@ -314,6 +314,7 @@ READ_WITH_PLUS: dict[str, str] = {_full(k): v for k, v in {
     "reward_model.reward_kwargs": "verl's legacy-reward migration moves it to reward.reward_kwargs (the dapo "
                                   "reward manager's overlong_buffer_cfg and max_resp_len)",
     "reward.custom_reward_function.reward_kwargs": "the reward function loader (extra keyword arguments)",
+    "reward.reward_kwargs": "the reward manager (the dapo manager's overlong_buffer_cfg and max_resp_len)",
     "custom_reward_function.reward_kwargs": "the reward function loader, after the legacy-reward migration",
     f"{AC}.optim.grad_clip": "the optimizer config (deprecated, copied to clip_grad)",
     "critic.optim.grad_clip": "the optimizer config (deprecated, copied to clip_grad)",

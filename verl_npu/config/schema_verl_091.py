@@ -148,6 +148,9 @@ def _reward(noop, off, aliases, refused) -> None:
     for leaf in ("path", "name"):
         aliases[f"{rw}.custom_reward_function.{leaf}"] = f"custom_reward_function.{leaf}"
     aliases[f"{rw}.custom_reward_function.reward_kwargs"] = "custom_reward_function.reward_kwargs"
+    # verl moves reward_model.reward_kwargs to reward.reward_kwargs (the dapo reward manager's settings; set with +)
+    for leaf in ("max_resp_len", *(f"overlong_buffer_cfg.{k}" for k in ("enable", "len", "penalty_factor", "log"))):
+        aliases[f"{rw}.reward_kwargs.{leaf}"] = f"reward_model.reward_kwargs.{leaf}"
     noop(f"{rw}.reward_manager.source", "register", STR, "how verl finds its reward manager class; verl-npu's "
          "reward manager is reward.reward_manager.name (reward_model.reward_manager).")
     aliases[f"{rw}.reward_manager.name"] = "reward_model.reward_manager"
