@@ -46,8 +46,8 @@ def status(name: str) -> Status:
     found = _status(path)
     if found.kind == UNKNOWN:
         return found
-    for table, words in ((OLDER_VERL, "verl before 0.9.1; verl 0.9.1: "), (READ_WITH_PLUS, "set with `+` in verl "
-                                                                           "0.9.1, read by ")):
+    for table, words in ((OLDER_VERL, "a key of verl before 0.9.1; in 0.9.1: "),
+                         (READ_WITH_PLUS, "set with `+` in verl 0.9.1, read by ")):
         hit = next((p for p in table if path == p or path.startswith(p + ".")), None)
         if hit:
             return Status(found.kind, f"{found.text} ({words}{table[hit]})")

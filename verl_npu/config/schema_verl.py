@@ -285,13 +285,13 @@ OLDER_VERL: dict[str, str] = {_full(k): v for k, v in {
     **{f"{_C}.{leaf}": f"critic.fsdp.{leaf}" for leaf in ("param_offload", "optimizer_offload",
                                                            "reshard_after_forward", "wrap_policy.min_num_params",
                                                            "fsdp_size", "forward_prefetch")},
-    **{f"{_RM_}.{leaf}": "removed: verl 0.9.1 serves the reward model with a rollout engine "
-                         "(reward.reward_model.rollout.*)"
+    **{f"{_RM_}.{leaf}": "removed; its reward model runs in a rollout engine (reward.reward_model.rollout)"
        for leaf in ("strategy", "model.input_tokenizer", "model.override_config", "model.use_remove_padding",
                     "model.use_fused_kernels", "model.use_shm", "ulysses_sequence_parallel_size",
                     "model.fsdp_config", "micro_batch_size_per_gpu", "max_length", "use_dynamic_bsz",
-                    "forward_max_token_len_per_gpu", "profiler", "use_reward_loop", "sandbox_fusion",
-                    "launch_reward_fn_async")},
+                    "forward_max_token_len_per_gpu", "profiler")},
+    **{f"{_RM_}.{leaf}": "removed" for leaf in ("use_reward_loop", "launch_reward_fn_async")},
+    f"{_RM_}.sandbox_fusion": "reward.sandbox_fusion",
     "trainer.profile_steps": "global_profiler.steps",
     "trainer.controller_nsight_options": "global_profiler.global_tool_config.nsys.controller_nsight_options",
     "trainer.worker_nsight_options": "global_profiler.global_tool_config.nsys.worker_nsight_options",
@@ -311,8 +311,7 @@ OLDER_VERL: dict[str, str] = {_full(k): v for k, v in {
 #: keys verl 0.9.1 reads although its generated schema does not declare them (Hydra needs `+` to set them):
 #: full path -> where verl 0.9.1 reads it.
 READ_WITH_PLUS: dict[str, str] = {_full(k): v for k, v in {
-    "reward_model.reward_kwargs": "verl's legacy-reward migration moves it to reward.reward_kwargs (the dapo "
-                                  "reward manager's overlong_buffer_cfg and max_resp_len)",
+    "reward_model.reward_kwargs": "verl's legacy-reward migration, which moves it to reward.reward_kwargs",
     "reward.custom_reward_function.reward_kwargs": "the reward function loader (extra keyword arguments)",
     "reward.reward_kwargs": "the reward manager (the dapo manager's overlong_buffer_cfg and max_resp_len)",
     "custom_reward_function.reward_kwargs": "the reward function loader, after the legacy-reward migration",
