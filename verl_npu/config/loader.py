@@ -24,8 +24,8 @@ from verl_npu.config import derive as _derive
 from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
 from verl_npu.config.schema import (
-    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, DEPRECATED_RENAMED, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES,
-    VERL_SECTIONS, Key, defaults_tree, free_form_owner,
+    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, DEPRECATED_RENAMED, DICT, SCHEMA, STR_LIST, TOP_LEVEL,
+    UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key, defaults_tree, free_form_owner,
 )
 from verl_npu.config.schema_verl import (
     ALIASES, EXTRA_VERL_SECTIONS, WARN_ALIASES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
@@ -315,12 +315,22 @@ def classify(user: dict[str, Any], origin: str, added: Iterable[str] = ()) -> _S
     return out
 
 
+def _into_aliased_dict(key: str) -> str:
+    """A key inside a verl alias of a free-form dict (verl 0.9.1's `reward.custom_reward_function.reward_kwargs.x`)
+    spelled inside the dict verl-npu reads (`custom_reward_function.reward_kwargs.x`); any other key as it is."""
+    for alias, target in ALIASES.items():
+        if key.startswith(alias + ".") and target in SCHEMA and SCHEMA[target].type == DICT:
+            return target + key[len(alias):]
+    return key
+
+
 def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dict[str, Any],
                      added: Iterable[str] = ()) -> _Sorted:
     """Command-line overrides, in order, as a `_Sorted` of their own; `~key` deletions remove the
     key from `base` (the recipe file's keys) and from earlier overrides. `added`: the keys written `+key=...`."""
     over_flat: dict[str, Any] = {}
     for key, value in parsed:
+        key = _into_aliased_dict(key)
         owner = free_form_owner(key)
         if value is DELETE:
             if owner and owner != key:       # one entry of a free-form dict

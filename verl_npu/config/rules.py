@@ -277,15 +277,23 @@ _TOKEN_KEYS = (ACTOR + "ppo_max_token_len_per_gpu", ROLL + "log_prob_max_token_l
                REF + "log_prob_max_token_len_per_gpu")
 
 
-@_rule("dynamic_token_len", (_DYN,) + _TOKEN_KEYS + _LENS,
-       "with use_dynamic_bsz, every *max_token_len_per_gpu must be >= max_prompt_length + max_response_length")
+_SP = ACTOR + "ulysses_sequence_parallel_size"
+
+
+@_rule("dynamic_token_len", (_DYN,) + _TOKEN_KEYS + _LENS + (_SP,),
+       "with use_dynamic_bsz, every *max_token_len_per_gpu x actor.ulysses_sequence_parallel_size must be >= "
+       "max_prompt_length + max_response_length (the budget is per device; with Ulysses each device holds 1/sp "
+       "of a sequence, as in verl)")
 def _dynamic_token_len(c: Ctx) -> Iterator[Problem]:
     if not c(_DYN):
         return
+    sp = int(c(_SP) or 1)
+    need = -(-c.seq_len // sp)
     for key in _TOKEN_KEYS:
-        if c(key) < c.seq_len:
-            yield Problem(key, f"{c(key)} tokens cannot hold one sequence of max_prompt_length + "
-                          f"max_response_length = {c.seq_len}", f"set it to at least {c.seq_len}")
+        if c(key) < need:
+            held = f"{c(key)} tokens per device" + (f" (x {sp} Ulysses ranks)" if sp > 1 else "")
+            yield Problem(key, f"{held} cannot hold one sequence of max_prompt_length + "
+                          f"max_response_length = {c.seq_len}", f"set it to at least {need}")
 
 
 @_rule("dynamic_consistent", (_DYN, ROLL + "log_prob_use_dynamic_bsz", REF + "log_prob_use_dynamic_bsz"),

@@ -229,6 +229,8 @@ _k(f"{O}.num_cycles", 0.5, FLOAT, "Cosine cycles over training (0.5 = one half-c
 _k(f"{O}.weight_decay", 0.01, FLOAT, "AdamW weight decay.", min=0)
 _k(f"{O}.betas", [0.9, 0.999], FLOAT_LIST, "AdamW betas.")
 _k(f"{O}.total_training_steps", -1, INT, "Schedule length; -1 is filled in at run time from the data.", min=-1)
+_k(f"{O}.zero_indexed_step", True, BOOL, "Cosine schedule: count steps from 0 (the first update uses the step-0 "
+   "learning rate); false counts from 1, one step further along the curve.")
 F = f"{AC}.fsdp_config"
 _k(f"{F}.param_offload", False, BOOL, "Keep actor parameters in host memory between uses (FSDP2 CPU offload; "
    "on one device the worker shards over a one-rank group, as verl does).")
@@ -239,8 +241,11 @@ _k(f"{F}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap modules with at least 
 _k(f"{F}.fsdp_size", -1, INT, "Devices per FSDP shard group; -1 shards over all.", min=-1)
 _k(f"{F}.forward_prefetch", False, BOOL, "FSDP2: each decoder block gathers the next block's parameters "
    "during its own forward (more overlap, one more block in memory); no effect with one worker.")
-_k(f"{AC}.entropy_from_logits_with_chunking", False, BOOL, "Compute the actor's entropy 2048 tokens at a "
-   "time, so the fp32 softmax temporaries never span the whole micro batch (same values, lower peak memory).")
+_k(f"{AC}.entropy_from_logits_with_chunking", False, BOOL, "Compute the actor's entropy "
+   "entropy_from_logits_chunk_size tokens at a time, so the fp32 softmax temporaries never span the whole micro "
+   "batch (same values, lower peak memory).")
+_k(f"{AC}.entropy_from_logits_chunk_size", 2048, INT, "Tokens per chunk of the actor's entropy with "
+   "entropy_from_logits_with_chunking.", min=1)
 _k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra", "hf_model"], STR_LIST,
    "What a checkpoint of the actor holds: model / optimizer / extra (LR schedule, RNG) shards per rank, "
    "hf_model the full weights in huggingface/ (config and tokenizer are always there). verl-npu's default "
@@ -389,6 +394,7 @@ _k(f"{CO}.min_lr_ratio", 0.0, FLOAT, "Final critic learning rate of the cosine s
 _k(f"{CO}.num_cycles", 0.5, FLOAT, "Cosine cycles over training (critic).", gt=0)
 _k(f"{CO}.weight_decay", 0.01, FLOAT, "Critic AdamW weight decay.", min=0)
 _k(f"{CO}.betas", [0.9, 0.999], FLOAT_LIST, "Critic AdamW betas.")
+_k(f"{CO}.zero_indexed_step", True, BOOL, "Critic cosine schedule: count steps from 0 (false: from 1).")
 CF = f"{C}.model.fsdp_config"  # verl keeps the critic's FSDP settings under critic.model
 _k(f"{CF}.param_offload", False, BOOL, "Keep critic parameters in host memory between uses.")
 _k(f"{CF}.optimizer_offload", False, BOOL, "Keep the critic's optimizer state in host memory between steps.")
@@ -464,7 +470,7 @@ _k("custom_reward_function.path", None, STR, "Python file with your reward funct
 _k("custom_reward_function.name", "compute_score", STR, "Function name in custom_reward_function.path.")
 _k("custom_reward_function.reward_kwargs", {}, DICT, "Extra keyword arguments passed to your reward "
    "function on every call (e.g. {format_score: 0.1}); only with custom_reward_function.path.")
-_k("custom_reward_function.timeout_s", 30.0, FLOAT, "Seconds one reward call (one response) may take; "
+_k("custom_reward_function.timeout_s", 30.0, FLOAT, "verl-npu: seconds one reward call (one response) may take; "
    "a call past it stops the run with an error naming the dataset row. null: no limit.", gt=0, nullable=True)
 AL = "algorithm"
 _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor (gae, reinforce_plus_plus).", min=0, max=1)
@@ -534,7 +540,7 @@ _k(f"{T}.default_hdfs_dir", None, STR, "HDFS folder for checkpoints.", off_only=
 _k(f"{T}.del_local_ckpt_after_load", False, BOOL, "verl: delete the local copy of a checkpoint downloaded from "
    "HDFS once it is loaded.", off_only="remote (HDFS) checkpoints, whose downloaded copy this deletes")
 _k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
-_k(f"{T}.tensorboard_dir", None, STR, "TensorBoard event folder (with 'tensorboard' in trainer.logger); verl "
+_k(f"{T}.tensorboard_dir", None, STR, "verl-npu: TensorBoard event folder (with 'tensorboard' in trainer.logger); verl "
    "reads it from $TENSORBOARD_DIR.", derived="$TENSORBOARD_DIR, else <af_output_dir>/tensorboard")
 _k(f"{T}.max_actor_ckpt_to_keep", None, INT, "Keep only the newest N actor checkpoints (null: all).", min=1)
 _k(f"{T}.max_critic_ckpt_to_keep", None, INT, "Keep only the newest N critic checkpoints (null: all). A step "

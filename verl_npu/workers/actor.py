@@ -33,7 +33,8 @@ def needs_reference(cfg) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
-#: tokens per chunk of the entropy computation with actor.entropy_from_logits_with_chunking (verl uses 2048)
+#: tokens per chunk of the entropy computation with actor.entropy_from_logits_with_chunking when
+#: actor.entropy_from_logits_chunk_size is unset (verl's default too)
 ENTROPY_CHUNK = 2048
 
 
@@ -136,8 +137,9 @@ class ActorRolloutRefWorker:
             self.ref.attach(ref.eval(), cfg.actor_rollout_ref.ref.fsdp_config)
         sp = int(actor_cfg.ulysses_sequence_parallel_size)
         self.sp_group, _, engine.dp_size = parallel.sequence_parallel_group(self.world_size, sp)
-        # actor.entropy_from_logits_with_chunking: the actor's entropy, ENTROPY_CHUNK tokens at a time
-        self.entropy_chunk = ENTROPY_CHUNK if actor_cfg.get("entropy_from_logits_with_chunking") else 0
+        # actor.entropy_from_logits_with_chunking: the actor's entropy, entropy_from_logits_chunk_size tokens at a time
+        chunk = int(actor_cfg.get("entropy_from_logits_chunk_size") or ENTROPY_CHUNK)
+        self.entropy_chunk = chunk if actor_cfg.get("entropy_from_logits_with_chunking") else 0
         if self.sp_group is not None:
             from verl_npu.models.ulysses import check_heads
 
@@ -188,9 +190,13 @@ class ActorRolloutRefWorker:
 
         return engine.infer(batch, forward, micro)
 
+    def _sp_size(self) -> int:
+        """Ranks of this worker's Ulysses sequence-parallel group (1 without one)."""
+        return self.world_size // self.engine.dp_size if self.sp_group is not None else 1
+
     def _log_prob_micro(self, role_cfg) -> dict:
         return micro_batching(role_cfg.log_prob_use_dynamic_bsz, role_cfg.log_prob_max_token_len_per_gpu,
-                              int(role_cfg.log_prob_micro_batch_size_per_gpu or 1))
+                              int(role_cfg.log_prob_micro_batch_size_per_gpu or 1), sp=self._sp_size())
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Log-probs of the sampled responses under the current actor ("old" log-probs for PPO)."""
@@ -248,7 +254,7 @@ class ActorRolloutRefWorker:
             batch, self._train_forward, loss_fn, mini_rows=rows,
             epochs=int(actor_cfg.ppo_epochs), shuffle=bool(actor_cfg.shuffle),
             micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
-                                 int(actor_cfg.ppo_micro_batch_size_per_gpu or 1)),
+                                 int(actor_cfg.ppo_micro_batch_size_per_gpu or 1), sp=self._sp_size()),
             grad_clip=float(actor_cfg.grad_clip), summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"))
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
         # shares the module; a collective for vLLM, so every rank calls it)

@@ -30,10 +30,12 @@ from verl_npu.workers.micro import micro_batch_indices, trim_left_padding
 log = logging.getLogger("verl_npu")
 
 
-def micro_batching(dynamic: bool, max_token_len, rows: int | None) -> dict:
+def micro_batching(dynamic: bool, max_token_len, rows: int | None, sp: int = 1) -> dict:
     """The keywords of `micro_batch_indices`: a budget of `max_token_len` tokens per micro-batch
-    when `dynamic` (use_dynamic_bsz), else `rows` rows (None: the whole batch at once)."""
-    return {"max_token_len": int(max_token_len)} if dynamic else {"micro_batch_size": rows}
+    when `dynamic` (use_dynamic_bsz), else `rows` rows (None: the whole batch at once). `max_token_len`
+    is per device: with Ulysses sequence parallelism over `sp` ranks each rank holds 1/sp of every
+    sequence, so a micro-batch packs `max_token_len * sp` tokens, as in verl."""
+    return {"max_token_len": int(max_token_len) * int(sp)} if dynamic else {"micro_batch_size": rows}
 
 
 class TrainingEngine:
