@@ -54,6 +54,21 @@ register_estimator("gdpo", needs_group=True, doc="GRPO per reward component (alg
                    "reward function's dict), weighted (gdpo_reward_weights), summed, whitened over the batch")
 
 
+#: ROLL's reward normalisation (`algorithm.reward_norm.*`, a verl-npu extension; tensor code in
+#: `verl_npu.algorithms.reward_norm`): which rows are normalised together, and how.
+REWARD_NORM_GROUPINGS = {
+    "state": "the rollout.n responses of one prompt (the same uid; ROLL: state / traj_group_id)",
+    "batch": "every response of the step (ROLL: batch)",
+    "inductive": "every response with the same data_source (ROLL: inductive / tags, the environment tag)",
+}
+REWARD_NORM_METHODS = {
+    "identity": "scores unchanged (the default: no normalisation)",
+    "mean": "score minus the group mean",
+    "mean_std": "(score - group mean) / (group std + 1e-6); 0 for a group whose std is at most 1e-6",
+    "asym_clip": "mean_std, then clamped to [-1, 3]",
+}
+
+
 def needs_critic(cfg) -> bool:
     """A critic is trained when the advantage estimator reads values (gae) or critic.enable is true.
     `cfg` is the backend (verl-schema) config, as a DictConfig or a plain dict."""

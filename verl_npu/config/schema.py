@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS   # names only: nothing heavy
+from verl_npu.estimators import (   # names only: nothing heavy
+    ESTIMATORS, REWARD_NORM_GROUPINGS, REWARD_NORM_METHODS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS,
+)
 from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
 from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # names only: imports nothing heavy
 from verl_npu.metric_sinks import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
@@ -500,6 +502,17 @@ _k(f"{AL}.kl_ctrl.kl_coef", 0.001, FLOAT, "Initial in-reward KL coefficient.", m
 _k(f"{AL}.kl_ctrl.horizon", 10000, INT, "Adaptive controller horizon.", min=1)
 _k(f"{AL}.kl_ctrl.target_kl", 0.1, FLOAT, "Adaptive controller target KL.", gt=0)
 _k(f"{AL}.use_pf_ppo", False, BOOL, "Preference-feedback PPO.", off_only="pf-ppo")
+RN = f"{AL}.reward_norm"  # verl-npu's own keys: ROLL's reward normalisation (verl_npu/algorithms/reward_norm.py)
+_k(f"{RN}.method", "identity", STR, "verl-npu: (ROLL's reward_normalization.method) how each response's score is "
+   "normalised within its group before the KL penalty and the advantage estimator: " + "; ".join(
+       f"{name}: {doc}" for name, doc in REWARD_NORM_METHODS.items()) + ". The result replaces the score on the "
+   "last response token (critic/rewards/* shows it; critic/score/* stays the raw score).",
+   choices=tuple(REWARD_NORM_METHODS))
+_k(f"{RN}.grouping", "state", STR, "verl-npu: (ROLL's reward_normalization.grouping) which responses are normalised "
+   "together: " + "; ".join(f"{name}: {doc}" for name, doc in REWARD_NORM_GROUPINGS.items()) + ".",
+   choices=tuple(REWARD_NORM_GROUPINGS))
+_k(f"{RN}.clip", None, FLOAT, "verl-npu: (ROLL's reward_clip) after reward_norm.method, clamp each score to "
+   "[-clip, clip] (the share clamped is logged as critic/reward_clip_frac); null: no clip.", gt=0)
 
 # ---------------------------------------------------------------- trainer, ray
 T = "trainer"

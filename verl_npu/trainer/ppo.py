@@ -12,8 +12,9 @@ One training step, in order (verl's order, verl's names):
 4. old log-probs from the actor (skipped when provably redundant: then the update's own forward
    gives them, see `ActorRolloutRefWorker.old_log_prob_pass_needed`), reference log-probs when a
    KL term needs them (workers);
-5. the critic's values (with a critic role: gae), optional KL penalty in the reward, then
-   advantages (`algorithm.adv_estimator`);
+5. the critic's values (with a critic role: gae), the scores normalised (`algorithm.reward_norm`,
+   ROLL's reward normalisation), optional KL penalty in the reward, then advantages
+   (`algorithm.adv_estimator`);
 6. `critic.ppo_epochs` passes of critic updates (with a critic), then `actor.ppo_epochs` passes
    of actor mini-batch updates (workers; none during the first `trainer.critic_warmup` steps);
 7. metrics; validation every `trainer.test_freq` steps; a checkpoint every `trainer.save_freq`
@@ -406,18 +407,23 @@ class PPOTrainer:
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         algo = self.cfg.algorithm
-        metrics: dict[str, float] = {}
+        # ROLL's reward normalisation (algorithm.reward_norm, verl-npu's keys): before the KL penalty and the
+        # estimator, as in ROLL; token_level_scores stays the raw score (critic/score/*)
+        scores, metrics = algorithms.apply_reward_norm(
+            batch["token_level_scores"], batch["response_mask"], algo.get("reward_norm"),
+            uids=batch["uid"], data_sources=batch["data_source"])
         if algo.use_kl_in_reward:
-            rewards, metrics = algorithms.apply_kl_in_reward(
-                batch["token_level_scores"],
+            rewards, kl_metrics = algorithms.apply_kl_in_reward(
+                scores,
                 batch["old_log_probs"],
                 batch["ref_log_prob"],
                 batch["response_mask"].float(),
                 self.kl_ctrl,
                 algo.kl_penalty,
             )
+            metrics.update(kl_metrics)
         else:
-            rewards = batch["token_level_scores"]
+            rewards = scores
         batch.set("token_level_rewards", rewards)
         advantages, returns = algorithms.compute_advantages(
             algo.adv_estimator,
