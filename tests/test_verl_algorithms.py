@@ -107,8 +107,9 @@ def estimator_cases() -> list[dict]:
     baselines = torch.randn(len(LENGTHS), generator=g, dtype=torch.float64)
     cases = []
 
-    def add(name, rewards, uids, algorithm, verl_kwargs=None, our_kwargs=None, our_config="same", tol=1e-6):
-        cases.append({"name": name, "token_level_rewards": rewards, "response_mask": mask, "uids": uids,
+    def add(name, rewards, uids, algorithm, verl_kwargs=None, our_kwargs=None, our_config="same", tol=1e-6,
+            response_mask=mask):
+        cases.append({"name": name, "token_level_rewards": rewards, "response_mask": response_mask, "uids": uids,
                       "algorithm": algorithm, "kwargs": verl_kwargs or {}, "ours": our_kwargs or {},
                       "our_config": algorithm if our_config == "same" else our_config, "tol": tol})
 
@@ -138,6 +139,21 @@ def estimator_cases() -> list[dict]:
                                                "norm_adv_by_std_in_grpo": norm},
             {"reward_components": comps}, tol=1e-5)
     add("gdpo", outcome, UIDS, None, {"norm_adv_by_std_in_grpo": True}, our_config={}, tol=1e-5)
+    # the optimal token baseline: the actor's old log-probs and sum of squared probabilities (sum_pi_squared >=
+    # p^2 of the sampled token), optionally rollout importance weights; groups a, b and d have one longest row
+    # (the zero tail), c has one row
+    old = torch.log(torch.rand(mask.shape, generator=g, dtype=torch.float64) * 0.9 + 0.05)
+    spsq = torch.exp(old) ** 2 + torch.rand(mask.shape, generator=g, dtype=torch.float64) * 0.3
+    rho = torch.rand(mask.shape, generator=g, dtype=torch.float64) * 1.5 + 0.25
+    holes = mask.clone()
+    holes[0, 2:4], holes[2, 1], holes[6, 0] = 0.0, 0.0, 0.0   # tool output inside the response (multi-turn)
+    holes[4, :] = 0.0                                         # a row with no response token
+    for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        for rewards in (outcome, dense):
+            otb = {"old_log_probs": old, "sum_pi_squared": spsq}
+            add(name, rewards, UIDS, {}, otb, otb)
+            add(name, rewards, UIDS, {}, {**otb, "rollout_is_weights": rho}, {**otb, "rollout_is_weights": rho})
+        add(name, dense * holes, UIDS, {}, otb, otb, response_mask=holes)
     return cases
 
 

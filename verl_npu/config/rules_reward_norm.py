@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from verl_npu.config.rules import Ctx, _rule
-from verl_npu.config.tree import ALGO, ROLL
+from verl_npu.config.tree import ACTOR, ALGO, ROLL
 from verl_npu.errors import Problem
 
 RN = ALGO + "reward_norm."
@@ -49,3 +49,17 @@ def _reward_norm_groups(c: Ctx) -> Iterator[Problem]:
             "scale) shared within a prompt's group, up to its 1e-6 epsilons. Use asym_clip or "
             "reward_norm.clip, Dr.GRPO (norm_adv_by_std_in_grpo=false), or an estimator without its own "
             "normalisation (rloo, reinforce_plus_plus, gae, ...)")
+
+
+OTB = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
+
+@_rule("otb_needs_sum_pi_squared", (ALGO + "adv_estimator", ACTOR + "calculate_sum_pi_squared"),
+       "adv_estimator=optimal_token_baseline / tir_optimal_token_baseline needs actor.calculate_sum_pi_squared=true "
+       "(as in verl)")
+def _otb_needs_sum_pi_squared(c: Ctx) -> Iterator[Problem]:
+    est = c(ALGO + "adv_estimator")
+    if est in OTB and not c(ACTOR + "calculate_sum_pi_squared"):
+        yield Problem(ACTOR + "calculate_sum_pi_squared", f"is false, but adv_estimator={est} weights its baseline "
+                      "by the actor's sum of squared token probabilities, which only this pass computes",
+                      "set actor_rollout_ref.actor.calculate_sum_pi_squared=true")

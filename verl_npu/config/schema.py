@@ -241,6 +241,11 @@ _k(f"{F}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap modules with at least 
 _k(f"{F}.fsdp_size", -1, INT, "Devices per FSDP shard group; -1 shards over all.", min=-1)
 _k(f"{F}.forward_prefetch", False, BOOL, "FSDP2: each decoder block gathers the next block's parameters "
    "during its own forward (more overlap, one more block in memory); no effect with one worker.")
+_k(f"{AC}.calculate_sum_pi_squared", False, BOOL, "In the old-log-prob pass, also compute each response "
+   "position's sum of squared probabilities over the vocabulary (sum_v pi_v^2, from the temperature-scaled "
+   "logits), which adv_estimator=optimal_token_baseline / tir_optimal_token_baseline need. With it that pass "
+   "always runs, and runs without the fused output projection (model.use_fused_kernels), which never holds "
+   "the logits.")
 _k(f"{AC}.entropy_from_logits_with_chunking", False, BOOL, "Compute the actor's entropy 2048 tokens at a "
    "time, so the fp32 softmax temporaries never span the whole micro batch (same values, lower peak memory).")
 _k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra", "hf_model"], STR_LIST,
@@ -473,9 +478,9 @@ _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor (gae, reinforce_plus_plus).", min
 _k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda (adv_estimator=gae).", min=0, max=1)
 _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator: " + "; ".join(
    f"{s.name}: {s.doc}" for s in ESTIMATORS.values()) + ".", choices=tuple(ESTIMATORS),
-   unsupported=UNSUPPORTED_ESTIMATORS, instead="; ".join(f"{name}: refused because {why}"
-                                                         for name, why in UNSUPPORTED_REASONS.items())
-   + "; use one of: " + ", ".join(ESTIMATORS))
+   unsupported=UNSUPPORTED_ESTIMATORS, instead="".join(f"{name}: refused because {why}; "
+                                                        for name, why in UNSUPPORTED_REASONS.items())
+   + "use one of: " + ", ".join(ESTIMATORS))
 _k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO (grpo, grpo_vectorized, grpo_passk): divide group-centred "
    "scores by the group std (false = Dr.GRPO).")
 _k(f"{AL}.gdpo_reward_keys", None, STR_LIST, "gdpo: the reward components to normalise one by one, keys of the "

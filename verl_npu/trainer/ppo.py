@@ -432,7 +432,10 @@ class PPOTrainer:
             group_ids=batch["uid"],
             config=algo,
             reward_components=batch.meta.get("reward_extras"),  # gdpo's per-component rewards
-            **{k: batch[k] for k in ("baseline_rewards", "values") if k in batch},
+            # remax's baseline, gae's values; the optimal token baseline's old log-probs and sum of squared
+            # probabilities (actor.calculate_sum_pi_squared), and rollout importance weights when there are any
+            **{k: batch[k] for k in ("baseline_rewards", "values", "old_log_probs", "sum_pi_squared",
+                                     "rollout_is_weights") if k in batch},
         )
         batch.set("advantages", advantages)
         batch.set("returns", returns)
