@@ -113,3 +113,6 @@ def test_a_run_feeds_the_actors_sum_pi_squared_to_the_estimator(tmp_path, monkey
     assert bool((spsq[mask] >= old[mask].exp() ** 2 - 1e-5).all()) and bool((spsq[mask] <= 1 + 1e-5).all())
     row = step_metrics(tmp_path / "out")[1]
     assert all(row[k] == row[k] for k in ("critic/advantages/max", "actor/pg_loss"))   # finite, no NaN
+    # verl's variance proxies come with sum_pi_squared (their values: tests/test_verl_algorithms.py)
+    assert row["variance_proxy/expected_w"] > 0
+    assert row["variance_proxy/proxy1_signal_strength"] == pytest.approx(row["actor/grad_norm"] ** 2, rel=1e-5)

@@ -41,7 +41,9 @@ from verl_npu.errors import UserError
 from verl_npu.trainer.dynamic_sampling import DynamicSampler
 from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
-from verl_npu.trainer.metrics import data_metrics, rollout_probs_diff_metrics, timed, timing_metrics
+from verl_npu.trainer.metrics import (
+    data_metrics, rollout_probs_diff_metrics, timed, timing_metrics, variance_proxy_metrics,
+)
 from verl_npu.trainer.readable import readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.workers.actor import needs_reference
@@ -285,6 +287,7 @@ class PPOTrainer:
         metrics.update(kl_metrics)
         metrics.update(data_metrics(batch, int(cfg.data.max_response_length)))
         metrics.update(timing_metrics(timings, batch, self.workers.world_size))
+        metrics.update(variance_proxy_metrics(batch, actor_metrics.get("actor/grad_norm")))  # with sum_pi_squared
         return metrics
 
     # ---- pieces of a step ---------------------------------------------------------------------
