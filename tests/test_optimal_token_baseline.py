@@ -116,3 +116,32 @@ def test_a_run_feeds_the_actors_sum_pi_squared_to_the_estimator(tmp_path, monkey
     # verl's variance proxies come with sum_pi_squared (their values: tests/test_verl_algorithms.py)
     assert row["variance_proxy/expected_w"] > 0
     assert row["variance_proxy/proxy1_signal_strength"] == pytest.approx(row["actor/grad_norm"] ** 2, rel=1e-5)
+
+
+# the settings of upstream verl's examples/otb_trainer/run_qwen3_8b_fsdp.sh (its defaults; paths changed)
+OTB_SCRIPT = [
+    "algorithm.use_kl_in_reward=False", "data.train_batch_size=128", "data.max_prompt_length=1024",
+    "data.max_response_length=2048", "data.filter_overlong_prompts=True", "data.truncation=error",
+    "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=128",
+    "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576",
+    "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.calculate_sum_pi_squared=True", "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False", "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.gpu_memory_utilization=0.75",
+    "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "trainer.balance_batch=True", "trainer.critic_warmup=0", "trainer.n_gpus_per_node=8", "trainer.nnodes=1",
+    "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs=15",
+    "af_output_dir=/tmp/otb", "actor_rollout_ref.model.path=/models/Qwen3-8B",
+    "data.train_files=[/data/gsm8k/train.parquet,/data/math/train.parquet]",
+    "data.val_files=[/data/gsm8k/test.parquet,/data/math/test.parquet]",
+]
+
+
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_verls_otb_example_settings_validate(estimator):
+    rc = load_recipe("qwen25_gsm8k", OTB_SCRIPT + [f"algorithm.adv_estimator={estimator}"])
+    assert rc.backend.algorithm.adv_estimator == estimator
+    assert not [w for w in rc.warnings if "sum_pi" in w or "estimator" in w]
