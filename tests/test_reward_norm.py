@@ -216,3 +216,18 @@ def test_a_run_trains_on_the_normalised_rewards(tmp_path):
     assert normed["critic/advantages/min"] == pytest.approx(float(adv.min()), abs=1e-5)
     assert normed["critic/advantages/max"] != pytest.approx(plain["critic/advantages/max"], abs=1e-4)
     assert normed["critic/reward_norm/groups"] == 1.0
+
+
+def test_the_kl_penalty_applies_to_the_normalised_scores(tmp_path):
+    """With use_kl_in_reward the penalty is subtracted from the normalised score (ROLL's order): at step 1 the
+    actor is the reference (KL 0), so the rewards are the batch-standardised scores, mean 0."""
+    data = text_data(tmp_path / "data", rows=8)
+    overrides = text_run_overrides(tmp_path / "out", data, **{
+        "trainer.total_training_steps": 1, "actor_rollout_ref.rollout.n": 4, "algorithm.use_kl_in_reward": "true",
+        "algorithm.reward_norm.grouping": "batch", "algorithm.reward_norm.method": "mean_std",
+        "algorithm.adv_estimator": "reinforce_plus_plus"})
+    assert run_training(load_recipe("tiny_gsm8k", overrides)) == 0
+    row = step_metrics(tmp_path / "out")[1]
+    assert row["critic/score/max"] > row["critic/score/min"]
+    assert abs(row["critic/rewards/mean"]) < 1e-5 and row["critic/rewards/max"] > 0.5
+    assert row["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6) and "actor/reward_kl_penalty_coeff" in row
