@@ -18,8 +18,8 @@ the same order. For row i with score ``s_i = Σ_t score_{i,t}·mask_{i,t}`` and 
 - clip ``c`` (ROLL's ``reward_clip``; null: none): ``s'_i ← clamp(s'_i, -c, c)``, after the method.
 
 The normalised score replaces the row's scores: it sits on the row's last response token (where verl's
-reward managers put a sequence score), 0 elsewhere. Rows whose score is unchanged keep their scores as
-they were (identity without clip returns the input itself).
+reward managers put a sequence score), 0 elsewhere. With the defaults (identity, no clip) nothing is
+computed: `apply_reward_norm` returns its input itself.
 
 This module imports torch only.
 """
