@@ -61,7 +61,9 @@ def _status(path: str) -> Status:
             return Status(REFUSED, _refused_values(key))
         if key.noop:
             return Status(NOOP, key.noop)
-        text = "verl-npu's own key (not one of verl's)" if key.doc.startswith("verl-npu:") else "read by verl-npu"
+        # verl-npu's own keys (an extension of verl's schema) say so at the start of their meaning
+        text = "verl-npu's own key (an extension: verl has no such key)" if key.doc.startswith("verl-npu:") \
+            else "read by verl-npu"
         if key.unsupported:
             text += "; values not supported yet: " + ", ".join(f"`{v}`" for v in key.unsupported)
         if key.renamed:

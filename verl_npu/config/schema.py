@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS   # names only: nothing heavy
+from verl_npu.estimators import (   # names only: nothing heavy
+    ESTIMATORS, REWARD_NORM_GROUPINGS, REWARD_NORM_METHODS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS,
+)
 from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
 from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # names only: imports nothing heavy
 from verl_npu.metric_sinks import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
@@ -241,6 +243,11 @@ _k(f"{F}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap modules with at least 
 _k(f"{F}.fsdp_size", -1, INT, "Devices per FSDP shard group; -1 shards over all.", min=-1)
 _k(f"{F}.forward_prefetch", False, BOOL, "FSDP2: each decoder block gathers the next block's parameters "
    "during its own forward (more overlap, one more block in memory); no effect with one worker.")
+_k(f"{AC}.calculate_sum_pi_squared", False, BOOL, "In the old-log-prob pass, also compute each response "
+   "position's sum of squared probabilities over the vocabulary (sum_v pi_v^2, from the temperature-scaled "
+   "logits), which adv_estimator=optimal_token_baseline / tir_optimal_token_baseline need. With it that pass "
+   "always runs, and runs without the fused output projection (model.use_fused_kernels), which never holds "
+   "the logits.")
 _k(f"{AC}.entropy_from_logits_with_chunking", False, BOOL, "Compute the actor's entropy "
    "entropy_from_logits_chunk_size tokens at a time, so the fp32 softmax temporaries never span the whole micro "
    "batch (same values, lower peak memory).")
@@ -477,9 +484,9 @@ _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor (gae, reinforce_plus_plus).", min
 _k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda (adv_estimator=gae).", min=0, max=1)
 _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator: " + "; ".join(
    f"{s.name}: {s.doc}" for s in ESTIMATORS.values()) + ".", choices=tuple(ESTIMATORS),
-   unsupported=UNSUPPORTED_ESTIMATORS, instead="; ".join(f"{name}: refused because {why}"
-                                                         for name, why in UNSUPPORTED_REASONS.items())
-   + "; use one of: " + ", ".join(ESTIMATORS))
+   unsupported=UNSUPPORTED_ESTIMATORS, instead="".join(f"{name}: refused because {why}; "
+                                                        for name, why in UNSUPPORTED_REASONS.items())
+   + "use one of: " + ", ".join(ESTIMATORS))
 _k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO (grpo, grpo_vectorized, grpo_passk): divide group-centred "
    "scores by the group std (false = Dr.GRPO).")
 _k(f"{AL}.gdpo_reward_keys", None, STR_LIST, "gdpo: the reward components to normalise one by one, keys of the "
@@ -506,6 +513,17 @@ _k(f"{AL}.kl_ctrl.kl_coef", 0.001, FLOAT, "Initial in-reward KL coefficient.", m
 _k(f"{AL}.kl_ctrl.horizon", 10000, INT, "Adaptive controller horizon.", min=1)
 _k(f"{AL}.kl_ctrl.target_kl", 0.1, FLOAT, "Adaptive controller target KL.", gt=0)
 _k(f"{AL}.use_pf_ppo", False, BOOL, "Preference-feedback PPO.", off_only="pf-ppo")
+RN = f"{AL}.reward_norm"  # verl-npu's own keys: ROLL's reward normalisation (verl_npu/algorithms/reward_norm.py)
+_k(f"{RN}.method", "identity", STR, "verl-npu: (ROLL's reward_normalization.method) how each response's score is "
+   "normalised within its group before the KL penalty and the advantage estimator: " + "; ".join(
+       f"{name}: {doc}" for name, doc in REWARD_NORM_METHODS.items()) + ". The result replaces the score on the "
+   "last response token (critic/rewards/* shows it; critic/score/* stays the raw score).",
+   choices=tuple(REWARD_NORM_METHODS))
+_k(f"{RN}.grouping", "state", STR, "verl-npu: (ROLL's reward_normalization.grouping) which responses are normalised "
+   "together: " + "; ".join(f"{name}: {doc}" for name, doc in REWARD_NORM_GROUPINGS.items()) + ".",
+   choices=tuple(REWARD_NORM_GROUPINGS))
+_k(f"{RN}.clip", None, FLOAT, "verl-npu: (ROLL's reward_clip) after reward_norm.method, clamp each score to "
+   "[-clip, clip] (the share clamped is logged as critic/reward_clip_frac); null: no clip.", gt=0)
 
 # ---------------------------------------------------------------- trainer, ray
 T = "trainer"

@@ -114,7 +114,6 @@ _off(f"{AC}.use_prefix_grouper", False, BOOL, "prefix-grouped forward passes", L
 _off(f"{AC}.data_loader_seed", 42, INT, "a separate seed for the PPO mini-batch shuffle", LEAVE + " (42)")
 _off(f"{AC}.checkpoint.async_save", False, BOOL, "asynchronous checkpoint saving",
      "leave it false (checkpoints are written aside and renamed into place)")
-_off(f"{AC}.calculate_sum_pi_squared", False, BOOL, "the sum-of-squared-probabilities metric", LEAVE + " (false)")
 _off(f"{AC}.sum_pi_squared_checkpointing", False, BOOL, "the sum-of-squared-probabilities metric",
      LEAVE + " (false)")
 

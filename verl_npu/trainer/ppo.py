@@ -12,8 +12,9 @@ One training step, in order (verl's order, verl's names):
 4. old log-probs from the actor (skipped when provably redundant: then the update's own forward
    gives them, see `ActorRolloutRefWorker.old_log_prob_pass_needed`), reference log-probs when a
    KL term needs them (workers);
-5. the critic's values (with a critic role: gae), optional KL penalty in the reward, then
-   advantages (`algorithm.adv_estimator`);
+5. the critic's values (with a critic role: gae), the scores normalised (`algorithm.reward_norm`,
+   ROLL's reward normalisation), optional KL penalty in the reward, then advantages
+   (`algorithm.adv_estimator`);
 6. `critic.ppo_epochs` passes of critic updates (with a critic), then `actor.ppo_epochs` passes
    of actor mini-batch updates (workers; none during the first `trainer.critic_warmup` steps);
 7. metrics; validation every `trainer.test_freq` steps; a checkpoint every `trainer.save_freq`
@@ -40,7 +41,9 @@ from verl_npu.errors import UserError
 from verl_npu.trainer.dynamic_sampling import DynamicSampler
 from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
-from verl_npu.trainer.metrics import data_metrics, rollout_probs_diff_metrics, timed, timing_metrics
+from verl_npu.trainer.metrics import (
+    data_metrics, rollout_probs_diff_metrics, timed, timing_metrics, variance_proxy_metrics,
+)
 from verl_npu.trainer.readable import readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.workers.actor import needs_reference
@@ -284,6 +287,7 @@ class PPOTrainer:
         metrics.update(kl_metrics)
         metrics.update(data_metrics(batch, int(cfg.data.max_response_length)))
         metrics.update(timing_metrics(timings, batch, self.workers.world_size))
+        metrics.update(variance_proxy_metrics(batch, actor_metrics.get("actor/grad_norm")))  # with sum_pi_squared
         return metrics
 
     # ---- pieces of a step ---------------------------------------------------------------------
@@ -406,18 +410,23 @@ class PPOTrainer:
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         algo = self.cfg.algorithm
-        metrics: dict[str, float] = {}
+        # ROLL's reward normalisation (algorithm.reward_norm, verl-npu's keys): before the KL penalty and the
+        # estimator, as in ROLL; token_level_scores stays the raw score (critic/score/*)
+        scores, metrics = algorithms.apply_reward_norm(
+            batch["token_level_scores"], batch["response_mask"], algo.get("reward_norm"),
+            uids=batch["uid"], data_sources=batch["data_source"])
         if algo.use_kl_in_reward:
-            rewards, metrics = algorithms.apply_kl_in_reward(
-                batch["token_level_scores"],
+            rewards, kl_metrics = algorithms.apply_kl_in_reward(
+                scores,
                 batch["old_log_probs"],
                 batch["ref_log_prob"],
                 batch["response_mask"].float(),
                 self.kl_ctrl,
                 algo.kl_penalty,
             )
+            metrics.update(kl_metrics)
         else:
-            rewards = batch["token_level_scores"]
+            rewards = scores
         batch.set("token_level_rewards", rewards)
         advantages, returns = algorithms.compute_advantages(
             algo.adv_estimator,
@@ -426,7 +435,10 @@ class PPOTrainer:
             group_ids=batch["uid"],
             config=algo,
             reward_components=batch.meta.get("reward_extras"),  # gdpo's per-component rewards
-            **{k: batch[k] for k in ("baseline_rewards", "values") if k in batch},
+            # remax's baseline, gae's values; the optimal token baseline's old log-probs and sum of squared
+            # probabilities (actor.calculate_sum_pi_squared), and rollout importance weights when there are any
+            **{k: batch[k] for k in ("baseline_rewards", "values", "old_log_probs", "sum_pi_squared",
+                                     "rollout_is_weights") if k in batch},
         )
         batch.set("advantages", advantages)
         batch.set("returns", returns)

@@ -77,6 +77,9 @@ def old_log_prob_pass_needed(cfg, module) -> list[str]:
                        f"{cfg.data.train_batch_size}: later mini-batches update from changed weights")
     if bool(cfg.algorithm.use_kl_in_reward):
         reasons.append("algorithm.use_kl_in_reward: the reward needs the old log-probs before the update")
+    if bool(actor.get("calculate_sum_pi_squared", False)):
+        reasons.append("actor.calculate_sum_pi_squared: the advantages need the sum of squared probabilities "
+                       "and old log-probs before the update")
     dropout = _active_dropout(module)
     if dropout:
         reasons.append(f"dropout is active in training mode ({', '.join(dropout[:3])})")
@@ -175,9 +178,11 @@ class ActorRolloutRefWorker:
                     remove_padding=bool(cfg.actor_rollout_ref.model.use_remove_padding), sp_group=self.sp_group,
                     fused=bool(cfg.actor_rollout_ref.model.get("use_fused_kernels", False)))
 
-    def _log_probs(self, engine: TrainingEngine, batch: Batch, *, with_entropy: bool, micro: dict):
-        """(log-probs, entropies or None) of the responses of `batch` under `engine`'s module; the
-        policy's own engine (also as the LoRA reference) chunks the entropy and compiles as configured."""
+    def _log_probs(self, engine: TrainingEngine, batch: Batch, *, with_entropy: bool, micro: dict,
+                   with_sum_pi_squared: bool = False):
+        """(log-probs, entropies or None[, Σπ² with `with_sum_pi_squared`]) of the responses of `batch` under
+        `engine`'s module; the policy's own engine (also as the LoRA reference) chunks the entropy and
+        compiles as configured."""
         response_length = batch["responses"].shape[1]
         own = engine is self.engine
         settings = self._forward_settings()
@@ -186,7 +191,8 @@ class ActorRolloutRefWorker:
             return response_log_probs(
                 module, part["input_ids"], part["attention_mask"], response_length,
                 multi_modal_inputs=part.get("multi_modal_inputs"), with_entropy=with_entropy,
-                entropy_chunk=self.entropy_chunk if own else 0, compile=own and self._compile, **settings)
+                entropy_chunk=self.entropy_chunk if own else 0, compile=own and self._compile,
+                with_sum_pi_squared=with_sum_pi_squared, **settings)
 
         return engine.infer(batch, forward, micro)
 
@@ -199,10 +205,16 @@ class ActorRolloutRefWorker:
                               int(role_cfg.log_prob_micro_batch_size_per_gpu or 1), sp=self._sp_size())
 
     def compute_log_prob(self, batch: Batch) -> Batch:
-        """Log-probs of the sampled responses under the current actor ("old" log-probs for PPO)."""
+        """Log-probs of the sampled responses under the current actor ("old" log-probs for PPO), their
+        entropies, and with `actor.calculate_sum_pi_squared` each position's Σ_v π_v² (`sum_pi_squared`, for
+        the optimal-token-baseline estimators)."""
         micro = self._log_prob_micro(self.cfg.actor_rollout_ref.rollout)
-        log_probs, entropy = self._log_probs(self.engine, batch, with_entropy=True, micro=micro)
-        return Batch({"old_log_probs": log_probs, "entropys": entropy})
+        if not self.cfg.actor_rollout_ref.actor.get("calculate_sum_pi_squared", False):
+            log_probs, entropy = self._log_probs(self.engine, batch, with_entropy=True, micro=micro)
+            return Batch({"old_log_probs": log_probs, "entropys": entropy})
+        log_probs, entropy, sum_pi_sq = self._log_probs(self.engine, batch, with_entropy=True, micro=micro,
+                                                        with_sum_pi_squared=True)
+        return Batch({"old_log_probs": log_probs, "entropys": entropy, "sum_pi_squared": sum_pi_sq})
 
     def old_log_prob_pass_reasons(self) -> list[str]:
         """Why this worker needs the separate old-log-prob pass (empty: `update_actor` computes
