@@ -19,12 +19,14 @@ from typing import Any
 
 from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS   # names only: nothing heavy
 from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
+from verl_npu.rollout_corrections import BYPASS_LOSS_TYPES, ROLLOUT_IS_LEVELS, ROLLOUT_RS_OPTIONS   # names only
 from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # names only: imports nothing heavy
 from verl_npu.metric_sinks import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
 # Type names (what `explain` prints and `rules.check_type` accepts).
 INT, FLOAT, BOOL, STR, DICT = "int", "float", "bool", "str", "dict"
 STR_LIST, STR_OR_LIST, FLOAT_LIST, INT_LIST = "list[str]", "str | list[str]", "list[float]", "list[int]"
+FLOAT_OR_STR = "float | str"   # a number, or a string spelling one or more (rollout correction's thresholds)
 
 #: first segments of verl's own config; `data.x=1` on the command line means `backend_config.data.x=1`.
 VERL_SECTIONS = (
@@ -197,10 +199,12 @@ _k(f"{AC}.use_torch_compile", False, BOOL, "Run the actor's log-prob / entropy c
    "on a 2-core CPU), which dominates short and CPU runs, and verl's Ascend scripts turn it off.")
 _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss: " + "; ".join(
    f"{name}: {doc}" for name, doc in POLICY_LOSS_MODES.items()) + ".", choices=tuple(POLICY_LOSS_MODES),
-   unsupported=UNSUPPORTED_POLICY_LOSSES, instead="bypass_mode is verl's rollout correction inside the loss, "
-   "which verl-npu does not have yet; use vanilla (the old log-probs are recomputed by the actor) or another "
-   "mode: " + ", ".join(POLICY_LOSS_MODES))
+   unsupported=UNSUPPORTED_POLICY_LOSSES, instead="use one of: " + ", ".join(POLICY_LOSS_MODES),
+   derived="bypass_mode with algorithm.rollout_correction.bypass_mode=true")
 PL = f"{AC}.policy_loss"
+_k(f"{PL}.rollout_correction", {}, DICT, "verl: the rollout-correction settings the bypass_mode loss reads; verl's "
+   "trainer copies algorithm.rollout_correction here in bypass mode.", noop="the bypass_mode loss reads "
+   "algorithm.rollout_correction.* directly; set them there")
 _k(f"{PL}.clip_cov_ratio", 0.0002, FLOAT, "clip_cov: at most this fraction of a micro-batch's tokens "
    "(at least one) loses its gradient.", gt=0, max=1)
 _k(f"{PL}.clip_cov_lb", 1.0, FLOAT, "clip_cov: only tokens whose advantage/log-prob covariance is above this "
@@ -332,6 +336,13 @@ _k(f"{RO}.engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (sglan
    noop="read only by the sglang rollout, which is refused by name (rollout.name=sglang)")
 _k(f"{RO}.update_weights_bucket_megabytes", 512, INT, "Most megabytes of gathered weights held at once while "
    "the actor's weights stream into the rollout engine (peak extra memory of a weight sync).", min=1)
+_k(f"{RO}.calculate_log_probs", False, BOOL, "Keep the rollout engine's own log-probs of the sampled tokens "
+   "(rollout_log_probs: the log-softmax of the distribution the token was drawn from, after temperature, top-k and "
+   "top-p, as vLLM's processed_logprobs): needed by algorithm.rollout_correction, and logged against the actor's "
+   "(training/rollout_probs_diff_*, rollout_corr/*). The vllm engine returns them always (it costs nothing "
+   "there); the hf engine computes them only when this is true. verl 0.9.1's default is true; verl-npu's is "
+   "false, so that an hf run keeps skipping the redundant old-log-prob pass.",
+   derived="true when algorithm.rollout_correction is on (rollout_is, rollout_rs or bypass_mode)")
 _k(f"{RO}.max_probs_diff", 0.05, FLOAT, "verl-npu: largest allowed mean |p_rollout - p_actor| over response "
    "tokens (training/rollout_probs_diff_mean) before the run stops with 'engine out of sync'; 0.05 suits "
    "bf16, fp32 runs are ~1e-6; null disables the check.", gt=0, nullable=True)
@@ -492,6 +503,35 @@ _k(f"{FG}.max_num_gen_batches", 0, INT, "Most generation batches one step may us
    "an error (as verl's DAPO recipe does). 0 or less: no limit.")
 _k(f"{FG}.max_inflight_gen_batches", 1, INT, "verl V1: generation batches in flight at once.", min=1,
    noop="generation batches run one after another here")
+RC = f"{AL}.rollout_correction"
+_k(f"{RC}.rollout_is", None, STR, "Rollout correction (verl 0.9.1): importance weights w = pi_old / pi_rollout "
+   "(the actor's old log-probs against the rollout engine's own, which needs rollout.calculate_log_probs=true) "
+   "that multiply the policy loss of every token: " + "; ".join(f"{k}: {v}" for k, v in ROLLOUT_IS_LEVELS.items())
+   + ". null: no weights (the rollout_corr/* diagnostics are still logged when the rollout's log-probs exist).",
+   choices=tuple(ROLLOUT_IS_LEVELS))
+_k(f"{RC}.rollout_is_threshold", 2.0, FLOAT_OR_STR, "Truncation of the importance weights (with rollout_is): a "
+   "number U > 0 clamps every weight to at most U (TIS); the string 'L_U' (0 < L <= U, e.g. '0.5_5.0') sets the "
+   "weights outside [L, U] to 0 (IcePop). Typical U: 1.5-5 (token), 2-10 (sequence). Write 'L_U' with a decimal "
+   "point on both sides or quoted: unquoted, 0.5_5 is the number 0.55 (YAML and Hydra read _ in numbers).",
+   nullable=True)
+_k(f"{RC}.rollout_is_batch_normalize", False, BOOL, "Divide the importance weights by their batch mean (over "
+   "tokens for rollout_is=token, over responses for sequence), so they average 1 (the factor is logged as "
+   "rollout_corr/rollout_is_batch_norm_factor).")
+_k(f"{RC}.rollout_rs", None, STR, "Rejection sampling: tokens or whole responses whose divergence between the "
+   "old and the rollout policy passes rollout_rs_threshold get no loss (their response_mask is 0). "
+   "Comma-separated options, all of which must keep a token: " + "; ".join(
+       f"{k}: {v}" for k, v in ROLLOUT_RS_OPTIONS.items()) + " (d = old - rollout log-prob, clamped to +-20). "
+   "null: no rejection.")
+_k(f"{RC}.rollout_rs_threshold", None, FLOAT_OR_STR, "Thresholds of rollout_rs (required with it): one value for "
+   "every option, or comma-separated, one per option in order. k2/k3 options: an upper bound U > 0; k1 options: "
+   "ratio bounds 'L_U' (0 < L <= U; kept when log L <= k1 <= log U), or one number U meaning L = 1/U.")
+_k(f"{RC}.bypass_mode", False, BOOL, "Bypass mode: the rollout engine's log-probs are used as the old log-probs "
+   "(the actor's old-log-prob pass is skipped) and the policy loss becomes policy_loss.loss_mode=bypass_mode "
+   "(importance weights and rejection computed in the loss from the current policy, by loss_type). false: "
+   "decoupled mode: the old log-probs are recomputed and the weights / rejection applied to them once per step.")
+_k(f"{RC}.loss_type", "ppo_clip", STR, "The loss of bypass mode: " + "; ".join(
+   f"{k}: {v}" for k, v in BYPASS_LOSS_TYPES.items()) + ". Read only with bypass_mode=true.",
+   choices=tuple(BYPASS_LOSS_TYPES))
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))
