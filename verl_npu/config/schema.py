@@ -202,9 +202,6 @@ _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss: " + "; ".join(
    unsupported=UNSUPPORTED_POLICY_LOSSES, instead="use one of: " + ", ".join(POLICY_LOSS_MODES),
    derived="bypass_mode with algorithm.rollout_correction.bypass_mode=true")
 PL = f"{AC}.policy_loss"
-_k(f"{PL}.rollout_correction", {}, DICT, "verl: the rollout-correction settings the bypass_mode loss reads; verl's "
-   "trainer copies algorithm.rollout_correction here in bypass mode.", noop="the bypass_mode loss reads "
-   "algorithm.rollout_correction.* directly; set them there")
 _k(f"{PL}.clip_cov_ratio", 0.0002, FLOAT, "clip_cov: at most this fraction of a micro-batch's tokens "
    "(at least one) loses its gradient.", gt=0, max=1)
 _k(f"{PL}.clip_cov_lb", 1.0, FLOAT, "clip_cov: only tokens whose advantage/log-prob covariance is above this "
