@@ -333,12 +333,10 @@ _k(f"{RO}.engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (sglan
    noop="read only by the sglang rollout, which is refused by name (rollout.name=sglang)")
 _k(f"{RO}.update_weights_bucket_megabytes", 512, INT, "Most megabytes of gathered weights held at once while "
    "the actor's weights stream into the rollout engine (peak extra memory of a weight sync).", min=1)
-_k(f"{RO}.calculate_log_probs", False, BOOL, "Keep the rollout engine's own log-probs of the sampled tokens "
-   "(rollout_log_probs: the log-softmax of the distribution the token was drawn from, after temperature, top-k and "
-   "top-p, as vLLM's processed_logprobs): needed by algorithm.rollout_correction, and logged against the actor's "
-   "(training/rollout_probs_diff_*, rollout_corr/*). The vllm engine returns them always (it costs nothing "
-   "there); the hf engine computes them only when this is true. verl 0.9.1's default is true; verl-npu's is "
-   "false, so that an hf run keeps skipping the redundant old-log-prob pass.",
+_k(f"{RO}.calculate_log_probs", False, BOOL, "Keep the engine's own log-probs of the sampled tokens (rollout_log_probs,"
+   " under the distribution each was drawn from: temperature, top-k, top-p; vLLM's processed_logprobs) for "
+   "algorithm.rollout_correction and the rollout_corr/* metrics. vllm returns them always, hf only when true. verl "
+   "0.9.1's default is true; here false, so an hf run keeps skipping the redundant old-log-prob pass.",
    derived="true when algorithm.rollout_correction is on (rollout_is, rollout_rs or bypass_mode)")
 _k(f"{RO}.max_probs_diff", 0.05, FLOAT, "verl-npu: largest allowed mean |p_rollout - p_actor| over response "
    "tokens (training/rollout_probs_diff_mean) before the run stops with 'engine out of sync'; 0.05 suits "
@@ -504,16 +502,15 @@ RC = f"{AL}.rollout_correction"
 _k(f"{RC}.rollout_is", None, STR, "Rollout correction (verl 0.9.1): importance weights w = pi_old / pi_rollout "
    "(the actor's old log-probs against the rollout engine's own, which needs rollout.calculate_log_probs=true) "
    "that multiply the policy loss of every token: " + "; ".join(f"{k}: {v}" for k, v in ROLLOUT_IS_LEVELS.items())
-   + ". null: no weights (the rollout_corr/* diagnostics are still logged when the rollout's log-probs exist).",
+   + ". null: no weights (with rollout.calculate_log_probs=true the rollout_corr/* diagnostics are still logged).",
    choices=tuple(ROLLOUT_IS_LEVELS))
 _k(f"{RC}.rollout_is_threshold", 2.0, FLOAT_OR_STR, "Truncation of the importance weights (with rollout_is): a "
    "number U > 0 clamps every weight to at most U (TIS); the string 'L_U' (0 < L <= U, e.g. '0.5_5.0') sets the "
    "weights outside [L, U] to 0 (IcePop). Typical U: 1.5-5 (token), 2-10 (sequence). Write 'L_U' with a decimal "
    "point on both sides or quoted: unquoted, 0.5_5 is the number 0.55 (YAML and Hydra read _ in numbers).",
    nullable=True)
-_k(f"{RC}.rollout_is_batch_normalize", False, BOOL, "Divide the importance weights by their batch mean (over "
-   "tokens for rollout_is=token, over responses for sequence), so they average 1 (the factor is logged as "
-   "rollout_corr/rollout_is_batch_norm_factor).")
+_k(f"{RC}.rollout_is_batch_normalize", False, BOOL, "Divide the importance weights by their batch mean (tokens for "
+   "token, responses for sequence) so they average 1 (rollout_corr/rollout_is_batch_norm_factor).")
 _k(f"{RC}.rollout_rs", None, STR, "Rejection sampling: tokens or whole responses whose divergence between the "
    "old and the rollout policy passes rollout_rs_threshold get no loss (their response_mask is 0). "
    "Comma-separated options, all of which must keep a token: " + "; ".join(
@@ -526,9 +523,8 @@ _k(f"{RC}.bypass_mode", False, BOOL, "Bypass mode: the rollout engine's log-prob
    "(the actor's old-log-prob pass is skipped) and the policy loss becomes policy_loss.loss_mode=bypass_mode "
    "(importance weights and rejection computed in the loss from the current policy, by loss_type). false: "
    "decoupled mode: the old log-probs are recomputed and the weights / rejection applied to them once per step.")
-_k(f"{RC}.loss_type", "ppo_clip", STR, "The loss of bypass mode: " + "; ".join(
-   f"{k}: {v}" for k, v in BYPASS_LOSS_TYPES.items()) + ". Read only with bypass_mode=true.",
-   choices=tuple(BYPASS_LOSS_TYPES))
+_k(f"{RC}.loss_type", "ppo_clip", STR, "The loss of bypass mode: " + "; ".join(f"{k}: {v}" for k, v in
+   BYPASS_LOSS_TYPES.items()) + ". Read only with bypass_mode=true.", choices=tuple(BYPASS_LOSS_TYPES))
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))
