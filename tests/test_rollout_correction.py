@@ -277,3 +277,43 @@ def test_tiny_runs_log_the_metrics_and_the_correction_changes_the_update(tmp_pat
     rejected = _run(tmp_path, "rejected", **{RC + "rollout_rs": "token_k2", RC + "rollout_rs_threshold": 0.001})
     assert rejected["rollout_corr/rollout_rs_masked_fraction"] == 1.0
     assert rejected["actor/grad_norm"] == 0.0 and rejected["response_length/mean"] == off["response_length/mean"]
+
+
+def test_verls_multi_rs_example_validates():
+    """verl's examples/rollout_correction/run_with_rollout_corr_multi_rs.sh (@ 83e82cd): its rollout-correction,
+    rollout and batch overrides as written (Hydra's quotes kept). Two of its lines are left out, neither about
+    rollout correction: `hydra.run.dir` (Hydra's own, refused here as an unknown top-level key) and no
+    `rollout.n` (verl's default 1, which verl-npu refuses for grpo), so n=4 is added."""
+    script = [RC + "rollout_is=token", RC + "rollout_is_threshold=2.0", RC + "rollout_is_batch_normalize=false",
+              RC + "rollout_rs='token_k1,seq_max_k2'", RC + "rollout_rs_threshold='0.6_1.6,2.5'",
+              RC + "bypass_mode=true", RC + "loss_type=ppo_clip", "algorithm.adv_estimator=grpo",
+              "data.max_prompt_length=2048", "data.max_response_length=4096", "data.train_batch_size=128",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+              "actor_rollout_ref.rollout.calculate_log_probs=True", "actor_rollout_ref.rollout.name=vllm",
+              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "trainer.n_gpus_per_node=4",
+              "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.model.path=/models/Qwen2.5-3B",
+              "trainer.device=npu"]
+    rc = load_recipe("tiny_gsm8k", script)
+    settings = rc.backend.algorithm.rollout_correction
+    assert settings.rollout_rs == "token_k1,seq_max_k2" and settings.rollout_rs_threshold == "0.6_1.6,2.5"
+    assert rc.backend.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode"
+
+
+def test_the_hf_engine_is_not_stopped_for_renormalised_probabilities():
+    """The hf engine samples from the actor's module: with top-k / top-p its log-probs differ from the actor's by
+    the renormalisation only, so rollout.max_probs_diff (meant for engines with their own weights) does not stop it."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from verl_npu.trainer.ppo import PPOTrainer
+
+    trainer = PPOTrainer.__new__(PPOTrainer)
+    trainer.checkpoints, trainer.global_step = SimpleNamespace(root="/ckpts"), 1
+    old = torch.log(torch.full((2, 3), 0.2))
+    batch = Batch({"old_log_probs": old, "rollout_log_probs": old + math.log(2.0), "response_mask": torch.ones(2, 3)})
+    trainer.cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "hf", "max_probs_diff": 0.05}}})
+    assert trainer.check_rollout_sync(batch)["training/rollout_probs_diff_mean"] == pytest.approx(0.2)
+    trainer.cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "max_probs_diff": 0.05}}})
+    with pytest.raises(Exception, match="out of sync"):
+        trainer.check_rollout_sync(batch)

@@ -379,7 +379,7 @@ class PPOTrainer:
             return {}
         metrics = rollout_probs_diff_metrics(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"])
         limit = self.cfg.actor_rollout_ref.rollout.get("max_probs_diff")
-        if self.cfg.actor_rollout_ref.rollout.name == "hf":
+        if self.cfg.actor_rollout_ref.rollout.get("name") == "hf":
             limit = None  # it samples from the actor's own module: only top-k / top-p make the probabilities differ
         mean = metrics.get("training/rollout_probs_diff_mean", 0.0)
         if limit is not None and mean > float(limit):
