@@ -72,7 +72,7 @@ BROKEN = [
     (["data.custom_cls.path=my.py"], "backend_config.data.custom_cls.path", "does not support custom dataset"),
     (["data.video_key=videos"], "backend_config.data.video_key", "does not support video"),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], A + "actor.policy_loss.loss_mode",
-     "does not support"),
+     "set algorithm.rollout_correction.bypass_mode=true"),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], A + "actor.policy_loss.dro_beta", "is required"),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=0"],
      A + "actor.policy_loss.dro_beta", "out of range"),

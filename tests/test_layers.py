@@ -4,7 +4,7 @@ Every `import` of a verl_npu module is read from the source (the AST), inside fu
 import counts like a top-level one. Layers, lowest first:
 
     0  bottom: errors, batch, device, algorithms, optim, hub, and the name registries (policy_losses,
-       estimators, rollout_engines, metric_sinks)
+       estimators, rollout_engines, metric_sinks, rollout_corrections)
     1  config (and recipes, which finds recipe files for it)
     2  models, data, rewards
     3  rollout
@@ -34,7 +34,7 @@ LAYERS = [
     (r"verl_npu\.(models|data|rewards)(\..*)?$", 2),
     (r"verl_npu\.(config(\..*)?|recipes)$", 1),
     (r"verl_npu(\.(errors|batch|device|algorithms(\..*)?|optim|hub|policy_losses|estimators|rollout_engines"
-     r"|metric_sinks))?$", 0),
+     r"|metric_sinks|rollout_corrections))?$", 0),
 ]
 HEAVY = ("torch", "ray", "vllm", "vllm_ascend", "torch_npu", "transformers")
 

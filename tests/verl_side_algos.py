@@ -6,7 +6,8 @@ venv by tests/test_verl_algorithms.py; verl-npu is not importable there).
 INPUTS.pt (torch.save of a dict) holds `losses`: a list of cases, each with the tensors `log_prob`,
 `old_log_prob`, `advantages`, `response_mask`, the `mode`, `loss_agg_mode`, `seed`, the actor settings
 (`actor`: clip ratios, tau_pos/tau_neg, `policy_loss`: the mode's keys) and `global_batch_info` (verl's
-dict: dp_size, batch_num_tokens, global_batch_size, loss_scale_factor; empty for a plain call); and
+dict: dp_size, batch_num_tokens, global_batch_size, loss_scale_factor; empty for a plain call) and optionally
+`rollout_is_weights` (rollout correction's IS weights, which verl applies inside each loss); and
 `estimators`: a list of cases with `name`, the tensors, `uids`, `algorithm` (AlgoConfig fields) and
 `kwargs` (extra keyword arguments, e.g. values / reward_baselines / non_tensor_batch / batch); and
 `variance_proxy` (optional): cases of batch tensors (`tensors`) and a `gradient_norm` for verl's
@@ -41,7 +42,7 @@ def run_loss(case: dict) -> dict:
     pg_loss, metrics = get_policy_loss_fn(case["mode"])(
         old_log_prob=case["old_log_prob"], log_prob=log_prob, advantages=case["advantages"],
         response_mask=case["response_mask"], loss_agg_mode=case["loss_agg_mode"], config=config,
-        rollout_is_weights=None,
+        rollout_is_weights=case.get("rollout_is_weights"),
     )
     pg_loss.backward()
     return {"pg_loss": pg_loss.detach(), "grad": log_prob.grad.detach(),

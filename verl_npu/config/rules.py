@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from verl_npu.config.modelinfo import model_heads, model_length_limit
 from verl_npu.config.schema import (
-    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, INT, INT_LIST, SCHEMA, STR, STR_LIST,
+    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, SCHEMA, STR, STR_LIST,
     STR_OR_LIST, TP_SIZES, Key,
 )
 from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, get, is_placeholder, scalar
@@ -43,6 +43,8 @@ def _type_ok(type_: str, value: Any) -> bool:
         return isinstance(value, dict)
     if type_ == STR_LIST:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if type_ == FLOAT_OR_STR:
+        return isinstance(value, (int, float, str)) and not isinstance(value, bool)
     if type_ == STR_OR_LIST:
         return isinstance(value, str) or (isinstance(value, list) and bool(value)
                                           and all(isinstance(v, str) for v in value))

@@ -14,19 +14,19 @@ loader with a warning), those it no longer reads in `DEPRECATED` (refused, namin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from verl_npu.estimators import (   # names only: nothing heavy
-    ESTIMATORS, REWARD_NORM_GROUPINGS, REWARD_NORM_METHODS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS,
+    ESTIMATORS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS,
 )
 from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
 from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # names only: imports nothing heavy
 from verl_npu.metric_sinks import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
-# Type names (what `explain` prints and `rules.check_type` accepts).
-INT, FLOAT, BOOL, STR, DICT = "int", "float", "bool", "str", "dict"
-STR_LIST, STR_OR_LIST, FLOAT_LIST, INT_LIST = "list[str]", "str | list[str]", "list[float]", "list[int]"
+from verl_npu.config import schema_algorithm
+from verl_npu.config.key import (  # noqa: F401 - the schema's face: Key and the type names
+    BOOL, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key,
+)
 
 #: first segments of verl's own config; `data.x=1` on the command line means `backend_config.data.x=1`.
 VERL_SECTIONS = (
@@ -38,37 +38,6 @@ TOP_LEVEL = ("af_output_dir", "backend_config", "engine_kwargs")
 PLACEHOLDER = "EDIT_ME"
 #: rollout tensor-parallel sizes verl-npu accepts.
 TP_SIZES = (1, 2, 4, 8)
-
-
-@dataclass(frozen=True)
-class Key:
-    """One config key: full dotted path, default, type name, one-line meaning and limits."""
-
-    path: str
-    default: Any
-    type: str
-    doc: str
-    choices: tuple = ()          # supported values (empty: any value of the type)
-    unsupported: tuple = ()      # values verl knows but verl-npu does not support yet
-    renamed: tuple = ()          # (old, new) value pairs verl deprecated: refused, naming the new value
-    min: float | None = None     # inclusive lower bound
-    max: float | None = None     # inclusive upper bound
-    gt: float | None = None      # exclusive lower bound
-    nullable: bool = False       # null allowed (implied by a null default)
-    required: bool = False       # must be set by the user (placeholders refused)
-    off_only: str = ""           # non-empty: only the default is supported; text says what is missing
-    instead: str = ""            # with off_only / unsupported: what to do instead
-    noop: str = ""               # non-empty: accepted, but has no effect in verl-npu; text says why
-    derived: str = ""            # non-empty: filled in by verl_npu.config.derive when not set; says how
-
-    @property
-    def short(self) -> str:
-        """The key without the `backend_config.` prefix (verl's own spelling)."""
-        return self.path[len("backend_config."):] if self.path.startswith("backend_config.") else self.path
-
-    @property
-    def allows_null(self) -> bool:
-        return self.nullable or self.default is None
 
 
 _KEYS: list[Key] = []
@@ -199,9 +168,8 @@ _k(f"{AC}.use_torch_compile", False, BOOL, "Run the actor's log-prob / entropy c
    "on a 2-core CPU), which dominates short and CPU runs, and verl's Ascend scripts turn it off.")
 _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss: " + "; ".join(
    f"{name}: {doc}" for name, doc in POLICY_LOSS_MODES.items()) + ".", choices=tuple(POLICY_LOSS_MODES),
-   unsupported=UNSUPPORTED_POLICY_LOSSES, instead="bypass_mode is verl's rollout correction inside the loss, "
-   "which verl-npu does not have yet; use vanilla (the old log-probs are recomputed by the actor) or another "
-   "mode: " + ", ".join(POLICY_LOSS_MODES))
+   unsupported=UNSUPPORTED_POLICY_LOSSES, instead="use one of: " + ", ".join(POLICY_LOSS_MODES),
+   derived="bypass_mode with algorithm.rollout_correction.bypass_mode=true")
 PL = f"{AC}.policy_loss"
 _k(f"{PL}.clip_cov_ratio", 0.0002, FLOAT, "clip_cov: at most this fraction of a micro-batch's tokens "
    "(at least one) loses its gradient.", gt=0, max=1)
@@ -344,6 +312,11 @@ _k(f"{RO}.engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (sglan
    noop="read only by the sglang rollout, which is refused by name (rollout.name=sglang)")
 _k(f"{RO}.update_weights_bucket_megabytes", 512, INT, "Most megabytes of gathered weights held at once while "
    "the actor's weights stream into the rollout engine (peak extra memory of a weight sync).", min=1)
+_k(f"{RO}.calculate_log_probs", False, BOOL, "Keep the engine's own log-probs of the sampled tokens (rollout_log_probs,"
+   " under the distribution each was drawn from: temperature, top-k, top-p; vLLM's processed_logprobs) for "
+   "algorithm.rollout_correction and the rollout_corr/* metrics. vllm returns them always, hf only when true. verl "
+   "0.9.1's default is true; here false, so an hf run keeps skipping the redundant old-log-prob pass.",
+   derived="true when algorithm.rollout_correction is on (rollout_is, rollout_rs or bypass_mode)")
 _k(f"{RO}.max_probs_diff", 0.05, FLOAT, "verl-npu: largest allowed mean |p_rollout - p_actor| over response "
    "tokens (training/rollout_probs_diff_mean) before the run stops with 'engine out of sync'; 0.05 suits "
    "bf16, fp32 runs are ~1e-6; null disables the check.", gt=0, nullable=True)
@@ -505,6 +478,7 @@ _k(f"{FG}.max_num_gen_batches", 0, INT, "Most generation batches one step may us
    "an error (as verl's DAPO recipe does). 0 or less: no limit.")
 _k(f"{FG}.max_inflight_gen_batches", 1, INT, "verl V1: generation batches in flight at once.", min=1,
    noop="generation batches run one after another here")
+_KEYS.extend(schema_algorithm.KEYS)  # rollout correction, ROLL's reward normalisation
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))
@@ -513,17 +487,6 @@ _k(f"{AL}.kl_ctrl.kl_coef", 0.001, FLOAT, "Initial in-reward KL coefficient.", m
 _k(f"{AL}.kl_ctrl.horizon", 10000, INT, "Adaptive controller horizon.", min=1)
 _k(f"{AL}.kl_ctrl.target_kl", 0.1, FLOAT, "Adaptive controller target KL.", gt=0)
 _k(f"{AL}.use_pf_ppo", False, BOOL, "Preference-feedback PPO.", off_only="pf-ppo")
-RN = f"{AL}.reward_norm"  # verl-npu's own keys: ROLL's reward normalisation (verl_npu/algorithms/reward_norm.py)
-_k(f"{RN}.method", "identity", STR, "verl-npu: (ROLL's reward_normalization.method) how each response's score is "
-   "normalised within its group before the KL penalty and the advantage estimator: " + "; ".join(
-       f"{name}: {doc}" for name, doc in REWARD_NORM_METHODS.items()) + ". The result replaces the score on the "
-   "last response token (critic/rewards/* shows it; critic/score/* stays the raw score).",
-   choices=tuple(REWARD_NORM_METHODS))
-_k(f"{RN}.grouping", "state", STR, "verl-npu: (ROLL's reward_normalization.grouping) which responses are normalised "
-   "together: " + "; ".join(f"{name}: {doc}" for name, doc in REWARD_NORM_GROUPINGS.items()) + ".",
-   choices=tuple(REWARD_NORM_GROUPINGS))
-_k(f"{RN}.clip", None, FLOAT, "verl-npu: (ROLL's reward_clip) after reward_norm.method, clamp each score to "
-   "[-clip, clip] (the share clamped is logged as critic/reward_clip_frac); null: no clip.", gt=0)
 
 # ---------------------------------------------------------------- trainer, ray
 T = "trainer"

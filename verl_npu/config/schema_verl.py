@@ -130,9 +130,6 @@ _off(f"{RO}.logprobs_mode", "processed_logprobs", STR, "other rollout log-prob m
 _off(f"{RO}.scheduling_policy", "fcfs", STR, "other vLLM scheduling policies", LEAVE + " (fcfs)")
 _off(f"{RO}.over_sample_rate", 0, FLOAT, "over-sampling and aborting the slowest rollouts", LEAVE + " (0)")
 _off(f"{RO}.engine_kwargs.trtllm", {}, DICT, "the TRT-LLM rollout", "use rollout.name=vllm (or hf)")
-_noop(f"{RO}.calculate_log_probs", False, BOOL, "the vllm rollout always returns the engine's own log-probs "
-      "(rollout_log_probs, compared with the actor's every step: training/rollout_probs_diff_*); the hf rollout "
-      "generates with the actor itself. The PPO ratio uses the actor's recomputed log-probs either way.")
 _noop(f"{RO}.agent.num_workers", 8, INT, "verl's agent-loop worker count; verl-npu's rollout runs inside its "
       "training workers, one engine per TP group.", min=1)
 _off(f"{RO}.agent.default_agent_loop", "single_turn_agent", STR, "agent loops other than single-turn",
@@ -253,8 +250,6 @@ REFUSED_SUBTREES: dict[str, tuple[str, str]] = {_full(k): v for k, v in {
     "reward_model.reward_loop_class_name": _RM_LOOP,
     f"{RO}.multi_turn": ("multi-turn / tool-calling rollout", "use single-turn prompts (remove multi_turn keys)"),
     f"{RO}.agent": ("agent loops", "remove the agent keys (single-turn rollout)"),
-    "algorithm.rollout_correction": ("rollout importance-sampling correction", "remove it; verl-npu keeps the "
-                                     "engine in sync with the actor and checks it (rollout.max_probs_diff)"),
     "algorithm.pf_ppo": ("pf-ppo", "remove it"),
     "ray_kwargs": ("Ray options other than ray_init.num_cpus and timeline_json_file",
                    "set ray_init.num_cpus, or configure the Ray cluster you start (RAY_ADDRESS)"),

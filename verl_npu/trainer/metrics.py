@@ -22,6 +22,8 @@ def timed(name: str, timings: dict[str, float]):
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     values = values.float()
+    if values.numel() == 0:  # e.g. every token rejected by rollout correction (rollout_rs)
+        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
     return {
         f"{prefix}/mean": float(values.mean()),
         f"{prefix}/max": float(values.max()),
@@ -32,7 +34,9 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     """Scores, rewards, advantages (over response tokens), response and prompt lengths."""
     mask = batch["response_mask"].bool()
-    response_len = mask.sum(-1).float()
+    # generated tokens: the attention mask's response columns (rollout correction may have removed rejected
+    # tokens from response_mask)
+    response_len = batch["attention_mask"][:, batch["prompts"].shape[1]:].sum(-1).float()
     prompt_len = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
     metrics: dict[str, float] = {}
     metrics.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))

@@ -80,6 +80,9 @@ def old_log_prob_pass_needed(cfg, module) -> list[str]:
     if bool(actor.get("calculate_sum_pi_squared", False)):
         reasons.append("actor.calculate_sum_pi_squared: the advantages need the sum of squared probabilities "
                        "and old log-probs before the update")
+    if bool(rollout.get("calculate_log_probs", False)) and not bool(cfg.algorithm.rollout_correction.bypass_mode):
+        reasons.append("rollout.calculate_log_probs: rollout correction weighs the rollout's log-probs against the "
+                       "old ones before the update")
     dropout = _active_dropout(module)
     if dropout:
         reasons.append(f"dropout is active in training mode ({', '.join(dropout[:3])})")
@@ -304,20 +307,26 @@ class ActorRolloutRefWorker:
         clip = actor_cfg.clip_ratio
         # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
         old_log_prob = log_prob.detach() if "old_log_probs" not in part else part["old_log_probs"]
-        policy_loss = algorithms.policy_loss_fn(str(actor_cfg.policy_loss.loss_mode))
-        pg = policy_loss(
+        correction = self.cfg.algorithm.rollout_correction
+        loss_mode = "bypass_mode" if correction.bypass_mode else str(actor_cfg.policy_loss.loss_mode)
+        # bypass_mode: old_log_prob is the rollout's, the loss computes its own weights and rejection
+        extra = ({"rollout_correction": correction} if loss_mode == "bypass_mode"
+                 else {"rollout_is_weights": part.get("rollout_is_weights")})
+        pg = algorithms.policy_loss_fn(loss_mode)(
             log_prob, old_log_prob, part["advantages"], mask,
             clip_ratio_low=float(actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else clip),
             clip_ratio_high=float(actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else clip),
             clip_ratio_c=float(actor_cfg.clip_ratio_c), loss_agg_mode=mode,
             config=actor_cfg,  # each loss mode reads its own settings (policy_loss.*, tau_pos, ...)
-            **agg)
+            **extra, **agg)
         loss = pg["pg_loss"]
         entropy_loss = algorithms.agg_loss(entropy, mask, mode, **agg)
         if actor_cfg.entropy_coeff:
             loss = loss - float(actor_cfg.entropy_coeff) * entropy_loss
-        # pg_loss and the metrics the loss mode logs (pg_clipfrac, ppo_kl, pg_clipfrac_lower; fewer for some modes)
-        stats = {"actor/entropy": entropy_loss, **{f"actor/{key}": value for key, value in pg.items()}}
+        # pg_loss and the metrics the loss mode logs (pg_clipfrac, ppo_kl, pg_clipfrac_lower; fewer for some modes;
+        # bypass_mode adds rollout_corr/*, which keep their own prefix as in verl)
+        stats = {"actor/entropy": entropy_loss,
+                 **{key if "/" in key else f"actor/{key}": value for key, value in pg.items()}}
         if actor_cfg.use_kl_loss:
             kl = algorithms.kl_penalty(log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type, **kl_inputs)
             kl_loss = algorithms.agg_loss(kl, mask, mode, **agg)

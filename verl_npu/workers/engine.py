@@ -140,7 +140,8 @@ class TrainingEngine:
                                                  self.torch_device) / sp
                 seqs = parallel.all_reduce_sum(float((mini["response_mask"].sum(1) > 0).sum()), self.world_size,
                                                self.torch_device) / sp
-                agg = dict(global_tokens=tokens, global_seqs=seqs, dp_size=self.dp_size,
+                # at least 1: a mini-batch whose every token was rejected (rollout correction) has a zero loss
+                agg = dict(global_tokens=max(tokens, 1.0), global_seqs=max(seqs, 1.0), dp_size=self.dp_size,
                            loss_scale_factor=response_length)
                 self.optimizer.zero_grad(set_to_none=True)
                 for part in self._parts(mini, micro):
