@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 
@@ -63,9 +64,13 @@ class RolloutEngine(ABC):
 
     @classmethod
     @abstractmethod
-    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1) -> "RolloutEngine":
+    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
+                    weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> "RolloutEngine":
         """The engine for this rank: `module` is the actor (FSDP2-sharded with several workers),
-        `cfg` the backend_config node; `rank` / `world_size` place it among the workers."""
+        `cfg` the backend_config node; `rank` / `world_size` place it among the workers; `device`
+        the worker's `DeviceInfo` (memory reports). `weights`: the actor's weights as
+        `update_weights` takes them, for an engine that starts without them (vLLM's
+        `load_format=dummy`); a lazy iterator, so an engine that does not read it costs nothing."""
 
     @abstractmethod
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -76,15 +81,15 @@ class RolloutEngine(ABC):
         `input_ids` / `attention_mask` [B*n, P+R], and every per-row field of `prompts`
         repeated n times."""
 
-    def update_weights(self, model: torch.nn.Module) -> None:
-        """Push the actor's new weights into the engine (no-op for engines that share them).
-        A collective for sharded actors: every rank calls it."""
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the actor's new weights, (Hugging Face name, whole tensor) pairs of the base model,
+        as verl's rollouts take them (a no-op for engines that share the actor's module). The worker
+        hands a lazy iterator that gathers the tensors from the shards as it is read (a collective):
+        every rank calls this, and an engine that reads it reads it to the end."""
 
-    def sleep(self) -> None:
-        """Free engine memory between rollouts (KV cache, weights copy) where supported."""
 
-    def wake_up(self) -> None:
-        """Undo `sleep`."""
+#: `rollout.dtype` -> the dtype of the weights an engine with its own copy holds
+ROLLOUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def stop_and_pad_ids(module, tokenizer) -> tuple[list[int], int]:

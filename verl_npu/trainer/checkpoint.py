@@ -52,17 +52,15 @@ from verl_npu.trainer.ckpt_files import (  # noqa: F401 - re-exported: the check
     LEGACY_TRAINER_STATE_FILE,
     STEP_DIR_PREFIX,
     TRAINER_STATE_FILE,
-    UnsafeCheckpointFile,
     load_rng_state,
-    load_torch,
     load_trainer_state,
     rng_state_from_json,
     rng_state_to_json,
     save_rng_state,
-    save_torch,
     save_trainer_state,
     step_of,
 )
+from verl_npu.workers.torch_files import UnsafeCheckpointFile, load_torch, save_torch  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
