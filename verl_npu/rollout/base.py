@@ -35,28 +35,18 @@ class SamplingParams:
 
     @classmethod
     def for_training(cls, rollout_cfg) -> "SamplingParams":
-        return cls(
-            n=int(rollout_cfg.n),
-            temperature=float(rollout_cfg.temperature),
-            top_k=int(rollout_cfg.top_k),
-            top_p=float(rollout_cfg.top_p),
-            do_sample=bool(rollout_cfg.do_sample),
-            max_new_tokens=int(rollout_cfg.response_length),
-            ignore_eos=bool(rollout_cfg.ignore_eos),
-        )
+        return cls._of(rollout_cfg, rollout_cfg)
 
     @classmethod
     def for_validation(cls, rollout_cfg) -> "SamplingParams":
-        val = rollout_cfg.val_kwargs
-        return cls(
-            n=int(val.n),
-            temperature=float(val.temperature),
-            top_k=int(val.top_k),
-            top_p=float(val.top_p),
-            do_sample=bool(val.do_sample),
-            max_new_tokens=int(rollout_cfg.response_length),
-            ignore_eos=bool(rollout_cfg.ignore_eos),
-        )
+        return cls._of(rollout_cfg.val_kwargs, rollout_cfg)
+
+    @classmethod
+    def _of(cls, sampling, rollout_cfg) -> "SamplingParams":
+        """n / temperature / top_k / top_p / do_sample from `sampling`, the length and EOS rule from `rollout_cfg`."""
+        return cls(n=int(sampling.n), temperature=float(sampling.temperature), top_k=int(sampling.top_k),
+                   top_p=float(sampling.top_p), do_sample=bool(sampling.do_sample),
+                   max_new_tokens=int(rollout_cfg.response_length), ignore_eos=bool(rollout_cfg.ignore_eos))
 
 
 class RolloutEngine(ABC):
