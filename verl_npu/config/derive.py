@@ -32,12 +32,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl_npu.config.modelinfo import LONG_RESPONSE, model_heads, ulysses_size
 from verl_npu.config.schema import PLACEHOLDER
-from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, get
+from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, SkipRule, get, get_unless_bad
 from verl_npu.errors import Problem
 from verl_npu.rollout_engines import ROLLOUT_ENGINES
-
-class _Skip(Exception):
-    pass
 
 
 def _is_int(value: Any) -> bool:
@@ -51,9 +48,7 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
     problems: list[Problem] = []
 
     def val(path: str) -> Any:
-        if path in bad:
-            raise _Skip(path)
-        return get(cfg, path)
+        return get_unless_bad(cfg, path, bad)
 
     def put(path: str, value: Any, reason: str) -> None:
         if path in user_keys or path in bad:
@@ -65,7 +60,7 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
     def step(fn) -> None:
         try:
             fn()
-        except _Skip:
+        except SkipRule:
             pass
 
     def lengths() -> None:

@@ -82,24 +82,21 @@ class RecipeConfig:
         if self.ignored:   # comments: the file stays a recipe verl-npu loads
             lines.append("# ignored: added with + on the command line, read by nothing here "
                          "(neither verl nor verl-npu)")
-            lines += [f"#   {k.removeprefix(BC)}={_scalar(v)}" for k, v in self.ignored.items()]
+            lines += [f"#   {k.removeprefix(BC)}={scalar(v)}" for k, v in self.ignored.items()]
         return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ YAML text helpers
-_scalar = scalar   # kept for callers of the old private name
-
-
 def _emit(node: dict, indent: int, prefix: str, notes: dict[str, str], lines: list[str]) -> None:
     pad = " " * indent
     for k, v in node.items():
         path = f"{prefix}{k}"
         note = f"  # derived: {notes[path]}" if path in notes else ""
         if isinstance(v, dict) and v:
-            lines.append(f"{pad}{_scalar(k)}:{note}")
+            lines.append(f"{pad}{scalar(k)}:{note}")
             _emit(v, indent + 2, path + ".", notes, lines)
         else:
-            lines.append(f"{pad}{_scalar(k)}: {_scalar(v)}{note}")
+            lines.append(f"{pad}{scalar(k)}: {scalar(v)}{note}")
 
 
 # ------------------------------------------------------------------ overrides
@@ -509,7 +506,7 @@ def _ignored_warning(ignored: dict[str, Any]) -> str:
     for path, value in ignored.items():
         hint = _suggest(path)
         hint = f" ({hint.replace(BC, '')})" if hint.startswith("did you mean") else ""
-        items.append(f"{_short(path)}={_scalar(value)}{hint}")
+        items.append(f"{_short(path)}={scalar(value)}{hint}")
     return "added with +, read by nothing here: ignored: " + "; ".join(items)
 
 
@@ -575,7 +572,7 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
 def describe_key(key: Key) -> str:
     """Meaning, type, default, choices/range and the rules that involve the key (for `explain`)."""
     lines = [key.path, f"  {key.doc}", f"  type: {key.type}{' | null' if key.allows_null else ''}",
-             f"  default: {_scalar(key.default)}"]
+             f"  default: {scalar(key.default)}"]
     if key.required:
         lines.append("  required: yes (shipped recipes hold an EDIT_ME placeholder here)")
     if key.choices:

@@ -23,7 +23,9 @@ from verl_npu.config.schema import (
     BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, SCHEMA, STR, STR_LIST,
     STR_OR_LIST, TP_SIZES, Key,
 )
-from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, get, is_placeholder, scalar
+from verl_npu.config.tree import (
+    ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, SkipRule, get, get_unless_bad, is_placeholder, scalar,
+)
 from verl_npu.errors import Problem
 from verl_npu.estimators import ESTIMATORS
 from verl_npu.rollout_engines import ROLLOUT_ENGINES
@@ -130,10 +132,6 @@ def check_keys(cfg: DictConfig, user_keys: frozenset[str]) -> list[Problem]:
 
 
 # ------------------------------------------------------------------ cross-key rules
-class _Skip(Exception):
-    """An input of the rule already has a problem; the rule does not apply."""
-
-
 class Ctx:
     """What a rule sees: the derived config, the user-set keys and the keys already in error."""
 
@@ -142,9 +140,7 @@ class Ctx:
         self.warnings: list[str] = []
 
     def __call__(self, path: str) -> Any:
-        if path in self.bad:
-            raise _Skip(path)
-        return get(self.cfg, path)
+        return get_unless_bad(self.cfg, path, self.bad)
 
     @property
     def world(self) -> int:
@@ -472,7 +468,7 @@ def vllm_arg(c: Ctx, arg: str, rollout_key: str | None = None) -> _Arg | None:
     if merged.get(arg) is not None:
         key = f"{_TOP_EK}.{arg}" if top.get(arg) is not None else f"{_EK}.{arg}"
         if key in c.bad:
-            raise _Skip(key)
+            raise SkipRule(key)
         return _Arg(merged[arg], key, True)
     if rollout_key is None:
         return None
@@ -692,6 +688,6 @@ def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -
     for rule in RULES:
         try:
             problems += list(rule.check(ctx))
-        except _Skip:
+        except SkipRule:
             continue
     return problems, ctx.warnings

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from verl_npu.batch import Batch
+from verl_npu.batch import Batch, trim_left_padding
 from verl_npu.models.forward import merge_multi_modal_inputs, vision_marker_ids
 from verl_npu.rollout.base import (
     RolloutEngine,
@@ -41,7 +41,6 @@ from verl_npu.rollout.base import (
 )
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
-from verl_npu.workers.micro import trim_left_padding
 
 
 class HFRollout(RolloutEngine):
@@ -59,8 +58,10 @@ class HFRollout(RolloutEngine):
         self.suppress_ids = vision_marker_ids(module.config)
 
     @classmethod
-    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1) -> "HFRollout":
-        # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above)
+    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
+                    weights=None) -> "HFRollout":
+        # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above);
+        # the engine samples from `module` itself, so it never reads `weights`
         return cls(module, tokenizer, seed=int(cfg.data.seed), synced=world_size > 1,
                    log_probs=bool(cfg.actor_rollout_ref.rollout.get("calculate_log_probs", False)))
 

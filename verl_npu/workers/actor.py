@@ -23,7 +23,7 @@ from verl_npu.errors import UserError
 from verl_npu.models import lora
 from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
-from verl_npu.rollout.base import RolloutEngine, SamplingParams
+from verl_npu.rollout.base import ROLLOUT_DTYPES, RolloutEngine, SamplingParams
 from verl_npu.workers import parallel
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
@@ -101,7 +101,7 @@ class ActorRolloutRefWorker:
         self.device = detect_device(cfg.trainer.device)
         self.engine = TrainingEngine(cfg, "actor", self.device, rank=rank, world_size=world_size)
         self.ref = None  # the reference policy's engine, when a KL term needs a separate one
-        from verl_npu.trainer.profiling import WorkerProfiler
+        from verl_npu.workers.profiler import WorkerProfiler
 
         self.profiler = WorkerProfiler(cfg, rank, self.device)
         # actor.use_torch_compile: the actor's log-prob / entropy formula runs through torch.compile
@@ -166,7 +166,15 @@ class ActorRolloutRefWorker:
         from verl_npu.rollout import build_rollout
 
         return build_rollout(str(self.cfg.actor_rollout_ref.rollout.name), self.module, self.tokenizer,
-                             self.processor, self.cfg, rank=self.rank, world_size=self.world_size)
+                             self.processor, self.cfg, rank=self.rank, world_size=self.world_size,
+                             device=self.device, weights=self._rollout_weights())
+
+    def _rollout_weights(self):
+        """The actor's full weights for the rollout engine's `update_weights`, lazily gathered (a
+        collective) in `rollout.dtype`, `rollout.update_weights_bucket_megabytes` at a time."""
+        rollout_cfg = self.cfg.actor_rollout_ref.rollout
+        return self.engine.rollout_weights(dtype=ROLLOUT_DTYPES.get(str(rollout_cfg.dtype)),
+                                           bucket_bytes=int(rollout_cfg.update_weights_bucket_megabytes) << 20)
 
     # ---- rollout ---------------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -273,7 +281,7 @@ class ActorRolloutRefWorker:
             grad_clip=float(actor_cfg.grad_clip), summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"))
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
         # shares the module; a collective for vLLM, so every rank calls it)
-        self.rollout.update_weights(self.module)
+        self.rollout.update_weights(self._rollout_weights())
         if reuse:
             metrics.update(reuse_sums)
         mem = self.device.memory()
@@ -335,7 +343,7 @@ class ActorRolloutRefWorker:
             stats["actor/kl_coef"] = float(actor_cfg.kl_loss_coef)
         return loss, stats
 
-    # ---- profiling (verl_npu.trainer.profiling) -------------------------------------------
+    # ---- profiling (verl_npu.workers.profiler) ---------------------------------------------
     def start_profile(self, folder: str) -> None:
         """Start recording this process into folder/rank_<rank> if a role's profiler selects this rank."""
         self.profiler.start(folder)
@@ -353,7 +361,7 @@ class ActorRolloutRefWorker:
         """Load this rank's files of an actor folder of verl-npu or verl, and hand the loaded weights
         to the rollout engine (a collective for vLLM)."""
         self.engine.load(actor_dir)
-        self.rollout.update_weights(self.module)
+        self.rollout.update_weights(self._rollout_weights())
 
     def parameter_snapshot(self) -> dict[str, torch.Tensor]:
         """This rank's view of the full parameters, on CPU (a collective: tests compare every
