@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from verl_npu.config import rules_dapo, rules_profiler, rules_roles  # noqa: F401 - rules_dapo, rules_profiler: register their rules
+from verl_npu.config import rules_dapo, rules_multiturn, rules_profiler, rules_roles  # noqa: F401 - rules_dapo, rules_profiler: register their rules
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
 from verl_npu.estimators import needs_critic
@@ -91,7 +91,7 @@ def check_paths(rc) -> list[Problem]:
             elif kind == "file" and not path.is_file():
                 problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
                                         f"{Path.cwd()})", "run the data_prep script or fix the path"))
-    return problems
+    return problems + rules_multiturn.tool_config_problems(rc.cfg)
 
 
 

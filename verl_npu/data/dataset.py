@@ -161,8 +161,10 @@ class RLDataset:
             was filtered out.
     """
 
-    def __init__(self, files: Any, tokenizer: Any, processor: Any, data_cfg: Any):
+    def __init__(self, files: Any, tokenizer: Any, processor: Any, data_cfg: Any, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
+        # multi-turn rollout: the tools' OpenAI schemas, rendered into every prompt by the chat template
+        self.tools = list(tools) if tools else None
         self.processor = processor
         self.settings = DataSettings.from_cfg(data_cfg)
         self.files = as_file_list(files)
@@ -457,7 +459,8 @@ class RLDataset:
 
     def _template(self, messages: list[dict]) -> str:
         owner = self.processor if self.processor is not None else self.tokenizer
-        return owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        extra = {"tools": self.tools} if self.tools else {}
+        return owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
     def image_tokens(self, height: int, width: int) -> int:
         """Image tokens of one image after resizing to ``height`` x ``width``: (h/f) * (w/f), f = patch * merge."""

@@ -53,11 +53,19 @@ class HFRollout(RolloutEngine):
     @classmethod
     def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1) -> "HFRollout":
         # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above)
-        return cls(module, tokenizer, seed=int(cfg.data.seed), synced=world_size > 1)
+        engine = cls(module, tokenizer, seed=int(cfg.data.seed), synced=world_size > 1)
+        mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
+        if mt is not None and mt.get("enable"):  # multi-turn with tools: verl_npu/rollout/agent_loop.py
+            from verl_npu.rollout.agent_loop import build_agent_loop
+
+            engine.agent_loop = build_agent_loop(engine, mt)
+        return engine
 
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """All prompts x `params.n` samples decoded together (see the module docstring for seeding)."""
+        if getattr(self, "agent_loop", None) is not None:
+            return self.agent_loop.run(prompts, params)
         responses = self._decode(prompts, params)
         width = params.max_new_tokens
         responses = F.pad(responses, (0, width - responses.shape[1]), value=self.pad_id)
