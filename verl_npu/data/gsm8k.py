@@ -84,6 +84,8 @@ def prepare(
     local_dataset_path: str | None = None,
     skip_bad_rows: bool = False,
     progress: bool = True,
+    to_row=None,
+    schema=None,
 ) -> dict:
     """Convert GSM8K (local copy, else the hub) to ``<save_dir>/{train,test}.parquet``.
 
@@ -98,14 +100,14 @@ def prepare(
             absent = [c for c in SOURCE_COLUMNS if c not in s.columns]
             if absent:
                 raise UserError(f"{s.where}: missing column(s) {', '.join(absent)}")
-    result = convert_splits(splits, gsm8k_row, save_dir, with_images=False, skip_bad_rows=skip_bad_rows,
-                            progress=progress)
+    result = convert_splits(splits, to_row or gsm8k_row, save_dir, with_images=False, skip_bad_rows=skip_bad_rows,
+                            progress=progress, schema=schema)
     return result.as_dict()
 
 
 def prepare_synthetic(
     save_dir: str | os.PathLike, n_train: int, n_test: int, seed: int = 0, progress: bool = False,
-    max_number: int = synthetic_arithmetic.MAX_NUMBER,
+    max_number: int = synthetic_arithmetic.MAX_NUMBER, to_row=None, schema=None,
 ) -> dict:
     """Write the synthetic arithmetic task to ``<save_dir>/{train,test}.parquet`` (data_source
     ``synthetic_arithmetic``), through the same conversion as GSM8K.
@@ -120,10 +122,12 @@ def prepare_synthetic(
     }
     result = convert_splits(
         memory_splits(rows, "synthetic"),
-        lambda row, split, i: gsm8k_row(row, split, i, synthetic_arithmetic.DATA_SOURCE, SYNTHETIC_INSTRUCTION),
+        lambda row, split, i: (to_row or gsm8k_row)(row, split, i, synthetic_arithmetic.DATA_SOURCE,
+                                                    SYNTHETIC_INSTRUCTION),
         save_dir,
         with_images=False,
         progress=progress,
+        schema=schema,
     )
     return result.as_dict()
 
@@ -153,9 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI entry point of ``data_prep/gsm8k.py``."""
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None, to_row=None,
+         schema=None) -> None:
+    """CLI entry point of ``data_prep/gsm8k.py`` (and, with its parser and row function, of
+    ``data_prep/gsm8k_multiturn_w_tool.py``)."""
+    args = (parser or build_parser()).parse_args(argv)
     if args.synthetic is not None:
         if args.local_dataset_path:
             print("error: --synthetic and --local-dataset-path exclude each other; pass one", file=sys.stderr)
@@ -165,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
             print(dry_run_plan(f"generate {args.synthetic} train / {n_test} test synthetic arithmetic rows "
                                f"(seed {args.seed})", args.local_save_dir))
             return
-        run_cli(lambda: prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed, progress=True),
+        run_cli(lambda: prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed, progress=True,
+                                          to_row=to_row, schema=schema),
                 args.local_save_dir, args.overwrite)
     elif args.dry_run:
         source = (f"convert the local copy {args.local_dataset_path}" if args.local_dataset_path
@@ -173,5 +180,6 @@ def main(argv: list[str] | None = None) -> None:
                        "(needs the network and the 'datasets' package)")
         print(dry_run_plan(source, args.local_save_dir))
     else:
-        run_cli(lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows),
+        run_cli(lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows, to_row=to_row,
+                        schema=schema),
                 args.local_save_dir, args.overwrite)
