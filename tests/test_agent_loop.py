@@ -143,6 +143,8 @@ def test_scripted_trajectory_mask_token_by_token_and_log_probs_of_one_forward(mo
     lp = response_log_probs(model, out["input_ids"], out["attention_mask"], R)[0]
     trained = out["response_mask"].bool()
     torch.testing.assert_close(out["agent_log_probs"][trained], lp[trained], atol=2e-5, rtol=1e-5)
+    packed = response_log_probs(model, out["input_ids"], out["attention_mask"], R, remove_padding=True)[0]
+    torch.testing.assert_close(out["agent_log_probs"][trained], packed[trained], atol=2e-5, rtol=1e-5)
     assert (out["agent_log_probs"][~trained] == 0).all()
 
     # tool tokens take no part in the policy loss, the KL and the entropy (the functions the actor uses)
@@ -208,3 +210,13 @@ def test_sampled_trajectories_do_not_depend_on_their_batch(model_and_tokenizer):
     assert torch.equal(both["responses"][2:], alone["responses"])
     assert not torch.equal(both["responses"][2], both["responses"][3])   # the n samples differ
     assert json.dumps(both["agent_turns"])   # the turn records are plain JSON (rollout dumps)
+
+
+def test_a_single_turn_agent_row_ends_after_its_first_turn(model_and_tokenizer):
+    """verl's per-row agent_name: a single_turn_agent row is not continued even when it writes a tool call."""
+    model, tok = model_and_tokenizer
+    eng, loop = loop_for(model, tok, {"a": [CALL, "x"], "b": [CALL, "x"]})
+    batch = prompts(tok, eng.pad_id, ["q", "q"], ["a", "b"])
+    batch.set("agent_name", ["single_turn_agent", "tool_agent"])
+    out = loop.run(batch, SamplingParams(max_new_tokens=R))
+    assert out["tool_call_counts"] == [0, 1] and out["__num_turns__"] == [2, 4]

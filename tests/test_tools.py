@@ -39,7 +39,8 @@ VERL_STYLE_TOOL = '''
 from typing import Any, Optional
 from uuid import uuid4
 
-from verl_npu.tools import BaseTool, OpenAIFunctionToolSchema, ToolResponse
+from verl_npu.tools.base_tool import BaseTool              # verl: from verl.tools.base_tool import BaseTool
+from verl_npu.tools.schemas import OpenAIFunctionToolSchema, ToolResponse   # verl: from verl.tools.schemas import ...
 
 
 class Counter(BaseTool):
@@ -172,6 +173,10 @@ def test_multi_turn_keys_load_and_data_tool_config_path_is_verls_spelling():
     ([MT + "tool_response_truncate_side=top"], "multi_turn.tool_response_truncate_side", "top"),
     ([MT + "max_assistant_turns=0"], "multi_turn.max_assistant_turns", ">= 1"),
     ([MT + "use_inference_chat_template=true"], "multi_turn.use_inference_chat_template", "re-rendering"),
+    (["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"], "agent.default_agent_loop",
+     "multi_turn.enable is false"),
+    (["actor_rollout_ref.rollout.agent.default_agent_loop=react_agent"], "agent.default_agent_loop", "react_agent"),
+    (["actor_rollout_ref.rollout.agent.agent_loop_config_path=/a.yaml"], "agent.agent_loop_config_path", "agent loops"),
 ])
 def test_multi_turn_settings_that_cannot_run_are_refused_by_key(overrides, key, what):
     problems = _problems(overrides)
@@ -184,3 +189,28 @@ def test_a_bad_tool_config_is_refused_at_check_paths_naming_key_file_and_entry(t
                           f"data.train_files={tmp_path}/x.parquet"], check_paths=True)
     [p] = [p for p in problems if p.key.endswith("multi_turn.tool_config_path")]
     assert f"{path}: tools[0].config.type" in p.message and "MCP" in p.message
+
+
+def test_rows_naming_an_unknown_agent_or_the_tool_agent_without_multi_turn_are_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from verl_npu.config.schema_multiturn import AGENT_LOOPS
+    from verl_npu.data import RLDataset
+    from verl_npu.models.tiny import materialize
+
+    tok = AutoTokenizer.from_pretrained(materialize("tiny://qwen2"))
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "1+1?"}],
+             "reward_model": {"style": "rule", "ground_truth": "2"}, "agent_name": name}
+            for name in ("tool_agent", None, "react_agent")]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    data = RLDataset(str(tmp_path / "d.parquet"), tok, None, {"max_prompt_length": 64})
+    assert data[0]["agent_name"] == "tool_agent" and data[1]["agent_name"] is None
+    with pytest.raises(UserError, match=r"d.parquet row 2: agent_name 'react_agent' is not an agent loop"):
+        data.check_agent_names(AGENT_LOOPS, multi_turn=True)
+    pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "d.parquet")
+    data = RLDataset(str(tmp_path / "d.parquet"), tok, None, {"max_prompt_length": 64})
+    data.check_agent_names(AGENT_LOOPS, multi_turn=True)
+    with pytest.raises(UserError, match=r"row 0: agent_name 'tool_agent' needs multi-turn rollout; set .*enable=true"):
+        data.check_agent_names(AGENT_LOOPS, multi_turn=False)

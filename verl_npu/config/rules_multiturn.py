@@ -15,13 +15,16 @@ from verl_npu.tool_registry import read_tool_config
 
 MT = ROLL + "multi_turn."
 _KEYS = (MT + "enable", MT + "tool_config_path", ROLL + "name", ROLL + "ignore_eos", TRAINER + "nnodes",
-         TRAINER + "n_gpus_per_node", BC + "reward_model.enable")
+         TRAINER + "n_gpus_per_node", BC + "reward_model.enable", ROLL + "agent.default_agent_loop")
 
 
 @_rule("multi_turn", _KEYS, "multi_turn.enable runs on rollout.name=hf with one worker, a rule reward and "
        "ignore_eos=false; multi_turn.tool_config_path is read only with multi_turn.enable")
 def _multi_turn(c: Ctx) -> Iterator[Problem]:
     if not c(MT + "enable"):
+        if c(ROLL + "agent.default_agent_loop") == "tool_agent":
+            yield Problem(ROLL + "agent.default_agent_loop", "is tool_agent, but multi_turn.enable is false",
+                          "set actor_rollout_ref.rollout.multi_turn.enable=true (and multi_turn.tool_config_path)")
         if c(MT + "tool_config_path"):
             c.warnings.append("actor_rollout_ref.rollout.multi_turn.tool_config_path is set but multi_turn.enable "
                               "is false: the tools are not used")

@@ -340,7 +340,7 @@ _k(f"{RO}.multi_stage_wake_up", False, BOOL, "Wake the engine in two stages arou
    "first, then the KV cache after the sync, so the sync's peak memory excludes the KV cache.")
 _k(f"{RO}.use_fire_sampling", False, BOOL, "FIRE sampling.", off_only="FIRE sampling")
 for _leaf, _default, _type, _doc, _kw in MULTI_TURN_KEYS:   # config/schema_multiturn.py
-    _k(f"{RO}.multi_turn.{_leaf}", _default, _type, _doc, **_kw)
+    _k(f"{RO}.{_leaf}", _default, _type, _doc, **_kw)
 _profiler_keys("rollout")
 
 # ---------------------------------------------------------------- critic, reward, algorithm

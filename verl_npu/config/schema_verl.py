@@ -122,8 +122,6 @@ _off(f"{RO}.calculate_log_probs", False, BOOL, "returning the engine's own log-p
      "leave it false (verl-npu recomputes log-probs with the actor)")
 _noop(f"{RO}.agent.num_workers", 8, INT, "verl's agent-loop worker count; verl-npu's rollout runs inside its "
       "training workers, one engine per TP group.", min=1)
-_off(f"{RO}.agent.default_agent_loop", "single_turn_agent", STR, "agent loops other than single-turn",
-     LEAVE + " (single_turn_agent)")
 _off(f"{RO}.agent.agent_loop_config_path", None, STR, "agent loops", "remove it")
 _off(f"{RO}.agent.custom_async_server.path", None, STR, "custom async rollout servers", "remove it")
 _off(f"{RO}.agent.custom_async_server.name", None, STR, "custom async rollout servers", "remove it")

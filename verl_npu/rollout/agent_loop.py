@@ -173,6 +173,7 @@ class Trajectory:
     prompt_ids: list[int]
     uid: str
     tools_kwargs: dict
+    single_turn: bool = False  # the row's agent loop is single_turn_agent: one model turn
     response: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -203,8 +204,11 @@ class AgentLoop:
     """Multi-turn rollout with tools for the `hf` engine (see the module docstring)."""
 
     def __init__(self, module, tokenizer, tools: dict, settings: MultiTurnSettings, *, eos_ids: list[int],
-                 pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None):
+                 pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent"):
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
+        # the agent loop of rows without an agent_name (rollout.agent.default_agent_loop); single_turn_agent
+        # rows end after their first turn
+        self.default_agent = default_agent
         # pick_factory(active trajectories, steps) -> pick: chooses the tokens instead of sampling (tests
         # script a trajectory with it); None samples as the rollout keys say
         self.pick_factory = pick_factory
@@ -221,12 +225,14 @@ class AgentLoop:
                             "actor_rollout_ref.rollout.multi_turn.enable=true, or turn multi_turn off")
         uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
         extra = prompts.get("extra_info") or [{} for _ in range(len(prompts))]
+        agents = prompts.get("agent_name") or [None] * len(prompts)
         trajs = []
         for i, raw in enumerate(prompts["raw_prompt_ids"]):
             ids = [int(t) for t in (raw.tolist() if hasattr(raw, "tolist") else raw)]
             kwargs = (extra[i] or {}).get("tools_kwargs") or {}
             for j in range(params.n):
-                trajs.append(Trajectory(ids, f"{uids[i]}#{j}", kwargs if isinstance(kwargs, dict) else {}))
+                trajs.append(Trajectory(ids, f"{uids[i]}#{j}", kwargs if isinstance(kwargs, dict) else {},
+                                        single_turn=(agents[i] or self.default_agent) == "single_turn_agent"))
         budget = params.max_new_tokens
         while True:
             active = [t for t in trajs if not t.done]
@@ -278,7 +284,7 @@ class AgentLoop:
             t.turns.append({"role": "assistant", "text": text, "tokens": len(new), "trained": True})
             t.ended_with = self.tokenizer.decode(new[-1:], skip_special_tokens=False) if ended is not None else ""
             s = self.settings
-            if (len(t.response) >= budget or ended is None
+            if (len(t.response) >= budget or ended is None or t.single_turn
                     or (s.max_assistant_turns and t.assistant_turns >= s.max_assistant_turns)
                     or (s.max_user_turns and t.user_turns >= s.max_user_turns)):
                 t.done = True
@@ -380,7 +386,7 @@ class AgentLoop:
         return rows
 
 
-def build_agent_loop(engine, mt) -> AgentLoop:
+def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent") -> AgentLoop:
     """The agent loop of an `hf` engine, its tools built from `multi_turn.tool_config_path` (none: the
     loop stops after the first turn, as without tools)."""
     from verl_npu.tools.loading import load_tools
@@ -388,4 +394,5 @@ def build_agent_loop(engine, mt) -> AgentLoop:
     path = mt.get("tool_config_path")
     tools = load_tools(path) if path else {}
     return AgentLoop(engine.module, engine.tokenizer, tools, MultiTurnSettings.from_config(mt),
-                     eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=engine.suppress_ids, seed=engine.seed)
+                     eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=engine.suppress_ids, seed=engine.seed,
+                     default_agent=default_agent)

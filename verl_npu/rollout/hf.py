@@ -58,7 +58,8 @@ class HFRollout(RolloutEngine):
         if mt is not None and mt.get("enable"):  # multi-turn with tools: verl_npu/rollout/agent_loop.py
             from verl_npu.rollout.agent_loop import build_agent_loop
 
-            engine.agent_loop = build_agent_loop(engine, mt)
+            agent = cfg.actor_rollout_ref.rollout.get("agent") or {}
+            engine.agent_loop = build_agent_loop(engine, mt, agent.get("default_agent_loop", "single_turn_agent"))
         return engine
 
     @torch.no_grad()
