@@ -214,3 +214,26 @@ def test_rows_naming_an_unknown_agent_or_the_tool_agent_without_multi_turn_are_r
     data.check_agent_names(AGENT_LOOPS, multi_turn=True)
     with pytest.raises(UserError, match=r"row 0: agent_name 'tool_agent' needs multi-turn rollout; set .*enable=true"):
         data.check_agent_names(AGENT_LOOPS, multi_turn=False)
+
+
+def test_the_tool_written_in_docs_agents_md_works_as_documented(tmp_path, monkeypatch):
+    """docs/agents.md's example tool and its tool config, as a user would save them, load and run."""
+    import re
+
+    doc = (REPO / "docs" / "agents.md").read_text()
+    section = doc[doc.index("## Writing a tool"):]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    config = re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1)
+    (tmp_path / "my_tools.py").write_text(code)
+    (tmp_path / "tools.yaml").write_text(config)
+    monkeypatch.chdir(tmp_path)                      # class_name my_tools.py:... is relative to the run's folder
+    assert read_tool_config("tools.yaml")[1] == []
+    tool = load_tools("tools.yaml")["guess_number"]
+
+    async def play():
+        iid, _ = await run_method(tool.create, create_kwargs={"secret": 7})
+        replies = [(await run_method(tool.execute, iid, {"guess": g}))[0].text for g in (3, 9, 7)]
+        reward = await run_method(tool.calc_reward, iid)
+        await run_method(tool.release, iid)
+        return replies, reward
+    assert asyncio.run(play()) == (["higher", "lower", "right"], pytest.approx(1 / 3))
