@@ -220,3 +220,56 @@ def test_a_single_turn_agent_row_ends_after_its_first_turn(model_and_tokenizer):
     batch.set("agent_name", ["single_turn_agent", "tool_agent"])
     out = loop.run(batch, SamplingParams(max_new_tokens=R))
     assert out["tool_call_counts"] == [0, 1] and out["__num_turns__"] == [2, 4]
+
+
+SYNC_SCRIPTS = {"q0": [CALL, "#### 5"], "q2": ["The answer is 7."]}
+
+
+def _synced_worker(rank: int, world: int, port: int, result_dir: str) -> None:
+    import os
+
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_npu.models.tiny import materialize
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        path = materialize("tiny://qwen2")
+        model, tok = AutoModelForCausalLM.from_pretrained(path).float().eval(), AutoTokenizer.from_pretrained(path)
+        eng, loop = loop_for(model, tok, SYNC_SCRIPTS)
+        loop.synced = True
+        uid = ["q0", "q2"][rank]  # rank 0: two model turns and a tool turn; rank 1: one turn
+        out = loop.run(prompts(tok, eng.pad_id, ["What is 2 plus 3?"], [uid]), SamplingParams(max_new_tokens=R))
+        torch.save({k: out[k] for k in ("responses", "response_mask")}, os.path.join(result_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_with_different_turn_counts_stay_in_step(model_and_tokenizer, tmp_path):
+    """Several workers (sharded modules): a rank whose trajectories finish first keeps stepping (a stand-in
+    decode) while another rank runs its tool turn, and each rank's trajectories are those it gets alone."""
+    import socket
+    import time
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.spawn(_synced_worker, args=(2, port, str(tmp_path)), nprocs=2, join=False)
+    deadline = time.time() + 240
+    while not ctx.join(timeout=5):
+        if time.time() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the ranks did not finish together (a collective mismatch hangs them)")
+    model, tok = model_and_tokenizer
+    eng, loop = loop_for(model, tok, SYNC_SCRIPTS)
+    for rank, uid in enumerate(["q0", "q2"]):
+        alone = loop.run(prompts(tok, eng.pad_id, ["What is 2 plus 3?"], [uid]), SamplingParams(max_new_tokens=R))
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.equal(got["responses"], alone["responses"]) and torch.equal(got["response_mask"], alone["response_mask"])
+    assert got["response_mask"].sum() < torch.load(tmp_path / "rank0.pt")["response_mask"].sum()

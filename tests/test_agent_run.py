@@ -65,3 +65,27 @@ def test_a_tool_class_that_cannot_be_built_stops_the_run_before_it_starts(tmp_pa
     with pytest.raises(UserError, match=r"tools\[0\]\.class_name: .* has no class 'Missing'"):
         run_training(rc)
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_two_workers_train_a_multi_turn_recipe_like_one(tmp_path):
+    """Ray with 2 CPU workers (FSDP2, hf rollout synced across ranks) against 1 worker: same metrics."""
+    from run_helpers import step_metrics, write_varied_reward
+
+    data = tmp_path / "data"
+    prepare_synthetic(data, 16, 4)
+    reward = write_varied_reward(tmp_path / "reward.py")   # a reward that varies, so the updates differ from 0
+    runs = {}
+    for gpus in (1, 2):
+        out = tmp_path / f"w{gpus}"
+        rc = load_recipe("tiny_tool_gsm8k", overrides(out, data, **{
+            "trainer.n_gpus_per_node": gpus, "ray_init.num_cpus": 2, "custom_reward_function.path": reward,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "trainer.test_freq": -1,
+            "trainer.rollout_data_dir": "null"}))
+        assert run_training(rc) == 0
+        runs[gpus] = step_metrics(out / "out")
+    for step in (1, 2):
+        for key in ("critic/score/mean", "num_turns/mean", "tool_call_counts/mean", "response_length/mean",
+                    "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+            assert runs[2][step][key] == pytest.approx(runs[1][step][key], rel=1e-4, abs=1e-5), (step, key)
+    assert runs[1][2]["actor/grad_norm"] > 0

@@ -167,8 +167,6 @@ def test_multi_turn_keys_load_and_data_tool_config_path_is_verls_spelling():
 
 @pytest.mark.parametrize("overrides, key, what", [
     ([MT + "enable=true", "actor_rollout_ref.rollout.name=vllm"], "rollout.name", "hf engine only"),
-    ([MT + "enable=true", "trainer.n_gpus_per_node=2", "data.train_batch_size=8"], "trainer.n_gpus_per_node",
-     "one worker"),
     ([MT + "enable=true", "actor_rollout_ref.rollout.ignore_eos=true"], "rollout.ignore_eos", "end-of-turn"),
     ([MT + "tool_response_truncate_side=top"], "multi_turn.tool_response_truncate_side", "top"),
     ([MT + "max_assistant_turns=0"], "multi_turn.max_assistant_turns", ">= 1"),

@@ -1,6 +1,5 @@
 """Multi-turn rollout rules (`actor_rollout_ref.rollout.multi_turn.*`), added to `rules.RULES`: what the
-first slice of the agent loop runs on (the hf engine, one worker, a rule reward, stopping at the end-of-turn
-token), each refusal naming the key and what to do instead; and the tool config file's shape
+first slice of the agent loop runs on (the hf engine, a rule reward, stopping at the end-of-turn token), each refusal naming the key and what to do instead; and the tool config file's shape
 (`tool_config_problems`, read by `paths.check_paths`: `verl-npu validate --check-paths` and `verl-npu run`).
 """
 
@@ -8,17 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.config.rules import ROLL, TRAINER, Ctx, _rule
+from verl_npu.config.rules import ROLL, Ctx, _rule
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
 from verl_npu.tool_registry import read_tool_config
 
 MT = ROLL + "multi_turn."
-_KEYS = (MT + "enable", MT + "tool_config_path", ROLL + "name", ROLL + "ignore_eos", TRAINER + "nnodes",
-         TRAINER + "n_gpus_per_node", BC + "reward_model.enable", ROLL + "agent.default_agent_loop")
+_KEYS = (MT + "enable", MT + "tool_config_path", ROLL + "name", ROLL + "ignore_eos", BC + "reward_model.enable",
+         ROLL + "agent.default_agent_loop")
 
 
-@_rule("multi_turn", _KEYS, "multi_turn.enable runs on rollout.name=hf with one worker, a rule reward and "
+@_rule("multi_turn", _KEYS, "multi_turn.enable runs on rollout.name=hf with a rule reward and "
        "ignore_eos=false; multi_turn.tool_config_path is read only with multi_turn.enable")
 def _multi_turn(c: Ctx) -> Iterator[Problem]:
     if not c(MT + "enable"):
@@ -32,9 +31,6 @@ def _multi_turn(c: Ctx) -> Iterator[Problem]:
     if c(ROLL + "name") != "hf":
         yield Problem(ROLL + "name", f"is {c(ROLL + 'name')!r}, but the multi-turn agent loop runs on the hf engine "
                       "only so far", "set actor_rollout_ref.rollout.name=hf (vLLM multi-turn is not built yet)")
-    if c.world > 1:
-        yield Problem(TRAINER + "n_gpus_per_node", f"the run has {c.world} workers, but multi-turn rollout runs on "
-                      "one worker so far", "set trainer.nnodes=1 and trainer.n_gpus_per_node=1")
     if c(BC + "reward_model.enable"):
         yield Problem(BC + "reward_model.enable", "a reward model cannot score multi-turn trajectories yet",
                       "score them with a rule reward (custom_reward_function.path, or the data source's built-in)")

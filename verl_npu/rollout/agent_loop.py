@@ -204,8 +204,11 @@ class AgentLoop:
     """Multi-turn rollout with tools for the `hf` engine (see the module docstring)."""
 
     def __init__(self, module, tokenizer, tools: dict, settings: MultiTurnSettings, *, eos_ids: list[int],
-                 pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent"):
+                 pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent",
+                 synced: bool = False):
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
+        # sharded modules (several workers): every rank runs the same number of rounds and decode steps
+        self.synced = synced
         # the agent loop of rows without an agent_name (rollout.agent.default_agent_loop); single_turn_agent
         # rows end after their first turn
         self.default_agent = default_agent
@@ -236,15 +239,46 @@ class AgentLoop:
         budget = params.max_new_tokens
         while True:
             active = [t for t in trajs if not t.done]
-            if not active:
+            if not self._all_ranks_max(len(active)):
                 break
-            self._generate(active, params, budget, record_log_probs)
+            # every rank decodes as many steps as the rank with the most room left (decode's forwards are
+            # collectives for sharded modules); a rank whose trajectories are all done decodes a stand-in
+            steps = self._all_ranks_max(max((budget - len(t.response) for t in active), default=1))
+            if not active:
+                self._stand_in(steps)
+                continue
+            self._generate(active, params, budget, record_log_probs, steps)
             calling = [t for t in active if not t.done]
             if calling:
                 asyncio.run(self._run_tools(calling, budget))
         return self._rows(prompts, trajs, params.n, budget, record_log_probs)
 
-    def _generate(self, active: list[Trajectory], params: SamplingParams, budget: int, record: bool) -> None:
+    def _all_ranks_max(self, value: int) -> int:
+        if not self.synced:
+            return int(value)
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(value)], device=next(self.module.parameters()).device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag[0])
+
+    def _stand_in(self, steps: int) -> None:
+        """The decode of a rank without unfinished trajectories while other ranks decode theirs: one row
+        that ends at once, stepping along until every rank has finished (its output is dropped)."""
+        device = next(self.module.parameters()).device
+        eos = self.eos_ids[0]
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            decode(self.module, torch.tensor([[self.pad_id]], device=device), torch.ones(1, 1, dtype=torch.long,
+                   device=device), n=1, max_new_tokens=steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                   pick=lambda scores, t: torch.full((scores.shape[0],), eos, device=scores.device),
+                   synced=self.synced)
+        finally:
+            self.module.train(was_training)
+
+    def _generate(self, active: list[Trajectory], params: SamplingParams, budget: int, record: bool,
+                  steps: int) -> None:
         device = next(self.module.parameters()).device
         contexts = [t.prompt_ids + t.response for t in active]
         width = max(len(c) for c in contexts)
@@ -254,7 +288,6 @@ class AgentLoop:
             ids[r, width - len(ctx):] = torch.tensor(ctx)
             mask[r, width - len(ctx):] = 1
         room = [budget - len(t.response) for t in active]
-        steps = max(room)
         pick = greedy_pick
         if self.pick_factory is not None:
             pick = self.pick_factory(active, steps)
@@ -267,7 +300,7 @@ class AgentLoop:
         try:
             out = decode(self.module, ids.to(device), mask.to(device), n=1, max_new_tokens=steps,
                          eos_ids=self.eos_ids, pad_id=self.pad_id, pick=recorder or pick,
-                         suppress_ids=self.suppress_ids).cpu()
+                         suppress_ids=self.suppress_ids, synced=self.synced).cpu()
         finally:
             self.module.train(was_training)
         lps = torch.stack(recorder.steps, dim=1) if recorder else None
@@ -395,4 +428,4 @@ def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent") -> Ag
     tools = load_tools(path) if path else {}
     return AgentLoop(engine.module, engine.tokenizer, tools, MultiTurnSettings.from_config(mt),
                      eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=engine.suppress_ids, seed=engine.seed,
-                     default_agent=default_agent)
+                     default_agent=default_agent, synced=engine.synced)
