@@ -273,3 +273,38 @@ def test_ranks_with_different_turn_counts_stay_in_step(model_and_tokenizer, tmp_
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert torch.equal(got["responses"], alone["responses"]) and torch.equal(got["response_mask"], alone["response_mask"])
     assert got["response_mask"].sum() < torch.load(tmp_path / "rank0.pt")["response_mask"].sum()
+
+
+# A template in the manner of Qwen3's (written for this test): consecutive tool messages share one user turn
+# in <tool_response> blocks, and the last assistant turn gets an empty think block that earlier ones do not.
+QWEN3_LIKE = (
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif m['role'] == 'assistant' and loop.last -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + m['content'] + '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_tool_turns_follow_the_chat_template_and_pass_the_tokenization_check(model_and_tokenizer, caplog):
+    import copy
+
+    from verl_npu.rollout.agent_loop import ToolTurnRenderer
+
+    tok = copy.deepcopy(model_and_tokenizer[1])
+    tok.chat_template = QWEN3_LIKE
+    renderer = ToolTurnRenderer(tok, "strict")
+    ids = renderer.ids([{"role": "tool", "content": "x=1"}, {"role": "tool", "content": "y=2"}], "<|im_end|>")
+    assert tok.decode(ids) == ("\n<|im_start|>user\n<tool_response>\nx=1\n</tool_response>\n<tool_response>\ny=2\n"
+                               "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert not renderer.warned and "tokenization check" not in caplog.text
+    # a model turn that ended with another stop token keeps the template's end of turn
+    assert tok.decode(renderer.ids([{"role": "tool", "content": "x"}], "<|endoftext|>")).startswith("<|im_end|>\n")
+    tok.chat_template = "{%- for m in messages -%}{{- m['role'] -}}{%- endfor -%}"   # drops the content
+    with pytest.raises(Exception, match="custom_chat_template"):
+        ToolTurnRenderer(tok).ids([{"role": "tool", "content": "x"}], "")

@@ -123,44 +123,48 @@ def truncate(text: str, limit: int, side: str) -> str:
 
 class ToolTurnRenderer:
     """Token ids of a tool turn: what the chat template writes after an assistant turn that ended with its
-    end-of-turn token, for the tool messages, up to and including the next assistant header."""
+    end-of-turn token, for the tool messages, up to and including the next assistant header.
 
-    PROBE = [{"role": "user", "content": "\u2063"}, {"role": "assistant", "content": "\u2064"}]
+    The template renders a probe conversation (a user turn, an assistant turn with a marker character as
+    its content, the tool messages, the generation prompt); the turn is the text after the marker, less
+    the end-of-turn token the model already wrote. Only what follows the assistant turn is used, so
+    templates that render a last assistant turn differently (Qwen3's empty think block) give the same turn.
+    """
+
+    MARK = "\u2064"
+    PROBE = [{"role": "user", "content": "\u2063"}, {"role": "assistant", "content": MARK}]
 
     def __init__(self, tokenizer, mode: str = "strict"):
         self.tokenizer = tokenizer
         self.mode = mode
         self.warned = False
 
-    def _render(self, messages: list[dict], gen: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
-
     def ids(self, tool_messages: list[dict], ended_with: str) -> list[int]:
-        before = self._render(self.PROBE, False)
-        after = self._render(self.PROBE + tool_messages, True)
-        if not after.startswith(before[: before.rfind("\u2064") + 1]):
-            raise UserError("the chat template renders earlier turns differently once tool messages follow, so a "
-                            "conversation cannot be extended turn by turn; use a chat template that only appends "
+        full = self.tokenizer.apply_chat_template(self.PROBE + tool_messages, tokenize=False,
+                                                  add_generation_prompt=True)
+        if full.count(self.MARK) != 1:
+            raise UserError("the chat template does not render an assistant message's content as given, so tool "
+                            "turns cannot be appended to a conversation; use a chat template that does "
                             "(actor_rollout_ref.model.custom_chat_template)")
-        cut = before.rfind("\u2064") + 1
-        delta = after[cut:]
+        delta = full[full.index(self.MARK) + 1:]
         if ended_with and delta.startswith(ended_with):
             delta = delta[len(ended_with):]
         ids = self.tokenizer(delta, add_special_tokens=False)["input_ids"]
-        if self.mode != "disable":
-            self._sanity(after, delta, ids)
+        if self.mode != "disable" and not self.warned:
+            self._sanity(full, delta, ids)
         return ids
 
     def _sanity(self, full: str, delta: str, ids: list[int]) -> None:
-        """multi_turn.tokenization_sanity_check_mode: the turn's tokens must be the tokens the whole
-        rendered conversation has at its end (strict), or the same up to whitespace-only tokens
-        (ignore_strippable); a mismatch is logged once."""
+        """multi_turn.tokenization_sanity_check_mode: the turn's tokens must be the last tokens of the whole
+        rendered conversation tokenized at once (strict), or the same once whitespace-only tokens are left
+        out (ignore_strippable); a mismatch is logged once."""
         whole = self.tokenizer(full, add_special_tokens=False)["input_ids"]
         got, want = list(ids), whole[len(whole) - len(ids):]
         if self.mode == "ignore_strippable":
             keep = lambda seq: [t for t in seq if self.tokenizer.decode([t]).strip()]  # noqa: E731
-            got, want = keep(got), keep(whole[-(len(ids) + 4):])[-len(keep(got)):] if keep(got) else []
-        if got != want and not self.warned:
+            got = keep(ids)
+            want = keep(whole)[len(keep(whole)) - len(got):] if got else []
+        if got != want:
             self.warned = True
             log.warning("multi-turn tokenization check (%s): a tool turn tokenized alone differs from the same "
                         "text tokenized with the whole conversation (%r); the turn's own tokens are used. Set "

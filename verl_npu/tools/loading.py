@@ -9,7 +9,6 @@ with one name. `run_method` calls a tool method that may be plain or `async def`
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib
 import importlib.util
@@ -121,12 +120,3 @@ async def run_method(method, *args, **kwargs):
     if inspect.isawaitable(result):
         result = await result
     return result
-
-
-def run_sync(coro):
-    """Run a coroutine to completion from synchronous code (a fresh event loop when none is running)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    raise RuntimeError("run_sync called inside a running event loop")
