@@ -6,8 +6,9 @@ schemas, so the model sees them in its system prompt) and grows turn by turn:
 1. generate: every unfinished trajectory is decoded together (one left-padded batch, `decode.decode`)
    until its end-of-turn token or the rest of its token budget (`rollout.response_length` counts every
    response token, the tools' too); its tokens join the response with mask 1;
-2. stop when the budget is used up, `max_assistant_turns` or `max_user_turns` is reached, or the turn
-   has no tool call;
+2. stop when the budget is used up, `max_assistant_turns` or `max_user_turns` is reached, the row's agent
+   is `single_turn_agent` (its `agent_name`, else `rollout.agent.default_agent_loop`), or the turn has no
+   tool call;
 3. parse the turn's Hermes tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`),
    at most `max_parallel_calls` of them, and run them, all trajectories' calls concurrently (tools may
    be `async`); a malformed call, an unknown tool, or a tool that raises becomes an error message in
@@ -21,6 +22,9 @@ The model's own tokens are kept as generated (verl's `use_inference_chat_templat
 sees exactly the tokens that were sampled, in the same context. Sampling is seeded per trajectory and
 turn (the prompt's uid, the sample index and the turn number), so a trajectory does not depend on
 what else is in its batch. Every prefill re-reads the whole context (no KV cache reuse across turns yet).
+With several workers (`synced`: FSDP-sharded module) every rank runs as many rounds and decode steps as
+the busiest rank, a rank whose trajectories are done decoding a stand-in row, so the collectives of the
+sharded forwards stay in step.
 
 Output rows are those of `RolloutEngine.generate`, except that `response_mask` is 0 on tool tokens
 while `attention_mask` is 1 on every response token, plus per-row lists: `__num_turns__` (verl's
@@ -35,7 +39,6 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
@@ -45,7 +48,7 @@ from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
 from verl_npu.tools.base import ToolResponse
-from verl_npu.tools.loading import run_method, tool_schema_dict
+from verl_npu.tools.loading import run_method
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +224,6 @@ class AgentLoop:
         self.pick_factory = pick_factory
         self.eos_ids, self.pad_id, self.suppress_ids, self.seed = eos_ids, pad_id, suppress_ids, seed
         self.renderer = ToolTurnRenderer(tokenizer, settings.tokenization_sanity_check_mode)
-        self.schemas = [tool_schema_dict(t) for t in tools.values()]
 
     # ---- one batch ---------------------------------------------------------------------------
     @torch.no_grad()
