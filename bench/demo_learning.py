@@ -47,6 +47,7 @@ TIME_LIMIT_S = 600
 MIN_LAST = 0.6
 MIN_RATIO = 3.0
 RESULT_FILE = "bench_result.json"
+RECIPE = "tiny_geo3k"  # --recipe: a variant of the demo on the same model, data and reward (tiny_geo3k_dapo)
 
 
 def blind_best() -> float:
@@ -62,7 +63,7 @@ def run_dir(root: Path, seed: int, threads: int) -> Path:
 
 def command(seed: int, out_dir: Path, overrides: list[str]) -> list[str]:
     model = "tiny://qwen25vl" + (f"?seed={seed}" if seed else "")
-    return ["bash", str(REPO / "launch" / "run_recipe.sh"), "tiny_geo3k",
+    return ["bash", str(REPO / "launch" / "run_recipe.sh"), RECIPE,
             f"af_output_dir={out_dir}", f"data.seed={seed}", f"actor_rollout_ref.model.path={model}",
             f"data.train_files={out_dir}/data/train.parquet", f"data.val_files={out_dir}/data/test.parquet",
             "trainer.resume_mode=disable", *overrides, "--demo-data"]
@@ -119,7 +120,13 @@ def read_run(out_dir: Path) -> dict:
     return result
 
 
-def report(results: list[dict], argv: list[str]) -> tuple[list[str], bool]:
+def curves_name(out: Path) -> str:
+    """The file seed 0's curves are copied to beside the report: demo_training_curves.png for the default
+    report (README and docs/demo.md show it), <report name>_training_curves.png for any other."""
+    return "demo_training_curves.png" if out.name == "demo_learning.md" else f"{out.stem}_training_curves.png"
+
+
+def report(results: list[dict], argv: list[str], overrides: list[str], out: Path) -> tuple[list[str], bool]:
     bound = blind_best()
     checks = {}
     for r in results:
@@ -132,12 +139,12 @@ def report(results: list[dict], argv: list[str]) -> tuple[list[str], bool]:
     lasts = [r["last"] for r in results]
     accs = [v for r in results for k, v in r["val"].items() if "/accuracy/" in k]
     lines = [
-        "# CPU demo learning benchmark (`tiny_geo3k`)",
+        f"# CPU demo learning benchmark (`{RECIPE}`{' ' + ' '.join(overrides) if overrides else ''})",
         "",
         f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `python bench/demo_learning.py"
         f"{' ' + ' '.join(argv) if argv else ''}` on {os.cpu_count()} CPU cores "
         f"({platform.processor() or platform.machine()}), Python {platform.python_version()}. Row `seed S, T threads` "
-        "is `bash launch/run_recipe.sh tiny_geo3k` with `data.seed=S`, the model's initial weights "
+        f"is `bash launch/run_recipe.sh {RECIPE}` with `data.seed=S`, the model's initial weights "
         "`tiny://qwen25vl?seed=S` and its own synthetic data, under `OMP_NUM_THREADS=T` (seed 0 is the README's "
         "command). `runs at once`: how many runs shared the machine's cores; the load average (1 minute, before / "
         "after) shows other work on the machine, which slows the steps but does not change what is learned.",
@@ -182,7 +189,7 @@ def report(results: list[dict], argv: list[str]) -> tuple[list[str], bool]:
         lines += [f"Last validation generations of seed {results[0]['seed']}, {results[0]['threads']} thread(s) "
                   "(from its run.log; special tokens such as the end of turn are not shown):", "", "```",
                   *results[0]["generations"], "```", ""]
-    lines += ["![training curves, seed 0](demo_training_curves.png)", ""]
+    lines += [f"![training curves, seed 0]({curves_name(out)})", ""]
     return lines, not failed
 
 
@@ -192,12 +199,15 @@ def main() -> int:
     parser.add_argument("--threads", default="1,2", help="comma-separated OMP_NUM_THREADS values (default 1,2)")
     parser.add_argument("--parallel", type=int, default=1, help="runs of 1 thread started at once (default 1)")
     parser.add_argument("--out", default=str(REPO / "bench" / "demo_learning.md"))
+    parser.add_argument("--recipe", default="tiny_geo3k", help="the demo or a variant of it (default tiny_geo3k)")
     parser.add_argument("--output-dir", default="/tmp/verl_npu_bench_demo")
     parser.add_argument("--runs", help="run only these SEED:THREADS pairs, all at once (e.g. 0:1,1:1)")
     parser.add_argument("--report-only", action="store_true",
                         help="make the report from the runs already in --output-dir, running nothing")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    global RECIPE
+    RECIPE = args.recipe
     root = Path(args.output_dir)
     threads = [int(t) for t in args.threads.split(",")]
     if args.report_only:
@@ -219,11 +229,11 @@ def main() -> int:
     results.sort(key=lambda r: (r["threads"], r["seed"]))
     if not results:
         raise SystemExit(f"no finished runs in {root}")
-    lines, ok = report(results, sys.argv[1:])
+    lines, ok = report(results, sys.argv[1:], args.overrides, Path(args.out))
     Path(args.out).write_text("\n".join(lines))
     first = Path(results[0]["out_dir"]) / "training_curves.png"
     if first.is_file():
-        shutil.copy(first, Path(args.out).parent / "demo_training_curves.png")
+        shutil.copy(first, Path(args.out).parent / curves_name(Path(args.out)))
     print("\n".join(lines))
     return 0 if ok else 1
 

@@ -16,8 +16,9 @@ Parts:
   seeds: the training path; HFRollout then runs one `generate` per prompt) and greedy (one
   batched call for both). One warm-up call per engine is excluded; the engines take turns in
   each repeat, so load changes on a shared machine hit both alike; the median repeat counts.
-- `sync`: `VLLMRollout.update_weights(module)` (the in-memory stream into the engine) as the
-  model grows, for each rollout dtype; plus engine start seconds, RSS, and the RSS peaks while the
+- `sync`: `VLLMRollout.update_weights` of the module's full weights (`iter_full_tensors` in the
+  rollout dtype, `--bucket-mb` at a time, as the worker hands them: the in-memory stream into the
+  engine) as the model grows, for each rollout dtype; plus engine start seconds, RSS, and the RSS peaks while the
   engine starts and during the syncs. One fresh process per (size, dtype), so each figure is
   that configuration's own.
 - `train`: a short GRPO run with rollout.name=vllm for each WORKERSxTP configuration; the median
@@ -268,6 +269,7 @@ def sync_one(args: argparse.Namespace) -> dict:
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rollout import build_rollout
     from verl_npu.rollout.vllm import engine_worker
+    from verl_npu.workers.parallel import iter_full_tensors
 
     path = model_dir(args.workdir, args.size)
     result: dict = {"size": args.size, "dtype": args.dtype, "load_start": load_avg(), "rss_gib": {}}
@@ -289,13 +291,17 @@ def sync_one(args: argparse.Namespace) -> dict:
     result["rss_gib"]["after_engine_start"] = rss_gib()
     result["rss_gib"]["peak_engine_start"] = hwm_gib()
     reset_hwm()
+
+    def full_weights():  # what the worker hands the engine (TrainingEngine.rollout_weights)
+        return iter_full_tensors(module, dtype=getattr(torch, args.dtype), bucket_bytes=args.bucket_mb << 20)
+
     start = time.perf_counter()
-    engine.update_weights(module)
+    engine.update_weights(full_weights())
     result["first_sync_s"] = time.perf_counter() - start
     times, rss_after = [], [rss_gib()]
     for _ in range(args.repeats):
         start = time.perf_counter()
-        engine.update_weights(module)
+        engine.update_weights(full_weights())
         times.append(time.perf_counter() - start)
         rss_after.append(rss_gib())
     result["rss_gib"]["after_each_sync"] = rss_after  # first entry: after the first sync
@@ -309,7 +315,7 @@ def sync_one(args: argparse.Namespace) -> dict:
     # the sync really lands: a changed weight shows up in the engine's model
     with torch.no_grad():
         module.model.norm.weight.fill_(0.5)
-    engine.update_weights(module)
+    engine.update_weights(full_weights())
     runner = engine_worker(engine.llm).model_runner
     engine_model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     norm = dict(engine_model.named_parameters())["model.norm.weight"]

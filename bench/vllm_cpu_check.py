@@ -10,8 +10,8 @@ directly (engine_kwargs given, not read from the config):
    dropped for the text-only model) and greedy tokens match transformers' greedy `generate`;
 2. the sampled tokens' log-probs from vLLM match the log-probs transformers computes for them;
 3. sampling with n=4 gives the Batch layout of HFRollout (shapes, masks, EOS handling);
-4. `update_weights(module)` (the in-memory stream into the engine's in-place reload) with other
-   weights changes vLLM's greedy output, and the new output matches transformers on the new weights;
+4. `update_weights` of the module's full weights (the in-memory stream into the engine's
+   in-place reload) with other weights changes vLLM's greedy output, and the new output matches transformers on the new weights;
 5. with a token the model emits declared as EOS, vLLM stops there like transformers (same
    responses, masks with the EOS included, padding after it).
 Checks 1, 2 and 4 are also real-engine tests (tests/test_vllm_engine.py); 3 and 5 are only here.
@@ -69,6 +69,7 @@ def main() -> None:
     from verl_npu.rollout.base import SamplingParams
     from verl_npu.rollout.hf import HFRollout
     from verl_npu.rollout.vllm import VLLMRollout
+    from verl_npu.workers.parallel import iter_full_tensors
 
     work = Path(args.workdir)
     model_a = work / "qwen2-seed0"
@@ -133,7 +134,7 @@ def main() -> None:
     before = v_greedy["responses"].clone()
     module.load_state_dict(other_weights)
     t0 = time.perf_counter()
-    engine.update_weights(module)
+    engine.update_weights(iter_full_tensors(module))
     results["update_weights_s"] = round(time.perf_counter() - t0, 3)
     results["weight_sync_method"] = engine.weight_sync_method
     v_after = engine.generate(prompts, greedy)

@@ -142,10 +142,10 @@ def test_scripted_trajectory_mask_token_by_token_and_log_probs_of_one_forward(mo
     # the trained tokens' log-probs as sampled turn by turn == one forward over the whole text
     lp = response_log_probs(model, out["input_ids"], out["attention_mask"], R)[0]
     trained = out["response_mask"].bool()
-    torch.testing.assert_close(out["agent_log_probs"][trained], lp[trained], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out["rollout_log_probs"][trained], lp[trained], atol=2e-5, rtol=1e-5)
     packed = response_log_probs(model, out["input_ids"], out["attention_mask"], R, remove_padding=True)[0]
-    torch.testing.assert_close(out["agent_log_probs"][trained], packed[trained], atol=2e-5, rtol=1e-5)
-    assert (out["agent_log_probs"][~trained] == 0).all()
+    torch.testing.assert_close(out["rollout_log_probs"][trained], packed[trained], atol=2e-5, rtol=1e-5)
+    assert (out["rollout_log_probs"][~trained] == 0).all()
 
     # tool tokens take no part in the policy loss, the KL and the entropy (the functions the actor uses)
     logp = lp.detach().clone().requires_grad_(True)
@@ -161,7 +161,9 @@ def test_scripted_trajectory_mask_token_by_token_and_log_probs_of_one_forward(mo
     from verl_npu.trainer.metrics import data_metrics, last_trained_token
 
     assert last_trained_token(out["response_mask"]).tolist()[0] == len(want) - 1
-    scored = Batch({k: out[k] for k in ("response_mask", "attention_mask", "prompts")}, {})
+    assert torch.equal(out["tool_mask"], out["attention_mask"][:, P:] - out["response_mask"])
+    assert out["tool_mask"][0].sum() == n_tool
+    scored = Batch({k: out[k] for k in ("response_mask", "attention_mask", "prompts", "tool_mask")}, {})
     for k in ("token_level_scores", "token_level_rewards", "advantages", "returns"):
         scored.set(k, torch.zeros(3, R))
     metrics = data_metrics(Batch(scored.tensors, {"__num_turns__": out["__num_turns__"],

@@ -112,7 +112,8 @@ def test_unknown_estimator_lists_known_ones():
     assert "rloo" in str(info.value) and "reinforce_plus_plus" in str(info.value)
     assert set(A.ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
                                            "remax", "gae", "opo", "grpo_passk", "gpg", "rloo_vectorized",
-                                           "grpo_vectorized", "gdpo"}
+                                           "grpo_vectorized", "gdpo", "optimal_token_baseline",
+                                           "tir_optimal_token_baseline"}
 
 
 def test_grpo_group_ids_length_mismatch():

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from verl_npu.batch import Batch
+from verl_npu.batch import Batch, trim_left_padding
 from verl_npu.workers.balance import balance_for_ranks
-from verl_npu.workers.micro import micro_batch_indices, trim_left_padding
+from verl_npu.workers.micro import micro_batch_indices
 
 
 def _batch():

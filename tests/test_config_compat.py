@@ -73,8 +73,6 @@ def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise()
         "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2": "Megatron",
         "critic.model.tokenizer_path=/t": "this critic option",
         "reward_model.rollout.name=vllm": "generative reward models",
-        "algorithm.adv_estimator=optimal_token_baseline": "adv_estimator=optimal_token_baseline",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode": "loss_mode=bypass_mode",
         "actor_rollout_ref.rollout.multi_turn.function_tool_path=/t.py": "function tools",
         "actor_rollout_ref.rollout.multi_turn.interaction_config_path=/i.yaml": "interactions",
         "actor_rollout_ref.rollout.multi_turn.format=llama3_json": "format=llama3_json",

@@ -107,3 +107,14 @@ def test_scheduler_resume_round_trips_through_state_dict():
         scheduler2.step()
     assert resumed == pytest.approx(reference[5:])
     assert scheduler2.last_epoch == 12
+
+
+def test_zero_indexed_step_false_reads_the_cosine_one_step_further():
+    """verl 0.9.1's optim.zero_indexed_step: false counts cosine steps from 1 (warmup included); the
+    constant schedule ignores it, as in verl."""
+    base = {"lr": 1.0, "warmup_style": "cosine", "lr_warmup_steps": 2, "min_lr_ratio": 0.1}
+    zero = lrs(dict(base), 8, 7)
+    one = lrs(dict(base, zero_indexed_step=False), 8, 6)
+    assert one == pytest.approx(zero[1:])
+    const = {"lr": 1.0, "warmup_style": "constant", "lr_warmup_steps": 2}
+    assert lrs(dict(const, zero_indexed_step=False), 8, 4) == lrs(const, 8, 4)

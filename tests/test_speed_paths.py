@@ -75,6 +75,7 @@ def test_skipped_old_log_prob_pass_gives_the_same_run(tmp_path, tiny_cache, monk
     ({"actor_rollout_ref.actor.ppo_epochs": 2}, "ppo_epochs=2"),
     ({"data.train_batch_size": 8}, "ppo_mini_batch_size=4 < data.train_batch_size=8"),
     ({"algorithm.use_kl_in_reward": "true"}, "use_kl_in_reward"),
+    ({"algorithm.rollout_correction.rollout_is": "token"}, "rollout.calculate_log_probs"),
     ({"actor_rollout_ref.model.override_config.attention_dropout": 0.1}, "attention_dropout=0.1"),
 ])
 def test_old_log_prob_pass_runs_where_it_is_not_redundant(tmp_path, tiny_lm_path, extra, reason):

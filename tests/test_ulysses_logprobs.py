@@ -1,4 +1,5 @@
-"""`response_log_probs` with Ulysses SP=2 (2 gloo processes) equals SP=1, for a text and a VL model."""
+"""`response_log_probs` with Ulysses SP=2 (2 gloo processes) equals SP=1, for a text and a VL model (log-probs,
+entropies, gradients, and the sum of squared probabilities of actor.calculate_sum_pi_squared)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,15 @@ def _worker(rank: int, world: int, port: int, path: str, result_dir: str) -> Non
         lp, ent = response_log_probs(model, data["ids"], data["mask"], data["R"], sp_group=dist.group.WORLD, **kwargs)
         (lp * data["weights"]).sum().backward()
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        with torch.no_grad():   # the old-log-prob pass of the optimal token baseline (actor.calculate_sum_pi_squared)
+            spsq = response_log_probs(model, data["ids"], data["mask"], data["R"], sp_group=dist.group.WORLD,
+                                      with_sum_pi_squared=True, **kwargs)[2]
         for g in grads.values():  # FSDP would average over the 2 SP peers; grad_scale=P makes that the sum / P * P
             dist.all_reduce(g)
             g /= world
         if rank == 0:
-            torch.save({"lp": lp.detach(), "ent": ent.detach(), "grads": grads}, os.path.join(result_dir, "sp.pt"))
+            torch.save({"lp": lp.detach(), "ent": ent.detach(), "grads": grads, "spsq": spsq},
+                       os.path.join(result_dir, "sp.pt"))
     finally:
         dist.barrier()  # neither rank tears gloo down while its peer still talks to it
         dist.destroy_process_group()
@@ -94,6 +99,10 @@ def test_sequence_parallel_log_probs_and_grads_match(tmp_path, tiny_lm_path, tin
     m = data["mask"][:, -data["R"]:].bool()
     torch.testing.assert_close(sp["lp"][m], lp.detach()[m], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(sp["ent"][m], ent.detach()[m], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        spsq = response_log_probs(model, data["ids"], data["mask"], data["R"], multi_modal_inputs=data["mm"],
+                                  remove_padding=True, with_sum_pi_squared=True)[2]
+    torch.testing.assert_close(sp["spsq"][m], spsq[m], atol=1e-6, rtol=1e-5)
     for name, p in model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(sp["grads"][name], p.grad, atol=1e-5, rtol=1e-4, msg=name)

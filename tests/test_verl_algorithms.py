@@ -5,8 +5,10 @@ tests/verl_side_algos.py calls `get_policy_loss_fn(mode)` with an `ActorConfig` 
 and `get_adv_estimator_fn(name)`, on the same inputs given to verl-npu here: fixed seeds, right-padded
 masks of ragged lengths (one row of a single token), several groups (one of a single row where the
 estimator allows it). Compared: pg_loss, its gradient with respect to log_prob, the metrics (the same
-names), for every loss_agg_mode, in float64 and float32, with and without global-batch counts; and the
-advantages and returns of every estimator.
+names), for every loss_agg_mode, in float64 and float32, with and without global-batch counts; the
+advantages and returns of every estimator (the optimal token baseline with the actor's old log-probs and
+sum_pi_squared, with and without rollout importance weights, and on masks with holes); and verl's
+variance-proxy metrics (`compute_variance_proxy_metrics`).
 
 Known, deliberate difference: geo_mean with global-batch counts (verl ignores them and takes the mean
 over the rows of the call; verl-npu divides by the global sequence count so micro-batches add up), so
@@ -43,6 +45,8 @@ ACTOR = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "cli
          "policy_loss": {"clip_cov_ratio": 0.1, "clip_cov_lb": 0.05, "clip_cov_ub": 3.0, "kl_cov_ratio": 0.1,
                          "ppo_kl_coef": 0.3, "dro_beta": 0.5}}
 TOL = {torch.float64: 1e-6, torch.float32: 1e-5}
+#: bypass_mode reads the rollout-correction settings: compared in tests/test_verl_rollout_correction.py
+PLAIN_MODES = [mode for mode in POLICY_LOSS_MODES if mode != "bypass_mode"]
 
 
 def mask_of(lengths, width=7, dtype=torch.float64):
@@ -64,7 +68,7 @@ def loss_inputs(seed: int, dtype) -> dict:
 
 def loss_cases() -> list[dict]:
     cases = []
-    for mode in POLICY_LOSS_MODES:
+    for mode in PLAIN_MODES:
         for agg in A.LOSS_AGG_MODES:
             for dtype in (torch.float64, torch.float32):
                 for global_info in (False, True):
@@ -107,8 +111,9 @@ def estimator_cases() -> list[dict]:
     baselines = torch.randn(len(LENGTHS), generator=g, dtype=torch.float64)
     cases = []
 
-    def add(name, rewards, uids, algorithm, verl_kwargs=None, our_kwargs=None, our_config="same", tol=1e-6):
-        cases.append({"name": name, "token_level_rewards": rewards, "response_mask": mask, "uids": uids,
+    def add(name, rewards, uids, algorithm, verl_kwargs=None, our_kwargs=None, our_config="same", tol=1e-6,
+            response_mask=mask):
+        cases.append({"name": name, "token_level_rewards": rewards, "response_mask": response_mask, "uids": uids,
                       "algorithm": algorithm, "kwargs": verl_kwargs or {}, "ours": our_kwargs or {},
                       "our_config": algorithm if our_config == "same" else our_config, "tol": tol})
 
@@ -138,6 +143,21 @@ def estimator_cases() -> list[dict]:
                                                "norm_adv_by_std_in_grpo": norm},
             {"reward_components": comps}, tol=1e-5)
     add("gdpo", outcome, UIDS, None, {"norm_adv_by_std_in_grpo": True}, our_config={}, tol=1e-5)
+    # the optimal token baseline: the actor's old log-probs and sum of squared probabilities (sum_pi_squared >=
+    # p^2 of the sampled token), optionally rollout importance weights; groups a, b and d have one longest row
+    # (the zero tail), c has one row
+    old = torch.log(torch.rand(mask.shape, generator=g, dtype=torch.float64) * 0.9 + 0.05)
+    spsq = torch.exp(old) ** 2 + torch.rand(mask.shape, generator=g, dtype=torch.float64) * 0.3
+    rho = torch.rand(mask.shape, generator=g, dtype=torch.float64) * 1.5 + 0.25
+    holes = mask.clone()
+    holes[0, 2:4], holes[2, 1], holes[6, 0] = 0.0, 0.0, 0.0   # tool output inside the response (multi-turn)
+    holes[4, :] = 0.0                                         # a row with no response token
+    for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        for rewards in (outcome, dense):
+            otb = {"old_log_probs": old, "sum_pi_squared": spsq}
+            add(name, rewards, UIDS, {}, otb, otb)
+            add(name, rewards, UIDS, {}, {**otb, "rollout_is_weights": rho}, {**otb, "rollout_is_weights": rho})
+        add(name, dense * holes, UIDS, {}, otb, otb, response_mask=holes)
     return cases
 
 
@@ -155,7 +175,8 @@ def verl_outputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("verl_algos")
     losses, estimators = loss_cases(), estimator_cases()
     side_estimators = [{k: v for k, v in c.items() if k not in ("ours", "our_config", "tol")} for c in estimators]
-    torch.save({"losses": losses, "estimators": side_estimators}, folder / "in.pt")
+    torch.save({"losses": losses, "estimators": side_estimators, "variance_proxy": variance_proxy_cases()},
+               folder / "in.pt")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OMP_NUM_THREADS="1")
     proc = subprocess.run([VERL_PY, str(TOOL), str(folder / "in.pt"), str(folder / "out.pt")], env=env,
@@ -181,7 +202,7 @@ def test_every_policy_loss_mode_and_agg_mode_matches_verl(verl_outputs):
         assert float(theirs["grad"].abs().sum()) > 0, label
         key = f"{case['mode']} {case['log_prob'].dtype}"
         worst[key] = max(worst.get(key, 0.0), max(diffs))
-    assert {k.split()[0] for k in worst} == set(POLICY_LOSS_MODES)
+    assert {k.split()[0] for k in worst} == set(PLAIN_MODES)
     print("\nmax |ours - verl| per mode (pg_loss, grad, metrics; all agg modes):")
     for key, value in sorted(worst.items()):
         print(f"  {key}: {value:.3g}")
@@ -200,3 +221,32 @@ def test_every_advantage_estimator_matches_verl(verl_outputs):
     print("\nmax |ours - verl| per estimator (advantages and returns):")
     for key, value in sorted(worst.items()):
         print(f"  {key}: {value:.3g}")
+
+
+def variance_proxy_cases() -> list[dict]:
+    """Batches with the actor's sum_pi_squared (float32, as the trainer holds them): with and without rollout
+    importance weights, with and without a grad norm, one with an empty response."""
+    g = torch.Generator().manual_seed(11)
+    mask = mask_of(LENGTHS, dtype=torch.float32)
+    mask[3] = 0.0
+    old = torch.log(torch.rand(mask.shape, generator=g) * 0.9 + 0.05)
+    tensors = {"old_log_probs": old, "sum_pi_squared": torch.exp(old) ** 2 + torch.rand(mask.shape, generator=g) * 0.3,
+               "advantages": torch.randn(mask.shape, generator=g) * mask, "response_mask": mask}
+    rho = torch.rand(mask.shape, generator=g) * 1.5 + 0.25
+    return [{"tensors": t, "gradient_norm": gn} for t in (tensors, {**tensors, "rollout_is_weights": rho})
+            for gn in (None, 0.7, 5.0)]
+
+
+def test_variance_proxy_metrics_match_verl(verl_outputs):
+    from verl_npu.batch import Batch
+    from verl_npu.trainer.metrics import variance_proxy_metrics
+
+    *_, out = verl_outputs
+    cases = variance_proxy_cases()
+    assert len(out["variance_proxy"]) == len(cases)
+    for case, theirs in zip(cases, out["variance_proxy"]):
+        ours = variance_proxy_metrics(Batch(dict(case["tensors"]), {}), case["gradient_norm"])
+        assert set(ours) == set(theirs) and len(ours) == 5
+        for key, value in theirs.items():
+            assert ours[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (key, case["gradient_norm"])
+    assert any(v["variance_proxy/proxy3_pure_noise"] > 0 for v in out["variance_proxy"])

@@ -93,6 +93,7 @@ def test_engine_greedy_equals_transformers_before_and_after_an_in_memory_update(
     from verl_npu.rollout import build_rollout
     from verl_npu.rollout.base import SamplingParams
     from verl_npu.rollout.hf import HFRollout
+    from verl_npu.workers.parallel import iter_full_tensors
 
     tokenizer, _ = load_tokenizer_and_processor(str(tiny_lm_path))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_lm_path), dtype=torch.float32)
@@ -125,7 +126,7 @@ def test_engine_greedy_equals_transformers_before_and_after_an_in_memory_update(
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.2)
-    engine.update_weights(model)
+    engine.update_weights(iter_full_tensors(model, bucket_bytes=1 << 20))  # the worker's iterator, in buckets
     assert engine.weight_sync_method == "reload_weights" and engine.last_sync["tensors"] >= 10
     after = check("updated weights")
     assert not torch.equal(before, after)  # the update really changed what the engine samples

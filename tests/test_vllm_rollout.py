@@ -24,6 +24,7 @@ from verl_npu.errors import UserError
 from verl_npu.rollout import requests as rq
 from verl_npu.rollout import vllm as vr
 from verl_npu.rollout.base import SamplingParams, finish_rollout
+from verl_npu.workers.parallel import iter_full_tensors
 
 OLD_FIELDS = {"model", "dtype", "disable_mm_preprocessor_cache", "swap_space", "enforce_eager"}
 NEW_FIELDS = {"model", "dtype", "mm_processor_cache_gb", "kv_cache_memory_bytes", "enforce_eager", "limit_mm_per_prompt"}
@@ -309,7 +310,7 @@ def test_vllm_rollout_glue_with_stand_in_engine(monkeypatch, tmp_path):
     assert out["input_ids"].shape == (4, 5)
 
     log.clear()
-    engine.update_weights(module)
+    engine.update_weights(iter_full_tensors(module))  # what the worker hands: the full fp32 weights
     kinds = [entry[0] for entry in log]
     # multi-stage wake-up: weights back, sync, then the KV cache
     assert kinds == ["wake_up", "reload_weights", "reset_prefix_cache", "wake_up"]

@@ -115,3 +115,17 @@ class Batch:
             {k: [x for b in batches for x in b.lists[k]] for k in first.lists},
             dict(first.meta),
         )
+
+
+def trim_left_padding(batch: Batch) -> Batch:
+    """Drop leading columns that are padding in every row (prompts are left-padded); the
+    response columns at the right are never touched, so response indexing is unchanged."""
+    mask = batch["attention_mask"]
+    used_cols = mask.any(dim=0).nonzero()
+    first = int(used_cols[0]) if used_cols.numel() else 0
+    if first == 0:
+        return batch
+    out = Batch(dict(batch.tensors), dict(batch.lists), dict(batch.meta))
+    out.set("input_ids", batch["input_ids"][:, first:])
+    out.set("attention_mask", mask[:, first:])
+    return out

@@ -202,20 +202,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ run
-def _optional(module: str, attr: str):
-    """`module.attr`, or None when the module itself does not exist (yet)."""
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            return None
-        raise
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from verl_npu.config import check_paths, load_recipe
+    from verl_npu.demo import prepare_assets
+    from verl_npu.device import detect_device
+    from verl_npu.trainer.entry import run_training
 
     from verl_npu.config.paths import machine_problems
 
@@ -225,8 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for line in summary_lines(rc):
         _say(f"  {line}")
     problems, _ = machine_problems(rc)  # a missing engine package or unreachable model: before anything is made
-    prepare_assets = _optional("verl_npu.demo", "prepare_assets")
-    if prepare_assets is not None and not problems:
+    if not problems:
         for line in prepare_assets(rc, demo_data=args.demo_data) or []:
             _say(f"[verl-npu] prepared {line}")
     known = len(rc.derived)
@@ -237,15 +227,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for d in rc.derived[known:]:
         _say(f"[verl-npu] {d.key.removeprefix('backend_config.')} = {d.value}  ({d.reason})")
     _say("[verl-npu] data and model paths found")
-    detect_device = _optional("verl_npu.device", "detect_device")
-    if detect_device is not None:
-        info = detect_device(rc.backend.trainer.device)
-        _say(f"[verl-npu] device: {info.kind} (trainer.device={rc.backend.trainer.device})")
-    run_training = _optional("verl_npu.trainer.entry", "run_training")
-    if run_training is None:
-        _say("[verl-npu] preflight passed: validation succeeded. Training arrives with the trainer; "
-             "nothing was trained.")
-        return 0
+    info = detect_device(rc.backend.trainer.device)
+    _say(f"[verl-npu] device: {info.kind} (trainer.device={rc.backend.trainer.device})")
     _say("[verl-npu] starting training")
     from verl_npu.trainer.preempt import Preempted, handle_signals
 

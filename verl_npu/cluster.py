@@ -15,8 +15,9 @@ so they are tested without a cluster. Each node started by the launcher also car
 resource `verl_npu_node_rank_<R>` (amount 1, never requested by any task), which is how the head
 knows which node ranks have joined.
 
-Only the stdlib is imported at module level; the device layer and the recipe loader are imported
-when a command needs them, and `ray` only when a cluster is contacted.
+Only the stdlib and the device layer (stdlib only until it detects a device; it names the Ray
+resources and builds the `ray start` arguments) are imported at module level; the recipe loader is
+imported when a command needs it, and `ray` only when a cluster is contacted.
 """
 
 from __future__ import annotations
@@ -29,13 +30,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from verl_npu.device import NODE_RANK_RESOURCE_PREFIX, RAY_RESOURCES, ray_start_args
 from verl_npu.errors import UserError, run_command
 
-NODE_RANK_RESOURCE_PREFIX = "verl_npu_node_rank_"
-# Ray resource each worker of a device kind asks for (the device layer's `ray_resource`; CPU
-# workers ask for one CPU each).
-_RESOURCE_BY_KIND = {"npu": "NPU", "cuda": "GPU", "cpu": "CPU"}
-_DEVICE_RESOURCES = ("NPU", "GPU")
+# the Ray resources of devices (the device layer's table; CPU workers ask for one CPU each)
+_DEVICE_RESOURCES = tuple(r for r in RAY_RESOURCES.values() if r is not None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -54,7 +53,7 @@ class ClusterNeed:
     launched_nodes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.resource not in ("NPU", "GPU", "CPU"):
+        if self.resource not in (*_DEVICE_RESOURCES, "CPU"):
             raise ValueError(f"resource must be NPU, GPU or CPU, not {self.resource!r}")
 
     @property
@@ -71,7 +70,7 @@ class ClusterNeed:
     def from_recipe(cls, rc: Any, kind: str, launched_nodes: int | None = None) -> "ClusterNeed":
         """From a `RecipeConfig` and the device kind the run uses ("npu" | "cuda" | "cpu")."""
         trainer = rc.backend.trainer
-        return cls(int(trainer.nnodes), int(trainer.n_gpus_per_node), _RESOURCE_BY_KIND[kind], launched_nodes)
+        return cls(int(trainer.nnodes), int(trainer.n_gpus_per_node), RAY_RESOURCES[kind] or "CPU", launched_nodes)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,26 +222,6 @@ def wait_for_nodes(fetch_nodes: Callable[[], list[dict]], need: ClusterNeed, exp
         if waited >= timeout_s:
             raise UserError(missing_nodes_message(need, nodes, expected_nodes, waited, address))
         sleep(min(interval_s, max(0.0, timeout_s - waited)))
-
-
-# ----------------------------------------------------------------------------------------------
-# `ray start` arguments for this node
-
-
-def ray_start_args(kind: str, device_count: int, node_rank: int) -> list[str]:
-    """Device arguments for `ray start` on a node with `device_count` devices of `kind`:
-    npu `--resources {"NPU": n, "verl_npu_node_rank_R": 1}`; cuda `--num-gpus n --resources
-    {"verl_npu_node_rank_R": 1}`; cpu only the node-rank resource (Ray counts the CPUs itself)."""
-    resources: dict[str, int] = {}
-    args: list[str] = []
-    if kind == "npu":
-        resources["NPU"] = int(device_count)
-    elif kind == "cuda":
-        args += ["--num-gpus", str(int(device_count))]
-    elif kind != "cpu":
-        raise ValueError(f"unknown device kind {kind!r}")
-    resources[f"{NODE_RANK_RESOURCE_PREFIX}{int(node_rank)}"] = 1
-    return args + ["--resources", json.dumps(resources, separators=(",", ":"))]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ torch is imported lazily inside functions, so importing this module costs only t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -24,6 +25,9 @@ from typing import Any, NamedTuple
 from verl_npu.errors import UserError
 
 KINDS = ("npu", "cuda", "cpu")
+#: Ray resource of one device (cpu: none): every Ray request is built from it; node R also gets `<prefix>R`
+RAY_RESOURCES = {"npu": "NPU", "cuda": "GPU", "cpu": None}
+NODE_RANK_RESOURCE_PREFIX = "verl_npu_node_rank_"
 # Spellings accepted for trainer.device beyond the three kinds.
 _AUTO_SPELLINGS = ("", "auto")
 _ALIASES = {"gpu": "cuda"}
@@ -52,8 +56,7 @@ class EnvDefault(NamedTuple):
 # TOKENIZERS_PARALLELISM applies to every kind.
 COMMON_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
     EnvDefault(
-        "TOKENIZERS_PARALLELISM",
-        "false",
+        "TOKENIZERS_PARALLELISM", "false",
         "Dataloader workers and Ray workers fork after the tokenizer is used; HF tokenizers then "
         "warns and can deadlock. Tokenization here is not the bottleneck.",
     ),
@@ -61,61 +64,52 @@ COMMON_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
 
 NPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
     EnvDefault(
-        "HCCL_CONNECT_TIMEOUT",
-        "1800",
+        "HCCL_CONNECT_TIMEOUT", "1800",
         "HCCL link setup waits only 120 s by default; ranks of an RL job reach their first collective "
         "minutes apart (model loading, vLLM start-up on many nodes) and would fail with EI0006 "
         "socket timeouts.",
     ),
     EnvDefault(
-        "HCCL_EXEC_TIMEOUT",
-        "3600",
+        "HCCL_EXEC_TIMEOUT", "3600",
         "A collective may wait while other ranks finish a long rollout or checkpoint save; the "
         "default (1836 s) can abort a healthy run with EI0002 'Notify register times out'. "
         "Note: in AIV expansion mode HCCL caps this at 1091 s.",
     ),
     EnvDefault(
-        "TASK_QUEUE_ENABLE",
-        "1",
+        "TASK_QUEUE_ENABLE", "1",
         "Level 1 task queue: works with vLLM-Ascend graph mode (ACLGraph capture is rejected at "
         "level 2) and keeps peak memory lower than level 2. Set 2 yourself for eager-only runs.",
     ),
     EnvDefault(
-        "PYTORCH_NPU_ALLOC_CONF",
-        "garbage_collection_threshold:0.95",
+        "PYTORCH_NPU_ALLOC_CONF", "garbage_collection_threshold:0.95",
         "Training and rollout share each NPU, so cached blocks are reclaimed before the allocator "
         "reports OOM from fragmentation. expandable_segments is not used because it conflicts "
         "with vLLM sleep mode.",
     ),
     EnvDefault(
-        "VLLM_ASCEND_ENABLE_NZ",
-        "0",
+        "VLLM_ASCEND_ENABLE_NZ", "0",
         "The FRACTAL_NZ weight layout breaks in-place weight updates from the trainer (garbled "
         "rollouts after a sync, vllm-ascend #5747).",
     ),
     EnvDefault(
-        "USE_OPTIMIZED_MODEL",
-        "0",
+        "USE_OPTIMIZED_MODEL", "0",
         "vLLM-Ascend's optimized model classes are not suited to RL training, where the rollout "
         "weights are replaced every step.",
     ),
     EnvDefault(
-        "HCCL_HOST_SOCKET_PORT_RANGE",
-        "auto",
+        "HCCL_HOST_SOCKET_PORT_RANGE", "auto",
         "Several processes (trainer and rollout engine) open HCCL communicators on the same NPU "
         "and need distinct host ports.",
     ),
     EnvDefault(
-        "HCCL_NPU_SOCKET_PORT_RANGE",
-        "auto",
+        "HCCL_NPU_SOCKET_PORT_RANGE", "auto",
         "Same reason as HCCL_HOST_SOCKET_PORT_RANGE, for the device-side sockets.",
     ),
 )
 
 CUDA_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
     EnvDefault(
-        "NCCL_DEBUG",
-        "WARN",
+        "NCCL_DEBUG", "WARN",
         "Shows NCCL warnings (e.g. a wrong network interface) without the INFO flood.",
     ),
 )
@@ -133,14 +127,10 @@ def env_defaults(kind: str) -> tuple[EnvDefault, ...]:
     return specific[kind] + COMMON_ENV_DEFAULTS
 
 
-def apply_env_defaults(
-    kind: str, env: MutableMapping[str, str] | None = None
-) -> list[tuple[str, str, str]]:
+def apply_env_defaults(kind: str, env: MutableMapping[str, str] | None = None) -> list[tuple[str, str, str]]:
     """Set each default of `env_defaults(kind)` in `env` (default `os.environ`) unless the variable is
-    already present (a value the user set, even an empty one, wins).
-
-    Returns `(var, value, reason)` for each default that was applied, in table order.
-    """
+    already present (a value the user set, even an empty one, wins). Returns `(var, value, reason)`
+    for each default that was applied, in table order."""
     env = os.environ if env is None else env
     applied: list[tuple[str, str, str]] = []
     for default in env_defaults(kind):
@@ -148,6 +138,19 @@ def apply_env_defaults(
             env[default.var] = default.value
             applied.append((default.var, default.value, default.reason))
     return applied
+
+
+def ray_start_args(kind: str, device_count: int, node_rank: int) -> list[str]:
+    """Device arguments for `ray start` on node `node_rank` with `device_count` devices of `kind`:
+    npu `--resources {"NPU": n, "verl_npu_node_rank_R": 1}`; cuda `--num-gpus n` and the node-rank
+    resource; cpu only the node-rank resource (Ray counts the CPUs itself)."""
+    if kind not in RAY_RESOURCES:
+        raise ValueError(f"unknown device kind {kind!r}")
+    resource = RAY_RESOURCES[kind]  # Ray counts GPUs itself; an NPU is a custom resource
+    resources = {resource: int(device_count)} if resource not in (None, "GPU") else {}
+    resources[f"{NODE_RANK_RESOURCE_PREFIX}{int(node_rank)}"] = 1
+    gpus = ["--num-gpus", str(int(device_count))] if resource == "GPU" else []
+    return gpus + ["--resources", json.dumps(resources, separators=(",", ":"))]
 
 
 def ray_runtime_env(kind: str, env: MutableMapping[str, str] | None = None) -> dict[str, Any]:
@@ -369,23 +372,22 @@ class DeviceInfo:
     @property
     def ray_resource(self) -> str | None:
         """Ray resource name for one device ("NPU" | "GPU"); None on cpu (workers ask for CPUs only)."""
-        return {"npu": "NPU", "cuda": "GPU", "cpu": None}[self.kind]
+        return RAY_RESOURCES[self.kind]
 
     def ray_actor_options(self, num_devices: int = 1, num_cpus: int = 1) -> dict[str, Any]:
-        """Options for `RemoteClass.options(**...)`: npu `{"num_cpus": c, "resources": {"NPU": n}}`,
-        cuda `{"num_cpus": c, "num_gpus": n}`, cpu `{"num_cpus": c}` (num_devices ignored)."""
+        """`RemoteClass.options(**...)`: npu `{"num_cpus": c, "resources": {"NPU": n}}`, cuda `num_gpus: n`."""
         options: dict[str, Any] = {"num_cpus": num_cpus}
-        if self.kind == "npu":
-            options["resources"] = {"NPU": num_devices}
-        elif self.kind == "cuda":
+        if self.ray_resource == "GPU":
             options["num_gpus"] = num_devices
+        elif self.ray_resource is not None:
+            options["resources"] = {self.ray_resource: num_devices}
         return options
 
     def ray_bundle(self, num_devices: int = 1, num_cpus: int = 1) -> dict[str, float]:
-        """One placement-group bundle: `{"CPU": c, "NPU"|"GPU": n}`, or `{"CPU": c}` on cpu."""
-        bundle: dict[str, float] = {"CPU": num_cpus}
+        """One placement-group bundle: `{"CPU": c, "NPU"|"GPU": n}`, or `{"CPU": c}` on cpu (floats)."""
+        bundle = {"CPU": float(num_cpus)}
         if self.ray_resource is not None:
-            bundle[self.ray_resource] = num_devices
+            bundle[self.ray_resource] = float(num_devices)
         return bundle
 
     # -- devices -------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ import multiprocessing
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -262,12 +261,6 @@ def check_vllm(dev) -> Check:
 
 
 # ---------------------------------------------------------------------------- all-reduce
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _all_reduce_worker(rank: int, world: int, kind: str, port: int, elements: int, queue) -> None:
     """One rank: join the group, all-reduce `rank + 1` everywhere, check the sum, time it."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -310,10 +303,12 @@ def check_all_reduce(dev, processes: int | None = None, timeout_s: float = ALL_R
     world = processes or (dev.count() if dev.is_accelerator else CPU_ALL_REDUCE_PROCESSES)
 
     def body(check: Check) -> None:
+        from verl_npu.workers.parallel import free_port
+
         check.fix = _ALL_REDUCE_FIX[dev.dist_backend]
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
-        port = _free_port()
+        port = free_port()
         procs = [ctx.Process(target=_all_reduce_worker, args=(r, world, dev.kind, port, ALL_REDUCE_ELEMENTS, queue),
                              daemon=True) for r in range(world)]
         for proc in procs:

@@ -21,13 +21,10 @@ class EstimatorSpec:
 
 ESTIMATORS: dict[str, EstimatorSpec] = {}
 
-#: estimators upstream verl has and verl-npu does not: refused by name, with the reason.
-UNSUPPORTED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
-UNSUPPORTED_REASONS = {
-    "optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
-                              "actor.calculate_sum_pi_squared), which verl-npu does not compute",
-    "tir_optimal_token_baseline": "it needs the same sum of squared token probabilities as optimal_token_baseline",
-}
+#: estimators upstream verl has and verl-npu does not: refused by name, with the reason (none left: every
+#: estimator of verl 0.9.1 is implemented).
+UNSUPPORTED_ESTIMATORS: tuple[str, ...] = ()
+UNSUPPORTED_REASONS: dict[str, str] = {}
 
 
 def register_estimator(name: str, *, needs_group: bool, doc: str, needs_critic: bool = False) -> None:
@@ -50,8 +47,28 @@ register_estimator("grpo_passk", needs_group=True, doc="pass@k: only the best re
 register_estimator("gpg", needs_group=True, doc="score minus the group mean, times batch size / non-zero scores")
 register_estimator("rloo_vectorized", needs_group=True, doc="rloo with scatter sums; a group of one gets 0")
 register_estimator("grpo_vectorized", needs_group=True, doc="grpo with scatter sums (group statistics in float32)")
+register_estimator("optimal_token_baseline", needs_group=True, doc="reward-to-go minus a per-token group baseline "
+                   "weighted by the path variance 1 - 2 pi + sum pi^2 accumulated so far (needs "
+                   "actor.calculate_sum_pi_squared=true)")
+register_estimator("tir_optimal_token_baseline", needs_group=True, doc="optimal_token_baseline with positions "
+                   "counted over response-mask tokens (multi-turn masks); the same as optimal_token_baseline here")
 register_estimator("gdpo", needs_group=True, doc="GRPO per reward component (algorithm.gdpo_reward_keys: keys of the "
                    "reward function's dict), weighted (gdpo_reward_weights), summed, whitened over the batch")
+
+
+#: ROLL's reward normalisation (`algorithm.reward_norm.*`, a verl-npu extension; tensor code in
+#: `verl_npu.algorithms.reward_norm`): which rows are normalised together, and how.
+REWARD_NORM_GROUPINGS = {
+    "state": "the rollout.n responses of one prompt (the same uid; ROLL: state / traj_group_id)",
+    "batch": "every response of the step (ROLL: batch)",
+    "inductive": "every response with the same data_source (ROLL: inductive / tags, the environment tag)",
+}
+REWARD_NORM_METHODS = {
+    "identity": "scores unchanged (the default: no normalisation)",
+    "mean": "score minus the group mean",
+    "mean_std": "(score - group mean) / (group std + 1e-6); 0 for a group whose std is at most 1e-6",
+    "asym_clip": "mean_std, then clamped to [-1, 3]",
+}
 
 
 def needs_critic(cfg) -> bool:

@@ -7,7 +7,8 @@ makes a ``LambdaLR`` whose multiplier at optimizer step ``s`` (0-based, before a
 - ``constant`` after warmup: ``1``;
 - ``cosine`` after warmup: with ``p = (s - W) / max(1, S - W)`` and ``m = min_lr_ratio``:
   ``max(m, m + (1 - m)·(1 + cos(2π·num_cycles·p))/2)`` — from 1 down to ``m`` at ``p = 1`` when
-  ``num_cycles = 0.5``.
+  ``num_cycles = 0.5``. With ``zero_indexed_step`` false (verl's cosine option) the cosine style
+  reads ``s + 1`` for ``s``, warmup included.
 
 ``S`` is ``total_training_steps`` and ``W`` is ``lr_warmup_steps`` when it is > 0, else
 ``int(lr_warmup_steps_ratio · S)``. The schedule is a pure function of the step counter, so
@@ -68,7 +69,10 @@ def _constant_multiplier(step: int, warmup: int) -> float:
     return 1.0
 
 
-def _cosine_multiplier(step: int, warmup: int, total: int, min_lr_ratio: float, num_cycles: float) -> float:
+def _cosine_multiplier(step: int, warmup: int, total: int, min_lr_ratio: float, num_cycles: float,
+                       zero_indexed: bool = True) -> float:
+    if not zero_indexed:   # optim.zero_indexed_step=false: the first update is step 1 (verl's cosine schedule)
+        step += 1
     if step < warmup:
         return step / max(1, warmup)
     progress = (step - warmup) / max(1, total - warmup)
@@ -101,7 +105,8 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, total_t
             raise UserError(f"{_KEY}.min_lr_ratio: must be in [0, 1], got {min_lr_ratio}")
         num_cycles = float(_get(optim_cfg, "num_cycles", 0.5))
         multiplier = partial(
-            _cosine_multiplier, warmup=warmup, total=total, min_lr_ratio=min_lr_ratio, num_cycles=num_cycles
+            _cosine_multiplier, warmup=warmup, total=total, min_lr_ratio=min_lr_ratio, num_cycles=num_cycles,
+            zero_indexed=bool(_get(optim_cfg, "zero_indexed_step", True)),
         )
     else:
         raise UserError(f"{_KEY}.warmup_style: unknown value {style!r}; fix: use one of {', '.join(WARMUP_STYLES)}")

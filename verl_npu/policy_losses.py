@@ -25,8 +25,10 @@ POLICY_LOSS_MODES: dict[str, str] = {
                "clip_ratio_c truncates the weight)",
     "dppo_kl": "DPPO with a binary KL trust region (thresholds and truncation as dppo_tv)",
     "dro": "DRO: -(A x log-prob - dro_beta/2 x log-ratio^2) (policy_loss.dro_beta)",
+    "bypass_mode": "rollout correction's bypass mode: the rollout engine's log-probs as the old policy (no "
+                   "old-log-prob pass), IS weights and rejection from algorithm.rollout_correction.*, the loss "
+                   "by its loss_type (ppo_clip or reinforce); selected by algorithm.rollout_correction.bypass_mode",
 }
 
-#: loss modes upstream verl has and verl-npu does not: refused by name. bypass_mode is verl's rollout
-#: correction in the loss (the rollout's own log-probs as the old policy, with its IS weights and rejection).
-UNSUPPORTED_POLICY_LOSSES = ("bypass_mode",)
+#: loss modes upstream verl has and verl-npu does not: refused by name.
+UNSUPPORTED_POLICY_LOSSES: tuple[str, ...] = ()

@@ -7,6 +7,10 @@ group_ids, config, **kw) -> (advantages, returns)``, both [B, T]) and registers 
 the rows with the same uid, of size n_g. Every advantage is broadcast over the row's response
 tokens (0 on padding) and returns = advantages. This module imports torch and ``verl_npu.algorithms.core`` only.
 
+``optimal_token_baseline`` / ``tir_optimal_token_baseline`` give a baseline per token and read the actor's
+``old_log_probs`` and ``sum_pi_squared`` (keyword arguments; the trainer passes them with
+``actor.calculate_sum_pi_squared``), and ``rollout_is_weights`` when the batch has them.
+
 ``gdpo_advantage`` reads each reward component of every row (``reward_components``: what the reward
 function returned besides ``score``, which the trainer passes from the step's reward extras).
 """
@@ -175,3 +179,95 @@ def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
     total = sum(float(w) * grpo_advantage(c, response_mask, group_ids, config)[0] for w, c in zip(weights, components))
     advantages = masked_whiten(total, response_mask) * response_mask
     return advantages, advantages
+
+
+# ----------------------------------------------------------------------------- optimal token baseline
+OTB_EPS = 1e-8
+
+
+def _reward_to_go(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``G_{i,t} = Σ_{t' ≥ t} r_{i,t'}·mask_{i,t'}`` [B, T]."""
+    return (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
+
+
+def _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_squared, rollout_is_weights,
+         handle_zero_tail: bool, by_token_index: bool):
+    """The optimal token baseline on columns (``by_token_index`` false) or on each row's k-th response token
+    (true: the rows' masks need not start at column 0 nor be contiguous); see the two estimators."""
+    if old_log_probs is None or sum_pi_squared is None:
+        raise UserError("optimal_token_baseline needs the actor's old log-probs and sum of squared token "
+                        "probabilities: set actor_rollout_ref.actor.calculate_sum_pi_squared=true")
+    returns = _reward_to_go(token_level_rewards, response_mask)
+    w = 1.0 - 2.0 * torch.exp(old_log_probs.to(returns.dtype)) + sum_pi_squared.to(returns.dtype)
+    if rollout_is_weights is not None:
+        w = w * rollout_is_weights.to(returns.dtype) ** 2
+    path = (w * response_mask).cumsum(-1)          # W_{i,t} = Σ_{t' ≤ t} w_{i,t'}·mask
+    lengths = response_mask.sum(-1).long()
+    valid = response_mask.bool()
+    if by_token_index:   # row i's k-th response token at column k: G and W gathered there, 0 past the row's end
+        width = int(lengths.max()) if lengths.numel() else 0
+        g_cols, w_cols = returns.new_zeros(len(lengths), width), returns.new_zeros(len(lengths), width)
+        for i in range(len(lengths)):
+            g_cols[i, : lengths[i]], w_cols[i, : lengths[i]] = returns[i, valid[i]], path[i, valid[i]]
+        live = (torch.arange(width, device=returns.device) < lengths.unsqueeze(-1)).to(returns.dtype)
+    else:
+        g_cols, w_cols, live = returns, path, response_mask
+    baselines = torch.zeros_like(g_cols)
+    groups = _groups(group_ids, returns.shape[0])
+    for rows in groups.values():
+        if by_token_index:
+            rows = [r for r in rows if lengths[r] > 0]   # an empty response is in no group
+        if len(rows) < 2:
+            continue                                      # a group of one: baseline 0, A = G
+        index = torch.tensor(rows, device=returns.device)
+        weight = w_cols[index] * live[index]
+        baselines[index] = ((g_cols[index] * weight).sum(0) / (weight.sum(0) + OTB_EPS)).to(baselines.dtype)
+        if handle_zero_tail:
+            group_lengths = lengths[index]
+            ordered = torch.sort(group_lengths).values
+            longest, second = int(ordered[-1]), int(ordered[-2])
+            if longest > second and int((group_lengths == longest).sum()) == 1:
+                baselines[rows[int(torch.argmax(group_lengths))], second:] = 0.0
+    advantages = (g_cols - baselines) * live
+    if by_token_index:
+        scattered = torch.zeros_like(returns)
+        for i in range(len(lengths)):
+            scattered[i, valid[i]] = advantages[i, : lengths[i]]
+        advantages = scattered
+    return advantages * response_mask, returns
+
+
+@register_advantage("optimal_token_baseline")
+def optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
+                                     old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
+                                     handle_zero_tail: bool = True, **_unused):
+    """Optimal token baseline (OTB): a baseline per prompt group and per response position, weighted by how much
+    policy-gradient variance each response has accumulated up to that position.
+
+    With ``π_{i,t} = exp(old_log_prob_{i,t})`` (the sampled token's probability) and ``Σπ²_{i,t}`` (the sum of
+    squared probabilities of the whole vocabulary at that position, the actor's ``sum_pi_squared``):
+    ``w_{i,t} = 1 - 2π_{i,t} + Σπ²_{i,t}`` (the squared norm of the log-prob's gradient with respect to the
+    logits), times ``ρ_{i,t}²`` when rollout importance weights ``rollout_is_weights`` are given;
+    ``W_{i,t} = Σ_{t' ≤ t} w_{i,t'}·mask`` and the reward-to-go ``G_{i,t} = Σ_{t' ≥ t} r_{i,t'}·mask``.
+    For a group g (same uid) of n_g ≥ 2 rows, at every column t:
+    ``B_{g,t} = Σ_{j∈g} G_{j,t}·W_{j,t}·mask_{j,t} / (Σ_{j∈g} W_{j,t}·mask_{j,t} + 1e-8)``; a group of one row
+    has ``B = 0``. With ``handle_zero_tail`` (default, as verl) the only longest row of a group, when it is
+    longer than the second longest (length L2), gets ``B = 0`` from column L2 on (no other row estimates it
+    there). ``A_{i,t} = (G_{i,t} - B_{g(i),t})·mask``; returns = G.
+    """
+    return _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_squared, rollout_is_weights,
+                handle_zero_tail, by_token_index=False)
+
+
+@register_advantage("tir_optimal_token_baseline")
+def tir_optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
+                                         old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
+                                         handle_zero_tail: bool = True, **_unused):
+    """The optimal token baseline for tool-integrated (multi-turn) responses, whose response mask has holes
+    (tool output): the same formulas as ``optimal_token_baseline``, with position t meaning a row's t-th
+    response token (counting only tokens under the mask) instead of column t, and rows with no response
+    token left out of their group. For responses whose mask is one run from column 0 (every single-turn
+    response here) it equals ``optimal_token_baseline``.
+    """
+    return _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_squared, rollout_is_weights,
+                handle_zero_tail, by_token_index=True)

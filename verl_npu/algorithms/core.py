@@ -387,6 +387,7 @@ def ppo_policy_loss(
     loss_agg_mode: str = "token-mean",
     *,
     config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
     **agg_kwargs: Any,
 ) -> dict[str, torch.Tensor]:
     """Dual-clip PPO policy loss (verl's ``vanilla``).
@@ -394,7 +395,8 @@ def ppo_policy_loss(
     ``r = exp(clamp(logp - old, -20, 20))``;
     ``L1 = -A·r``, ``L2 = -A·clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)``, ``Lc = max(L1, L2)``;
     for ``A < 0`` the dual clip caps the loss: ``L = min(Lc, -A·clip_ratio_c)``; for ``A ≥ 0``, ``L = Lc``.
-    ``pg_loss = agg_loss(L, mask, loss_agg_mode, **agg_kwargs)``.
+    ``pg_loss = agg_loss(L·w, mask, loss_agg_mode, **agg_kwargs)`` with ``w`` the rollout-correction IS
+    weights ``rollout_is_weights`` (constants; 1 when None).
 
     Metrics (masked token means, detached): ``pg_clipfrac`` = fraction with ``L2 > L1`` (the clip
     is active), ``pg_clipfrac_lower`` = fraction with ``A < 0`` and ``Lc > -A·clip_ratio_c`` (the dual
@@ -412,6 +414,8 @@ def ppo_policy_loss(
     loss_dual_cap = -advantages * clip_ratio_c
     negative = advantages < 0
     per_token = torch.where(negative, torch.minimum(loss_clip, loss_dual_cap), loss_clip)
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
     with torch.no_grad():
         clipfrac = masked_mean((loss_clipped > loss_unclipped).to(mask.dtype), mask)
         clipfrac_lower = masked_mean(((loss_clip > loss_dual_cap) & negative).to(mask.dtype), mask)
@@ -425,9 +429,10 @@ def ppo_policy_loss(
 
 
 #: policy losses by ``actor.policy_loss.loss_mode``; each takes ``ppo_policy_loss``'s arguments (and the
-#: keyword ``config``: the actor's config section) and returns a dict with ``pg_loss`` and the metrics
-#: verl logs for that mode (pg_clipfrac, ppo_kl, pg_clipfrac_lower). The other modes of verl live in
-#: ``verl_npu.algorithms.policy_loss_modes``, which registers them here (the package imports it).
+#: keywords ``config``: the actor's config section, ``rollout_is_weights``: rollout correction's IS weights)
+#: and returns a dict with ``pg_loss`` and the metrics verl logs for that mode (pg_clipfrac, ppo_kl,
+#: pg_clipfrac_lower). The other modes of verl live in ``verl_npu.algorithms.policy_loss_modes`` and
+#: ``verl_npu.algorithms.rollout_correction`` (bypass_mode), which register them here (the package imports them).
 POLICY_LOSSES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {"vanilla": ppo_policy_loss}
 
 

@@ -2,12 +2,15 @@
 
 Each function has the signature of ``verl_npu.algorithms.ppo_policy_loss``:
 ``fn(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-loss_agg_mode, *, config=None, **agg_kwargs)``, where ``config`` is the actor's config section
-(``actor_rollout_ref.actor``: a dict, an OmegaConf node or an attribute object) from which a mode
-reads its own settings (``tau_pos``, ``policy_loss.clip_cov_ratio``, ...), and ``agg_kwargs`` are the
+loss_agg_mode, *, config=None, rollout_is_weights=None, **agg_kwargs)``, where ``config`` is the actor's
+config section (``actor_rollout_ref.actor``: a dict, an OmegaConf node or an attribute object) from which a
+mode reads its own settings (``tau_pos``, ``policy_loss.clip_cov_ratio``, ...), and ``agg_kwargs`` are the
 global-batch arguments of ``agg_loss`` (``global_tokens``, ``global_seqs``, ``dp_size``,
-``loss_scale_factor``). Each returns a dict with ``pg_loss`` and the metrics verl logs for that mode
-(``pg_clipfrac``, ``ppo_kl``, ``pg_clipfrac_lower``; a mode logs only the ones verl logs for it).
+``loss_scale_factor``). ``rollout_is_weights`` [B, T] (rollout correction's truncated importance weights,
+constants) multiply the per-token loss ``L`` before aggregation, as verl applies them (geo_mean: the
+row's loss times the geometric mean of its token weights, ``exp(Σ_t log(w + 1e-10)·mask / (n_i + 1e-8))``).
+Each returns a dict with ``pg_loss`` and the metrics verl logs for that mode (``pg_clipfrac``, ``ppo_kl``,
+``pg_clipfrac_lower``; a mode logs only the ones verl logs for it).
 
 Notation: ``d = logp - old`` per token, ``A`` the advantages, ``mask`` the response mask,
 ``mean_mask(x)`` the masked token mean over this call (a micro-batch in training, as in verl),
@@ -32,6 +35,8 @@ GSPO_LOG_RATIO_MAX = 10.0
 BINARY_KL_EPS = 1e-8
 #: geo_mean's guard in the per-sequence token means
 GEO_MEAN_EPS = 1e-8
+#: geo_mean's guard in the log of the rollout-correction IS weights (a zero weight gives a tiny row weight)
+GEO_MEAN_IS_EPS = 1e-10
 
 
 def _setting_get(config: Any, path: str) -> float:
@@ -63,13 +68,19 @@ def _clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> to
     return torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
+def _weighted(per_token: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """The per-token loss times the rollout-correction IS weights (constants), when there are any."""
+    return per_token if rollout_is_weights is None else per_token * rollout_is_weights
+
+
 def _zero(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
 @_register("gspo")
 def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, **agg_kwargs):
+                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                **agg_kwargs):
     """GSPO (sequence-level ratio, arXiv 2507.18071).
 
     ``s_i = Σ_t d·mask / max(Σ_t mask, 1)`` (no ±20 clamp on d); per token
@@ -88,7 +99,7 @@ def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     per_token = torch.maximum(loss_unclipped, loss_clipped)
-    pg_loss = agg_loss(per_token, mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(_weighted(per_token, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     with torch.no_grad():
         metrics = {"pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(mask.dtype), mask),
                    "ppo_kl": masked_mean(-log_ratio, mask), "pg_clipfrac_lower": _zero(mask)}
@@ -97,7 +108,8 @@ def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
 
 @_register("sapo")
 def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, **agg_kwargs):
+                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                **agg_kwargs):
     """SAPO (soft adaptive gate instead of a hard clip, arXiv 2511.20347).
 
     ``r = exp(clamp(d, -20, 20))``; ``τ = tau_pos`` where ``A > 0`` and ``tau_neg`` elsewhere (both read from
@@ -114,7 +126,7 @@ def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     ratio = torch.exp(log_ratio)
     tau = torch.where(advantages > 0, tau_pos, tau_neg)
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    pg_loss = agg_loss(-gate * advantages, mask, "seq-mean-token-mean", **agg_kwargs)
+    pg_loss = agg_loss(_weighted(-gate * advantages, rollout_is_weights), mask, "seq-mean-token-mean", **agg_kwargs)
     with torch.no_grad():
         metrics = {"pg_clipfrac": _zero(mask), "ppo_kl": masked_mean(-log_ratio, mask),
                    "pg_clipfrac_lower": _zero(mask)}
@@ -123,18 +135,21 @@ def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
 
 @_register("gpg")
 def gpg_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                    clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, **agg_kwargs):
+                    clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                **agg_kwargs):
     """GPG (plain policy gradient, arXiv 2504.02546): ``L = -logp·A``; ``pg_loss = agg(L)``.
 
     No ratio, no clip; no metrics besides pg_loss (verl logs none for this mode).
     """
     mask = response_mask.to(log_prob.dtype)
-    return {"pg_loss": agg_loss(-log_prob * advantages, mask, loss_agg_mode, **agg_kwargs)}
+    return {"pg_loss": agg_loss(_weighted(-log_prob * advantages, rollout_is_weights), mask, loss_agg_mode,
+                                **agg_kwargs)}
 
 
 @_register("clip_cov")
 def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, **agg_kwargs):
+                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                **agg_kwargs):
     """Clip-Cov (arXiv 2505.22617): drop the gradient of a few tokens of high covariance.
 
     ``r = exp(d)`` (no ±20 clamp); ``L1 = -A·r``, ``L2 = -A·clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)``;
@@ -169,7 +184,7 @@ def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
         corr = torch.ones_like(advantages)
         corr[rows, cols] = 0
     per_token = torch.maximum(loss_unclipped, loss_clipped) * corr
-    pg_loss = agg_loss(per_token, mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(_weighted(per_token, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     with torch.no_grad():
         metrics = {"pg_clipfrac": masked_mean((corr == 0).to(mask.dtype), mask),
                    "ppo_kl": masked_mean(-log_ratio, mask)}
@@ -178,7 +193,8 @@ def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
 
 @_register("kl_cov")
 def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                       clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, **agg_kwargs):
+                       clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                **agg_kwargs):
     """KL-Cov (arXiv 2505.22617): a KL penalty on the tokens of highest covariance, no clipping.
 
     ``r = exp(d)`` (no clamp); over the n masked tokens of this call,
@@ -207,7 +223,7 @@ def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_r
             penalised[flat_valid[torch.topk(cov, count).indices]] = True
         penalised = penalised.reshape(mask.shape)
     per_token = torch.where(penalised, loss_plain + coef * log_ratio.abs(), loss_plain)
-    pg_loss = agg_loss(per_token, mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(_weighted(per_token, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     with torch.no_grad():
         ppo_kl = masked_mean(log_ratio.abs(), mask)
     return {"pg_loss": pg_loss, "ppo_kl": ppo_kl}
@@ -215,8 +231,8 @@ def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_r
 
 @_register("geo_mean")
 def geo_mean_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, global_seqs=None, dp_size=1,
-                         **_agg_kwargs):
+                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                         global_seqs=None, dp_size=1, **_agg_kwargs):
     """GMPO (geometric-mean ratio per sequence, arXiv 2507.20673).
 
     ``d`` unclamped; ``σ = sign(A)``; ``d_c = clamp(d, -clip_ratio_low, clip_ratio_high)``;
@@ -239,6 +255,8 @@ def geo_mean_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
     seq_ratio = torch.exp((kept * mask).sum(dim=-1) / lengths)
     seq_adv = (advantages * mask).sum(dim=-1) / lengths
     seq_loss = -seq_adv * seq_ratio
+    if rollout_is_weights is not None:  # a row's weight: the geometric mean of its token weights
+        seq_loss = seq_loss * torch.exp((torch.log(rollout_is_weights + GEO_MEAN_IS_EPS) * mask).sum(dim=-1) / lengths)
     pg_loss = seq_loss.mean() if global_seqs is None else seq_loss.sum() / global_seqs * dp_size
     with torch.no_grad():
         clipped = (log_ratio != clamped).to(mask.dtype)
@@ -252,7 +270,8 @@ def geo_mean_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
 
 @_register("cispo")
 def cispo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                      clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, **agg_kwargs):
+                      clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                **agg_kwargs):
     """CISPO (clipped importance-sampling weight, arXiv 2506.13585).
 
     ``r = exp(clamp(d, -20, 20))``; ``w = sg(clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high))``;
@@ -264,20 +283,23 @@ def cispo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ra
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high).detach()
-    pg_loss = agg_loss(-weight * advantages * log_prob, mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(_weighted(-weight * advantages * log_prob, rollout_is_weights), mask, loss_agg_mode,
+                       **agg_kwargs)
     with torch.no_grad():
         metrics = {"pg_clipfrac": masked_mean((ratio != weight).to(mask.dtype), mask),
                    "ppo_kl": masked_mean(-log_ratio, mask), "pg_clipfrac_lower": _zero(mask)}
     return {"pg_loss": pg_loss, **metrics}
 
 
-def _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs):
+def _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs,
+          rollout_is_weights=None):
     """The part DPPO-TV and DPPO-KL share: the truncated weight, the masked loss, the metrics."""
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, max=clip_ratio_c).detach()
     valid = valid.detach().to(mask.dtype)
-    pg_loss = agg_loss(-advantages * weight * log_prob * valid, mask, loss_agg_mode, **agg_kwargs)
+    pg_loss = agg_loss(_weighted(-advantages * weight * log_prob * valid, rollout_is_weights), mask, loss_agg_mode,
+                       **agg_kwargs)
     with torch.no_grad():
         metrics = {"pg_clipfrac": masked_mean(1.0 - valid, mask), "ppo_kl": masked_mean(-log_ratio, mask),
                    "pg_clipfrac_lower": masked_mean((ratio > clip_ratio_c).to(mask.dtype) * valid, mask)}
@@ -286,7 +308,8 @@ def _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_ag
 
 @_register("dppo_tv")
 def dppo_tv_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                        clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, **agg_kwargs):
+                        clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                **agg_kwargs):
     """DPPO, binary total-variation trust region (arXiv 2602.04879).
 
     Here the clip ratios are divergence thresholds. ``p = exp(logp)``, ``q = exp(old)``,
@@ -300,12 +323,14 @@ def dppo_tv_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
     mask = response_mask.to(log_prob.dtype)
     shift = torch.exp(log_prob) - torch.exp(old_log_prob)
     valid = torch.where(advantages > 0, shift <= clip_ratio_high, shift >= -clip_ratio_low)
-    return _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs)
+    return _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs,
+                 rollout_is_weights)
 
 
 @_register("dppo_kl")
 def dppo_kl_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                        clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, **agg_kwargs):
+                        clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                **agg_kwargs):
     """DPPO, binary KL trust region (arXiv 2602.04879).
 
     As ``dppo_tv`` but with the binary KL between the old and new probability of the sampled token,
@@ -319,12 +344,14 @@ def dppo_kl_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
         (1.0 - q + BINARY_KL_EPS) / (1.0 - p + BINARY_KL_EPS))
     valid = torch.where(advantages > 0, (binary_kl <= clip_ratio_high) | (p <= q),
                         (binary_kl <= clip_ratio_low) | (p >= q))
-    return _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs)
+    return _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs,
+                 rollout_is_weights)
 
 
 @_register("dro")
 def dro_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                    clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, **agg_kwargs):
+                    clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
+                **agg_kwargs):
     """DRO (direct reward optimisation with a quadratic log-ratio penalty):
     ``L = -(logp·A - ½·β·d²)`` with ``β = policy_loss.dro_beta`` from ``config`` (must be > 0);
     ``pg_loss = agg(L)``. The clip ratios are not used.
@@ -336,7 +363,8 @@ def dro_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rati
         raise ValueError(f"policy_loss.dro_beta must be > 0 with loss_mode=dro, got {beta}")
     mask = response_mask.to(log_prob.dtype)
     log_ratio = log_prob - old_log_prob
-    pg_loss = agg_loss(-(log_prob * advantages - 0.5 * beta * log_ratio.square()), mask, loss_agg_mode, **agg_kwargs)
+    per_token = -(log_prob * advantages - 0.5 * beta * log_ratio.square())
+    pg_loss = agg_loss(_weighted(per_token, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     with torch.no_grad():
         ppo_kl = masked_mean(-log_ratio, mask)
     return {"pg_loss": pg_loss, "ppo_kl": ppo_kl}

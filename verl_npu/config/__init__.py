@@ -20,6 +20,9 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     rules_profiler  the profiler tools and their rule, added to RULES (torch-free device kind)
     rules_multiturn  the multi-turn rollout's rule (hf engine, rule rewards) and the tool config file's shape
     rules_dapo    DAPO's rules (filter_groups, the dapo reward manager's overlong buffer), added to RULES
+    rules_reward_norm  the rules of algorithm.reward_norm (ROLL's reward normalisation) and of the
+                  optimal-token-baseline estimators, added to RULES
+    rules_rollout_corr  rollout correction's rules (algorithm.rollout_correction.*), added to RULES
     paths         --check-paths: data files, model folders (hub ids resolved), reward file, adapter
     derive        derived values
     verl_npu.recipes   finding shipped recipe files (uses tree only)

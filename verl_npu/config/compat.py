@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from verl_npu.config.schema import DICT, DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
 from verl_npu.config.schema_verl import (
-    ALIASES, REFUSED_SUBTREES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
+    ALIASES, OLDER_VERL, READ_WITH_PLUS, REFUSED_SUBTREES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
 )
 from verl_npu.config.tree import expand_key, scalar
 
@@ -40,15 +40,30 @@ def _refused_values(key: Key) -> str:
 
 
 def status(name: str) -> Status:
-    """The status of one verl key (short `data.x` or full `backend_config.data.x`)."""
+    """The status of one verl key (short `data.x` or full `backend_config.data.x`); a key verl 0.9.1's
+    schema does not have (or does not declare) says so."""
     path = expand_key(name)
+    found = _status(path)
+    if found.kind == UNKNOWN:
+        return found
+    for table, words in ((OLDER_VERL, "a key of verl before 0.9.1; in 0.9.1: "),
+                         (READ_WITH_PLUS, "set with `+` in verl 0.9.1, read by ")):
+        hit = next((p for p in table if path == p or path.startswith(p + ".")), None)
+        if hit:
+            return Status(found.kind, f"{found.text} ({words}{table[hit]})")
+    return found
+
+
+def _status(path: str) -> Status:
     key = SCHEMA.get(path)
     if key is not None:
         if key.off_only:
             return Status(REFUSED, _refused_values(key))
         if key.noop:
             return Status(NOOP, key.noop)
-        text = "read by verl-npu"
+        # verl-npu's own keys (an extension of verl's schema) say so at the start of their meaning
+        text = "verl-npu's own key (an extension: verl has no such key)" if key.doc.startswith("verl-npu:") \
+            else "read by verl-npu"
         if key.unsupported:
             text += "; values not supported yet: " + ", ".join(f"`{v}`" for v in key.unsupported)
         if key.renamed:
@@ -83,7 +98,7 @@ def status(name: str) -> Status:
             return Status(REFUSED, f"{what} not supported yet (null/false accepted)")
     parent = _dict_parent(path)
     if parent is not None:
-        inner = status(parent)
+        inner = _status(parent)
         return Status(inner.kind, f"inside the free-form `{parent.removeprefix('backend_config.')}`: {inner.text}")
     return Status(UNKNOWN, "not a verl-npu or verl key")
 

@@ -19,6 +19,8 @@ whose inputs already have a problem is skipped. Rules (seq = max_prompt_length +
   false, and rollout.max_num_batched_tokens raised to max_model_len when below it (vLLM needs a
   whole prompt to fit one step without chunking). The samples are the same as with chunked prefill
   and a budget that never chunks: a step only prefills fewer prompts.
+- rollout correction on (algorithm.rollout_correction.rollout_is / rollout_rs / bypass_mode):
+  rollout.calculate_log_probs = true; with bypass_mode, actor.policy_loss.loss_mode vanilla -> bypass_mode
 """
 
 from __future__ import annotations
@@ -30,12 +32,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl_npu.config.modelinfo import LONG_RESPONSE, model_heads, ulysses_size
 from verl_npu.config.schema import PLACEHOLDER
-from verl_npu.config.tree import ACTOR, BC, DATA, REF, ROLL, TRAINER, get
+from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, SkipRule, get, get_unless_bad
 from verl_npu.errors import Problem
 from verl_npu.rollout_engines import ROLLOUT_ENGINES
-
-class _Skip(Exception):
-    pass
 
 
 def _is_int(value: Any) -> bool:
@@ -49,9 +48,7 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
     problems: list[Problem] = []
 
     def val(path: str) -> Any:
-        if path in bad:
-            raise _Skip(path)
-        return get(cfg, path)
+        return get_unless_bad(cfg, path, bad)
 
     def put(path: str, value: Any, reason: str) -> None:
         if path in user_keys or path in bad:
@@ -63,7 +60,7 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
     def step(fn) -> None:
         try:
             fn()
-        except _Skip:
+        except SkipRule:
             pass
 
     def lengths() -> None:
@@ -173,6 +170,16 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
                 f"max_model_len = {length}: without chunked prefill (on {device.kind}) a whole prompt must fit "
                 "one engine step")
 
-    for fn in (lengths, rollout_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs, vllm_prefill):
+    def rollout_correction() -> None:
+        rc = ALGO + "rollout_correction."
+        bypass = val(rc + "bypass_mode") is True
+        if bypass or val(rc + "rollout_is") is not None or val(rc + "rollout_rs") is not None:
+            put(ROLL + "calculate_log_probs", True, "algorithm.rollout_correction needs the rollout's own log-probs")
+        if bypass and val(ACTOR + "policy_loss.loss_mode") == "vanilla":
+            put(ACTOR + "policy_loss.loss_mode", "bypass_mode", "algorithm.rollout_correction.bypass_mode=true "
+                "(verl's trainer switches the loss the same way)")
+
+    for fn in (lengths, rollout_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs, vllm_prefill,
+               rollout_correction):
         step(fn)
     return derived, problems

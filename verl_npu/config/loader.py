@@ -24,8 +24,8 @@ from verl_npu.config import derive as _derive
 from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
 from verl_npu.config.schema import (
-    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, DEPRECATED_RENAMED, SCHEMA, STR_LIST, TOP_LEVEL, UNSUPPORTED_PREFIXES,
-    VERL_SECTIONS, Key, defaults_tree, free_form_owner,
+    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, DEPRECATED_RENAMED, DICT, SCHEMA, STR_LIST, TOP_LEVEL,
+    UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key, defaults_tree, free_form_owner,
 )
 from verl_npu.config.schema_verl import (
     ALIASES, EXTRA_VERL_SECTIONS, WARN_ALIASES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
@@ -82,24 +82,21 @@ class RecipeConfig:
         if self.ignored:   # comments: the file stays a recipe verl-npu loads
             lines.append("# ignored: added with + on the command line, read by nothing here "
                          "(neither verl nor verl-npu)")
-            lines += [f"#   {k.removeprefix(BC)}={_scalar(v)}" for k, v in self.ignored.items()]
+            lines += [f"#   {k.removeprefix(BC)}={scalar(v)}" for k, v in self.ignored.items()]
         return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ YAML text helpers
-_scalar = scalar   # kept for callers of the old private name
-
-
 def _emit(node: dict, indent: int, prefix: str, notes: dict[str, str], lines: list[str]) -> None:
     pad = " " * indent
     for k, v in node.items():
         path = f"{prefix}{k}"
         note = f"  # derived: {notes[path]}" if path in notes else ""
         if isinstance(v, dict) and v:
-            lines.append(f"{pad}{_scalar(k)}:{note}")
+            lines.append(f"{pad}{scalar(k)}:{note}")
             _emit(v, indent + 2, path + ".", notes, lines)
         else:
-            lines.append(f"{pad}{_scalar(k)}: {_scalar(v)}{note}")
+            lines.append(f"{pad}{scalar(k)}: {scalar(v)}{note}")
 
 
 # ------------------------------------------------------------------ overrides
@@ -315,12 +312,22 @@ def classify(user: dict[str, Any], origin: str, added: Iterable[str] = ()) -> _S
     return out
 
 
+def _into_aliased_dict(key: str) -> str:
+    """A key inside a verl alias of a free-form dict (verl 0.9.1's `reward.custom_reward_function.reward_kwargs.x`)
+    spelled inside the dict verl-npu reads (`custom_reward_function.reward_kwargs.x`); any other key as it is."""
+    for alias, target in ALIASES.items():
+        if key.startswith(alias + ".") and target in SCHEMA and SCHEMA[target].type == DICT:
+            return target + key[len(alias):]
+    return key
+
+
 def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dict[str, Any],
                      added: Iterable[str] = ()) -> _Sorted:
     """Command-line overrides, in order, as a `_Sorted` of their own; `~key` deletions remove the
     key from `base` (the recipe file's keys) and from earlier overrides. `added`: the keys written `+key=...`."""
     over_flat: dict[str, Any] = {}
     for key, value in parsed:
+        key = _into_aliased_dict(key)
         owner = free_form_owner(key)
         if value is DELETE:
             if owner and owner != key:       # one entry of a free-form dict
@@ -499,7 +506,7 @@ def _ignored_warning(ignored: dict[str, Any]) -> str:
     for path, value in ignored.items():
         hint = _suggest(path)
         hint = f" ({hint.replace(BC, '')})" if hint.startswith("did you mean") else ""
-        items.append(f"{_short(path)}={_scalar(value)}{hint}")
+        items.append(f"{_short(path)}={scalar(value)}{hint}")
     return "added with +, read by nothing here: ignored: " + "; ".join(items)
 
 
@@ -565,7 +572,7 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
 def describe_key(key: Key) -> str:
     """Meaning, type, default, choices/range and the rules that involve the key (for `explain`)."""
     lines = [key.path, f"  {key.doc}", f"  type: {key.type}{' | null' if key.allows_null else ''}",
-             f"  default: {_scalar(key.default)}"]
+             f"  default: {scalar(key.default)}"]
     if key.required:
         lines.append("  required: yes (shipped recipes hold an EDIT_ME placeholder here)")
     if key.choices:

@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from verl_npu.config import rules_dapo, rules_multiturn, rules_profiler, rules_roles  # noqa: F401 - rules_dapo, rules_profiler: register their rules
+from verl_npu.config import (  # noqa: F401 - register their rules
+    rules_dapo, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
+)
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
 from verl_npu.estimators import needs_critic

@@ -20,10 +20,12 @@ from omegaconf import DictConfig
 
 from verl_npu.config.modelinfo import model_heads, model_length_limit
 from verl_npu.config.schema import (
-    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, INT, INT_LIST, SCHEMA, STR, STR_LIST,
+    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, SCHEMA, STR, STR_LIST,
     STR_OR_LIST, TP_SIZES, Key,
 )
-from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, get, is_placeholder, scalar
+from verl_npu.config.tree import (
+    ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, SkipRule, get, get_unless_bad, is_placeholder, scalar,
+)
 from verl_npu.errors import Problem
 from verl_npu.estimators import ESTIMATORS
 from verl_npu.rollout_engines import ROLLOUT_ENGINES
@@ -43,6 +45,8 @@ def _type_ok(type_: str, value: Any) -> bool:
         return isinstance(value, dict)
     if type_ == STR_LIST:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if type_ == FLOAT_OR_STR:
+        return isinstance(value, (int, float, str)) and not isinstance(value, bool)
     if type_ == STR_OR_LIST:
         return isinstance(value, str) or (isinstance(value, list) and bool(value)
                                           and all(isinstance(v, str) for v in value))
@@ -128,10 +132,6 @@ def check_keys(cfg: DictConfig, user_keys: frozenset[str]) -> list[Problem]:
 
 
 # ------------------------------------------------------------------ cross-key rules
-class _Skip(Exception):
-    """An input of the rule already has a problem; the rule does not apply."""
-
-
 class Ctx:
     """What a rule sees: the derived config, the user-set keys and the keys already in error."""
 
@@ -140,9 +140,7 @@ class Ctx:
         self.warnings: list[str] = []
 
     def __call__(self, path: str) -> Any:
-        if path in self.bad:
-            raise _Skip(path)
-        return get(self.cfg, path)
+        return get_unless_bad(self.cfg, path, self.bad)
 
     @property
     def world(self) -> int:
@@ -277,15 +275,23 @@ _TOKEN_KEYS = (ACTOR + "ppo_max_token_len_per_gpu", ROLL + "log_prob_max_token_l
                REF + "log_prob_max_token_len_per_gpu")
 
 
-@_rule("dynamic_token_len", (_DYN,) + _TOKEN_KEYS + _LENS,
-       "with use_dynamic_bsz, every *max_token_len_per_gpu must be >= max_prompt_length + max_response_length")
+_SP = ACTOR + "ulysses_sequence_parallel_size"
+
+
+@_rule("dynamic_token_len", (_DYN,) + _TOKEN_KEYS + _LENS + (_SP,),
+       "with use_dynamic_bsz, every *max_token_len_per_gpu x actor.ulysses_sequence_parallel_size must be >= "
+       "max_prompt_length + max_response_length (the budget is per device; with Ulysses each device holds 1/sp "
+       "of a sequence, as in verl)")
 def _dynamic_token_len(c: Ctx) -> Iterator[Problem]:
     if not c(_DYN):
         return
+    sp = int(c(_SP) or 1)
+    need = -(-c.seq_len // sp)
     for key in _TOKEN_KEYS:
-        if c(key) < c.seq_len:
-            yield Problem(key, f"{c(key)} tokens cannot hold one sequence of max_prompt_length + "
-                          f"max_response_length = {c.seq_len}", f"set it to at least {c.seq_len}")
+        if c(key) < need:
+            held = f"{c(key)} tokens per device" + (f" (x {sp} Ulysses ranks)" if sp > 1 else "")
+            yield Problem(key, f"{held} cannot hold one sequence of max_prompt_length + "
+                          f"max_response_length = {c.seq_len}", f"set it to at least {need}")
 
 
 @_rule("dynamic_consistent", (_DYN, ROLL + "log_prob_use_dynamic_bsz", REF + "log_prob_use_dynamic_bsz"),
@@ -462,7 +468,7 @@ def vllm_arg(c: Ctx, arg: str, rollout_key: str | None = None) -> _Arg | None:
     if merged.get(arg) is not None:
         key = f"{_TOP_EK}.{arg}" if top.get(arg) is not None else f"{_EK}.{arg}"
         if key in c.bad:
-            raise _Skip(key)
+            raise SkipRule(key)
         return _Arg(merged[arg], key, True)
     if rollout_key is None:
         return None
@@ -682,6 +688,6 @@ def check_relations(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]) -
     for rule in RULES:
         try:
             problems += list(rule.check(ctx))
-        except _Skip:
+        except SkipRule:
             continue
     return problems, ctx.warnings

@@ -14,18 +14,20 @@ loader with a warning), those it no longer reads in `DEPRECATED` (refused, namin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS   # names only: nothing heavy
+from verl_npu.estimators import (   # names only: nothing heavy
+    ESTIMATORS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS,
+)
 from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
 from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # names only: imports nothing heavy
 from verl_npu.config.schema_multiturn import KEYS as MULTI_TURN_KEYS   # plain data, imports nothing
 from verl_npu.metric_sinks import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
-# Type names (what `explain` prints and `rules.check_type` accepts).
-INT, FLOAT, BOOL, STR, DICT = "int", "float", "bool", "str", "dict"
-STR_LIST, STR_OR_LIST, FLOAT_LIST, INT_LIST = "list[str]", "str | list[str]", "list[float]", "list[int]"
+from verl_npu.config import schema_algorithm
+from verl_npu.config.key import (  # noqa: F401 - the schema's face: Key and the type names
+    BOOL, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key,
+)
 
 #: first segments of verl's own config; `data.x=1` on the command line means `backend_config.data.x=1`.
 VERL_SECTIONS = (
@@ -37,37 +39,6 @@ TOP_LEVEL = ("af_output_dir", "backend_config", "engine_kwargs")
 PLACEHOLDER = "EDIT_ME"
 #: rollout tensor-parallel sizes verl-npu accepts.
 TP_SIZES = (1, 2, 4, 8)
-
-
-@dataclass(frozen=True)
-class Key:
-    """One config key: full dotted path, default, type name, one-line meaning and limits."""
-
-    path: str
-    default: Any
-    type: str
-    doc: str
-    choices: tuple = ()          # supported values (empty: any value of the type)
-    unsupported: tuple = ()      # values verl knows but verl-npu does not support yet
-    renamed: tuple = ()          # (old, new) value pairs verl deprecated: refused, naming the new value
-    min: float | None = None     # inclusive lower bound
-    max: float | None = None     # inclusive upper bound
-    gt: float | None = None      # exclusive lower bound
-    nullable: bool = False       # null allowed (implied by a null default)
-    required: bool = False       # must be set by the user (placeholders refused)
-    off_only: str = ""           # non-empty: only the default is supported; text says what is missing
-    instead: str = ""            # with off_only / unsupported: what to do instead
-    noop: str = ""               # non-empty: accepted, but has no effect in verl-npu; text says why
-    derived: str = ""            # non-empty: filled in by verl_npu.config.derive when not set; says how
-
-    @property
-    def short(self) -> str:
-        """The key without the `backend_config.` prefix (verl's own spelling)."""
-        return self.path[len("backend_config."):] if self.path.startswith("backend_config.") else self.path
-
-    @property
-    def allows_null(self) -> bool:
-        return self.nullable or self.default is None
 
 
 _KEYS: list[Key] = []
@@ -198,9 +169,8 @@ _k(f"{AC}.use_torch_compile", False, BOOL, "Run the actor's log-prob / entropy c
    "on a 2-core CPU), which dominates short and CPU runs, and verl's Ascend scripts turn it off.")
 _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss: " + "; ".join(
    f"{name}: {doc}" for name, doc in POLICY_LOSS_MODES.items()) + ".", choices=tuple(POLICY_LOSS_MODES),
-   unsupported=UNSUPPORTED_POLICY_LOSSES, instead="bypass_mode is verl's rollout correction inside the loss, "
-   "which verl-npu does not have yet; use vanilla (the old log-probs are recomputed by the actor) or another "
-   "mode: " + ", ".join(POLICY_LOSS_MODES))
+   unsupported=UNSUPPORTED_POLICY_LOSSES, instead="use one of: " + ", ".join(POLICY_LOSS_MODES),
+   derived="bypass_mode with algorithm.rollout_correction.bypass_mode=true")
 PL = f"{AC}.policy_loss"
 _k(f"{PL}.clip_cov_ratio", 0.0002, FLOAT, "clip_cov: at most this fraction of a micro-batch's tokens "
    "(at least one) loses its gradient.", gt=0, max=1)
@@ -230,6 +200,8 @@ _k(f"{O}.num_cycles", 0.5, FLOAT, "Cosine cycles over training (0.5 = one half-c
 _k(f"{O}.weight_decay", 0.01, FLOAT, "AdamW weight decay.", min=0)
 _k(f"{O}.betas", [0.9, 0.999], FLOAT_LIST, "AdamW betas.")
 _k(f"{O}.total_training_steps", -1, INT, "Schedule length; -1 is filled in at run time from the data.", min=-1)
+_k(f"{O}.zero_indexed_step", True, BOOL, "Cosine schedule: count steps from 0 (the first update uses the step-0 "
+   "learning rate); false counts from 1, one step further along the curve.")
 F = f"{AC}.fsdp_config"
 _k(f"{F}.param_offload", False, BOOL, "Keep actor parameters in host memory between uses (FSDP2 CPU offload; "
    "on one device the worker shards over a one-rank group, as verl does).")
@@ -240,8 +212,16 @@ _k(f"{F}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap modules with at least 
 _k(f"{F}.fsdp_size", -1, INT, "Devices per FSDP shard group; -1 shards over all.", min=-1)
 _k(f"{F}.forward_prefetch", False, BOOL, "FSDP2: each decoder block gathers the next block's parameters "
    "during its own forward (more overlap, one more block in memory); no effect with one worker.")
-_k(f"{AC}.entropy_from_logits_with_chunking", False, BOOL, "Compute the actor's entropy 2048 tokens at a "
-   "time, so the fp32 softmax temporaries never span the whole micro batch (same values, lower peak memory).")
+_k(f"{AC}.calculate_sum_pi_squared", False, BOOL, "In the old-log-prob pass, also compute each response "
+   "position's sum of squared probabilities over the vocabulary (sum_v pi_v^2, from the temperature-scaled "
+   "logits), which adv_estimator=optimal_token_baseline / tir_optimal_token_baseline need. With it that pass "
+   "always runs, and runs without the fused output projection (model.use_fused_kernels), which never holds "
+   "the logits.")
+_k(f"{AC}.entropy_from_logits_with_chunking", False, BOOL, "Compute the actor's entropy "
+   "entropy_from_logits_chunk_size tokens at a time, so the fp32 softmax temporaries never span the whole micro "
+   "batch (same values, lower peak memory).")
+_k(f"{AC}.entropy_from_logits_chunk_size", 2048, INT, "Tokens per chunk of the actor's entropy with "
+   "entropy_from_logits_with_chunking.", min=1)
 _k(f"{AC}.checkpoint.save_contents", ["model", "optimizer", "extra", "hf_model"], STR_LIST,
    "What a checkpoint of the actor holds: model / optimizer / extra (LR schedule, RNG) shards per rank, "
    "hf_model the full weights in huggingface/ (config and tokenizer are always there). verl-npu's default "
@@ -333,6 +313,11 @@ _k(f"{RO}.engine_kwargs.sglang", {}, DICT, "Extra SGLang engine arguments (sglan
    noop="read only by the sglang rollout, which is refused by name (rollout.name=sglang)")
 _k(f"{RO}.update_weights_bucket_megabytes", 512, INT, "Most megabytes of gathered weights held at once while "
    "the actor's weights stream into the rollout engine (peak extra memory of a weight sync).", min=1)
+_k(f"{RO}.calculate_log_probs", False, BOOL, "Keep the engine's own log-probs of the sampled tokens (rollout_log_probs,"
+   " under the distribution each was drawn from: temperature, top-k, top-p; vLLM's processed_logprobs) for "
+   "algorithm.rollout_correction and the rollout_corr/* metrics. vllm returns them always, hf only when true. verl "
+   "0.9.1's default is true; here false, so an hf run keeps skipping the redundant old-log-prob pass.",
+   derived="true when algorithm.rollout_correction is on (rollout_is, rollout_rs or bypass_mode)")
 _k(f"{RO}.max_probs_diff", 0.05, FLOAT, "verl-npu: largest allowed mean |p_rollout - p_actor| over response "
    "tokens (training/rollout_probs_diff_mean) before the run stops with 'engine out of sync'; 0.05 suits "
    "bf16, fp32 runs are ~1e-6; null disables the check.", gt=0, nullable=True)
@@ -391,6 +376,7 @@ _k(f"{CO}.min_lr_ratio", 0.0, FLOAT, "Final critic learning rate of the cosine s
 _k(f"{CO}.num_cycles", 0.5, FLOAT, "Cosine cycles over training (critic).", gt=0)
 _k(f"{CO}.weight_decay", 0.01, FLOAT, "Critic AdamW weight decay.", min=0)
 _k(f"{CO}.betas", [0.9, 0.999], FLOAT_LIST, "Critic AdamW betas.")
+_k(f"{CO}.zero_indexed_step", True, BOOL, "Critic cosine schedule: count steps from 0 (false: from 1).")
 CF = f"{C}.model.fsdp_config"  # verl keeps the critic's FSDP settings under critic.model
 _k(f"{CF}.param_offload", False, BOOL, "Keep critic parameters in host memory between uses.")
 _k(f"{CF}.optimizer_offload", False, BOOL, "Keep the critic's optimizer state in host memory between steps.")
@@ -466,16 +452,16 @@ _k("custom_reward_function.path", None, STR, "Python file with your reward funct
 _k("custom_reward_function.name", "compute_score", STR, "Function name in custom_reward_function.path.")
 _k("custom_reward_function.reward_kwargs", {}, DICT, "Extra keyword arguments passed to your reward "
    "function on every call (e.g. {format_score: 0.1}); only with custom_reward_function.path.")
-_k("custom_reward_function.timeout_s", 30.0, FLOAT, "Seconds one reward call (one response) may take; "
+_k("custom_reward_function.timeout_s", 30.0, FLOAT, "verl-npu: seconds one reward call (one response) may take; "
    "a call past it stops the run with an error naming the dataset row. null: no limit.", gt=0, nullable=True)
 AL = "algorithm"
 _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor (gae, reinforce_plus_plus).", min=0, max=1)
 _k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda (adv_estimator=gae).", min=0, max=1)
 _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator: " + "; ".join(
    f"{s.name}: {s.doc}" for s in ESTIMATORS.values()) + ".", choices=tuple(ESTIMATORS),
-   unsupported=UNSUPPORTED_ESTIMATORS, instead="; ".join(f"{name}: refused because {why}"
-                                                         for name, why in UNSUPPORTED_REASONS.items())
-   + "; use one of: " + ", ".join(ESTIMATORS))
+   unsupported=UNSUPPORTED_ESTIMATORS, instead="".join(f"{name}: refused because {why}; "
+                                                        for name, why in UNSUPPORTED_REASONS.items())
+   + "use one of: " + ", ".join(ESTIMATORS))
 _k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO (grpo, grpo_vectorized, grpo_passk): divide group-centred "
    "scores by the group std (false = Dr.GRPO).")
 _k(f"{AL}.gdpo_reward_keys", None, STR_LIST, "gdpo: the reward components to normalise one by one, keys of the "
@@ -494,6 +480,7 @@ _k(f"{FG}.max_num_gen_batches", 0, INT, "Most generation batches one step may us
    "an error (as verl's DAPO recipe does). 0 or less: no limit.")
 _k(f"{FG}.max_inflight_gen_batches", 1, INT, "verl V1: generation batches in flight at once.", min=1,
    noop="generation batches run one after another here")
+_KEYS.extend(schema_algorithm.KEYS)  # rollout correction, ROLL's reward normalisation
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))
@@ -536,7 +523,7 @@ _k(f"{T}.default_hdfs_dir", None, STR, "HDFS folder for checkpoints.", off_only=
 _k(f"{T}.del_local_ckpt_after_load", False, BOOL, "verl: delete the local copy of a checkpoint downloaded from "
    "HDFS once it is loaded.", off_only="remote (HDFS) checkpoints, whose downloaded copy this deletes")
 _k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
-_k(f"{T}.tensorboard_dir", None, STR, "TensorBoard event folder (with 'tensorboard' in trainer.logger); verl "
+_k(f"{T}.tensorboard_dir", None, STR, "verl-npu: TensorBoard event folder (with 'tensorboard' in trainer.logger); verl "
    "reads it from $TENSORBOARD_DIR.", derived="$TENSORBOARD_DIR, else <af_output_dir>/tensorboard")
 _k(f"{T}.max_actor_ckpt_to_keep", None, INT, "Keep only the newest N actor checkpoints (null: all).", min=1)
 _k(f"{T}.max_critic_ckpt_to_keep", None, INT, "Keep only the newest N critic checkpoints (null: all). A step "

@@ -1,7 +1,8 @@
 """verl keys that verl-npu does not implement, each with what happens to it here.
 
 `schema.SCHEMA` holds the keys verl-npu reads. Everything else in upstream verl's `ppo_trainer`
-config (verl 0.7-0.10, checked against the key list in tests/data/verl_ppo_trainer_keys.txt) is
+config (every leaf key of verl 0.9.1's generated schema, tests/data/verl_ppo_trainer_keys.txt, is
+checked by tests/test_verl_key_table.py; the keys verl 0.9.1 added live in `schema_verl_091`) is
 one of:
 - `VERL_ONLY[path]`, a `Key` that is either a no-op (`noop`: any valid value is accepted and
   changes nothing here, the text says why) or refused unless at its no-op value (`off_only`:
@@ -12,6 +13,11 @@ one of:
   a value other than null / false / {} / [] is an error naming the feature and what to do instead;
 - `_target_` anywhere: verl's Hydra class selector, a no-op (verl-npu builds its own objects).
 A user key that is none of these (and not in SCHEMA) is "unknown": not a verl key at all.
+
+Every key verl-npu calls a verl key is one of verl 0.9.1's, except those marked: schema keys whose
+text starts with "verl-npu:" (verl-npu's own extensions), `OLDER_VERL` (spellings of verl before
+0.9.1 that verl-npu still reads or names in its refusal) and `READ_WITH_PLUS` (keys verl 0.9.1 reads
+although its schema does not declare them: set with `+`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from typing import Any
 from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, STR, STR_LIST, Key
 
 #: top-level verl sections besides schema.VERL_SECTIONS (all of their keys are in this module).
-EXTRA_VERL_SECTIONS = ("reward_manager", "transfer_queue", "ray_kwargs")
+EXTRA_VERL_SECTIONS = ("reward_manager", "transfer_queue", "ray_kwargs", "reward", "distillation", "skip",
+                       "sandbox_fusion")
 
 VERL_ONLY: dict[str, Key] = {}
 BC = "backend_config."
@@ -49,11 +56,17 @@ _noop(f"{A}.nccl_timeout", 600, INT, "verl's timeout in seconds for its NCCL wei
       "syncs weights inside its own process group (torch.distributed's default timeout).", min=1)
 
 # ---------------------------------------------------------------- actor / ref: shared engine keys
+_ENTROPY_CKPT = {
+    "actor": "a memory saving only: verl recomputes the entropy's activations in backward instead of keeping "
+             "them; verl-npu keeps them (same values; the entropy is differentiated only with entropy_coeff > 0, "
+             "and actor.entropy_from_logits_with_chunking bounds its memory).",
+    "ref": "the reference model computes no entropy (only log-probs).",
+}
 for role in ("actor", "ref"):
     base = f"{A}.{role}"
     fc = f"{base}.fsdp_config"
     _noop(f"{base}.rollout_n", None, INT, "verl's internal copy of rollout.n; verl-npu reads rollout.n.")
-    _off(f"{base}.entropy_checkpointing", False, BOOL, "recomputing the entropy in backward", LEAVE + " (false)")
+    _noop(f"{base}.entropy_checkpointing", False, BOOL, _ENTROPY_CKPT[role])
     _off(f"{base}.router_replay.mode", "disabled", STR, "MoE router replay", LEAVE + " ('disabled')")
     _off(f"{base}.router_replay.record_file", None, STR, "MoE router replay", "remove it")
     _off(f"{base}.router_replay.replay_file", None, STR, "MoE router replay", "remove it")
@@ -66,7 +79,7 @@ for role in ("actor", "ref"):
     _noop(f"{fc}.use_orig_params", False, BOOL, "an FSDP1 flag; FSDP2 always keeps the original parameters.")
     _off(f"{fc}.seed", 42, INT, "a separate seed for the training engine", LEAVE + " (42)")
     _off(f"{fc}.full_determinism", False, BOOL, "fully deterministic kernels", LEAVE + " (false)")
-    _off(f"{fc}.entropy_checkpointing", False, BOOL, "recomputing the entropy in backward", LEAVE + " (false)")
+    _noop(f"{fc}.entropy_checkpointing", False, BOOL, _ENTROPY_CKPT[role])
     _noop(f"{fc}.forward_only", role == "ref", BOOL, "verl's engine flag for roles that never train; verl-npu "
           "knows the reference model does not train.")
     _noop(f"{fc}.strategy", "fsdp", STR, "verl's engine copy of actor.strategy; verl-npu reads actor.strategy.",
@@ -101,7 +114,6 @@ _off(f"{AC}.use_prefix_grouper", False, BOOL, "prefix-grouped forward passes", L
 _off(f"{AC}.data_loader_seed", 42, INT, "a separate seed for the PPO mini-batch shuffle", LEAVE + " (42)")
 _off(f"{AC}.checkpoint.async_save", False, BOOL, "asynchronous checkpoint saving",
      "leave it false (checkpoints are written aside and renamed into place)")
-_off(f"{AC}.calculate_sum_pi_squared", False, BOOL, "the sum-of-squared-probabilities metric", LEAVE + " (false)")
 _off(f"{AC}.sum_pi_squared_checkpointing", False, BOOL, "the sum-of-squared-probabilities metric",
      LEAVE + " (false)")
 
@@ -118,8 +130,6 @@ _off(f"{RO}.logprobs_mode", "processed_logprobs", STR, "other rollout log-prob m
 _off(f"{RO}.scheduling_policy", "fcfs", STR, "other vLLM scheduling policies", LEAVE + " (fcfs)")
 _off(f"{RO}.over_sample_rate", 0, FLOAT, "over-sampling and aborting the slowest rollouts", LEAVE + " (0)")
 _off(f"{RO}.engine_kwargs.trtllm", {}, DICT, "the TRT-LLM rollout", "use rollout.name=vllm (or hf)")
-_off(f"{RO}.calculate_log_probs", False, BOOL, "returning the engine's own log-probs",
-     "leave it false (verl-npu recomputes log-probs with the actor)")
 _noop(f"{RO}.agent.num_workers", 8, INT, "verl's agent-loop worker count; verl-npu's rollout runs inside its "
       "training workers, one engine per TP group.", min=1)
 _off(f"{RO}.agent.agent_loop_config_path", None, STR, "agent loops", "remove it")
@@ -244,13 +254,74 @@ REFUSED_SUBTREES: dict[str, tuple[str, str]] = {_full(k): v for k, v in {
     "reward_model.reward_loop_module_path": _RM_LOOP,
     "reward_model.reward_loop_class_name": _RM_LOOP,
     f"{RO}.agent": ("agent loops", "remove the agent keys (single-turn rollout)"),
-    "algorithm.rollout_correction": ("rollout importance-sampling correction", "remove it; verl-npu keeps the "
-                                     "engine in sync with the actor and checks it (rollout.max_probs_diff)"),
     "algorithm.pf_ppo": ("pf-ppo", "remove it"),
     "ray_kwargs": ("Ray options other than ray_init.num_cpus and timeline_json_file",
                    "set ray_init.num_cpus, or configure the Ray cluster you start (RAY_ADDRESS)"),
     "transfer_queue": ("TransferQueue data transfer", "remove it"),
 }.items()}
+
+
+def _register_091() -> None:
+    """verl 0.9.1's added keys (schema_verl_091), into the tables above."""
+    from verl_npu.config import schema_verl_091
+
+    aliases: dict[str, str] = {}
+    refused: dict[str, tuple[str, str]] = {}
+    schema_verl_091.register(_noop, _off, aliases, refused)
+    ALIASES.update({_full(k): _full(v) for k, v in aliases.items()})
+    REFUSED_SUBTREES.update({_full(k): v for k, v in refused.items()})
+
+
+_register_091()
+
+_C, _RM_ = "critic.model.fsdp_config", "reward_model"
+#: keys verl-npu reads or refuses by name that verl 0.9.1's schema no longer has (verl before 0.9.1
+#: spelled them so; scripts written for it still carry them): full path or prefix -> where verl 0.9.1 has it.
+OLDER_VERL: dict[str, str] = {_full(k): v for k, v in {
+    f"{RO}.update_weights_bucket_megabytes": f"{RO}.checkpoint_engine.update_weights_bucket_megabytes",
+    f"{RO}.use_fire_sampling": "removed",
+    f"{RO}.multi_turn.interaction_config_path": "removed (verl 0.9.1's multi_turn has no interactions)",
+    f"{RO}.multi_turn.max_turns": f"{RO}.multi_turn.max_assistant_turns",
+    **{f"{_C}.{leaf}": f"critic.fsdp.{leaf}" for leaf in ("param_offload", "optimizer_offload",
+                                                           "reshard_after_forward", "wrap_policy.min_num_params",
+                                                           "fsdp_size", "forward_prefetch")},
+    **{f"{_RM_}.{leaf}": "removed; its reward model runs in a rollout engine (reward.reward_model.rollout)"
+       for leaf in ("strategy", "model.input_tokenizer", "model.override_config", "model.use_remove_padding",
+                    "model.use_fused_kernels", "model.use_shm", "ulysses_sequence_parallel_size",
+                    "model.fsdp_config", "micro_batch_size_per_gpu", "max_length", "use_dynamic_bsz",
+                    "forward_max_token_len_per_gpu", "profiler")},
+    **{f"{_RM_}.{leaf}": "removed" for leaf in ("use_reward_loop", "launch_reward_fn_async")},
+    f"{_RM_}.sandbox_fusion": "reward.sandbox_fusion",
+    "trainer.profile_steps": "global_profiler.steps",
+    "trainer.controller_nsight_options": "global_profiler.global_tool_config.nsys.controller_nsight_options",
+    "trainer.worker_nsight_options": "global_profiler.global_tool_config.nsys.worker_nsight_options",
+    "trainer.use_legacy_worker_impl": "removed (verl 0.9.1 has one worker implementation)",
+    "ray_init.num_cpus": "ray_kwargs.ray_init.num_cpus",
+    "ray_init.timeline_json_file": "ray_kwargs.timeline_json_file",
+    **{f"{A}.{role}.router_replay": f"{A}.{role}.megatron.router_replay (Megatron only)" for role in ("actor", "ref")},
+    f"{AC}.fsdp_config.grad_offload": "removed",
+    f"{AC}.sum_pi_squared_checkpointing": "removed",
+    f"{RO}.skip_rollout": "skip.rollout.enable",
+    f"{RO}.skip_dump_dir": "skip.rollout.dump_dir",
+    "data.sampler": "removed",
+    "data.datagen": "removed",
+    "reward_manager": "reward.reward_manager",
+    "reward_model.overlong_buffer": "reward.reward_kwargs.overlong_buffer_cfg (the DAPO recipe's older spelling)",
+}.items()}
+#: keys verl 0.9.1 reads although its generated schema does not declare them (Hydra needs `+` to set them):
+#: full path -> where verl 0.9.1 reads it.
+READ_WITH_PLUS: dict[str, str] = {_full(k): v for k, v in {
+    "reward_model.reward_kwargs": "verl's legacy-reward migration, which moves it to reward.reward_kwargs",
+    "reward.custom_reward_function.reward_kwargs": "the reward function loader (extra keyword arguments)",
+    "reward.reward_kwargs": "the reward manager (the dapo manager's overlong_buffer_cfg and max_resp_len)",
+    "custom_reward_function.reward_kwargs": "the reward function loader, after the legacy-reward migration",
+    f"{AC}.optim.grad_clip": "the optimizer config (deprecated, copied to clip_grad)",
+    "critic.optim.grad_clip": "the optimizer config (deprecated, copied to clip_grad)",
+    "trainer.remove_previous_ckpt_in_save": "the trainer's checkpoint cleanup (deprecated)",
+    "algorithm.gdpo_reward_keys": "the algorithm config (gdpo)",
+    "algorithm.gdpo_reward_weights": "the algorithm config (gdpo)",
+}.items()}
+
 
 #: LoRA keys (in SCHEMA); listed for the compatibility table.
 LORA_KEYS = tuple(_full(f"{M}.{k}") for k in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules",

@@ -23,6 +23,17 @@ DATA, ACTOR, ROLL, REF = (BC + "data.", BC + "actor_rollout_ref.actor.", BC + "a
 TRAINER, ALGO = BC + "trainer.", BC + "algorithm."
 
 
+class SkipRule(Exception):
+    """An input of a cross-key rule or a derivation already has a problem: it does not apply."""
+
+
+def get_unless_bad(cfg: DictConfig, path: str, bad: set[str]) -> Any:
+    """`get(cfg, path)`, or `SkipRule` when `path` is among the keys already in error (`bad`)."""
+    if path in bad:
+        raise SkipRule(path)
+    return get(cfg, path)
+
+
 def get(cfg: DictConfig, path: str) -> Any:
     """The plain value at a full dotted key (containers converted to Python lists/dicts)."""
     value = OmegaConf.select(cfg, path, throw_on_missing=False)

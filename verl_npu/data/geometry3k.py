@@ -15,8 +15,9 @@ Each output row (verl's RL schema, see docs/data_formats.md)::
     reward_model  {"style": "rule", "ground_truth": answer}
     extra_info    {"split", "index" (source row), "answer", "question" (problem)}
 
-The helpers here (``SourceSplit``, ``local_splits``, ``hub_splits``, ``convert_splits``,
-``write_rl_parquet``, ``run_cli``) are reused by ``verl_npu.data.gsm8k``.
+The helpers here (``SourceSplit``, ``local_splits``, ``hub_splits``, ``source_splits``,
+``synthetic_splits``, ``convert_splits``, ``write_rl_parquet``, ``run_cli``, and the CLI itself:
+``prep_parser``, ``prep_main``) are reused by ``verl_npu.data.gsm8k``.
 """
 
 from __future__ import annotations
@@ -232,6 +233,20 @@ def hub_splits(hub_id: str, wanted: tuple[str, ...], config_name: str | None = N
     return out
 
 
+def source_splits(local_dataset_path: str | os.PathLike | None, required: tuple[str, ...], wanted: tuple[str, ...],
+                  hub_id: str, config_name: str | None = None) -> dict[str, SourceSplit]:
+    """The ``wanted`` splits of ``local_dataset_path`` (``local_splits``) when given, else of the hub
+    dataset (``hub_splits``); a UserError names a split without one of the ``required`` columns."""
+    if local_dataset_path:
+        return local_splits(local_dataset_path, required, wanted)
+    splits = hub_splits(hub_id, wanted, config_name)
+    for split in splits.values():
+        absent = [c for c in required if c not in split.columns]
+        if absent:
+            raise UserError(f"{split.where}: missing column(s) {', '.join(absent)}")
+    return splits
+
+
 def memory_splits(rows_by_split: dict[str, list[dict]], where: str) -> dict[str, SourceSplit]:
     """Splits over in-memory rows (the synthetic generator's output)."""
     out = {}
@@ -245,7 +260,19 @@ def memory_splits(rows_by_split: dict[str, list[dict]], where: str) -> dict[str,
     return out
 
 
+def synthetic_splits(n_train: int, n_test: int, generate: Callable[[int, str], list[dict]],
+                     problem: str | None = None) -> dict[str, SourceSplit]:
+    """In-memory train and test splits of a synthetic generator (`generate(rows, split)`); a UserError
+    for fewer than 1 row in either, else for `problem` (the generator's own settings), before generating."""
+    if n_train < 1 or n_test < 1:
+        raise UserError(f"--synthetic needs at least 1 train and 1 test row (got train={n_train}, test={n_test})")
+    if problem:
+        raise UserError(problem)
+    return memory_splits({"train": generate(n_train, "train"), "test": generate(n_test, "test")}, "synthetic")
+
+
 # --------------------------------------------------------------------------- conversion
+
 def encode_image(value: Any) -> bytes:
     """Encoded image bytes for one source image value, verified to decode.
 
@@ -417,16 +444,12 @@ def prepare_synthetic(
     Returns ``{"train": path, "test": path, "paths": {split: path}, "rows": {split: n},
     "images": {split: n}, "skipped": {split: 0}}``.
     """
-    if n_train < 1 or n_test < 1:
-        raise UserError(f"--synthetic needs at least 1 train and 1 test row (got train={n_train}, test={n_test})")
-    if image_size < 16:
-        raise UserError(f"--image-size must be at least 16 pixels to draw a polygon (got {image_size})")
-    rows = {
-        "train": synthetic_geometry.generate_rows(n_train, seed, image_size, "train"),
-        "test": synthetic_geometry.generate_rows(n_test, seed, image_size, "test"),
-    }
+    too_small = f"--image-size must be at least 16 pixels to draw a polygon (got {image_size})"
+    splits = synthetic_splits(n_train, n_test,
+                              lambda n, split: synthetic_geometry.generate_rows(n, seed, image_size, split),
+                              problem=too_small if image_size < 16 else None)
     result = convert_splits(
-        memory_splits(rows, "synthetic"),
+        splits,
         lambda row, split, i: geometry3k_row(row, split, i, synthetic_geometry.DATA_SOURCE, SYNTHETIC_INSTRUCTION),
         save_dir,
         with_images=True,
@@ -459,16 +482,8 @@ def prepare(
 
     Returns the same dict as ``prepare_synthetic``.
     """
-    if local_dataset_path:
-        splits = local_splits(local_dataset_path, SOURCE_COLUMNS, SPLITS)
-    else:
-        splits = hub_splits(HUB_ID, SPLITS)
-        for s in splits.values():
-            absent = [c for c in SOURCE_COLUMNS if c not in s.columns]
-            if absent:
-                raise UserError(f"{s.where}: missing column(s) {', '.join(absent)}")
     result = convert_splits(
-        splits,
+        source_splits(local_dataset_path, SOURCE_COLUMNS, SPLITS, HUB_ID),
         lambda row, split, i: geometry3k_row(row, split, i, HUB_ID),
         save_dir,
         with_images=True,
@@ -501,24 +516,26 @@ def run_cli(body: Callable[[], dict], save_dir: str | os.PathLike, overwrite: bo
     print(PrepResult.from_dict(result).summary())
 
 
-def build_parser() -> argparse.ArgumentParser:
+def prep_parser(prog: str, task: str, *, default_dir: str, dataset_help: str, synthetic_help: str,
+                synthetic_options: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.ArgumentParser:
+    """The options every data_prep CLI takes (`task`: what it writes, e.g. "GSM8K (or a synthetic
+    arithmetic task)"); `synthetic_options` adds a task's own synthetic-generator options after --seed."""
     p = argparse.ArgumentParser(
-        prog="data_prep/geometry3k.py",
-        description="Write Geometry3K (or a synthetic polygon task) as RL parquet files: train.parquet, test.parquet. "
+        prog=prog,
+        description=f"Write {task} as RL parquet files: train.parquet, test.parquet. "
                     "verl's underscore spellings of the options are accepted too (--local_save_dir, "
                     "--local_dir, --local_dataset_path).",
     )
     p.add_argument("--local-save-dir", "--local_save_dir", "--local_dir", dest="local_save_dir",
-                   default="~/data/geo3k", help="output folder (default: ~/data/geo3k)")
+                   default=default_dir, help=f"output folder (default: {default_dir})")
     p.add_argument("--local-dataset-path", "--local_dataset_path", dest="local_dataset_path", default=None,
-                   help="a local copy of hiyouga/geometry3k: a folder of parquet files or a save_to_disk folder")
-    p.add_argument("--synthetic", type=int, default=None, metavar="N",
-                   help="write N synthetic train rows (rendered polygons, no network) instead of Geometry3K")
+                   help=dataset_help)
+    p.add_argument("--synthetic", type=int, default=None, metavar="N", help=synthetic_help)
     p.add_argument("--synthetic-test", "--synthetic_test", dest="synthetic_test", type=int, default=None,
                    metavar="N", help="synthetic test rows (default: N // 4, at least 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")
-    p.add_argument("--image-size", "--image_size", dest="image_size", type=int, default=56,
-                   help="synthetic image side in pixels (default 56)")
+    if synthetic_options is not None:
+        synthetic_options(p)
     p.add_argument("--skip-bad-rows", "--skip_bad_rows", dest="skip_bad_rows", action="store_true",
                    help="skip (and count) rows that cannot be converted instead of stopping at the first")
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
@@ -528,6 +545,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def build_parser() -> argparse.ArgumentParser:
+    def image_size(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--image-size", "--image_size", dest="image_size", type=int, default=56,
+                       help="synthetic image side in pixels (default 56)")
+
+    return prep_parser(
+        "data_prep/geometry3k.py", "Geometry3K (or a synthetic polygon task)", default_dir="~/data/geo3k",
+        dataset_help="a local copy of hiyouga/geometry3k: a folder of parquet files or a save_to_disk folder",
+        synthetic_help="write N synthetic train rows (rendered polygons, no network) instead of Geometry3K",
+        synthetic_options=image_size)
+
+
 def dry_run_plan(source: str, save_dir: str) -> str:
     """The line ``--dry-run`` prints: where the rows would come from (``source``, a verb phrase) and
     the files that would be written."""
@@ -535,25 +564,34 @@ def dry_run_plan(source: str, save_dir: str) -> str:
     return f"dry run: would {source} and write {out / 'train.parquet'}, {out / 'test.parquet'} (nothing done)"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI entry point of ``data_prep/geometry3k.py``."""
-    args = build_parser().parse_args(argv)
+def prep_main(args: argparse.Namespace, *, synthetic_rows: str, synthetic: Callable[[int], dict], hub: str,
+              prepare_rows: Callable[[], dict]) -> None:
+    """What every data_prep CLI does with its parsed `args`: `synthetic(n_test)` with --synthetic
+    (`synthetic_rows` says what it makes), else `prepare_rows()` from --local-dataset-path or the hub
+    (`hub`: the dataset's id), or with --dry-run only the plan."""
     if args.synthetic is not None:
         if args.local_dataset_path:
             print("error: --synthetic and --local-dataset-path exclude each other; pass one", file=sys.stderr)
             raise SystemExit(1)
         n_test = args.synthetic_test if args.synthetic_test is not None else max(1, args.synthetic // 4)
         if args.dry_run:
-            print(dry_run_plan(f"generate {args.synthetic} train / {n_test} test synthetic polygon rows "
-                               f"(seed {args.seed}, {args.image_size} px)", args.local_save_dir))
+            plan = f"generate {args.synthetic} train / {n_test} test {synthetic_rows}"
+            print(dry_run_plan(plan, args.local_save_dir))
             return
-        run_cli(lambda: prepare_synthetic(
-            args.local_save_dir, args.synthetic, n_test, args.seed, args.image_size, progress=True),
-            args.local_save_dir, args.overwrite)
+        run_cli(lambda: synthetic(n_test), args.local_save_dir, args.overwrite)
     elif args.dry_run:
         source = (f"convert the local copy {args.local_dataset_path}" if args.local_dataset_path
-                  else f"download {HUB_ID} from the Hugging Face hub (needs the network and the 'datasets' package)")
+                  else f"download {hub} from the Hugging Face hub (needs the network and the 'datasets' package)")
         print(dry_run_plan(source, args.local_save_dir))
     else:
-        run_cli(lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows),
-                args.local_save_dir, args.overwrite)
+        run_cli(prepare_rows, args.local_save_dir, args.overwrite)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point of ``data_prep/geometry3k.py``."""
+    args = build_parser().parse_args(argv)
+    prep_main(args, synthetic_rows=f"synthetic polygon rows (seed {args.seed}, {args.image_size} px)",
+              synthetic=lambda n_test: prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed,
+                                                         args.image_size, progress=True),
+              hub=HUB_ID,
+              prepare_rows=lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from verl_npu.data import gsm8k
-from verl_npu.data.geometry3k import EXTRA_INFO_TYPE, rl_schema
+from verl_npu.data.geometry3k import EXTRA_INFO_TYPE, prep_parser, rl_schema
 
 TOOL_NAME = "calc_gsm8k_reward"
 AGENT_NAME = "tool_agent"
@@ -63,13 +63,13 @@ def prepare_synthetic(save_dir, n_train: int, n_test: int, seed: int = 0, progre
 
 
 def build_parser():
-    p = gsm8k.build_parser()
-    p.prog = "data_prep/gsm8k_multiturn_w_tool.py"
-    p.description = ("Write GSM8K (or the synthetic arithmetic task) for multi-turn rollout with the GSM8K tool, in "
-                     "verl's multi-turn format (a system prompt, extra_info.tools_kwargs): train.parquet, "
-                     "test.parquet. verl's underscore spellings of the options are accepted too.")
-    p.set_defaults(local_save_dir="~/data/gsm8k_multiturn_w_tool")
-    return p
+    return prep_parser(
+        "data_prep/gsm8k_multiturn_w_tool.py",
+        "GSM8K (or the synthetic arithmetic task) for multi-turn rollout with the GSM8K tool, in verl's multi-turn "
+        "format (a system prompt, extra_info.tools_kwargs),", default_dir="~/data/gsm8k_multiturn_w_tool",
+        dataset_help="a local copy of openai/gsm8k (main): a folder of parquet files or a save_to_disk folder",
+        synthetic_help="write N synthetic train rows (one-step word problems: a count of 1-5 things grows by "
+                       "one; no network) instead of GSM8K")
 
 
 def main(argv: list[str] | None = None) -> None:

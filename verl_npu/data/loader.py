@@ -99,11 +99,6 @@ class StatefulBatchLoader:
             self.epoch = int(epoch)
             self.sample_index = 0
 
-    def batch_indices(self, epoch: int, batch_index: int) -> list[int]:
-        """Row indices of batch ``batch_index`` of ``epoch`` (counted from the epoch's start)."""
-        start = batch_index * self.batch_size
-        return [int(i) for i in self.order(epoch)[start:start + self.batch_size]]
-
     def _has_batch_at(self, start: int, n: int) -> bool:
         return start + self.batch_size <= n if self.drop_last else start < n
 

@@ -116,6 +116,16 @@ def _entropy(logits: torch.Tensor, chunk: int = 0) -> torch.Tensor:
     return torch.cat([_entropy(part) for part in flat.split(chunk)]).reshape(logits.shape[:-1])
 
 
+def sum_pi_squared(logits: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    """``Σ_v softmax(logits)_v²`` over the last dim, as ``exp(logsumexp(2z) - 2·logsumexp(z))`` in float32;
+    `chunk` > 0: that many tokens at a time (as `_entropy`)."""
+    if chunk <= 0 or logits.shape[:-1].numel() <= chunk:
+        z = logits.float()
+        return torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))
+    flat = logits.reshape(-1, logits.shape[-1])
+    return torch.cat([sum_pi_squared(part) for part in flat.split(chunk)]).reshape(logits.shape[:-1])
+
+
 def response_log_probs(
     model,
     input_ids: torch.Tensor,
@@ -131,6 +141,7 @@ def response_log_probs(
     entropy_chunk: int = 0,
     fused: bool = False,
     compile: bool = False,
+    with_sum_pi_squared: bool = False,
 ):
     """log p(token_t | tokens_<t) for the last `response_length` positions of each row.
 
@@ -152,38 +163,49 @@ def response_log_probs(
 
     `compile` (`actor.use_torch_compile`): the log-softmax / gather / entropy formula runs through
     torch.compile (`fused_logprobs.compiled_log_probs_entropy`); the numbers are the same.
+
+    `with_sum_pi_squared` (`actor.calculate_sum_pi_squared`, not with `return_logits`): the third item is
+    ``Σ_v π_v²`` [N, R] of the same temperature-scaled distribution (`sum_pi_squared`); such a pass is not
+    fused, since it needs the logits.
     """
+    if with_sum_pi_squared and return_logits:
+        raise ValueError("response_log_probs: with_sum_pi_squared and return_logits are exclusive")
+    extra = "sum_pi_squared" if with_sum_pi_squared else ("logits" if return_logits else None)
     # the rollout never samples image / video marker tokens: the log-probs describe that distribution
     suppress = torch.tensor(vision_marker_ids(model.config), dtype=torch.long, device=input_ids.device)
-    if fused and not return_logits:
+    if fused and extra is None:
         with fused_head(model, temperature, with_entropy, compile, suppress) as head:
             return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
-                                       temperature, with_entropy, remove_padding, return_logits, sp_group, head,
+                                       temperature, with_entropy, remove_padding, extra, sp_group, head,
                                        compile, entropy_chunk, suppress)
     return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
-                               temperature, with_entropy, remove_padding, return_logits, sp_group, None, compile,
+                               temperature, with_entropy, remove_padding, extra, sp_group, None, compile,
                                entropy_chunk, suppress)
 
 
-def _log_probs_entropy(raw, targets, temperature, with_entropy, head, compile, entropy_chunk=0, suppress=None):
-    """(log-probs, entropy or None, logits or None) from the model's output `raw`: logits, or with a
-    fused `head` the [..., 2] (log-prob, entropy) it computed. `entropy_chunk` > 0 (plain path)
-    computes the entropy that many tokens at a time. The tokens `suppress` get probability 0."""
+def _log_probs_entropy(raw, targets, temperature, with_entropy, head, compile, entropy_chunk=0, suppress=None,
+                       extra=None):
+    """(log-probs, entropy or None, third) from the model's output `raw`: logits, or with a fused `head`
+    the [..., 2] (log-prob, entropy) it computed. `third`: Σπ² with `extra` == "sum_pi_squared", else
+    the scaled logits (None with a fused head). `entropy_chunk` > 0 (plain path) computes the entropy
+    (and Σπ²) that many tokens at a time. The tokens `suppress` get probability 0."""
     if head is not None:
         return raw[..., 0], (raw[..., 1] if with_entropy else None), None
     logits = suppress_logits(raw / temperature if temperature != 1.0 else raw, suppress)
     if compile:
         lp, ent = compiled_log_probs_entropy()(logits, targets, with_entropy)
-        return lp, ent, logits
-    if with_entropy and entropy_chunk > 0:
-        return _token_log_probs(logits, targets), _entropy(logits, entropy_chunk), logits
-    lp, ent = log_probs_entropy(logits, targets, with_entropy)  # one log-softmax for both
-    return lp, ent, logits
+    elif with_entropy and entropy_chunk > 0:
+        lp, ent = _token_log_probs(logits, targets), _entropy(logits, entropy_chunk)
+    else:
+        lp, ent = log_probs_entropy(logits, targets, with_entropy)  # one log-softmax for both
+    return lp, ent, (sum_pi_squared(logits, entropy_chunk) if extra == "sum_pi_squared" else logits)
 
 
 def _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs, temperature,
-                        with_entropy, remove_padding, return_logits, sp_group, head, compile, entropy_chunk=0,
+                        with_entropy, remove_padding, extra, sp_group, head, compile, entropy_chunk=0,
                         suppress=None):
+    """`response_log_probs` with `extra` None, "logits" (the third item: the scaled logits [N, R, V]) or
+    "sum_pi_squared" (the third item: Σπ² [N, R])."""
     device = input_ids.device
     vt = VisionTokens.of(model)
     mm = merge_multi_modal_inputs(multi_modal_inputs, device)
@@ -233,15 +255,15 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
                                 logits_to_keep=wanted, **mm)
             raw = out.logits[0]  # [len(wanted), V] ([len(wanted), 2] with a fused head)
         lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[needed], temperature, with_entropy, head, compile,
-                                                       entropy_chunk, suppress)
+                                                       entropy_chunk, suppress, extra)
         log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
         log_probs[needed] = lp_flat
         entropy = None
         if with_entropy:
             entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
             entropy[needed] = ent_flat
-        if return_logits:
-            packed_logits, logits = logits, logits.new_zeros(n, length, logits.shape[-1])
+        if extra is not None:   # logits [n, L, V] or Σπ² [n, L]
+            packed_logits, logits = logits, logits.new_zeros(n, length, *logits.shape[1:])
             logits[needed] = packed_logits
     else:
         # only the last R + 1 positions need logits (the first R of them predict the response): the
@@ -259,18 +281,20 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             **mm,
         )
         log_probs, entropy, logits = _log_probs_entropy(out.logits, targets[:, left:], temperature, with_entropy, head,
-                                                        compile, entropy_chunk, suppress)
+                                                        compile, entropy_chunk, suppress, extra)
         log_probs = F.pad(log_probs, (left, 0))
         entropy = F.pad(entropy, (left, 0)) if entropy is not None else None
-        if return_logits:
+        if extra == "logits":
             logits = F.pad(logits, (0, 0, left, 0))  # [N, L, V]
+        elif extra is not None:
+            logits = F.pad(logits, (left, 0))  # Σπ² [N, L]
 
     # logits at position t predict token t+1: responses occupy [L-R, L), so read [L-R-1, L-1)
     start = length - response_length - 1
     log_probs = log_probs[:, start : length - 1]
     if entropy is not None:
         entropy = entropy[:, start : length - 1]
-    if return_logits:
+    if extra is not None:
         return log_probs, entropy, logits[:, start : length - 1]
     return log_probs, entropy
 

@@ -66,10 +66,6 @@ class SPContext:
 _STATE = SPContext()
 
 
-def get_sp_context() -> SPContext:
-    return _STATE
-
-
 def set_sp_group(group, inner: str | None = None) -> None:
     """Make `group` the current SP group (None turns SP off); `inner` sets the inner attention."""
     _STATE.group = group

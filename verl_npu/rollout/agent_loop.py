@@ -27,7 +27,9 @@ the busiest rank, a rank whose trajectories are done decoding a stand-in row, so
 sharded forwards stay in step.
 
 Output rows are those of `RolloutEngine.generate`, except that `response_mask` is 0 on tool tokens
-while `attention_mask` is 1 on every response token, plus per-row lists: `__num_turns__` (verl's
+while `attention_mask` is 1 on every response token, and `tool_mask` is 1 on the tool tokens (with `rollout.calculate_log_probs`,
+`rollout_log_probs` holds the sampled tokens' log-probs as decode reports them, 0 on tool tokens), plus
+per-row lists: `__num_turns__` (verl's
 name: user + assistant turns + 1), `tool_call_counts`, `tool_rewards` (the steps' tool rewards) and
 `agent_turns` (the turns: role, text, tokens, trained, tool name / arguments / error).
 """
@@ -194,19 +196,6 @@ class Trajectory:
     done: bool = False
 
 
-class _Recorder:
-    """A `pick` that also keeps each picked token's log-prob (of the scores at `temperature`)."""
-
-    def __init__(self, pick, temperature: float):
-        self.pick, self.temperature, self.steps = pick, temperature, []
-
-    def __call__(self, scores: torch.Tensor, t: int) -> torch.Tensor:
-        token = self.pick(scores, t)
-        lp = torch.log_softmax(scores / self.temperature, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
-        self.steps.append(lp.cpu())
-        return token
-
-
 class AgentLoop:
     """Multi-turn rollout with tools for the `hf` engine (see the module docstring)."""
 
@@ -300,16 +289,16 @@ class AgentLoop:
         elif not params.greedy:
             seeds = [prompt_seed(self.seed, f"{t.uid}#turn{t.assistant_turns}") for t in active]
             pick = PerRowSampler(replace(params, n=1, max_new_tokens=steps), seeds)
-        recorder = _Recorder(pick, 1.0 if params.greedy else params.temperature) if record else None
+        log_probs: list | None = [] if record else None
         was_training = self.module.training
         self.module.eval()
         try:
             out = decode(self.module, ids.to(device), mask.to(device), n=1, max_new_tokens=steps,
-                         eos_ids=self.eos_ids, pad_id=self.pad_id, pick=recorder or pick,
-                         suppress_ids=self.suppress_ids, synced=self.synced).cpu()
+                         eos_ids=self.eos_ids, pad_id=self.pad_id, pick=pick, suppress_ids=self.suppress_ids,
+                         synced=self.synced, log_probs=log_probs).cpu()
         finally:
             self.module.train(was_training)
-        lps = torch.stack(recorder.steps, dim=1) if recorder else None
+        lps = log_probs[0].cpu() if log_probs else None
         for r, t in enumerate(active):
             row = out[r, : room[r]].tolist()
             ended = next((k for k, tok in enumerate(row) if tok in self.eos_ids), None)
@@ -416,8 +405,9 @@ class AgentLoop:
         rows.set("response_mask", response_mask)
         rows.set("input_ids", torch.cat([prompt_ids, responses], dim=1))
         rows.set("attention_mask", torch.cat([rows["attention_mask"], filled], dim=1))
-        if record:
-            rows.set("agent_log_probs", log_probs)
+        rows.set("tool_mask", filled - response_mask)  # 1 on the tools' tokens (response-length metrics)
+        if record:  # rollout.calculate_log_probs: as the single-turn engines return them, 0 on tool tokens
+            rows.set("rollout_log_probs", log_probs)
         rows.set("__num_turns__", [t.assistant_turns + t.user_turns + 1 for t in trajs])
         rows.set("tool_call_counts", [t.tool_calls for t in trajs])
         rows.set("tool_rewards", [list(t.tool_rewards) for t in trajs])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 
@@ -34,28 +35,18 @@ class SamplingParams:
 
     @classmethod
     def for_training(cls, rollout_cfg) -> "SamplingParams":
-        return cls(
-            n=int(rollout_cfg.n),
-            temperature=float(rollout_cfg.temperature),
-            top_k=int(rollout_cfg.top_k),
-            top_p=float(rollout_cfg.top_p),
-            do_sample=bool(rollout_cfg.do_sample),
-            max_new_tokens=int(rollout_cfg.response_length),
-            ignore_eos=bool(rollout_cfg.ignore_eos),
-        )
+        return cls._of(rollout_cfg, rollout_cfg)
 
     @classmethod
     def for_validation(cls, rollout_cfg) -> "SamplingParams":
-        val = rollout_cfg.val_kwargs
-        return cls(
-            n=int(val.n),
-            temperature=float(val.temperature),
-            top_k=int(val.top_k),
-            top_p=float(val.top_p),
-            do_sample=bool(val.do_sample),
-            max_new_tokens=int(rollout_cfg.response_length),
-            ignore_eos=bool(rollout_cfg.ignore_eos),
-        )
+        return cls._of(rollout_cfg.val_kwargs, rollout_cfg)
+
+    @classmethod
+    def _of(cls, sampling, rollout_cfg) -> "SamplingParams":
+        """n / temperature / top_k / top_p / do_sample from `sampling`, the length and EOS rule from `rollout_cfg`."""
+        return cls(n=int(sampling.n), temperature=float(sampling.temperature), top_k=int(sampling.top_k),
+                   top_p=float(sampling.top_p), do_sample=bool(sampling.do_sample),
+                   max_new_tokens=int(rollout_cfg.response_length), ignore_eos=bool(rollout_cfg.ignore_eos))
 
 
 class RolloutEngine(ABC):
@@ -63,9 +54,13 @@ class RolloutEngine(ABC):
 
     @classmethod
     @abstractmethod
-    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1) -> "RolloutEngine":
+    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
+                    weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> "RolloutEngine":
         """The engine for this rank: `module` is the actor (FSDP2-sharded with several workers),
-        `cfg` the backend_config node; `rank` / `world_size` place it among the workers."""
+        `cfg` the backend_config node; `rank` / `world_size` place it among the workers; `device`
+        the worker's `DeviceInfo` (memory reports). `weights`: the actor's weights as
+        `update_weights` takes them, for an engine that starts without them (vLLM's
+        `load_format=dummy`); a lazy iterator, so an engine that does not read it costs nothing."""
 
     @abstractmethod
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -76,15 +71,15 @@ class RolloutEngine(ABC):
         `input_ids` / `attention_mask` [B*n, P+R], and every per-row field of `prompts`
         repeated n times."""
 
-    def update_weights(self, model: torch.nn.Module) -> None:
-        """Push the actor's new weights into the engine (no-op for engines that share them).
-        A collective for sharded actors: every rank calls it."""
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the actor's new weights, (Hugging Face name, whole tensor) pairs of the base model,
+        as verl's rollouts take them (a no-op for engines that share the actor's module). The worker
+        hands a lazy iterator that gathers the tensors from the shards as it is read (a collective):
+        every rank calls this, and an engine that reads it reads it to the end."""
 
-    def sleep(self) -> None:
-        """Free engine memory between rollouts (KV cache, weights copy) where supported."""
 
-    def wake_up(self) -> None:
-        """Undo `sleep`."""
+#: `rollout.dtype` -> the dtype of the weights an engine with its own copy holds
+ROLLOUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def stop_and_pad_ids(module, tokenizer) -> tuple[list[int], int]:

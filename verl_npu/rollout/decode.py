@@ -72,8 +72,16 @@ class PerRowSampler:
         self.uniforms = torch.cat(tables)  # [rows, max_new_tokens]
 
     def __call__(self, scores: torch.Tensor, t: int) -> torch.Tensor:
+        return self.draw(self.warp(scores), t)
+
+    def warp(self, scores: torch.Tensor) -> torch.Tensor:
+        """The scores of the distribution a token is drawn from: temperature, top-k, top-p (-inf outside)."""
         for warp in self.warpers:  # the warpers read only the scores
             scores = warp(None, scores)
+        return scores
+
+    def draw(self, scores: torch.Tensor, t: int) -> torch.Tensor:
+        """Token t of every row from already warped scores."""
         cdf = torch.softmax(scores, dim=-1).cumsum(-1)
         u = self.uniforms[:, min(t, self.uniforms.shape[1] - 1)].to(cdf.device).unsqueeze(-1) * cdf[:, -1:]
         return torch.searchsorted(cdf, u).clamp_(max=scores.shape[-1] - 1).squeeze(-1)
@@ -137,12 +145,18 @@ def decode(
     min_new_tokens: int = 0,
     mm_inputs: dict | None = None,
     synced: bool = False,
+    log_probs: list | None = None,
 ) -> torch.Tensor:
     """New tokens [prompts * n, <= max_new_tokens] for left-padded prompts `input_ids` [prompts, P]:
     rows i * n .. i * n + n - 1 continue prompt i (see the module docstring for what each step
     computes). The prompts are prefilled once each (images encoded once each) and their KV cache
     is repeated n times. `mm_inputs` are the processor tensors of the prompts' images
-    (`pixel_values`, `image_grid_thw`, ...), concatenated in prompt order."""
+    (`pixel_values`, `image_grid_thw`, ...), concatenated in prompt order.
+
+    `log_probs` (a list, filled in place): gets the float32 [rows, new tokens] log-probs of the chosen tokens
+    under the distribution they were drawn from, as vLLM's `processed_logprobs` reports them: the
+    log-softmax of the step's scores after the forbidden-token masks and, when sampling, the pick's `warp`
+    (temperature, top-k, top-p); greedy picks use the unwarped scores (vLLM's greedy requests the same)."""
     mm_inputs = dict(mm_inputs or {})
     width = input_ids.shape[1]
     rows = input_ids.shape[0] * n
@@ -169,16 +183,28 @@ def decode(
     suppress = torch.tensor(suppress_ids or [], dtype=torch.long, device=device)
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    warp = getattr(pick, "warp", None) if log_probs is not None else None
+    chosen = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device) if log_probs is not None else None
+    if chosen is not None:
+        log_probs.append(chosen)
     for t in range(max_new_tokens):
         scores = logits.float()
         if suppress.numel():
             scores.index_fill_(-1, suppress, float("-inf"))
         if t < min_new_tokens:
             scores.index_fill_(-1, eos, float("-inf"))
-        token = pick(scores, t).masked_fill_(finished, pad_id)
+        if chosen is None:
+            token = pick(scores, t)
+        else:
+            scores = warp(scores) if warp is not None else scores
+            token = pick.draw(scores, t) if warp is not None else pick(scores, t)
+            chosen[:, t] = torch.log_softmax(scores, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+        token = token.masked_fill_(finished, pad_id)
         tokens[:, t] = token
         finished |= torch.isin(token, eos)
         if t + 1 == max_new_tokens or _all_ranks_finished(finished, synced):
+            if chosen is not None:
+                log_probs[-1] = chosen[:, : t + 1]
             return tokens[:, : t + 1]
         logits = module(input_ids=token.unsqueeze(-1), attention_mask=step_mask(width + t + 1),
                         position_ids=new_positions[..., t : t + 1], use_cache=True, **{cache_name: cache}).logits[:, -1]

@@ -16,6 +16,11 @@ on 1 and on N workers (and resumed runs) see the same responses, up to the float
 different batch shapes (a token whose cumulative probability sits within rounding of its uniform
 could flip).
 
+With `rollout.calculate_log_probs` the engine also returns `rollout_log_probs`: each sampled token's
+log-prob under the distribution it was drawn from (temperature, top-k, top-p applied and renormalised),
+which is what vLLM reports with verl's `logprobs_mode=processed_logprobs`; the actor's log-probs apply the
+temperature only, so top-k / top-p make the two differ (rollout correction measures that gap).
+
 Only `rollout.temperature`, `top_k` and `top_p` shape the distribution: sampling defaults in the
 model's `generation_config.json` (e.g. `repetition_penalty`) are not applied, so the rollout
 samples from the distribution the actor's log-probs describe.
@@ -26,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from verl_npu.batch import Batch
+from verl_npu.batch import Batch, trim_left_padding
 from verl_npu.models.forward import merge_multi_modal_inputs, vision_marker_ids
 from verl_npu.rollout.base import (
     RolloutEngine,
@@ -36,12 +41,14 @@ from verl_npu.rollout.base import (
 )
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
-from verl_npu.workers.micro import trim_left_padding
 
 
 class HFRollout(RolloutEngine):
-    def __init__(self, module: torch.nn.Module, tokenizer, *, seed: int = 0, synced: bool = False):
+    def __init__(self, module: torch.nn.Module, tokenizer, *, seed: int = 0, synced: bool = False,
+                 log_probs: bool = False):
         self.module = module
+        # rollout.calculate_log_probs: keep the sampled tokens' log-probs (`rollout_log_probs`)
+        self.log_probs = log_probs
         self.seed = seed
         # sharded (FSDP) modules: every rank must run the same number of forward passes, so ranks
         # keep stepping until all of them are done
@@ -51,9 +58,12 @@ class HFRollout(RolloutEngine):
         self.suppress_ids = vision_marker_ids(module.config)
 
     @classmethod
-    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1) -> "HFRollout":
-        # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above)
-        engine = cls(module, tokenizer, seed=int(cfg.data.seed), synced=world_size > 1)
+    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
+                    weights=None) -> "HFRollout":
+        # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above);
+        # the engine samples from `module` itself, so it never reads `weights`
+        engine = cls(module, tokenizer, seed=int(cfg.data.seed), synced=world_size > 1,
+                     log_probs=bool(cfg.actor_rollout_ref.rollout.get("calculate_log_probs", False)))
         mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
         if mt is not None and mt.get("enable"):  # multi-turn with tools: verl_npu/rollout/agent_loop.py
             from verl_npu.rollout.agent_loop import build_agent_loop
@@ -66,13 +76,18 @@ class HFRollout(RolloutEngine):
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """All prompts x `params.n` samples decoded together (see the module docstring for seeding)."""
         if getattr(self, "agent_loop", None) is not None:
-            return self.agent_loop.run(prompts, params)
-        responses = self._decode(prompts, params)
+            return self.agent_loop.run(prompts, params, record_log_probs=self.log_probs)
+        log_probs: list | None = [] if self.log_probs else None
+        responses = self._decode(prompts, params, log_probs)
         width = params.max_new_tokens
         responses = F.pad(responses, (0, width - responses.shape[1]), value=self.pad_id)
-        return finish_rollout(prompts, responses, self.eos_ids, self.pad_id, params.n)
+        rows = finish_rollout(prompts, responses, self.eos_ids, self.pad_id, params.n)
+        if log_probs:  # as the vllm engine returns them: 0 past the response
+            values = F.pad(log_probs[0].cpu(), (0, width - log_probs[0].shape[1]))
+            rows.set("rollout_log_probs", values * rows["response_mask"].to(values.dtype))
+        return rows
 
-    def _decode(self, prompts: Batch, params: SamplingParams) -> torch.Tensor:
+    def _decode(self, prompts: Batch, params: SamplingParams, log_probs: list | None = None) -> torch.Tensor:
         module = self.module
         was_training = module.training
         module.eval()
@@ -90,7 +105,7 @@ class HFRollout(RolloutEngine):
                 max_new_tokens=params.max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id, pick=pick,
                 suppress_ids=self.suppress_ids, min_new_tokens=params.max_new_tokens if params.ignore_eos else 0,
                 mm_inputs=merge_multi_modal_inputs(mm, device) if mm and any(mm) else None,
-                synced=self.synced,
+                synced=self.synced, log_probs=log_probs,
             )
         finally:
             module.train(was_training)

@@ -22,12 +22,6 @@ def prompt_seed(seed: int, uid: Any) -> int:
     return int(seed) * 1_000_003 + zlib.crc32(str(uid).encode())
 
 
-def batch_seed(seed: int, uids: Sequence[Any]) -> int:
-    """The sampling seed of one engine batch: a function of the run seed and of its prompts' uids in
-    order (the `hf` rollout samples a whole worker batch from one seed, in one `generate` call)."""
-    return int(seed) * 1_000_003 + zlib.crc32("\x1f".join(str(u) for u in uids).encode())
-
-
 def collapse_image_tokens(ids: Sequence[int], image_token_id: int) -> list[int]:
     """`ids` with every run of consecutive `image_token_id` shortened to one token.
 

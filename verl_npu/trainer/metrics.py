@@ -22,6 +22,8 @@ def timed(name: str, timings: dict[str, float]):
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     values = values.float()
+    if values.numel() == 0:  # e.g. every token rejected by rollout correction (rollout_rs)
+        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
     return {
         f"{prefix}/mean": float(values.mean()),
         f"{prefix}/max": float(values.max()),
@@ -50,7 +52,11 @@ def multi_turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
 def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     """Scores, rewards, advantages (over response tokens), response and prompt lengths."""
     mask = batch["response_mask"].bool()
-    response_len = mask.sum(-1).float()
+    # generated tokens: the attention mask's response columns (rollout correction may have removed rejected
+    # tokens from response_mask)
+    response_len = batch["attention_mask"][:, batch["prompts"].shape[1]:].sum(-1).float()
+    if "tool_mask" in batch:  # multi-turn: the tools' tokens are not the model's (docs/agents.md)
+        response_len = response_len - batch["tool_mask"].sum(-1).float()
     prompt_len = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
     metrics: dict[str, float] = {}
     metrics.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
@@ -108,3 +114,43 @@ def rollout_probs_diff_metrics(
     denom = float(torch.sqrt((r * r).sum() * (a * a).sum()))
     metrics["training/rollout_actor_probs_pearson_corr"] = float((r * a).sum()) / denom if denom > 0 else 1.0
     return metrics
+
+
+def variance_proxy_metrics(batch: Batch, gradient_norm: float | None = None) -> dict[str, float]:
+    """verl's gradient-variance proxies (`variance_proxy/*`), logged whenever the actor gave `sum_pi_squared`
+    (actor.calculate_sum_pi_squared), for any estimator.
+
+    Per response token ``w = 1 - 2·exp(old_log_prob) + Σπ²`` (times ``ρ²`` with rollout importance weights
+    ``rollout_is_weights``); per row ``W = Σ_t w·mask`` and ``Ā = Σ_t A·mask / (Σ_t mask + 1e-8)``:
+    `expected_w` = mean W, `expected_a_squared` = mean Ā², `proxy2_total_power` = mean(Ā²·max(W, 0)) (with
+    weights: mean(ρ̄²·Ā²·max(W', 0)), ρ̄ the row's mean weight and W' the row's sum of w / max(ρ², 1e-10)),
+    `proxy1_signal_strength` = actor/grad_norm² (0 without it) and `proxy3_pure_noise` =
+    max(0, (proxy2 - proxy1) / (B - 1)) (0 without a grad norm or with one row)."""
+    if not all(k in batch for k in ("sum_pi_squared", "old_log_probs", "advantages")):
+        return {}
+    mask = batch["response_mask"].to(torch.float32)
+
+    def row_sum(x):
+        return (x * mask).sum(-1)
+
+    w = 1.0 - 2.0 * torch.exp(batch["old_log_probs"].float()) + batch["sum_pi_squared"].float()
+    rho = batch["rollout_is_weights"].float() if "rollout_is_weights" in batch else None
+    if rho is not None:
+        w = w * rho ** 2
+    adv = row_sum(batch["advantages"].float()) / (mask.sum(-1) + 1e-8)
+    w_rows = row_sum(w)
+    if rho is not None:
+        rho_rows = row_sum(rho) / (mask.sum(-1) + 1e-8)
+        original = row_sum(w / torch.clamp(rho ** 2, min=1e-10)).clamp(min=0.0)
+        power = float((rho_rows ** 2 * adv ** 2 * original).mean())
+    else:
+        power = float((adv ** 2 * w_rows.clamp(min=0.0)).mean())
+    signal = float(gradient_norm) ** 2 if gradient_norm is not None else None
+    noise = max(0.0, (power - signal) / (len(adv) - 1)) if signal is not None and len(adv) > 1 else 0.0
+    return {
+        "variance_proxy/proxy1_signal_strength": signal if signal is not None else 0.0,
+        "variance_proxy/proxy2_total_power": power,
+        "variance_proxy/proxy3_pure_noise": noise,
+        "variance_proxy/expected_a_squared": float((adv ** 2).mean()),
+        "variance_proxy/expected_w": float(w_rows.mean()),
+    }

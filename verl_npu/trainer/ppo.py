@@ -10,9 +10,11 @@ One training step, in order (verl's order, verl's names):
    `data.gen_batch_size` prompts until `data.train_batch_size` groups of non-zero metric variance are
    kept (`verl_npu.trainer.dynamic_sampling`);
 4. old log-probs from the actor (skipped when provably redundant: then the update's own forward
-   gives them, see `ActorRolloutRefWorker.old_log_prob_pass_needed`), reference log-probs when a
-   KL term needs them (workers);
-5. the critic's values (with a critic role: gae), optional KL penalty in the reward, then
+   gives them, see `ActorRolloutRefWorker.old_log_prob_pass_needed`; in rollout correction's bypass
+   mode the rollout's own log-probs are the old ones), reference log-probs when a KL term needs them (workers);
+5. the critic's values (with a critic role: gae), the scores normalised (`algorithm.reward_norm`,
+   ROLL's reward normalisation), optional KL penalty in the reward, rollout correction
+   (`algorithm.rollout_correction`, decoupled mode: IS weights and rejected tokens), then
    advantages (`algorithm.adv_estimator`);
 6. `critic.ppo_epochs` passes of critic updates (with a critic), then `actor.ppo_epochs` passes
    of actor mini-batch updates (workers; none during the first `trainer.critic_warmup` steps);
@@ -42,7 +44,9 @@ from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.trainer.metrics import (
     data_metrics, last_trained_token, multi_turn_metrics, rollout_probs_diff_metrics, timed, timing_metrics,
+    variance_proxy_metrics,
 )
+from verl_npu.trainer.readable import readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.workers.actor import needs_reference
 from verl_npu.workers.balance import balance_for_ranks
@@ -245,11 +249,15 @@ class PPOTrainer:
             has_critic = "critic" in self.workers.roles
             # a critic-warmup step does not update the actor: the update's forward cannot give the old log-probs
             update_actor = self.global_step > int(cfg.trainer.get("critic_warmup", 0) or 0)
-            skip_old = update_actor and not self.old_log_prob_pass_needed()
+            # rollout correction's bypass mode: the rollout's log-probs are the old ones (verl: apply_bypass_mode)
+            bypass = bool(cfg.algorithm.rollout_correction.bypass_mode)
+            skip_old = bypass or (update_actor and not self.old_log_prob_pass_needed())
             with timed("old_log_prob", timings):
-                if not skip_old:
+                if bypass:
+                    batch.set("old_log_probs", self.rollout_log_probs(batch))
+                elif not skip_old:
                     batch.update(self.workers.compute_log_prob(batch))
-            sync_metrics = self.check_rollout_sync(batch)
+            sync_metrics = {} if bypass else self.check_rollout_sync(batch)
             entropy = None if skip_old else algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
             if needs_reference(cfg):
                 with timed("ref", timings):
@@ -267,7 +275,7 @@ class PPOTrainer:
             if update_actor:
                 with timed("update_actor", timings):
                     actor_metrics = self.workers.update_actor(batch)
-            if skip_old:  # the same masked mean, from the update's forward on the same weights
+            if skip_old and "_old/tokens" in actor_metrics:  # the same masked mean, from the update's forward
                 tokens = actor_metrics.pop("_old/tokens")
                 entropy = actor_metrics.pop("_old/entropy_sum") / max(tokens, 1.0)
             if self.cfg.trainer.rollout_data_dir:
@@ -275,8 +283,9 @@ class PPOTrainer:
         metrics = {
             "training/global_step": float(self.global_step),
             "training/epoch": float((self.global_step - 1) // max(len(self.train_loader), 1)),
-            "actor/entropy_before_update": float(entropy),
         }
+        if entropy is not None:  # bypass mode has no forward of the weights that sampled (as in verl)
+            metrics["actor/entropy_before_update"] = float(entropy)
         self.stop_if_updates_keep_failing({**critic_metrics, **actor_metrics})
         metrics.update(critic_metrics)
         metrics.update(actor_metrics)
@@ -285,6 +294,7 @@ class PPOTrainer:
         metrics.update(kl_metrics)
         metrics.update(data_metrics(batch, int(cfg.data.max_response_length)))
         metrics.update(timing_metrics(timings, batch, self.workers.world_size))
+        metrics.update(variance_proxy_metrics(batch, actor_metrics.get("actor/grad_norm")))  # with sum_pi_squared
         return metrics
 
     # ---- pieces of a step ---------------------------------------------------------------------
@@ -338,6 +348,35 @@ class PPOTrainer:
                          "(hf rollout, one epoch of one mini-batch, no KL in reward, no dropout)")
         return bool(self.old_log_prob_reasons)
 
+    def rollout_log_probs(self, batch: Batch) -> torch.Tensor:
+        """The rollout engine's own log-probs (bypass mode's old log-probs); the config makes every engine
+        return them (rollout.calculate_log_probs), so their absence is a bug of the engine."""
+        if "rollout_log_probs" not in batch:
+            raise RuntimeError(f"algorithm.rollout_correction.bypass_mode: the {self.cfg.actor_rollout_ref.rollout.name}"
+                               " rollout returned no rollout_log_probs although rollout.calculate_log_probs is true")
+        return batch["rollout_log_probs"]
+
+    def rollout_correction(self, batch: Batch) -> dict[str, float]:
+        """Decoupled rollout correction (verl's `compute_rollout_correction_and_add_to_batch`), once per step
+        between the in-reward KL and the advantages: with the rollout's log-probs (rollout.calculate_log_probs),
+        the rejected tokens leave `response_mask` and the IS weights go in as `rollout_is_weights` (the policy
+        loss multiplies them in); the `rollout_corr/*` metrics. Nothing in bypass mode (the loss does it)."""
+        settings = self.cfg.algorithm.rollout_correction
+        if settings.bypass_mode or not self.cfg.actor_rollout_ref.rollout.get("calculate_log_probs", False):
+            return {}
+        if "rollout_log_probs" not in batch:
+            raise RuntimeError(f"rollout.calculate_log_probs: the {self.cfg.actor_rollout_ref.rollout.name} rollout "
+                               "returned no rollout_log_probs")
+        out = algorithms.compute_rollout_correction(
+            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+            rollout_is=settings.rollout_is, rollout_is_threshold=settings.rollout_is_threshold,
+            rollout_is_batch_normalize=bool(settings.rollout_is_batch_normalize), rollout_rs=settings.rollout_rs,
+            rollout_rs_threshold=settings.rollout_rs_threshold)
+        batch.set("response_mask", out.response_mask)
+        if out.weights is not None:
+            batch.set("rollout_is_weights", out.weights.float())
+        return out.metrics
+
     def check_rollout_sync(self, batch: Batch) -> dict[str, float]:
         """verl's rollout-vs-actor probability metrics, for engines that return log-probs; stops the
         run when the mean difference passes `rollout.max_probs_diff` (an engine sampling from other
@@ -346,6 +385,8 @@ class PPOTrainer:
             return {}
         metrics = rollout_probs_diff_metrics(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"])
         limit = self.cfg.actor_rollout_ref.rollout.get("max_probs_diff")
+        if self.cfg.actor_rollout_ref.rollout.get("name") == "hf":
+            limit = None  # it samples from the actor's own module: only top-k / top-p make the probabilities differ
         mean = metrics.get("training/rollout_probs_diff_mean", 0.0)
         if limit is not None and mean > float(limit):
             raise EngineOutOfSync(
@@ -409,19 +450,25 @@ class PPOTrainer:
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         algo = self.cfg.algorithm
-        metrics: dict[str, float] = {}
+        # ROLL's reward normalisation (algorithm.reward_norm, verl-npu's keys): before the KL penalty and the
+        # estimator, as in ROLL; token_level_scores stays the raw score (critic/score/*)
+        scores, metrics = algorithms.apply_reward_norm(
+            batch["token_level_scores"], batch["response_mask"], algo.get("reward_norm"),
+            uids=batch["uid"], data_sources=batch["data_source"])
         if algo.use_kl_in_reward:
-            rewards, metrics = algorithms.apply_kl_in_reward(
-                batch["token_level_scores"],
+            rewards, kl_metrics = algorithms.apply_kl_in_reward(
+                scores,
                 batch["old_log_probs"],
                 batch["ref_log_prob"],
                 batch["response_mask"].float(),
                 self.kl_ctrl,
                 algo.kl_penalty,
             )
+            metrics.update(kl_metrics)
         else:
-            rewards = batch["token_level_scores"]
+            rewards = scores
         batch.set("token_level_rewards", rewards)
+        metrics.update(self.rollout_correction(batch))  # may remove rejected tokens from response_mask
         advantages, returns = algorithms.compute_advantages(
             algo.adv_estimator,
             token_level_rewards=rewards,
@@ -429,7 +476,10 @@ class PPOTrainer:
             group_ids=batch["uid"],
             config=algo,
             reward_components=batch.meta.get("reward_extras"),  # gdpo's per-component rewards
-            **{k: batch[k] for k in ("baseline_rewards", "values") if k in batch},
+            # remax's baseline, gae's values; the optimal token baseline's old log-probs and sum of squared
+            # probabilities (actor.calculate_sum_pi_squared), and rollout importance weights when there are any
+            **{k: batch[k] for k in ("baseline_rewards", "values", "old_log_probs", "sum_pi_squared",
+                                     "rollout_is_weights") if k in batch},
         )
         batch.set("advantages", advantages)
         batch.set("returns", returns)
@@ -479,8 +529,10 @@ class PPOTrainer:
                 for name, values in batch.meta["reward_extras"].items():
                     extras_per_source.setdefault(src, {}).setdefault(name, []).append(values[i])
             budget = int(self.cfg.trainer.log_val_generations) - len(samples)
-            for text, gt in list(zip(texts, batch["ground_truth"]))[: max(budget, 0)]:
-                samples.append(f"[ground truth: {gt}] {text!r}")
+            for i, (text, gt) in enumerate(list(zip(texts, batch["ground_truth"]))[: max(budget, 0)]):
+                shown = batch["attention_mask"][i, -batch["responses"].shape[1]:].bool()  # tool turns too
+                ids = batch["responses"][i][shown].tolist()
+                samples.append(f"[ground truth: {gt}] {readable_text(self.tokenizer, ids, text)!r}")
             if self.cfg.trainer.validation_data_dir:
                 self.dump_generations(batch, Path(self.cfg.trainer.validation_data_dir))
         metrics = {}

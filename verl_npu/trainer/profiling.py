@@ -15,6 +15,9 @@
   `save_path` override the global ones when set; `<role>.profiler.tool_config.<tool>.contents`
   adds to the trace: `memory` (allocations), `shapes` (operator input shapes), `stack` (Python
   stacks); CPU and device activity are always recorded.
+
+This module is the controller's side (`StepProfiling`); the worker's side, `WorkerProfiler`, is in
+verl_npu/workers/profiler.py.
 """
 
 from __future__ import annotations
@@ -23,22 +26,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from verl_npu.config.rules_profiler import ROLES, TOOLS
+from verl_npu.config.rules_profiler import ROLES
+from verl_npu.workers.profiler import cfg_value as _get
 
 log = logging.getLogger("verl_npu")
-
-
-
-def _get(node: Any, key: str, default: Any = None) -> Any:
-    value = node.get(key, default) if node is not None else default
-    return default if value is None else value
-
-
-def role_profiles_rank(role_cfg: Any, rank: int) -> bool:
-    """Whether a role's profiler config selects this rank."""
-    if not _get(role_cfg, "enable", False):
-        return False
-    return bool(_get(role_cfg, "all_ranks", False)) or rank in [int(r) for r in _get(role_cfg, "ranks", [])]
 
 
 def _role_setting(cfg: Any, key: str) -> Any:
@@ -84,34 +75,3 @@ class StepProfiling:
         if self.active:
             self.workers.broadcast("stop_profile")
             self.active = False
-
-
-class WorkerProfiler:
-    """A worker's side: records when an enabled role selects this rank."""
-
-    def __init__(self, cfg: Any, rank: int, device: Any):
-        self.device = device
-        self.rank = rank
-        roles = [cfg.actor_rollout_ref[role].get("profiler") for role in ROLES]
-        self.enabled = any(role_profiles_rank(r, rank) for r in roles)
-        contents: set[str] = set()
-        for role_cfg in roles:
-            if role_profiles_rank(role_cfg, rank):
-                tool_config = _get(role_cfg, "tool_config", {}) or {}
-                for tool in TOOLS:
-                    contents.update(str(c) for c in (_get(tool_config.get(tool), "contents", []) or []))
-        self.contents = sorted(contents)
-        self._running = None
-
-    def start(self, folder: str) -> None:
-        if not self.enabled or self._running is not None:
-            return
-        out = Path(folder) / f"rank_{self.rank}"
-        out.mkdir(parents=True, exist_ok=True)
-        self._running = self.device.start_profiler(out, self.contents)
-
-    def stop(self) -> str | None:
-        if self._running is None:
-            return None
-        running, self._running = self._running, None
-        return str(running.stop())

@@ -36,7 +36,8 @@ class OutputFolderBusy(UserError):
     """Another run holds the output folder."""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host exists (owned by anyone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -186,7 +187,7 @@ class RunLock:
             pid = -1
         if pid == os.getpid():
             return  # this process (a previous run in the same process that did not release it)
-        if not flock_works and pid > 0 and _pid_alive(pid):
+        if not flock_works and pid > 0 and pid_alive(pid):
             raise self._busy(holder, "")
         log.warning(
             "taking over the lock %s of an earlier run that is no longer running (%s)", self.path, _describe(holder)

@@ -39,7 +39,7 @@ def _batches_yielded(folder: Path) -> int | None:
     """Batches verl's loader had yielded in its current epoch (`_num_yielded` of data.pt), or None
     when data.pt is absent or cannot be read without running code."""
     from verl_npu.errors import UserError
-    from verl_npu.trainer.ckpt_files import load_torch
+    from verl_npu.workers.torch_files import load_torch
 
     path = folder / VERL_DATA_FILE
     if not path.is_file():

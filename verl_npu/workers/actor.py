@@ -23,7 +23,7 @@ from verl_npu.errors import UserError
 from verl_npu.models import lora
 from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
-from verl_npu.rollout.base import RolloutEngine, SamplingParams
+from verl_npu.rollout.base import ROLLOUT_DTYPES, RolloutEngine, SamplingParams
 from verl_npu.workers import parallel
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
@@ -33,7 +33,8 @@ def needs_reference(cfg) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
-#: tokens per chunk of the entropy computation with actor.entropy_from_logits_with_chunking (verl uses 2048)
+#: tokens per chunk of the entropy computation with actor.entropy_from_logits_with_chunking when
+#: actor.entropy_from_logits_chunk_size is unset (verl's default too)
 ENTROPY_CHUNK = 2048
 
 
@@ -76,6 +77,12 @@ def old_log_prob_pass_needed(cfg, module) -> list[str]:
                        f"{cfg.data.train_batch_size}: later mini-batches update from changed weights")
     if bool(cfg.algorithm.use_kl_in_reward):
         reasons.append("algorithm.use_kl_in_reward: the reward needs the old log-probs before the update")
+    if bool(actor.get("calculate_sum_pi_squared", False)):
+        reasons.append("actor.calculate_sum_pi_squared: the advantages need the sum of squared probabilities "
+                       "and old log-probs before the update")
+    if bool(rollout.get("calculate_log_probs", False)) and not bool(cfg.algorithm.rollout_correction.bypass_mode):
+        reasons.append("rollout.calculate_log_probs: rollout correction weighs the rollout's log-probs against the "
+                       "old ones before the update")
     dropout = _active_dropout(module)
     if dropout:
         reasons.append(f"dropout is active in training mode ({', '.join(dropout[:3])})")
@@ -94,7 +101,7 @@ class ActorRolloutRefWorker:
         self.device = detect_device(cfg.trainer.device)
         self.engine = TrainingEngine(cfg, "actor", self.device, rank=rank, world_size=world_size)
         self.ref = None  # the reference policy's engine, when a KL term needs a separate one
-        from verl_npu.trainer.profiling import WorkerProfiler
+        from verl_npu.workers.profiler import WorkerProfiler
 
         self.profiler = WorkerProfiler(cfg, rank, self.device)
         # actor.use_torch_compile: the actor's log-prob / entropy formula runs through torch.compile
@@ -136,8 +143,9 @@ class ActorRolloutRefWorker:
             self.ref.attach(ref.eval(), cfg.actor_rollout_ref.ref.fsdp_config)
         sp = int(actor_cfg.ulysses_sequence_parallel_size)
         self.sp_group, _, engine.dp_size = parallel.sequence_parallel_group(self.world_size, sp)
-        # actor.entropy_from_logits_with_chunking: the actor's entropy, ENTROPY_CHUNK tokens at a time
-        self.entropy_chunk = ENTROPY_CHUNK if actor_cfg.get("entropy_from_logits_with_chunking") else 0
+        # actor.entropy_from_logits_with_chunking: the actor's entropy, entropy_from_logits_chunk_size tokens at a time
+        chunk = int(actor_cfg.get("entropy_from_logits_chunk_size") or ENTROPY_CHUNK)
+        self.entropy_chunk = chunk if actor_cfg.get("entropy_from_logits_with_chunking") else 0
         if self.sp_group is not None:
             from verl_npu.models.ulysses import check_heads
 
@@ -158,7 +166,15 @@ class ActorRolloutRefWorker:
         from verl_npu.rollout import build_rollout
 
         return build_rollout(str(self.cfg.actor_rollout_ref.rollout.name), self.module, self.tokenizer,
-                             self.processor, self.cfg, rank=self.rank, world_size=self.world_size)
+                             self.processor, self.cfg, rank=self.rank, world_size=self.world_size,
+                             device=self.device, weights=self._rollout_weights())
+
+    def _rollout_weights(self):
+        """The actor's full weights for the rollout engine's `update_weights`, lazily gathered (a
+        collective) in `rollout.dtype`, `rollout.update_weights_bucket_megabytes` at a time."""
+        rollout_cfg = self.cfg.actor_rollout_ref.rollout
+        return self.engine.rollout_weights(dtype=ROLLOUT_DTYPES.get(str(rollout_cfg.dtype)),
+                                           bucket_bytes=int(rollout_cfg.update_weights_bucket_megabytes) << 20)
 
     # ---- rollout ---------------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -173,9 +189,11 @@ class ActorRolloutRefWorker:
                     remove_padding=bool(cfg.actor_rollout_ref.model.use_remove_padding), sp_group=self.sp_group,
                     fused=bool(cfg.actor_rollout_ref.model.get("use_fused_kernels", False)))
 
-    def _log_probs(self, engine: TrainingEngine, batch: Batch, *, with_entropy: bool, micro: dict):
-        """(log-probs, entropies or None) of the responses of `batch` under `engine`'s module; the
-        policy's own engine (also as the LoRA reference) chunks the entropy and compiles as configured."""
+    def _log_probs(self, engine: TrainingEngine, batch: Batch, *, with_entropy: bool, micro: dict,
+                   with_sum_pi_squared: bool = False):
+        """(log-probs, entropies or None[, Σπ² with `with_sum_pi_squared`]) of the responses of `batch` under
+        `engine`'s module; the policy's own engine (also as the LoRA reference) chunks the entropy and
+        compiles as configured."""
         response_length = batch["responses"].shape[1]
         own = engine is self.engine
         settings = self._forward_settings()
@@ -184,19 +202,30 @@ class ActorRolloutRefWorker:
             return response_log_probs(
                 module, part["input_ids"], part["attention_mask"], response_length,
                 multi_modal_inputs=part.get("multi_modal_inputs"), with_entropy=with_entropy,
-                entropy_chunk=self.entropy_chunk if own else 0, compile=own and self._compile, **settings)
+                entropy_chunk=self.entropy_chunk if own else 0, compile=own and self._compile,
+                with_sum_pi_squared=with_sum_pi_squared, **settings)
 
         return engine.infer(batch, forward, micro)
 
+    def _sp_size(self) -> int:
+        """Ranks of this worker's Ulysses sequence-parallel group (1 without one)."""
+        return self.world_size // self.engine.dp_size if self.sp_group is not None else 1
+
     def _log_prob_micro(self, role_cfg) -> dict:
         return micro_batching(role_cfg.log_prob_use_dynamic_bsz, role_cfg.log_prob_max_token_len_per_gpu,
-                              int(role_cfg.log_prob_micro_batch_size_per_gpu or 1))
+                              int(role_cfg.log_prob_micro_batch_size_per_gpu or 1), sp=self._sp_size())
 
     def compute_log_prob(self, batch: Batch) -> Batch:
-        """Log-probs of the sampled responses under the current actor ("old" log-probs for PPO)."""
+        """Log-probs of the sampled responses under the current actor ("old" log-probs for PPO), their
+        entropies, and with `actor.calculate_sum_pi_squared` each position's Σ_v π_v² (`sum_pi_squared`, for
+        the optimal-token-baseline estimators)."""
         micro = self._log_prob_micro(self.cfg.actor_rollout_ref.rollout)
-        log_probs, entropy = self._log_probs(self.engine, batch, with_entropy=True, micro=micro)
-        return Batch({"old_log_probs": log_probs, "entropys": entropy})
+        if not self.cfg.actor_rollout_ref.actor.get("calculate_sum_pi_squared", False):
+            log_probs, entropy = self._log_probs(self.engine, batch, with_entropy=True, micro=micro)
+            return Batch({"old_log_probs": log_probs, "entropys": entropy})
+        log_probs, entropy, sum_pi_sq = self._log_probs(self.engine, batch, with_entropy=True, micro=micro,
+                                                        with_sum_pi_squared=True)
+        return Batch({"old_log_probs": log_probs, "entropys": entropy, "sum_pi_squared": sum_pi_sq})
 
     def old_log_prob_pass_reasons(self) -> list[str]:
         """Why this worker needs the separate old-log-prob pass (empty: `update_actor` computes
@@ -248,11 +277,11 @@ class ActorRolloutRefWorker:
             batch, self._train_forward, loss_fn, mini_rows=rows,
             epochs=int(actor_cfg.ppo_epochs), shuffle=bool(actor_cfg.shuffle),
             micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
-                                 int(actor_cfg.ppo_micro_batch_size_per_gpu or 1)),
+                                 int(actor_cfg.ppo_micro_batch_size_per_gpu or 1), sp=self._sp_size()),
             grad_clip=float(actor_cfg.grad_clip), summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"))
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
         # shares the module; a collective for vLLM, so every rank calls it)
-        self.rollout.update_weights(self.module)
+        self.rollout.update_weights(self._rollout_weights())
         if reuse:
             metrics.update(reuse_sums)
         mem = self.device.memory()
@@ -286,20 +315,26 @@ class ActorRolloutRefWorker:
         clip = actor_cfg.clip_ratio
         # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
         old_log_prob = log_prob.detach() if "old_log_probs" not in part else part["old_log_probs"]
-        policy_loss = algorithms.policy_loss_fn(str(actor_cfg.policy_loss.loss_mode))
-        pg = policy_loss(
+        correction = self.cfg.algorithm.rollout_correction
+        loss_mode = "bypass_mode" if correction.bypass_mode else str(actor_cfg.policy_loss.loss_mode)
+        # bypass_mode: old_log_prob is the rollout's, the loss computes its own weights and rejection
+        extra = ({"rollout_correction": correction} if loss_mode == "bypass_mode"
+                 else {"rollout_is_weights": part.get("rollout_is_weights")})
+        pg = algorithms.policy_loss_fn(loss_mode)(
             log_prob, old_log_prob, part["advantages"], mask,
             clip_ratio_low=float(actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else clip),
             clip_ratio_high=float(actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else clip),
             clip_ratio_c=float(actor_cfg.clip_ratio_c), loss_agg_mode=mode,
             config=actor_cfg,  # each loss mode reads its own settings (policy_loss.*, tau_pos, ...)
-            **agg)
+            **extra, **agg)
         loss = pg["pg_loss"]
         entropy_loss = algorithms.agg_loss(entropy, mask, mode, **agg)
         if actor_cfg.entropy_coeff:
             loss = loss - float(actor_cfg.entropy_coeff) * entropy_loss
-        # pg_loss and the metrics the loss mode logs (pg_clipfrac, ppo_kl, pg_clipfrac_lower; fewer for some modes)
-        stats = {"actor/entropy": entropy_loss, **{f"actor/{key}": value for key, value in pg.items()}}
+        # pg_loss and the metrics the loss mode logs (pg_clipfrac, ppo_kl, pg_clipfrac_lower; fewer for some modes;
+        # bypass_mode adds rollout_corr/*, which keep their own prefix as in verl)
+        stats = {"actor/entropy": entropy_loss,
+                 **{key if "/" in key else f"actor/{key}": value for key, value in pg.items()}}
         if actor_cfg.use_kl_loss:
             kl = algorithms.kl_penalty(log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type, **kl_inputs)
             kl_loss = algorithms.agg_loss(kl, mask, mode, **agg)
@@ -308,7 +343,7 @@ class ActorRolloutRefWorker:
             stats["actor/kl_coef"] = float(actor_cfg.kl_loss_coef)
         return loss, stats
 
-    # ---- profiling (verl_npu.trainer.profiling) -------------------------------------------
+    # ---- profiling (verl_npu.workers.profiler) ---------------------------------------------
     def start_profile(self, folder: str) -> None:
         """Start recording this process into folder/rank_<rank> if a role's profiler selects this rank."""
         self.profiler.start(folder)
@@ -326,7 +361,7 @@ class ActorRolloutRefWorker:
         """Load this rank's files of an actor folder of verl-npu or verl, and hand the loaded weights
         to the rollout engine (a collective for vLLM)."""
         self.engine.load(actor_dir)
-        self.rollout.update_weights(self.module)
+        self.rollout.update_weights(self._rollout_weights())
 
     def parameter_snapshot(self) -> dict[str, torch.Tensor]:
         """This rank's view of the full parameters, on CPU (a collective: tests compare every

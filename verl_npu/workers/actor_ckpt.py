@@ -34,6 +34,7 @@ import torch
 
 from verl_npu.errors import UserError, is_disk_full
 from verl_npu.workers import parallel
+from verl_npu.workers.torch_files import load_torch, save_torch
 
 log = logging.getLogger("verl_npu")
 
@@ -174,8 +175,6 @@ def save_actor(worker, actor_dir: str | Path) -> None:
 
     A full disk anywhere in here (torch's writer, safetensors) is re-raised as `OSError(ENOSPC)`
     naming `actor_dir`, so that the controller reports it as such."""
-    from verl_npu.trainer.checkpoint import save_torch
-
     actor_dir = Path(actor_dir)
     save_contents, _ = checkpoint_contents(worker.cfg)
     ws, rank = worker.world_size, worker.rank
@@ -232,8 +231,6 @@ def load_actor(worker, actor_dir: str | Path) -> None:
     """Load this rank's files named by `load_contents` from an actor folder of verl-npu or verl.
     Every file goes through `load_torch` (weights_only=True: nothing in it is executed) and is read
     before any state changes; a missing, damaged or unsafe file is a UserError naming it."""
-    from verl_npu.trainer.checkpoint import load_torch
-
     actor_dir = Path(actor_dir)
     _, load_contents = checkpoint_contents(worker.cfg)
     ws, rank = worker.world_size, worker.rank

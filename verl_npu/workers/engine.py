@@ -9,7 +9,8 @@ what all of them share:
 - `infer`: a forward over micro-batches, in eval mode, without gradients;
 - `train`: epochs of mini-batches, one optimizer step each, gradients accumulated over
   micro-batches (rows or a token budget) with losses scaled by the mini-batch's global counts;
-- checkpoints in verl's layout (`actor_ckpt`), the full weights, and snapshots for tests.
+- checkpoints in verl's layout (`actor_ckpt`), the full weights (also as a rollout engine takes
+  them: `rollout_weights`), and snapshots for tests.
 """
 
 from __future__ import annotations
@@ -21,19 +22,21 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from verl_npu.batch import Batch
+from verl_npu.batch import Batch, trim_left_padding
 from verl_npu.models import lora
 from verl_npu.optim import build_lr_scheduler, build_optimizer
 from verl_npu.workers import actor_ckpt, parallel
-from verl_npu.workers.micro import micro_batch_indices, trim_left_padding
+from verl_npu.workers.micro import micro_batch_indices
 
 log = logging.getLogger("verl_npu")
 
 
-def micro_batching(dynamic: bool, max_token_len, rows: int | None) -> dict:
+def micro_batching(dynamic: bool, max_token_len, rows: int | None, sp: int = 1) -> dict:
     """The keywords of `micro_batch_indices`: a budget of `max_token_len` tokens per micro-batch
-    when `dynamic` (use_dynamic_bsz), else `rows` rows (None: the whole batch at once)."""
-    return {"max_token_len": int(max_token_len)} if dynamic else {"micro_batch_size": rows}
+    when `dynamic` (use_dynamic_bsz), else `rows` rows (None: the whole batch at once). `max_token_len`
+    is per device: with Ulysses sequence parallelism over `sp` ranks each rank holds 1/sp of every
+    sequence, so a micro-batch packs `max_token_len * sp` tokens, as in verl."""
+    return {"max_token_len": int(max_token_len) * int(sp)} if dynamic else {"micro_batch_size": rows}
 
 
 class TrainingEngine:
@@ -138,7 +141,8 @@ class TrainingEngine:
                                                  self.torch_device) / sp
                 seqs = parallel.all_reduce_sum(float((mini["response_mask"].sum(1) > 0).sum()), self.world_size,
                                                self.torch_device) / sp
-                agg = dict(global_tokens=tokens, global_seqs=seqs, dp_size=self.dp_size,
+                # at least 1: a mini-batch whose every token was rejected (rollout correction) has a zero loss
+                agg = dict(global_tokens=max(tokens, 1.0), global_seqs=max(seqs, 1.0), dp_size=self.dp_size,
                            loss_scale_factor=response_length)
                 self.optimizer.zero_grad(set_to_none=True)
                 for part in self._parts(mini, micro):
@@ -174,6 +178,17 @@ class TrainingEngine:
         """(name, whole tensor) of every state-dict entry, on every rank (a collective:
         `parallel.iter_full_tensors`, one bucket gathered at a time)."""
         return parallel.iter_full_tensors(self.module, dtype=dtype, device=device)
+
+    def rollout_weights(self, *, dtype: torch.dtype | None, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a rollout engine's `update_weights` takes: (Hugging Face name, whole tensor) of the
+        base model, floating tensors in `dtype` (None: as they are), gathered `bucket_bytes` at a
+        time; a LoRA module's layers come merged (W + B @ A * scaling, `lora.merged_tensors`). Lazy:
+        nothing is gathered before the engine reads it, and then on every rank (a collective)."""
+        if lora.is_lora(self.module):
+            full = parallel.iter_full_tensors(self.module, bucket_bytes=bucket_bytes)
+            yield from lora.merged_tensors(self.module, full, dtype=dtype)
+        else:
+            yield from parallel.iter_full_tensors(self.module, dtype=dtype, bucket_bytes=bucket_bytes)
 
     def parameter_snapshot(self) -> dict[str, torch.Tensor]:
         """This rank's view of the full weights, cloned on the CPU (a collective)."""

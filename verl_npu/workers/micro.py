@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from verl_npu.batch import Batch
-
 
 def micro_batch_indices(
     attention_mask: torch.Tensor, *, micro_batch_size: int | None = None, max_token_len: int | None = None
@@ -39,16 +37,3 @@ def micro_batch_indices(
         groups.append(current)
     return groups
 
-
-def trim_left_padding(batch: Batch) -> Batch:
-    """Drop leading columns that are padding in every row (prompts are left-padded); the
-    response columns at the right are never touched, so response indexing is unchanged."""
-    mask = batch["attention_mask"]
-    used_cols = mask.any(dim=0).nonzero()
-    first = int(used_cols[0]) if used_cols.numel() else 0
-    if first == 0:
-        return batch
-    out = Batch(dict(batch.tensors), dict(batch.lists), dict(batch.meta))
-    out.set("input_ids", batch["input_ids"][:, first:])
-    out.set("attention_mask", mask[:, first:])
-    return out

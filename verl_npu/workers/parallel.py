@@ -9,12 +9,20 @@ own unit and the root holds the embeddings and the head (tied weights stay in on
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
 logger = logging.getLogger("verl_npu")
+
+
+def free_port() -> int:
+    """A TCP port free on every interface of this host now: a torch.distributed rendezvous port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def is_distributed(world_size: int) -> bool:

@@ -29,12 +29,6 @@ log = logging.getLogger("verl_npu")
 WORKER_START_TIMEOUT_S = 600
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _node_ip() -> str:
     import ray
 
@@ -69,7 +63,9 @@ def check_ray_address_reachable(address: str, timeout_s: float = RAY_CONNECT_PRO
 
 
 def _rendezvous_address() -> tuple[str, int]:
-    return _node_ip(), _free_port()
+    from verl_npu.workers.parallel import free_port
+
+    return _node_ip(), free_port()
 
 
 def _bundle_nodes(pg) -> list[str]:
@@ -192,9 +188,7 @@ class RayWorkerGroup(WorkerGroup):
                 ) from None
         self._timeline = cfg.ray_init.timeline_json_file
         options = device.ray_actor_options(num_devices=1, num_cpus=1)
-        bundle = {"CPU": float(options.get("num_cpus", 1))}
-        if device.ray_resource:
-            bundle[device.ray_resource] = 1.0
+        bundle = device.ray_bundle(num_devices=1, num_cpus=1)
         self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
         ready, _ = ray.wait([self._pg.ready()], timeout=WORKER_START_TIMEOUT_S)
         if not ready:
