@@ -40,7 +40,9 @@ def test_tiny_tool_gsm8k_runs_two_steps_with_the_tool_configured(tmp_path):
     assert [m["role"] for m in row["prompt"]] == ["system", "user"] and row["agent_name"] == "tool_agent"
     assert row["extra_info"]["tools_kwargs"]["calc_gsm8k_reward"]["create_kwargs"]["ground_truth"] == \
         row["reward_model"]["ground_truth"]
-    rc = load_recipe("tiny_tool_gsm8k", overrides(tmp_path, data))
+    # calculate_log_probs: the rollout's log-probs of the model's tokens, compared by the trainer with the actor's
+    rc = load_recipe("tiny_tool_gsm8k", overrides(tmp_path, data, **{"actor_rollout_ref.rollout.calculate_log_probs":
+                                                                     "true"}))
     assert run_training(rc) == 0
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "training/global_step" in r]
@@ -48,6 +50,7 @@ def test_tiny_tool_gsm8k_runs_two_steps_with_the_tool_configured(tmp_path):
     for r in train:
         assert r["num_turns/min"] >= 2 and r["tool_call_counts/min"] >= 0
         assert r["response_length/max"] <= 64 and "actor/kl_loss" in r
+        assert r["training/rollout_probs_diff_max"] < 1e-4       # fp32 on CPU: the same distribution
     assert "val-aux/num_turns/mean" in rows[-1] and "val-core/synthetic_arithmetic/reward/mean@1" in rows[-1]
     dumped = [json.loads(line) for line in (tmp_path / "rollouts" / "1.jsonl").read_text().splitlines()]
     assert len(dumped) == 8 and all(d["turns"][0]["role"] == "assistant" and d["turns"][0]["trained"] for d in dumped)
