@@ -122,6 +122,8 @@ def test_a_verl_tool_ports_by_changing_its_import(tmp_path):
      "  - class_name: gsm8k\n    tool_schema: {type: function, function: {name: a}}", "tools[1].tool_schema.function.name",
      "unique"),
     ("tools: [", "", "not valid YAML"),
+    ("tools:\n  - class_name: gsm8k\n    tool_schema: {type: function, function: {name: check}}",
+     "tools[0].tool_schema.function.name", "use name: calc_gsm8k_reward"),
 ])
 def test_bad_tool_config_files_are_refused_naming_file_and_key(tmp_path, body, where, what):
     path = write(tmp_path / "t.yaml", body)

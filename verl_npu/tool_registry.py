@@ -35,6 +35,8 @@ from typing import Any
 
 #: built-in tools: name -> "module:Class" (imported only when a run builds its tools).
 BUILTIN_TOOLS: dict[str, str] = {}
+#: built-in tools: name -> the function name its schema must have (checked without importing it).
+BUILTIN_FUNCTION_NAMES: dict[str, str] = {}
 #: verl's class paths of tools verl-npu ships: a verl tool config names them, verl-npu builds its own.
 VERL_CLASS_PATHS: dict[str, str] = {}
 #: verl's tool `config.type` values, and those built here.
@@ -42,15 +44,17 @@ TOOL_TYPES = ("native",)
 UNSUPPORTED_TOOL_TYPES = {"mcp": "MCP tools are not built; write a native tool class (docs/agents.md)"}
 
 
-def register_tool(name: str, target: str, *, verl_class_path: str | None = None) -> None:
+def register_tool(name: str, target: str, *, function_name: str, verl_class_path: str | None = None) -> None:
     if name in BUILTIN_TOOLS:
         raise ValueError(f"tool {name!r} is registered twice")
     BUILTIN_TOOLS[name] = target
+    BUILTIN_FUNCTION_NAMES[name] = function_name
     if verl_class_path:
         VERL_CLASS_PATHS[verl_class_path] = name
 
 
-register_tool("gsm8k", "verl_npu.tools.gsm8k:Gsm8kTool", verl_class_path="verl.tools.gsm8k_tool.Gsm8kTool")
+register_tool("gsm8k", "verl_npu.tools.gsm8k:Gsm8kTool", function_name="calc_gsm8k_reward",
+              verl_class_path="verl.tools.gsm8k_tool.Gsm8kTool")
 
 
 @dataclass
@@ -190,6 +194,10 @@ def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tup
         if schema is not None:
             problems += _schema_problems(schema, f"{key}.tool_schema")
         entry = ToolEntry(i, str(item.get("class_name")), dict(config), schema, key)
+        builtin_name = BUILTIN_FUNCTION_NAMES.get(entry.builtin or "")
+        if builtin_name and entry.name and entry.name != builtin_name:
+            problems.append((f"{key}.tool_schema.function.name", f"is {entry.name!r} but {entry.class_name!r} is the "
+                             f"tool {builtin_name!r}; use name: {builtin_name}"))
         if entry.name in names:
             problems.append((f"{key}.tool_schema.function.name",
                              f"{entry.name!r} is also the name of tools[{names[entry.name]}]; tool names must be unique"))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_npu.errors import UserError
-from verl_npu.tool_registry import BUILTIN_TOOLS, ToolEntry, class_target, read_tool_config
+from verl_npu.tool_registry import BUILTIN_FUNCTION_NAMES, ToolEntry, class_target, read_tool_config
 
 KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 TOOL_METHODS = ("create", "execute", "release")
@@ -80,17 +80,12 @@ def build_tool(entry: ToolEntry):
                         "give the entry a tool_schema (type: function, function: {name, description, parameters})")
     declared = getattr(cls, "name", None) if isinstance(getattr(cls, "name", None), str) else None
     if entry.builtin:
-        declared = _builtin_name(entry.builtin)
+        declared = BUILTIN_FUNCTION_NAMES[entry.builtin]
     if declared and entry.name and declared != entry.name:
         raise UserError(f"{entry.where}.tool_schema.function.name: is {entry.name!r} but {entry.class_name!r} is "
                         f"the tool {declared!r}; use name: {declared}")
     tool.name = name
     return tool
-
-
-def _builtin_name(builtin: str) -> str | None:
-    module, _, cls = BUILTIN_TOOLS[builtin].partition(":")
-    return getattr(importlib.import_module(module), "SCHEMA", {}).get("function", {}).get("name")
 
 
 def load_tools(path: str | os.PathLike) -> dict[str, Any]:
