@@ -73,7 +73,9 @@ def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise()
         "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2": "Megatron",
         "critic.model.tokenizer_path=/t": "this critic option",
         "reward_model.rollout.name=vllm": "generative reward models",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3": "multi-turn",
+        "actor_rollout_ref.rollout.multi_turn.function_tool_path=/t.py": "function tools",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path=/i.yaml": "interactions",
+        "actor_rollout_ref.rollout.multi_turn.format=llama3_json": "format=llama3_json",
         "actor_rollout_ref.rollout.name=sglang": "name=sglang",
         "actor_rollout_ref.model.enable_activation_offload=true": "activation offloading",
         "data.return_raw_input_ids=true": "raw input ids",
@@ -228,7 +230,7 @@ def test_the_walk_fails_for_a_key_no_code_reads():
 
 # ------------------------------------------------------------------ one-way imports in verl_npu/config
 ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_roles", "rules_profiler", "rules_dapo", "paths", "derive", "verl_npu.recipes",
-         "loader", "reference", "compat"]
+         "loader", "reference", "compat", "memory_plan", "memory_recipe"]
 
 
 def _module_imports(path: Path) -> set[str]:

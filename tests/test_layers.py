@@ -4,9 +4,9 @@ Every `import` of a verl_npu module is read from the source (the AST), inside fu
 import counts like a top-level one. Layers, lowest first:
 
     0  bottom: errors, batch, device, algorithms, optim, hub, and the name registries (policy_losses,
-       estimators, rollout_engines, metric_sinks, rollout_corrections)
+       estimators, rollout_engines, metric_sinks, rollout_corrections, tool_registry)
     1  config (and recipes, which finds recipe files for it)
-    2  models, data, rewards
+    2  models, data, rewards, tools
     3  rollout
     4  workers
     5  trainer
@@ -31,10 +31,10 @@ LAYERS = [
     (r"verl_npu\.trainer(\..*)?$", 5),
     (r"verl_npu\.workers(\..*)?$", 4),
     (r"verl_npu\.rollout(\..*)?$", 3),
-    (r"verl_npu\.(models|data|rewards)(\..*)?$", 2),
+    (r"verl_npu\.(models|data|rewards|tools)(\..*)?$", 2),
     (r"verl_npu\.(config(\..*)?|recipes)$", 1),
     (r"verl_npu(\.(errors|batch|device|algorithms(\..*)?|optim|hub|policy_losses|estimators|rollout_engines"
-     r"|metric_sinks|rollout_corrections))?$", 0),
+     r"|metric_sinks|rollout_corrections|tool_registry))?$", 0),
 ]
 HEAVY = ("torch", "ray", "vllm", "vllm_ascend", "torch_npu", "transformers")
 

@@ -5,7 +5,8 @@
     verl-npu validate NAME|PATH [key=value ...] [--check-paths] [--strict]
     verl-npu show NAME|PATH [key=value ...]
     verl-npu explain KEY | SECTION | --all
-    verl-npu run NAME|PATH [key=value ...] [--demo-data]
+    verl-npu plan NAME|PATH [key=value ...] [--device-memory 64GiB|910B|H100] [--json]
+    verl-npu run NAME|PATH [key=value ...] [--demo-data] [--force] [--device-memory SIZE]
     verl-npu doctor [--out DIR] [--device cpu|cuda|npu] [--rollout auto|hf|vllm] [--skip-train]
 
 A user's mistake (`UserError`) is printed without a traceback and exits 1. This module imports
@@ -141,6 +142,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
              f"{p.message}. Fix: {p.fix}")
     for note in notes:
         _say(f"  note: {note}")
+    _say(f"  {_plan_summary(rc)}")
     if not args.check_paths:
         _say("  (files were not checked; add --check-paths to check data and model paths)")
     return 0
@@ -201,6 +203,99 @@ def cmd_explain(args: argparse.Namespace) -> int:
     raise UserError(f"unknown key {args.key} (not a verl-npu or verl key); {_suggest(full)}")
 
 
+# ------------------------------------------------------------------ plan
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _plan_summary(rc, device_memory: str | None = None) -> str:
+    """validate's and run's one line about memory (never an error: a plan that cannot be made says why)."""
+    from verl_npu.config.memory_recipe import plan_for, summary_line
+
+    try:
+        plan, why = plan_for(rc, device_memory)
+    except (KeyError, ValueError, TypeError, AttributeError, ArithmeticError, OSError, UserError) as exc:
+        return f"memory plan: not made ({type(exc).__name__}: {exc})"  # a plan never breaks validate or run
+    return summary_line(plan) if plan is not None else f"memory plan: {why}"
+
+
+def _refuse_if_it_will_not_fit(rc, force: bool, device_memory: str | None = None) -> None:
+    """`run`: stop before any worker starts when the plan says the peak will not fit (unless --force).
+    Only where the device's memory is known (the CPU, or --device-memory): for an accelerator whose card
+    is assumed, a warning (a wrong refusal would stop a run that fits a larger card)."""
+    from verl_npu.config.memory_recipe import plan_for
+
+    try:
+        plan, _ = plan_for(rc, device_memory)
+    except (KeyError, ValueError, TypeError, AttributeError, ArithmeticError, OSError, UserError):
+        return
+    if plan is None or plan.verdict != "will not fit":
+        return
+    peak = plan.peak
+    why = plan.problems[0] if plan.problems else (
+        f"the {peak.name} needs {_size(peak.total)} of {_size(plan.device_bytes)} ({plan.device_name}); largest part: "
+        + max(((p.name, p.bytes) for p in peak.parts), key=lambda x: x[1])[0])
+    knobs = "".join(f"\n  {override}   (saves {_size(saved)})" for override, saved in plan.knobs[:6])
+    if force or plan.device_assumed:
+        reason = "--force" if force else "the card is assumed; run --device-memory SIZE to be stopped instead"
+        _say(f"[verl-npu] warning: memory plan: will not fit ({why}); running anyway ({reason})")
+        return
+    raise UserError(f"memory plan: will not fit: {why}. `verl-npu plan {rc.source}` with the same overrides shows every phase; "
+                    f"knobs that lower the peak:{knobs or ' none found'}\n"
+                    "Fix: apply knobs until `verl-npu plan` says it fits (--device-memory if the device differs), "
+                    "or pass --force to run anyway")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from verl_npu.config import load_recipe
+    from verl_npu.config.memory_recipe import model_numbers, plan_for
+
+    rc = load_recipe(args.recipe, args.overrides)
+    _warn(rc)
+    path = rc.backend.actor_rollout_ref.model.path
+    if isinstance(path, str) and path.startswith("tiny://") and model_numbers(path) is None:
+        from verl_npu.models.tiny import materialize  # builds the tiny model once (seconds), as a run would
+
+        materialize(path)
+    plan, why = plan_for(rc, args.device_memory)
+    if plan is None:
+        raise UserError(f"cannot plan {rc.source}: {why}; set actor_rollout_ref.model.path to a folder with a "
+                        "config.json (or pre-download the hub id into the Hugging Face cache)")
+    if args.json:
+        sys.stdout.write(json.dumps(plan.as_dict(), indent=2) + "\n")
+        return 0
+    _say(f"{rc.source}: memory plan per device on {plan.device_name}")
+    for phase in plan.phases:
+        mark = "  <- peak" if phase is plan.peak else ""
+        _say(f"  {phase.name:<16} {_size(phase.total):>12}{mark}{'  (' + phase.note + ')' if phase.note else ''}")
+        for part in phase.parts:
+            _say(f"      {part.name:<30} {_size(part.bytes):>12}  {part.formula}")
+    host = sum(p.bytes for p in plan.host)
+    _say(f"  host, per node: {_size(host)}")
+    for part in plan.host:
+        _say(f"      {part.name:<30} {_size(part.bytes):>12}  {part.formula}")
+    for note in plan.notes:
+        _say(f"  note: {note}")
+    peak = plan.peak
+    share = f" ({100 * peak.total / plan.device_bytes:.0f}%)" if plan.device_bytes else ""
+    _say(f"peak: {peak.name}, {_size(peak.total)} of {_size(plan.device_bytes)}{share}: {plan.verdict}")
+    for problem in plan.problems:
+        _say(f"  will not fit: {problem}")
+    if plan.verdict == "will not fit" and not plan.problems:
+        worst = max(peak.parts, key=lambda p: p.bytes)
+        _say(f"  over by {_size(peak.total - plan.device_bytes)}; largest part: {worst.name} ({_size(worst.bytes)})")
+    if plan.knobs and plan.verdict != "fits":
+        _say("knobs that lower the peak (each alone; memory saved at the peak):")
+        for override, saved in plan.knobs:
+            _say(f"  {override:<72} -{_size(saved)}")
+    return 0
+
+
 # ------------------------------------------------------------------ run
 def cmd_run(args: argparse.Namespace) -> int:
     from verl_npu.config import check_paths, load_recipe
@@ -227,6 +322,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for d in rc.derived[known:]:
         _say(f"[verl-npu] {d.key.removeprefix('backend_config.')} = {d.value}  ({d.reason})")
     _say("[verl-npu] data and model paths found")
+    _say(f"[verl-npu] {_plan_summary(rc, getattr(args, 'device_memory', None))}")
+    _refuse_if_it_will_not_fit(rc, getattr(args, "force", False), getattr(args, "device_memory", None))
     info = detect_device(rc.backend.trainer.device)
     _say(f"[verl-npu] device: {info.kind} (trainer.device={rc.backend.trainer.device})")
     _say("[verl-npu] starting training")
@@ -273,7 +370,18 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--demo-data", action="store_true",
                            help="with a tiny:// model, write synthetic demo data to the missing data files "
                                 "(never replaces a file); without it only the demo recipes' own data paths get it")
+            p.add_argument("--force", action="store_true",
+                           help="run even when the memory plan says it will not fit (verl-npu plan)")
+            p.add_argument("--device-memory", help="the memory of one device, for the memory plan (64GiB, 910B, "
+                           "H100, ...): with it, a plan that will not fit stops the run on an accelerator too")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("plan", help="per-device memory of each phase, the peak, and the knobs that lower it")
+    p.add_argument("recipe", help="shipped recipe name or path to a .yaml file")
+    p.add_argument("overrides", nargs="*", help="key=value (full or verl short form)")
+    p.add_argument("--device-memory", help="plan for this device: an amount (64GiB, 80GB) or a card "
+                   "(910B, A100-40, A100-80, H100, H200); default: the recipe's device")
+    p.add_argument("--json", action="store_true", help="the plan as JSON (docs/memory.md)")
+    p.set_defaults(fn=cmd_plan)
     p = sub.add_parser("explain", help="meaning, type, default and rules of a key")
     p.add_argument("key", nargs="?")
     p.add_argument("--all", action="store_true", help="print the whole reference (markdown)")

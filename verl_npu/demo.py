@@ -34,16 +34,21 @@ DEMO_DATA = {
     "qwen25vl": ("verl_npu.data.geometry3k", "prepare_synthetic", {"image_size": 56}, "synthetic geometry data"),
     "qwen2": ("verl_npu.data.gsm8k", "prepare_synthetic", {}, "synthetic arithmetic data"),
 }
+#: the same for recipes with multi-turn rollout (actor_rollout_ref.rollout.multi_turn.enable): verl's
+#: multi-turn format (a system prompt, extra_info.tools_kwargs for the GSM8K tool)
+DEMO_DATA_MULTI_TURN = {
+    "qwen2": ("verl_npu.data.gsm8k_multiturn", "prepare_synthetic", {}, "synthetic multi-turn arithmetic data"),
+}
 
 
-def _data_writer(model_path: str):
+def _data_writer(model_path: str, multi_turn: bool = False):
     """(function, kwargs, label) that writes the demo data of tiny model ``model_path``, or None."""
     import importlib
 
     from verl_npu.models.tiny import parse_tiny_uri
 
     try:
-        entry = DEMO_DATA.get(parse_tiny_uri(str(model_path))[0])
+        entry = (DEMO_DATA_MULTI_TURN if multi_turn else DEMO_DATA).get(parse_tiny_uri(str(model_path))[0])
     except Exception:  # noqa: BLE001 - a bad tiny path is reported when the model loads
         return None
     if entry is None:
@@ -112,7 +117,8 @@ def prepare_assets(rc, demo_data: bool = False) -> list[str]:
     wanted = [(f, split) for files, split in ((train, "train"), (val, "test")) for f in files]
     missing = [(Path(os.path.expanduser(f)), split) for f, split in wanted if not Path(os.path.expanduser(f)).exists()]
     if missing:
-        writer = _data_writer(model_path)
+        mt = rc.backend.actor_rollout_ref.rollout.get("multi_turn")
+        writer = _data_writer(model_path, multi_turn=bool(mt is not None and mt.get("enable")))
         if writer is None or not may_make_demo_data(rc, demo_data):
             return []  # the path check names the missing file(s); nothing is written
         made.append(_write_missing(missing, int(data.seed if data.seed is not None else 0), writer))

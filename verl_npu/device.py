@@ -287,6 +287,18 @@ def configured_device(requested: str | None) -> "DeviceInfo | None":
     return DeviceInfo("cuda" if os.path.exists("/proc/driver/nvidia/version") else "cpu")
 
 
+#: memory of one device of known accelerators (GiB), what `verl-npu plan` plans for (`--device-memory NAME`)
+DEVICE_MEMORY_GIB = {"910B": 64, "910B1": 64, "910B2": 64, "910B3": 64, "910B4": 32, "910C": 64, "A100-40": 40,
+                     "A100-80": 80, "A100": 80, "H100": 80, "H20": 96, "H200": 141, "L40S": 48, "A10": 24}
+#: the accelerator a plan assumes for a device kind when none is named (torch is not asked: validate stays instant)
+DEFAULT_ACCELERATOR = {"npu": "910B", "cuda": "H100"}
+
+
+def host_memory_bytes() -> int:
+    """This machine's memory (MemTotal; sysconf elsewhere), 0 when unknown: what a CPU run plans for."""
+    return int(_cpu_memory_gb()["total_gb"] * _GIB)
+
+
 # ----------------------------------------------------------------------------------------------
 # The answers
 

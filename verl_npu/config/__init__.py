@@ -9,6 +9,7 @@ Importing this package does not import torch, transformers or ray.
 Import order (one way: a module imports only modules above it, at module level or inside a
 function; tests/test_config_compat.py checks it, and imports each module fresh in a subprocess):
 
+    schema_multiturn  the multi-turn rollout keys as plain data (imports nothing; schema reads it)
     schema        the keys verl-npu reads (defaults, types, limits)
     schema_verl   verl keys verl-npu does not implement: no-ops, refusals, aliases, refused subtrees
     tree          key spellings, the recipe file as a dict, flattening, reading one value
@@ -17,6 +18,7 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     rules_roles   the worker roles' rules (every role's FSDP settings, reward_model.*, actor.policy_loss),
                   added to RULES
     rules_profiler  the profiler tools and their rule, added to RULES (torch-free device kind)
+    rules_multiturn  the multi-turn rollout's rule (hf engine, rule rewards) and the tool config file's shape
     rules_dapo    DAPO's rules (filter_groups, the dapo reward manager's overlong buffer), added to RULES
     rules_reward_norm  the rules of algorithm.reward_norm (ROLL's reward normalisation) and of the
                   optimal-token-baseline estimators, added to RULES
@@ -26,6 +28,8 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     verl_npu.recipes   finding shipped recipe files (uses tree only)
     loader        load_recipe: read, override, classify, resolve, check, derive
     reference, compat  the generated docs (config_reference.md, verl_compat.md)
+    memory_plan   the per-device memory formulas (weights, gradients, AdamW, activations, logits, KV cache)
+    memory_recipe the memory plan of a resolved recipe: phases, host figure, verdict, knobs (`verl-npu plan`)
 """
 
 from verl_npu.config.loader import (

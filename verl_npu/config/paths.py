@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from verl_npu.config import (  # noqa: F401 - register their rules
-    rules_dapo, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
+    rules_dapo, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
 )
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
@@ -93,7 +93,7 @@ def check_paths(rc) -> list[Problem]:
             elif kind == "file" and not path.is_file():
                 problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
                                         f"{Path.cwd()})", "run the data_prep script or fix the path"))
-    return problems
+    return problems + rules_multiturn.tool_config_problems(rc.cfg)
 
 
 

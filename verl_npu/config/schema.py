@@ -21,6 +21,7 @@ from verl_npu.estimators import (   # names only: nothing heavy
 )
 from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
 from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # names only: imports nothing heavy
+from verl_npu.config.schema_multiturn import KEYS as MULTI_TURN_KEYS   # plain data, imports nothing
 from verl_npu.metric_sinks import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
 from verl_npu.config import schema_algorithm
@@ -323,7 +324,8 @@ _k(f"{RO}.max_probs_diff", 0.05, FLOAT, "verl-npu: largest allowed mean |p_rollo
 _k(f"{RO}.multi_stage_wake_up", False, BOOL, "Wake the engine in two stages around each weight sync: weights "
    "first, then the KV cache after the sync, so the sync's peak memory excludes the KV cache.")
 _k(f"{RO}.use_fire_sampling", False, BOOL, "FIRE sampling.", off_only="FIRE sampling")
-_k(f"{RO}.multi_turn.enable", False, BOOL, "Multi-turn / tool-calling rollout.", off_only="multi-turn rollout")
+for _leaf, _default, _type, _doc, _kw in MULTI_TURN_KEYS:   # config/schema_multiturn.py
+    _k(f"{RO}.{_leaf}", _default, _type, _doc, **_kw)
 _profiler_keys("rollout")
 
 # ---------------------------------------------------------------- critic, reward, algorithm
@@ -569,7 +571,6 @@ del _KEYS
 
 #: verl subtrees verl-npu does not support: prefix (full path) -> the missing feature.
 UNSUPPORTED_PREFIXES: dict[str, str] = {
-    "backend_config.actor_rollout_ref.rollout.multi_turn": "multi-turn rollout",
     "backend_config.algorithm.pf_ppo": "pf-ppo",
     "backend_config.trainer.controller_nsight_options": "Nsight Systems profiling (use global_profiler.tool=torch)",
     "backend_config.trainer.worker_nsight_options": "Nsight Systems profiling (use global_profiler.tool=torch)",

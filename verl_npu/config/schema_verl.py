@@ -132,11 +132,16 @@ _off(f"{RO}.over_sample_rate", 0, FLOAT, "over-sampling and aborting the slowest
 _off(f"{RO}.engine_kwargs.trtllm", {}, DICT, "the TRT-LLM rollout", "use rollout.name=vllm (or hf)")
 _noop(f"{RO}.agent.num_workers", 8, INT, "verl's agent-loop worker count; verl-npu's rollout runs inside its "
       "training workers, one engine per TP group.", min=1)
-_off(f"{RO}.agent.default_agent_loop", "single_turn_agent", STR, "agent loops other than single-turn",
-     LEAVE + " (single_turn_agent)")
 _off(f"{RO}.agent.agent_loop_config_path", None, STR, "agent loops", "remove it")
 _off(f"{RO}.agent.custom_async_server.path", None, STR, "custom async rollout servers", "remove it")
 _off(f"{RO}.agent.custom_async_server.name", None, STR, "custom async rollout servers", "remove it")
+MT = f"{RO}.multi_turn"
+_off(f"{MT}.function_tool_path", None, STR, "function tools (@function_tool functions)",
+     "write the tool as a class in multi_turn.tool_config_path (docs/agents.md, 'Writing a tool')")
+_off(f"{MT}.interaction_config_path", None, STR, "interactions (a simulated user that answers each model turn)",
+     "remove it; tools (multi_turn.tool_config_path) are built, interactions are not yet")
+_off(f"{MT}.max_turns", None, INT, "verl's older turn limit", "use multi_turn.max_assistant_turns")
+_noop(f"{MT}.num_repeat_rollouts", None, INT, "verl 0.9.1 declares it but no rollout reads it.")
 _off(f"{RO}.checkpoint_engine.backend", "naive", STR, "weight-sync backends other than in-memory",
      LEAVE + " (naive)")
 _off(f"{RO}.checkpoint_engine.engine_kwargs", {}, DICT, "weight-sync backend options", "remove it")
@@ -173,7 +178,6 @@ for leaf, default, type_ in (("enable_train", False, BOOL), ("enable_rollout", F
 # ---------------------------------------------------------------- data
 _off("data.train_max_samples", -1, INT, "training on the first N rows only", "cut the parquet file")
 _off("data.val_max_samples", -1, INT, "validating on the first N rows only", "cut the parquet file")
-_off("data.tool_config_path", None, STR, "tool-calling rollout", "remove it")
 _noop("data.image_patch_size", 14, INT, "the image patch size comes from the model's own processor.")
 _off("data.return_multi_modal_inputs", True, BOOL, "dropping the processor outputs of multimodal rows",
      LEAVE + " (true)")
@@ -211,6 +215,7 @@ ALIASES: dict[str, str] = {_full(k): _full(v) for k, v in {
     f"{AC}.fsdp_config.entropy_from_logits_with_chunking": f"{AC}.entropy_from_logits_with_chunking",
     f"{RO}.checkpoint_engine.update_weights_bucket_megabytes": f"{RO}.update_weights_bucket_megabytes",
     f"{M}.tokenizer_path": "data.tokenizer",
+    "data.tool_config_path": f"{RO}.multi_turn.tool_config_path",
     "reward_manager.name": "reward_model.reward_manager",
     "ray_kwargs.ray_init.num_cpus": "ray_init.num_cpus",
     "ray_kwargs.timeline_json_file": "ray_init.timeline_json_file",
@@ -248,7 +253,6 @@ REFUSED_SUBTREES: dict[str, tuple[str, str]] = {_full(k): v for k, v in {
     "reward_model.reward_loop_source": _RM_LOOP,
     "reward_model.reward_loop_module_path": _RM_LOOP,
     "reward_model.reward_loop_class_name": _RM_LOOP,
-    f"{RO}.multi_turn": ("multi-turn / tool-calling rollout", "use single-turn prompts (remove multi_turn keys)"),
     f"{RO}.agent": ("agent loops", "remove the agent keys (single-turn rollout)"),
     "algorithm.pf_ppo": ("pf-ppo", "remove it"),
     "ray_kwargs": ("Ray options other than ray_init.num_cpus and timeline_json_file",
@@ -276,6 +280,8 @@ _C, _RM_ = "critic.model.fsdp_config", "reward_model"
 OLDER_VERL: dict[str, str] = {_full(k): v for k, v in {
     f"{RO}.update_weights_bucket_megabytes": f"{RO}.checkpoint_engine.update_weights_bucket_megabytes",
     f"{RO}.use_fire_sampling": "removed",
+    f"{RO}.multi_turn.interaction_config_path": "removed (verl 0.9.1's multi_turn has no interactions)",
+    f"{RO}.multi_turn.max_turns": f"{RO}.multi_turn.max_assistant_turns",
     **{f"{_C}.{leaf}": f"critic.fsdp.{leaf}" for leaf in ("param_offload", "optimizer_offload",
                                                            "reshard_after_forward", "wrap_policy.min_num_params",
                                                            "fsdp_size", "forward_prefetch")},

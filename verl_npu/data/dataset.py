@@ -161,8 +161,10 @@ class RLDataset:
             was filtered out.
     """
 
-    def __init__(self, files: Any, tokenizer: Any, processor: Any, data_cfg: Any):
+    def __init__(self, files: Any, tokenizer: Any, processor: Any, data_cfg: Any, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
+        # multi-turn rollout: the tools' OpenAI schemas, rendered into every prompt by the chat template
+        self.tools = list(tools) if tools else None
         self.processor = processor
         self.settings = DataSettings.from_cfg(data_cfg)
         self.files = as_file_list(files)
@@ -457,7 +459,8 @@ class RLDataset:
 
     def _template(self, messages: list[dict]) -> str:
         owner = self.processor if self.processor is not None else self.tokenizer
-        return owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        extra = {"tools": self.tools} if self.tools else {}
+        return owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
     def image_tokens(self, height: int, width: int) -> int:
         """Image tokens of one image after resizing to ``height`` x ``width``: (h/f) * (w/f), f = patch * merge."""
@@ -521,7 +524,31 @@ class RLDataset:
             item["multi_modal_data"] = {"image": images}
         if s.return_raw_chat:
             item["raw_prompt"] = messages
+        if "agent_name" in row:  # verl's per-row agent loop (multi-turn rollout)
+            item["agent_name"] = row["agent_name"]
         return item
+
+    def check_agent_names(self, known: tuple[str, ...], multi_turn: bool) -> None:
+        """Refuse rows whose ``agent_name`` is not one of ``known``, or names the tool agent while
+        multi-turn rollout is off; the error names the file, the row and the value.
+
+        Raises:
+            UserError: the first such row.
+        """
+        for fi, table in enumerate(self._tables):
+            if "agent_name" not in table.column_names:
+                continue
+            for r, name in enumerate(table.column("agent_name").to_pylist()):
+                if name is None:
+                    continue
+                where = f"data file {self.files[fi]} row {r}"
+                if name not in known:
+                    raise UserError(f"{where}: agent_name {name!r} is not an agent loop verl-npu has ("
+                                    f"{', '.join(known)}); fix the column, or drop it to use "
+                                    "actor_rollout_ref.rollout.agent.default_agent_loop")
+                if name != "single_turn_agent" and not multi_turn:
+                    raise UserError(f"{where}: agent_name {name!r} needs multi-turn rollout; set "
+                                    "actor_rollout_ref.rollout.multi_turn.enable=true (and multi_turn.tool_config_path)")
 
     def _fit_length(self, ids: torch.Tensor, where: str) -> torch.Tensor:
         """``ids`` if they fit ``max_prompt_length``, else truncated as ``data.truncation`` says (or an error)."""

@@ -357,11 +357,13 @@ def rl_schema(with_images: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def write_rl_parquet(rows: list[dict], path: str | os.PathLike, with_images: bool) -> None:
-    """Write RL rows to ``path`` with the fixed schema of ``rl_schema`` (parent folders created)."""
+def write_rl_parquet(rows: list[dict], path: str | os.PathLike, with_images: bool,
+                     schema: pa.Schema | None = None) -> None:
+    """Write RL rows to ``path`` with ``schema`` (default: the fixed schema of ``rl_schema``; parent folders
+    created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=rl_schema(with_images)), path)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema or rl_schema(with_images)), path)
 
 
 @dataclass
@@ -396,8 +398,10 @@ def convert_splits(
     with_images: bool,
     skip_bad_rows: bool = False,
     progress: bool = True,
+    schema: pa.Schema | None = None,
 ) -> PrepResult:
-    """Convert every split with ``convert(row, split, index)`` and write ``<save_dir>/<split>.parquet``.
+    """Convert every split with ``convert(row, split, index)`` and write ``<save_dir>/<split>.parquet``
+    (with ``schema``, else ``rl_schema(with_images)``).
 
     Raises:
         UserError: a row is bad (naming the split, file and row) and ``skip_bad_rows`` is False,
@@ -423,7 +427,7 @@ def convert_splits(
         if not out_rows:
             raise UserError(f"split {name} of {split.where} has no usable rows ({skipped} bad, {split.num_rows} total)")
         path = save_dir / f"{name}.parquet"
-        write_rl_parquet(out_rows, path, with_images)
+        write_rl_parquet(out_rows, path, with_images, schema)
         result.paths[name] = str(path)
         result.rows[name] = len(out_rows)
         result.images[name] = sum(len(r.get("images") or []) for r in out_rows)

@@ -81,21 +81,24 @@ def prepare(
     local_dataset_path: str | None = None,
     skip_bad_rows: bool = False,
     progress: bool = True,
+    to_row=None,
+    schema=None,
 ) -> dict:
-    """Convert GSM8K (local copy, else the hub) to ``<save_dir>/{train,test}.parquet``.
+    """Convert GSM8K (local copy, else the hub) to ``<save_dir>/{train,test}.parquet`` (rows made by ``to_row``,
+    default ``gsm8k_row``, written with ``schema``, default the RL schema: the multi-turn variant passes both).
 
     Returns ``{"train": path, "test": path, "paths": {split: path}, "rows": {split: n}, "images": {split: 0},
     "skipped": {split: n}}``.
     """
     splits = source_splits(local_dataset_path, SOURCE_COLUMNS, SPLITS, HUB_ID, HUB_CONFIG)
-    result = convert_splits(splits, gsm8k_row, save_dir, with_images=False, skip_bad_rows=skip_bad_rows,
-                            progress=progress)
+    result = convert_splits(splits, to_row or gsm8k_row, save_dir, with_images=False, skip_bad_rows=skip_bad_rows,
+                            progress=progress, schema=schema)
     return result.as_dict()
 
 
 def prepare_synthetic(
     save_dir: str | os.PathLike, n_train: int, n_test: int, seed: int = 0, progress: bool = False,
-    max_number: int = synthetic_arithmetic.MAX_NUMBER,
+    max_number: int = synthetic_arithmetic.MAX_NUMBER, to_row=None, schema=None,
 ) -> dict:
     """Write the synthetic arithmetic task to ``<save_dir>/{train,test}.parquet`` (data_source
     ``synthetic_arithmetic``), through the same conversion as GSM8K.
@@ -105,10 +108,12 @@ def prepare_synthetic(
     result = convert_splits(
         synthetic_splits(n_train, n_test,
                          lambda n, split: synthetic_arithmetic.generate_rows(n, seed, split, max_number)),
-        lambda row, split, i: gsm8k_row(row, split, i, synthetic_arithmetic.DATA_SOURCE, SYNTHETIC_INSTRUCTION),
+        lambda row, split, i: (to_row or gsm8k_row)(row, split, i, synthetic_arithmetic.DATA_SOURCE,
+                                                    SYNTHETIC_INSTRUCTION),
         save_dir,
         with_images=False,
         progress=progress,
+        schema=schema,
     )
     return result.as_dict()
 
@@ -121,11 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "one; no network) instead of GSM8K")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI entry point of ``data_prep/gsm8k.py``."""
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None, to_row=None,
+         schema=None) -> None:
+    """CLI entry point of ``data_prep/gsm8k.py`` (and, with its parser, row function and schema, of
+    ``data_prep/gsm8k_multiturn_w_tool.py``)."""
+    args = (parser or build_parser()).parse_args(argv)
     prep_main(args, synthetic_rows=f"synthetic arithmetic rows (seed {args.seed})",
               synthetic=lambda n_test: prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed,
-                                                         progress=True),
+                                                         progress=True, to_row=to_row, schema=schema),
               hub=f"{HUB_ID} ({HUB_CONFIG})",
-              prepare_rows=lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows))
+              prepare_rows=lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows,
+                                           to_row=to_row, schema=schema))

@@ -62,12 +62,21 @@ class HFRollout(RolloutEngine):
                     weights=None) -> "HFRollout":
         # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above);
         # the engine samples from `module` itself, so it never reads `weights`
-        return cls(module, tokenizer, seed=int(cfg.data.seed), synced=world_size > 1,
-                   log_probs=bool(cfg.actor_rollout_ref.rollout.get("calculate_log_probs", False)))
+        engine = cls(module, tokenizer, seed=int(cfg.data.seed), synced=world_size > 1,
+                     log_probs=bool(cfg.actor_rollout_ref.rollout.get("calculate_log_probs", False)))
+        mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
+        if mt is not None and mt.get("enable"):  # multi-turn with tools: verl_npu/rollout/agent_loop.py
+            from verl_npu.rollout.agent_loop import build_agent_loop
+
+            agent = cfg.actor_rollout_ref.rollout.get("agent") or {}
+            engine.agent_loop = build_agent_loop(engine, mt, agent.get("default_agent_loop", "single_turn_agent"))
+        return engine
 
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """All prompts x `params.n` samples decoded together (see the module docstring for seeding)."""
+        if getattr(self, "agent_loop", None) is not None:
+            return self.agent_loop.run(prompts, params, record_log_probs=self.log_probs)
         log_probs: list | None = [] if self.log_probs else None
         responses = self._decode(prompts, params, log_probs)
         width = params.max_new_tokens

@@ -128,7 +128,9 @@ def _run_training_locked(rc, after_fit=None) -> int:
         trust_remote_code=bool(cfg.actor_rollout_ref.model.trust_remote_code),
         custom_chat_template=cfg.actor_rollout_ref.model.get("custom_chat_template"),
     )
-    train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data)
+    tools = _tool_schemas(cfg)  # multi-turn: the tools are built (and checked) before any data or worker
+    train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data, tools=tools)
+    _check_agent_names(cfg, train_set)
     # DAPO's dynamic sampling reads batches of data.gen_batch_size prompts (verl_npu/trainer/dynamic_sampling.py)
     dynamic = bool(cfg.algorithm.filter_groups.enable) and cfg.data.get("gen_batch_size") is not None
     loader_batch = int(cfg.data.gen_batch_size if dynamic else cfg.data.train_batch_size)
@@ -143,7 +145,8 @@ def _run_training_locked(rc, after_fit=None) -> int:
         )
     val_loader = None
     if cfg.data.val_files and (int(cfg.trainer.test_freq) > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only):
-        val_set = RLDataset(cfg.data.val_files, tokenizer, processor, cfg.data)
+        val_set = RLDataset(cfg.data.val_files, tokenizer, processor, cfg.data, tools=tools)
+        _check_agent_names(cfg, val_set)
         if len(val_set) == 0:
             raise UserError(f"data.val_files ({', '.join(map(str, _as_list(cfg.data.val_files)))}) has no usable "
                             "row: add rows, point data.val_files at another file, or turn validation off "
@@ -232,6 +235,25 @@ def _log_summary(cfg, out_dir: Path, tracker) -> None:
         log.warning("could not write the end-of-run summary: %s", exc)
         return
     log.info("%s", "\n".join(lines))
+
+
+def _tool_schemas(cfg) -> list[dict] | None:
+    """With multi-turn rollout and a tool config: the tools built once here (a bad file, an unknown class
+    or a schema that does not match its class is a UserError naming the file and key, before anything
+    starts), and their OpenAI schemas for the prompts."""
+    mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
+    if mt is None or not mt.get("enable") or not mt.get("tool_config_path"):
+        return None
+    from verl_npu.tools.loading import load_tools, tool_schema_dict
+
+    return [tool_schema_dict(t) for t in load_tools(mt.tool_config_path).values()]
+
+
+def _check_agent_names(cfg, dataset) -> None:
+    from verl_npu.config.schema_multiturn import AGENT_LOOPS
+
+    mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
+    dataset.check_agent_names(AGENT_LOOPS, bool(mt is not None and mt.get("enable")))
 
 
 def _as_list(files) -> list:

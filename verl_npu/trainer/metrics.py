@@ -31,12 +31,32 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     }
 
 
+def last_trained_token(response_mask: torch.Tensor) -> torch.Tensor:
+    """Column of each row's last response token with mask 1 (where the sequence reward goes): the end of
+    the response for a single-turn row, the end of the last model turn for a multi-turn one (tool tokens
+    after it are not trained); 0 for a row without any."""
+    cols = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    return ((cols * (response_mask > 0)).argmax(-1)).clamp(min=0)
+
+
+def multi_turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
+    """verl's multi-turn names: num_turns/* (user + assistant turns + 1 per trajectory) and
+    tool_call_counts/*; empty for single-turn batches."""
+    metrics: dict[str, float] = {}
+    for field, name in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts")):
+        if field in batch:
+            metrics.update(_stats(prefix + name, torch.tensor(batch[field], dtype=torch.float32)))
+    return metrics
+
+
 def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     """Scores, rewards, advantages (over response tokens), response and prompt lengths."""
     mask = batch["response_mask"].bool()
     # generated tokens: the attention mask's response columns (rollout correction may have removed rejected
     # tokens from response_mask)
     response_len = batch["attention_mask"][:, batch["prompts"].shape[1]:].sum(-1).float()
+    if "tool_mask" in batch:  # multi-turn: the tools' tokens are not the model's (docs/agents.md)
+        response_len = response_len - batch["tool_mask"].sum(-1).float()
     prompt_len = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
     metrics: dict[str, float] = {}
     metrics.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
@@ -53,6 +73,7 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     metrics.update(_stats("prompt_length", prompt_len))
     for name, values in batch.meta.get("reward_extras", {}).items():
         metrics[f"critic/score/{name}/mean"] = float(torch.tensor(values, dtype=torch.float32).mean())
+    metrics.update(multi_turn_metrics(batch))
     return metrics
 
 

@@ -43,7 +43,8 @@ from verl_npu.trainer.dynamic_sampling import DynamicSampler
 from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.trainer.metrics import (
-    data_metrics, rollout_probs_diff_metrics, timed, timing_metrics, variance_proxy_metrics,
+    data_metrics, last_trained_token, multi_turn_metrics, rollout_probs_diff_metrics, timed, timing_metrics,
+    variance_proxy_metrics,
 )
 from verl_npu.trainer.readable import readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
@@ -406,8 +407,10 @@ class PPOTrainer:
         return greedy["token_level_scores"].sum(-1).repeat_interleave(self.train_sampling.n)
 
     def decode_responses(self, batch: Batch) -> list[str]:
+        # every response token the sequence holds (attention mask): a multi-turn response's tool turns too
         texts = []
-        for ids, mask in zip(batch["responses"], batch["response_mask"]):
+        shown = batch["attention_mask"][:, -batch["responses"].shape[1]:]
+        for ids, mask in zip(batch["responses"], shown):
             texts.append(self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
         return texts
 
@@ -437,7 +440,7 @@ class PPOTrainer:
             if self.cfg.reward_model.get("reward_manager") == "dapo":  # the overlong penalty, reward extra acc
                 rule, extras = dapo_scores(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
                                            int(self.cfg.data.max_response_length))
-            last = (mask.sum(-1) - 1).clamp(min=0)
+            last = last_trained_token(mask)
             token_scores = torch.zeros(mask.shape, dtype=torch.float32)
             token_scores[torch.arange(len(batch)), last] = torch.tensor(rule, dtype=torch.float32)
         batch.set("token_level_scores", token_scores)
@@ -497,6 +500,9 @@ class PPOTrainer:
                 batch["uid"], batch["response_text"], batch["ground_truth"], scores, batch["data_source"]
             )
         ]
+        if "agent_turns" in batch:  # multi-turn: each trajectory's turns (role, text, tokens, trained, tool calls)
+            for row, turns, rewards in zip(rows, batch["agent_turns"], batch["tool_rewards"]):
+                row.update(turns=turns, tool_rewards=rewards)
         dump_jsonl(folder / f"{self.global_step}.jsonl", rows)
 
     # ---- validation ----------------------------------------------------------------------------
@@ -506,6 +512,7 @@ class PPOTrainer:
         per_source: dict[str, list[float]] = {}
         extras_per_source: dict[str, dict[str, list[float]]] = {}
         samples: list[str] = []
+        turns: list[int] = []  # multi-turn: turns per trajectory (verl's val-aux/num_turns/*)
         for rows in self.val_loader:  # one pass: the loader yields one epoch per iteration
             prompts = batch_from_rows(rows)
             pad = (-len(prompts)) % self.workers.rollout_dp_size  # every rollout group needs an equal chunk
@@ -515,6 +522,7 @@ class PPOTrainer:
             if pad:
                 batch = batch.slice(0, len(batch) - pad * n)
             texts = self.score(batch)
+            turns += list(batch.get("__num_turns__") or [])
             scores = batch["token_level_scores"].sum(-1).tolist()
             for i, (src, score) in enumerate(zip(batch["data_source"], scores)):
                 per_source.setdefault(src, []).append(score)
@@ -522,7 +530,8 @@ class PPOTrainer:
                     extras_per_source.setdefault(src, {}).setdefault(name, []).append(values[i])
             budget = int(self.cfg.trainer.log_val_generations) - len(samples)
             for i, (text, gt) in enumerate(list(zip(texts, batch["ground_truth"]))[: max(budget, 0)]):
-                ids = batch["responses"][i][batch["response_mask"][i].bool()].tolist()
+                shown = batch["attention_mask"][i, -batch["responses"].shape[1]:].bool()  # tool turns too
+                ids = batch["responses"][i][shown].tolist()
                 samples.append(f"[ground truth: {gt}] {readable_text(self.tokenizer, ids, text)!r}")
             if self.cfg.trainer.validation_data_dir:
                 self.dump_generations(batch, Path(self.cfg.trainer.validation_data_dir))
@@ -531,6 +540,8 @@ class PPOTrainer:
             metrics[f"val-core/{src}/reward/mean@{n}"] = sum(values) / len(values)
             for name, values_ in extras_per_source.get(src, {}).items():
                 metrics[f"val-aux/{src}/{name}/mean@{n}"] = sum(values_) / len(values_)
+        if turns:
+            metrics.update(multi_turn_metrics(Batch(lists={"__num_turns__": turns}), prefix="val-aux/"))
         if samples:
             # one block in the log (the tracker prints it), TensorBoard and every experiment tracker
             self.tracker.log_text("val/generations", "\n".join(samples), step=self.global_step)

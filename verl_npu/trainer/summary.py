@@ -63,8 +63,13 @@ def run_summary(out_dir: str | Path, *, tensorboard_dir: str | Path | None = Non
         if skipped:
             lines.append(f"  {role} optimizer steps skipped for a non-finite gradient: {skipped:.0f} "
                          f"({role}/skipped_updates): the updates of those steps were dropped")
+    turns = [r for r in rows if isinstance(r.get("num_turns/mean"), (int, float))]
+    if turns:  # multi-turn rollout (verl's metric names)
+        lines.append(f"  multi-turn, last step: {turns[-1]['num_turns/mean']:.2f} turns and "
+                     f"{turns[-1].get('tool_call_counts/mean', 0.0):.2f} tool calls per trajectory "
+                     "(num_turns/mean, tool_call_counts/mean)")
     step, val = last_validation(rows)
-    sources = sorted({k.split("/")[1] for k in val})
+    sources = sorted({k.split("/")[1] for k in val if k.startswith("val-core/")})  # not val-aux/num_turns/*
     for src in sources:
         reward = next((v for k, v in val.items() if k.startswith(f"val-core/{src}/reward/")), None)
         acc = next((v for k, v in val.items() if k.startswith(f"val-aux/{src}/accuracy/")), None)

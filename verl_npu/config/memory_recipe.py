@@ -1,0 +1,485 @@
+"""A recipe's memory plan: what each phase holds on one device, the host figure, the knobs (issue 26).
+
+`settings_from_recipe(rc)` reads the resolved recipe into `Settings` (plain numbers); `build_plan`
+puts the parts of `memory_plan` together per phase; `plan_recipe(rc, device_bytes, models)` does
+both and adds the knobs: each is a change of one or two keys, planned again, with the bytes it saves
+at the peak. Imports no torch (validate stays instant); see docs/memory.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from verl_npu.config import memory_plan as mp
+from verl_npu.config.memory_plan import ModelSize, Part, Phase, Plan
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The recipe's numbers the plan reads (per device unless said)."""
+
+    world: int
+    gpus_per_node: int
+    compute_bytes: int            # 2: bf16 on an accelerator, 4: float32 on CPU
+    prompt: int
+    response: int
+    n: int
+    train_batch: int
+    fsdp: bool                    # FSDP2 shards (several workers, or any param_offload)
+    # actor
+    micro_rows: int | None
+    dynamic: bool
+    token_budget: int
+    checkpointing: bool
+    remove_padding: bool
+    fused: bool
+    sp: int
+    actor_offload: bool
+    optimizer_offload: bool
+    lora_rank: int
+    freeze_vision: bool
+    max_pixels: int
+    # old / ref log-probs
+    lp_micro_rows: int | None
+    lp_budget: int
+    use_ref: bool
+    ref_micro_rows: int | None
+    ref_offload: bool
+    # rollout
+    rollout: str
+    tp: int
+    gpu_memory_utilization: float
+    rollout_bytes: int
+    max_model_len: int
+    max_num_seqs: int
+    max_batched_tokens: int
+    free_cache: bool
+    kv_cache_bytes: int | None
+    # critic, reward model
+    critic: bool
+    critic_micro_rows: int | None
+    critic_dynamic: bool
+    critic_budget: int
+    critic_checkpointing: bool
+    critic_offload: bool
+    reward_model: bool
+    rm_micro_rows: int | None
+    rm_offload: bool
+    saves: bool
+
+    @property
+    def seq(self) -> int:
+        return self.prompt + self.response
+
+    @property
+    def rows_per_device(self) -> int:
+        """Responses of one step on one device: train_batch * n / (world / sp)."""
+        return max(1, self.train_batch * self.n * self.sp // self.world)
+
+
+def settings_from_recipe(rc, accelerator: bool | None = None) -> Settings:
+    """The `Settings` of a resolved recipe (`verl_npu.config.load_recipe`); `accelerator`: plan for an
+    accelerator (bf16 compute) or the CPU (float32); None: the recipe's trainer.device (auto: an accelerator)."""
+    from verl_npu.estimators import needs_critic
+
+    b = rc.backend
+    arr, data, tr = b.actor_rollout_ref, b.data, b.trainer
+    actor, ro, ref, model = arr.actor, arr.rollout, arr.ref, arr.model
+    if accelerator is None:
+        accelerator = _plans_accelerator(tr.device)
+    critic, rm = b.critic, b.reward_model
+    engine = dict(ro.get("engine_kwargs", {}).get("vllm", {}) or {})
+    fsdp_sections = [actor.fsdp_config, ref.fsdp_config, critic.model.fsdp_config, rm.model.fsdp_config]
+    offload_any = any(bool(f.get("param_offload", False)) for f in fsdp_sections)
+    critic_dyn = actor.use_dynamic_bsz if critic.get("use_dynamic_bsz") is None else critic.use_dynamic_bsz
+    lora = int(model.get("lora_rank", 0) or 0)
+    return Settings(
+        world=int(rc.world_size), gpus_per_node=int(tr.n_gpus_per_node), compute_bytes=2 if accelerator else 4,
+        prompt=int(data.max_prompt_length), response=int(data.max_response_length), n=int(ro.n),
+        train_batch=int(data.train_batch_size), fsdp=rc.world_size > 1 or offload_any,
+        micro_rows=_opt_int(actor.ppo_micro_batch_size_per_gpu), dynamic=bool(actor.use_dynamic_bsz),
+        token_budget=int(actor.ppo_max_token_len_per_gpu), checkpointing=bool(model.enable_gradient_checkpointing),
+        remove_padding=bool(model.use_remove_padding), fused=bool(model.get("use_fused_kernels", False)),
+        sp=int(actor.ulysses_sequence_parallel_size), actor_offload=bool(actor.fsdp_config.param_offload),
+        optimizer_offload=bool(actor.fsdp_config.optimizer_offload), lora_rank=lora,
+        freeze_vision=bool(actor.get("freeze_vision_tower", False)), max_pixels=int(data.get("max_pixels", 0) or 0),
+        lp_micro_rows=_opt_int(ro.log_prob_micro_batch_size_per_gpu), lp_budget=int(ro.log_prob_max_token_len_per_gpu),
+        use_ref=(bool(actor.use_kl_loss) or bool(b.algorithm.use_kl_in_reward)) and lora <= 0,
+        ref_micro_rows=_opt_int(ref.log_prob_micro_batch_size_per_gpu), ref_offload=bool(ref.fsdp_config.param_offload),
+        rollout=str(ro.name), tp=int(ro.tensor_model_parallel_size), gpu_memory_utilization=float(ro.gpu_memory_utilization),
+        rollout_bytes=_DTYPE_BYTES.get(str(ro.dtype), 2), max_model_len=int(ro.max_model_len or data.max_prompt_length
+                                                                           + data.max_response_length),
+        max_num_seqs=int(engine.get("max_num_seqs") or ro.max_num_seqs),
+        max_batched_tokens=int(engine.get("max_num_batched_tokens") or ro.max_num_batched_tokens),
+        free_cache=bool(engine.get("enable_sleep_mode", ro.free_cache_engine)),
+        kv_cache_bytes=_opt_int(engine.get("kv_cache_memory_bytes")),
+        critic=needs_critic(b), critic_micro_rows=_opt_int(critic.ppo_micro_batch_size_per_gpu),
+        critic_dynamic=bool(critic_dyn), critic_budget=int(critic.ppo_max_token_len_per_gpu),
+        critic_checkpointing=bool(critic.model.enable_gradient_checkpointing),
+        critic_offload=bool(critic.model.fsdp_config.param_offload), reward_model=bool(rm.enable),
+        rm_micro_rows=_opt_int(rm.micro_batch_size_per_gpu), rm_offload=bool(rm.model.fsdp_config.param_offload),
+        saves=int(tr.save_freq or 0) > 0,
+    )
+
+
+def _opt_int(value: Any) -> int | None:
+    return int(value) if value is not None else None
+
+
+def _micro(s: Settings, rows: int | None, dynamic: bool, budget: int) -> tuple[float, float, str]:
+    """(tokens, logit tokens, how) of one micro-batch on one device, before Ulysses' split: rows *
+    (prompt + response) with rows * (response + 1) logits; with a token budget max(budget, one
+    sequence) tokens with the response's share of them; rows null: all of the device's rows."""
+    if dynamic:
+        tokens = max(budget, s.seq)
+        return tokens, tokens * (s.response + 1) / s.seq, f"a token budget of {budget}"
+    rows = rows or s.rows_per_device
+    return rows * s.seq, rows * (s.response + (0 if s.remove_padding else 1)), f"{rows} rows x {s.seq} tokens"
+
+
+def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: ModelSize, shards: int) -> list[Part]:
+    """The update starts by freeing the gradients (zero_grad): at the backward's peak only the head's
+    exist, V * H * 4 / W (all of them only at its end, when the activations are gone): the larger of
+    the two moments is kept."""
+    full = next((p for p in resident if p.name == "actor grads"), None)
+    if full is None:
+        return resident
+    head = 0 if s.lora_rank > 0 else mp.grad_bytes(m.vocab * m.hidden, shards, False)
+    if sum(p.bytes for p in update) + head >= full.bytes:
+        part = Part("actor grads at the peak", head, "the head's V x H fp32 (the others come as activations go)")
+    else:
+        part = Part("actor grads (end of backward)", full.bytes, full.formula)
+        update[:] = [Part("activations left", 0, "freed by then")]
+    return [part if p is full else p for p in resident]
+
+
+def _sp_logits(s: Settings, m: ModelSize, tokens: float) -> list[Part]:
+    """Ulysses (sp > 1): every rank gathers the logits of all T packed tokens, T * V * b, before
+    keeping the response's (the head runs on each rank's T / sp: T / sp * V * b more)."""
+    if s.sp <= 1:
+        return []
+    return [Part("Ulysses gathered logits", int(tokens * (1 + 1 / s.sp) * m.vocab * s.compute_bytes),
+                 f"all {tokens:.0f} tokens x V x {s.compute_bytes} B, gathered over sp {s.sp}")]
+
+
+def _gib(x: float) -> str:
+    return f"{x / mp.GIB:.2f} GiB"
+
+
+def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name: str,
+               critic: ModelSize | None = None, reward: ModelSize | None = None) -> Plan:
+    """The phases of one device and the host figure of one node for settings `s`."""
+    shards = s.world if s.fsdp else 1
+    notes: list[str] = []
+    problems: list[str] = []
+    p_actor = actor.params
+    trainable = mp.lora_params(actor, s.lora_rank) if s.lora_rank > 0 else p_actor
+    offload = s.actor_offload
+    resident = [
+        Part("actor weights", mp.weight_bytes(p_actor, 4, shards, offload) + mp.weight_bytes(trainable if s.lora_rank
+             else 0, 4, shards, offload), f"fp32 {p_actor:,} params / {shards}" + (" (offloaded)" if offload else "")
+             + (f" + LoRA {trainable:,}" if s.lora_rank else "")),
+        Part("actor grads", mp.grad_bytes(trainable, shards, offload), f"fp32 4 x {trainable:,} / {shards}"),
+        Part("actor AdamW", mp.adam_bytes(trainable, shards, offload or s.optimizer_offload),
+             f"2 fp32 moments 8 x {trainable:,} / {shards}"),
+    ]
+    if s.use_ref:
+        resident.append(Part("ref weights", mp.weight_bytes(p_actor, s.compute_bytes, shards, s.ref_offload),
+                             f"{s.compute_bytes} x {p_actor:,} / {shards}" + (" (offloaded)" if s.ref_offload else "")))
+    if s.critic and critic is not None:
+        pc = critic.params - (0 if critic.tied else critic.vocab * critic.hidden) + critic.hidden  # value head
+        resident += [Part("critic weights+grads+AdamW", mp.weight_bytes(pc, 4, shards, s.critic_offload)
+                          + mp.grad_bytes(pc, shards, s.critic_offload) + mp.adam_bytes(pc, shards, s.critic_offload),
+                          f"16 x {pc:,} / {shards}")]
+    if s.reward_model and reward is not None:
+        rm_bytes = mp.weight_bytes(reward.params, s.compute_bytes, shards, s.rm_offload)
+        resident.append(Part("reward model weights", rm_bytes, f"{s.compute_bytes} x {reward.params:,} / {shards}"))
+    resident = [p for p in resident if p.bytes]
+    gathered = []
+    if s.fsdp:
+        unit = max(actor.layer_params, actor.vocab * actor.hidden * (1 if actor.tied else 2))
+        gathered = [Part("FSDP2 gathered unit", unit * s.compute_bytes,
+                         "the largest unit (the root: embeddings and head, or a layer), unsharded, compute dtype")]
+
+    phases: list[Phase] = []
+    # rollout
+    kv_tok = mp.kv_bytes_per_token(actor, s.tp, s.rollout_bytes)
+    if s.rollout == "vllm":
+        budget = int(s.gpu_memory_utilization * device_bytes)
+        weights = math.ceil(actor.params * s.rollout_bytes / s.tp)
+        act = s.max_batched_tokens * (8 * actor.hidden + 2 * actor.intermediate) * 2 + s.max_num_seqs * actor.vocab * 4
+        kv = s.kv_cache_bytes if s.kv_cache_bytes else budget - weights - act
+        engine = weights + act + kv if s.kv_cache_bytes else budget
+        seqs = kv // (kv_tok * s.max_model_len) if kv > 0 else 0
+        parts = resident + [Part("vLLM engine", engine, f"gpu_memory_utilization {s.gpu_memory_utilization} x device: "
+                                 f"weights {_gib(weights)} + activations {_gib(act)} + KV cache {_gib(max(kv, 0))} "
+                                 f"({seqs} sequences of {s.max_model_len} tokens)")]
+        phases.append(Phase("rollout", parts, f"KV cache holds {seqs} sequences of max_model_len {s.max_model_len}"))
+        if seqs < 1:
+            problems.append(f"rollout: the vLLM engine's KV cache ({_gib(max(kv, 0))}) holds no sequence of "
+                            f"max_model_len {s.max_model_len} ({_gib(kv_tok * s.max_model_len)} each)")
+        if not s.free_cache:
+            resident = resident + [Part("vLLM engine (no sleep mode)", engine, "rollout.free_cache_engine=false")]
+    else:
+        rows = s.train_batch * s.n // max(1, s.world // s.sp)
+        hf_tok = mp.kv_bytes_per_token(actor, 1, s.compute_bytes)
+        phases.append(Phase("rollout", resident + gathered + [
+            Part("hf KV cache", hf_tok * rows * s.seq, f"{rows} sequences x {s.seq} tokens x {hf_tok} B"),
+            Part("sampling logits", 4 * rows * actor.vocab * 2, "2 x fp32 [rows x vocab]")]))
+    # old log-probs and ref log-probs
+    lp_tokens, lp_logits, how = _micro(s, s.lp_micro_rows, s.dynamic, s.lp_budget)
+    infer = [Part("forward (no grad)", mp.inference_bytes(actor, lp_tokens / s.sp, s.compute_bytes), how),
+             Part("logits", mp.logits_bytes(lp_logits, actor.vocab, copies=mp.LOGIT_COPIES_INFER, fused=s.fused),
+                  "fp32 [Rt x V] x 4")] + _sp_logits(s, actor, lp_tokens)
+    phases.append(Phase("old log-probs", resident + gathered + infer))
+    if s.use_ref:
+        r_tokens, r_logits, how = _micro(s, s.ref_micro_rows, s.dynamic, s.lp_budget)
+        phases.append(Phase("ref log-probs", resident + gathered + [
+            Part("forward (no grad)", mp.inference_bytes(actor, r_tokens / s.sp, s.compute_bytes), how),
+            Part("logits", mp.logits_bytes(r_logits, actor.vocab, copies=2, fused=s.fused), "fp32 [Rt x V] x 2"),
+            *_sp_logits(s, actor, r_tokens)]))
+    # actor update
+    tokens, logit_tokens, how = _micro(s, s.micro_rows, s.dynamic, s.token_budget)
+    act = mp.activation_bytes(actor, tokens / s.sp, checkpointing=s.checkpointing, remove_padding=s.remove_padding,
+                              compute_bytes=s.compute_bytes)
+    patches = 0
+    if actor.vision and s.max_pixels:
+        rows = tokens / s.seq
+        patches = rows * min(s.max_pixels / actor.vision["patch"] ** 2, s.prompt * actor.vision["merge"] ** 2)
+    vis = mp.vision_activation_bytes(actor, patches, checkpointing=s.checkpointing, frozen=s.freeze_vision,
+                                     compute_bytes=s.compute_bytes)
+    logits = mp.logits_bytes(logit_tokens, actor.vocab, copies=mp.LOGIT_COPIES_TRAIN, fused=s.fused)
+    if s.checkpointing:  # one layer's recompute and the logits' backward do not overlap: the larger counts
+        saved, recompute = mp.checkpointed_split(actor, tokens / s.sp, remove_padding=s.remove_padding,
+                                                 compute_bytes=s.compute_bytes)
+        act = saved + max(0, recompute - logits)
+    update = [Part("activations", act, f"{how}{' / sp ' + str(s.sp) if s.sp > 1 else ''}, "
+                   f"checkpointing {'on (layer inputs + a recompute beyond the logits)' if s.checkpointing else 'off'}, "
+                   f"{'padding-free' if s.remove_padding else 'padded'}"),
+              Part("logits + grads", logits, "fp32 [Rt x V] x 3" + (" (fused: 64 MiB chunks)" if s.fused else ""))]
+    update += _sp_logits(s, actor, tokens)
+    if vis:
+        update.append(Part("vision tower activations", vis, f"{patches:.0f} patches at max_pixels"))
+    phases.append(Phase("actor update", _update_grads(resident, update, s, actor, shards) + gathered + update))
+    if s.critic and critic is not None:
+        c_tokens, _, how = _micro(s, s.critic_micro_rows or s.micro_rows, s.critic_dynamic, s.critic_budget)
+        phases.append(Phase("critic update", resident + gathered + [Part("activations", mp.activation_bytes(
+            critic, c_tokens, checkpointing=s.critic_checkpointing, remove_padding=False,
+            compute_bytes=s.compute_bytes), how)]))
+    if s.reward_model and reward is not None:
+        rows = s.rm_micro_rows or s.rows_per_device
+        phases.append(Phase("reward model", resident + gathered + [Part("forward (no grad)", mp.inference_bytes(
+            reward, rows * s.seq, s.compute_bytes), f"{rows} rows x {s.seq} tokens")]))
+    phases.append(Phase("checkpoint save", resident + [Part("one gathered tensor", actor.vocab * actor.hidden * 4,
+                                                            "the largest parameter, unsharded, fp32")],
+                        "" if s.saves else "trainer.save_freq <= 0: only at the end if asked"))
+
+    # host figure of one node
+    local = min(s.gpus_per_node, s.world)
+    host = [Part("worker processes", local * mp.WORKER_BASE_BYTES, f"{local} x 1 GiB (Python, torch, transformers)")]
+    if local > 1:
+        host.append(Part("driver and Ray", mp.RAY_BYTES, "an estimate"))
+    if s.compute_bytes == 4:
+        peak = max(p.total for p in phases)
+        host.append(Part("the workers' tensors (the CPU is the device)", local * peak, f"{local} x the peak phase"))
+    if offload:
+        host.append(Part("offloaded actor", local * math.ceil(16 * trainable / shards), "16 x P / W per worker"))
+    if s.use_ref and s.ref_offload:
+        host.append(Part("offloaded ref", local * math.ceil(s.compute_bytes * p_actor / shards), "b x P / W per worker"))
+    if s.rollout == "vllm" and s.free_cache:
+        host.append(Part("vLLM weights while asleep", local * math.ceil(actor.params * s.rollout_bytes / s.tp),
+                         "sleep level 1 keeps the weights in host memory"))
+    if s.saves:
+        host.append(Part("checkpoint export (rank 0)", 4 * actor.params, "the full fp32 model for huggingface/"))
+    rows = s.train_batch * s.n
+    host.append(Part("batch in the driver", rows * s.seq * 8 * 6, "token ids, masks, log-probs, advantages (int64/fp32)"))
+    if s.compute_bytes == 4:
+        notes.append("CPU: float32 compute; the device is this machine's memory, shared by the node's workers")
+    else:
+        notes.append("accelerator: bf16 compute; activation coefficients measured on CPU (float32), halved")
+    return Plan(device_name, device_bytes, phases, host, notes, [], problems)
+
+
+KNOBS = [  # (override, change of Settings, applies when)
+    ("actor_rollout_ref.model.enable_gradient_checkpointing=true", {"checkpointing": True}, lambda s: not s.checkpointing),
+    ("actor_rollout_ref.model.use_fused_kernels=true", {"fused": True}, lambda s: not s.fused),
+    ("actor_rollout_ref.actor.fsdp_config.param_offload=true optimizer_offload=true",
+     {"actor_offload": True, "optimizer_offload": True, "fsdp": True}, lambda s: not s.actor_offload),
+    ("actor_rollout_ref.ref.fsdp_config.param_offload=true", {"ref_offload": True, "fsdp": True},
+     lambda s: s.use_ref and not s.ref_offload),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=half", "micro", lambda s: not s.dynamic
+     and (s.micro_rows or s.rows_per_device) > 1),
+    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=half", "budget", lambda s: s.dynamic and s.token_budget > s.seq),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=half", "lp_micro",
+     lambda s: not s.dynamic and (s.lp_micro_rows or s.rows_per_device) > 1),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization=-0.1", "gmu", lambda s: s.rollout == "vllm"
+     and s.gpu_memory_utilization > 0.15),
+    ("actor_rollout_ref.rollout.free_cache_engine=true", {"free_cache": True}, lambda s: s.rollout == "vllm"
+     and not s.free_cache),
+    ("trainer.nnodes=double (twice the devices)", "devices", lambda s: True),
+]
+
+
+def _knob_settings(s: Settings, change) -> tuple[Settings, str]:
+    if isinstance(change, dict):
+        return replace(s, **change), ""
+    if change == "micro":
+        rows = max(1, (s.micro_rows or s.rows_per_device) // 2)
+        return replace(s, micro_rows=rows), str(rows)
+    if change == "budget":
+        budget = max(s.seq, s.token_budget // 2)
+        return replace(s, token_budget=budget, lp_budget=min(s.lp_budget, budget)), str(budget)
+    if change == "lp_micro":
+        rows = max(1, (s.lp_micro_rows or s.rows_per_device) // 2)
+        return replace(s, lp_micro_rows=rows, ref_micro_rows=rows), str(rows)
+    if change == "gmu":
+        value = round(s.gpu_memory_utilization - 0.1, 2)
+        return replace(s, gpu_memory_utilization=value), str(value)
+    nodes = max(1, s.world // max(1, s.gpus_per_node))
+    return replace(s, world=s.world * 2, fsdp=True), str(nodes * 2)
+
+
+def add_knobs(plan: Plan, s: Settings, actor: ModelSize, **models) -> Plan:
+    """The knobs that lower the peak, each re-planned: (override, bytes saved at the peak), largest first."""
+    found = []
+    for override, change, applies in KNOBS:
+        if not applies(s):
+            continue
+        changed, value = _knob_settings(s, change)
+        other = build_plan(changed, actor, device_bytes=plan.device_bytes, device_name=plan.device_name, **models)
+        saved = plan.peak.total - other.peak.total
+        if saved > 0 and not (other.problems and not plan.problems):
+            text = override.replace("=half", f"={value}").replace("=-0.1", f"={value}").replace("=double", f"={value}")
+            found.append((text, saved))
+    plan.knobs = sorted(found, key=lambda k: -k[1])
+    return plan
+
+
+def plan_recipe(rc, device_bytes: int, device_name: str, models: dict[str, ModelSize | None],
+                accelerator: bool | None = None) -> Plan:
+    """The plan of a resolved recipe; `models`: "actor" (required), "critic", "reward" ModelSizes."""
+    s = settings_from_recipe(rc, accelerator)
+    actor = models["actor"]
+    extra = {"critic": models.get("critic") or (actor if s.critic else None), "reward": models.get("reward")}
+    plan = build_plan(s, actor, device_bytes=device_bytes, device_name=device_name, **extra)
+    if s.reward_model and extra["reward"] is None:
+        plan.notes.append("reward model: its config.json is not readable here; not counted")
+    return add_knobs(plan, s, actor, **extra)
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def model_numbers(path: Any) -> ModelSize | None:
+    """The ModelSize of a model path: a local folder or a hub id in the local cache (config.json,
+    nothing downloaded), or a tiny:// model already built in the verl-npu cache; None otherwise."""
+    import json
+    import os
+    from pathlib import Path
+
+    from verl_npu.config.modelinfo import model_config
+
+    if isinstance(path, str) and path.startswith("tiny://"):
+        name, _, query = path[len("tiny://"):].partition("?")
+        root = Path(os.environ.get("VERL_NPU_CACHE") or Path.home() / ".cache" / "verl_npu").expanduser() / "tiny"
+        builds = []
+        for marker in root.glob(f"{name.strip('/')}-*/verl_npu_tiny.json"):
+            try:
+                if json.loads(marker.read_text()).get("uri") == path:
+                    builds.append(marker.parent)
+            except (OSError, ValueError):
+                continue
+        if not builds:
+            return None
+        path = str(max(builds, key=lambda p: p.stat().st_mtime))
+    return mp.model_size(model_config(path))
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "mb": 10**6, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def parse_device_memory(text: str) -> tuple[int, str, bool | None]:
+    """(bytes, name, an accelerator? (None: unknown)) of --device-memory: an amount ("64GiB", "80GB",
+    "65536MiB"; a bare number is GiB) or a known accelerator ("910B", "H100", "A100-40": verl_npu.device.DEVICE_MEMORY_GIB)."""
+    import re
+
+    from verl_npu.device import DEVICE_MEMORY_GIB
+    from verl_npu.errors import UserError
+
+    known = {k.lower(): (k, v) for k, v in DEVICE_MEMORY_GIB.items()}
+    key = text.strip().lower().removeprefix("ascend")
+    if key in known:
+        name, gib = known[key]
+        return gib << 30, f"{name} ({gib} GiB)", True
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", key)
+    if not m or m.group(2) not in _UNITS:
+        raise UserError(f"--device-memory {text!r} is not an amount or a known device; write e.g. 64GiB, 80GB, "
+                        f"or one of {', '.join(DEVICE_MEMORY_GIB)}")
+    scale = _UNITS[m.group(2)] if m.group(2) else 1 << 30
+    value = int(float(m.group(1)) * scale)
+    return value, f"{value / mp.GIB:.1f} GiB (--device-memory)", None
+
+
+def _plans_accelerator(requested) -> bool:
+    """trainer.device names an accelerator, or is auto (the plan is for the accelerator the recipe is
+    written for, even on a machine without one)."""
+    from verl_npu.device import configured_device
+
+    if requested in (None, "", "auto"):
+        return True
+    device = configured_device(requested)
+    return device is not None and device.kind != "cpu"
+
+
+def device_memory(rc, spec: str | None = None) -> tuple[int, str, bool]:
+    """(bytes, name, an accelerator?) of the device the plan is for: --device-memory when given; on CPU this machine's
+    memory shared by the node's workers; on an accelerator the kind's usual card (device layer table)."""
+    from verl_npu.device import DEFAULT_ACCELERATOR, DEVICE_MEMORY_GIB, configured_device, host_memory_bytes
+
+    if spec:
+        size, name, card = parse_device_memory(spec)
+        return size, name, _plans_accelerator(rc.backend.trainer.device) if card is None else card
+    requested = rc.backend.trainer.device
+    device = configured_device(requested)
+    kind = device.kind if device is not None else "cpu"
+    if kind == "cpu" and requested in (None, "", "auto"):
+        name = DEFAULT_ACCELERATOR["npu"]  # no accelerator here: plan for the one the recipe is written for
+        return DEVICE_MEMORY_GIB[name] << 30, (f"{name} ({DEVICE_MEMORY_GIB[name]} GiB, assumed: trainer.device is "
+                                               "auto and this machine has no accelerator; --device-memory to change)"), True
+    if kind == "cpu":
+        workers = max(1, min(int(rc.backend.trainer.n_gpus_per_node), rc.world_size))
+        total = host_memory_bytes()
+        return total // workers, f"CPU: this machine's {total / mp.GIB:.1f} GiB / {workers} worker(s)", False
+    name = DEFAULT_ACCELERATOR[kind]
+    return DEVICE_MEMORY_GIB[name] << 30, f"{name} ({DEVICE_MEMORY_GIB[name]} GiB, assumed for {kind}; " \
+        "--device-memory to change)", True
+
+
+def plan_for(rc, spec: str | None = None) -> tuple[Plan | None, str]:
+    """The plan of a resolved recipe on its device, or (None, why not) when the model's numbers are unknown."""
+    b = rc.backend
+    actor = model_numbers(b.actor_rollout_ref.model.path)
+    if actor is None:
+        return None, (f"model numbers unknown: actor_rollout_ref.model.path={b.actor_rollout_ref.model.path} has no "
+                      "readable config.json here (a local folder, a hub id in the local cache, or a built tiny model)")
+    critic_path = b.critic.model.get("path")
+    models = {"actor": actor, "critic": model_numbers(critic_path) if critic_path else None,
+              "reward": model_numbers(b.reward_model.model.path) if b.reward_model.enable else None}
+    size, name, accelerator = device_memory(rc, spec)
+    plan = plan_recipe(rc, size, name, models, accelerator)
+    plan.device_assumed = not spec and accelerator
+    return plan, ""
+
+
+def summary_line(plan: Plan) -> str:
+    """One line: the peak phase, its total against the device, the verdict."""
+    peak = plan.peak
+    head = f"memory plan: {_gib(peak.total)} of {_gib(plan.device_bytes)} per device at the {peak.name}"
+    if plan.verdict == "will not fit":
+        worst = max(peak.parts, key=lambda p: p.bytes)
+        why = plan.problems[0] if plan.problems else f"largest part: {worst.name} {_gib(worst.bytes)}"
+        return f"{head}: will not fit ({why}); see verl-npu plan"
+    return f"{head}: {plan.verdict}"

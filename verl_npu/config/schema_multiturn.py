@@ -1,0 +1,52 @@
+"""The multi-turn rollout keys verl-npu reads (`actor_rollout_ref.rollout.multi_turn.*`, verl 0.9.1's names
+and defaults), as plain data that `schema` turns into its `Key`s (this module imports nothing, so schema can
+import it). How the loop uses them: `verl_npu.rollout.agent_loop` and docs/agents.md.
+
+Each entry: (path below actor_rollout_ref.rollout, default, type name, meaning, Key options).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: verl's agent loops a dataset row may name (`agent_name` column) or `agent.default_agent_loop` may be.
+AGENT_LOOPS = ("single_turn_agent", "tool_agent")
+#: tool-call formats: parsed here / verl's others (refused by name); kept equal to verl_npu.tool_registry's.
+FORMATS = ("hermes",)
+UNSUPPORTED_FORMATS = ("llama3_json", "gpt-oss", "gpt_oss", "qwen3_coder", "gemma4", "deepseekv3", "glm4")
+
+KEYS: list[tuple[str, Any, str, str, dict]] = [
+    ("multi_turn.enable", False, "bool", "Multi-turn rollout with tool calls: each response is a conversation of model turns "
+     "and tool turns (generate, parse the Hermes tool calls, run the tools, append their output, generate again); "
+     "tool tokens get response_mask 0 (not trained). hf engine, text prompts (docs/agents.md).", {}),
+    ("multi_turn.max_assistant_turns", None, "int", "Most model turns per trajectory; null: no limit but the token budget "
+     "(rollout.response_length counts model and tool tokens together).", {"min": 1}),
+    ("multi_turn.max_user_turns", None, "int", "Most tool (user-side) turns per trajectory; null: no limit but the token "
+     "budget. The loop stops after the model turn that reaches it.", {"min": 1}),
+    ("multi_turn.tool_config_path", None, "str", "verl's tool config YAML (tools: [{class_name, config, tool_schema}] with "
+     "OpenAI function schemas); class_name: a built-in tool (gsm8k, or verl's verl.tools.gsm8k_tool.Gsm8kTool), "
+     "path/to/file.py:ClassName or package.module.ClassName. null: no tools (one turn). The schemas go into "
+     "the prompt through the chat template (tools=...).", {}),
+    ("multi_turn.max_parallel_calls", 1, "int", "Most tool calls of one model turn that run; later calls of that turn are "
+     "ignored.", {"min": 1}),
+    ("multi_turn.max_tool_response_length", 256, "int", "Longest tool output in characters; longer outputs are cut on "
+     "tool_response_truncate_side with a '(truncated)' marker.", {"min": 1}),
+    ("multi_turn.tool_response_truncate_side", "middle", "str", "Which part of a long tool output is cut: left (keep the "
+     "end), right (keep the start) or middle (keep both ends).", {"choices": ("left", "middle", "right")}),
+    ("multi_turn.format", "hermes", "str", "Tool-call format the model writes: hermes (<tool_call>{\"name\": ..., "
+     "\"arguments\": {...}}</tool_call>, Qwen2.5 / Qwen3).",
+     {"choices": FORMATS, "unsupported": UNSUPPORTED_FORMATS, "instead": "use format=hermes with a model that "
+      "writes Hermes tool calls (Qwen2.5 / Qwen3)"}),
+    ("multi_turn.use_inference_chat_template", False, "bool", "verl: re-render earlier turns with the chat template the "
+     "model is served with. verl-npu keeps the tokens the model generated (the false behaviour): training sees "
+     "exactly what was sampled.", {"off_only": "re-rendering earlier turns with the inference chat template",
+                                   "instead": "leave it false: the trajectory keeps the model's own tokens"}),
+    ("multi_turn.tokenization_sanity_check_mode", "strict", "str", "Check that a tool turn tokenized on its own equals the "
+     "end of the whole conversation tokenized at once: strict (token for token), ignore_strippable (whitespace-"
+     "only tokens ignored), disable. A mismatch logs one warning; the turn's own tokens are used.",
+     {"choices": ("strict", "ignore_strippable", "disable")}),
+    ("agent.default_agent_loop", "single_turn_agent", "str", "Agent loop of dataset rows without an agent_name "
+     "column: single_turn_agent (one response) or tool_agent (the multi-turn loop with tools; needs "
+     "multi_turn.enable). A row's agent_name, when the data has that column, wins (verl's rule).",
+     {"choices": AGENT_LOOPS}),
+]

@@ -1,0 +1,427 @@
+"""The multi-turn agent loop (`actor_rollout_ref.rollout.multi_turn.enable`) over the `hf` engine's decode.
+
+Each of a batch's B x n trajectories starts as its prompt (rendered by the dataset with the tools'
+schemas, so the model sees them in its system prompt) and grows turn by turn:
+
+1. generate: every unfinished trajectory is decoded together (one left-padded batch, `decode.decode`)
+   until its end-of-turn token or the rest of its token budget (`rollout.response_length` counts every
+   response token, the tools' too); its tokens join the response with mask 1;
+2. stop when the budget is used up, `max_assistant_turns` or `max_user_turns` is reached, the row's agent
+   is `single_turn_agent` (its `agent_name`, else `rollout.agent.default_agent_loop`), or the turn has no
+   tool call;
+3. parse the turn's Hermes tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`),
+   at most `max_parallel_calls` of them, and run them, all trajectories' calls concurrently (tools may
+   be `async`); a malformed call, an unknown tool, or a tool that raises becomes an error message in
+   the conversation, never a crash; tool texts are cut to `max_tool_response_length` characters on
+   `tool_response_truncate_side`;
+4. append the tool messages as a new turn, rendered by the model's chat template (what the template
+   writes after an assistant turn, up to the next assistant header), with mask 0, unless that would
+   pass the budget (then the trajectory stops, as in verl); then generate again.
+
+The model's own tokens are kept as generated (verl's `use_inference_chat_template=false`): training
+sees exactly the tokens that were sampled, in the same context. Sampling is seeded per trajectory and
+turn (the prompt's uid, the sample index and the turn number), so a trajectory does not depend on
+what else is in its batch. Every prefill re-reads the whole context (no KV cache reuse across turns yet).
+With several workers (`synced`: FSDP-sharded module) every rank runs as many rounds and decode steps as
+the busiest rank, a rank whose trajectories are done decoding a stand-in row, so the collectives of the
+sharded forwards stay in step.
+
+Output rows are those of `RolloutEngine.generate`, except that `response_mask` is 0 on tool tokens
+while `attention_mask` is 1 on every response token, and `tool_mask` is 1 on the tool tokens (with `rollout.calculate_log_probs`,
+`rollout_log_probs` holds the sampled tokens' log-probs as decode reports them, 0 on tool tokens), plus
+per-row lists: `__num_turns__` (verl's
+name: user + assistant turns + 1), `tool_call_counts`, `tool_rewards` (the steps' tool rewards) and
+`agent_turns` (the turns: role, text, tokens, trained, tool name / arguments / error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from verl_npu.batch import Batch
+from verl_npu.errors import UserError
+from verl_npu.rollout.base import SamplingParams
+from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
+from verl_npu.rollout.requests import prompt_seed
+from verl_npu.tools.base import ToolResponse
+from verl_npu.tools.loading import run_method
+
+log = logging.getLogger(__name__)
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class MultiTurnSettings:
+    """`rollout.multi_turn.*` as the loop reads them."""
+
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None
+    max_parallel_calls: int = 1
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: str = "middle"
+    tokenization_sanity_check_mode: str = "strict"
+
+    @classmethod
+    def from_config(cls, mt) -> "MultiTurnSettings":
+        opt = lambda v: None if v is None else int(v)  # noqa: E731
+        return cls(
+            max_assistant_turns=opt(mt.get("max_assistant_turns")),
+            max_user_turns=opt(mt.get("max_user_turns")),
+            max_parallel_calls=int(mt.get("max_parallel_calls", 1)),
+            max_tool_response_length=int(mt.get("max_tool_response_length", 256)),
+            tool_response_truncate_side=str(mt.get("tool_response_truncate_side", "middle")),
+            tokenization_sanity_check_mode=str(mt.get("tokenization_sanity_check_mode", "strict")),
+        )
+
+
+@dataclass
+class ToolCall:
+    name: str | None
+    arguments: dict | None
+    error: str | None = None     # set for a call that could not be parsed
+
+
+def parse_hermes(text: str) -> list[ToolCall]:
+    """The Hermes tool calls in a turn's text, in order; malformed ones carry an error message."""
+    calls = []
+    for body in TOOL_CALL.findall(text):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as err:
+            calls.append(ToolCall(None, None, f"Error: the tool call is not valid JSON ({err.msg}); write "
+                                              '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'))
+            continue
+        name = obj.get("name") if isinstance(obj, dict) else None
+        args = obj.get("arguments", {}) if isinstance(obj, dict) else None
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                args = None
+        if not isinstance(name, str) or not isinstance(args, dict):
+            calls.append(ToolCall(name if isinstance(name, str) else None, None,
+                                  'Error: a tool call needs "name" (a string) and "arguments" (a JSON object)'))
+            continue
+        calls.append(ToolCall(name, args))
+    return calls
+
+
+def truncate(text: str, limit: int, side: str) -> str:
+    """`text` cut to `limit` characters on `side` (left: keep the end; right: keep the start; middle:
+    keep both ends), with a marker where text was cut."""
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return "(truncated)..." + text[-limit:]
+    if side == "right":
+        return text[:limit] + "...(truncated)"
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[len(text) - half:]
+
+
+class ToolTurnRenderer:
+    """Token ids of a tool turn: what the chat template writes after an assistant turn that ended with its
+    end-of-turn token, for the tool messages, up to and including the next assistant header.
+
+    The template renders a probe conversation (a user turn, an assistant turn with a marker character as
+    its content, the tool messages, the generation prompt); the turn is the text after the marker, less
+    the end-of-turn token the model already wrote. Only what follows the assistant turn is used, so
+    templates that render a last assistant turn differently (Qwen3's empty think block) give the same turn.
+    """
+
+    MARK = "\u2064"
+    PROBE = [{"role": "user", "content": "\u2063"}, {"role": "assistant", "content": MARK}]
+
+    def __init__(self, tokenizer, mode: str = "strict"):
+        self.tokenizer = tokenizer
+        self.mode = mode
+        self.warned = False
+
+    def ids(self, tool_messages: list[dict], ended_with: str) -> list[int]:
+        full = self.tokenizer.apply_chat_template(self.PROBE + tool_messages, tokenize=False,
+                                                  add_generation_prompt=True)
+        if full.count(self.MARK) != 1:
+            raise UserError("the chat template does not render an assistant message's content as given, so tool "
+                            "turns cannot be appended to a conversation; use a chat template that does "
+                            "(actor_rollout_ref.model.custom_chat_template)")
+        delta = full[full.index(self.MARK) + 1:]
+        if ended_with and delta.startswith(ended_with):
+            delta = delta[len(ended_with):]
+        ids = self.tokenizer(delta, add_special_tokens=False)["input_ids"]
+        if self.mode != "disable" and not self.warned:
+            self._sanity(full, delta, ids)
+        return ids
+
+    def _sanity(self, full: str, delta: str, ids: list[int]) -> None:
+        """multi_turn.tokenization_sanity_check_mode: the turn's tokens must be the last tokens of the whole
+        rendered conversation tokenized at once (strict), or the same once whitespace-only tokens are left
+        out (ignore_strippable); a mismatch is logged once."""
+        whole = self.tokenizer(full, add_special_tokens=False)["input_ids"]
+        got, want = list(ids), whole[len(whole) - len(ids):]
+        if self.mode == "ignore_strippable":
+            keep = lambda seq: [t for t in seq if self.tokenizer.decode([t]).strip()]  # noqa: E731
+            got = keep(ids)
+            want = keep(whole)[len(keep(whole)) - len(got):] if got else []
+        if got != want:
+            self.warned = True
+            log.warning("multi-turn tokenization check (%s): a tool turn tokenized alone differs from the same "
+                        "text tokenized with the whole conversation (%r); the turn's own tokens are used. Set "
+                        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable to silence "
+                        "this", self.mode, delta[:80])
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    uid: str
+    tools_kwargs: dict
+    single_turn: bool = False  # the row's agent loop is single_turn_agent: one model turn
+    response: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    assistant_turns: int = 0
+    user_turns: int = 0
+    tool_calls: int = 0
+    tool_rewards: list[float] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)
+    pending: list[ToolCall] = field(default_factory=list)
+    ended_with: str = ""      # the text of the token that ended the last assistant turn
+    done: bool = False
+
+
+class AgentLoop:
+    """Multi-turn rollout with tools for the `hf` engine (see the module docstring)."""
+
+    def __init__(self, module, tokenizer, tools: dict, settings: MultiTurnSettings, *, eos_ids: list[int],
+                 pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent",
+                 synced: bool = False):
+        self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
+        # sharded modules (several workers): every rank runs the same number of rounds and decode steps
+        self.synced = synced
+        # the agent loop of rows without an agent_name (rollout.agent.default_agent_loop); single_turn_agent
+        # rows end after their first turn
+        self.default_agent = default_agent
+        # pick_factory(active trajectories, steps) -> pick: chooses the tokens instead of sampling (tests
+        # script a trajectory with it); None samples as the rollout keys say
+        self.pick_factory = pick_factory
+        self.eos_ids, self.pad_id, self.suppress_ids, self.seed = eos_ids, pad_id, suppress_ids, seed
+        self.renderer = ToolTurnRenderer(tokenizer, settings.tokenization_sanity_check_mode)
+
+    # ---- one batch ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, prompts: Batch, params: SamplingParams, record_log_probs: bool = False) -> Batch:
+        """B prompts -> B * n trajectories (rows i*n .. i*n+n-1 continue prompt i)."""
+        if any(prompts.get("multi_modal_data") or []):
+            raise UserError("multi-turn rollout with images is not built yet: use text prompts with "
+                            "actor_rollout_ref.rollout.multi_turn.enable=true, or turn multi_turn off")
+        uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
+        extra = prompts.get("extra_info") or [{} for _ in range(len(prompts))]
+        agents = prompts.get("agent_name") or [None] * len(prompts)
+        trajs = []
+        for i, raw in enumerate(prompts["raw_prompt_ids"]):
+            ids = [int(t) for t in (raw.tolist() if hasattr(raw, "tolist") else raw)]
+            kwargs = (extra[i] or {}).get("tools_kwargs") or {}
+            for j in range(params.n):
+                trajs.append(Trajectory(ids, f"{uids[i]}#{j}", kwargs if isinstance(kwargs, dict) else {},
+                                        single_turn=(agents[i] or self.default_agent) == "single_turn_agent"))
+        budget = params.max_new_tokens
+        while True:
+            active = [t for t in trajs if not t.done]
+            if not self._all_ranks_max(len(active)):
+                break
+            # every rank decodes as many steps as the rank with the most room left (decode's forwards are
+            # collectives for sharded modules); a rank whose trajectories are all done decodes a stand-in
+            steps = self._all_ranks_max(max((budget - len(t.response) for t in active), default=1))
+            if not active:
+                self._stand_in(steps)
+                continue
+            self._generate(active, params, budget, record_log_probs, steps)
+            calling = [t for t in active if not t.done]
+            if calling:
+                asyncio.run(self._run_tools(calling, budget))
+        return self._rows(prompts, trajs, params.n, budget, record_log_probs)
+
+    def _all_ranks_max(self, value: int) -> int:
+        if not self.synced:
+            return int(value)
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(value)], device=next(self.module.parameters()).device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag[0])
+
+    def _stand_in(self, steps: int) -> None:
+        """The decode of a rank without unfinished trajectories while other ranks decode theirs: one row
+        that ends at once, stepping along until every rank has finished (its output is dropped)."""
+        device = next(self.module.parameters()).device
+        eos = self.eos_ids[0]
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            decode(self.module, torch.tensor([[self.pad_id]], device=device), torch.ones(1, 1, dtype=torch.long,
+                   device=device), n=1, max_new_tokens=steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                   pick=lambda scores, t: torch.full((scores.shape[0],), eos, device=scores.device),
+                   synced=self.synced)
+        finally:
+            self.module.train(was_training)
+
+    def _generate(self, active: list[Trajectory], params: SamplingParams, budget: int, record: bool,
+                  steps: int) -> None:
+        device = next(self.module.parameters()).device
+        contexts = [t.prompt_ids + t.response for t in active]
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(active), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(active), width), dtype=torch.long)
+        for r, ctx in enumerate(contexts):
+            ids[r, width - len(ctx):] = torch.tensor(ctx)
+            mask[r, width - len(ctx):] = 1
+        room = [budget - len(t.response) for t in active]
+        pick = greedy_pick
+        if self.pick_factory is not None:
+            pick = self.pick_factory(active, steps)
+        elif not params.greedy:
+            seeds = [prompt_seed(self.seed, f"{t.uid}#turn{t.assistant_turns}") for t in active]
+            pick = PerRowSampler(replace(params, n=1, max_new_tokens=steps), seeds)
+        log_probs: list | None = [] if record else None
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            out = decode(self.module, ids.to(device), mask.to(device), n=1, max_new_tokens=steps,
+                         eos_ids=self.eos_ids, pad_id=self.pad_id, pick=pick, suppress_ids=self.suppress_ids,
+                         synced=self.synced, log_probs=log_probs).cpu()
+        finally:
+            self.module.train(was_training)
+        lps = log_probs[0].cpu() if log_probs else None
+        for r, t in enumerate(active):
+            row = out[r, : room[r]].tolist()
+            ended = next((k for k, tok in enumerate(row) if tok in self.eos_ids), None)
+            new = row if ended is None else row[: ended + 1]
+            t.response += new
+            t.mask += [1] * len(new)
+            if lps is not None:
+                t.log_probs += lps[r, : len(new)].tolist()
+            t.assistant_turns += 1
+            text = self.tokenizer.decode(new, skip_special_tokens=False)
+            t.turns.append({"role": "assistant", "text": text, "tokens": len(new), "trained": True})
+            t.ended_with = self.tokenizer.decode(new[-1:], skip_special_tokens=False) if ended is not None else ""
+            s = self.settings
+            if (len(t.response) >= budget or ended is None or t.single_turn
+                    or (s.max_assistant_turns and t.assistant_turns >= s.max_assistant_turns)
+                    or (s.max_user_turns and t.user_turns >= s.max_user_turns)):
+                t.done = True
+                continue
+            t.pending = parse_hermes(text)[: s.max_parallel_calls]
+            if not t.pending:
+                t.done = True
+
+    async def _run_tools(self, calling: list[Trajectory], budget: int) -> None:
+        jobs = [self._call(t, c) for t in calling for c in t.pending]
+        results = iter(await asyncio.gather(*jobs))
+        for t in calling:
+            messages, records = [], []
+            for call in t.pending:
+                text, reward, record = next(results)
+                t.tool_calls += 1
+                if reward is not None:
+                    t.tool_rewards.append(float(reward))
+                messages.append({"role": "tool", "content": text})
+                records.append(record)
+            t.pending = []
+            turn_ids = self.renderer.ids(messages, t.ended_with)
+            if len(t.response) + len(turn_ids) >= budget:
+                t.done = True
+                t.turns.append({"role": "tool", "text": "".join(m["content"] for m in messages), "tokens": 0,
+                                "trained": False, "calls": records, "dropped": "the response budget is used up"})
+                continue
+            t.response += turn_ids
+            t.mask += [0] * len(turn_ids)
+            t.log_probs += [0.0] * len(turn_ids)
+            t.user_turns += 1
+            t.turns.append({"role": "tool", "text": self.tokenizer.decode(turn_ids, skip_special_tokens=False),
+                            "tokens": len(turn_ids), "trained": False, "calls": records})
+
+    async def _call(self, t: Trajectory, call: ToolCall) -> tuple[str, float | None, dict]:
+        """(text for the conversation, step reward or None, record) of one call; never raises."""
+        record = {"name": call.name, "arguments": call.arguments}
+        if call.error:
+            return call.error, None, {**record, "error": call.error}
+        tool = self.tools.get(call.name)
+        if tool is None:
+            msg = f"Error: unknown tool {call.name!r}; available tools: {sorted(self.tools)}"
+            return msg, None, {**record, "error": msg}
+        instance_id, reward = None, None
+        try:
+            created = await run_method(tool.create, create_kwargs=(t.tools_kwargs.get(call.name) or {}).get(
+                "create_kwargs", {}))
+            instance_id = created[0] if isinstance(created, tuple) else created
+            out = await run_method(tool.execute, instance_id, call.arguments)
+            response, reward = (out[0], out[1]) if isinstance(out, tuple) else (out, 0.0)
+            if isinstance(response, ToolResponse) or hasattr(response, "text"):
+                if getattr(response, "image", None) or getattr(response, "video", None):
+                    raise ValueError("tools returning images or videos are not built yet")
+                text = response.text or ""
+            elif isinstance(response, dict):
+                text = str(response.get("text") or "")
+            else:
+                text = str(response)
+        except Exception as err:  # a failing tool is the model's problem to read, not a crash
+            text = f"Error executing tool '{call.name}': {type(err).__name__}: {err}"
+            record["error"] = text
+            reward = None
+        finally:
+            if instance_id is not None:
+                try:
+                    await run_method(tool.release, instance_id)
+                except Exception as err:  # noqa: BLE001 - a failing release must not end the rollout
+                    log.warning("tool %s: release failed: %s", call.name, err)
+        s = self.settings
+        text = truncate(text, s.max_tool_response_length, s.tool_response_truncate_side)
+        return text, reward, {**record, "result": text}
+
+    # ---- output ------------------------------------------------------------------------------
+    def _rows(self, prompts: Batch, trajs: list[Trajectory], n: int, width: int, record: bool) -> Batch:
+        rows = prompts.repeat_interleave(n)
+        responses = torch.full((len(trajs), width), self.pad_id, dtype=torch.long)
+        response_mask = torch.zeros((len(trajs), width), dtype=torch.long)
+        filled = torch.zeros((len(trajs), width), dtype=torch.long)
+        log_probs = torch.zeros((len(trajs), width), dtype=torch.float32)
+        for r, t in enumerate(trajs):
+            k = min(len(t.response), width)
+            responses[r, :k] = torch.tensor(t.response[:k], dtype=torch.long)
+            response_mask[r, :k] = torch.tensor(t.mask[:k], dtype=torch.long)
+            filled[r, :k] = 1
+            if record:
+                log_probs[r, :k] = torch.tensor(t.log_probs[:k])
+        prompt_ids = rows["input_ids"]
+        rows.set("prompts", prompt_ids)
+        rows.set("responses", responses)
+        rows.set("response_mask", response_mask)
+        rows.set("input_ids", torch.cat([prompt_ids, responses], dim=1))
+        rows.set("attention_mask", torch.cat([rows["attention_mask"], filled], dim=1))
+        rows.set("tool_mask", filled - response_mask)  # 1 on the tools' tokens (response-length metrics)
+        if record:  # rollout.calculate_log_probs: as the single-turn engines return them, 0 on tool tokens
+            rows.set("rollout_log_probs", log_probs)
+        rows.set("__num_turns__", [t.assistant_turns + t.user_turns + 1 for t in trajs])
+        rows.set("tool_call_counts", [t.tool_calls for t in trajs])
+        rows.set("tool_rewards", [list(t.tool_rewards) for t in trajs])
+        rows.set("agent_turns", [list(t.turns) for t in trajs])
+        return rows
+
+
+def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent") -> AgentLoop:
+    """The agent loop of an `hf` engine, its tools built from `multi_turn.tool_config_path` (none: the
+    loop stops after the first turn, as without tools)."""
+    from verl_npu.tools.loading import load_tools
+
+    path = mt.get("tool_config_path")
+    tools = load_tools(path) if path else {}
+    return AgentLoop(engine.module, engine.tokenizer, tools, MultiTurnSettings.from_config(mt),
+                     eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=engine.suppress_ids, seed=engine.seed,
+                     default_agent=default_agent, synced=engine.synced)

@@ -1,0 +1,213 @@
+"""Tools by name, and verl's tool config file read without importing any tool (the bottom layer).
+
+A tool config file is verl's YAML (`actor_rollout_ref.rollout.multi_turn.tool_config_path`)::
+
+    tools:
+      - class_name: verl.tools.gsm8k_tool.Gsm8kTool     # or gsm8k, or my_tools.py:MyTool, or pkg.mod.MyTool
+        config: {type: native}                          # handed to the tool's constructor as `config`
+        tool_schema:                                    # an OpenAI function schema
+          type: function
+          function:
+            name: calc_gsm8k_reward
+            description: ...
+            parameters: {type: object, properties: {answer: {type: string, description: ...}}, required: [answer]}
+
+`class_name` is one of:
+- a built-in tool's name (`BUILTIN_TOOLS`: `gsm8k`), or verl's class path of that tool
+  (`VERL_CLASS_PATHS`: a config written for verl works unchanged);
+- `path/to/file.py:ClassName`: a class in the user's own Python file (relative paths start at the
+  folder the run starts in);
+- `package.module.ClassName`: a class in an importable module (verl's own spelling).
+
+`read_tool_config(path)` checks the file's shape and returns its entries, or the problems, each naming the
+file and the entry's key (`tools[0].tool_schema.function.name`); nothing is imported. Loading the
+classes, building the tools and checking each schema against its class is `verl_npu.tools.loading`.
+This module imports only the standard library and PyYAML, so the config layer can use it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: built-in tools: name -> "module:Class" (imported only when a run builds its tools).
+BUILTIN_TOOLS: dict[str, str] = {}
+#: built-in tools: name -> the function name its schema must have (checked without importing it).
+BUILTIN_FUNCTION_NAMES: dict[str, str] = {}
+#: verl's class paths of tools verl-npu ships: a verl tool config names them, verl-npu builds its own.
+VERL_CLASS_PATHS: dict[str, str] = {}
+#: verl's tool `config.type` values, and those built here.
+TOOL_TYPES = ("native",)
+UNSUPPORTED_TOOL_TYPES = {"mcp": "MCP tools are not built; write a native tool class (docs/agents.md)"}
+
+
+def register_tool(name: str, target: str, *, function_name: str, verl_class_path: str | None = None) -> None:
+    if name in BUILTIN_TOOLS:
+        raise ValueError(f"tool {name!r} is registered twice")
+    BUILTIN_TOOLS[name] = target
+    BUILTIN_FUNCTION_NAMES[name] = function_name
+    if verl_class_path:
+        VERL_CLASS_PATHS[verl_class_path] = name
+
+
+register_tool("gsm8k", "verl_npu.tools.gsm8k:Gsm8kTool", function_name="calc_gsm8k_reward",
+              verl_class_path="verl.tools.gsm8k_tool.Gsm8kTool")
+
+
+@dataclass
+class ToolEntry:
+    """One `tools:` entry of a tool config file, checked for shape."""
+
+    index: int
+    class_name: str
+    config: dict = field(default_factory=dict)
+    schema: dict | None = None          # {"type": "function", "function": {...}} or None (the class gives it)
+    where: str = ""                     # "<file> tools[i]"
+
+    @property
+    def name(self) -> str | None:
+        return (self.schema or {}).get("function", {}).get("name")
+
+    @property
+    def builtin(self) -> str | None:
+        """The built-in tool this entry names, else None."""
+        if self.class_name in BUILTIN_TOOLS:
+            return self.class_name
+        return VERL_CLASS_PATHS.get(self.class_name)
+
+
+def class_target(class_name: str) -> tuple[str, str, str]:
+    """(kind, where, class) of a `class_name`: kind 'builtin', 'file' or 'module'."""
+    if class_name in BUILTIN_TOOLS or class_name in VERL_CLASS_PATHS:
+        name = VERL_CLASS_PATHS.get(class_name, class_name)
+        module, _, cls = BUILTIN_TOOLS[name].partition(":")
+        return "builtin", module, cls
+    if ":" in class_name:
+        path, _, cls = class_name.rpartition(":")
+        return "file", path, cls
+    module, _, cls = class_name.rpartition(".")
+    return "module", module, cls
+
+
+def _schema_problems(schema: Any, key: str) -> list[tuple[str, str]]:
+    """(key, problem) for a tool schema that is not an OpenAI function schema."""
+    if not isinstance(schema, dict):
+        return [(key, "must be a mapping {type: function, function: {name, description, parameters}}")]
+    out = []
+    if schema.get("type") != "function":
+        out.append((f"{key}.type", f"is {schema.get('type')!r}; OpenAI tool schemas have type: function"))
+    fn = schema.get("function")
+    if not isinstance(fn, dict):
+        return out + [(f"{key}.function", "must be a mapping with name, description and parameters")]
+    name = fn.get("name")
+    if not isinstance(name, str) or not name.strip():
+        out.append((f"{key}.function.name", "must be the tool's name (a non-empty string)"))
+    if not isinstance(fn.get("description", ""), str):
+        out.append((f"{key}.function.description", "must be a string"))
+    params = fn.get("parameters")
+    if params is not None:
+        if not isinstance(params, dict) or params.get("type") != "object":
+            out.append((f"{key}.function.parameters", "must be a JSON schema of type: object"))
+        else:
+            props = params.get("properties") or {}
+            if not isinstance(props, dict) or not all(isinstance(p, dict) and "type" in p for p in props.values()):
+                out.append((f"{key}.function.parameters.properties",
+                            "must map each parameter name to a schema with a type (e.g. {type: string})"))
+            required = params.get("required") or []
+            missing = [r for r in required if r not in props] if isinstance(required, list) else required
+            if not isinstance(required, list) or missing:
+                out.append((f"{key}.function.parameters.required",
+                            f"names parameters that are not in properties: {missing}"))
+    return out
+
+
+def _class_problems(class_name: Any, key: str, base_dir: Path) -> list[tuple[str, str]]:
+    if not isinstance(class_name, str) or not class_name.strip():
+        return [(key, "must name the tool class: a built-in name (" + ", ".join(BUILTIN_TOOLS)
+                 + "), path/to/file.py:ClassName or package.module.ClassName")]
+    kind, where, cls = class_target(class_name)
+    if kind == "builtin":
+        return []
+    if not cls.isidentifier():
+        return [(key, f"{class_name!r} does not end in a class name")]
+    if kind == "file":
+        path = Path(os.path.expanduser(where))
+        if not path.is_absolute():
+            path = base_dir / path
+        if not path.is_file():
+            return [(key, f"{class_name!r}: file {str(path)!r} does not exist")]
+        return []
+    if not where:
+        return [(key, f"{class_name!r} is neither a built-in tool ({', '.join(BUILTIN_TOOLS)}) nor "
+                      "package.module.ClassName nor path/to/file.py:ClassName")]
+    if where.startswith("verl."):
+        return [(key, f"{class_name!r} is a class of verl, which verl-npu does not import: the built-in tools are "
+                      f"{', '.join(sorted(VERL_CLASS_PATHS))}; for your own tool change its import to "
+                      "`from verl_npu.tools import BaseTool, ToolResponse` and name it path/to/file.py:ClassName")]
+    try:
+        found = importlib.util.find_spec(where) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return [(key, f"{class_name!r}: module {where!r} cannot be found on the Python path")]
+    return []
+
+
+def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tuple[str, str]]]:
+    """(entries, problems) of a tool config file; a problem is (where, what is wrong), `where` naming
+    the file and the entry's key. Nothing is imported (module classes are only looked up)."""
+    import yaml
+
+    path = Path(os.path.expanduser(str(path)))
+    if not path.is_file():
+        return [], [(str(path), "the tool config file does not exist")]
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        return [], [(str(path), f"is not valid YAML: {str(err).splitlines()[0]}")]
+    tools = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(tools, list):
+        return [], [(f"{path}: tools", "must be a list of tools (tools: [{class_name, config, tool_schema}])")]
+    entries, problems, names = [], [], {}
+    for i, item in enumerate(tools):
+        key = f"{path}: tools[{i}]"
+        if not isinstance(item, dict):
+            problems.append((key, "must be a mapping with class_name, config and tool_schema"))
+            continue
+        unknown = sorted(set(item) - {"class_name", "config", "tool_schema"})
+        if unknown:
+            problems.append((key, f"has unknown field(s) {unknown}; a tool has class_name, config, tool_schema"))
+        problems += _class_problems(item.get("class_name"), f"{key}.class_name", Path.cwd())
+        config = item.get("config") or {}
+        if not isinstance(config, dict):
+            problems.append((f"{key}.config", "must be a mapping (e.g. {type: native})"))
+            config = {}
+        kind = config.get("type", "native")
+        if kind in UNSUPPORTED_TOOL_TYPES:
+            problems.append((f"{key}.config.type", f"is {kind!r}: {UNSUPPORTED_TOOL_TYPES[kind]}"))
+        elif kind not in TOOL_TYPES:
+            problems.append((f"{key}.config.type", f"is {kind!r}; tool types: {', '.join(TOOL_TYPES)}"))
+        schema = item.get("tool_schema")
+        if schema is not None:
+            problems += _schema_problems(schema, f"{key}.tool_schema")
+        entry = ToolEntry(i, str(item.get("class_name")), dict(config), schema, key)
+        builtin_name = BUILTIN_FUNCTION_NAMES.get(entry.builtin or "")
+        if builtin_name and entry.name and entry.name != builtin_name:
+            problems.append((f"{key}.tool_schema.function.name", f"is {entry.name!r} but {entry.class_name!r} is the "
+                             f"tool {builtin_name!r}; use name: {builtin_name}"))
+        if entry.name in names:
+            problems.append((f"{key}.tool_schema.function.name",
+                             f"{entry.name!r} is also the name of tools[{names[entry.name]}]; tool names must be unique"))
+        elif entry.name:
+            names[entry.name] = i
+        entries.append(entry)
+    return entries, problems
+
+
+def tool_schemas(path: str | os.PathLike) -> list[dict]:
+    """The OpenAI schemas of the file's tools that carry one in the file (what the chat template gets)."""
+    entries, _ = read_tool_config(path)
+    return [e.schema for e in entries if e.schema]

@@ -1,0 +1,13 @@
+"""Tools a multi-turn rollout calls (verl's tool interface), built-in tools, and loading them from a tool
+config file (`verl_npu.tool_registry` reads the file; `loading` imports the classes and builds them).
+
+A tool written for verl ports by changing its import::
+
+    from verl_npu.tools import BaseTool, OpenAIFunctionToolSchema, ToolResponse
+
+(docs/agents.md, "Writing a tool").
+"""
+
+from verl_npu.tools.base import BaseTool, OpenAIFunctionToolSchema, ToolResponse
+
+__all__ = ["BaseTool", "OpenAIFunctionToolSchema", "ToolResponse"]

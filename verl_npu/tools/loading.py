@@ -1,0 +1,117 @@
+"""Building the tools of a tool config file: import each class (built-in, the user's file, or a module),
+construct it with the entry's `config` and `tool_schema`, and check the result.
+
+Every problem is a `UserError` raised before any worker starts, naming the file and the entry's key
+(`tools[1].class_name`) and what to do: a file of the wrong shape, a class that does not exist or is not
+a tool, a constructor that fails, a schema whose name differs from the one the class declares, two tools
+with one name. `run_method` calls a tool method that may be plain or `async def`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from verl_npu.errors import UserError
+from verl_npu.tool_registry import BUILTIN_FUNCTION_NAMES, ToolEntry, class_target, read_tool_config
+
+KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+TOOL_METHODS = ("create", "execute", "release")
+
+
+def _import_file(path: Path):
+    name = "verl_npu_user_tools_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def tool_class(entry: ToolEntry) -> type:
+    """The class an entry names. Raises UserError naming the entry when it cannot be imported."""
+    kind, where, cls = class_target(entry.class_name)
+    try:
+        if kind == "file":
+            path = Path(os.path.expanduser(where))
+            module = _import_file(path if path.is_absolute() else Path.cwd() / path)
+        else:
+            module = importlib.import_module(where)
+    except Exception as err:  # the user's module failed to import: its error, named
+        raise UserError(f"{entry.where}.class_name: importing {where!r} failed: {type(err).__name__}: {err}. "
+                        f"Fix the tool module (or the class_name in {KEY})") from None
+    found = getattr(module, cls, None)
+    if not isinstance(found, type):
+        have = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
+        raise UserError(f"{entry.where}.class_name: {where!r} has no class {cls!r} (classes there: "
+                        f"{', '.join(have) or 'none'}); fix class_name")
+    missing = [m for m in TOOL_METHODS if not callable(getattr(found, m, None))]
+    if missing:
+        raise UserError(f"{entry.where}.class_name: {entry.class_name!r} is not a tool: it has no "
+                        f"{', '.join(missing)} method(s). Subclass verl_npu.tools.BaseTool (docs/agents.md)")
+    return found
+
+
+def build_tool(entry: ToolEntry):
+    """The tool object of one entry, its schema checked against the class's own."""
+    cls = tool_class(entry)
+    try:
+        tool = cls(config=dict(entry.config), tool_schema=entry.schema)
+    except Exception as err:
+        raise UserError(f"{entry.where}: constructing {entry.class_name!r} failed: {type(err).__name__}: {err}. "
+                        "Fix its config / tool_schema") from None
+    schema = getattr(tool, "tool_schema", None)
+    dump = schema.model_dump() if hasattr(schema, "model_dump") else schema
+    name = ((dump or {}).get("function") or {}).get("name")
+    if not name:
+        raise UserError(f"{entry.where}.tool_schema: {entry.class_name!r} has no schema with a function name; "
+                        "give the entry a tool_schema (type: function, function: {name, description, parameters})")
+    declared = getattr(cls, "name", None) if isinstance(getattr(cls, "name", None), str) else None
+    if entry.builtin:
+        declared = BUILTIN_FUNCTION_NAMES[entry.builtin]
+    if declared and entry.name and declared != entry.name:
+        raise UserError(f"{entry.where}.tool_schema.function.name: is {entry.name!r} but {entry.class_name!r} is "
+                        f"the tool {declared!r}; use name: {declared}")
+    tool.name = name
+    return tool
+
+
+def load_tools(path: str | os.PathLike) -> dict[str, Any]:
+    """name -> tool, for every entry of the tool config file. Raises UserError listing every shape
+    problem of the file, or the first entry that cannot be built."""
+    entries, problems = read_tool_config(path)
+    if problems:
+        raise UserError(f"{KEY} ({path}) has {len(problems)} problem(s):\n"
+                        + "\n".join(f"  {where}: {what}" for where, what in problems))
+    tools: dict[str, Any] = {}
+    for entry in entries:
+        tool = build_tool(entry)
+        if tool.name in tools:
+            raise UserError(f"{entry.where}: the tool name {tool.name!r} is used twice; tool names must be unique")
+        tools[tool.name] = tool
+    return tools
+
+
+def tool_schema_dict(tool) -> dict:
+    schema = tool.tool_schema
+    return schema.model_dump() if hasattr(schema, "model_dump") else dict(schema)
+
+
+async def run_method(method, *args, **kwargs):
+    """Call a tool method that may be plain or `async def` (or return an awaitable)."""
+    result = method(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
