@@ -1,12 +1,13 @@
-"""Benchmark: does the CPU demo (`tiny_geo3k`) learn on every seed and thread count, and how fast?
+"""Benchmark: do the CPU demos (`tiny_geo3k`, `tiny_gsm8k`) learn on every seed and thread count, and how fast?
 
-Each run is the README's demo, `bash launch/run_recipe.sh tiny_geo3k`, from a fresh output folder,
-with the seed and thread count of one table row:
+Each run is a demo, `bash launch/run_recipe.sh RECIPE` (`--recipe`, default the README's picture demo
+tiny_geo3k; tiny_gsm8k is the text demo, tiny_geo3k_dapo the picture demo with DAPO), from a fresh
+output folder, with the seed and thread count of one table row:
 
-- seed S: `data.seed=S` (the synthetic pictures, data order and sampling) and the model's random
-  initial weights `actor_rollout_ref.model.path=tiny://qwen25vl?seed=S`; seed 0 is exactly the
-  README's command (the recipe's data.seed is 0 and `tiny://qwen25vl` means seed 0). Each seed
-  writes its own data files (`--demo-data`), so seeds differ in their pictures too;
+- seed S: `data.seed=S` (the synthetic pictures or questions, data order and sampling) and the model's
+  random initial weights `actor_rollout_ref.model.path=tiny://<model>?seed=S`; seed 0 is exactly the
+  recipe's own command (the recipes' data.seed is 0 and `tiny://<model>` means seed 0). Each seed
+  writes its own data files (`--demo-data`), so seeds differ in their data too;
 - T threads: `OMP_NUM_THREADS=T` for the run (torch's intra-op threads; 1 and 2 add up floats in
   different orders, so they follow different float paths).
 
@@ -14,13 +15,15 @@ It reads each run's metrics.jsonl and run.log and checks the demo's promise per 
 
 - the mean training reward (critic/score/mean) over the last 10 steps is >= 0.6,
 - it is >= 3x the mean over the first 10 steps,
-- it is above the best expected score of a policy that ignores the image (0.25),
+- it is above the best expected score of a policy that ignores the image (0.25) or the question (0.2),
+- the final greedy validation accuracy is >= 0.6,
 - the run (start-up included) takes under 10 minutes.
 
 The load average is recorded before and after each run: the machine may be shared, and runs
 started together (`--parallel`) share its cores. Usage:
 
-    python bench/demo_learning.py [--seeds 5] [--threads 1,2] [--parallel 1] [key=value overrides ...]
+    python bench/demo_learning.py [--recipe tiny_geo3k] [--seeds 5] [--threads 1,2] [--parallel 1] [key=value ...]
+    python bench/demo_learning.py --recipe tiny_gsm8k --out bench/demo_gsm8k.md   # the text demo
     python bench/demo_learning.py --runs 0:1,1:1     # only these seed:threads runs, started together
     python bench/demo_learning.py --report-only      # rebuild the report from runs already made
 
@@ -47,14 +50,21 @@ TIME_LIMIT_S = 600
 MIN_LAST = 0.6
 MIN_RATIO = 3.0
 RESULT_FILE = "bench_result.json"
-RECIPE = "tiny_geo3k"  # --recipe: a variant of the demo on the same model, data and reward (tiny_geo3k_dapo)
+MIN_VAL_ACCURACY = 0.6
+RECIPE = "tiny_geo3k"  # --recipe
+#: per demo recipe: its tiny model, the reward module whose BLIND_BEST_SCORE bounds a blind policy, what is ignored
+DEMOS = {
+    "tiny_geo3k": ("tiny://qwen25vl", "synthetic_geometry", "image"),
+    "tiny_geo3k_dapo": ("tiny://qwen25vl", "synthetic_geometry", "image"),
+    "tiny_gsm8k": ("tiny://qwen2", "synthetic_arithmetic", "question"),
+}
 
 
 def blind_best() -> float:
-    sys.path.insert(0, str(REPO))
-    from verl_npu.rewards.synthetic_geometry import BLIND_BEST_SCORE
+    import importlib
 
-    return BLIND_BEST_SCORE
+    sys.path.insert(0, str(REPO))
+    return importlib.import_module(f"verl_npu.rewards.{DEMOS[RECIPE][1]}").BLIND_BEST_SCORE
 
 
 def run_dir(root: Path, seed: int, threads: int) -> Path:
@@ -62,7 +72,7 @@ def run_dir(root: Path, seed: int, threads: int) -> Path:
 
 
 def command(seed: int, out_dir: Path, overrides: list[str]) -> list[str]:
-    model = "tiny://qwen25vl" + (f"?seed={seed}" if seed else "")
+    model = DEMOS[RECIPE][0] + (f"?seed={seed}" if seed else "")
     return ["bash", str(REPO / "launch" / "run_recipe.sh"), RECIPE,
             f"af_output_dir={out_dir}", f"data.seed={seed}", f"actor_rollout_ref.model.path={model}",
             f"data.train_files={out_dir}/data/train.parquet", f"data.val_files={out_dir}/data/test.parquet",
@@ -127,13 +137,15 @@ def curves_name(out: Path) -> str:
 
 
 def report(results: list[dict], argv: list[str], overrides: list[str], out: Path) -> tuple[list[str], bool]:
-    bound = blind_best()
+    bound, blind = blind_best(), DEMOS[RECIPE][2]
     checks = {}
     for r in results:
         name = f"seed {r['seed']}, {r['threads']} thread(s)"
         checks[f"{name}: last-10 mean >= {MIN_LAST}"] = r["last"] >= MIN_LAST
         checks[f"{name}: last-10 mean >= {MIN_RATIO:g}x first-10 mean"] = r["last"] >= MIN_RATIO * r["first"]
-        checks[f"{name}: last-10 mean > image-blind best {bound}"] = r["last"] > bound
+        checks[f"{name}: last-10 mean > {blind}-blind best {bound:g}"] = r["last"] > bound
+        acc = [v for k, v in r["val"].items() if "/accuracy/" in k]
+        checks[f"{name}: final validation accuracy >= {MIN_VAL_ACCURACY}"] = bool(acc) and min(acc) >= MIN_VAL_ACCURACY
         checks[f"{name}: wall time < {TIME_LIMIT_S} s"] = r["wall"] < TIME_LIMIT_S
     failed = [name for name, ok in checks.items() if not ok]
     lasts = [r["last"] for r in results]
@@ -145,7 +157,7 @@ def report(results: list[dict], argv: list[str], overrides: list[str], out: Path
         f"{' ' + ' '.join(argv) if argv else ''}` on {os.cpu_count()} CPU cores "
         f"({platform.processor() or platform.machine()}), Python {platform.python_version()}. Row `seed S, T threads` "
         f"is `bash launch/run_recipe.sh {RECIPE}` with `data.seed=S`, the model's initial weights "
-        "`tiny://qwen25vl?seed=S` and its own synthetic data, under `OMP_NUM_THREADS=T` (seed 0 is the README's "
+        f"`{DEMOS[RECIPE][0]}?seed=S` and its own synthetic data, under `OMP_NUM_THREADS=T` (seed 0 is the README's "
         "command). `runs at once`: how many runs shared the machine's cores; the load average (1 minute, before / "
         "after) shows other work on the machine, which slows the steps but does not change what is learned.",
         "",
@@ -165,11 +177,12 @@ def report(results: list[dict], argv: list[str], overrides: list[str], out: Path
                      f"{r['load'][0]:.1f} / {r['load'][1]:.1f} |")
     lines += [
         "",
-        f"Image-blind best expected reward: {bound} (answers are balanced over 3-6; see "
-        "`verl_npu/rewards/synthetic_geometry.py` and `docs/demo.md`).",
+        f"{blind.capitalize()}-blind best expected reward: {bound:g} (the answers are balanced; see "
+        f"`verl_npu/rewards/{DEMOS[RECIPE][1]}.py` and `docs/demo.md`).",
         "",
         f"Checks: {len(checks) - len(failed)} of {len(checks)} pass" + (": " if not failed else "; FAILED: ")
-        + ("every run reaches last-10 >= 0.6, >= 3x its first 10 steps, above the image-blind best, under 10 minutes."
+        + (f"every run reaches last-10 >= {MIN_LAST}, >= {MIN_RATIO:g}x its first 10 steps, above the {blind}-blind "
+           f"best, final validation accuracy >= {MIN_VAL_ACCURACY}, under 10 minutes."
            if not failed else "; ".join(failed)),
         "",
         "Mean training reward per 10-step window:",
@@ -199,7 +212,7 @@ def main() -> int:
     parser.add_argument("--threads", default="1,2", help="comma-separated OMP_NUM_THREADS values (default 1,2)")
     parser.add_argument("--parallel", type=int, default=1, help="runs of 1 thread started at once (default 1)")
     parser.add_argument("--out", default=str(REPO / "bench" / "demo_learning.md"))
-    parser.add_argument("--recipe", default="tiny_geo3k", help="the demo or a variant of it (default tiny_geo3k)")
+    parser.add_argument("--recipe", default="tiny_geo3k", choices=sorted(DEMOS), help="the demo (default tiny_geo3k)")
     parser.add_argument("--output-dir", default="/tmp/verl_npu_bench_demo")
     parser.add_argument("--runs", help="run only these SEED:THREADS pairs, all at once (e.g. 0:1,1:1)")
     parser.add_argument("--report-only", action="store_true",

@@ -1,5 +1,6 @@
-"""The synthetic arithmetic task's reward (data_source synthetic_arithmetic): registered, partial
-credit for a bare number, full credit for the GSM8K format, and what a question-blind policy can get."""
+"""The synthetic arithmetic task's reward (data_source synthetic_arithmetic): registered, 0.8 for a right
+answer with trailing text, 1.0 for a right answer alone (a bare number or GSM8K's `#### n`), and what a
+question-blind policy can get."""
 
 from __future__ import annotations
 
@@ -21,27 +22,30 @@ def test_registered_under_its_data_source():
     assert synthetic_arithmetic.DATA_SOURCE == "synthetic_arithmetic"
 
 
-@pytest.mark.parametrize("response, expected", [
-    ("#### 7", (1.0, 1.0, 1.0)),          # GSM8K's format, right
-    ("3 + 4 = 7\n#### 7", (1.0, 1.0, 1.0)),
-    ("####7", (1.0, 1.0, 1.0)),
-    ("7", (0.9, 1.0, 0.0)),               # a bare right number: partial credit, no format credit
-    ("7<|im_end|>", (0.9, 1.0, 0.0)),
-    ("x 7 4", (0.9, 1.0, 0.0)),           # the first number is the answer
-    ("4 7", (0.0, 0.0, 0.0)),
-    ("4 #### 7", (1.0, 1.0, 1.0)),        # the number after the last #### wins over the first number
-    ("7 #### 4", (0.1, 0.0, 1.0)),        # the format, a wrong answer
-    ("#### .", (0.0, 0.0, 0.0)),          # '####' without a number is no format
-    ("7.0", (0.9, 1.0, 0.0)),
-    ("", (0.0, 0.0, 0.0)),
-    ("seven", (0.0, 0.0, 0.0)),
+@pytest.mark.parametrize("response, expected", [   # (score, accuracy, clean, format)
+    ("#### 7", (1.0, 1.0, 1.0, 1.0)),          # GSM8K's format alone, right
+    ("####7", (1.0, 1.0, 1.0, 1.0)),
+    ("7", (1.0, 1.0, 1.0, 0.0)),               # a bare right number, the end of the turn right after it
+    (" 7 ", (1.0, 1.0, 1.0, 0.0)),             # white space aside
+    ("7<|im_end|>", (0.8, 1.0, 0.0, 0.0)),     # decoded without special tokens this is "7": here it is text
+    ("3 + 4 = 7\n#### 7", (0.8, 1.0, 0.0, 1.0)),  # right, with more than the answer
+    ("x 7 4", (0.8, 1.0, 0.0, 0.0)),           # the first number is the answer; trailing text
+    ("7 +", (0.8, 1.0, 0.0, 0.0)),
+    ("77", (0.0, 0.0, 1.0, 0.0)),              # the number 77: wrong, though nothing else was written
+    ("4 7", (0.0, 0.0, 0.0, 0.0)),
+    ("4 #### 7", (0.8, 1.0, 0.0, 1.0)),        # the number after the last #### wins over the first number
+    ("7 #### 4", (0.0, 0.0, 0.0, 1.0)),        # the format, a wrong answer: no credit for form alone
+    ("#### .", (0.0, 0.0, 0.0, 0.0)),          # '####' without a number is no format
+    ("7.0", (1.0, 1.0, 1.0, 0.0)),
+    ("", (0.0, 0.0, 0.0, 0.0)),
+    ("seven", (0.0, 0.0, 0.0, 0.0)),
 ])
 def test_scores(response, expected):
     result = score(response)
-    assert (result["score"], result["accuracy"], result["format"]) == pytest.approx(expected)
+    assert (result["score"], result["accuracy"], result["clean"], result["format"]) == pytest.approx(expected)
 
 
-def test_a_random_policy_gets_partial_credit_and_a_blind_one_stays_below_the_bound():
+def test_a_random_policy_gets_some_credit_and_a_blind_one_stays_below_the_bound():
     """What the demo relies on: random tokens sometimes score, and a policy that ignores the
     question cannot beat BLIND_BEST_SCORE."""
     assert reward.MAX_NUMBER == synthetic_arithmetic.MAX_NUMBER
@@ -52,9 +56,9 @@ def test_a_random_policy_gets_partial_credit_and_a_blind_one_stays_below_the_bou
     random_scores = [score("".join(rng.choice(vocabulary) for _ in range(3)), t)["score"] for t in truths]
     assert 0.0 < sum(random_scores) / len(random_scores) < 0.1
     best_blind = max(sum(score(f"#### {c}", t)["score"] for t in truths) / len(truths) for c in range(10))
-    assert best_blind == pytest.approx(reward.BLIND_BEST_SCORE) and reward.BLIND_BEST_SCORE == pytest.approx(0.28)
-    # reading the question pays: the right answer in the format scores 1 on every row
-    assert all(score(f"#### {t}", t)["score"] == 1.0 for t in truths)
+    assert best_blind == pytest.approx(reward.BLIND_BEST_SCORE) and reward.BLIND_BEST_SCORE == pytest.approx(0.2)
+    # reading the question pays: the right answer alone scores 1 on every row
+    assert all(score(f"#### {t}", t)["score"] == 1.0 and score(t, t)["score"] == 1.0 for t in truths)
 
 
 @pytest.mark.slow
@@ -81,7 +85,8 @@ def test_tiny_gsm8k_recipe_trains_on_the_synthetic_task(tmp_path, tiny_lm_path):
     assert len(train) == 2
     for row in train:
         assert 0.0 <= row["critic/score/mean"] <= 1.0
-        assert row["critic/score/accuracy/mean"] is not None and row["critic/score/format/mean"] is not None
+        assert row["critic/score/accuracy/mean"] is not None and row["critic/score/clean/mean"] is not None
+        assert row["critic/score/format/mean"] is not None
     assert any("val-core/synthetic_arithmetic/reward/mean@1" in r for r in rows)
 
 
