@@ -46,7 +46,7 @@ import torch
 
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
-from verl_npu.rollout.base import SamplingParams
+from verl_npu.rollout.base import SamplingParams, attach_responses
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
 from verl_npu.tools.base import ToolResponse
@@ -399,12 +399,7 @@ class AgentLoop:
             filled[r, :k] = 1
             if record:
                 log_probs[r, :k] = torch.tensor(t.log_probs[:k])
-        prompt_ids = rows["input_ids"]
-        rows.set("prompts", prompt_ids)
-        rows.set("responses", responses)
-        rows.set("response_mask", response_mask)
-        rows.set("input_ids", torch.cat([prompt_ids, responses], dim=1))
-        rows.set("attention_mask", torch.cat([rows["attention_mask"], filled], dim=1))
+        attach_responses(rows, responses, response_mask, attention_tail=filled)
         rows.set("tool_mask", filled - response_mask)  # 1 on the tools' tokens (response-length metrics)
         if record:  # rollout.calculate_log_probs: as the single-turn engines return them, 0 on tool tokens
             rows.set("rollout_log_probs", log_probs)

@@ -103,10 +103,20 @@ def finish_rollout(prompts: Batch, responses: torch.Tensor, eos_ids: list[int], 
     after_eos = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) > 0
     response_mask = (~after_eos).long()
     responses = responses.masked_fill(after_eos, pad_id)
+    return attach_responses(rows, responses, response_mask)
+
+
+def attach_responses(rows: Batch, responses: torch.Tensor, response_mask: torch.Tensor,
+                     attention_tail: torch.Tensor | None = None) -> Batch:
+    """Set the columns every engine returns on ``rows`` (prompt rows, left-padded): ``prompts`` (the
+    prompt ids), ``responses``, ``response_mask`` (1 on the tokens the policy is trained on),
+    ``input_ids`` (prompt then response) and ``attention_mask`` (the prompt's, then ``attention_tail``:
+    the response tokens that exist, by default ``response_mask``)."""
     prompt_ids = rows["input_ids"]
+    tail = response_mask if attention_tail is None else attention_tail
     rows.set("prompts", prompt_ids)
     rows.set("responses", responses)
     rows.set("response_mask", response_mask)
     rows.set("input_ids", torch.cat([prompt_ids, responses], dim=1))
-    rows.set("attention_mask", torch.cat([rows["attention_mask"], response_mask], dim=1))
+    rows.set("attention_mask", torch.cat([rows["attention_mask"], tail], dim=1))
     return rows
