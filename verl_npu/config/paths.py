@@ -115,12 +115,14 @@ def machine_problems(rc) -> tuple[list[Problem], list[str]]:
     missing = missing_package(str(name)) if name is not None else None
     if missing is not None:
         problems.append(Problem(key, f"{name!r}: {missing.split('; ', 1)[0]}", missing.split("; ", 1)[1]))
-    unreachable = None
+    unreachable: str | None = None
+    probed = False
     for path_key in _model_path_keys(rc.cfg):
         value = get(rc.cfg, path_key)
         if not looks_like_hub_id(value) or Path(os.path.expanduser(value)).is_dir() or cached_folder(value):
             continue
-        unreachable = unreachable or unreachable_reason() or ""
+        if not probed:  # one connection attempt, however many model keys need the hub
+            unreachable, probed = unreachable_reason(), True
         if unreachable:
             err = HubIdMissing(value, path_key.removeprefix(BC), f"the hub cannot be reached: {unreachable}")
             problems.append(Problem(path_key, err.what, err.advice))

@@ -8,6 +8,8 @@ the plain decoded text; this is only for display.
 
 from __future__ import annotations
 
+from functools import cache
+
 REPLACEMENT = "\ufffd"
 
 
@@ -40,6 +42,7 @@ def _token_bytes(tokenizer, token_id: int) -> bytes:
     return bytes(table[ch] for ch in token)
 
 
+@cache
 def _unicode_to_byte() -> dict[str, int]:
     # byte-level BPE writes bytes 33-126, 161-172 and 174-255 as themselves and the other 68 bytes as
     # the code points from 256 on, in byte order
