@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -57,51 +57,48 @@ def _mm(pair: tuple[int, int]) -> str:
     return f"{pair[0]}.{pair[1]}"
 
 
+def _pair(plugin: str, plugin_version: str | None, host: str, host_version: str | None, *, absent: str,
+          host_missing: tuple[str, Callable[[str], str]], mismatch_fix: Callable[[str, str], str]) -> Verdict:
+    """The rule both pairs follow: `plugin` X.Y.* is built for `host` X.Y.*. `absent` says why a missing plugin
+    is fine; `host_missing` is (what is wrong, fix given the plugin's X.Y); `mismatch_fix` gets (the plugin's
+    X.Y, the host's X.Y)."""
+    if not plugin_version:
+        return Verdict(SKIPPED, f"{plugin} is not installed ({absent})")
+    plugin_mm = major_minor(plugin_version)
+    if plugin_mm is None:
+        return Verdict(SKIPPED, f"{plugin} version {plugin_version!r} cannot be parsed")
+    if not host_version:
+        problem, fix = host_missing
+        return Verdict(FAIL, f"{plugin} {plugin_version} {problem}", fix(_mm(plugin_mm)))
+    host_mm = major_minor(host_version)
+    if host_mm is None:
+        return Verdict(SKIPPED, f"{host} version {host_version!r} cannot be parsed")
+    if host_mm == plugin_mm:
+        return Verdict(PASS, f"{plugin} {plugin_version} pairs with {host} {host_version}")
+    return Verdict(FAIL, f"{plugin} {plugin_version} is built for {host} {_mm(plugin_mm)}, but {host} {host_version} "
+                   "is installed", mismatch_fix(_mm(plugin_mm), _mm(host_mm)))
+
+
 def pair_torch_npu(torch: str | None, torch_npu: str | None) -> Verdict:
     """torch-npu's major.minor must equal torch's."""
-    if not torch_npu:
-        return Verdict(SKIPPED, "torch-npu is not installed (needed on Ascend NPUs only)")
-    npu_mm = major_minor(torch_npu)
-    if npu_mm is None:
-        return Verdict(SKIPPED, f"torch-npu version {torch_npu!r} cannot be parsed")
-    if not torch:
-        return Verdict(FAIL, f"torch-npu {torch_npu} is installed but torch is not",
-                       f"pip install 'torch=={_mm(npu_mm)}.*'")
-    torch_mm = major_minor(torch)
-    if torch_mm is None:
-        return Verdict(SKIPPED, f"torch version {torch!r} cannot be parsed")
-    if torch_mm == npu_mm:
-        return Verdict(PASS, f"torch-npu {torch_npu} pairs with torch {torch}")
-    return Verdict(
-        FAIL,
-        f"torch-npu {torch_npu} is built for torch {_mm(npu_mm)}, but torch {torch} is installed",
-        f"install the torch that torch-npu needs: pip install 'torch=={_mm(npu_mm)}.*' (pip may have replaced it "
-        f"when installing vllm); or the torch-npu release for your torch: pip install 'torch-npu=={_mm(torch_mm)}.*'",
-    )
+    return _pair(
+        "torch-npu", torch_npu, "torch", torch, absent="needed on Ascend NPUs only",
+        host_missing=("is installed but torch is not", lambda want: f"pip install 'torch=={want}.*'"),
+        mismatch_fix=lambda want, have: (
+            f"install the torch that torch-npu needs: pip install 'torch=={want}.*' (pip may have replaced it "
+            f"when installing vllm); or the torch-npu release for your torch: pip install 'torch-npu=={have}.*'"))
 
 
 def pair_vllm_ascend(vllm: str | None, vllm_ascend: str | None) -> Verdict:
     """vllm-ascend's major.minor must equal vLLM's."""
-    if not vllm_ascend:
-        return Verdict(SKIPPED, "vllm-ascend is not installed (needed for the vllm rollout on Ascend NPUs only)")
-    ascend_mm = major_minor(vllm_ascend)
-    if ascend_mm is None:
-        return Verdict(SKIPPED, f"vllm-ascend version {vllm_ascend!r} cannot be parsed")
-    if not vllm:
-        return Verdict(FAIL, f"vllm-ascend {vllm_ascend} is a vLLM plugin, but vLLM is not installed",
-                       f"install vLLM {_mm(ascend_mm)} from source with VLLM_TARGET_DEVICE=empty, then re-pin "
-                       "torch / torch-npu (see README, 'NPU install')")
-    vllm_mm = major_minor(vllm)
-    if vllm_mm is None:
-        return Verdict(SKIPPED, f"vllm version {vllm!r} cannot be parsed")
-    if vllm_mm == ascend_mm:
-        return Verdict(PASS, f"vllm-ascend {vllm_ascend} pairs with vllm {vllm}")
-    return Verdict(
-        FAIL,
-        f"vllm-ascend {vllm_ascend} is built for vLLM {_mm(ascend_mm)}, but vllm {vllm} is installed",
-        f"install vLLM {_mm(ascend_mm)} (from source, VLLM_TARGET_DEVICE=empty pip install -e .) or the "
-        f"vllm-ascend release for vLLM {_mm(vllm_mm)}",
-    )
+    return _pair(
+        "vllm-ascend", vllm_ascend, "vllm", vllm, absent="needed for the vllm rollout on Ascend NPUs only",
+        host_missing=("is a vLLM plugin, but vLLM is not installed",
+                      lambda want: f"install vLLM {want} from source with VLLM_TARGET_DEVICE=empty, then re-pin "
+                      "torch / torch-npu (see README, 'NPU install')"),
+        mismatch_fix=lambda want, have: (
+            f"install vLLM {want} (from source, VLLM_TARGET_DEVICE=empty pip install -e .) or the "
+            f"vllm-ascend release for vLLM {have}"))
 
 
 def applicable_requirements(requires: Iterable[str], package: str, environment: dict | None = None) -> list[Requirement]:

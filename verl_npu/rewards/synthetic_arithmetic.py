@@ -34,6 +34,7 @@ from __future__ import annotations
 import re
 
 from verl_npu.rewards.gsm8k import numbers_match
+from verl_npu.rewards.synthetic_geometry import answer_or_first_number
 
 #: share of a right answer's score that depends on the response being clean
 CLEAN_WEIGHT = 0.2
@@ -52,11 +53,7 @@ def strict_answer(response: str) -> str | None:
 
 def extract_answer(response: str) -> str | None:
     """The number after the last ``####`` if there is one, else the first number, else None."""
-    strict = strict_answer(response)
-    if strict is not None:
-        return strict
-    m = NUMBER.search(response)
-    return m.group(0) if m else None
+    return answer_or_first_number(strict_answer(response), response, NUMBER)
 
 
 def format_reward(response: str) -> float:

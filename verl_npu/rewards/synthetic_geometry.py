@@ -41,13 +41,19 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 CLEAN = re.compile(r"\s*(?:-?\d+(?:\.\d+)?|\\boxed\{\s*-?\d+(?:\.\d+)?\s*\})\s*")
 
 
+def answer_or_first_number(marked: str | None, response: str, number: re.Pattern = NUMBER) -> str | None:
+    """``marked`` (the answer the task's marker holds) if there is one, else the first match of ``number``
+    in ``response``, else None. Both demo rewards read answers this way: a random-init policy rarely writes
+    the marker, and a bare number must count for it to get any signal."""
+    if marked is not None:
+        return marked
+    m = number.search(response)
+    return m.group(0) if m else None
+
+
 def extract_answer(response: str) -> str | None:
     """The last boxed answer if there is one, else the first number in the response, else None."""
-    boxed = boxed_answer(response)
-    if boxed is not None:
-        return boxed
-    m = NUMBER.search(response)
-    return m.group(0) if m else None
+    return answer_or_first_number(boxed_answer(response), response)
 
 
 def clean_reward(response: str) -> float:
