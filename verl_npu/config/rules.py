@@ -184,22 +184,24 @@ def _train_ge_mini(c: Ctx) -> Iterator[Problem]:
                       "lower ppo_mini_batch_size or raise data.train_batch_size")
 
 
+def _responses_split_evenly(c: Ctx, key: str, name: str) -> Iterator[Problem]:
+    """`name` x rollout.n responses must split evenly over the devices (the problem is reported at `key`)."""
+    total = c(key) * c(_N)
+    if total % c.world:
+        yield Problem(key, f"{name} x rollout.n = {total} responses cannot be split evenly over {c.world} "
+                      f"devices", f"make {name} x n a multiple of {c.world}")
+
+
 @_rule("train_divisible", (_TBS, _N) + _WORLD,
        "data.train_batch_size x rollout.n must be divisible by the device count (nnodes x n_gpus_per_node)")
 def _train_divisible(c: Ctx) -> Iterator[Problem]:
-    total = c(_TBS) * c(_N)
-    if total % c.world:
-        yield Problem(_TBS, f"train_batch_size x rollout.n = {total} responses cannot be split evenly over "
-                      f"{c.world} devices", f"make train_batch_size x n a multiple of {c.world}")
+    yield from _responses_split_evenly(c, _TBS, "train_batch_size")
 
 
 @_rule("mini_divisible", (_MINI, _N) + _WORLD,
        "actor.ppo_mini_batch_size x rollout.n must be divisible by the device count")
 def _mini_divisible(c: Ctx) -> Iterator[Problem]:
-    total = c(_MINI) * c(_N)
-    if total % c.world:
-        yield Problem(_MINI, f"ppo_mini_batch_size x rollout.n = {total} responses cannot be split evenly "
-                      f"over {c.world} devices", f"make ppo_mini_batch_size x n a multiple of {c.world}")
+    yield from _responses_split_evenly(c, _MINI, "ppo_mini_batch_size")
 
 
 @_rule("micro_required", (_DYN, _MICRO, ROLL + "log_prob_micro_batch_size_per_gpu",
@@ -495,9 +497,12 @@ _SCHEDULER_INPUTS = _VLLM_INPUTS + (TRAINER + "device",) + tuple(ROLL + k for k 
 
 def _scheduler_args(c: Ctx):
     """What vLLM's scheduler gets (engine_kwargs.vllm wins over the rollout key): the token budget,
-    max_num_seqs, max_model_len and enable_chunked_prefill."""
-    return tuple(vllm_arg(c, name, name) for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len",
-                                                       "enable_chunked_prefill"))
+    max_num_seqs, max_model_len and enable_chunked_prefill, then the sequence length the engine holds
+    (max_model_len when set, else prompt + response)."""
+    tokens, seqs, model_len, chunked = (vllm_arg(c, name, name) for name in (
+        "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill"))
+    length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
+    return tokens, seqs, model_len, chunked, length
 
 
 @_rule("vllm_scheduler", _SCHEDULER_INPUTS,
@@ -508,7 +513,7 @@ def _scheduler_args(c: Ctx):
 def _vllm_scheduler(c: Ctx) -> Iterator[Problem]:
     if not _vllm(c):
         return
-    tokens, seqs, model_len, chunked = _scheduler_args(c)
+    tokens, seqs, model_len, chunked, length = _scheduler_args(c)
     if _int(tokens.value) and _int(seqs.value) and tokens.value < seqs.value:
         blame = seqs if seqs.user_set and not tokens.user_set else tokens
         yield Problem(blame.key, f"max_num_batched_tokens {tokens.value} ({tokens.short}) is below max_num_seqs "
@@ -520,7 +525,6 @@ def _vllm_scheduler(c: Ctx) -> Iterator[Problem]:
         yield Problem(model_len.key, f"{model_len.value} is below max_prompt_length + max_response_length = "
                       f"{c.seq_len}, so the engine cannot hold a whole prompt and response",
                       f"remove it (rollout.max_model_len is derived) or set it to at least {c.seq_len}")
-    length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
     if chunked.value is False and _int(tokens.value) and tokens.value < length:
         device = _device(c)
         chunk_fix = "" if device is not None and not device.vllm_chunked_prefill_with_seeds else \
@@ -550,8 +554,7 @@ def _vllm_seeded_prefill(c: Ctx) -> Iterator[Problem]:
     device = _device(c)
     if device is None or device.vllm_chunked_prefill_with_seeds:
         return
-    tokens, seqs, model_len, chunked = _scheduler_args(c)
-    length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
+    tokens, seqs, model_len, chunked, length = _scheduler_args(c)
     why = (f"vLLM on {device.kind} cannot prefill a prompt in chunks while it samples from the prompt's own seed "
            "(the step dies with 'CPU Generator does not use offset')")
     if chunked.value is True and _int(tokens.value) and _int(seqs.value) and tokens.value < seqs.value * length:
