@@ -114,3 +114,21 @@ def test_run_stops_before_any_worker_on_a_missing_hub_id(hub_cache, tmp_path):
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "'nobody/missing-model'" in out.stderr and str(hub_cache) in out.stderr
     assert "starting training" not in out.stdout
+
+
+def test_check_paths_does_not_look_up_a_key_already_refused(hub_cache, tmp_path, monkeypatch):
+    """`run` refuses an unreachable hub id in machine_problems first; check_paths then skips that key
+    instead of asking the hub a second time (one probe per run)."""
+    import verl_npu.hub
+    from verl_npu.config import load_recipe
+    from verl_npu.config.paths import check_paths
+
+    args = _check_paths_args(tmp_path, "nobody/missing-model")[1:-1]
+    rc = load_recipe(args[0], args[1:])
+    key = "backend_config.actor_rollout_ref.model.path"
+    looked_up = []
+    monkeypatch.setattr(verl_npu.hub, "hub_folder", lambda *a, **k: looked_up.append(a) or (_ for _ in ()).throw(
+        AssertionError("looked up again")))
+    assert all(p.key != key for p in check_paths(rc, skip={key})) and looked_up == []
+    with pytest.raises(AssertionError, match="looked up again"):
+        check_paths(rc)

@@ -315,8 +315,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for line in prepare_assets(rc, demo_data=args.demo_data) or []:
             _say(f"[verl-npu] prepared {line}")
     known = len(rc.derived)
-    named = {p.key for p in problems}
-    problems += [p for p in check_paths(rc) if p.key not in named]  # check_paths resolves hub ids, in rc.cfg
+    # check_paths resolves hub ids, in rc.cfg; a model key machine_problems refused is not looked up again
+    problems += check_paths(rc, skip={p.key for p in problems})
     if problems:
         raise ConfigErrors(problems, source=str(rc.source))
     for d in rc.derived[known:]:

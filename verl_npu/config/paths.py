@@ -33,16 +33,19 @@ def _model_path_keys(cfg) -> list[str]:
     return [k for k in MODEL_PATH_KEYS if k not in _MODEL_PATH_USED_IF or _MODEL_PATH_USED_IF[k](cfg)]
 
 
-def resolve_hub_ids(rc) -> list[Problem]:
+def resolve_hub_ids(rc, skip: set[str] = frozenset()) -> list[Problem]:
     """Replace every hub id (`owner/name[@revision]`) among the `MODEL_PATH_KEYS` values that is not
     a local folder by its snapshot folder in the Hugging Face cache (downloaded there when the hub
     is reachable and HF_HUB_OFFLINE is not set), in `rc.cfg` itself, so that workers and the rollout
     engine load that folder; each replacement is recorded in `rc.derived` (`rc.set_derived`) with the id. Returns a
-    Problem for each id that could not be resolved."""
+    Problem for each id that could not be resolved. Keys in `skip` (already refused, e.g. by
+    `machine_problems`) are not looked up again."""
     from verl_npu.hub import HubIdMissing, hub_folder, looks_like_hub_id
 
     problems: list[Problem] = []
     for key in _model_path_keys(rc.cfg):
+        if key in skip:
+            continue
         value = get(rc.cfg, key)
         if not looks_like_hub_id(value) or Path(os.path.expanduser(value)).is_dir():
             continue
@@ -56,14 +59,15 @@ def resolve_hub_ids(rc) -> list[Problem]:
     return problems
 
 
-def check_paths(rc) -> list[Problem]:
+def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
     """Problems for data files, the model folder, the custom reward file and the LoRA adapter folder
     (model.lora_adapter_path: adapter_config.json in it) that do not exist. Hub ids among the model
     paths are first resolved to local folders (`resolve_hub_ids`, which changes `rc.cfg`); `tiny://`
-    model paths are built locally and are skipped; `~` is expanded as verl does."""
+    model paths are built locally and are skipped; `~` is expanded as verl does. Keys in `skip` (problems
+    already reported for them) are not checked again."""
     b = BC
-    problems = resolve_hub_ids(rc)
-    bad = {p.key for p in problems}
+    problems = resolve_hub_ids(rc, skip)
+    bad = {p.key for p in problems} | set(skip)
     checks: list[tuple[str, Any, str]] = [
         (b + "data.train_files", get(rc.cfg, b + "data.train_files"), "file"),
         (b + "data.val_files", get(rc.cfg, b + "data.val_files"), "file"),
@@ -73,6 +77,8 @@ def check_paths(rc) -> list[Problem]:
          "adapter"),
     ]
     for key, value, kind in checks:
+        if key in skip:
+            continue
         for item in (value if isinstance(value, list) else [value]):
             if item is None or (kind == "model" and str(item).startswith("tiny://")):
                 continue
