@@ -182,8 +182,16 @@ def _run(code: str, limits: SandboxLimits, isolation: str) -> SandboxResult:
             pass
         try:
             exit_code = proc.wait(timeout=max(float(limits.wall_s), 0.1))
+            if exit_code < 0:  # killed by a signal (the process isolation runs the code in the launcher)
+                exit_code = 128 - exit_code
         except subprocess.TimeoutExpired:
             timed_out = True
+            if isolation == "namespaces":  # the launcher kills the namespace's init and reaps it
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
             _kill_group(proc)
             proc.wait()
             exit_code = None

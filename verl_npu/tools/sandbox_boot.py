@@ -153,6 +153,9 @@ def run_namespaces(spec, code):
             namespace_init(spec, code)
         except BaseException as err:  # noqa: BLE001 - any setup error is reported, never a traceback
             fail(f"{type(err).__name__}: {err}")
+    # the host's time-out: SIGTERM here kills the init (and with it the namespace), which is then reaped
+    # here rather than left a zombie of the host's init
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
     os._exit(wait_for(pid))
 
 
