@@ -4,7 +4,13 @@ and commit in each header), with only their data, model and reward-file paths re
 ones, go through `verl-npu validate --check-paths`: each passes, or fails only on a named refusal of a
 verl feature verl-npu does not support (Megatron, SGLang, rollout correction until it lands, ...) or on
 a named check (CHECKS), as its `# expect:` line says. Three of them train for 2 steps on CPU with only
-sizing overrides (slow)."""
+sizing overrides (slow).
+
+verl's multi-turn examples (issue 25: GSM8K with its tool, on SGLang and on vLLM for Ascend, geo3k with
+its tool, the search tool, ReTool) carry a `# tool_config:` line (their tool config file, copied under
+tool_config/ with its source) and a `# fixed:` line: the overrides each refusal's fix names (e.g.
+rollout.name=hf for sglang); with them applied the script must give `# fixed expect:` (pass, or the
+tools verl-npu does not build)."""
 
 from __future__ import annotations
 
@@ -26,9 +32,19 @@ FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
             "multi-turn": ("multi-turn",), "reward model": ("reward model",),
             # algorithm.rollout_correction.* (refused until rollout correction lands, issue 23)
             "rollout correction": ("rollout importance-sampling correction", "rollout_correction"),
-            "hybrid sharding": ("hybrid sharding",), "sync rollout": ("mode=sync",)}
+            "hybrid sharding": ("hybrid sharding",), "sync rollout": ("mode=sync",),
+            # the multi-turn examples (issue 25)
+            "over-sampling": ("over-sampling",), "memory profiler": ("torch_memory profiler",),
+            "custom dataset": ("custom dataset classes",), "multimodal inputs": ("processor outputs of multimodal",),
+            "tool format": ("format=qwen",), "search tool": ("SearchTool",), "geo3k tool": ("Geo3kTool",)}
 #: declared problems that are verl-npu's checks of a setting, not a missing feature -> words of the message
-CHECKS = {"group size": ("needs at least 2 responses per prompt",)}
+CHECKS = {"group size": ("needs at least 2 responses per prompt",),
+          # a profiler tool with nothing to profile (follows the torch_memory refusal)
+          "profiler setup": ("nothing would be profiled",),
+          # a shell variable the script never sets, passed as `key=` (Hydra: an empty string)
+          "empty value": ("got '' (str)",),
+          # until the vLLM engine runs the agent loop
+          "vllm multi-turn": ("multi-turn agent loop runs on the hf engine",)}
 
 
 @pytest.fixture(autouse=True)
@@ -81,12 +97,15 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
     return {"root": root, "models": models, "reward": reward}
 
 
-def localized(overrides: list[str], kind: str, local: dict, out: Path) -> list[str]:
-    """The script's overrides with its data / model / reward / checkpoint paths pointing at local ones."""
+def localized(overrides: list[str], kind: str, local: dict, out: Path, tool_config: str | None = None) -> list[str]:
+    """The script's overrides with its data / model / reward / checkpoint paths pointing at local ones (and
+    its tool config file at the corpus's copy, tool_config/<header's tool_config>)."""
     data = local["root"] / kind
     paths = {"data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
              "actor_rollout_ref.model.path": local["models"][kind], "critic.model.path": local["models"][kind],
              "custom_reward_function.path": local["reward"], "trainer.default_local_dir": out / "checkpoints"}
+    if tool_config:
+        paths["actor_rollout_ref.rollout.multi_turn.tool_config_path"] = HERE / "tool_config" / tool_config
     result = []
     for item in overrides:
         key = item.split("=", 1)[0]
@@ -99,7 +118,16 @@ def localized(overrides: list[str], kind: str, local: dict, out: Path) -> list[s
 def test_verl_script_validates_or_is_refused_by_name(script, local, tmp_path, capsys):
     overrides, header = read_script(script)
     assert header["source"].startswith("github.com/volcengine/verl ") and " @ " in header["source"]
-    args = localized(overrides, header["data"], local, tmp_path / "out")
+    args = localized(overrides, header["data"], local, tmp_path / "out", header.get("tool_config"))
+    assert_outcome(args, header["expect"], capsys)
+    if "fixed" in header:
+        # each refusal's fix applied (e.g. rollout.name=hf for sglang): what is left is `fixed expect`
+        assert_outcome([*args, *header["fixed"].split()], header["fixed expect"], capsys)
+
+
+def assert_outcome(args: list[str], expect: str, capsys) -> None:
+    """`verl-npu validate --check-paths` of the overrides passes (expect: pass) or fails exactly on the
+    declared refusals / checks (expect: refused: a, b), each with a fix."""
     code = main(["validate", str(BASE), *args, "--check-paths"])
     err = capsys.readouterr().err
     assert "Traceback" not in err and "unknown key" not in err, err
@@ -110,7 +138,6 @@ def test_verl_script_validates_or_is_refused_by_name(script, local, tmp_path, ca
         every = e.problems
     assert (code == 0) == (every == [])
     problems = every
-    expect = header["expect"]
     if expect == "pass":
         assert problems == [], "\n".join(map(str, problems))
         return
@@ -124,14 +151,15 @@ def test_verl_script_validates_or_is_refused_by_name(script, local, tmp_path, ca
         hits = checks | {name for name, words in FEATURES.items() if any(w in p.message or w in p.key for w in words)}
         assert hits, f"refused for something outside the named features: {p}"
         found |= hits
-    assert found == declared
+    assert found == declared, "\n".join(map(str, problems))
 
 
 def test_the_corpus_is_big_enough_and_covers_the_families():
     names = {p.stem for p in SCRIPTS}
     assert len(names) >= 15
     for family in ("grpo", "ppo", "rloo", "remax", "reinforce_pp", "npu_ci", "_npu", "vl", "dapo", "gspo",
-                   "rollout_corr"):
+                   "rollout_corr", "multiturn_gsm8k_tool", "multiturn_geo3k_tool", "multiturn_search_tool",
+                   "multiturn_retool"):
         assert any(family in n for n in names), family
 
 

@@ -41,6 +41,20 @@ BUILTIN_TOOLS: dict[str, str] = {}
 BUILTIN_FUNCTION_NAMES: dict[str, str | None] = {}
 #: verl's class paths of tools verl-npu ships: a verl tool config names them, verl-npu builds its own.
 VERL_CLASS_PATHS: dict[str, str] = {}
+#: verl's own tools that verl-npu does not build: class path -> (what it needs, what to do instead)
+UNBUILT_VERL_TOOLS: dict[str, tuple[str, str]] = {
+    "verl.tools.search_tool.SearchTool": (
+        "queries a Search-R1 retrieval server", "write a tool class that calls your retrieval service "
+        "(docs/agents.md, 'Writing a tool') and name it path/to/file.py:ClassName"),
+    "verl.tools.mcp_search_tool.MCPSearchTool": (
+        "is an MCP tool", "write a native tool class (docs/agents.md, 'Writing a tool')"),
+    "verl.tools.geo3k_tool.Geo3kTool": (
+        "checks geometry answers in a conversation with images, and multi-turn rollout with images is not built",
+        "train geo3k single-turn (recipes/qwen25vl_geo3k.yaml) or write a text tool class"),
+    "verl.tools.image_zoom_in_tool.ImageZoomInTool": (
+        "returns images into the conversation, and multi-turn rollout with images is not built",
+        "use text tools; the zoom-in tool is planned (issue 25)"),
+}
 #: verl's tool `config.type` values, and those built here.
 TOOL_TYPES = ("native",)
 UNSUPPORTED_TOOL_TYPES = {"mcp": "MCP tools are not built; write a native tool class (docs/agents.md)"}
@@ -154,6 +168,9 @@ def _class_problems(class_name: Any, key: str, base_dir: Path) -> list[tuple[str
     if not where:
         return [(key, f"{class_name!r} is neither a built-in tool ({', '.join(BUILTIN_TOOLS)}) nor "
                       "package.module.ClassName nor path/to/file.py:ClassName")]
+    if class_name in UNBUILT_VERL_TOOLS:
+        needs, instead = UNBUILT_VERL_TOOLS[class_name]
+        return [(key, f"verl-npu does not support verl's {cls} yet (it {needs}); {instead}")]
     if where.startswith("verl."):
         return [(key, f"{class_name!r} is a class of verl, which verl-npu does not import: the built-in tools are "
                       f"{', '.join(sorted(VERL_CLASS_PATHS))}; for your own tool change its import to "
