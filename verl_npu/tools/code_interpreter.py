@@ -19,6 +19,7 @@ is the same tool with ReTool's preparation of the code (`retool_code`).
 | max_output_bytes | 65536 | output kept from one run (the conversation gets at most multi_turn.max_tool_response_length characters) |
 | python_packages | true | the training environment's installed packages (numpy, sympy, ...) are importable, read-only |
 | isolation | auto | namespaces (refuse to run without them), process (Python-level guards), auto (namespaces when available) |
+| call_timeout | default_timeout + 30 | the agent loop's deadline for one call, waiting for a free worker included |
 | default_language | python | only python runs here |
 | sandbox_fusion_url, rate_limit, enable_global_rate_limit | | verl's server settings: accepted and unused (no server) |
 
@@ -56,7 +57,8 @@ SCHEMA = {
 #: verl's Sandbox Fusion settings that have no meaning without a server: accepted, not used
 SERVER_KEYS = ("sandbox_fusion_url", "rate_limit", "enable_global_rate_limit")
 KEYS = ("type", "default_timeout", "cpu_time_limit", "memory_limit_mb", "disk_limit_mb", "max_processes",
-        "num_workers", "max_output_bytes", "python_packages", "isolation", "default_language", *SERVER_KEYS)
+        "num_workers", "max_output_bytes", "python_packages", "isolation", "default_language", "call_timeout",
+        *SERVER_KEYS)
 SIGNALS = {137: "it was killed (SIGKILL)", 152: "it used up its CPU time limit (SIGXCPU)",
            153: "it wrote a file larger than the disk limit (SIGXFSZ)"}
 
@@ -85,8 +87,8 @@ class CodeInterpreterTool(BaseTool):
         if min(self.limits.wall_s, self.limits.cpu_s, self.limits.memory_mb, self.limits.disk_mb) <= 0:
             raise ValueError("default_timeout, cpu_time_limit, memory_limit_mb and disk_limit_mb must be positive")
         self.isolation = active_isolation(isolation)  # raises when namespaces are required but unavailable
-        # the run's own deadline plus the time to start and clean up: the agent loop's guard (run_method)
-        self.call_timeout = self.limits.wall_s + 30.0
+        # the agent loop's guard (run_method): the run's own deadline plus time to start and clean up
+        self.call_timeout = float(cfg.get("call_timeout", self.limits.wall_s + 30.0))
         self._slots = threading.BoundedSemaphore(max(int(cfg.get("num_workers", 4)), 1))
         if any(k in cfg for k in SERVER_KEYS):
             log.info("code interpreter: %s set; verl-npu runs the code locally, the server settings are not "
