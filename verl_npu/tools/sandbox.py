@@ -90,7 +90,9 @@ def _readonly_paths(python_packages: bool) -> list[str]:
     exe = os.path.realpath(sys.executable)
     if not any(exe.startswith(p.rstrip("/") + "/") for p in paths):
         paths.append(os.path.dirname(exe))
-    return paths
+    # a folder inside another one already bound (a Python under /usr) needs no bind of its own
+    return [p for i, p in enumerate(paths)
+            if not any(p.startswith(q.rstrip("/") + "/") or (p == q and j < i) for j, q in enumerate(paths) if j != i)]
 
 
 def _python(python_packages: bool) -> str:

@@ -14,7 +14,7 @@ The network namespace has only a loopback device that is down: no socket reaches
 
 isolation "process" (fallback): this process sets the resource limits, moves into the working folder,
 installs an audit hook (Python's `sys.addaudithook`, which code cannot remove) that refuses sockets,
-new processes, ctypes, and file access outside the folder and the Python installation, then runs the code
+new processes, ctypes, and file access outside the folder (reads: also /usr and the Python installation), then runs the code
 in-process. It binds Python code only: a C extension can bypass it.
 
 Exit status: the code's own (128 + signal number when a signal killed it); 121 with a message on stderr
@@ -84,11 +84,10 @@ def wait_for(pid):
             continue
 
 
-def env_for(spec, home, tmp):
-    env = {"HOME": home, "TMPDIR": tmp, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+def env_for(home, tmp):
+    return {"HOME": home, "TMPDIR": tmp, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
            "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    return env
 
 
 # ---------------------------------------------------------------- namespaces
@@ -109,8 +108,10 @@ def namespace_init(spec, code):
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here propagates to the host
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['disk_bytes']},mode=755")
     for name, target in ROOT_LINKS.items():
-        if os.path.islink("/" + name):
+        if os.path.islink("/" + name):  # merged /usr: /lib -> usr/lib
             os.symlink(target, os.path.join(root, name))
+        elif os.path.isdir("/" + name):  # a system without merged /usr: its own /lib, /bin
+            bind_readonly(root, "/" + name)
     for path in spec["readonly"]:
         if os.path.exists(path):
             bind_readonly(root, path)
@@ -141,7 +142,7 @@ def namespace_init(spec, code):
     if child == 0:
         fd = os.open("/dev/null", os.O_RDONLY)
         os.dup2(fd, 0)
-        os.execve(spec["python"], [spec["python"], "-I", "-B", "/sandbox/main.py"], env_for(spec, "/sandbox", "/tmp"))
+        os.execve(spec["python"], [spec["python"], "-I", "-B", "/sandbox/main.py"], env_for("/sandbox", "/tmp"))
     os._exit(wait_for(child))
 
 
@@ -209,7 +210,7 @@ def run_process(spec, code):
     os.dup2(fd, 0)
     os.chdir(folder)
     os.environ.clear()
-    os.environ.update(env_for(spec, folder, folder + "/tmp"))
+    os.environ.update(env_for(folder, folder + "/tmp"))
     set_limits(spec)
     sys.path[:0] = [folder]
     import runpy
