@@ -19,7 +19,8 @@ from verl_npu.tools.code_interpreter import CodeInterpreterTool, retool_code
 from verl_npu.tools.loading import load_tools
 from verl_npu.tools.sandbox import SandboxLimits, namespaces_work, run_python
 
-NS = pytest.param("namespaces", marks=pytest.mark.skipif(not namespaces_work(), reason="no namespaces here (needs root)"))
+NS = pytest.param("namespaces",
+                  marks=pytest.mark.skipif(not namespaces_work(), reason="no namespaces here (needs root)"))
 BOTH = [NS, "process"]
 
 

@@ -16,9 +16,9 @@ is the same tool with ReTool's preparation of the code (`retool_code`).
 | disk_limit_mb | 64 | the sandbox's tmpfs (working folder + /tmp) and the largest file it may write |
 | max_processes | 64 | processes of the sandbox user (namespaces isolation) |
 | num_workers | 4 | sandboxes of this tool running at once (more calls wait) |
-| max_output_bytes | 65536 | output kept from one run (the conversation gets at most multi_turn.max_tool_response_length characters) |
+| max_output_bytes | 65536 | output kept from one run (the conversation: max_tool_response_length chars) |
 | python_packages | true | the training environment's installed packages (numpy, sympy, ...) are importable, read-only |
-| isolation | auto | namespaces (refuse to run without them), process (Python-level guards), auto (namespaces when available) |
+| isolation | auto | namespaces (required), process (Python-level guards), auto (namespaces if available) |
 | call_timeout | default_timeout + 30 | the agent loop's deadline for one call, waiting for a free worker included |
 | default_language | python | only python runs here |
 | sandbox_fusion_url, rate_limit, enable_global_rate_limit | | verl's server settings: accepted and unused (no server) |

@@ -14,8 +14,8 @@ The network namespace has only a loopback device that is down: no socket reaches
 
 isolation "process" (fallback): this process sets the resource limits, moves into the working folder,
 installs an audit hook (Python's `sys.addaudithook`, which code cannot remove) that refuses sockets,
-new processes, ctypes, and file access outside the folder (reads: also /usr and the Python installation), then runs the code
-in-process. It binds Python code only: a C extension can bypass it.
+new processes, ctypes, and file access outside the folder (reads: also /usr and the Python
+installation), then runs the code in-process. It binds Python code only: a C extension can bypass it.
 
 Exit status: the code's own (128 + signal number when a signal killed it); 121 with a message on stderr
 when the isolation could not be set up.
