@@ -241,3 +241,18 @@ def test_hanging_and_failing_tools_and_a_long_output_in_a_rollout():
     assert texts[3] == "Error executing tool 'raises': KeyError: 'no such thing'"
     assert texts[4].startswith("Error: the code interpreter needs")
     assert results[1][2]["error"] and results[3][2]["error"]
+
+
+def test_without_namespaces_auto_falls_back_and_namespaces_is_refused(tmp_path, monkeypatch):
+    """Where the namespaces cannot run (not root, a locked-down kernel), `auto` gets the process guards
+    and `isolation: namespaces` stops the run when the tools are built, naming the entry."""
+    import verl_npu.tools.sandbox as sandbox
+    from verl_npu.errors import UserError
+
+    monkeypatch.setattr(sandbox, "namespaces_work", lambda: False)
+    assert CodeInterpreterTool({"isolation": "auto"}).isolation == "process"
+    monkeypatch.chdir(tmp_path)
+    Path("tools.yaml").write_text("tools:\n  - class_name: code_interpreter\n    config: {isolation: namespaces}\n")
+    with pytest.raises(UserError, match=r"tools\[0\]: constructing 'code_interpreter' failed: RuntimeError: "
+                                        r"isolation: namespaces was asked for"):
+        load_tools("tools.yaml")
