@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,8 +46,10 @@ def test_code_cannot_write_or_read_outside_its_folder(isolation, tmp_path):
     secret.write_text("TOP-SECRET-4711")
     target = tmp_path / "written.txt"
     code = f"""
-import os, shutil
+import os, shutil, sys
 for attempt in (lambda: open({str(target)!r}, "w").write("x"),
+                lambda: open(sys.prefix + "/verl_npu_probe", "w").write("x"),   # the read-only environment
+                lambda: open("/usr/verl_npu_probe", "w").write("x"),
                 lambda: shutil.copy("/etc/hostname", {str(target)!r}),
                 lambda: os.remove({str(secret)!r})):
     try:
@@ -69,6 +72,7 @@ print(open("mine.txt").read(), os.getcwd() == os.environ["HOME"])
     assert "WROTE" not in r.output and "TOP-SECRET-4711" not in r.output
     assert "read refused:" in r.output and "inside True" in r.output
     assert not target.exists() and secret.read_text() == "TOP-SECRET-4711"
+    assert not Path(sys.prefix, "verl_npu_probe").exists() and not Path("/usr/verl_npu_probe").exists()
 
 
 @pytest.mark.parametrize("isolation", BOTH)
