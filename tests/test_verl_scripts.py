@@ -4,7 +4,13 @@ and commit in each header), with only their data, model and reward-file paths re
 ones, go through `verl-npu validate --check-paths`: each passes, or fails only on a named refusal of a
 verl feature verl-npu does not support (Megatron, SGLang, rollout correction until it lands, ...) or on
 a named check (CHECKS), as its `# expect:` line says. Three of them train for 2 steps on CPU with only
-sizing overrides (slow)."""
+sizing overrides (slow).
+
+verl's multi-turn examples (issue 25: GSM8K with its tool, on SGLang and on vLLM for Ascend, geo3k with
+its tool, the search tool, ReTool) carry a `# tool_config:` line (their tool config file, copied under
+tool_config/ with its source) and a `# fixed:` line: the overrides each refusal's fix names (e.g.
+rollout.name=hf for sglang); with them applied the script must give `# fixed expect:` (pass, or the
+tools verl-npu does not build)."""
 
 from __future__ import annotations
 
@@ -26,9 +32,19 @@ FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
             "multi-turn": ("multi-turn",), "reward model": ("reward model",),
             # algorithm.rollout_correction.* (refused until rollout correction lands, issue 23)
             "rollout correction": ("rollout importance-sampling correction", "rollout_correction"),
-            "hybrid sharding": ("hybrid sharding",), "sync rollout": ("mode=sync",)}
+            "hybrid sharding": ("hybrid sharding",), "sync rollout": ("mode=sync",),
+            # the multi-turn examples (issue 25)
+            "over-sampling": ("over-sampling",), "memory profiler": ("torch_memory profiler",),
+            "custom dataset": ("custom dataset classes",), "multimodal inputs": ("processor outputs of multimodal",),
+            "tool format": ("format=qwen",), "search tool": ("SearchTool",), "geo3k tool": ("Geo3kTool",)}
 #: declared problems that are verl-npu's checks of a setting, not a missing feature -> words of the message
-CHECKS = {"group size": ("needs at least 2 responses per prompt",)}
+CHECKS = {"group size": ("needs at least 2 responses per prompt",),
+          # a profiler tool with nothing to profile (follows the torch_memory refusal)
+          "profiler setup": ("nothing would be profiled",),
+          # a shell variable the script never sets, passed as `key=` (Hydra: an empty string)
+          "empty value": ("got '' (str)",),
+          # until the vLLM engine runs the agent loop
+          "vllm multi-turn": ("multi-turn agent loop runs on the hf engine",)}
 
 
 @pytest.fixture(autouse=True)
@@ -55,15 +71,17 @@ def read_script(path: Path) -> tuple[list[str], dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
-    """Local stand-ins: tiny parquet data (text and VL), model folders and a reward file.
+    """Local stand-ins: tiny parquet data (text, VL, and text in verl's multi-turn tool format), model
+    folders and a reward file.
 
     Validation reads only a model's config.json, so the stand-in folders are the tiny models with the
     head counts and length limit of the scripts' real models (40 attention / 8 key-value heads, like
     Qwen2.5-32B, fit every TP and SP size the scripts use; 64K positions fit their lengths)."""
-    from verl_npu.data import geometry3k, gsm8k
+    from verl_npu.data import geometry3k, gsm8k, gsm8k_multiturn
 
     root = tmp_path_factory.mktemp("verl_scripts")
     gsm8k.prepare_synthetic(root / "text", 32, 8, seed=0)
+    gsm8k_multiturn.prepare_synthetic(root / "multiturn", 32, 8, seed=0)
     geometry3k.prepare_synthetic(root / "vl", 32, 8, seed=0, image_size=56)
     models = {}
     for kind, src in (("text", tiny_lm_path), ("vl", tiny_vl_path)):
@@ -75,18 +93,22 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
                 node.update(num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=65536)
         (dst / "config.json").write_text(json.dumps(conf))
         models[kind] = dst
+    models["multiturn"] = models["text"]
     reward = root / "reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float(ground_truth in solution_str)\n")
     return {"root": root, "models": models, "reward": reward}
 
 
-def localized(overrides: list[str], kind: str, local: dict, out: Path) -> list[str]:
-    """The script's overrides with its data / model / reward / checkpoint paths pointing at local ones."""
+def localized(overrides: list[str], kind: str, local: dict, out: Path, tool_config: str | None = None) -> list[str]:
+    """The script's overrides with its data / model / reward / checkpoint paths pointing at local ones (and
+    its tool config file at the corpus's copy, tool_config/<header's tool_config>)."""
     data = local["root"] / kind
     paths = {"data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
              "actor_rollout_ref.model.path": local["models"][kind], "critic.model.path": local["models"][kind],
              "custom_reward_function.path": local["reward"], "trainer.default_local_dir": out / "checkpoints"}
+    if tool_config:
+        paths["actor_rollout_ref.rollout.multi_turn.tool_config_path"] = HERE / "tool_config" / tool_config
     result = []
     for item in overrides:
         key = item.split("=", 1)[0]
@@ -99,7 +121,16 @@ def localized(overrides: list[str], kind: str, local: dict, out: Path) -> list[s
 def test_verl_script_validates_or_is_refused_by_name(script, local, tmp_path, capsys):
     overrides, header = read_script(script)
     assert header["source"].startswith("github.com/volcengine/verl ") and " @ " in header["source"]
-    args = localized(overrides, header["data"], local, tmp_path / "out")
+    args = localized(overrides, header["data"], local, tmp_path / "out", header.get("tool_config"))
+    assert_outcome(args, header["expect"], capsys)
+    if "fixed" in header:
+        # each refusal's fix applied (e.g. rollout.name=hf for sglang): what is left is `fixed expect`
+        assert_outcome([*args, *header["fixed"].split()], header["fixed expect"], capsys)
+
+
+def assert_outcome(args: list[str], expect: str, capsys) -> None:
+    """`verl-npu validate --check-paths` of the overrides passes (expect: pass) or fails exactly on the
+    declared refusals / checks (expect: refused: a, b), each with a fix."""
     code = main(["validate", str(BASE), *args, "--check-paths"])
     err = capsys.readouterr().err
     assert "Traceback" not in err and "unknown key" not in err, err
@@ -110,7 +141,6 @@ def test_verl_script_validates_or_is_refused_by_name(script, local, tmp_path, ca
         every = e.problems
     assert (code == 0) == (every == [])
     problems = every
-    expect = header["expect"]
     if expect == "pass":
         assert problems == [], "\n".join(map(str, problems))
         return
@@ -124,14 +154,15 @@ def test_verl_script_validates_or_is_refused_by_name(script, local, tmp_path, ca
         hits = checks | {name for name, words in FEATURES.items() if any(w in p.message or w in p.key for w in words)}
         assert hits, f"refused for something outside the named features: {p}"
         found |= hits
-    assert found == declared
+    assert found == declared, "\n".join(map(str, problems))
 
 
 def test_the_corpus_is_big_enough_and_covers_the_families():
     names = {p.stem for p in SCRIPTS}
     assert len(names) >= 15
     for family in ("grpo", "ppo", "rloo", "remax", "reinforce_pp", "npu_ci", "_npu", "vl", "dapo", "gspo",
-                   "rollout_corr"):
+                   "rollout_corr", "multiturn_gsm8k_tool", "multiturn_geo3k_tool", "multiturn_search_tool",
+                   "multiturn_retool"):
         assert any(family in n for n in names), family
 
 
@@ -169,3 +200,32 @@ def test_verl_script_trains_two_steps_on_cpu(name, local, tmp_path):
     steps = [r["step"] for r in rows if "actor/pg_loss" in r]
     assert steps == [1, 2]
     assert all(r["response_length/mean"] > 0 for r in rows if "actor/pg_loss" in r)
+
+
+#: verl's multi-turn scripts that train for 2 steps on CPU: their `# fixed:` overrides (rollout.name=hf for
+#: sglang, ...), SIZING, and a response budget that holds a tool call and its reply
+MULTI_TURN_RUNS = ("multiturn_gsm8k_tool_qwen2_5_3b", "multiturn_retool_qwen3_4b_dapo")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MULTI_TURN_RUNS)
+def test_verl_multiturn_script_trains_two_steps_on_cpu(name, local, tmp_path):
+    """verl's GSM8K-with-tool and ReTool scripts (the latter with its Sandbox Fusion tool, built here as the
+    sandboxed code interpreter) train 2 steps with the multi-turn agent loop on 2 CPU workers, tiny Qwen2,
+    the hf engine: only the paths, each refusal's fix and SIZING are changed."""
+    import subprocess
+    import sys
+
+    overrides, header = read_script(HERE / f"{name}.txt")
+    args = localized(overrides, header["data"], local, tmp_path / "out", header["tool_config"])
+    sizing = {**SIZING, "data.max_response_length": "48", "actor_rollout_ref.model.path": "tiny://qwen2",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2"}
+    args = [a for a in [*args, *header["fixed"].split()] if a.split("=", 1)[0].lstrip("+") not in sizing]
+    args += [f"{k}={v}" for k, v in sizing.items()]
+    out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "actor/pg_loss" in r]
+    assert [r["step"] for r in trained] == [1, 2]
+    assert all(r["num_turns/mean"] >= 2 and "tool_call_counts/mean" in r for r in trained)

@@ -13,7 +13,8 @@ A tool config file is verl's YAML (`actor_rollout_ref.rollout.multi_turn.tool_co
             parameters: {type: object, properties: {answer: {type: string, description: ...}}, required: [answer]}
 
 `class_name` is one of:
-- a built-in tool's name (`BUILTIN_TOOLS`: `gsm8k`), or verl's class path of that tool
+- a built-in tool's name (`BUILTIN_TOOLS`: `gsm8k`, `code_interpreter`, `retool_code_interpreter`), or verl's
+  class path of that tool
   (`VERL_CLASS_PATHS`: a config written for verl works unchanged);
 - `path/to/file.py:ClassName`: a class in the user's own Python file (relative paths start at the
   folder the run starts in);
@@ -35,26 +36,50 @@ from typing import Any
 
 #: built-in tools: name -> "module:Class" (imported only when a run builds its tools).
 BUILTIN_TOOLS: dict[str, str] = {}
-#: built-in tools: name -> the function name its schema must have (checked without importing it).
-BUILTIN_FUNCTION_NAMES: dict[str, str] = {}
+#: built-in tools: name -> the function name its schema must have (checked without importing it); None:
+#: any name (the code interpreter: verl's Sandbox Fusion tool takes its name from the schema).
+BUILTIN_FUNCTION_NAMES: dict[str, str | None] = {}
 #: verl's class paths of tools verl-npu ships: a verl tool config names them, verl-npu builds its own.
 VERL_CLASS_PATHS: dict[str, str] = {}
+#: verl's own tools that verl-npu does not build: class path -> (what it needs, what to do instead)
+UNBUILT_VERL_TOOLS: dict[str, tuple[str, str]] = {
+    "verl.tools.search_tool.SearchTool": (
+        "queries a Search-R1 retrieval server", "write a tool class that calls your retrieval service "
+        "(docs/agents.md, 'Writing a tool') and name it path/to/file.py:ClassName"),
+    "verl.tools.mcp_search_tool.MCPSearchTool": (
+        "is an MCP tool", "write a native tool class (docs/agents.md, 'Writing a tool')"),
+    "verl.tools.geo3k_tool.Geo3kTool": (
+        "checks geometry answers in a conversation with images, and multi-turn rollout with images is not built",
+        "train geo3k single-turn (recipes/qwen25vl_geo3k.yaml) or write a text tool class"),
+    "verl.tools.image_zoom_in_tool.ImageZoomInTool": (
+        "returns images into the conversation, and multi-turn rollout with images is not built",
+        "use text tools; the zoom-in tool is planned (issue 25)"),
+}
 #: verl's tool `config.type` values, and those built here.
 TOOL_TYPES = ("native",)
 UNSUPPORTED_TOOL_TYPES = {"mcp": "MCP tools are not built; write a native tool class (docs/agents.md)"}
 
 
-def register_tool(name: str, target: str, *, function_name: str, verl_class_path: str | None = None) -> None:
+def register_tool(name: str, target: str, *, function_name: str | None,
+                  verl_class_paths: tuple[str, ...] = ()) -> None:
+    """A built-in tool: its class_name, "module:Class", its schema's function name (None: any) and the
+    class paths verl's (or a verl recipe's) tool configs name it by."""
     if name in BUILTIN_TOOLS:
         raise ValueError(f"tool {name!r} is registered twice")
     BUILTIN_TOOLS[name] = target
     BUILTIN_FUNCTION_NAMES[name] = function_name
-    if verl_class_path:
-        VERL_CLASS_PATHS[verl_class_path] = name
+    for path in verl_class_paths:
+        VERL_CLASS_PATHS[path] = name
 
 
 register_tool("gsm8k", "verl_npu.tools.gsm8k:Gsm8kTool", function_name="calc_gsm8k_reward",
-              verl_class_path="verl.tools.gsm8k_tool.Gsm8kTool")
+              verl_class_paths=("verl.tools.gsm8k_tool.Gsm8kTool",))
+# the sandboxed Python code interpreter (verl_npu.tools.code_interpreter): verl's Sandbox Fusion tool and the
+# ReTool recipe's variant of it run locally here
+register_tool("code_interpreter", "verl_npu.tools.code_interpreter:CodeInterpreterTool", function_name=None,
+              verl_class_paths=("verl.tools.sandbox_fusion_tools.SandboxFusionTool",))
+register_tool("retool_code_interpreter", "verl_npu.tools.code_interpreter:ReToolCodeInterpreter", function_name=None,
+              verl_class_paths=("recipe.retool.retool.CustomSandboxFusionTool",))
 
 
 @dataclass
@@ -143,6 +168,9 @@ def _class_problems(class_name: Any, key: str, base_dir: Path) -> list[tuple[str
     if not where:
         return [(key, f"{class_name!r} is neither a built-in tool ({', '.join(BUILTIN_TOOLS)}) nor "
                       "package.module.ClassName nor path/to/file.py:ClassName")]
+    if class_name in UNBUILT_VERL_TOOLS:
+        needs, instead = UNBUILT_VERL_TOOLS[class_name]
+        return [(key, f"verl-npu does not support verl's {cls} yet (it {needs}); {instead}")]
     if where.startswith("verl."):
         return [(key, f"{class_name!r} is a class of verl, which verl-npu does not import: the built-in tools are "
                       f"{', '.join(sorted(VERL_CLASS_PATHS))}; for your own tool change its import to "

@@ -13,7 +13,10 @@ from typing import Any
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")
 #: tool-call formats: parsed here / verl's others (refused by name); kept equal to verl_npu.tool_registry's.
 FORMATS = ("hermes",)
-UNSUPPORTED_FORMATS = ("llama3_json", "gpt-oss", "gpt_oss", "qwen3_coder", "gemma4", "deepseekv3", "glm4")
+#: (verl 0.9.1's ToolParser registry: hermes, gpt-oss, qwen3_coder, glm, seed, minimax, kimi, deepseek_v4,
+#: gemma4; "qwen" and "chatml": older verl / SGLang parser names, in verl's search example)
+UNSUPPORTED_FORMATS = ("llama3_json", "gpt-oss", "gpt_oss", "qwen3_coder", "gemma4", "deepseekv3", "glm4", "glm",
+                       "seed", "minimax", "kimi", "deepseek_v4", "qwen", "chatml")
 
 KEYS: list[tuple[str, Any, str, str, dict]] = [
     ("multi_turn.enable", False, "bool", "Multi-turn rollout with tool calls: each response is a conversation of model turns "

@@ -1,6 +1,9 @@
 """Tools a multi-turn rollout calls (verl's tool interface), built-in tools, and loading them from a tool
 config file (`verl_npu.tool_registry` reads the file; `loading` imports the classes and builds them).
 
+Built-in: `gsm8k` (the GSM8K answer check), `code_interpreter` / `retool_code_interpreter` (Python run in
+a sandbox: `sandbox`, `sandbox_boot`).
+
 A tool written for verl ports by changing its import::
 
     from verl_npu.tools import BaseTool, OpenAIFunctionToolSchema, ToolResponse

@@ -4,17 +4,19 @@ construct it with the entry's `config` and `tool_schema`, and check the result.
 Every problem is a `UserError` raised before any worker starts, naming the file and the entry's key
 (`tools[1].class_name`) and what to do: a file of the wrong shape, a class that does not exist or is not
 a tool, a constructor that fails, a schema whose name differs from the one the class declares, two tools
-with one name. `run_method` calls a tool method that may be plain or `async def`.
+with one name. `run_method` calls a tool method that may be plain or `async def`, within a deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +111,66 @@ def tool_schema_dict(tool) -> dict:
     return schema.model_dump() if hasattr(schema, "model_dump") else dict(schema)
 
 
+#: seconds a tool method may take before its call becomes an error message (a tool's `call_timeout`
+#: attribute, or its config's `call_timeout`, overrides it)
+CALL_TIMEOUT_S = 600.0
+
+
+def call_timeout(tool) -> float | None:
+    """The deadline of one method call of `tool`: its `call_timeout` attribute, else its config's
+    `call_timeout`, else CALL_TIMEOUT_S; 0 or a negative value: none."""
+    value = getattr(tool, "call_timeout", None)
+    if value is None:
+        config = getattr(tool, "config", None)
+        value = config.get("call_timeout") if isinstance(config, dict) else None
+    value = CALL_TIMEOUT_S if value is None else float(value)
+    return value if value > 0 else None
+
+
+class ToolTimeout(Exception):
+    """A tool method ran past its deadline (the agent loop turns it into the call's error message)."""
+
+
+def _in_thread(method, args, kwargs):
+    """Run a plain method in a daemon thread; a future the caller can stop waiting for. A method that
+    never returns keeps its thread, never the rollout."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(setter, value):
+        if not future.done():
+            setter(value)
+
+    def work():
+        try:
+            value, setter = method(*args, **kwargs), future.set_result
+        except BaseException as err:  # noqa: BLE001 - handed to the awaiting side
+            value, setter = err, future.set_exception
+        try:
+            loop.call_soon_threadsafe(settle, setter, value)
+        except RuntimeError:  # the loop is gone: nobody waits any more
+            pass
+
+    threading.Thread(target=work, daemon=True, name=f"tool-{getattr(method, '__name__', 'call')}").start()
+    return future
+
+
 async def run_method(method, *args, **kwargs):
-    """Call a tool method that may be plain or `async def` (or return an awaitable)."""
-    result = method(*args, **kwargs)
-    if inspect.isawaitable(result):
-        result = await result
+    """Call a tool method that may be plain or `async def` (or return an awaitable), within the tool's
+    `call_timeout` (raises ToolTimeout past it). Plain methods run in threads (concurrently, as async
+    methods overlap), so that one that never returns is left behind instead of blocking the rollout."""
+    owner = getattr(method, "__self__", None)
+    timeout = call_timeout(owner) if owner is not None else CALL_TIMEOUT_S
+    if inspect.iscoroutinefunction(method):
+        pending = method(*args, **kwargs)
+    else:
+        pending = _in_thread(method, args, kwargs)
+    try:
+        result = await asyncio.wait_for(pending, timeout)
+        if inspect.isawaitable(result):
+            result = await asyncio.wait_for(result, timeout)
+    except asyncio.TimeoutError:
+        name = getattr(owner, "name", type(owner).__name__)
+        raise ToolTimeout(f"{getattr(method, '__name__', 'the call')} of tool {name!r} did not return within "
+                          f"{timeout:g} s") from None
     return result

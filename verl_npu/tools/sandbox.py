@@ -1,0 +1,209 @@
+"""Running model-written Python in a sandbox: one fresh process per call, with limits, no network and
+a private folder that is deleted afterwards (the code interpreter tool's engine, docs/agents.md "The
+code interpreter sandbox").
+
+`run_python(code, limits)` starts the host Python (`sys.executable -I`, isolated mode) on
+`sandbox_boot.py`, hands it the code on stdin, reads its stdout and stderr together (at most
+`limits.max_output_bytes`; the rest is read and dropped), kills it at `limits.wall_s` seconds, and
+deletes its folder. Two isolations (`sandbox_boot` has the details):
+
+- "namespaces" (root on Linux with mount / network / PID namespaces; checked once per process by
+  `namespaces_work`): a new network namespace (no route anywhere: sockets fail), a chroot into a
+  size-limited tmpfs holding only read-only binds of /usr and the Python installation plus the
+  working folder `/sandbox` and `/tmp`, user nobody without capabilities, a PID namespace whose
+  processes all die with the code's main process (or when the host kills the launcher);
+- "process" (the fallback): rlimits, the working folder as cwd / HOME / TMPDIR, and an audit hook
+  that refuses sockets, subprocesses, ctypes and file access outside the folder for Python code (a C
+  extension can bypass it; say isolation: namespaces to refuse running without the namespaces).
+
+Both: RLIMIT_CPU (CPU seconds), RLIMIT_AS (address space: an allocation past it is a MemoryError),
+RLIMIT_FSIZE (largest file), RLIMIT_NPROC (processes of the sandbox user; namespaces only, root
+ignores it), RLIMIT_NOFILE, no core files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+BOOT = Path(__file__).with_name("sandbox_boot.py")
+SETUP_FAILED = 121
+ISOLATIONS = ("auto", "namespaces", "process")
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one run may use. wall_s: seconds of real time; cpu_s: CPU seconds (RLIMIT_CPU, whole
+    seconds, at least 1); memory_mb: address space (RLIMIT_AS); disk_mb: the tmpfs the folder and /tmp
+    live on (namespaces) and the largest file (RLIMIT_FSIZE, both isolations); processes: RLIMIT_NPROC
+    of the sandbox user (namespaces); max_output_bytes: stdout + stderr kept; python_packages: the
+    training environment's installed packages (read-only) are importable; isolation: auto | namespaces
+    | process."""
+
+    wall_s: float = 30.0
+    cpu_s: float = 30.0
+    memory_mb: int = 1024
+    disk_mb: int = 64
+    processes: int = 64
+    max_output_bytes: int = 65536
+    python_packages: bool = True
+    isolation: str = "auto"
+
+
+@dataclass
+class SandboxResult:
+    """One run: `output` is stdout and stderr as written (decoded as UTF-8, cut at max_output_bytes);
+    `exit_code` the code's exit status (128 + N: killed by signal N; None: stopped at the wall clock);
+    `timed_out`: stopped at the wall clock; `isolation`: what isolated it."""
+
+    output: str
+    exit_code: int | None
+    timed_out: bool
+    truncated: bool
+    isolation: str
+    seconds: float
+
+
+_NAMESPACES: bool | None = None
+_NAMESPACE_LOCK = threading.Lock()
+
+
+def _readonly_paths(python_packages: bool) -> list[str]:
+    """What the code may read: the system's /usr, the host Python's installation, with python_packages
+    the environment (venv) it runs in, and the dynamic loader's cache."""
+    paths = ["/usr", os.path.realpath(sys.base_prefix), "/etc/ld.so.cache", "/etc/localtime"]
+    if python_packages and os.path.realpath(sys.prefix) not in paths:
+        paths.append(os.path.realpath(sys.prefix))
+    exe = os.path.realpath(sys.executable)
+    if not any(exe.startswith(p.rstrip("/") + "/") for p in paths):
+        paths.append(os.path.dirname(exe))
+    # a folder inside another one already bound (a Python under /usr) needs no bind of its own
+    return [p for i, p in enumerate(paths)
+            if not any(p.startswith(q.rstrip("/") + "/") or (p == q and j < i) for j, q in enumerate(paths) if j != i)]
+
+
+def _python(python_packages: bool) -> str:
+    """The interpreter the code runs on: the environment's (its packages importable) or the base one."""
+    return sys.executable if python_packages else os.path.realpath(sys.executable)
+
+
+def namespaces_work() -> bool:
+    """Whether the namespace isolation can run here (root, a kernel that allows the namespaces and
+    mounts); tried once per process with a one-line program."""
+    global _NAMESPACES
+    with _NAMESPACE_LOCK:
+        if _NAMESPACES is None:
+            _NAMESPACES = False
+            if sys.platform.startswith("linux") and os.geteuid() == 0:
+                probe = _run("print('ok')", SandboxLimits(wall_s=30, cpu_s=10), "namespaces")
+                _NAMESPACES = probe.exit_code == 0 and probe.output.strip() == "ok"
+                if not _NAMESPACES:
+                    log.warning("sandbox: namespaces are not available here (%s); code runs with the process "
+                                "isolation (Python-level guards)", probe.output.strip()[-300:])
+        return _NAMESPACES
+
+
+def active_isolation(requested: str = "auto") -> str:
+    """The isolation a run gets: namespaces when requested or (auto) available, else process.
+    Raises RuntimeError when namespaces are requested but cannot run here."""
+    if requested not in ISOLATIONS:
+        raise ValueError(f"isolation is {requested!r}; one of {', '.join(ISOLATIONS)}")
+    if requested == "process":
+        return "process"
+    if namespaces_work():
+        return "namespaces"
+    if requested == "namespaces":
+        raise RuntimeError("isolation: namespaces was asked for, but this machine cannot create mount / network "
+                           "/ PID namespaces for the sandbox (needs root on Linux); use isolation: auto or process")
+    return "process"
+
+
+def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    """Run `code` as a Python program in a fresh sandbox; never raises for anything the code does."""
+    return _run(code, limits, active_isolation(limits.isolation))
+
+
+class _Reader(threading.Thread):
+    """Reads a pipe to its end, keeping the first `cap` bytes (a program printing without end cannot
+    fill the host's memory)."""
+
+    def __init__(self, pipe, cap: int):
+        super().__init__(daemon=True)
+        self.pipe, self.cap, self.kept, self.dropped = pipe, cap, bytearray(), 0
+
+    def run(self) -> None:
+        while True:
+            chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
+            if not chunk:
+                return
+            room = self.cap - len(self.kept)
+            self.kept += chunk[: max(room, 0)]
+            self.dropped += max(len(chunk) - max(room, 0), 0)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _run(code: str, limits: SandboxLimits, isolation: str) -> SandboxResult:
+    start = time.monotonic()
+    folder = tempfile.mkdtemp(prefix="verl_npu_sandbox_")
+    spec = {"isolation": isolation, "cpu_s": max(1, int(round(limits.cpu_s))),
+            "memory_bytes": int(limits.memory_mb) * MIB, "file_bytes": int(limits.disk_mb) * MIB,
+            "disk_bytes": int(limits.disk_mb) * MIB, "processes": int(limits.processes),
+            "readonly": _readonly_paths(limits.python_packages), "python": _python(limits.python_packages),
+            "root": folder, "folder": folder}
+    timed_out = False
+    try:
+        # start_new_session: the launcher leads its own process group, which a time-out kills whole
+        proc = subprocess.Popen([sys.executable, "-I", "-B", str(BOOT), json.dumps(spec)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True, cwd=folder, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        reader = _Reader(proc.stdout, int(limits.max_output_bytes))
+        reader.start()
+        try:
+            proc.stdin.write(code.encode("utf-8", errors="replace"))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            exit_code = proc.wait(timeout=max(float(limits.wall_s), 0.1))
+            if exit_code < 0:  # killed by a signal (the process isolation runs the code in the launcher)
+                exit_code = 128 - exit_code
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            if isolation == "namespaces":  # the launcher kills the namespace's init and reaps it
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            _kill_group(proc)
+            proc.wait()
+            exit_code = None
+        else:
+            _kill_group(proc)  # anything the code left in the group (process isolation)
+        reader.join(timeout=5)
+        proc.stdout.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    output = bytes(reader.kept).decode("utf-8", errors="replace")
+    if exit_code == SETUP_FAILED and output.startswith("sandbox setup failed"):
+        log.warning("sandbox: %s", output.strip())
+    return SandboxResult(output, exit_code, timed_out, reader.dropped > 0, isolation, time.monotonic() - start)
