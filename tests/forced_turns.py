@@ -11,6 +11,10 @@ model's, so a test reads the engine's raw log-probs (`logprobs_mode=raw_logprobs
 log-softmax, before any logits processor), which at temperature 1 are what `processed_logprobs` reports.
 
 Loaded by vLLM from its qualified name, `forced_turns:ForcedTurns` (tests/ is on sys.path under pytest).
+
+`TpRankTaggedGsm8k` is the GSM8K tool with its reply tagged on every rank of a tensor-parallel engine but
+the first: a tool whose result differs between the ranks of one engine, which the agent loop must not let
+reach the engine (verl_npu/rollout/vllm_turns.py, `VLLMTurns.sync`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import os
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from verl_npu.tools.base import ToolResponse
+from verl_npu.tools.gsm8k import Gsm8kTool
 
 SCRIPTS: dict[str, list[list[int]]] = {}
 EOS: list[int] = [0]  # the end-of-turn id written after each scripted turn (set by the test)
@@ -62,3 +69,14 @@ class ForcedTurns(LogitsProcessor):
             logits[index] = float("-inf")
             logits[index, target] = 0.0
         return logits
+
+
+class TpRankTaggedGsm8k(Gsm8kTool):
+    def execute(self, instance_id, parameters, **kwargs):
+        response, reward, metrics = super().execute(instance_id, parameters, **kwargs)
+        from vllm.distributed.parallel_state import get_tp_group
+
+        rank = get_tp_group().rank_in_group
+        if rank:
+            response = ToolResponse(text=f"{response.text} (tp rank {rank})")
+        return response, reward, metrics

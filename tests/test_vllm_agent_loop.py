@@ -17,7 +17,8 @@ What they prove:
   in sync with the actor (rollout_probs_diff), prefix cache hits; 2 workers (2 engines) and TP 2 (one
   engine over 2 ranks) train like 1 worker (the metrics test_multinode_ray compares for vLLM, plus the
   turn and tool-call counts), every rank's engine holds the same weights (DP) and the ranks of the TP
-  engine return the same trajectories (each rank's own digest of the rows it generated).
+  engine return the same trajectories (each rank's own digest of the rows it generated), although the
+  tool's reply differs on the TP engine's second rank (tests/forced_turns.py, TpRankTaggedGsm8k).
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
 
 
 # ------------------------------------------------------------------------- training runs
-def overrides(out: Path, data: Path, gpus: int, tp: int) -> list[str]:
+def overrides(out: Path, data: Path, gpus: int, tp: int, tool_config: Path) -> list[str]:
     seqs, model_len = 16, 224 + 96  # each rank's 4 prompts x n=4; the recipe's prompt and response lengths
     values = {
         "af_output_dir": out,
@@ -171,6 +172,7 @@ def overrides(out: Path, data: Path, gpus: int, tp: int) -> list[str]:
         "actor_rollout_ref.rollout.max_num_seqs": seqs,
         "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
         "actor_rollout_ref.rollout.max_num_batched_tokens": seqs * model_len,  # never splits a seeded prompt
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path": tool_config,
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors": f"['{PROCESSOR}']",
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.logprobs_mode": "raw_logprobs",
@@ -202,6 +204,10 @@ def tool_runs(tmp_path_factory, tiny_cache):
     root = tmp_path_factory.mktemp("vllm_tool_runs")
     data = root / "data"
     prepare_synthetic(data, 16, 4)
+    # the GSM8K tool, its reply different on a TP engine's second rank: the ranks must still agree
+    tool_config = root / "tools.yaml"
+    tool_config.write_text(TOOL_CONFIG.read_text().replace(
+        "verl.tools.gsm8k_tool.Gsm8kTool", f"{Path(forced_turns.__file__)}:TpRankTaggedGsm8k"))
     tok, _ = load_tokenizer_and_processor(materialize("tiny://qwen2"))
     call = '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "3"}}</tool_call>'
     # the even samples' first turn is a tool call (Ray workers read it from the environment)
@@ -223,7 +229,8 @@ def tool_runs(tmp_path_factory, tiny_cache):
                 captured["engines"] = workers.broadcast("rollout_engine_stats")
                 captured["digests"] = workers.rollout_weights_digests()
 
-            assert run_training(load_recipe("tiny_tool_gsm8k", overrides(out, data, gpus, tp)), after_fit=inspect) == 0
+            assert run_training(load_recipe("tiny_tool_gsm8k", overrides(out, data, gpus, tp, tool_config)),
+                                after_fit=inspect) == 0
             runs[name] = {"metrics": step_metrics(out), **captured}
     finally:
         mp.undo()
