@@ -5,8 +5,9 @@ schemas, so the model sees them in its system prompt) and grows turn by turn:
 
 1. generate: every unfinished trajectory is sampled together by the engine's `TurnBackend` (hf: one
    left-padded batch through `decode.decode`, `HFTurns`; vllm: one request per trajectory, all in one
-   engine call, `verl_npu.rollout.vllm_turns`) until its end-of-turn token or the rest of its token budget (`rollout.response_length` counts every
-   response token, the tools' too); its tokens join the response with mask 1;
+   engine call, `verl_npu.rollout.vllm_turns`) until its end-of-turn token or the rest of its token
+   budget (`rollout.response_length` counts every response token, the tools' too); its tokens join the
+   response with mask 1;
 2. stop when the budget is used up, `max_assistant_turns` or `max_user_turns` is reached, the row's agent
    is `single_turn_agent` (its `agent_name`, else `rollout.agent.default_agent_loop`), or the turn has no
    tool call;
@@ -28,10 +29,9 @@ engine keeps every rank in step (`HFTurns`); a vLLM engine over several TP ranks
 first rank's trajectories before every round (`VLLMTurns.sync`).
 
 Output rows are those of `RolloutEngine.generate`, except that `response_mask` is 0 on tool tokens
-while `attention_mask` is 1 on every response token, and `tool_mask` is 1 on the tool tokens (with `rollout.calculate_log_probs`,
-and always on vLLM, `rollout_log_probs` holds the sampled tokens' log-probs as the engine reports them, 0 on
-tool tokens), plus
-per-row lists: `__num_turns__` (verl's
+while `attention_mask` is 1 on every response token, and `tool_mask` is 1 on the tool tokens (with
+`rollout.calculate_log_probs`, and always on vLLM, `rollout_log_probs` holds the sampled tokens' log-probs
+as the engine reports them, 0 on tool tokens), plus per-row lists: `__num_turns__` (verl's
 name: user + assistant turns + 1), `tool_call_counts`, `tool_rewards` (the steps' tool rewards) and
 `agent_turns` (the turns: role, text, tokens, trained, tool name / arguments / error).
 """
@@ -461,7 +461,8 @@ class AgentLoop:
         return rows
 
 
-def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent", turns: TurnBackend | None = None) -> AgentLoop:
+def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent",
+                     turns: TurnBackend | None = None) -> AgentLoop:
     """The agent loop of a rollout engine, its tools built from `multi_turn.tool_config_path` (none: the
     loop stops after the first turn, as without tools); `turns`: the engine's `TurnBackend` (None: the
     hf engine's, over `engine.module`)."""
