@@ -167,10 +167,12 @@ def test_multi_turn_keys_load_and_data_tool_config_path_is_verls_spelling():
     mt = rc.backend.actor_rollout_ref.rollout.multi_turn
     assert (mt.max_assistant_turns, mt.max_user_turns, mt.tool_response_truncate_side) == (3, 2, "left")
     assert mt.tool_config_path == str(GSM8K_CONFIG)
+    # either engine runs the agent loop
+    rc = load_recipe("tiny_gsm8k", [MT + "enable=true", "actor_rollout_ref.rollout.name=vllm"])
+    assert rc.backend.actor_rollout_ref.rollout.name == "vllm" and rc.backend.actor_rollout_ref.rollout.multi_turn.enable
 
 
 @pytest.mark.parametrize("overrides, key, what", [
-    ([MT + "enable=true", "actor_rollout_ref.rollout.name=vllm"], "rollout.name", "hf engine only"),
     ([MT + "enable=true", "actor_rollout_ref.rollout.ignore_eos=true"], "rollout.ignore_eos", "end-of-turn"),
     ([MT + "tool_response_truncate_side=top"], "multi_turn.tool_response_truncate_side", "top"),
     ([MT + "max_assistant_turns=0"], "multi_turn.max_assistant_turns", ">= 1"),

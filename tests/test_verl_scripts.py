@@ -42,9 +42,7 @@ CHECKS = {"group size": ("needs at least 2 responses per prompt",),
           # a profiler tool with nothing to profile (follows the torch_memory refusal)
           "profiler setup": ("nothing would be profiled",),
           # a shell variable the script never sets, passed as `key=` (Hydra: an empty string)
-          "empty value": ("got '' (str)",),
-          # until the vLLM engine runs the agent loop
-          "vllm multi-turn": ("multi-turn agent loop runs on the hf engine",)}
+          "empty value": ("got '' (str)",)}
 
 
 @pytest.fixture(autouse=True)

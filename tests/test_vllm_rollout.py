@@ -414,3 +414,73 @@ def test_stale_cpu_tp_shared_memory_is_removed_only_when_unused(tmp_path):
         removed = vr.remove_stale_cpu_shm(str(tmp_path))
     assert removed == [str(stale)]
     assert not stale.exists() and in_use.exists() and other.exists()
+
+
+def test_multi_turn_glue_one_engine_call_per_round_with_each_trajectory_s_budget_and_seed(monkeypatch, tmp_path):
+    """multi_turn.enable on the vllm engine (verl_npu/rollout/vllm_turns.py), against the stand-in vLLM: prefix
+    caching on; awake for the whole batch; each round one generate call with one request per unfinished
+    trajectory (its prompt and response so far), max_tokens = what is left of its budget, its own seed and
+    extra_args; the rows' masks and log-probs as the agent loop makes them."""
+    from transformers import AutoTokenizer
+
+    from verl_npu.models.tiny import materialize
+
+    tok = AutoTokenizer.from_pretrained(materialize("tiny://qwen2"))
+    eos, budget = tok.convert_tokens_to_ids("<|im_end|>"), 200
+    call = tok('<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "5"}}</tool_call>',
+               add_special_tokens=False)["input_ids"] + [eos]
+    log = []
+    fake = _fake_vllm(log)
+
+    class LLM(fake.LLM):  # sample k of each prompt calls the tool in its first turn when k is 0, then answers
+        def generate(self, prompts, sampling_params, use_tqdm=True):
+            log.append(("generate", prompts, sampling_params))
+            outs = []
+            for sp in sampling_params:
+                turn, who = sp["extra_args"]["turn"], sp["extra_args"]["trajectory"]
+                ids = call if turn == 0 and who.endswith("#0") else [7, eos]
+                outs.append(SimpleNamespace(outputs=[_completion(ids[: sp["max_tokens"]], [-0.5] * len(ids))],
+                                            num_cached_tokens=3 * turn))
+            return outs
+
+    fake.LLM = LLM
+    monkeypatch.setattr(vr, "import_vllm", lambda: fake)
+    monkeypatch.setattr(vr, "_sleep_mode_available", lambda: True)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # restored after the test
+    module = torch.nn.Linear(2, 2)
+    module.generation_config = SimpleNamespace(eos_token_id=eos)
+    tools = str(vr.__file__).replace("verl_npu/rollout/vllm.py", "examples/tool_config/gsm8k_tool_config.yaml")
+    cfg = _glue_cfg(tmp_path, response_length=budget, tensor_model_parallel_size=1,
+                    multi_turn={"enable": True, "tool_config_path": tools},
+                    agent={"default_agent_loop": "tool_agent"})
+    engine = vr.VLLMRollout.from_config(module, tok, None, cfg)
+    assert log[0][1]["enable_prefix_caching"] is True  # the earlier turns' KV blocks are reused
+
+    truth = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "5"}}}
+    prompts = Batch({"input_ids": torch.tensor([[0, 10, 11], [0, 0, 12]]),
+                     "attention_mask": torch.tensor([[0, 1, 1], [0, 0, 1]])},
+                    {"raw_prompt_ids": [[10, 11], [12]], "uid": ["a", "b"], "extra_info": [{"tools_kwargs": truth}] * 2})
+    log.clear()
+    out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=budget))
+    kinds = [entry[0] for entry in log]
+    assert kinds == ["wake_up", "reset_prefix_cache", "generate", "generate", "sleep"]  # awake for the batch
+    (_, first, sp1), (_, second, sp2) = log[2], log[3]
+    assert [r["prompt_token_ids"] for r in first] == [[10, 11], [10, 11], [12], [12]]
+    assert [s["max_tokens"] for s in sp1] == [budget] * 4
+    assert [s["extra_args"] for s in sp1] == [{"trajectory": f"{u}#{k}", "turn": 0} for u in "ab" for k in (0, 1)]
+    assert [s["seed"] for s in sp1] == [rq.prompt_seed(3, f"{u}#{k}#turn0") for u in "ab" for k in (0, 1)]
+    assert all(s["n"] == 1 and s["stop_token_ids"] == [eos] for s in sp1)
+    # round 2: the two trajectories that called the tool, with their conversation so far
+    tool_len = out["agent_turns"][0][1]["tokens"]
+    response = out["responses"][0, : len(call) + tool_len].tolist()
+    assert response[: len(call)] == call and "reward=1.0" in out["agent_turns"][0][1]["text"]
+    assert [r["prompt_token_ids"] for r in second] == [[10, 11] + response, [12] + response]
+    assert [s["max_tokens"] for s in sp2] == [budget - len(response)] * 2
+    assert [s["seed"] for s in sp2] == [rq.prompt_seed(3, f"{u}#0#turn1") for u in "ab"]
+    model = len(call) + 2
+    assert out["response_mask"][0].tolist() == [1] * len(call) + [0] * tool_len + [1, 1] + [0] * (
+        budget - model - tool_len)
+    assert out["rollout_log_probs"][0].tolist()[: model + tool_len] == [-0.5] * len(call) + [0.0] * tool_len + [-0.5] * 2
+    assert out["tool_call_counts"] == [1, 0, 1, 0] and out["__num_turns__"] == [4, 2, 4, 2]
+    assert out["response_mask"][1].tolist()[:3] == [1, 1, 0]
+    assert engine.last_cached_tokens == 2 * 3 and engine.last_prompt_tokens == 2 * 2 + 2 * 1 + 3 + 2 * len(response)

@@ -18,7 +18,7 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     rules_roles   the worker roles' rules (every role's FSDP settings, reward_model.*, actor.policy_loss),
                   added to RULES
     rules_profiler  the profiler tools and their rule, added to RULES (torch-free device kind)
-    rules_multiturn  the multi-turn rollout's rule (hf engine, rule rewards) and the tool config file's shape
+    rules_multiturn  the multi-turn rollout's rule (rule rewards, end-of-turn stops) and the tool config file's shape
     rules_dapo    DAPO's rules (filter_groups, the dapo reward manager's overlong buffer), added to RULES
     rules_reward_norm  the rules of algorithm.reward_norm (ROLL's reward normalisation) and of the
                   optimal-token-baseline estimators, added to RULES

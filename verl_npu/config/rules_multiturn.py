@@ -1,5 +1,5 @@
 """Multi-turn rollout rules (`actor_rollout_ref.rollout.multi_turn.*`), added to `rules.RULES`: what the
-first slice of the agent loop runs on (the hf engine, a rule reward, stopping at the end-of-turn token), each refusal naming the key and what to do instead; and the tool config file's shape
+agent loop runs with (either rollout engine, hf or vllm; a rule reward; stopping at the end-of-turn token), each refusal naming the key and what to do instead; and the tool config file's shape
 (`tool_config_problems`, read by `paths.check_paths`: `verl-npu validate --check-paths` and `verl-npu run`).
 """
 
@@ -13,12 +13,12 @@ from verl_npu.errors import Problem
 from verl_npu.tool_registry import read_tool_config
 
 MT = ROLL + "multi_turn."
-_KEYS = (MT + "enable", MT + "tool_config_path", ROLL + "name", ROLL + "ignore_eos", BC + "reward_model.enable",
+_KEYS = (MT + "enable", MT + "tool_config_path", ROLL + "ignore_eos", BC + "reward_model.enable",
          ROLL + "agent.default_agent_loop")
 
 
-@_rule("multi_turn", _KEYS, "multi_turn.enable runs on rollout.name=hf with a rule reward and "
-       "ignore_eos=false; multi_turn.tool_config_path is read only with multi_turn.enable")
+@_rule("multi_turn", _KEYS, "multi_turn.enable runs with a rule reward and ignore_eos=false (rollout.name hf "
+       "or vllm); multi_turn.tool_config_path is read only with multi_turn.enable")
 def _multi_turn(c: Ctx) -> Iterator[Problem]:
     if not c(MT + "enable"):
         if c(ROLL + "agent.default_agent_loop") == "tool_agent":
@@ -28,9 +28,6 @@ def _multi_turn(c: Ctx) -> Iterator[Problem]:
             c.warnings.append("actor_rollout_ref.rollout.multi_turn.tool_config_path is set but multi_turn.enable "
                               "is false: the tools are not used")
         return
-    if c(ROLL + "name") != "hf":
-        yield Problem(ROLL + "name", f"is {c(ROLL + 'name')!r}, but the multi-turn agent loop runs on the hf engine "
-                      "only so far", "set actor_rollout_ref.rollout.name=hf (vLLM multi-turn is not built yet)")
     if c(BC + "reward_model.enable"):
         yield Problem(BC + "reward_model.enable", "a reward model cannot score multi-turn trajectories yet",
                       "score them with a rule reward (custom_reward_function.path, or the data source's built-in)")

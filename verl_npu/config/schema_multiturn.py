@@ -21,7 +21,7 @@ UNSUPPORTED_FORMATS = ("llama3_json", "gpt-oss", "gpt_oss", "qwen3_coder", "gemm
 KEYS: list[tuple[str, Any, str, str, dict]] = [
     ("multi_turn.enable", False, "bool", "Multi-turn rollout with tool calls: each response is a conversation of model turns "
      "and tool turns (generate, parse the Hermes tool calls, run the tools, append their output, generate again); "
-     "tool tokens get response_mask 0 (not trained). hf engine, text prompts (docs/agents.md).", {}),
+     "tool tokens get response_mask 0 (not trained). rollout.name hf or vllm, text prompts (docs/agents.md).", {}),
     ("multi_turn.max_assistant_turns", None, "int", "Most model turns per trajectory; null: no limit but the token budget "
      "(rollout.response_length counts model and tool tokens together).", {"min": 1}),
     ("multi_turn.max_user_turns", None, "int", "Most tool (user-side) turns per trajectory; null: no limit but the token "

@@ -1,11 +1,13 @@
-"""The multi-turn agent loop (`actor_rollout_ref.rollout.multi_turn.enable`) over the `hf` engine's decode.
+"""The multi-turn agent loop (`actor_rollout_ref.rollout.multi_turn.enable`), for every rollout engine.
 
 Each of a batch's B x n trajectories starts as its prompt (rendered by the dataset with the tools'
 schemas, so the model sees them in its system prompt) and grows turn by turn:
 
-1. generate: every unfinished trajectory is decoded together (one left-padded batch, `decode.decode`)
-   until its end-of-turn token or the rest of its token budget (`rollout.response_length` counts every
-   response token, the tools' too); its tokens join the response with mask 1;
+1. generate: every unfinished trajectory is sampled together by the engine's `TurnBackend` (hf: one
+   left-padded batch through `decode.decode`, `HFTurns`; vllm: one request per trajectory, all in one
+   engine call, `verl_npu.rollout.vllm_turns`) until its end-of-turn token or the rest of its token
+   budget (`rollout.response_length` counts every response token, the tools' too); its tokens join the
+   response with mask 1;
 2. stop when the budget is used up, `max_assistant_turns` or `max_user_turns` is reached, the row's agent
    is `single_turn_agent` (its `agent_name`, else `rollout.agent.default_agent_loop`), or the turn has no
    tool call;
@@ -21,15 +23,15 @@ schemas, so the model sees them in its system prompt) and grows turn by turn:
 The model's own tokens are kept as generated (verl's `use_inference_chat_template=false`): training
 sees exactly the tokens that were sampled, in the same context. Sampling is seeded per trajectory and
 turn (the prompt's uid, the sample index and the turn number), so a trajectory does not depend on
-what else is in its batch. Every prefill re-reads the whole context (no KV cache reuse across turns yet).
-With several workers (`synced`: FSDP-sharded module) every rank runs as many rounds and decode steps as
-the busiest rank, a rank whose trajectories are done decoding a stand-in row, so the collectives of the
-sharded forwards stay in step.
+what else is in its batch. The hf engine re-reads the whole context at every prefill (no KV reuse
+across turns); vLLM reuses the earlier turns' KV blocks (prefix caching). With several workers the hf
+engine keeps every rank in step (`HFTurns`); a vLLM engine over several TP ranks gives all of them its
+first rank's trajectories before every round (`VLLMTurns.sync`).
 
 Output rows are those of `RolloutEngine.generate`, except that `response_mask` is 0 on tool tokens
-while `attention_mask` is 1 on every response token, and `tool_mask` is 1 on the tool tokens (with `rollout.calculate_log_probs`,
-`rollout_log_probs` holds the sampled tokens' log-probs as decode reports them, 0 on tool tokens), plus
-per-row lists: `__num_turns__` (verl's
+while `attention_mask` is 1 on every response token, and `tool_mask` is 1 on the tool tokens (with
+`rollout.calculate_log_probs`, and always on vLLM, `rollout_log_probs` holds the sampled tokens' log-probs
+as the engine reports them, 0 on tool tokens), plus per-row lists: `__num_turns__` (verl's
 name: user + assistant turns + 1), `tool_call_counts`, `tool_rewards` (the steps' tool rewards) and
 `agent_turns` (the turns: role, text, tokens, trained, tool name / arguments / error).
 """
@@ -196,12 +198,113 @@ class Trajectory:
     done: bool = False
 
 
+class TurnBackend:
+    """How a rollout engine generates the next model turn of a batch's unfinished trajectories.
+
+    `AgentLoop.run` calls, once per round, `sync(trajectories)` and then `next_turns(active, ...)`; the loop
+    itself appends the turns, parses the tool calls and runs the tools, whatever the engine."""
+
+    def sync(self, trajectories: list["Trajectory"]) -> None:
+        """Make the ranks that must agree on the batch hold the same trajectories (before each round)."""
+
+    def next_turns(self, active: list["Trajectory"], params: SamplingParams, budget: int,
+                   record: bool) -> list[tuple[list[int], list[float] | None]] | None:
+        """One (new token ids, their log-probs or None) per trajectory of `active`, in its order: the
+        sampled turn up to and including its end-of-turn token, at most `budget - len(response)` tokens.
+        None when this rank, and every rank it keeps in step with, has nothing left to generate."""
+        raise NotImplementedError
+
+
+class HFTurns(TurnBackend):
+    """The `hf` engine's turns: `decode.decode` over the loop's module, every unfinished trajectory in one
+    left-padded batch. With several workers (`loop.synced`: FSDP-sharded module) every rank runs as many
+    rounds and decode steps as the busiest rank, a rank whose trajectories are done decoding a stand-in row,
+    so the collectives of the sharded forwards stay in step."""
+
+    def __init__(self, loop: "AgentLoop"):
+        self.loop = loop  # the module, ids, seed, pick_factory and synced flag are the loop's
+
+    def next_turns(self, active, params, budget, record):
+        if not self._all_ranks_max(len(active)):
+            return None
+        # every rank decodes as many steps as the rank with the most room left (decode's forwards are
+        # collectives for sharded modules); a rank whose trajectories are all done decodes a stand-in
+        steps = self._all_ranks_max(max((budget - len(t.response) for t in active), default=1))
+        if not active:
+            self._stand_in(steps)
+            return []
+        return self._decode(active, params, budget, record, steps)
+
+    def _all_ranks_max(self, value: int) -> int:
+        loop = self.loop
+        if not loop.synced:
+            return int(value)
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(value)], device=next(loop.module.parameters()).device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag[0])
+
+    def _stand_in(self, steps: int) -> None:
+        """The decode of a rank without unfinished trajectories while other ranks decode theirs: one row
+        that ends at once, stepping along until every rank has finished (its output is dropped)."""
+        loop = self.loop
+        device = next(loop.module.parameters()).device
+        eos = loop.eos_ids[0]
+        was_training = loop.module.training
+        loop.module.eval()
+        try:
+            decode(loop.module, torch.tensor([[loop.pad_id]], device=device), torch.ones(1, 1, dtype=torch.long,
+                   device=device), n=1, max_new_tokens=steps, eos_ids=loop.eos_ids, pad_id=loop.pad_id,
+                   pick=lambda scores, t: torch.full((scores.shape[0],), eos, device=scores.device),
+                   synced=loop.synced)
+        finally:
+            loop.module.train(was_training)
+
+    def _decode(self, active: list["Trajectory"], params: SamplingParams, budget: int, record: bool,
+                steps: int) -> list[tuple[list[int], list[float] | None]]:
+        loop = self.loop
+        device = next(loop.module.parameters()).device
+        contexts = [t.prompt_ids + t.response for t in active]
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(active), width), loop.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(active), width), dtype=torch.long)
+        for r, ctx in enumerate(contexts):
+            ids[r, width - len(ctx):] = torch.tensor(ctx)
+            mask[r, width - len(ctx):] = 1
+        room = [budget - len(t.response) for t in active]
+        pick = greedy_pick
+        if loop.pick_factory is not None:
+            pick = loop.pick_factory(active, steps)
+        elif not params.greedy:
+            seeds = [prompt_seed(loop.seed, f"{t.uid}#turn{t.assistant_turns}") for t in active]
+            pick = PerRowSampler(replace(params, n=1, max_new_tokens=steps), seeds)
+        log_probs: list | None = [] if record else None
+        was_training = loop.module.training
+        loop.module.eval()
+        try:
+            out = decode(loop.module, ids.to(device), mask.to(device), n=1, max_new_tokens=steps,
+                         eos_ids=loop.eos_ids, pad_id=loop.pad_id, pick=pick, suppress_ids=loop.suppress_ids,
+                         synced=loop.synced, log_probs=log_probs).cpu()
+        finally:
+            loop.module.train(was_training)
+        lps = log_probs[0].cpu() if log_probs else None
+        turns = []
+        for r in range(len(active)):
+            row = out[r, : room[r]].tolist()
+            ended = next((k for k, tok in enumerate(row) if tok in loop.eos_ids), None)
+            new = row if ended is None else row[: ended + 1]
+            turns.append((new, lps[r, : len(new)].tolist() if lps is not None else None))
+        return turns
+
+
 class AgentLoop:
-    """Multi-turn rollout with tools for the `hf` engine (see the module docstring)."""
+    """Multi-turn rollout with tools (see the module docstring); `turns` generates the model turns (None:
+    the `hf` engine's decode over `module`, `HFTurns`)."""
 
     def __init__(self, module, tokenizer, tools: dict, settings: MultiTurnSettings, *, eos_ids: list[int],
                  pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent",
-                 synced: bool = False):
+                 synced: bool = False, turns: TurnBackend | None = None):
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
         # sharded modules (several workers): every rank runs the same number of rounds and decode steps
         self.synced = synced
@@ -213,6 +316,7 @@ class AgentLoop:
         self.pick_factory = pick_factory
         self.eos_ids, self.pad_id, self.suppress_ids, self.seed = eos_ids, pad_id, suppress_ids, seed
         self.renderer = ToolTurnRenderer(tokenizer, settings.tokenization_sanity_check_mode)
+        self.turns = turns if turns is not None else HFTurns(self)
 
     # ---- one batch ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -233,80 +337,27 @@ class AgentLoop:
                                         single_turn=(agents[i] or self.default_agent) == "single_turn_agent"))
         budget = params.max_new_tokens
         while True:
+            self.turns.sync(trajs)
             active = [t for t in trajs if not t.done]
-            if not self._all_ranks_max(len(active)):
+            sampled = self.turns.next_turns(active, params, budget, record_log_probs)
+            if sampled is None:
                 break
-            # every rank decodes as many steps as the rank with the most room left (decode's forwards are
-            # collectives for sharded modules); a rank whose trajectories are all done decodes a stand-in
-            steps = self._all_ranks_max(max((budget - len(t.response) for t in active), default=1))
-            if not active:
-                self._stand_in(steps)
-                continue
-            self._generate(active, params, budget, record_log_probs, steps)
+            self._take_turns(active, sampled, budget)
             calling = [t for t in active if not t.done]
             if calling:
                 asyncio.run(self._run_tools(calling, budget))
         return self._rows(prompts, trajs, params.n, budget, record_log_probs)
 
-    def _all_ranks_max(self, value: int) -> int:
-        if not self.synced:
-            return int(value)
-        import torch.distributed as dist
-
-        flag = torch.tensor([int(value)], device=next(self.module.parameters()).device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag[0])
-
-    def _stand_in(self, steps: int) -> None:
-        """The decode of a rank without unfinished trajectories while other ranks decode theirs: one row
-        that ends at once, stepping along until every rank has finished (its output is dropped)."""
-        device = next(self.module.parameters()).device
-        eos = self.eos_ids[0]
-        was_training = self.module.training
-        self.module.eval()
-        try:
-            decode(self.module, torch.tensor([[self.pad_id]], device=device), torch.ones(1, 1, dtype=torch.long,
-                   device=device), n=1, max_new_tokens=steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                   pick=lambda scores, t: torch.full((scores.shape[0],), eos, device=scores.device),
-                   synced=self.synced)
-        finally:
-            self.module.train(was_training)
-
-    def _generate(self, active: list[Trajectory], params: SamplingParams, budget: int, record: bool,
-                  steps: int) -> None:
-        device = next(self.module.parameters()).device
-        contexts = [t.prompt_ids + t.response for t in active]
-        width = max(len(c) for c in contexts)
-        ids = torch.full((len(active), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(active), width), dtype=torch.long)
-        for r, ctx in enumerate(contexts):
-            ids[r, width - len(ctx):] = torch.tensor(ctx)
-            mask[r, width - len(ctx):] = 1
-        room = [budget - len(t.response) for t in active]
-        pick = greedy_pick
-        if self.pick_factory is not None:
-            pick = self.pick_factory(active, steps)
-        elif not params.greedy:
-            seeds = [prompt_seed(self.seed, f"{t.uid}#turn{t.assistant_turns}") for t in active]
-            pick = PerRowSampler(replace(params, n=1, max_new_tokens=steps), seeds)
-        log_probs: list | None = [] if record else None
-        was_training = self.module.training
-        self.module.eval()
-        try:
-            out = decode(self.module, ids.to(device), mask.to(device), n=1, max_new_tokens=steps,
-                         eos_ids=self.eos_ids, pad_id=self.pad_id, pick=pick, suppress_ids=self.suppress_ids,
-                         synced=self.synced, log_probs=log_probs).cpu()
-        finally:
-            self.module.train(was_training)
-        lps = log_probs[0].cpu() if log_probs else None
-        for r, t in enumerate(active):
-            row = out[r, : room[r]].tolist()
-            ended = next((k for k, tok in enumerate(row) if tok in self.eos_ids), None)
-            new = row if ended is None else row[: ended + 1]
+    def _take_turns(self, active: list[Trajectory], sampled: list[tuple[list[int], list[float] | None]],
+                    budget: int) -> None:
+        """Append each trajectory's new model turn (its tokens, up to and including the end-of-turn token
+        when it wrote one) and decide whether it goes on to a tool turn."""
+        for t, (new, lps) in zip(active, sampled):
+            ended = next((k for k, tok in enumerate(new) if tok in self.eos_ids), None)
             t.response += new
             t.mask += [1] * len(new)
             if lps is not None:
-                t.log_probs += lps[r, : len(new)].tolist()
+                t.log_probs += lps[: len(new)]
             t.assistant_turns += 1
             text = self.tokenizer.decode(new, skip_special_tokens=False)
             t.turns.append({"role": "assistant", "text": text, "tokens": len(new), "trained": True})
@@ -410,13 +461,16 @@ class AgentLoop:
         return rows
 
 
-def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent") -> AgentLoop:
-    """The agent loop of an `hf` engine, its tools built from `multi_turn.tool_config_path` (none: the
-    loop stops after the first turn, as without tools)."""
+def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent",
+                     turns: TurnBackend | None = None) -> AgentLoop:
+    """The agent loop of a rollout engine, its tools built from `multi_turn.tool_config_path` (none: the
+    loop stops after the first turn, as without tools); `turns`: the engine's `TurnBackend` (None: the
+    hf engine's, over `engine.module`)."""
     from verl_npu.tools.loading import load_tools
 
     path = mt.get("tool_config_path")
     tools = load_tools(path) if path else {}
-    return AgentLoop(engine.module, engine.tokenizer, tools, MultiTurnSettings.from_config(mt),
-                     eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=engine.suppress_ids, seed=engine.seed,
-                     default_agent=default_agent, synced=engine.synced)
+    return AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, MultiTurnSettings.from_config(mt),
+                     eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=getattr(engine, "suppress_ids", None),
+                     seed=engine.seed, default_agent=default_agent, synced=getattr(engine, "synced", False),
+                     turns=turns)

@@ -13,7 +13,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from verl_npu.batch import Batch
 from verl_npu.errors import UserError
+from verl_npu.rollout.base import SamplingParams
 
 
 def prompt_seed(seed: int, uid: Any) -> int:
@@ -70,6 +72,38 @@ def token_prompts(
     return prompts
 
 
+# ---------------------------------------------------------------------------- sampling
+def sampling_kwargs(
+    params: SamplingParams, stop_token_ids: Sequence[int] = (), banned_token_ids: Sequence[int] = ()
+) -> tuple[dict[str, Any], int]:
+    """(`vllm.SamplingParams` keyword arguments, copies of each output) for `params`.
+
+    Greedy decoding (do_sample false or temperature 0) asks vLLM for one sample (it rejects n>1
+    when greedy) and the caller repeats it `params.n` times; all n greedy samples are the same
+    anyway. top_k <= 0 means "no top-k" and is left out, so each vLLM version's own "off" value
+    applies (-1 in old releases, 0 in new ones). `logprobs=0` returns the sampled token's
+    log-prob. `stop_token_ids` (the model's EOS ids) are only sent when EOS is not ignored.
+    `banned_token_ids` (image/video markers) get a -100 logit bias: never sampled.
+    """
+    kwargs: dict[str, Any] = dict(
+        max_tokens=int(params.max_new_tokens),
+        ignore_eos=bool(params.ignore_eos),
+        logprobs=0,
+        detokenize=False,
+    )
+    if not params.ignore_eos and stop_token_ids:
+        kwargs["stop_token_ids"] = [int(t) for t in stop_token_ids]
+    if banned_token_ids:
+        kwargs["logit_bias"] = {int(t): -100.0 for t in banned_token_ids}
+    if params.greedy:
+        kwargs.update(n=1, temperature=0.0, top_p=1.0)
+        return kwargs, int(params.n)
+    kwargs.update(n=int(params.n), temperature=float(params.temperature), top_p=float(params.top_p))
+    if params.top_k > 0:
+        kwargs["top_k"] = int(params.top_k)
+    return kwargs, 1
+
+
 # ---------------------------------------------------------------------------- outputs
 def sampled_log_probs(
     token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any] | None] | None
@@ -118,3 +152,14 @@ def samples_to_tensors(
         if log_probs is not None and ids:
             log_probs[row, : len(ids)] = torch.as_tensor(list(lps)[: len(ids)], dtype=torch.float32)
     return responses, log_probs
+
+
+def rows_digest(rows: Batch) -> str:
+    """A hash of a rollout's responses, masks and log-probs: the ranks of one TP group must return the same."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for key in ("responses", "response_mask", "rollout_log_probs"):
+        if key in rows.tensors:
+            h.update(rows[key].contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()

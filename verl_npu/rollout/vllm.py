@@ -18,7 +18,9 @@ prompt's generator by an offset, which CPU generators lack. On CPU the config la
 `enable_chunked_prefill=false`, which gives the same samples; see verl_npu/config/derive.py and
 `DeviceInfo.vllm_chunked_prefill_with_seeds`.) vLLM is imported only
 when the engine is built; argument translation, sampling and request/response helpers
-(verl_npu/rollout/requests.py) are plain functions, testable without vLLM.
+(verl_npu/rollout/requests.py) are plain functions, testable without vLLM. With `multi_turn.enable` the
+agent loop (verl_npu/rollout/agent_loop.py) samples its model turns here (verl_npu/rollout/vllm_turns.py),
+with prefix caching on.
 
 Engine-argument translation (`translate_engine_kwargs`): recipes carry vLLM arguments in
 `engine_kwargs.vllm` (ModelArts, merged into `actor_rollout_ref.rollout.engine_kwargs.vllm`).
@@ -47,7 +49,7 @@ import difflib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -61,7 +63,14 @@ from verl_npu.rollout.base import (
     finish_rollout,
     stop_and_pad_ids,
 )
-from verl_npu.rollout.requests import prompt_seed, request_outputs_to_samples, samples_to_tensors, token_prompts
+from verl_npu.rollout.requests import (
+    prompt_seed,
+    request_outputs_to_samples,
+    rows_digest,
+    samples_to_tensors,
+    sampling_kwargs,
+    token_prompts,
+)
 from verl_npu.rollout_engines import VLLM_INSTALL_HINT as INSTALL_HINT
 
 log = logging.getLogger("verl_npu")
@@ -231,38 +240,6 @@ def engine_args_from_config(
     return args
 
 
-# ---------------------------------------------------------------------------- sampling
-def sampling_kwargs(
-    params: SamplingParams, stop_token_ids: Sequence[int] = (), banned_token_ids: Sequence[int] = ()
-) -> tuple[dict[str, Any], int]:
-    """(`vllm.SamplingParams` keyword arguments, copies of each output) for `params`.
-
-    Greedy decoding (do_sample false or temperature 0) asks vLLM for one sample (it rejects n>1
-    when greedy) and the caller repeats it `params.n` times; all n greedy samples are the same
-    anyway. top_k <= 0 means "no top-k" and is left out, so each vLLM version's own "off" value
-    applies (-1 in old releases, 0 in new ones). `logprobs=0` returns the sampled token's
-    log-prob. `stop_token_ids` (the model's EOS ids) are only sent when EOS is not ignored.
-    `banned_token_ids` (image/video markers) get a -100 logit bias: never sampled.
-    """
-    kwargs: dict[str, Any] = dict(
-        max_tokens=int(params.max_new_tokens),
-        ignore_eos=bool(params.ignore_eos),
-        logprobs=0,
-        detokenize=False,
-    )
-    if not params.ignore_eos and stop_token_ids:
-        kwargs["stop_token_ids"] = [int(t) for t in stop_token_ids]
-    if banned_token_ids:
-        kwargs["logit_bias"] = {int(t): -100.0 for t in banned_token_ids}
-    if params.greedy:
-        kwargs.update(n=1, temperature=0.0, top_p=1.0)
-        return kwargs, int(params.n)
-    kwargs.update(n=int(params.n), temperature=float(params.temperature), top_p=float(params.top_p))
-    if params.top_k > 0:
-        kwargs["top_k"] = int(params.top_k)
-    return kwargs, 1
-
-
 # ---------------------------------------------------------------------------- the engine
 def import_vllm():
     """The `vllm` module, or a UserError saying how to install it."""
@@ -411,7 +388,17 @@ class VLLMRollout(RolloutEngine):
     @classmethod
     def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
                     weights=None) -> "VLLMRollout":
-        return cls(module, tokenizer, processor, cfg, rank=rank, world_size=world_size, device=device, weights=weights)
+        engine = cls(module, tokenizer, processor, cfg, rank=rank, world_size=world_size, device=device,
+                     weights=weights)
+        mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
+        if mt is not None and mt.get("enable"):  # multi-turn with tools: agent_loop.py, turns from vllm_turns.py
+            from verl_npu.rollout.agent_loop import build_agent_loop
+            from verl_npu.rollout.vllm_turns import VLLMTurns
+
+            agent = cfg.actor_rollout_ref.rollout.get("agent") or {}
+            engine.agent_loop = build_agent_loop(engine, mt, agent.get("default_agent_loop", "single_turn_agent"),
+                                                 turns=VLLMTurns(engine))
+        return engine
 
     def __init__(
         self,
@@ -465,6 +452,9 @@ class VLLMRollout(RolloutEngine):
         # same (its default is the raw distribution) so the probs-diff check compares like with like
         if accepted is None or "logprobs_mode" in accepted:
             translated.setdefault("logprobs_mode", "processed_logprobs")
+        if _cfg_get(_cfg_get(rollout_cfg, "multi_turn", {}), "enable", False):
+            # the agent loop resends each trajectory's earlier turns every round: their KV blocks are reused
+            translated.setdefault("enable_prefix_caching", True)
         if _on_cpu_platform():
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # do not pin the trainer's cores
             if "kv_cache_memory_bytes" not in translated and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
@@ -514,6 +504,8 @@ class VLLMRollout(RolloutEngine):
     # ---- sampling -------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        if getattr(self, "agent_loop", None) is not None:
+            return self._generate_multi_turn(prompts, params)
         self.wake_up()
         try:
             inputs = token_prompts(prompts["raw_prompt_ids"], prompts.get("multi_modal_data"), self.image_token_id)
@@ -540,6 +532,23 @@ class VLLMRollout(RolloutEngine):
         rows.set("attention_mask", torch.cat([rows["attention_mask"][:, : -responses.shape[1]], response_mask], dim=1))
         if log_probs is not None:
             rows.set("rollout_log_probs", log_probs * rows["response_mask"].to(log_probs.dtype))
+        self.last_rollout_digest = rows_digest(rows)
+        return rows
+
+    def _generate_multi_turn(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """The agent loop (`verl_npu.rollout.agent_loop`) with its model turns from this engine
+        (`VLLMTurns`); awake for the whole batch, so the prefix cache keeps the earlier turns."""
+        turns = self.agent_loop.turns
+        turns.reset_stats()
+        self.wake_up()
+        try:
+            rows = self.agent_loop.run(prompts, params, record_log_probs=True)
+        finally:
+            if self.free_cache_engine:
+                self.sleep()
+        self.last_prompt_tokens = turns.stats["prompt_tokens"]
+        self.last_cached_tokens = turns.stats["cached_tokens"]
+        self.last_rollout_digest = rows_digest(rows)
         return rows
 
     # ---- weights and memory -----------------------------------------------------------------
@@ -573,13 +582,18 @@ class VLLMRollout(RolloutEngine):
         self.last_sync = {"seconds": time.perf_counter() - start, "tensors": float(weights.taken)}
 
     def engine_stats(self) -> dict[str, Any]:
-        """The engine's own scheduler settings (as vLLM resolved them) and the prompt tokens the last
-        `generate` asked it to prefill (prompts x n), for tests and diagnostics."""
+        """The engine's own scheduler settings (as vLLM resolved them), the prompt tokens the last
+        `generate` sent (prompts x n; multi-turn: every round's requests) and, multi-turn, how many of them
+        the prefix cache served, and a digest of the rows it returned (`rows_digest`), for tests and
+        diagnostics."""
         sched = self.llm.llm_engine.vllm_config.scheduler_config
         return {"enable_chunked_prefill": bool(sched.enable_chunked_prefill),
+                "enable_prefix_caching": bool(self.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching),
                 "max_num_batched_tokens": int(sched.max_num_batched_tokens),
                 "max_num_seqs": int(sched.max_num_seqs),
-                "last_prompt_tokens": int(getattr(self, "last_prompt_tokens", 0))}
+                "last_prompt_tokens": int(getattr(self, "last_prompt_tokens", 0)),
+                "last_cached_tokens": int(getattr(self, "last_cached_tokens", 0)),
+                "last_rollout_digest": getattr(self, "last_rollout_digest", "")}
 
     def weights_digest(self) -> dict[str, tuple[float, float]]:
         """(sum, sum of squares) of every engine parameter on this rank, in float64: ranks that

@@ -1,0 +1,82 @@
+"""A vLLM logits processor that makes the engine write scripted model turns (tests of the multi-turn
+agent loop on a real vLLM engine, tests/test_vllm_agent_loop.py).
+
+`SCRIPTS[prompt uid]` is the list of that prompt's model turns, as token ids (None: sample that turn as
+usual); `SCRIPTS["*even"]` scripts the even-numbered samples of every other prompt. Each request of the
+agent loop carries `extra_args={"trajectory": "<uid>#<sample>", "turn": k}` (verl_npu/rollout/vllm_turns.py),
+and this processor leaves only one token possible at each position of a scripted turn: the script's next
+token, then `EOS`. Other requests sample as usual. In worker processes (Ray) the scripts come from the
+environment: FORCED_TURNS='{"scripts": {...}, "eos": id}'. The forced distribution is not the
+model's, so a test reads the engine's raw log-probs (`logprobs_mode=raw_logprobs`: the model's own
+log-softmax, before any logits processor), which at temperature 1 are what `processed_logprobs` reports.
+
+Loaded by vLLM from its qualified name, `forced_turns:ForcedTurns` (tests/ is on sys.path under pytest).
+
+`TpRankTaggedGsm8k` is the GSM8K tool with its reply tagged on every rank of a tensor-parallel engine but
+the first: a tool whose result differs between the ranks of one engine, which the agent loop must not let
+reach the engine (verl_npu/rollout/vllm_turns.py, `VLLMTurns.sync`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from verl_npu.tools.base import ToolResponse
+from verl_npu.tools.gsm8k import Gsm8kTool
+
+SCRIPTS: dict[str, list[list[int]]] = {}
+EOS: list[int] = [0]  # the end-of-turn id written after each scripted turn (set by the test)
+if os.environ.get("FORCED_TURNS"):
+    _env = json.loads(os.environ["FORCED_TURNS"])
+    SCRIPTS.update(_env["scripts"])
+    EOS[0] = int(_env["eos"])
+
+
+def script(trajectory: str, turn: int) -> list[int] | None:
+    """The scripted tokens of this trajectory's turn, or None (sampled)."""
+    uid, _, sample = trajectory.partition("#")
+    turns = SCRIPTS.get(uid)
+    if turns is None and sample.isdigit() and int(sample) % 2 == 0:
+        turns = SCRIPTS.get("*even")
+    if turns is None or turn >= len(turns):
+        return None
+    return turns[turn]
+
+
+class ForcedTurns(LogitsProcessor):
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
+        self.plans: dict[int, tuple[list[int], list[int]]] = {}  # batch index -> (turn's tokens, output so far)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        def plan(params, _prompt, output_ids):
+            extra = params.extra_args or {}
+            turn = script(str(extra.get("trajectory", "")), int(extra.get("turn", 0)))
+            return None if turn is None else (list(turn) + [EOS[0]], output_ids)
+
+        process_dict_updates(self.plans, batch_update, plan)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for index, (tokens, output) in self.plans.items():
+            target = tokens[len(output)] if len(output) < len(tokens) else EOS[0]
+            logits[index] = float("-inf")
+            logits[index, target] = 0.0
+        return logits
+
+
+class TpRankTaggedGsm8k(Gsm8kTool):
+    def execute(self, instance_id, parameters, **kwargs):
+        response, reward, metrics = super().execute(instance_id, parameters, **kwargs)
+        from vllm.distributed.parallel_state import get_tp_group
+
+        rank = get_tp_group().rank_in_group
+        if rank:
+            response = ToolResponse(text=f"{response.text} (tp rank {rank})")
+        return response, reward, metrics

@@ -1,0 +1,97 @@
+"""The vLLM engine's model turns in the multi-turn agent loop (`rollout.name=vllm` with `multi_turn.enable`).
+
+`verl_npu.rollout.agent_loop.AgentLoop` runs the loop (tool calls, tool turns, masks, output rows); this
+module is its `TurnBackend` for a `VLLMRollout`:
+
+- each round, every unfinished trajectory of the batch becomes one request, its prompt and its response so
+  far as token ids, and all of them go to the engine in one `LLM.generate` call, so the engine schedules and
+  batches them together;
+- prefix caching is on (`enable_prefix_caching`, which `VLLMRollout` sets for multi-turn unless
+  `engine_kwargs.vllm` says otherwise): the KV blocks of a trajectory's earlier turns are still cached from
+  the round before, so a round prefills little more than the new tool turn (`stats["cached_tokens"]`). The
+  engine empties the cache after every weight update and wake-up, so it never serves KV of older weights;
+- per request: `max_tokens` is what is left of `rollout.response_length` for that trajectory; the model's
+  end-of-turn ids stop it; the seed is the hf loop's (`prompt_seed` of the run seed, the trajectory's uid
+  and the turn number), so a trajectory's samples do not depend on its batch, rank or TP group;
+  `logprobs=0` returns each sampled token's log-prob (`processed_logprobs`: under the distribution it was
+  drawn from); `extra_args={"trajectory": uid, "turn": k}` tell a custom logits processor
+  (`engine_kwargs.vllm.logits_processors`) which trajectory and turn a request is.
+
+Tensor parallelism: the ranks of one TP group drive one engine together, so each of them must make the
+same `generate` calls. Before every round the group's first rank sends its trajectories to the others,
+which take them over (`sync`): a tool whose result differs between ranks (a clock, randomness, a remote
+service) cannot make the engine's ranks diverge, and every rank of the group ends with the same
+trajectories. Tools run on every rank of the group. Different TP groups (rollout data parallelism) are
+independent engines: their rounds need no lock-step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from verl_npu.rollout.agent_loop import Trajectory, TurnBackend
+from verl_npu.rollout.base import SamplingParams
+from verl_npu.rollout.requests import prompt_seed, sampled_log_probs, sampling_kwargs
+
+
+class VLLMTurns(TurnBackend):
+    """Model turns from a `VLLMRollout`'s engine (see the module docstring). `stats` counts, since the
+    last `reset_stats`: rounds, requests, prompt tokens sent and prompt tokens the prefix cache served."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.stats = {"rounds": 0, "requests": 0, "prompt_tokens": 0, "cached_tokens": 0}
+
+    def _tp_group(self):
+        """vLLM's group of the ranks that share this engine, or None for a one-rank engine."""
+        if int(self.engine.engine_args.get("tensor_parallel_size", 1)) <= 1:
+            return None
+        from vllm.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        return group if group.world_size > 1 else None
+
+    def sync(self, trajectories: list[Trajectory]) -> None:
+        group = self._tp_group()
+        if group is None:
+            return
+        first = group.broadcast_object(trajectories if group.rank_in_group == 0 else None, src=0)
+        if group.rank_in_group == 0:
+            return
+        if len(first) != len(trajectories):  # the worker group gives a TP group's ranks the same prompts
+            raise RuntimeError(f"the ranks of one vLLM engine hold different batches ({len(first)} vs "
+                               f"{len(trajectories)} trajectories)")
+        for mine, theirs in zip(trajectories, first):
+            mine.__dict__.update(vars(theirs))
+
+    def next_turns(self, active, params: SamplingParams, budget: int, record: bool):
+        if not active:
+            return None
+        eng = self.engine
+        base, _ = sampling_kwargs(replace(params, n=1), eng.eos_ids, eng.banned_ids)
+        requests, sampling, rooms = [], [], []
+        for t in active:
+            room = budget - len(t.response)
+            kwargs = dict(base, max_tokens=room, extra_args={"trajectory": t.uid, "turn": t.assistant_turns})
+            if not params.greedy:
+                kwargs["seed"] = prompt_seed(eng.seed, f"{t.uid}#turn{t.assistant_turns}")
+            requests.append({"prompt_token_ids": t.prompt_ids + t.response})
+            sampling.append(eng._vllm.SamplingParams(**kwargs))
+            rooms.append(room)
+        outputs = eng.llm.generate(requests, sampling_params=sampling, use_tqdm=False)
+        turns = []
+        for request, out, room in zip(requests, outputs, rooms):
+            completion = out.outputs[0]
+            ids = [int(tok) for tok in completion.token_ids][:room]
+            lps = None
+            if record:
+                lps = sampled_log_probs(ids, getattr(completion, "logprobs", None)) or [float("nan")] * len(ids)
+            turns.append((ids, lps))
+            self.stats["prompt_tokens"] += len(request["prompt_token_ids"])
+            self.stats["cached_tokens"] += int(getattr(out, "num_cached_tokens", 0) or 0)
+        self.stats["rounds"] += 1
+        self.stats["requests"] += len(requests)
+        return turns
