@@ -70,6 +70,8 @@ class Settings:
     rm_micro_rows: int | None
     rm_offload: bool
     saves: bool
+    kl: bool = False              # a KL term needs reference log-probs (LoRA: the actor with its adapters off)
+    cpu: bool = False             # planned for the CPU: the device's memory is the host's
 
     @property
     def seq(self) -> int:
@@ -122,7 +124,8 @@ def settings_from_recipe(rc, accelerator: bool | None = None) -> Settings:
         critic_checkpointing=bool(critic.model.enable_gradient_checkpointing),
         critic_offload=bool(critic.model.fsdp_config.param_offload), reward_model=bool(rm.enable),
         rm_micro_rows=_opt_int(rm.micro_batch_size_per_gpu), rm_offload=bool(rm.model.fsdp_config.param_offload),
-        saves=int(tr.save_freq or 0) > 0,
+        saves=int(tr.save_freq or 0) > 0, kl=bool(actor.use_kl_loss) or bool(b.algorithm.use_kl_in_reward),
+        cpu=not accelerator,
     )
 
 
@@ -130,15 +133,29 @@ def _opt_int(value: Any) -> int | None:
     return int(value) if value is not None else None
 
 
+def _shares_prompts(s: Settings) -> bool:
+    """Padding-free without Ulysses, n > 1: a micro-batch runs each distinct prompt once."""
+    return s.remove_padding and s.sp == 1 and s.n > 1
+
+
 def _micro(s: Settings, rows: int | None, dynamic: bool, budget: int) -> tuple[float, float, str]:
-    """(tokens, logit tokens, how) of one micro-batch on one device, before Ulysses' split: rows *
-    (prompt + response) with rows * (response + 1) logits; with a token budget max(budget, one
-    sequence) tokens with the response's share of them; rows null: all of the device's rows."""
+    """(tokens, logit tokens, how) of one micro-batch on one device, before Ulysses' split. Its rows:
+    `rows` (null: all of the device's rows), or with a token budget as many whole sequences as fit,
+    max(1, budget // (prompt + response)) (rows are taken in order up to the budget). Tokens: rows x
+    (prompt + response), with rows x (response + 1) logits (rows x response padding-free). Padding-free
+    without Ulysses and with rollout.n > 1, each distinct prompt of the micro-batch runs once
+    (verl_npu.models.shared_prompt; a prompt's n responses are adjacent rows): ceil(rows / n) x prompt
+    + rows x response tokens."""
     if dynamic:
-        tokens = max(budget, s.seq)
-        return tokens, tokens * (s.response + 1) / s.seq, f"a token budget of {budget}"
-    rows = rows or s.rows_per_device
-    return rows * s.seq, rows * (s.response + (0 if s.remove_padding else 1)), f"{rows} rows x {s.seq} tokens"
+        rows = max(1, budget // s.seq)
+        how = f"a token budget of {budget} ({rows} rows)"
+    else:
+        rows = rows or s.rows_per_device
+        how = f"{rows} rows x {s.seq} tokens"
+    logits = rows * (s.response + (0 if s.remove_padding else 1))
+    if _shares_prompts(s):
+        return math.ceil(rows / s.n) * s.prompt + rows * s.response, logits, how + ", each prompt once"
+    return rows * s.seq, logits, how
 
 
 def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: ModelSize, shards: int) -> list[Part]:
@@ -157,6 +174,20 @@ def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: Mode
     return [part if p is full else p for p in resident]
 
 
+def _fsdp_backward(s: Settings, m: ModelSize, lora_rank: int) -> list[Part]:
+    """FSDP2's backward holds more than the one gathered unit of the forward: the next layer's
+    parameters, gathered ahead (backward prefetch), L_p * b, and the unsharded fp32 gradients of two
+    layers, the one just computed and the one whose reduce-scatter input is kept until the next,
+    2 * 4 * L_t (L_p, L_t: a layer's parameters, its trainable ones). Measured on CPU with gloo
+    (bench/memory_grid.py): without it two workers' updates came 12-20% under."""
+    if not s.fsdp:
+        return []
+    trainable = mp.lora_params(m, lora_rank) // m.layers if lora_rank > 0 else m.layer_params
+    return [Part("FSDP2 backward: a prefetched layer + two layers' unsharded grads",
+                 m.layer_params * s.compute_bytes + 2 * 4 * trainable,
+                 f"{m.layer_params:,} x {s.compute_bytes} B + 2 x 4 B x {trainable:,}")]
+
+
 def _sp_logits(s: Settings, m: ModelSize, tokens: float) -> list[Part]:
     """Ulysses (sp > 1): every rank gathers the logits of all T packed tokens, T * V * b, before
     keeping the response's (the head runs on each rank's T / sp: T / sp * V * b more)."""
@@ -173,6 +204,9 @@ def _gib(x: float) -> str:
 def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name: str,
                critic: ModelSize | None = None, reward: ModelSize | None = None) -> Plan:
     """The phases of one device and the host figure of one node for settings `s`."""
+    if s.cpu:  # offloading to the host moves nothing off a CPU device: the same memory (measured)
+        s = replace(s, actor_offload=False, optimizer_offload=False, ref_offload=False, critic_offload=False,
+                    rm_offload=False)
     shards = s.world if s.fsdp else 1
     notes: list[str] = []
     problems: list[str] = []
@@ -236,7 +270,7 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
              Part("logits", mp.logits_bytes(lp_logits, actor.vocab, copies=mp.LOGIT_COPIES_INFER, fused=s.fused),
                   "fp32 [Rt x V] x 4")] + _sp_logits(s, actor, lp_tokens)
     phases.append(Phase("old log-probs", resident + gathered + infer))
-    if s.use_ref:
+    if s.use_ref or s.kl:  # a LoRA actor's reference is itself with the adapters off: no weights of its own
         r_tokens, r_logits, how = _micro(s, s.ref_micro_rows, s.dynamic, s.lp_budget)
         phases.append(Phase("ref log-probs", resident + gathered + [
             Part("forward (no grad)", mp.inference_bytes(actor, r_tokens / s.sp, s.compute_bytes), how),
@@ -248,7 +282,9 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
                               compute_bytes=s.compute_bytes)
     patches = 0
     if actor.vision and s.max_pixels:
-        rows = tokens / s.seq
+        rows = max(1, s.token_budget // s.seq) if s.dynamic else (s.micro_rows or s.rows_per_device)
+        if _shares_prompts(s):  # each distinct prompt's images are encoded once too
+            rows = math.ceil(rows / s.n)
         patches = rows * min(s.max_pixels / actor.vision["patch"] ** 2, s.prompt * actor.vision["merge"] ** 2)
     vis = mp.vision_activation_bytes(actor, patches, checkpointing=s.checkpointing, frozen=s.freeze_vision,
                                      compute_bytes=s.compute_bytes)
@@ -264,12 +300,13 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     update += _sp_logits(s, actor, tokens)
     if vis:
         update.append(Part("vision tower activations", vis, f"{patches:.0f} patches at max_pixels"))
+    update += _fsdp_backward(s, actor, s.lora_rank)
     phases.append(Phase("actor update", _update_grads(resident, update, s, actor, shards) + gathered + update))
     if s.critic and critic is not None:
         c_tokens, _, how = _micro(s, s.critic_micro_rows or s.micro_rows, s.critic_dynamic, s.critic_budget)
         phases.append(Phase("critic update", resident + gathered + [Part("activations", mp.activation_bytes(
             critic, c_tokens, checkpointing=s.critic_checkpointing, remove_padding=False,
-            compute_bytes=s.compute_bytes), how)]))
+            compute_bytes=s.compute_bytes), how), *_fsdp_backward(s, critic, 0)]))
     if s.reward_model and reward is not None:
         rows = s.rm_micro_rows or s.rows_per_device
         phases.append(Phase("reward model", resident + gathered + [Part("forward (no grad)", mp.inference_bytes(
