@@ -290,8 +290,14 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
                                      compute_bytes=s.compute_bytes)
     logits = mp.logits_bytes(logit_tokens, actor.vocab, copies=mp.LOGIT_COPIES_TRAIN, fused=s.fused)
     if s.checkpointing:  # one layer's recompute and the logits' backward do not overlap: the larger counts
-        saved, recompute = mp.checkpointed_split(actor, tokens / s.sp, remove_padding=s.remove_padding,
-                                                 compute_bytes=s.compute_bytes)
+        saved, _ = mp.checkpointed_split(actor, tokens / s.sp, remove_padding=s.remove_padding,
+                                         compute_bytes=s.compute_bytes)
+        # a layer's recompute with shared prompts gathers every row's keys and values (its prompt's
+        # and its own): as large as without sharing (measured), so it counts rows x (prompt + response)
+        full = tokens if not _shares_prompts(s) else _micro(replace(s, n=1), s.micro_rows, s.dynamic,
+                                                             s.token_budget)[0]
+        _, recompute = mp.checkpointed_split(actor, full / s.sp, remove_padding=s.remove_padding,
+                                             compute_bytes=s.compute_bytes)
         act = saved + max(0, recompute - logits)
     update = [Part("activations", act, f"{how}{' / sp ' + str(s.sp) if s.sp > 1 else ''}, "
                    f"checkpointing {'on (layer inputs + a recompute beyond the logits)' if s.checkpointing else 'off'}, "
@@ -411,11 +417,13 @@ def plan_recipe(rc, device_bytes: int, device_name: str, models: dict[str, Model
 # ------------------------------------------------------------------------------------------------ inputs
 def model_numbers(path: Any) -> ModelSize | None:
     """The ModelSize of a model path: a local folder or a hub id in the local cache (config.json,
-    nothing downloaded), or a tiny:// model already built in the verl-npu cache; None otherwise."""
+    nothing downloaded), a tiny:// model already built in the verl-npu cache, or else a path naming
+    a model of the known-shapes table (verl_npu.config.known_models); None otherwise."""
     import json
     import os
     from pathlib import Path
 
+    from verl_npu.config.known_models import known_config
     from verl_npu.config.modelinfo import model_config
 
     if isinstance(path, str) and path.startswith("tiny://"):
@@ -431,7 +439,11 @@ def model_numbers(path: Any) -> ModelSize | None:
         if not builds:
             return None
         path = str(max(builds, key=lambda p: p.stat().st_mtime))
-    return mp.model_size(model_config(path))
+    conf = model_config(path)
+    if conf is None:
+        known = known_config(path)
+        conf = known[1] if known else None
+    return mp.model_size(conf)
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "mb": 10**6, "mib": 1 << 20,
@@ -508,7 +520,23 @@ def plan_for(rc, spec: str | None = None) -> tuple[Plan | None, str]:
     size, name, accelerator = device_memory(rc, spec)
     plan = plan_recipe(rc, size, name, models, accelerator)
     plan.device_assumed = not spec and accelerator
+    plan.notes += _known_shape_notes(b)
     return plan, ""
+
+
+def _known_shape_notes(b) -> list[str]:
+    """A note for every role whose numbers came from the known-shapes table, not a config.json."""
+    from verl_npu.config.known_models import known_config
+    from verl_npu.config.modelinfo import model_config
+
+    notes = []
+    for role, path in (("actor", b.actor_rollout_ref.model.path), ("critic", b.critic.model.get("path"))):
+        if isinstance(path, str) and not path.startswith("tiny://") and model_config(path) is None:
+            known = known_config(path)
+            if known:
+                notes.append(f"{role} model: no config.json readable at {path}; planned with the known shapes of "
+                             f"{known[0]} (verl_npu/config/known_models.py)")
+    return notes
 
 
 def summary_line(plan: Plan) -> str:
