@@ -343,3 +343,34 @@ def test_accelerator_recipe_header_states_its_plan(recipe, capsys):
     assert printed, out
     assert (printed[1], f"{float(printed[2]):.1f}", float(printed[3]), printed[4]) == (phase, gib, float(device), verdict)
     assert verdict in ("fits", "tight")
+
+
+# ------------------------------------------------------------------ against real CPU training steps (bench/memory_grid.py)
+def _grid():
+    spec = importlib.util.spec_from_file_location("memory_grid", REPO / "bench" / "memory_grid.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_grid_point(name: str, work: Path) -> None:
+    result = _grid().run_one(name, work)
+    measured, planned = result["measured"]["phases"], result["planned"]["phases"]
+    assert {"rollout", "old log-probs", "actor update"} <= set(measured)
+    for phase, got in measured.items():
+        want = planned[phase]
+        low, high = (0.75, 1.33) if phase in ("actor update", "critic update") else (0.6, 1.5)
+        assert low * got < want < high * got, (name, phase, want, got)
+    assert 0.6 < result["planned"]["host"] / result["measured"]["host"] < 1.5, result
+
+
+def test_plan_is_near_a_real_cpu_training_step(tmp_path):
+    """One grid point: 2 real steps of tiny_gsm8k (one worker), every phase's peak from torch's
+    profiler against the plan (loose bounds; bench/memory_plan.md has the grid)."""
+    _check_grid_point("text-tiny-ckpt-kl", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["text-mid-2w-critic", "vl-tiny-rmpad-kl"])
+def test_plan_is_near_real_cpu_training_steps_two_workers_critic_vision(name, tmp_path):
+    _check_grid_point(name, tmp_path)
