@@ -126,8 +126,8 @@ def test_actor_update_sums_the_resident_state_and_its_micro_batch():
     saved, recompute = mp.checkpointed_split(m, tokens, remove_padding=True, compute_bytes=2)
     assert saved + recompute == mp.activation_bytes(m, tokens, checkpointing=True, remove_padding=True, compute_bytes=2)
     # checkpointing: one layer's recompute (12.4 GB - 4.9 GB) is smaller than the logits (29.9 GB): not added;
-    # the saved layer inputs are of the shared-prompt packing: ceil(16 / 5) prompts of 512 + 16 responses of 1024
-    assert update["activations"] == (4 * 512 + 16 * 1024) * 28 * 3584 * 2
+    # 8 balanced ranks with n = 5: a prompt's samples land on different ranks, no prompt is shared
+    assert update["activations"] == saved == 16 * 1536 * 28 * 3584 * 2
     assert "ref weights" not in update          # the ref is offloaded in this recipe
     assert "actor_rollout_ref.model.use_fused_kernels=true" in dict(plan.knobs)
 
@@ -255,9 +255,10 @@ def test_shared_prompts_run_each_prompt_once_padding_free():
     m = mp.model_size(QWEN25_7B)
     base = _settings("actor_rollout_ref.model.enable_gradient_checkpointing=false", accelerator=True)
     padded = replace(base, remove_padding=False)
-    free = replace(base, remove_padding=True)
+    free = replace(base, remove_padding=True, balance=False)   # trainer.balance_batch=false: samples stay together
+    balanced = replace(base, remove_padding=True)
     act = {}
-    for name, s in (("padded", padded), ("free", free)):
+    for name, s in (("padded", padded), ("free", free), ("balanced", balanced)):
         plan = build_plan(s, m, device_bytes=64 << 30, device_name="910B")
         act[name] = next(p for p in next(ph for ph in plan.phases if ph.name == "actor update").parts
                          if p.name == "activations")
@@ -267,6 +268,9 @@ def test_shared_prompts_run_each_prompt_once_padding_free():
     assert act["padded"].bytes == mp.activation_bytes(m, 16 * 1536, checkpointing=False, remove_padding=False,
                                                       compute_bytes=2)
     assert "each prompt once" in act["free"].formula
+    # balance_batch deals a prompt's 5 samples to 5 of the 8 ranks: nothing shared
+    assert act["balanced"].bytes == mp.activation_bytes(m, 16 * 1536, checkpointing=False, remove_padding=True,
+                                                         compute_bytes=2)
 
 
 def test_fsdp_backward_holds_a_prefetched_layer_and_two_layers_of_grads():

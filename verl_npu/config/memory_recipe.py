@@ -72,6 +72,7 @@ class Settings:
     saves: bool
     kl: bool = False              # a KL term needs reference log-probs (LoRA: the actor with its adapters off)
     cpu: bool = False             # planned for the CPU: the device's memory is the host's
+    balance: bool = True          # trainer.balance_batch: rows spread over the data-parallel ranks
 
     @property
     def seq(self) -> int:
@@ -125,7 +126,7 @@ def settings_from_recipe(rc, accelerator: bool | None = None) -> Settings:
         critic_offload=bool(critic.model.fsdp_config.param_offload), reward_model=bool(rm.enable),
         rm_micro_rows=_opt_int(rm.micro_batch_size_per_gpu), rm_offload=bool(rm.model.fsdp_config.param_offload),
         saves=int(tr.save_freq or 0) > 0, kl=bool(actor.use_kl_loss) or bool(b.algorithm.use_kl_in_reward),
-        cpu=not accelerator,
+        cpu=not accelerator, balance=bool(tr.get("balance_batch", True)),
     )
 
 
@@ -133,9 +134,18 @@ def _opt_int(value: Any) -> int | None:
     return int(value) if value is not None else None
 
 
+def _samples_together(s: Settings) -> int:
+    """How many samples of one prompt a rank's micro-batch holds side by side: n; with
+    trainer.balance_batch over several data-parallel ranks, rows of equal length are dealt to the
+    ranks in turn (verl_npu/workers/balance.py), so n // ranks (at least 1)."""
+    dp = max(1, s.world // s.sp)
+    return s.n if dp == 1 or not s.balance else max(1, s.n // dp)
+
+
 def _shares_prompts(s: Settings) -> bool:
-    """Padding-free without Ulysses, n > 1: a micro-batch runs each distinct prompt once."""
-    return s.remove_padding and s.sp == 1 and s.n > 1
+    """Padding-free without Ulysses, a prompt's samples together: a micro-batch runs each distinct
+    prompt once (measured: two balanced workers with n = 2 share nothing)."""
+    return s.remove_padding and s.sp == 1 and _samples_together(s) > 1
 
 
 def _micro(s: Settings, rows: int | None, dynamic: bool, budget: int) -> tuple[float, float, str]:
@@ -144,8 +154,8 @@ def _micro(s: Settings, rows: int | None, dynamic: bool, budget: int) -> tuple[f
     max(1, budget // (prompt + response)) (rows are taken in order up to the budget). Tokens: rows x
     (prompt + response), with rows x (response + 1) logits (rows x response padding-free). Padding-free
     without Ulysses and with rollout.n > 1, each distinct prompt of the micro-batch runs once
-    (verl_npu.models.shared_prompt; a prompt's n responses are adjacent rows): ceil(rows / n) x prompt
-    + rows x response tokens."""
+    (verl_npu.models.shared_prompt; a prompt's responses are adjacent rows): ceil(rows / k) x prompt
+    + rows x response tokens, k = `_samples_together`."""
     if dynamic:
         rows = max(1, budget // s.seq)
         how = f"a token budget of {budget} ({rows} rows)"
@@ -154,7 +164,8 @@ def _micro(s: Settings, rows: int | None, dynamic: bool, budget: int) -> tuple[f
         how = f"{rows} rows x {s.seq} tokens"
     logits = rows * (s.response + (0 if s.remove_padding else 1))
     if _shares_prompts(s):
-        return math.ceil(rows / s.n) * s.prompt + rows * s.response, logits, how + ", each prompt once"
+        return (math.ceil(rows / _samples_together(s)) * s.prompt + rows * s.response, logits,
+                how + ", each prompt once")
     return rows * s.seq, logits, how
 
 
@@ -284,7 +295,7 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     if actor.vision and s.max_pixels:
         rows = max(1, s.token_budget // s.seq) if s.dynamic else (s.micro_rows or s.rows_per_device)
         if _shares_prompts(s):  # each distinct prompt's images are encoded once too
-            rows = math.ceil(rows / s.n)
+            rows = math.ceil(rows / _samples_together(s))
         patches = rows * min(s.max_pixels / actor.vision["patch"] ** 2, s.prompt * actor.vision["merge"] ** 2)
     vis = mp.vision_activation_bytes(actor, patches, checkpointing=s.checkpointing, frozen=s.freeze_vision,
                                      compute_bytes=s.compute_bytes)
@@ -325,7 +336,9 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     local = min(s.gpus_per_node, s.world)
     host = [Part("worker processes", local * mp.WORKER_BASE_BYTES, f"{local} x 1 GiB (Python, torch, transformers)")]
     if local > 1:
-        host.append(Part("driver and Ray", mp.RAY_BYTES, "an estimate"))
+        host.append(Part("driver process", mp.WORKER_BASE_BYTES, "the controller: Python, torch, the data (measured: "
+                         "1.0-1.2 GiB peak RSS in bench/memory_grid.py's two-worker runs)"))
+        host.append(Part("Ray's processes", mp.RAY_BYTES, "an estimate (not measured)"))
     if s.compute_bytes == 4:
         peak = max(p.total for p in phases)
         host.append(Part("the workers' tensors (the CPU is the device)", local * peak, f"{local} x the peak phase"))
