@@ -39,6 +39,7 @@ PHASES = {"generate_sequences": "rollout", "compute_log_prob": "old log-probs",
           "compute_ref_log_prob": "ref log-probs", "update_actor": "actor update", "update_critic": "critic update"}
 TRAINING = ("actor update", "critic update")
 MARK = "memgrid:"
+RSS_AFTER: dict[str, int] = {}   # one worker: peak RSS after the first call of each kind
 
 # name: (model kind, size overrides of the tiny builder, workers, prompt filler sentences, response, overrides)
 SMALL = {}
@@ -83,7 +84,7 @@ CONFIGS = {
     "vl-tiny": ("vl", SMALL, 1, 0, 8, PAD),
     "vl-tiny-rmpad-kl": ("vl", SMALL, 1, 0, 8, RMPAD + KL),
     "vl-mid": ("vl", VL_MID, 1, 0, 8, PAD),
-    "vl-mid-ckpt-critic": ("vl", VL_MID, 1, 0, 8, PAD + CKPT + GAE),
+    "vl-mid-ckpt-kl": ("vl", VL_MID, 1, 0, 8, PAD + CKPT + KL),   # (a critic on a VL model: not supported)
     "vl-mid-2w": ("vl", VL_MID, 2, 0, 8, PAD),
 }
 
@@ -119,16 +120,15 @@ def prompt_length(model: Path, train: Path, image_key: str | None) -> int:
     """The longest prompt of `train` in tokens, as the dataset builds it (the recipe's max_prompt_length)."""
     from omegaconf import OmegaConf
 
+    from verl_npu.config import load_recipe
     from verl_npu.data import RLDataset
     from verl_npu.models.loading import load_tokenizer_and_processor
 
     tok, proc = load_tokenizer_and_processor(str(model))
-    data = {"max_prompt_length": 100000, "truncation": "error", "prompt_key": "prompt", "filter_overlong_prompts": False}
-    if image_key:
-        data["image_key"] = image_key
-    from verl_npu.config import load_recipe
-
-    base = load_recipe("tiny_geo3k" if image_key else "tiny_gsm8k", [f"actor_rollout_ref.model.path={model}"]).backend.data
+    data = {"max_prompt_length": 100000, "truncation": "error", "prompt_key": "prompt",
+            "filter_overlong_prompts": False, **({"image_key": image_key} if image_key else {})}
+    recipe = "tiny_geo3k" if image_key else "tiny_gsm8k"
+    base = load_recipe(recipe, [f"actor_rollout_ref.model.path={model}"]).backend.data
     cfg = OmegaConf.merge(base, data)
     ds = RLDataset(str(train), tok, proc, cfg)
     return max(int(ds[i]["attention_mask"].sum()) for i in range(len(ds)))
@@ -227,6 +227,10 @@ def phase_peaks(prof, trace: Path | None = None, alive: set | None = None) -> di
         at_start = running[i - 1] if i else 0
         out[key] = max([at_start, *running[i:j]])
         out[key + "@start"] = at_start
+        if os.environ.get("MEMGRID_WHERE") and trace is not None and j > i:   # diagnosis: the calls at the peak
+            t = times[max(range(i, j), key=lambda k: running[k])]
+            print(key, out[key], sorted((e.get("dur", 0), e["name"]) for e in raw if e.get("ph") == "X"
+                                        and e["ts"] <= t <= e["ts"] + e.get("dur", 0))[:10], file=sys.stderr)
     return out
 
 
@@ -269,7 +273,7 @@ def _alive_pointers() -> set:
     return out
 
 
-def _marked(obj, role_of=lambda args, kwargs: kwargs.get("role", "actor")):
+def _marked(obj):
     """Wrap a group's broadcast / scatter so that every worker call is a profiler span."""
     from torch.profiler import record_function
 
@@ -278,7 +282,11 @@ def _marked(obj, role_of=lambda args, kwargs: kwargs.get("role", "actor")):
 
         def call(method, *args, _inner=inner, **kwargs):
             with record_function(f"{MARK}{kwargs.get('role', 'actor')}.{method}"):
-                return _inner(method, *args, **kwargs)
+                out = _inner(method, *args, **kwargs)
+            # the process's peak RSS so far, after each kind of call (where the host figure is reached)
+            RSS_AFTER.setdefault(f"{kwargs.get('role', 'actor')}.{method}",
+                                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+            return out
         setattr(obj, meth, call)
     return obj
 
@@ -453,7 +461,7 @@ def measure(name: str, work: Path) -> dict:
         if method in PHASES:
             phases[PHASES[method]] = max(r[key] for r in per_rank)
             starts[PHASES[method]] = max(r[key + "@start"] for r in per_rank)
-    return {"phases": phases, "host": rss, "at_start": starts}
+    return {"phases": phases, "host": rss, "at_start": starts, "rss_after": dict(RSS_AFTER)}
 
 
 def predict(name: str, work: Path) -> dict:
