@@ -118,7 +118,12 @@ def test_actor_update_sums_the_resident_state_and_its_micro_batch():
     plan = add_knobs(build_plan(s, m, device_bytes=64 << 30, device_name="910B"), s, m)
     update = {p.name: p.bytes for p in next(ph for ph in plan.phases if ph.name == "actor update").parts}
     assert update["actor weights"] == math.ceil(4 * m.params / 8)
-    assert update["actor grads at the peak"] == 4 * 152064 * 3584 // 8     # zero_grad freed the rest: the head's
+    # 256 prompts x 5 / 8 ranks = 160 rows a mini-batch, 10 micro-batches of 16: later backwards run beside
+    # the accumulated gradients
+    assert update["actor grads (accumulated)"] == math.ceil(4 * m.params / 8)
+    one = build_plan(replace(s, micro_rows=160), m, device_bytes=1 << 40, device_name="x")   # one micro-batch
+    first = {p.name: p.bytes for p in next(ph for ph in one.phases if ph.name == "actor update").parts}
+    assert first["actor grads at the peak"] == 4 * 152064 * 3584 // 8     # zero_grad freed the rest: the head's
     assert next(p for p in plan.phases if p.name == "rollout").parts[1].bytes == math.ceil(4 * m.params / 8)
     assert update["actor AdamW"] == math.ceil(8 * m.params / 8)
     tokens = 16 * 1536     # ppo_micro_batch_size_per_gpu 16 x (512 + 1024)

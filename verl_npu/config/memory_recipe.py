@@ -73,6 +73,7 @@ class Settings:
     kl: bool = False              # a KL term needs reference log-probs (LoRA: the actor with its adapters off)
     cpu: bool = False             # planned for the CPU: the device's memory is the host's
     balance: bool = True          # trainer.balance_batch: rows spread over the data-parallel ranks
+    mini_batch: int = 0           # actor.ppo_mini_batch_size (prompts); 0: unknown
 
     @property
     def seq(self) -> int:
@@ -126,7 +127,7 @@ def settings_from_recipe(rc, accelerator: bool | None = None) -> Settings:
         critic_offload=bool(critic.model.fsdp_config.param_offload), reward_model=bool(rm.enable),
         rm_micro_rows=_opt_int(rm.micro_batch_size_per_gpu), rm_offload=bool(rm.model.fsdp_config.param_offload),
         saves=int(tr.save_freq or 0) > 0, kl=bool(actor.use_kl_loss) or bool(b.algorithm.use_kl_in_reward),
-        cpu=not accelerator, balance=bool(tr.get("balance_batch", True)),
+        cpu=not accelerator, balance=bool(tr.get("balance_batch", True)), mini_batch=int(actor.ppo_mini_batch_size),
     )
 
 
@@ -176,6 +177,10 @@ def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: Mode
     full = next((p for p in resident if p.name == "actor grads"), None)
     if full is None:
         return resident
+    if _micro_batches_per_mini(s) > 1:  # a later micro-batch's backward runs beside the accumulated grads
+        part = Part("actor grads (accumulated)", full.bytes, full.formula + ": a mini-batch of "
+                    f"{_micro_batches_per_mini(s)} micro-batches accumulates them (measured)")
+        return [part if p is full else p for p in resident]
     head = 0 if s.lora_rank > 0 else mp.grad_bytes(m.vocab * m.hidden, shards, False)
     if sum(p.bytes for p in update) + head >= full.bytes:
         part = Part("actor grads at the peak", head, "the head's V x H fp32 (the others come as activations go)")
@@ -183,6 +188,15 @@ def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: Mode
         part = Part("actor grads (end of backward)", full.bytes, full.formula)
         update[:] = [Part("activations left", 0, "freed by then")]
     return [part if p is full else p for p in resident]
+
+
+def _micro_batches_per_mini(s: Settings) -> int:
+    """Micro-batches of one mini-batch on one device: its rows, ppo_mini_batch_size x n / (world / sp),
+    over the micro-batch's rows (ppo_micro_batch_size_per_gpu, or as many whole sequences as the token
+    budget holds)."""
+    rows = max(1, s.mini_batch * s.n * s.sp // s.world) if s.mini_batch else s.rows_per_device
+    micro = max(1, s.token_budget // s.seq) if s.dynamic else (s.micro_rows or rows)
+    return math.ceil(rows / micro)
 
 
 def _fsdp_backward(s: Settings, m: ModelSize, lora_rank: int) -> list[Part]:
