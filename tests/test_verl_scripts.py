@@ -227,3 +227,27 @@ def test_verl_multiturn_script_trains_two_steps_on_cpu(name, local, tmp_path):
     trained = [r for r in rows if "actor/pg_loss" in r]
     assert [r["step"] for r in trained] == [1, 2]
     assert all(r["num_turns/mean"] >= 2 and "tool_call_counts/mean" in r for r in trained)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_verl_script_gets_a_memory_plan(script, local, tmp_path, capsys):
+    """`verl-npu plan` of every script with its own model path (a hub id or a folder name, neither
+    readable here: planned from the known shapes of the model it names, verl_npu/config/known_models.py);
+    a script verl-npu refuses gets the same named refusal, without a traceback. A script whose `# fixed:`
+    overrides make it pass is planned with them."""
+    overrides, header = read_script(script)
+    models = {i.split("=", 1)[0].lstrip("+"): i.split("=", 1)[1] for i in overrides
+              if i.split("=", 1)[0].lstrip("+") in ("actor_rollout_ref.model.path", "critic.model.path")}
+    fixed = header.get("fixed expect") == "pass"
+    args = [a for a in localized(overrides, header["data"], local, tmp_path / "out", header.get("tool_config"))
+            if a.split("=", 1)[0].lstrip("+") not in models]
+    args += [*(header["fixed"].split() if fixed else []), *(f"{key}={value}" for key, value in models.items())]
+    code = main(["plan", str(BASE), *args])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err, captured.err
+    if header["expect"] == "pass" or fixed:
+        assert code == 0, captured.err
+        assert "peak: " in captured.out and "known shapes of Qwen/" in captured.out, captured.out
+    else:
+        assert code == 1 and ("does not support" in captured.err or "not implemented" in captured.err
+                              or "needs at least" in captured.err), captured.err

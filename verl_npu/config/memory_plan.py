@@ -33,7 +33,7 @@ LOGIT_COPIES_INFER = 4       # float32 logits, log-softmax, entropy's exp and pr
 FUSED_CHUNK_BYTES = 64 << 20  # verl_npu.models.fused_logprobs.CHUNK_BYTES
 WORKER_BASE_BYTES = GIB      # one worker process: Python, torch, transformers (measured: 1.02-1.07 GiB
                              # peak RSS of 2-step tiny runs in one process, less the planned tensors)
-RAY_BYTES = GIB // 2         # the driver and Ray's own processes beside several workers (not measured)
+RAY_BYTES = GIB // 2         # Ray's own processes (GCS, raylet) beside several workers (not measured)
 
 
 # ------------------------------------------------------------------------------------------------ model numbers

@@ -70,6 +70,10 @@ class Settings:
     rm_micro_rows: int | None
     rm_offload: bool
     saves: bool
+    kl: bool = False              # a KL term needs reference log-probs (LoRA: the actor with its adapters off)
+    cpu: bool = False             # planned for the CPU: the device's memory is the host's
+    balance: bool = True          # trainer.balance_batch: rows spread over the data-parallel ranks
+    mini_batch: int = 0           # actor.ppo_mini_batch_size (prompts); 0: unknown
 
     @property
     def seq(self) -> int:
@@ -122,7 +126,8 @@ def settings_from_recipe(rc, accelerator: bool | None = None) -> Settings:
         critic_checkpointing=bool(critic.model.enable_gradient_checkpointing),
         critic_offload=bool(critic.model.fsdp_config.param_offload), reward_model=bool(rm.enable),
         rm_micro_rows=_opt_int(rm.micro_batch_size_per_gpu), rm_offload=bool(rm.model.fsdp_config.param_offload),
-        saves=int(tr.save_freq or 0) > 0,
+        saves=int(tr.save_freq or 0) > 0, kl=bool(actor.use_kl_loss) or bool(b.algorithm.use_kl_in_reward),
+        cpu=not accelerator, balance=bool(tr.get("balance_batch", True)), mini_batch=int(actor.ppo_mini_batch_size),
     )
 
 
@@ -130,15 +135,39 @@ def _opt_int(value: Any) -> int | None:
     return int(value) if value is not None else None
 
 
+def _samples_together(s: Settings) -> int:
+    """How many samples of one prompt a rank's micro-batch holds side by side: n; with
+    trainer.balance_batch over several data-parallel ranks, rows of equal length are dealt to the
+    ranks in turn (verl_npu/workers/balance.py), so n // ranks (at least 1)."""
+    dp = max(1, s.world // s.sp)
+    return s.n if dp == 1 or not s.balance else max(1, s.n // dp)
+
+
+def _shares_prompts(s: Settings) -> bool:
+    """Padding-free without Ulysses, a prompt's samples together: a micro-batch runs each distinct
+    prompt once (measured: two balanced workers with n = 2 share nothing)."""
+    return s.remove_padding and s.sp == 1 and _samples_together(s) > 1
+
+
 def _micro(s: Settings, rows: int | None, dynamic: bool, budget: int) -> tuple[float, float, str]:
-    """(tokens, logit tokens, how) of one micro-batch on one device, before Ulysses' split: rows *
-    (prompt + response) with rows * (response + 1) logits; with a token budget max(budget, one
-    sequence) tokens with the response's share of them; rows null: all of the device's rows."""
+    """(tokens, logit tokens, how) of one micro-batch on one device, before Ulysses' split. Its rows:
+    `rows` (null: all of the device's rows), or with a token budget as many whole sequences as fit,
+    max(1, budget // (prompt + response)) (rows are taken in order up to the budget). Tokens: rows x
+    (prompt + response), with rows x (response + 1) logits (rows x response padding-free). Padding-free
+    without Ulysses and with rollout.n > 1, each distinct prompt of the micro-batch runs once
+    (verl_npu.models.shared_prompt; a prompt's responses are adjacent rows): ceil(rows / k) x prompt
+    + rows x response tokens, k = `_samples_together`."""
     if dynamic:
-        tokens = max(budget, s.seq)
-        return tokens, tokens * (s.response + 1) / s.seq, f"a token budget of {budget}"
-    rows = rows or s.rows_per_device
-    return rows * s.seq, rows * (s.response + (0 if s.remove_padding else 1)), f"{rows} rows x {s.seq} tokens"
+        rows = max(1, budget // s.seq)
+        how = f"a token budget of {budget} ({rows} rows)"
+    else:
+        rows = rows or s.rows_per_device
+        how = f"{rows} rows x {s.seq} tokens"
+    logits = rows * (s.response + (0 if s.remove_padding else 1))
+    if _shares_prompts(s):
+        return (math.ceil(rows / _samples_together(s)) * s.prompt + rows * s.response, logits,
+                how + ", each prompt once")
+    return rows * s.seq, logits, how
 
 
 def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: ModelSize, shards: int) -> list[Part]:
@@ -148,6 +177,10 @@ def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: Mode
     full = next((p for p in resident if p.name == "actor grads"), None)
     if full is None:
         return resident
+    if _micro_batches_per_mini(s) > 1:  # a later micro-batch's backward runs beside the accumulated grads
+        part = Part("actor grads (accumulated)", full.bytes, full.formula + ": a mini-batch of "
+                    f"{_micro_batches_per_mini(s)} micro-batches accumulates them (measured)")
+        return [part if p is full else p for p in resident]
     head = 0 if s.lora_rank > 0 else mp.grad_bytes(m.vocab * m.hidden, shards, False)
     if sum(p.bytes for p in update) + head >= full.bytes:
         part = Part("actor grads at the peak", head, "the head's V x H fp32 (the others come as activations go)")
@@ -155,6 +188,29 @@ def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: Mode
         part = Part("actor grads (end of backward)", full.bytes, full.formula)
         update[:] = [Part("activations left", 0, "freed by then")]
     return [part if p is full else p for p in resident]
+
+
+def _micro_batches_per_mini(s: Settings) -> int:
+    """Micro-batches of one mini-batch on one device: its rows, ppo_mini_batch_size x n / (world / sp),
+    over the micro-batch's rows (ppo_micro_batch_size_per_gpu, or as many whole sequences as the token
+    budget holds)."""
+    rows = max(1, s.mini_batch * s.n * s.sp // s.world) if s.mini_batch else s.rows_per_device
+    micro = max(1, s.token_budget // s.seq) if s.dynamic else (s.micro_rows or rows)
+    return math.ceil(rows / micro)
+
+
+def _fsdp_backward(s: Settings, m: ModelSize, lora_rank: int) -> list[Part]:
+    """FSDP2's backward holds more than the one gathered unit of the forward: the next layer's
+    parameters, gathered ahead (backward prefetch), L_p * b, and the unsharded fp32 gradients of two
+    layers, the one just computed and the one whose reduce-scatter input is kept until the next,
+    2 * 4 * L_t (L_p, L_t: a layer's parameters, its trainable ones). Measured on CPU with gloo
+    (bench/memory_grid.py): without it two workers' updates came 12-20% under."""
+    if not s.fsdp:
+        return []
+    trainable = mp.lora_params(m, lora_rank) // m.layers if lora_rank > 0 else m.layer_params
+    return [Part("FSDP2 backward: a prefetched layer + two layers' unsharded grads",
+                 m.layer_params * s.compute_bytes + 2 * 4 * trainable,
+                 f"{m.layer_params:,} x {s.compute_bytes} B + 2 x 4 B x {trainable:,}")]
 
 
 def _sp_logits(s: Settings, m: ModelSize, tokens: float) -> list[Part]:
@@ -173,6 +229,9 @@ def _gib(x: float) -> str:
 def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name: str,
                critic: ModelSize | None = None, reward: ModelSize | None = None) -> Plan:
     """The phases of one device and the host figure of one node for settings `s`."""
+    if s.cpu:  # offloading to the host moves nothing off a CPU device: the same memory (measured)
+        s = replace(s, actor_offload=False, optimizer_offload=False, ref_offload=False, critic_offload=False,
+                    rm_offload=False)
     shards = s.world if s.fsdp else 1
     notes: list[str] = []
     problems: list[str] = []
@@ -236,7 +295,7 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
              Part("logits", mp.logits_bytes(lp_logits, actor.vocab, copies=mp.LOGIT_COPIES_INFER, fused=s.fused),
                   "fp32 [Rt x V] x 4")] + _sp_logits(s, actor, lp_tokens)
     phases.append(Phase("old log-probs", resident + gathered + infer))
-    if s.use_ref:
+    if s.use_ref or s.kl:  # a LoRA actor's reference is itself with the adapters off: no weights of its own
         r_tokens, r_logits, how = _micro(s, s.ref_micro_rows, s.dynamic, s.lp_budget)
         phases.append(Phase("ref log-probs", resident + gathered + [
             Part("forward (no grad)", mp.inference_bytes(actor, r_tokens / s.sp, s.compute_bytes), how),
@@ -248,14 +307,22 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
                               compute_bytes=s.compute_bytes)
     patches = 0
     if actor.vision and s.max_pixels:
-        rows = tokens / s.seq
+        rows = max(1, s.token_budget // s.seq) if s.dynamic else (s.micro_rows or s.rows_per_device)
+        if _shares_prompts(s):  # each distinct prompt's images are encoded once too
+            rows = math.ceil(rows / _samples_together(s))
         patches = rows * min(s.max_pixels / actor.vision["patch"] ** 2, s.prompt * actor.vision["merge"] ** 2)
     vis = mp.vision_activation_bytes(actor, patches, checkpointing=s.checkpointing, frozen=s.freeze_vision,
                                      compute_bytes=s.compute_bytes)
     logits = mp.logits_bytes(logit_tokens, actor.vocab, copies=mp.LOGIT_COPIES_TRAIN, fused=s.fused)
     if s.checkpointing:  # one layer's recompute and the logits' backward do not overlap: the larger counts
-        saved, recompute = mp.checkpointed_split(actor, tokens / s.sp, remove_padding=s.remove_padding,
-                                                 compute_bytes=s.compute_bytes)
+        saved, _ = mp.checkpointed_split(actor, tokens / s.sp, remove_padding=s.remove_padding,
+                                         compute_bytes=s.compute_bytes)
+        # a layer's recompute with shared prompts gathers every row's keys and values (its prompt's
+        # and its own): as large as without sharing (measured), so it counts rows x (prompt + response)
+        full = tokens if not _shares_prompts(s) else _micro(replace(s, n=1), s.micro_rows, s.dynamic,
+                                                             s.token_budget)[0]
+        _, recompute = mp.checkpointed_split(actor, full / s.sp, remove_padding=s.remove_padding,
+                                             compute_bytes=s.compute_bytes)
         act = saved + max(0, recompute - logits)
     update = [Part("activations", act, f"{how}{' / sp ' + str(s.sp) if s.sp > 1 else ''}, "
                    f"checkpointing {'on (layer inputs + a recompute beyond the logits)' if s.checkpointing else 'off'}, "
@@ -264,12 +331,13 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     update += _sp_logits(s, actor, tokens)
     if vis:
         update.append(Part("vision tower activations", vis, f"{patches:.0f} patches at max_pixels"))
+    update += _fsdp_backward(s, actor, s.lora_rank)
     phases.append(Phase("actor update", _update_grads(resident, update, s, actor, shards) + gathered + update))
     if s.critic and critic is not None:
         c_tokens, _, how = _micro(s, s.critic_micro_rows or s.micro_rows, s.critic_dynamic, s.critic_budget)
         phases.append(Phase("critic update", resident + gathered + [Part("activations", mp.activation_bytes(
             critic, c_tokens, checkpointing=s.critic_checkpointing, remove_padding=False,
-            compute_bytes=s.compute_bytes), how)]))
+            compute_bytes=s.compute_bytes), how), *_fsdp_backward(s, critic, 0)]))
     if s.reward_model and reward is not None:
         rows = s.rm_micro_rows or s.rows_per_device
         phases.append(Phase("reward model", resident + gathered + [Part("forward (no grad)", mp.inference_bytes(
@@ -282,7 +350,9 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     local = min(s.gpus_per_node, s.world)
     host = [Part("worker processes", local * mp.WORKER_BASE_BYTES, f"{local} x 1 GiB (Python, torch, transformers)")]
     if local > 1:
-        host.append(Part("driver and Ray", mp.RAY_BYTES, "an estimate"))
+        host.append(Part("driver process", mp.WORKER_BASE_BYTES, "the controller: Python, torch, the data (measured: "
+                         "1.0-1.2 GiB peak RSS in bench/memory_grid.py's two-worker runs)"))
+        host.append(Part("Ray's processes", mp.RAY_BYTES, "an estimate (not measured)"))
     if s.compute_bytes == 4:
         peak = max(p.total for p in phases)
         host.append(Part("the workers' tensors (the CPU is the device)", local * peak, f"{local} x the peak phase"))
@@ -374,11 +444,13 @@ def plan_recipe(rc, device_bytes: int, device_name: str, models: dict[str, Model
 # ------------------------------------------------------------------------------------------------ inputs
 def model_numbers(path: Any) -> ModelSize | None:
     """The ModelSize of a model path: a local folder or a hub id in the local cache (config.json,
-    nothing downloaded), or a tiny:// model already built in the verl-npu cache; None otherwise."""
+    nothing downloaded), a tiny:// model already built in the verl-npu cache, or else a path naming
+    a model of the known-shapes table (verl_npu.config.known_models); None otherwise."""
     import json
     import os
     from pathlib import Path
 
+    from verl_npu.config.known_models import known_config
     from verl_npu.config.modelinfo import model_config
 
     if isinstance(path, str) and path.startswith("tiny://"):
@@ -394,7 +466,11 @@ def model_numbers(path: Any) -> ModelSize | None:
         if not builds:
             return None
         path = str(max(builds, key=lambda p: p.stat().st_mtime))
-    return mp.model_size(model_config(path))
+    conf = model_config(path)
+    if conf is None:
+        known = known_config(path)
+        conf = known[1] if known else None
+    return mp.model_size(conf)
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "mb": 10**6, "mib": 1 << 20,
@@ -471,7 +547,23 @@ def plan_for(rc, spec: str | None = None) -> tuple[Plan | None, str]:
     size, name, accelerator = device_memory(rc, spec)
     plan = plan_recipe(rc, size, name, models, accelerator)
     plan.device_assumed = not spec and accelerator
+    plan.notes += _known_shape_notes(b)
     return plan, ""
+
+
+def _known_shape_notes(b) -> list[str]:
+    """A note for every role whose numbers came from the known-shapes table, not a config.json."""
+    from verl_npu.config.known_models import known_config
+    from verl_npu.config.modelinfo import model_config
+
+    notes = []
+    for role, path in (("actor", b.actor_rollout_ref.model.path), ("critic", b.critic.model.get("path"))):
+        if isinstance(path, str) and not path.startswith("tiny://") and model_config(path) is None:
+            known = known_config(path)
+            if known:
+                notes.append(f"{role} model: no config.json readable at {path}; planned with the known shapes of "
+                             f"{known[0]} (verl_npu/config/known_models.py)")
+    return notes
 
 
 def summary_line(plan: Plan) -> str:
