@@ -49,6 +49,22 @@ def _k(path: str, default: Any, type_: str, doc: str, **kw: Any) -> None:
     _KEYS.append(Key(full, default, type_, doc, **kw))
 
 
+def _fsdp_keys(prefix: str, whose: str, *, trained: bool = True, offload_note: str = "",
+               prefetch: str = "") -> None:
+    """The FSDP2 settings of one model role under `prefix` (verl's fsdp_config keys): `whose` names the
+    role in the docs; a frozen role (`trained=False`) has no optimizer to offload."""
+    _k(f"{prefix}.param_offload", False, BOOL, f"Keep {whose} parameters in host memory between uses{offload_note}.")
+    if trained:
+        _k(f"{prefix}.optimizer_offload", False, BOOL, f"Keep the {whose}'s optimizer state in host memory between "
+           "steps.")
+    _k(f"{prefix}.reshard_after_forward", True, BOOL, f"FSDP2: free gathered {whose} parameters after forward.")
+    _k(f"{prefix}.wrap_policy.min_num_params", 0, INT, f"FSDP: wrap {whose} modules with at least this many "
+       "parameters (0: wrap decoder layers).", min=0)
+    _k(f"{prefix}.fsdp_size", -1, INT, f"Devices per FSDP shard group of the {whose}; -1 shards over all.", min=-1)
+    _k(f"{prefix}.forward_prefetch", False, BOOL, prefetch or f"FSDP2 forward prefetch of the {whose} (see "
+       "actor.fsdp_config.forward_prefetch).")
+
+
 # ---------------------------------------------------------------- top level
 _k("af_output_dir", None, STR, "Folder that receives everything a run writes: resolved config, logs, "
    "metrics, tensorboard events, checkpoints.", required=True)
@@ -202,16 +218,9 @@ _k(f"{O}.betas", [0.9, 0.999], FLOAT_LIST, "AdamW betas.")
 _k(f"{O}.total_training_steps", -1, INT, "Schedule length; -1 is filled in at run time from the data.", min=-1)
 _k(f"{O}.zero_indexed_step", True, BOOL, "Cosine schedule: count steps from 0 (the first update uses the step-0 "
    "learning rate); false counts from 1, one step further along the curve.")
-F = f"{AC}.fsdp_config"
-_k(f"{F}.param_offload", False, BOOL, "Keep actor parameters in host memory between uses (FSDP2 CPU offload; "
-   "on one device the worker shards over a one-rank group, as verl does).")
-_k(f"{F}.optimizer_offload", False, BOOL, "Keep optimizer state in host memory between steps.")
-_k(f"{F}.reshard_after_forward", True, BOOL, "FSDP2: free gathered parameters after forward.")
-_k(f"{F}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap modules with at least this many parameters "
-   "(0: wrap decoder layers).", min=0)
-_k(f"{F}.fsdp_size", -1, INT, "Devices per FSDP shard group; -1 shards over all.", min=-1)
-_k(f"{F}.forward_prefetch", False, BOOL, "FSDP2: each decoder block gathers the next block's parameters "
-   "during its own forward (more overlap, one more block in memory); no effect with one worker.")
+_fsdp_keys(f"{AC}.fsdp_config", "actor", offload_note=" (FSDP2 CPU offload; on one device the worker shards over "
+           "a one-rank group, as verl does)", prefetch="FSDP2: each decoder block gathers the next block's "
+           "parameters during its own forward (more overlap, one more block in memory); no effect with one worker.")
 _k(f"{AC}.calculate_sum_pi_squared", False, BOOL, "In the old-log-prob pass, also compute each response "
    "position's sum of squared probabilities over the vocabulary (sum_v pi_v^2, from the temperature-scaled "
    "logits), which adv_estimator=optimal_token_baseline / tir_optimal_token_baseline need. With it that pass "
@@ -377,15 +386,7 @@ _k(f"{CO}.num_cycles", 0.5, FLOAT, "Cosine cycles over training (critic).", gt=0
 _k(f"{CO}.weight_decay", 0.01, FLOAT, "Critic AdamW weight decay.", min=0)
 _k(f"{CO}.betas", [0.9, 0.999], FLOAT_LIST, "Critic AdamW betas.")
 _k(f"{CO}.zero_indexed_step", True, BOOL, "Critic cosine schedule: count steps from 0 (false: from 1).")
-CF = f"{C}.model.fsdp_config"  # verl keeps the critic's FSDP settings under critic.model
-_k(f"{CF}.param_offload", False, BOOL, "Keep critic parameters in host memory between uses.")
-_k(f"{CF}.optimizer_offload", False, BOOL, "Keep the critic's optimizer state in host memory between steps.")
-_k(f"{CF}.reshard_after_forward", True, BOOL, "FSDP2: free gathered critic parameters after forward.")
-_k(f"{CF}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap critic modules with at least this many parameters "
-   "(0: wrap decoder layers).", min=0)
-_k(f"{CF}.fsdp_size", -1, INT, "Devices per FSDP shard group of the critic; -1 shards over all.", min=-1)
-_k(f"{CF}.forward_prefetch", False, BOOL, "FSDP2 forward prefetch of the critic (see "
-   "actor.fsdp_config.forward_prefetch).")
+_fsdp_keys(f"{C}.model.fsdp_config", "critic")  # verl keeps the critic's FSDP settings under critic.model
 RM = "reward_model"
 _k(f"{RM}.enable", False, BOOL, "Score responses with a reward model (a sequence-classification model, one "
    "label) instead of the rule-based reward: the model's output at the last valid token of prompt + response "
@@ -413,13 +414,7 @@ _k(f"{RM}.model.use_shm", False, BOOL, "Load reward model weights through shared
 _k(f"{RM}.ulysses_sequence_parallel_size", 1, INT, "verl: Ulysses sequence-parallel size of the reward model.",
    min=1, noop="the reward model runs whole sequences on every rank: the ranks of an actor Ulysses group hold "
    "the same rows and compute the same scores")
-RMF = f"{RM}.model.fsdp_config"
-_k(f"{RMF}.param_offload", False, BOOL, "Keep reward model parameters in host memory between uses.")
-_k(f"{RMF}.reshard_after_forward", True, BOOL, "FSDP2: free gathered reward model parameters after forward.")
-_k(f"{RMF}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap reward model modules with at least this many "
-   "parameters (0: wrap decoder layers).", min=0)
-_k(f"{RMF}.fsdp_size", -1, INT, "Devices per FSDP shard group of the reward model; -1 shards over all.", min=-1)
-_k(f"{RMF}.forward_prefetch", False, BOOL, "FSDP2 forward prefetch of the reward model.")
+_fsdp_keys(f"{RM}.model.fsdp_config", "reward model", trained=False)
 _k(f"{RM}.micro_batch_size_per_gpu", None, INT, "Responses per reward model forward on one device (without "
    "use_dynamic_bsz); null: all of the device's responses at once.", min=1)
 _k(f"{RM}.max_length", None, INT, "Most tokens of prompt + response the reward model reads: longer sequences "
