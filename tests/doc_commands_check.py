@@ -228,7 +228,7 @@ def check_verl_npu(args: list[str], ctx: Context, synopsis: bool) -> None:
             return  # a mention of the verb (`verl-npu show`), not a full command
         raise CommandFailed(f"does not parse: {err.strip()}")
     ns = parser.parse_args(args)
-    if verb in ("validate", "show"):
+    if verb in ("validate", "show", "plan"):  # a recipe's EDIT_ME fields get stand-in values
         from verl_npu.errors import UserError
 
         try:

@@ -332,8 +332,9 @@ def test_unknown_names_are_not_guessed():
 
 
 # ------------------------------------------------------------------ the shipped recipes' headers
-HEADER = re.compile(r"^# Memory: per NPU: ([0-9.]+) GiB of ([0-9]+) at the ([a-z -]+?) \(([a-z ]+)\), from "
-                    r"`verl-npu plan (\w+)`\n#   with the model path set \(([^)]+)'s shapes\)", re.M)
+HEADER = re.compile(r"^# Memory: per NPU: ([0-9.]+) GiB of ([0-9]+) at the ([a-z -]+?) \(([a-z ]+)\): a forecast, "
+                    r"not measured on an NPU, from\n#   `verl-npu plan (\w+) actor_rollout_ref\.model\.path=([^`]+)`",
+                    re.M)
 
 
 #: every shipped accelerator recipe (the tiny_* ones run on a CPU)
