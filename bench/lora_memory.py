@@ -60,13 +60,14 @@ def _measure_worker(rank: int) -> dict:
     from test_e2e_cpu import _gsm8k_like, tiny_overrides
 
     from verl_npu.config import load_recipe
+    from verl_npu.device import detect_device
     from verl_npu.workers.actor import ActorRolloutRefWorker
 
     tmp = Path(tempfile.mkdtemp())
     data = _gsm8k_like(tmp / "gsm")
     rc = load_recipe("tiny_gsm8k", tiny_overrides(tmp, data, **{
         "actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.model.lora_rank": rank}))
-    worker = ActorRolloutRefWorker(rc.backend, total_training_steps=1)
+    worker = ActorRolloutRefWorker(rc.typed, device=detect_device("cpu"), total_training_steps=1)
     worker.init_model()
     modules = [worker.module] + ([worker.ref_module] if worker.ref_module is not None else [])
     held = sum(p.numel() * p.element_size() for m in modules for p in m.parameters())

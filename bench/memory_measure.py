@@ -38,7 +38,6 @@ def measure_update(model_dir, *, rows: int, prompt: int, response: int, remove_p
     state it left, as every update after a run's first does). Returns {"peak": bytes, "parts": the
     peak's bytes by kind, "params": count}. One micro-batch, because the tracker follows one forward
     per module."""
-    from omegaconf import OmegaConf
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from verl_npu import algorithms
@@ -48,7 +47,7 @@ def measure_update(model_dir, *, rows: int, prompt: int, response: int, remove_p
     from verl_npu.workers.engine import TrainingEngine
 
     torch.manual_seed(0)
-    engine = TrainingEngine(OmegaConf.create({"data": {"seed": 0}}), "actor", detect_device("cpu"))
+    engine = TrainingEngine("actor", detect_device("cpu"), seed=0)
     module = load_policy_model(str(model_dir), dtype=torch.float32, gradient_checkpointing=checkpointing)
     engine.attach(module, {})
     engine.add_optimizer({"lr": 1e-5, "weight_decay": 0.01}, total_training_steps=2)

@@ -7,7 +7,16 @@ import torch
 from omegaconf import OmegaConf
 
 from verl_npu import algorithms as A
+from verl_npu.config.typed import section
 from verl_npu.errors import UserError
+
+
+def algorithm(tree=None):
+    """The typed `algorithm` section (the keys `tree` lacks at the schema's defaults)."""
+    return section("algorithm", tree)
+
+
+ALGO = algorithm()  # every key at the schema's default
 
 
 def as64(value):
@@ -29,7 +38,7 @@ UIDS = ["a", "a", "a", "b", "c"]  # group a = {1, 0, 3}, group b = {2}, group c 
 def test_grpo_normalised_by_unbiased_std_and_group_of_one():
     adv, ret = A.compute_advantages(
         "grpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS,
-        config={"norm_adv_by_std_in_grpo": True},
+        config=algorithm({"norm_adv_by_std_in_grpo": True}),
     )
     mean, std = 4 / 3, math.sqrt(((1 - 4 / 3) ** 2 + (4 / 3) ** 2 + (3 - 4 / 3) ** 2) / 2)  # unbiased
     expected_a = [(s - mean) / (std + 1e-6) for s in (1.0, 0.0, 3.0)]
@@ -42,18 +51,21 @@ def test_grpo_normalised_by_unbiased_std_and_group_of_one():
 
 def test_dr_grpo_does_not_divide_by_std():
     cfg = OmegaConf.create({"norm_adv_by_std_in_grpo": False})
-    adv, _ = A.compute_advantages("grpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS, config=cfg)
+    adv, _ = A.compute_advantages("grpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS,
+                                  config=algorithm(cfg))
     close(adv[:, 0], [1 - 4 / 3, -4 / 3, 3 - 4 / 3, 2.0, 5.0])
 
 
 def test_grpo_identical_scores_give_zero_advantage():
     rewards = torch.tensor([[1.0], [1.0]])
-    adv, _ = A.compute_advantages("grpo", token_level_rewards=rewards, response_mask=torch.ones(2, 1), group_ids=[0, 0])
+    adv, _ = A.compute_advantages("grpo", token_level_rewards=rewards, response_mask=torch.ones(2, 1), group_ids=[0, 0],
+                                  config=ALGO)
     close(adv, torch.zeros(2, 1))
 
 
 def test_rloo_leave_one_out_baseline():
-    adv, ret = A.compute_advantages("rloo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS)
+    adv, ret = A.compute_advantages("rloo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS,
+                                    config=ALGO)
     expected = [1 - (0 + 3) / 2, 0 - (1 + 3) / 2, 3 - (1 + 0) / 2, 2.0, 5.0]
     close(adv, torch.tensor(expected).unsqueeze(-1) * MASK)
     assert torch.equal(adv, ret)
@@ -63,7 +75,7 @@ def test_reinforce_plus_plus_discounted_returns_whitened():
     rewards = torch.tensor([[1.0, 0.0, 2.0], [0.0, 4.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv, ret = A.compute_advantages(
-        "reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, config={"gamma": 0.5}
+        "reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, config=algorithm({"gamma": 0.5})
     )
     # row0: G2 = 2, G1 = 0 + 0.5*2 = 1, G0 = 1 + 0.5*1 = 1.5; row1: padding reward 9 is not seen
     # by real tokens because the running return restarts after the padded position: G1 = 4, G0 = 2
@@ -80,7 +92,7 @@ def test_reinforce_plus_plus_baseline_group_mean_then_batch_whitening():
     import statistics
 
     adv, ret = A.compute_advantages(
-        "reinforce_plus_plus_baseline", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS
+        "reinforce_plus_plus_baseline", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS, config=ALGO
     )
     # group a = {1, 0, 3} (mean 4/3); b = {2} and c = {5} are groups of one (baseline 0)
     centred = [1 - 4 / 3, 0 - 4 / 3, 3 - 4 / 3, 2.0, 5.0]
@@ -98,17 +110,19 @@ def test_remax_reward_to_go_minus_baseline():
     rewards = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv, ret = A.compute_advantages(
-        "remax", token_level_rewards=rewards, response_mask=mask, baseline_rewards=torch.tensor([1.0, 2.0])
+        "remax", token_level_rewards=rewards, response_mask=mask, baseline_rewards=torch.tensor([1.0, 2.0]),
+        config=ALGO
     )
     close(ret, [[3.0, 3.0, 2.0], [3.0, 0.0, 0.0]])
     close(adv, [[2.0, 2.0, 1.0], [1.0, -2.0, 0.0]])
     with pytest.raises(ValueError, match="baseline_rewards"):
-        A.compute_advantages("remax", token_level_rewards=rewards, response_mask=mask)
+        A.compute_advantages("remax", token_level_rewards=rewards, response_mask=mask, config=ALGO)
 
 
 def test_unknown_estimator_lists_known_ones():
     with pytest.raises(KeyError, match="grpo") as info:
-        A.compute_advantages("no_such_estimator", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS)
+        A.compute_advantages("no_such_estimator", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS,
+                             config=ALGO)
     assert "rloo" in str(info.value) and "reinforce_plus_plus" in str(info.value)
     assert set(A.ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
                                            "remax", "gae", "opo", "grpo_passk", "gpg", "rloo_vectorized",
@@ -118,7 +132,7 @@ def test_unknown_estimator_lists_known_ones():
 
 def test_grpo_group_ids_length_mismatch():
     with pytest.raises(ValueError, match="group_ids has 2 entries"):
-        A.compute_advantages("grpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=["a", "b"])
+        A.compute_advantages("grpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=["a", "b"], config=ALGO)
 
 
 def test_register_advantage_adds_to_registry():
@@ -127,7 +141,7 @@ def test_register_advantage_adds_to_registry():
         return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)
 
     try:
-        adv, _ = A.compute_advantages("test_zero", token_level_rewards=REWARDS, response_mask=MASK)
+        adv, _ = A.compute_advantages("test_zero", token_level_rewards=REWARDS, response_mask=MASK, config=ALGO)
         assert torch.count_nonzero(adv) == 0
     finally:
         del A.ADVANTAGE_ESTIMATORS["test_zero"]
@@ -300,15 +314,16 @@ def test_adaptive_kl_controller_update_clips_error():
 
 
 def test_make_kl_controller_from_config():
-    fixed = A.make_kl_controller(OmegaConf.create({"type": "fixed", "kl_coef": 0.05}))
+    fixed = A.make_kl_controller(section("algorithm.kl_ctrl", OmegaConf.create({"type": "fixed", "kl_coef": 0.05})))
     fixed.update(10.0, 100)
     assert isinstance(fixed, A.FixedKLController) and fixed.value == 0.05
-    adaptive = A.make_kl_controller({"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 1000})
+    adaptive = A.make_kl_controller(section("algorithm.kl_ctrl",
+                                            {"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 1000}))
     assert isinstance(adaptive, A.AdaptiveKLController) and adaptive.value == 0.2
     with pytest.raises(UserError, match="algorithm.kl_ctrl.type"):
-        A.make_kl_controller({"type": "pid"})
+        A.make_kl_controller(section("algorithm.kl_ctrl", {"type": "pid"}))
     with pytest.raises(UserError, match="horizon"):
-        A.make_kl_controller({"type": "adaptive", "horizon": 0})
+        A.make_kl_controller(section("algorithm.kl_ctrl", {"type": "adaptive", "horizon": 0}))
 
 
 def test_apply_kl_in_reward():

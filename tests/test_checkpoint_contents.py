@@ -127,12 +127,11 @@ def test_data_position_of_a_verl_checkpoint(tmp_path, shuffle, expected, caplog)
 def test_an_fsdp1_verl_checkpoint_is_refused_by_name(tmp_path):
     from types import SimpleNamespace
 
-    from omegaconf import OmegaConf
-
+    from verl_npu.config.typed import section
     from verl_npu.workers.actor_ckpt import load_actor
 
     folder = _verl_like(tmp_path, 2, fsdp_version=1)
-    worker = SimpleNamespace(cfg=OmegaConf.create({"actor_rollout_ref": {"actor": {}}}), world_size=1, rank=0)
+    worker = SimpleNamespace(checkpoint=section("actor_rollout_ref.actor.checkpoint"), world_size=1, rank=0)
     with pytest.raises(UserError, match=r"FSDP1 .*strategy=fsdp2"):
         load_actor(worker, folder / "actor")
     folder = _verl_like(tmp_path / "b", 2, world_size=4)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from verl_npu import algorithms as A
+from verl_npu.config.typed import section
 
 
 def test_gae_matches_hand_computed_numbers():
@@ -17,7 +18,7 @@ def test_gae_matches_hand_computed_numbers():
     values = torch.tensor([[0.5, 0.2, 0.4], [0.1, 0.3, 0.7]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv, ret = A.compute_advantages("gae", token_level_rewards=rewards, response_mask=mask,
-                                    config={"gamma": 0.9, "lam": 0.8}, values=values)
+                                    config=section("algorithm", {"gamma": 0.9, "lam": 0.8}), values=values)
     # row 1: t=2: delta = 1 - 0.4 = 0.6 -> A=0.6; t=1: delta = 0.9*0.4 - 0.2 = 0.16, A = 0.16 + 0.72*0.6 = 0.592;
     #        t=0: delta = 0.9*0.2 - 0.5 = -0.32, A = -0.32 + 0.72*0.592 = 0.10624
     # row 2: t=2 padding: state stays (0, 0), A=0; t=1: delta = 2 - 0.3 = 1.7 -> A=1.7;
@@ -38,14 +39,15 @@ def test_gae_with_gamma_and_lam_one_is_return_minus_value():
     values = torch.tensor([[0.3, -0.2, 0.5]])
     mask = torch.ones(1, 3)
     _, ret = A.compute_advantages("gae", token_level_rewards=rewards, response_mask=mask,
-                                  config={"gamma": 1.0, "lam": 1.0}, values=values)
+                                  config=section("algorithm", {"gamma": 1.0, "lam": 1.0}), values=values)
     # lam = gamma = 1: A_t = sum of rewards from t on - V_t, so returns = reward-to-go = [3, 2, 2]
     assert ret[0].tolist() == pytest.approx([3.0, 2.0, 2.0])
 
 
 def test_gae_without_values_is_an_error():
     with pytest.raises(ValueError, match="values"):
-        A.compute_advantages("gae", token_level_rewards=torch.zeros(1, 2), response_mask=torch.ones(1, 2))
+        A.compute_advantages("gae", token_level_rewards=torch.zeros(1, 2), response_mask=torch.ones(1, 2),
+                             config=section("algorithm"))
 
 
 def test_clipped_value_loss_matches_hand_computed_numbers():

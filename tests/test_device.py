@@ -448,3 +448,30 @@ def test_config_and_cli_do_not_import_the_layer():
     if present == "0":
         pytest.skip("verl_npu.config and verl_npu.cli do not exist yet")
     assert imported == "False"
+
+
+# ----------------------------------------------------------------------------------------------
+# Resolved once
+
+
+#: the modules that detect the device: a run's driver (`run_training`, and `verl-npu run`, which prints it
+#: and hands it on), and the commands that are not a run (cluster, doctor); every worker is handed it
+DETECTORS = {"verl_npu/trainer/entry.py", "verl_npu/cli.py", "verl_npu/cluster.py", "verl_npu/doctor.py"}
+
+
+def test_the_device_is_detected_by_the_driver_and_handed_to_the_workers():
+    import ast
+
+    callers = set()
+    for file in (REPO / "verl_npu").rglob("*.py"):
+        rel = str(file.relative_to(REPO))
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name == "detect_device" and rel != "verl_npu/device.py":
+                    callers.add(rel)
+    assert callers == DETECTORS
+    # what the driver hands over pickles (Ray carries it to every worker) and needs no detection there
+    import pickle
+
+    assert pickle.loads(pickle.dumps(DeviceInfo("cpu"))) == DeviceInfo("cpu")

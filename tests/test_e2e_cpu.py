@@ -237,7 +237,7 @@ def test_bf16_compute_keeps_fp32_master_weights(tmp_path, geo_data, tiny_vl_path
 
     monkeypatch.setattr(DeviceInfo, "train_dtype", lambda self: torch.bfloat16)
     rc = load_recipe("tiny_geo3k", tiny_overrides(tmp_path, geo_data))
-    worker = ActorRolloutRefWorker(rc.backend, total_training_steps=1)
+    worker = ActorRolloutRefWorker(rc.typed, device=DeviceInfo("cpu"), total_training_steps=1)
     info = worker.init_model()
     assert info["compute_dtype"] == "torch.bfloat16"
     assert all(p.dtype == torch.float32 for p in worker.module.parameters())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch
@@ -16,7 +15,7 @@ ROWS, PROMPT, RESPONSE = 6, 3, 4
 
 
 def _engine() -> TrainingEngine:
-    engine = TrainingEngine(OmegaConf.create({"data": {"seed": 0}}), "toy", detect_device("cpu"))
+    engine = TrainingEngine("toy", detect_device("cpu"), seed=0)
     torch.manual_seed(0)
     engine.attach(torch.nn.Linear(2, 1), {})
     engine.add_optimizer({"lr": 0.1, "weight_decay": 0.0}, total_training_steps=1)

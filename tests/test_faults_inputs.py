@@ -359,7 +359,7 @@ def test_a_checkpoint_of_another_architecture_is_named(tmp_path, monkeypatch):
 
     module = torch.nn.Linear(3, 2)
     worker = SimpleNamespace(module=module, optimizer=torch.optim.AdamW(module.parameters()), world_size=1, rank=0,
-                             cfg=None, peft_model=None)
+                             checkpoint=None, peft_model=None)
     folder = tmp_path / "global_step_1" / "actor"
     folder.mkdir(parents=True)
     torch.save({"other.weight": torch.zeros(2, 3)}, folder / "model_world_size_1_rank_0.pt")
@@ -454,7 +454,7 @@ def test_no_checkpoint_holds_a_non_finite_weight(tmp_path, monkeypatch):
     module = torch.nn.Linear(3, 2)
     with torch.no_grad():
         module.weight[0, 1] = float("nan")
-    worker = SimpleNamespace(module=module, world_size=1, rank=0, cfg=None, torch_device=torch.device("cpu"))
+    worker = SimpleNamespace(module=module, world_size=1, rank=0, checkpoint=None, torch_device=torch.device("cpu"))
     monkeypatch.setattr(actor_ckpt, "checkpoint_contents", lambda cfg: (["model"], ["model"]))
     target = tmp_path / ".tmp-step" / "actor"
     with pytest.raises(UserError, match=r"not saving .*actor: 1 weight tensor\(s\) of the actor hold non-finite"):

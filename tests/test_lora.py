@@ -24,11 +24,12 @@ LORA = {"actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.model
 
 
 def _worker(tmp_path, **extra):
+    from verl_npu.device import detect_device
     from verl_npu.workers.actor import ActorRolloutRefWorker
 
     data = _gsm8k_like(tmp_path / "gsm")
     rc = load_recipe("tiny_geo3k", tiny_overrides(tmp_path, data, **{**LORA, **extra}))
-    worker = ActorRolloutRefWorker(rc.backend, total_training_steps=2)
+    worker = ActorRolloutRefWorker(rc.typed, device=detect_device("cpu"), total_training_steps=2)
     worker.init_model()
     return worker
 

@@ -204,7 +204,7 @@ def test_run_refuses_a_plan_that_will_not_fit_unless_forced(tiny_lm_path, tmp_pa
     import verl_npu.trainer.entry as entry
 
     trained = []
-    monkeypatch.setattr(entry, "run_training", lambda rc: trained.append(rc) or 0)
+    monkeypatch.setattr(entry, "run_training", lambda rc, **_: trained.append(rc) or 0)
     monkeypatch.chdir(tmp_path)   # the demo data is written under ./data
     big = [f"af_output_dir={tmp_path / 'out'}", "data.max_prompt_length=2000", "data.max_response_length=2000",
            "actor_rollout_ref.rollout.n=64", "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=64",

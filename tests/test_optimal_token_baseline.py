@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from verl_npu import algorithms as A
 from verl_npu.config import load_recipe
+from verl_npu.config.typed import section
 from verl_npu.errors import ConfigErrors
 from verl_npu.models.forward import response_log_probs, sum_pi_squared
 from verl_npu.trainer import ppo
@@ -65,7 +66,8 @@ def test_otb_by_hand():
     pi = torch.tensor([[0.5, 0.5], [0.9, 0.1]], dtype=torch.float64)
     spsq = torch.tensor([[0.5, 0.25], [0.82, 0.5]], dtype=torch.float64)
     adv, ret = A.compute_advantages("optimal_token_baseline", token_level_rewards=rewards, response_mask=mask,
-                                    group_ids=["p", "p"], old_log_probs=pi.log(), sum_pi_squared=spsq)
+                                    group_ids=["p", "p"], old_log_probs=pi.log(), sum_pi_squared=spsq,
+                                    config=section("algorithm"))
     w = 1 - 2 * pi + spsq                          # [[0.5, 0.25], [0.02, 0.8]]
     big_w = w.cumsum(-1)                           # [[0.5, 0.75], [0.02, 0.82]]
     g = torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=torch.float64)
@@ -76,7 +78,7 @@ def test_otb_by_hand():
     assert float(adv[0, 0]) == pytest.approx(1 - 0.5 / 0.52, rel=1e-6)
     with pytest.raises(Exception, match="calculate_sum_pi_squared=true"):
         A.compute_advantages("optimal_token_baseline", token_level_rewards=rewards, response_mask=mask,
-                             group_ids=["p", "p"])
+                             group_ids=["p", "p"], config=section("algorithm"))
 
 
 def test_config_needs_calculate_sum_pi_squared_and_forces_the_old_log_prob_pass():

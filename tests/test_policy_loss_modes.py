@@ -8,6 +8,7 @@ import torch
 
 from verl_npu import algorithms as A
 from verl_npu.algorithms.advantage_modes import gdpo_advantage
+from verl_npu.config.typed import section
 from verl_npu.errors import UserError
 from verl_npu.policy_losses import POLICY_LOSS_MODES
 
@@ -173,7 +174,7 @@ UIDS = ["a", "a", "a", "b", "c"]
 
 def adv_of(name, uids=UIDS, config=None):
     adv, ret = A.compute_advantages(name, token_level_rewards=REWARDS, response_mask=MASK, group_ids=uids,
-                                    config=config)
+                                    config=section("algorithm", config))
     assert torch.equal(adv, ret)
     return adv
 
@@ -209,7 +210,7 @@ def test_vectorized_estimators():
 
 def test_gdpo_normalises_each_component_in_its_group_then_whitens():
     mask = torch.ones(2, 2, dtype=D)
-    config = {"gdpo_reward_keys": ["x", "y"], "gdpo_reward_weights": [1.0, 3.0]}
+    config = section("algorithm", {"gdpo_reward_keys": ["x", "y"], "gdpo_reward_weights": [1.0, 3.0]})
     adv, _ = gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config,
                             reward_components={"x": [0.0, 1.0], "y": [2.0, 0.0]})
     # per component ±1/√2; sum = ±√2 (row 0 +, row 1 -); whitened over 4 tokens (unbiased var 8/3): ±√(3/4)
@@ -220,5 +221,5 @@ def test_gdpo_normalises_each_component_in_its_group_then_whitens():
         gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config,
                        reward_components={"x": [0.0, 1.0], "y": [2.0, float("nan")]})
     with pytest.raises(UserError, match="has 1 weights for 2 gdpo_reward_keys"):
-        gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], {**config, "gdpo_reward_weights": [1.0]},
+        gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config.replace(gdpo_reward_weights=[1.0]),
                        reward_components={"x": [0.0, 1.0], "y": [2.0, 0.0]})

@@ -20,9 +20,10 @@ def rm_recipe(*extra: str):
 
 
 def make_worker(*extra: str):
+    from verl_npu.device import detect_device
     from verl_npu.workers.reward_model import RewardModelWorker
 
-    worker = RewardModelWorker(rm_recipe(*extra).backend, 1)
+    worker = RewardModelWorker(rm_recipe(*extra).typed, 1, detect_device("cpu"))
     worker.init_model()
     return worker
 

@@ -15,6 +15,15 @@ from run_helpers import step_metrics, text_data, text_run_overrides
 from verl_npu import algorithms as A
 from verl_npu.algorithms.reward_norm import apply_reward_norm, group_keys, normalize_group, normalize_scores
 from verl_npu.config import load_recipe
+from verl_npu.config.typed import section
+
+
+def norm(tree):
+    """The typed `algorithm.reward_norm` section of `tree` (other keys at the schema's defaults)."""
+    return section("algorithm.reward_norm", tree)
+
+
+ALGO = section("algorithm")  # the estimator's settings at the schema's defaults
 from verl_npu.errors import ConfigErrors
 from verl_npu.trainer.entry import run_training
 
@@ -104,14 +113,14 @@ def test_apply_reward_norm_puts_the_normalised_score_on_the_last_token():
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
     scores = torch.zeros(4, 4)
     scores[0, 2], scores[1, 0], scores[2, 1], scores[3, 3] = 1.0, 0.0, 1.0, 0.0
-    cfg = {"grouping": "state", "method": "mean_std", "clip": None}
+    cfg = norm({"grouping": "state", "method": "mean_std", "clip": None})
     out, metrics = apply_reward_norm(scores, mask, cfg, uids=["a", "a", "b", "b"])
     z = 0.5 / (math.sqrt(0.5) + 1e-6)          # scores 1 and 0: mean 0.5, unbiased std sqrt(0.5)
     expected = torch.zeros(4, 4)
     expected[0, 2], expected[1, 0], expected[2, 1], expected[3, 3] = z, -z, z, -z
     torch.testing.assert_close(out, expected)
     # the default (identity, no clip) returns the scores themselves, and None means the same
-    assert apply_reward_norm(scores, mask, {"grouping": "state", "method": "identity", "clip": None},
+    assert apply_reward_norm(scores, mask, norm({"grouping": "state", "method": "identity", "clip": None}),
                              uids=list("aabb"))[0] is scores
     assert apply_reward_norm(scores, mask, None, uids=list("aabb")) == (scores, {})
     assert A.apply_reward_norm is apply_reward_norm
@@ -120,7 +129,7 @@ def test_apply_reward_norm_puts_the_normalised_score_on_the_last_token():
 def test_clip_alone_clamps_raw_scores():
     mask = torch.ones(3, 2)
     scores = torch.tensor([[0.0, 5.0], [0.0, -0.2], [0.0, -9.0]])
-    out, metrics = apply_reward_norm(scores, mask, {"method": "identity", "grouping": "batch", "clip": 1.0},
+    out, metrics = apply_reward_norm(scores, mask, norm({"method": "identity", "grouping": "batch", "clip": 1.0}),
                                      uids=["a", "b", "c"])
     assert out[:, 1].tolist() == pytest.approx([1.0, -0.2, -1.0]) and out[:, 0].abs().sum() == 0
     assert metrics["critic/reward_clip_frac"] == pytest.approx(2 / 3)
@@ -173,13 +182,15 @@ def test_grpo_undoes_mean_std_but_not_asym_clip():
     scores[:, -1] = torch.randn(16, generator=g, dtype=torch.float64) * 3
     scores[15, -1] = 40.0   # an outlier asym_clip clamps
     uids = [i // 8 for i in range(16)]
-    plain = A.compute_advantages("grpo", token_level_rewards=scores, response_mask=mask, group_ids=uids)[0]
+    plain = A.compute_advantages("grpo", token_level_rewards=scores, response_mask=mask, group_ids=uids, config=ALGO)[0]
     for grouping in ("state", "batch"):
-        normed, _ = apply_reward_norm(scores, mask, {"grouping": grouping, "method": "mean_std"}, uids=uids)
-        again = A.compute_advantages("grpo", token_level_rewards=normed, response_mask=mask, group_ids=uids)[0]
+        normed, _ = apply_reward_norm(scores, mask, norm({"grouping": grouping, "method": "mean_std"}), uids=uids)
+        again = A.compute_advantages("grpo", token_level_rewards=normed, response_mask=mask, group_ids=uids,
+                                     config=ALGO)[0]
         torch.testing.assert_close(again, plain, atol=1e-5, rtol=1e-5)
-    clipped, _ = apply_reward_norm(scores, mask, {"grouping": "batch", "method": "asym_clip"}, uids=uids)
-    changed = A.compute_advantages("grpo", token_level_rewards=clipped, response_mask=mask, group_ids=uids)[0]
+    clipped, _ = apply_reward_norm(scores, mask, norm({"grouping": "batch", "method": "asym_clip"}), uids=uids)
+    changed = A.compute_advantages("grpo", token_level_rewards=clipped, response_mask=mask, group_ids=uids,
+                                   config=ALGO)[0]
     assert float((changed - plain).abs().max()) > 0.01   # the clamped outlier moves its group (1e-5 above)
 
 

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from verl_npu import algorithms as A
 from verl_npu.batch import Batch
 from verl_npu.config import load_recipe
+from verl_npu.config.typed import section
 from verl_npu.errors import ConfigErrors
 from verl_npu.models.forward import response_log_probs
 from verl_npu.rollout.base import SamplingParams
@@ -139,7 +140,8 @@ def test_is_weights_scale_each_tokens_policy_loss():
 
 def test_bypass_ppo_clip_is_vanilla_with_the_rollout_as_old_policy():
     log_prob, rollout, adv, mask = _loss_inputs()
-    settings = {"rollout_is": "token", "rollout_is_threshold": 2.0, "loss_type": "ppo_clip"}
+    settings = section("algorithm.rollout_correction",
+                       {"rollout_is": "token", "rollout_is_threshold": 2.0, "loss_type": "ppo_clip"})
     out = A.policy_loss_fn("bypass_mode")(log_prob, rollout, adv, mask, rollout_correction=settings)
     vanilla = A.ppo_policy_loss(log_prob, rollout, adv, mask)
     torch.testing.assert_close(out["pg_loss"], vanilla["pg_loss"])  # the weights are not applied twice
@@ -148,8 +150,9 @@ def test_bypass_ppo_clip_is_vanilla_with_the_rollout_as_old_policy():
 
 def test_bypass_reinforce_weights_the_log_prob_gradient_and_rejected_tokens_get_none():
     log_prob, rollout, adv, mask = _loss_inputs()
-    settings = {"rollout_is": "token", "rollout_is_threshold": 1.05, "loss_type": "reinforce",
-                "rollout_rs": "token_k2", "rollout_rs_threshold": 0.004}
+    settings = section("algorithm.rollout_correction",
+                       {"rollout_is": "token", "rollout_is_threshold": 1.05, "loss_type": "reinforce",
+                        "rollout_rs": "token_k2", "rollout_rs_threshold": 0.004})
     out = A.policy_loss_fn("bypass_mode")(log_prob, rollout, adv, mask, rollout_correction=settings)
     (grad,) = torch.autograd.grad(out["pg_loss"], log_prob)
     d = (log_prob - rollout).detach()

@@ -26,6 +26,7 @@ import torch
 
 from verl_npu import algorithms as A
 from verl_npu.algorithms.advantage_modes import gdpo_advantage
+from verl_npu.config.typed import section
 from verl_npu.policy_losses import POLICY_LOSS_MODES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,11 +164,11 @@ def estimator_cases() -> list[dict]:
 
 def ours_estimator(case: dict):
     if case["name"] == "gdpo":  # not registered yet (the trainer does not pass reward components)
-        return gdpo_advantage(case["token_level_rewards"], case["response_mask"], case["uids"], case["our_config"],
-                              **case["ours"])
+        return gdpo_advantage(case["token_level_rewards"], case["response_mask"], case["uids"],
+                              section("algorithm", case["our_config"]), **case["ours"])
     return A.compute_advantages(case["name"], token_level_rewards=case["token_level_rewards"],
                                 response_mask=case["response_mask"], group_ids=case["uids"],
-                                config=case["our_config"], **case["ours"])
+                                config=section("algorithm", case["our_config"]), **case["ours"])
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,7 @@ def _prefetch_worker(rank: int, world: int, port: int, path: str, out: str) -> N
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
+    from verl_npu.config.typed import section
     from verl_npu.workers.parallel import shard_module
 
     torch.set_num_threads(1)
@@ -126,7 +127,8 @@ def _prefetch_worker(rank: int, world: int, port: int, path: str, out: str) -> N
         for prefetch in (False, True):
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            sharded = shard_module(model, {"forward_prefetch": prefetch}, world)
+            sharded = shard_module(model, section("actor_rollout_ref.actor.fsdp_config", {"forward_prefetch": prefetch}),
+                                   world)
             layers = sharded.model.layers
             results[prefetch] = (sharded(input_ids=ids).logits.detach(),
                                  [len(layer._get_fsdp_state()._states_to_forward_prefetch) for layer in layers])

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from verl_npu import algorithms as A
+from verl_npu.config.typed import section
 from verl_npu.policy_losses import POLICY_LOSS_MODES
 from verl_npu.rollout_corrections import ROLLOUT_RS_OPTIONS
 
@@ -171,7 +172,7 @@ def test_bypass_mode_loss_matches_verl(verl_outputs):
         ours = A.policy_loss_fn("bypass_mode")(
             log_prob, case["old_log_prob"], case["advantages"], case["response_mask"], ACTOR["clip_ratio_low"],
             ACTOR["clip_ratio_high"], ACTOR["clip_ratio_c"], case["loss_agg_mode"], config=ACTOR,
-            rollout_correction=case["settings"])
+            rollout_correction=section("algorithm.rollout_correction", case["settings"]))
         ours["pg_loss"].backward()
         scale = max(1.0, float(theirs["pg_loss"].abs()))
         assert float((ours["pg_loss"].detach() - theirs["pg_loss"]).abs()) <= tol * scale, label

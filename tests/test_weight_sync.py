@@ -17,9 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from omegaconf import OmegaConf
-
 from verl_npu.batch import Batch
+from verl_npu.config.typed import section
 from verl_npu.trainer.metrics import rollout_probs_diff_metrics
 from verl_npu.trainer.ppo import EngineOutOfSync, PPOTrainer
 
@@ -38,7 +37,7 @@ def _gather_worker(rank: int, world: int, port: int, model_path: str, out_dir: s
     from verl_npu.workers import parallel
 
     module = load_policy_model(model_path, dtype=torch.float32, attn_implementation="sdpa")
-    sharded = parallel.shard_module(module, OmegaConf.create({}), world)
+    sharded = parallel.shard_module(module, section("actor_rollout_ref.actor.fsdp_config"), world)
     # a tiny bucket (64 KiB): several buckets, and entries bigger than a bucket stand alone
     streamed = list(parallel.iter_full_tensors(sharded, dtype=torch.bfloat16, bucket_bytes=64 << 10))
     full = parallel.full_state_dict(sharded)
@@ -85,7 +84,7 @@ def test_rollout_probs_diff_metrics_on_known_numbers():
 
 def _trainer(limit):
     trainer = PPOTrainer.__new__(PPOTrainer)  # only the sync check's state
-    trainer.cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"max_probs_diff": limit}}})
+    trainer.cfg = section("backend_config", {"actor_rollout_ref": {"rollout": {"max_probs_diff": limit}}})
     trainer.checkpoints = SimpleNamespace(root="/ckpts")
     trainer.global_step = 7
     return trainer

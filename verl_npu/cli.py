@@ -332,7 +332,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # SIGTERM (a scheduler preempting the job): finish the step, save, exit 143; Ctrl-C: stop now
     with handle_signals():
         try:
-            result = run_training(rc)
+            result = run_training(rc, device=info)  # the run's one detection, handed to every worker
         except Preempted as stop:  # before training started (the trainer reports the later ones)
             print(f"error: {stop}", file=sys.stderr, flush=True)
             return stop.exit_code

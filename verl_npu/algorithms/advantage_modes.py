@@ -22,7 +22,7 @@ from collections.abc import Hashable, Mapping, Sequence
 import torch
 
 from verl_npu.algorithms.core import (
-    GRPO_EPS, _cfg_get, _groups, _sequence_scores, grpo_advantage, masked_whiten, register_advantage,
+    GRPO_EPS, _groups, _sequence_scores, grpo_advantage, masked_whiten, register_advantage,
 )
 from verl_npu.errors import UserError
 
@@ -68,7 +68,7 @@ def grpo_passk_advantage(token_level_rewards, response_mask, group_ids, config=N
     when ``norm_adv_by_std_in_grpo`` (config, default true); every other row gets 0. With a tie for the
     largest score ``A = 0`` whichever row holds it.
     """
-    norm_by_std = bool(_cfg_get(config, "norm_adv_by_std_in_grpo", True))
+    norm_by_std = config.norm_adv_by_std_in_grpo
     scores = _sequence_scores(token_level_rewards, response_mask)
     advantages = torch.zeros_like(scores)
     for gid, rows in _groups(group_ids, scores.shape[0]).items():
@@ -124,7 +124,7 @@ def grpo_vectorized_advantage(token_level_rewards, response_mask, group_ids, con
     a group of one uses mean 0 and std 1. ``A_i = (s_i - mean_g) / (std_g + 1e-6)`` with
     ``norm_adv_by_std_in_grpo`` (config, default true), else ``s_i - mean_g``.
     """
-    norm_by_std = bool(_cfg_get(config, "norm_adv_by_std_in_grpo", True))
+    norm_by_std = config.norm_adv_by_std_in_grpo
     scores = _sequence_scores(token_level_rewards, response_mask)
     index, count = _group_index(group_ids, scores.shape[0], scores.device)
     values = scores.to(torch.float32)
@@ -152,7 +152,7 @@ def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
     [w_1..w_K] (default all 1) ``A_sum = Σ_k w_k·A^k``. Without keys the one component is
     ``token_level_rewards``. ``advantages = masked_whiten(A_sum, mask)·mask`` over the batch.
     """
-    keys = list(_cfg_get(config, "gdpo_reward_keys", None) or [])
+    keys = list(config.gdpo_reward_keys or [])
     if keys:
         if reward_components is None or any(key not in reward_components for key in keys):
             have = sorted(reward_components or {})
@@ -172,7 +172,7 @@ def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
             components.append(placed)
     else:
         components = [token_level_rewards]
-    weights = list(_cfg_get(config, "gdpo_reward_weights", None) or [1.0] * len(components))
+    weights = list(config.gdpo_reward_weights or [1.0] * len(components))
     if len(weights) != len(components):
         raise UserError(f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(components)} "
                         "gdpo_reward_keys: give one weight per key")

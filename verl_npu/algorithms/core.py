@@ -11,7 +11,7 @@ each docstring.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -29,17 +29,6 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-
-
-def _cfg_get(config: Any, key: str, default: Any) -> Any:
-    """Read ``key`` from a dict, an OmegaConf node or an attribute object; ``default`` if absent/None."""
-    if config is None:
-        return default
-    if isinstance(config, Mapping):
-        value = config.get(key, default)
-    else:
-        value = getattr(config, key, default)
-    return default if value is None else value
 
 
 # ----------------------------------------------------------------------------- masked helpers
@@ -121,8 +110,8 @@ def compute_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the estimator registered as ``name``; returns ``(advantages, returns)``, both [B, T].
 
-    ``config`` is the ``algorithm`` node (dict or OmegaConf): ``norm_adv_by_std_in_grpo``,
-    ``gamma``. Extra keyword arguments go to the estimator (``baseline_rewards`` for remax).
+    ``config`` is the typed ``algorithm`` section (`verl_npu.config.typed`): ``norm_adv_by_std_in_grpo``,
+    ``gamma``, ... Extra keyword arguments go to the estimator (``baseline_rewards`` for remax).
     An unknown name raises KeyError listing the registered ones.
     """
     if name not in ADVANTAGE_ESTIMATORS:
@@ -167,7 +156,7 @@ def grpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
 
     ``A_i`` is broadcast over the row's response tokens (0 on padding); returns = advantages.
     """
-    norm_by_std = bool(_cfg_get(config, "norm_adv_by_std_in_grpo", True))
+    norm_by_std = config.norm_adv_by_std_in_grpo
     scores = _sequence_scores(token_level_rewards, response_mask)
     advantages = torch.empty_like(scores)
     for rows in _groups(group_ids, scores.shape[0]).values():
@@ -212,7 +201,7 @@ def reinforce_plus_plus_advantage(token_level_rewards, response_mask, group_ids=
     ``advantages = masked_whiten(returns, mask)·mask`` (mean/unbiased var over all response tokens
     of the batch). ``group_ids`` is not used.
     """
-    gamma = float(_cfg_get(config, "gamma", 1.0))
+    gamma = config.gamma
     length = token_level_rewards.shape[1]
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
@@ -275,8 +264,7 @@ def gae_advantage(token_level_rewards, response_mask, group_ids=None, config=Non
     """
     if values is None:
         raise ValueError("adv_estimator=gae needs the critic's values")
-    gamma = float(_cfg_get(config, "gamma", 1.0))
-    lam = float(_cfg_get(config, "lam", 1.0))
+    gamma, lam = config.gamma, config.lam
     rewards = token_level_rewards.float()
     values = values.float()
     mask = response_mask.float()
@@ -541,15 +529,13 @@ class AdaptiveKLController:
 
 
 def make_kl_controller(cfg: Any) -> FixedKLController | AdaptiveKLController:
-    """Build the controller for ``algorithm.kl_ctrl`` (``type`` fixed|adaptive, ``kl_coef``,
-    ``target_kl``, ``horizon``). A bad type or adaptive settings raise UserError naming the key."""
-    kind = str(_cfg_get(cfg, "type", "fixed"))
-    kl_coef = float(_cfg_get(cfg, "kl_coef", 0.001))
+    """Build the controller for the typed ``algorithm.kl_ctrl`` section (``type`` fixed|adaptive,
+    ``kl_coef``, ``target_kl``, ``horizon``). A bad type or adaptive settings raise UserError naming the key."""
+    kind, kl_coef = cfg.type, cfg.kl_coef
     if kind == "fixed":
         return FixedKLController(kl_coef)
     if kind == "adaptive":
-        target_kl = float(_cfg_get(cfg, "target_kl", 0.1))
-        horizon = int(_cfg_get(cfg, "horizon", 10000))
+        target_kl, horizon = cfg.target_kl, cfg.horizon
         if target_kl <= 0 or horizon <= 0:
             raise UserError(
                 f"algorithm.kl_ctrl: adaptive KL needs target_kl > 0 and horizon > 0 (got target_kl={target_kl}, "

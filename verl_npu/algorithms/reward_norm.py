@@ -91,11 +91,10 @@ def normalize_scores(scores: torch.Tensor, keys: Sequence[Hashable], method: str
 
 
 def reward_norm_active(config: Any) -> bool:
-    """Whether `config` (the `algorithm.reward_norm` node, or None) changes anything."""
+    """Whether `config` (the typed `algorithm.reward_norm` section, or None) changes anything."""
     if config is None:
         return False
-    get = config.get if hasattr(config, "get") else (lambda k, d=None: getattr(config, k, d))
-    return (get("method", "identity") or "identity") != "identity" or get("clip", None) is not None
+    return config.method != "identity" or config.clip is not None
 
 
 def apply_reward_norm(token_level_scores: torch.Tensor, response_mask: torch.Tensor, config: Any, *,
@@ -106,13 +105,10 @@ def apply_reward_norm(token_level_scores: torch.Tensor, response_mask: torch.Ten
     elsewhere; the input itself when `config` changes nothing. Returns (scores, metrics)."""
     if not reward_norm_active(config):
         return token_level_scores, {}
-    get = config.get if hasattr(config, "get") else (lambda k, d=None: getattr(config, k, d))
     mask = response_mask.to(token_level_scores.dtype)
     scores = (token_level_scores * mask).sum(dim=-1)
-    keys = group_keys(str(get("grouping", "state") or "state"), uids, data_sources)
-    clip = get("clip", None)
-    normalized, metrics = normalize_scores(scores, keys, str(get("method", "identity") or "identity"),
-                                           None if clip is None else float(clip))
+    keys = group_keys(config.grouping, uids, data_sources)
+    normalized, metrics = normalize_scores(scores, keys, config.method, config.clip)
     last = (response_mask.sum(dim=-1).long() - 1).clamp(min=0)
     out = torch.zeros_like(token_level_scores)
     out[torch.arange(out.shape[0], device=out.device), last] = normalized

@@ -338,19 +338,13 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
 _correct = rollout_correction  # the bypass loss's keyword of the same name hides the function
 
 
-def _setting(settings, key: str, default):
-    value = settings.get(key, default) if hasattr(settings, "get") else getattr(settings, key, default)
-    return default if value is None and default is not None else value
-
-
 def bypass_mode_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2,
                             clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None,
                             rollout_is_weights=None, rollout_correction=None, **agg_kwargs):
     """verl's ``bypass_mode`` policy loss: the rollout engine's log-probs are the old policy (``old_log_prob``
     here *is* the rollout's), so no old-log-prob pass runs, and the correction is computed per call from the
     current policy: ``RC = rollout_correction(sg(logp), old_log_prob, mask, **settings)``, with
-    ``settings`` = ``rollout_correction`` (a mapping with the keys of `algorithm.rollout_correction`), else
-    ``config.policy_loss.rollout_correction`` (where verl's trainer puts them). ``m`` = RC's response mask
+    ``settings`` = ``rollout_correction`` (the typed `algorithm.rollout_correction` section). ``m`` = RC's response mask
     (rejected tokens removed), ``w`` = RC's weights. By ``settings.loss_type``:
 
     - ``ppo_clip``: ``ppo_policy_loss(logp, old_log_prob, A, m, ...)``: the ratio is the importance weight,
@@ -362,20 +356,15 @@ def bypass_mode_policy_loss(log_prob, old_log_prob, advantages, response_mask, c
     ``rollout_corr/...`` metrics.
     """
     settings = rollout_correction
-    if settings is None and config is not None:
-        policy = config.get("policy_loss") if hasattr(config, "get") else getattr(config, "policy_loss", None)
-        if policy is not None:
-            settings = policy.get("rollout_correction") if hasattr(policy, "get") else None
     if settings is None:
         raise ValueError("loss_mode=bypass_mode needs the rollout_correction settings (algorithm.rollout_correction)")
-    loss_type = _setting(settings, "loss_type", "ppo_clip")
+    loss_type = settings.loss_type
     with torch.no_grad():
         corr = _correct(
-            log_prob.detach(), old_log_prob, response_mask, rollout_is=_setting(settings, "rollout_is", None),
-            rollout_is_threshold=_setting(settings, "rollout_is_threshold", 2.0),
-            rollout_is_batch_normalize=bool(_setting(settings, "rollout_is_batch_normalize", False)),
-            rollout_rs=_setting(settings, "rollout_rs", None),
-            rollout_rs_threshold=_setting(settings, "rollout_rs_threshold", None))
+            log_prob.detach(), old_log_prob, response_mask, rollout_is=settings.rollout_is,
+            rollout_is_threshold=settings.rollout_is_threshold,
+            rollout_is_batch_normalize=settings.rollout_is_batch_normalize,
+            rollout_rs=settings.rollout_rs, rollout_rs_threshold=settings.rollout_rs_threshold)
     mask = corr.response_mask.to(log_prob.dtype)
     if loss_type == "ppo_clip":
         out = ppo_policy_loss(log_prob, old_log_prob, advantages, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,

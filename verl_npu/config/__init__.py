@@ -3,6 +3,7 @@
     from verl_npu.config import load_recipe
     rc = load_recipe("qwen25vl_geo3k", overrides=["data.train_batch_size=8"])
     rc.backend.data.train_batch_size   # 8
+    rc.typed.data.train_batch_size     # 8, from a frozen section generated from the schema
 
 Importing this package does not import torch, transformers or ray.
 
@@ -27,6 +28,8 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     derive        derived values
     verl_npu.recipes   finding shipped recipe files (uses tree only)
     loader        load_recipe: read, override, classify, resolve, check, derive
+    typed         the typed, read-only sections generated from the schema (`rc.typed`): what the
+                  training code reads, and what travels to the workers
     reference, compat  the generated docs (config_reference.md, verl_compat.md)
     memory_plan   the per-device memory formulas (weights, gradients, AdamW, activations, logits, KV cache)
     memory_recipe the memory plan of a resolved recipe: phases, host figure, verdict, knobs (`verl-npu plan`)

@@ -62,6 +62,14 @@ class RecipeConfig:
         return self.cfg.backend_config
 
     @property
+    def typed(self):
+        """The backend config as typed, read-only sections generated from the schema
+        (`verl_npu.config.typed`): what the training code reads, and what travels to the workers."""
+        from verl_npu.config.typed import section
+
+        return section("backend_config", self.cfg.backend_config)
+
+    @property
     def world_size(self) -> int:
         """Data-parallel size: trainer.nnodes * trainer.n_gpus_per_node."""
         t = self.cfg.backend_config.trainer

@@ -7,7 +7,7 @@
   offline polygon task. The file formats are described in docs/data_formats.md.
 """
 
-from verl_npu.data.dataset import DataSettings, RLDataset, as_file_list
+from verl_npu.data.dataset import RLDataset, as_file_list, data_settings
 from verl_npu.data.loader import StatefulBatchLoader, collate_rows
 
-__all__ = ["DataSettings", "RLDataset", "StatefulBatchLoader", "as_file_list", "collate_rows"]
+__all__ = ["RLDataset", "StatefulBatchLoader", "as_file_list", "collate_rows", "data_settings"]

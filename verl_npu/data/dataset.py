@@ -27,7 +27,6 @@ import logging
 import multiprocessing as mp
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from verl_npu.config.typed import section
 from verl_npu.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -51,52 +51,25 @@ CHECK_PROGRESS_MIN_ROWS = 1000
 MAX_LISTED_PROBLEMS = 10
 
 
-def _cfg_get(cfg: Any, key: str, default: Any) -> Any:
-    """``cfg[key]`` from an OmegaConf node, a dict or an object; ``default`` when absent or null."""
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
+def data_settings(data_cfg: Any):
+    """The typed `data` section the dataset reads (verl names and meanings): `data_cfg` as it is when
+    typed, else a dict / OmegaConf node whose missing keys take the schema's defaults.
 
-
-@dataclass
-class DataSettings:
-    """The ``data.*`` keys the dataset reads (verl names and meanings)."""
-
-    prompt_key: str = "prompt"
-    image_key: str = "images"
-    video_key: str | None = None
-    reward_fn_key: str = "data_source"
-    max_prompt_length: int = 512
-    truncation: str = "error"
-    filter_overlong_prompts: bool = False
-    filter_overlong_prompts_workers: int = 1
-    return_raw_chat: bool = False
-    min_pixels: int | None = None
-    max_pixels: int | None = None
-
-    @classmethod
-    def from_cfg(cls, cfg: Any) -> "DataSettings":
-        """Read the keys from an OmegaConf node, a dict or an object; missing keys keep the defaults.
-
-        Raises:
-            UserError: ``truncation`` is not a known mode or a length/pixel limit is not positive.
-        """
-        d = cls()
-        values = {k: _cfg_get(cfg, k, getattr(d, k)) for k in d.__dataclass_fields__}
-        s = cls(**values)
-        if s.truncation not in TRUNCATION_MODES:
-            raise UserError(f"data.truncation={s.truncation!r} is not one of {', '.join(TRUNCATION_MODES)}")
-        if int(s.max_prompt_length) < 1:
-            raise UserError(f"data.max_prompt_length must be >= 1 (got {s.max_prompt_length})")
-        for key in ("min_pixels", "max_pixels"):
-            v = getattr(s, key)
-            if v is not None and int(v) < 1:
-                raise UserError(f"data.{key} must be a positive pixel count or null (got {v})")
-        if s.min_pixels is not None and s.max_pixels is not None and s.min_pixels > s.max_pixels:
-            raise UserError(f"data.min_pixels ({s.min_pixels}) is larger than data.max_pixels ({s.max_pixels})")
-        s.max_prompt_length = int(s.max_prompt_length)
-        return s
+    Raises:
+        UserError: ``truncation`` is not a known mode or a length/pixel limit is not positive.
+    """
+    s = section("data", data_cfg)
+    if s.truncation not in TRUNCATION_MODES:
+        raise UserError(f"data.truncation={s.truncation!r} is not one of {', '.join(TRUNCATION_MODES)}")
+    if s.max_prompt_length < 1:
+        raise UserError(f"data.max_prompt_length must be >= 1 (got {s.max_prompt_length})")
+    for key in ("min_pixels", "max_pixels"):
+        v = s[key]
+        if v is not None and v < 1:
+            raise UserError(f"data.{key} must be a positive pixel count or null (got {v})")
+    if s.min_pixels is not None and s.max_pixels is not None and s.min_pixels > s.max_pixels:
+        raise UserError(f"data.min_pixels ({s.min_pixels}) is larger than data.max_pixels ({s.max_pixels})")
+    return s
 
 
 def as_file_list(files: Any) -> list[str]:
@@ -166,7 +139,7 @@ class RLDataset:
         # multi-turn rollout: the tools' OpenAI schemas, rendered into every prompt by the chat template
         self.tools = list(tools) if tools else None
         self.processor = processor
-        self.settings = DataSettings.from_cfg(data_cfg)
+        self.settings = data_settings(data_cfg)
         self.files = as_file_list(files)
         if not self.files:
             raise UserError("no data files given (data.train_files / data.val_files is empty)")

@@ -28,8 +28,9 @@ ADAPTER_NAME = "default"
 
 
 def lora_enabled(model_cfg) -> bool:
-    """LoRA is on when `model.lora_rank` > 0 or `model.lora_adapter_path` names an adapter."""
-    return int(model_cfg.get("lora_rank", 0) or 0) > 0 or bool(model_cfg.get("lora_adapter_path"))
+    """LoRA is on when `model.lora_rank` > 0 or `model.lora_adapter_path` names an adapter (`model_cfg`:
+    the typed `actor_rollout_ref.model` section)."""
+    return model_cfg.lora_rank > 0 or bool(model_cfg.lora_adapter_path)
 
 
 def _modules_arg(value):
@@ -47,10 +48,10 @@ def lora_config(model_cfg):
 
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
-        r=int(model_cfg.lora_rank),
-        lora_alpha=int(model_cfg.get("lora_alpha", 16)),
-        target_modules=_modules_arg(model_cfg.get("target_modules", "all-linear")),
-        exclude_modules=_modules_arg(model_cfg.get("exclude_modules")),
+        r=model_cfg.lora_rank,
+        lora_alpha=model_cfg.lora_alpha,
+        target_modules=_modules_arg(model_cfg.target_modules),
+        exclude_modules=_modules_arg(model_cfg.exclude_modules),
         lora_dropout=0.0,
         bias="none",
     )
@@ -62,7 +63,7 @@ def wrap_lora(module: torch.nn.Module, model_cfg) -> torch.nn.Module:
     adapter_config.json decides rank, alpha and targets), trainable. Base weights are frozen."""
     from peft import PeftModel, get_peft_model
 
-    path = model_cfg.get("lora_adapter_path")
+    path = model_cfg.lora_adapter_path
     if path:
         from verl_npu.errors import UserError
 

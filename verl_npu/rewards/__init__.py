@@ -35,13 +35,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from verl_npu.config.typed import defaults, section
 from verl_npu.errors import UserError
 from verl_npu.rewards import geo3k, gsm8k, synthetic_arithmetic, synthetic_geometry
 
 RewardFn = Callable[..., "float | dict"]
 
 #: seconds one reward call may take (custom_reward_function.timeout_s; null: no limit)
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = defaults("custom_reward_function").timeout_s   # the schema's
 #: alarms a timed-out reward may swallow (one a second) before the process is ended
 STUCK_ALARMS = 5
 _BUILTIN = "verl_npu.rewards.default_compute_score (the built-in rewards)"
@@ -100,25 +101,13 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: str
     return fn(data_source, solution_str, ground_truth, extra_info)
 
 
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
-
-
 def _timeout_of(cfg: Any) -> float | None:
-    """``custom_reward_function.timeout_s``: absent -> the default; null -> None (no limit).
+    """``custom_reward_function.timeout_s`` of the typed section: null -> None (no limit).
 
     Raises:
         UserError: the value is not a positive number.
     """
-    if cfg is None:
-        return DEFAULT_TIMEOUT_S
-    has = ("timeout_s" in cfg) if hasattr(cfg, "__contains__") else hasattr(cfg, "timeout_s")
-    if not has:
-        return DEFAULT_TIMEOUT_S
-    value = cfg.get("timeout_s") if hasattr(cfg, "get") else getattr(cfg, "timeout_s")
+    value = cfg.timeout_s
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
@@ -147,19 +136,20 @@ def load_reward_fn(custom_reward_function_cfg: Any = None) -> RewardFunction:
     """The user's reward (``custom_reward_function.path`` / ``.name``), else ``default_compute_score``,
     as a `RewardFunction` carrying its name and ``custom_reward_function.timeout_s``.
 
-    ``name`` defaults to ``compute_score``; ``reward_kwargs`` (a mapping), when set, is bound as
-    extra keyword arguments of the user's function.
+    `custom_reward_function_cfg` is that section: typed, or a dict / OmegaConf node (its other keys, or
+    all of them for None, at the schema's defaults). ``reward_kwargs`` (a mapping), when set, is bound
+    as extra keyword arguments of the user's function.
 
     Raises:
         UserError: the file is missing, fails to import, or has no callable of that name (the
             message names the file and the function); ``timeout_s`` is not a positive number.
     """
-    timeout_s = _timeout_of(custom_reward_function_cfg)
-    path = _cfg_get(custom_reward_function_cfg, "path")
-    if not path:
+    cfg = section("custom_reward_function", custom_reward_function_cfg)
+    timeout_s = _timeout_of(cfg)
+    if not cfg.path:
         return RewardFunction(default_compute_score, _BUILTIN, timeout_s)
-    name = _cfg_get(custom_reward_function_cfg, "name", "compute_score") or "compute_score"
-    file = Path(str(path)).expanduser()
+    name = cfg.name
+    file = Path(cfg.path).expanduser()
     if not file.is_file():
         raise UserError(f"custom_reward_function.path: file {file} does not exist; give the path to a .py file")
     module_name = f"verl_npu_custom_reward_{abs(hash(str(file.resolve())))}"
@@ -183,9 +173,8 @@ def load_reward_fn(custom_reward_function_cfg: Any = None) -> RewardFunction:
             f"custom_reward_function.name: {file} has no function {name!r} "
             f"(functions there: {', '.join(funcs) or 'none'}); set custom_reward_function.name"
         )
-    kwargs = _cfg_get(custom_reward_function_cfg, "reward_kwargs") or {}
-    if kwargs:
-        fn = functools.partial(fn, **dict(kwargs))
+    if cfg.reward_kwargs:
+        fn = functools.partial(fn, **dict(cfg.reward_kwargs))
     return RewardFunction(fn, f"{name} in {file}", timeout_s)
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from verl_npu.config.typed import section
+
 
 def overlong_penalty(valid_response_lengths: Sequence[int], buffer_len: int, max_resp_len: int,
                      penalty_factor: float) -> list[float]:
@@ -35,17 +37,18 @@ def dapo_scores(scores: Sequence[float], extras: dict[str, list[float]], valid_r
     """The dapo manager's `(scores, extras)` from the naive ones: `acc` added (the scores before any
     penalty) when the extras have no `acc` of the reward function's own; with `overlong_buffer_cfg.enable` the
     overlong penalty added to each score (and, with `log`, the extras `overlong_reward` and `overlong`).
-    `reward_kwargs.max_resp_len` null means `max_response_length`."""
+    `reward_kwargs` is the `reward_model.reward_kwargs` section (typed, or a dict / OmegaConf node whose
+    missing keys take the schema's defaults); its `max_resp_len` null means `max_response_length`."""
+    reward_kwargs = section("reward_model.reward_kwargs", reward_kwargs)
     extras = dict(extras)
     extras.setdefault("acc", [float(s) for s in scores])
-    cfg = reward_kwargs.get("overlong_buffer_cfg") or {}
-    if not cfg.get("enable", False):
+    cfg = reward_kwargs.overlong_buffer_cfg
+    if not cfg.enable:
         return list(scores), extras
-    max_resp_len = reward_kwargs.get("max_resp_len")
-    max_resp_len = int(max_resp_len if max_resp_len is not None else max_response_length)
-    penalties = overlong_penalty(valid_response_lengths, int(cfg.get("len")), max_resp_len,
-                                 float(cfg.get("penalty_factor", 0.0)))
-    if cfg.get("log", False):
+    max_resp_len = reward_kwargs.max_resp_len
+    max_resp_len = max_resp_len if max_resp_len is not None else max_response_length
+    penalties = overlong_penalty(valid_response_lengths, cfg.len, max_resp_len, cfg.penalty_factor)
+    if cfg.log:
         extras["overlong_reward"] = penalties
         extras["overlong"] = [1.0 if p < 0 else 0.0 for p in penalties]
     return [float(s) + p for s, p in zip(scores, penalties)], extras

@@ -102,12 +102,12 @@ class DynamicSampler:
 
     @classmethod
     def from_config(cls, cfg) -> "DynamicSampler | None":
-        """The sampler of `cfg` (the backend config), or None without algorithm.filter_groups.enable."""
-        fg = cfg.algorithm.get("filter_groups") or {}
-        if not fg.get("enable", False):
+        """The sampler of `cfg` (the typed backend config), or None without algorithm.filter_groups.enable
+        (the config's rules make `metric` set whenever it is enabled)."""
+        fg = cfg.algorithm.filter_groups
+        if not fg.enable:
             return None
-        return cls(int(cfg.data.train_batch_size), str(fg.get("metric") or "reward"),
-                   int(fg.get("max_num_gen_batches", 0) or 0))
+        return cls(cfg.data.train_batch_size, fg.metric, fg.max_num_gen_batches)
 
     def collect(self, first: Batch, next_prompts: Callable[[], Batch],
                 generate_and_score: Callable[[Batch, int], Batch], step: int) -> tuple[Batch, dict[str, float]]:

@@ -15,9 +15,9 @@ log = logging.getLogger("verl_npu")
 def total_steps(cfg, steps_per_epoch: int) -> int:
     """epochs x batches per epoch, or trainer.total_training_steps when set and smaller (as in
     verl, the run ends at whichever limit comes first)."""
-    by_epochs = int(cfg.trainer.total_epochs) * steps_per_epoch
+    by_epochs = cfg.trainer.total_epochs * steps_per_epoch
     if cfg.trainer.total_training_steps:
-        return min(int(cfg.trainer.total_training_steps), by_epochs)
+        return min(cfg.trainer.total_training_steps, by_epochs)
     return by_epochs
 
 
@@ -48,26 +48,27 @@ def checkpoints_to_keep(cfg) -> int | None:
 
     limits = [cfg.trainer.max_actor_ckpt_to_keep]
     if needs_critic(cfg):
-        limits.append(cfg.trainer.get("max_critic_ckpt_to_keep"))
-    limits = [int(n) for n in limits if n is not None]
+        limits.append(cfg.trainer.max_critic_ckpt_to_keep)
+    limits = [n for n in limits if n is not None]
     return min(limits) if limits else None
 
 
-def build_workers(rc, total_training_steps: int):
+def build_workers(rc, total_training_steps: int, device):
     """In-process workers (one per role) for a single device; Ray workers (one per device, each hosting
-    every role) otherwise."""
+    every role) otherwise. `device` is the run's `DeviceInfo`, resolved once from trainer.device by the
+    driver and handed to every worker."""
+    cfg = rc.typed
     if rc.world_size == 1:
-        from verl_npu.device import detect_device
         from verl_npu.workers import parallel
         from verl_npu.workers.group import LocalWorkerGroup
         from verl_npu.workers.roles import build_workers as build_role_workers
 
         # offloading is FSDP2's: one worker then shards over a group of itself, as verl does
-        sharded = parallel.offloads_parameters(rc.backend)
+        sharded = parallel.offloads_parameters(cfg)
         if sharded:
-            parallel.start_one_rank_group(detect_device(rc.backend.trainer.device).dist_backend)
+            parallel.start_one_rank_group(device.dist_backend)
         try:
-            return LocalWorkerGroup(build_role_workers(rc.backend, total_training_steps), one_rank_group=sharded)
+            return LocalWorkerGroup(build_role_workers(cfg, total_training_steps, device), one_rank_group=sharded)
         except BaseException:
             if sharded:
                 parallel.stop_one_rank_group()
@@ -79,12 +80,14 @@ def build_workers(rc, total_training_steps: int):
     # scheduler's SIGTERM to the whole process group then reaches only this controller, which
     # finishes the step and saves before it stops the workers (docs/reliability.md)
     with sigterm_blocked():
-        return RayWorkerGroup(rc, total_training_steps)
+        return RayWorkerGroup(rc, total_training_steps, device)
 
 
-def run_training(rc, after_fit=None) -> int:
+def run_training(rc, after_fit=None, device=None) -> int:
     """Train as the recipe says. Returns the process exit code. `after_fit(workers)`, if given, is
     called once training has finished, while the workers are still up (tests inspect every rank).
+    `device`: the `DeviceInfo` the caller resolved from trainer.device (`verl-npu run` prints it);
+    None resolves it here. Either way it is resolved once, and every worker is handed it.
     The output folder is locked for the whole run (one run per folder: verl_npu.trainer.runlock),
     before anything is written into it."""
     from verl_npu.trainer import preempt
@@ -92,10 +95,10 @@ def run_training(rc, after_fit=None) -> int:
 
     preempt.reset()  # a stop asked of an earlier run in this process is not this run's
     with RunLock(Path(rc.cfg.af_output_dir)):
-        return _run_training_locked(rc, after_fit)
+        return _run_training_locked(rc, after_fit, device)
 
 
-def _run_training_locked(rc, after_fit=None) -> int:
+def _run_training_locked(rc, after_fit=None, device=None) -> int:
     from verl_npu.data import RLDataset, StatefulBatchLoader
     from verl_npu.device import apply_env_defaults, detect_device
     from verl_npu.models.loading import load_tokenizer_and_processor
@@ -105,7 +108,7 @@ def _run_training_locked(rc, after_fit=None) -> int:
     from verl_npu.trainer.preempt import Preempted
     from verl_npu.trainer.tracking import Tracker, keep_aside, setup_run_logging
 
-    cfg = rc.backend
+    cfg = rc.typed
     out_dir = Path(rc.cfg.af_output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     setup_run_logging(out_dir)
@@ -113,10 +116,10 @@ def _run_training_locked(rc, after_fit=None) -> int:
     if exp_config.exists() and exp_config.read_bytes() != resolved.encode():
         keep_aside(exp_config, "another config")  # an earlier run's (or the user's own) file is kept
     exp_config.write_text(resolved)
-    device = detect_device(cfg.trainer.device)
-    if int(cfg.trainer.nnodes) == 1 and not os.environ.get("RAY_ADDRESS"):  # a cluster brings its own nodes
-        problem = device.workers_problem(int(cfg.trainer.n_gpus_per_node), cfg.trainer.device,
-                                         cfg.ray_init.get("num_cpus"))
+    if device is None:  # the one detection of the run: the workers are handed it
+        device = detect_device(cfg.trainer.device)
+    if cfg.trainer.nnodes == 1 and not os.environ.get("RAY_ADDRESS"):  # a cluster brings its own nodes
+        problem = device.workers_problem(cfg.trainer.n_gpus_per_node, cfg.trainer.device, cfg.ray_init.num_cpus)
         if problem:
             raise UserError(problem)
     for var, value, reason in apply_env_defaults(device.kind):
@@ -125,18 +128,18 @@ def _run_training_locked(rc, after_fit=None) -> int:
 
     tokenizer, processor = load_tokenizer_and_processor(
         cfg.actor_rollout_ref.model.path,
-        trust_remote_code=bool(cfg.actor_rollout_ref.model.trust_remote_code),
-        custom_chat_template=cfg.actor_rollout_ref.model.get("custom_chat_template"),
+        trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+        custom_chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
     )
     tools = _tool_schemas(cfg)  # multi-turn: the tools are built (and checked) before any data or worker
     train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data, tools=tools)
     _check_agent_names(cfg, train_set)
     # DAPO's dynamic sampling reads batches of data.gen_batch_size prompts (verl_npu/trainer/dynamic_sampling.py)
-    dynamic = bool(cfg.algorithm.filter_groups.enable) and cfg.data.get("gen_batch_size") is not None
-    loader_batch = int(cfg.data.gen_batch_size if dynamic else cfg.data.train_batch_size)
+    dynamic = cfg.algorithm.filter_groups.enable and cfg.data.gen_batch_size is not None
+    loader_batch = cfg.data.gen_batch_size if dynamic else cfg.data.train_batch_size
     train_loader = StatefulBatchLoader(
-        train_set, loader_batch, bool(cfg.data.shuffle), int(cfg.data.seed), drop_last=True,
-        num_workers=int(cfg.data.dataloader_num_workers),
+        train_set, loader_batch, cfg.data.shuffle, cfg.data.seed, drop_last=True,
+        num_workers=cfg.data.dataloader_num_workers,
     )
     if len(train_loader) == 0:
         raise UserError(
@@ -144,7 +147,7 @@ def _run_training_locked(rc, after_fit=None) -> int:
             f"{'data.gen_batch_size' if dynamic else 'data.train_batch_size'}={loader_batch}: lower it or add data"
         )
     val_loader = None
-    if cfg.data.val_files and (int(cfg.trainer.test_freq) > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only):
+    if cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only):
         val_set = RLDataset(cfg.data.val_files, tokenizer, processor, cfg.data, tools=tools)
         _check_agent_names(cfg, val_set)
         if len(val_set) == 0:
@@ -153,8 +156,8 @@ def _run_training_locked(rc, after_fit=None) -> int:
                             "(data.val_files=null, or trainer.test_freq=-1 with trainer.val_before_train=false)")
         val_batch = min(len(val_set), 256)
         val_loader = StatefulBatchLoader(
-            val_set, val_batch, bool(cfg.data.validation_shuffle), int(cfg.data.seed), drop_last=False,
-            num_workers=int(cfg.data.dataloader_num_workers),
+            val_set, val_batch, cfg.data.validation_shuffle, cfg.data.seed, drop_last=False,
+            num_workers=cfg.data.dataloader_num_workers,
         )
     steps = total_steps(cfg, len(train_loader))
     log.info("%d steps (%d per epoch); %d prompts x %d responses per step",
@@ -172,10 +175,10 @@ def _run_training_locked(rc, after_fit=None) -> int:
         cfg.trainer.project_name,
         cfg.trainer.experiment_name,
         resume_step=resume_step,
-        tensorboard_dir=cfg.trainer.get("tensorboard_dir"),
+        tensorboard_dir=cfg.trainer.tensorboard_dir,
         run_config=_run_config(rc),
     )
-    workers = build_workers(rc, steps)
+    workers = build_workers(rc, steps, device)
     try:
         info = workers.init_model()
         log.info("model: %s", info)
@@ -229,7 +232,7 @@ def _log_summary(cfg, out_dir: Path, tracker) -> None:
         lines = run_summary(
             out_dir,
             tensorboard_dir=tracker.tensorboard_dir if "tensorboard" in tracker.loggers else None,
-            builtin_rewards=not (cfg.get("custom_reward_function") or {}).get("path"),
+            builtin_rewards=not cfg.custom_reward_function.path,
         )
     except Exception as exc:  # noqa: BLE001 - the run itself succeeded
         log.warning("could not write the end-of-run summary: %s", exc)
@@ -241,8 +244,8 @@ def _tool_schemas(cfg) -> list[dict] | None:
     """With multi-turn rollout and a tool config: the tools built once here (a bad file, an unknown class
     or a schema that does not match its class is a UserError naming the file and key, before anything
     starts), and their OpenAI schemas for the prompts."""
-    mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
-    if mt is None or not mt.get("enable") or not mt.get("tool_config_path"):
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable or not mt.tool_config_path:
         return None
     from verl_npu.tools.loading import load_tools, tool_schema_dict
 
@@ -252,8 +255,7 @@ def _tool_schemas(cfg) -> list[dict] | None:
 def _check_agent_names(cfg, dataset) -> None:
     from verl_npu.config.schema_multiturn import AGENT_LOOPS
 
-    mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
-    dataset.check_agent_names(AGENT_LOOPS, bool(mt is not None and mt.get("enable")))
+    dataset.check_agent_names(AGENT_LOOPS, cfg.actor_rollout_ref.rollout.multi_turn.enable)
 
 
 def _as_list(files) -> list:

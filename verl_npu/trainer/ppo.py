@@ -83,7 +83,7 @@ class PPOTrainer:
         total_training_steps: int,
     ):
         self.rc = rc
-        self.cfg = rc.backend
+        self.cfg = rc.typed  # the typed backend config (verl_npu.config.typed)
         self.out_dir = Path(rc.cfg.af_output_dir)
         self.workers = workers
         self.tokenizer = tokenizer
@@ -153,7 +153,7 @@ class PPOTrainer:
         step = self.global_step
         if self.last_saved is not None and self.last_saved[0] == step:
             path, how = self.last_saved[1], "saved"
-        elif self.cfg.trainer.get("save_on_preempt", True):
+        elif self.cfg.trainer.save_on_preempt:
             log.warning("%s: saving a checkpoint of step %d before stopping", name, step)
             with timed("save_checkpoint", save_timing):
                 path = self.save_checkpoint()
@@ -205,14 +205,14 @@ class PPOTrainer:
                     profiling.before_step(self.global_step)
                     metrics = self.train_step(batch_from_rows(rows))
                     profiling.after_step(self.global_step, is_last)
-                    test_freq = int(trainer_cfg.test_freq)
+                    test_freq = trainer_cfg.test_freq
                     if self.val_loader is not None and test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
                         metrics.update(self.validate())
                     if save_timing:
                         metrics["timing_s/save_checkpoint"] = save_timing.pop("save_checkpoint")
                     # the row is written before the checkpoint: a crash in between never loses a row
                     self.tracker.log(metrics, step=self.global_step)
-                    save_freq = int(trainer_cfg.save_freq)
+                    save_freq = trainer_cfg.save_freq
                     if save_freq > 0 and (self.global_step % save_freq == 0 or is_last):
                         with timed("save_checkpoint", save_timing):
                             self.save_checkpoint()
@@ -248,9 +248,9 @@ class PPOTrainer:
                     batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
             has_critic = "critic" in self.workers.roles
             # a critic-warmup step does not update the actor: the update's forward cannot give the old log-probs
-            update_actor = self.global_step > int(cfg.trainer.get("critic_warmup", 0) or 0)
+            update_actor = self.global_step > cfg.trainer.critic_warmup
             # rollout correction's bypass mode: the rollout's log-probs are the old ones (verl: apply_bypass_mode)
-            bypass = bool(cfg.algorithm.rollout_correction.bypass_mode)
+            bypass = cfg.algorithm.rollout_correction.bypass_mode
             skip_old = bypass or (update_actor and not self.old_log_prob_pass_needed())
             with timed("old_log_prob", timings):
                 if bypass:
@@ -292,7 +292,7 @@ class PPOTrainer:
         metrics.update(sync_metrics)
         metrics.update(sampling_metrics)
         metrics.update(kl_metrics)
-        metrics.update(data_metrics(batch, int(cfg.data.max_response_length)))
+        metrics.update(data_metrics(batch, cfg.data.max_response_length))
         metrics.update(timing_metrics(timings, batch, self.workers.world_size))
         metrics.update(variance_proxy_metrics(batch, actor_metrics.get("actor/grad_norm")))  # with sum_pi_squared
         return metrics
@@ -325,14 +325,14 @@ class PPOTrainer:
         """Raise a UserError when a role's optimizer steps were skipped (non-finite gradients)
         `trainer.max_consecutive_skipped_updates` times in a row, before anything of this step is logged
         or saved: the weights have diverged."""
-        limit = self.cfg.trainer.get("max_consecutive_skipped_updates")
+        limit = self.cfg.trainer.max_consecutive_skipped_updates
         for role in ("actor", "critic"):
             in_a_row = int(update_metrics.get(f"{role}/skipped_updates_in_a_row", 0))
-            if limit is not None and in_a_row >= int(limit):
+            if limit is not None and in_a_row >= limit:
                 latest = self.checkpoints.latest()
                 raise UserError(
                     f"step {self.global_step}: the last {in_a_row} optimizer steps of the {role} were skipped for "
-                    f"non-finite gradients (trainer.max_consecutive_skipped_updates={int(limit)}): the run has "
+                    f"non-finite gradients (trainer.max_consecutive_skipped_updates={limit}): the run has "
                     f"diverged. Lower the {role}'s optim.lr, check the rewards, or lower grad_clip; "
                     + (f"the last complete checkpoint, {latest}, is intact (resume from it after the change)"
                        if latest is not None else "no checkpoint was saved"))
@@ -362,7 +362,7 @@ class PPOTrainer:
         the rejected tokens leave `response_mask` and the IS weights go in as `rollout_is_weights` (the policy
         loss multiplies them in); the `rollout_corr/*` metrics. Nothing in bypass mode (the loss does it)."""
         settings = self.cfg.algorithm.rollout_correction
-        if settings.bypass_mode or not self.cfg.actor_rollout_ref.rollout.get("calculate_log_probs", False):
+        if settings.bypass_mode or not self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
             return {}
         if "rollout_log_probs" not in batch:
             raise RuntimeError(f"rollout.calculate_log_probs: the {self.cfg.actor_rollout_ref.rollout.name} rollout "
@@ -370,7 +370,7 @@ class PPOTrainer:
         out = algorithms.compute_rollout_correction(
             batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
             rollout_is=settings.rollout_is, rollout_is_threshold=settings.rollout_is_threshold,
-            rollout_is_batch_normalize=bool(settings.rollout_is_batch_normalize), rollout_rs=settings.rollout_rs,
+            rollout_is_batch_normalize=settings.rollout_is_batch_normalize, rollout_rs=settings.rollout_rs,
             rollout_rs_threshold=settings.rollout_rs_threshold)
         batch.set("response_mask", out.response_mask)
         if out.weights is not None:
@@ -384,15 +384,15 @@ class PPOTrainer:
         if "rollout_log_probs" not in batch:
             return {}
         metrics = rollout_probs_diff_metrics(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"])
-        limit = self.cfg.actor_rollout_ref.rollout.get("max_probs_diff")
-        if self.cfg.actor_rollout_ref.rollout.get("name") == "hf":
+        limit = self.cfg.actor_rollout_ref.rollout.max_probs_diff
+        if self.cfg.actor_rollout_ref.rollout.name == "hf":
             limit = None  # it samples from the actor's own module: only top-k / top-p make the probabilities differ
         mean = metrics.get("training/rollout_probs_diff_mean", 0.0)
-        if limit is not None and mean > float(limit):
+        if limit is not None and mean > limit:
             raise EngineOutOfSync(
                 f"step {self.global_step}: the rollout engine is out of sync with the actor: mean |p_rollout - "
                 f"p_actor| over response tokens is {mean:.4g} (max {metrics['training/rollout_probs_diff_max']:.4g}), "
-                f"above actor_rollout_ref.rollout.max_probs_diff={float(limit):g}. The engine is sampling from "
+                f"above actor_rollout_ref.rollout.max_probs_diff={limit:g}. The engine is sampling from "
                 f"other weights than the actor's (a failed weight sync), or the rollout dtype is too coarse for "
                 f"this limit: compare rollout.dtype with the actor's, raise max_probs_diff for bf16 / fp16 "
                 f"rollouts, or set it to null to only log the difference. Nothing of this step was trained on; "
@@ -437,9 +437,9 @@ class PPOTrainer:
             if rule is not None:
                 extras = {**extras, "rule_reward": list(rule)}
         else:
-            if self.cfg.reward_model.get("reward_manager") == "dapo":  # the overlong penalty, reward extra acc
+            if self.cfg.reward_model.reward_manager == "dapo":  # the overlong penalty, reward extra acc
                 rule, extras = dapo_scores(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
-                                           int(self.cfg.data.max_response_length))
+                                           self.cfg.data.max_response_length)
             last = last_trained_token(mask)
             token_scores = torch.zeros(mask.shape, dtype=torch.float32)
             token_scores[torch.arange(len(batch)), last] = torch.tensor(rule, dtype=torch.float32)
@@ -453,7 +453,7 @@ class PPOTrainer:
         # ROLL's reward normalisation (algorithm.reward_norm, verl-npu's keys): before the KL penalty and the
         # estimator, as in ROLL; token_level_scores stays the raw score (critic/score/*)
         scores, metrics = algorithms.apply_reward_norm(
-            batch["token_level_scores"], batch["response_mask"], algo.get("reward_norm"),
+            batch["token_level_scores"], batch["response_mask"], algo.reward_norm,
             uids=batch["uid"], data_sources=batch["data_source"])
         if algo.use_kl_in_reward:
             rewards, kl_metrics = algorithms.apply_kl_in_reward(
@@ -528,7 +528,7 @@ class PPOTrainer:
                 per_source.setdefault(src, []).append(score)
                 for name, values in batch.meta["reward_extras"].items():
                     extras_per_source.setdefault(src, {}).setdefault(name, []).append(values[i])
-            budget = int(self.cfg.trainer.log_val_generations) - len(samples)
+            budget = self.cfg.trainer.log_val_generations - len(samples)
             for i, (text, gt) in enumerate(list(zip(texts, batch["ground_truth"]))[: max(budget, 0)]):
                 shown = batch["attention_mask"][i, -batch["responses"].shape[1]:].bool()  # tool turns too
                 ids = batch["responses"][i][shown].tolist()

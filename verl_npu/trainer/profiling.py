@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from verl_npu.config.rules_profiler import ROLES
-from verl_npu.workers.profiler import cfg_value as _get
 
 log = logging.getLogger("verl_npu")
 
@@ -35,21 +34,22 @@ log = logging.getLogger("verl_npu")
 def _role_setting(cfg: Any, key: str) -> Any:
     """A role's override of a global_profiler setting (the first enabled role that sets it), else the global."""
     for role in ROLES:
-        role_cfg = cfg.actor_rollout_ref[role].get("profiler")
-        if _get(role_cfg, "enable", False) and _get(role_cfg, key) is not None:
-            return _get(role_cfg, key)
-    return _get(cfg.get("global_profiler"), key)
+        role_cfg = cfg.actor_rollout_ref[role].profiler
+        if role_cfg.enable and role_cfg[key] is not None:
+            return role_cfg[key]
+    return cfg.global_profiler[key]
 
 
 class StepProfiling:
-    """The controller's side: which steps are profiled, where traces go; tells the workers."""
+    """The controller's side: which steps are profiled, where traces go; tells the workers. `cfg` is
+    the typed backend config (`actor_rollout_ref`'s roles and `global_profiler`)."""
 
     def __init__(self, cfg: Any, out_dir: Path, workers: Any):
-        gp = cfg.get("global_profiler")
+        gp = cfg.global_profiler
         self.tool = _role_setting(cfg, "tool")
-        self.steps = sorted({int(s) for s in _get(gp, "steps", [])}) if self.tool else []
-        self.continuous = bool(_get(gp, "profile_continuous_steps", False))
-        save = Path(str(_role_setting(cfg, "save_path") or "profile")).expanduser()
+        self.steps = sorted(set(gp.steps or ())) if self.tool else []  # null: no step
+        self.continuous = gp.profile_continuous_steps
+        save = Path(str(_role_setting(cfg, "save_path"))).expanduser()
         self.root = save if save.is_absolute() else Path(out_dir) / save
         self.workers = workers
         self.active = False

@@ -18,7 +18,6 @@ import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch
-from verl_npu.device import detect_device
 from verl_npu.errors import UserError
 from verl_npu.models import lora
 from verl_npu.models.forward import response_log_probs
@@ -29,13 +28,8 @@ from verl_npu.workers.engine import TrainingEngine, micro_batching
 
 
 def needs_reference(cfg) -> bool:
-    """The reference policy is loaded only when some KL term uses it."""
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
-
-
-#: tokens per chunk of the entropy computation with actor.entropy_from_logits_with_chunking when
-#: actor.entropy_from_logits_chunk_size is unset (verl's default too)
-ENTROPY_CHUNK = 2048
+    """The reference policy is loaded only when some KL term uses it (`cfg`: the typed backend config)."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
 def _active_dropout(module) -> list[str]:
@@ -68,19 +62,19 @@ def old_log_prob_pass_needed(cfg, module) -> list[str]:
     rollout = cfg.actor_rollout_ref.rollout
     actor = cfg.actor_rollout_ref.actor
     reasons = []
-    if str(rollout.name) != "hf":
+    if rollout.name != "hf":
         reasons.append(f"rollout.name={rollout.name}: the engine samples from its own copy of the weights")
-    if int(actor.ppo_epochs) != 1:
+    if actor.ppo_epochs != 1:
         reasons.append(f"actor.ppo_epochs={actor.ppo_epochs}: later epochs update from changed weights")
-    if int(actor.ppo_mini_batch_size) < int(cfg.data.train_batch_size):
+    if actor.ppo_mini_batch_size < cfg.data.train_batch_size:
         reasons.append(f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < data.train_batch_size="
                        f"{cfg.data.train_batch_size}: later mini-batches update from changed weights")
-    if bool(cfg.algorithm.use_kl_in_reward):
+    if cfg.algorithm.use_kl_in_reward:
         reasons.append("algorithm.use_kl_in_reward: the reward needs the old log-probs before the update")
-    if bool(actor.get("calculate_sum_pi_squared", False)):
+    if actor.calculate_sum_pi_squared:
         reasons.append("actor.calculate_sum_pi_squared: the advantages need the sum of squared probabilities "
                        "and old log-probs before the update")
-    if bool(rollout.get("calculate_log_probs", False)) and not bool(cfg.algorithm.rollout_correction.bypass_mode):
+    if rollout.calculate_log_probs and not cfg.algorithm.rollout_correction.bypass_mode:
         reasons.append("rollout.calculate_log_probs: rollout correction weighs the rollout's log-probs against the "
                        "old ones before the update")
     dropout = _active_dropout(module)
@@ -93,19 +87,23 @@ class ActorRolloutRefWorker:
     """The actor role: the policy's engine (trained with the PPO loss), the reference policy's
     frozen engine (or, with LoRA, the policy's with its adapters off) and the rollout engine."""
 
-    def __init__(self, cfg, total_training_steps: int, rank: int = 0, world_size: int = 1):
-        self.cfg = cfg  # the backend_config node
+    def __init__(self, cfg, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+        """`cfg`: the typed backend config (the rollout engine it builds reads it whole); `device`: the
+        run's `DeviceInfo`, resolved once by the driver."""
+        self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
         self.total_training_steps = total_training_steps
-        self.device = detect_device(cfg.trainer.device)
-        self.engine = TrainingEngine(cfg, "actor", self.device, rank=rank, world_size=world_size)
+        self.device = device
+        self.engine = TrainingEngine("actor", device, seed=cfg.data.seed,
+                                     checkpoint=cfg.actor_rollout_ref.actor.checkpoint, rank=rank,
+                                     world_size=world_size)
         self.ref = None  # the reference policy's engine, when a KL term needs a separate one
         from verl_npu.workers.profiler import WorkerProfiler
 
-        self.profiler = WorkerProfiler(cfg, rank, self.device)
+        self.profiler = WorkerProfiler(cfg.actor_rollout_ref, rank, device)
         # actor.use_torch_compile: the actor's log-prob / entropy formula runs through torch.compile
-        self._compile = bool(cfg.actor_rollout_ref.actor.get("use_torch_compile", False))
+        self._compile = cfg.actor_rollout_ref.actor.use_torch_compile
 
     # the engine's parts, under the names tests and the rollout engines use
     module = property(lambda self: self.engine.module)
@@ -122,30 +120,30 @@ class ActorRolloutRefWorker:
         model_cfg = cfg.actor_rollout_ref.model
         actor_cfg = cfg.actor_rollout_ref.actor
         engine = self.engine
-        self.device.manual_seed(int(cfg.data.seed))
+        self.device.manual_seed(cfg.data.seed)
         self.tokenizer, self.processor = load_tokenizer_and_processor(
-            model_cfg.path, trust_remote_code=bool(model_cfg.trust_remote_code),
-            custom_chat_template=model_cfg.get("custom_chat_template"))
+            model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
+            custom_chat_template=model_cfg.custom_chat_template)
         engine.tokenizer, engine.processor = self.tokenizer, self.processor
         load_kwargs = dict(attn_implementation=self.device.attn_implementation(),
-                           override_config=dict(model_cfg.override_config or {}),
-                           trust_remote_code=bool(model_cfg.trust_remote_code), external_lib=model_cfg.external_lib)
+                           override_config=dict(model_cfg.override_config),
+                           trust_remote_code=model_cfg.trust_remote_code, external_lib=model_cfg.external_lib)
         module = load_policy_model(model_cfg.path, dtype=torch.float32, **load_kwargs,
-                                   gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing))
+                                   gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
         engine.attach(module, actor_cfg.fsdp_config, model_cfg=model_cfg,
-                      freeze_vision_tower=bool(actor_cfg.get("freeze_vision_tower", False)))
+                      freeze_vision_tower=actor_cfg.freeze_vision_tower)
         # a LoRA actor's reference is the actor itself with its adapters off (no second copy)
         self.ref_is_actor = needs_reference(cfg) and engine.peft_model is not None
         if needs_reference(cfg) and not self.ref_is_actor:
             ref = load_policy_model(model_cfg.path, dtype=engine.compute_dtype, **load_kwargs)
             ref.requires_grad_(False)
-            self.ref = TrainingEngine(cfg, "ref", self.device, rank=self.rank, world_size=self.world_size)
+            self.ref = TrainingEngine("ref", self.device, rank=self.rank, world_size=self.world_size)
             self.ref.attach(ref.eval(), cfg.actor_rollout_ref.ref.fsdp_config)
-        sp = int(actor_cfg.ulysses_sequence_parallel_size)
+        sp = actor_cfg.ulysses_sequence_parallel_size
         self.sp_group, _, engine.dp_size = parallel.sequence_parallel_group(self.world_size, sp)
         # actor.entropy_from_logits_with_chunking: the actor's entropy, entropy_from_logits_chunk_size tokens at a time
-        chunk = int(actor_cfg.get("entropy_from_logits_chunk_size") or ENTROPY_CHUNK)
-        self.entropy_chunk = chunk if actor_cfg.get("entropy_from_logits_with_chunking") else 0
+        chunked = actor_cfg.entropy_from_logits_with_chunking
+        self.entropy_chunk = actor_cfg.entropy_from_logits_chunk_size if chunked else 0
         if self.sp_group is not None:
             from verl_npu.models.ulysses import check_heads
 
@@ -165,7 +163,7 @@ class ActorRolloutRefWorker:
     def _build_rollout(self) -> RolloutEngine:
         from verl_npu.rollout import build_rollout
 
-        return build_rollout(str(self.cfg.actor_rollout_ref.rollout.name), self.module, self.tokenizer,
+        return build_rollout(self.cfg.actor_rollout_ref.rollout.name, self.module, self.tokenizer,
                              self.processor, self.cfg, rank=self.rank, world_size=self.world_size,
                              device=self.device, weights=self._rollout_weights())
 
@@ -173,8 +171,8 @@ class ActorRolloutRefWorker:
         """The actor's full weights for the rollout engine's `update_weights`, lazily gathered (a
         collective) in `rollout.dtype`, `rollout.update_weights_bucket_megabytes` at a time."""
         rollout_cfg = self.cfg.actor_rollout_ref.rollout
-        return self.engine.rollout_weights(dtype=ROLLOUT_DTYPES.get(str(rollout_cfg.dtype)),
-                                           bucket_bytes=int(rollout_cfg.update_weights_bucket_megabytes) << 20)
+        return self.engine.rollout_weights(dtype=ROLLOUT_DTYPES.get(rollout_cfg.dtype),
+                                           bucket_bytes=rollout_cfg.update_weights_bucket_megabytes << 20)
 
     # ---- rollout ---------------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -184,10 +182,9 @@ class ActorRolloutRefWorker:
     # ---- log-probs --------------------------------------------------------------------------
     def _forward_settings(self) -> dict:
         """The keywords of `response_log_probs` that every forward of this role shares."""
-        cfg = self.cfg
-        return dict(temperature=float(cfg.actor_rollout_ref.rollout.temperature),
-                    remove_padding=bool(cfg.actor_rollout_ref.model.use_remove_padding), sp_group=self.sp_group,
-                    fused=bool(cfg.actor_rollout_ref.model.get("use_fused_kernels", False)))
+        arr = self.cfg.actor_rollout_ref
+        return dict(temperature=arr.rollout.temperature, remove_padding=arr.model.use_remove_padding,
+                    sp_group=self.sp_group, fused=arr.model.use_fused_kernels)
 
     def _log_probs(self, engine: TrainingEngine, batch: Batch, *, with_entropy: bool, micro: dict,
                    with_sum_pi_squared: bool = False):
@@ -213,14 +210,14 @@ class ActorRolloutRefWorker:
 
     def _log_prob_micro(self, role_cfg) -> dict:
         return micro_batching(role_cfg.log_prob_use_dynamic_bsz, role_cfg.log_prob_max_token_len_per_gpu,
-                              int(role_cfg.log_prob_micro_batch_size_per_gpu or 1), sp=self._sp_size())
+                              role_cfg.log_prob_micro_batch_size_per_gpu or 1, sp=self._sp_size())
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Log-probs of the sampled responses under the current actor ("old" log-probs for PPO), their
         entropies, and with `actor.calculate_sum_pi_squared` each position's Σ_v π_v² (`sum_pi_squared`, for
         the optimal-token-baseline estimators)."""
         micro = self._log_prob_micro(self.cfg.actor_rollout_ref.rollout)
-        if not self.cfg.actor_rollout_ref.actor.get("calculate_sum_pi_squared", False):
+        if not self.cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
             log_probs, entropy = self._log_probs(self.engine, batch, with_entropy=True, micro=micro)
             return Batch({"old_log_probs": log_probs, "entropys": entropy})
         log_probs, entropy, sum_pi_sq = self._log_probs(self.engine, batch, with_entropy=True, micro=micro,
@@ -272,13 +269,13 @@ class ActorRolloutRefWorker:
                 reuse_sums["_old/tokens"] += float(mask.sum())
             return self._ppo_loss(part, out, mask, agg)
 
-        rows = int(actor_cfg.ppo_mini_batch_size) * int(self.cfg.actor_rollout_ref.rollout.n) // self.engine.dp_size
+        rows = actor_cfg.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.engine.dp_size
         metrics = self.engine.train(
             batch, self._train_forward, loss_fn, mini_rows=rows,
-            epochs=int(actor_cfg.ppo_epochs), shuffle=bool(actor_cfg.shuffle),
+            epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle,
             micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
-                                 int(actor_cfg.ppo_micro_batch_size_per_gpu or 1), sp=self._sp_size()),
-            grad_clip=float(actor_cfg.grad_clip), summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"))
+                                 actor_cfg.ppo_micro_batch_size_per_gpu or 1, sp=self._sp_size()),
+            grad_clip=actor_cfg.grad_clip, summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"))
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
         # shares the module; a collective for vLLM, so every rank calls it)
         self.rollout.update_weights(self._rollout_weights())
@@ -292,7 +289,7 @@ class ActorRolloutRefWorker:
         """(log-probs, entropies, KL inputs) of a training micro-batch; the exact (`full`) KL also
         needs both whole distributions, the policy's and the reference's, at every position."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
-        full_kl = bool(actor_cfg.use_kl_loss) and actor_cfg.kl_loss_type == "full"
+        full_kl = actor_cfg.use_kl_loss and actor_cfg.kl_loss_type == "full"
         response_length = part["responses"].shape[1]
         forward = dict(multi_modal_inputs=part.get("multi_modal_inputs"), entropy_chunk=self.entropy_chunk,
                        **self._forward_settings())
@@ -316,21 +313,21 @@ class ActorRolloutRefWorker:
         # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
         old_log_prob = log_prob.detach() if "old_log_probs" not in part else part["old_log_probs"]
         correction = self.cfg.algorithm.rollout_correction
-        loss_mode = "bypass_mode" if correction.bypass_mode else str(actor_cfg.policy_loss.loss_mode)
+        loss_mode = "bypass_mode" if correction.bypass_mode else actor_cfg.policy_loss.loss_mode
         # bypass_mode: old_log_prob is the rollout's, the loss computes its own weights and rejection
         extra = ({"rollout_correction": correction} if loss_mode == "bypass_mode"
                  else {"rollout_is_weights": part.get("rollout_is_weights")})
         pg = algorithms.policy_loss_fn(loss_mode)(
             log_prob, old_log_prob, part["advantages"], mask,
-            clip_ratio_low=float(actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else clip),
-            clip_ratio_high=float(actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else clip),
-            clip_ratio_c=float(actor_cfg.clip_ratio_c), loss_agg_mode=mode,
+            clip_ratio_low=actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else clip,
+            clip_ratio_high=actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else clip,
+            clip_ratio_c=actor_cfg.clip_ratio_c, loss_agg_mode=mode,
             config=actor_cfg,  # each loss mode reads its own settings (policy_loss.*, tau_pos, ...)
             **extra, **agg)
         loss = pg["pg_loss"]
         entropy_loss = algorithms.agg_loss(entropy, mask, mode, **agg)
         if actor_cfg.entropy_coeff:
-            loss = loss - float(actor_cfg.entropy_coeff) * entropy_loss
+            loss = loss - actor_cfg.entropy_coeff * entropy_loss
         # pg_loss and the metrics the loss mode logs (pg_clipfrac, ppo_kl, pg_clipfrac_lower; fewer for some modes;
         # bypass_mode adds rollout_corr/*, which keep their own prefix as in verl)
         stats = {"actor/entropy": entropy_loss,
@@ -338,9 +335,9 @@ class ActorRolloutRefWorker:
         if actor_cfg.use_kl_loss:
             kl = algorithms.kl_penalty(log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type, **kl_inputs)
             kl_loss = algorithms.agg_loss(kl, mask, mode, **agg)
-            loss = loss + float(actor_cfg.kl_loss_coef) * kl_loss
+            loss = loss + actor_cfg.kl_loss_coef * kl_loss
             stats["actor/kl_loss"] = kl_loss
-            stats["actor/kl_coef"] = float(actor_cfg.kl_loss_coef)
+            stats["actor/kl_coef"] = actor_cfg.kl_loss_coef
         return loss, stats
 
     # ---- profiling (verl_npu.workers.profiler) ---------------------------------------------

@@ -46,20 +46,15 @@ FSDP_VERSION = 2
 CONTENT_FILES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
 
 
-SAVE_DEFAULT = ("model", "optimizer", "extra", "hf_model")
-LOAD_DEFAULT = ("model", "optimizer", "extra")
-
 
 def rank_file(kind: str, world_size: int, rank: int) -> str:
     """verl's per-rank file name, e.g. `model_world_size_2_rank_1.pt`."""
     return f"{kind}_world_size_{int(world_size)}_rank_{int(rank)}.pt"
 
 
-def checkpoint_contents(cfg) -> tuple[list[str], list[str]]:
-    """(save_contents, load_contents) of the actor, from `actor_rollout_ref.actor.checkpoint`."""
-    ckpt_cfg = cfg.actor_rollout_ref.actor.get("checkpoint") or {}
-    save, load = ckpt_cfg.get("save_contents"), ckpt_cfg.get("load_contents")
-    return (list(SAVE_DEFAULT if save is None else save), list(LOAD_DEFAULT if load is None else load))
+def checkpoint_contents(checkpoint_cfg) -> tuple[list[str], list[str]]:
+    """(save_contents, load_contents) of the `actor_rollout_ref.actor.checkpoint` section."""
+    return list(checkpoint_cfg.save_contents), list(checkpoint_cfg.load_contents)
 
 
 # ---- extra state (LR schedule and RNG) -----------------------------------------------------------
@@ -176,7 +171,7 @@ def save_actor(worker, actor_dir: str | Path) -> None:
     A full disk anywhere in here (torch's writer, safetensors) is re-raised as `OSError(ENOSPC)`
     naming `actor_dir`, so that the controller reports it as such."""
     actor_dir = Path(actor_dir)
-    save_contents, _ = checkpoint_contents(worker.cfg)
+    save_contents, _ = checkpoint_contents(worker.checkpoint)
     ws, rank = worker.world_size, worker.rank
     # every rank counts its shards' non-finite weights and all learn the total: all refuse together
     bad = parallel.all_reduce_sum(float(sum(not bool(torch.isfinite(p.detach()).all()) for p in _local_params(worker))),
@@ -232,7 +227,7 @@ def load_actor(worker, actor_dir: str | Path) -> None:
     Every file goes through `load_torch` (weights_only=True: nothing in it is executed) and is read
     before any state changes; a missing, damaged or unsafe file is a UserError naming it."""
     actor_dir = Path(actor_dir)
-    _, load_contents = checkpoint_contents(worker.cfg)
+    _, load_contents = checkpoint_contents(worker.checkpoint)
     ws, rank = worker.world_size, worker.rank
     config = read_fsdp_config(actor_dir)
     if config is not None:

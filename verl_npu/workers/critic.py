@@ -16,7 +16,6 @@ import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch
-from verl_npu.device import detect_device
 from verl_npu.models.loading import apply_override_config, load_config, load_tokenizer_and_processor, resolve_model_path
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
@@ -26,17 +25,17 @@ FROM_ACTOR = ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs
 
 
 def critic_setting(cfg, key: str):
-    """`critic.<key>`; for the keys of FROM_ACTOR a null reads `actor_rollout_ref.actor.<key>`."""
-    value = cfg.critic.get(key)
+    """`critic.<key>` of the typed backend config; for the keys of FROM_ACTOR a null reads
+    `actor_rollout_ref.actor.<key>`."""
+    value = cfg.critic[key]
     if value is None and key in FROM_ACTOR:
-        value = cfg.actor_rollout_ref.actor.get(key)
+        value = cfg.actor_rollout_ref.actor[key]
     return value
 
 
 def critic_model_path(cfg) -> str:
     """`critic.model.path`, or the actor's model when it is null."""
-    path = (cfg.critic.get("model") or {}).get("path")
-    return str(path) if path else str(cfg.actor_rollout_ref.model.path)
+    return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
 
 
 def load_value_model(path, *, dtype: torch.dtype, attn_implementation: str, override_config: dict | None,
@@ -71,29 +70,32 @@ def response_values(module, input_ids: torch.Tensor, attention_mask: torch.Tenso
 class CriticWorker:
     """The critic role: the value model's engine, trained with the clipped value loss."""
 
-    def __init__(self, cfg, total_training_steps: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+        """`cfg`: the typed backend config (the critic section, and the actor's values its nulls stand for)."""
         self.cfg = cfg
         self.total_training_steps = total_training_steps
-        self.engine = TrainingEngine(cfg, "critic", detect_device(cfg.trainer.device), rank=rank,
+        # a critic checkpoint holds what an actor checkpoint holds (actor.checkpoint.*), in the same layout
+        self.engine = TrainingEngine("critic", device, seed=cfg.data.seed,
+                                     checkpoint=cfg.actor_rollout_ref.actor.checkpoint, rank=rank,
                                      world_size=world_size)
 
     def init_model(self) -> dict:
         cfg, engine = self.cfg, self.engine
         critic_cfg = cfg.critic
-        model_cfg = critic_cfg.get("model") or {}
+        model_cfg = critic_cfg.model
         path = critic_model_path(cfg)
-        trust = bool(cfg.actor_rollout_ref.model.trust_remote_code)
-        engine.device.manual_seed(int(cfg.data.seed) + 1)  # the value head's initialisation
+        trust = cfg.actor_rollout_ref.model.trust_remote_code
+        engine.device.manual_seed(cfg.data.seed + 1)  # the value head's initialisation
         engine.tokenizer, engine.processor = load_tokenizer_and_processor(path, trust_remote_code=trust)
         module = load_value_model(
             path, dtype=torch.float32, attn_implementation=engine.device.attn_implementation(),
-            override_config=dict(model_cfg.get("override_config") or {}), trust_remote_code=trust,
-            gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", True)),
+            override_config=dict(model_cfg.override_config), trust_remote_code=trust,
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
         )
-        engine.attach(module, critic_cfg.model.fsdp_config)
+        engine.attach(module, model_cfg.fsdp_config)
         # the group sends the ranks of an actor Ulysses group the same rows; the critic runs whole
         # sequences on each (no sequence parallelism), so its data-parallel size is the actor's
-        engine.dp_size = engine.world_size // int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+        engine.dp_size = engine.world_size // cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
         engine.add_optimizer(critic_cfg.optim, self.total_training_steps)
         return {"num_params": sum(p.numel() for p in engine.module.parameters())}
 
@@ -101,8 +103,8 @@ class CriticWorker:
         """Micro-batching of a forward (compute_values) or of the update: by token budget with
         use_dynamic_bsz, else a fixed number of rows; the forward keys fall back to the update's."""
         c = self.cfg.critic
-        budget = c.get("forward_max_token_len_per_gpu") if forward else None
-        rows = c.get("forward_micro_batch_size_per_gpu") if forward else None
+        budget = c.forward_max_token_len_per_gpu if forward else None
+        rows = c.forward_micro_batch_size_per_gpu if forward else None
         return micro_batching(critic_setting(self.cfg, "use_dynamic_bsz"), budget or c.ppo_max_token_len_per_gpu,
                               int(rows or critic_setting(self.cfg, "ppo_micro_batch_size_per_gpu") or 1))
 
@@ -126,20 +128,20 @@ class CriticWorker:
         `returns`, clipped around the `values` computed before the update. Metrics: verl's
         critic/vf_loss, vf_clipfrac, vpred_mean (per mini-batch, averaged), grad_norm, lr."""
         c = self.cfg.critic
-        loss_agg_mode = str(critic_setting(self.cfg, "loss_agg_mode"))
+        loss_agg_mode = critic_setting(self.cfg, "loss_agg_mode")
 
         def value_loss(part, vpreds, mask, agg):
             out = algorithms.clipped_value_loss(vpreds, part["values"], part["returns"], mask,
-                                                float(c.cliprange_value), loss_agg_mode, **agg)
+                                                c.cliprange_value, loss_agg_mode, **agg)
             return out["vf_loss"], {"critic/vf_loss": out["vf_loss"], "critic/vf_clipfrac": out["vf_clipfrac"],
                                     "critic/vpred_mean": algorithms.masked_mean(vpreds.detach(), mask)}
 
-        n = int(self.cfg.actor_rollout_ref.rollout.n)
+        n = self.cfg.actor_rollout_ref.rollout.n
         return self.engine.train(
             batch, self._values, value_loss,
-            mini_rows=max(1, int(critic_setting(self.cfg, "ppo_mini_batch_size")) * n // self.engine.dp_size),
-            epochs=int(critic_setting(self.cfg, "ppo_epochs")), shuffle=bool(c.get("shuffle")),
-            micro=self._micro(forward=False), grad_clip=float(c.grad_clip), summed=("critic/vf_loss",))
+            mini_rows=max(1, critic_setting(self.cfg, "ppo_mini_batch_size") * n // self.engine.dp_size),
+            epochs=critic_setting(self.cfg, "ppo_epochs"), shuffle=c.shuffle,
+            micro=self._micro(forward=False), grad_clip=c.grad_clip, summed=("critic/vf_loss",))
 
     def save_checkpoint(self, critic_dir: str) -> None:
         """This rank's part of `critic_dir`, in the actor's (verl's) layout (`TrainingEngine.save`)."""

@@ -40,12 +40,16 @@ def micro_batching(dynamic: bool, max_token_len, rows: int | None, sp: int = 1) 
 
 
 class TrainingEngine:
-    """One model of role `role` on this rank. `cfg` is the backend config (the checkpoint contents
-    are read from it); `tokenizer` / `processor`, set by the role, go into a checkpoint's
-    huggingface/ folder. `dp_size` is the data-parallel size (world size / Ulysses size)."""
+    """One model of role `role` on this rank, on `device` (the run's `DeviceInfo`). `seed` is
+    data.seed (the mini-batch shuffle's; None for a frozen engine); `checkpoint` the
+    `actor_rollout_ref.actor.checkpoint` section (what a checkpoint saves and loads; None for an engine
+    that is never saved); `tokenizer` /
+    `processor`, set by the role, go into a checkpoint's huggingface/ folder. `dp_size` is the
+    data-parallel size (world size / Ulysses size)."""
 
-    def __init__(self, cfg, role: str, device, *, rank: int = 0, world_size: int = 1):
-        self.cfg, self.role, self.device = cfg, role, device
+    def __init__(self, role: str, device, *, seed: int | None = None, checkpoint=None, rank: int = 0,
+                 world_size: int = 1):
+        self.role, self.device, self.seed, self.checkpoint = role, device, seed, checkpoint
         self.rank, self.world_size, self.dp_size = rank, world_size, world_size
         self.torch_device = device.torch_device(int(os.environ.get("LOCAL_RANK", 0)))
         # fp32 master weights and optimizer state; forward/backward in the device's compute dtype
@@ -129,7 +133,7 @@ class TrainingEngine:
         averaged over optimizer steps), `<role>/lr` and the guarded step's counts."""
         response_length = batch["responses"].shape[1]
         sp = self.world_size // self.dp_size
-        generator = torch.Generator().manual_seed(int(self.cfg.data.seed) + int(self.lr_scheduler.last_epoch))
+        generator = torch.Generator().manual_seed(self.seed + int(self.lr_scheduler.last_epoch))
         grad_key = f"{self.role}/grad_norm"
         sums: dict[str, list[float]] = {}
         self.module.train()

@@ -45,16 +45,11 @@ def is_fsdp(module: torch.nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-#: the FSDP sections of the roles (`param_offload` in any of them asks for FSDP2 on one worker too)
-FSDP_SECTIONS = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")
-
-
 def offloads_parameters(cfg) -> bool:
-    """True when any role's `fsdp_config.param_offload` is set (cfg: the backend config)."""
-    from omegaconf import OmegaConf
-
-    return any(bool(OmegaConf.select(cfg, f"{section}.fsdp_config.param_offload", default=False))
-               for section in FSDP_SECTIONS)
+    """True when any role's `fsdp_config.param_offload` is set (cfg: the typed backend config); then
+    one worker runs FSDP2 over a group of itself too."""
+    roles = (cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref, cfg.critic.model, cfg.reward_model.model)
+    return any(role.fsdp_config.param_offload for role in roles)
 
 
 def start_one_rank_group(backend: str) -> None:
@@ -116,15 +111,14 @@ def shard_module(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     device_type = next(iter(module.parameters())).device.type
-    kwargs = {"reshard_after_forward": bool(fsdp_cfg.get("reshard_after_forward", True)),
-              "mesh": fsdp_mesh(device_type, world_size)}
+    kwargs = {"reshard_after_forward": fsdp_cfg.reshard_after_forward, "mesh": fsdp_mesh(device_type, world_size)}
     if param_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    if fsdp_cfg.get("param_offload", False):
+    if fsdp_cfg.param_offload:
         # pinned host memory needs an accelerator runtime; a CPU-only run offloads to plain memory
         on_accelerator = any(p.device.type != "cpu" for p in module.parameters())
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=on_accelerator)
-    min_params = int((fsdp_cfg.get("wrap_policy") or {}).get("min_num_params", 0) or 0)
+    min_params = fsdp_cfg.wrap_policy.min_num_params
     names = _block_classes(module)
     blocks = []
     for sub in module.modules():
@@ -132,7 +126,7 @@ def shard_module(
             continue
         if sum(p.numel() for p in sub.parameters()) >= min_params:
             blocks.append(fully_shard(sub, **kwargs))
-    if fsdp_cfg.get("forward_prefetch", False):
+    if fsdp_cfg.forward_prefetch:
         for block, nxt in zip(blocks, blocks[1:]):
             block.set_modules_to_forward_prefetch([nxt])
     # Vision towers get a unit of their own: `generate` may run them outside the root's forward

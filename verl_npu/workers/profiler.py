@@ -10,33 +10,25 @@ from typing import Any
 from verl_npu.config.rules_profiler import ROLES, TOOLS
 
 
-def cfg_value(node: Any, key: str, default: Any = None) -> Any:
-    """`node.key` (`default` when `node` is None or the value is missing or null)."""
-    value = node.get(key, default) if node is not None else default
-    return default if value is None else value
-
-
-def role_profiles_rank(role_cfg: Any, rank: int) -> bool:
-    """Whether a role's profiler config selects this rank."""
-    if not cfg_value(role_cfg, "enable", False):
-        return False
-    return bool(cfg_value(role_cfg, "all_ranks", False)) or rank in [int(r) for r in cfg_value(role_cfg, "ranks", [])]
+def role_profiles_rank(profiler_cfg: Any, rank: int) -> bool:
+    """Whether a role's profiler section (`<role>.profiler`) selects this rank."""
+    return profiler_cfg.enable and (profiler_cfg.all_ranks or rank in profiler_cfg.ranks)
 
 
 class WorkerProfiler:
-    """A worker's side: records when an enabled role selects this rank."""
+    """A worker's side: records when an enabled role selects this rank. `arr_cfg` is the
+    `actor_rollout_ref` section (its roles' `profiler` sections)."""
 
-    def __init__(self, cfg: Any, rank: int, device: Any):
+    def __init__(self, arr_cfg: Any, rank: int, device: Any):
         self.device = device
         self.rank = rank
-        roles = [cfg.actor_rollout_ref[role].get("profiler") for role in ROLES]
+        roles = [arr_cfg[role].profiler for role in ROLES]
         self.enabled = any(role_profiles_rank(r, rank) for r in roles)
         contents: set[str] = set()
         for role_cfg in roles:
             if role_profiles_rank(role_cfg, rank):
-                tool_config = cfg_value(role_cfg, "tool_config", {}) or {}
-                for tool in TOOLS:
-                    contents.update(str(c) for c in (cfg_value(tool_config.get(tool), "contents", []) or []))
+                for tool in TOOLS:  # tool_config is free-form: {tool: {contents: [...]}}
+                    contents.update(str(c) for c in ((role_cfg.tool_config.get(tool) or {}).get("contents") or []))
         self.contents = sorted(contents)
         self._running = None
 

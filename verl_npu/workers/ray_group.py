@@ -18,8 +18,6 @@ import os
 import socket
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
 from verl_npu.workers.group import WorkerGroup
@@ -103,9 +101,10 @@ def _portable(exc: Exception) -> Exception:
 
 class _WorkerHost:
     """Runs inside a Ray actor: sets up torch.distributed, then hosts one worker per role the
-    config needs (`verl_npu.workers.roles`), all on this actor's device."""
+    config needs (`verl_npu.workers.roles`), all on this actor's device. `cfg` is the typed backend
+    config (it pickles as it is); `device` the driver's `DeviceInfo` (the run resolves it once)."""
 
-    def __init__(self, cfg: dict, total_training_steps: int, rank: int, world_size: int, addr: str, port: int):
+    def __init__(self, cfg, total_training_steps: int, device, rank: int, world_size: int, addr: str, port: int):
         os.environ.update(
             {
                 "RANK": str(rank),
@@ -117,14 +116,11 @@ class _WorkerHost:
         )
         import torch.distributed as dist
 
-        from verl_npu.device import detect_device
         from verl_npu.workers.roles import build_workers
 
-        backend_cfg = OmegaConf.create(cfg)
-        device = detect_device(backend_cfg.trainer.device)
         device.set_device(0)
         dist.init_process_group(backend=device.dist_backend, rank=rank, world_size=world_size)
-        self.workers = build_workers(backend_cfg, total_training_steps, rank=rank, world_size=world_size)
+        self.workers = build_workers(cfg, total_training_steps, device, rank=rank, world_size=world_size)
 
     def call(self, role: str, method: str, *args, **kwargs) -> Any:
         try:
@@ -146,16 +142,16 @@ class _WorkerHost:
 
 
 class RayWorkerGroup(WorkerGroup):
-    def __init__(self, rc, total_training_steps: int):
+    def __init__(self, rc, total_training_steps: int, device):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from verl_npu.device import detect_device, ray_runtime_env
+        from verl_npu.device import ray_runtime_env
 
-        cfg = rc.backend
+        cfg = rc.typed
         self.world_size = rc.world_size
-        self.sp_size = int(cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
+        self.sp_size = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
         from verl_npu.rollout_engines import rollout_group_size
 
         self.rollout_group = rollout_group_size(cfg)
@@ -163,7 +159,6 @@ class RayWorkerGroup(WorkerGroup):
 
         self._roles = roles_for(cfg)
         self.last_checkpoint_dir = str(cfg.trainer.default_local_dir)
-        device = detect_device(cfg.trainer.device)
         self._started_ray = False
         if not ray.is_initialized():
             init_kwargs: dict[str, Any] = {"include_dashboard": False, "runtime_env": ray_runtime_env(device.kind)}
@@ -173,7 +168,7 @@ class RayWorkerGroup(WorkerGroup):
             else:
                 self._started_ray = True
                 if cfg.ray_init.num_cpus:
-                    init_kwargs["num_cpus"] = int(cfg.ray_init.num_cpus)
+                    init_kwargs["num_cpus"] = cfg.ray_init.num_cpus
                 # a local instance of our own: its default token authentication is right, and Ray's
                 # warning that it is on ("set RAY_AUTH_MODE=disabled to opt out") is console noise
                 logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
@@ -203,14 +198,13 @@ class RayWorkerGroup(WorkerGroup):
         addr, port = ray.get(ray.remote(num_cpus=0)(_rendezvous_address).options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=bundles[0])
         ).remote())
-        container = OmegaConf.to_container(cfg, resolve=True)
         self.actors = [
             host_cls.options(
                 **options,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._pg, placement_group_bundle_index=bundles[rank]),
                 name=None,
-            ).remote(container, total_training_steps, rank, self.world_size, addr, port)
+            ).remote(cfg, total_training_steps, device, rank, self.world_size, addr, port)
             for rank in range(self.world_size)
         ]
         hosts = self._gather([a.ping.remote() for a in self.actors])

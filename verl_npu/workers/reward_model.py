@@ -28,7 +28,6 @@ import os
 import torch
 
 from verl_npu.batch import Batch
-from verl_npu.device import detect_device
 from verl_npu.errors import UserError
 from verl_npu.models.loading import apply_override_config, load_config, load_tokenizer_and_processor, resolve_model_path
 from verl_npu.models.tiny import is_tiny_uri
@@ -123,27 +122,27 @@ def same_tokenizer(a, b) -> bool:
 
 
 class RewardModelWorker:
-    """The reward model role: a frozen engine and `last_token_scores` as its forward."""
+    """The reward model role: a frozen engine and `last_token_scores` as its forward. It reads only
+    the `reward_model` section of the typed backend config `cfg`."""
 
-    def __init__(self, cfg, total_training_steps: int, rank: int = 0, world_size: int = 1):
-        self.cfg = cfg
-        self.engine = TrainingEngine(cfg, "reward_model", detect_device(cfg.trainer.device), rank=rank,
-                                     world_size=world_size)
+    def __init__(self, cfg, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+        self.cfg = cfg.reward_model
+        self.engine = TrainingEngine("reward_model", device, rank=rank, world_size=world_size)
 
     def init_model(self) -> dict:
-        model_cfg = self.cfg.reward_model.model
-        path = str(model_cfg.path)
-        trust = bool(model_cfg.trust_remote_code)
+        model_cfg = self.cfg.model
+        path = model_cfg.path
+        trust = model_cfg.trust_remote_code
         self.tokenizer, _ = load_tokenizer_and_processor(path, trust_remote_code=trust)
         self.input_tokenizer = None  # set when rollouts must be re-tokenised for the reward model
-        if model_cfg.get("input_tokenizer"):
-            source = load_input_tokenizer(str(model_cfg.input_tokenizer), trust_remote_code=trust)
+        if model_cfg.input_tokenizer:
+            source = load_input_tokenizer(model_cfg.input_tokenizer, trust_remote_code=trust)
             if not same_tokenizer(source, self.tokenizer):
                 self.input_tokenizer = source
         module = load_reward_model(
             path, dtype=torch.float32, attn_implementation=self.engine.device.attn_implementation(),
-            override_config=dict(model_cfg.get("override_config") or {}), trust_remote_code=trust,
-            external_lib=model_cfg.get("external_lib"),
+            override_config=dict(model_cfg.override_config), trust_remote_code=trust,
+            external_lib=model_cfg.external_lib,
         )
         module = self.engine.attach(module, model_cfg.fsdp_config)
         return {"num_params": sum(p.numel() for p in module.parameters()),
@@ -183,11 +182,10 @@ class RewardModelWorker:
         """`rm_scores` [B, response_length]: each row's reward model score on its last response
         token (the last position whose response mask is 1; position 0 for an empty response), zeros
         elsewhere, as verl's reward model worker returns them."""
-        rm = self.cfg.reward_model
+        rm = self.cfg
         ids, mask = self._inputs(batch)
-        inputs = Batch({"input_ids": ids, "attention_mask": keep_last_tokens(mask, rm.get("max_length"))})
-        micro = micro_batching(rm.use_dynamic_bsz, rm.get("forward_max_token_len_per_gpu"),
-                               rm.get("micro_batch_size_per_gpu"))
+        inputs = Batch({"input_ids": ids, "attention_mask": keep_last_tokens(mask, rm.max_length)})
+        micro = micro_batching(rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu, rm.micro_batch_size_per_gpu)
         scores = self.engine.infer(
             inputs, lambda module, part: last_token_scores(module, part["input_ids"], part["attention_mask"]), micro)
         response_mask = batch["response_mask"]

@@ -14,6 +14,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from verl_npu.config.typed import section
 from verl_npu.estimators import needs_critic
 
 
@@ -21,7 +22,7 @@ from verl_npu.estimators import needs_critic
 class RoleSpec:
     name: str
     worker: str                       # "package.module:ClassName"
-    needed: Callable[[object], bool]  # backend config -> whether the run builds this role
+    needed: Callable[[object], bool]  # typed backend config -> whether the run builds this role
     doc: str
     checkpointed: bool = True         # False: a frozen role, no folder in global_step_N/
 
@@ -45,12 +46,14 @@ register_role("actor", "verl_npu.workers.actor:ActorRolloutRefWorker", lambda cf
 register_role("critic", "verl_npu.workers.critic:CriticWorker", needs_critic,
               "value model (a value head on a transformers model) for gae")
 register_role("reward_model", "verl_npu.workers.reward_model:RewardModelWorker",
-              lambda cfg: bool(cfg.get("reward_model", {}).get("enable")) if hasattr(cfg, "get") else False,
+              lambda cfg: cfg.reward_model.enable,
               "frozen sequence-classification reward model (reward_model.enable)", checkpointed=False)
 
 
 def roles_for(cfg) -> list[str]:
-    """Names of the roles `cfg` needs, in registration order (the actor first)."""
+    """Names of the roles `cfg` (the backend config: typed, or a dict / OmegaConf tree, other keys at
+    their defaults) needs, in registration order (the actor first)."""
+    cfg = section("backend_config", cfg)
     return [name for name, spec in ROLES.items() if spec.needed(cfg)]
 
 
@@ -59,7 +62,8 @@ def checkpointed_roles(names) -> list[str]:
     return [n for n in names if ROLES[n].checkpointed]
 
 
-def build_workers(cfg, total_training_steps: int, rank: int = 0, world_size: int = 1) -> dict:
-    """One worker per needed role, on this rank: {role name: worker}."""
-    return {name: ROLES[name].worker_class()(cfg, total_training_steps, rank=rank, world_size=world_size)
+def build_workers(cfg, total_training_steps: int, device, rank: int = 0, world_size: int = 1) -> dict:
+    """One worker per needed role, on this rank: {role name: worker}. `cfg` is the typed backend config,
+    `device` the run's `DeviceInfo` (resolved once, by the driver)."""
+    return {name: ROLES[name].worker_class()(cfg, total_training_steps, device, rank=rank, world_size=world_size)
             for name in roles_for(cfg)}
