@@ -315,12 +315,11 @@ def _live_report(title: str) -> None:
           file=sys.stderr)
 
 
-def _rank_main(conn, cfg, steps: int, rank: int, world: int, port: int) -> None:
+def _rank_main(conn, cfg, device, steps: int, rank: int, world: int, port: int) -> None:
     """One rank of the two-worker group: gloo, this rank's workers (as a Ray worker host builds
     them), then calls from the pipe, each a profiler span; at the end its peaks and peak RSS."""
     import torch
     import torch.distributed as dist
-    from omegaconf import OmegaConf
     from torch.profiler import record_function
 
     from verl_npu.workers.roles import build_workers
@@ -330,7 +329,7 @@ def _rank_main(conn, cfg, steps: int, rank: int, world: int, port: int) -> None:
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     prof = start_profiler()
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    workers = build_workers(OmegaConf.create(cfg), steps, rank=rank, world_size=world)
+    workers = build_workers(cfg, steps, device, rank=rank, world_size=world)
     conn.send(("ok", None))
     while True:
         msg = conn.recv()
@@ -353,10 +352,8 @@ def _rank_main(conn, cfg, steps: int, rank: int, world: int, port: int) -> None:
 class ProcessWorkerGroup:
     """Two (or more) ranks in processes of their own, driven through pipes: the WorkerGroup API."""
 
-    def __new__(cls, rc, steps: int):
+    def __new__(cls, rc, steps: int, device):
         import multiprocessing as mp
-
-        from omegaconf import OmegaConf
 
         from verl_npu.workers.group import WorkerGroup
         from verl_npu.workers.parallel import free_port
@@ -367,12 +364,12 @@ class ProcessWorkerGroup:
                 ctx = mp.get_context("spawn")
                 self.world_size = rc.world_size
                 self.sp_size = int(rc.backend.actor_rollout_ref.actor.ulysses_sequence_parallel_size)
-                self._roles = roles_for(rc.backend)
-                cfg, port = OmegaConf.to_container(rc.backend, resolve=True), free_port()
+                self._roles = roles_for(rc.typed)
+                cfg, port = rc.typed, free_port()  # the typed config pickles to the ranks as to Ray workers
                 self.conns, self.procs = [], []
                 for rank in range(self.world_size):
                     here, there = ctx.Pipe()
-                    proc = ctx.Process(target=_rank_main, args=(there, cfg, steps, rank, self.world_size, port))
+                    proc = ctx.Process(target=_rank_main, args=(there, cfg, device, steps, rank, self.world_size, port))
                     proc.start()
                     self.conns.append(here)
                     self.procs.append(proc)
@@ -429,13 +426,13 @@ def measure(name: str, work: Path) -> dict:
     original = entry.build_workers
     prof = None
 
-    def build(rc_, steps):
+    def build(rc_, steps, device):
         nonlocal prof
         if rc_.world_size == 1:
             prof = start_profiler()
-            group = _marked(original(rc_, steps))
+            group = _marked(original(rc_, steps, device))
         else:
-            group = ProcessWorkerGroup(rc_, steps)
+            group = ProcessWorkerGroup(rc_, steps, device)
         groups.append(group)
         return group
 
