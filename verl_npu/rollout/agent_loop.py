@@ -41,11 +41,13 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
+from verl_npu.rollout import interaction_turns
 from verl_npu.rollout.base import SamplingParams, attach_responses
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
@@ -194,6 +196,7 @@ class Trajectory:
     pending: list[ToolCall] = field(default_factory=list)
     ended_with: str = ""      # the text of the token that ended the last assistant turn
     done: bool = False
+    interaction: Any = None   # interaction_turns.InteractionState of a row with an interaction
 
 
 class AgentLoop:
@@ -201,8 +204,10 @@ class AgentLoop:
 
     def __init__(self, module, tokenizer, tools: dict, settings: MultiTurnSettings, *, eos_ids: list[int],
                  pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent",
-                 synced: bool = False):
+                 synced: bool = False, interactions: dict | None = None):
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
+        # name -> interaction (multi_turn.interaction_config_path): answers model turns without tool calls
+        self.interactions = interactions or {}
         # sharded modules (several workers): every rank runs the same number of rounds and decode steps
         self.synced = synced
         # the agent loop of rows without an agent_name (rollout.agent.default_agent_loop); single_turn_agent
@@ -225,28 +230,46 @@ class AgentLoop:
         extra = prompts.get("extra_info") or [{} for _ in range(len(prompts))]
         agents = prompts.get("agent_name") or [None] * len(prompts)
         trajs = []
+        single = [(agents[i] or self.default_agent) == "single_turn_agent" for i in range(len(prompts))]
         for i, raw in enumerate(prompts["raw_prompt_ids"]):
             ids = [int(t) for t in (raw.tolist() if hasattr(raw, "tolist") else raw)]
             kwargs = (extra[i] or {}).get("tools_kwargs") or {}
             for j in range(params.n):
                 trajs.append(Trajectory(ids, f"{uids[i]}#{j}", kwargs if isinstance(kwargs, dict) else {},
-                                        single_turn=(agents[i] or self.default_agent) == "single_turn_agent"))
+                                        single_turn=single[i]))
+        interaction_turns.attach(trajs, prompts, params.n, self.interactions, self.tokenizer, single)
+        if self.interactions:
+            asyncio.run(interaction_turns.start(trajs))
         budget = params.max_new_tokens
-        while True:
-            active = [t for t in trajs if not t.done]
-            if not self._all_ranks_max(len(active)):
-                break
-            # every rank decodes as many steps as the rank with the most room left (decode's forwards are
-            # collectives for sharded modules); a rank whose trajectories are all done decodes a stand-in
-            steps = self._all_ranks_max(max((budget - len(t.response) for t in active), default=1))
-            if not active:
-                self._stand_in(steps)
-                continue
-            self._generate(active, params, budget, record_log_probs, steps)
-            calling = [t for t in active if not t.done]
-            if calling:
-                asyncio.run(self._run_tools(calling, budget))
+        try:
+            while True:
+                active = [t for t in trajs if not t.done]
+                if not self._all_ranks_max(len(active)):
+                    break
+                # every rank decodes as many steps as the rank with the most room left (decode's forwards are
+                # collectives for sharded modules); a rank whose trajectories are all done decodes a stand-in
+                steps = self._all_ranks_max(max((self._room(t, budget) for t in active), default=1))
+                if not active:
+                    self._stand_in(steps)
+                    continue
+                self._generate(active, params, budget, record_log_probs, steps)
+                calling = [t for t in active if not t.done and t.pending]
+                if calling:
+                    asyncio.run(self._run_tools(calling, budget))
+                if any(t.interaction is not None and t.interaction.waiting for t in active):
+                    asyncio.run(interaction_turns.respond(active, self.renderer, self.tokenizer, budget))
+        finally:
+            if self.interactions:
+                asyncio.run(interaction_turns.finalize(trajs))
         return self._rows(prompts, trajs, params.n, budget, record_log_probs)
+
+    @staticmethod
+    def _room(t: Trajectory, budget: int) -> int:
+        """Most tokens the trajectory's next model turn may have: the rest of the budget, or less when its
+        interaction limits a turn (max_tokens_per_turn)."""
+        room = budget - len(t.response)
+        limit = t.interaction.max_tokens_per_turn if t.interaction is not None else None
+        return room if limit is None else min(room, limit)
 
     def _all_ranks_max(self, value: int) -> int:
         if not self.synced:
@@ -282,7 +305,7 @@ class AgentLoop:
         for r, ctx in enumerate(contexts):
             ids[r, width - len(ctx):] = torch.tensor(ctx)
             mask[r, width - len(ctx):] = 1
-        room = [budget - len(t.response) for t in active]
+        room = [self._room(t, budget) for t in active]
         pick = greedy_pick
         if self.pick_factory is not None:
             pick = self.pick_factory(active, steps)
@@ -312,14 +335,19 @@ class AgentLoop:
             t.turns.append({"role": "assistant", "text": text, "tokens": len(new), "trained": True})
             t.ended_with = self.tokenizer.decode(new[-1:], skip_special_tokens=False) if ended is not None else ""
             s = self.settings
-            if (len(t.response) >= budget or ended is None or t.single_turn
+            # a turn cut at its interaction's max_tokens_per_turn (not at the budget) is read as it is
+            cut = ended is None and len(new) == room[r] and len(t.response) < budget and t.interaction is not None
+            if (len(t.response) >= budget or (ended is None and not cut) or t.single_turn
                     or (s.max_assistant_turns and t.assistant_turns >= s.max_assistant_turns)
                     or (s.max_user_turns and t.user_turns >= s.max_user_turns)):
                 t.done = True
                 continue
             t.pending = parse_hermes(text)[: s.max_parallel_calls]
             if not t.pending:
-                t.done = True
+                if t.interaction is not None:  # no tool call: the row's interaction answers the turn
+                    t.interaction.waiting = True
+                else:
+                    t.done = True
 
     async def _run_tools(self, calling: list[Trajectory], budget: int) -> None:
         jobs = [self._call(t, c) for t in calling for c in t.pending]
@@ -407,16 +435,22 @@ class AgentLoop:
         rows.set("tool_call_counts", [t.tool_calls for t in trajs])
         rows.set("tool_rewards", [list(t.tool_rewards) for t in trajs])
         rows.set("agent_turns", [list(t.turns) for t in trajs])
+        if self.interactions:  # verl's turn_scores: the interaction's score of each of its turns
+            rows.set("turn_scores", [interaction_turns.extra_fields(t)["turn_scores"] for t in trajs])
+            rows.set("interaction_info", [interaction_turns.extra_fields(t)["interaction"] for t in trajs])
         return rows
 
 
 def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent") -> AgentLoop:
-    """The agent loop of an `hf` engine, its tools built from `multi_turn.tool_config_path` (none: the
-    loop stops after the first turn, as without tools)."""
+    """The agent loop of an `hf` engine, its tools built from `multi_turn.tool_config_path` and its
+    interactions from `multi_turn.interaction_config_path` (neither: the loop stops after the first turn)."""
+    from verl_npu.tools.interactions.loading import load_interactions
     from verl_npu.tools.loading import load_tools
 
     path = mt.get("tool_config_path")
     tools = load_tools(path) if path else {}
+    ipath = mt.get("interaction_config_path")
+    interactions = load_interactions(ipath) if ipath else {}
     return AgentLoop(engine.module, engine.tokenizer, tools, MultiTurnSettings.from_config(mt),
                      eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=engine.suppress_ids, seed=engine.seed,
-                     default_agent=default_agent, synced=engine.synced)
+                     default_agent=default_agent, synced=engine.synced, interactions=interactions)

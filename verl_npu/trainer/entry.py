@@ -254,6 +254,13 @@ def _check_agent_names(cfg, dataset) -> None:
 
     mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
     dataset.check_agent_names(AGENT_LOOPS, bool(mt is not None and mt.get("enable")))
+    if mt is not None and mt.get("enable") and mt.get("interaction_config_path"):
+        # the interactions are built (and checked) here, before any worker starts
+        from verl_npu.tools.interactions.loading import load_interactions
+
+        names = list(load_interactions(mt.interaction_config_path))
+        default = cfg.actor_rollout_ref.rollout.get("agent", {}).get("default_agent_loop") or "single_turn_agent"
+        dataset.check_interaction_names(names, default)
 
 
 def _as_list(files) -> list:
