@@ -16,7 +16,11 @@ schemas, so the model sees them in its system prompt) and grows turn by turn:
    `tool_response_truncate_side`;
 4. append the tool messages as a new turn, rendered by the model's chat template (what the template
    writes after an assistant turn, up to the next assistant header), with mask 0, unless that would
-   pass the budget (then the trajectory stops, as in verl); then generate again.
+   pass the budget (then the trajectory stops, as in verl); then generate again;
+5. a turn without a tool call, in a row with an interaction (`multi_turn.interaction_config_path`, the
+   row's `extra_info.interaction_kwargs.name`), goes to the interaction instead of ending the trajectory:
+   its reply is appended as a user turn with mask 0 (`interaction_turns`), and its score joins the row's
+   `turn_scores`.
 
 The model's own tokens are kept as generated (verl's `use_inference_chat_template=false`): training
 sees exactly the tokens that were sampled, in the same context. Sampling is seeded per trajectory and
@@ -31,7 +35,9 @@ while `attention_mask` is 1 on every response token, and `tool_mask` is 1 on the
 `rollout_log_probs` holds the sampled tokens' log-probs as decode reports them, 0 on tool tokens), plus
 per-row lists: `__num_turns__` (verl's
 name: user + assistant turns + 1), `tool_call_counts`, `tool_rewards` (the steps' tool rewards) and
-`agent_turns` (the turns: role, text, tokens, trained, tool name / arguments / error).
+`agent_turns` (the turns: role, text, tokens, trained, tool name / arguments / error; interaction
+turns with their score and metadata), and with interactions `turn_scores` and `interaction_info` (the
+interaction's last metadata).
 """
 
 from __future__ import annotations
