@@ -278,6 +278,8 @@ _C, _RM_ = "critic.model.fsdp_config", "reward_model"
 OLDER_VERL: dict[str, str] = {_full(k): v for k, v in {
     f"{RO}.update_weights_bucket_megabytes": f"{RO}.checkpoint_engine.update_weights_bucket_megabytes",
     f"{RO}.use_fire_sampling": "removed",
+    f"{RO}.multi_turn.interaction_config_path": "removed (verl 0.9.1's multi_turn has no interactions; verl-npu reads "
+                                                "the key as verl 0.5-0.8 did)",
     f"{RO}.multi_turn.max_turns": f"{RO}.multi_turn.max_assistant_turns",
     **{f"{_C}.{leaf}": f"critic.fsdp.{leaf}" for leaf in ("param_offload", "optimizer_offload",
                                                            "reshard_after_forward", "wrap_policy.min_num_params",
