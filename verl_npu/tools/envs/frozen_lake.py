@@ -10,6 +10,10 @@ one row per line, e.g. for size 3::
     .H.
     ..G
 
+With `show_positions`, a last line gives the player's and the goal's row and column (0-based), e.g.
+`P 1 1 G 0 2`: the same state in a form a small model reads without counting characters (the CPU demo
+uses it; the grid stays above it).
+
 The map comes from the seed (`random.Random("frozen_lake:<seed>")`): start and goal on distinct cells,
 each other cell a hole with probability `hole_ratio`, redrawn until a path from start to goal exists;
 or it is given as `map` (rows of `.`, `H`, `G` and one `S` for the start). Slippery ice (ROLL's
@@ -28,8 +32,9 @@ class FrozenLake(GridEnv):
     RULES = "Move P to G; H is a hole. Reply with one move: U, D, L or R."
 
     def __init__(self, seed: int = 0, size: int = 4, hole_ratio: float = 0.2, map: list[str] | None = None,
-                 max_steps: int = 8):
+                 max_steps: int = 8, show_positions: bool = False):
         super().__init__(seed, max_steps)
+        self.show_positions = bool(show_positions)
         if map is not None:
             self.cells, self.start = self._from_map(list(map))
         else:
@@ -112,4 +117,8 @@ class FrozenLake(GridEnv):
     def render(self) -> str:
         rows = [list(r) for r in self.cells]
         rows[self.pos[0]][self.pos[1]] = "P"
-        return self._grid_text(rows)
+        text = self._grid_text(rows)
+        if self.show_positions:
+            goal = next((i, j) for i, r in enumerate(self.cells) for j, c in enumerate(r) if c == "G")
+            text += f"\nP {self.pos[0]} {self.pos[1]} G {goal[0]} {goal[1]}"
+        return text
