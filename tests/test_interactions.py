@@ -315,3 +315,13 @@ def test_tiny_grid_env_runs_two_steps_end_to_end(tmp_path):
         users = [t for t in d["turns"] if t["role"] == "user"]
         assert d["turn_scores"] == [t["score"] for t in users] and all(not t["trained"] for t in users)
         assert d["score"] == pytest.approx(sum(d["turn_scores"]), abs=1e-6)
+
+
+def test_validate_check_paths_names_the_interaction_file_and_key(tmp_path):
+    from verl_npu.config import check_paths, load_recipe
+
+    bad = write(tmp_path, "interaction:\n  - class_name: grid_env\n    config: {max_traj_per_env: 4}\n")
+    rc = load_recipe("tiny_grid_env", [f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={bad}"])
+    problems = [str(p) for p in check_paths(rc)]
+    assert any("multi_turn.interaction_config_path" in p and f"{bad}: interaction[0].config.max_traj_per_env" in p
+               and "not built" in p for p in problems), problems
