@@ -67,8 +67,11 @@ def test_frozen_lake_steps_holes_walls_and_the_step_limit():
     env.reset()
     env.step("U")
     assert env.step("L").done and not env.success          # out of steps
-    env = make_env("frozen_lake", 0, map=["G..", ".S.", "..."], show_positions=True)
+    env = make_env("frozen_lake", 0, map=["G..", ".S.", "..."], show_goal="positions")
     assert env.reset() == "G..\n.P.\n...\nP 1 1 G 0 0" and env.step("L").observation.endswith("P 1 0 G 0 0")
+    env = make_env("frozen_lake", 0, map=["G..", ".S.", "..."], show_goal="direction")
+    assert env.reset().endswith("\nG: U L") and env.step("L").observation.endswith("\nG: U")
+    assert env.step("U").observation.endswith("\nG:") and env.success
     with pytest.raises(ValueError, match="exactly one S and one G"):
         make_env("frozen_lake", 0, map=["..", ".G"])
 

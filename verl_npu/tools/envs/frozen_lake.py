@@ -10,9 +10,10 @@ one row per line, e.g. for size 3::
     .H.
     ..G
 
-With `show_positions`, a last line gives the player's and the goal's row and column (0-based), e.g.
-`P 1 1 G 0 2`: the same state in a form a small model reads without counting characters (the CPU demo
-uses it; the grid stays above it).
+`show_goal` adds a last line about the goal, in a form a small model reads without counting characters
+(the grid stays above it): `positions` gives the player's and the goal's row and column (0-based),
+`P 1 1 G 0 2`; `direction` gives the moves that bring the player closer to the goal, `G: U R` (up and
+right; `G:` alone on the goal). The CPU demo uses `direction`.
 
 The map comes from the seed (`random.Random("frozen_lake:<seed>")`): start and goal on distinct cells,
 each other cell a hole with probability `hole_ratio`, redrawn until a path from start to goal exists;
@@ -32,9 +33,11 @@ class FrozenLake(GridEnv):
     RULES = "Move P to G; H is a hole. Reply with one move: U, D, L or R."
 
     def __init__(self, seed: int = 0, size: int = 4, hole_ratio: float = 0.2, map: list[str] | None = None,
-                 max_steps: int = 8, show_positions: bool = False):
+                 max_steps: int = 8, show_goal: str | None = None):
         super().__init__(seed, max_steps)
-        self.show_positions = bool(show_positions)
+        if show_goal not in (None, "positions", "direction"):
+            raise ValueError(f"show_goal must be positions, direction or null, not {show_goal!r}")
+        self.show_goal = show_goal
         if map is not None:
             self.cells, self.start = self._from_map(list(map))
         else:
@@ -118,7 +121,12 @@ class FrozenLake(GridEnv):
         rows = [list(r) for r in self.cells]
         rows[self.pos[0]][self.pos[1]] = "P"
         text = self._grid_text(rows)
-        if self.show_positions:
+        if self.show_goal:
             goal = next((i, j) for i, r in enumerate(self.cells) for j, c in enumerate(r) if c == "G")
-            text += f"\nP {self.pos[0]} {self.pos[1]} G {goal[0]} {goal[1]}"
+            if self.show_goal == "positions":
+                text += f"\nP {self.pos[0]} {self.pos[1]} G {goal[0]} {goal[1]}"
+            else:
+                vertical = "U" if goal[0] < self.pos[0] else "D" if goal[0] > self.pos[0] else ""
+                horizontal = "L" if goal[1] < self.pos[1] else "R" if goal[1] > self.pos[1] else ""
+                text += "\nG:" + "".join(" " + m for m in (vertical, horizontal) if m)
         return text
