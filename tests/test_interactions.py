@@ -37,8 +37,8 @@ def model_and_tokenizer():
 
 # ---- environments ------------------------------------------------------------------------------------
 def test_parse_action_reads_one_move_and_nothing_else():
-    assert [parse_action(t) for t in ("U", " d\n", "Left", "<answer>right</answer>", "R")] == ["U", "D", "L", "R", "R"]
-    assert [parse_action(t) for t in ("", "UL", "go up", "X", "<answer></answer>")] == [None] * 5
+    assert [parse_action(t) for t in ("U", " D\n", "Left", "<answer>right</answer>", "R")] == ["U", "D", "L", "R", "R"]
+    assert [parse_action(t) for t in ("", "UL", "go up", "X", "<answer></answer>", "u", " r")] == [None] * 7
 
 @pytest.mark.parametrize("name,options", [("frozen_lake", {"size": 4}), ("sokoban", {"size": 5})])
 def test_environments_are_deterministic_for_a_seed(name, options):

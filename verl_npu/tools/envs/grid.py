@@ -2,10 +2,11 @@
 and the base class (a seeded `random.Random`, a step counter, text rendering of the grid).
 
 A move is `U`, `D`, `L` or `R` (up, down, left, right). `parse_action` reads a model turn as ROLL's
-environments do, leniently about case and wrapping: the turn's text, with an `<answer>...</answer>`
-wrapper removed when there is one and surrounding whitespace stripped, must be one move written as its
-letter or its word (`U`, `u`, `Up`, `up`, ...). Anything else is malformed (None): the interaction then
-applies the format penalty and the environment does not move.
+environments do: the turn's text, with an `<answer>...</answer>` wrapper removed when there is one and
+surrounding whitespace stripped, must be one move written as its capital letter (`U`) or its word in
+any case (`up`, `Up`). Anything else is malformed (None): the interaction then applies the format
+penalty and the environment does not move. Lower-case letters are not moves: with them a tiny model
+spreads its moves over eight spellings (`u`, ` r`, ...) instead of learning four.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 #: move -> (row change, column change)
 ACTIONS = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
-_WORDS = {"u": "U", "up": "U", "d": "D", "down": "D", "l": "L", "left": "L", "r": "R", "right": "R"}
+_WORDS = {"up": "U", "down": "D", "left": "L", "right": "R"}
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 
 
@@ -24,7 +25,7 @@ def parse_action(text: str) -> str | None:
     """The move a model turn names (`U`/`D`/`L`/`R`), or None when the turn is not exactly one move."""
     found = _ANSWER.search(text or "")
     body = (found.group(1) if found else (text or "")).strip()
-    return _WORDS.get(body.lower())
+    return body if body in ACTIONS else _WORDS.get(body.lower())
 
 
 @dataclass
