@@ -30,7 +30,9 @@ from verl_npu.tools.envs.grid import GridEnv
 
 class FrozenLake(GridEnv):
     name = "frozen_lake"
-    RULES = "Move P to G; H is a hole. Reply with one move: U, D, L or R."
+    # no move letters here: a model that copies a move from its context should find them only in the
+    # observation (show_goal's direction line), not in this constant text
+    RULES = "Move P to G; H is a hole. Reply with one move, a capital letter: up, down, left or right."
 
     def __init__(self, seed: int = 0, size: int = 4, hole_ratio: float = 0.2, map: list[str] | None = None,
                  max_steps: int = 8, show_goal: str | None = None):
