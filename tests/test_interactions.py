@@ -72,6 +72,8 @@ def test_frozen_lake_steps_holes_walls_and_the_step_limit():
     env = make_env("frozen_lake", 0, map=["G..", ".S.", "..."], show_goal="direction")
     assert env.reset().endswith("\nG: U L") and env.step("L").observation.endswith("\nG: U")
     assert env.step("U").observation.endswith("\nG:") and env.success
+    env = make_env("frozen_lake", 0, map=["..G", ".S.", "..."], show_goal="direction", show_grid=False)
+    assert env.reset() == "G: U R" and env.step("D").observation == "G: U R"
     with pytest.raises(ValueError, match="exactly one S and one G"):
         make_env("frozen_lake", 0, map=["..", ".G"])
 

@@ -14,7 +14,8 @@ options; every sample of a row (`rollout.n`) plays that seed (GRPO's group). Lay
 - `random` (default): the environment's own seeded maps (`--env frozen_lake` or `sokoban`, `--size`), row i
   of a split has seed `<seed> * 1_000_003 + <split offset> + i`;
 - `corners` (the CPU demo, frozen_lake only): a 3x3 lake, start in the middle, the goal in one of the four
-  corners (4 maps, each shortest solution two moves), observations with `show_goal: direction`;
+  corners (4 maps, each shortest solution two moves), observations the goal's direction alone (`show_goal: direction`, `show_grid: false`, e.g.
+  `G: U L`), no system message;
 - `corners_holes`: those four plus, for each, a hole on one of the two shortest paths (12 maps: the hole
   decides the order of the two moves).
 """
@@ -56,21 +57,24 @@ def episode_row(split: str, index: int, env: str, seed: int, size: int | None, l
     from verl_npu.tools.envs import env_class, make_env
 
     options = {"map": layout_map} if layout_map is not None else ({"size": size} if size else {})
-    # the demo layouts add the goal's direction to each observation (FrozenLake's show_goal)
+    # the demo layouts observe the goal's direction alone (FrozenLake's show_goal, show_grid: false) and
+    # have no system message: a short context is what a random-init model learns to read in minutes
     show = "direction" if layout_map is not None else None
     if show:
-        options["show_goal"] = show
+        options.update(show_goal=show, show_grid=False)
     game = make_env(env, seed, max_steps=max_steps, **options)
     first = game.reset()
     solution = game.shortest_path() if hasattr(game, "shortest_path") else game.solve()
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "system", "content": env_class(env).RULES}, {"role": "user", "content": first}],
+        "prompt": ([] if show else [{"role": "system", "content": env_class(env).RULES}])
+        + [{"role": "user", "content": first}],
         "ability": "agent",
         "reward_model": {"style": "rule", "ground_truth": "".join(solution or [])},
         "extra_info": {"split": split, "index": index,
                        "interaction_kwargs": {"name": INTERACTION, "env": env, "seed": seed, "size": size,
-                                              "map": layout_map, "show_goal": show}},
+                                              "map": layout_map, "show_goal": show,
+                                              "show_grid": False if show else None}},
         "agent_name": AGENT_NAME,
     }
 
@@ -78,7 +82,7 @@ def episode_row(split: str, index: int, env: str, seed: int, size: int | None, l
 def schema() -> pa.Schema:
     msg = pa.struct([("role", pa.string()), ("content", pa.string())])
     kwargs = pa.struct([("name", pa.string()), ("env", pa.string()), ("seed", pa.int64()), ("size", pa.int64()),
-                        ("map", pa.list_(pa.string())), ("show_goal", pa.string())])
+                        ("map", pa.list_(pa.string())), ("show_goal", pa.string()), ("show_grid", pa.bool_())])
     return pa.schema([
         ("data_source", pa.string()), ("prompt", pa.list_(msg)), ("ability", pa.string()),
         ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),

@@ -13,7 +13,8 @@ one row per line, e.g. for size 3::
 `show_goal` adds a last line about the goal, in a form a small model reads without counting characters
 (the grid stays above it): `positions` gives the player's and the goal's row and column (0-based),
 `P 1 1 G 0 2`; `direction` gives the moves that bring the player closer to the goal, `G: U R` (up and
-right; `G:` alone on the goal). The CPU demo uses `direction`.
+right; `G:` alone on the goal). `show_grid: false` leaves the grid out (then the observation is the
+`show_goal` line alone). The CPU demo uses `direction` without the grid.
 
 The map comes from the seed (`random.Random("frozen_lake:<seed>")`): start and goal on distinct cells,
 each other cell a hole with probability `hole_ratio`, redrawn until a path from start to goal exists;
@@ -35,8 +36,11 @@ class FrozenLake(GridEnv):
     RULES = "Move P to G; H is a hole. Reply with one move, a capital letter: up, down, left or right."
 
     def __init__(self, seed: int = 0, size: int = 4, hole_ratio: float = 0.2, map: list[str] | None = None,
-                 max_steps: int = 8, show_goal: str | None = None):
+                 max_steps: int = 8, show_goal: str | None = None, show_grid: bool = True):
         super().__init__(seed, max_steps)
+        if not show_grid and not show_goal:
+            raise ValueError("show_grid: false needs show_goal (positions or direction): the observation would be empty")
+        self.show_grid = bool(show_grid)
         if show_goal not in (None, "positions", "direction"):
             raise ValueError(f"show_goal must be positions, direction or null, not {show_goal!r}")
         self.show_goal = show_goal
@@ -122,7 +126,7 @@ class FrozenLake(GridEnv):
     def render(self) -> str:
         rows = [list(r) for r in self.cells]
         rows[self.pos[0]][self.pos[1]] = "P"
-        text = self._grid_text(rows)
+        text = self._grid_text(rows) if self.show_grid else ""
         if self.show_goal:
             goal = next((i, j) for i, r in enumerate(self.cells) for j, c in enumerate(r) if c == "G")
             if self.show_goal == "positions":
@@ -131,4 +135,4 @@ class FrozenLake(GridEnv):
                 vertical = "U" if goal[0] < self.pos[0] else "D" if goal[0] > self.pos[0] else ""
                 horizontal = "L" if goal[1] < self.pos[1] else "R" if goal[1] > self.pos[1] else ""
                 text += "\nG:" + "".join(" " + m for m in (vertical, horizontal) if m)
-        return text
+        return text.lstrip("\n")
