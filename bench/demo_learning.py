@@ -176,7 +176,8 @@ def report(results: list[dict], argv: list[str], overrides: list[str], out: Path
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        val = ", ".join(f"{k.split('/')[-2]} = {v:.3f}" for k, v in sorted(r["val"].items())) or "n/a"
+        val = ", ".join(f"{k.split('/')[-2]} = {v:.3f}" for k, v in sorted(r["val"].items())
+                        if not k.startswith("val-aux/num_turns/")) or "n/a"  # turns: a curve below
         ratio = f"{r['last'] / r['first']:.1f}x" if r["first"] > 0 else "inf"
         clip = f"{r['clip']:.3f}" if r["clip"] is not None else "n/a"
         lines.append(f"| {r['seed']} | {r['threads']} | {r['parallel']} | {r['first']:.3f} | {r['last']:.3f} | "
