@@ -141,6 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--size", type=int, default=None, help="grid size for --layout random (default: the env's)")
     p.add_argument("--max-steps", type=int, default=8, help="step limit the maps must be solvable in (sokoban)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                   help="say what would be written, write nothing")
     args = p.parse_args(argv)
+    if args.dry_run:
+        print(f"would write {args.synthetic} train / {args.test_rows} test {args.env} episodes (layout {args.layout}, "
+              f"seed {args.seed}) to {os.path.expanduser(args.local_save_dir)}/{{train,test}}.parquet")
+        return
     prepare_synthetic(args.local_save_dir, args.synthetic, args.test_rows, seed=args.seed, progress=True,
                       env=args.env, layout=args.layout, size=args.size, max_steps=args.max_steps)
