@@ -330,3 +330,21 @@ def test_validate_check_paths_names_the_interaction_file_and_key(tmp_path):
     problems = [str(p) for p in check_paths(rc)]
     assert any("multi_turn.interaction_config_path" in p and f"{bad}: interaction[0].config.max_traj_per_env" in p
                and "not built" in p for p in problems), problems
+
+
+def test_sokoban_rows_play_through_the_interaction(tmp_path):
+    """data_prep's sokoban rows: the prompt is the first observation, the row's kwargs rebuild that room,
+    and its ground truth (a shortest solution) wins the episode."""
+    import pyarrow.parquet as pq
+
+    from verl_npu.data.grid_env import prepare_synthetic
+
+    paths = prepare_synthetic(tmp_path, 3, 1, env="sokoban", layout="random", max_steps=8)["paths"]
+    for row in pq.read_table(paths["train"]).to_pylist():
+        it = GridEnvInteraction({"name": "grid_env", "max_steps": 12})    # not the rows' limit: same room
+        iid = it.start_interaction("t", **{k: v for k, v in row["extra_info"]["interaction_kwargs"].items()
+                                           if v is not None})
+        assert it._envs[iid].render() == row["prompt"][-1]["content"]
+        for move in row["reward_model"]["ground_truth"]:
+            done, _, score, meta = it.generate_response(iid, [{"role": "assistant", "content": move}])
+        assert done and score == 1.0 and meta["success"]

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layout", default="random", choices=LAYOUTS,
                    help="random: seeded maps; corners / corners_holes: the CPU demo's 3x3 maps (frozen_lake)")
     p.add_argument("--size", type=int, default=None, help="grid size for --layout random (default: the env's)")
-    p.add_argument("--max-steps", type=int, default=8, help="step limit the maps must be solvable in (sokoban)")
+    p.add_argument("--max-steps", type=int, default=8, help="the episode step limit the rows are written for")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                    help="say what would be written, write nothing")

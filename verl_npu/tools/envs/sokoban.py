@@ -13,8 +13,10 @@ as text, one row per line, e.g. for size 5::
     #####
 
 The room comes from the seed (`random.Random("sokoban:<seed>")`): target, box and player on distinct
-floor cells, the box off the walls' edge cells, redrawn until the puzzle can be solved within
-`max_steps` moves (a breadth-first search over player and box positions).
+floor cells, the box off the room's corners, redrawn until the puzzle can be solved within
+`max_solution` moves (default 8; a breadth-first search over player and box positions). The room
+depends on the seed, `size` and `max_solution` only, not on the episode's `max_steps`, so the
+interaction rebuilds the room the prompt shows whatever step limit it plays with.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class Sokoban(GridEnv):
     name = "sokoban"
     RULES = "Push the box B onto the target T; you are P, # is a wall. Reply with one move: U, D, L or R."
 
-    def __init__(self, seed: int = 0, size: int = 5, max_steps: int = 10):
+    def __init__(self, seed: int = 0, size: int = 5, max_steps: int = 10, max_solution: int = 8):
         super().__init__(seed, max_steps)
         if not 4 <= int(size) <= 8:
             raise ValueError(f"size must be 4-8 (walls included), not {size}")
@@ -42,7 +44,7 @@ class Sokoban(GridEnv):
             player = self.rng.choice([p for p in inner if p not in (target, box)])
             self.target, self.box_start, self.player_start = target, box, player
             solution = self.solve()
-            if solution is not None and 0 < len(solution) <= self.max_steps:
+            if solution is not None and 0 < len(solution) <= int(max_solution):
                 break
         self.box, self.player = box, player
 
