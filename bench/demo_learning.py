@@ -1,7 +1,8 @@
-"""Benchmark: do the CPU demos (`tiny_geo3k`, `tiny_gsm8k`) learn on every seed and thread count, and how fast?
+"""Benchmark: do the CPU demos (`tiny_geo3k`, `tiny_gsm8k`, `tiny_grid_env`) learn on every seed and thread count, and how fast?
 
 Each run is a demo, `bash launch/run_recipe.sh RECIPE` (`--recipe`, default the README's picture demo
-tiny_geo3k; tiny_gsm8k is the text demo, tiny_geo3k_dapo the picture demo with DAPO), from a fresh
+tiny_geo3k; tiny_gsm8k is the text demo, tiny_geo3k_dapo the picture demo with DAPO, tiny_grid_env the
+multi-turn environment demo), from a fresh
 output folder, with the seed and thread count of one table row:
 
 - seed S: `data.seed=S` (the synthetic pictures or questions, data order and sampling) and the model's
@@ -57,7 +58,12 @@ DEMOS = {
     "tiny_geo3k": ("tiny://qwen25vl", "synthetic_geometry", "image"),
     "tiny_geo3k_dapo": ("tiny://qwen25vl", "synthetic_geometry", "image"),
     "tiny_gsm8k": ("tiny://qwen2", "synthetic_arithmetic", "question"),
+    "tiny_grid_env": ("tiny://qwen2", "grid_env", "grid"),
 }
+#: per-step metrics shown per 10-step window after the reward, when a run logs them (the multi-turn demo:
+#: its success rate, the reward's accuracy, and turns per trajectory)
+EXTRA_CURVES = {"critic/score/accuracy/mean": "training success rate (critic/score/accuracy/mean)",
+                "num_turns/mean": "turns per trajectory (num_turns/mean: model + environment turns + 1)"}
 
 
 def blind_best() -> float:
@@ -122,6 +128,7 @@ def read_run(out_dir: Path) -> dict:
         if found:
             val = found
     result.update(
+        curves={k: [r[k] for r in train if k in r] for k in EXTRA_CURVES if any(k in r for r in train)},
         steps=len(train), scores=scores, first=sum(scores[:10]) / 10, last=sum(scores[-10:]) / 10,
         val=val, step_s=sum(r["timing_s/step"] for r in train) / len(train),
         clip=train[-1].get("response_length/clip_ratio"), out_dir=str(out_dir),
@@ -169,7 +176,8 @@ def report(results: list[dict], argv: list[str], overrides: list[str], out: Path
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        val = ", ".join(f"{k.split('/')[-2]} = {v:.3f}" for k, v in sorted(r["val"].items())) or "n/a"
+        val = ", ".join(f"{k.split('/')[-2]} = {v:.3f}" for k, v in sorted(r["val"].items())
+                        if not k.startswith("val-aux/num_turns/")) or "n/a"  # turns: a curve below
         ratio = f"{r['last'] / r['first']:.1f}x" if r["first"] > 0 else "inf"
         clip = f"{r['clip']:.3f}" if r["clip"] is not None else "n/a"
         lines.append(f"| {r['seed']} | {r['threads']} | {r['parallel']} | {r['first']:.3f} | {r['last']:.3f} | "
@@ -198,6 +206,18 @@ def report(results: list[dict], argv: list[str], overrides: list[str], out: Path
             cells.append(f"{sum(window) / len(window):7.3f}" if window else " " * 7)
         lines.append(f"{i + 1:4d}-{i + 10:4d}  " + " ".join(cells))
     lines += ["```", ""]
+    for key, title in EXTRA_CURVES.items():
+        if not all(key in r.get("curves", {}) for r in results) or not results:
+            continue
+        lines += [f"Mean {title} per 10-step window:", "", "```",
+                  "steps      " + " ".join(f"s{r['seed']}/t{r['threads']}".rjust(7) for r in results)]
+        for i in range(0, longest, 10):
+            cells = []
+            for r in results:
+                window = r["curves"][key][i:i + 10]
+                cells.append(f"{sum(window) / len(window):7.3f}" if window else " " * 7)
+            lines.append(f"{i + 1:4d}-{i + 10:4d}  " + " ".join(cells))
+        lines += ["```", ""]
     if results and results[0]["generations"]:
         lines += [f"Last validation generations of seed {results[0]['seed']}, {results[0]['threads']} thread(s) "
                   "(from its run.log; special tokens such as the end of turn are not shown):", "", "```",

@@ -40,15 +40,22 @@ DEMO_DATA_MULTI_TURN = {
     "qwen2": ("verl_npu.data.gsm8k_multiturn", "prepare_synthetic", {}, "synthetic multi-turn arithmetic data"),
 }
 
+#: the same for multi-turn recipes with interactions (multi_turn.interaction_config_path): the grid-environment
+#: episodes of the CPU environment demo (tiny_grid_env: 3x3 FrozenLake corner maps)
+DEMO_DATA_INTERACTION = {
+    "qwen2": ("verl_npu.data.grid_env", "prepare_synthetic", {}, "synthetic grid-environment episodes"),
+}
 
-def _data_writer(model_path: str, multi_turn: bool = False):
+
+def _data_writer(model_path: str, multi_turn: bool = False, interaction: bool = False):
     """(function, kwargs, label) that writes the demo data of tiny model ``model_path``, or None."""
     import importlib
 
     from verl_npu.models.tiny import parse_tiny_uri
 
+    table = DEMO_DATA_INTERACTION if interaction else DEMO_DATA_MULTI_TURN if multi_turn else DEMO_DATA
     try:
-        entry = (DEMO_DATA_MULTI_TURN if multi_turn else DEMO_DATA).get(parse_tiny_uri(str(model_path))[0])
+        entry = table.get(parse_tiny_uri(str(model_path))[0])
     except Exception:  # noqa: BLE001 - a bad tiny path is reported when the model loads
         return None
     if entry is None:
@@ -118,7 +125,9 @@ def prepare_assets(rc, demo_data: bool = False) -> list[str]:
     missing = [(Path(os.path.expanduser(f)), split) for f, split in wanted if not Path(os.path.expanduser(f)).exists()]
     if missing:
         mt = rc.backend.actor_rollout_ref.rollout.get("multi_turn")
-        writer = _data_writer(model_path, multi_turn=bool(mt is not None and mt.get("enable")))
+        enabled = bool(mt is not None and mt.get("enable"))
+        writer = _data_writer(model_path, multi_turn=enabled,
+                              interaction=enabled and bool(mt.get("interaction_config_path")))
         if writer is None or not may_make_demo_data(rc, demo_data):
             return []  # the path check names the missing file(s); nothing is written
         made.append(_write_missing(missing, int(data.seed if data.seed is not None else 0), writer))

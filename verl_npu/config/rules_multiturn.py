@@ -13,7 +13,8 @@ from verl_npu.errors import Problem
 from verl_npu.tool_registry import read_tool_config
 
 MT = ROLL + "multi_turn."
-_KEYS = (MT + "enable", MT + "tool_config_path", ROLL + "ignore_eos", BC + "reward_model.enable",
+_KEYS = (MT + "enable", MT + "tool_config_path", MT + "interaction_config_path", ROLL + "ignore_eos",
+         BC + "reward_model.enable",
          ROLL + "agent.default_agent_loop")
 
 
@@ -24,6 +25,9 @@ def _multi_turn(c: Ctx) -> Iterator[Problem]:
         if c(ROLL + "agent.default_agent_loop") == "tool_agent":
             yield Problem(ROLL + "agent.default_agent_loop", "is tool_agent, but multi_turn.enable is false",
                           "set actor_rollout_ref.rollout.multi_turn.enable=true (and multi_turn.tool_config_path)")
+        if c(MT + "interaction_config_path"):
+            c.warnings.append("actor_rollout_ref.rollout.multi_turn.interaction_config_path is set but "
+                              "multi_turn.enable is false: the interactions are not used")
         if c(MT + "tool_config_path"):
             c.warnings.append("actor_rollout_ref.rollout.multi_turn.tool_config_path is set but multi_turn.enable "
                               "is false: the tools are not used")
@@ -34,6 +38,20 @@ def _multi_turn(c: Ctx) -> Iterator[Problem]:
     if c(ROLL + "ignore_eos"):
         yield Problem(ROLL + "ignore_eos", "is true, but a model turn ends at its end-of-turn token in multi-turn "
                       "rollout", "set actor_rollout_ref.rollout.ignore_eos=false")
+
+
+def interaction_config_problems(cfg) -> list[Problem]:
+    """The interaction config file's problems (missing, not YAML, wrong shape, unknown class, a grid_env
+    config with ROLL keys or bad values), each naming the file and the entry's key; nothing is imported."""
+    from verl_npu.config.interaction_file import read_interaction_config
+
+    key = MT + "interaction_config_path"
+    path = get(cfg, key)
+    if not path or not get(cfg, MT + "enable"):
+        return []
+    _, problems = read_interaction_config(path)
+    fix = "fix the interaction config file (format: docs/agents.md, 'Interactions')"
+    return [Problem(key, f"{where}: {what}", fix) for where, what in problems]
 
 
 def tool_config_problems(cfg) -> list[Problem]:

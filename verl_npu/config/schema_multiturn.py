@@ -30,6 +30,13 @@ KEYS: list[tuple[str, Any, str, str, dict]] = [
      "OpenAI function schemas); class_name: a built-in tool (gsm8k, or verl's verl.tools.gsm8k_tool.Gsm8kTool), "
      "path/to/file.py:ClassName or package.module.ClassName. null: no tools (one turn). The schemas go into "
      "the prompt through the chat template (tools=...).", {}),
+    ("multi_turn.interaction_config_path", None, "str", "verl's interaction config YAML (interaction: [{name, class_name, "
+     "config}]): after a model turn without a tool call, the row's interaction (extra_info.interaction_kwargs.name) "
+     "answers as the next user turn (response_mask 0) with a score per turn (extra_info.turn_scores for the reward). "
+     "class_name: a built-in (gsm8k, or verl's verl.interactions.gsm8k_interaction.Gsm8kInteraction; grid_env: "
+     "the FrozenLake / Sokoban text environments), path/to/file.py:ClassName or package.module.ClassName. "
+     "Read with multi_turn.enable; verl 0.9.1 dropped interactions, verl 0.5-0.8 scripts use this key. "
+     "null: no interactions (docs/agents.md).", {}),
     ("multi_turn.max_parallel_calls", 1, "int", "Most tool calls of one model turn that run; later calls of that turn are "
      "ignored.", {"min": 1}),
     ("multi_turn.max_tool_response_length", 256, "int", "Longest tool output in characters; longer outputs are cut on "

@@ -138,8 +138,6 @@ _off(f"{RO}.agent.custom_async_server.name", None, STR, "custom async rollout se
 MT = f"{RO}.multi_turn"
 _off(f"{MT}.function_tool_path", None, STR, "function tools (@function_tool functions)",
      "write the tool as a class in multi_turn.tool_config_path (docs/agents.md, 'Writing a tool')")
-_off(f"{MT}.interaction_config_path", None, STR, "interactions (a simulated user that answers each model turn)",
-     "remove it; tools (multi_turn.tool_config_path) are built, interactions are not yet")
 _off(f"{MT}.max_turns", None, INT, "verl's older turn limit", "use multi_turn.max_assistant_turns")
 _noop(f"{MT}.num_repeat_rollouts", None, INT, "verl 0.9.1 declares it but no rollout reads it.")
 _off(f"{RO}.checkpoint_engine.backend", "naive", STR, "weight-sync backends other than in-memory",
@@ -280,7 +278,8 @@ _C, _RM_ = "critic.model.fsdp_config", "reward_model"
 OLDER_VERL: dict[str, str] = {_full(k): v for k, v in {
     f"{RO}.update_weights_bucket_megabytes": f"{RO}.checkpoint_engine.update_weights_bucket_megabytes",
     f"{RO}.use_fire_sampling": "removed",
-    f"{RO}.multi_turn.interaction_config_path": "removed (verl 0.9.1's multi_turn has no interactions)",
+    f"{RO}.multi_turn.interaction_config_path": "removed (verl 0.9.1's multi_turn has no interactions; verl-npu reads "
+                                                "the key as verl 0.5-0.8 did)",
     f"{RO}.multi_turn.max_turns": f"{RO}.multi_turn.max_assistant_turns",
     **{f"{_C}.{leaf}": f"critic.fsdp.{leaf}" for leaf in ("param_offload", "optimizer_offload",
                                                            "reshard_after_forward", "wrap_policy.min_num_params",

@@ -523,6 +523,28 @@ class RLDataset:
                     raise UserError(f"{where}: agent_name {name!r} needs multi-turn rollout; set "
                                     "actor_rollout_ref.rollout.multi_turn.enable=true (and multi_turn.tool_config_path)")
 
+    def check_interaction_names(self, names: list[str], default_agent: str) -> None:
+        """With interactions configured, refuse a multi-turn row (its ``agent_name``, else ``default_agent``,
+        is not single_turn_agent) whose ``extra_info.interaction_kwargs.name`` is missing or names none of
+        ``names``; the error names the file, the row and the fix.
+
+        Raises:
+            UserError: the first such row.
+        """
+        from verl_npu.config.interaction_file import row_interaction_problem
+
+        for fi, table in enumerate(self._tables):
+            agents = (table.column("agent_name").to_pylist() if "agent_name" in table.column_names
+                      else [None] * table.num_rows)
+            extras = (table.column("extra_info").to_pylist() if "extra_info" in table.column_names
+                      else [None] * table.num_rows)
+            for r, (agent, extra) in enumerate(zip(agents, extras)):
+                if (agent or default_agent) == "single_turn_agent":
+                    continue
+                problem = row_interaction_problem((extra or {}).get("interaction_kwargs"), names)
+                if problem:
+                    raise UserError(f"data file {self.files[fi]} row {r}: {problem}")
+
     def _fit_length(self, ids: torch.Tensor, where: str) -> torch.Tensor:
         """``ids`` if they fit ``max_prompt_length``, else truncated as ``data.truncation`` says (or an error)."""
         s = self.settings

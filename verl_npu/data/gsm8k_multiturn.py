@@ -7,7 +7,7 @@ Each row is a `verl_npu.data.gsm8k` row with:
     agent_name    "tool_agent"   (verl's name of its tool-calling agent loop)
     extra_info    + need_tools_kwargs: true,
                     tools_kwargs: {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": <answer>}}},
-                    interaction_kwargs: {"query": question, "ground_truth": <answer>}
+                    interaction_kwargs: {"name": "gsm8k", "query": question, "ground_truth": <answer>}
 
 `tools_kwargs[<tool name>].create_kwargs` is what the rollout passes to that tool's `create` for this row
 (the GSM8K tool checks submitted answers against its ground_truth; verl_npu/tools/gsm8k.py).
@@ -38,7 +38,9 @@ def multiturn_row(row: dict, split: str, index: int, data_source: str = gsm8k.HU
         **out["extra_info"],
         "need_tools_kwargs": True,
         "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"ground_truth": truth}}},
-        "interaction_kwargs": {"query": out["extra_info"]["question"], "ground_truth": truth},
+        # name: the GSM8K interaction (examples/interaction_config/gsm8k_interaction_config.yaml), as verl's
+        # interaction data names it; read only when multi_turn.interaction_config_path is set
+        "interaction_kwargs": {"name": "gsm8k", "query": out["extra_info"]["question"], "ground_truth": truth},
     }
     return out
 
@@ -49,7 +51,8 @@ def multiturn_schema() -> pa.Schema:
     extra = pa.struct(list(EXTRA_INFO_TYPE) + [
         pa.field("need_tools_kwargs", pa.bool_()),
         pa.field("tools_kwargs", pa.struct([(TOOL_NAME, create)])),
-        pa.field("interaction_kwargs", pa.struct([("query", pa.string()), ("ground_truth", pa.string())])),
+        pa.field("interaction_kwargs", pa.struct([("name", pa.string()), ("query", pa.string()),
+                                                  ("ground_truth", pa.string())])),
     ])
     base = rl_schema(with_images=False)
     fields = [pa.field("extra_info", extra) if f.name == "extra_info" else f for f in base]

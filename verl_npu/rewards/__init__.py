@@ -16,6 +16,7 @@ hiyouga/geometry3k   0.9 * accuracy + 0.1 * format               ``verl_npu.rewa
 openai/gsm8k         strict ``#### n`` match (flexible logged)   ``verl_npu.rewards.gsm8k``
 synthetic_geometry   accuracy * (0.8 + 0.2 * clean)             ``verl_npu.rewards.synthetic_geometry``
 synthetic_arithmetic 0.9 * accuracy + 0.1 * format               ``verl_npu.rewards.synthetic_arithmetic``
+grid_env             the episode's return (sum of turn scores)   ``verl_npu.rewards.grid_env``
 ==================== =========================================== ===============================
 """
 
@@ -37,7 +38,7 @@ from typing import Any, Callable
 
 from verl_npu.config.typed import defaults, section
 from verl_npu.errors import UserError
-from verl_npu.rewards import geo3k, gsm8k, synthetic_arithmetic, synthetic_geometry
+from verl_npu.rewards import geo3k, grid_env, gsm8k, synthetic_arithmetic, synthetic_geometry
 
 RewardFn = Callable[..., "float | dict"]
 
@@ -70,12 +71,14 @@ register_reward("hiyouga/geometry3k", geo3k.compute_score)
 register_reward("openai/gsm8k", gsm8k.compute_score)
 register_reward("synthetic_geometry", synthetic_geometry.compute_score)
 register_reward("synthetic_arithmetic", synthetic_arithmetic.compute_score)
+register_reward("grid_env", grid_env.compute_score)
 
 #: data source -> (best expected score of a policy that ignores its input, what it ignores): the
 #: demo tasks' answers are balanced, so a score above this means the policy reads its input
 BLIND_CEILINGS: dict[str, tuple[float, str]] = {
     "synthetic_geometry": (synthetic_geometry.BLIND_BEST_SCORE, "picture"),
     "synthetic_arithmetic": (synthetic_arithmetic.BLIND_BEST_SCORE, "question"),
+    "grid_env": (grid_env.BLIND_BEST_SCORE, "grid"),
 }
 
 

@@ -18,7 +18,11 @@ schemas, so the model sees them in its system prompt) and grows turn by turn:
    `tool_response_truncate_side`;
 4. append the tool messages as a new turn, rendered by the model's chat template (what the template
    writes after an assistant turn, up to the next assistant header), with mask 0, unless that would
-   pass the budget (then the trajectory stops, as in verl); then generate again.
+   pass the budget (then the trajectory stops, as in verl); then generate again;
+5. a turn without a tool call, in a row with an interaction (`multi_turn.interaction_config_path`, the
+   row's `extra_info.interaction_kwargs.name`), goes to the interaction instead of ending the trajectory:
+   its reply is appended as a user turn with mask 0 (`interaction_turns`), and its score joins the row's
+   `turn_scores`.
 
 The model's own tokens are kept as generated (verl's `use_inference_chat_template=false`): training
 sees exactly the tokens that were sampled, in the same context. Sampling is seeded per trajectory and
@@ -33,7 +37,9 @@ while `attention_mask` is 1 on every response token, and `tool_mask` is 1 on the
 `rollout.calculate_log_probs`, and always on vLLM, `rollout_log_probs` holds the sampled tokens' log-probs
 as the engine reports them, 0 on tool tokens), plus per-row lists: `__num_turns__` (verl's
 name: user + assistant turns + 1), `tool_call_counts`, `tool_rewards` (the steps' tool rewards) and
-`agent_turns` (the turns: role, text, tokens, trained, tool name / arguments / error).
+`agent_turns` (the turns: role, text, tokens, trained, tool name / arguments / error; interaction
+turns with their score and metadata), and with interactions `turn_scores` and `interaction_info` (the
+interaction's last metadata).
 """
 
 from __future__ import annotations
@@ -43,11 +49,13 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
+from verl_npu.rollout import interaction_turns
 from verl_npu.rollout.base import SamplingParams, attach_responses
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
@@ -196,6 +204,15 @@ class Trajectory:
     pending: list[ToolCall] = field(default_factory=list)
     ended_with: str = ""      # the text of the token that ended the last assistant turn
     done: bool = False
+    interaction: Any = None   # interaction_turns.InteractionState of a row with an interaction
+
+
+def turn_room(t: Trajectory, budget: int) -> int:
+    """Most tokens the trajectory's next model turn may have: the rest of the budget, or less when its
+    interaction limits a turn (max_tokens_per_turn)."""
+    room = budget - len(t.response)
+    limit = t.interaction.max_tokens_per_turn if t.interaction is not None else None
+    return room if limit is None else min(room, limit)
 
 
 class TurnBackend:
@@ -210,7 +227,7 @@ class TurnBackend:
     def next_turns(self, active: list["Trajectory"], params: SamplingParams, budget: int,
                    record: bool) -> list[tuple[list[int], list[float] | None]] | None:
         """One (new token ids, their log-probs or None) per trajectory of `active`, in its order: the
-        sampled turn up to and including its end-of-turn token, at most `budget - len(response)` tokens.
+        sampled turn up to and including its end-of-turn token, at most `turn_room(t, budget)` tokens.
         None when this rank, and every rank it keeps in step with, has nothing left to generate."""
         raise NotImplementedError
 
@@ -229,7 +246,7 @@ class HFTurns(TurnBackend):
             return None
         # every rank decodes as many steps as the rank with the most room left (decode's forwards are
         # collectives for sharded modules); a rank whose trajectories are all done decodes a stand-in
-        steps = self._all_ranks_max(max((budget - len(t.response) for t in active), default=1))
+        steps = self._all_ranks_max(max((turn_room(t, budget) for t in active), default=1))
         if not active:
             self._stand_in(steps)
             return []
@@ -272,7 +289,7 @@ class HFTurns(TurnBackend):
         for r, ctx in enumerate(contexts):
             ids[r, width - len(ctx):] = torch.tensor(ctx)
             mask[r, width - len(ctx):] = 1
-        room = [budget - len(t.response) for t in active]
+        room = [turn_room(t, budget) for t in active]
         pick = greedy_pick
         if loop.pick_factory is not None:
             pick = loop.pick_factory(active, steps)
@@ -304,8 +321,10 @@ class AgentLoop:
 
     def __init__(self, module, tokenizer, tools: dict, settings: MultiTurnSettings, *, eos_ids: list[int],
                  pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent",
-                 synced: bool = False, turns: TurnBackend | None = None):
+                 synced: bool = False, turns: TurnBackend | None = None, interactions: dict | None = None):
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
+        # name -> interaction (multi_turn.interaction_config_path): answers model turns without tool calls
+        self.interactions = interactions or {}
         # sharded modules (several workers): every rank runs the same number of rounds and decode steps
         self.synced = synced
         # the agent loop of rows without an agent_name (rollout.agent.default_agent_loop); single_turn_agent
@@ -329,23 +348,33 @@ class AgentLoop:
         extra = prompts.get("extra_info") or [{} for _ in range(len(prompts))]
         agents = prompts.get("agent_name") or [None] * len(prompts)
         trajs = []
+        single = [(agents[i] or self.default_agent) == "single_turn_agent" for i in range(len(prompts))]
         for i, raw in enumerate(prompts["raw_prompt_ids"]):
             ids = [int(t) for t in (raw.tolist() if hasattr(raw, "tolist") else raw)]
             kwargs = (extra[i] or {}).get("tools_kwargs") or {}
             for j in range(params.n):
                 trajs.append(Trajectory(ids, f"{uids[i]}#{j}", kwargs if isinstance(kwargs, dict) else {},
-                                        single_turn=(agents[i] or self.default_agent) == "single_turn_agent"))
+                                        single_turn=single[i]))
+        interaction_turns.attach(trajs, prompts, params.n, self.interactions, self.tokenizer, single)
+        if self.interactions:
+            asyncio.run(interaction_turns.start(trajs))
         budget = params.max_new_tokens
-        while True:
-            self.turns.sync(trajs)
-            active = [t for t in trajs if not t.done]
-            sampled = self.turns.next_turns(active, params, budget, record_log_probs)
-            if sampled is None:
-                break
-            self._take_turns(active, sampled, budget)
-            calling = [t for t in active if not t.done]
-            if calling:
-                asyncio.run(self._run_tools(calling, budget))
+        try:
+            while True:
+                self.turns.sync(trajs)
+                active = [t for t in trajs if not t.done]
+                sampled = self.turns.next_turns(active, params, budget, record_log_probs)
+                if sampled is None:
+                    break
+                self._take_turns(active, sampled, budget)
+                calling = [t for t in active if not t.done and t.pending]
+                if calling:
+                    asyncio.run(self._run_tools(calling, budget))
+                if any(t.interaction is not None and t.interaction.waiting for t in active):
+                    asyncio.run(interaction_turns.respond(active, self.renderer, self.tokenizer, budget))
+        finally:
+            if self.interactions:
+                asyncio.run(interaction_turns.finalize(trajs))
         return self._rows(prompts, trajs, params.n, budget, record_log_probs)
 
     def _take_turns(self, active: list[Trajectory], sampled: list[tuple[list[int], list[float] | None]],
@@ -354,6 +383,7 @@ class AgentLoop:
         when it wrote one) and decide whether it goes on to a tool turn."""
         for t, (new, lps) in zip(active, sampled):
             ended = next((k for k, tok in enumerate(new) if tok in self.eos_ids), None)
+            room = turn_room(t, budget)  # before the turn joins the response
             t.response += new
             t.mask += [1] * len(new)
             if lps is not None:
@@ -363,14 +393,19 @@ class AgentLoop:
             t.turns.append({"role": "assistant", "text": text, "tokens": len(new), "trained": True})
             t.ended_with = self.tokenizer.decode(new[-1:], skip_special_tokens=False) if ended is not None else ""
             s = self.settings
-            if (len(t.response) >= budget or ended is None or t.single_turn
+            # a turn cut at its interaction's max_tokens_per_turn (not at the budget) is read as it is
+            cut = ended is None and len(new) == room and len(t.response) < budget and t.interaction is not None
+            if (len(t.response) >= budget or (ended is None and not cut) or t.single_turn
                     or (s.max_assistant_turns and t.assistant_turns >= s.max_assistant_turns)
                     or (s.max_user_turns and t.user_turns >= s.max_user_turns)):
                 t.done = True
                 continue
             t.pending = parse_hermes(text)[: s.max_parallel_calls]
             if not t.pending:
-                t.done = True
+                if t.interaction is not None:  # no tool call: the row's interaction answers the turn
+                    t.interaction.waiting = True
+                else:
+                    t.done = True
 
     async def _run_tools(self, calling: list[Trajectory], budget: int) -> None:
         jobs = [self._call(t, c) for t in calling for c in t.pending]
@@ -458,19 +493,25 @@ class AgentLoop:
         rows.set("tool_call_counts", [t.tool_calls for t in trajs])
         rows.set("tool_rewards", [list(t.tool_rewards) for t in trajs])
         rows.set("agent_turns", [list(t.turns) for t in trajs])
+        if self.interactions:  # verl's turn_scores: the interaction's score of each of its turns
+            rows.set("turn_scores", [interaction_turns.extra_fields(t)["turn_scores"] for t in trajs])
+            rows.set("interaction_info", [interaction_turns.extra_fields(t)["interaction"] for t in trajs])
         return rows
 
 
 def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent",
                      turns: TurnBackend | None = None) -> AgentLoop:
-    """The agent loop of a rollout engine, its tools built from `multi_turn.tool_config_path` (none: the
-    loop stops after the first turn, as without tools); `turns`: the engine's `TurnBackend` (None: the
-    hf engine's, over `engine.module`)."""
+    """The agent loop of a rollout engine, its tools built from `multi_turn.tool_config_path` and its
+    interactions from `multi_turn.interaction_config_path` (neither: the loop stops after the first turn);
+    `turns`: the engine's `TurnBackend` (None: the hf engine's, over `engine.module`)."""
+    from verl_npu.tools.interactions.loading import load_interactions
     from verl_npu.tools.loading import load_tools
 
     path = mt.get("tool_config_path")
     tools = load_tools(path) if path else {}
+    ipath = mt.get("interaction_config_path")
+    interactions = load_interactions(ipath) if ipath else {}
     return AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, MultiTurnSettings.from_config(mt),
                      eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=getattr(engine, "suppress_ids", None),
                      seed=engine.seed, default_agent=default_agent, synced=getattr(engine, "synced", False),
-                     turns=turns)
+                     turns=turns, interactions=interactions)

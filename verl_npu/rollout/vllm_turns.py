@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from verl_npu.rollout.agent_loop import Trajectory, TurnBackend
+from verl_npu.rollout.agent_loop import Trajectory, TurnBackend, turn_room
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.requests import prompt_seed, sampled_log_probs, sampling_kwargs
 
@@ -74,7 +74,7 @@ class VLLMTurns(TurnBackend):
         base, _ = sampling_kwargs(replace(params, n=1), eng.eos_ids, eng.banned_ids)
         requests, sampling, rooms = [], [], []
         for t in active:
-            room = budget - len(t.response)
+            room = turn_room(t, budget)  # an interaction may limit a turn (max_tokens_per_turn)
             kwargs = dict(base, max_tokens=room, extra_args={"trajectory": t.uid, "turn": t.assistant_turns})
             if not params.greedy:
                 kwargs["seed"] = prompt_seed(eng.seed, f"{t.uid}#turn{t.assistant_turns}")

@@ -255,7 +255,14 @@ def _tool_schemas(cfg) -> list[dict] | None:
 def _check_agent_names(cfg, dataset) -> None:
     from verl_npu.config.schema_multiturn import AGENT_LOOPS
 
-    dataset.check_agent_names(AGENT_LOOPS, cfg.actor_rollout_ref.rollout.multi_turn.enable)
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    dataset.check_agent_names(AGENT_LOOPS, mt.enable)
+    if mt.enable and mt.interaction_config_path:
+        # the interactions are built (and checked) here, before any worker starts
+        from verl_npu.tools.interactions.loading import load_interactions
+
+        names = list(load_interactions(mt.interaction_config_path))
+        dataset.check_interaction_names(names, cfg.actor_rollout_ref.rollout.agent.default_agent_loop)
 
 
 def _as_list(files) -> list:

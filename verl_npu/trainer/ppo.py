@@ -58,6 +58,23 @@ log = logging.getLogger("verl_npu")
 CURVES_EVERY = 10  # steps between refreshes of training_curves.png
 
 
+
+def multi_turn_extra_info(batch: Batch) -> list:
+    """Each row's extra_info for the reward function; a multi-turn row's gets what its trajectory
+    collected, as verl's reward managers add its agent loop's extra fields: `turn_scores` (the
+    interaction's score of each of its turns), `tool_rewards` (the tools' step rewards), `interaction`
+    (the interaction's last metadata) and `num_turns`."""
+    extra = list(batch["extra_info"])
+    if "agent_turns" not in batch:
+        return extra
+    fields = {"turn_scores": batch.get("turn_scores"), "tool_rewards": batch.get("tool_rewards"),
+              "interaction": batch.get("interaction_info"), "num_turns": batch.get("__num_turns__")}
+    out = []
+    for i, info in enumerate(extra):
+        added = {k: v[i] for k, v in fields.items() if v is not None}
+        out.append({**(info or {}), **added})
+    return out
+
 class EngineOutOfSync(UserError):
     """The rollout engine's probabilities left `rollout.max_probs_diff` of the actor's."""
 
@@ -428,7 +445,7 @@ class PPOTrainer:
         rule, extras = None, {}
         if not with_rm or scorer.covers(batch["data_source"]):
             rule, extras = scorer.score(
-                texts, batch["data_source"], batch["ground_truth"], batch["extra_info"],
+                texts, batch["data_source"], batch["ground_truth"], multi_turn_extra_info(batch),
                 rows=batch["data_row"] if "data_row" in batch else None,  # errors name the dataset row
             )
         mask = batch["response_mask"]
@@ -503,6 +520,8 @@ class PPOTrainer:
         if "agent_turns" in batch:  # multi-turn: each trajectory's turns (role, text, tokens, trained, tool calls)
             for row, turns, rewards in zip(rows, batch["agent_turns"], batch["tool_rewards"]):
                 row.update(turns=turns, tool_rewards=rewards)
+            for row, scores in zip(rows, batch.get("turn_scores") or []):  # interactions' per-turn scores
+                row["turn_scores"] = scores
         dump_jsonl(folder / f"{self.global_step}.jsonl", rows)
 
     # ---- validation ----------------------------------------------------------------------------

@@ -1,0 +1,61 @@
+"""Reward of grid-environment episodes (data_source `grid_env`; rows from data_prep/grid_env.py, played
+through the `grid_env` interaction).
+
+The score is the episode's return: the sum of the interaction's turn scores (`extra_info["turn_scores"]`,
+which the trainer adds to a multi-turn row's extra_info): 1.0 for reaching the goal (FrozenLake) or
+pushing the box onto the target (Sokoban), plus the interaction's `format_penalty` (default -0.1) for
+every model turn that was not one move. Sub-scores: `accuracy` (1.0 when the episode was won: the
+interaction's last metadata says `success`) and `invalid_moves` (how many turns were not a move). The
+solution text itself is not read: the environment already judged every move.
+
+`BLIND_BEST_SCORE` is the best expected accuracy of a policy that ignores the observations, for the CPU
+demo's maps (`verl_npu.data.grid_env.demo_maps`, layout `corners`, `DEMO_MAX_STEPS` steps): the best
+fixed move sequence, found by trying every sequence. A success rate clearly above it means the policy
+reads the grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+DATA_SOURCE = "grid_env"
+DEMO_LAYOUT_HOLES = False
+DEMO_MAX_STEPS = 3
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> dict:
+    """{"score": the episode's return, "accuracy": 1.0 won / 0.0, "invalid_moves": count}."""
+    info = extra_info or {}
+    scores = [float(s) for s in (info.get("turn_scores") or [])]
+    meta = info.get("interaction") or {}
+    turns = info.get("turn_scores") or []
+    invalid = sum(1 for s in scores if s < 0)
+    return {"score": float(sum(scores)), "accuracy": 1.0 if meta.get("success") else 0.0,
+            "invalid_moves": float(invalid if turns else 0)}
+
+
+def blind_best(maps: list[list[str]], max_steps: int) -> float:
+    """The best success rate over `maps` of one fixed sequence of `max_steps` moves."""
+    from verl_npu.tools.envs.frozen_lake import FrozenLake
+
+    best = 0.0
+    for moves in itertools.product("UDLR", repeat=max_steps):
+        won = 0
+        for m in maps:
+            env = FrozenLake(map=m, max_steps=max_steps)
+            env.reset()
+            for move in moves:
+                if env.step(move).done:
+                    break
+            won += env.success
+        best = max(best, won / len(maps))
+    return best
+
+
+def _demo_blind_best() -> float:
+    from verl_npu.data.grid_env import demo_maps
+
+    return blind_best(demo_maps(DEMO_LAYOUT_HOLES), DEMO_MAX_STEPS)
+
+
+BLIND_BEST_SCORE = _demo_blind_best()
