@@ -104,11 +104,13 @@ class ToolEntry:
         return VERL_CLASS_PATHS.get(self.class_name)
 
 
-def class_target(class_name: str) -> tuple[str, str, str]:
-    """(kind, where, class) of a `class_name`: kind 'builtin', 'file' or 'module'."""
-    if class_name in BUILTIN_TOOLS or class_name in VERL_CLASS_PATHS:
-        name = VERL_CLASS_PATHS.get(class_name, class_name)
-        module, _, cls = BUILTIN_TOOLS[name].partition(":")
+def class_target(class_name: str, builtins: dict[str, str] = BUILTIN_TOOLS,
+                 verl_paths: dict[str, str] = VERL_CLASS_PATHS) -> tuple[str, str, str]:
+    """(kind, where, class) of a `class_name` in a tool or interaction config: kind 'builtin' (a name of
+    `builtins`, or a verl class path `verl_paths` maps to one; where: its module), 'file'
+    (path/to/file.py:Class) or 'module' (package.module.Class)."""
+    if class_name in builtins or class_name in verl_paths:
+        module, _, cls = builtins[verl_paths.get(class_name, class_name)].partition(":")
         return "builtin", module, cls
     if ":" in class_name:
         path, _, cls = class_name.rpartition(":")
@@ -149,39 +151,38 @@ def _schema_problems(schema: Any, key: str) -> list[tuple[str, str]]:
     return out
 
 
-def _class_problems(class_name: Any, key: str, base_dir: Path) -> list[tuple[str, str]]:
+def class_name_problems(class_name: Any, key: str, *, what: str, builtins: dict[str, str],
+                        verl_paths: dict[str, str], verl_hint: str,
+                        unbuilt: dict[str, tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    """(key, problem) for the class_name of a tool or interaction entry (`what`: "tool" / "interaction"),
+    found without importing anything: a built-in, an existing path/to/file.py:Class (relative to the
+    current folder), or package.module.Class on the Python path. A class of verl is refused with
+    `verl_hint` (how to port it); `unbuilt` verl classes with (what they need, what to do instead)."""
     if not isinstance(class_name, str) or not class_name.strip():
-        return [(key, "must name the tool class: a built-in name (" + ", ".join(BUILTIN_TOOLS)
-                 + "), path/to/file.py:ClassName or package.module.ClassName")]
-    kind, where, cls = class_target(class_name)
+        return [(key, f"must name the {what} class: a built-in ({', '.join(builtins)}), path/to/file.py:ClassName "
+                 "or package.module.ClassName")]
+    kind, where, cls = class_target(class_name, builtins, verl_paths)
     if kind == "builtin":
         return []
     if not cls.isidentifier():
         return [(key, f"{class_name!r} does not end in a class name")]
     if kind == "file":
         path = Path(os.path.expanduser(where))
-        if not path.is_absolute():
-            path = base_dir / path
-        if not path.is_file():
-            return [(key, f"{class_name!r}: file {str(path)!r} does not exist")]
-        return []
+        path = path if path.is_absolute() else Path.cwd() / path
+        return [] if path.is_file() else [(key, f"{class_name!r}: file {str(path)!r} does not exist")]
     if not where:
-        return [(key, f"{class_name!r} is neither a built-in tool ({', '.join(BUILTIN_TOOLS)}) nor "
+        return [(key, f"{class_name!r} is neither a built-in {what} ({', '.join(builtins)}) nor "
                       "package.module.ClassName nor path/to/file.py:ClassName")]
-    if class_name in UNBUILT_VERL_TOOLS:
-        needs, instead = UNBUILT_VERL_TOOLS[class_name]
+    if class_name in (unbuilt or {}):
+        needs, instead = unbuilt[class_name]
         return [(key, f"verl-npu does not support verl's {cls} yet (it {needs}); {instead}")]
     if where.startswith("verl."):
-        return [(key, f"{class_name!r} is a class of verl, which verl-npu does not import: the built-in tools are "
-                      f"{', '.join(sorted(VERL_CLASS_PATHS))}; for your own tool change its import to "
-                      "`from verl_npu.tools import BaseTool, ToolResponse` and name it path/to/file.py:ClassName")]
+        return [(key, f"{class_name!r} is a class of verl, which verl-npu does not import: {verl_hint}")]
     try:
         found = importlib.util.find_spec(where) is not None
     except (ImportError, ValueError):
         found = False
-    if not found:
-        return [(key, f"{class_name!r}: module {where!r} cannot be found on the Python path")]
-    return []
+    return [] if found else [(key, f"{class_name!r}: module {where!r} cannot be found on the Python path")]
 
 
 def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tuple[str, str]]]:
@@ -208,7 +209,11 @@ def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tup
         unknown = sorted(set(item) - {"class_name", "config", "tool_schema"})
         if unknown:
             problems.append((key, f"has unknown field(s) {unknown}; a tool has class_name, config, tool_schema"))
-        problems += _class_problems(item.get("class_name"), f"{key}.class_name", Path.cwd())
+        problems += class_name_problems(
+            item.get("class_name"), f"{key}.class_name", what="tool", builtins=BUILTIN_TOOLS,
+            verl_paths=VERL_CLASS_PATHS, unbuilt=UNBUILT_VERL_TOOLS,
+            verl_hint=f"the built-in tools are {', '.join(sorted(VERL_CLASS_PATHS))}; for your own tool change its "
+                      "import to `from verl_npu.tools import BaseTool, ToolResponse` and name it path/to/file.py:ClassName")
         config = item.get("config") or {}
         if not isinstance(config, dict):
             problems.append((f"{key}.config", "must be a mapping (e.g. {type: native})"))

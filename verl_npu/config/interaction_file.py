@@ -20,11 +20,12 @@ refused by name with where they go (`ROLL_KEYS`).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from verl_npu import tool_registry
 
 KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 
@@ -79,15 +80,8 @@ class InteractionEntry:
 
 
 def class_target(class_name: str) -> tuple[str, str, str]:
-    """(kind, where, class) of a class_name: kind 'builtin', 'file' or 'module'."""
-    if class_name in BUILTIN_INTERACTIONS or class_name in VERL_CLASS_PATHS:
-        module, _, cls = BUILTIN_INTERACTIONS[VERL_CLASS_PATHS.get(class_name, class_name)].partition(":")
-        return "builtin", module, cls
-    if ":" in class_name:
-        path, _, cls = class_name.rpartition(":")
-        return "file", path, cls
-    module, _, cls = class_name.rpartition(".")
-    return "module", module, cls
+    """(kind, where, class) of an interaction's class_name (`verl_npu.tool_registry.class_target`'s rules)."""
+    return tool_registry.class_target(class_name, BUILTIN_INTERACTIONS, VERL_CLASS_PATHS)
 
 
 def default_name(class_name: str) -> str:
@@ -96,34 +90,6 @@ def default_name(class_name: str) -> str:
         return class_name
     simple = class_name.replace(":", ".").split(".")[-1]
     return (simple[: -len("Interaction")] if simple.endswith("Interaction") else simple).lower()
-
-
-def _class_problems(class_name: Any, key: str) -> list[tuple[str, str]]:
-    if not isinstance(class_name, str) or not class_name.strip():
-        return [(key, "must name the interaction class: a built-in (" + ", ".join(BUILTIN_INTERACTIONS)
-                 + "), path/to/file.py:ClassName or package.module.ClassName")]
-    kind, where, cls = class_target(class_name)
-    if kind == "builtin":
-        return []
-    if not cls.isidentifier():
-        return [(key, f"{class_name!r} does not end in a class name")]
-    if kind == "file":
-        path = Path(os.path.expanduser(where))
-        path = path if path.is_absolute() else Path.cwd() / path
-        return [] if path.is_file() else [(key, f"{class_name!r}: file {str(path)!r} does not exist")]
-    if not where:
-        return [(key, f"{class_name!r} is neither a built-in interaction ({', '.join(BUILTIN_INTERACTIONS)}) nor "
-                      "package.module.ClassName nor path/to/file.py:ClassName")]
-    if where.startswith("verl."):
-        return [(key, f"{class_name!r} is a class of verl, which verl-npu does not import: the built-in interactions "
-                      f"are {', '.join(BUILTIN_INTERACTIONS)} (and {', '.join(VERL_CLASS_PATHS)}); for your own, change "
-                      "its import to `from verl_npu.tools.interactions import BaseInteraction` and name it "
-                      "path/to/file.py:ClassName")]
-    try:
-        found = importlib.util.find_spec(where) is not None
-    except (ImportError, ValueError):
-        found = False
-    return [] if found else [(key, f"{class_name!r}: module {where!r} cannot be found on the Python path")]
 
 
 def grid_env_problems(config: dict, key: str) -> list[tuple[str, str]]:
@@ -173,7 +139,12 @@ def read_interaction_config(path) -> tuple[list[InteractionEntry], list[tuple[st
         unknown = sorted(set(item) - {"name", "class_name", "config"})
         if unknown:
             problems.append((key, f"has unknown field(s) {unknown}; an interaction has name, class_name, config"))
-        class_problems = _class_problems(item.get("class_name"), f"{key}.class_name")
+        class_problems = tool_registry.class_name_problems(
+            item.get("class_name"), f"{key}.class_name", what="interaction", builtins=BUILTIN_INTERACTIONS,
+            verl_paths=VERL_CLASS_PATHS,
+            verl_hint=f"the built-in interactions are {', '.join(BUILTIN_INTERACTIONS)} (and "
+                      f"{', '.join(VERL_CLASS_PATHS)}); for your own, change its import to `from "
+                      "verl_npu.tools.interactions import BaseInteraction` and name it path/to/file.py:ClassName")
         problems += class_problems
         config = item.get("config") or {}
         if not isinstance(config, dict):

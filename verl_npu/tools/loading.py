@@ -42,9 +42,12 @@ def _import_file(path: Path):
     return module
 
 
-def tool_class(entry: ToolEntry) -> type:
-    """The class an entry names. Raises UserError naming the entry when it cannot be imported."""
-    kind, where, cls = class_target(entry.class_name)
+def named_class(target: tuple[str, str, str], entry_where: str, class_name: str, config_key: str,
+                methods: tuple[str, ...], what: str, how: str) -> type:
+    """The class a tool or interaction entry names (`target`: its class_target), with `methods`.
+    Raises UserError naming the entry (`entry_where`) when it cannot be imported or is not `what`
+    (`how`: how to make one)."""
+    kind, where, cls = target
     try:
         if kind == "file":
             path = Path(os.path.expanduser(where))
@@ -52,18 +55,24 @@ def tool_class(entry: ToolEntry) -> type:
         else:
             module = importlib.import_module(where)
     except Exception as err:  # the user's module failed to import: its error, named
-        raise UserError(f"{entry.where}.class_name: importing {where!r} failed: {type(err).__name__}: {err}. "
-                        f"Fix the tool module (or the class_name in {KEY})") from None
+        raise UserError(f"{entry_where}.class_name: importing {where!r} failed: {type(err).__name__}: {err}. "
+                        f"Fix the module (or the class_name in {config_key})") from None
     found = getattr(module, cls, None)
     if not isinstance(found, type):
         have = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
-        raise UserError(f"{entry.where}.class_name: {where!r} has no class {cls!r} (classes there: "
+        raise UserError(f"{entry_where}.class_name: {where!r} has no class {cls!r} (classes there: "
                         f"{', '.join(have) or 'none'}); fix class_name")
-    missing = [m for m in TOOL_METHODS if not callable(getattr(found, m, None))]
+    missing = [m for m in methods if not callable(getattr(found, m, None))]
     if missing:
-        raise UserError(f"{entry.where}.class_name: {entry.class_name!r} is not a tool: it has no "
-                        f"{', '.join(missing)} method(s). Subclass verl_npu.tools.BaseTool (docs/agents.md)")
+        raise UserError(f"{entry_where}.class_name: {class_name!r} is not {what}: it has no "
+                        f"{', '.join(missing)} method(s). {how}")
     return found
+
+
+def tool_class(entry: ToolEntry) -> type:
+    """The class an entry names. Raises UserError naming the entry when it cannot be imported."""
+    return named_class(class_target(entry.class_name), entry.where, entry.class_name, KEY, TOOL_METHODS,
+                       "a tool", "Subclass verl_npu.tools.BaseTool (docs/agents.md)")
 
 
 def build_tool(entry: ToolEntry):

@@ -8,40 +8,19 @@ Every problem is a `UserError` raised before any worker starts, naming the file,
 
 from __future__ import annotations
 
-import importlib
-import os
-from pathlib import Path
 from typing import Any
 
 from verl_npu.config.interaction_file import KEY, InteractionEntry, class_target, read_interaction_config
 from verl_npu.errors import UserError
-from verl_npu.tools.loading import _import_file
+from verl_npu.tools.loading import named_class
 
 METHODS = ("start_interaction", "generate_response")
 
 
 def interaction_class(entry: InteractionEntry) -> type:
-    kind, where, cls = class_target(entry.class_name)
-    try:
-        if kind == "file":
-            path = Path(os.path.expanduser(where))
-            module = _import_file(path if path.is_absolute() else Path.cwd() / path)
-        else:
-            module = importlib.import_module(where)
-    except Exception as err:  # the user's module failed to import: its error, named
-        raise UserError(f"{entry.where}.class_name: importing {where!r} failed: {type(err).__name__}: {err}. "
-                        f"Fix the module (or the class_name in {KEY})") from None
-    found = getattr(module, cls, None)
-    if not isinstance(found, type):
-        have = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
-        raise UserError(f"{entry.where}.class_name: {where!r} has no class {cls!r} (classes there: "
-                        f"{', '.join(have) or 'none'}); fix class_name")
-    missing = [m for m in METHODS if not callable(getattr(found, m, None))]
-    if missing:
-        raise UserError(f"{entry.where}.class_name: {entry.class_name!r} is not an interaction: it has no "
-                        f"{', '.join(missing)} method(s). Subclass verl_npu.tools.interactions.BaseInteraction "
-                        "(docs/agents.md, 'Writing an interaction')")
-    return found
+    return named_class(class_target(entry.class_name), entry.where, entry.class_name, KEY, METHODS,
+                       "an interaction", "Subclass verl_npu.tools.interactions.BaseInteraction (docs/agents.md, "
+                       "'Writing an interaction')")
 
 
 def load_interactions(path) -> dict[str, Any]:
