@@ -57,17 +57,22 @@ def tools() -> dict:
     return {"calc_gsm8k_reward": Gsm8kTool({}), "boom": Boom({}, schema("boom")), "echo": AsyncEcho({}, schema("echo"))}
 
 
+def left_padded(rows: list[list[int]], pad_id: int, width: int, **lists) -> Batch:
+    """A prompt batch: token-id `rows` left-padded to `width` (input_ids, attention_mask), `raw_prompt_ids`
+    and the list columns `lists`."""
+    ids = torch.full((len(rows), width), pad_id)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    return Batch({"input_ids": ids, "attention_mask": mask}, {"raw_prompt_ids": rows, **lists})
+
+
 def prompts(tokenizer, pad_id: int, questions: list[str], uids: list[str]) -> Batch:
     rows = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                                     add_generation_prompt=True), add_special_tokens=False)["input_ids"]
             for q in questions]
-    ids = torch.full((len(rows), P), pad_id)
-    mask = torch.zeros((len(rows), P), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, P - len(r):] = torch.tensor(r)
-        mask[i, P - len(r):] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask},
-                 {"raw_prompt_ids": rows, "uid": uids, "extra_info": [{"tools_kwargs": TRUTH} for _ in rows]})
+    return left_padded(rows, pad_id, P, uid=uids, extra_info=[{"tools_kwargs": TRUTH} for _ in rows])
 
 
 def scripted(tokenizer, eos: int, scripts: dict[str, list[str]]):

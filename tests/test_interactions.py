@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from test_agent_loop import left_padded
 from verl_npu.batch import Batch
 from verl_npu.config.interaction_file import default_name, read_interaction_config
 from verl_npu.errors import UserError
@@ -185,14 +186,8 @@ def test_a_row_naming_an_unknown_interaction_is_refused_naming_the_row(tmp_path,
 def prompts(tok, pad_id, messages_per_row, extra, agent="tool_agent") -> Batch:
     rows = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
                 add_special_tokens=False)["input_ids"] for m in messages_per_row]
-    ids = torch.full((len(rows), P), pad_id)
-    mask = torch.zeros((len(rows), P), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, P - len(r):] = torch.tensor(r)
-        mask[i, P - len(r):] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask},
-                 {"raw_prompt_ids": rows, "uid": [f"q{i}" for i in range(len(rows))], "extra_info": extra,
-                  "raw_prompt": messages_per_row, "agent_name": [agent] * len(rows)})
+    return left_padded(rows, pad_id, P, uid=[f"q{i}" for i in range(len(rows))], extra_info=extra,
+                       raw_prompt=messages_per_row, agent_name=[agent] * len(rows))
 
 def scripted(tok, eos, scripts, with_eos=True):
     def factory(active, steps):

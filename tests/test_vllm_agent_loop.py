@@ -33,7 +33,7 @@ import torch
 pytest.importorskip("vllm")
 
 from run_helpers import step_metrics, write_varied_reward  # noqa: E402
-from test_agent_loop import CALL, TRUTH, scripted, tools  # noqa: E402
+from test_agent_loop import CALL, TRUTH, left_padded, scripted, tools  # noqa: E402
 
 import forced_turns  # noqa: E402
 from verl_npu.batch import Batch  # noqa: E402
@@ -53,13 +53,7 @@ def prompt_batch(tok, questions: list[str], uids: list[str], pad_id: int) -> Bat
                                         tokenize=False, add_generation_prompt=True),
                 add_special_tokens=False)["input_ids"] for q in questions]
     assert all(128 < len(r) <= P for r in rows)  # more than one KV block (128 tokens on CPU)
-    ids = torch.full((len(rows), P), pad_id)
-    mask = torch.zeros((len(rows), P), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, P - len(r):] = torch.tensor(r)
-        mask[i, P - len(r):] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask},
-                 {"raw_prompt_ids": rows, "uid": uids, "extra_info": [{"tools_kwargs": TRUTH} for _ in rows]})
+    return left_padded(rows, pad_id, P, uid=uids, extra_info=[{"tools_kwargs": TRUTH} for _ in rows])
 
 
 def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_log_probs(tiny_lm_path):
