@@ -15,7 +15,8 @@ import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch
-from verl_npu.rollout.agent_loop import AgentLoop, MultiTurnSettings, parse_hermes, truncate
+from verl_npu.config.typed import section
+from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, parse_hermes, truncate
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.hf import HFRollout
 from verl_npu.tools.base import BaseTool, ToolResponse
@@ -89,7 +90,7 @@ def scripted(tokenizer, eos: int, scripts: dict[str, list[str]]):
 
 def loop_for(model, tokenizer, scripts, **settings):
     eng = HFRollout(model, tokenizer, seed=0)
-    return eng, AgentLoop(model, tokenizer, tools(), MultiTurnSettings(**settings), eos_ids=eng.eos_ids,
+    return eng, AgentLoop(model, tokenizer, tools(), section(MULTI_TURN, settings), eos_ids=eng.eos_ids,
                           pad_id=eng.pad_id, suppress_ids=eng.suppress_ids,
                           pick_factory=scripted(tokenizer, eng.eos_ids[0], scripts) if scripts else None)
 

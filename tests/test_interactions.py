@@ -14,8 +14,9 @@ import torch
 from test_agent_loop import left_padded
 from verl_npu.batch import Batch
 from verl_npu.config.interaction_file import default_name, read_interaction_config
+from verl_npu.config.typed import section
 from verl_npu.errors import UserError
-from verl_npu.rollout.agent_loop import AgentLoop, MultiTurnSettings
+from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.hf import HFRollout
 from verl_npu.tools.envs import make_env, parse_action
@@ -206,7 +207,7 @@ def test_environment_trajectory_mask_token_by_token_and_turn_scores(model_and_to
     eng = HFRollout(model, tok, seed=0)
     lake = GridEnvInteraction({"name": "grid_env", "max_steps": 3, "max_tokens_per_step": 1})
     scripts = {"q0": ["U", "?", "L"], "q1": ["D", "D", "D"]}
-    loop = AgentLoop(model, tok, {}, MultiTurnSettings(), eos_ids=eng.eos_ids, pad_id=eng.pad_id,
+    loop = AgentLoop(model, tok, {}, section(MULTI_TURN), eos_ids=eng.eos_ids, pad_id=eng.pad_id,
                      suppress_ids=eng.suppress_ids, interactions={"grid_env": lake},
                      pick_factory=scripted(tok, eng.eos_ids[0], scripts, with_eos=False))
     extra = [{"interaction_kwargs": {"name": "grid_env", "env": "frozen_lake", "seed": 0, "map": LAKE}}] * 2
@@ -245,7 +246,7 @@ def test_gsm8k_interaction_trajectory_goes_on_until_the_answer_is_right(model_an
 
     gsm.generate_response = spy
     scripts = {"q0": ["#### 4", "#### 5"]}
-    loop = AgentLoop(model, tok, {}, MultiTurnSettings(max_assistant_turns=4), eos_ids=eng.eos_ids,
+    loop = AgentLoop(model, tok, {}, section(MULTI_TURN, {"max_assistant_turns": 4}), eos_ids=eng.eos_ids,
                      pad_id=eng.pad_id, suppress_ids=eng.suppress_ids, interactions={"gsm8k": gsm},
                      pick_factory=scripted(tok, eng.eos_ids[0], scripts))
     extra = [{"interaction_kwargs": {"name": "gsm8k", "ground_truth": "5"}}]
@@ -264,7 +265,7 @@ def test_gsm8k_interaction_trajectory_goes_on_until_the_answer_is_right(model_an
 def test_a_row_without_a_known_interaction_stops_the_rollout(model_and_tokenizer):
     model, tok = model_and_tokenizer
     eng = HFRollout(model, tok, seed=0)
-    loop = AgentLoop(model, tok, {}, MultiTurnSettings(), eos_ids=eng.eos_ids, pad_id=eng.pad_id,
+    loop = AgentLoop(model, tok, {}, section(MULTI_TURN), eos_ids=eng.eos_ids, pad_id=eng.pad_id,
                      interactions={"gsm8k": Gsm8kInteraction({})})
     batch = prompts(tok, eng.pad_id, [[{"role": "user", "content": "x"}]], [{"interaction_kwargs": {"name": "b"}}])
     with pytest.raises(UserError, match="interaction_kwargs.name is 'b'"):

@@ -202,7 +202,8 @@ def test_hanging_and_failing_tools_and_a_long_output_in_a_rollout():
     that raises, and code printing far more than max_tool_response_length: each is one tool message."""
     import asyncio
 
-    from verl_npu.rollout.agent_loop import AgentLoop, MultiTurnSettings, ToolCall, Trajectory
+    from verl_npu.config.typed import section
+    from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, ToolCall, Trajectory
     from verl_npu.tools.base import BaseTool
 
     schema = lambda n: {"type": "function", "function": {"name": n, "description": "d",  # noqa: E731
@@ -225,7 +226,7 @@ def test_hanging_and_failing_tools_and_a_long_output_in_a_rollout():
              "async_hang": AsyncHang({"call_timeout": 1}, schema("async_hang")),
              "raises": Raises({}, schema("raises"))}
     loop = AgentLoop.__new__(AgentLoop)  # only the call path: no model needed
-    loop.tools, loop.settings = tools, MultiTurnSettings(max_tool_response_length=200)
+    loop.tools, loop.settings = tools, section(MULTI_TURN, {"max_tool_response_length": 200})
     traj = Trajectory([1], "u#0", {})
     calls = [ToolCall("code_interpreter", {"code": "print('z' * 5000)"}), ToolCall("sync_hang", {}),
              ToolCall("async_hang", {}), ToolCall("raises", {}), ToolCall("code_interpreter", {"code": 5}),

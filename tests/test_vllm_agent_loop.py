@@ -63,7 +63,8 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
     from verl_npu.models.forward import response_log_probs
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rollout import build_rollout
-    from verl_npu.rollout.agent_loop import AgentLoop, MultiTurnSettings
+    from verl_npu.config.typed import section
+    from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop
     from verl_npu.rollout.hf import HFRollout
 
     tok, _ = load_tokenizer_and_processor(str(tiny_lm_path))
@@ -98,7 +99,7 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
 
     # the same script through the hf loop's decode: the same trajectories, token for token
     hf = HFRollout(model, tok, seed=0)
-    loop = AgentLoop(model, tok, tools(), MultiTurnSettings(max_assistant_turns=4), eos_ids=hf.eos_ids,
+    loop = AgentLoop(model, tok, tools(), section(MULTI_TURN, {"max_assistant_turns": 4}), eos_ids=hf.eos_ids,
                      pad_id=hf.pad_id, suppress_ids=hf.suppress_ids, pick_factory=scripted(tok, hf.eos_ids[0], texts))
     ref = loop.run(prompt_batch(tok, questions, ["q0", "q1", "q2"], hf.pad_id), params, record_log_probs=True)
     for key in ("responses", "response_mask", "attention_mask", "tool_mask"):

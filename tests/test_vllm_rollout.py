@@ -20,6 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl_npu.batch import Batch
+from verl_npu.config.typed import section
 from verl_npu.errors import UserError
 from verl_npu.rollout import requests as rq
 from verl_npu.rollout import vllm as vr
@@ -90,13 +91,17 @@ def test_unknown_engine_kwarg_is_a_user_error_naming_the_key():
 
 
 # ---------------------------------------------------------------------------- engine args
-def _rollout_cfg(**over):
+def _rollout_values(**over) -> dict:
     base = dict(name="vllm", dtype="bfloat16", tensor_model_parallel_size=2, gpu_memory_utilization=0.6,
                 max_num_batched_tokens=8192, max_model_len=None, max_num_seqs=256, enable_chunked_prefill=True,
                 enforce_eager=True, load_format="dummy_dtensor", free_cache_engine=True, disable_log_stats=True,
                 prompt_length=1024, response_length=2048, engine_kwargs={"vllm": {}})
     base.update(over)
-    return OmegaConf.create(base)
+    return base
+
+
+def _rollout_cfg(**over):
+    return section("actor_rollout_ref.rollout", _rollout_values(**over))
 
 
 def test_engine_args_from_config():
@@ -271,10 +276,10 @@ def _fake_vllm(log):
 
 
 def _glue_cfg(tmp_path, **rollout_over):
-    return OmegaConf.create({"data": {"seed": 3}, "actor_rollout_ref": {
+    return section("backend_config", {"data": {"seed": 3}, "actor_rollout_ref": {
         "model": {"path": str(tmp_path), "trust_remote_code": False},
-        "rollout": dict(_rollout_cfg(load_format="auto", engine_kwargs={"vllm": {"disable_mm_preprocessor_cache": True}},
-                                     **rollout_over))}})
+        "rollout": _rollout_values(load_format="auto", engine_kwargs={"vllm": {"disable_mm_preprocessor_cache": True}},
+                                   **rollout_over)}})
 
 
 def test_vllm_rollout_glue_with_stand_in_engine(monkeypatch, tmp_path):

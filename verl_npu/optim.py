@@ -1,4 +1,6 @@
-"""Optimizer and learning-rate schedule for the actor (verl's ``actor_rollout_ref.actor.optim``).
+"""Optimizer and learning-rate schedule of a trainable role, from its typed optim section
+(``actor_rollout_ref.actor.optim`` or ``critic.optim``, `verl_npu.config.typed`; the values and their
+defaults are the schema's, verl's ``lr_scheduler_type`` already read as ``warmup_style`` by the config loader).
 
 ``build_optimizer`` makes AdamW from ``lr``, ``weight_decay`` and ``betas``; ``build_lr_scheduler``
 makes a ``LambdaLR`` whose multiplier at optimizer step ``s`` (0-based, before any step ``s = 0``) is:
@@ -18,7 +20,7 @@ makes a ``LambdaLR`` whose multiplier at optimizer step ``s`` (0-based, before a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
@@ -31,21 +33,10 @@ WARMUP_STYLES = ("constant", "cosine")
 _KEY = "actor_rollout_ref.actor.optim"
 
 
-def _get(cfg: Any, key: str, default: Any) -> Any:
-    """Read ``key`` from a dict or OmegaConf node; ``default`` when absent or None."""
-    if isinstance(cfg, Mapping):
-        value = cfg.get(key, default)
-    else:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
-
-
 def build_optimizer(params: Iterable[torch.nn.Parameter] | Iterable[dict], optim_cfg: Any) -> torch.optim.AdamW:
-    """AdamW over ``params`` with ``lr`` (default 1e-6), ``weight_decay`` (default 0.01) and ``betas``
-    (default (0.9, 0.999)) read from ``optim_cfg``. Bad values raise UserError naming the key."""
-    lr = float(_get(optim_cfg, "lr", 1e-6))
-    weight_decay = float(_get(optim_cfg, "weight_decay", 0.01))
-    betas = tuple(float(b) for b in _get(optim_cfg, "betas", (0.9, 0.999)))
+    """AdamW over ``params`` with the ``lr``, ``weight_decay`` and ``betas`` of the typed optim section
+    ``optim_cfg``. Bad values raise UserError naming the key."""
+    lr, weight_decay, betas = optim_cfg.lr, optim_cfg.weight_decay, tuple(optim_cfg.betas)
     if lr < 0:
         raise UserError(f"{_KEY}.lr: must be >= 0, got {lr}; fix: set a small positive learning rate such as 1e-6")
     if weight_decay < 0:
@@ -57,10 +48,9 @@ def build_optimizer(params: Iterable[torch.nn.Parameter] | Iterable[dict], optim
 
 def warmup_steps(optim_cfg: Any, total_training_steps: int) -> int:
     """``lr_warmup_steps`` when > 0, else ``int(lr_warmup_steps_ratio · total_training_steps)``."""
-    steps = int(_get(optim_cfg, "lr_warmup_steps", -1))
-    if steps > 0:
-        return steps
-    return int(float(_get(optim_cfg, "lr_warmup_steps_ratio", 0.0)) * total_training_steps)
+    if optim_cfg.lr_warmup_steps > 0:
+        return optim_cfg.lr_warmup_steps
+    return int(optim_cfg.lr_warmup_steps_ratio * total_training_steps)
 
 
 def _constant_multiplier(step: int, warmup: int) -> float:
@@ -81,10 +71,9 @@ def _cosine_multiplier(step: int, warmup: int, total: int, min_lr_ratio: float, 
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, total_training_steps: int) -> LambdaLR:
-    """The LR schedule described in this module's docstring. The style is ``warmup_style`` (or, when
-    that is unset, ``lr_scheduler_type`` / ``lr_scheduler``), default ``constant``; ``min_lr_ratio``
-    (default 0, null allowed) and ``num_cycles`` (default 0.5) apply to ``cosine``.
-    Call ``scheduler.step()`` once after each ``optimizer.step()``.
+    """The LR schedule described in this module's docstring, from the typed optim section ``optim_cfg``:
+    the style is ``warmup_style``; ``min_lr_ratio``, ``num_cycles`` and ``zero_indexed_step`` apply to
+    ``cosine``. Call ``scheduler.step()`` once after each ``optimizer.step()``.
     """
     total = int(total_training_steps)
     if total <= 0:
@@ -92,21 +81,19 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, total_t
             f"total_training_steps must be > 0 to build the LR schedule, got {total}; "
             "fix: set trainer.total_training_steps or trainer.total_epochs with a non-empty dataset"
         )
-    style = _get(optim_cfg, "warmup_style", None) or _get(optim_cfg, "lr_scheduler_type", None)
-    style = str(style or _get(optim_cfg, "lr_scheduler", "constant"))
+    style = optim_cfg.warmup_style
     warmup = warmup_steps(optim_cfg, total)
     if warmup < 0:
         raise UserError(f"{_KEY}.lr_warmup_steps_ratio: must be >= 0 (got a negative warmup of {warmup} steps)")
     if style == "constant":
         multiplier = partial(_constant_multiplier, warmup=warmup)
     elif style == "cosine":
-        min_lr_ratio = float(_get(optim_cfg, "min_lr_ratio", 0.0))
+        min_lr_ratio = optim_cfg.min_lr_ratio
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise UserError(f"{_KEY}.min_lr_ratio: must be in [0, 1], got {min_lr_ratio}")
-        num_cycles = float(_get(optim_cfg, "num_cycles", 0.5))
         multiplier = partial(
-            _cosine_multiplier, warmup=warmup, total=total, min_lr_ratio=min_lr_ratio, num_cycles=num_cycles,
-            zero_indexed=bool(_get(optim_cfg, "zero_indexed_step", True)),
+            _cosine_multiplier, warmup=warmup, total=total, min_lr_ratio=min_lr_ratio,
+            num_cycles=optim_cfg.num_cycles, zero_indexed=optim_cfg.zero_indexed_step,
         )
     else:
         raise UserError(f"{_KEY}.warmup_style: unknown value {style!r}; fix: use one of {', '.join(WARMUP_STYLES)}")

@@ -18,7 +18,7 @@ are fields too, always at that default; verl's no-op keys are not (nothing may r
   and a `KeyError`), for attribute access, `section["key"]` and `section.get("key")` alike.
 - Sections pickle (their classes are module attributes here), so they travel to Ray workers as they are.
 - Mapping access (`s["key"]`, `s.get("key", default)`, `"key" in s`, `keys()`, `items()`) reads the same
-  fields, for code written against the old dict-like config (`verl_npu/rollout/` until it is converted).
+  fields, for code written against a dict-like config (a tool's or a user's function).
   `get` never needs its default for a schema key (the section always has it; a null value is returned
   as null, as a dict's or OmegaConf's `get` does); for a key the schema lacks it raises, like the rest.
 

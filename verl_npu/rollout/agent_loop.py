@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from verl_npu.batch import Batch
+from verl_npu.config.typed import section
 from verl_npu.errors import UserError
 from verl_npu.rollout import interaction_turns
 from verl_npu.rollout.base import SamplingParams, attach_responses
@@ -67,28 +68,9 @@ log = logging.getLogger(__name__)
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
-@dataclass(frozen=True)
-class MultiTurnSettings:
-    """`rollout.multi_turn.*` as the loop reads them."""
-
-    max_assistant_turns: int | None = None
-    max_user_turns: int | None = None
-    max_parallel_calls: int = 1
-    max_tool_response_length: int = 256
-    tool_response_truncate_side: str = "middle"
-    tokenization_sanity_check_mode: str = "strict"
-
-    @classmethod
-    def from_config(cls, mt) -> "MultiTurnSettings":
-        opt = lambda v: None if v is None else int(v)  # noqa: E731
-        return cls(
-            max_assistant_turns=opt(mt.get("max_assistant_turns")),
-            max_user_turns=opt(mt.get("max_user_turns")),
-            max_parallel_calls=int(mt.get("max_parallel_calls", 1)),
-            max_tool_response_length=int(mt.get("max_tool_response_length", 256)),
-            tool_response_truncate_side=str(mt.get("tool_response_truncate_side", "middle")),
-            tokenization_sanity_check_mode=str(mt.get("tokenization_sanity_check_mode", "strict")),
-        )
+#: the config section the loop reads (`AgentLoop.settings`): max_assistant_turns, max_user_turns,
+#: max_parallel_calls, max_tool_response_length, tool_response_truncate_side, tokenization_sanity_check_mode
+MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
 
 
 @dataclass
@@ -316,12 +298,14 @@ class HFTurns(TurnBackend):
 
 
 class AgentLoop:
-    """Multi-turn rollout with tools (see the module docstring); `turns` generates the model turns (None:
-    the `hf` engine's decode over `module`, `HFTurns`)."""
+    """Multi-turn rollout with tools (see the module docstring); `settings`: the typed `rollout.multi_turn`
+    section (`MULTI_TURN`; a mapping is read as that section, its missing keys at the schema's defaults);
+    `turns` generates the model turns (None: the `hf` engine's decode over `module`, `HFTurns`)."""
 
-    def __init__(self, module, tokenizer, tools: dict, settings: MultiTurnSettings, *, eos_ids: list[int],
+    def __init__(self, module, tokenizer, tools: dict, settings, *, eos_ids: list[int],
                  pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent",
                  synced: bool = False, turns: TurnBackend | None = None, interactions: dict | None = None):
+        settings = section(MULTI_TURN, settings)
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
         # name -> interaction (multi_turn.interaction_config_path): answers model turns without tool calls
         self.interactions = interactions or {}
@@ -499,19 +483,17 @@ class AgentLoop:
         return rows
 
 
-def build_agent_loop(engine, mt, default_agent: str = "single_turn_agent",
-                     turns: TurnBackend | None = None) -> AgentLoop:
-    """The agent loop of a rollout engine, its tools built from `multi_turn.tool_config_path` and its
-    interactions from `multi_turn.interaction_config_path` (neither: the loop stops after the first turn);
-    `turns`: the engine's `TurnBackend` (None: the hf engine's, over `engine.module`)."""
+def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None = None) -> AgentLoop:
+    """The agent loop of a rollout engine over the typed `rollout.multi_turn` section `mt`, its tools built
+    from `mt.tool_config_path` and its interactions from `mt.interaction_config_path` (neither: the loop
+    stops after the first turn); `default_agent`: `rollout.agent.default_agent_loop`; `turns`: the engine's
+    `TurnBackend` (None: the hf engine's, over `engine.module`)."""
     from verl_npu.tools.interactions.loading import load_interactions
     from verl_npu.tools.loading import load_tools
 
-    path = mt.get("tool_config_path")
-    tools = load_tools(path) if path else {}
-    ipath = mt.get("interaction_config_path")
-    interactions = load_interactions(ipath) if ipath else {}
-    return AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, MultiTurnSettings.from_config(mt),
+    tools = load_tools(mt.tool_config_path) if mt.tool_config_path else {}
+    interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
+    return AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, mt,
                      eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=getattr(engine, "suppress_ids", None),
                      seed=engine.seed, default_agent=default_agent, synced=getattr(engine, "synced", False),
                      turns=turns, interactions=interactions)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from verl_npu.batch import Batch, trim_left_padding
+from verl_npu.config.typed import ROOT, section
 from verl_npu.models.forward import merge_multi_modal_inputs, vision_marker_ids
 from verl_npu.rollout.base import (
     RolloutEngine,
@@ -62,14 +63,15 @@ class HFRollout(RolloutEngine):
                     weights=None) -> "HFRollout":
         # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above);
         # the engine samples from `module` itself, so it never reads `weights`
-        engine = cls(module, tokenizer, seed=int(cfg.data.seed), synced=world_size > 1,
-                     log_probs=bool(cfg.actor_rollout_ref.rollout.get("calculate_log_probs", False)))
-        mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
-        if mt is not None and mt.get("enable"):  # multi-turn with tools: verl_npu/rollout/agent_loop.py
+        cfg = section(ROOT, cfg)
+        rollout = cfg.actor_rollout_ref.rollout
+        engine = cls(module, tokenizer, seed=cfg.data.seed, synced=world_size > 1,
+                     log_probs=rollout.calculate_log_probs)
+        mt = rollout.multi_turn
+        if mt.enable:  # multi-turn with tools: verl_npu/rollout/agent_loop.py
             from verl_npu.rollout.agent_loop import build_agent_loop
 
-            agent = cfg.actor_rollout_ref.rollout.get("agent") or {}
-            engine.agent_loop = build_agent_loop(engine, mt, agent.get("default_agent_loop", "single_turn_agent"))
+            engine.agent_loop = build_agent_loop(engine, mt, rollout.agent.default_agent_loop)
         return engine
 
     @torch.no_grad()

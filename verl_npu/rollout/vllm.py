@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from verl_npu.batch import Batch
+from verl_npu.config.typed import ROOT, section
 from verl_npu.errors import UserError
 from verl_npu.models.forward import vision_marker_ids
 from verl_npu.rollout.base import (
@@ -182,14 +183,6 @@ def translate_engine_kwargs(
     return out, notes
 
 
-def _cfg_get(node: Any, key: str, default: Any = None) -> Any:
-    """`node.key` for a DictConfig, dict or plain object; `default` when missing or None."""
-    if node is None:
-        return default
-    value = node.get(key, default) if hasattr(node, "get") else getattr(node, key, default)
-    return default if value is None else value
-
-
 def engine_args_from_config(
     rollout_cfg: Any,
     *,
@@ -199,16 +192,19 @@ def engine_args_from_config(
     trust_remote_code: bool = False,
     sleep_mode_available: bool = True,
 ) -> dict[str, Any]:
-    """Keyword arguments for `vllm.LLM(...)` from `actor_rollout_ref.rollout.*`.
+    """Keyword arguments for `vllm.LLM(...)` from the `actor_rollout_ref.rollout` section (typed; a
+    mapping is read as that section, its missing keys at the schema's defaults).
 
-    `max_model_len` is the config's value or prompt_length + response_length. `load_format`
-    `dummy_dtensor` / `dummy_hf` (verl names) become vLLM's `dummy` (random weights, replaced by
-    the first `update_weights`). `free_cache_engine` turns on vLLM sleep mode where the platform
-    has it. `engine_kwargs` (already translated) are applied last and win over the config.
+    `max_model_len` is the config's value or prompt_length + response_length (both null: a
+    UserError). `load_format` `dummy_dtensor` / `dummy_hf` (verl names) become vLLM's `dummy`
+    (random weights, replaced by the first `update_weights`). `free_cache_engine` turns on vLLM
+    sleep mode where the platform has it. `engine_kwargs` (already translated) are applied last
+    and win over the config.
     """
-    prompt_len = int(_cfg_get(rollout_cfg, "prompt_length", 0))
-    response_len = int(_cfg_get(rollout_cfg, "response_length", 0))
-    max_model_len = _cfg_get(rollout_cfg, "max_model_len")
+    ro = section(ROLLOUT_KEY, rollout_cfg)
+    # prompt_length / response_length / max_model_len are null until the config layer derives them
+    prompt_len, response_len = ro.prompt_length or 0, ro.response_length or 0
+    max_model_len = ro.max_model_len
     if max_model_len is None:
         if prompt_len <= 0 or response_len <= 0:
             raise UserError(
@@ -216,24 +212,22 @@ def engine_args_from_config(
                 f"set data.max_prompt_length and data.max_response_length (or {ROLLOUT_KEY}.max_model_len)"
             )
         max_model_len = prompt_len + response_len
-    load_format = str(_cfg_get(rollout_cfg, "load_format", "auto"))
-    if load_format.startswith("dummy"):
-        load_format = "dummy"
+    load_format = "dummy" if ro.load_format.startswith("dummy") else ro.load_format
     args: dict[str, Any] = dict(
         model=model_path,
         tokenizer=model_path,
         trust_remote_code=bool(trust_remote_code),
-        dtype=str(_cfg_get(rollout_cfg, "dtype", "bfloat16")),
-        tensor_parallel_size=int(_cfg_get(rollout_cfg, "tensor_model_parallel_size", 1)),
-        gpu_memory_utilization=float(_cfg_get(rollout_cfg, "gpu_memory_utilization", 0.5)),
-        max_model_len=int(max_model_len),
-        max_num_batched_tokens=int(_cfg_get(rollout_cfg, "max_num_batched_tokens", 8192)),
-        max_num_seqs=int(_cfg_get(rollout_cfg, "max_num_seqs", 1024)),
-        enable_chunked_prefill=bool(_cfg_get(rollout_cfg, "enable_chunked_prefill", True)),
-        enforce_eager=bool(_cfg_get(rollout_cfg, "enforce_eager", False)),
+        dtype=ro.dtype,
+        tensor_parallel_size=ro.tensor_model_parallel_size,
+        gpu_memory_utilization=ro.gpu_memory_utilization,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=ro.max_num_batched_tokens,
+        max_num_seqs=ro.max_num_seqs,
+        enable_chunked_prefill=ro.enable_chunked_prefill,
+        enforce_eager=ro.enforce_eager,
         load_format=load_format,
-        disable_log_stats=bool(_cfg_get(rollout_cfg, "disable_log_stats", True)),
-        enable_sleep_mode=bool(_cfg_get(rollout_cfg, "free_cache_engine", True)) and sleep_mode_available,
+        disable_log_stats=ro.disable_log_stats,
+        enable_sleep_mode=ro.free_cache_engine and sleep_mode_available,
         seed=int(seed),
     )
     args.update(engine_kwargs or {})  # validation checked the scheduler rules on these final values
@@ -374,7 +368,7 @@ CPU_KV_CACHE_BYTES = 256 << 20
 class VLLMRollout(RolloutEngine):
     """This rank's part of a vLLM engine, colocated with the actor shard in the same process.
 
-    `cfg` is the backend_config node; `engine_kwargs` (None: `actor_rollout_ref.rollout.
+    `cfg` is the typed backend_config section (a mapping is read as that section); `engine_kwargs` (None: `actor_rollout_ref.rollout.
     engine_kwargs.vllm`, which already holds the top-level `engine_kwargs.vllm`) are extra
     `vllm.LLM` arguments; `model_path` (None: the resolved `actor_rollout_ref.model.path`) is
     what the engine loads first. With several workers the engine uses vLLM's external launcher
@@ -388,15 +382,15 @@ class VLLMRollout(RolloutEngine):
     @classmethod
     def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
                     weights=None) -> "VLLMRollout":
+        cfg = section(ROOT, cfg)
         engine = cls(module, tokenizer, processor, cfg, rank=rank, world_size=world_size, device=device,
                      weights=weights)
-        mt = cfg.actor_rollout_ref.rollout.get("multi_turn")
-        if mt is not None and mt.get("enable"):  # multi-turn with tools: agent_loop.py, turns from vllm_turns.py
+        rollout_cfg = cfg.actor_rollout_ref.rollout
+        if rollout_cfg.multi_turn.enable:  # multi-turn with tools: agent_loop.py, turns from vllm_turns.py
             from verl_npu.rollout.agent_loop import build_agent_loop
             from verl_npu.rollout.vllm_turns import VLLMTurns
 
-            agent = cfg.actor_rollout_ref.rollout.get("agent") or {}
-            engine.agent_loop = build_agent_loop(engine, mt, agent.get("default_agent_loop", "single_turn_agent"),
+            engine.agent_loop = build_agent_loop(engine, rollout_cfg.multi_turn, rollout_cfg.agent.default_agent_loop,
                                                  turns=VLLMTurns(engine))
         return engine
 
@@ -418,17 +412,18 @@ class VLLMRollout(RolloutEngine):
         vllm = import_vllm()
         from verl_npu.models.loading import is_vision_language, resolve_model_path
 
+        cfg = section(ROOT, cfg)
         rollout_cfg = cfg.actor_rollout_ref.rollout
         model_cfg = cfg.actor_rollout_ref.model
         self.rank = rank
         self.device = device  # the worker's DeviceInfo (memory reports; None: none)
         self.tokenizer = tokenizer
         self.processor = processor
-        self.free_cache_engine = bool(_cfg_get(rollout_cfg, "free_cache_engine", True))
-        self.multi_stage_wake_up = bool(_cfg_get(rollout_cfg, "multi_stage_wake_up", False))
-        self.dtype = ROLLOUT_DTYPES.get(str(_cfg_get(rollout_cfg, "dtype", "bfloat16")))
+        self.free_cache_engine = rollout_cfg.free_cache_engine
+        self.multi_stage_wake_up = rollout_cfg.multi_stage_wake_up
+        self.dtype = ROLLOUT_DTYPES.get(rollout_cfg.dtype)
         # one seed for every rank: each prompt's samples come from its own seed (prompt_seed)
-        self.seed = int(seed if seed is not None else _cfg_get(_cfg_get(cfg, "data", {}), "seed", 0))
+        self.seed = int(seed if seed is not None else cfg.data.seed)
         config = getattr(module, "config", None)
         self.multimodal = processor is not None and config is not None and is_vision_language(config)
         self.image_token_id = getattr(config, "image_token_id", None) if config is not None else None
@@ -436,11 +431,7 @@ class VLLMRollout(RolloutEngine):
         self.eos_ids, self.pad_id = stop_and_pad_ids(module, tokenizer)
 
         if engine_kwargs is None:
-            engine_kwargs = _cfg_get(_cfg_get(rollout_cfg, "engine_kwargs", {}), "vllm", {})
-        if hasattr(engine_kwargs, "items") and not isinstance(engine_kwargs, dict):
-            from omegaconf import OmegaConf
-
-            engine_kwargs = OmegaConf.to_container(engine_kwargs, resolve=True)
+            engine_kwargs = rollout_cfg.engine_kwargs.vllm
         accepted = _engine_arg_names(vllm)
         translated, notes = translate_engine_kwargs(
             engine_kwargs, vllm_version=getattr(vllm, "__version__", None),
@@ -452,7 +443,7 @@ class VLLMRollout(RolloutEngine):
         # same (its default is the raw distribution) so the probs-diff check compares like with like
         if accepted is None or "logprobs_mode" in accepted:
             translated.setdefault("logprobs_mode", "processed_logprobs")
-        if _cfg_get(_cfg_get(rollout_cfg, "multi_turn", {}), "enable", False):
+        if rollout_cfg.multi_turn.enable:
             # the agent loop resends each trajectory's earlier turns every round: their KV blocks are reused
             translated.setdefault("enable_prefix_caching", True)
         if _on_cpu_platform():
@@ -467,7 +458,7 @@ class VLLMRollout(RolloutEngine):
             model_path=model_path or resolve_model_path(model_cfg.path),
             engine_kwargs=translated,
             seed=self.seed,
-            trust_remote_code=bool(_cfg_get(model_cfg, "trust_remote_code", False)),
+            trust_remote_code=model_cfg.trust_remote_code,
             sleep_mode_available=self.sleep_mode,
         )
         if world_size > 1:
