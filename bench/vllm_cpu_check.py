@@ -62,9 +62,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from verl_npu.config.typed import section
     from verl_npu.models.tiny import build_tiny_qwen2
     from verl_npu.rollout.base import SamplingParams
     from verl_npu.rollout.hf import HFRollout
@@ -82,7 +82,7 @@ def main() -> None:
     other_weights = AutoModelForCausalLM.from_pretrained(model_b, dtype=torch.float32).state_dict()
 
     prompt_len, response_len = 32, 24
-    cfg = OmegaConf.create({
+    cfg = section("backend_config", {
         "data": {"seed": 0},
         "actor_rollout_ref": {
             "model": {"path": str(model_a), "trust_remote_code": False},
