@@ -57,9 +57,9 @@ class RolloutEngine(ABC):
     def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
                     weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> "RolloutEngine":
         """The engine for this rank: `module` is the actor (FSDP2-sharded with several workers),
-        `cfg` the typed backend_config section (`verl_npu.config.typed`; a dict or OmegaConf node is read as
-        that section, its missing keys at the schema's defaults); `rank` / `world_size` place it among the workers; `device`
-        the worker's `DeviceInfo` (memory reports). `weights`: the actor's weights as
+        `cfg` the typed backend_config section (`verl_npu.config.typed`; a dict or OmegaConf node is
+        read as that section, its missing keys at the schema's defaults); `rank` / `world_size` place
+        it among the workers; `device` the worker's `DeviceInfo` (memory reports). `weights`: the actor's weights as
         `update_weights` takes them, for an engine that starts without them (vLLM's
         `load_format=dummy`); a lazy iterator, so an engine that does not read it costs nothing."""
 

@@ -368,8 +368,9 @@ CPU_KV_CACHE_BYTES = 256 << 20
 class VLLMRollout(RolloutEngine):
     """This rank's part of a vLLM engine, colocated with the actor shard in the same process.
 
-    `cfg` is the typed backend_config section (a mapping is read as that section); `engine_kwargs` (None: `actor_rollout_ref.rollout.
-    engine_kwargs.vllm`, which already holds the top-level `engine_kwargs.vllm`) are extra
+    `cfg` is the typed backend_config section (a mapping is read as that section); `engine_kwargs`
+    (None: `actor_rollout_ref.rollout.engine_kwargs.vllm`, which already holds the top-level
+    `engine_kwargs.vllm`) are extra
     `vllm.LLM` arguments; `model_path` (None: the resolved `actor_rollout_ref.model.path`) is
     what the engine loads first. With several workers the engine uses vLLM's external launcher
     over the trainer's torch.distributed group: ranks [g*TP, (g+1)*TP) form engine g.
