@@ -371,8 +371,9 @@ class VLLMRollout(RolloutEngine):
     `cfg` is the typed backend_config section (a mapping is read as that section); `engine_kwargs`
     (None: `actor_rollout_ref.rollout.engine_kwargs.vllm`, which already holds the top-level
     `engine_kwargs.vllm`) are extra `vllm.LLM` arguments; `model_path` (None: the resolved
-    `actor_rollout_ref.model.path`) is what the engine loads first. With several workers the engine uses vLLM's external launcher
-    over the trainer's torch.distributed group: ranks [g*TP, (g+1)*TP) form engine g.
+    `actor_rollout_ref.model.path`) is what the engine loads first. With several workers the
+    engine uses vLLM's external launcher over the trainer's torch.distributed group: ranks
+    [g*TP, (g+1)*TP) form engine g.
 
     Raises:
         UserError: vLLM is not installed, an engine argument is unknown / inconsistent, or the
