@@ -110,7 +110,7 @@ class Section:
 
     def to_dict(self) -> dict:
         """Plain nested dicts and lists (what a YAML or JSON writer, or `OmegaConf.create`, takes)."""
-        return {k: _plain(v) for k, v in self.items()}
+        return {k: plain(v) for k, v in self.items()}
 
     def replace(self, **changes: Any) -> "Section":
         """A copy with `changes` (keys of this section), checked and converted as `section` does."""
@@ -122,13 +122,15 @@ class Section:
 Mapping.register(Section)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """`value` with every section and read-only dict turned into plain dicts and lists (for code outside
+    verl-npu, such as vLLM's engine arguments, that may change what it is given)."""
     if isinstance(value, Section):
         return value.to_dict()
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from verl_npu.batch import Batch
-from verl_npu.config.typed import ROOT, section
+from verl_npu.config.typed import ROOT, plain, section
 from verl_npu.errors import UserError
 from verl_npu.models.forward import vision_marker_ids
 from verl_npu.rollout.base import (
@@ -432,7 +432,7 @@ class VLLMRollout(RolloutEngine):
         self.eos_ids, self.pad_id = stop_and_pad_ids(module, tokenizer)
 
         if engine_kwargs is None:
-            engine_kwargs = rollout_cfg.engine_kwargs.vllm
+            engine_kwargs = plain(rollout_cfg.engine_kwargs.vllm)  # vLLM may change nested dicts it is given
         accepted = _engine_arg_names(vllm)
         translated, notes = translate_engine_kwargs(
             engine_kwargs, vllm_version=getattr(vllm, "__version__", None),
