@@ -161,3 +161,21 @@ def test_launcher_passes_overrides_and_needs_a_recipe(tmp_path):
     assert "af_output_dir:" not in out.stderr          # the supplied fields are accepted
     usage = _launch(cwd=tmp_path)
     assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+def test_run_keeps_sigpipe_ignored_other_verbs_restore_the_default():
+    """`run` leaves Python's SIGPIPE handling (ignored: a closed socket raises BrokenPipeError instead of
+    killing the training); the printing verbs take the default so `... | head` ends quietly."""
+    import signal
+
+    from verl_npu import cli as cli_module
+
+    before = signal.getsignal(signal.SIGPIPE)
+    try:
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        assert cli_module.main(["run", "no_such_recipe_xyz"]) != 0  # refused fast: no recipe of that name
+        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
+        assert cli_module.main(["list"]) == 0
+        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGPIPE, before)

@@ -406,7 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "overrides") or any(e.startswith("-") for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
-    if hasattr(signal, "SIGPIPE"):  # `verl-npu show x | head` ends quietly, like any Unix tool
+    # `verl-npu show x | head` ends quietly, like any Unix tool. Not for `run`: with the default action
+    # a write to any closed socket (a probe that connects to the run's torch.distributed store port
+    # and hangs up) kills the training silently (exit -13) instead of raising BrokenPipeError
+    if hasattr(signal, "SIGPIPE") and args.verb != "run":
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     return run_command(lambda: args.fn(args))
 
