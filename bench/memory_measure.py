@@ -50,7 +50,10 @@ def measure_update(model_dir, *, rows: int, prompt: int, response: int, remove_p
     engine = TrainingEngine("actor", detect_device("cpu"), seed=0)
     module = load_policy_model(str(model_dir), dtype=torch.float32, gradient_checkpointing=checkpointing)
     engine.attach(module, {})
-    engine.add_optimizer({"lr": 1e-5, "weight_decay": 0.01}, total_training_steps=2)
+    from verl_npu.config.typed import section
+
+    engine.add_optimizer(section("actor_rollout_ref.actor.optim", {"lr": 1e-5, "weight_decay": 0.01}),
+                         total_training_steps=2)
     batch = synthetic_batch(rows, prompt, response, int(module.config.get_text_config().vocab_size))
 
     def forward(mod, part):

@@ -8,6 +8,7 @@ import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch
+from verl_npu.config.typed import section
 from verl_npu.device import detect_device
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
@@ -18,7 +19,7 @@ def _engine() -> TrainingEngine:
     engine = TrainingEngine("toy", detect_device("cpu"), seed=0)
     torch.manual_seed(0)
     engine.attach(torch.nn.Linear(2, 1), {})
-    engine.add_optimizer({"lr": 0.1, "weight_decay": 0.0}, total_training_steps=1)
+    engine.add_optimizer(section("actor_rollout_ref.actor.optim", {"lr": 0.1, "weight_decay": 0.0}), total_training_steps=1)
     return engine
 
 
