@@ -40,27 +40,28 @@ def _multi_turn(c: Ctx) -> Iterator[Problem]:
                       "rollout", "set actor_rollout_ref.rollout.ignore_eos=false")
 
 
+def _config_file_problems(cfg, name: str, read, fix: str) -> list[Problem]:
+    """Problems `read(path)` finds in the file at multi_turn.`name` (read only with multi_turn.enable),
+    each as a Problem at that key with `fix`."""
+    key = MT + name
+    path = get(cfg, key)
+    if not path or not get(cfg, MT + "enable"):
+        return []
+    _, problems = read(path)
+    return [Problem(key, f"{where}: {what}", fix) for where, what in problems]
+
+
 def interaction_config_problems(cfg) -> list[Problem]:
     """The interaction config file's problems (missing, not YAML, wrong shape, unknown class, a grid_env
     config with ROLL keys or bad values), each naming the file and the entry's key; nothing is imported."""
     from verl_npu.config.interaction_file import read_interaction_config
 
-    key = MT + "interaction_config_path"
-    path = get(cfg, key)
-    if not path or not get(cfg, MT + "enable"):
-        return []
-    _, problems = read_interaction_config(path)
-    fix = "fix the interaction config file (format: docs/agents.md, 'Interactions')"
-    return [Problem(key, f"{where}: {what}", fix) for where, what in problems]
+    return _config_file_problems(cfg, "interaction_config_path", read_interaction_config,
+                                 "fix the interaction config file (format: docs/agents.md, 'Interactions')")
 
 
 def tool_config_problems(cfg) -> list[Problem]:
     """The tool config file's problems (missing, not YAML, wrong shape, unknown class, schema errors),
     each naming the file and the entry's key; nothing is imported."""
-    key = MT + "tool_config_path"
-    path = get(cfg, key)
-    if not path or not get(cfg, MT + "enable"):
-        return []
-    _, problems = read_tool_config(path)
-    fix = "fix the tool config file (format: docs/agents.md, 'Tool config file')"
-    return [Problem(key, f"{where}: {what}", fix) for where, what in problems]
+    return _config_file_problems(cfg, "tool_config_path", read_tool_config,
+                                 "fix the tool config file (format: docs/agents.md, 'Tool config file')")

@@ -478,8 +478,9 @@ class AgentLoop:
         rows.set("tool_rewards", [list(t.tool_rewards) for t in trajs])
         rows.set("agent_turns", [list(t.turns) for t in trajs])
         if self.interactions:  # verl's turn_scores: the interaction's score of each of its turns
-            rows.set("turn_scores", [interaction_turns.extra_fields(t)["turn_scores"] for t in trajs])
-            rows.set("interaction_info", [interaction_turns.extra_fields(t)["interaction"] for t in trajs])
+            fields = [interaction_turns.extra_fields(t) for t in trajs]
+            rows.set("turn_scores", [f["turn_scores"] for f in fields])
+            rows.set("interaction_info", [f["interaction"] for f in fields])
         return rows
 
 
