@@ -99,13 +99,19 @@ def build_tool(entry: ToolEntry):
     return tool
 
 
+def checked_entries(read, key: str, path) -> list:
+    """The entries `read(path)` returns; a UserError listing every problem of the file (at `key`) if it has any."""
+    entries, problems = read(path)
+    if problems:
+        raise UserError(f"{key} ({path}) has {len(problems)} problem(s):\n"
+                        + "\n".join(f"  {where}: {what}" for where, what in problems))
+    return entries
+
+
 def load_tools(path: str | os.PathLike) -> dict[str, Any]:
     """name -> tool, for every entry of the tool config file. Raises UserError listing every shape
     problem of the file, or the first entry that cannot be built."""
-    entries, problems = read_tool_config(path)
-    if problems:
-        raise UserError(f"{KEY} ({path}) has {len(problems)} problem(s):\n"
-                        + "\n".join(f"  {where}: {what}" for where, what in problems))
+    entries = checked_entries(read_tool_config, KEY, path)
     tools: dict[str, Any] = {}
     for entry in entries:
         tool = build_tool(entry)

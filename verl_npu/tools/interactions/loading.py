@@ -12,7 +12,7 @@ from typing import Any
 
 from verl_npu.config.interaction_file import KEY, InteractionEntry, class_target, read_interaction_config
 from verl_npu.errors import UserError
-from verl_npu.tools.loading import named_class
+from verl_npu.tools.loading import checked_entries, named_class
 
 METHODS = ("start_interaction", "generate_response")
 
@@ -26,10 +26,7 @@ def interaction_class(entry: InteractionEntry) -> type:
 def load_interactions(path) -> dict[str, Any]:
     """name -> interaction, for every entry of the file. Raises UserError listing every shape problem
     of the file, or the first entry that cannot be built."""
-    entries, problems = read_interaction_config(path)
-    if problems:
-        raise UserError(f"{KEY} ({path}) has {len(problems)} problem(s):\n"
-                        + "\n".join(f"  {where}: {what}" for where, what in problems))
+    entries = checked_entries(read_interaction_config, KEY, path)
     out: dict[str, Any] = {}
     for entry in entries:
         cls = interaction_class(entry)
