@@ -55,6 +55,12 @@ KEYS: list[tuple[str, Any, str, str, dict]] = [
      "end of the whole conversation tokenized at once: strict (token for token), ignore_strippable (whitespace-"
      "only tokens ignored), disable. A mismatch logs one warning; the turn's own tokens are used.",
      {"choices": ("strict", "ignore_strippable", "disable")}),
+    ("multi_turn.tp_round_timeout_s", 600.0, "float", "verl-npu: rollout.name=vllm with tensor_model_parallel_size > 1: "
+     "seconds the ranks of one engine wait for each other at the start of each round of the agent loop (the "
+     "engine's first rank runs the round's tools and interactions while the others wait). A rank that does not "
+     "arrive in time (it died, or a tool hangs) stops the run with an error naming it; a rank whose loop "
+     "raises stops the others at once. null: wait as long as the process group allows.",
+     {"gt": 0, "nullable": True}),
     ("agent.default_agent_loop", "single_turn_agent", "str", "Agent loop of dataset rows without an agent_name "
      "column: single_turn_agent (one response) or tool_agent (the multi-turn loop with tools; needs "
      "multi_turn.enable). A row's agent_name, when the data has that column, wins (verl's rule).",

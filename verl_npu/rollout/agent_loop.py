@@ -29,8 +29,10 @@ sees exactly the tokens that were sampled, in the same context. Sampling is seed
 turn (the prompt's uid, the sample index and the turn number), so a trajectory does not depend on
 what else is in its batch. The hf engine re-reads the whole context at every prefill (no KV reuse
 across turns); vLLM reuses the earlier turns' KV blocks (prefix caching). With several workers the hf
-engine keeps every rank in step (`HFTurns`); a vLLM engine over several TP ranks gives all of them its
-first rank's trajectories before every round (`VLLMTurns.sync`).
+engine keeps every rank in step (`HFTurns`); a vLLM engine over several TP ranks runs the tools and
+interactions on its first rank only and gives all ranks that rank's trajectories before every round
+(`VLLMTurns.sync`); a rank whose loop raises makes the others raise too (`TurnBackend.fail`,
+verl_npu/rollout/rank_sync.py).
 
 Output rows are those of `RolloutEngine.generate`, except that `response_mask` is 0 on tool tokens
 while `attention_mask` is 1 on every response token, and `tool_mask` is 1 on the tool tokens (with
@@ -203,8 +205,16 @@ class TurnBackend:
     `AgentLoop.run` calls, once per round, `sync(trajectories)` and then `next_turns(active, ...)`; the loop
     itself appends the turns, parses the tool calls and runs the tools, whatever the engine."""
 
+    #: whether this rank runs the tools and interactions; False on the ranks of a tensor-parallel engine
+    #: but its first, which take over the first rank's trajectories at the next `sync` instead
+    runs_tools: bool = True
+
     def sync(self, trajectories: list["Trajectory"]) -> None:
         """Make the ranks that must agree on the batch hold the same trajectories (before each round)."""
+
+    def fail(self, error: BaseException) -> None:
+        """This rank's loop raised `error` (before its batch was done): make the ranks that `sync` keeps in
+        step with it raise too, instead of waiting for it."""
 
     def next_turns(self, active: list["Trajectory"], params: SamplingParams, budget: int,
                    record: bool) -> list[tuple[list[int], list[float] | None]] | None:
@@ -339,27 +349,41 @@ class AgentLoop:
             for j in range(params.n):
                 trajs.append(Trajectory(ids, f"{uids[i]}#{j}", kwargs if isinstance(kwargs, dict) else {},
                                         single_turn=single[i]))
-        interaction_turns.attach(trajs, prompts, params.n, self.interactions, self.tokenizer, single)
-        if self.interactions:
-            asyncio.run(interaction_turns.start(trajs))
         budget = params.max_new_tokens
+        # a tensor-parallel engine's ranks but the first neither start, run nor finalize tools and
+        # interactions: they take the first rank's trajectories at every sync (vllm_turns, rank_sync)
+        owner = self.turns.runs_tools
         try:
-            while True:
-                self.turns.sync(trajs)
-                active = [t for t in trajs if not t.done]
-                sampled = self.turns.next_turns(active, params, budget, record_log_probs)
-                if sampled is None:
-                    break
-                self._take_turns(active, sampled, budget)
-                calling = [t for t in active if not t.done and t.pending]
-                if calling:
-                    asyncio.run(self._run_tools(calling, budget))
-                if any(t.interaction is not None and t.interaction.waiting for t in active):
-                    asyncio.run(interaction_turns.respond(active, self.renderer, self.tokenizer, budget))
+            try:
+                interaction_turns.attach(trajs, prompts, params.n, self.interactions, self.tokenizer, single)
+                if self.interactions and owner:
+                    asyncio.run(interaction_turns.start(trajs))
+                self._rounds(trajs, params, budget, record_log_probs, owner)
+            except Exception as err:
+                self.turns.fail(err)  # the ranks kept in step raise too, instead of waiting for this one
+                raise
         finally:
-            if self.interactions:
+            if self.interactions and owner:
                 asyncio.run(interaction_turns.finalize(trajs))
         return self._rows(prompts, trajs, params.n, budget, record_log_probs)
+
+    def _rounds(self, trajs: list[Trajectory], params: SamplingParams, budget: int, record_log_probs: bool,
+                owner: bool) -> None:
+        """Generate, run the tools, let the interactions answer; again, until no trajectory is left."""
+        while True:
+            self.turns.sync(trajs)
+            active = [t for t in trajs if not t.done]
+            sampled = self.turns.next_turns(active, params, budget, record_log_probs)
+            if sampled is None:
+                break
+            self._take_turns(active, sampled, budget)
+            if not owner:
+                continue
+            calling = [t for t in active if not t.done and t.pending]
+            if calling:
+                asyncio.run(self._run_tools(calling, budget))
+            if any(t.interaction is not None and t.interaction.waiting for t in active):
+                asyncio.run(interaction_turns.respond(active, self.renderer, self.tokenizer, budget))
 
     def _take_turns(self, active: list[Trajectory], sampled: list[tuple[list[int], list[float] | None]],
                     budget: int) -> None:

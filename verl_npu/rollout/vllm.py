@@ -392,7 +392,7 @@ class VLLMRollout(RolloutEngine):
             from verl_npu.rollout.vllm_turns import VLLMTurns
 
             engine.agent_loop = build_agent_loop(engine, rollout_cfg.multi_turn, rollout_cfg.agent.default_agent_loop,
-                                                 turns=VLLMTurns(engine))
+                                                 turns=VLLMTurns(engine, rollout_cfg.multi_turn.tp_round_timeout_s))
         return engine
 
     def __init__(

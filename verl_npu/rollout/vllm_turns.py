@@ -18,11 +18,13 @@ module is its `TurnBackend` for a `VLLMRollout`:
   (`engine_kwargs.vllm.logits_processors`) which trajectory and turn a request is.
 
 Tensor parallelism: the ranks of one TP group drive one engine together, so each of them must make the
-same `generate` calls. Before every round the group's first rank sends its trajectories to the others,
-which take them over (`sync`): a tool whose result differs between ranks (a clock, randomness, a remote
-service) cannot make the engine's ranks diverge, and every rank of the group ends with the same
-trajectories. Tools run on every rank of the group. Different TP groups (rollout data parallelism) are
-independent engines: their rounds need no lock-step.
+same `generate` calls. Only the group's first rank runs the tools and interactions (`runs_tools`); before
+every round it sends its trajectories to the others, which take them over (`sync`,
+verl_npu/rollout/rank_sync.py): a tool runs once per call (its side effects happen once), nothing a tool
+returns can make the engine's ranks diverge, and every rank of the group ends with the same trajectories.
+The same exchange stops every rank when one fails (`fail`: its error on every rank) or does not arrive
+within `multi_turn.tp_round_timeout_s` (an error naming it). Different TP groups (rollout data
+parallelism) are independent engines: their rounds need no lock-step.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import replace
 
 from verl_npu.rollout.agent_loop import Trajectory, TurnBackend, turn_room
 from verl_npu.rollout.base import SamplingParams
+from verl_npu.rollout.rank_sync import RankGroupSync, adopt_trajectories, trajectories_wire
 from verl_npu.rollout.requests import prompt_seed, sampled_log_probs, sampling_kwargs
 
 
@@ -38,8 +41,10 @@ class VLLMTurns(TurnBackend):
     """Model turns from a `VLLMRollout`'s engine (see the module docstring). `stats` counts, since the
     last `reset_stats`: rounds, requests, prompt tokens sent and prompt tokens the prefix cache served."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, round_timeout_s: float | None = None):
         self.engine = engine
+        # how long the ranks of a TP engine wait for each other at a round (multi_turn.tp_round_timeout_s)
+        self.round_timeout_s = round_timeout_s
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -54,18 +59,29 @@ class VLLMTurns(TurnBackend):
         group = get_tp_group()
         return group if group.world_size > 1 else None
 
-    def sync(self, trajectories: list[Trajectory]) -> None:
+    def _rank_sync(self) -> RankGroupSync | None:
+        if not hasattr(self, "_ranks"):  # the engine's group is fixed for its life
+            group = self._tp_group()
+            self._ranks = None if group is None else RankGroupSync(group, self.round_timeout_s)
+        return self._ranks
+
+    @property
+    def runs_tools(self) -> bool:
         group = self._tp_group()
-        if group is None:
+        return group is None or group.rank_in_group == 0
+
+    def sync(self, trajectories: list[Trajectory]) -> None:
+        ranks = self._rank_sync()
+        if ranks is None:
             return
-        first = group.broadcast_object(trajectories if group.rank_in_group == 0 else None, src=0)
-        if group.rank_in_group == 0:
-            return
-        if len(first) != len(trajectories):  # the worker group gives a TP group's ranks the same prompts
-            raise RuntimeError(f"the ranks of one vLLM engine hold different batches ({len(first)} vs "
-                               f"{len(trajectories)} trajectories)")
-        for mine, theirs in zip(trajectories, first):
-            mine.__dict__.update(vars(theirs))
+        wire = ranks.exchange(trajectories_wire(trajectories) if ranks.first else None)
+        if not ranks.first:
+            adopt_trajectories(trajectories, wire)
+
+    def fail(self, error: BaseException) -> None:
+        ranks = self._rank_sync()
+        if ranks is not None:
+            ranks.fail(error)
 
     def next_turns(self, active, params: SamplingParams, budget: int, record: bool):
         if not active:
