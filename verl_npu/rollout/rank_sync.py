@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import pickle
 import re
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -41,7 +42,8 @@ class RankFailedUserError(UserError):
 
 
 def _from_peer(exc: BaseException, rank: int) -> BaseException:
-    exc.from_rank = rank  # marks it: a rank that raises it does not report it back (`RankGroupSync.fail`)
+    # marks an error about another rank (its failure, or it being late): not reported back (`fail`)
+    exc.from_rank = rank
     return exc
 
 
@@ -57,31 +59,57 @@ class RankGroupSync:
         return f"rank {rank_in_group} of {self.what} (global rank {self.group.ranks[rank_in_group]})"
 
     def _wait_for_all(self) -> None:
-        """Every rank of the group is here, or an error naming the ones that did not come within timeout_s."""
+        """Every rank of the group is here, or an error naming the ones that did not come within timeout_s.
+
+        `monitored_barrier`: the first rank waits for each other rank at most timeout_s and names the late
+        ones; the others send to the first rank and wait for its answer, a wait gloo does not time (its send
+        waits for the first rank to receive), so they wait in a thread, at most timeout_s."""
         if self.timeout_s is None:
             return
         import torch.distributed as dist
 
-        try:
-            dist.monitored_barrier(group=self.group.cpu_group, timeout=timedelta(seconds=float(self.timeout_s)),
-                                   wait_all_ranks=True)
-        except ValueError as exc:  # not a plain gloo group: the exchange waits as long as the group allows
-            log.warning("multi-turn rollout: %s cannot time its rounds (%s); %s is not applied", self.what, exc,
-                        TIMEOUT_KEY)
-            self.timeout_s = None
-        except RuntimeError as exc:
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            if self.first:
+        timeout = timedelta(seconds=float(self.timeout_s))
+        if self.first:
+            try:
+                dist.monitored_barrier(group=self.group.cpu_group, timeout=timeout, wait_all_ranks=True)
+            except ValueError as exc:  # not a plain gloo group: the exchange waits as long as the group allows
+                self._untimed(exc)
+            except RuntimeError as exc:
                 found = re.search(r"Ranks? ([\d, ]+) failed to pass", str(exc))
                 late = [int(r) for r in re.findall(r"\d+", found.group(1))] if found else []
                 who = ", ".join(self._who(r) for r in late) if late else "another rank of " + self.what
-            else:
-                who = self._who(0) + " (it runs the round's tools and interactions)"
-            raise RuntimeError(
-                f"multi-turn rollout: {who} did not reach the start of the agent loop's round within "
-                f"{self.timeout_s:g} s: it died, or hangs (a tool or an interaction that does not return). The run "
-                f"is stopped. If a round's tools legitimately take longer, raise {TIMEOUT_KEY}. ({first_line})"
-            ) from None
+                raise _from_peer(self._late(who, exc), late[0] if late else -1) from None
+            return
+        outcome: list = []
+        done = threading.Event()
+
+        def wait() -> None:
+            try:
+                dist.monitored_barrier(group=self.group.cpu_group, timeout=timeout, wait_all_ranks=True)
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting thread
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=wait, name="tp-round-barrier", daemon=True).start()
+        arrived = done.wait(float(self.timeout_s))
+        if arrived and outcome and isinstance(outcome[0], ValueError):
+            self._untimed(outcome[0])
+        elif not arrived or outcome:
+            raise _from_peer(self._late(self._who(0) + " (it runs the round's tools and interactions)",
+                                        outcome[0] if outcome else None), 0) from None
+
+    def _untimed(self, exc: BaseException) -> None:
+        log.warning("multi-turn rollout: %s cannot time its rounds (%s); %s is not applied", self.what, exc,
+                    TIMEOUT_KEY)
+        self.timeout_s = None
+
+    def _late(self, who: str, exc: BaseException | None) -> RuntimeError:
+        cause = f" ({(str(exc).strip().splitlines() or [''])[0]})" if exc is not None else ""
+        return RuntimeError(
+            f"multi-turn rollout: {who} did not reach the start of the agent loop's round within "
+            f"{self.timeout_s:g} s: it died, or hangs (a tool or an interaction that does not return). The run "
+            f"is stopped. If a round's tools legitimately take longer, raise {TIMEOUT_KEY}.{cause}")
 
     def exchange(self, payload: Any = None, error: BaseException | None = None) -> Any:
         """Called by every rank of the group at the same point: the first rank's `payload` (on every rank).
