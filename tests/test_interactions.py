@@ -300,7 +300,7 @@ def test_tiny_grid_env_runs_two_steps_end_to_end(tmp_path):
               "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
               "trainer.total_training_steps": 2,
               "trainer.test_freq": 2, "trainer.save_freq": -1, "trainer.logger": "[console]",
-              "trainer.rollout_data_dir": tmp_path / "rollouts"}
+              "trainer.rollout_data_dir": tmp_path / "rollouts", "trainer.validation_data_dir": tmp_path / "validation"}
     rc = load_recipe("tiny_grid_env", [f"{k}={v}" for k, v in values.items()])
     assert run_training(rc) == 0
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -316,6 +316,10 @@ def test_tiny_grid_env_runs_two_steps_end_to_end(tmp_path):
         users = [t for t in d["turns"] if t["role"] == "user"]
         assert d["turn_scores"] == [t["score"] for t in users] and all(not t["trained"] for t in users)
         assert d["score"] == pytest.approx(sum(d["turn_scores"]), abs=1e-6)
+    # the validation dump (rows without a uid: named by their place) shows the turns too
+    val = [json.loads(line) for line in (tmp_path / "validation" / "2.jsonl").read_text().splitlines()]
+    assert [d["uid"] for d in val] == [f"val-{i}-0" for i in range(4)]
+    assert all(d["turns"][0]["role"] == "assistant" and d["turn_scores"] for d in val)
 
 
 def test_validate_check_paths_names_the_interaction_file_and_key(tmp_path):

@@ -502,8 +502,10 @@ class PPOTrainer:
         batch.set("returns", returns)
         return {k: float(v) for k, v in metrics.items()}
 
-    def dump_generations(self, batch: Batch, folder: Path) -> None:
+    def dump_generations(self, batch: Batch, folder: Path, uids: list | None = None) -> None:
+        """Append the batch's rows to `folder/<step>.jsonl`; `uids` names rows that have no uid (validation's)."""
         scores = batch["token_level_scores"].sum(-1).tolist()
+        uids = batch.get("uid") or uids or [None] * len(batch)
         rows = [
             {
                 "step": self.global_step,
@@ -514,7 +516,7 @@ class PPOTrainer:
                 "data_source": src,
             }
             for uid, text, gt, score, src in zip(
-                batch["uid"], batch["response_text"], batch["ground_truth"], scores, batch["data_source"]
+                uids, batch["response_text"], batch["ground_truth"], scores, batch["data_source"]
             )
         ]
         if "agent_turns" in batch:  # multi-turn: each trajectory's turns (role, text, tokens, trained, tool calls)
@@ -532,6 +534,7 @@ class PPOTrainer:
         extras_per_source: dict[str, dict[str, list[float]]] = {}
         samples: list[str] = []
         turns: list[int] = []  # multi-turn: turns per trajectory (verl's val-aux/num_turns/*)
+        dumped = 0  # validation prompts so far (validation_data_dir names rows by their place)
         for rows in self.val_loader:  # one pass: the loader yields one epoch per iteration
             prompts = batch_from_rows(rows)
             pad = (-len(prompts)) % self.workers.rollout_dp_size  # every rollout group needs an equal chunk
@@ -552,8 +555,10 @@ class PPOTrainer:
                 shown = batch["attention_mask"][i, -batch["responses"].shape[1]:].bool()  # tool turns too
                 ids = batch["responses"][i][shown].tolist()
                 samples.append(f"[ground truth: {gt}] {readable_text(self.tokenizer, ids, text)!r}")
-            if self.cfg.trainer.validation_data_dir:
-                self.dump_generations(batch, Path(self.cfg.trainer.validation_data_dir))
+            if self.cfg.trainer.validation_data_dir:  # validation rows have no uid: name them by their place
+                names = [f"val-{dumped + i // n}-{i % n}" for i in range(len(batch))]
+                self.dump_generations(batch, Path(self.cfg.trainer.validation_data_dir), uids=names)
+            dumped += len(batch) // n
         metrics = {}
         for src, values in per_source.items():
             metrics[f"val-core/{src}/reward/mean@{n}"] = sum(values) / len(values)
