@@ -14,7 +14,9 @@ Loaded by vLLM from its qualified name, `forced_turns:ForcedTurns` (tests/ is on
 
 `TpRankTaggedGsm8k` is the GSM8K tool with its reply tagged on every rank of a tensor-parallel engine but
 the first: a tool whose result differs between the ranks of one engine, which the agent loop must not let
-reach the engine (verl_npu/rollout/vllm_turns.py, `VLLMTurns.sync`).
+reach the engine (verl_npu/rollout/vllm_turns.py, `VLLMTurns.sync`). It has a side effect too: with
+TOOL_CALL_LOG set, each call appends a line (its TP rank) to that file, so a test counts how often the tool
+ran (once per call: only the engine's first rank runs tools).
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class TpRankTaggedGsm8k(Gsm8kTool):
         from vllm.distributed.parallel_state import get_tp_group
 
         rank = get_tp_group().rank_in_group
+        if os.environ.get("TOOL_CALL_LOG"):
+            with open(os.environ["TOOL_CALL_LOG"], "a") as log:
+                log.write(f"{rank}\n")
         if rank:
             response = ToolResponse(text=f"{response.text} (tp rank {rank})")
         return response, reward, metrics

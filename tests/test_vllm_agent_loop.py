@@ -18,7 +18,9 @@ What they prove:
   engine over 2 ranks) train like 1 worker (the metrics test_multinode_ray compares for vLLM, plus the
   turn and tool-call counts), every rank's engine holds the same weights (DP) and the ranks of the TP
   engine return the same trajectories (each rank's own digest of the rows it generated), although the
-  tool's reply differs on the TP engine's second rank (tests/forced_turns.py, TpRankTaggedGsm8k).
+  tool's reply would differ on the TP engine's second rank (tests/forced_turns.py, TpRankTaggedGsm8k); the
+  tool, whose calls append to a file, runs once per call on the TP engine (on its first rank), not once
+  per rank.
 """
 
 from __future__ import annotations
@@ -218,7 +220,8 @@ def tool_runs(tmp_path_factory, tiny_cache):
     try:
         for name, gpus, tp in (("1-worker", 1, 1), ("2-workers", 2, 1), ("tp2", 2, 2)):
             out = root / name
-            captured = {}
+            captured = {"tool_calls_log": root / f"{name}-tool-calls.txt"}
+            mp.setenv("TOOL_CALL_LOG", str(captured["tool_calls_log"]))  # each tool call appends its TP rank
 
             def inspect(workers, captured=captured):  # every rank's own view, before the workers go away
                 captured["engines"] = workers.broadcast("rollout_engine_stats")
@@ -269,3 +272,8 @@ def test_two_vllm_workers_and_tp2_train_like_one_with_every_engine_in_sync(tool_
         assert any(digests[0][k] != digests[1][k] for k in digests[0])
         assert engines[0]["last_rollout_digest"] == engines[1]["last_rollout_digest"]
         assert engines[0]["last_prompt_tokens"] == engines[1]["last_prompt_tokens"]
+    # the tool ran once per call (16 trajectories a step), on the TP engine's first rank only
+    calls = sum(round(m[step]["tool_call_counts/mean"] * 16) for step in m)
+    ranks = run["tool_calls_log"].read_text().split()
+    assert calls > 0 and len(ranks) == calls, (len(ranks), calls)
+    assert set(ranks) == {"0"}
