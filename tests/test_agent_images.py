@@ -14,8 +14,7 @@ from PIL import Image, ImageDraw
 from verl_npu.batch import Batch
 from verl_npu.config.typed import section
 from verl_npu.data import RLDataset, collate_rows
-from verl_npu.data.geometry3k import write_rl_parquet
-from verl_npu.data.geometry3k_multiturn import multiturn_row, multiturn_schema
+from verl_npu.data.geometry3k import prepare_synthetic, row_format, write_rl_parquet
 from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.hf import HFRollout
@@ -68,10 +67,11 @@ def tools() -> dict:
 
 def prompt_batch(processor, tmp_path, n_rows: int) -> Batch:
     """Rows of verl's multi-turn geometry format (a picture each), read by the dataset as training reads them."""
-    rows = [multiturn_row({"images": [png(picture())], "problem": "<image>How many sides does the polygon have?",
-                           "answer": "4"}, "train", i, "synthetic_geometry", mode="both") for i in range(n_rows)]
+    to_row, schema = row_format("both")
+    rows = [to_row({"images": [png(picture())], "problem": "<image>How many sides does the polygon have?",
+                    "answer": "4"}, "train", i, "synthetic_geometry") for i in range(n_rows)]
     path = tmp_path / "train.parquet"
-    write_rl_parquet(rows, path, with_images=True, schema=multiturn_schema())
+    write_rl_parquet(rows, path, with_images=True, schema=schema)
     schemas = [t.tool_schema.model_dump() for t in tools().values()]
     ds = RLDataset(str(path), processor.tokenizer, processor, data_cfg(), tools=schemas)
     items = collate_rows([ds[i] for i in range(n_rows)])
@@ -241,11 +241,10 @@ def test_tiny_geo3k_tool_runs_two_steps_with_pictures_and_the_tools(tmp_path):
     import json
 
     from verl_npu.config import load_recipe
-    from verl_npu.data.geometry3k_multiturn import prepare_synthetic
     from verl_npu.trainer.entry import run_training
 
     data = tmp_path / "data"
-    prepare_synthetic(data, 8, 2)
+    prepare_synthetic(data, 8, 2, multiturn="both")
     over = {"af_output_dir": tmp_path / "out", "data.train_files": data / "train.parquet",
             "data.val_files": data / "test.parquet", "actor_rollout_ref.rollout.n": 2,
             "actor_rollout_ref.actor.ppo_mini_batch_size": 2,          # two updates: old log-probs
@@ -268,12 +267,11 @@ def test_tiny_geo3k_tool_runs_two_steps_with_pictures_and_the_tools(tmp_path):
 
 def test_images_in_turns_on_vllm_are_refused_before_start(tmp_path):
     from verl_npu.config import load_recipe
-    from verl_npu.data.geometry3k_multiturn import prepare_synthetic
     from verl_npu.errors import ConfigErrors, UserError
     from verl_npu.trainer.entry import run_training
 
     data = tmp_path / "data"
-    prepare_synthetic(data, 8, 2)
+    prepare_synthetic(data, 8, 2, multiturn="both")
     over = [f"af_output_dir={tmp_path / 'out'}", f"data.train_files={data / 'train.parquet'}",
             f"data.val_files={data / 'test.parquet'}", "actor_rollout_ref.rollout.name=vllm"]
     # an image tool in the tool config: the config check names rollout.name and the tool

@@ -75,13 +75,13 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
     Validation reads only a model's config.json, so the stand-in folders are the tiny models with the
     head counts and length limit of the scripts' real models (40 attention / 8 key-value heads, like
     Qwen2.5-32B, fit every TP and SP size the scripts use; 64K positions fit their lengths)."""
-    from verl_npu.data import geometry3k, geometry3k_multiturn, gsm8k, gsm8k_multiturn
+    from verl_npu.data import geometry3k, gsm8k, gsm8k_multiturn
 
     root = tmp_path_factory.mktemp("verl_scripts")
     gsm8k.prepare_synthetic(root / "text", 32, 8, seed=0)
     gsm8k_multiturn.prepare_synthetic(root / "multiturn", 32, 8, seed=0)
     geometry3k.prepare_synthetic(root / "vl", 32, 8, seed=0, image_size=56)
-    geometry3k_multiturn.prepare_synthetic(root / "vl_multiturn", 32, 8, seed=0, mode="geo3k")
+    geometry3k.prepare_synthetic(root / "vl_multiturn", 32, 8, seed=0, image_size=56, multiturn="geo3k")
     models = {}
     for kind, src in (("text", tiny_lm_path), ("vl", tiny_vl_path)):
         dst = root / f"model_{kind}"

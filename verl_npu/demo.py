@@ -38,7 +38,7 @@ DEMO_DATA = {
 #: multi-turn format (a system prompt, extra_info.tools_kwargs for the GSM8K / geo3k tool)
 DEMO_DATA_MULTI_TURN = {
     "qwen2": ("verl_npu.data.gsm8k_multiturn", "prepare_synthetic", {}, "synthetic multi-turn arithmetic data"),
-    "qwen25vl": ("verl_npu.data.geometry3k_multiturn", "prepare_synthetic", {"image_size": 56, "mode": "both"},
+    "qwen25vl": ("verl_npu.data.geometry3k", "prepare_synthetic", {"image_size": 56, "multiturn": "both"},
                  "synthetic multi-turn geometry data (the zoom-in and geo3k tools)"),
 }
 

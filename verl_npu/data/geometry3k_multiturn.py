@@ -1,5 +1,6 @@
 """Geometry3K for multi-turn rollout with tools, in verl's multi-turn parquet format
-(`data_prep/geometry3k.py --multiturn [geo3k|zoom|both]`; same sources and options, `--synthetic N` too).
+(`data_prep/geometry3k.py --multiturn [geo3k|zoom|both]`, `verl_npu.data.geometry3k.row_format`; the same
+sources and options as the single-turn rows, `--synthetic N` too).
 
 Each row is a `verl_npu.data.geometry3k` row (its `images` and `<image>` placeholder included) with:
 
@@ -17,11 +18,7 @@ the zoom-in tool (`zoom`), or both.
 
 from __future__ import annotations
 
-from functools import partial
-
 import pyarrow as pa
-
-from verl_npu.data.geometry3k import EXTRA_INFO_TYPE, INSTRUCTION, geometry3k_row, rl_schema
 
 GEO3K_TOOL = "calc_geo3k_reward"
 ZOOM_TOOL = "image_zoom_in_tool"
@@ -34,47 +31,32 @@ TOOL_LINES = {
     "zoom": f"To look at a part of the picture more closely, call the `{ZOOM_TOOL}` tool with the region's "
             "bounding box [x1, y1, x2, y2] in the picture's pixels; it replies with that region enlarged.",
 }
+#: --multiturn mode -> the tools its system prompt names
 MODES = {"geo3k": ("geo3k",), "zoom": ("zoom",), "both": ("zoom", "geo3k")}
 
 
 def system_prompt(mode: str) -> str:
     """The system message of `mode`'s rows: reason step by step, then the lines of its tools."""
+    if mode not in MODES:
+        raise ValueError(f"unknown multi-turn mode {mode!r}; one of {', '.join(MODES)}")
     lines = ["You are a math expert. Solve the question step by step, reasoning before any tool call."]
     return " ".join(lines + [TOOL_LINES[t] for t in MODES[mode]])
 
 
-def multiturn_row(row: dict, split: str, index: int, data_source: str, instruction: str = INSTRUCTION, *,
-                  mode: str = "geo3k") -> dict:
-    """A Geometry3K source row as a multi-turn tool row (format in the module doc)."""
-    out = geometry3k_row(row, split, index, data_source, instruction)
-    truth = out["reward_model"]["ground_truth"]
-    out["prompt"] = [{"role": "system", "content": system_prompt(mode)}] + out["prompt"]
-    out["agent_name"] = AGENT_NAME
-    out["extra_info"] = {**out["extra_info"], "need_tools_kwargs": True,
-                         "tools_kwargs": {GEO3K_TOOL: {"create_kwargs": {"ground_truth": truth}}}}
-    return out
+def to_multiturn(row: dict, mode: str) -> dict:
+    """A single-turn Geometry3K RL row (`geometry3k.geometry3k_row`) as a multi-turn tool row (module doc)."""
+    truth = row["reward_model"]["ground_truth"]
+    return {**row, "prompt": [{"role": "system", "content": system_prompt(mode)}] + list(row["prompt"]),
+            "agent_name": AGENT_NAME,
+            "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
+                           "tools_kwargs": {GEO3K_TOOL: {"create_kwargs": {"ground_truth": truth}}}}}
 
 
-def multiturn_schema() -> pa.Schema:
-    """The Arrow schema of a multi-turn row: the RL schema with images, extra_info's tool fields, agent_name."""
+def multiturn_schema(base: pa.Schema, extra_info_type: pa.StructType) -> pa.Schema:
+    """The Arrow schema of a multi-turn row from the RL schema `base` (with images) and its extra_info type:
+    extra_info's tool fields added, and the agent_name column."""
     create = pa.struct([("create_kwargs", pa.struct([("ground_truth", pa.string())]))])
-    extra = pa.struct(list(EXTRA_INFO_TYPE) + [pa.field("need_tools_kwargs", pa.bool_()),
+    extra = pa.struct(list(extra_info_type) + [pa.field("need_tools_kwargs", pa.bool_()),
                                                pa.field("tools_kwargs", pa.struct([(GEO3K_TOOL, create)]))])
-    base = rl_schema(with_images=True)
     fields = [pa.field("extra_info", extra) if f.name == "extra_info" else f for f in base]
     return pa.schema(fields + [pa.field("agent_name", pa.string())])
-
-
-def row_format(mode: str) -> dict:
-    """`to_row` / `schema` for `geometry3k.prepare` and `geometry3k.prepare_synthetic` in `mode`."""
-    if mode not in MODES:
-        raise ValueError(f"unknown multi-turn mode {mode!r}; one of {', '.join(MODES)}")
-    return {"to_row": partial(multiturn_row, mode=mode), "schema": multiturn_schema()}
-
-
-def prepare_synthetic(save_dir, n_train: int, n_test: int, seed: int = 0, image_size: int = 56, mode: str = "both",
-                      progress: bool = False) -> dict:
-    """The synthetic polygon task (`geometry3k.prepare_synthetic`) as multi-turn tool rows of `mode`."""
-    from verl_npu.data import geometry3k
-
-    return geometry3k.prepare_synthetic(save_dir, n_train, n_test, seed, image_size, progress, **row_format(mode))
