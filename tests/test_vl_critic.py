@@ -281,3 +281,12 @@ def test_two_workers_train_the_vl_critic_like_one(tmp_path, vl_gae_run, geo_data
     for step in (1, 2):
         for key in ("critic/vf_loss", "critic/values/mean", "critic/vpred_mean", "critic/grad_norm", "actor/pg_loss"):
             assert two[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-5), (step, key)
+
+
+def test_a_text_critic_beside_a_vision_language_actor_reads_the_token_ids_only(tiny_lm_path, tiny_vl_path):
+    model = _load(tiny_lm_path).eval()
+    ids, mask, resp, rows_mm = _vl_rows(tiny_vl_path)
+    with torch.no_grad():
+        with_images = response_values(model, ids, mask, RESPONSE, multi_modal_inputs=rows_mm, remove_padding=True)
+        without = response_values(model, ids, mask, RESPONSE, remove_padding=True)
+    assert torch.equal(with_images, without)

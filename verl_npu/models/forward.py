@@ -344,8 +344,11 @@ def response_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     as `response_log_probs` reads the log-prob of token t. The inputs are those of `response_log_probs`
     (images, 3-D rope positions from the model's own logic); `remove_padding`: the padding-free path,
     each distinct prompt once, the same values up to summation order (`remove_padding_key` is the
-    setting an error names)."""
+    setting an error names). A text value model reads the token ids only, also of rows with images (a text
+    critic beside a vision-language actor)."""
     vt = VisionTokens.of(model)
+    if not vt.is_vision:
+        multi_modal_inputs = None
     mm = merge_multi_modal_inputs(multi_modal_inputs, input_ids.device)
     positions = rope_positions(model, input_ids, attention_mask, mm, vt)
     n, length = input_ids.shape
