@@ -108,14 +108,32 @@ def test_vl_values_equal_the_backbone_hidden_states_through_the_head(tiny_vl_pat
     assert not torch.allclose(changed[resp], want[resp], atol=1e-4)
 
 
-def test_vl_values_get_gradients_through_head_backbone_and_vision_tower(tiny_vl_path):
-    model = _load(tiny_vl_path).train()
-    ids, mask, resp, rows_mm = _vl_rows(tiny_vl_path)
-    values = response_values(model, ids, mask, RESPONSE, multi_modal_inputs=rows_mm, remove_padding=True)
+def _grads(path, *, remove_padding: bool, checkpointing: bool) -> dict:
+    torch.manual_seed(0)
+    model = _load(path).train()
+    if checkpointing:
+        from verl_npu.models.loading import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model.pretrained_model)
+    ids, mask, resp, rows_mm = _vl_rows(path)
+    values = response_values(model, ids, mask, RESPONSE, multi_modal_inputs=rows_mm, remove_padding=remove_padding)
     (values * resp).sum().backward()
-    grads = {n: p.grad for n, p in model.named_parameters()}
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_vl_values_get_gradients_through_head_backbone_and_vision_tower(tiny_vl_path):
+    """The same gradients padded, padding-free, and padding-free with activation checkpointing (whose
+    recomputation runs the packed attention again)."""
+    grads = _grads(tiny_vl_path, remove_padding=False, checkpointing=False)
     assert grads["v_head.summary.weight"].abs().sum() > 0
     assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if ".visual." in n)
+    for kw in ({"remove_padding": True, "checkpointing": False}, {"remove_padding": True, "checkpointing": True}):
+        other = _grads(tiny_vl_path, **kw)
+        for name, g in grads.items():
+            if g is None:
+                assert other[name] is None, name
+            else:
+                torch.testing.assert_close(other[name], g, atol=1e-5, rtol=1e-4, msg=lambda m: f"{kw} {name}: {m}")
 
 
 def test_text_critic_keeps_the_token_classification_model(tiny_lm_path):

@@ -13,6 +13,8 @@ and its `huggingface/` folder holds the model's own names plus `v_head.summary.*
 (transformers loads it as the vision-language model, ignoring the head; `load_vision_language_value_model`
 takes the head back). The language-model head (`pretrained_model.lm_head`) is kept so that the names
 are verl's, but never runs: the values are the head's output on the decoder's last hidden states.
+The head has no dropout (trl's has 0.1 by default): as the text critic (classifier_dropout 0), a
+training forward gives the values an inference forward gives, which the clipped value loss compares.
 """
 
 from __future__ import annotations
