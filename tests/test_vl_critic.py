@@ -271,6 +271,12 @@ def test_vision_language_reward_model_folder_is_refused_by_check_paths(tmp_path,
     problems = [p for p in check_paths(rc) if p.key.endswith("reward_model.model.path")]
     assert len(problems) == 1 and "vision-language" in problems[0].message
     assert "text reward model" in problems[0].fix
+    # the tiny vision-language model too (built locally, so only its name is read)
+    rc = load_recipe("tiny_geo3k", ["reward_model.enable=true", "reward_model.model.path=tiny://qwen25vl?seed=1"])
+    problems = [p for p in check_paths(rc) if p.key.endswith("reward_model.model.path")]
+    assert len(problems) == 1 and "vision-language" in problems[0].message
+    rc = load_recipe("tiny_geo3k", ["reward_model.enable=true", "reward_model.model.path=tiny://qwen2rm"])
+    assert not [p for p in check_paths(rc) if p.key.endswith("reward_model.model.path")]
 
 
 def test_vision_language_reward_model_is_refused_by_the_worker_by_name(tiny_vl_path):
@@ -308,3 +314,12 @@ def test_a_text_critic_beside_a_vision_language_actor_reads_the_token_ids_only(t
         with_images = response_values(model, ids, mask, RESPONSE, multi_modal_inputs=rows_mm, remove_padding=True)
         without = response_values(model, ids, mask, RESPONSE, remove_padding=True)
     assert torch.equal(with_images, without)
+
+
+def test_the_config_layer_knows_which_tiny_models_are_vision_language(tiny_cache):
+    from verl_npu.config.rules_roles import TINY_VISION_LANGUAGE
+    from verl_npu.models.loading import is_vision_language, load_config
+    from verl_npu.models.tiny import TINY_BUILDERS
+
+    vision = {name for name in TINY_BUILDERS if is_vision_language(load_config(f"tiny://{name}"))}
+    assert vision == set(TINY_VISION_LANGUAGE)

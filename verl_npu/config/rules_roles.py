@@ -82,6 +82,18 @@ VL_REWARD_MODEL_FIX = ("point reward_model.model.path at a text reward model (*F
                        "reward_model.enable=false")
 
 
+#: the tiny:// models (verl_npu.models.tiny) that are vision-language models
+TINY_VISION_LANGUAGE = ("qwen25vl",)
+
+
+def tiny_model_problems(key: str, uri: str) -> list[Problem]:
+    """The `VL_REWARD_MODEL` problem when `uri` (a reward model's tiny:// path) names a vision-language model."""
+    name = uri[len("tiny://"):].partition("?")[0]
+    if name in TINY_VISION_LANGUAGE:
+        return [Problem(key, f"{uri!r} {VL_REWARD_MODEL}", VL_REWARD_MODEL_FIX)]
+    return []
+
+
 def model_folder_problems(key: str, folder) -> list[Problem]:
     """A problem when `folder` (an existing reward model folder) holds no config.json, one whose
     `architectures` name no `*ForSequenceClassification` class (a causal LM has no score head), or one
