@@ -80,7 +80,11 @@ def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
         if key in skip:
             continue
         for item in (value if isinstance(value, list) else [value]):
-            if item is None or (kind == "model" and str(item).startswith("tiny://")):
+            if item is None:
+                continue
+            if kind == "model" and str(item).startswith("tiny://"):  # built locally: only its kind is checked
+                if key in _MODEL_KIND_CHECKED:
+                    problems += rules_roles.tiny_model_problems(key, str(item))
                 continue
             if re.match(r"^[a-z]+://", str(item)):
                 problems.append(Problem(key, f"{item!r}: remote paths are not supported yet",
