@@ -103,6 +103,7 @@ def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
                 problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
                                         f"{Path.cwd()})", "run the data_prep script or fix the path"))
     return (problems + rules_multiturn.tool_config_problems(rc.cfg)
+            + rules_multiturn.function_tool_problems(rc.cfg)
             + rules_multiturn.interaction_config_problems(rc.cfg))
 
 

@@ -33,6 +33,10 @@ KEYS: list[tuple[str, Any, str, str, dict]] = [
      "OpenAI function schemas); class_name: a built-in tool (gsm8k, or verl's verl.tools.gsm8k_tool.Gsm8kTool), "
      "path/to/file.py:ClassName or package.module.ClassName. null: no tools (one turn). The schemas go into "
      "the prompt through the chat template (tools=...).", {}),
+    ("multi_turn.function_tool_path", None, "str", "A Python file whose @function_tool functions (from "
+     "verl_npu.tools.function_tool import function_tool; verl's decorator) are tools too, next to those of "
+     "tool_config_path (a name in both is refused); each function's schema comes from its type hints and "
+     "docstring. Read with multi_turn.enable. null: none (docs/agents.md, 'Function tools').", {}),
     ("multi_turn.interaction_config_path", None, "str", "verl's interaction config YAML (interaction: [{name, class_name, "
      "config}]): after a model turn without a tool call, the row's interaction (extra_info.interaction_kwargs.name) "
      "answers as the next user turn (response_mask 0) with a score per turn (extra_info.turn_scores for the reward). "
