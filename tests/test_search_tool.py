@@ -124,6 +124,27 @@ def test_bad_corpus_and_bad_port_end_in_one_line(tmp_path, server, capsys):
     assert f"cannot listen on 127.0.0.1:{server.port}" in err and "Traceback" not in err
 
 
+def test_the_command_serves_until_stopped(corpus):
+    """`verl-npu retrieval-server` as a user starts it (port 0: any free one, printed in its first line)."""
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "verl_npu.cli", "retrieval-server", "--corpus",
+                             corpus["paths"]["corpus"], "--port", "0", "--topk", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/retrieve", line).group(1))
+        assert line.startswith("[retrieval-server] 30 documents from ")
+        srv = type("S", (), {"port": port})
+        fact = data.synthetic_facts(1, seed=3)[0]
+        assert post(srv, {"queries": [fact["question"]]})[1]["result"][0][0]["contents"].endswith(fact["answer"] + ".")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 # ------------------------------------------------------------------ the search tool
 def tool(target: str, **config) -> SearchTool:
     return SearchTool({"type": "native", "retrieval_service_url": target, **config})
