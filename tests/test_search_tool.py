@@ -219,6 +219,52 @@ def test_unreachable_and_silent_servers_become_error_messages():
     assert "within 0.3 s" in text and "(after 1 attempt)" in text
 
 
+class _Slow(http.server.BaseHTTPRequestHandler):
+    """A retrieval server that takes 0.2 s per request and records how many were in flight at once."""
+
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def do_POST(self):  # noqa: N802
+        import time
+
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with self.lock:
+            self.now[0] += 1
+            self.most[0] = max(self.most[0], self.now[0])
+        time.sleep(0.2)
+        with self.lock:
+            self.now[0] -= 1
+        body = b'{"result": [[]]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("config, most", [({"num_workers": 2, "enable_global_rate_limit": False}, 2),
+                                          ({"num_workers": 8, "rate_limit": 3}, 3),
+                                          ({"num_workers": 8, "enable_global_rate_limit": False}, 6)])
+def test_num_workers_and_rate_limit_bound_the_requests_in_flight(config, most):
+    handler = type("H", (_Slow,), {"lock": threading.Lock(), "now": [0], "most": [0]})
+    server_class = type("Srv", (http.server.ThreadingHTTPServer,), {"request_queue_size": 32})
+    srv = server_class(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        t = tool(f"http://127.0.0.1:{srv.server_address[1]}/retrieve", **config)
+        calls = [threading.Thread(target=t.execute, args=(str(i), {"query_list": ["q"]})) for i in range(6)]
+        for c in calls:
+            c.start()
+        for c in calls:
+            c.join(30)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert handler.most[0] == most
+
+
 def test_verls_search_tool_config_loads_under_verls_class_path(server, tmp_path):
     assert read_tool_config(VERL_CONFIG)[1] == []
     cfg = tmp_path / "tools.yaml"

@@ -21,8 +21,8 @@ a 4xx answer or a reply that is not the contract's JSON (`{"result": "Search err
 Config keys (`tool_registry.SEARCH_CONFIG_KEYS`, checked by `verl-npu validate`; an unknown key is
 refused by name): verl's `retrieval_service_url` (required), `topk` (3), `timeout` (30 s per request),
 `num_workers` (120: this tool's requests in flight at once in one worker process), `rate_limit` (120:
-requests in flight at once, all search tools of the process together) and `enable_global_rate_limit`
-(true: apply `rate_limit`); verl-npu's own `max_attempts` (10) and `retry_delay` (1 s). verl's rate limit is
+requests in flight at once, all search tools of the process with that rate_limit together) and
+`enable_global_rate_limit` (true: apply `rate_limit`); verl-npu's own `max_attempts` (10) and `retry_delay` (1 s). verl's rate limit is
 one Ray actor for the whole cluster; here it is per worker process, so N workers may have up to N x
 `rate_limit` requests in flight. A server for a local corpus: `verl-npu retrieval-server`
 (verl_npu/tools/retrieval_server.py).
