@@ -43,9 +43,11 @@ def test_verl_only_keys_load_at_their_default_and_aliases_reach_their_key():
     assert all(d.reason for d in rc.noop)
     rc = load_recipe("tiny_gsm8k", ["actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
                                     "actor_rollout_ref.actor.optim.clip_grad=0.5",
-                                    "ray_kwargs.ray_init.num_cpus=2"])
+                                    "ray_kwargs.ray_init.num_cpus=2",
+                                    "critic.optim.lr_scheduler_type=cosine"])
     b = rc.backend
     assert b.actor_rollout_ref.actor.optim.warmup_style == "cosine" and b.actor_rollout_ref.actor.grad_clip == 0.5
+    assert b.critic.optim.warmup_style == "cosine"   # the critic's spelling too (verl's optim config is shared)
     assert b.ray_init.num_cpus == 2
     assert set(ALIASES.values()) <= set(SCHEMA)
     [p] = problems(["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"])

@@ -71,7 +71,7 @@ def read_script(path: Path) -> tuple[list[str], dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
-    """Local stand-ins: tiny parquet data (text, VL, and text in verl's multi-turn tool format), model
+    """Local stand-ins: tiny parquet data (text, VL, and text and VL in verl's multi-turn tool format), model
     folders and a reward file.
 
     Validation reads only a model's config.json, so the stand-in folders are the tiny models with the
@@ -84,6 +84,7 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
     gsm8k_multiturn.prepare_synthetic(root / "multiturn", 32, 8, seed=0)
     search_r1.prepare_synthetic(root / "search", 32, 8, seed=0)   # and search/corpus.jsonl
     geometry3k.prepare_synthetic(root / "vl", 32, 8, seed=0, image_size=56)
+    geometry3k.prepare_synthetic(root / "vl_multiturn", 32, 8, seed=0, image_size=56, multiturn="geo3k")
     models = {}
     for kind, src in (("text", tiny_lm_path), ("vl", tiny_vl_path)):
         dst = root / f"model_{kind}"
@@ -94,7 +95,8 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
                 node.update(num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=65536)
         (dst / "config.json").write_text(json.dumps(conf))
         models[kind] = dst
-    models["multiturn"] = models["search"] = models["text"]
+    models["multiturn"], models["vl_multiturn"] = models["text"], models["vl"]
+    models["search"] = models["text"]
     reward = root / "reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float(ground_truth in solution_str)\n")
@@ -206,16 +208,17 @@ def test_verl_script_trains_two_steps_on_cpu(name, local, tmp_path):
 #: verl's multi-turn scripts that train for 2 steps on CPU: their `# fixed:` overrides (rollout.name=hf for
 #: sglang, ...), SIZING, and a response budget that holds a tool call and its reply
 MULTI_TURN_RUNS = ("multiturn_gsm8k_tool_qwen2_5_3b", "multiturn_retool_qwen3_4b_dapo",
-                   "multiturn_search_tool_qwen2_5_3b")
+                   "multiturn_geo3k_tool_qwen2_5_vl_3b", "multiturn_search_tool_qwen2_5_3b")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MULTI_TURN_RUNS)
 def test_verl_multiturn_script_trains_two_steps_on_cpu(name, local, tmp_path):
-    """verl's GSM8K-with-tool, ReTool and search-tool scripts (ReTool with its Sandbox Fusion tool, built here
-    as the sandboxed code interpreter; the search tool querying verl-npu's retrieval server over the synthetic
-    corpus, started here) train 2 steps with the multi-turn agent loop on 2 CPU workers, tiny Qwen2, the hf
-    engine: only the paths, each refusal's fix and SIZING are changed."""
+    """verl's GSM8K-with-tool, ReTool (with its Sandbox Fusion tool, built here as the sandboxed code
+    interpreter), geo3k-with-tool (pictures in the prompts, verl's Geo3kTool) and search-tool (verl's SearchTool
+    querying verl-npu's retrieval server over the synthetic corpus, started here) scripts train 2 steps with
+    the multi-turn agent loop on 2 CPU workers, tiny Qwen2 / Qwen2.5-VL, the hf engine: only the paths, each
+    refusal's fix and SIZING are changed."""
     import subprocess
     import sys
 
@@ -233,8 +236,9 @@ def test_verl_multiturn_script_trains_two_steps_on_cpu(name, local, tmp_path):
     args = localized(overrides, header["data"], local, tmp_path / "out", header["tool_config"])
     args = [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}"
             if a.startswith("actor_rollout_ref.rollout.multi_turn.tool_config_path=") else a for a in args]
-    # the search prompt (Search-R1's instructions and the tool schema) is longer than SIZING's 256 tokens
-    sizing = {**SIZING, "data.max_response_length": "48", "actor_rollout_ref.model.path": "tiny://qwen2",
+    model = "tiny://qwen25vl" if header["data"].startswith("vl") else "tiny://qwen2"
+    # the search prompt (Search-R1's instructions) is longer than SIZING's 256 tokens
+    sizing = {**SIZING, "data.max_response_length": "48", "actor_rollout_ref.model.path": model,
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
               **({"data.max_prompt_length": "512"} if server else {})}
     args = [a for a in [*args, *header["fixed"].split()] if a.split("=", 1)[0].lstrip("+") not in sizing]

@@ -35,9 +35,11 @@ DEMO_DATA = {
     "qwen2": ("verl_npu.data.gsm8k", "prepare_synthetic", {}, "synthetic arithmetic data"),
 }
 #: the same for recipes with multi-turn rollout (actor_rollout_ref.rollout.multi_turn.enable): verl's
-#: multi-turn format (a system prompt, extra_info.tools_kwargs for the GSM8K tool)
+#: multi-turn format (a system prompt, extra_info.tools_kwargs for the GSM8K / geo3k tool)
 DEMO_DATA_MULTI_TURN = {
     "qwen2": ("verl_npu.data.gsm8k_multiturn", "prepare_synthetic", {}, "synthetic multi-turn arithmetic data"),
+    "qwen25vl": ("verl_npu.data.geometry3k", "prepare_synthetic", {"image_size": 56, "multiturn": "both"},
+                 "synthetic multi-turn geometry data (the zoom-in and geo3k tools)"),
 }
 
 #: the same for multi-turn recipes with interactions (multi_turn.interaction_config_path): the grid-environment

@@ -13,7 +13,8 @@ A tool config file is verl's YAML (`actor_rollout_ref.rollout.multi_turn.tool_co
             parameters: {type: object, properties: {answer: {type: string, description: ...}}, required: [answer]}
 
 `class_name` is one of:
-- a built-in tool's name (`BUILTIN_TOOLS`: `gsm8k`, `code_interpreter`, `retool_code_interpreter`, `search`), or verl's
+- a built-in tool's name (`BUILTIN_TOOLS`: `gsm8k`, `geo3k`, `image_zoom_in`, `code_interpreter`,
+  `retool_code_interpreter`, `search`), or verl's
   class path of that tool
   (`VERL_CLASS_PATHS`: a config written for verl works unchanged);
 - `path/to/file.py:ClassName`: a class in the user's own Python file (relative paths start at the
@@ -39,18 +40,14 @@ BUILTIN_TOOLS: dict[str, str] = {}
 #: built-in tools: name -> the function name its schema must have (checked without importing it); None:
 #: any name (the code interpreter: verl's Sandbox Fusion tool takes its name from the schema).
 BUILTIN_FUNCTION_NAMES: dict[str, str | None] = {}
+#: built-in tools whose replies hold images (they need a vision-language model on the hf engine)
+IMAGE_TOOLS: set[str] = set()
 #: verl's class paths of tools verl-npu ships: a verl tool config names them, verl-npu builds its own.
 VERL_CLASS_PATHS: dict[str, str] = {}
 #: verl's own tools that verl-npu does not build: class path -> (what it needs, what to do instead)
 UNBUILT_VERL_TOOLS: dict[str, tuple[str, str]] = {
     "verl.tools.mcp_search_tool.MCPSearchTool": (
         "is an MCP tool", "write a native tool class (docs/agents.md, 'Writing a tool')"),
-    "verl.tools.geo3k_tool.Geo3kTool": (
-        "checks geometry answers in a conversation with images, and multi-turn rollout with images is not built",
-        "train geo3k single-turn (recipes/qwen25vl_geo3k.yaml) or write a text tool class"),
-    "verl.tools.image_zoom_in_tool.ImageZoomInTool": (
-        "returns images into the conversation, and multi-turn rollout with images is not built",
-        "use text tools; the zoom-in tool is planned (issue 25)"),
 }
 #: built-in tools that check their `config:` here (name -> function(config, key) -> [(key, problem)]), so that
 #: a bad value or an unknown key is refused by `validate`, naming it, before anything is imported
@@ -61,13 +58,16 @@ UNSUPPORTED_TOOL_TYPES = {"mcp": "MCP tools are not built; write a native tool c
 
 
 def register_tool(name: str, target: str, *, function_name: str | None,
-                  verl_class_paths: tuple[str, ...] = (), config_check=None) -> None:
+                  verl_class_paths: tuple[str, ...] = (), returns_images: bool = False, config_check=None) -> None:
     """A built-in tool: its class_name, "module:Class", its schema's function name (None: any), the
-    class paths verl's (or a verl recipe's) tool configs name it by, and the check of its `config:`
-    (`config_check(config, key) -> [(key, problem)]`; None: the tool checks it when it is built)."""
+    class paths verl's (or a verl recipe's) tool configs name it by, whether its replies hold images, and
+    the check of its `config:` (`config_check(config, key) -> [(key, problem)]`; None: the tool checks it
+    when it is built)."""
     if name in BUILTIN_TOOLS:
         raise ValueError(f"tool {name!r} is registered twice")
     BUILTIN_TOOLS[name] = target
+    if returns_images:
+        IMAGE_TOOLS.add(name)
     BUILTIN_FUNCTION_NAMES[name] = function_name
     if config_check is not None:
         BUILTIN_CONFIG_CHECKS[name] = config_check
@@ -81,6 +81,12 @@ register_tool("gsm8k", "verl_npu.tools.gsm8k:Gsm8kTool", function_name="calc_gsm
 # ReTool recipe's variant of it run locally here
 register_tool("code_interpreter", "verl_npu.tools.code_interpreter:CodeInterpreterTool", function_name=None,
               verl_class_paths=("verl.tools.sandbox_fusion_tools.SandboxFusionTool",))
+# the Geometry3K answer check (verl_npu.tools.geo3k) and the image zoom-in tool (verl_npu.tools.image_zoom), which
+# replies with an image: a vision-language model on the hf engine (docs/agents.md, "Images in a conversation")
+register_tool("geo3k", "verl_npu.tools.geo3k:Geo3kTool", function_name="calc_geo3k_reward",
+              verl_class_paths=("verl.tools.geo3k_tool.Geo3kTool",))
+register_tool("image_zoom_in", "verl_npu.tools.image_zoom:ImageZoomInTool", function_name="image_zoom_in_tool",
+              verl_class_paths=("verl.tools.image_zoom_in_tool.ImageZoomInTool",), returns_images=True)
 register_tool("retool_code_interpreter", "verl_npu.tools.code_interpreter:ReToolCodeInterpreter", function_name=None,
               verl_class_paths=("recipe.retool.retool.CustomSandboxFusionTool",))
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from verl_npu.config.rules import ROLL, Ctx, _rule
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
-from verl_npu.tool_registry import read_tool_config
+from verl_npu.tool_registry import IMAGE_TOOLS, read_tool_config
 
 MT = ROLL + "multi_turn."
 _KEYS = (MT + "enable", MT + "tool_config_path", MT + "interaction_config_path", MT + "function_tool_path",
@@ -76,6 +76,17 @@ def function_tool_problems(cfg) -> list[Problem]:
 
 def tool_config_problems(cfg) -> list[Problem]:
     """The tool config file's problems (missing, not YAML, wrong shape, unknown class, schema errors),
-    each naming the file and the entry's key; nothing is imported."""
-    return _config_file_problems(cfg, "tool_config_path", read_tool_config,
-                                 "fix the tool config file (format: docs/agents.md, 'Tool config file')")
+    each naming the file and the entry's key, and image tools on an engine that takes no images in a
+    conversation (only `hf` does); nothing is imported."""
+    problems = _config_file_problems(cfg, "tool_config_path", read_tool_config,
+                                     "fix the tool config file (format: docs/agents.md, 'Tool config file')")
+    path, engine = get(cfg, MT + "tool_config_path"), get(cfg, ROLL + "name")
+    if problems or not path or not get(cfg, MT + "enable") or engine == "hf":
+        return problems
+    entries, _ = read_tool_config(path)
+    for entry in entries:
+        if entry.builtin in IMAGE_TOOLS:
+            problems.append(Problem(ROLL + "name", f"is {engine!r}, but {entry.where} ({entry.class_name}) replies "
+                                    "with images, and multi-turn rollout with images runs on the hf engine only",
+                                    "set actor_rollout_ref.rollout.name=hf"))
+    return problems

@@ -202,6 +202,7 @@ _off("transfer_queue.enable", False, BOOL, "TransferQueue data transfer", LEAVE 
 #: verl keys that verl-npu reads under another name: verl path -> schema path (both full).
 ALIASES: dict[str, str] = {_full(k): _full(v) for k, v in {
     f"{AC}.optim.lr_scheduler_type": f"{AC}.optim.warmup_style",
+    "critic.optim.lr_scheduler_type": "critic.optim.warmup_style",
     f"{AC}.optim.clip_grad": f"{AC}.grad_clip",
     f"{AC}.use_remove_padding": f"{M}.use_remove_padding",
     f"{AC}.use_fused_kernels": f"{M}.use_fused_kernels",

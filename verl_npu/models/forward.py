@@ -241,7 +241,12 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             if head is not None:
                 head.targets = targets[needed].unsqueeze(0)
             kernel = varlen_attention_kernel(device.type)
-            shared = shared_prompt_layout(input_ids, attention_mask, response_length, multi_modal_inputs)
+            # responses with images of their own (multi-turn tool images) are packed row by row: a shared
+            # layout encodes only its representative rows' images
+            response_images = vt.image_token_id is not None and bool(
+                (input_ids[:, length - response_length:] == vt.image_token_id).any())
+            shared = None if response_images else shared_prompt_layout(input_ids, attention_mask, response_length,
+                                                                        multi_modal_inputs)
             if shared is None:
                 with packed_attention(model, keep.sum(1), kernel):
                     out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,

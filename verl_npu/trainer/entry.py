@@ -257,6 +257,12 @@ def _check_agent_names(cfg, dataset) -> None:
 
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     dataset.check_agent_names(AGENT_LOOPS, mt.enable)
+    engine = cfg.actor_rollout_ref.rollout.name
+    with_images = dataset.image_files() if mt.enable and engine != "hf" else []
+    if with_images:
+        raise UserError(f"data file {with_images[0]} has images, but multi-turn rollout with images runs on the hf "
+                        f"engine only (actor_rollout_ref.rollout.name is {engine!r}): set "
+                        "actor_rollout_ref.rollout.name=hf, or turn multi_turn off")
     if mt.enable and mt.interaction_config_path:
         # the interactions are built (and checked) here, before any worker starts
         from verl_npu.tools.interactions.loading import load_interactions
