@@ -70,6 +70,7 @@ def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise()
     load_recipe("tiny_gsm8k", noop)
     # interactions are read (issue 25); with multi_turn off the key is only warned about
     load_recipe("tiny_gsm8k", ["actor_rollout_ref.rollout.multi_turn.interaction_config_path=/i.yaml"])
+    load_recipe("tiny_gsm8k", ["actor_rollout_ref.rollout.multi_turn.function_tool_path=/t.py"])   # function tools too
     refused = {
         "actor_rollout_ref.rollout.data_parallel_size=2": "data parallelism inside one rollout engine",
         "actor_rollout_ref.rollout.expert_parallel_size=4": "expert parallelism",
@@ -77,7 +78,6 @@ def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise()
         "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2": "Megatron",
         "critic.model.tokenizer_path=/t": "this critic option",
         "reward_model.rollout.name=vllm": "generative reward models",
-        "actor_rollout_ref.rollout.multi_turn.function_tool_path=/t.py": "function tools",
         "actor_rollout_ref.rollout.multi_turn.format=llama3_json": "format=llama3_json",
         "actor_rollout_ref.rollout.name=sglang": "name=sglang",
         "actor_rollout_ref.model.enable_activation_offload=true": "activation offloading",

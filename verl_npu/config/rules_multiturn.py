@@ -13,7 +13,8 @@ from verl_npu.errors import Problem
 from verl_npu.tool_registry import IMAGE_TOOLS, read_tool_config
 
 MT = ROLL + "multi_turn."
-_KEYS = (MT + "enable", MT + "tool_config_path", MT + "interaction_config_path", ROLL + "ignore_eos",
+_KEYS = (MT + "enable", MT + "tool_config_path", MT + "interaction_config_path", MT + "function_tool_path",
+         ROLL + "ignore_eos",
          BC + "reward_model.enable",
          ROLL + "agent.default_agent_loop")
 
@@ -28,9 +29,10 @@ def _multi_turn(c: Ctx) -> Iterator[Problem]:
         if c(MT + "interaction_config_path"):
             c.warnings.append("actor_rollout_ref.rollout.multi_turn.interaction_config_path is set but "
                               "multi_turn.enable is false: the interactions are not used")
-        if c(MT + "tool_config_path"):
-            c.warnings.append("actor_rollout_ref.rollout.multi_turn.tool_config_path is set but multi_turn.enable "
-                              "is false: the tools are not used")
+        for name in ("tool_config_path", "function_tool_path"):
+            if c(MT + name):
+                c.warnings.append(f"actor_rollout_ref.rollout.multi_turn.{name} is set but multi_turn.enable "
+                                  "is false: the tools are not used")
         return
     if c(BC + "reward_model.enable"):
         yield Problem(BC + "reward_model.enable", "a reward model cannot score multi-turn trajectories yet",
@@ -58,6 +60,18 @@ def interaction_config_problems(cfg) -> list[Problem]:
 
     return _config_file_problems(cfg, "interaction_config_path", read_interaction_config,
                                  "fix the interaction config file (format: docs/agents.md, 'Interactions')")
+
+
+def function_tool_problems(cfg) -> list[Problem]:
+    """multi_turn.function_tool_path naming no file (read only with multi_turn.enable). What the file declares
+    is checked when `run` imports it (verl_npu.tools.function_tool), before any worker starts."""
+    from pathlib import Path
+
+    path = get(cfg, MT + "function_tool_path")
+    if not path or not get(cfg, MT + "enable") or Path(str(path)).expanduser().is_file():
+        return []
+    return [Problem(MT + "function_tool_path", f"file {str(path)!r} does not exist (relative paths start at the "
+                    "folder the run starts in)", "point it at a .py file with @function_tool functions")]
 
 
 def tool_config_problems(cfg) -> list[Problem]:

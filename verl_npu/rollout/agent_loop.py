@@ -573,7 +573,7 @@ class AgentLoop:
 def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None = None, processor=None,
                      min_pixels: int | None = None, max_pixels: int | None = None) -> AgentLoop:
     """The agent loop of a rollout engine over the typed `rollout.multi_turn` section `mt`, its tools built
-    from `mt.tool_config_path` and its interactions from `mt.interaction_config_path` (neither: the loop
+    from `mt.tool_config_path` and `mt.function_tool_path` and its interactions from `mt.interaction_config_path` (neither: the loop
     stops after the first turn); `default_agent`: `rollout.agent.default_agent_loop`; `turns`: the engine's
     `TurnBackend` (None: the hf engine's, over `engine.module`); `processor`: a vision-language model's
     processor, which lets images into the conversation (`data.min_pixels` / `data.max_pixels` resize the
@@ -581,7 +581,8 @@ def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None =
     from verl_npu.tools.interactions.loading import load_interactions
     from verl_npu.tools.loading import load_tools
 
-    tools = load_tools(mt.tool_config_path) if mt.tool_config_path else {}
+    tools = load_tools(mt.tool_config_path, mt.function_tool_path) if (mt.tool_config_path or
+                                                                       mt.function_tool_path) else {}
     interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
     return AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, mt,
                      eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=getattr(engine, "suppress_ids", None),

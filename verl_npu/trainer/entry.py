@@ -245,11 +245,11 @@ def _tool_schemas(cfg) -> list[dict] | None:
     or a schema that does not match its class is a UserError naming the file and key, before anything
     starts), and their OpenAI schemas for the prompts."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if not mt.enable or not mt.tool_config_path:
+    if not mt.enable or not (mt.tool_config_path or mt.function_tool_path):
         return None
     from verl_npu.tools.loading import load_tools, tool_schema_dict
 
-    return [tool_schema_dict(t) for t in load_tools(mt.tool_config_path).values()]
+    return [tool_schema_dict(t) for t in load_tools(mt.tool_config_path, mt.function_tool_path).values()]
 
 
 def _check_agent_names(cfg, dataset) -> None:
