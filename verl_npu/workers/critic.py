@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from verl_npu import algorithms
-from verl_npu.batch import Batch
+from verl_npu.batch import Batch, reads
 from verl_npu.models.loading import apply_override_config, load_config, load_tokenizer_and_processor, resolve_model_path
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
@@ -113,6 +113,7 @@ class CriticWorker:
         """The critic's forward: values [B, T] of a micro-batch's response tokens."""
         return response_values(module, part["input_ids"], part["attention_mask"], part["responses"].shape[1])
 
+    @reads("input_ids", "attention_mask", "responses", "response_mask")
     def compute_values(self, batch: Batch) -> Batch:
         """`values` [B, T] of the response tokens (times the response mask), in eval mode, no grad."""
         def masked_values(module, part):
@@ -120,6 +121,7 @@ class CriticWorker:
 
         return Batch({"values": self.engine.infer(batch, masked_values, self._micro(forward=True))})
 
+    @reads("input_ids", "attention_mask", "responses", "response_mask", "values", "returns")
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """`critic.ppo_epochs` passes over mini-batches of `critic.ppo_mini_batch_size` prompts (x
         rollout.n); one optimizer step per mini-batch, gradients accumulated over micro-batches with
