@@ -25,9 +25,11 @@ class RecordingGroup(LocalWorkerGroup):
     def __init__(self, workers):
         super().__init__(workers)
         self.sent_columns: dict[str, set[str]] = {}
+        self.sent_widths: dict[str, int] = {}
 
     def scatter(self, method, chunks, *args, role="actor", **kwargs):
         self.sent_columns[method] = set(chunks[0].tensors) | set(chunks[0].lists)
+        self.sent_widths[method] = chunks[0]["input_ids"].shape[1]
         return super().scatter(method, chunks, *args, role=role, **kwargs)
 
 
@@ -62,6 +64,9 @@ def test_calls_are_sent_only_the_columns_they_read(tmp_path, tiny_cache):
     sent = group.sent_columns["compute_log_prob"]
     # no texts, no extra_info, no masks (the dataset's multi_modal_inputs column holds a text row's empty inputs)
     assert sent - {"multi_modal_inputs"} == {"input_ids", "attention_mask", "responses"}, sent
+    # sent without the left padding every row shares (the engine drops it before each forward anyway)
+    assert group.sent_widths["compute_log_prob"] < batch["input_ids"].shape[1]
+    assert group.sent_widths["generate_sequences"] == prompts["input_ids"].shape[1]  # the rollout's prompts keep it
     # the same numbers as the whole batch sent to the worker itself
     whole = group.workers["actor"].compute_log_prob(batch)
     assert torch.equal(old["old_log_probs"], whole["old_log_probs"])

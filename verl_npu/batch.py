@@ -124,12 +124,16 @@ class Batch:
         )
 
 
-def reads(*columns: str):
+def reads(*columns: str, trimmed: bool = True):
     """Declare the columns a worker method reads from its batch (a decorator, next to the method): the
     worker group sends it only those of them that the batch has (`Batch.only`), so the texts, images
-    and extra_info a phase does not read stay on the controller. A method without it is sent the whole batch."""
+    and extra_info a phase does not read stay on the controller. A method without it is sent the whole batch.
+    `trimmed`: the method's forwards drop the left padding every row shares anyway (the engine's
+    micro-batches), so it is sent without it (`trim_left_padding`; results are per response token, which
+    it does not move); False for the rollout, whose rows become the controller's batch."""
     def declare(method):
         method.reads = frozenset(columns)
+        method.trimmed = trimmed
         return method
 
     return declare

@@ -182,7 +182,7 @@ class ActorRolloutRefWorker:
     # images) and, for the multi-turn agent loop, the chat messages, extra_info (tools_kwargs, interaction
     # kwargs), agent_name and data_row (errors name the row)
     @reads("input_ids", "attention_mask", "raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "uid",
-           "raw_prompt", "extra_info", "agent_name", "data_row")
+           "raw_prompt", "extra_info", "agent_name", "data_row", trimmed=False)
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
         with self.engine.autocast():
             return self.rollout.generate(prompts, params)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from verl_npu.batch import Batch
+from verl_npu.batch import Batch, trim_left_padding
 from verl_npu.workers.engine import TrainResult
 from verl_npu.workers.roles import ROLES
 
@@ -65,9 +65,14 @@ class WorkerGroup(ABC):
 
     def sent(self, method: str, batch: Batch, role: str = "actor") -> Batch:
         """What a call of `method` of `role` is sent of `batch`: the columns the method declares it reads
-        (`verl_npu.batch.reads`), or every column when it declares none."""
-        columns = getattr(getattr(self.worker_class(role), method, None), "reads", None)
-        return batch if columns is None else batch.only(columns)
+        (`verl_npu.batch.reads`), without the left padding all rows share when it is declared `trimmed`, or
+        the whole batch when it declares nothing."""
+        declared = getattr(self.worker_class(role), method, None)
+        columns = getattr(declared, "reads", None)
+        if columns is None:
+            return batch
+        sent = batch.only(columns)
+        return trim_left_padding(sent) if declared.trimmed and "attention_mask" in sent else sent
 
     def dispatch(self, method: str, batch: Batch, *args, group: int | None = None, role: str = "actor",
                  **kwargs) -> Batch:
