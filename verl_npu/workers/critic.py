@@ -113,7 +113,8 @@ class CriticWorker:
         """The critic's forward: values [B, T] of a micro-batch's response tokens."""
         return response_values(module, part["input_ids"], part["attention_mask"], part["responses"].shape[1])
 
-    @reads("input_ids", "attention_mask", "responses", "response_mask")
+    # multi_modal_inputs: a vision-language critic's forward reads the images (main's value_model)
+    @reads("input_ids", "attention_mask", "responses", "response_mask", "multi_modal_inputs")
     def compute_values(self, batch: Batch) -> Batch:
         """`values` [B, T] of the response tokens (times the response mask), in eval mode, no grad."""
         def masked_values(module, part):
@@ -121,7 +122,7 @@ class CriticWorker:
 
         return Batch({"values": self.engine.infer(batch, masked_values, self._micro(forward=True))})
 
-    @reads("input_ids", "attention_mask", "responses", "response_mask", "values", "returns")
+    @reads("input_ids", "attention_mask", "responses", "response_mask", "multi_modal_inputs", "values", "returns")
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """`critic.ppo_epochs` passes over mini-batches of `critic.ppo_mini_batch_size` prompts (x
         rollout.n); one optimizer step per mini-batch, gradients accumulated over micro-batches with
