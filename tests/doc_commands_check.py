@@ -51,10 +51,10 @@ class Context:
 
 
 def split_commands(text: str) -> list[list[str]]:
-    """The simple commands of a line (split on && and ;), each as tokens."""
+    """The simple commands of a line (split on &&, ; and a background &), each as tokens."""
     parts: list[list[str]] = [[]]
     for token in shell_tokens(text):
-        if token in ("&&", ";"):
+        if token in ("&&", ";", "&"):
             parts.append([])
         else:
             parts[-1].append(token)
@@ -208,6 +208,13 @@ def check_verl_npu(args: list[str], ctx: Context, synopsis: bool) -> None:
     if sub is None:
         raise CommandFailed(f"verl-npu has no verb {verb!r}")
     _check_flags_known(sub, args[1:], f"verl-npu {verb}")
+    if verb == "retrieval-server":
+        ctx.allow("server")
+        if not synopsis and len(args) > 1:   # `verl-npu retrieval-server` alone is a mention of the verb
+            code, _, err = _capture(lambda: parser.parse_args(args))
+            if code:
+                raise CommandFailed(f"does not parse: {err.strip()}")
+        return
     if verb == "doctor":
         ctx.allow("doctor")
         if not synopsis:
@@ -270,7 +277,15 @@ def _gsm_fixture(root: Path) -> Path:
     return root
 
 
-FIXTURES = {"geometry3k.py": _geo_fixture, "geo3k.py": _geo_fixture, "gsm8k.py": _gsm_fixture}
+def _search_fixture(root: Path) -> Path:
+    for split in ("train", "test"):   # Search-R1's data (PeterJinGo/nq_hotpotqa_train)
+        pq.write_table(pa.table({"question": ["who wrote hamlet?"], "golden_answers": [["Shakespeare"]],
+                                 "data_source": ["nq"]}), root / f"{split}.parquet")
+    return root
+
+
+FIXTURES = {"geometry3k.py": _geo_fixture, "geo3k.py": _geo_fixture, "gsm8k.py": _gsm_fixture,
+            "search_r1.py": _search_fixture}
 SAVE_FLAGS = ("--local-save-dir", "--local_save_dir", "--local_dir")
 DATASET_FLAGS = ("--local-dataset-path", "--local_dataset_path")
 
@@ -442,6 +457,12 @@ def check_python(exe: str, args: list[str], redirect: str | None, ctx: Context, 
                 raise CommandFailed(f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}")
             if redirect and proc.stdout != (REPO / redirect).read_text():
                 raise CommandFailed(f"its output differs from {redirect}: regenerate the file with this command")
+            return
+        if module == "verl_npu.tools.retrieval_server":
+            from verl_npu.tools.retrieval_server import build_parser
+
+            ctx.allow("server")
+            _check_flags_known(build_parser(), rest, module)
             return
         if module.split(".")[0] == "verl":
             check_upstream_verl(module, rest, ctx)

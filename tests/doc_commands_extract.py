@@ -44,6 +44,8 @@ ALLOWED_PARTIAL: dict[str, str] = {
     "verl-tools": "upstream verl's own commands need verl's venv (tests/verl_side.sh builds it): the model "
                   "merger's verb and flags must be the ones tests/test_verl_interop.py runs for real; the "
                   "trainer's key=value overrides must be keys of verl's config language (the schema)",
+    "server": "verl-npu retrieval-server serves until it is stopped: its flags are parsed and its corpus "
+              "argument named, nothing is started (tests/test_search_tool.py runs the server for real)",
     "other-venv": "commands of a hand-built second venv (/tmp/vllm-venv, recorded in bench/vllm_cpu_check.md; "
                   "tests/vllm_cpu.sh is the maintained form): not run",
 }

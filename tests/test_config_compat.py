@@ -43,9 +43,11 @@ def test_verl_only_keys_load_at_their_default_and_aliases_reach_their_key():
     assert all(d.reason for d in rc.noop)
     rc = load_recipe("tiny_gsm8k", ["actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
                                     "actor_rollout_ref.actor.optim.clip_grad=0.5",
-                                    "ray_kwargs.ray_init.num_cpus=2"])
+                                    "ray_kwargs.ray_init.num_cpus=2",
+                                    "critic.optim.lr_scheduler_type=cosine"])
     b = rc.backend
     assert b.actor_rollout_ref.actor.optim.warmup_style == "cosine" and b.actor_rollout_ref.actor.grad_clip == 0.5
+    assert b.critic.optim.warmup_style == "cosine"   # the critic's spelling too (verl's optim config is shared)
     assert b.ray_init.num_cpus == 2
     assert set(ALIASES.values()) <= set(SCHEMA)
     [p] = problems(["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"])
@@ -68,6 +70,7 @@ def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise()
     load_recipe("tiny_gsm8k", noop)
     # interactions are read (issue 25); with multi_turn off the key is only warned about
     load_recipe("tiny_gsm8k", ["actor_rollout_ref.rollout.multi_turn.interaction_config_path=/i.yaml"])
+    load_recipe("tiny_gsm8k", ["actor_rollout_ref.rollout.multi_turn.function_tool_path=/t.py"])   # function tools too
     refused = {
         "actor_rollout_ref.rollout.data_parallel_size=2": "data parallelism inside one rollout engine",
         "actor_rollout_ref.rollout.expert_parallel_size=4": "expert parallelism",
@@ -75,7 +78,6 @@ def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise()
         "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2": "Megatron",
         "critic.model.tokenizer_path=/t": "this critic option",
         "reward_model.rollout.name=vllm": "generative reward models",
-        "actor_rollout_ref.rollout.multi_turn.function_tool_path=/t.py": "function tools",
         "actor_rollout_ref.rollout.multi_turn.format=llama3_json": "format=llama3_json",
         "actor_rollout_ref.rollout.name=sglang": "name=sglang",
         "actor_rollout_ref.model.enable_activation_offload=true": "activation offloading",

@@ -92,6 +92,16 @@ def test_lr_scheduler_type_alias_and_bad_style():
         make(optim(lr=1.0), 0)
 
 
+def test_errors_name_the_roles_own_optim_section():
+    critic = section("critic.optim", {"lr": 1.0, "warmup_style": "linear"})
+    with pytest.raises(UserError, match=r"^critic\.optim\.warmup_style"):
+        make(critic, 10)
+    with pytest.raises(UserError, match=r"^critic\.optim\.lr:"):
+        make(section("critic.optim", {"lr": -1.0}), 10)
+    with pytest.raises(UserError, match=r"^actor_rollout_ref\.actor\.optim\.lr:"):
+        make(optim(lr=-1.0), 10)
+
+
 def test_scheduler_resume_round_trips_through_state_dict():
     cfg = optim(lr=1.0, lr_warmup_steps=3, warmup_style="cosine", min_lr_ratio=0.0)
     reference = lrs(cfg, total=12, steps=12)

@@ -118,8 +118,8 @@ def test_a_verl_tool_ports_by_changing_its_import(tmp_path):
     ("tools:\n  - class_name: nowhere/t.py:T", "tools[0].class_name", "does not exist"),
     ("tools:\n  - class_name: no_such_package_xyz.mod.Tool", "tools[0].class_name", "cannot be found"),
     ("tools:\n  - class_name: verl.tools.my_tool.MyTool", "tools[0].class_name", "change its import"),
-    ("tools:\n  - class_name: verl.tools.search_tool.SearchTool", "tools[0].class_name",
-     "does not support verl's SearchTool yet (it queries a Search-R1 retrieval server); write a tool class"),
+    ("tools:\n  - class_name: verl.tools.mcp_search_tool.MCPSearchTool", "tools[0].class_name",
+     "does not support verl's MCPSearchTool yet (it is an MCP tool); write a native tool class"),
     ("tools:\n  - class_name: gsm8k\n    tool_schema: {type: function, function: {name: a}}\n"
      "  - class_name: gsm8k\n    tool_schema: {type: function, function: {name: a}}", "tools[1].tool_schema.function.name",
      "unique"),

@@ -10,7 +10,9 @@ verl's multi-turn examples (issue 25: GSM8K with its tool, on SGLang and on vLLM
 its tool, the search tool, ReTool) carry a `# tool_config:` line (their tool config file, copied under
 tool_config/ with its source) and a `# fixed:` line: the overrides each refusal's fix names (e.g.
 rollout.name=hf for sglang); with them applied the script must give `# fixed expect:` (pass, or the
-tools verl-npu does not build)."""
+tools verl-npu does not build). The search-tool script's data (`# data: search`) is the synthetic Search-R1 set
+with its corpus; its 2-step run starts verl-npu's retrieval server on a free port and points a copy of the
+script's tool config at it."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
             # the multi-turn examples (issue 25)
             "over-sampling": ("over-sampling",), "memory profiler": ("torch_memory profiler",),
             "custom dataset": ("custom dataset classes",), "multimodal inputs": ("processor outputs of multimodal",),
-            "tool format": ("format=qwen",), "search tool": ("SearchTool",), "geo3k tool": ("Geo3kTool",)}
+            "tool format": ("multi_turn.format",), "geo3k tool": ("Geo3kTool",)}
 #: declared problems that are verl-npu's checks of a setting, not a missing feature -> words of the message
 CHECKS = {"group size": ("needs at least 2 responses per prompt",),
           # a profiler tool with nothing to profile (follows the torch_memory refusal)
@@ -69,18 +71,20 @@ def read_script(path: Path) -> tuple[list[str], dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
-    """Local stand-ins: tiny parquet data (text, VL, and text in verl's multi-turn tool format), model
+    """Local stand-ins: tiny parquet data (text, VL, and text and VL in verl's multi-turn tool format), model
     folders and a reward file.
 
     Validation reads only a model's config.json, so the stand-in folders are the tiny models with the
     head counts and length limit of the scripts' real models (40 attention / 8 key-value heads, like
     Qwen2.5-32B, fit every TP and SP size the scripts use; 64K positions fit their lengths)."""
-    from verl_npu.data import geometry3k, gsm8k, gsm8k_multiturn
+    from verl_npu.data import geometry3k, gsm8k, gsm8k_multiturn, search_r1
 
     root = tmp_path_factory.mktemp("verl_scripts")
     gsm8k.prepare_synthetic(root / "text", 32, 8, seed=0)
     gsm8k_multiturn.prepare_synthetic(root / "multiturn", 32, 8, seed=0)
+    search_r1.prepare_synthetic(root / "search", 32, 8, seed=0)   # and search/corpus.jsonl
     geometry3k.prepare_synthetic(root / "vl", 32, 8, seed=0, image_size=56)
+    geometry3k.prepare_synthetic(root / "vl_multiturn", 32, 8, seed=0, image_size=56, multiturn="geo3k")
     models = {}
     for kind, src in (("text", tiny_lm_path), ("vl", tiny_vl_path)):
         dst = root / f"model_{kind}"
@@ -91,7 +95,8 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
                 node.update(num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=65536)
         (dst / "config.json").write_text(json.dumps(conf))
         models[kind] = dst
-    models["multiturn"] = models["text"]
+    models["multiturn"], models["vl_multiturn"] = models["text"], models["vl"]
+    models["search"] = models["text"]
     reward = root / "reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float(ground_truth in solution_str)\n")
@@ -202,26 +207,49 @@ def test_verl_script_trains_two_steps_on_cpu(name, local, tmp_path):
 
 #: verl's multi-turn scripts that train for 2 steps on CPU: their `# fixed:` overrides (rollout.name=hf for
 #: sglang, ...), SIZING, and a response budget that holds a tool call and its reply
-MULTI_TURN_RUNS = ("multiturn_gsm8k_tool_qwen2_5_3b", "multiturn_retool_qwen3_4b_dapo")
+MULTI_TURN_RUNS = ("multiturn_gsm8k_tool_qwen2_5_3b", "multiturn_retool_qwen3_4b_dapo",
+                   "multiturn_geo3k_tool_qwen2_5_vl_3b", "multiturn_search_tool_qwen2_5_3b")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MULTI_TURN_RUNS)
 def test_verl_multiturn_script_trains_two_steps_on_cpu(name, local, tmp_path):
-    """verl's GSM8K-with-tool and ReTool scripts (the latter with its Sandbox Fusion tool, built here as the
-    sandboxed code interpreter) train 2 steps with the multi-turn agent loop on 2 CPU workers, tiny Qwen2,
-    the hf engine: only the paths, each refusal's fix and SIZING are changed."""
+    """verl's GSM8K-with-tool, ReTool (with its Sandbox Fusion tool, built here as the sandboxed code
+    interpreter), geo3k-with-tool (pictures in the prompts, verl's Geo3kTool) and search-tool (verl's SearchTool
+    querying verl-npu's retrieval server over the synthetic corpus, started here) scripts train 2 steps with
+    the multi-turn agent loop on 2 CPU workers, tiny Qwen2 / Qwen2.5-VL, the hf engine: only the paths, each
+    refusal's fix and SIZING are changed."""
     import subprocess
     import sys
 
     overrides, header = read_script(HERE / f"{name}.txt")
+    tool_config = HERE / "tool_config" / header["tool_config"]
+    server = None
+    if header["data"] == "search":  # the script's tool config with the URL of a server started here
+        from verl_npu.tools.retrieval_server import RetrievalServer, read_corpus
+
+        server = RetrievalServer(read_corpus(local["root"] / "search" / "corpus.jsonl"), port=0)
+        server.start_in_thread()
+        copy = tmp_path / header["tool_config"]
+        copy.write_text(tool_config.read_text().replace("http://127.0.0.1:8000/", f"http://127.0.0.1:{server.port}/"))
+        tool_config = copy
     args = localized(overrides, header["data"], local, tmp_path / "out", header["tool_config"])
-    sizing = {**SIZING, "data.max_response_length": "48", "actor_rollout_ref.model.path": "tiny://qwen2",
-              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2"}
+    args = [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}"
+            if a.startswith("actor_rollout_ref.rollout.multi_turn.tool_config_path=") else a for a in args]
+    model = "tiny://qwen25vl" if header["data"].startswith("vl") else "tiny://qwen2"
+    # the search prompt (Search-R1's instructions) is longer than SIZING's 256 tokens
+    sizing = {**SIZING, "data.max_response_length": "48", "actor_rollout_ref.model.path": model,
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
+              **({"data.max_prompt_length": "512"} if server else {})}
     args = [a for a in [*args, *header["fixed"].split()] if a.split("=", 1)[0].lstrip("+") not in sizing]
     args += [f"{k}={v}" for k, v in sizing.items()]
-    out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
-                         capture_output=True, text=True, timeout=600)
+    try:
+        out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
+                             capture_output=True, text=True, timeout=600)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "actor/pg_loss" in r]

@@ -346,6 +346,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(args.out, device=args.device, rollout=args.rollout, skip_train=args.skip_train, echo=_say)
 
 
+# ------------------------------------------------------------------ retrieval-server
+def cmd_retrieval_server(args: argparse.Namespace) -> int:
+    from verl_npu.tools.retrieval_server import serve
+
+    return serve(args)
+
+
 # ------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-npu", description="RL post-training recipes for NPU, CUDA and CPU.")
@@ -393,6 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rollout of the training check (auto: vllm when it works on this device, else hf)")
     p.add_argument("--skip-train", action="store_true", help="skip the 2-step training check")
     p.set_defaults(fn=cmd_doctor)
+    from verl_npu.tools.retrieval_server import add_arguments
+
+    p = sub.add_parser("retrieval-server", help="serve BM25 search over a jsonl corpus for the search tool "
+                       "(Search-R1's retrieval protocol; docs/agents.md)")
+    add_arguments(p)
+    p.set_defaults(fn=cmd_retrieval_server)
     return parser
 
 

@@ -35,9 +35,11 @@ DEMO_DATA = {
     "qwen2": ("verl_npu.data.gsm8k", "prepare_synthetic", {}, "synthetic arithmetic data"),
 }
 #: the same for recipes with multi-turn rollout (actor_rollout_ref.rollout.multi_turn.enable): verl's
-#: multi-turn format (a system prompt, extra_info.tools_kwargs for the GSM8K tool)
+#: multi-turn format (a system prompt, extra_info.tools_kwargs for the GSM8K / geo3k tool)
 DEMO_DATA_MULTI_TURN = {
     "qwen2": ("verl_npu.data.gsm8k_multiturn", "prepare_synthetic", {}, "synthetic multi-turn arithmetic data"),
+    "qwen25vl": ("verl_npu.data.geometry3k", "prepare_synthetic", {"image_size": 56, "multiturn": "both"},
+                 "synthetic multi-turn geometry data (the zoom-in and geo3k tools)"),
 }
 
 #: the same for multi-turn recipes with interactions (multi_turn.interaction_config_path): the grid-environment
@@ -46,14 +48,27 @@ DEMO_DATA_INTERACTION = {
     "qwen2": ("verl_npu.data.grid_env", "prepare_synthetic", {}, "synthetic grid-environment episodes"),
 }
 
+#: multi-turn recipes with the search tool (tiny_search_r1) get none made: their questions must match the
+#: corpus the retrieval server already serves, so both come first from data_prep/search_r1.py (the path
+#: check names a missing file and that script)
+DEMO_DATA_SEARCH: dict = {}
 
-def _data_writer(model_path: str, multi_turn: bool = False, interaction: bool = False):
+
+def _uses_search_tool(tool_config_path) -> bool:
+    from verl_npu.tool_registry import read_tool_config
+
+    entries, _ = read_tool_config(tool_config_path) if tool_config_path else ([], [])
+    return any(e.builtin == "search" for e in entries)
+
+
+def _data_writer(model_path: str, multi_turn: bool = False, interaction: bool = False, search: bool = False):
     """(function, kwargs, label) that writes the demo data of tiny model ``model_path``, or None."""
     import importlib
 
     from verl_npu.models.tiny import parse_tiny_uri
 
-    table = DEMO_DATA_INTERACTION if interaction else DEMO_DATA_MULTI_TURN if multi_turn else DEMO_DATA
+    table = (DEMO_DATA_SEARCH if search else DEMO_DATA_INTERACTION if interaction
+             else DEMO_DATA_MULTI_TURN if multi_turn else DEMO_DATA)
     try:
         entry = table.get(parse_tiny_uri(str(model_path))[0])
     except Exception:  # noqa: BLE001 - a bad tiny path is reported when the model loads
@@ -127,7 +142,8 @@ def prepare_assets(rc, demo_data: bool = False) -> list[str]:
         mt = rc.backend.actor_rollout_ref.rollout.get("multi_turn")
         enabled = bool(mt is not None and mt.get("enable"))
         writer = _data_writer(model_path, multi_turn=enabled,
-                              interaction=enabled and bool(mt.get("interaction_config_path")))
+                              interaction=enabled and bool(mt.get("interaction_config_path")),
+                              search=enabled and _uses_search_tool(mt.get("tool_config_path")))
         if writer is None or not may_make_demo_data(rc, demo_data):
             return []  # the path check names the missing file(s); nothing is written
         made.append(_write_missing(missing, int(data.seed if data.seed is not None else 0), writer))

@@ -33,16 +33,24 @@ WARMUP_STYLES = ("constant", "cosine")
 _KEY = "actor_rollout_ref.actor.optim"
 
 
+def _key(optim_cfg: Any) -> str:
+    """The optim section's own key path (actor or critic) for error messages."""
+    path = getattr(optim_cfg, "_path_", "") or _KEY
+    return path.removeprefix("backend_config.")
+
+
 def build_optimizer(params: Iterable[torch.nn.Parameter] | Iterable[dict], optim_cfg: Any) -> torch.optim.AdamW:
     """AdamW over ``params`` with the ``lr``, ``weight_decay`` and ``betas`` of the typed optim section
     ``optim_cfg``. Bad values raise UserError naming the key."""
     lr, weight_decay, betas = optim_cfg.lr, optim_cfg.weight_decay, tuple(optim_cfg.betas)
     if lr < 0:
-        raise UserError(f"{_KEY}.lr: must be >= 0, got {lr}; fix: set a small positive learning rate such as 1e-6")
+        raise UserError(f"{_key(optim_cfg)}.lr: must be >= 0, got {lr}; "
+                        "fix: set a small positive learning rate such as 1e-6")
     if weight_decay < 0:
-        raise UserError(f"{_KEY}.weight_decay: must be >= 0, got {weight_decay}")
+        raise UserError(f"{_key(optim_cfg)}.weight_decay: must be >= 0, got {weight_decay}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise UserError(f"{_KEY}.betas: must be two numbers in [0, 1), got {list(betas)}; fix: e.g. [0.9, 0.999]")
+        raise UserError(f"{_key(optim_cfg)}.betas: must be two numbers in [0, 1), got {list(betas)}; "
+                        "fix: e.g. [0.9, 0.999]")
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
 
@@ -84,17 +92,17 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, total_t
     style = optim_cfg.warmup_style
     warmup = warmup_steps(optim_cfg, total)
     if warmup < 0:
-        raise UserError(f"{_KEY}.lr_warmup_steps_ratio: must be >= 0 (got a negative warmup of {warmup} steps)")
+        raise UserError(f"{_key(optim_cfg)}.lr_warmup_steps_ratio: must be >= 0 (got a negative warmup of {warmup} steps)")
     if style == "constant":
         multiplier = partial(_constant_multiplier, warmup=warmup)
     elif style == "cosine":
         min_lr_ratio = optim_cfg.min_lr_ratio
         if not 0.0 <= min_lr_ratio <= 1.0:
-            raise UserError(f"{_KEY}.min_lr_ratio: must be in [0, 1], got {min_lr_ratio}")
+            raise UserError(f"{_key(optim_cfg)}.min_lr_ratio: must be in [0, 1], got {min_lr_ratio}")
         multiplier = partial(
             _cosine_multiplier, warmup=warmup, total=total, min_lr_ratio=min_lr_ratio,
             num_cycles=optim_cfg.num_cycles, zero_indexed=optim_cfg.zero_indexed_step,
         )
     else:
-        raise UserError(f"{_KEY}.warmup_style: unknown value {style!r}; fix: use one of {', '.join(WARMUP_STYLES)}")
+        raise UserError(f"{_key(optim_cfg)}.warmup_style: unknown value {style!r}; fix: use one of {', '.join(WARMUP_STYLES)}")
     return LambdaLR(optimizer, lr_lambda=multiplier)

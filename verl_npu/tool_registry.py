@@ -13,7 +13,8 @@ A tool config file is verl's YAML (`actor_rollout_ref.rollout.multi_turn.tool_co
             parameters: {type: object, properties: {answer: {type: string, description: ...}}, required: [answer]}
 
 `class_name` is one of:
-- a built-in tool's name (`BUILTIN_TOOLS`: `gsm8k`, `code_interpreter`, `retool_code_interpreter`), or verl's
+- a built-in tool's name (`BUILTIN_TOOLS`: `gsm8k`, `geo3k`, `image_zoom_in`, `code_interpreter`,
+  `retool_code_interpreter`, `search`), or verl's
   class path of that tool
   (`VERL_CLASS_PATHS`: a config written for verl works unchanged);
 - `path/to/file.py:ClassName`: a class in the user's own Python file (relative paths start at the
@@ -39,35 +40,37 @@ BUILTIN_TOOLS: dict[str, str] = {}
 #: built-in tools: name -> the function name its schema must have (checked without importing it); None:
 #: any name (the code interpreter: verl's Sandbox Fusion tool takes its name from the schema).
 BUILTIN_FUNCTION_NAMES: dict[str, str | None] = {}
+#: built-in tools whose replies hold images (they need a vision-language model on the hf engine)
+IMAGE_TOOLS: set[str] = set()
 #: verl's class paths of tools verl-npu ships: a verl tool config names them, verl-npu builds its own.
 VERL_CLASS_PATHS: dict[str, str] = {}
 #: verl's own tools that verl-npu does not build: class path -> (what it needs, what to do instead)
 UNBUILT_VERL_TOOLS: dict[str, tuple[str, str]] = {
-    "verl.tools.search_tool.SearchTool": (
-        "queries a Search-R1 retrieval server", "write a tool class that calls your retrieval service "
-        "(docs/agents.md, 'Writing a tool') and name it path/to/file.py:ClassName"),
     "verl.tools.mcp_search_tool.MCPSearchTool": (
         "is an MCP tool", "write a native tool class (docs/agents.md, 'Writing a tool')"),
-    "verl.tools.geo3k_tool.Geo3kTool": (
-        "checks geometry answers in a conversation with images, and multi-turn rollout with images is not built",
-        "train geo3k single-turn (recipes/qwen25vl_geo3k.yaml) or write a text tool class"),
-    "verl.tools.image_zoom_in_tool.ImageZoomInTool": (
-        "returns images into the conversation, and multi-turn rollout with images is not built",
-        "use text tools; the zoom-in tool is planned (issue 25)"),
 }
+#: built-in tools that check their `config:` here (name -> function(config, key) -> [(key, problem)]), so that
+#: a bad value or an unknown key is refused by `validate`, naming it, before anything is imported
+BUILTIN_CONFIG_CHECKS: dict[str, Any] = {}
 #: verl's tool `config.type` values, and those built here.
 TOOL_TYPES = ("native",)
 UNSUPPORTED_TOOL_TYPES = {"mcp": "MCP tools are not built; write a native tool class (docs/agents.md)"}
 
 
 def register_tool(name: str, target: str, *, function_name: str | None,
-                  verl_class_paths: tuple[str, ...] = ()) -> None:
-    """A built-in tool: its class_name, "module:Class", its schema's function name (None: any) and the
-    class paths verl's (or a verl recipe's) tool configs name it by."""
+                  verl_class_paths: tuple[str, ...] = (), returns_images: bool = False, config_check=None) -> None:
+    """A built-in tool: its class_name, "module:Class", its schema's function name (None: any), the
+    class paths verl's (or a verl recipe's) tool configs name it by, whether its replies hold images, and
+    the check of its `config:` (`config_check(config, key) -> [(key, problem)]`; None: the tool checks it
+    when it is built)."""
     if name in BUILTIN_TOOLS:
         raise ValueError(f"tool {name!r} is registered twice")
     BUILTIN_TOOLS[name] = target
+    if returns_images:
+        IMAGE_TOOLS.add(name)
     BUILTIN_FUNCTION_NAMES[name] = function_name
+    if config_check is not None:
+        BUILTIN_CONFIG_CHECKS[name] = config_check
     for path in verl_class_paths:
         VERL_CLASS_PATHS[path] = name
 
@@ -78,8 +81,65 @@ register_tool("gsm8k", "verl_npu.tools.gsm8k:Gsm8kTool", function_name="calc_gsm
 # ReTool recipe's variant of it run locally here
 register_tool("code_interpreter", "verl_npu.tools.code_interpreter:CodeInterpreterTool", function_name=None,
               verl_class_paths=("verl.tools.sandbox_fusion_tools.SandboxFusionTool",))
+# the Geometry3K answer check (verl_npu.tools.geo3k) and the image zoom-in tool (verl_npu.tools.image_zoom), which
+# replies with an image: a vision-language model on the hf engine (docs/agents.md, "Images in a conversation")
+register_tool("geo3k", "verl_npu.tools.geo3k:Geo3kTool", function_name="calc_geo3k_reward",
+              verl_class_paths=("verl.tools.geo3k_tool.Geo3kTool",))
+register_tool("image_zoom_in", "verl_npu.tools.image_zoom:ImageZoomInTool", function_name="image_zoom_in_tool",
+              verl_class_paths=("verl.tools.image_zoom_in_tool.ImageZoomInTool",), returns_images=True)
 register_tool("retool_code_interpreter", "verl_npu.tools.code_interpreter:ReToolCodeInterpreter", function_name=None,
               verl_class_paths=("recipe.retool.retool.CustomSandboxFusionTool",))
+
+
+#: the search tool's `config:` keys (verl's SearchTool's, then verl-npu's own) -> (type check, what it must be)
+SEARCH_CONFIG_KEYS: dict[str, tuple[Any, str]] = {
+    "type": (lambda v: True, "native"),        # checked with every tool's type below
+    "retrieval_service_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")),
+                              "the retrieval server's URL, http://host:port/retrieve"),
+    "topk": (lambda v: _positive_int(v), "a positive integer (documents per query)"),
+    "timeout": (lambda v: _positive_number(v), "a positive number of seconds"),
+    "num_workers": (lambda v: _positive_int(v), "a positive integer (requests of this tool in flight at once)"),
+    "rate_limit": (lambda v: _positive_int(v), "a positive integer (requests in flight at once, all search tools)"),
+    "enable_global_rate_limit": (lambda v: isinstance(v, bool), "true or false"),
+    # verl-npu's own: verl's retry loop as settings (verl: 10 tries, 1 s more delay before each retry)
+    "max_attempts": (lambda v: _positive_int(v), "a positive integer (tries of one request)"),
+    "retry_delay": (lambda v: _positive_number(v) or v == 0, "a number of seconds >= 0"),
+    "call_timeout": (lambda v: v is None or isinstance(v, (int, float)) and not isinstance(v, bool),
+                     "a number of seconds (0: no limit)"),
+}
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _positive_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+def search_config_problems(config: dict, key: str) -> list[tuple[str, str]]:
+    """(key, problem) of a search tool's `config:`: a missing retrieval_service_url, a bad value, an
+    unknown key (refused by name: nothing is silently ignored)."""
+    out = []
+    if not config.get("retrieval_service_url"):
+        out.append((f"{key}.retrieval_service_url", "is missing: the search tool queries a retrieval server "
+                    "(e.g. http://127.0.0.1:8000/retrieve; start one with `verl-npu retrieval-server --corpus "
+                    "corpus.jsonl`)"))
+    for name, value in config.items():
+        if name not in SEARCH_CONFIG_KEYS:
+            out.append((f"{key}.{name}", f"is not a key of the search tool (keys: {', '.join(SEARCH_CONFIG_KEYS)}); "
+                        "remove it"))
+        elif value is not None:
+            ok, want = SEARCH_CONFIG_KEYS[name]
+            if not ok(value):
+                out.append((f"{key}.{name}", f"is {value!r}; it must be {want}"))
+    return out
+
+
+# verl's SearchTool (Search-R1): queries a retrieval server over HTTP (verl_npu.tools.search); the server for
+# a local corpus is verl_npu.tools.retrieval_server (`verl-npu retrieval-server`)
+register_tool("search", "verl_npu.tools.search:SearchTool", function_name=None,
+              verl_class_paths=("verl.tools.search_tool.SearchTool",), config_check=search_config_problems)
 
 
 @dataclass
@@ -219,6 +279,11 @@ def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tup
             problems.append((f"{key}.config", "must be a mapping (e.g. {type: native})"))
             config = {}
         kind = config.get("type", "native")
+        named = item.get("class_name")
+        entry_builtin = (named if named in BUILTIN_TOOLS else VERL_CLASS_PATHS.get(named)) \
+            if isinstance(named, str) else None
+        if entry_builtin in BUILTIN_CONFIG_CHECKS:
+            problems += BUILTIN_CONFIG_CHECKS[entry_builtin](config, f"{key}.config")
         if kind in UNSUPPORTED_TOOL_TYPES:
             problems.append((f"{key}.config.type", f"is {kind!r}: {UNSUPPORTED_TOOL_TYPES[kind]}"))
         elif kind not in TOOL_TYPES:

@@ -1,13 +1,16 @@
 """Checks of what the config names on disk (`verl-npu validate --check-paths`, and `verl-npu run`
 before anything starts): data files, model folders (hub ids resolved first), the custom reward
 file and the LoRA adapter folder. A model path is checked only where the run reads it (the critic's
-when a critic is trained, the reward model's when it is enabled).
+when a critic is trained, the reward model's when it is enabled). What this machine lacks
+(`machine_problems`: an engine package, an unreachable hub or retrieval server) `run` refuses and
+`validate` only warns about.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,7 +83,11 @@ def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
         if key in skip:
             continue
         for item in (value if isinstance(value, list) else [value]):
-            if item is None or (kind == "model" and str(item).startswith("tiny://")):
+            if item is None:
+                continue
+            if kind == "model" and str(item).startswith("tiny://"):  # built locally: only its kind is checked
+                if key in _MODEL_KIND_CHECKED:
+                    problems += rules_roles.tiny_model_problems(key, str(item))
                 continue
             if re.match(r"^[a-z]+://", str(item)):
                 problems.append(Problem(key, f"{item!r}: remote paths are not supported yet",
@@ -100,6 +107,7 @@ def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
                 problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
                                         f"{Path.cwd()})", "run the data_prep script or fix the path"))
     return (problems + rules_multiturn.tool_config_problems(rc.cfg)
+            + rules_multiturn.function_tool_problems(rc.cfg)
             + rules_multiturn.interaction_config_problems(rc.cfg))
 
 
@@ -136,4 +144,42 @@ def machine_problems(rc) -> tuple[list[Problem], list[str]]:
         else:
             notes.append(f"{path_key.removeprefix(BC)}: hub id {value} is not in the Hugging Face cache; "
                          "the run downloads it first")
-    return problems, notes
+    return problems + retrieval_server_problems(rc.cfg), notes
+
+
+#: seconds to wait for a retrieval server to accept a connection
+RETRIEVAL_PROBE_S = 3.0
+
+
+def retrieval_server_problems(cfg) -> list[Problem]:
+    """A search tool (multi-turn tool config) whose retrieval_service_url does not accept a connection:
+    one problem at multi_turn.tool_config_path naming the file, the entry's key, the URL and the command
+    that starts verl-npu's server. Only a TCP connection is tried; nothing is sent."""
+    from urllib.parse import urlsplit
+
+    from verl_npu.tool_registry import read_tool_config
+
+    key = BC + "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+    path = get(cfg, key)
+    if not path or not get(cfg, BC + "actor_rollout_ref.rollout.multi_turn.enable"):
+        return []
+    entries, _ = read_tool_config(path)  # the file's own problems are check_paths'
+    problems = []
+    for entry in entries:
+        url = entry.config.get("retrieval_service_url") if entry.builtin == "search" else None
+        if not isinstance(url, str):
+            continue
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=RETRIEVAL_PROBE_S).close()
+            continue
+        except OSError as err:
+            reason = err.strerror or str(err) or type(err).__name__
+        problems.append(Problem(
+            key, f"{path}: {entry.where.split(': ', 1)[-1]}.config.retrieval_service_url {url!r}: the retrieval "
+                 f"server cannot be reached ({reason})",
+            f"start it first: verl-npu retrieval-server --corpus <corpus.jsonl> --port {port} (for the synthetic "
+            "Search-R1 data: python data_prep/search_r1.py --synthetic 64 --local-save-dir data/tiny_search_r1, "
+            "then --corpus data/tiny_search_r1/corpus.jsonl), or point retrieval_service_url at a running server"))
+    return problems

@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from verl_npu.config.rules import ROLL, Ctx, _rule
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
-from verl_npu.tool_registry import read_tool_config
+from verl_npu.tool_registry import IMAGE_TOOLS, read_tool_config
 
 MT = ROLL + "multi_turn."
-_KEYS = (MT + "enable", MT + "tool_config_path", MT + "interaction_config_path", ROLL + "ignore_eos",
+_KEYS = (MT + "enable", MT + "tool_config_path", MT + "interaction_config_path", MT + "function_tool_path",
+         ROLL + "ignore_eos",
          BC + "reward_model.enable",
          ROLL + "agent.default_agent_loop")
 
@@ -28,9 +29,10 @@ def _multi_turn(c: Ctx) -> Iterator[Problem]:
         if c(MT + "interaction_config_path"):
             c.warnings.append("actor_rollout_ref.rollout.multi_turn.interaction_config_path is set but "
                               "multi_turn.enable is false: the interactions are not used")
-        if c(MT + "tool_config_path"):
-            c.warnings.append("actor_rollout_ref.rollout.multi_turn.tool_config_path is set but multi_turn.enable "
-                              "is false: the tools are not used")
+        for name in ("tool_config_path", "function_tool_path"):
+            if c(MT + name):
+                c.warnings.append(f"actor_rollout_ref.rollout.multi_turn.{name} is set but multi_turn.enable "
+                                  "is false: the tools are not used")
         return
     if c(BC + "reward_model.enable"):
         yield Problem(BC + "reward_model.enable", "a reward model cannot score multi-turn trajectories yet",
@@ -60,8 +62,31 @@ def interaction_config_problems(cfg) -> list[Problem]:
                                  "fix the interaction config file (format: docs/agents.md, 'Interactions')")
 
 
+def function_tool_problems(cfg) -> list[Problem]:
+    """multi_turn.function_tool_path naming no file (read only with multi_turn.enable). What the file declares
+    is checked when `run` imports it (verl_npu.tools.function_tool), before any worker starts."""
+    from pathlib import Path
+
+    path = get(cfg, MT + "function_tool_path")
+    if not path or not get(cfg, MT + "enable") or Path(str(path)).expanduser().is_file():
+        return []
+    return [Problem(MT + "function_tool_path", f"file {str(path)!r} does not exist (relative paths start at the "
+                    "folder the run starts in)", "point it at a .py file with @function_tool functions")]
+
+
 def tool_config_problems(cfg) -> list[Problem]:
     """The tool config file's problems (missing, not YAML, wrong shape, unknown class, schema errors),
-    each naming the file and the entry's key; nothing is imported."""
-    return _config_file_problems(cfg, "tool_config_path", read_tool_config,
-                                 "fix the tool config file (format: docs/agents.md, 'Tool config file')")
+    each naming the file and the entry's key, and image tools on an engine that takes no images in a
+    conversation (only `hf` does); nothing is imported."""
+    problems = _config_file_problems(cfg, "tool_config_path", read_tool_config,
+                                     "fix the tool config file (format: docs/agents.md, 'Tool config file')")
+    path, engine = get(cfg, MT + "tool_config_path"), get(cfg, ROLL + "name")
+    if problems or not path or not get(cfg, MT + "enable") or engine == "hf":
+        return problems
+    entries, _ = read_tool_config(path)
+    for entry in entries:
+        if entry.builtin in IMAGE_TOOLS:
+            problems.append(Problem(ROLL + "name", f"is {engine!r}, but {entry.where} ({entry.class_name}) replies "
+                                    "with images, and multi-turn rollout with images runs on the hf engine only",
+                                    "set actor_rollout_ref.rollout.name=hf"))
+    return problems

@@ -74,9 +74,30 @@ def _policy_loss_settings(c: Ctx) -> Iterator[Problem]:
                       "set actor_rollout_ref.actor.policy_loss.dro_beta to a value > 0, e.g. 0.1")
 
 
+#: why a vision-language reward model is refused, and what to use instead (config check and worker)
+VL_REWARD_MODEL = ("is a vision-language model: the reward model worker scores token ids only (no images reach "
+                   "it), and transformers has no sequence-classification class for vision-language models")
+VL_REWARD_MODEL_FIX = ("point reward_model.model.path at a text reward model (*ForSequenceClassification, "
+                       "num_labels=1), or score with a rule reward (custom_reward_function.path) and "
+                       "reward_model.enable=false")
+
+
+#: the tiny:// models (verl_npu.models.tiny) that are vision-language models
+TINY_VISION_LANGUAGE = ("qwen25vl",)
+
+
+def tiny_model_problems(key: str, uri: str) -> list[Problem]:
+    """The `VL_REWARD_MODEL` problem when `uri` (a reward model's tiny:// path) names a vision-language model."""
+    name = uri[len("tiny://"):].partition("?")[0]
+    if name in TINY_VISION_LANGUAGE:
+        return [Problem(key, f"{uri!r} {VL_REWARD_MODEL}", VL_REWARD_MODEL_FIX)]
+    return []
+
+
 def model_folder_problems(key: str, folder) -> list[Problem]:
-    """A problem when `folder` (an existing reward model folder) holds no config.json, or one whose
-    `architectures` name no `*ForSequenceClassification` class (a causal LM has no score head)."""
+    """A problem when `folder` (an existing reward model folder) holds no config.json, one whose
+    `architectures` name no `*ForSequenceClassification` class (a causal LM has no score head), or one
+    of a vision-language model (a `vision_config`: `VL_REWARD_MODEL`)."""
     import json
     from pathlib import Path
 
@@ -85,9 +106,12 @@ def model_folder_problems(key: str, folder) -> list[Problem]:
         return [Problem(key, f"{str(folder)!r} has no config.json: not a transformers model folder",
                         "point it at a sequence-classification model folder")]
     try:
-        archs = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError) as err:
+        doc = json.loads(config.read_text())
+        archs = doc.get("architectures") or []
+    except (OSError, ValueError, AttributeError) as err:
         return [Problem(key, f"{config} cannot be read as JSON ({err})", "fix or replace the model folder")]
+    if doc.get("vision_config") is not None:
+        return [Problem(key, f"{str(folder)!r} ({doc.get('model_type')}) {VL_REWARD_MODEL}", VL_REWARD_MODEL_FIX)]
     if archs and not any(str(a).endswith("ForSequenceClassification") for a in archs):
         return [Problem(key, f"{str(folder)!r} is a {', '.join(map(str, archs))}, not a sequence-classification "
                         "model: the reward model must be AutoModelForSequenceClassification with num_labels=1",

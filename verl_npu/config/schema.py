@@ -346,11 +346,13 @@ _k(f"{C}.strategy", "fsdp2", STR, "Training backend of the critic.", choices=("f
    instead="use fsdp2")
 _k(f"{C}.model.path", None, STR, "Model the critic starts from (its backbone; the value head, a Linear from the "
    "final hidden state to one value per token, is new unless the folder holds a token-classification model "
-   "with one label). null: actor_rollout_ref.model.path.")
+   "with one label, or, for a vision-language model, weights named v_head.summary.*: a saved critic's "
+   "huggingface/ folder). null: actor_rollout_ref.model.path.")
 _k(f"{C}.model.override_config", {}, DICT, "Critic model config fields to override.")
 _k(f"{C}.model.enable_gradient_checkpointing", True, BOOL, "Recompute the critic's activations in backward.")
-_k(f"{C}.model.use_remove_padding", False, BOOL, "verl: pack the critic's sequences without padding.",
-   noop="the critic's forward is a padded one; packing gives the same values (it saves compute only)")
+_k(f"{C}.model.use_remove_padding", False, BOOL, "Pack the critic's sequences without padding: its forward "
+   "takes the actor's padding-free path (actor_rollout_ref.model.use_remove_padding: variable-length attention, "
+   "each distinct prompt once); the same values up to floating-point summation order, less compute.")
 _k(f"{C}.ulysses_sequence_parallel_size", 1, INT, "verl: Ulysses sequence-parallel size of the critic.", min=1,
    noop="the critic runs whole sequences on every rank: the ranks of an actor Ulysses group hold the same rows "
    "and compute the same values and gradients (same results, more activation memory per device)")
@@ -396,7 +398,8 @@ _k(f"{RM}.strategy", "fsdp", STR, "Backend of the reward model.", choices=("fsdp
    unsupported=("megatron",), noop="fsdp and fsdp2 both shard with FSDP2 in verl-npu (megatron is refused by name)",
    instead="use fsdp2")
 _k(f"{RM}.model.path", None, STR, "The reward model: a transformers AutoModelForSequenceClassification folder "
-   "(or hub id / tiny:// model) with num_labels=1. Required with reward_model.enable.")
+   "(or hub id / tiny:// model) with num_labels=1, a text model (a vision-language one is refused: no images "
+   "reach the reward model). Required with reward_model.enable.")
 _k(f"{RM}.model.input_tokenizer", None, STR, "The tokenizer the rollouts were made with (verl: the actor's model "
    "path). null, or a tokenizer equal to the reward model's (same vocabulary and chat template): the rollout's "
    "token ids go to the reward model as they are. Otherwise each prompt (its chat messages) and response are "

@@ -11,12 +11,15 @@ from typing import Any
 
 #: verl's agent loops a dataset row may name (`agent_name` column) or `agent.default_agent_loop` may be.
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")
-#: tool-call formats: parsed here / verl's others (refused by name); kept equal to verl_npu.tool_registry's.
-FORMATS = ("hermes",)
-#: (verl 0.9.1's ToolParser registry: hermes, gpt-oss, qwen3_coder, glm, seed, minimax, kimi, deepseek_v4,
-#: gemma4; "qwen" and "chatml": older verl / SGLang parser names, in verl's search example)
+#: tool-call formats parsed here: hermes, and SGLang's parser names of the same syntax, which verl's SGLang
+#: scripts pass as multi_turn.format (SGLang's `qwen` and `qwen25` are its Qwen 2.5 detector: the
+#: <tool_call>{"name": ..., "arguments": {...}}</tool_call> calls Hermes parsing reads; verl's Search-R1
+#: example sets format: qwen)
+FORMATS = ("hermes", "qwen", "qwen25")
+#: verl's others, refused by name (verl 0.9.1's ToolParser registry: hermes, gpt-oss, qwen3_coder, glm, seed,
+#: minimax, kimi, deepseek_v4, gemma4; "chatml": an older verl name)
 UNSUPPORTED_FORMATS = ("llama3_json", "gpt-oss", "gpt_oss", "qwen3_coder", "gemma4", "deepseekv3", "glm4", "glm",
-                       "seed", "minimax", "kimi", "deepseek_v4", "qwen", "chatml")
+                       "seed", "minimax", "kimi", "deepseek_v4", "chatml")
 
 KEYS: list[tuple[str, Any, str, str, dict]] = [
     ("multi_turn.enable", False, "bool", "Multi-turn rollout with tool calls: each response is a conversation of model turns "
@@ -30,6 +33,10 @@ KEYS: list[tuple[str, Any, str, str, dict]] = [
      "OpenAI function schemas); class_name: a built-in tool (gsm8k, or verl's verl.tools.gsm8k_tool.Gsm8kTool), "
      "path/to/file.py:ClassName or package.module.ClassName. null: no tools (one turn). The schemas go into "
      "the prompt through the chat template (tools=...).", {}),
+    ("multi_turn.function_tool_path", None, "str", "A Python file whose @function_tool functions (from "
+     "verl_npu.tools.function_tool import function_tool; verl's decorator) are tools too, next to those of "
+     "tool_config_path (a name in both is refused); each function's schema comes from its type hints and "
+     "docstring. Read with multi_turn.enable. null: none (docs/agents.md, 'Function tools').", {}),
     ("multi_turn.interaction_config_path", None, "str", "verl's interaction config YAML (interaction: [{name, class_name, "
      "config}]): after a model turn without a tool call, the row's interaction (extra_info.interaction_kwargs.name) "
      "answers as the next user turn (response_mask 0) with a score per turn (extra_info.turn_scores for the reward). "
@@ -44,7 +51,8 @@ KEYS: list[tuple[str, Any, str, str, dict]] = [
     ("multi_turn.tool_response_truncate_side", "middle", "str", "Which part of a long tool output is cut: left (keep the "
      "end), right (keep the start) or middle (keep both ends).", {"choices": ("left", "middle", "right")}),
     ("multi_turn.format", "hermes", "str", "Tool-call format the model writes: hermes (<tool_call>{\"name\": ..., "
-     "\"arguments\": {...}}</tool_call>, Qwen2.5 / Qwen3).",
+     "\"arguments\": {...}}</tool_call>, Qwen2.5 / Qwen3). qwen and qwen25 (SGLang's parser names for Qwen 2.5, "
+     "which verl's SGLang scripts use) are the same syntax and read the same way.",
      {"choices": FORMATS, "unsupported": UNSUPPORTED_FORMATS, "instead": "use format=hermes with a model that "
       "writes Hermes tool calls (Qwen2.5 / Qwen3)"}),
     ("multi_turn.use_inference_chat_template", False, "bool", "verl: re-render earlier turns with the chat template the "

@@ -136,8 +136,6 @@ _off(f"{RO}.agent.agent_loop_config_path", None, STR, "agent loops", "remove it"
 _off(f"{RO}.agent.custom_async_server.path", None, STR, "custom async rollout servers", "remove it")
 _off(f"{RO}.agent.custom_async_server.name", None, STR, "custom async rollout servers", "remove it")
 MT = f"{RO}.multi_turn"
-_off(f"{MT}.function_tool_path", None, STR, "function tools (@function_tool functions)",
-     "write the tool as a class in multi_turn.tool_config_path (docs/agents.md, 'Writing a tool')")
 _off(f"{MT}.max_turns", None, INT, "verl's older turn limit", "use multi_turn.max_assistant_turns")
 _noop(f"{MT}.num_repeat_rollouts", None, INT, "verl 0.9.1 declares it but no rollout reads it.")
 _off(f"{RO}.checkpoint_engine.backend", "naive", STR, "weight-sync backends other than in-memory",
@@ -204,6 +202,7 @@ _off("transfer_queue.enable", False, BOOL, "TransferQueue data transfer", LEAVE 
 #: verl keys that verl-npu reads under another name: verl path -> schema path (both full).
 ALIASES: dict[str, str] = {_full(k): _full(v) for k, v in {
     f"{AC}.optim.lr_scheduler_type": f"{AC}.optim.warmup_style",
+    "critic.optim.lr_scheduler_type": "critic.optim.warmup_style",
     f"{AC}.optim.clip_grad": f"{AC}.grad_clip",
     f"{AC}.use_remove_padding": f"{M}.use_remove_padding",
     f"{AC}.use_fused_kernels": f"{M}.use_fused_kernels",
@@ -214,6 +213,7 @@ ALIASES: dict[str, str] = {_full(k): _full(v) for k, v in {
     f"{RO}.checkpoint_engine.update_weights_bucket_megabytes": f"{RO}.update_weights_bucket_megabytes",
     f"{M}.tokenizer_path": "data.tokenizer",
     "data.tool_config_path": f"{RO}.multi_turn.tool_config_path",
+    "data.function_tool_path": f"{RO}.multi_turn.function_tool_path",
     "reward_manager.name": "reward_model.reward_manager",
     "ray_kwargs.ray_init.num_cpus": "ray_init.num_cpus",
     "ray_kwargs.timeline_json_file": "ray_init.timeline_json_file",

@@ -114,8 +114,6 @@ def _rollout_and_model(noop, off, refused) -> None:
 
 
 def _data_trainer_profiler(noop, off, refused) -> None:
-    off("data.function_tool_path", None, STR, "tool-calling rollout (function tools)",
-        "write the tool as a class in actor_rollout_ref.rollout.multi_turn.tool_config_path (docs/agents.md)")
     off("data.audio_key", "audios", STR, "audio inputs", "leave it at 'audios': verl-npu reads text and images "
         "(data.image_key) only")
     off("data.mm_processor_kwargs", {}, DICT, "extra multimodal processor arguments",

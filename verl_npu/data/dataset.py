@@ -501,6 +501,15 @@ class RLDataset:
             item["agent_name"] = row["agent_name"]
         return item
 
+    def image_files(self) -> list[str]:
+        """The files whose rows carry images (a column ``data.image_key`` with a non-empty list; only with a
+        vision-language processor)."""
+        if self.processor is None:
+            return []
+        key = self.settings.image_key
+        return [str(self.files[fi]) for fi, t in enumerate(self._tables)
+                if key in t.column_names and any(t.column(key).to_pylist())]
+
     def check_agent_names(self, known: tuple[str, ...], multi_turn: bool) -> None:
         """Refuse rows whose ``agent_name`` is not one of ``known``, or names the tool agent while
         multi-turn rollout is off; the error names the file, the row and the value.

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from verl_npu.data import synthetic_geometry
+from verl_npu.data import geometry3k_multiturn, synthetic_geometry
 from verl_npu.errors import UserError
 
 HUB_ID = "hiyouga/geometry3k"
@@ -436,10 +436,23 @@ def convert_splits(
 
 
 # --------------------------------------------------------------------------- entry points
+def row_format(multiturn: str | None) -> tuple[Callable[..., dict], pa.Schema | None]:
+    """(row converter, Arrow schema or None for ``rl_schema``): ``geometry3k_row``, or with ``multiturn`` (a mode
+    of ``geometry3k_multiturn.MODES``) verl's multi-turn tool rows (``--multiturn``)."""
+    if not multiturn:
+        return geometry3k_row, None
+
+    def to_row(row: dict, split: str, index: int, data_source: str, instruction: str = INSTRUCTION) -> dict:
+        return geometry3k_multiturn.to_multiturn(geometry3k_row(row, split, index, data_source, instruction), multiturn)
+    return to_row, geometry3k_multiturn.multiturn_schema(rl_schema(with_images=True), EXTRA_INFO_TYPE)
+
+
 def prepare_synthetic(
-    save_dir: str | os.PathLike, n_train: int, n_test: int, seed: int = 0, image_size: int = 56, progress: bool = False
+    save_dir: str | os.PathLike, n_train: int, n_test: int, seed: int = 0, image_size: int = 56, progress: bool = False,
+    multiturn: str | None = None,
 ) -> dict:
-    """Write the synthetic polygon task to ``<save_dir>/{train,test}.parquet`` (data_source ``synthetic_geometry``).
+    """Write the synthetic polygon task to ``<save_dir>/{train,test}.parquet`` (data_source ``synthetic_geometry``);
+    ``multiturn``: verl's multi-turn tool rows of that mode (``row_format``).
 
     Returns ``{"train": path, "test": path, "paths": {split: path}, "rows": {split: n},
     "images": {split: n}, "skipped": {split: 0}}``.
@@ -448,12 +461,14 @@ def prepare_synthetic(
     splits = synthetic_splits(n_train, n_test,
                               lambda n, split: synthetic_geometry.generate_rows(n, seed, image_size, split),
                               problem=too_small if image_size < 16 else None)
+    to_row, schema = row_format(multiturn)
     result = convert_splits(
         splits,
-        lambda row, split, i: geometry3k_row(row, split, i, synthetic_geometry.DATA_SOURCE, SYNTHETIC_INSTRUCTION),
+        lambda row, split, i: to_row(row, split, i, synthetic_geometry.DATA_SOURCE, SYNTHETIC_INSTRUCTION),
         save_dir,
         with_images=True,
         progress=progress,
+        schema=schema,
     )
     for path in result.as_dict()["paths"].values():
         table = pq.read_table(path)
@@ -477,18 +492,22 @@ def prepare(
     local_dataset_path: str | None = None,
     skip_bad_rows: bool = False,
     progress: bool = True,
+    multiturn: str | None = None,
 ) -> dict:
-    """Convert real Geometry3K (local copy, else the hub) to ``<save_dir>/{train,test}.parquet``.
+    """Convert real Geometry3K (local copy, else the hub) to ``<save_dir>/{train,test}.parquet``
+    (``multiturn``: as for ``prepare_synthetic``).
 
     Returns the same dict as ``prepare_synthetic``.
     """
+    to_row, schema = row_format(multiturn)
     result = convert_splits(
         source_splits(local_dataset_path, SOURCE_COLUMNS, SPLITS, HUB_ID),
-        lambda row, split, i: geometry3k_row(row, split, i, HUB_ID),
+        lambda row, split, i: to_row(row, split, i, HUB_ID),
         save_dir,
         with_images=True,
         skip_bad_rows=skip_bad_rows,
         progress=progress,
+        schema=schema,
     )
     return result.as_dict()
 
@@ -549,6 +568,11 @@ def build_parser() -> argparse.ArgumentParser:
     def image_size(p: argparse.ArgumentParser) -> None:
         p.add_argument("--image-size", "--image_size", dest="image_size", type=int, default=56,
                        help="synthetic image side in pixels (default 56)")
+        p.add_argument("--multiturn", nargs="?", const="geo3k", default=None, choices=tuple(geometry3k_multiturn.MODES),
+                       help="write verl's multi-turn tool format (agent_name tool_agent, a system prompt naming the "
+                            "tools, extra_info.tools_kwargs): the tools the system prompt names are verl's geo3k "
+                            "answer check (geo3k, the default), the image zoom-in tool (zoom) or both; default "
+                            "output folder ~/data/geo3k_multiturn_w_tool")
 
     return prep_parser(
         "data_prep/geometry3k.py", "Geometry3K (or a synthetic polygon task)", default_dir="~/data/geo3k",
@@ -590,8 +614,11 @@ def prep_main(args: argparse.Namespace, *, synthetic_rows: str, synthetic: Calla
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point of ``data_prep/geometry3k.py``."""
     args = build_parser().parse_args(argv)
+    if args.multiturn and args.local_save_dir == "~/data/geo3k":  # verl's multi-turn tool rows
+        args.local_save_dir = geometry3k_multiturn.DEFAULT_DIR
     prep_main(args, synthetic_rows=f"synthetic polygon rows (seed {args.seed}, {args.image_size} px)",
               synthetic=lambda n_test: prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed,
-                                                         args.image_size, progress=True),
+                                                         args.image_size, progress=True, multiturn=args.multiturn),
               hub=HUB_ID,
-              prepare_rows=lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows))
+              prepare_rows=lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows,
+                                           multiturn=args.multiturn))

@@ -1,9 +1,10 @@
-"""Per-token log-probabilities of responses under a policy model.
+"""Per-token log-probabilities of responses under a policy model, and values under a value model.
 
 `response_log_probs` is the one function that turns (prompt + response) token ids into the
 log-probability of each response token, for any transformers causal LM and for Qwen2/2.5-VL
-(images in, 3-D rope positions from the model's own position logic). Two paths give the same
-numbers:
+(images in, 3-D rope positions from the model's own position logic). `response_values` reads a value
+model's output before each response token with the same inputs and paths (the critic's forward).
+Two paths give the same numbers:
 
 - padded: the batch as a [N, L] tensor with an attention mask;
 - padding-free (`use_remove_padding`): all real tokens packed into one [1, T] row with
@@ -14,6 +15,8 @@ numbers:
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -214,23 +217,9 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
     targets = torch.roll(input_ids, shifts=-1, dims=1)  # targets[:, t] = input_ids[:, t + 1]
 
     if remove_padding:
-        if not supports_remove_padding(model):
-            raise UserError(
-                f"actor_rollout_ref.model.use_remove_padding=true is not supported for model type "
-                f"{model.config.model_type!r}; set actor_rollout_ref.model.use_remove_padding=false"
-            )
-        keep = attention_mask.bool()
-        flat_ids = input_ids[keep].unsqueeze(0)
-        text_pos = _text_positions(attention_mask)[keep].unsqueeze(0)
-        if positions.dim() == 3:  # [3, N, L] -> [4, 1, T]: text positions first (they delimit sequences)
-            packed_pos = torch.cat([text_pos.unsqueeze(0), positions[:, keep].unsqueeze(1)], dim=0)
-        else:
-            packed_pos = text_pos
-        # logits only where a response token is predicted: real tokens in columns [L-R-1, L-1)
-        needed = torch.zeros_like(keep)
-        needed[:, length - response_length - 1 : length - 1] = True
-        needed &= keep
-        wanted = needed[keep].nonzero().squeeze(-1)  # their indices in the packed row
+        _check_remove_padding(model, "actor_rollout_ref.model.use_remove_padding")
+        keep, flat_ids, packed_pos, needed, wanted = _packed_layout(input_ids, attention_mask, response_length,
+                                                                    positions)
         if sp_group is not None:
             if head is not None:   # the fused head needs the targets of the tokens it sees: this rank's slice
                 from verl_npu.models import ulysses
@@ -240,20 +229,9 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
         else:
             if head is not None:
                 head.targets = targets[needed].unsqueeze(0)
-            kernel = varlen_attention_kernel(device.type)
-            shared = shared_prompt_layout(input_ids, attention_mask, response_length, multi_modal_inputs)
-            if shared is None:
-                with packed_attention(model, keep.sum(1), kernel):
-                    out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
-                                logits_to_keep=wanted, **mm)
-            else:  # each distinct prompt once (rollout.n > 1): verl_npu.models.shared_prompt
-                flat_ids, packed_pos, wanted, mm = _shared_inputs(shared, input_ids, attention_mask, positions,
-                                                                  needed, multi_modal_inputs)
-                with packed_attention(model, shared.query_lengths, kernel, key_index=shared.key_index,
-                                      key_lengths=shared.key_lengths):
-                    out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
-                                logits_to_keep=wanted, **mm)
-            raw = out.logits[0]  # [len(wanted), V] ([len(wanted), 2] with a fused head)
+            raw = _packed_outputs(model, input_ids, attention_mask, response_length, multi_modal_inputs, positions,
+                                  (keep, flat_ids, packed_pos, needed, wanted), mm)
+            # raw: [len(wanted), V] ([len(wanted), 2] with a fused head)
         lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[needed], temperature, with_entropy, head, compile,
                                                        entropy_chunk, suppress, extra)
         log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
@@ -297,6 +275,104 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
     if extra is not None:
         return log_probs, entropy, logits[:, start : length - 1]
     return log_probs, entropy
+
+
+def _check_remove_padding(model, key: str) -> None:
+    """UserError naming `key` (the role's use_remove_padding) when the model cannot run packed."""
+    if not supports_remove_padding(model):
+        raise UserError(f"{key}=true is not supported for model type {model.config.model_type!r}; set {key}=false")
+
+
+def _packed_layout(input_ids, attention_mask, response_length, positions):
+    """The padding-free layout of a batch: (keep [N, L]: real tokens, flat_ids [1, T], packed positions
+    ([1, T], or [4, 1, T] with the text positions first for 3-D rope: they delimit the sequences),
+    needed [N, L]: the real positions whose output predicts a response token, wanted: their indices
+    in the packed row)."""
+    length = input_ids.shape[1]
+    keep = attention_mask.bool()
+    flat_ids = input_ids[keep].unsqueeze(0)
+    text_pos = _text_positions(attention_mask)[keep].unsqueeze(0)
+    if positions.dim() == 3:  # [3, N, L] -> [4, 1, T]: text positions first (they delimit sequences)
+        packed_pos = torch.cat([text_pos.unsqueeze(0), positions[:, keep].unsqueeze(1)], dim=0)
+    else:
+        packed_pos = text_pos
+    # outputs only where a response token is predicted: real tokens in columns [L-R-1, L-1)
+    needed = torch.zeros_like(keep)
+    needed[:, length - response_length - 1 : length - 1] = True
+    needed &= keep
+    wanted = needed[keep].nonzero().squeeze(-1)  # their indices in the packed row
+    return keep, flat_ids, packed_pos, needed, wanted
+
+
+def _takes_logits_to_keep(model) -> bool:
+    """Whether the model's forward selects its output positions itself (`logits_to_keep`): causal LMs and
+    `VisionLanguageValueModel` do, token-classification models do not."""
+    return _forward_takes(type(model), "logits_to_keep")
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes(cls, name: str) -> bool:
+    return name in inspect.signature(cls.forward).parameters
+
+
+def _packed_outputs(model, input_ids, attention_mask, response_length, multi_modal_inputs, positions, layout, mm):
+    """The model's output (`.logits[0]`) at the packed positions `wanted` of `layout` (`_packed_layout`),
+    in row-major order of `needed`: one packed row of the real tokens, or with each distinct prompt once
+    (rollout.n > 1: verl_npu.models.shared_prompt), under variable-length attention."""
+    keep, flat_ids, packed_pos, needed, wanted = layout
+    kernel = varlen_attention_kernel(input_ids.device.type)
+    # responses with images of their own (multi-turn tool images) are packed row by row: a shared
+    # layout encodes only its representative rows' images
+    image_id = getattr(getattr(model, "config", None), "image_token_id", None)
+    response_images = image_id is not None and bool((input_ids[:, -response_length:] == image_id).any())
+    shared = None if response_images else shared_prompt_layout(input_ids, attention_mask, response_length,
+                                                                multi_modal_inputs)
+    if shared is None:
+        lengths, keys = keep.sum(1), {}
+    else:
+        flat_ids, packed_pos, wanted, mm = _shared_inputs(shared, input_ids, attention_mask, positions,
+                                                          needed, multi_modal_inputs)
+        lengths, keys = shared.query_lengths, {"key_index": shared.key_index, "key_lengths": shared.key_lengths}
+    selects = _takes_logits_to_keep(model)
+    with packed_attention(model, lengths, kernel, **keys):
+        out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
+                    **({"logits_to_keep": wanted} if selects else {}), **mm)
+    return out.logits[0] if selects else out.logits[0][wanted]
+
+
+def response_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, *,
+                    multi_modal_inputs: list[dict] | None = None, remove_padding: bool = False,
+                    remove_padding_key: str = "critic.model.use_remove_padding") -> torch.Tensor:
+    """Values [N, R] (float32) of the response tokens under a value model (one output per position: a
+    token-classification model, or `value_model.VisionLanguageValueModel`): the value of response
+    token t is the output at the position that predicts it, the hidden state of the token before it,
+    as `response_log_probs` reads the log-prob of token t. The inputs are those of `response_log_probs`
+    (images, 3-D rope positions from the model's own logic); `remove_padding`: the padding-free path,
+    each distinct prompt once, the same values up to summation order (`remove_padding_key` is the
+    setting an error names). A text value model reads the token ids only, also of rows with images (a text
+    critic beside a vision-language actor)."""
+    vt = VisionTokens.of(model)
+    if not vt.is_vision:
+        multi_modal_inputs = None
+    mm = merge_multi_modal_inputs(multi_modal_inputs, input_ids.device)
+    positions = rope_positions(model, input_ids, attention_mask, mm, vt)
+    n, length = input_ids.shape
+    start = length - response_length - 1
+    if remove_padding:
+        _check_remove_padding(model, remove_padding_key)
+        layout = _packed_layout(input_ids, attention_mask, response_length, positions)
+        packed = _packed_outputs(model, input_ids, attention_mask, response_length, multi_modal_inputs, positions,
+                                 layout, mm).squeeze(-1).float()
+        needed = layout[3]
+        values = torch.zeros(n, length, dtype=packed.dtype, device=input_ids.device)
+        values[needed] = packed
+        return values[:, start : length - 1]
+    if _takes_logits_to_keep(model):  # only the last R + 1 positions go through the head
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+                    logits_to_keep=response_length + 1, **mm)
+        return out.logits.squeeze(-1).float()[:, :-1]
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **mm)
+    return out.logits.squeeze(-1).float()[:, start : length - 1]
 
 
 def _shared_inputs(shared, input_ids, attention_mask, positions, needed, multi_modal_inputs):

@@ -17,7 +17,11 @@ openai/gsm8k         strict ``#### n`` match (flexible logged)   ``verl_npu.rewa
 synthetic_geometry   accuracy * (0.8 + 0.2 * clean)             ``verl_npu.rewards.synthetic_geometry``
 synthetic_arithmetic 0.9 * accuracy + 0.1 * format               ``verl_npu.rewards.synthetic_arithmetic``
 grid_env             the episode's return (sum of turn scores)   ``verl_npu.rewards.grid_env``
+searchR1_*           exact match of the last <answer>...</answer> ``verl_npu.rewards.search_r1``
 ==================== =========================================== ===============================
+
+(``searchR1_*``: verl's seven Search-R1 sources, ``searchR1_nq`` ... ``searchR1_bamboogle``, and
+``searchR1_synthetic``, the set ``data_prep/search_r1.py --synthetic`` writes.)
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any, Callable
 
 from verl_npu.config.typed import defaults, section
 from verl_npu.errors import UserError
-from verl_npu.rewards import geo3k, grid_env, gsm8k, synthetic_arithmetic, synthetic_geometry
+from verl_npu.rewards import geo3k, grid_env, gsm8k, search_r1, synthetic_arithmetic, synthetic_geometry
 
 RewardFn = Callable[..., "float | dict"]
 
@@ -72,6 +76,8 @@ register_reward("openai/gsm8k", gsm8k.compute_score)
 register_reward("synthetic_geometry", synthetic_geometry.compute_score)
 register_reward("synthetic_arithmetic", synthetic_arithmetic.compute_score)
 register_reward("grid_env", grid_env.compute_score)
+for _source in search_r1.DATA_SOURCES:
+    register_reward(_source, search_r1.compute_score)
 
 #: data source -> (best expected score of a policy that ignores its input, what it ignores): the
 #: demo tasks' answers are balanced, so a score above this means the policy reads its input

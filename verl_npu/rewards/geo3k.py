@@ -38,6 +38,12 @@ def accuracy_reward(response: str, ground_truth: str) -> float:
     return 1.0 if answer is not None and grade_answer(answer, ground_truth) else 0.0
 
 
+def answer_reward(answer: str, ground_truth: str) -> float:
+    """1.0 if ``answer`` itself (no ``\\boxed{}`` needed) grades equal to ``ground_truth`` (mathruler), else 0.0:
+    verl's geo3k accuracy with ``use_boxed=False``, as its Geo3kTool scores a submitted answer."""
+    return 1.0 if grade_answer(str(answer).strip(), str(ground_truth)) else 0.0
+
+
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                   format_weight: float = FORMAT_WEIGHT) -> dict:
     """``{"score": (1 - w) * accuracy + w * format, "accuracy", "format"}`` with ``w = format_weight``."""

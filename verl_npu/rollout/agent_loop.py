@@ -24,6 +24,13 @@ schemas, so the model sees them in its system prompt) and grows turn by turn:
    its reply is appended as a user turn with mask 0 (`interaction_turns`), and its score joins the row's
    `turn_scores`.
 
+Images (a vision-language model on the hf engine, `image_turns`): a trajectory carries its prompt's pictures
+and every picture a tool replied with (`ToolResponse(image=[...])`); a tool turn with pictures is rendered
+with image parts and expanded into their vision tokens by the processor (mask 0), and the trajectory's
+`multi_modal_inputs` / `multi_modal_data` hold all its pictures in token order, so every later prefill and
+every training forward sees them. An engine without images (`images=None`: text models, vLLM) refuses rows
+with pictures by name.
+
 The model's own tokens are kept as generated (verl's `use_inference_chat_template=false`): training
 sees exactly the tokens that were sampled, in the same context. Sampling is seeded per trajectory and
 turn (the prompt's uid, the sample index and the turn number), so a trajectory does not depend on
@@ -39,7 +46,8 @@ as the engine reports them, 0 on tool tokens), plus per-row lists: `__num_turns_
 name: user + assistant turns + 1), `tool_call_counts`, `tool_rewards` (the steps' tool rewards) and
 `agent_turns` (the turns: role, text, tokens, trained, tool name / arguments / error; interaction
 turns with their score and metadata), and with interactions `turn_scores` and `interaction_info` (the
-interaction's last metadata).
+interaction's last metadata); rows whose trajectory holds pictures get their `multi_modal_inputs` /
+`multi_modal_data` replaced by the trajectory's (the prompt's pictures, then the tools').
 """
 
 from __future__ import annotations
@@ -56,7 +64,9 @@ import torch
 from verl_npu.batch import Batch
 from verl_npu.config.typed import section
 from verl_npu.errors import UserError
+from verl_npu.models.forward import merge_multi_modal_inputs
 from verl_npu.rollout import interaction_turns
+from verl_npu.rollout.image_turns import ImageTurns, concat_inputs, short_text
 from verl_npu.rollout.base import SamplingParams, attach_responses
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
@@ -131,14 +141,18 @@ class ToolTurnRenderer:
     MARK = "\u2064"
     PROBE = [{"role": "user", "content": "\u2063"}, {"role": "assistant", "content": MARK}]
 
-    def __init__(self, tokenizer, mode: str = "strict"):
+    def __init__(self, tokenizer, mode: str = "strict", template=None):
         self.tokenizer = tokenizer
+        # whose chat template renders the turns: the processor's for a vision-language model (as the dataset
+        # renders its prompts), else the tokenizer's
+        self.template = template if template is not None else tokenizer
         self.mode = mode
         self.warned = False
 
-    def ids(self, tool_messages: list[dict], ended_with: str) -> list[int]:
-        full = self.tokenizer.apply_chat_template(self.PROBE + tool_messages, tokenize=False,
-                                                  add_generation_prompt=True)
+    def text(self, tool_messages: list[dict], ended_with: str) -> tuple[str, str]:
+        """(the whole rendered probe conversation, the turn's text)."""
+        full = self.template.apply_chat_template(self.PROBE + tool_messages, tokenize=False,
+                                                 add_generation_prompt=True)
         if full.count(self.MARK) != 1:
             raise UserError("the chat template does not render an assistant message's content as given, so tool "
                             "turns cannot be appended to a conversation; use a chat template that does "
@@ -146,6 +160,10 @@ class ToolTurnRenderer:
         delta = full[full.index(self.MARK) + 1:]
         if ended_with and delta.startswith(ended_with):
             delta = delta[len(ended_with):]
+        return full, delta
+
+    def ids(self, tool_messages: list[dict], ended_with: str) -> list[int]:
+        full, delta = self.text(tool_messages, ended_with)
         ids = self.tokenizer(delta, add_special_tokens=False)["input_ids"]
         if self.mode != "disable" and not self.warned:
             self._sanity(full, delta, ids)
@@ -187,6 +205,8 @@ class Trajectory:
     ended_with: str = ""      # the text of the token that ended the last assistant turn
     done: bool = False
     interaction: Any = None   # interaction_turns.InteractionState of a row with an interaction
+    images: list = field(default_factory=list)     # the prompt's images, then the tools' (PIL, as the model sees them)
+    mm_inputs: dict = field(default_factory=dict)  # their processor tensors (pixel_values, image_grid_thw), same order
 
 
 def turn_room(t: Trajectory, budget: int) -> int:
@@ -246,45 +266,68 @@ class HFTurns(TurnBackend):
 
     def _stand_in(self, steps: int) -> None:
         """The decode of a rank without unfinished trajectories while other ranks decode theirs: one row
-        that ends at once, stepping along until every rank has finished (its output is dropped)."""
+        that ends at once, stepping along until every rank has finished (its output is dropped). With images
+        the row holds a picture (`_vision_filler`), so this rank's vision tower runs with the others'."""
         loop = self.loop
         device = next(loop.module.parameters()).device
         eos = loop.eos_ids[0]
+        row, mm = self._vision_filler() if loop.images is not None else ([loop.pad_id], None)
         was_training = loop.module.training
         loop.module.eval()
         try:
-            decode(loop.module, torch.tensor([[loop.pad_id]], device=device), torch.ones(1, 1, dtype=torch.long,
+            decode(loop.module, torch.tensor([row], device=device), torch.ones(1, len(row), dtype=torch.long,
                    device=device), n=1, max_new_tokens=steps, eos_ids=loop.eos_ids, pad_id=loop.pad_id,
                    pick=lambda scores, t: torch.full((scores.shape[0],), eos, device=scores.device),
-                   synced=loop.synced)
+                   synced=loop.synced, mm_inputs=merge_multi_modal_inputs([mm], device) if mm else None)
         finally:
             loop.module.train(was_training)
+
+    def _vision_filler(self) -> tuple[list[int], dict]:
+        """(token ids, processor tensors) of a one-picture user turn. Sharded vision towers are collectives
+        (an FSDP unit of their own): with several workers every rank's prefill must encode pictures when any
+        does, so a rank without any decodes this row besides its own (its output is dropped)."""
+        from PIL import Image
+
+        images = self.loop.images
+        text = images.processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}]}],
+                                                    tokenize=False, add_generation_prompt=True)
+        return images.encode(text, [images.resize(Image.new("RGB", (images.factor, images.factor)))])
 
     def _decode(self, active: list["Trajectory"], params: SamplingParams, budget: int, record: bool,
                 steps: int) -> list[tuple[list[int], list[float] | None]]:
         loop = self.loop
         device = next(loop.module.parameters()).device
         contexts = [t.prompt_ids + t.response for t in active]
+        room = [turn_room(t, budget) for t in active]
+        # every image of every trajectory (prompt's, then its tools'), in row order: the prefill encodes them
+        mm_rows = [t.mm_inputs for t in active]
+        filler = loop.synced and loop.images is not None and not any(t.images for t in active)
+        if filler:
+            filler_ids, filler_mm = self._vision_filler()    # this rank's vision tower runs with the other ranks'
+            contexts.append(filler_ids)
+            mm_rows.append(filler_mm)
+        mm = merge_multi_modal_inputs(mm_rows, device) if any(mm_rows) else None
         width = max(len(c) for c in contexts)
-        ids = torch.full((len(active), width), loop.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(active), width), dtype=torch.long)
+        ids = torch.full((len(contexts), width), loop.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long)
         for r, ctx in enumerate(contexts):
             ids[r, width - len(ctx):] = torch.tensor(ctx)
             mask[r, width - len(ctx):] = 1
-        room = [turn_room(t, budget) for t in active]
         pick = greedy_pick
         if loop.pick_factory is not None:
-            pick = loop.pick_factory(active, steps)
+            scripted = loop.pick_factory(active, steps)
+            pick = scripted if not filler else (   # the filler row (the last) decodes greedily
+                lambda scores, t: torch.cat([scripted(scores[:-1], t), scores[-1:].argmax(-1)]))
         elif not params.greedy:
             seeds = [prompt_seed(loop.seed, f"{t.uid}#turn{t.assistant_turns}") for t in active]
-            pick = PerRowSampler(replace(params, n=1, max_new_tokens=steps), seeds)
+            pick = PerRowSampler(replace(params, n=1, max_new_tokens=steps), seeds + [0] * filler)
         log_probs: list | None = [] if record else None
         was_training = loop.module.training
         loop.module.eval()
         try:
             out = decode(loop.module, ids.to(device), mask.to(device), n=1, max_new_tokens=steps,
                          eos_ids=loop.eos_ids, pad_id=loop.pad_id, pick=pick, suppress_ids=loop.suppress_ids,
-                         synced=loop.synced, log_probs=log_probs).cpu()
+                         synced=loop.synced, log_probs=log_probs, mm_inputs=mm).cpu()
         finally:
             loop.module.train(was_training)
         lps = log_probs[0].cpu() if log_probs else None
@@ -304,7 +347,8 @@ class AgentLoop:
 
     def __init__(self, module, tokenizer, tools: dict, settings, *, eos_ids: list[int],
                  pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent",
-                 synced: bool = False, turns: TurnBackend | None = None, interactions: dict | None = None):
+                 synced: bool = False, turns: TurnBackend | None = None, interactions: dict | None = None,
+                 images: ImageTurns | None = None):
         settings = section(MULTI_TURN, settings)
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
         # name -> interaction (multi_turn.interaction_config_path): answers model turns without tool calls
@@ -318,16 +362,21 @@ class AgentLoop:
         # script a trajectory with it); None samples as the rollout keys say
         self.pick_factory = pick_factory
         self.eos_ids, self.pad_id, self.suppress_ids, self.seed = eos_ids, pad_id, suppress_ids, seed
-        self.renderer = ToolTurnRenderer(tokenizer, settings.tokenization_sanity_check_mode)
+        # images in the conversation (a vision-language model on the hf engine; None: text only)
+        self.images = images
+        self.renderer = ToolTurnRenderer(tokenizer, settings.tokenization_sanity_check_mode,
+                                         template=images.processor if images is not None else None)
         self.turns = turns if turns is not None else HFTurns(self)
 
     # ---- one batch ---------------------------------------------------------------------------
     @torch.no_grad()
     def run(self, prompts: Batch, params: SamplingParams, record_log_probs: bool = False) -> Batch:
         """B prompts -> B * n trajectories (rows i*n .. i*n+n-1 continue prompt i)."""
-        if any(prompts.get("multi_modal_data") or []):
-            raise UserError("multi-turn rollout with images is not built yet: use text prompts with "
-                            "actor_rollout_ref.rollout.multi_turn.enable=true, or turn multi_turn off")
+        mm_data = prompts.get("multi_modal_data") or [None] * len(prompts)
+        mm_inputs = prompts.get("multi_modal_inputs") or [None] * len(prompts)
+        if self.images is None and any(mm_data):
+            raise UserError("multi-turn rollout with images runs on the hf engine with a vision-language model: set "
+                            "actor_rollout_ref.rollout.name=hf (vLLM's multi-turn rollout takes text prompts only)")
         uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
         extra = prompts.get("extra_info") or [{} for _ in range(len(prompts))]
         agents = prompts.get("agent_name") or [None] * len(prompts)
@@ -338,7 +387,8 @@ class AgentLoop:
             kwargs = (extra[i] or {}).get("tools_kwargs") or {}
             for j in range(params.n):
                 trajs.append(Trajectory(ids, f"{uids[i]}#{j}", kwargs if isinstance(kwargs, dict) else {},
-                                        single_turn=single[i]))
+                                        single_turn=single[i], images=list((mm_data[i] or {}).get("image") or []),
+                                        mm_inputs=dict(mm_inputs[i] or {})))
         interaction_turns.attach(trajs, prompts, params.n, self.interactions, self.tokenizer, single)
         if self.interactions:
             asyncio.run(interaction_turns.start(trajs))
@@ -395,56 +445,74 @@ class AgentLoop:
         jobs = [self._call(t, c) for t in calling for c in t.pending]
         results = iter(await asyncio.gather(*jobs))
         for t in calling:
-            messages, records = [], []
+            messages, records, images, texts = [], [], [], []
             for call in t.pending:
-                text, reward, record = next(results)
+                text, reward, record, returned = next(results)
                 t.tool_calls += 1
                 if reward is not None:
                     t.tool_rewards.append(float(reward))
-                messages.append({"role": "tool", "content": text})
+                # a reply with images: one image part per image, then the text (verl's tool message shape)
+                parts = [{"type": "image"} for _ in returned] + [{"type": "text", "text": text}]
+                messages.append({"role": "tool", "content": parts if returned else text})
                 records.append(record)
+                texts.append(text)
+                images += returned
             t.pending = []
-            turn_ids = self.renderer.ids(messages, t.ended_with)
+            turn_mm: dict = {}
+            if images:
+                turn_ids, turn_mm = self.images.encode(self.renderer.text(messages, t.ended_with)[1], images)
+            else:
+                turn_ids = self.renderer.ids(messages, t.ended_with)
             if len(t.response) + len(turn_ids) >= budget:
                 t.done = True
-                t.turns.append({"role": "tool", "text": "".join(m["content"] for m in messages), "tokens": 0,
-                                "trained": False, "calls": records, "dropped": "the response budget is used up"})
+                t.turns.append({"role": "tool", "text": "".join(texts), "tokens": 0, "trained": False,
+                                "calls": records, "dropped": "the response budget is used up"})
                 continue
             t.response += turn_ids
             t.mask += [0] * len(turn_ids)
             t.log_probs += [0.0] * len(turn_ids)
             t.user_turns += 1
-            t.turns.append({"role": "tool", "text": self.tokenizer.decode(turn_ids, skip_special_tokens=False),
-                            "tokens": len(turn_ids), "trained": False, "calls": records})
+            t.images += images
+            t.mm_inputs = concat_inputs(t.mm_inputs, turn_mm)
+            text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
+            t.turns.append({"role": "tool", "text": short_text(text, self.images.image_token) if images else text,
+                            "tokens": len(turn_ids), "trained": False, "calls": records,
+                            **({"images": len(images)} if images else {})})
 
-    async def _call(self, t: Trajectory, call: ToolCall) -> tuple[str, float | None, dict]:
-        """(text for the conversation, step reward or None, record) of one call; never raises."""
+    async def _call(self, t: Trajectory, call: ToolCall) -> tuple[str, float | None, dict, list]:
+        """(text for the conversation, step reward or None, record, images for the conversation) of one
+        call; never raises."""
         record = {"name": call.name, "arguments": call.arguments}
         if call.error:
-            return call.error, None, {**record, "error": call.error}
+            return call.error, None, {**record, "error": call.error}, []
         tool = self.tools.get(call.name)
         if tool is None:
             msg = f"Error: unknown tool {call.name!r}; available tools: {sorted(self.tools)}"
-            return msg, None, {**record, "error": msg}
-        instance_id, reward = None, None
+            return msg, None, {**record, "error": msg}, []
+        instance_id, reward, images = None, None, []
         try:
-            created = await run_method(tool.create, create_kwargs=(t.tools_kwargs.get(call.name) or {}).get(
-                "create_kwargs", {}))
+            create_kwargs = (t.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
+            if getattr(tool, "needs_row_image", False) and "image" not in create_kwargs and t.images:
+                # an image tool (the zoom-in tool) works on the row's first image, as the model sees it
+                create_kwargs = {**create_kwargs, "image": t.images[0]}
+            created = await run_method(tool.create, create_kwargs=create_kwargs)
             instance_id = created[0] if isinstance(created, tuple) else created
             out = await run_method(tool.execute, instance_id, call.arguments)
             response, reward = (out[0], out[1]) if isinstance(out, tuple) else (out, 0.0)
+            if isinstance(response, dict):  # verl's tools may reply {"text": ..., "image": [...]}
+                response = ToolResponse(text=response.get("text"), image=response.get("image"),
+                                        video=response.get("video"))
             if isinstance(response, ToolResponse) or hasattr(response, "text"):
-                if getattr(response, "image", None) or getattr(response, "video", None):
-                    raise ValueError("tools returning images or videos are not built yet")
+                if getattr(response, "video", None):
+                    raise ValueError("tools returning videos are not built; return images (ToolResponse(image=[...]))")
+                images = self._tool_images(getattr(response, "image", None))
                 text = response.text or ""
-            elif isinstance(response, dict):
-                text = str(response.get("text") or "")
             else:
                 text = str(response)
         except Exception as err:  # a failing tool is the model's problem to read, not a crash
             text = f"Error executing tool '{call.name}': {type(err).__name__}: {err}"
             record["error"] = text
-            reward = None
+            reward, images = None, []
         finally:
             if instance_id is not None:
                 try:
@@ -453,7 +521,22 @@ class AgentLoop:
                     log.warning("tool %s: release failed: %s", call.name, err)
         s = self.settings
         text = truncate(text, s.max_tool_response_length, s.tool_response_truncate_side)
-        return text, reward, {**record, "result": text}
+        if images:
+            record["images"] = [list(im.size) for im in images]
+        return text, reward, {**record, "result": text}, images
+
+    def _tool_images(self, images) -> list:
+        """A tool's returned images as the model will see them (resized as prompt images are); raises (the
+        call's error message) when images cannot join this conversation or are not images."""
+        if not images:
+            return []
+        if self.images is None:
+            raise ValueError("this rollout takes no images (a text model, or the vllm engine): image tools need a "
+                             "vision-language model with actor_rollout_ref.rollout.name=hf")
+        images = images if isinstance(images, (list, tuple)) else [images]
+        if not all(hasattr(im, "size") and hasattr(im, "convert") for im in images):
+            raise ValueError("a tool's image must be a PIL image")
+        return [self.images.resize(im) for im in images]
 
     # ---- output ------------------------------------------------------------------------------
     def _rows(self, prompts: Batch, trajs: list[Trajectory], n: int, width: int, record: bool) -> Batch:
@@ -477,6 +560,9 @@ class AgentLoop:
         rows.set("tool_call_counts", [t.tool_calls for t in trajs])
         rows.set("tool_rewards", [list(t.tool_rewards) for t in trajs])
         rows.set("agent_turns", [list(t.turns) for t in trajs])
+        if any(t.images for t in trajs):  # every image of a trajectory reaches the training forwards
+            rows.set("multi_modal_inputs", [dict(t.mm_inputs) for t in trajs])
+            rows.set("multi_modal_data", [{"image": list(t.images)} if t.images else None for t in trajs])
         if self.interactions:  # verl's turn_scores: the interaction's score of each of its turns
             fields = [interaction_turns.extra_fields(t) for t in trajs]
             rows.set("turn_scores", [f["turn_scores"] for f in fields])
@@ -484,17 +570,22 @@ class AgentLoop:
         return rows
 
 
-def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None = None) -> AgentLoop:
+def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None = None, processor=None,
+                     min_pixels: int | None = None, max_pixels: int | None = None) -> AgentLoop:
     """The agent loop of a rollout engine over the typed `rollout.multi_turn` section `mt`, its tools built
-    from `mt.tool_config_path` and its interactions from `mt.interaction_config_path` (neither: the loop
+    from `mt.tool_config_path` and `mt.function_tool_path` and its interactions from `mt.interaction_config_path` (neither: the loop
     stops after the first turn); `default_agent`: `rollout.agent.default_agent_loop`; `turns`: the engine's
-    `TurnBackend` (None: the hf engine's, over `engine.module`)."""
+    `TurnBackend` (None: the hf engine's, over `engine.module`); `processor`: a vision-language model's
+    processor, which lets images into the conversation (`data.min_pixels` / `data.max_pixels` resize the
+    tools' images; None: text only)."""
     from verl_npu.tools.interactions.loading import load_interactions
     from verl_npu.tools.loading import load_tools
 
-    tools = load_tools(mt.tool_config_path) if mt.tool_config_path else {}
+    tools = load_tools(mt.tool_config_path, mt.function_tool_path) if (mt.tool_config_path or
+                                                                       mt.function_tool_path) else {}
     interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
     return AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, mt,
                      eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=getattr(engine, "suppress_ids", None),
                      seed=engine.seed, default_agent=default_agent, synced=getattr(engine, "synced", False),
-                     turns=turns, interactions=interactions)
+                     turns=turns, interactions=interactions,
+                     images=ImageTurns(processor, min_pixels, max_pixels) if processor is not None else None)

@@ -71,7 +71,9 @@ class HFRollout(RolloutEngine):
         if mt.enable:  # multi-turn with tools: verl_npu/rollout/agent_loop.py
             from verl_npu.rollout.agent_loop import build_agent_loop
 
-            engine.agent_loop = build_agent_loop(engine, mt, rollout.agent.default_agent_loop)
+            vision = processor if getattr(processor, "image_processor", None) is not None else None
+            engine.agent_loop = build_agent_loop(engine, mt, rollout.agent.default_agent_loop, processor=vision,
+                                                 min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels)
         return engine
 
     @torch.no_grad()

@@ -53,8 +53,10 @@ class OpenAIFunctionToolSchema(_Node):
 
 @dataclass
 class ToolResponse:
-    """What a tool call returns to the conversation (verl's class of this name): text; images and
-    videos are not built yet (a tool returning them is an error message in the conversation)."""
+    """What a tool call returns to the conversation (verl's class of this name): text, and images (PIL)
+    that join the conversation as the tool turn's image parts (a vision-language model on the hf engine;
+    docs/agents.md, "Images in a conversation"). Videos are not built (a tool returning them gets an error
+    message in the conversation)."""
 
     text: str | None = None
     image: list | None = None

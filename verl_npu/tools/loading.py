@@ -108,16 +108,26 @@ def checked_entries(read, key: str, path) -> list:
     return entries
 
 
-def load_tools(path: str | os.PathLike) -> dict[str, Any]:
-    """name -> tool, for every entry of the tool config file. Raises UserError listing every shape
-    problem of the file, or the first entry that cannot be built."""
-    entries = checked_entries(read_tool_config, KEY, path)
+def load_tools(path: str | os.PathLike | None, function_tool_path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """name -> tool, for every entry of the tool config file `path` and every `@function_tool` of the file
+    `function_tool_path` (multi_turn.function_tool_path; either may be None). Raises UserError listing every
+    shape problem of the tool config file, or the first entry that cannot be built, or a name both files use."""
+    entries = checked_entries(read_tool_config, KEY, path) if path else []
     tools: dict[str, Any] = {}
     for entry in entries:
         tool = build_tool(entry)
         if tool.name in tools:
             raise UserError(f"{entry.where}: the tool name {tool.name!r} is used twice; tool names must be unique")
         tools[tool.name] = tool
+    if function_tool_path:
+        from verl_npu.tools.function_tool import KEY as FUNCTION_KEY, load_function_tools
+
+        functions = load_function_tools(function_tool_path)
+        both = sorted(set(functions) & set(tools))
+        if both:
+            raise UserError(f"{FUNCTION_KEY} ({function_tool_path}) declares tool name(s) {both}, which {KEY} "
+                            f"({path}) declares too; tool names must be unique across the two files: rename one")
+        tools.update(functions)
     return tools
 
 

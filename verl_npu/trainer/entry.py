@@ -245,11 +245,11 @@ def _tool_schemas(cfg) -> list[dict] | None:
     or a schema that does not match its class is a UserError naming the file and key, before anything
     starts), and their OpenAI schemas for the prompts."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if not mt.enable or not mt.tool_config_path:
+    if not mt.enable or not (mt.tool_config_path or mt.function_tool_path):
         return None
     from verl_npu.tools.loading import load_tools, tool_schema_dict
 
-    return [tool_schema_dict(t) for t in load_tools(mt.tool_config_path).values()]
+    return [tool_schema_dict(t) for t in load_tools(mt.tool_config_path, mt.function_tool_path).values()]
 
 
 def _check_agent_names(cfg, dataset) -> None:
@@ -257,6 +257,12 @@ def _check_agent_names(cfg, dataset) -> None:
 
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     dataset.check_agent_names(AGENT_LOOPS, mt.enable)
+    engine = cfg.actor_rollout_ref.rollout.name
+    with_images = dataset.image_files() if mt.enable and engine != "hf" else []
+    if with_images:
+        raise UserError(f"data file {with_images[0]} has images, but multi-turn rollout with images runs on the hf "
+                        f"engine only (actor_rollout_ref.rollout.name is {engine!r}): set "
+                        "actor_rollout_ref.rollout.name=hf, or turn multi_turn off")
     if mt.enable and mt.interaction_config_path:
         # the interactions are built (and checked) here, before any worker starts
         from verl_npu.tools.interactions.loading import load_interactions

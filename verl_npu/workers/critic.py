@@ -1,13 +1,19 @@
 """The critic worker (PPO with GAE): a value model on every rank, colocated with the actor.
 
-The value model is the transformers token-classification model of `critic.model.path` (default:
-the actor's model) with one label: the backbone's final hidden state at every position goes
-through one Linear (`score`, hidden -> 1), giving one value per token (verl's critic is the same
-model class, so the checkpoint's parameter names match verl's). Its own FSDP2 shards
-(`critic.model.fsdp_config`), AdamW and LR schedule (`critic.optim`).
+The value model (`verl_npu.models.value_model.load_value_model`) of `critic.model.path` (default: the
+actor's model) gives one value per token:
+- a text model: its transformers token-classification model with one label, the backbone's final
+  hidden state at every position through one Linear (`score`, hidden -> 1) (verl's critic is the same
+  model class, so the checkpoint's parameter names match verl's);
+- a vision-language model (Qwen2/2.5-VL; transformers has no token-classification class for it): the
+  class the actor loads (vision tower included) under `pretrained_model`, with a value head
+  `v_head.summary` (Linear hidden -> 1): verl's names for such a critic (trl's value-head model).
+Its own FSDP2 shards (`critic.model.fsdp_config`), AdamW and LR schedule (`critic.optim`).
 
 The value of response token t is read at the position that predicts it (the hidden state of the
-token before it), as the actor's log-prob of token t is.
+token before it), as the actor's log-prob of token t is, by the actor's forward code
+(`verl_npu.models.forward.response_values`): the images and 3-D rope positions of a vision-language
+row, and with `critic.model.use_remove_padding` the padding-free path (each shared prompt once).
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch, reads
-from verl_npu.models.loading import apply_override_config, load_config, load_tokenizer_and_processor, resolve_model_path
+from verl_npu.models.forward import response_values
+from verl_npu.models.loading import load_tokenizer_and_processor
+from verl_npu.models.value_model import load_value_model
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
 
@@ -36,35 +44,6 @@ def critic_setting(cfg, key: str):
 def critic_model_path(cfg) -> str:
     """`critic.model.path`, or the actor's model when it is null."""
     return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
-
-
-def load_value_model(path, *, dtype: torch.dtype, attn_implementation: str, override_config: dict | None,
-                     trust_remote_code: bool, gradient_checkpointing: bool) -> torch.nn.Module:
-    """The token-classification model of `path` with one label and no classifier dropout (its
-    `score` Linear is new, initialised by transformers when `path` holds a causal LM)."""
-    from transformers import AutoModelForTokenClassification
-
-    from verl_npu.models.loading import enable_activation_checkpointing
-
-    config = load_config(path, trust_remote_code=trust_remote_code)
-    apply_override_config(config, override_config)
-    config.num_labels = 1
-    config.classifier_dropout = 0.0
-    model = AutoModelForTokenClassification.from_pretrained(
-        resolve_model_path(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
-    if gradient_checkpointing:
-        enable_activation_checkpointing(model)
-    return model
-
-
-def response_values(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int):
-    """Values [B, response_length]: the value head's output at the position before each response token."""
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
-    values = out.logits.squeeze(-1).float()
-    return values[:, -response_length - 1 : -1]
 
 
 class CriticWorker:
@@ -108,10 +87,11 @@ class CriticWorker:
         return micro_batching(critic_setting(self.cfg, "use_dynamic_bsz"), budget or c.ppo_max_token_len_per_gpu,
                               int(rows or critic_setting(self.cfg, "ppo_micro_batch_size_per_gpu") or 1))
 
-    @staticmethod
-    def _values(module, part: Batch) -> torch.Tensor:
+    def _values(self, module, part: Batch) -> torch.Tensor:
         """The critic's forward: values [B, T] of a micro-batch's response tokens."""
-        return response_values(module, part["input_ids"], part["attention_mask"], part["responses"].shape[1])
+        return response_values(module, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
+                               multi_modal_inputs=part.get("multi_modal_inputs"),
+                               remove_padding=self.cfg.critic.model.use_remove_padding)
 
     # multi_modal_inputs: a vision-language critic's forward reads the images (main's value_model)
     @reads("input_ids", "attention_mask", "responses", "response_mask", "multi_modal_inputs")

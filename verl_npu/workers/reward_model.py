@@ -29,8 +29,10 @@ import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch, reads
+from verl_npu.config.rules_roles import VL_REWARD_MODEL, VL_REWARD_MODEL_FIX
 from verl_npu.errors import UserError
-from verl_npu.models.loading import apply_override_config, load_config, load_tokenizer_and_processor, resolve_model_path
+from verl_npu.models.loading import apply_override_config, is_vision_language, load_config, load_tokenizer_and_processor
+from verl_npu.models.loading import resolve_model_path
 from verl_npu.models.tiny import is_tiny_uri
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
@@ -52,6 +54,8 @@ def load_reward_model(path, *, dtype: torch.dtype, attn_implementation: str, ove
                             "remove the key") from err
     config = load_config(path, trust_remote_code=trust_remote_code)
     apply_override_config(config, override_config)
+    if is_vision_language(config):  # the config check refuses a folder; this a tiny:// or hub model
+        raise UserError(f"{RM_KEY}.path={path} ({config.model_type}) {VL_REWARD_MODEL}; {VL_REWARD_MODEL_FIX}")
     archs = list(getattr(config, "architectures", None) or [])
     if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
         raise UserError(f"{RM_KEY}.path={path} is a {', '.join(archs)}, not a sequence-classification model; "
