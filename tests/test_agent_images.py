@@ -74,9 +74,8 @@ def prompt_batch(processor, tmp_path, n_rows: int) -> Batch:
     write_rl_parquet(rows, path, with_images=True, schema=schema)
     schemas = [t.tool_schema.model_dump() for t in tools().values()]
     ds = RLDataset(str(path), processor.tokenizer, processor, data_cfg(), tools=schemas)
-    items = collate_rows([ds[i] for i in range(n_rows)])
-    tensors = {k: v for k, v in items.items() if isinstance(v, torch.Tensor)}
-    lists = {k: v for k, v in items.items() if not isinstance(v, torch.Tensor)}
+    items = collate_rows([ds[i] for i in range(n_rows)])  # a Batch, as the loader yields it
+    tensors, lists = dict(items.tensors), dict(items.lists)
     lists["uid"] = [f"q{i}" for i in range(n_rows)]
     return Batch(tensors, lists)
 

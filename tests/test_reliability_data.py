@@ -312,7 +312,7 @@ def test_trainer_scoring_names_the_file_row_not_the_batch_position(tmp_path, tex
     """The dataset carries each row's file and row through rollout (repeat) to the reward call;
     extra_info.index (the source dataset's index) is a different number."""
     from verl_npu.batch import Batch
-    from verl_npu.trainer.ppo import PPOTrainer, batch_from_rows
+    from verl_npu.trainer.ppo import PPOTrainer
 
     path = tmp_path / "train.parquet"
     rows = [_row(f"q{i}", None, "boom" if i == 5 else str(i), "openai/gsm8k", index=100 + i) for i in range(8)]
@@ -320,7 +320,7 @@ def test_trainer_scoring_names_the_file_row_not_the_batch_position(tmp_path, tex
     ds = RLDataset(str(path), text_tokenizer, None, _data_cfg())
     assert ds[5]["data_row"] == f"data file {path} row 5" and ds[5]["extra_info"]["index"] == 105
     loader = StatefulBatchLoader(ds, 8, shuffle=True, seed=0)
-    prompts = batch_from_rows(next(iter(loader)))
+    prompts = next(iter(loader))  # the loader yields a Batch
     position = prompts["index"].index(5)
     assert position != 5  # the batch position is not the row
     batch = prompts.repeat_interleave(2)  # what a rollout with n=2 does

@@ -135,7 +135,7 @@ def test_a_different_input_tokenizer_renders_the_chat_again(tmp_path, rm_path, h
         prompt = actor_tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         rows.append((actor_tok(prompt)["input_ids"], actor_tok(text)["input_ids"]))
     batch = padded_batch(rows, prompt_len=40, response_len=6, pad=actor_tok.pad_token_id)
-    batch = Batch(dict(batch.tensors), {"raw_prompt": chats})
+    batch = Batch(dict(batch.tensors), {"raw_prompt": chats, "response_text": responses})  # the controller's decode
     out = worker.compute_rm_score(batch)["rm_scores"].sum(-1)
     rm_tok = worker.tokenizer
     for i, (chat, text) in enumerate(zip(chats, responses)):

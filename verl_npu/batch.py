@@ -41,6 +41,13 @@ class Batch:
     def __contains__(self, key: str) -> bool:
         return key in self.tensors or key in self.lists
 
+    def only(self, columns: Iterable[str]) -> "Batch":
+        """The columns among `columns` that this batch has (in its own order, the same objects), without `meta`:
+        what a worker call is sent (see `reads`)."""
+        wanted = set(columns)
+        return Batch({k: v for k, v in self.tensors.items() if k in wanted},
+                     {k: v for k, v in self.lists.items() if k in wanted})
+
     def get(self, key: str, default=None):
         return self[key] if key in self else default
 
@@ -115,6 +122,21 @@ class Batch:
             {k: [x for b in batches for x in b.lists[k]] for k in first.lists},
             dict(first.meta),
         )
+
+
+def reads(*columns: str, trimmed: bool = True):
+    """Declare the columns a worker method reads from its batch (a decorator, next to the method): the
+    worker group sends it only those of them that the batch has (`Batch.only`), so the texts, images
+    and extra_info a phase does not read stay on the controller. A method without it is sent the whole batch.
+    `trimmed`: the method's forwards drop the left padding every row shares anyway (the engine's
+    micro-batches), so it is sent without it (`trim_left_padding`; results are per response token, which
+    it does not move); False for the rollout, whose rows become the controller's batch."""
+    def declare(method):
+        method.reads = frozenset(columns)
+        method.trimmed = trimmed
+        return method
+
+    return declare
 
 
 def trim_left_padding(batch: Batch) -> Batch:

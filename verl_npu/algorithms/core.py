@@ -40,6 +40,22 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None)
     return product.sum() if dim is None else product.sum(dim=dim)
 
 
+def last_trained_token(response_mask: torch.Tensor) -> torch.Tensor:
+    """Column of each row's last response token with mask 1 (where a sequence's score goes): the end of
+    the response for a single-turn row, the end of the last model turn for a multi-turn one (tool tokens
+    after it are not trained); 0 for a row without any."""
+    cols = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    return ((cols * (response_mask > 0)).argmax(-1)).clamp(min=0)
+
+
+def scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Token-level scores [B, T] (float32): each row's sequence score `scores` [B] on its last trained
+    token (`last_trained_token`), zeros elsewhere; the rule reward's and the reward model's placement."""
+    token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
+    token_scores[torch.arange(len(scores)), last_trained_token(response_mask)] = scores.to(torch.float32)
+    return token_scores
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """``Σ values·mask / Σ mask`` over ``dim`` (all elements when None).
 

@@ -61,13 +61,18 @@ class RecipeConfig:
     def backend(self) -> DictConfig:
         return self.cfg.backend_config
 
+    _typed: Any = field(default=None, init=False, repr=False, compare=False)
+
     @property
     def typed(self):
         """The backend config as typed, read-only sections generated from the schema
-        (`verl_npu.config.typed`): what the training code reads, and what travels to the workers."""
-        from verl_npu.config.typed import section
+        (`verl_npu.config.typed`): what the training code reads, and what travels to the workers.
+        Built on first use (about 2 ms) and kept; `set_derived` (check_paths' hub ids) drops it."""
+        if self._typed is None:
+            from verl_npu.config.typed import section
 
-        return section("backend_config", self.cfg.backend_config)
+            self._typed = section("backend_config", self.cfg.backend_config)
+        return self._typed
 
     @property
     def world_size(self) -> int:
@@ -78,6 +83,7 @@ class RecipeConfig:
     def set_derived(self, key: str, value: Any, reason: str) -> None:
         """Set full dotted `key` to `value` in `cfg` and record it, with `reason`, in `derived`."""
         OmegaConf.update(self.cfg, key, value, merge=False)
+        self._typed = None  # built again from the changed tree
         self.derived.append(Derived(key, value, reason))
 
     def to_yaml(self) -> str:

@@ -1,4 +1,4 @@
-"""Batching with a resumable position: ``collate_rows`` and ``StatefulBatchLoader``.
+"""Batching with a resumable position: ``collate_rows`` and ``StatefulBatchLoader`` (it yields `Batch`es).
 
 The loader's order for epoch ``e`` is a pure function of ``(seed, e)`` (a permutation from
 ``numpy.random.default_rng([seed, e])`` when shuffling, else ``0..n-1``), so a run resumed from
@@ -16,29 +16,32 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from verl_npu.batch import Batch
+
 # Per-row tensors of one fixed shape, stacked into [batch, ...]; everything else stays a list.
 STACKED_KEYS = ("input_ids", "attention_mask")
 
 logger = logging.getLogger("verl_npu")
 
 
-def collate_rows(items: Sequence[dict]) -> dict:
-    """One batch from dataset items: ``input_ids`` and ``attention_mask`` stacked on dim 0, every other
-    key a Python list in row order (``None`` for rows that lack the key, e.g. ``multi_modal_data``
-    of a text row in a mixed batch)."""
+def collate_rows(items: Sequence[dict]) -> Batch:
+    """One `Batch` from dataset items: ``input_ids`` and ``attention_mask`` stacked on dim 0 (its
+    tensors), every other key a Python list in row order (``None`` for rows that lack the key, e.g.
+    ``multi_modal_data`` of a text row in a mixed batch)."""
     if not items:
         raise ValueError("collate_rows needs at least one row")
     keys: list[str] = []
     for item in items:
         keys += [k for k in item if k not in keys]
-    batch: dict[str, Any] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    lists: dict[str, list] = {}
     for k in keys:
         values = [item.get(k) for item in items]
         if k in STACKED_KEYS:
-            batch[k] = torch.stack(values, dim=0)
+            tensors[k] = torch.stack(values, dim=0)
         else:
-            batch[k] = values
-    return batch
+            lists[k] = values
+    return Batch(tensors, lists)
 
 
 class StatefulBatchLoader:
@@ -102,7 +105,7 @@ class StatefulBatchLoader:
     def _has_batch_at(self, start: int, n: int) -> bool:
         return start + self.batch_size <= n if self.drop_last else start < n
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[Batch]:
         epoch = self.epoch
         order = self.order(epoch)
         n = len(order)

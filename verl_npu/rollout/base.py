@@ -94,8 +94,12 @@ def stop_and_pad_ids(module, tokenizer) -> tuple[list[int], int]:
     return eos_ids, int(pad_id)
 
 
-def finish_rollout(prompts: Batch, responses: torch.Tensor, eos_ids: list[int], pad_id: int, n: int) -> Batch:
-    """Shared tail of every engine: pad responses, build masks and the full sequences."""
+def finish_rollout(prompts: Batch, responses: torch.Tensor, eos_ids: list[int], pad_id: int, n: int,
+                   lengths: torch.Tensor | None = None) -> Batch:
+    """Shared tail of every engine: pad responses, build masks (here, once) and the full sequences.
+    `lengths` [B*n]: how many tokens each response really has, for an engine whose ids may stop
+    without an EOS and leave padding that reads like tokens (vLLM's stop rules): the columns past a
+    row's length are not part of it either."""
     rows = prompts.repeat_interleave(n)
     is_eos = torch.zeros_like(responses, dtype=torch.bool)
     for eos in eos_ids:
@@ -104,6 +108,8 @@ def finish_rollout(prompts: Batch, responses: torch.Tensor, eos_ids: list[int], 
     after_eos = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) > 0
     response_mask = (~after_eos).long()
     responses = responses.masked_fill(after_eos, pad_id)
+    if lengths is not None:
+        response_mask = response_mask * (torch.arange(responses.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)).long()
     return attach_responses(rows, responses, response_mask)
 
 

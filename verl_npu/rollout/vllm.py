@@ -514,14 +514,10 @@ class VLLMRollout(RolloutEngine):
                 self.sleep()
         samples = request_outputs_to_samples(outputs, repeat)
         responses, log_probs = samples_to_tensors(samples, params.max_new_tokens, self.pad_id)
-        rows = finish_rollout(prompts, responses, self.eos_ids, self.pad_id, params.n)
         # a response that stopped without an EOS token in its ids (a stop rule that strips the
         # token) must not count its padding as generated
         lengths = torch.tensor([min(len(ids), params.max_new_tokens) for ids, _ in samples], dtype=torch.long)
-        generated = (torch.arange(responses.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)).long()
-        response_mask = rows["response_mask"] * generated
-        rows.set("response_mask", response_mask)
-        rows.set("attention_mask", torch.cat([rows["attention_mask"][:, : -responses.shape[1]], response_mask], dim=1))
+        rows = finish_rollout(prompts, responses, self.eos_ids, self.pad_id, params.n, lengths=lengths)
         if log_probs is not None:
             rows.set("rollout_log_probs", log_probs * rows["response_mask"].to(log_probs.dtype))
         self.last_rollout_digest = rows_digest(rows)

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
+from verl_npu.algorithms import last_trained_token  # noqa: F401 - where tests and readers look for it
 from verl_npu.batch import Batch
 
 
@@ -29,14 +30,6 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
         f"{prefix}/max": float(values.max()),
         f"{prefix}/min": float(values.min()),
     }
-
-
-def last_trained_token(response_mask: torch.Tensor) -> torch.Tensor:
-    """Column of each row's last response token with mask 1 (where the sequence reward goes): the end of
-    the response for a single-turn row, the end of the last model turn for a multi-turn one (tool tokens
-    after it are not trained); 0 for a row without any."""
-    cols = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
-    return ((cols * (response_mask > 0)).argmax(-1)).clamp(min=0)
 
 
 def multi_turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:

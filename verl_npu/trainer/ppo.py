@@ -43,7 +43,7 @@ from verl_npu.trainer.dynamic_sampling import DynamicSampler
 from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.trainer.metrics import (
-    data_metrics, last_trained_token, multi_turn_metrics, rollout_probs_diff_metrics, timed, timing_metrics,
+    data_metrics, multi_turn_metrics, rollout_probs_diff_metrics, timed, timing_metrics,
     variance_proxy_metrics,
 )
 from verl_npu.trainer.readable import readable_text
@@ -77,13 +77,6 @@ def multi_turn_extra_info(batch: Batch) -> list:
 
 class EngineOutOfSync(UserError):
     """The rollout engine's probabilities left `rollout.max_probs_diff` of the actor's."""
-
-
-def batch_from_rows(rows: dict) -> Batch:
-    """A collated loader batch (tensors + lists) as a `Batch`."""
-    tensors = {k: v for k, v in rows.items() if isinstance(v, torch.Tensor)}
-    lists = {k: v for k, v in rows.items() if not isinstance(v, torch.Tensor)}
-    return Batch(tensors, lists)
 
 
 class PPOTrainer:
@@ -216,11 +209,11 @@ class PPOTrainer:
         preempt.set_phase("training")
         try:
             while self.global_step < self.total_training_steps:
-                for rows in self.train_loader:
+                for prompts in self.train_loader:  # a Batch of data.train_batch_size prompts
                     self.global_step += 1
                     is_last = self.global_step >= self.total_training_steps
                     profiling.before_step(self.global_step)
-                    metrics = self.train_step(batch_from_rows(rows))
+                    metrics = self.train_step(prompts)
                     profiling.after_step(self.global_step, is_last)
                     test_freq = trainer_cfg.test_freq
                     if self.val_loader is not None and test_freq > 0 and (self.global_step % test_freq == 0 or is_last):
@@ -292,9 +285,8 @@ class PPOTrainer:
             if update_actor:
                 with timed("update_actor", timings):
                     actor_metrics = self.workers.update_actor(batch)
-            if skip_old and "_old/tokens" in actor_metrics:  # the same masked mean, from the update's forward
-                tokens = actor_metrics.pop("_old/tokens")
-                entropy = actor_metrics.pop("_old/entropy_sum") / max(tokens, 1.0)
+            if "entropys" in getattr(actor_metrics, "columns", ()):  # the pass skipped: the update's forward's
+                entropy = algorithms.masked_mean(actor_metrics.columns["entropys"], batch["response_mask"].float())
             if self.cfg.trainer.rollout_data_dir:
                 self.dump_generations(batch, Path(self.cfg.trainer.rollout_data_dir))
         metrics = {
@@ -333,8 +325,8 @@ class PPOTrainer:
     def next_prompts(self) -> Batch:
         """The loader's next batch, into the next epoch when this one is used up (dynamic sampling)."""
         for _ in range(2):
-            for rows in self.train_loader:
-                return batch_from_rows(rows)
+            for prompts in self.train_loader:
+                return prompts
         raise UserError("the training loader yields no batch: data.train_files has fewer usable rows than "
                         "data.gen_batch_size; lower data.gen_batch_size or add data")
 
@@ -439,7 +431,7 @@ class PPOTrainer:
         reward is then computed only for logging, as the reward extra `rule_reward`
         (critic/score/rule_reward/mean, val-aux/<source>/rule_reward/mean@n), when every row's
         data source has a rule reward (custom_reward_function, or a built-in one)."""
-        texts = self.decode_responses(batch)
+        texts = self.decode_responses(batch)  # the one decode of the responses: the reward model reads it too
         scorer = scorer or self.reward_scorer
         with_rm = "reward_model" in self.workers.roles
         rule, extras = None, {}
@@ -449,6 +441,7 @@ class PPOTrainer:
                 rows=batch["data_row"] if "data_row" in batch else None,  # errors name the dataset row
             )
         mask = batch["response_mask"]
+        batch.set("response_text", texts)
         if with_rm:
             token_scores = self.workers.compute_rm_score(batch)["rm_scores"].float()
             if rule is not None:
@@ -457,11 +450,8 @@ class PPOTrainer:
             if self.cfg.reward_model.reward_manager == "dapo":  # the overlong penalty, reward extra acc
                 rule, extras = dapo_scores(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
                                            self.cfg.data.max_response_length)
-            last = last_trained_token(mask)
-            token_scores = torch.zeros(mask.shape, dtype=torch.float32)
-            token_scores[torch.arange(len(batch)), last] = torch.tensor(rule, dtype=torch.float32)
+            token_scores = algorithms.scores_on_last_token(torch.tensor(rule, dtype=torch.float32), mask)
         batch.set("token_level_scores", token_scores)
-        batch.set("response_text", texts)
         batch.meta["reward_extras"] = extras
         return texts
 
@@ -535,8 +525,7 @@ class PPOTrainer:
         samples: list[str] = []
         turns: list[int] = []  # multi-turn: turns per trajectory (verl's val-aux/num_turns/*)
         dumped = 0  # validation prompts so far (validation_data_dir names rows by their place)
-        for rows in self.val_loader:  # one pass: the loader yields one epoch per iteration
-            prompts = batch_from_rows(rows)
+        for prompts in self.val_loader:  # one pass: the loader yields one epoch per iteration
             pad = (-len(prompts)) % self.workers.rollout_dp_size  # every rollout group needs an equal chunk
             if pad:
                 prompts = Batch.concat([prompts, prompts.select([0] * pad)])

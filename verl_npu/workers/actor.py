@@ -17,14 +17,17 @@ import contextlib
 import torch
 
 from verl_npu import algorithms
-from verl_npu.batch import Batch
+from verl_npu.batch import Batch, reads
 from verl_npu.errors import UserError
 from verl_npu.models import lora
 from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
 from verl_npu.rollout.base import ROLLOUT_DTYPES, RolloutEngine, SamplingParams
 from verl_npu.workers import parallel
-from verl_npu.workers.engine import TrainingEngine, micro_batching
+from verl_npu.workers.engine import TrainingEngine, TrainResult, micro_batching
+
+#: the columns every forward of the policy reads (the micro-batch split and trim read the attention mask)
+FORWARD_READS = ("input_ids", "attention_mask", "responses", "multi_modal_inputs")
 
 
 def needs_reference(cfg) -> bool:
@@ -175,6 +178,11 @@ class ActorRolloutRefWorker:
                                            bucket_bytes=rollout_cfg.update_weights_bucket_megabytes << 20)
 
     # ---- rollout ---------------------------------------------------------------------------
+    # what the engines read of a prompt (`hf`: the tokens and processor inputs; `vllm`: raw_prompt_ids and the
+    # images) and, for the multi-turn agent loop, the chat messages, extra_info (tools_kwargs, interaction
+    # kwargs), agent_name and data_row (errors name the row)
+    @reads("input_ids", "attention_mask", "raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "uid",
+           "raw_prompt", "extra_info", "agent_name", "data_row", trimmed=False)
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
         with self.engine.autocast():
             return self.rollout.generate(prompts, params)
@@ -212,6 +220,7 @@ class ActorRolloutRefWorker:
         return micro_batching(role_cfg.log_prob_use_dynamic_bsz, role_cfg.log_prob_max_token_len_per_gpu,
                               role_cfg.log_prob_micro_batch_size_per_gpu or 1, sp=self._sp_size())
 
+    @reads(*FORWARD_READS)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Log-probs of the sampled responses under the current actor ("old" log-probs for PPO), their
         entropies, and with `actor.calculate_sum_pi_squared` each position's Σ_v π_v² (`sum_pi_squared`, for
@@ -229,6 +238,7 @@ class ActorRolloutRefWorker:
         the old log-probs itself; see `old_log_prob_pass_needed`)."""
         return list(self.old_log_prob_reasons)
 
+    @reads(*FORWARD_READS)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         if self.ref is None and not self.ref_is_actor:
             raise RuntimeError("reference log-probs asked for, but no KL term needs the reference model")
@@ -247,40 +257,32 @@ class ActorRolloutRefWorker:
             yield self.ref
 
     # ---- update ----------------------------------------------------------------------------
-    def update_actor(self, batch: Batch) -> dict[str, float]:
+    @reads(*FORWARD_READS, "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_is_weights")
+    def update_actor(self, batch: Batch) -> TrainResult:
         """`ppo_epochs` passes over mini-batches; one optimizer step per mini-batch; gradients
         accumulated over micro-batches so that the step equals one over the whole mini-batch
         (`TrainingEngine.train` with `_train_forward` and `_ppo_loss`).
 
         Without `old_log_probs` in `batch` (the trainer skipped the pass because it is redundant,
         see `old_log_prob_pass_needed`), each micro-batch's own forward gives them (detached), and
-        the masked entropy sum and token count of that forward come back as
-        `_old/entropy_sum` / `_old/tokens` (for the trainer's `actor/entropy_before_update`)."""
+        that forward's entropies come back as the result's `entropys` column (the engine's `keep`:
+        what the pass would have returned, for the trainer's `actor/entropy_before_update`)."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
         reuse = "old_log_probs" not in batch
         if reuse and self.old_log_prob_reasons:
             raise RuntimeError("update_actor without old_log_probs, but the pass is needed: "
                                + "; ".join(self.old_log_prob_reasons))
-        reuse_sums = {"_old/entropy_sum": 0.0, "_old/tokens": 0.0}
-
-        def loss_fn(part, out, mask, agg):
-            if reuse:
-                reuse_sums["_old/entropy_sum"] += float((out[1].detach() * mask).sum())
-                reuse_sums["_old/tokens"] += float(mask.sum())
-            return self._ppo_loss(part, out, mask, agg)
-
         rows = actor_cfg.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.engine.dp_size
         metrics = self.engine.train(
-            batch, self._train_forward, loss_fn, mini_rows=rows,
+            batch, self._train_forward, self._ppo_loss, mini_rows=rows,
             epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle,
             micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
                                  actor_cfg.ppo_micro_batch_size_per_gpu or 1, sp=self._sp_size()),
-            grad_clip=actor_cfg.grad_clip, summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"))
+            grad_clip=actor_cfg.grad_clip, summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"),
+            keep=(lambda out: {"entropys": out[1]}) if reuse else None)
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
         # shares the module; a collective for vLLM, so every rank calls it)
         self.rollout.update_weights(self._rollout_weights())
-        if reuse:
-            metrics.update(reuse_sums)
         mem = self.device.memory()
         metrics["actor/perf/max_memory_allocated_gb"] = float(mem.get("peak_gb", 0.0))
         return metrics

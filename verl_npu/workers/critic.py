@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from verl_npu import algorithms
-from verl_npu.batch import Batch
+from verl_npu.batch import Batch, reads
 from verl_npu.models.forward import response_values
 from verl_npu.models.loading import load_tokenizer_and_processor
 from verl_npu.models.value_model import load_value_model
@@ -93,6 +93,8 @@ class CriticWorker:
                                multi_modal_inputs=part.get("multi_modal_inputs"),
                                remove_padding=self.cfg.critic.model.use_remove_padding)
 
+    # multi_modal_inputs: a vision-language critic's forward reads the images (main's value_model)
+    @reads("input_ids", "attention_mask", "responses", "response_mask", "multi_modal_inputs")
     def compute_values(self, batch: Batch) -> Batch:
         """`values` [B, T] of the response tokens (times the response mask), in eval mode, no grad."""
         def masked_values(module, part):
@@ -100,6 +102,7 @@ class CriticWorker:
 
         return Batch({"values": self.engine.infer(batch, masked_values, self._micro(forward=True))})
 
+    @reads("input_ids", "attention_mask", "responses", "response_mask", "multi_modal_inputs", "values", "returns")
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """`critic.ppo_epochs` passes over mini-batches of `critic.ppo_mini_batch_size` prompts (x
         rollout.n); one optimizer step per mini-batch, gradients accumulated over micro-batches with

@@ -9,6 +9,7 @@ what all of them share:
 - `infer`: a forward over micro-batches, in eval mode, without gradients;
 - `train`: epochs of mini-batches, one optimizer step each, gradients accumulated over
   micro-batches (rows or a token budget) with losses scaled by the mini-batch's global counts;
+  optionally keeping per-row outputs of its forward as columns (`keep`: the skipped old-log-prob pass);
 - checkpoints in verl's layout (`actor_ckpt`), the full weights (also as a rollout engine takes
   them: `rollout_weights`), and snapshots for tests.
 """
@@ -37,6 +38,16 @@ def micro_batching(dynamic: bool, max_token_len, rows: int | None, sp: int = 1) 
     is per device: with Ulysses sequence parallelism over `sp` ranks each rank holds 1/sp of every
     sequence, so a micro-batch packs `max_token_len * sp` tokens, as in verl."""
     return {"max_token_len": int(max_token_len) * int(sp)} if dynamic else {"micro_batch_size": rows}
+
+
+class TrainResult(dict):
+    """What an update returns: its metrics (this dict) and `columns`, a `Batch` of per-row outputs of the
+    update's own forward that the role asked to keep (`TrainingEngine.train(keep=...)`; usually empty),
+    in the row order of the batch it was given. A dict, so callers that read metrics read it as before."""
+
+    def __init__(self, metrics: dict[str, float], columns: Batch | None = None):
+        super().__init__(metrics)
+        self.columns = columns if columns is not None else Batch()
 
 
 class TrainingEngine:
@@ -90,11 +101,11 @@ class TrainingEngine:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.torch_device.type, dtype=self.compute_dtype)
 
-    def _parts(self, batch: Batch, micro: dict) -> Iterator[Batch]:
-        """The micro-batches of `batch` (split by its attention mask, `micro`: the keywords of
-        `micro_batch_indices`), each without the left padding all its rows share, on this device."""
+    def _parts(self, batch: Batch, micro: dict) -> Iterator[tuple[list[int], Batch]]:
+        """(row indices, micro-batch) of `batch`'s micro-batches (split by its attention mask, `micro`: the
+        keywords of `micro_batch_indices`), each without the left padding all its rows share, on this device."""
         for idx in micro_batch_indices(batch["attention_mask"], **micro):
-            yield trim_left_padding(batch.select(idx)).to(self.torch_device)
+            yield idx, trim_left_padding(batch.select(idx)).to(self.torch_device)
 
     # ---- forward and update ------------------------------------------------------------------
     def infer(self, batch: Batch, fn: Callable, micro: dict):
@@ -107,7 +118,7 @@ class TrainingEngine:
         self.module.eval()
         try:
             with torch.no_grad():
-                for part in self._parts(batch, micro):
+                for _, part in self._parts(batch, micro):
                     with self.autocast():
                         out = fn(self.module, part)
                     outs.append(tuple(t.cpu() if t is not None else None for t in out)
@@ -119,7 +130,8 @@ class TrainingEngine:
         return tuple(torch.cat(column) if column[0] is not None else None for column in zip(*outs))
 
     def train(self, batch: Batch, forward: Callable, loss_fn: Callable, *, mini_rows: int, epochs: int,
-              shuffle: bool, micro: dict, grad_clip: float, summed: tuple[str, ...] = ()) -> dict[str, float]:
+              shuffle: bool, micro: dict, grad_clip: float, summed: tuple[str, ...] = (),
+              keep: Callable | None = None) -> TrainResult:
         """`epochs` passes over mini-batches of `mini_rows` rows (in a seeded random order with
         `shuffle`); one optimizer step per mini-batch, gradients accumulated over its micro-batches.
 
@@ -130,12 +142,18 @@ class TrainingEngine:
         on any number of ranks. Metrics: each stat per mini-batch (the keys in `summed` are already
         shares of the mini-batch and are added; the others are micro-batch means, weighted by their
         share of the tokens), averaged over mini-batches; `<role>/grad_norm` (before clipping,
-        averaged over optimizer steps), `<role>/lr` and the guarded step's counts."""
+        averaged over optimizer steps), `<role>/lr` and the guarded step's counts.
+
+        `keep(out)`, when given, names per-row tensors of each forward's output ({column: [rows, ...]});
+        they come back detached, on the CPU, as the result's `columns` in `batch`'s row order (the last
+        epoch's: with one epoch of one mini-batch, what a separate forward before the update would give,
+        which is how the actor skips its old-log-prob pass)."""
         response_length = batch["responses"].shape[1]
         sp = self.world_size // self.dp_size
         generator = torch.Generator().manual_seed(self.seed + int(self.lr_scheduler.last_epoch))
         grad_key = f"{self.role}/grad_norm"
         sums: dict[str, list[float]] = {}
+        kept: dict[str, torch.Tensor] = {}
         self.module.train()
         for _ in range(epochs):
             order = torch.randperm(len(batch), generator=generator) if shuffle else torch.arange(len(batch))
@@ -149,10 +167,16 @@ class TrainingEngine:
                 agg = dict(global_tokens=max(tokens, 1.0), global_seqs=max(seqs, 1.0), dp_size=self.dp_size,
                            loss_scale_factor=response_length)
                 self.optimizer.zero_grad(set_to_none=True)
-                for part in self._parts(mini, micro):
+                rows_of_mini = order[start : start + mini_rows]
+                for idx, part in self._parts(mini, micro):
                     mask = part["response_mask"].float()
                     with self.autocast():
                         out = forward(self.module, part)
+                    if keep is not None:
+                        for name, value in keep(out).items():
+                            column = kept.setdefault(name, value.new_zeros((len(batch), *value.shape[1:]),
+                                                                           device="cpu"))
+                            column[rows_of_mini[idx]] = value.detach().cpu()
                     loss, stats = loss_fn(part, out, mask, agg)
                     loss.backward()
                     share = float(mask.sum()) / max(tokens / self.dp_size, 1.0)
@@ -167,7 +191,7 @@ class TrainingEngine:
                    for key, values in sums.items()}
         metrics[f"{self.role}/lr"] = float(self.lr_scheduler.get_last_lr()[0])
         metrics.update(self.optimizer_step.metrics())
-        return metrics
+        return TrainResult(metrics, Batch(kept))
 
     # ---- checkpoints and weights -------------------------------------------------------------
     def save(self, folder: str) -> None:

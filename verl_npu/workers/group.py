@@ -7,6 +7,11 @@ arguments everywhere. Each rank hosts one worker per role the config needs
 (`verl_npu.workers.roles`: "actor", "critic", "reward_model"); `role=` picks whose method runs (default: the
 actor). `LocalWorkerGroup` runs one worker in this process (no Ray, fast start:
 the CPU demo); `RayWorkerGroup` (verl_npu.workers.ray_group) runs one Ray actor per device.
+
+A call is sent only the columns its worker method reads (`@reads(...)` on the method,
+`verl_npu.batch.reads`); what comes back is merged into the controller's batch by the trainer. A
+rollout is sent its prompts' columns that the engine reads, and the rows it returns get the rest of
+the prompts' columns here, repeated per sample, as if they had made the trip.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from verl_npu.batch import Batch
+from verl_npu.batch import Batch, trim_left_padding
+from verl_npu.workers.engine import TrainResult
+from verl_npu.workers.roles import ROLES
 
 
 class WorkerGroup(ABC):
@@ -52,10 +59,26 @@ class WorkerGroup(ABC):
         chunks = batch.chunk(self.world_size // group)
         return [chunks[rank // group] for rank in range(self.world_size)]
 
+    def worker_class(self, role: str) -> type:
+        """The class of role `role`'s workers (whose methods declare the columns they read)."""
+        return ROLES[role].worker_class()
+
+    def sent(self, method: str, batch: Batch, role: str = "actor") -> Batch:
+        """What a call of `method` of `role` is sent of `batch`: the columns the method declares it reads
+        (`verl_npu.batch.reads`), without the left padding all rows share when it is declared `trimmed`, or
+        the whole batch when it declares nothing."""
+        declared = getattr(self.worker_class(role), method, None)
+        columns = getattr(declared, "reads", None)
+        if columns is None:
+            return batch
+        sent = batch.only(columns)
+        return trim_left_padding(sent) if declared.trimmed and "attention_mask" in sent else sent
+
     def dispatch(self, method: str, batch: Batch, *args, group: int | None = None, role: str = "actor",
                  **kwargs) -> Batch:
         group = self.sp_size if group is None else group
-        results = self.scatter(method, self._shards(batch, group), *args, role=role, **kwargs)
+        results = self.scatter(method, self._shards(self.sent(method, batch, role), group), *args, role=role,
+                               **kwargs)
         return Batch.concat(results[::group])  # the ranks of a group return the same rows
 
     # ---- the worker API, spelled out for readers of the trainer ----------------------------
@@ -67,8 +90,11 @@ class WorkerGroup(ABC):
         return info
 
     def generate_sequences(self, prompts: Batch, params) -> Batch:
+        """`params.n` rows per prompt (prompt i's samples at rows i*n .. i*n+n-1): what the engine returned,
+        with the prompts' columns it was not sent (texts, ground truths, extra_info) repeated per sample."""
         # every rank of a rollout (TP) group gets the same prompts; one output per group
-        return self.dispatch("generate_sequences", prompts, params, group=self.rollout_group)
+        out = self.dispatch("generate_sequences", prompts, params, group=self.rollout_group)
+        return prompts.repeat_interleave(params.n).update(out)
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         return self.dispatch("compute_log_prob", batch)
@@ -81,20 +107,24 @@ class WorkerGroup(ABC):
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         return self.dispatch("compute_ref_log_prob", batch)
 
-    def update_actor(self, batch: Batch) -> dict[str, float]:
+    def update_actor(self, batch: Batch) -> TrainResult:
+        """The actor's update: its metrics, and without `old_log_probs` in `batch` (the old-log-prob pass
+        skipped as redundant) the update forward's `entropys` as a column (`TrainResult.columns`)."""
         return self.update("actor", "update_actor", batch)
 
-    def update(self, role: str, method: str, batch: Batch) -> dict[str, float]:
-        """Run a training method of `role` on every rank's shard; metrics averaged over ranks."""
-        per_rank = self.scatter(method, self._shards(batch), role=role)
+    def update(self, role: str, method: str, batch: Batch) -> TrainResult:
+        """Run a training method of `role` on every rank's shard: the metrics averaged over ranks, and the
+        columns the update's forward kept (`TrainResult.columns`, rows in `batch`'s order; usually none)."""
+        per_rank = self.scatter(method, self._shards(self.sent(method, batch, role)), role=role)
         keys = per_rank[0].keys()
-        return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
+        columns = Batch.concat([getattr(r, "columns", Batch()) for r in per_rank[::self.sp_size]])
+        return TrainResult({k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}, columns)
 
     def compute_values(self, batch: Batch) -> Batch:
         """The critic's values of the response tokens (`values` [B, T])."""
         return self.dispatch("compute_values", batch, role="critic")
 
-    def update_critic(self, batch: Batch) -> dict[str, float]:
+    def update_critic(self, batch: Batch) -> TrainResult:
         return self.update("critic", "update_critic", batch)
 
     def compute_rm_score(self, batch: Batch) -> Batch:
@@ -143,6 +173,9 @@ class LocalWorkerGroup(WorkerGroup):
     @property
     def roles(self) -> list[str]:
         return list(self.workers)
+
+    def worker_class(self, role: str) -> type:
+        return type(self.workers[role])
 
     def broadcast(self, method: str, *args, role: str = "actor", **kwargs) -> list[Any]:
         return [getattr(self.workers[role], method)(*args, **kwargs)]

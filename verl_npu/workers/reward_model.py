@@ -27,7 +27,8 @@ import os
 
 import torch
 
-from verl_npu.batch import Batch
+from verl_npu import algorithms
+from verl_npu.batch import Batch, reads
 from verl_npu.config.rules_roles import VL_REWARD_MODEL, VL_REWARD_MODEL_FIX
 from verl_npu.errors import UserError
 from verl_npu.models.loading import apply_override_config, is_vision_language, load_config, load_tokenizer_and_processor
@@ -163,9 +164,7 @@ class RewardModelWorker:
         prompt_len = batch["input_ids"].shape[1] - batch["responses"].shape[1]
         messages = batch["raw_prompt"] if "raw_prompt" in batch else None
         rows = []
-        for i in range(len(batch)):
-            response = src.decode(batch["responses"][i][batch["response_mask"][i].bool()].tolist(),
-                                  skip_special_tokens=True)
+        for i, response in enumerate(batch["response_text"]):  # decoded once, by the controller
             if messages is not None and getattr(dst, "chat_template", None):
                 chat = list(messages[i]) + [{"role": "assistant", "content": response}]
                 text = dst.apply_chat_template(chat, tokenize=False)
@@ -182,18 +181,16 @@ class RewardModelWorker:
             mask[i, width - len(r):] = 1
         return ids, mask
 
+    @reads("input_ids", "attention_mask", "responses", "response_mask", "raw_prompt", "response_text")
     def compute_rm_score(self, batch: Batch) -> Batch:
         """`rm_scores` [B, response_length]: each row's reward model score on its last response
         token (the last position whose response mask is 1; position 0 for an empty response), zeros
-        elsewhere, as verl's reward model worker returns them."""
+        elsewhere, as verl's reward model worker returns them. Re-tokenising reads the responses'
+        text, `response_text` (decoded once, by the controller's reward step)."""
         rm = self.cfg
         ids, mask = self._inputs(batch)
         inputs = Batch({"input_ids": ids, "attention_mask": keep_last_tokens(mask, rm.max_length)})
         micro = micro_batching(rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu, rm.micro_batch_size_per_gpu)
         scores = self.engine.infer(
             inputs, lambda module, part: last_token_scores(module, part["input_ids"], part["attention_mask"]), micro)
-        response_mask = batch["response_mask"]
-        last = (response_mask.sum(-1) - 1).clamp(min=0)
-        token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
-        token_scores[torch.arange(len(batch)), last] = scores
-        return Batch({"rm_scores": token_scores})
+        return Batch({"rm_scores": algorithms.scores_on_last_token(scores, batch["response_mask"])})
