@@ -245,30 +245,46 @@ def class_name_problems(class_name: Any, key: str, *, what: str, builtins: dict[
     return [] if found else [(key, f"{class_name!r}: module {where!r} cannot be found on the Python path")]
 
 
-def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tuple[str, str]]]:
-    """(entries, problems) of a tool config file; a problem is (where, what is wrong), `where` naming
-    the file and the entry's key. Nothing is imported (module classes are only looked up)."""
+def listed_mappings(path: str | os.PathLike, section: str, fields: tuple[str, ...], what: str, *,
+                    non_empty: bool = False) -> tuple[Path, list[tuple[int, str, dict]], list[tuple[str, str]]]:
+    """The entries listed under `section` of the YAML file `path` (a tool or interaction config):
+    (the file's path, [(index, key, mapping)], problems). A problem is (where, what is wrong); `key`
+    names the file and the entry (`<path>: section[i]`). An entry that is not a mapping is left out
+    with its problem; one with fields other than `fields` is kept, its unknown fields named."""
     import yaml
 
     path = Path(os.path.expanduser(str(path)))
     if not path.is_file():
-        return [], [(str(path), "the tool config file does not exist")]
+        return path, [], [(str(path), f"the {what} config file does not exist")]
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        return [], [(str(path), f"is not valid YAML: {str(err).splitlines()[0]}")]
-    tools = data.get("tools") if isinstance(data, dict) else None
-    if not isinstance(tools, list):
-        return [], [(f"{path}: tools", "must be a list of tools (tools: [{class_name, config, tool_schema}])")]
-    entries, problems, names = [], [], {}
-    for i, item in enumerate(tools):
-        key = f"{path}: tools[{i}]"
+        return path, [], [(str(path), f"is not valid YAML: {str(err).splitlines()[0]}")]
+    items = data.get(section) if isinstance(data, dict) else None
+    shape = f"{section}: [{{{', '.join(fields)}}}]"
+    if not isinstance(items, list) or (non_empty and not items):
+        kind = "a non-empty list" if non_empty else "a list"
+        return path, [], [(f"{path}: {section}", f"must be {kind} of {what}s ({shape})")]
+    entries, problems = [], []
+    for i, item in enumerate(items):
+        key = f"{path}: {section}[{i}]"
         if not isinstance(item, dict):
-            problems.append((key, "must be a mapping with class_name, config and tool_schema"))
+            problems.append((key, f"must be a mapping with {', '.join(fields[:-1])} and {fields[-1]}"))
             continue
-        unknown = sorted(set(item) - {"class_name", "config", "tool_schema"})
+        unknown = sorted(set(item) - set(fields))
         if unknown:
-            problems.append((key, f"has unknown field(s) {unknown}; a tool has class_name, config, tool_schema"))
+            article = "an" if what[:1] in "aeiou" else "a"
+            problems.append((key, f"has unknown field(s) {unknown}; {article} {what} has {', '.join(fields)}"))
+        entries.append((i, key, item))
+    return path, entries, problems
+
+
+def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tuple[str, str]]]:
+    """(entries, problems) of a tool config file; a problem is (where, what is wrong), `where` naming
+    the file and the entry's key. Nothing is imported (module classes are only looked up)."""
+    path, items, problems = listed_mappings(path, "tools", ("class_name", "config", "tool_schema"), "tool")
+    entries, names = [], {}
+    for i, key, item in items:
         problems += class_name_problems(
             item.get("class_name"), f"{key}.class_name", what="tool", builtins=BUILTIN_TOOLS,
             verl_paths=VERL_CLASS_PATHS, unbuilt=UNBUILT_VERL_TOOLS,

@@ -20,9 +20,7 @@ refused by name with where they go (`ROLL_KEYS`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from verl_npu import tool_registry
@@ -118,27 +116,10 @@ def grid_env_problems(config: dict, key: str) -> list[tuple[str, str]]:
 def read_interaction_config(path) -> tuple[list[InteractionEntry], list[tuple[str, str]]]:
     """(entries, problems) of an interaction config file; a problem is (where, what is wrong), `where`
     naming the file and the entry's key. Nothing is imported (module classes are only looked up)."""
-    import yaml
-
-    path = Path(os.path.expanduser(str(path)))
-    if not path.is_file():
-        return [], [(str(path), "the interaction config file does not exist")]
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        return [], [(str(path), f"is not valid YAML: {str(err).splitlines()[0]}")]
-    items = data.get("interaction") if isinstance(data, dict) else None
-    if not isinstance(items, list) or not items:
-        return [], [(f"{path}: interaction", "must be a non-empty list (interaction: [{name, class_name, config}])")]
-    entries, problems, names = [], [], {}
-    for i, item in enumerate(items):
-        key = f"{path}: interaction[{i}]"
-        if not isinstance(item, dict):
-            problems.append((key, "must be a mapping with name, class_name and config"))
-            continue
-        unknown = sorted(set(item) - {"name", "class_name", "config"})
-        if unknown:
-            problems.append((key, f"has unknown field(s) {unknown}; an interaction has name, class_name, config"))
+    path, items, problems = tool_registry.listed_mappings(path, "interaction", ("name", "class_name", "config"),
+                                                          "interaction", non_empty=True)
+    entries, names = [], {}
+    for i, key, item in items:
         class_problems = tool_registry.class_name_problems(
             item.get("class_name"), f"{key}.class_name", what="interaction", builtins=BUILTIN_INTERACTIONS,
             verl_paths=VERL_CLASS_PATHS,

@@ -13,11 +13,8 @@ improving). The state lives per instance id and is dropped on `release`.
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 from verl_npu.rewards.geo3k import answer_reward
-from verl_npu.tools.base import BaseTool, ToolResponse
+from verl_npu.tools.answer_check import AnswerCheckTool
 
 SCHEMA = {
     "type": "function",
@@ -32,37 +29,10 @@ SCHEMA = {
         },
     },
 }
-NO_IMPROVEMENT_PENALTY = -0.05
 
 
-class Geo3kTool(BaseTool):
-    def __init__(self, config: dict, tool_schema=None):
-        super().__init__(config, tool_schema or SCHEMA)
-        self._state: dict[str, dict[str, Any]] = {}
+class Geo3kTool(AnswerCheckTool):
+    SCHEMA = SCHEMA
 
-    def create(self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs):
-        create_kwargs = kwargs.get("create_kwargs") or {}
-        instance_id = instance_id or str(uuid.uuid4())
-        truth = ground_truth if ground_truth is not None else create_kwargs.get("ground_truth")
-        self._state[instance_id] = {"response": "", "ground_truth": None if truth is None else str(truth),
-                                    "reward": 0.0}
-        return instance_id, ToolResponse()
-
-    def execute(self, instance_id: str, parameters: Any, **kwargs):
-        answer = parameters.get("answer", "") if isinstance(parameters, dict) else ""
-        answer = answer if isinstance(answer, str) else str(answer)
-        state = self._state[instance_id]
-        state["response"] = answer
-        reward = self.calc_reward(instance_id)
-        step_reward = 0.0 if reward > state["reward"] else NO_IMPROVEMENT_PENALTY
-        state["reward"] = reward
-        return ToolResponse(text=f"Current parsed {answer=} {reward=}"), step_reward, {}
-
-    def calc_reward(self, instance_id: str, **kwargs) -> float:
-        state = self._state[instance_id]
-        if state["ground_truth"] is None:
-            return 0.0
-        return answer_reward(state["response"], state["ground_truth"])
-
-    def release(self, instance_id: str, **kwargs) -> None:
-        self._state.pop(instance_id, None)
+    def grade(self, submitted: str, ground_truth: str) -> float:
+        return answer_reward(submitted, ground_truth)

@@ -12,12 +12,8 @@ penalty for submitting without improving). The state lives per instance id and i
 
 from __future__ import annotations
 
-import json
-import uuid
-from typing import Any
-
 from verl_npu.rewards.gsm8k import compute_score
-from verl_npu.tools.base import BaseTool, ToolResponse
+from verl_npu.tools.answer_check import AnswerCheckTool
 
 SCHEMA = {
     "type": "function",
@@ -31,42 +27,13 @@ SCHEMA = {
         },
     },
 }
-NO_IMPROVEMENT_PENALTY = -0.05
 
 
-class Gsm8kTool(BaseTool):
-    def __init__(self, config: dict, tool_schema=None):
-        super().__init__(config, tool_schema or SCHEMA)
-        self._state: dict[str, dict[str, Any]] = {}
+class Gsm8kTool(AnswerCheckTool):
+    SCHEMA = SCHEMA
 
-    def create(self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs):
-        create_kwargs = kwargs.get("create_kwargs") or {}
-        instance_id = instance_id or str(uuid.uuid4())
-        truth = ground_truth if ground_truth is not None else create_kwargs.get("ground_truth")
-        self._state[instance_id] = {"response": "", "ground_truth": None if truth is None else str(truth),
-                                    "reward": 0.0}
-        return instance_id, ToolResponse()
+    def submitted(self, answer: str) -> str:
+        return answer if answer.startswith("#### ") else "#### " + answer
 
-    def execute(self, instance_id: str, parameters: Any, **kwargs):
-        if isinstance(parameters, str):  # verl's older tools received the JSON text
-            try:
-                parameters = json.loads(parameters)
-            except json.JSONDecodeError:
-                parameters = {}
-        answer = parameters.get("answer", "") if isinstance(parameters, dict) else ""
-        answer = answer if isinstance(answer, str) else str(answer)
-        state = self._state[instance_id]
-        state["response"] = answer if answer.startswith("#### ") else "#### " + answer
-        reward = self.calc_reward(instance_id)
-        step_reward = 0.0 if reward > state["reward"] else NO_IMPROVEMENT_PENALTY
-        state["reward"] = reward
-        return ToolResponse(text=f"Current parsed {answer=} {reward=}"), step_reward, {}
-
-    def calc_reward(self, instance_id: str, **kwargs) -> float:
-        state = self._state[instance_id]
-        if state["ground_truth"] is None:
-            return 0.0
-        return float(compute_score("openai/gsm8k", state["response"], state["ground_truth"], method="flexible")["score"])
-
-    def release(self, instance_id: str, **kwargs) -> None:
-        self._state.pop(instance_id, None)
+    def grade(self, submitted: str, ground_truth: str) -> float:
+        return float(compute_score("openai/gsm8k", submitted, ground_truth, method="flexible")["score"])
