@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 PHASES = {"generate_sequences": "rollout", "compute_log_prob": "old log-probs",
-          "compute_ref_log_prob": "ref log-probs", "update_actor": "actor update", "update_critic": "critic update"}
+          "compute_ref_log_prob": "ref log-probs", "update_actor": "actor update", "update_critic": "critic update",
+          "save_checkpoint": "checkpoint save"}
 TRAINING = ("actor update", "critic update")
 MARK = "memgrid:"
 RSS_AFTER: dict[str, int] = {}   # one worker: peak RSS after the first call of each kind
@@ -64,6 +65,7 @@ OFFLOAD = [f"{A}.fsdp_config.param_offload=true", f"{A}.fsdp_config.optimizer_of
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=all-linear"]
 DYN = [f"{A}.use_dynamic_bsz=true"]
+SAVE = ["trainer.save_freq=2"]
 CONFIGS = {
     "text-tiny": ("lm", SMALL, 1, 2, 16, PAD),
     "text-tiny-rmpad": ("lm", SMALL, 1, 2, 16, RMPAD),
@@ -90,6 +92,10 @@ CONFIGS = {
     "vl-mid": ("vl", VL_MID, 1, 0, 8, PAD),
     "vl-mid-ckpt-kl": ("vl", VL_MID, 1, 0, 8, PAD + CKPT + KL),   # (a critic on a VL model: not supported)
     "vl-mid-2w": ("vl", VL_MID, 2, 0, 8, PAD),
+    # the checkpoint save of the last step (trainer.save_freq=2): the worker's save_checkpoint call
+    "text-mid-save": ("lm", MID, 1, 4, 16, PAD + SAVE),
+    "text-big-save": ("lm", BIG, 1, 6, 24, PAD + SAVE),
+    "text-mid-2w-save": ("lm", MID, 2, 4, 16, PAD + SAVE),
 }
 
 

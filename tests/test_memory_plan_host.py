@@ -55,3 +55,16 @@ def test_accelerator_workers_hold_no_tensors_on_the_host_and_keep_their_base():
     assert host["worker processes"] == mp.WORKER_BASE_BYTES
     assert "C allocator's retained blocks" not in host
     assert "the workers' tensors (the CPU is the device)" not in host
+
+
+def test_checkpoint_save_on_cpu_gathers_the_full_model_on_rank_0_when_sharded():
+    def save_parts(plan):
+        return {p.name: p.bytes for p in next(ph for ph in plan.phases if ph.name == "checkpoint save").parts}
+
+    _, two = _cpu_plan("trainer.n_gpus_per_node=2")
+    assert save_parts(two)["the full model gathered on rank 0"] == 4 * MODEL.params
+    _, one = _cpu_plan()   # one worker saves its own tensors: nothing is gathered
+    assert save_parts(one)["one gathered tensor"] == MODEL.vocab * MODEL.hidden * 4
+    s = settings_from_recipe(load_recipe("tiny_gsm8k", [*OUT, "trainer.device=cpu", "trainer.n_gpus_per_node=2"]), True)
+    accel = save_parts(build_plan(s, MODEL, device_bytes=64 << 30, device_name="910B"))
+    assert "the full model gathered on rank 0" not in accel   # an accelerator gathers it into host memory

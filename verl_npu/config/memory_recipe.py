@@ -342,8 +342,12 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
         rows = s.rm_micro_rows or s.rows_per_device
         phases.append(Phase("reward model", resident + gathered + [Part("forward (no grad)", mp.inference_bytes(
             reward, rows * s.seq, s.compute_bytes), f"{rows} rows x {s.seq} tokens")]))
-    phases.append(Phase("checkpoint save", resident + [Part("one gathered tensor", actor.vocab * actor.hidden * 4,
-                                                            "the largest parameter, unsharded, fp32")],
+    if s.cpu and shards > 1:  # the huggingface/ export gathers the full model into rank 0's memory: the CPU's
+        gather = Part("the full model gathered on rank 0", 4 * p_actor, f"fp32 4 x {p_actor:,} for huggingface/ "
+                      "(the CPU is the host: measured on two workers)")
+    else:
+        gather = Part("one gathered tensor", actor.vocab * actor.hidden * 4, "the largest parameter, unsharded, fp32")
+    phases.append(Phase("checkpoint save", resident + [gather],
                         "" if s.saves else "trainer.save_freq <= 0: only at the end if asked"))
 
     # host figure of one node
