@@ -204,7 +204,7 @@ def cpu_allocator_retained_bytes(peak_tensor_bytes: int) -> int:
     tensors. glibc's malloc serves tensors up to 32 MiB from its heap once a large block has been freed
     (the mmap threshold moves up), and freed heap blocks between live ones are kept, not returned:
     the heap grows past the live tensors (bench/memory_plan.md: the base and the fraction fitted on
-    four one-worker configurations, checked on 21 others)."""
+    four one-worker configurations, checked on 24 others)."""
     return int(CPU_ALLOCATOR_RETAINED * peak_tensor_bytes)
 
 
