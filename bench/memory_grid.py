@@ -517,7 +517,7 @@ def run_one(name: str, work: Path, host: bool = True) -> dict:
     figure in a second run without the profiler (its peak RSS, every process summed). The profiler's
     records of every allocation and operator, kept in the process while it runs, are small
     long-lived blocks between the tensors' blocks: they pin freed heap memory that the C allocator
-    would otherwise reuse (text-big: 2.19 GiB peak RSS profiled, 1.59 without; reading the trace
+    would otherwise reuse (text-big: 2.19 GiB peak RSS profiled, 1.59-1.61 without; reading the trace
     at the end added more: 8.0 GiB for text-big-2w-lora's two exported traces)."""
     measured = _measure_in_process(name, work, profiled=True)
     if host:
