@@ -16,7 +16,11 @@ running sum is the bytes of the tensors alive, and a phase's peak is its maximum
 the worker call (generate_sequences, compute_log_prob, compute_ref_log_prob, update_actor,
 update_critic) of the second step; the figure is the largest over the ranks. Nothing here reads
 the planner except `predict`, which asks it for the same configuration. The host figure is the peak
-RSS of every process of the configuration, summed (the driver and, with two workers, both ranks).
+RSS of every process of the configuration, summed (the driver and, with two workers, both ranks), in a
+second run of the same configuration without the profiler (its records would be in it: `run_one`).
+
+    python bench/memory_grid.py --host-of RESULTS.jsonl [NAME...] --json 2> NEW.jsonl
+                                                # the host runs only, the recorded phases kept
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 PHASES = {"generate_sequences": "rollout", "compute_log_prob": "old log-probs",
-          "compute_ref_log_prob": "ref log-probs", "update_actor": "actor update", "update_critic": "critic update"}
+          "compute_ref_log_prob": "ref log-probs", "update_actor": "actor update", "update_critic": "critic update",
+          "save_checkpoint": "checkpoint save"}
 TRAINING = ("actor update", "critic update")
 MARK = "memgrid:"
 RSS_AFTER: dict[str, int] = {}   # one worker: peak RSS after the first call of each kind
@@ -60,6 +65,7 @@ OFFLOAD = [f"{A}.fsdp_config.param_offload=true", f"{A}.fsdp_config.optimizer_of
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=all-linear"]
 DYN = [f"{A}.use_dynamic_bsz=true"]
+SAVE = ["trainer.save_freq=2"]
 CONFIGS = {
     "text-tiny": ("lm", SMALL, 1, 2, 16, PAD),
     "text-tiny-rmpad": ("lm", SMALL, 1, 2, 16, RMPAD),
@@ -86,6 +92,10 @@ CONFIGS = {
     "vl-mid": ("vl", VL_MID, 1, 0, 8, PAD),
     "vl-mid-ckpt-kl": ("vl", VL_MID, 1, 0, 8, PAD + CKPT + KL),   # (a critic on a VL model: not supported)
     "vl-mid-2w": ("vl", VL_MID, 2, 0, 8, PAD),
+    # the checkpoint save of the last step (trainer.save_freq=2): the worker's save_checkpoint call
+    "text-mid-save": ("lm", MID, 1, 4, 16, PAD + SAVE),
+    "text-big-save": ("lm", BIG, 1, 6, 24, PAD + SAVE),
+    "text-mid-2w-save": ("lm", MID, 2, 4, 16, PAD + SAVE),
 }
 
 
@@ -284,8 +294,7 @@ def _marked(obj):
             with record_function(f"{MARK}{kwargs.get('role', 'actor')}.{method}"):
                 out = _inner(method, *args, **kwargs)
             # the process's peak RSS so far, after each kind of call (where the host figure is reached)
-            RSS_AFTER.setdefault(f"{kwargs.get('role', 'actor')}.{method}",
-                                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+            RSS_AFTER.setdefault(f"{kwargs.get('role', 'actor')}.{method}", _peak_rss())
             return out
         setattr(obj, meth, call)
     return obj
@@ -315,9 +324,10 @@ def _live_report(title: str) -> None:
           file=sys.stderr)
 
 
-def _rank_main(conn, cfg, device, steps: int, rank: int, world: int, port: int) -> None:
+def _rank_main(conn, cfg, device, steps: int, rank: int, world: int, port: int, profiled: bool = True) -> None:
     """One rank of the two-worker group: gloo, this rank's workers (as a Ray worker host builds
-    them), then calls from the pipe, each a profiler span; at the end its peaks and peak RSS."""
+    them), then calls from the pipe, each a profiler span; at the end its peaks and peak RSS.
+    Unprofiled (the host run): its peak RSS only."""
     import torch
     import torch.distributed as dist
     from torch.profiler import record_function
@@ -327,7 +337,7 @@ def _rank_main(conn, cfg, device, steps: int, rank: int, world: int, port: int) 
     torch.set_num_threads(1)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    prof = start_profiler()
+    prof = start_profiler() if profiled else None
     dist.init_process_group("gloo", rank=rank, world_size=world)
     workers = build_workers(cfg, steps, device, rank=rank, world_size=world)
     conn.send(("ok", None))
@@ -344,15 +354,17 @@ def _rank_main(conn, cfg, device, steps: int, rank: int, world: int, port: int) 
             conn.send(("ok", result))
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             conn.send(("error", repr(exc)))
-    peaks = phase_peaks(prof, Path(tempfile.gettempdir()) / f"memgrid-trace-{os.getpid()}.json", _alive_pointers())
-    conn.send(("done", {"peaks": peaks, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # before the trace is read
+    peaks = {} if prof is None else phase_peaks(prof, Path(tempfile.gettempdir()) / f"memgrid-trace-{os.getpid()}.json",
+                                                _alive_pointers())
+    conn.send(("done", {"peaks": peaks, "rss": rss}))
     dist.destroy_process_group()
 
 
 class ProcessWorkerGroup:
     """Two (or more) ranks in processes of their own, driven through pipes: the WorkerGroup API."""
 
-    def __new__(cls, rc, steps: int, device):
+    def __new__(cls, rc, steps: int, device, profiled: bool = True):
         import multiprocessing as mp
 
         from verl_npu.workers.group import WorkerGroup
@@ -369,7 +381,8 @@ class ProcessWorkerGroup:
                 self.conns, self.procs = [], []
                 for rank in range(self.world_size):
                     here, there = ctx.Pipe()
-                    proc = ctx.Process(target=_rank_main, args=(there, cfg, device, steps, rank, self.world_size, port))
+                    proc = ctx.Process(target=_rank_main, args=(there, cfg, device, steps, rank, self.world_size, port,
+                                                                     profiled))
                     proc.start()
                     self.conns.append(here)
                     self.procs.append(proc)
@@ -410,9 +423,11 @@ class ProcessWorkerGroup:
         return _Group()
 
 
-def measure(name: str, work: Path) -> dict:
+def measure(name: str, work: Path, profiled: bool = True) -> dict:
     """Run configuration `name` (2 steps) and return {"phases": {plan phase: peak bytes (max over
-    ranks)}, "host": summed peak RSS bytes}."""
+    ranks)}, "host": summed peak RSS bytes}; unprofiled (`profiled=False`, the host run): no phases,
+    the peak RSS of the run made by `verl-npu run`'s own code (`cli.main`; two workers in the
+    processes started here instead of Ray's), without the profiler's records."""
     import torch
 
     from verl_npu.config import load_recipe
@@ -429,28 +444,33 @@ def measure(name: str, work: Path) -> dict:
     def build(rc_, steps, device):
         nonlocal prof
         if rc_.world_size == 1:
-            prof = start_profiler()
+            prof = start_profiler() if profiled else None
             group = _marked(original(rc_, steps, device))
         else:
-            group = ProcessWorkerGroup(rc_, steps, device)
+            group = ProcessWorkerGroup(rc_, steps, device, profiled)
         groups.append(group)
         return group
 
     entry.build_workers = build
     try:
-        code = entry.run_training(rc)
+        if profiled:
+            code = entry.run_training(rc)
+        else:  # the host run: as `verl-npu run` runs it (its process holds ~0.1 GiB more than run_training's)
+            from verl_npu.cli import main as cli_main
+
+            code = cli_main(["run", recipe, *args])
     finally:
         entry.build_workers = original
     if code != 0:
         raise SystemExit(f"{name}: the run failed (exit {code})")
     group = groups[0]
-    if prof is not None:
-        per_rank = [phase_peaks(prof)]
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if rc.world_size == 1:
+        rss = _peak_rss()   # before the profiler's events are read
+        per_rank = [phase_peaks(prof)] if prof is not None else [{}]
     else:
         group.shutdown()
         per_rank = [r["peaks"] for r in group.results]
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 + sum(r["rss"] for r in group.results)
+        rss = _peak_rss() + sum(r["rss"] for r in group.results)
     phases = {}
     starts = {}
     for key in per_rank[0]:
@@ -477,14 +497,32 @@ def predict(name: str, work: Path) -> dict:
             "params": size.params}
 
 
-def run_one(name: str, work: Path) -> dict:
-    """Measure `name` in a fresh process (its own peak RSS, its own profiler) and plan it here."""
+def _peak_rss() -> int:
+    """This process's peak RSS in bytes (its whole life: the models and data the grid builds were
+    built by the profiled run before, so the host run's process does what `verl-npu run`'s does)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _measure_in_process(name: str, work: Path, profiled: bool) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, __file__, "--measure", name, "--work", str(work)], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, __file__, "--measure" if profiled else "--measure-host", name,
+                           "--work", str(work)], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{name}: measuring failed:\n{done.stderr[-3000:]}")
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_one(name: str, work: Path, host: bool = True) -> dict:
+    """Measure `name` in fresh processes and plan it here: the phases in a profiled run, the host
+    figure in a second run without the profiler (its peak RSS, every process summed). The profiler's
+    records of every allocation and operator, kept in the process while it runs, are small
+    long-lived blocks between the tensors' blocks: they pin freed heap memory that the C allocator
+    would otherwise reuse (text-big: 2.19 GiB peak RSS profiled, 1.59-1.61 without; reading the trace
+    at the end added more: 8.0 GiB for text-big-2w-lora's two exported traces)."""
+    measured = _measure_in_process(name, work, profiled=True)
+    if host:
+        measured["host_profiled"] = measured["host"]
+        measured["host"] = _measure_in_process(name, work, profiled=False)["host"]
     return {"name": name, "measured": measured, "planned": predict(name, work)}
 
 
@@ -503,16 +541,22 @@ def table(results: list[dict]) -> str:
             errs["training" if phase in TRAINING else "other"].append(err)
             lines.append(f"| {r['name']} | {r['planned']['params'] / 1e6:.2f} M | {workers} | {phase} | "
                          f"{want / 1e6:.1f} | {got / 1e6:.1f} | {err:+.1%} |")
-        host.append((r["name"], r["planned"]["host"], r["measured"]["host"]))
+        host.append((r["name"], r["planned"]["host"], r["measured"]["host"], r["measured"].get("host_profiled")))
     lines.append("")
     for kind, e in errs.items():
         if e:
             lines.append(f"{kind} phases: {len(e)} predictions, median |error| "
                          f"{statistics.median(abs(x) for x in e):.1%}, worst {max(e, key=abs):+.1%}, "
                          f"within 15%: {sum(abs(x) <= 0.15 for x in e)}")
-    lines += ["", "| configuration | planned host GiB | peak RSS GiB (all processes) | error |", "|---|---|---|---|"]
-    for name, want, got in host:
-        lines.append(f"| {name} | {want / 2**30:.2f} | {got / 2**30:.2f} | {want / got - 1:+.0%} |")
+    lines += ["", "| configuration | planned host GiB | peak RSS GiB (all processes) | error | peak RSS GiB, profiled run |",
+              "|---|---|---|---|---|"]
+    for name, want, got, profiled in host:
+        lines.append(f"| {name} | {want / 2**30:.2f} | {got / 2**30:.2f} | {want / got - 1:+.0%} | "
+                     + (f"{profiled / 2**30:.2f} |" if profiled else "- |"))
+    e = [want / got - 1 for _, want, got, _ in host]
+    if e:
+        lines += ["", f"host: {len(e)} predictions, median |error| {statistics.median(abs(x) for x in e):.1%}, "
+                  f"worst {max(e, key=abs):+.1%}, within 25%: {sum(abs(x) <= 0.25 for x in e)}"]
     return "\n".join(lines)
 
 
@@ -522,23 +566,36 @@ def main() -> int:
     parser.add_argument("--work", default="/tmp/verl_npu_memory_grid", help="folder for models and data")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--measure-host", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="the results as JSON lines too (stderr)")
     parser.add_argument("--replan", metavar="JSONL", help="the table of earlier --json results, planned again "
                         "with the planner as it is now (no run)")
+    parser.add_argument("--host-of", metavar="JSONL", help="earlier --json results with their host figure measured "
+                        "again (the unprofiled run only; the phases kept): the table, and with --json the results")
     args = parser.parse_args()
     work = Path(args.work)
     if args.list:
         print("\n".join(CONFIGS))
         return 0
-    if args.measure:
+    if args.measure or args.measure_host:
         import logging
 
         logging.disable(logging.WARNING)
-        print(json.dumps(measure(args.measure, work)))
+        print(json.dumps(measure(args.measure or args.measure_host, work, profiled=bool(args.measure))))
         return 0
-    if args.replan:
-        earlier = [json.loads(line) for line in Path(args.replan).read_text().splitlines() if line.startswith("{")]
-        print(table([{**r, "planned": predict(r["name"], work)} for r in earlier]))
+    if args.replan or args.host_of:
+        earlier = [json.loads(line) for line in Path(args.replan or args.host_of).read_text().splitlines()
+                   if line.startswith("{")]
+        results = []
+        for r in earlier:
+            if args.host_of and (not args.names or r["name"] in args.names):
+                host = _measure_in_process(r["name"], work, profiled=False)["host"]
+                r["measured"] = {**r["measured"], "host_profiled": r["measured"].get("host_profiled",
+                                                                                     r["measured"]["host"]), "host": host}
+            results.append({**r, "planned": predict(r["name"], work)})
+            if args.json:
+                print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+        print(table(results))
         return 0
     results = []
     for name in args.names or list(CONFIGS):

@@ -31,8 +31,10 @@ CKPT_LAYER_H, CKPT_RECOMPUTE_H, CKPT_RECOMPUTE_I = 1.0, 9.0, 6.0
 LOGIT_COPIES_TRAIN = 3       # float32 log-softmax output, its gradient, the logits' gradient
 LOGIT_COPIES_INFER = 4       # float32 logits, log-softmax, entropy's exp and product (old log-probs)
 FUSED_CHUNK_BYTES = 64 << 20  # verl_npu.models.fused_logprobs.CHUNK_BYTES
-WORKER_BASE_BYTES = GIB      # one worker process: Python, torch, transformers (measured: 1.02-1.07 GiB
-                             # peak RSS of 2-step tiny runs in one process, less the planned tensors)
+WORKER_BASE_BYTES = GIB      # one worker process on an accelerator: Python, torch, transformers, the
+                             # device runtime (not measured; the CPU's base below and some room for it)
+CPU_WORKER_BASE_BYTES = 870 << 20   # one worker process on CPU: Python, torch, transformers, the data
+CPU_ALLOCATOR_RETAINED = 0.2        # of the peak tensors: what the C allocator keeps beside them (below)
 RAY_BYTES = GIB // 2         # Ray's own processes (GCS, raylet) beside several workers (not measured)
 
 
@@ -195,6 +197,15 @@ def logits_bytes(logit_tokens: float, vocab: int, *, copies: int, fused: bool) -
     a chunk of 64 MiB of float32 logits at a time: copies * min(64 MiB, 4 * Rt * V)."""
     one = 4 * logit_tokens * vocab
     return int(copies * (min(FUSED_CHUNK_BYTES, one) if fused else one))
+
+
+def cpu_allocator_retained_bytes(peak_tensor_bytes: int) -> int:
+    """What a CPU worker process keeps beyond its live tensors at its peak: 0.2 x the peak phase's
+    tensors. glibc's malloc serves tensors up to 32 MiB from its heap once a large block has been freed
+    (the mmap threshold moves up), and freed heap blocks between live ones are kept, not returned:
+    the heap grows past the live tensors (bench/memory_plan.md: the base and the fraction fitted on
+    four one-worker configurations, checked on 24 others)."""
+    return int(CPU_ALLOCATOR_RETAINED * peak_tensor_bytes)
 
 
 def kv_bytes_per_token(m: ModelSize, tp: int, dtype_bytes: int) -> int:

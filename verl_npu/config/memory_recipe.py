@@ -342,20 +342,30 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
         rows = s.rm_micro_rows or s.rows_per_device
         phases.append(Phase("reward model", resident + gathered + [Part("forward (no grad)", mp.inference_bytes(
             reward, rows * s.seq, s.compute_bytes), f"{rows} rows x {s.seq} tokens")]))
-    phases.append(Phase("checkpoint save", resident + [Part("one gathered tensor", actor.vocab * actor.hidden * 4,
-                                                            "the largest parameter, unsharded, fp32")],
+    if s.cpu and shards > 1:  # the huggingface/ export gathers the full model into rank 0's memory: the CPU's
+        gather = Part("the full model gathered on rank 0", 4 * p_actor, f"fp32 4 x {p_actor:,} for huggingface/ "
+                      "(the CPU is the host: measured on two workers)")
+    else:
+        gather = Part("one gathered tensor", actor.vocab * actor.hidden * 4, "the largest parameter, unsharded, fp32")
+    phases.append(Phase("checkpoint save", resident + [gather],
                         "" if s.saves else "trainer.save_freq <= 0: only at the end if asked"))
 
     # host figure of one node
     local = min(s.gpus_per_node, s.world)
-    host = [Part("worker processes", local * mp.WORKER_BASE_BYTES, f"{local} x 1 GiB (Python, torch, transformers)")]
+    cpu = s.compute_bytes == 4
+    base = mp.CPU_WORKER_BASE_BYTES if cpu else mp.WORKER_BASE_BYTES
+    what = (f"{base / mp.GIB:.2f} GiB: Python, torch, transformers, the data (fitted on CPU runs)" if cpu
+            else "1 GiB: Python, torch, transformers, the device runtime (not measured)")
+    host = [Part("worker processes", local * base, f"{local} x {what}")]
     if local > 1:
-        host.append(Part("driver process", mp.WORKER_BASE_BYTES, "the controller: Python, torch, the data (measured: "
-                         "1.0-1.2 GiB peak RSS in bench/memory_grid.py's two-worker runs)"))
+        host.append(Part("driver process", base, "the controller: Python, torch, the data, as a worker's base"))
         host.append(Part("Ray's processes", mp.RAY_BYTES, "an estimate (not measured)"))
-    if s.compute_bytes == 4:
+    if cpu:
         peak = max(p.total for p in phases)
         host.append(Part("the workers' tensors (the CPU is the device)", local * peak, f"{local} x the peak phase"))
+        host.append(Part("C allocator's retained blocks", local * mp.cpu_allocator_retained_bytes(peak),
+                         f"{local} x {mp.CPU_ALLOCATOR_RETAINED} x the peak phase: freed heap blocks glibc's malloc "
+                         "keeps between live ones"))
     if offload:
         host.append(Part("offloaded actor", local * math.ceil(16 * trainable / shards), "16 x P / W per worker"))
     if s.use_ref and s.ref_offload:
