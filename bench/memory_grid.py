@@ -90,7 +90,7 @@ CONFIGS = {
     "vl-tiny": ("vl", SMALL, 1, 0, 8, PAD),
     "vl-tiny-rmpad-kl": ("vl", SMALL, 1, 0, 8, RMPAD + KL),
     "vl-mid": ("vl", VL_MID, 1, 0, 8, PAD),
-    "vl-mid-ckpt-kl": ("vl", VL_MID, 1, 0, 8, PAD + CKPT + KL),   # (a critic on a VL model: not supported)
+    "vl-mid-ckpt-kl": ("vl", VL_MID, 1, 0, 8, PAD + CKPT + KL),   # (a VL critic is not in the grid: measured by no configuration)
     "vl-mid-2w": ("vl", VL_MID, 2, 0, 8, PAD),
     # the checkpoint save of the last step (trainer.save_freq=2): the worker's save_checkpoint call
     "text-mid-save": ("lm", MID, 1, 4, 16, PAD + SAVE),
