@@ -9,6 +9,7 @@ the allocator's settings: HM_MALLOPT="mmap=N,trim=N,arena=N,top=N" (mallopt at s
 (malloc_trim(0) after every call), HM_PROF=1 (the grid's profiler on), HM_STEPS (default 2).
 bench/memory_plan.md and docs/performance.md quote its numbers.
 """
+import argparse
 import ctypes
 import json
 import os
@@ -77,8 +78,12 @@ def main():
     from verl_npu.config import load_recipe
     from verl_npu.trainer import entry
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     epilog="Environment: HM_MALLOPT, HM_TRIM, HM_PROF, HM_STEPS (see the module docstring).")
+    parser.add_argument("name", choices=sorted(mg.CONFIGS), metavar="NAME",
+                        help="a configuration of bench/memory_grid.py (python bench/memory_grid.py --list)")
+    name = parser.parse_args().name
     torch.set_num_threads(1)
-    name = sys.argv[1]
     work = Path("/tmp/verl_npu_memory_grid")
     recipe, args, _ = mg.overrides(name, work)
     args = [a for a in args if not a.startswith("trainer.total_training_steps")]
