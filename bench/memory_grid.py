@@ -354,7 +354,7 @@ def _rank_main(conn, cfg, device, steps: int, rank: int, world: int, port: int, 
             conn.send(("ok", result))
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             conn.send(("error", repr(exc)))
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # before the trace is read
+    rss = _peak_rss()   # before the trace is read
     peaks = {} if prof is None else phase_peaks(prof, Path(tempfile.gettempdir()) / f"memgrid-trace-{os.getpid()}.json",
                                                 _alive_pointers())
     conn.send(("done", {"peaks": peaks, "rss": rss}))
@@ -499,7 +499,16 @@ def predict(name: str, work: Path) -> dict:
 
 def _peak_rss() -> int:
     """This process's peak RSS in bytes (its whole life: the models and data the grid builds were
-    built by the profiled run before, so the host run's process does what `verl-npu run`'s does)."""
+    built by the profiled run before, so the host run's process does what `verl-npu run`'s does).
+    Read from /proc/self/status's VmHWM, the peak of this program's own memory: getrusage's
+    ru_maxrss survives exec, so a process started from a large parent (a long pytest session)
+    reports at least the parent's RSS at the fork."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
