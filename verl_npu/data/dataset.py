@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import torch
 
 from verl_npu.config.typed import section
+from verl_npu.data.images import ImageResizer
 from verl_npu.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -188,9 +189,8 @@ class RLDataset:
             tid = tok.convert_tokens_to_ids(t)
             if isinstance(tid, int) and tid != tok.unk_token_id:
                 self.protected_ids.add(tid)
-        size = getattr(ip, "size", None) or {}
-        self.min_pixels = self.settings.min_pixels or getattr(ip, "min_pixels", None) or size.get("shortest_edge")
-        self.max_pixels = self.settings.max_pixels or getattr(ip, "max_pixels", None) or size.get("longest_edge")
+        self.resizer = ImageResizer.of(ip, self.settings.min_pixels, self.settings.max_pixels)
+        self.min_pixels, self.max_pixels = self.resizer.min_pixels, self.resizer.max_pixels
 
     def _read_file(self, f: str) -> pa.Table:
         s = self.settings
@@ -292,7 +292,7 @@ class RLDataset:
                 out.append(str(e))
                 continue
             try:
-                h, w = self._resized_size(image.height, image.width)
+                h, w = self.resizer.size(image.height, image.width)
             except (ValueError, ZeroDivisionError, AssertionError) as e:
                 out.append(f"{where}: image {k} is {image.width}x{image.height} px and cannot be resized within "
                            f"min_pixels={self.min_pixels}..max_pixels={self.max_pixels} ({e}); crop or pad it")
@@ -416,20 +416,6 @@ class RLDataset:
         images = row.get(self.settings.image_key)
         return list(images) if images else []
 
-    def _resized_size(self, height: int, width: int) -> tuple[int, int]:
-        """(h, w) after qwen-vl-utils' smart_resize with this dataset's factor and pixel limits."""
-        from qwen_vl_utils.vision_process import smart_resize  # noqa: PLC0415
-
-        return smart_resize(height, width, factor=self.patch_factor, min_pixels=self.min_pixels,
-                            max_pixels=self.max_pixels)
-
-    def _resize(self, image):
-        from qwen_vl_utils.vision_process import to_rgb  # noqa: PLC0415
-
-        h, w = self._resized_size(image.height, image.width)
-        image = to_rgb(image)
-        return image if image.size == (w, h) else image.resize((w, h), resample=3)  # 3 = bicubic
-
     def _template(self, messages: list[dict]) -> str:
         owner = self.processor if self.processor is not None else self.tokenizer
         extra = {"tools": self.tools} if self.tools else {}
@@ -453,7 +439,7 @@ class RLDataset:
         extra = 0
         for k, value in enumerate(raw_images):
             w, h = _image_header_size(value, where, k)
-            extra += self.image_tokens(*self._resized_size(h, w)) - 1
+            extra += self.image_tokens(*self.resizer.size(h, w)) - 1
         return len(text_ids) + extra
 
     def __getitem__(self, i: int) -> dict:
@@ -466,7 +452,7 @@ class RLDataset:
         messages = self._messages(row, where, len(raw_images))
         text = self._template(messages)
         mm_inputs: dict[str, torch.Tensor] = {}
-        images = [self._resize(_decode_image(v, where, k)) for k, v in enumerate(raw_images)]
+        images = [self.resizer(_decode_image(v, where, k)) for k, v in enumerate(raw_images)]
         if images:
             # Images are already resized to multiples of the patch factor: a second resize inside
             # the processor could change their token count and break the match with multi_modal_data.

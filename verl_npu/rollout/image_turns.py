@@ -22,6 +22,7 @@ import re
 
 import torch
 
+from verl_npu.data.images import ImageResizer
 from verl_npu.errors import UserError
 
 #: processor outputs that are per token, not per image: they stay out of `multi_modal_inputs`
@@ -56,20 +57,9 @@ class ImageTurns:
         self.processor = processor
         tok = getattr(processor, "tokenizer", processor)
         self.image_token_id = tok.convert_tokens_to_ids(self.image_token)
-        merge = int(getattr(ip, "merge_size", 2))
-        self.factor = int(getattr(ip, "patch_size", 14)) * merge
-        size = getattr(ip, "size", None) or {}
-        self.min_pixels = min_pixels or getattr(ip, "min_pixels", None) or size.get("shortest_edge")
-        self.max_pixels = max_pixels or getattr(ip, "max_pixels", None) or size.get("longest_edge")
-
-    def resize(self, image):
-        """`image` (PIL) in RGB, resized as the dataset resizes prompt images."""
-        from qwen_vl_utils.vision_process import smart_resize, to_rgb
-
-        image = to_rgb(image)
-        h, w = smart_resize(image.height, image.width, factor=self.factor, min_pixels=self.min_pixels,
-                            max_pixels=self.max_pixels)
-        return image if image.size == (w, h) else image.resize((w, h), resample=3)  # 3 = bicubic
+        #: `image` (PIL) in RGB, resized as the dataset resizes prompt images
+        self.resize = ImageResizer.of(ip, min_pixels, max_pixels)
+        self.factor = self.resize.factor
 
     def encode(self, text: str, images: list) -> tuple[list[int], dict]:
         """(token ids, processor tensors) of a turn's `text` holding one image placeholder per image of
