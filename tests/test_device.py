@@ -475,3 +475,19 @@ def test_the_device_is_detected_by_the_driver_and_handed_to_the_workers():
     import pickle
 
     assert pickle.loads(pickle.dumps(DeviceInfo("cpu"))) == DeviceInfo("cpu")
+
+
+def test_cuda_turns_cudnn_attention_off_and_cpu_leaves_it():
+    """cuDNN SDPA builds a plan per new shape (seconds per RL step on an H200: bench/cuda_check.md);
+    a cuda worker turns it off before building its models, other kinds leave torch's choice alone."""
+    import torch
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        DeviceInfo("cpu").use_kernels()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        DeviceInfo("cuda").use_kernels()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
