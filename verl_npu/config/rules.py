@@ -479,11 +479,8 @@ def vllm_arg(c: Ctx, arg: str, rollout_key: str | None = None) -> _Arg | None:
 
 
 def _vllm_rule(name: str, keys: tuple[str, ...], text: str):
-    """`_rule` for a rule of the vllm rollout: its check runs only when actor_rollout_ref.rollout.name is
-    vllm (the other engines get none of these engine arguments)."""
-    if _NAME not in keys:
-        raise ValueError(f"vllm rule {name}: its keys must include {_NAME}")
-
+    """`_rule` for a rule of the vllm rollout (`keys` holds rollout.name): its check runs only when
+    actor_rollout_ref.rollout.name is vllm (the other engines get none of these engine arguments)."""
     def register(fn: Callable[[Ctx], Iterator[Problem]]):
         def check(c: Ctx) -> Iterator[Problem]:
             if c(_NAME) == "vllm":
