@@ -8,6 +8,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+#: a recipe of a 2-node CPU run, 1 worker a node (the cluster launcher's tests; its paths need not exist)
+TWO_NODE_RECIPE = """\
+af_output_dir: out
+backend_config:
+  data: {train_files: a/train.parquet, val_files: b/test.parquet, train_batch_size: 4,
+         max_prompt_length: 64, max_response_length: 8}
+  actor_rollout_ref:
+    model: {path: models/none}
+    actor: {ppo_mini_batch_size: 4, ppo_micro_batch_size_per_gpu: 2}
+    rollout: {name: hf, n: 2, log_prob_micro_batch_size_per_gpu: 2}
+    ref: {log_prob_micro_batch_size_per_gpu: 2}
+  trainer: {nnodes: 2, n_gpus_per_node: 1, device: cpu}
+"""
 #: the flagship recipe's required fields filled in (the paths need not exist: validation without --check-paths)
 FLAGSHIP_FILLED = [
     "af_output_dir=/tmp/verl_npu_out",
