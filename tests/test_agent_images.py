@@ -11,6 +11,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from gloo_workers import gloo_group, spawn_gloo
+from test_agent_loop import scripted
+
 from verl_npu.batch import Batch
 from verl_npu.config.typed import section
 from verl_npu.data import RLDataset, collate_rows
@@ -78,18 +81,6 @@ def prompt_batch(processor, tmp_path, n_rows: int) -> Batch:
     tensors, lists = dict(items.tensors), dict(items.lists)
     lists["uid"] = [f"q{i}" for i in range(n_rows)]
     return Batch(tensors, lists)
-
-
-def scripted(tokenizer, eos: int, scripts: dict[str, list[str]]):
-    """pick_factory: trajectory `uid#j` writes scripts[uid][turn] then the end-of-turn token."""
-    def factory(active, steps):
-        plan = [tokenizer(scripts[t.uid.split("#")[0]][t.assistant_turns], add_special_tokens=False)["input_ids"]
-                + [eos] for t in active]
-
-        def pick(scores, t):
-            return torch.tensor([p[t] if t < len(p) else eos for p in plan], device=scores.device)
-        return pick
-    return factory
 
 
 def loop_for(model, processor, scripts, images=True, **settings):
@@ -294,16 +285,12 @@ SYNC_SCRIPTS = {"q0": [ZOOM, "4"], "q1": ["4"]}
 def _sharded_worker(rank: int, world: int, port: int, result_dir: str) -> None:
     import os
 
-    import torch.distributed as dist
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from verl_npu.models.tiny import materialize
     from verl_npu.workers.parallel import shard_module
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         path = materialize("tiny://qwen25vl")
         torch.manual_seed(0)
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
@@ -316,29 +303,13 @@ def _sharded_worker(rank: int, world: int, port: int, result_dir: str) -> None:
         batch = prompt_batch(processor, folder, 2).select([rank])   # rank 0: q0 (a zoom), rank 1: q1 (one turn)
         out = loop.run(batch, SamplingParams(max_new_tokens=R))
         torch.save({k: out[k] for k in ("responses", "response_mask")}, os.path.join(result_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_sharded_ranks_stay_in_step_when_only_one_has_pictures_to_encode(vl, tmp_path):
     """Two FSDP-sharded workers (the vision tower is an FSDP unit: its forward is a collective): rank 1
     finishes after one turn while rank 0 prefills a conversation with a tool picture; rank 1's stand-in
     decode encodes a picture too, so neither hangs, and each rank gets the trajectory it gets alone."""
-    import socket
-    import time
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.spawn(_sharded_worker, args=(2, port, str(tmp_path)), nprocs=2, join=False)
-    deadline = time.time() + 300
-    while not ctx.join(timeout=5):
-        if time.time() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the ranks did not finish together (a collective mismatch hangs them)")
+    spawn_gloo(_sharded_worker, str(tmp_path), timeout_s=300)
     model, processor = vl
     _, loop = loop_for(model, processor, SYNC_SCRIPTS)
     alone = loop.run(prompt_batch(processor, tmp_path, 2), SamplingParams(max_new_tokens=R))

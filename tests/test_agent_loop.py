@@ -13,6 +13,8 @@ import json
 import pytest
 import torch
 
+from gloo_workers import gloo_group, spawn_gloo
+
 from verl_npu import algorithms
 from verl_npu.batch import Batch
 from verl_npu.config.typed import section
@@ -76,11 +78,12 @@ def prompts(tokenizer, pad_id: int, questions: list[str], uids: list[str]) -> Ba
     return left_padded(rows, pad_id, P, uid=uids, extra_info=[{"tools_kwargs": TRUTH} for _ in rows])
 
 
-def scripted(tokenizer, eos: int, scripts: dict[str, list[str]]):
-    """pick_factory: trajectory `uid#j` writes scripts[uid][turn] then the end-of-turn token."""
+def scripted(tokenizer, eos: int, scripts: dict[str, list[str]], with_eos: bool = True):
+    """pick_factory: trajectory `uid#j` writes scripts[uid][turn] then (`with_eos`) the end-of-turn token.
+    (The other agent-loop tests, test_agent_images and test_interactions, script their turns with it too.)"""
     def factory(active, steps):
         plan = [tokenizer(scripts[t.uid.split("#")[0]][t.assistant_turns], add_special_tokens=False)["input_ids"]
-                + [eos] for t in active]
+                + ([eos] if with_eos else []) for t in active]
 
         def pick(scores, t):
             return torch.tensor([p[t] if t < len(p) else eos for p in plan], device=scores.device)
@@ -236,15 +239,11 @@ SYNC_SCRIPTS = {"q0": [CALL, "#### 5"], "q2": ["The answer is 7."]}
 def _synced_worker(rank: int, world: int, port: int, result_dir: str) -> None:
     import os
 
-    import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verl_npu.models.tiny import materialize
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         path = materialize("tiny://qwen2")
         model, tok = AutoModelForCausalLM.from_pretrained(path).float().eval(), AutoTokenizer.from_pretrained(path)
         eng, loop = loop_for(model, tok, SYNC_SCRIPTS)
@@ -252,28 +251,12 @@ def _synced_worker(rank: int, world: int, port: int, result_dir: str) -> None:
         uid = ["q0", "q2"][rank]  # rank 0: two model turns and a tool turn; rank 1: one turn
         out = loop.run(prompts(tok, eng.pad_id, ["What is 2 plus 3?"], [uid]), SamplingParams(max_new_tokens=R))
         torch.save({k: out[k] for k in ("responses", "response_mask")}, os.path.join(result_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_ranks_with_different_turn_counts_stay_in_step(model_and_tokenizer, tmp_path):
     """Several workers (sharded modules): a rank whose trajectories finish first keeps stepping (a stand-in
     decode) while another rank runs its tool turn, and each rank's trajectories are those it gets alone."""
-    import socket
-    import time
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.spawn(_synced_worker, args=(2, port, str(tmp_path)), nprocs=2, join=False)
-    deadline = time.time() + 240
-    while not ctx.join(timeout=5):
-        if time.time() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the ranks did not finish together (a collective mismatch hangs them)")
+    spawn_gloo(_synced_worker, str(tmp_path), timeout_s=240)
     model, tok = model_and_tokenizer
     eng, loop = loop_for(model, tok, SYNC_SCRIPTS)
     for rank, uid in enumerate(["q0", "q2"]):

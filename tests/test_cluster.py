@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from run_helpers import TWO_NODE_RECIPE
+
 from verl_npu.cluster import (
     ClusterNeed,
     alive_nodes,
@@ -133,24 +135,10 @@ def test_ray_start_args():
         ray_start_args("tpu", 1, 0)
 
 
-RECIPE = """\
-af_output_dir: out
-backend_config:
-  data: {train_files: a/train.parquet, val_files: b/test.parquet, train_batch_size: 4,
-         max_prompt_length: 64, max_response_length: 8}
-  actor_rollout_ref:
-    model: {path: models/none}
-    actor: {ppo_mini_batch_size: 4, ppo_micro_batch_size_per_gpu: 2}
-    rollout: {name: hf, n: 2, log_prob_micro_batch_size_per_gpu: 2}
-    ref: {log_prob_micro_batch_size_per_gpu: 2}
-  trainer: {nnodes: 2, n_gpus_per_node: 1, device: cpu}
-"""
-
-
 @pytest.fixture
 def recipe(tmp_path):
     path = tmp_path / "two_nodes.yaml"
-    path.write_text(RECIPE)
+    path.write_text(TWO_NODE_RECIPE)
     return path
 
 
@@ -187,7 +175,7 @@ def test_cli_ray_start_args_on_cpu(recipe, capsys):
 
 def test_cli_bad_recipe_is_a_user_error(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(RECIPE.replace("nnodes: 2", "nnodes: 0"))
+    bad.write_text(TWO_NODE_RECIPE.replace("nnodes: 2", "nnodes: 0"))
     assert main(["ray-start-args", "--node-rank", "0", str(bad)]) == 1
     assert "trainer.nnodes" in capsys.readouterr().err
 

@@ -268,6 +268,16 @@ def test_vllm_rules_take_engine_kwargs_into_account(overrides):
     assert rc.world_size == 8
 
 
+def test_every_vllm_rule_names_the_rollout_engine_key():
+    """The vllm rules run only with rollout.name=vllm (rules._vllm_rule), so each lists that key: `verl-npu
+    explain actor_rollout_ref.rollout.name` shows them."""
+    from verl_npu.config.rules import RULES
+
+    vllm_rules = [r for r in RULES if r.name.startswith("vllm_")]
+    assert len(vllm_rules) == 5
+    assert all(A + "rollout.name" in r.keys for r in vllm_rules), [r.name for r in vllm_rules]
+
+
 def test_weight_sync_keys_have_their_defaults():
     rollout = load_recipe("qwen25vl_geo3k", FILLED).backend.actor_rollout_ref.rollout
     assert rollout.update_weights_bucket_megabytes == 512

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_agent_loop import left_padded
+from test_agent_loop import left_padded, scripted
 from verl_npu.batch import Batch
 from verl_npu.config.interaction_file import default_name, read_interaction_config
 from verl_npu.config.typed import section
@@ -189,16 +189,6 @@ def prompts(tok, pad_id, messages_per_row, extra, agent="tool_agent") -> Batch:
                 add_special_tokens=False)["input_ids"] for m in messages_per_row]
     return left_padded(rows, pad_id, P, uid=[f"q{i}" for i in range(len(rows))], extra_info=extra,
                        raw_prompt=messages_per_row, agent_name=[agent] * len(rows))
-
-def scripted(tok, eos, scripts, with_eos=True):
-    def factory(active, steps):
-        plan = [tok(scripts[t.uid.split("#")[0]][t.assistant_turns], add_special_tokens=False)["input_ids"]
-                + ([eos] if with_eos else []) for t in active]
-
-        def pick(scores, t):
-            return torch.tensor([p[t] if t < len(p) else eos for p in plan], device=scores.device)
-        return pick
-    return factory
 
 def test_environment_trajectory_mask_token_by_token_and_turn_scores(model_and_tokenizer):
     """One token per model turn (max_tokens_per_step 1): the move is trained (1), the lake's reply, which

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from run_helpers import TWO_NODE_RECIPE
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "launch" / "run_recipe.sh"
 
@@ -69,19 +71,6 @@ def shutdown():
     _connected.clear()
 """
 
-RECIPE = """\
-af_output_dir: out
-backend_config:
-  data: {train_files: a/train.parquet, val_files: b/test.parquet, train_batch_size: 4,
-         max_prompt_length: 64, max_response_length: 8}
-  actor_rollout_ref:
-    model: {path: models/none}
-    actor: {ppo_mini_batch_size: 4, ppo_micro_batch_size_per_gpu: 2}
-    rollout: {name: hf, n: 2, log_prob_micro_batch_size_per_gpu: 2}
-    ref: {log_prob_micro_batch_size_per_gpu: 2}
-  trainer: {nnodes: 2, n_gpus_per_node: 1, device: cpu}
-"""
-
 CLUSTER_VARS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_WAIT_TIMEOUT", "NODE_POLL_INTERVAL",
                 "RAY_ADDRESS", "VERL_NPU_RAY", "ASCEND_HOME_PATH", "ATB_HOME_PATH", "NODE_IP_ADDRESS")
 
@@ -106,7 +95,7 @@ class Launch:
         (tmp / "fakepy" / "ray" / "__init__.py").write_text(FAKE_RAY_MODULE)
         (tmp / "runs").mkdir()
         self.recipe = tmp / "two_nodes.yaml"
-        self.recipe.write_text(RECIPE)
+        self.recipe.write_text(TWO_NODE_RECIPE)
         env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARS}
         env.update({
             "PATH": f"{fake_bin}{os.pathsep}{env.get('PATH', '')}",

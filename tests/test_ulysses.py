@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from gloo_workers import gloo_group, spawn_gloo
+
 from verl_npu.models import ulysses
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(fn, *args, world: int = 2) -> None:
-    mp.spawn(fn, args=(world, _free_port(), *args), nprocs=world, join=True)
-
-
-def _init(rank: int, world: int, port: int) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
 def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
@@ -40,53 +22,52 @@ def _sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
 
 
 def _collectives_worker(rank: int, world: int, port: int) -> None:
-    _init(rank, world, port)
-    try:
-        group = dist.group.WORLD
-        for force_fallback in (False, True):
-            ulysses._A2A_UNSUPPORTED = force_fallback  # True: the all_gather-based all-to-all
-            gen = torch.Generator().manual_seed(0)
-            full = torch.randn(2, 4, 7, 3, generator=gen)  # [B, H, T, D], T=7 is not a multiple of 2
-            w_out = torch.randn(2, 7, 4, 3, generator=gen)
-            w_heads = torch.randn(2, 4, 8, 3, generator=gen)
+    with gloo_group(rank, world, port):
+        try:
+            group = dist.group.WORLD
+            for force_fallback in (False, True):
+                ulysses._A2A_UNSUPPORTED = force_fallback  # True: the all_gather-based all-to-all
+                gen = torch.Generator().manual_seed(0)
+                full = torch.randn(2, 4, 7, 3, generator=gen)  # [B, H, T, D], T=7 is not a multiple of 2
+                w_out = torch.randn(2, 7, 4, 3, generator=gen)
+                w_heads = torch.randn(2, 4, 8, 3, generator=gen)
 
-            # single process: the same two loss terms on the whole tensor
-            ref_x = full.clone().requires_grad_(True)
-            ref_pad = F.pad(ref_x, (0, 0, 0, 1))
-            ref_loss = (ref_x.transpose(1, 2) * w_out).sum() + (ref_pad.pow(2) * w_heads).sum()
-            ref_loss.backward()
+                # single process: the same two loss terms on the whole tensor
+                ref_x = full.clone().requires_grad_(True)
+                ref_pad = F.pad(ref_x, (0, 0, 0, 1))
+                ref_loss = (ref_x.transpose(1, 2) * w_out).sum() + (ref_pad.pow(2) * w_heads).sum()
+                ref_loss.backward()
 
-            x = full.clone().requires_grad_(True)
-            local, pad = ulysses.pad_and_shard(x, 2, group)
-            assert pad == 1 and local.shape == (2, 4, 4, 3)
-            assert torch.equal(local, F.pad(full, (0, 0, 0, 1))[:, :, rank * 4 : rank * 4 + 4])
+                x = full.clone().requires_grad_(True)
+                local, pad = ulysses.pad_and_shard(x, 2, group)
+                assert pad == 1 and local.shape == (2, 4, 4, 3)
+                assert torch.equal(local, F.pad(full, (0, 0, 0, 1))[:, :, rank * 4 : rank * 4 + 4])
 
-            heads = ulysses.seq_to_heads(local, group)  # [B, H/P, T, D]
-            assert heads.shape == (2, 2, 8, 3)
-            assert torch.equal(heads, F.pad(full, (0, 0, 0, 1))[:, rank * 2 : rank * 2 + 2])
+                heads = ulysses.seq_to_heads(local, group)  # [B, H/P, T, D]
+                assert heads.shape == (2, 2, 8, 3)
+                assert torch.equal(heads, F.pad(full, (0, 0, 0, 1))[:, rank * 2 : rank * 2 + 2])
 
-            back = ulysses.heads_to_seq(heads.transpose(1, 2), group)  # [B, T/P, H, D]
-            assert torch.equal(back, local.transpose(1, 2))
-            gathered = ulysses.gather_sequence(back, 1, group, pad)
-            assert torch.equal(gathered, full.transpose(1, 2))
+                back = ulysses.heads_to_seq(heads.transpose(1, 2), group)  # [B, T/P, H, D]
+                assert torch.equal(back, local.transpose(1, 2))
+                gathered = ulysses.gather_sequence(back, 1, group, pad)
+                assert torch.equal(gathered, full.transpose(1, 2))
 
-            loss = (gathered * w_out).sum() + (heads.pow(2) * w_heads[:, rank * 2 : rank * 2 + 2]).sum()
-            loss.backward()
-            torch.testing.assert_close(_sum_over_ranks(x.grad), ref_x.grad, rtol=0, atol=1e-6)
-            # this rank's gradient only covers its own tokens of the gathered term
-            assert not torch.equal(x.grad, ref_x.grad)
+                loss = (gathered * w_out).sum() + (heads.pow(2) * w_heads[:, rank * 2 : rank * 2 + 2]).sum()
+                loss.backward()
+                torch.testing.assert_close(_sum_over_ranks(x.grad), ref_x.grad, rtol=0, atol=1e-6)
+                # this rank's gradient only covers its own tokens of the gathered term
+                assert not torch.equal(x.grad, ref_x.grad)
 
-            # grad_scale multiplies the slice of the gradient
-            y = torch.ones(2, 3, requires_grad=True)
-            ulysses.gather_sequence(y, 0, group, 0, grad_scale=2.0).sum().backward()
-            assert torch.equal(y.grad, torch.full((2, 3), 2.0))
-    finally:
-        ulysses._A2A_UNSUPPORTED = False
-        dist.destroy_process_group()
+                # grad_scale multiplies the slice of the gradient
+                y = torch.ones(2, 3, requires_grad=True)
+                ulysses.gather_sequence(y, 0, group, 0, grad_scale=2.0).sum().backward()
+                assert torch.equal(y.grad, torch.full((2, 3), 2.0))
+        finally:
+            ulysses._A2A_UNSUPPORTED = False
 
 
 def test_all_to_alls_and_gather_round_trip_with_exact_gradients():
-    _spawn(_collectives_worker)
+    spawn_gloo(_collectives_worker)
 
 
 # ----------------------------------------------------------------------------- model equivalence
@@ -147,8 +128,7 @@ def _compare_model(model, ids, pos, rank, inner: str) -> None:
 
 
 def _model_worker(rank: int, world: int, port: int, model_path: str) -> None:
-    _init(rank, world, port)
-    try:
+    with gloo_group(rank, world, port, wait_for_peers=True):
         from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
         # tiny Qwen2 (4 heads, 2 kv heads): kv heads split evenly over the 2 ranks; SDPA inside
@@ -164,13 +144,10 @@ def _model_worker(rank: int, world: int, port: int, model_path: str) -> None:
         small = Qwen2ForCausalLM(config).float()
         ids, pos = _packed_batch(64, [5, 7, 8], seed=2)  # T=20: no padding
         _compare_model(small, ids, pos, rank, inner="eager")
-    finally:
-        dist.barrier()  # neither rank tears gloo down while its peer still talks to it
-        dist.destroy_process_group()
 
 
 def test_tiny_qwen2_with_sp2_matches_one_process(tiny_lm_path):
-    _spawn(_model_worker, str(tiny_lm_path))
+    spawn_gloo(_model_worker, str(tiny_lm_path))
 
 
 # ----------------------------------------------------------------------------- single process

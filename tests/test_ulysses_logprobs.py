@@ -4,26 +4,16 @@ entropies, gradients, and the sum of squared probabilities of actor.calculate_su
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gloo_workers import gloo_group, spawn_gloo
 
 
 def _worker(rank: int, world: int, port: int, path: str, result_dir: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port, wait_for_peers=True):
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         from verl_npu.models.forward import response_log_probs
@@ -44,9 +34,6 @@ def _worker(rank: int, world: int, port: int, path: str, result_dir: str) -> Non
         if rank == 0:
             torch.save({"lp": lp.detach(), "ent": ent.detach(), "grads": grads, "spsq": spsq},
                        os.path.join(result_dir, "sp.pt"))
-    finally:
-        dist.barrier()  # neither rank tears gloo down while its peer still talks to it
-        dist.destroy_process_group()
 
 
 def _inputs(path: str, vision: bool):
@@ -88,7 +75,7 @@ def test_sequence_parallel_log_probs_and_grads_match(tmp_path, tiny_lm_path, tin
     path = str(tiny_vl_path if vision else tiny_lm_path)
     data = {**_inputs(path, vision), "fused": fused}
     torch.save(data, tmp_path / "inputs.pt")
-    mp.spawn(_worker, args=(2, _free_port(), path, str(tmp_path)), nprocs=2, join=True)
+    spawn_gloo(_worker, path, str(tmp_path))
     sp = torch.load(tmp_path / "sp.pt", weights_only=False)
 
     cls = AutoModelForImageTextToText if vision else AutoModelForCausalLM

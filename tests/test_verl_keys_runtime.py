@@ -100,28 +100,15 @@ def test_entropy_chunking_gives_the_same_entropy(tiny_lm_path):
     assert rc.backend.actor_rollout_ref.actor.entropy_from_logits_with_chunking is True
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _prefetch_worker(rank: int, world: int, port: int, path: str, out: str) -> None:
-    import os
-
     import torch
-    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
+    from gloo_workers import gloo_group
     from verl_npu.config.typed import section
     from verl_npu.workers.parallel import shard_module
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         ids = torch.randint(3, 200, (2, 8), generator=torch.Generator().manual_seed(0))
         results = {}
         for prefetch in (False, True):
@@ -137,14 +124,12 @@ def _prefetch_worker(rank: int, world: int, port: int, path: str, out: str) -> N
         assert results[True][1] == [1] * (len(layers) - 1) + [0]   # each block prefetches the next
         if rank == 0:
             open(out, "w").write("ok")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_forward_prefetch_sets_fsdp2_prefetch_and_keeps_the_numbers(tiny_lm_path, tmp_path):
-    import torch.multiprocessing as mp
+    from gloo_workers import spawn_gloo
 
     out = tmp_path / "ok"
-    mp.spawn(_prefetch_worker, args=(2, _free_port(), str(tiny_lm_path), str(out)), nprocs=2, join=True)
+    spawn_gloo(_prefetch_worker, str(tiny_lm_path), str(out))
     assert out.read_text() == "ok"

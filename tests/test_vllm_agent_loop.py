@@ -34,7 +34,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from run_helpers import step_metrics, write_varied_reward  # noqa: E402
+from run_helpers import step_metrics, vllm_run_overrides, write_varied_reward  # noqa: E402
 from test_agent_loop import CALL, TRUTH, left_padded, scripted, tools  # noqa: E402
 
 import forced_turns  # noqa: E402
@@ -47,7 +47,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
 TOOL_CONFIG = REPO / "examples" / "tool_config" / "gsm8k_tool_config.yaml"
 P, R = 192, 96
-PROCESSOR = "forced_turns:ForcedTurns"
 
 
 def prompt_batch(tok, questions: list[str], uids: list[str], pad_id: int) -> Batch:
@@ -59,31 +58,13 @@ def prompt_batch(tok, questions: list[str], uids: list[str], pad_id: int) -> Bat
 
 
 def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_log_probs(tiny_lm_path):
-    from omegaconf import OmegaConf
-    from transformers import AutoModelForCausalLM
-
     from verl_npu.models.forward import response_log_probs
-    from verl_npu.models.loading import load_tokenizer_and_processor
-    from verl_npu.rollout import build_rollout
     from verl_npu.config.typed import section
     from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop
     from verl_npu.rollout.hf import HFRollout
 
-    tok, _ = load_tokenizer_and_processor(str(tiny_lm_path))
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_lm_path), dtype=torch.float32).eval()
-    seqs = 8
-    cfg = OmegaConf.create({"data": {"seed": 0}, "actor_rollout_ref": {
-        "model": {"path": str(tiny_lm_path), "trust_remote_code": False},
-        "rollout": {"name": "vllm", "dtype": "float32", "tensor_model_parallel_size": 1, "enforce_eager": True,
-                    "max_num_seqs": seqs, "max_num_batched_tokens": seqs * (P + R), "enable_chunked_prefill": True,
-                    "prompt_length": P, "response_length": R, "free_cache_engine": True, "load_format": "auto",
-                    "gpu_memory_utilization": 0.5,
-                    "multi_turn": {"enable": True, "tool_config_path": str(TOOL_CONFIG), "max_assistant_turns": 4},
-                    "agent": {"default_agent_loop": "tool_agent"},
-                    # the scripted turns' distribution is forced: read the model's own (raw) log-probs
-                    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20, "logits_processors": [PROCESSOR],
-                                               "logprobs_mode": "raw_logprobs"}}}}})
-    engine = build_rollout("vllm", model, tok, None, cfg)
+    engine, model, tok = forced_turns.scripted_engine(
+        tiny_lm_path, P, R, {"tool_config_path": str(TOOL_CONFIG), "max_assistant_turns": 4})
     stats = engine.engine_stats()
     assert stats["enable_prefix_caching"] and stats["enable_chunked_prefill"]
     engine.agent_loop.tools = tools()  # the hf loop's tools (an unknown-tool error lists them)
@@ -91,9 +72,7 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
     texts = {"q0": [CALL, "#### 5"],                                               # tool call, then the answer
              "q1": ['<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "sorry"],  # unknown tool: a long reply
              "q2": ["The answer is 7."]}                                              # no call: one turn
-    forced_turns.SCRIPTS.clear()
-    forced_turns.SCRIPTS.update({uid: [ids(t) for t in turns] for uid, turns in texts.items()})
-    forced_turns.EOS[0] = engine.eos_ids[0]
+    forced_turns.set_scripts(tok, engine.eos_ids[0], texts)
     questions = ["What is 2 plus 3?", "What is 1 plus 1?", "What is 3 plus 4?"]
     batch = prompt_batch(tok, questions, ["q0", "q1", "q2"], engine.pad_id)
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=R)
@@ -150,38 +129,16 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
 
 # ------------------------------------------------------------------------- training runs
 def overrides(out: Path, data: Path, gpus: int, tp: int, tool_config: Path) -> list[str]:
-    seqs, model_len = 16, 224 + 96  # each rank's 4 prompts x n=4; the recipe's prompt and response lengths
-    values = {
-        "af_output_dir": out,
+    return vllm_run_overrides(out, data, gpus, tp, 224 + 96, **{   # the recipe's prompt and response lengths
         "custom_reward_function.path": write_varied_reward(out.parent / "varied_reward.py"),
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
-        "data.train_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
         "actor_rollout_ref.actor.use_kl_loss": "true",
         "actor_rollout_ref.actor.kl_loss_coef": 0.01,
-        "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.dtype": "float32",
-        "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
-        "actor_rollout_ref.rollout.enforce_eager": "true",
-        "actor_rollout_ref.rollout.max_num_seqs": seqs,
-        "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
-        "actor_rollout_ref.rollout.max_num_batched_tokens": seqs * model_len,  # never splits a seeded prompt
         "actor_rollout_ref.rollout.multi_turn.tool_config_path": tool_config,
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors": f"['{PROCESSOR}']",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors": f"['{forced_turns.PROCESSOR}']",
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.logprobs_mode": "raw_logprobs",
-        "trainer.n_gpus_per_node": gpus,
-        "trainer.total_training_steps": 2,
-        "trainer.save_freq": -1,
         "trainer.test_freq": -1,
         "trainer.rollout_data_dir": "null",
-        "trainer.logger": "[console]",
-        "ray_init.num_cpus": 2,
-    }
-    return [f"{k}={v}" for k, v in values.items()]
+    })
 
 
 COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",

@@ -29,7 +29,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from run_helpers import step_metrics  # noqa: E402
+from run_helpers import step_metrics, vllm_run_overrides  # noqa: E402
 from test_interactions import LAKE, P, R, prompts, scripted  # noqa: E402
 
 import failing_interaction  # noqa: E402
@@ -38,7 +38,6 @@ from verl_npu.rollout.base import SamplingParams  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-PROCESSOR = "forced_turns:ForcedTurns"
 GRID_CONFIG = ("interaction:\n  - name: grid_env\n    class_name: {cls}\n    config:\n      env: frozen_lake\n"
                "      max_steps: 3\n      max_tokens_per_step: 1\n{extra}")
 
@@ -49,38 +48,19 @@ def grid_config(path: Path, cls: str = "grid_env", extra: str = "") -> Path:
 
 
 def test_grid_env_on_vllm_equals_the_hf_loop_for_the_same_tokens(tiny_lm_path, tmp_path):
-    from omegaconf import OmegaConf
-    from transformers import AutoModelForCausalLM
-
     from verl_npu.config.typed import section
-    from verl_npu.models.loading import load_tokenizer_and_processor
-    from verl_npu.rollout import build_rollout
     from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop
     from verl_npu.rollout.hf import HFRollout
     from verl_npu.tools.interactions.grid_env import GridEnvInteraction
 
-    tok, _ = load_tokenizer_and_processor(str(tiny_lm_path))
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_lm_path), dtype=torch.float32).eval()
-    seqs = 8
-    cfg = OmegaConf.create({"data": {"seed": 0}, "actor_rollout_ref": {
-        "model": {"path": str(tiny_lm_path), "trust_remote_code": False},
-        "rollout": {"name": "vllm", "dtype": "float32", "tensor_model_parallel_size": 1, "enforce_eager": True,
-                    "max_num_seqs": seqs, "max_num_batched_tokens": seqs * (P + R), "enable_chunked_prefill": True,
-                    "prompt_length": P, "response_length": R, "free_cache_engine": True, "load_format": "auto",
-                    "gpu_memory_utilization": 0.5,
-                    "multi_turn": {"enable": True, "interaction_config_path": str(grid_config(tmp_path / "g.yaml"))},
-                    "agent": {"default_agent_loop": "tool_agent"},
-                    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20, "logits_processors": [PROCESSOR],
-                                               "logprobs_mode": "raw_logprobs"}}}}})
-    engine = build_rollout("vllm", model, tok, None, cfg)
+    engine, model, tok = forced_turns.scripted_engine(
+        tiny_lm_path, P, R, {"interaction_config_path": str(grid_config(tmp_path / "g.yaml"))})
     # q0 wins (U, a malformed turn, L), q1 walks off the lake's edge (D D D: the step limit), q2's turns are
     # several tokens each, cut at the first (U, then L: a win), q3 is sampled
     scripts = {"q0": ["U", "?", "L"], "q1": ["D", "D", "D"], "q2": ["U L R", "L U D", "R R R"]}
     ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     assert all(len(ids(t)) >= 2 for t in scripts["q2"])
-    forced_turns.SCRIPTS.clear()
-    forced_turns.SCRIPTS.update({uid: [ids(t) for t in turns] for uid, turns in scripts.items()})
-    forced_turns.EOS[0] = engine.eos_ids[0]
+    forced_turns.set_scripts(tok, engine.eos_ids[0], scripts)
     extra = [{"interaction_kwargs": {"name": "grid_env", "env": "frozen_lake", "seed": 0, "map": LAKE}}] * 4
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=R)
     try:
@@ -112,37 +92,16 @@ def test_grid_env_on_vllm_equals_the_hf_loop_for_the_same_tokens(tiny_lm_path, t
 
 # ------------------------------------------------------------------------- training runs
 def overrides(out: Path, data: Path, gpus: int, tp: int, interactions: Path | None = None, **more) -> list[str]:
-    seqs, model_len = 16, 16 + 96  # each engine's 4 prompts x n=4; the recipe's prompt and response lengths
     values = {
-        "af_output_dir": out,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
-        "data.train_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
-        "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.dtype": "float32",
-        "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
-        "actor_rollout_ref.rollout.enforce_eager": "true",
-        "actor_rollout_ref.rollout.max_num_seqs": seqs,
-        "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
-        "actor_rollout_ref.rollout.max_num_batched_tokens": seqs * model_len,  # never splits a seeded prompt
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
-        "trainer.n_gpus_per_node": gpus,
-        "trainer.total_training_steps": 2,
-        "trainer.save_freq": -1,
         "trainer.test_freq": 2,
         "trainer.log_val_generations": 2,
         "trainer.rollout_data_dir": out / "rollouts",
         "trainer.validation_data_dir": out / "validation",
-        "trainer.logger": "[console]",
-        "ray_init.num_cpus": 2,
     }
     if interactions is not None:
         values["actor_rollout_ref.rollout.multi_turn.interaction_config_path"] = interactions
     values.update(more)
-    return [f"{k}={v}" for k, v in values.items()]
+    return vllm_run_overrides(out, data, gpus, tp, 16 + 96, **values)   # the recipe's prompt and response lengths
 
 
 COMPARED = ["critic/score/mean", "critic/score/accuracy/mean", "response_length/mean", "actor/pg_loss",

@@ -10,46 +10,37 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from gloo_workers import gloo_group, spawn_gloo
+
 from verl_npu.batch import Batch
 from verl_npu.config.typed import section
 from verl_npu.trainer.metrics import rollout_probs_diff_metrics
 from verl_npu.trainer.ppo import EngineOutOfSync, PPOTrainer
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gather_worker(rank: int, world: int, port: int, model_path: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     from verl_npu.models.loading import load_policy_model
     from verl_npu.workers import parallel
 
-    module = load_policy_model(model_path, dtype=torch.float32, attn_implementation="sdpa")
-    sharded = parallel.shard_module(module, section("actor_rollout_ref.actor.fsdp_config"), world)
-    # a tiny bucket (64 KiB): several buckets, and entries bigger than a bucket stand alone
-    streamed = list(parallel.iter_full_tensors(sharded, dtype=torch.bfloat16, bucket_bytes=64 << 10))
-    full = parallel.full_state_dict(sharded)
-    torch.save({"streamed": streamed, "full": full}, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    with gloo_group(rank, world, port):
+        module = load_policy_model(model_path, dtype=torch.float32, attn_implementation="sdpa")
+        sharded = parallel.shard_module(module, section("actor_rollout_ref.actor.fsdp_config"), world)
+        # a tiny bucket (64 KiB): several buckets, and entries bigger than a bucket stand alone
+        streamed = list(parallel.iter_full_tensors(sharded, dtype=torch.bfloat16, bucket_bytes=64 << 10))
+        full = parallel.full_state_dict(sharded)
+        torch.save({"streamed": streamed, "full": full}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 @pytest.mark.slow
 def test_every_rank_gets_the_whole_weights(tmp_path, tiny_lm_path):
     from safetensors.torch import load_file
 
-    mp.spawn(_gather_worker, args=(2, _free_port(), str(tiny_lm_path), str(tmp_path)), nprocs=2, join=True)
+    spawn_gloo(_gather_worker, str(tiny_lm_path), str(tmp_path))
     reference = load_file(str(tiny_lm_path / "model.safetensors"))
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for rank, got in enumerate(ranks):

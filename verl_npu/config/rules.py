@@ -478,8 +478,16 @@ def vllm_arg(c: Ctx, arg: str, rollout_key: str | None = None) -> _Arg | None:
     return _Arg(c(key), key, key in c.user_keys)
 
 
-def _vllm(c: Ctx) -> bool:
-    return c(_NAME) == "vllm"
+def _vllm_rule(name: str, keys: tuple[str, ...], text: str):
+    """`_rule` for a rule of the vllm rollout (`keys` holds rollout.name): its check runs only when
+    actor_rollout_ref.rollout.name is vllm (the other engines get none of these engine arguments)."""
+    def register(fn: Callable[[Ctx], Iterator[Problem]]):
+        def check(c: Ctx) -> Iterator[Problem]:
+            if c(_NAME) == "vllm":
+                yield from fn(c)
+        _rule(name, keys, text)(check)
+        return fn
+    return register
 
 
 def _device(c: Ctx):
@@ -505,14 +513,12 @@ def _scheduler_args(c: Ctx):
     return tokens, seqs, model_len, chunked, length
 
 
-@_rule("vllm_scheduler", _SCHEDULER_INPUTS,
-       "vllm rollout (engine_kwargs.vllm entries win over the rollout keys): max_num_batched_tokens >= "
-       "max_num_seqs; max_num_batched_tokens >= max_model_len when enable_chunked_prefill=false; "
-       "max_model_len from engine_kwargs >= max_prompt_length + max_response_length; engine_kwargs "
-       "max_num_active_seqs <= max_num_seqs and long_prefill_token_threshold <= max_model_len")
+@_vllm_rule("vllm_scheduler", _SCHEDULER_INPUTS,
+            "vllm rollout (engine_kwargs.vllm entries win over the rollout keys): max_num_batched_tokens >= "
+            "max_num_seqs; max_num_batched_tokens >= max_model_len when enable_chunked_prefill=false; "
+            "max_model_len from engine_kwargs >= max_prompt_length + max_response_length; engine_kwargs "
+            "max_num_active_seqs <= max_num_seqs and long_prefill_token_threshold <= max_model_len")
 def _vllm_scheduler(c: Ctx) -> Iterator[Problem]:
-    if not _vllm(c):
-        return
     tokens, seqs, model_len, chunked, length = _scheduler_args(c)
     if _int(tokens.value) and _int(seqs.value) and tokens.value < seqs.value:
         blame = seqs if seqs.user_set and not tokens.user_set else tokens
@@ -543,14 +549,12 @@ def _vllm_scheduler(c: Ctx) -> Iterator[Problem]:
                       f"set it to at most {length} (0 disables it) or remove it")
 
 
-@_rule("vllm_seeded_prefill", _SCHEDULER_INPUTS,
-       "vllm rollout on a device whose vLLM cannot prefill a prompt in chunks while the prompt samples from its "
-       "own seed (cpu): enable_chunked_prefill must be false (derived) unless max_num_batched_tokens >= "
-       "max_num_seqs x max_model_len (no step can then split a prompt), and engine_kwargs "
-       "long_prefill_token_threshold must be 0 or at least max_model_len")
+@_vllm_rule("vllm_seeded_prefill", _SCHEDULER_INPUTS,
+            "vllm rollout on a device whose vLLM cannot prefill a prompt in chunks while the prompt samples from its "
+            "own seed (cpu): enable_chunked_prefill must be false (derived) unless max_num_batched_tokens >= "
+            "max_num_seqs x max_model_len (no step can then split a prompt), and engine_kwargs "
+            "long_prefill_token_threshold must be 0 or at least max_model_len")
 def _vllm_seeded_prefill(c: Ctx) -> Iterator[Problem]:
-    if not _vllm(c):
-        return
     device = _device(c)
     if device is None or device.vllm_chunked_prefill_with_seeds:
         return
@@ -569,13 +573,11 @@ def _vllm_seeded_prefill(c: Ctx) -> Iterator[Problem]:
                       f"prefill off: {why}", "remove it or set it to 0")
 
 
-@_rule("vllm_engine_kwargs", _VLLM_INPUTS + (_TP,),
-       "vllm rollout: engine_kwargs.vllm must not change the engine layout (tensor_parallel_size must equal "
-       "rollout.tensor_model_parallel_size; pipeline_parallel_size and data_parallel_size must be 1), and a "
-       "gpu_memory_utilization there must be in (0, 1]")
+@_vllm_rule("vllm_engine_kwargs", _VLLM_INPUTS + (_TP,),
+            "vllm rollout: engine_kwargs.vllm must not change the engine layout (tensor_parallel_size must equal "
+            "rollout.tensor_model_parallel_size; pipeline_parallel_size and data_parallel_size must be 1), and a "
+            "gpu_memory_utilization there must be in (0, 1]")
 def _vllm_engine_kwargs(c: Ctx) -> Iterator[Problem]:
-    if not _vllm(c):
-        return
     tp = vllm_arg(c, "tensor_parallel_size")
     if tp is not None and tp.value != c(_TP):
         yield Problem(tp.key, f"is {tp.value!r} but actor_rollout_ref.rollout.tensor_model_parallel_size is "
@@ -597,11 +599,11 @@ def _vllm_engine_kwargs(c: Ctx) -> Iterator[Problem]:
 _MODEL = BC + "actor_rollout_ref.model.path"
 
 
-@_rule("vllm_tp_heads", (_NAME, _TP, _MODEL),
-       "vllm rollout: tensor_model_parallel_size must divide the model's attention heads, and the key-value "
-       "heads must divide it or be divisible by it (checked when the model config is readable)")
+@_vllm_rule("vllm_tp_heads", (_NAME, _TP, _MODEL),
+            "vllm rollout: tensor_model_parallel_size must divide the model's attention heads, and the key-value "
+            "heads must divide it or be divisible by it (checked when the model config is readable)")
 def _vllm_tp_heads(c: Ctx) -> Iterator[Problem]:
-    if not _vllm(c) or c(_TP) == 1:
+    if c(_TP) == 1:
         return
     heads = model_heads(c(_MODEL))
     if heads is None:
@@ -613,12 +615,12 @@ def _vllm_tp_heads(c: Ctx) -> Iterator[Problem]:
                       "heads evenly over the TP ranks", f"use one of {fits}")
 
 
-@_rule("vllm_model_len", _VLLM_INPUTS + (ROLL + "max_model_len", _MODEL) + _LENS,
-       "vllm rollout: the engine's max_model_len must not exceed the model's own length limit "
-       "(max_position_embeddings and the like in its config.json, checked when readable), unless "
-       "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+@_vllm_rule("vllm_model_len", _VLLM_INPUTS + (ROLL + "max_model_len", _MODEL) + _LENS,
+            "vllm rollout: the engine's max_model_len must not exceed the model's own length limit "
+            "(max_position_embeddings and the like in its config.json, checked when readable), unless "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
 def _vllm_model_len(c: Ctx) -> Iterator[Problem]:
-    if not _vllm(c) or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
         return
     model_len = vllm_arg(c, "max_model_len", "max_model_len")
     if not _int(model_len.value):

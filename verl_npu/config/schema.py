@@ -65,6 +65,24 @@ def _fsdp_keys(prefix: str, whose: str, *, trained: bool = True, offload_note: s
        "actor.fsdp_config.forward_prefetch).")
 
 
+def _strategy_key(role: str, default: str, doc: str, *, runs: str = "train", instead: str = "use fsdp2") -> None:
+    """`<role>.strategy`, verl's choice of a model role's backend: fsdp and fsdp2 are accepted and change nothing
+    (both run FSDP2 here; `runs` says what FSDP2 does for the role: train, shard), megatron is refused by name."""
+    _k(f"{role}.strategy", default, STR, doc, choices=("fsdp", "fsdp2"), unsupported=("megatron",),
+       noop=f"fsdp and fsdp2 both {runs} with FSDP2 in verl-npu (megatron is refused by name)", instead=instead)
+
+
+#: the critic keys declared by `_critic_from_actor` (read as `CRITIC_FROM_ACTOR`, below the critic's keys)
+_CRITIC_FROM_ACTOR: list[str] = []
+
+
+def _critic_from_actor(leaf: str, type_: str, doc: str, **kw: Any) -> None:
+    """`critic.<leaf>`, whose null (the default) means the actor's value, `actor_rollout_ref.actor.<leaf>` (verl's
+    defaults interpolate the actor's); the critic worker reads it so (`workers.critic.critic_setting`)."""
+    _CRITIC_FROM_ACTOR.append(leaf)
+    _k(f"critic.{leaf}", None, type_, f"{doc}; null: actor.{leaf}.", **kw)
+
+
 # ---------------------------------------------------------------- top level
 _k("af_output_dir", None, STR, "Folder that receives everything a run writes: resolved config, logs, "
    "metrics, tensorboard events, checkpoints.", required=True)
@@ -150,9 +168,8 @@ _k(f"{A}.model.lora_adapter_path", None, STR, "A peft adapter folder (adapter_co
 _k(f"{A}.model.custom_chat_template", None, STR, "Jinja chat template replacing the tokenizer's own.")
 
 AC = f"{A}.actor"
-_k(f"{AC}.strategy", "fsdp2", STR, "Training backend.", choices=("fsdp", "fsdp2"), unsupported=("megatron",),
-   noop="fsdp and fsdp2 both train with FSDP2 in verl-npu (megatron is refused by name)",
-   instead="use fsdp2 (FSDP2; Ulysses sequence parallelism for long responses)")
+_strategy_key(AC, "fsdp2", "Training backend.",
+              instead="use fsdp2 (FSDP2; Ulysses sequence parallelism for long responses)")
 _k(f"{AC}.ppo_mini_batch_size", 256, INT, "Prompts per optimizer step (x rollout.n responses).", min=1)
 _k(f"{AC}.ppo_micro_batch_size_per_gpu", None, INT, "Responses per forward/backward on one device "
    "(gradient accumulation); required unless use_dynamic_bsz.", min=1)
@@ -341,9 +358,7 @@ _profiler_keys("rollout")
 C = "critic"
 _k(f"{C}.enable", None, BOOL, "Train a critic (a value model beside the actor, on the same devices). null: "
    "exactly when algorithm.adv_estimator reads values (gae); true: also with other estimators.")
-_k(f"{C}.strategy", "fsdp2", STR, "Training backend of the critic.", choices=("fsdp", "fsdp2"),
-   unsupported=("megatron",), noop="fsdp and fsdp2 both train with FSDP2 in verl-npu (megatron is refused by name)",
-   instead="use fsdp2")
+_strategy_key(C, "fsdp2", "Training backend of the critic.")
 _k(f"{C}.model.path", None, STR, "Model the critic starts from (its backbone; the value head, a Linear from the "
    "final hidden state to one value per token, is new unless the folder holds a token-classification model "
    "with one label, or, for a vision-language model, weights named v_head.summary.*: a saved critic's "
@@ -356,25 +371,25 @@ _k(f"{C}.model.use_remove_padding", False, BOOL, "Pack the critic's sequences wi
 _k(f"{C}.ulysses_sequence_parallel_size", 1, INT, "verl: Ulysses sequence-parallel size of the critic.", min=1,
    noop="the critic runs whole sequences on every rank: the ranks of an actor Ulysses group hold the same rows "
    "and compute the same values and gradients (same results, more activation memory per device)")
-_k(f"{C}.ppo_mini_batch_size", None, INT, "Prompts per critic optimizer step (x rollout.n responses); null: "
-   "actor.ppo_mini_batch_size.", min=1)
-_k(f"{C}.ppo_micro_batch_size_per_gpu", None, INT, "Responses per critic forward/backward on one device "
-   "(gradient accumulation); null: actor.ppo_micro_batch_size_per_gpu.", min=1)
+_critic_from_actor("ppo_mini_batch_size", INT, "Prompts per critic optimizer step (x rollout.n responses)", min=1)
+_critic_from_actor("ppo_micro_batch_size_per_gpu", INT, "Responses per critic forward/backward on one device "
+                   "(gradient accumulation)", min=1)
 _k(f"{C}.forward_micro_batch_size_per_gpu", None, INT, "Responses per value forward (no gradient) on one device; "
    "null: critic.ppo_micro_batch_size_per_gpu.", min=1)
-_k(f"{C}.use_dynamic_bsz", None, BOOL, "Pack critic micro batches by token count (ppo_max_token_len_per_gpu / "
-   "forward_max_token_len_per_gpu) instead of a fixed number of responses; null: actor.use_dynamic_bsz.")
+_critic_from_actor("use_dynamic_bsz", BOOL, "Pack critic micro batches by token count (ppo_max_token_len_per_gpu / "
+                   "forward_max_token_len_per_gpu) instead of a fixed number of responses")
 _k(f"{C}.ppo_max_token_len_per_gpu", 32768, INT, "Most tokens in one critic training micro batch on one device "
    "(with use_dynamic_bsz).", min=1)
 _k(f"{C}.forward_max_token_len_per_gpu", None, INT, "Most tokens in one value-forward micro batch on one device "
    "(with use_dynamic_bsz); null: critic.ppo_max_token_len_per_gpu.", min=1)
-_k(f"{C}.ppo_epochs", None, INT, "Critic passes over each rollout batch; null: actor.ppo_epochs.", min=1)
+_critic_from_actor("ppo_epochs", INT, "Critic passes over each rollout batch", min=1)
 _k(f"{C}.shuffle", False, BOOL, "Shuffle the rollout batch between critic epochs.")
 _k(f"{C}.cliprange_value", 0.5, FLOAT, "Value clip c: predictions are clipped to old value +- c in the loss "
    "0.5 x max((V - R)^2, (clip(V) - R)^2).", min=0)
-_k(f"{C}.loss_agg_mode", None, STR, "How token value losses are averaged into the batch loss; null: "
-   "actor.loss_agg_mode.", choices=("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-                                    "seq-mean-token-sum-norm"))
+_critic_from_actor("loss_agg_mode", STR, "How token value losses are averaged into the batch loss",
+                   choices=("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                            "seq-mean-token-sum-norm"))
+CRITIC_FROM_ACTOR = tuple(_CRITIC_FROM_ACTOR)
 _k(f"{C}.grad_clip", 1.0, FLOAT, "Clip the critic's gradient norm to this value.", gt=0)
 CO = f"{C}.optim"
 _k(f"{CO}.lr", 1e-5, FLOAT, "Critic learning rate (at most 1: larger steps only diverge).", min=0, max=1)
@@ -394,9 +409,7 @@ _k(f"{RM}.enable", False, BOOL, "Score responses with a reward model (a sequence
    "label) instead of the rule-based reward: the model's output at the last valid token of prompt + response "
    "becomes the token-level score on the last response token; the rule reward, when the data source has one, "
    "is logged as critic/score/rule_reward/mean. Frozen: no optimizer, not checkpointed.")
-_k(f"{RM}.strategy", "fsdp", STR, "Backend of the reward model.", choices=("fsdp", "fsdp2"),
-   unsupported=("megatron",), noop="fsdp and fsdp2 both shard with FSDP2 in verl-npu (megatron is refused by name)",
-   instead="use fsdp2")
+_strategy_key(RM, "fsdp", "Backend of the reward model.", runs="shard")
 _k(f"{RM}.model.path", None, STR, "The reward model: a transformers AutoModelForSequenceClassification folder "
    "(or hub id / tiny:// model) with num_labels=1, a text model (a vision-language one is refused: no images "
    "reach the reward model). Required with reward_model.enable.")

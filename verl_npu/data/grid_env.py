@@ -25,10 +25,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from verl_npu.data.split_files import write_split_files
 
 DATA_SOURCE = "grid_env"
 AGENT_NAME = "tool_agent"
@@ -114,17 +114,9 @@ def prepare_synthetic(save_dir, n_train: int, n_test: int, seed: int = 0, progre
                       max_steps: int = 3) -> dict:
     """Write `<save_dir>/{train,test}.parquet`; returns {"paths": {split: path}, "rows": {split: n}}
     (the demo-data writer's contract, verl_npu/demo.py). Defaults: the CPU demo's corner maps."""
-    save_dir = Path(os.path.expanduser(str(save_dir)))
-    save_dir.mkdir(parents=True, exist_ok=True)
-    paths, counts = {}, {}
-    for split, n in (("train", n_train), ("test", n_test)):
-        table = pa.Table.from_pylist(rows(split, n, seed, env, layout, size, max_steps), schema=schema())
-        paths[split] = str(save_dir / f"{split}.parquet")
-        pq.write_table(table, paths[split])
-        counts[split] = n
-        if progress:
-            print(f"{split}: {n} rows -> {paths[split]}")
-    return {"paths": paths, "rows": counts}
+    return write_split_files(save_dir, ((split, rows(split, n, seed, env, layout, size, max_steps))
+                                        for split, n in (("train", n_train), ("test", n_test))),
+                             schema(), progress=progress)
 
 
 def main(argv: list[str] | None = None) -> None:

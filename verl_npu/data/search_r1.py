@@ -33,6 +33,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from verl_npu.data.split_files import write_split_files
+
 TOOL_NAME = "search"
 AGENT_NAME = "tool_agent"
 SYNTHETIC_SOURCE = "searchR1_synthetic"
@@ -115,38 +117,27 @@ def schema() -> pa.Schema:
                       ("extra_info", extra), ("agent_name", pa.string())])
 
 
-def _write(save_dir: Path, split: str, rows: list[dict], overwrite: bool) -> str:
-    path = save_dir / f"{split}.parquet"
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass --overwrite to replace it or choose another --local-save-dir")
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema()), path)
-    return str(path)
-
-
 def prepare_synthetic(save_dir, n_train: int, n_test: int, seed: int = 0, progress: bool = False,
                       overwrite: bool = True) -> dict:
     """Write `<save_dir>/{train,test}.parquet` and `<save_dir>/corpus.jsonl` (every fact's document, train and
     test); returns {"paths": {"train", "test", "corpus"}, "rows": {split: n}} (the demo-data writer's contract)."""
     save_dir = Path(os.path.expanduser(str(save_dir)))
-    save_dir.mkdir(parents=True, exist_ok=True)
     facts = synthetic_facts(n_train + n_test, seed)
     splits = {"train": facts[:n_train], "test": facts[n_train:]}
-    paths, counts = {}, {}
-    for split, chosen in splits.items():
-        rows = [search_row(f["question"], [f["answer"]], SYNTHETIC_SOURCE, split, i) for i, f in enumerate(chosen)]
-        paths[split], counts[split] = _write(save_dir, split, rows, overwrite), len(rows)
+    written = write_split_files(save_dir, ((split, [search_row(f["question"], [f["answer"]], SYNTHETIC_SOURCE,
+                                                               split, i) for i, f in enumerate(chosen)])
+                                           for split, chosen in splits.items()),
+                                schema(), overwrite=overwrite, progress=progress)
     corpus = save_dir / "corpus.jsonl"
     if corpus.exists() and not overwrite:
         raise FileExistsError(f"{corpus} exists; pass --overwrite to replace it")
     with corpus.open("w", encoding="utf-8") as f:
         for i, fact in enumerate(facts):
             f.write(json.dumps({"id": str(i), "contents": fact["contents"]}, ensure_ascii=False) + "\n")
-    paths["corpus"] = str(corpus)
+    written["paths"]["corpus"] = str(corpus)
     if progress:
-        for split in ("train", "test"):
-            print(f"{split}: {counts[split]} rows -> {paths[split]}")
         print(f"corpus: {len(facts)} documents -> {corpus}")
-    return {"paths": paths, "rows": counts}
+    return written
 
 
 def _answers(row: dict, where: str) -> list[str]:
@@ -167,22 +158,20 @@ def prepare_local(save_dir, dataset_dir, overwrite: bool = False, progress: bool
     if not found:
         raise FileNotFoundError(f"--local-dataset-path {src}: no train.parquet or test.parquet there (Search-R1's "
                                 "data, e.g. a copy of the PeterJinGo/nq_hotpotqa_train dataset's files)")
-    save_dir.mkdir(parents=True, exist_ok=True)
-    paths, counts = {}, {}
-    for split in found:
-        table = pq.read_table(src / f"{split}.parquet")
-        if "question" not in table.column_names:
-            raise ValueError(f"{src / f'{split}.parquet'} has no 'question' column (columns: {table.column_names})")
-        rows = []
-        for i, row in enumerate(table.to_pylist()):
-            where = f"{src / f'{split}.parquet'} row {i}"
-            source = str(row.get("data_source") or "unknown")
-            rows.append(search_row(str(row["question"]), _answers(row, where),
-                                   source if source.startswith("searchR1_") else f"searchR1_{source}", split, i))
-        paths[split], counts[split] = _write(save_dir, split, rows, overwrite), len(rows)
-        if progress:
-            print(f"{split}: {len(rows)} rows -> {paths[split]}")
-    return {"paths": paths, "rows": counts}
+
+    def converted():   # one split at a time: train.parquet is written before test.parquet is read
+        for split in found:
+            table = pq.read_table(src / f"{split}.parquet")
+            if "question" not in table.column_names:
+                raise ValueError(f"{src / f'{split}.parquet'} has no 'question' column (columns: {table.column_names})")
+            rows = []
+            for i, row in enumerate(table.to_pylist()):
+                where = f"{src / f'{split}.parquet'} row {i}"
+                source = str(row.get("data_source") or "unknown")
+                rows.append(search_row(str(row["question"]), _answers(row, where),
+                                       source if source.startswith("searchR1_") else f"searchR1_{source}", split, i))
+            yield split, rows
+    return write_split_files(save_dir, converted(), schema(), overwrite=overwrite, progress=progress)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -66,15 +66,18 @@ def mm_token_type_ids(input_ids: torch.Tensor, vt: VisionTokens) -> torch.Tensor
     return types
 
 
-def merge_multi_modal_inputs(rows: list[dict] | None, device) -> dict[str, torch.Tensor]:
-    """Concatenate per-row processor outputs (pixel_values, image_grid_thw, ...) for one forward."""
+def merge_multi_modal_inputs(rows: list[dict | None] | None, device=None) -> dict[str, torch.Tensor]:
+    """Concatenate per-row processor outputs (pixel_values, image_grid_thw, ...) in row order: for one forward
+    (moved to `device`), or the images of one trajectory (the agent loop adds a tool turn's; device None:
+    where they are)."""
     if not rows:
         return {}
     merged: dict[str, list[torch.Tensor]] = {}
     for row in rows:
         for key, value in (row or {}).items():
             merged.setdefault(key, []).append(value)
-    return {k: torch.cat(v, dim=0).to(device) for k, v in merged.items() if v}
+    return {k: torch.cat(v, dim=0) if device is None else torch.cat(v, dim=0).to(device)
+            for k, v in merged.items() if v}
 
 
 def supports_remove_padding(model) -> bool:

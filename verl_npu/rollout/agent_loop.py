@@ -68,7 +68,7 @@ from verl_npu.config.typed import section
 from verl_npu.errors import UserError
 from verl_npu.models.forward import merge_multi_modal_inputs
 from verl_npu.rollout import interaction_turns
-from verl_npu.rollout.image_turns import ImageTurns, concat_inputs, short_text
+from verl_npu.rollout.image_turns import ImageTurns, short_text
 from verl_npu.rollout.base import SamplingParams, attach_responses
 from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
@@ -497,7 +497,7 @@ class AgentLoop:
             t.log_probs += [0.0] * len(turn_ids)
             t.user_turns += 1
             t.images += images
-            t.mm_inputs = concat_inputs(t.mm_inputs, turn_mm)
+            t.mm_inputs = merge_multi_modal_inputs([t.mm_inputs, turn_mm])   # the trajectory's images, then the turn's
             text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
             t.turns.append({"role": "tool", "text": short_text(text, self.images.image_token) if images else text,
                             "tokens": len(turn_ids), "trained": False, "calls": records,

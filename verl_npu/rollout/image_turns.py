@@ -20,22 +20,11 @@ from __future__ import annotations
 
 import re
 
-import torch
-
 from verl_npu.data.images import ImageResizer
 from verl_npu.errors import UserError
 
 #: processor outputs that are per token, not per image: they stay out of `multi_modal_inputs`
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
-
-
-def concat_inputs(a: dict | None, b: dict | None) -> dict:
-    """Processor tensors of two image lists, `a`'s images first (`pixel_values`, `image_grid_thw`, ...)."""
-    a, b = a or {}, b or {}
-    out = dict(a)
-    for key, value in b.items():
-        out[key] = torch.cat([out[key], value], dim=0) if key in out else value
-    return out
 
 
 def short_text(text: str, image_token: str) -> str:

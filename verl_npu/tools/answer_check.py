@@ -19,6 +19,22 @@ from verl_npu.tools.base import BaseTool, ToolResponse
 NO_IMPROVEMENT_PENALTY = -0.05
 
 
+def answer_tool_schema(name: str, description: str, answer_description: str) -> dict:
+    """The OpenAI function schema of an answer-check tool: one required string argument, `answer`."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string", "description": answer_description}},
+                "required": ["answer"],
+            },
+        },
+    }
+
+
 class AnswerCheckTool(BaseTool):
     #: the tool's OpenAI function schema when the tool config gives none
     SCHEMA: dict = {}

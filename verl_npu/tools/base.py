@@ -80,6 +80,14 @@ class BaseTool:
         self.tool_schema = OpenAIFunctionToolSchema.model_validate(tool_schema)
         self.name = self.tool_schema.function.name
 
+    def checked_config(self, known: tuple[str, ...], tool: str) -> dict:
+        """A copy of the tool config, after refusing every key not in `known` by name (a tool that reads a
+        fixed set of keys ignores none silently); `tool` names the tool in the message."""
+        unknown = sorted(set(self.config) - set(known))
+        if unknown:
+            raise ValueError(f"unknown config key(s) {unknown}; {tool} reads {', '.join(known)}")
+        return dict(self.config)
+
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema | None:
         return getattr(self, "tool_schema", None)
 

@@ -68,10 +68,7 @@ class CodeInterpreterTool(BaseTool):
 
     def __init__(self, config: dict, tool_schema=None):
         super().__init__(config, tool_schema or SCHEMA)
-        cfg = dict(config or {})
-        unknown = sorted(set(cfg) - set(KEYS))
-        if unknown:
-            raise ValueError(f"unknown config key(s) {unknown}; the code interpreter reads {', '.join(KEYS)}")
+        cfg = self.checked_config(KEYS, "the code interpreter")
         language = str(cfg.get("default_language", "python"))
         if language != "python":
             raise ValueError(f"default_language is {language!r}: the local sandbox runs Python only")

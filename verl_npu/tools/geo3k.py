@@ -14,21 +14,11 @@ improving). The state lives per instance id and is dropped on `release`.
 from __future__ import annotations
 
 from verl_npu.rewards.geo3k import answer_reward
-from verl_npu.tools.answer_check import AnswerCheckTool
+from verl_npu.tools.answer_check import AnswerCheckTool, answer_tool_schema
 
-SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calc_geo3k_reward",
-        "description": "A tool for calculating the reward of geo3k (1.0 if the parsed answer is correct, 0.0 "
-                       "if it is incorrect or cannot be parsed).",
-        "parameters": {
-            "type": "object",
-            "properties": {"answer": {"type": "string", "description": "The answer to the geo3k problem."}},
-            "required": ["answer"],
-        },
-    },
-}
+SCHEMA = answer_tool_schema(
+    "calc_geo3k_reward", "A tool for calculating the reward of geo3k (1.0 if the parsed answer is correct, 0.0 if it "
+    "is incorrect or cannot be parsed).", "The answer to the geo3k problem.")
 
 
 class Geo3kTool(AnswerCheckTool):

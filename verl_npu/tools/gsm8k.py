@@ -13,20 +13,10 @@ penalty for submitting without improving). The state lives per instance id and i
 from __future__ import annotations
 
 from verl_npu.rewards.gsm8k import compute_score
-from verl_npu.tools.answer_check import AnswerCheckTool
+from verl_npu.tools.answer_check import AnswerCheckTool, answer_tool_schema
 
-SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calc_gsm8k_reward",
-        "description": "A tool for calculating the reward of gsm8k",
-        "parameters": {
-            "type": "object",
-            "properties": {"answer": {"type": "string", "description": "The answer to the question"}},
-            "required": ["answer"],
-        },
-    },
-}
+SCHEMA = answer_tool_schema("calc_gsm8k_reward", "A tool for calculating the reward of gsm8k",
+                            "The answer to the question")
 
 
 class Gsm8kTool(AnswerCheckTool):

@@ -118,10 +118,7 @@ class ImageZoomInTool(BaseTool):
 
     def __init__(self, config: dict, tool_schema=None):
         super().__init__(config, tool_schema or SCHEMA)
-        cfg = dict(config or {})
-        unknown = sorted(set(cfg) - set(KEYS))
-        if unknown:
-            raise ValueError(f"unknown config key(s) {unknown}; the zoom-in tool reads {', '.join(KEYS)}")
+        cfg = self.checked_config(KEYS, "the zoom-in tool")
         self.min_side = int(cfg.get("min_side", 28))
         self.min_pixels = int(cfg.get("min_pixels", 4 * 28 * 28))
         self.max_pixels = int(cfg.get("max_pixels", 1280 * 28 * 28))

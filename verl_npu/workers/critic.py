@@ -22,21 +22,18 @@ import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch, reads
+from verl_npu.config.schema import CRITIC_FROM_ACTOR
 from verl_npu.models.forward import response_values
 from verl_npu.models.loading import load_tokenizer_and_processor
 from verl_npu.models.value_model import load_value_model
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
 
-#: critic keys whose null means "the actor's value" (verl's defaults interpolate the actor's)
-FROM_ACTOR = ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs", "loss_agg_mode", "use_dynamic_bsz")
-
-
 def critic_setting(cfg, key: str):
-    """`critic.<key>` of the typed backend config; for the keys of FROM_ACTOR a null reads
+    """`critic.<key>` of the typed backend config; for the keys of CRITIC_FROM_ACTOR (the schema's) a null reads
     `actor_rollout_ref.actor.<key>`."""
     value = cfg.critic[key]
-    if value is None and key in FROM_ACTOR:
+    if value is None and key in CRITIC_FROM_ACTOR:
         value = cfg.actor_rollout_ref.actor[key]
     return value
 
