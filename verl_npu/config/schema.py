@@ -410,9 +410,10 @@ _k(f"{RM}.enable", False, BOOL, "Score responses with a reward model (a sequence
    "becomes the token-level score on the last response token; the rule reward, when the data source has one, "
    "is logged as critic/score/rule_reward/mean. Frozen: no optimizer, not checkpointed.")
 _strategy_key(RM, "fsdp", "Backend of the reward model.", runs="shard")
-_k(f"{RM}.model.path", None, STR, "The reward model: a transformers AutoModelForSequenceClassification folder "
-   "(or hub id / tiny:// model) with num_labels=1, a text model (a vision-language one is refused: no images "
-   "reach the reward model). Required with reward_model.enable.")
+_k(f"{RM}.model.path", None, STR,
+   "The reward model: a transformers AutoModelForSequenceClassification folder (or hub id / tiny:// model) "
+   "with num_labels=1, a text model (a vision-language one is refused: no images reach the reward model). "
+   "Required with reward_model.enable.")
 _k(f"{RM}.model.input_tokenizer", None, STR, "The tokenizer the rollouts were made with (verl: the actor's model "
    "path). null, or a tokenizer equal to the reward model's (same vocabulary and chat template): the rollout's "
    "token ids go to the reward model as they are. Otherwise each prompt (its chat messages) and response are "
