@@ -146,11 +146,14 @@ def test_an_undeclared_read_fails_after_a_pickle_round_trip():
     """What a Ray worker receives: the withheld names travel with the pickled batch."""
     import pickle
 
+    from ray import cloudpickle  # what Ray serialises a task's arguments with
+
     group = LocalWorkerGroup({"actor": _Peeker()})
-    received = pickle.loads(pickle.dumps(group.sent("peek", _peek_batch())))
-    assert set(received.tensors) == {"x"} and not received.lists
-    with pytest.raises(UndeclaredColumn, match=r"_Peeker\.peek read column 'secret'.*add it to @reads"):
-        _Peeker().peek(received)
+    for dumps, loads in ((pickle.dumps, pickle.loads), (cloudpickle.dumps, cloudpickle.loads)):
+        received = loads(dumps(group.sent("peek", _peek_batch())))
+        assert set(received.tensors) == {"x"} and not received.lists
+        with pytest.raises(UndeclaredColumn, match=r"_Peeker\.peek read column 'secret'.*add it to @reads"):
+            _Peeker().peek(received)
     error = pickle.loads(pickle.dumps(UndeclaredColumn("m read column 'c': add it to @reads")))
     assert isinstance(error, UndeclaredColumn) and "add it to @reads" in str(error)  # Ray carries it back as it is
 
