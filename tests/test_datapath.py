@@ -10,7 +10,7 @@ import torch
 from test_e2e_cpu import _gsm8k_like, tiny_overrides
 
 from verl_npu import algorithms
-from verl_npu.batch import Batch, reads
+from verl_npu.batch import Batch, UndeclaredColumn, reads
 from verl_npu.config import load_recipe
 from verl_npu.rollout.base import SamplingParams, finish_rollout
 from verl_npu.workers.group import LocalWorkerGroup
@@ -107,6 +107,66 @@ def test_only_and_reads():
     sent = batch.only(method.reads)
     assert set(sent.tensors) == {"x"} and not sent.lists and not sent.meta
     assert sent["x"] is batch["x"]  # the same tensor: nothing copied
+
+
+class _Peeker:
+    """A worker whose method reads a column it does not declare (`secret`) and one no batch has (`images`)."""
+
+    @reads("x")
+    def peek(self, batch):
+        images = batch.get("images")  # absent everywhere: None, as a text run's code relies on
+        return Batch({"y": batch["x"] + 1}, {"got": list(batch.get("secret")), "images": [images] * len(batch)})
+
+
+def _peek_batch():
+    return Batch({"x": torch.arange(4), "attention_mask": torch.ones(4, 2)}, {"secret": list("abcd")})
+
+
+def test_an_undeclared_read_fails_naming_the_method_and_the_column():
+    group = LocalWorkerGroup({"actor": _Peeker()})
+    with pytest.raises(UndeclaredColumn, match=r"_Peeker\.peek read column 'secret'.*add it to @reads"):
+        group.dispatch("peek", _peek_batch())
+    sent = group.sent("peek", _peek_batch())
+    for read in (lambda b: b["secret"], lambda b: "secret" in b, lambda b: b.get("secret", 0)):
+        with pytest.raises(UndeclaredColumn, match="add it to @reads"):
+            read(sent)
+        # the worker's reshaping keeps the refusal (micro-batches, rows repeated, trimmed, moved)
+        for part in (sent.select([1, 0]), sent.slice(0, 2), sent.repeat_interleave(2), sent.to("cpu"),
+                     Batch.concat(sent.split(2)), sent.only(["x"])):
+            with pytest.raises(UndeclaredColumn):
+                read(part)
+    assert "images" not in sent and sent.get("images") is None
+    with pytest.raises(KeyError):
+        sent["images"]
+    sent.set("secret", ["w"] * 4)  # a column the method writes itself is its own
+    assert sent["secret"] == ["w"] * 4
+
+
+def test_an_undeclared_read_fails_after_a_pickle_round_trip():
+    """What a Ray worker receives: the withheld names travel with the pickled batch."""
+    import pickle
+
+    from ray import cloudpickle  # what Ray serialises a task's arguments with
+
+    group = LocalWorkerGroup({"actor": _Peeker()})
+    for dumps, loads in ((pickle.dumps, pickle.loads), (cloudpickle.dumps, cloudpickle.loads)):
+        received = loads(dumps(group.sent("peek", _peek_batch())))
+        assert set(received.tensors) == {"x"} and not received.lists
+        with pytest.raises(UndeclaredColumn, match=r"_Peeker\.peek read column 'secret'.*add it to @reads"):
+            _Peeker().peek(received)
+    error = pickle.loads(pickle.dumps(UndeclaredColumn("m read column 'c': add it to @reads")))
+    assert isinstance(error, UndeclaredColumn) and "add it to @reads" in str(error)  # Ray carries it back as it is
+
+
+def test_a_declared_read_and_what_comes_back_withhold_nothing():
+    class Declared:
+        @reads("x", "secret")
+        def peek(self, batch):
+            return _Peeker.peek(self, batch)
+
+    out = LocalWorkerGroup({"actor": Declared()}).dispatch("peek", _peek_batch())
+    assert out["got"] == list("abcd") and out["images"] == [None] * 4
+    assert not out.withheld and out.get("x") is None  # the controller's own batch again: nothing refused
 
 
 def test_scores_sit_on_the_last_trained_token():

@@ -122,7 +122,8 @@ class RLDataset:
 
     ``ds[i]`` returns ``input_ids`` / ``attention_mask`` (LongTensor [max_prompt_length], left
     padded), ``raw_prompt_ids`` (the unpadded ids, image tokens expanded), ``data_source``,
-    ``ground_truth``, ``extra_info``, ``index`` (the row's position in the concatenated files,
+    ``ground_truth`` (``reward_model.ground_truth`` as stored: a string, number, list, dict..., as verl
+    passes it to ``compute_score``), ``extra_info``, ``index`` (the row's position in the concatenated files,
     before filtering), ``multi_modal_inputs`` (processor outputs such as ``pixel_values`` and
     ``image_grid_thw``; ``{}`` for text rows), ``multi_modal_data`` (``{"image": [PIL]}``, the
     resized images; only rows with images) and ``raw_prompt`` (the messages, if
@@ -586,12 +587,13 @@ def _has_entries(column: pa.ChunkedArray) -> bool:
     return column.null_count < len(column)
 
 
-def _ground_truth(row: dict, where: str) -> str:
+def _ground_truth(row: dict, where: str) -> Any:
+    """The row's ``reward_model.ground_truth`` as the parquet stores it (not turned into text: a reward ported
+    from verl may expect the dict or list it wrote)."""
     rm = row.get("reward_model")
     if not isinstance(rm, dict) or rm.get("ground_truth") is None:
         raise UserError(f"{where}: 'reward_model' has no 'ground_truth' (got {rm!r}); re-run data prep")
-    gt = rm["ground_truth"]
-    return gt if isinstance(gt, str) else str(gt)
+    return rm["ground_truth"]
 
 
 def _image_header_size(value: Any, where: str, k: int) -> tuple[int, int]:

@@ -4,6 +4,10 @@ A reward function has verl's signature::
 
     compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
 
+``ground_truth`` is the row's ``reward_model.ground_truth`` as the parquet stores it, as verl passes it: a
+string, or a number, list or dict (a parquet struct) for data that stores one; the built-in rewards that
+compare text read a number as its text.
+
 A dict result has a ``"score"`` (the reward) and any named sub-scores (e.g. ``accuracy``,
 ``format``); ``RewardScorer`` returns every numeric sub-score so the trainer can log it.
 
@@ -93,7 +97,7 @@ def blind_ceiling(data_source: str) -> tuple[float, str] | None:
     return BLIND_CEILINGS.get(data_source)
 
 
-def default_compute_score(data_source: str, solution_str: str, ground_truth: str,
+def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
                           extra_info: dict | None = None) -> float | dict:
     """The registered reward of ``data_source`` applied to one response.
 
@@ -343,7 +347,7 @@ class RewardScorer:
         """Whether every one of `data_sources` has a rule reward here (always, with your own function)."""
         return self.fn is not default_compute_score or all(src in _REGISTRY for src in data_sources)
 
-    def score(self, responses: list[str], data_sources: list[str], ground_truths: list[str],
+    def score(self, responses: list[str], data_sources: list[str], ground_truths: list,
               extra_infos: list[dict] | None = None,
               rows: list | None = None) -> tuple[list[float], dict[str, list[float]]]:
         n = len(responses)

@@ -12,6 +12,7 @@ Possible scores: 0, 0.1, 0.9, 1.0.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from mathruler.grader import extract_boxed_content, grade_answer
 
@@ -32,10 +33,11 @@ def format_reward(response: str) -> float:
     return 1.0 if FORMAT_PATTERN.fullmatch(response) else 0.0
 
 
-def accuracy_reward(response: str, ground_truth: str) -> float:
-    """1.0 if the last boxed answer grades equal to ``ground_truth`` (mathruler), else 0.0."""
+def accuracy_reward(response: str, ground_truth: Any) -> float:
+    """1.0 if the last boxed answer grades equal to ``ground_truth`` (mathruler; a number is read as its text),
+    else 0.0."""
     answer = boxed_answer(response)
-    return 1.0 if answer is not None and grade_answer(answer, ground_truth) else 0.0
+    return 1.0 if answer is not None and grade_answer(answer, str(ground_truth)) else 0.0
 
 
 def answer_reward(answer: str, ground_truth: str) -> float:
@@ -44,7 +46,7 @@ def answer_reward(answer: str, ground_truth: str) -> float:
     return 1.0 if grade_answer(str(answer).strip(), str(ground_truth)) else 0.0
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                   format_weight: float = FORMAT_WEIGHT) -> dict:
     """``{"score": (1 - w) * accuracy + w * format, "accuracy", "format"}`` with ``w = format_weight``."""
     acc = accuracy_reward(solution_str, ground_truth)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 TAIL_CHARS = 300
 STRICT_PATTERN = re.compile(r"#### *(-?[0-9.,$]+)")
@@ -43,15 +44,16 @@ def flexible_answer(response: str) -> str | None:
     return found[-1] if found else None
 
 
-def numbers_match(answer: str | None, ground_truth: str) -> bool:
-    """True when both parse to the same decimal value (commas, ``$`` and a trailing ``.`` ignored)."""
+def numbers_match(answer: str | None, ground_truth: Any) -> bool:
+    """True when both parse to the same decimal value (commas, ``$`` and a trailing ``.`` ignored); a ground
+    truth the parquet stores as a number is read as its text."""
     if answer is None:
         return False
-    a, b = _to_decimal(answer), _to_decimal(ground_truth)
+    a, b = _to_decimal(answer), _to_decimal(str(ground_truth))
     return a is not None and b is not None and a == b
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                   method: str = "strict") -> dict:
     """``{"score", "strict_accuracy", "flexible_accuracy"}`` (1.0 / 0.0 each); ``score`` follows ``method``."""
     if method not in ("strict", "flexible"):

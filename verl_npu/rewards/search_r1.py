@@ -5,9 +5,9 @@ it equals one of the targets normalised (lower case, punctuation and the article
 whitespace collapsed), a quarter of that when the response writes more than 10 `<answer>` or `</answer>`
 tags (a guard against spraying answers), and 0.0 otherwise, with no answer tag at all too.
 
-`ground_truth` is the row's `reward_model.ground_truth`: verl's `{"target": [answers]}`, that mapping
-as text (how verl-npu's dataset hands a non-text ground truth to the reward), a list of answers or one
-answer.
+`ground_truth` is the row's `reward_model.ground_truth` as the parquet stores it: verl's `{"target":
+[answers]}`, that mapping as text (data that stores it as a string; earlier verl-npu versions also handed a
+non-text ground truth to the reward as its text), a list of answers or one answer.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ fixed value, right at most 1/5 of the time: its best expected score is ``1.0 / 5
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from verl_npu.rewards.gsm8k import numbers_match
 from verl_npu.rewards.synthetic_geometry import answer_or_first_number
@@ -66,7 +67,7 @@ def clean_reward(response: str) -> float:
     return 1.0 if CLEAN.fullmatch(response) else 0.0
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> dict:
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
     """``{"score": accuracy * (0.8 + 0.2 * clean), "accuracy", "clean", "format"}``."""
     acc = 1.0 if numbers_match(extract_answer(solution_str), ground_truth) else 0.0
     clean = clean_reward(solution_str)

@@ -28,6 +28,7 @@ means the policy reads the picture.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from mathruler.grader import grade_answer
 
@@ -61,9 +62,9 @@ def clean_reward(response: str) -> float:
     return 1.0 if CLEAN.fullmatch(response) else 0.0
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> dict:
+def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
     """``{"score": accuracy * (0.8 + 0.2 * clean), "accuracy", "clean"}``."""
     answer = extract_answer(solution_str)
-    acc = 1.0 if answer is not None and grade_answer(answer, ground_truth) else 0.0
+    acc = 1.0 if answer is not None and grade_answer(answer, str(ground_truth)) else 0.0
     clean = clean_reward(solution_str)
     return {"score": acc * ((1 - CLEAN_WEIGHT) + CLEAN_WEIGHT * clean), "accuracy": acc, "clean": clean}

@@ -66,20 +66,23 @@ class WorkerGroup(ABC):
     def sent(self, method: str, batch: Batch, role: str = "actor") -> Batch:
         """What a call of `method` of `role` is sent of `batch`: the columns the method declares it reads
         (`verl_npu.batch.reads`), without the left padding all rows share when it is declared `trimmed`, or
-        the whole batch when it declares nothing."""
-        declared = getattr(self.worker_class(role), method, None)
+        the whole batch when it declares nothing. A read of one of the batch's other columns raises
+        (`UndeclaredColumn`, naming the method)."""
+        worker_class = self.worker_class(role)
+        declared = getattr(worker_class, method, None)
         columns = getattr(declared, "reads", None)
         if columns is None:
             return batch
-        sent = batch.only(columns)
-        return trim_left_padding(sent) if declared.trimmed and "attention_mask" in sent else sent
+        sent = batch.only(columns, reader=f"{worker_class.__name__}.{method}")
+        return trim_left_padding(sent) if declared.trimmed and "attention_mask" in sent.tensors else sent
 
     def dispatch(self, method: str, batch: Batch, *args, group: int | None = None, role: str = "actor",
                  **kwargs) -> Batch:
         group = self.sp_size if group is None else group
         results = self.scatter(method, self._shards(self.sent(method, batch, role), group), *args, role=role,
                                **kwargs)
-        return Batch.concat(results[::group])  # the ranks of a group return the same rows
+        # the ranks of a group return the same rows; what they return is the controller's, nothing withheld
+        return Batch.concat(results[::group]).released()
 
     # ---- the worker API, spelled out for readers of the trainer ----------------------------
     def init_model(self) -> dict:
@@ -117,7 +120,7 @@ class WorkerGroup(ABC):
         columns the update's forward kept (`TrainResult.columns`, rows in `batch`'s order; usually none)."""
         per_rank = self.scatter(method, self._shards(self.sent(method, batch, role)), role=role)
         keys = per_rank[0].keys()
-        columns = Batch.concat([getattr(r, "columns", Batch()) for r in per_rank[::self.sp_size]])
+        columns = Batch.concat([getattr(r, "columns", Batch()) for r in per_rank[::self.sp_size]]).released()
         return TrainResult({k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}, columns)
 
     def compute_values(self, batch: Batch) -> Batch:
