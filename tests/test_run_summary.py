@@ -37,3 +37,13 @@ def test_summary_without_tensorboard_or_builtin_reward_claims_neither(tmp_path):
     assert "first 1 steps 0.000 -> last 1 steps 0.000" in text and "x)" not in text  # no ratio from a zero
     assert "validation (my_task, step 1): reward 0.500" in text
     assert "ignores" not in text and "TensorBoard" not in text and "training curves" not in text
+
+
+def test_summary_names_a_data_source_with_a_slash_whole(tmp_path):
+    """verl's data sources are hub names (openai/gsm8k, hiyouga/geometry3k): the summary must not cut them
+    at the first slash and lose the reward."""
+    write_rows(tmp_path, [{"step": 2, "critic/score/mean": 0.1, "val-core/openai/gsm8k/reward/mean@1": 0.25,
+                           "val-aux/openai/gsm8k/accuracy/mean@1": 0.5}])
+    text = "\n".join(run_summary(tmp_path, tensorboard_dir=None))
+    assert "validation (openai/gsm8k, step 2): reward 0.250, accuracy 0.500" in text
+    assert "validation (openai," not in text

@@ -69,7 +69,9 @@ def run_summary(out_dir: str | Path, *, tensorboard_dir: str | Path | None = Non
                      f"{turns[-1].get('tool_call_counts/mean', 0.0):.2f} tool calls per trajectory "
                      "(num_turns/mean, tool_call_counts/mean)")
     step, val = last_validation(rows)
-    sources = sorted({k.split("/")[1] for k in val if k.startswith("val-core/")})  # not val-aux/num_turns/*
+    # val-core/<source>/reward/...: a source may hold slashes (openai/gsm8k); not val-aux/num_turns/*
+    sources = sorted({k[len("val-core/"):k.rindex("/reward/")] for k in val
+                      if k.startswith("val-core/") and "/reward/" in k})
     for src in sources:
         reward = next((v for k, v in val.items() if k.startswith(f"val-core/{src}/reward/")), None)
         acc = next((v for k, v in val.items() if k.startswith(f"val-aux/{src}/accuracy/")), None)
