@@ -32,6 +32,7 @@ and run folders go to --work (a temporary folder by default), never into DIR.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -77,8 +78,10 @@ LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alp
 OFFLOAD = [f"{A}.fsdp_config.param_offload=true", f"{A}.fsdp_config.optimizer_offload=true"]
 DYN = [f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=1024"]
 CKPT = ["actor_rollout_ref.model.enable_gradient_checkpointing=true"]
-# memory_grid.py configurations measured on the device (with checkpointing: text-mid-rmpad-ckpt, vl-mid-ckpt-kl)
-MEMORY_CONFIGS = ("text-mid", "text-mid-critic", "text-mid-lora", "text-mid-rmpad-ckpt", "vl-mid-ckpt-kl")
+# memory_grid.py configurations measured on the device (with checkpointing: text-mid-rmpad-ckpt, vl-mid-ckpt-kl,
+# text-100m: a model whose weights, not the allocator's fixed costs, make the peak)
+MEMORY_CONFIGS = ("text-mid", "text-mid-critic", "text-mid-lora", "text-mid-rmpad-ckpt", "vl-mid-ckpt-kl",
+                  "text-100m")
 MEMORY_QUICK = ("text-mid", "vl-mid-ckpt-kl")
 
 FINITE = "2 steps, every metric finite"
@@ -215,6 +218,13 @@ def _train_main(spec_path: str) -> int:
         return run_training(rc, after_fit=inspect, device=device)
 
     entry.build_workers, entry.run_training = build, run
+    if importlib.util.find_spec("matplotlib") is None:
+        # the trainer draws training_curves.png with matplotlib (a dependency the GPU machine lacks);
+        # without this the run would end in an ImportError after its last step (the env check names it)
+        from verl_npu.trainer import ppo
+
+        ppo.plot_training_curves = lambda *args, **kwargs: None
+        report["notes"] = ["matplotlib is not installed: training_curves.png not drawn"]
     try:
         code = cli.main(["run", spec["recipe"], "--demo-data", *spec["overrides"]])
     finally:
@@ -265,12 +275,26 @@ def _describe_workers(group) -> dict:
         out[role] = {"param_dtypes": sorted({str(p.dtype) for p in params}),
                      "trainable_dtypes": sorted({str(p.dtype) for p in trainable}),
                      "param_devices": sorted({p.device.type for p in params}),
-                     "compute_dtype": str(engine.compute_dtype), "params": sum(p.numel() for p in params),
-                     "trainable": sum(p.numel() for p in trainable)}
+                     "compute_dtype": str(engine.compute_dtype), "mixed_precision": _mixed_precision(engine),
+                     "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable)}
         ref = getattr(getattr(worker, "ref", None), "module", None)
         if ref is not None:
             out[role]["ref_param_dtypes"] = sorted({str(p.dtype) for p in ref.parameters()})
     return out
+
+
+def _mixed_precision(engine) -> str:
+    """How the engine computes: FSDP2's mixed-precision policy (sharded, as with offloading), autocast
+    (one unsharded worker on a bf16 device), or plain fp32."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(engine.module, FSDPModule):
+        state = engine.module._get_fsdp_state() if hasattr(engine.module, "_get_fsdp_state") else None
+        policy = getattr(getattr(state, "_mp_policy", None), "param_dtype", None)
+        return f"FSDP2 MixedPrecisionPolicy(param_dtype={policy})"
+    ctx = engine.autocast()
+    return f"autocast({ctx.fast_dtype})" if isinstance(ctx, torch.autocast) else "none (fp32)"
 
 
 def training_rows(out: Path) -> list[dict]:
@@ -319,9 +343,13 @@ def check_setup(ctx: Context) -> dict:
     return {"made": len(made)}
 
 
-def check_env(ctx: Context) -> dict:
-    import importlib.util
+# the modules of pyproject.toml's dependencies
+DEPENDENCIES = ("torch", "torchvision", "transformers", "peft", "tokenizers", "omegaconf", "yaml", "ray", "pyarrow",
+                "pandas", "numpy", "PIL", "qwen_vl_utils", "mathruler", "pylatexenc", "tensorboard", "safetensors",
+                "tqdm", "matplotlib")
 
+
+def check_env(ctx: Context) -> dict:
     import torch
     import transformers
 
@@ -330,7 +358,8 @@ def check_env(ctx: Context) -> dict:
     out = {"torch": torch.__version__, "transformers": transformers.__version__,
            "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
            "flash_attn_installed": importlib.util.find_spec("flash_attn") is not None,
-           "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+           "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+           "missing_dependencies": [m for m in DEPENDENCIES if importlib.util.find_spec(m) is None]}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         out.update(gpu=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)),
@@ -425,9 +454,11 @@ def check_text_resume(ctx: Context) -> dict:
     assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
     layout = sorted(str(p.relative_to(ckpts / "global_step_6")) for p in (ckpts / "global_step_6").rglob("*")
                     if p.is_file())
-    for needed in ("actor/huggingface/config.json", "actor/huggingface/model.safetensors", "trainer_state.json"):
+    # verl's names (trainer_state.json is ours: verl's data.pt holds the same, pickled)
+    for needed in ("actor/huggingface/config.json", "actor/huggingface/model.safetensors", "trainer_state.json",
+                   "actor/model_world_size_1_rank_0.pt", "actor/optim_world_size_1_rank_0.pt",
+                   "actor/extra_state_world_size_1_rank_0.pt"):
         assert needed in layout, f"global_step_6 lacks {needed}: {layout}"
-    assert any(p.startswith("actor/model_world_size_1_rank_0") for p in layout), f"no actor shard: {layout}"
     actor = second["report"].get("actor", {})
     if ctx.device == "cuda":
         assert actor.get("param_devices") == ["cuda"], f"actor parameters on {actor.get('param_devices')}"
@@ -589,7 +620,8 @@ def _headline(r: dict) -> str:
         return (lines[-1] if lines else "failed")[:160].replace("|", "/")
     if r["name"] == "env":
         return (f"{n.get('gpu', 'no GPU')} cap {n.get('capability')} bf16 {n.get('bf16')}; torch {n['torch']}; "
-                f"varlen {n['varlen_kernel']}; compute {n['detected'][str(None)]['compute_dtype']}")
+                f"varlen {n['varlen_kernel']}; compute {n['detected'][str(None)]['compute_dtype']}; "
+                f"missing {', '.join(n['missing_dependencies']) or 'nothing'}")
     if r["name"] == "validate":
         rec = n["recipes"]
         return f"{sum(v['rc'] == 0 for v in rec.values())}/{len(rec)} validate (rc 0)"
