@@ -44,7 +44,7 @@ import tempfile
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,6 +122,8 @@ class Context:
     device: str        # "cuda" | "cpu"
     work: Path         # models, data, runs
     name: str = ""     # the check running
+    # what a check found so far: reported with its error when an assertion fails after it
+    found: dict = field(default_factory=dict)
 
     @property
     def env(self) -> dict:
@@ -355,35 +357,38 @@ def check_env(ctx: Context) -> dict:
 
     from verl_npu.device import detect_device, varlen_attention_kernel
 
-    out = {"torch": torch.__version__, "transformers": transformers.__version__,
+    out = ctx.found
+    out.update({"torch": torch.__version__, "transformers": transformers.__version__,
            "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
            "flash_attn_installed": importlib.util.find_spec("flash_attn") is not None,
            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "missing_dependencies": [m for m in DEPENDENCIES if importlib.util.find_spec(m) is None]}
+           "missing_dependencies": [m for m in DEPENDENCIES if importlib.util.find_spec(m) is None]})
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         out.update(gpu=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)),
                    gpu_memory_gib=round(props.total_memory / 2**30, 1), gpus=torch.cuda.device_count(),
                    bf16=torch.cuda.is_bf16_supported(), nccl_available=torch.distributed.is_nccl_available())
-    detected = {}
+    detected = out["detected"] = {}
     for requested in ((None, "cuda") if ctx.device == "cuda" else (None, "cpu")):
-        info = detect_device(requested)
-        detected[str(requested)] = {"kind": info.kind, "backend": info.dist_backend,
-                                    "visible_devices_env": info.visible_devices_env, "count": info.count(),
-                                    "describe": info.describe(), "compute_dtype": str(info.train_dtype()),
-                                    "attn_implementation": info.attn_implementation(),
-                                    "memory_gb": {k: round(v, 2) for k, v in info.memory().items()}}
-    out["detected"] = detected
+        try:
+            info = detect_device(requested)
+            detected[str(requested)] = {"kind": info.kind, "backend": info.dist_backend,
+                                        "visible_devices_env": info.visible_devices_env, "count": info.count(),
+                                        "describe": info.describe(), "compute_dtype": str(info.train_dtype()),
+                                        "attn_implementation": info.attn_implementation(),
+                                        "memory_gb": {k: round(v, 2) for k, v in info.memory().items()}}
+        except Exception as exc:  # noqa: BLE001 - recorded, then asserted below
+            detected[str(requested)] = {"error": f"{type(exc).__name__}: {exc}"}
     out["varlen_kernel"] = varlen_attention_kernel(ctx.device)
     expected = "flash_attn" if ctx.device == "cuda" and out["flash_attn_installed"] else "sdpa_sequences"
     assert out["varlen_kernel"] == expected, f"varlen kernel {out['varlen_kernel']}, expected {expected}"
     want = {"kind": ctx.device, "backend": "nccl" if ctx.device == "cuda" else "gloo",
             "visible_devices_env": "CUDA_VISIBLE_DEVICES" if ctx.device == "cuda" else None}
     for requested, info in detected.items():
-        got = {k: info[k] for k in want}
+        got = {k: info.get(k) for k in want}
         assert got == want, f"trainer.device={requested}: detected {got}, expected {want}"
     if ctx.device == "cuda":
-        assert detected["cuda"]["compute_dtype"] == "torch.bfloat16", "cuda computes in bf16 where supported"
+        assert detected["cuda"]["compute_dtype"] == "torch.bfloat16", "cuda computes in bf16 (the card has it)"
     return out
 
 
@@ -472,6 +477,7 @@ def check_run(ctx: Context, recipe: str, steps: int, extra: tuple) -> dict:
     out = run_folder(ctx)
     done = train(ctx, recipe, small_overrides(ctx, recipe, out, steps) + list(extra))
     rows = training_rows(out)
+    ctx.found.update(run_numbers(rows, done["report"], done["seconds"]))
     assert [r["step"] for r in rows] == list(range(1, steps + 1)), f"steps {[r['step'] for r in rows]}"
     assert_finite(rows)
     if any(a.startswith("algorithm.adv_estimator=gae") for a in extra):
@@ -518,7 +524,7 @@ def check_parity(ctx: Context) -> dict:
     cases = {"cpu fp32": (cpu_model, torch.device("cpu"), None, 1e-4), "device fp32": (fp32, dev, None, 1e-3),
              "device bf16 autocast (actor)": (fp32, dev, torch.bfloat16, 0.25),
              "device bf16 weights (reference)": (bf16, dev, None, 0.25)}
-    out, bad = {}, []
+    out, bad = ctx.found, []
     for name, (model, where, dtype, limit) in cases.items():
         for remove_padding in (False, True):
             lp, ent = forward(model, where, remove_padding, dtype)
@@ -546,7 +552,7 @@ def check_memory(ctx: Context, name: str) -> dict:
     workers = memory_grid.CONFIGS[name][2]
     assert workers == 1, f"{name}: {workers} workers; this machine runs one"
     done = train(ctx, recipe, args, phases=True)
-    measured = done["report"]["phases"]
+    measured = ctx.found["measured"] = done["report"]["phases"]
     device = detect_device(ctx.device)
     accelerator = device.is_accelerator and str(device.train_dtype()) == "torch.bfloat16"
     total = int(device.memory()["total_gb"] * 2**30)
@@ -582,11 +588,16 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
 def _check_main(name: str, device: str, work: str) -> int:
     """The `--check NAME` process: run it, print its numbers as the last line (JSON)."""
     ctx = Context(device, Path(work), name)
-    if name == "setup":
-        numbers = check_setup(ctx)
-    else:
-        check = next(c for c in CHECKS if c.name == name)
-        numbers = globals()[check.fn](ctx, *check.args)
+    try:
+        if name == "setup":
+            numbers = check_setup(ctx)
+        else:
+            check = next(c for c in CHECKS if c.name == name)
+            numbers = globals()[check.fn](ctx, *check.args)
+    except BaseException:
+        traceback.print_exc()
+        print("\nFOUND " + json.dumps(ctx.found, default=str))
+        return 1
     print("\nRESULT " + json.dumps(numbers, default=str))
     return 0
 
@@ -596,11 +607,14 @@ def run_check(name: str, timeout: int, ctx: Context) -> dict:
     code, output = run_process([sys.executable, __file__, "--check", name, "--device", ctx.device,
                                 "--work", str(ctx.work)], ctx.env, timeout)
     result = {"name": name, "ok": False, "numbers": {}, "seconds": round(time.time() - start, 1), "error": ""}
-    last = [ln for ln in output.splitlines() if ln.startswith("RESULT ")]
+    lines = output.splitlines()
+    last = [ln for ln in lines if ln.startswith("RESULT ")]
     if code == 0 and last:
         result.update(ok=True, numbers=json.loads(last[-1][len("RESULT "):]))
     else:
-        result["error"] = tail(output)
+        found = [ln for ln in lines if ln.startswith("FOUND ")]
+        result.update(numbers=json.loads(found[-1][len("FOUND "):]) if found else {},
+                      error=tail("\n".join(ln for ln in lines if not ln.startswith("FOUND "))))
     return result
 
 
