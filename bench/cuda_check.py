@@ -22,10 +22,12 @@ with the last 40 lines of its output and the next check runs):
                (max_memory_allocated after reset_peak_memory_stats) against the memory planner's phase
                for the same configuration planned for the device (bf16 compute on an accelerator).
 Every training run is `verl-npu run` (verl_npu.cli.main) in a process of its own, with tiny local
-models (tiny://) and synthetic data written first; every metric of metrics.jsonl must be finite.
+models (tiny://) and synthetic data written first, and a reward that varies with the text (so every
+step has a policy gradient); every metric of metrics.jsonl must be finite and some actor/grad_norm > 0.
+Without matplotlib (the GPU machine has none) the trainer's training_curves.png is skipped (noted).
 
 Results: DIR/cuda_check.json (every check: name, ok, numbers, seconds, error tail), DIR/cuda_check.md
-(a table), DIR/cuda_check_failures.log (the full output tail of each failed check). The models, data
+(a table), DIR/cuda_check_failures.log (the last 400 lines of each failed check's output). The models, data
 and run folders go to --work (a temporary folder by default), never into DIR.
 """
 
@@ -54,7 +56,8 @@ for _p in (str(REPO), str(BENCH)):
         sys.path.insert(0, _p)
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-TAIL_LINES = 40
+TAIL_LINES = 40    # of a failed check's output, in cuda_check.json / .md
+LOG_LINES = 400    # in cuda_check_failures.log
 
 
 # ------------------------------------------------------------------------------------------------ the checks
@@ -127,14 +130,11 @@ class Context:
 
     @property
     def env(self) -> dict:
-        return child_env(self.work, self.device)
-
-
-def child_env(work: Path, device: str) -> dict:
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""),
-            "VERL_NPU_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-            "OMP_NUM_THREADS": "1" if device == "cpu" else os.environ.get("OMP_NUM_THREADS", "4")}
+        """The environment of every process started: this repository first, the tiny models' cache, offline."""
+        path = os.environ.get("PYTHONPATH")
+        return {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""),
+                "VERL_NPU_CACHE": str(self.work / "cache"), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                "OMP_NUM_THREADS": "1" if self.device == "cpu" else os.environ.get("OMP_NUM_THREADS", "4")}
 
 
 # ------------------------------------------------------------------------------------------------ data and runs
@@ -145,13 +145,9 @@ VARIED_REWARD = ("def compute_score(data_source, solution_str, ground_truth, ext
                  "    return (len(solution_str) * 7 + sum(map(ord, solution_str))) % 5 / 4.0\n")
 
 
-def data_dir(ctx: Context, recipe: str) -> Path:
-    return ctx.work / "data" / recipe
-
-
 def small_overrides(ctx: Context, recipe: str, out: Path, steps: int) -> list[str]:
     """A small, fast run of a demo recipe on the device: 4 prompts x 4 samples, no validation."""
-    data = data_dir(ctx, recipe)
+    data = ctx.work / "data" / recipe
     args = [f"af_output_dir={out}", f"data.train_files={data / 'train.parquet'}",
             f"data.val_files={data / 'test.parquet'}", f"trainer.device={ctx.device}", "trainer.n_gpus_per_node=1",
             f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.val_before_train=false",
@@ -322,7 +318,8 @@ def run_numbers(rows: list[dict], report: dict, seconds: float) -> dict:
     keys = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/kl_loss",
             "critic/vf_loss", "response_length/mean")
     return {"steps": [r["step"] for r in rows], "timing_s/step": round(sum(later) / len(later), 3) if later else None,
-            "wall_s": seconds, **{k: last[k] for k in keys if k in last}, "actor": report.get("actor")}
+            "wall_s": seconds, **{k: last[k] for k in keys if k in last}, "actor": report.get("actor"),
+            "notes": report.get("notes", [])}
 
 
 # ------------------------------------------------------------------------------------------------ check bodies
@@ -426,7 +423,8 @@ def check_validate(ctx: Context) -> dict:
                                         f"actor_rollout_ref.model.path={_hub_id(path.read_text())}",
                                         f"trainer.device={ctx.device}"]
     with ThreadPoolExecutor(4) as pool:
-        results = dict(zip(jobs, pool.map(lambda kv: validate(kv[0].split(" ")[0], kv[1]), jobs.items())))
+        results = ctx.found["recipes"] = dict(zip(jobs, pool.map(lambda kv: validate(kv[0].split(" ")[0], kv[1]),
+                                                                 jobs.items())))
     failed = [n for n, r in results.items() if n.startswith("tiny_") and r["rc"] != 0]
     tracebacks = [n for n, r in results.items() if r["traceback"]]
     assert not failed and not tracebacks, f"tiny recipes failing: {failed}; tracebacks: {tracebacks}"
@@ -613,18 +611,19 @@ def run_check(name: str, timeout: int, ctx: Context) -> dict:
         result.update(ok=True, numbers=json.loads(last[-1][len("RESULT "):]))
     else:
         found = [ln for ln in lines if ln.startswith("FOUND ")]
-        result.update(numbers=json.loads(found[-1][len("FOUND "):]) if found else {},
-                      error=tail("\n".join(ln for ln in lines if not ln.startswith("FOUND "))))
+        text = "\n".join(ln for ln in lines if not ln.startswith("FOUND "))
+        result.update(numbers=json.loads(found[-1][len("FOUND "):]) if found else {}, error=tail(text),
+                      log=tail(text, LOG_LINES))
     return result
 
 
 def write_results(out: Path, meta: dict, results: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cuda_check.json").write_text(json.dumps({**meta, "checks": results}, indent=1, default=str))
+    checks = [{k: v for k, v in r.items() if k != "log"} for r in results]
+    (out / "cuda_check.json").write_text(json.dumps({**meta, "checks": checks}, indent=1, default=str))
     (out / "cuda_check.md").write_text(markdown(meta, results))
-    failed = [r for r in results if not r["ok"]]
-    (out / "cuda_check_failures.log").write_text("".join(f"===== {r['name']}\n{r['error']}\n\n" for r in failed)
-                                                 or "no failures\n")
+    (out / "cuda_check_failures.log").write_text("".join(f"===== {r['name']}\n{r.get('log', r['error'])}\n\n"
+                                                         for r in results if not r["ok"]) or "no failures\n")
 
 
 def _headline(r: dict) -> str:
@@ -650,7 +649,7 @@ def _headline(r: dict) -> str:
         actor = n.get("actor") or {}
         return (f"steps {n['steps'][0]}-{n['steps'][-1]}, {n['timing_s/step']} s/step, score "
                 f"{n.get('critic/score/mean')}, actor {actor.get('trainable_dtypes')} on {actor.get('param_devices')}"
-                f", compute {actor.get('compute_dtype')}")
+                f", {actor.get('mixed_precision')}")
     return ""
 
 
@@ -673,7 +672,7 @@ def markdown(meta: dict, results: list[dict]) -> str:
                 err = f"{v['error']:+.1%}" if v["error"] is not None else "-"
                 lines.append(f"| {r['name'][4:]} | {phase} | {v['planned_mb']} | {v['measured_mb']} | "
                              f"{v['start_mb']} | {err} |")
-    val = next((r for r in results if r["name"] == "validate" and r["ok"]), None)
+    val = next((r for r in results if r["name"] == "validate" and "recipes" in r["numbers"]), None)
     if val:
         lines += ["", "Recipes validated:", "", "| recipe | rc | last lines |", "|---|---|---|"]
         for name, v in val["numbers"]["recipes"].items():
