@@ -323,9 +323,9 @@ def run_numbers(rows: list[dict], report: dict, seconds: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ check bodies
-def check_setup(ctx: Context) -> dict:
-    """Tiny models and synthetic data of the demo recipes and the memory configurations, made once
-    before the checks run in parallel (they share them)."""
+def check_setup(ctx: Context, memory_configs: list[str]) -> dict:
+    """Tiny models and synthetic data of the demo recipes and of the memory configurations that will
+    run, made once before the checks run in parallel (they share them)."""
     from verl_npu.config import load_recipe
     from verl_npu.demo import prepare_assets
 
@@ -336,7 +336,7 @@ def check_setup(ctx: Context) -> dict:
         made += prepare_assets(rc, demo_data=True)
     import memory_grid
 
-    for name in MEMORY_CONFIGS:
+    for name in memory_configs:
         memory_grid.overrides(name, ctx.work / "memory")
     memory_grid.build_model(ctx.work / "memory" / "models", "lm", memory_grid.MID)
     return {"made": len(made)}
@@ -583,12 +583,12 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _check_main(name: str, device: str, work: str) -> int:
+def _check_main(name: str, device: str, work: str, memory_configs: list[str]) -> int:
     """The `--check NAME` process: run it, print its numbers as the last line (JSON)."""
     ctx = Context(device, Path(work), name)
     try:
         if name == "setup":
-            numbers = check_setup(ctx)
+            numbers = check_setup(ctx, memory_configs)
         else:
             check = next(c for c in CHECKS if c.name == name)
             numbers = globals()[check.fn](ctx, *check.args)
@@ -600,10 +600,10 @@ def _check_main(name: str, device: str, work: str) -> int:
     return 0
 
 
-def run_check(name: str, timeout: int, ctx: Context) -> dict:
+def run_check(name: str, timeout: float, ctx: Context, extra: tuple = ()) -> dict:
     start = time.time()
     code, output = run_process([sys.executable, __file__, "--check", name, "--device", ctx.device,
-                                "--work", str(ctx.work)], ctx.env, timeout)
+                                "--work", str(ctx.work), *extra], ctx.env, timeout)
     result = {"name": name, "ok": False, "numbers": {}, "seconds": round(time.time() - start, 1), "error": ""}
     lines = output.splitlines()
     last = [ln for ln in lines if ln.startswith("RESULT ")]
@@ -697,12 +697,13 @@ def main() -> int:
                         f"{MIN_START} s left (recorded as skipped)")
     parser.add_argument("--list", action="store_true", help="the checks and what each asserts")
     parser.add_argument("--check", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-configs", default="", help=argparse.SUPPRESS)   # setup: what to build
     parser.add_argument("--train", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.train:
         return _train_main(args.train)
     if args.check:
-        return _check_main(args.check, args.device, args.work)
+        return _check_main(args.check, args.device, args.work, [n for n in args.memory_configs.split(",") if n])
     if args.list:
         for c in CHECKS:
             print(f"{c.name:14s}{' (quick)' if c.quick else '        '} {c.asserts}")
@@ -722,7 +723,8 @@ def main() -> int:
     meta = {"device": args.device, "quick": args.quick, "jobs": jobs, "work": str(work), "argv": sys.argv[1:],
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "seconds": 0}
     print(f"[cuda_check] work folder {work}; results to {out}", flush=True)
-    results = [run_check("setup", min(300 * scale, budget or math.inf), ctx)]
+    memory = ",".join(c.args[0] for c in checks if c.fn == "check_memory")
+    results = [run_check("setup", min(300 * scale, budget or math.inf), ctx, ("--memory-configs", memory))]
     print(f"[cuda_check] setup: {'ok' if results[0]['ok'] else 'FAILED'} ({results[0]['seconds']} s)", flush=True)
     order = sorted(checks, key=lambda c: -c.timeout)   # the long ones first
 
