@@ -96,6 +96,8 @@ CHECKS = [
     Check("text-resume", "check_text_resume", 300, True, "tiny_gsm8k 4 steps then resumed to 6: steps 1-6 once "
           "each, the second run starts at 5 from global_step_4, verl's checkpoint layout, metrics finite, "
           "actor weights fp32 on the device"),
+    Check("parity", "check_parity", 180, True, "log-prob / entropy max |diff| vs CPU fp32: device fp32 <= 1e-3, "
+          "bf16 <= 0.25, padded and padding-free"),
     Check("vl-rmpad", "check_run", 240, True, "tiny_geo3k padding-free, 4 steps, metrics finite",
           ("tiny_geo3k", 4, ())),
     Check("vl-padded", "check_run", 240, False, "tiny_geo3k use_remove_padding=false, " + FINITE,
@@ -113,8 +115,6 @@ CHECKS = [
           ("tiny_geo3k_dapo", 2, ())),
     Check("multi-turn", "check_run", 300, False, "tiny_tool_gsm8k (hf rollout, tool calls): " + FINITE,
           ("tiny_tool_gsm8k", 2, ())),
-    Check("parity", "check_parity", 180, True, "log-prob / entropy max |diff| vs CPU fp32: device fp32 <= 1e-3, "
-          "bf16 <= 0.25, padded and padding-free"),
 ] + [Check(f"mem-{name}", "check_memory", 300, name in MEMORY_QUICK, "2 steps on the device; every worker call's "
            "peak measured; planned vs measured per phase (reported, not asserted)", (name,))
      for name in MEMORY_CONFIGS]
@@ -252,7 +252,10 @@ def _measure_phases(group, device, peaks: dict) -> None:
             out = _inner(method, *args, **kwargs)
             device.synchronize()
             mem = device.memory()
-            peaks[PHASES[method]] = {"peak_bytes": int(mem["peak_gb"] * 2**30), "start_bytes": int(start * 2**30)}
+            peaks[PHASES[method]] = {"peak_bytes": int(mem["peak_gb"] * 2**30), "start_bytes": int(start * 2**30),
+                                     # the caching allocator's peak: what the device really had to hold
+                                     "reserved_peak_bytes": (device.torch_module.max_memory_reserved()
+                                                             if device.is_accelerator else None)}
             return out
         setattr(group, meth, call)
 
@@ -563,7 +566,7 @@ def check_memory(ctx: Context, name: str) -> dict:
         want = planned.get(phase)
         peak = got["peak_bytes"]
         phases[phase] = {"planned_mb": round(want / 1e6, 1) if want else None, "measured_mb": round(peak / 1e6, 1),
-                         "start_mb": round(got["start_bytes"] / 1e6, 1),
+                         "start_mb": round(got["start_bytes"] / 1e6, 1), "reserved_mb": _mb(got["reserved_peak_bytes"]),
                          "error": round(want / peak - 1, 3) if want and peak else None}
     expected = {memory_grid.PHASES[m] for m in ("generate_sequences", "update_actor")}
     assert expected <= set(phases), f"phases measured: {sorted(phases)}"
@@ -665,13 +668,13 @@ def markdown(meta: dict, results: list[dict]) -> str:
     if mem:
         lines += ["", f"Memory: planned vs measured per phase ({mem[0]['numbers']['measured_kind']}; the plan "
                   f"with {mem[0]['numbers']['planned_compute_bytes']}-byte compute)", "",
-                  "| configuration | phase | planned MB | measured MB | at the call's start MB | error |",
-                  "|---|---|---|---|---|---|"]
+                  "| configuration | phase | planned MB | measured MB | at the call's start MB | reserved peak MB "
+                  "| error |", "|---|---|---|---|---|---|---|"]
         for r in mem:
             for phase, v in r["numbers"]["phases"].items():
                 err = f"{v['error']:+.1%}" if v["error"] is not None else "-"
                 lines.append(f"| {r['name'][4:]} | {phase} | {v['planned_mb']} | {v['measured_mb']} | "
-                             f"{v['start_mb']} | {err} |")
+                             f"{v['start_mb']} | {v['reserved_mb'] or '-'} | {err} |")
     val = next((r for r in results if r["name"] == "validate" and "recipes" in r["numbers"]), None)
     if val:
         lines += ["", "Recipes validated:", "", "| recipe | rc | last lines |", "|---|---|---|"]
@@ -726,7 +729,7 @@ def main() -> int:
     memory = ",".join(c.args[0] for c in checks if c.fn == "check_memory")
     results = [run_check("setup", min(300 * scale, budget or math.inf), ctx, ("--memory-configs", memory))]
     print(f"[cuda_check] setup: {'ok' if results[0]['ok'] else 'FAILED'} ({results[0]['seconds']} s)", flush=True)
-    order = sorted(checks, key=lambda c: -c.timeout)   # the long ones first
+    order = checks   # in the list's order, the most telling first: a spent --budget skips the last ones
 
     def one(check: Check) -> dict:
         left = math.inf if budget is None else budget - (time.time() - started)
@@ -735,7 +738,8 @@ def main() -> int:
                       "error": f"skipped: less than {MIN_START} s of the --budget of {budget} s was left"}
         else:
             result = run_check(check.name, min(check.timeout * scale, left), ctx)
-        print(f"[cuda_check] {check.name}: {'ok' if result['ok'] else 'FAILED'} ({result['seconds']} s)", flush=True)
+        print(f"[cuda_check] {check.name}: {'ok' if result['ok'] else 'FAILED'} ({result['seconds']} s) "
+              f"{_headline(result)[:300]}", flush=True)
         return result
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -748,6 +752,7 @@ def main() -> int:
     meta.update(seconds=round(time.time() - started, 1), gpu=(env or {}).get("numbers", {}).get("gpu", ""))
     write_results(out, meta, results)
     ok = sum(r["ok"] for r in results)
+    print(markdown(meta, results).split("\n\n## ")[0])   # the tables, without the failures' tails
     print(f"[cuda_check] {ok}/{len(results)} checks passed in {meta['seconds']} s: {out / 'cuda_check.md'}")
     return 0 if ok == len(results) else 1
 
