@@ -434,6 +434,11 @@ class DeviceInfo:
             return torch.device("cpu")
         return torch.device(self.kind, self.local_device_index(local_rank))
 
+    def worker_device(self) -> Any:
+        """`torch_device` of this process's worker (LOCAL_RANK; Ray workers see one device: 0). Where
+        its models compute, also when FSDP2 offloads their parameters to the host between uses."""
+        return self.torch_device(int(os.environ.get("LOCAL_RANK", 0)))
+
     def set_device(self, local_rank: int = 0) -> None:
         """Make `local_device_index(local_rank)` the current device (no-op on cpu)."""
         if self.kind != "cpu":

@@ -270,7 +270,7 @@ class HFTurns(TurnBackend):
             return int(value)
         import torch.distributed as dist
 
-        flag = torch.tensor([int(value)], device=next(loop.module.parameters()).device)
+        flag = torch.tensor([int(value)], device=loop.torch_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag[0])
 
@@ -279,7 +279,7 @@ class HFTurns(TurnBackend):
         that ends at once, stepping along until every rank has finished (its output is dropped). With images
         the row holds a picture (`_vision_filler`), so this rank's vision tower runs with the others'."""
         loop = self.loop
-        device = next(loop.module.parameters()).device
+        device = loop.torch_device()
         eos = loop.eos_ids[0]
         row, mm = self._vision_filler() if loop.images is not None else ([loop.pad_id], None)
         was_training = loop.module.training
@@ -306,7 +306,7 @@ class HFTurns(TurnBackend):
     def _decode(self, active: list["Trajectory"], params: SamplingParams, budget: int, record: bool,
                 steps: int) -> list[tuple[list[int], list[float] | None]]:
         loop = self.loop
-        device = next(loop.module.parameters()).device
+        device = loop.torch_device()
         contexts = [t.prompt_ids + t.response for t in active]
         room = [turn_room(t, budget) for t in active]
         # every image of every trajectory (prompt's, then its tools'), in row order: the prefill encodes them
@@ -358,8 +358,10 @@ class AgentLoop:
     def __init__(self, module, tokenizer, tools: dict, settings, *, eos_ids: list[int],
                  pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent",
                  synced: bool = False, turns: TurnBackend | None = None, interactions: dict | None = None,
-                 images: ImageTurns | None = None):
+                 images: ImageTurns | None = None, compute_device=None):
         settings = section(MULTI_TURN, settings)
+        # where `module` computes (the hf engine's compute_device: not its parameters' device under offload)
+        self.compute_device = compute_device
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
         # name -> interaction (multi_turn.interaction_config_path): answers model turns without tool calls
         self.interactions = interactions or {}
@@ -377,6 +379,10 @@ class AgentLoop:
         self.renderer = ToolTurnRenderer(tokenizer, settings.tokenization_sanity_check_mode,
                                          template=images.processor if images is not None else None)
         self.turns = turns if turns is not None else HFTurns(self)
+
+    def torch_device(self) -> torch.device:
+        """Where the hf engine's module computes (its parameters' device unless they are offloaded)."""
+        return self.compute_device or next(self.module.parameters()).device
 
     # ---- one batch ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -611,5 +617,5 @@ def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None =
     return AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, mt,
                      eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=getattr(engine, "suppress_ids", None),
                      seed=engine.seed, default_agent=default_agent, synced=getattr(engine, "synced", False),
-                     turns=turns, interactions=interactions,
+                     turns=turns, interactions=interactions, compute_device=getattr(engine, "compute_device", None),
                      images=ImageTurns(processor, min_pixels, max_pixels) if processor is not None else None)

@@ -46,8 +46,11 @@ from verl_npu.rollout.requests import prompt_seed
 
 class HFRollout(RolloutEngine):
     def __init__(self, module: torch.nn.Module, tokenizer, *, seed: int = 0, synced: bool = False,
-                 log_probs: bool = False):
+                 log_probs: bool = False, compute_device: torch.device | None = None):
         self.module = module
+        # where the module computes: its parameters' device, except under FSDP2 parameter offload (they
+        # rest on the host and are brought to the accelerator for each forward)
+        self.compute_device = compute_device or next(module.parameters()).device
         # rollout.calculate_log_probs: keep the sampled tokens' log-probs (`rollout_log_probs`)
         self.log_probs = log_probs
         self.seed = seed
@@ -66,7 +69,8 @@ class HFRollout(RolloutEngine):
         cfg = section(ROOT, cfg)
         rollout = cfg.actor_rollout_ref.rollout
         engine = cls(module, tokenizer, seed=cfg.data.seed, synced=world_size > 1,
-                     log_probs=rollout.calculate_log_probs)
+                     log_probs=rollout.calculate_log_probs,
+                     compute_device=device.worker_device() if device is not None else None)
         mt = rollout.multi_turn
         if mt.enable:  # multi-turn with tools: verl_npu/rollout/agent_loop.py
             from verl_npu.rollout.agent_loop import build_agent_loop
@@ -95,7 +99,7 @@ class HFRollout(RolloutEngine):
         module = self.module
         was_training = module.training
         module.eval()
-        device = next(module.parameters()).device
+        device = self.compute_device
         trimmed = trim_left_padding(prompts)  # the left padding every prompt has
         input_ids, attention_mask = trimmed["input_ids"], trimmed["attention_mask"]
         pick = greedy_pick

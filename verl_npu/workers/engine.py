@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator
 
 import torch
@@ -62,7 +61,7 @@ class TrainingEngine:
                  world_size: int = 1):
         self.role, self.device, self.seed, self.checkpoint = role, device, seed, checkpoint
         self.rank, self.world_size, self.dp_size = rank, world_size, world_size
-        self.torch_device = device.torch_device(int(os.environ.get("LOCAL_RANK", 0)))
+        self.torch_device = device.worker_device()
         # fp32 master weights and optimizer state; forward/backward in the device's compute dtype
         # (bf16 on accelerators that have it): FSDP2 mixed precision with several workers, autocast with one
         self.compute_dtype = device.train_dtype()
