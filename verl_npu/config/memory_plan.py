@@ -35,6 +35,9 @@ WORKER_BASE_BYTES = GIB      # one worker process on an accelerator: Python, tor
                              # device runtime (not measured; the CPU's base below and some room for it)
 CPU_WORKER_BASE_BYTES = 870 << 20   # one worker process on CPU: Python, torch, transformers, the data
 CPU_ALLOCATOR_RETAINED = 0.2        # of the peak tensors: what the C allocator keeps beside them (below)
+#: an accelerator's matmul library workspaces (cuBLAS and cuBLASLt), taken from the caching allocator by the first
+#: matmul and kept: 66-74 MB allocated before the first phase beyond the weights and optimizer states (H200)
+ACCELERATOR_WORKSPACE_BYTES = 64 << 20
 RAY_BYTES = GIB // 2         # Ray's own processes (GCS, raylet) beside several workers (not measured)
 
 
@@ -120,6 +123,13 @@ def model_size(conf: dict | None) -> ModelSize | None:
                   "merge": _int(vc, "spatial_merge_size") or 2, "temporal": _int(vc, "temporal_patch_size") or 2,
                   "out": _int(vc, "out_hidden_size") or hidden}
     return ModelSize(hidden, layers, heads, kv, head_dim, inter, vocab, tied, vision)
+
+
+def autocast_cast_params(m: ModelSize) -> int:
+    """Parameters torch.autocast casts and keeps while a forward runs (one worker, no FSDP2): every weight a
+    matmul reads, so all but the input embeddings (a lookup) unless they are tied to the head; norms and
+    biases are a rounding error (counted)."""
+    return m.params - (0 if m.tied else m.vocab * m.hidden)
 
 
 def lora_params(m: ModelSize, rank: int) -> int:

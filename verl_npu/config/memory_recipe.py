@@ -263,6 +263,13 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
         unit = max(actor.layer_params, actor.vocab * actor.hidden * (1 if actor.tied else 2))
         gathered = [Part("FSDP2 gathered unit", unit * s.compute_bytes,
                          "the largest unit (the root: embeddings and head, or a layer), unsharded, compute dtype")]
+    if not s.cpu:
+        gathered = gathered + [Part("cuBLAS workspaces", mp.ACCELERATOR_WORKSPACE_BYTES, "allocated by the first "
+                                    "matmul, kept (measured on an H200: bench/cuda_check.md)")]
+        if not s.fsdp:  # one worker without FSDP2 computes under torch.autocast
+            cast = trainable if s.lora_rank else mp.autocast_cast_params(actor)
+            gathered = gathered + [Part("autocast weight copies", cast * s.compute_bytes, f"{s.compute_bytes} x "
+                                        f"{cast:,}: autocast keeps its cast of every trainable weight a matmul reads")]
 
     phases: list[Phase] = []
     # rollout
@@ -335,7 +342,9 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     phases.append(Phase("actor update", _update_grads(resident, update, s, actor, shards) + gathered + update))
     if s.critic and critic is not None:
         c_tokens, _, how = _micro(s, s.critic_micro_rows or s.micro_rows, s.critic_dynamic, s.critic_budget)
-        phases.append(Phase("critic update", resident + gathered + [Part("activations", mp.activation_bytes(
+        critic_cast = [] if s.cpu or s.fsdp else [Part("critic autocast weight copies", s.compute_bytes * pc,
+                                                        f"{s.compute_bytes} x {pc:,}")]
+        phases.append(Phase("critic update", resident + gathered + critic_cast + [Part("activations", mp.activation_bytes(
             critic, c_tokens, checkpointing=s.critic_checkpointing, remove_padding=False,
             compute_bytes=s.compute_bytes), how), *_fsdp_backward(s, critic, 0)]))
     if s.reward_model and reward is not None:
