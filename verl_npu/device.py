@@ -445,13 +445,9 @@ class DeviceInfo:
             self.torch_module.set_device(self.local_device_index(local_rank))
 
     def use_kernels(self) -> None:
-        """Process-wide kernel choices of this device kind, made before a worker builds its models.
-
-        cuda: cuDNN's scaled-dot-product attention is turned off. It builds an execution plan for
-        every new (batch, heads, length) shape, tens of milliseconds each, and an RL step brings new
-        sequence lengths every step (padded and padding-free alike): on an H200 the tiny text demo's
-        actor update took 1-3 s a step with it and 0.11 s without (bench/cuda_check.md). Flash and
-        memory-efficient attention keep no per-shape plan. npu / cpu: nothing."""
+        """Process-wide kernel choices, made before a worker builds its models. cuda: cuDNN's SDPA off: it
+        builds a plan per new shape and RL steps bring new lengths every step (the tiny text demo's update on
+        an H200: 1-3 s with it, 0.11 s without; bench/cuda_check.md). npu / cpu: nothing."""
         if self.kind == "cuda":
             import torch
 
