@@ -337,7 +337,8 @@ def _packed_outputs(model, input_ids, attention_mask, response_length, multi_mod
     with packed_attention(model, lengths, kernel, **keys):
         out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
                     **({"logits_to_keep": wanted} if selects else {}), **mm)
-    return out.logits[0] if selects else out.logits[0][wanted]
+    logits = out.logits.squeeze(0)  # a view (see varlen_attention_forward)
+    return logits if selects else logits[wanted]
 
 
 def response_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, *,

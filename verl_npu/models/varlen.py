@@ -148,7 +148,8 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
         raise RuntimeError(f"{ATTENTION_NAME}: expected one packed row of {int(cu[-1])} tokens, got {tuple(query.shape)}")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, H, D]
+    # squeeze, not [0]: the backward of a view, where `x[0]`'s would fill a zero tensor of x's size and copy into it
+    q, k, v = (x.squeeze(0).transpose(0, 1) for x in (query, key, value))  # [T, H, D]
     if _STATE.key_index is not None:  # shared prompts: each sequence's keys, its prompt's included
         index = _STATE.key_index.to(k.device)
         k, v = k.index_select(0, index), v.index_select(0, index)
