@@ -36,3 +36,16 @@ def test_vs_trl_smoke_runs_both_trainers(tmp_path, task):
         assert f"| {name} |" in proc.stdout
     assert "step" in summary["sides"]["verl"]["phases_of_median_step"]
     assert ("ratio verl-npu / TRL" in proc.stdout) == ("trl" in sides)
+
+
+@pytest.mark.slow
+def test_step_cpu_reports_cpu_and_wall_medians():
+    """bench/step_cpu.py (verl-npu's side timed in CPU seconds) runs and reports positive medians, the
+    rollout's CPU time a part of the step's."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "step_cpu.py"), "--task", "text", "--steps", "3"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["task"] == "text"
+    assert 0 < result["gen_cpu_s"] < result["step_cpu_s"] and result["step_s"] > 0

@@ -154,3 +154,36 @@ def test_sampled_decode_equals_generate_with_the_same_seeds(kind, tiny_lm_path, 
     assert len({tuple(r.tolist()) for r in ours[:3]}) > 1  # a prompt's samples come from different streams
     other = _ours(model, tok, ids, mask, mm, n=3, pick=PerRowSampler(params, [s + 100 for s in seeds]))
     assert not torch.equal(other, ours)
+
+
+def test_kv_cache_grows_in_place_with_the_values_concatenation_gives(tiny_lm_path):
+    """`grow_in_place`: every layer's keys / values become the filled part of one buffer per layer, row
+    i * n + j a copy of prompt row i (as `batch_repeat_interleave`), and each decode step's states are
+    written after it (as `DynamicLayer`'s concatenation would hold them); past the buffer is an error."""
+    from transformers.cache_utils import DynamicCache
+
+    from verl_npu.rollout.decode import _InPlaceLayer, grow_in_place
+
+    tok, model, ids, mask, _ = _text_batch(tiny_lm_path)
+    caches = []
+    with torch.no_grad():
+        for _ in range(2):
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids, attention_mask=mask, use_cache=True, cache=cache)
+            caches.append(cache)
+    plain, grown = caches
+    plain.batch_repeat_interleave(3)
+    grow_in_place(grown, 3, new_tokens=2)
+    assert all(type(layer) is _InPlaceLayer for layer in grown.layers)
+    token = torch.full((len(ids) * 3, 1), 5)
+    step_mask = torch.cat([mask.repeat_interleave(3, 0), torch.ones(len(ids) * 3, 2, dtype=mask.dtype)], 1)
+    with torch.no_grad():
+        for t in range(2):
+            outs = [model(input_ids=token, attention_mask=step_mask[:, : ids.shape[1] + t + 1], use_cache=True,
+                          cache=cache).logits for cache in (plain, grown)]
+            assert torch.equal(outs[0], outs[1])
+    for a, b in zip(plain.layers, grown.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert b.keys.data_ptr() == b.key_buffer.data_ptr()   # a view of the buffer, not a copy
+    with pytest.raises(RuntimeError, match="KV cache buffer holds"):
+        grown.layers[0].update(grown.layers[0].keys[:, :, :1], grown.layers[0].values[:, :, :1])

@@ -134,3 +134,39 @@ def test_vl_rows_share_a_prompt_only_with_the_same_picture(tiny_vl_path):
         torch.testing.assert_close(results[name][1], results["padded"][1], atol=1e-5, rtol=1e-5)
         for param, grad in results["padded"][2].items():
             torch.testing.assert_close(results[name][2][param], grad, atol=1e-5, rtol=1e-4, msg=f"{name}: {param}")
+
+
+def test_vl_rope_positions_once_per_prompt_equal_the_models_own(tiny_vl_path):
+    """3-D rope positions computed on one row per distinct prompt (`rope_positions` with groups) are the
+    model's own `get_rope_index` of every row, exactly: responses of different lengths, a response with a
+    gap in its attention mask, and prompts that end with text or with the picture itself."""
+    from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids, rope_positions
+
+    tok, enc, mm = _vl_batch(tiny_vl_path)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vl_path, dtype=torch.float32)
+    vt = VisionTokens.of(model)
+    ends_with_picture = enc["attention_mask"].clone(), enc["input_ids"].clone()
+    last_image = int((enc["input_ids"][0] == vt.image_token_id).nonzero().max())
+    for prompt_mask, prompt_ids in ((enc["attention_mask"], enc["input_ids"]),
+                                    (torch.cat([torch.zeros_like(ends_with_picture[0][:, last_image + 1:]),
+                                                ends_with_picture[0][:, : last_image + 1]], 1),
+                                     torch.cat([torch.full_like(ends_with_picture[1][:, last_image + 1:], tok.pad_token_id),
+                                                ends_with_picture[1][:, : last_image + 1]], 1))):
+        prompts = {"input_ids": prompt_ids, "attention_mask": prompt_mask}
+        prompt_of_row = [0, 1, 0, 1, 0, 1]
+        ids, mask, _ = _rows(prompts, prompt_of_row, [5, 1, 3, 5, 0, 4], tok.pad_token_id, seed=2)
+        mask[3, -3] = 0   # a gap (as tool output left out of the attention would leave)
+        rows_mm = [mm[p] for p in prompt_of_row]
+        merged = merge_multi_modal_inputs(rows_mm, "cpu")
+        groups = prompt_groups(ids, mask, RESPONSE, rows_mm)
+        assert groups == [[0, 2, 4], [1, 3, 5]]
+        real = model.model.get_rope_index
+        rows_seen = []
+        model.model.get_rope_index = lambda input_ids, **kw: rows_seen.append(len(input_ids)) or real(input_ids, **kw)
+        shared = rope_positions(model, ids, mask, merged, vt, response_length=RESPONSE, rows_mm=rows_mm, groups=groups)
+        del model.model.get_rope_index
+        assert rows_seen == [2]   # one row per distinct prompt
+        own, _ = model.model.get_rope_index(ids, mm_token_type_ids=mm_token_type_ids(ids, vt),
+                                            image_grid_thw=merged["image_grid_thw"], attention_mask=mask)
+        assert torch.equal(shared, own)
+        assert torch.equal(rope_positions(model, ids, mask, merged, vt), own)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from verl_npu.device import varlen_attention_kernel
 from verl_npu.errors import UserError
 from verl_npu.models.fused_logprobs import compiled_log_probs_entropy, fused_head, log_probs_entropy, suppress_logits
-from verl_npu.models.shared_prompt import shared_prompt_layout
+from verl_npu.models.shared_prompt import prompt_groups, shared_prompt_layout
 from verl_npu.models.varlen import packed_attention
 
 def vision_marker_ids(config) -> list[int]:
@@ -89,11 +89,20 @@ def _text_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return pos.clamp(min=0)
 
 
-def rope_positions(model, input_ids, attention_mask, mm_inputs, vt: VisionTokens) -> torch.Tensor:
+def rope_positions(model, input_ids, attention_mask, mm_inputs, vt: VisionTokens, *, response_length: int = 0,
+                   rows_mm: list[dict] | None = None, groups: list[list[int]] | None = None) -> torch.Tensor:
     """Position ids as the model itself computes them: [N, L] for text models; [3, N, L] 3-D rope for
-    Qwen-VL with images (via the model's own `get_rope_index`)."""
+    Qwen-VL with images (via the model's own `get_rope_index`).
+
+    With `response_length`, `rows_mm` (each row's own multimodal inputs) and `groups` (rows with the same
+    prompt, `shared_prompt.prompt_groups`), 3-D positions are computed for one row per distinct prompt
+    only (`_shared_rope_positions`): the same numbers, without running the model's per-row loop n times."""
     if vt.is_vision and "image_grid_thw" in mm_inputs:
         inner = getattr(model, "model", model)
+        if response_length and rows_mm is not None and groups is not None and len(groups) < len(input_ids):
+            shared = _shared_rope_positions(inner, input_ids, attention_mask, rows_mm, groups, response_length, vt)
+            if shared is not None:
+                return shared
         positions, _ = inner.get_rope_index(
             input_ids,
             mm_token_type_ids=mm_token_type_ids(input_ids, vt),
@@ -104,6 +113,41 @@ def rope_positions(model, input_ids, attention_mask, mm_inputs, vt: VisionTokens
         return positions
     text = _text_positions(attention_mask)
     return text.unsqueeze(0).expand(3, -1, -1) if vt.is_vision else text
+
+
+def _shared_rope_positions(inner, input_ids, attention_mask, rows_mm, groups, response_length, vt):
+    """`get_rope_index`'s [3, N, L] positions, computed on one row per group of rows with the same prompt
+    (ids, padding and images), or None where this does not apply (a response holds image or video tokens).
+
+    `get_rope_index` numbers each row's real tokens segment by segment: a text segment continues from the
+    position after the previous segment, one per token. Responses are text after their prompt, so a row's
+    real response tokens continue its prompt's last segment: the k-th real response token of any row of a
+    group has the position the group's representative row gives response column k when every one of its
+    response columns counts as a real text token. Padding keeps position 0, as in `get_rope_index`."""
+    prompt_cols = input_ids.shape[1] - response_length
+    real = attention_mask[:, prompt_cols:].bool()
+    if bool((mm_token_type_ids(input_ids[:, prompt_cols:], vt)[real] != 0).any()):
+        return None
+    reps = [group[0] for group in groups]
+    rep_ids, rep_mask = input_ids[reps], attention_mask[reps].clone()
+    rep_mask[:, prompt_cols:] = 1
+    types = mm_token_type_ids(rep_ids, vt)
+    types[:, prompt_cols:] = 0
+    grids = {}
+    for key in ("image_grid_thw", "video_grid_thw"):
+        parts = [rows_mm[r][key] for r in reps if rows_mm[r] and rows_mm[r].get(key) is not None]
+        grids[key] = torch.cat(parts).to(input_ids.device) if parts else None
+    rep_positions, _ = inner.get_rope_index(rep_ids, mm_token_type_ids=types, attention_mask=rep_mask, **grids)
+    group_of = torch.empty(len(input_ids), dtype=torch.long)
+    for index, group in enumerate(groups):
+        group_of[group] = index
+    group_of = group_of.to(input_ids.device)
+    per_row = rep_positions[:, group_of]  # [3, N, L]: each row's representative's
+    ordinal = (real.long().cumsum(1) - 1).clamp(min=0)  # the k of each real response token
+    response = per_row[:, :, prompt_cols:].gather(2, ordinal.unsqueeze(0).expand(3, -1, -1))
+    positions = per_row.clone()
+    positions[:, :, prompt_cols:] = torch.where(real, response, torch.zeros_like(response))
+    return positions
 
 
 def _token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -215,7 +259,11 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
     device = input_ids.device
     vt = VisionTokens.of(model)
     mm = merge_multi_modal_inputs(multi_modal_inputs, device)
-    positions = rope_positions(model, input_ids, attention_mask, mm, vt)
+    # rows with the same prompt: their 3-D rope positions are computed once, their prompt packed once
+    groups = (prompt_groups(input_ids, attention_mask, response_length, multi_modal_inputs)
+              if vt.is_vision and "image_grid_thw" in mm else None)
+    positions = rope_positions(model, input_ids, attention_mask, mm, vt, response_length=response_length,
+                               rows_mm=multi_modal_inputs, groups=groups)
     n, length = input_ids.shape
     targets = torch.roll(input_ids, shifts=-1, dims=1)  # targets[:, t] = input_ids[:, t + 1]
 
@@ -233,7 +281,7 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             if head is not None:
                 head.targets = targets[needed].unsqueeze(0)
             raw = _packed_outputs(model, input_ids, attention_mask, response_length, multi_modal_inputs, positions,
-                                  (keep, flat_ids, packed_pos, needed, wanted), mm)
+                                  (keep, flat_ids, packed_pos, needed, wanted), mm, groups)
             # raw: [len(wanted), V] ([len(wanted), 2] with a fused head)
         lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[needed], temperature, with_entropy, head, compile,
                                                        entropy_chunk, suppress, extra)
@@ -318,10 +366,12 @@ def _forward_takes(cls, name: str) -> bool:
     return name in inspect.signature(cls.forward).parameters
 
 
-def _packed_outputs(model, input_ids, attention_mask, response_length, multi_modal_inputs, positions, layout, mm):
+def _packed_outputs(model, input_ids, attention_mask, response_length, multi_modal_inputs, positions, layout, mm,
+                    groups=None):
     """The model's output (`.logits[0]`) at the packed positions `wanted` of `layout` (`_packed_layout`),
     in row-major order of `needed`: one packed row of the real tokens, or with each distinct prompt once
-    (rollout.n > 1: verl_npu.models.shared_prompt), under variable-length attention."""
+    (rollout.n > 1: verl_npu.models.shared_prompt), under variable-length attention. `groups`: the rows'
+    `prompt_groups` when the caller has them already."""
     keep, flat_ids, packed_pos, needed, wanted = layout
     kernel = varlen_attention_kernel(input_ids.device.type)
     # responses with images of their own (multi-turn tool images) are packed row by row: a shared
@@ -329,7 +379,7 @@ def _packed_outputs(model, input_ids, attention_mask, response_length, multi_mod
     image_id = getattr(getattr(model, "config", None), "image_token_id", None)
     response_images = image_id is not None and bool((input_ids[:, -response_length:] == image_id).any())
     shared = None if response_images else shared_prompt_layout(input_ids, attention_mask, response_length,
-                                                                multi_modal_inputs)
+                                                                multi_modal_inputs, groups=groups)
     if shared is None:
         lengths, keys = keep.sum(1), {}
     else:
@@ -340,7 +390,8 @@ def _packed_outputs(model, input_ids, attention_mask, response_length, multi_mod
     with packed_attention(model, lengths, kernel, **keys):
         out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
                     **({"logits_to_keep": wanted} if selects else {}), **mm)
-    return out.logits[0] if selects else out.logits[0][wanted]
+    logits = out.logits.squeeze(0)  # a view (see varlen_attention_forward)
+    return logits if selects else logits[wanted]
 
 
 def response_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, *,

@@ -72,10 +72,13 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, respons
 
 
 def shared_prompt_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                         multi_modal_inputs: list[dict] | None = None) -> SharedPromptLayout | None:
+                         multi_modal_inputs: list[dict] | None = None,
+                         groups: list[list[int]] | None = None) -> SharedPromptLayout | None:
     """The packed layout with each distinct prompt once, or None when no two rows share a prompt (or
-    a row has an empty prompt): then the plain padding-free layout is as good."""
-    groups = prompt_groups(input_ids, attention_mask, response_length, multi_modal_inputs)
+    a row has an empty prompt): then the plain padding-free layout is as good. `groups`: the rows'
+    `prompt_groups` (of the same arguments) when the caller has them already."""
+    if groups is None:
+        groups = prompt_groups(input_ids, attention_mask, response_length, multi_modal_inputs)
     if len(groups) == len(input_ids):
         return None
     n, length = input_ids.shape

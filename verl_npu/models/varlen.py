@@ -23,7 +23,7 @@ grouped-query heads (k/v heads shared by num_heads / num_kv_heads query heads).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -39,6 +39,7 @@ class _Packed:
     model: object = None                    # the model whose attention is switched (for recomputation)
     key_index: torch.Tensor | None = None   # shared prompts: packed positions of each sequence's keys
     cu_k: torch.Tensor | None = None        # shared prompts: int64 [S + 1] delimiting key_index
+    plans: dict = field(default_factory=dict)  # device -> `_sdpa_plan` of cu / cu_k, shared by the layers
 
 
 _STATE = _Packed()
@@ -55,54 +56,94 @@ def _sdpa_sequences(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tenso
 
     With `cu_k` (shared prompts) the keys of sequence s are k[cu_k[s]:cu_k[s+1]], at least as many
     as its queries, and the causal mask is aligned to the last key: the queries are the last
-    tokens of the key sequence (a response after its prompt)."""
+    tokens of the key sequence (a response after its prompt).
+
+    The gather indices and masks depend on the lengths only, so inside `packed_attention` they are
+    worked out once (`_sdpa_plan`) and every layer of the forward reuses them."""
+    batches, order = _sdpa_plan(cu, cu_k, q.device)
+    outs = [_sdpa_padded(q, k, v, batch, scaling) for batch in batches]
+    if order is None:
+        return outs[0]
+    return torch.cat(outs).index_select(0, order)
+
+
+@dataclass
+class _SdpaBatch:
+    """One SDPA call of `_sdpa_sequences`: S sequences right-padded to `longest` queries (and `k_longest` keys)."""
+
+    sequences: int
+    longest: int
+    src: torch.Tensor                # [S x longest] packed position of each padded query (0 under padding)
+    real: torch.Tensor               # the rows of the padded output that are real queries, sequence after sequence
+    k_longest: int = 0
+    k_src: torch.Tensor | None = None  # [S x k_longest] shared prompts: position in k of each padded key
+    mask: torch.Tensor | None = None   # [S, 1, longest, k_longest] shared prompts: which keys each query sees
+
+
+def _sdpa_plan(cu: torch.Tensor, cu_k: torch.Tensor | None, device) -> tuple[list[_SdpaBatch], torch.Tensor | None]:
+    """The SDPA calls of `_sdpa_sequences` for these lengths and the order that puts their outputs back
+    in packed order (None: one call, already in order); cached in the packed state while it holds `cu`."""
+    cached = _STATE.cu_seqlens is cu and _STATE.cu_k is cu_k
+    if cached and device in _STATE.plans:
+        return _STATE.plans[device]
     lengths = cu[1:] - cu[:-1]
     classes = torch.ceil(torch.log2(lengths.clamp(min=1).double())).long()
     if bool((classes == classes[0]).all()):
-        return _sdpa_padded(q, k, v, cu, scaling, cu_k, torch.arange(len(lengths)))[0]
-    outs, rows = [], []
-    for c in torch.unique(classes).tolist():
-        out, at = _sdpa_padded(q, k, v, cu, scaling, cu_k, (classes == c).nonzero().squeeze(-1))
-        outs.append(out)
-        rows.append(at)
-    order = torch.empty(int(cu[-1]), dtype=torch.long)
-    order[torch.cat(rows)] = torch.arange(int(cu[-1]))  # packed position -> its row in cat(outs)
-    return torch.cat(outs).index_select(0, order.to(q.device))
+        plan = [_sdpa_batch(cu, cu_k, torch.arange(len(lengths)), device)[0]], None
+    else:
+        batches, rows = [], []
+        for c in torch.unique(classes).tolist():
+            batch, at = _sdpa_batch(cu, cu_k, (classes == c).nonzero().squeeze(-1), device)
+            batches.append(batch)
+            rows.append(at)
+        order = torch.empty(int(cu[-1]), dtype=torch.long)
+        order[torch.cat(rows)] = torch.arange(int(cu[-1]))  # packed position -> its row in cat(outs)
+        plan = batches, order.to(device)
+    if cached:
+        _STATE.plans[device] = plan
+    return plan
 
 
-def _sdpa_padded(q, k, v, cu, scaling, cu_k, seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One SDPA call for the sequences `seqs` (indices into cu): their outputs [sum of lengths, H, D]
-    in order, and the packed positions those rows belong to."""
-    groups = q.shape[1] // k.shape[1]
+def _sdpa_batch(cu, cu_k, seqs: torch.Tensor, device) -> tuple[_SdpaBatch, torch.Tensor]:
+    """The SDPA call for the sequences `seqs` (indices into cu), and the packed positions of its real
+    output rows in order."""
     starts, lengths = cu[:-1][seqs], (cu[1:] - cu[:-1])[seqs]
     longest = int(lengths.max())
     pos = torch.arange(longest)
     valid = pos[None, :] < lengths[:, None]  # [S, Lmax]
     src = torch.where(valid, starts[:, None] + pos[None, :], 0).reshape(-1)
-
-    def gather(x, index, rows):  # [T, h, D] -> [S, h, rows, D]
-        return x.index_select(0, index.to(x.device)).view(len(lengths), rows, *x.shape[1:]).transpose(1, 2)
-
-    mask, causal = None, True
-    if cu_k is None:
-        ks, vs = gather(k, src, longest), gather(v, src, longest)
-    else:
+    real = valid.reshape(-1).nonzero().squeeze(-1)  # sequence after sequence, real queries only
+    batch = _SdpaBatch(len(lengths), longest, src.to(device), real.to(device))
+    if cu_k is not None:
         k_starts, k_lengths = cu_k[:-1][seqs], (cu_k[1:] - cu_k[:-1])[seqs]
-        k_longest = int(k_lengths.max())
-        k_pos = torch.arange(k_longest)
-        k_src = torch.where(k_pos[None, :] < k_lengths[:, None], k_starts[:, None] + k_pos[None, :], 0)
-        ks, vs = (gather(x, k_src.reshape(-1), k_longest) for x in (k, v))
+        batch.k_longest = int(k_lengths.max())
+        k_pos = torch.arange(batch.k_longest)
+        batch.k_src = torch.where(k_pos[None, :] < k_lengths[:, None], k_starts[:, None] + k_pos[None, :],
+                                  0).reshape(-1).to(device)
         # query i of a sequence sees key j iff j <= i + (keys - queries) and j is a real key; a padded
         # query (i >= queries) sees every real key, so no row of the mask is empty
         shift = (k_lengths - lengths)[:, None, None]
         mask = (k_pos[None, None, :] <= pos[None, :, None] + shift) & (k_pos[None, None, :] < k_lengths[:, None, None])
-        mask, causal = mask.unsqueeze(1).to(q.device), False
+        batch.mask = mask.unsqueeze(1).to(device)
+    return batch, src[real]
+
+
+def _sdpa_padded(q, k, v, batch: _SdpaBatch, scaling: float) -> torch.Tensor:
+    """One SDPA call (`batch`): the outputs of its sequences' real queries [sum of lengths, H, D], in order."""
+    groups = q.shape[1] // k.shape[1]
+
+    def gather(x, index, rows):  # [T, h, D] -> [S, h, rows, D]
+        return x.index_select(0, index).view(batch.sequences, rows, *x.shape[1:]).transpose(1, 2)
+
+    if batch.k_src is None:
+        ks, vs = gather(k, batch.src, batch.longest), gather(v, batch.src, batch.longest)
+    else:
+        ks, vs = (gather(x, batch.k_src, batch.k_longest) for x in (k, v))
     if groups > 1:
         ks, vs = ks.repeat_interleave(groups, dim=1), vs.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(gather(q, src, longest), ks, vs, attn_mask=mask, is_causal=causal,
-                                         scale=scaling)
-    real = valid.reshape(-1).nonzero().squeeze(-1)  # sequence after sequence, real queries only
-    return out.transpose(1, 2).reshape(-1, *q.shape[1:]).index_select(0, real.to(q.device)), src[real]
+    out = F.scaled_dot_product_attention(gather(q, batch.src, batch.longest), ks, vs, attn_mask=batch.mask,
+                                         is_causal=batch.mask is None, scale=scaling)
+    return out.transpose(1, 2).reshape(-1, *q.shape[1:]).index_select(0, batch.real)
 
 
 def _flash_attn(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tensor | None = None) -> torch.Tensor:
@@ -148,7 +189,8 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
         raise RuntimeError(f"{ATTENTION_NAME}: expected one packed row of {int(cu[-1])} tokens, got {tuple(query.shape)}")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, H, D]
+    # squeeze, not [0]: the backward of a view, where `x[0]`'s would fill a zero tensor of x's size and copy into it
+    q, k, v = (x.squeeze(0).transpose(0, 1) for x in (query, key, value))  # [T, H, D]
     if _STATE.key_index is not None:  # shared prompts: each sequence's keys, its prompt's included
         index = _STATE.key_index.to(k.device)
         k, v = k.index_select(0, index), v.index_select(0, index)
@@ -202,16 +244,16 @@ def _packed_state(cu: torch.Tensor, kernel: str, model, key_index=None, cu_k=Non
     for a forward's recomputation, by `checkpoint_context_fn`."""
     text_cfg = model.config.get_text_config()
     composite = text_cfg is not model.config
-    fields = ("cu_seqlens", "kernel", "model", "key_index", "cu_k")
+    fields = ("cu_seqlens", "kernel", "model", "key_index", "cu_k", "plans")
     previous, old_state = text_cfg._attn_implementation, tuple(getattr(_STATE, f) for f in fields)
     model.set_attn_implementation({"text_config": ATTENTION_NAME} if composite else ATTENTION_NAME)
-    for field, value in zip(fields, (cu, kernel, model, key_index, cu_k)):
-        setattr(_STATE, field, value)
+    for name, value in zip(fields, (cu, kernel, model, key_index, cu_k, {})):
+        setattr(_STATE, name, value)
     try:
         yield
     finally:
-        for field, value in zip(fields, old_state):
-            setattr(_STATE, field, value)
+        for name, value in zip(fields, old_state):
+            setattr(_STATE, name, value)
         model.set_attn_implementation({"text_config": previous} if composite else previous)
 
 

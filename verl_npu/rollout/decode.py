@@ -15,6 +15,11 @@ vision-language model):
   transformers does ([4, rows, length]), continued the same way;
 - the attention mask grows by one 1 per step for every row (a finished row keeps attending; its
   later tokens are padding and are cut by the caller);
+- the KV cache grows in place: after the prefill each layer's keys and values move into a buffer with
+  room for every new token, and each step writes its token's keys and values there and hands the
+  attention the filled part (a view of the same shape and values transformers' `DynamicLayer` would
+  give). `DynamicLayer` grows by concatenation, which copies the whole cache at every step and was
+  about a tenth of the rollout's time on the small models (`bench/vs_trl.md`, issue 22);
 - each prompt is prefilled once, its images encoded once; its KV cache, last logits, positions and
   attention mask are then repeated for its n samples (transformers' `generate` would prefill and
   encode each of the n copies);
@@ -36,6 +41,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.cache_utils import DynamicLayer
 
 from verl_npu.models.forward import VisionTokens, mm_token_type_ids, rope_positions
 from verl_npu.rollout.base import SamplingParams
@@ -121,6 +127,51 @@ def _cache_name(module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
+class _InPlaceLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys / values are the filled part of buffers allocated once (`grow_in_place`):
+    `update` writes the new states after the filled part instead of concatenating."""
+
+    key_buffer: torch.Tensor
+    value_buffer: torch.Tensor
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self.key_buffer.shape[-2]:
+            raise RuntimeError(f"KV cache buffer holds {self.key_buffer.shape[-2]} positions, asked for {end}")
+        self.key_buffer[..., start:end, :].copy_(key_states)
+        self.value_buffer[..., start:end, :].copy_(value_states)
+        self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
+        return self.keys, self.values
+
+
+def grow_in_place(cache, n: int, new_tokens: int) -> None:
+    """Repeat the prefilled `cache` n times along the rows (as `batch_repeat_interleave(n)`) and give each
+    plain `DynamicLayer` room for `new_tokens` more positions, filled in place by `_InPlaceLayer.update`.
+    Other layer kinds (sliding windows, quantized or offloaded caches) and caches without `layers` are
+    only repeated, and keep growing their own way."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or not all(type(layer) is DynamicLayer for layer in layers):
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+        return
+    for layer in layers:
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            if n > 1:
+                layer.batch_repeat_interleave(n)
+            continue
+        buffers = []
+        for states in (layer.keys, layer.values):
+            rows, heads, length, dim = states.shape
+            buffer = states.new_empty(rows * n, heads, length + new_tokens, dim)
+            # row i * n + j of the buffer continues prompt row i, as repeat_interleave orders them
+            buffer[:, :, :length].view(rows, n, heads, length, dim).copy_(states.unsqueeze(1))
+            buffers.append(buffer)
+        layer.__class__ = _InPlaceLayer
+        layer.key_buffer, layer.value_buffer = buffers
+        layer.keys, layer.values = (buffer[..., : layer.keys.shape[-2], :] for buffer in buffers)
+
+
 def _all_ranks_finished(finished: torch.Tensor, synced: bool) -> bool:
     done = finished.all()
     if synced:
@@ -170,8 +221,8 @@ def decode(
     cache_name = _cache_name(module)
     cache = out.cache if cache_name == "cache" else out.past_key_values
     logits = out.logits[:, -1]
+    grow_in_place(cache, n, max_new_tokens)
     if n > 1:
-        cache.batch_repeat_interleave(n)
         logits = logits.repeat_interleave(n, dim=0)
         positions = positions.repeat_interleave(n, dim=-2)  # the row dimension of [rows, P] and [4, rows, P]
         attention_mask = attention_mask.repeat_interleave(n, dim=0)
