@@ -196,3 +196,20 @@ def test_returned_logits_give_the_same_log_probs(tiny_lm_path, remove_padding):
     from_logits = torch.log_softmax(logits, -1).gather(-1, rollout["responses"].unsqueeze(-1)).squeeze(-1)
     mask = rollout["response_mask"].bool()
     torch.testing.assert_close(from_logits[mask], lp[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_hf_rollout_computes_on_the_workers_device_not_its_parameters(tiny_lm_path):
+    """Under FSDP2 parameter offload the parameters rest on the host while the forward runs on the GPU: the
+    rollout must put its inputs on the worker's device (on an H200 it put them on the parameters' device, the
+    CPU, and decode failed: bench/cuda_check.md). Checked here by the wiring, which needs no GPU."""
+    from verl_npu.config import load_recipe
+    from verl_npu.device import DeviceInfo
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm_path)
+    cfg = load_recipe("tiny_tool_gsm8k").typed
+    engine = HFRollout.from_config(model, tokenizer, None, cfg, device=DeviceInfo("cuda"))
+    assert engine.compute_device == torch.device("cuda", 0)
+    assert engine.agent_loop.torch_device() == torch.device("cuda", 0)
+    local = HFRollout.from_config(model, tokenizer, None, cfg, device=DeviceInfo("cpu"))
+    assert local.compute_device == torch.device("cpu") and local.agent_loop.torch_device() == torch.device("cpu")
