@@ -258,17 +258,19 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
         rm_bytes = mp.weight_bytes(reward.params, s.compute_bytes, shards, s.rm_offload)
         resident.append(Part("reward model weights", rm_bytes, f"{s.compute_bytes} x {reward.params:,} / {shards}"))
     resident = [p for p in resident if p.bytes]
-    gathered = []
+    # held on the device while any forward runs, beside the resident states: FSDP2's gathered unit, the matmul
+    # workspaces, autocast's weight copies
+    while_computing = []
     if s.fsdp:
         unit = max(actor.layer_params, actor.vocab * actor.hidden * (1 if actor.tied else 2))
-        gathered = [Part("FSDP2 gathered unit", unit * s.compute_bytes,
+        while_computing = [Part("FSDP2 gathered unit", unit * s.compute_bytes,
                          "the largest unit (the root: embeddings and head, or a layer), unsharded, compute dtype")]
     if not s.cpu:
-        gathered = gathered + [Part("cuBLAS workspaces", mp.ACCELERATOR_WORKSPACE_BYTES, "allocated by the first "
+        while_computing += [Part("cuBLAS workspaces", mp.ACCELERATOR_WORKSPACE_BYTES, "allocated by the first "
                                     "matmul, kept (measured on an H200: bench/cuda_check.md)")]
         if not s.fsdp:  # one worker without FSDP2 computes under torch.autocast
             cast = trainable if s.lora_rank else mp.autocast_cast_params(actor)
-            gathered = gathered + [Part("autocast weight copies", cast * s.compute_bytes, f"{s.compute_bytes} x "
+            while_computing += [Part("autocast weight copies", cast * s.compute_bytes, f"{s.compute_bytes} x "
                                         f"{cast:,}: autocast keeps its cast of every trainable weight a matmul reads")]
 
     phases: list[Phase] = []
@@ -293,7 +295,7 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     else:
         rows = s.train_batch * s.n // max(1, s.world // s.sp)
         hf_tok = mp.kv_bytes_per_token(actor, 1, s.compute_bytes)
-        phases.append(Phase("rollout", resident + gathered + [
+        phases.append(Phase("rollout", resident + while_computing + [
             Part("hf KV cache", hf_tok * rows * s.seq, f"{rows} sequences x {s.seq} tokens x {hf_tok} B"),
             Part("sampling logits", 4 * rows * actor.vocab * 2, "2 x fp32 [rows x vocab]")]))
     # old log-probs and ref log-probs
@@ -301,10 +303,10 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     infer = [Part("forward (no grad)", mp.inference_bytes(actor, lp_tokens / s.sp, s.compute_bytes), how),
              Part("logits", mp.logits_bytes(lp_logits, actor.vocab, copies=mp.LOGIT_COPIES_INFER, fused=s.fused),
                   "fp32 [Rt x V] x 4")] + _sp_logits(s, actor, lp_tokens)
-    phases.append(Phase("old log-probs", resident + gathered + infer))
+    phases.append(Phase("old log-probs", resident + while_computing + infer))
     if s.use_ref or s.kl:  # a LoRA actor's reference is itself with the adapters off: no weights of its own
         r_tokens, r_logits, how = _micro(s, s.ref_micro_rows, s.dynamic, s.lp_budget)
-        phases.append(Phase("ref log-probs", resident + gathered + [
+        phases.append(Phase("ref log-probs", resident + while_computing + [
             Part("forward (no grad)", mp.inference_bytes(actor, r_tokens / s.sp, s.compute_bytes), how),
             Part("logits", mp.logits_bytes(r_logits, actor.vocab, copies=2, fused=s.fused), "fp32 [Rt x V] x 2"),
             *_sp_logits(s, actor, r_tokens)]))
@@ -339,18 +341,21 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     if vis:
         update.append(Part("vision tower activations", vis, f"{patches:.0f} patches at max_pixels"))
     update += _fsdp_backward(s, actor, s.lora_rank)
-    phases.append(Phase("actor update", _update_grads(resident, update, s, actor, shards) + gathered + update))
+    phases.append(Phase("actor update", _update_grads(resident, update, s, actor, shards) + while_computing + update))
     if s.critic and critic is not None:
         c_tokens, _, how = _micro(s, s.critic_micro_rows or s.micro_rows, s.critic_dynamic, s.critic_budget)
-        critic_cast = [] if s.cpu or s.fsdp else [Part("critic autocast weight copies", s.compute_bytes * pc,
-                                                        f"{s.compute_bytes} x {pc:,}")]
-        phases.append(Phase("critic update", resident + gathered + critic_cast + [Part("activations", mp.activation_bytes(
+        critic_parts = [Part("activations", mp.activation_bytes(
             critic, c_tokens, checkpointing=s.critic_checkpointing, remove_padding=False,
-            compute_bytes=s.compute_bytes), how), *_fsdp_backward(s, critic, 0)]))
+            compute_bytes=s.compute_bytes), how), *_fsdp_backward(s, critic, 0)]
+        if not (s.cpu or s.fsdp):  # its own autocast copies: every critic weight a matmul reads (not the embeddings)
+            casts = pc - critic.vocab * critic.hidden
+            critic_parts.insert(0, Part("critic autocast weight copies", s.compute_bytes * casts,
+                                        f"{s.compute_bytes} x {casts:,}"))
+        phases.append(Phase("critic update", resident + while_computing + critic_parts))
     if s.reward_model and reward is not None:
         rows = s.rm_micro_rows or s.rows_per_device
-        phases.append(Phase("reward model", resident + gathered + [Part("forward (no grad)", mp.inference_bytes(
-            reward, rows * s.seq, s.compute_bytes), f"{rows} rows x {s.seq} tokens")]))
+        phases.append(Phase("reward model", resident + while_computing + [Part("forward (no grad)",
+            mp.inference_bytes(reward, rows * s.seq, s.compute_bytes), f"{rows} rows x {s.seq} tokens")]))
     if s.cpu and shards > 1:  # the huggingface/ export gathers the full model into rank 0's memory: the CPU's
         gather = Part("the full model gathered on rank 0", 4 * p_actor, f"fp32 4 x {p_actor:,} for huggingface/ "
                       "(the CPU is the host: measured on two workers)")
