@@ -44,6 +44,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 from transformers.cache_utils import DynamicLayer
 
 from verl_npu.models.forward import VisionTokens, mm_token_type_ids, rope_positions
+from verl_npu.rollout.decode_step import DecodeStep
 from verl_npu.rollout.base import SamplingParams
 
 #: picks the next token of every row: (float32 scores [rows, vocab], new-token index t) -> [rows]
@@ -229,7 +230,8 @@ def decode(
     # position of new token t: last prompt position + 1 + t (every row of a 4-row VL position id alike)
     new_positions = positions[..., -1:] + 1 + torch.arange(max_new_tokens, device=device)
     full_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, max_new_tokens)], dim=1)
-    step_mask = decode_attention_masks(module, full_mask)
+    step = DecodeStep.build(module, cache, cache_name, full_mask, width, new_positions)
+    step_mask = decode_attention_masks(module, full_mask) if step is None else None
     eos = torch.tensor(eos_ids, device=device)
     suppress = torch.tensor(suppress_ids or [], dtype=torch.long, device=device)
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -257,6 +259,9 @@ def decode(
             if chosen is not None:
                 log_probs[-1] = chosen[:, : t + 1]
             return tokens[:, : t + 1]
+        if step is not None:
+            logits = step(token, t)
+            continue
         logits = module(input_ids=token.unsqueeze(-1), attention_mask=step_mask(width + t + 1),
                         position_ids=new_positions[..., t : t + 1], use_cache=True, **{cache_name: cache}).logits[:, -1]
     return tokens[:, :0]
