@@ -111,3 +111,14 @@ def test_the_model_is_called_where_the_step_does_not_apply(monkeypatch, tiny_lm_
     results, built = _decode_both(monkeypatch, model, ids, mask, {}, eos, pad, sampled=False)
     assert built[0] is not None and not built[0].own_layers
     _assert_same(results)
+
+
+@pytest.mark.parametrize("kind", ["text", "vl"])
+def test_under_autocast_as_the_actor_generates_in_bfloat16(kind, monkeypatch, tiny_lm_path, tiny_vl_path):
+    """The actor worker generates inside its engine's autocast when its compute dtype is not float32."""
+    tok, model, ids, mask, mm = _text_batch(tiny_lm_path) if kind == "text" else _vl_batch(tiny_vl_path)
+    eos, pad = stop_and_pad_ids(model, tok)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        results, built = _decode_both(monkeypatch, model, ids, mask, mm, eos, pad, sampled=True)
+    assert built[0] is not None and built[0].own_layers
+    _assert_same(results)
