@@ -31,7 +31,7 @@ def _say(text: str = "") -> None:
 
 # ------------------------------------------------------------------ list / cp
 def cmd_list(args: argparse.Namespace) -> int:
-    from verl_npu.recipes import list_recipes, recipes_dir
+    from verl_npu.config.recipes import list_recipes, recipes_dir
 
     recipes = list_recipes()
     if not recipes:
@@ -44,7 +44,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cp(args: argparse.Namespace) -> int:
-    from verl_npu.recipes import copy_recipe
+    from verl_npu.config.recipes import copy_recipe
 
     target, fields = copy_recipe(args.name, args.dest)
     _say(f"copied to {target}")
