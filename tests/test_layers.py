@@ -15,9 +15,9 @@ import counts like a top-level one. Layers, lowest first:
     8  cli, doctor, demo, cluster
 
 A module may import its own layer or lower ones, and no two packages (folders) import each other, even
-through others: a folder reads as one room, above all it imports. The config layer imports nothing heavy: none of its
-files imports torch, ray, vllm or transformers anywhere, and neither does any module it reaches
-(followed through their module-level imports: what importing them costs).
+through others: a folder reads as one room, above all it imports. The config layer imports nothing
+heavy: none of its files imports torch, ray, vllm or transformers anywhere, and neither does any module
+it reaches (followed through their module-level imports: what importing them costs).
 """
 
 from __future__ import annotations
