@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny models built locally once per test session (no download)."""
+"""Shared fixtures: tiny models built locally once per test session (no download), the picture demo's data."""
 
 from __future__ import annotations
 
@@ -32,3 +32,14 @@ def tiny_lm_path(tiny_cache):
     from verl_npu.models.tiny import materialize
 
     return materialize("tiny://qwen2", cache_dir=tiny_cache)
+
+
+@pytest.fixture(scope="module")
+def geo_data(tmp_path_factory):
+    """Synthetic picture data (the tiny_geo3k demo's generator): 8 train and 4 test rows, 56-pixel images; a
+    module that needs other sizes defines its own."""
+    from verl_npu.data.geometry3k import prepare_synthetic
+
+    folder = tmp_path_factory.mktemp("geo")
+    prepare_synthetic(folder, n_train=8, n_test=4, seed=0, image_size=56)
+    return folder

@@ -144,7 +144,7 @@ def _check_flags_known(parser, tokens: list[str], what: str) -> None:
 
 # ---------------------------------------------------------------- recipes / verl-npu
 def _resolve_recipe(arg: str, ctx: Context) -> Path:
-    from verl_npu.recipes import find_recipe
+    from verl_npu.config.recipes import find_recipe
 
     local = ctx.cwd / os.path.expanduser(arg)
     if local.is_file():
@@ -156,7 +156,7 @@ def _resolve_recipe(arg: str, ctx: Context) -> Path:
 def _filled_overrides(recipe: Path, overrides: list[str], ctx: Context) -> list[str]:
     """``overrides`` plus a value for every EDIT_ME field of ``recipe`` they do not set."""
     from verl_npu.config import expand_key
-    from verl_npu.recipes import placeholder_fields
+    from verl_npu.config.recipes import placeholder_fields
 
     given = {expand_key(o.split("=", 1)[0]) for o in overrides if "=" in o}
     supply = dict(SUPPLY, af_output_dir=str(ctx.tmp / "af_output_dir"))
@@ -179,7 +179,7 @@ def _validate_for_run(recipe_arg: str, overrides: list[str], ctx: Context) -> No
 
 def _any_recipe(check) -> None:
     """Run ``check(recipe_name)`` for each shipped recipe until one passes (a RECIPE placeholder)."""
-    from verl_npu.recipes import list_recipes
+    from verl_npu.config.recipes import list_recipes
 
     errors = []
     for info in list_recipes():

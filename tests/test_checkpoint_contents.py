@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from run_helpers import text_data, write_varied_reward
+from run_helpers import run_overrides, text_data, write_varied_reward
 
 from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors, UserError
@@ -34,19 +34,16 @@ def test_unsupported_checkpoint_values_are_refused_by_name(override, key, fragme
 
 
 def overrides(out: Path, data: Path, model: str, steps: int, **extra) -> list[str]:
-    values = {
-        "af_output_dir": out, "actor_rollout_ref.model.path": model,
+    return run_overrides(out, data, {
+        "actor_rollout_ref.model.path": model,
         "custom_reward_function.path": write_varied_reward(data / "reward.py"),
-        "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
         "data.train_batch_size": 2, "data.max_response_length": 3, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "actor_rollout_ref.actor.optim.lr": 1e-3,
         "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": steps,
         "trainer.save_freq": 1, "trainer.test_freq": -1, "trainer.val_before_train": "false",
         "trainer.logger": "[console]", "trainer.default_local_dir": out.parent / "ckpt",
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+    }, extra)
 
 
 @pytest.mark.slow

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+
+from run_helpers import cli_env
 
 REPO = Path(__file__).resolve().parent.parent
 FILLED = [
@@ -18,15 +19,9 @@ FILLED = [
 ]
 
 
-def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.pop("VERL_NPU_PYTHON", None)
-    return env
-
-
 def cli(*args, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "verl_npu.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd or REPO, env=_env(), timeout=120)
+                          text=True, cwd=cwd or REPO, env=cli_env(), timeout=120)
 
 
 def test_list():
@@ -142,7 +137,7 @@ def test_run_stops_on_missing_files_before_training(tmp_path):
 
 def _launch(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(REPO / "launch" / "run_recipe.sh"), *args], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env or dict(_env(), VERL_NPU_PYTHON=sys.executable), timeout=120)
+                          cwd=cwd or REPO, env=env or dict(cli_env(), VERL_NPU_PYTHON=sys.executable), timeout=120)
 
 
 def test_launcher_preflight_names_missing_fields(tmp_path):

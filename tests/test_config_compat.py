@@ -232,7 +232,7 @@ def test_the_walk_fails_for_a_key_no_code_reads():
 
 
 # ------------------------------------------------------------------ one-way imports in verl_npu/config
-ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_roles", "rules_profiler", "rules_dapo", "paths", "derive", "verl_npu.recipes",
+ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_roles", "rules_profiler", "rules_dapo", "paths", "derive", "recipes",
          "loader", "reference", "compat", "memory_plan", "memory_recipe"]
 
 
@@ -244,8 +244,6 @@ def _module_imports(path: Path) -> set[str]:
                 names |= {a.name for a in node.names}
             elif node.module.startswith("verl_npu.config."):
                 names.add(node.module.rsplit(".", 1)[-1])
-            elif node.module == "verl_npu.recipes":
-                names.add("verl_npu.recipes")
         elif isinstance(node, ast.Import):
             names |= {a.name.rsplit(".", 1)[-1] for a in node.names if a.name.startswith("verl_npu.config.")}
     return names & set(ORDER)
@@ -256,14 +254,13 @@ def test_config_modules_import_one_way_in_the_documented_order():
 
     doc = pkg.__doc__
     assert all(name.split(".")[-1] in doc for name in ORDER)
-    files = {name: REPO / "verl_npu" / "config" / f"{name}.py" for name in ORDER if "." not in name}
-    files["verl_npu.recipes"] = REPO / "verl_npu" / "recipes.py"
+    files = {name: REPO / "verl_npu" / "config" / f"{name}.py" for name in ORDER}
     for name, path in files.items():
         for dep in _module_imports(path):
             assert ORDER.index(dep) < ORDER.index(name), f"{name} imports {dep}, which comes after it"
 
 
-@pytest.mark.parametrize("module", [f"verl_npu.config.{m}" for m in ORDER if "." not in m] + ["verl_npu.recipes"])
+@pytest.mark.parametrize("module", [f"verl_npu.config.{m}" for m in ORDER])
 def test_each_config_module_imports_fresh_without_torch(module):
     code = f"import sys, {module}; assert 'torch' not in sys.modules, 'torch imported'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -103,22 +103,12 @@ COMPARED = ["critic/score/mean", "response_length/mean", "critic/vf_loss", "crit
 
 
 def ppo_overrides(out, data, gpus: int = 1, **extra) -> list[str]:
-    from run_helpers import write_varied_reward
+    """The text run of run_helpers.text_run_overrides with GAE and a critic, 3 steps, a checkpoint after each."""
+    from run_helpers import text_run_overrides
 
-    values = {
-        "custom_reward_function.path": write_varied_reward(out.parent / "dense_reward.py"),
-        "af_output_dir": out,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
-        "data.train_batch_size": 4,
-        "data.max_prompt_length": 32,
+    return text_run_overrides(out, data, **{
         "data.max_response_length": 3,
-        "actor_rollout_ref.model.path": "tiny://qwen2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "actor_rollout_ref.actor.use_kl_loss": "false",
-        "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
         "algorithm.adv_estimator": "gae",
         "algorithm.gamma": 1.0,
         "algorithm.lam": 0.95,
@@ -128,13 +118,8 @@ def ppo_overrides(out, data, gpus: int = 1, **extra) -> list[str]:
         "trainer.n_gpus_per_node": gpus,
         "trainer.total_training_steps": 3,
         "trainer.save_freq": 1,
-        "trainer.test_freq": -1,
-        "trainer.val_before_train": "false",
-        "trainer.logger": "[console]",
         "ray_init.num_cpus": 2,
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+        **extra})
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import io
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from PIL import Image
 
+from run_helpers import data_cfg, png, rl_row
 from verl_npu.data import RLDataset, StatefulBatchLoader, collate_rows
 from verl_npu.data.dataset import truncate_ids
 from verl_npu.data.geometry3k import write_rl_parquet
@@ -34,33 +32,6 @@ def text_tokenizer():
     return AutoTokenizer.from_pretrained(materialize("tiny://qwen2"))
 
 
-def png(size, colour=(200, 30, 30)) -> dict:
-    buf = io.BytesIO()
-    Image.new("RGB", size, colour).save(buf, format="PNG")
-    return {"bytes": buf.getvalue(), "path": None}
-
-
-def rl_row(content: str, images: list | None = None, answer: str = "4", source: str = "synthetic_geometry") -> dict:
-    row = {
-        "data_source": source,
-        "prompt": [{"role": "user", "content": content}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": answer},
-        "extra_info": {"split": "train", "index": 0, "answer": answer, "question": content},
-    }
-    if images is not None:
-        row["images"] = images
-    return row
-
-
-def cfg(**kw) -> dict:
-    base = {"prompt_key": "prompt", "image_key": "images", "video_key": None, "reward_fn_key": "data_source",
-            "max_prompt_length": 128, "truncation": "error", "filter_overlong_prompts": False,
-            "filter_overlong_prompts_workers": 1, "return_raw_chat": False, "min_pixels": None, "max_pixels": None}
-    base.update(kw)
-    return base
-
-
 @pytest.fixture
 def image_file(tmp_path):
     path = tmp_path / "img.parquet"
@@ -76,7 +47,7 @@ def image_token_id(processor) -> int:
 
 
 def test_image_row_inputs(processor, image_file):
-    ds = RLDataset(image_file, processor.tokenizer, processor, cfg(return_raw_chat=True))
+    ds = RLDataset(image_file, processor.tokenizer, processor, data_cfg(return_raw_chat=True))
     item = ds[0]
     L = 128
     assert item["input_ids"].shape == (L,) and item["input_ids"].dtype == torch.long
@@ -99,7 +70,7 @@ def test_image_row_inputs(processor, image_file):
 
 
 def test_placeholders_become_image_parts_in_order(processor, image_file):
-    ds = RLDataset(image_file, processor.tokenizer, processor, cfg())
+    ds = RLDataset(image_file, processor.tokenizer, processor, data_cfg())
     item = ds[1]
     text = processor.tokenizer.decode(item["raw_prompt_ids"])
     # 112x56 -> 4x2 = 8 tokens, 56x84 -> 2x3 = 6 tokens, each inside its own vision block, in order.
@@ -114,8 +85,8 @@ def test_placeholders_become_image_parts_in_order(processor, image_file):
 def test_min_max_pixels_resize_and_change_token_counts(processor, tmp_path):
     path = tmp_path / "big.parquet"
     write_rl_parquet([rl_row("<image>q", [png((280, 140))])], path, with_images=True)
-    small = RLDataset(str(path), processor.tokenizer, processor, cfg(max_pixels=56 * 56 * 2, max_prompt_length=256))
-    big = RLDataset(str(path), processor.tokenizer, processor, cfg(max_pixels=280 * 140, max_prompt_length=256))
+    small = RLDataset(str(path), processor.tokenizer, processor, data_cfg(max_pixels=56 * 56 * 2, max_prompt_length=256))
+    big = RLDataset(str(path), processor.tokenizer, processor, data_cfg(max_pixels=280 * 140, max_prompt_length=256))
     s_item, b_item = small[0], big[0]
     s_img, b_img = s_item["multi_modal_data"]["image"][0], b_item["multi_modal_data"]["image"][0]
     assert b_img.size == (280, 140) and s_img.width * s_img.height <= 56 * 56 * 2
@@ -124,7 +95,7 @@ def test_min_max_pixels_resize_and_change_token_counts(processor, tmp_path):
     assert b_item["raw_prompt_ids"].count(tok) == 10 * 5
     assert s_item["raw_prompt_ids"].count(tok) == (s_img.width // 28) * (s_img.height // 28)
     # min_pixels upsizes a small image.
-    up = RLDataset(str(path), processor.tokenizer, processor, cfg(min_pixels=560 * 280, max_pixels=560 * 280,
+    up = RLDataset(str(path), processor.tokenizer, processor, data_cfg(min_pixels=560 * 280, max_pixels=560 * 280,
                                                                    max_prompt_length=512))
     assert up[0]["multi_modal_data"]["image"][0].size == (560, 280)
 
@@ -135,7 +106,7 @@ def test_placeholder_mismatch_names_the_row(processor, tmp_path):
                      path, with_images=True)
     with pytest.raises(UserError, match=r"bad.parquet row 1: the prompt has 2 <image> placeholder\(s\) but the row "
                                         r"has 1 image"):
-        RLDataset(str(path), processor.tokenizer, processor, cfg())  # found before training, not at ds[1]
+        RLDataset(str(path), processor.tokenizer, processor, data_cfg())  # found before training, not at ds[1]
 
 
 def text_file(tmp_path, contents):
@@ -148,9 +119,9 @@ def text_file(tmp_path, contents):
 def test_text_truncation_modes(text_tokenizer, tmp_path, mode):
     content = " ".join(f"word{i}" for i in range(60))
     path = text_file(tmp_path, [content])
-    full = RLDataset(path, text_tokenizer, None, cfg(max_prompt_length=1024))[0]["raw_prompt_ids"]
+    full = RLDataset(path, text_tokenizer, None, data_cfg(max_prompt_length=1024))[0]["raw_prompt_ids"]
     assert len(full) > 40
-    item = RLDataset(path, text_tokenizer, None, cfg(max_prompt_length=40, truncation=mode))[0]
+    item = RLDataset(path, text_tokenizer, None, data_cfg(max_prompt_length=40, truncation=mode))[0]
     ids = item["raw_prompt_ids"]
     expected = {"left": full[-40:], "right": full[:40], "middle": full[:20] + full[-20:]}[mode]
     assert ids == expected
@@ -168,12 +139,12 @@ def test_truncation_error_names_every_long_row_when_the_dataset_is_built(text_to
     """truncation=error: all rows are measured when the dataset is built, not when training reaches them."""
     long = " ".join(["long"] * 80)
     path = text_file(tmp_path, ["short", long, "short too", long])
-    n = RLDataset(path, text_tokenizer, None, cfg(max_prompt_length=1024)).prompt_length(1)
+    n = RLDataset(path, text_tokenizer, None, data_cfg(max_prompt_length=1024)).prompt_length(1)
     with pytest.raises(UserError, match=rf"2 of 4 rows have prompts longer than data.max_prompt_length=30 "
                                         rf"\(checked before training\):\n  - data file .*text.parquet row 1: {n} "
                                         rf"tokens\n  - data file .*row 3: {n} tokens\nFix: .*filter_overlong_prompts"):
-        RLDataset(path, text_tokenizer, None, cfg(max_prompt_length=30))
-    ds = RLDataset(path, text_tokenizer, None, cfg(max_prompt_length=30, truncation="left"))  # cut, not refused
+        RLDataset(path, text_tokenizer, None, data_cfg(max_prompt_length=30))
+    ds = RLDataset(path, text_tokenizer, None, data_cfg(max_prompt_length=30, truncation="left"))  # cut, not refused
     assert len(ds[1]["raw_prompt_ids"]) == 30
 
 
@@ -186,25 +157,25 @@ def test_a_row_without_ground_truth_is_named_when_the_dataset_is_built(text_toke
     with pytest.raises(UserError, match=r"2 of 5 rows have no reward_model.ground_truth .*\n  - data file "
                                         r".*gt.parquet row 2: .*\n  - data file .*gt.parquet row 4: 'reward_model' "
                                         r"is None\nFix: give every row a ground truth"):
-        RLDataset(str(path), text_tokenizer, None, cfg())
+        RLDataset(str(path), text_tokenizer, None, data_cfg())
 
 
 def test_truncation_never_cuts_image_tokens(processor, tmp_path):
     path = tmp_path / "img_long.parquet"
     write_rl_parquet([rl_row("<image>" + " more words" * 30, [png((112, 112))])], path, with_images=True)
     common = (processor.tokenizer, processor)
-    n = RLDataset(str(path), *common, cfg(max_prompt_length=512)).prompt_length(0)
+    n = RLDataset(str(path), *common, data_cfg(max_prompt_length=512)).prompt_length(0)
     # 'right' keeps the start (the image) and cuts text only: allowed.
-    kept = RLDataset(str(path), *common, cfg(max_prompt_length=40, truncation="right"))[0]
+    kept = RLDataset(str(path), *common, data_cfg(max_prompt_length=40, truncation="right"))[0]
     assert kept["raw_prompt_ids"].count(image_token_id(processor)) == 16 and len(kept["raw_prompt_ids"]) == 40
     # 'left' keeps the end and would drop the image's tokens: refused, with the fix.
     with pytest.raises(UserError, match=rf"row 0: the prompt is {n} tokens \(16 of them image tokens\).*would cut "
                                         rf"image tokens.*at least {n}, or lower data.max_pixels"):
-        RLDataset(str(path), *common, cfg(max_prompt_length=40, truncation="left"))[0]
+        RLDataset(str(path), *common, data_cfg(max_prompt_length=40, truncation="left"))[0]
     # images alone longer than the limit: no truncation can help, found when the dataset is built
     with pytest.raises(UserError, match=r"img_long.parquet row 0 column 'images': the images alone take 16 prompt "
                                         r"tokens, more than data.max_prompt_length=10"):
-        RLDataset(str(path), *common, cfg(max_prompt_length=10, truncation="right"))
+        RLDataset(str(path), *common, data_cfg(max_prompt_length=10, truncation="right"))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -215,7 +186,7 @@ def test_filter_overlong_prompts_counts_image_tokens(processor, tmp_path, worker
             rl_row("<image>c", [png((84, 56))], "2"),
             rl_row("<image>" + " x" * 200, [png((56, 56))], "3")]  # long text
     write_rl_parquet(rows, path, with_images=True)
-    c = cfg(max_prompt_length=64, filter_overlong_prompts=True, filter_overlong_prompts_workers=workers,
+    c = data_cfg(max_prompt_length=64, filter_overlong_prompts=True, filter_overlong_prompts_workers=workers,
             max_pixels=336 * 336)
     ds = RLDataset(str(path), processor.tokenizer, processor, c)
     assert len(ds) == 2 and ds.num_filtered == 2 and ds.num_source_rows == 4
@@ -230,7 +201,7 @@ def test_reads_an_omegaconf_data_node(text_tokenizer, tmp_path):
     from omegaconf import OmegaConf
 
     path = text_file(tmp_path, ["hello there"])
-    node = OmegaConf.create({"data": cfg(max_prompt_length=16, return_raw_chat=True, truncation="left")}).data
+    node = OmegaConf.create({"data": data_cfg(max_prompt_length=16, return_raw_chat=True, truncation="left")}).data
     ds = RLDataset(OmegaConf.create([path]), text_tokenizer, None, node)
     assert ds.settings.max_prompt_length == 16 and ds[0]["input_ids"].shape == (16,)
     assert ds[0]["raw_prompt"] == [{"role": "user", "content": "hello there"}]
@@ -238,35 +209,35 @@ def test_reads_an_omegaconf_data_node(text_tokenizer, tmp_path):
 
 def test_multiple_files_and_input_errors(processor, text_tokenizer, tmp_path, image_file):
     text = text_file(tmp_path, ["one", "two"])
-    ds = RLDataset([image_file, text], processor.tokenizer, processor, cfg())
+    ds = RLDataset([image_file, text], processor.tokenizer, processor, data_cfg())
     assert len(ds) == 4 and ds[3]["index"] == 3 and ds[3]["data_source"] == "openai/gsm8k"
     assert "multi_modal_data" not in ds[3] and "multi_modal_data" in ds[0]
 
     with pytest.raises(UserError, match="nope.parquet does not exist"):
-        RLDataset(str(tmp_path / "nope.parquet"), text_tokenizer, None, cfg())
+        RLDataset(str(tmp_path / "nope.parquet"), text_tokenizer, None, data_cfg())
     with pytest.raises(UserError, match=r"has no column 'question' data.prompt_key"):
-        RLDataset(text, text_tokenizer, None, cfg(prompt_key="question"))
+        RLDataset(text, text_tokenizer, None, data_cfg(prompt_key="question"))
     with pytest.raises(UserError, match="has images in column 'images' but the model has no image processor"):
-        RLDataset(image_file, text_tokenizer, None, cfg())
+        RLDataset(image_file, text_tokenizer, None, data_cfg())
     with pytest.raises(UserError, match="data.truncation='cut'"):
-        RLDataset(text, text_tokenizer, None, cfg(truncation="cut"))
+        RLDataset(text, text_tokenizer, None, data_cfg(truncation="cut"))
 
     vids = tmp_path / "vid.parquet"
     table = pq.read_table(text).append_column("videos", pa.array([["clip.mp4"], []]))
     pq.write_table(table, vids)
     with pytest.raises(UserError, match="videos are not supported"):
-        RLDataset(str(vids), text_tokenizer, None, cfg(video_key="videos"))
-    RLDataset(text, text_tokenizer, None, cfg(video_key="videos"))  # the key alone, without videos, is fine
+        RLDataset(str(vids), text_tokenizer, None, data_cfg(video_key="videos"))
+    RLDataset(text, text_tokenizer, None, data_cfg(video_key="videos"))  # the key alone, without videos, is fine
 
     no_gt = tmp_path / "no_gt.parquet"
     pq.write_table(pq.read_table(text).drop_columns(["reward_model"]), no_gt)
     with pytest.raises(UserError, match=r"no_gt.parquet has no column 'reward_model'"):
-        RLDataset(str(no_gt), text_tokenizer, None, cfg())
+        RLDataset(str(no_gt), text_tokenizer, None, data_cfg())
 
     no_img_col = tmp_path / "noimg.parquet"
     write_rl_parquet([rl_row("<image>q", None)], no_img_col, with_images=False)
     with pytest.raises(UserError, match="prompts with <image> but no image column 'images'"):
-        RLDataset(str(no_img_col), processor.tokenizer, processor, cfg())
+        RLDataset(str(no_img_col), processor.tokenizer, processor, data_cfg())
 
 
 # ---------------------------------------------------------------- loader
@@ -335,7 +306,7 @@ def test_loader_resume_at_epoch_boundary_does_not_skip_an_epoch():
 
 
 def test_loader_over_rl_dataset(processor, image_file):
-    ds = RLDataset(image_file, processor.tokenizer, processor, cfg())
+    ds = RLDataset(image_file, processor.tokenizer, processor, data_cfg())
     batch = next(iter(StatefulBatchLoader(ds, batch_size=2, shuffle=False)))
     assert batch["input_ids"].shape == (2, 128)
     assert batch["ground_truth"] == ["4", "1"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from run_helpers import step_metrics, text_data, wait_for_checkpoint, write_varied_reward
+from run_helpers import run_overrides, step_metrics, text_data, wait_for_checkpoint, write_varied_reward
 
 from verl_npu.config import load_recipe
 from verl_npu.data.geometry3k import prepare_synthetic
@@ -20,11 +20,8 @@ COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor
 
 def overrides(out: Path, data: Path, gpus: int) -> list[str]:
     reward = write_varied_reward(out.parent / "dense_reward.py")
-    values = {
+    return run_overrides(out, data, {
         "custom_reward_function.path": reward,
-        "af_output_dir": out,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
         "data.train_batch_size": 4,
         "data.max_response_length": 3,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 4,  # one update per step: same rows in it either way
@@ -40,8 +37,7 @@ def overrides(out: Path, data: Path, gpus: int) -> list[str]:
         "trainer.test_freq": -1,
         "trainer.logger": "[console]",
         "ray_init.num_cpus": 2,
-    }
-    return [f"{k}={v}" for k, v in values.items()]
+    })
 
 
 @pytest.mark.slow

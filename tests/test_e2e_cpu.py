@@ -13,11 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from run_helpers import wait_for_checkpoint
+from run_helpers import run_overrides, wait_for_checkpoint
 from safetensors.torch import load_file
 
 from verl_npu.config import load_recipe
-from verl_npu.data.geometry3k import prepare_synthetic
 from verl_npu.trainer.entry import run_training
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,10 +31,7 @@ STEP_METRICS = ["training/global_step", "training/epoch", "critic/score/mean", "
 
 
 def tiny_overrides(tmp_path: Path, data_dir: Path, **extra) -> list[str]:
-    values = {
-        "af_output_dir": str(tmp_path / "out"),
-        "data.train_files": str(data_dir / "train.parquet"),
-        "data.val_files": str(data_dir / "test.parquet"),
+    return run_overrides(tmp_path / "out", data_dir, {
         "data.train_batch_size": 4,
         "data.max_response_length": 4,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
@@ -49,20 +45,11 @@ def tiny_overrides(tmp_path: Path, data_dir: Path, **extra) -> list[str]:
         "trainer.save_freq": 3,
         "trainer.test_freq": 3,
         "trainer.logger": "[console,tensorboard]",
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+    }, extra)
 
 
 def read_metrics(out_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-@pytest.fixture(scope="module")
-def geo_data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("geo")
-    prepare_synthetic(folder, n_train=8, n_test=4, seed=0, image_size=56)
-    return folder
 
 
 def test_vl_run_trains_logs_and_checkpoints(tmp_path, geo_data, tiny_vl_path):

@@ -79,6 +79,27 @@ def test_frozen_lake_steps_holes_walls_and_the_step_limit():
     with pytest.raises(ValueError, match="exactly one S and one G"):
         make_env("frozen_lake", 0, map=["..", ".G"])
 
+def test_no_fixed_move_sequence_beats_the_grid_rewards_blind_bound_on_the_demo_maps():
+    """rewards/grid_env.BLIND_BEST_SCORE (the summary's blind ceiling) is the best success rate of one fixed
+    sequence of 3 moves (the demo's step limit) over the corner maps, found by trying every sequence."""
+    import itertools
+
+    from verl_npu.rewards.grid_env import BLIND_BEST_SCORE
+    from verl_npu.tools.envs.frozen_lake import corner_maps
+
+    def wins(moves, layout):
+        env = make_env("frozen_lake", 0, map=layout, max_steps=len(moves))
+        env.reset()
+        for move in moves:
+            if env.step(move).done:
+                break
+        return env.success
+
+    maps = corner_maps(holes=False)
+    best = max(sum(wins(moves, m) for m in maps) / len(maps) for moves in itertools.product("UDLR", repeat=3))
+    assert len(maps) == 4 and best == BLIND_BEST_SCORE == 0.25
+    assert len(corner_maps(holes=True)) == 12 and corner_maps(holes=True)[:4:3] == [maps[0], maps[1]]
+
 def test_sokoban_pushes_the_box_and_walls_stop_it():
     env = make_env("sokoban", 3)
     start = env.reset()

@@ -79,15 +79,23 @@ def test_vl_training_log_probs_equal_plain_forward(tiny_vl_path, remove_padding)
     assert (lp[mask] > _plain_log_probs(model, rollout, suppress_vision=False)[mask] + 1e-4).all()
 
 
+def text_rollout(path, texts: list[str], n: int, seed: int | None = None) -> tuple:
+    """(the tiny text model in float32, eval mode; its hf rollout of `texts`, left-padded, `n` samples each),
+    the global RNG seeded with `seed` just before the rollout when given."""
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    enc = tok(texts, return_tensors="pt", padding=True)
+    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    if seed is not None:
+        torch.manual_seed(seed)
+    return model, HFRollout(model, tok).generate(prompts, SamplingParams(n=n, max_new_tokens=RESPONSE_LEN))
+
+
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_text_log_probs_equal_plain_forward_with_padding(tiny_lm_path, remove_padding):
-    tok = AutoTokenizer.from_pretrained(tiny_lm_path)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
-    enc = tok(["a short one", "a much longer prompt with many more words in it"], return_tensors="pt", padding=True)
-    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    torch.manual_seed(1)
-    rollout = HFRollout(model, tok).generate(prompts, SamplingParams(n=3, max_new_tokens=RESPONSE_LEN))
+    model, rollout = text_rollout(tiny_lm_path, ["a short one", "a much longer prompt with many more words in it"],
+                                  n=3, seed=1)
     with torch.no_grad():
         lp, ent = response_log_probs(
             model, rollout["input_ids"], rollout["attention_mask"], RESPONSE_LEN,
@@ -181,12 +189,7 @@ def test_per_row_sampler_draws_from_the_warped_distribution():
 
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_returned_logits_give_the_same_log_probs(tiny_lm_path, remove_padding):
-    tok = AutoTokenizer.from_pretrained(tiny_lm_path)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
-    enc = tok(["short", "a longer prompt than that"], return_tensors="pt", padding=True)
-    prompts = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
-    rollout = HFRollout(model, tok).generate(prompts, SamplingParams(n=2, max_new_tokens=RESPONSE_LEN))
+    model, rollout = text_rollout(tiny_lm_path, ["short", "a longer prompt than that"], n=2)
     with torch.no_grad():
         lp, _, logits = response_log_probs(
             model, rollout["input_ids"], rollout["attention_mask"], RESPONSE_LEN,

@@ -161,7 +161,7 @@ def test_plan_of_a_tiny_recipe_fits(tiny_lm_path, capsys):
 
 def test_every_shipped_recipe_gets_a_plan(tiny_lm_path, tiny_vl_path, tmp_path):
     from verl_npu.config.memory_recipe import plan_for
-    from verl_npu.recipes import list_recipes
+    from verl_npu.config.recipes import list_recipes
 
     for name, conf in (("qwen7b", QWEN25_7B), ("qwen7bvl", QWEN25_VL_7B)):
         (tmp_path / name).mkdir()

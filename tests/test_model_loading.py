@@ -156,7 +156,7 @@ def test_load_text_policy_model_dtype_and_gradient_checkpointing(text_dir):
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert not loading.is_vision_language(model)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    assert loading.is_activation_checkpointing(model)
+    assert any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())  # checkpointing on
     model.train()
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
     loss = model(input_ids=ids, labels=ids).loss

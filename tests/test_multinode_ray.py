@@ -42,7 +42,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from run_helpers import step_metrics, text_data, write_varied_reward
+from run_helpers import run_overrides, step_metrics, text_data, write_varied_reward
 
 REPO = Path(__file__).resolve().parents[1]
 COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
@@ -135,11 +135,8 @@ def two_node_cluster():
 # ---------------------------------------------------------------------------- one training run
 def overrides(out: Path, data: Path, model: Path, engine: str, nnodes: int) -> list[str]:
     reward = write_varied_reward(data / "dense_reward.py")
-    values = {
+    return run_overrides(out, data, {
         "custom_reward_function.path": reward,
-        "af_output_dir": out,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
         "data.train_batch_size": 4,
         "data.max_prompt_length": 32,
         "data.max_response_length": 3,
@@ -158,8 +155,7 @@ def overrides(out: Path, data: Path, model: Path, engine: str, nnodes: int) -> l
         "trainer.save_freq": STEPS,
         "trainer.test_freq": -1,
         "trainer.logger": "[console]",
-    }
-    return [f"{k}={v}" for k, v in values.items()]
+    })
 
 
 def train_and_capture(over: list[str]) -> dict:

@@ -9,7 +9,7 @@ import pytest
 
 from verl_npu.config import REQUIRED, load_recipe
 from verl_npu.errors import ConfigErrors, UserError
-from verl_npu.recipes import copy_recipe, find_recipe, list_recipes, placeholder_fields
+from verl_npu.config.recipes import copy_recipe, find_recipe, list_recipes, placeholder_fields
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from run_helpers import run_overrides
 from verl_npu.config import load_recipe
 from verl_npu.data.geometry3k import prepare_synthetic
 from verl_npu.errors import UserError
@@ -61,11 +62,8 @@ def overrides(out: Path, data: Path, **extra) -> list[str]:
     reward = data / "dense_reward.py"
     if not reward.exists():
         reward.write_text(DENSE_REWARD)
-    values = {
-        "af_output_dir": out,
+    return run_overrides(out, data, {
         "custom_reward_function.path": reward,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
         "data.train_batch_size": 4,
         "data.max_response_length": 3,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
@@ -82,9 +80,7 @@ def overrides(out: Path, data: Path, **extra) -> list[str]:
         "trainer.max_actor_ckpt_to_keep": "null",
         "trainer.logger": "[console]",
         "ray_init.num_cpus": 2,
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+    }, extra)
 
 
 def metrics(out: Path) -> dict[int, dict]:

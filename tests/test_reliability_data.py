@@ -24,6 +24,7 @@ import pytest
 import torch
 from PIL import Image
 
+from run_helpers import cli_env, data_cfg, png, rl_row
 from verl_npu.config import check_paths, load_recipe
 from verl_npu.data import RLDataset, StatefulBatchLoader
 from verl_npu.data.geometry3k import write_rl_parquet
@@ -33,43 +34,10 @@ from verl_npu.rewards import RewardFunction, RewardScorer, load_reward_fn
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _env(cache: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", VERL_NPU_CACHE=str(cache))
-    env.pop("VERL_NPU_PYTHON", None)
-    return env
-
-
 def _snapshot(folder: Path) -> dict[str, str]:
     """name -> sha256 of every file under ``folder``."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _png(size=(56, 56), colour=(200, 30, 30)) -> dict:
-    buf = io.BytesIO()
-    Image.new("RGB", size, colour).save(buf, format="PNG")
-    return {"bytes": buf.getvalue(), "path": None}
-
-
-def _row(content: str, images=None, answer: str = "4", source: str = "synthetic_geometry", index: int = 0) -> dict:
-    row = {
-        "data_source": source,
-        "prompt": [{"role": "user", "content": content}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": answer},
-        "extra_info": {"split": "train", "index": index, "answer": answer, "question": content},
-    }
-    if images is not None:
-        row["images"] = images
-    return row
-
-
-def _data_cfg(**kw) -> dict:
-    base = {"prompt_key": "prompt", "image_key": "images", "video_key": None, "reward_fn_key": "data_source",
-            "max_prompt_length": 128, "truncation": "error", "filter_overlong_prompts": False,
-            "filter_overlong_prompts_workers": 1, "return_raw_chat": False, "min_pixels": None, "max_pixels": None}
-    base.update(kw)
-    return base
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +74,7 @@ def test_typo_in_data_path_fails_cleanly_and_leaves_user_files_alone(tmp_path, t
         [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", "af_output_dir=out",
          "data.train_files=mydata/trian.parquet", "data.val_files=mydata/test.parquet",
          "trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=-1"],
-        capture_output=True, text=True, cwd=tmp_path, env=_env(tiny_cache), timeout=120,
+        capture_output=True, text=True, cwd=tmp_path, env=cli_env(VERL_NPU_CACHE=str(tiny_cache)), timeout=120,
     )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "backend_config.data.train_files" in out.stderr and "mydata/trian.parquet" in out.stderr
@@ -116,7 +84,7 @@ def test_typo_in_data_path_fails_cleanly_and_leaves_user_files_alone(tmp_path, t
     check = subprocess.run(
         [sys.executable, "-m", "verl_npu.cli", "validate", "tiny_geo3k", "af_output_dir=out",
          "data.train_files=mydata/trian.parquet", "data.val_files=mydata/test.parquet", "--check-paths"],
-        capture_output=True, text=True, cwd=tmp_path, env=_env(tiny_cache), timeout=120,
+        capture_output=True, text=True, cwd=tmp_path, env=cli_env(VERL_NPU_CACHE=str(tiny_cache)), timeout=120,
     )
     assert check.returncode == 1
     line = next(x for x in check.stderr.splitlines() if "data.train_files" in x)
@@ -315,9 +283,9 @@ def test_trainer_scoring_names_the_file_row_not_the_batch_position(tmp_path, tex
     from verl_npu.trainer.ppo import PPOTrainer
 
     path = tmp_path / "train.parquet"
-    rows = [_row(f"q{i}", None, "boom" if i == 5 else str(i), "openai/gsm8k", index=100 + i) for i in range(8)]
+    rows = [rl_row(f"q{i}", None, "boom" if i == 5 else str(i), "openai/gsm8k", index=100 + i) for i in range(8)]
     write_rl_parquet(rows, path, with_images=False)
-    ds = RLDataset(str(path), text_tokenizer, None, _data_cfg())
+    ds = RLDataset(str(path), text_tokenizer, None, data_cfg())
     assert ds[5]["data_row"] == f"data file {path} row 5" and ds[5]["extra_info"]["index"] == 105
     loader = StatefulBatchLoader(ds, 8, shuffle=True, seed=0)
     prompts = next(iter(loader))  # the loader yields a Batch
@@ -349,7 +317,7 @@ def test_hanging_reward_in_a_real_run_stops_with_the_row(tmp_path, tiny_cache):
     one row stops the run with an error naming that row, exit status 1, no traceback."""
     data = tmp_path / "gsm"
     data.mkdir()
-    rows = [_row(f"What is {i} plus 1?", None, str(i + 1), "openai/gsm8k", index=i) for i in range(4)]
+    rows = [rl_row(f"What is {i} plus 1?", None, str(i + 1), "openai/gsm8k", index=i) for i in range(4)]
     rows[2]["reward_model"]["ground_truth"] = "hang"
     for name in ("train", "test"):
         write_rl_parquet(rows, data / f"{name}.parquet", with_images=False)
@@ -370,7 +338,7 @@ def test_hanging_reward_in_a_real_run_stops_with_the_row(tmp_path, tiny_cache):
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k",
                           *[f"{k}={v}" for k, v in overrides.items()]],
-                         capture_output=True, text=True, cwd=tmp_path, env=_env(tiny_cache), timeout=120)
+                         capture_output=True, text=True, cwd=tmp_path, env=cli_env(VERL_NPU_CACHE=str(tiny_cache)), timeout=120)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
     assert time.monotonic() - start < 60
     assert f"reward of data file {data / 'train.parquet'} row 2" in out.stderr
@@ -480,14 +448,14 @@ def test_changed_data_order_is_warned_and_position_past_the_end_moves_on(caplog)
 
 # ============================================================== 5. every image checked before training
 def _image_rows(n: int, bad: dict[int, dict] | None = None) -> list[dict]:
-    rows = [_row("<image>How many sides?", [_png()], index=i) for i in range(n)]
+    rows = [rl_row("<image>How many sides?", [png()], index=i) for i in range(n)]
     for i, image in (bad or {}).items():
         rows[i]["images"] = [image]
     return rows
 
 
 def _truncated_png() -> dict:
-    good = _png((56, 56))["bytes"]
+    good = png((56, 56))["bytes"]
     noisy = io.BytesIO()
     Image.frombytes("RGB", (56, 56), os.urandom(56 * 56 * 3)).save(noisy, format="PNG")
     data = noisy.getvalue()
@@ -498,14 +466,14 @@ def _truncated_png() -> dict:
 @pytest.mark.parametrize("bad_image, what", [
     ({"bytes": b"not an image at all", "path": None}, "image 0 cannot be decoded"),
     (None, "image 0 cannot be decoded"),  # filled in below: a truncated PNG (its header still reads)
-    (_png((1, 300)), "image 0 is 1x300 px and cannot be resized"),
+    (png((1, 300)), "image 0 is 1x300 px and cannot be resized"),
 ])
 def test_a_bad_image_is_found_when_the_dataset_is_built(tmp_path, vl_processor, bad_image, what):
     bad_image = bad_image or _truncated_png()
     path = tmp_path / "train.parquet"
     write_rl_parquet(_image_rows(8, {5: bad_image}), path, with_images=True)
     with pytest.raises(UserError) as err:  # before training: not when row 5's batch comes up
-        RLDataset(str(path), vl_processor.tokenizer, vl_processor, _data_cfg())
+        RLDataset(str(path), vl_processor.tokenizer, vl_processor, data_cfg())
     msg = str(err.value)
     assert f"data file {path} row 5 column 'images': {what}" in msg, msg
     assert "1 of 8 rows" in msg
@@ -516,7 +484,7 @@ def test_every_bad_row_is_listed_at_once(tmp_path, vl_processor):
     junk = {"bytes": b"junk", "path": None}
     write_rl_parquet(_image_rows(30, {i: junk for i in range(3, 30, 2)}), path, with_images=True)
     with pytest.raises(UserError) as err:
-        RLDataset(str(path), vl_processor.tokenizer, vl_processor, _data_cfg())
+        RLDataset(str(path), vl_processor.tokenizer, vl_processor, data_cfg())
     msg = str(err.value)
     assert "14 of 30 rows" in msg and "row 3 column" in msg and "(14 bad rows in all)" in msg
     assert len(re.findall(r"^  - ", msg, flags=re.M)) == 10
@@ -525,14 +493,14 @@ def test_every_bad_row_is_listed_at_once(tmp_path, vl_processor):
 def test_image_check_shows_progress_only_for_large_data(tmp_path, vl_processor, capfd):
     small = tmp_path / "small.parquet"
     write_rl_parquet(_image_rows(20), small, with_images=True)
-    RLDataset(str(small), vl_processor.tokenizer, vl_processor, _data_cfg())
+    RLDataset(str(small), vl_processor.tokenizer, vl_processor, data_cfg())
     assert "checking images" not in capfd.readouterr().err
     large = tmp_path / "large.parquet"
-    image = _png()
-    table = pa.Table.from_pylist([_row("<image>?", [image], index=i) for i in range(1001)])
+    image = png()
+    table = pa.Table.from_pylist([rl_row("<image>?", [image], index=i) for i in range(1001)])
     pq.write_table(table, large)
     start = time.monotonic()
-    ds = RLDataset(str(large), vl_processor.tokenizer, vl_processor, _data_cfg())
+    ds = RLDataset(str(large), vl_processor.tokenizer, vl_processor, data_cfg())
     elapsed = time.monotonic() - start
     assert len(ds) == 1001
     assert "checking images" in capfd.readouterr().err

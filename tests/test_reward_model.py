@@ -209,22 +209,15 @@ def test_a_bad_reward_model_path_is_a_clean_error_before_anything_starts(tmp_pat
 
 # ---- tiny runs -------------------------------------------------------------------------------------
 def run_overrides(out, data, gpus: int = 1, **extra) -> list[str]:
-    from run_helpers import write_varied_reward
+    """The text run of run_helpers.text_run_overrides scored by the tiny reward model, validated at step 2."""
+    from run_helpers import text_run_overrides
 
-    values = {
-        "custom_reward_function.path": write_varied_reward(out.parent / "varied_reward.py"),
-        "af_output_dir": out, "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
-        "data.train_batch_size": 4, "data.max_prompt_length": 32, "data.max_response_length": 4,
-        "actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "actor_rollout_ref.actor.use_kl_loss": "false",
-        "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+    return text_run_overrides(out, data, **{
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
         "reward_model.enable": "true", "reward_model.model.path": RM, "reward_model.micro_batch_size_per_gpu": 2,
-        "trainer.n_gpus_per_node": gpus, "trainer.total_training_steps": 2, "trainer.save_freq": 2,
-        "trainer.test_freq": 2, "trainer.val_before_train": "false", "trainer.logger": "[console]",
+        "trainer.n_gpus_per_node": gpus, "trainer.save_freq": 2, "trainer.test_freq": 2,
         "trainer.rollout_data_dir": out / "rollouts", "ray_init.num_cpus": 2,
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+        **extra})
 
 
 @pytest.fixture(scope="module")

@@ -9,26 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from run_helpers import write_varied_reward
+from run_helpers import run_overrides, write_varied_reward
 
 from verl_npu.config import load_recipe
-from verl_npu.data.geometry3k import prepare_synthetic
 from verl_npu.errors import UserError
 from verl_npu.trainer.entry import run_training
 
 
-@pytest.fixture(scope="module")
-def geo_data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("geo")
-    prepare_synthetic(folder, n_train=8, n_test=4, seed=0, image_size=56)
-    return folder
-
-
 def overrides(tmp_path: Path, data_dir: Path, **extra) -> list[str]:
-    values = {
-        "af_output_dir": str(tmp_path / "out"),
-        "data.train_files": str(data_dir / "train.parquet"),
-        "data.val_files": str(data_dir / "test.parquet"),
+    return run_overrides(tmp_path / "out", data_dir, {
         "data.train_batch_size": 4,
         "data.max_response_length": 4,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
@@ -43,9 +32,7 @@ def overrides(tmp_path: Path, data_dir: Path, **extra) -> list[str]:
         "trainer.val_before_train": "false",
         "trainer.logger": "[console]",
         "custom_reward_function.path": write_varied_reward(tmp_path / "reward.py"),
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+    }, extra)
 
 
 # ---- freeze_vision_tower -----------------------------------------------------------------------

@@ -17,13 +17,12 @@ that variant is compared only without global counts.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from run_helpers import run_on_verl_side, verl_side_python
 from verl_npu import algorithms as A
 from verl_npu.algorithms.advantage_modes import gdpo_advantage
 from verl_npu.config.typed import section
@@ -31,11 +30,8 @@ from verl_npu.policy_losses import POLICY_LOSS_MODES
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tests" / "verl_side_algos.py"
-VERL_PY = os.environ.get("VERL_SIDE_PYTHON")
-
 pytestmark = pytest.mark.verl_side
-if not VERL_PY:
-    pytest.skip("needs upstream verl in its side venv: run `bash tests/verl_side.sh`", allow_module_level=True)
+verl_side_python()
 
 LENGTHS = [7, 3, 5, 1, 6, 2, 7, 4]
 UIDS = ["a", "a", "a", "b", "b", "c", "d", "d"]          # group c has one row
@@ -176,14 +172,8 @@ def verl_outputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("verl_algos")
     losses, estimators = loss_cases(), estimator_cases()
     side_estimators = [{k: v for k, v in c.items() if k not in ("ours", "our_config", "tol")} for c in estimators]
-    torch.save({"losses": losses, "estimators": side_estimators, "variance_proxy": variance_proxy_cases()},
-               folder / "in.pt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(OMP_NUM_THREADS="1")
-    proc = subprocess.run([VERL_PY, str(TOOL), str(folder / "in.pt"), str(folder / "out.pt")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return losses, estimators, torch.load(folder / "out.pt", weights_only=False)
+    side = {"losses": losses, "estimators": side_estimators, "variance_proxy": variance_proxy_cases()}
+    return losses, estimators, run_on_verl_side(TOOL, side, folder)
 
 
 def test_every_policy_loss_mode_and_agg_mode_matches_verl(verl_outputs):

@@ -10,17 +10,15 @@ verl-npu's `dapo_scores` must give the same numbers.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
+from run_helpers import verl_side_python
 from verl_npu.rewards.dapo import dapo_scores
 
 pytestmark = pytest.mark.verl_side
-VERL_PY = os.environ.get("VERL_SIDE_PYTHON")
-if not VERL_PY:
-    pytest.skip("needs upstream verl in its side venv: run `bash tests/verl_side.sh`", allow_module_level=True)
+VERL_PY = verl_side_python()
 
 SCRIPT = r"""
 import json, sys

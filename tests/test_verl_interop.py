@@ -28,20 +28,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from run_helpers import step_metrics, text_data, write_varied_reward
+from run_helpers import (run_overrides, step_metrics, text_data, text_run_overrides, verl_side_python,
+                         write_varied_reward)
 
 from verl_npu.config import load_recipe
-from verl_npu.data.geometry3k import prepare_synthetic
 from verl_npu.trainer.checkpoint import load_torch
 from verl_npu.trainer.entry import run_training
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tests" / "verl_side_tool.py"
-VERL_PY = os.environ.get("VERL_SIDE_PYTHON")
+VERL_PY = verl_side_python()
 
 pytestmark = [pytest.mark.verl_side, pytest.mark.slow]
-if not VERL_PY:
-    pytest.skip("needs upstream verl in its side venv: run `bash tests/verl_side.sh`", allow_module_level=True)
 
 
 def side(*args: str, timeout: int = 300) -> str:
@@ -75,13 +73,6 @@ def in_memory_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 
 
 # ---- verl-npu -> verl ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def geo_data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("geo")
-    prepare_synthetic(folder, n_train=8, n_test=4, seed=0, image_size=56)
-    return folder
-
-
 _RUNS: dict[int, Path] = {}
 
 
@@ -145,18 +136,12 @@ def test_verl_model_merger_reads_our_critic_checkpoint(runs_root, tiny_cache, tm
     model with one label: the value head)."""
     data = text_data(runs_root / "ppo_data")
     out = runs_root / "ppo"
-    values = {
-        "af_output_dir": out, "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
-        "custom_reward_function.path": write_varied_reward(runs_root / "ppo_reward.py"),
-        "data.train_batch_size": 4, "data.max_prompt_length": 32, "data.max_response_length": 3,
-        "actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4, "algorithm.adv_estimator": "gae",
-        "critic.optim.lr": 1e-3, "critic.ppo_micro_batch_size_per_gpu": 2, "trainer.total_training_steps": 1,
-        "trainer.save_freq": 1, "trainer.test_freq": -1, "trainer.val_before_train": "false",
-        "trainer.logger": "[console]", "ray_init.num_cpus": 2,
+    values = {  # the text run of run_helpers, with GAE and a critic, one step and its checkpoint
+        "data.max_response_length": 3, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "algorithm.adv_estimator": "gae", "critic.optim.lr": 1e-3, "critic.ppo_micro_batch_size_per_gpu": 2,
+        "trainer.total_training_steps": 1, "trainer.save_freq": 1, "ray_init.num_cpus": 2,
     }
-    assert run_training(load_recipe("tiny_geo3k", [f"{k}={v}" for k, v in values.items()])) == 0
+    assert run_training(load_recipe("tiny_geo3k", text_run_overrides(out, data, **values))) == 0
     critic = out / "checkpoints" / "global_step_1" / "critic"
     assert json.loads((critic / "fsdp_config.json").read_text()) == {"FSDP_version": 2, "world_size": 1}
     for kind in ("model", "optim", "extra_state"):
@@ -179,18 +164,12 @@ def test_verl_model_merger_reads_our_lora_checkpoint(runs_root, tiny_cache, tmp_
     `huggingface/lora_adapter/`."""
     data = text_data(runs_root / "lora_data")
     out = runs_root / "lora"
-    values = {
-        "af_output_dir": out, "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
-        "custom_reward_function.path": write_varied_reward(runs_root / "lora_reward.py"),
-        "data.train_batch_size": 4, "data.max_prompt_length": 32, "data.max_response_length": 3,
-        "actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.model.lora_rank": 4,
-        "actor_rollout_ref.model.lora_alpha": 8, "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": 1,
-        "trainer.save_freq": 1, "trainer.test_freq": -1, "trainer.val_before_train": "false",
-        "trainer.logger": "[console]",
+    values = {  # the text run of run_helpers, with LoRA adapters, one step and its checkpoint
+        "data.max_response_length": 3, "actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "trainer.total_training_steps": 1,
+        "trainer.save_freq": 1,
     }
-    assert run_training(load_recipe("tiny_geo3k", [f"{k}={v}" for k, v in values.items()])) == 0
+    assert run_training(load_recipe("tiny_geo3k", text_run_overrides(out, data, **values))) == 0
     actor = out / "checkpoints" / "global_step_1" / "actor"
     assert json.loads((actor / "lora_train_meta.json").read_text()) == {"r": 4, "lora_alpha": 8,
                                                                          "task_type": "CAUSAL_LM"}
@@ -258,9 +237,8 @@ def verl_checkpoint(dest: Path, model: Path, workers: int, shuffle: bool) -> dic
 
 def resume_overrides(out: Path, ckpt_root: Path, data: Path, model: Path, workers: int, total: int,
                      shuffle: bool) -> list[str]:
-    values = {
-        "af_output_dir": out, "actor_rollout_ref.model.path": model, "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet", "data.train_batch_size": BATCH, "data.shuffle": str(shuffle).lower(),
+    return run_overrides(out, data, {
+        "actor_rollout_ref.model.path": model, "data.train_batch_size": BATCH, "data.shuffle": str(shuffle).lower(),
         "data.max_response_length": 3,
         "actor_rollout_ref.actor.ppo_mini_batch_size": BATCH,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "actor_rollout_ref.actor.optim.lr": LR,
@@ -270,8 +248,7 @@ def resume_overrides(out: Path, ckpt_root: Path, data: Path, model: Path, worker
         "trainer.save_freq": 1, "trainer.test_freq": -1, "trainer.val_before_train": "false",
         "trainer.logger": "[console]", "ray_init.num_cpus": 2, "trainer.n_gpus_per_node": workers,
         "trainer.default_local_dir": ckpt_root, "trainer.resume_mode": "auto",
-    }
-    return [f"{k}={v}" for k, v in values.items()]
+    })
 
 
 def assert_state_is_verls(snapshot: dict, verl: dict) -> None:

@@ -15,13 +15,12 @@ rejection option act. Compared, in float64 and float32:
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from run_helpers import run_on_verl_side, verl_side_python
 from verl_npu import algorithms as A
 from verl_npu.config.typed import section
 from verl_npu.policy_losses import POLICY_LOSS_MODES
@@ -29,11 +28,8 @@ from verl_npu.rollout_corrections import ROLLOUT_RS_OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tests" / "verl_side_rollout_corr.py"
-VERL_PY = os.environ.get("VERL_SIDE_PYTHON")
-
 pytestmark = pytest.mark.verl_side
-if not VERL_PY:
-    pytest.skip("needs upstream verl in its side venv: run `bash tests/verl_side.sh`", allow_module_level=True)
+verl_side_python()
 
 LENGTHS = [7, 3, 5, 1, 6, 0, 7, 4]  # row 5 is empty
 TOL = {torch.float64: 1e-6, torch.float32: 2e-5}
@@ -117,13 +113,7 @@ def build_cases() -> dict:
 def verl_outputs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("verl_rollout_corr")
     cases = build_cases()
-    torch.save(cases, folder / "in.pt")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(OMP_NUM_THREADS="1")
-    proc = subprocess.run([VERL_PY, str(TOOL), str(folder / "in.pt"), str(folder / "out.pt")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return cases, torch.load(folder / "out.pt", weights_only=False)
+    return cases, run_on_verl_side(TOOL, cases, folder)
 
 
 def _close_metrics(ours: dict, theirs: dict, tol: float, label) -> float:

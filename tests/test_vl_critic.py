@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from run_helpers import run_overrides
 from verl_npu.models.forward import response_values
 from verl_npu.models.value_model import (PREFIX, VisionLanguageValueModel, load_value_model, saved_value_head)
 
@@ -168,8 +169,7 @@ def test_text_values_padded_and_padding_free_agree(tiny_lm_path):
 
 # ---- a GAE run on the picture demo ---------------------------------------------------------------------
 def _geo_overrides(out, data, **extra) -> list[str]:
-    values = {
-        "af_output_dir": out, "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
+    return run_overrides(out, data, {
         "data.train_batch_size": 2, "data.max_response_length": 3,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
         "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
@@ -178,9 +178,7 @@ def _geo_overrides(out, data, **extra) -> list[str]:
         "critic.model.enable_gradient_checkpointing": "false",
         "trainer.total_training_steps": 2, "trainer.save_freq": 1, "trainer.test_freq": -1,
         "trainer.logger": "[console]", "ray_init.num_cpus": 2,
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+    }, extra)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from run_helpers import step_metrics, text_data, write_varied_reward  # noqa: E402
+from run_helpers import run_overrides, step_metrics, text_data, write_varied_reward  # noqa: E402
 
 from verl_npu.config import load_recipe  # noqa: E402
 from verl_npu.trainer.entry import run_training  # noqa: E402
@@ -37,11 +37,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 def vllm_overrides(out: Path, data: Path, gpus: int, tp: int, steps: int, **extra) -> list[str]:
     reward = write_varied_reward(out.parent / "varied_reward.py")
-    values = {
-        "af_output_dir": out,
+    return run_overrides(out, data, {
         "custom_reward_function.path": reward,
-        "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet",
         "data.train_batch_size": 4,
         "data.max_prompt_length": 32,
         "data.max_response_length": 8,
@@ -64,9 +61,7 @@ def vllm_overrides(out: Path, data: Path, gpus: int, tp: int, steps: int, **extr
         "trainer.test_freq": -1,
         "trainer.logger": "[console]",
         "ray_init.num_cpus": 2,
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
+    }, extra)
 
 
 def assert_engine_in_sync(out: Path, steps: int) -> dict[int, dict]:

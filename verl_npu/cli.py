@@ -1,4 +1,4 @@
-"""`verl-npu`: list, copy, validate, show and explain recipes, and run one.
+"""`verl-npu`: list, copy, validate, show, explain and plan recipes, run one, check a machine, serve search.
 
     verl-npu list
     verl-npu cp NAME DEST
@@ -8,6 +8,7 @@
     verl-npu plan NAME|PATH [key=value ...] [--device-memory 64GiB|910B|H100] [--json]
     verl-npu run NAME|PATH [key=value ...] [--demo-data] [--force] [--device-memory SIZE]
     verl-npu doctor [--out DIR] [--device cpu|cuda|npu] [--rollout auto|hf|vllm] [--skip-train]
+    verl-npu retrieval-server --corpus FILE.jsonl [--host H] [--port P] [--topk K] [--verbose]
 
 A user's mistake (`UserError`) is printed without a traceback and exits 1. This module imports
 no torch/transformers/ray at import time; only `run` loads them (through the trainer).
@@ -31,7 +32,7 @@ def _say(text: str = "") -> None:
 
 # ------------------------------------------------------------------ list / cp
 def cmd_list(args: argparse.Namespace) -> int:
-    from verl_npu.recipes import list_recipes, recipes_dir
+    from verl_npu.config.recipes import list_recipes, recipes_dir
 
     recipes = list_recipes()
     if not recipes:
@@ -44,7 +45,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cp(args: argparse.Namespace) -> int:
-    from verl_npu.recipes import copy_recipe
+    from verl_npu.config.recipes import copy_recipe
 
     target, fields = copy_recipe(args.name, args.dest)
     _say(f"copied to {target}")

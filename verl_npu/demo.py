@@ -91,7 +91,7 @@ def demo_data_paths() -> list[tuple[str, str, str]]:
 
     from verl_npu.data import as_file_list
     from verl_npu.models.tiny import is_tiny_uri
-    from verl_npu.recipes import list_recipes
+    from verl_npu.config.recipes import list_recipes
 
     pairs = []
     for info in list_recipes():

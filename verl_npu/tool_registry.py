@@ -320,8 +320,3 @@ def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tup
         entries.append(entry)
     return entries, problems
 
-
-def tool_schemas(path: str | os.PathLike) -> list[dict]:
-    """The OpenAI schemas of the file's tools that carry one in the file (what the chat template gets)."""
-    entries, _ = read_tool_config(path)
-    return [e.schema for e in entries if e.schema]

@@ -448,18 +448,7 @@ def policy_loss_fn(loss_mode: str) -> Callable[..., dict[str, torch.Tensor]]:
     return POLICY_LOSSES[loss_mode]
 
 
-# ----------------------------------------------------------------------------- entropy and KL
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of ``softmax(logits)`` over the last (vocabulary) axis, shape ``logits.shape[:-1]``.
-
-    ``H = logsumexp(z) - Σ_v softmax(z)_v·z_v`` (equal to ``-Σ p log p`` without forming ``log p``
-    of tiny probabilities; stable for large logits). fp16/bf16 logits are computed (and returned) in fp32.
-    """
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+# ----------------------------------------------------------------------------- KL
 
 
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")

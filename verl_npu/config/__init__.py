@@ -26,7 +26,7 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     rules_rollout_corr  rollout correction's rules (algorithm.rollout_correction.*), added to RULES
     paths         --check-paths: data files, model folders (hub ids resolved), reward file, adapter
     derive        derived values
-    verl_npu.recipes   finding shipped recipe files (uses tree only)
+    recipes       finding, listing and copying shipped recipe files (uses tree only)
     loader        load_recipe: read, override, classify, resolve, check, derive
     typed         the typed, read-only sections generated from the schema (`rc.typed`): what the
                   training code reads, and what travels to the workers

@@ -532,7 +532,7 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     Raises `ConfigErrors` listing every problem, or `UserError` for an unreadable file or a
     malformed override. File existence is checked only with `check_paths=True`.
     """
-    from verl_npu.recipes import find_recipe
+    from verl_npu.config.recipes import find_recipe
 
     source = find_recipe(name_or_path)
     raw = read_yaml_file(source)

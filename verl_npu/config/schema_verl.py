@@ -322,11 +322,6 @@ READ_WITH_PLUS: dict[str, str] = {_full(k): v for k, v in {
 }.items()}
 
 
-#: LoRA keys (in SCHEMA); listed for the compatibility table.
-LORA_KEYS = tuple(_full(f"{M}.{k}") for k in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules",
-                                                "lora_adapter_path"))
-
-
 def refused_subtree(path: str) -> tuple[str, tuple[str, str]] | None:
     """(prefix, (what, instead)) of the refused verl feature that `path` lies under, else None
     (the longest matching prefix wins)."""

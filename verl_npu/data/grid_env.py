@@ -29,6 +29,8 @@ import random
 import pyarrow as pa
 
 from verl_npu.data.split_files import write_split_files
+from verl_npu.tools.envs import env_class, make_env
+from verl_npu.tools.envs.frozen_lake import corner_maps
 
 DATA_SOURCE = "grid_env"
 AGENT_NAME = "tool_agent"
@@ -36,26 +38,8 @@ INTERACTION = "grid_env"
 LAYOUTS = ("random", "corners", "corners_holes")
 
 
-def demo_maps(holes: bool) -> list[list[str]]:
-    """The corner maps of the CPU demo (see the module docstring)."""
-    maps = []
-    for gi, gj in ((0, 0), (0, 2), (2, 0), (2, 2)):
-        variants = [None]
-        if holes:  # the cell next to the goal on the row-first path, then on the column-first path
-            variants += [(gi, 1), (1, gj)]
-        for hole in variants:
-            rows = [["." for _ in range(3)] for _ in range(3)]
-            rows[1][1], rows[gi][gj] = "S", "G"
-            if hole:
-                rows[hole[0]][hole[1]] = "H"
-            maps.append(["".join(r) for r in rows])
-    return maps
-
-
 def episode_row(split: str, index: int, env: str, seed: int, size: int | None, layout_map: list[str] | None,
                 max_steps: int) -> dict:
-    from verl_npu.tools.envs import env_class, make_env
-
     options = {"map": layout_map} if layout_map is not None else ({"size": size} if size else {})
     # the demo layouts observe the goal's direction alone (FrozenLake's show_goal, show_grid: false) and
     # have no system message: a short context is what a random-init model learns to read in minutes
@@ -99,7 +83,7 @@ def rows(split: str, n: int, seed: int, env: str = "frozen_lake", layout: str = 
     if layout != "random":
         if env != "frozen_lake":
             raise ValueError(f"layout {layout!r} is a frozen_lake layout")
-        maps = demo_maps(holes=layout == "corners_holes")
+        maps = corner_maps(holes=layout == "corners_holes")
         rng = random.Random(f"grid_env:{split}:{seed}")
         # balanced: every map equally often, in a seeded order
         order = [maps[i % len(maps)] for i in range(n)]

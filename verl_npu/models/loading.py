@@ -385,7 +385,3 @@ def enable_activation_checkpointing(model) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
-
-def is_activation_checkpointing(model) -> bool:
-    """True when any submodule of ``model`` has activation (gradient) checkpointing switched on."""
-    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())

@@ -70,7 +70,7 @@ from verl_npu.models.forward import merge_multi_modal_inputs
 from verl_npu.rollout import interaction_turns
 from verl_npu.rollout.image_turns import ImageTurns, short_text
 from verl_npu.rollout.base import SamplingParams, attach_responses
-from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
+from verl_npu.rollout.decode import PerRowSampler, decode, forward_device, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
 from verl_npu.tools.base import ToolResponse
 from verl_npu.tools.loading import run_method
@@ -360,8 +360,7 @@ class AgentLoop:
                  synced: bool = False, turns: TurnBackend | None = None, interactions: dict | None = None,
                  images: ImageTurns | None = None, compute_device=None):
         settings = section(MULTI_TURN, settings)
-        # where `module` computes (the hf engine's compute_device: not its parameters' device under offload)
-        self.compute_device = compute_device
+        self.compute_device = compute_device  # the hf engine's (None: decode.forward_device's own choice)
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
         # name -> interaction (multi_turn.interaction_config_path): answers model turns without tool calls
         self.interactions = interactions or {}
@@ -381,8 +380,8 @@ class AgentLoop:
         self.turns = turns if turns is not None else HFTurns(self)
 
     def torch_device(self) -> torch.device:
-        """Where the hf engine's module computes (its parameters' device unless they are offloaded)."""
-        return self.compute_device or next(self.module.parameters()).device
+        """Where the hf engine's module computes (`decode.forward_device`)."""
+        return forward_device(self.module, self.compute_device)
 
     # ---- one batch ---------------------------------------------------------------------------
     @torch.no_grad()

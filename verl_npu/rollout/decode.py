@@ -54,6 +54,13 @@ from verl_npu.rollout.base import SamplingParams
 Pick = Callable[[torch.Tensor, int], torch.Tensor]
 
 
+def forward_device(module, worker_device: torch.device | None = None) -> torch.device:
+    """Where `module` computes, hence where its inputs go: the worker's device when given (under FSDP2
+    parameter offload the parameters rest on the host and reach the accelerator for each forward), else
+    its parameters' device (a plain module: tests, a single process)."""
+    return worker_device or next(module.parameters()).device
+
+
 def greedy_pick(scores: torch.Tensor, t: int) -> torch.Tensor:
     return scores.argmax(-1)
 

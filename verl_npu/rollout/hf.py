@@ -40,7 +40,7 @@ from verl_npu.rollout.base import (
     finish_rollout,
     stop_and_pad_ids,
 )
-from verl_npu.rollout.decode import PerRowSampler, decode, greedy_pick
+from verl_npu.rollout.decode import PerRowSampler, decode, forward_device, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
 
 
@@ -48,9 +48,7 @@ class HFRollout(RolloutEngine):
     def __init__(self, module: torch.nn.Module, tokenizer, *, seed: int = 0, synced: bool = False,
                  log_probs: bool = False, compute_device: torch.device | None = None):
         self.module = module
-        # where the module computes: its parameters' device, except under FSDP2 parameter offload (they
-        # rest on the host and are brought to the accelerator for each forward)
-        self.compute_device = compute_device or next(module.parameters()).device
+        self.compute_device = forward_device(module, compute_device)
         # rollout.calculate_log_probs: keep the sampled tokens' log-probs (`rollout_log_probs`)
         self.log_probs = log_probs
         self.seed = seed

@@ -219,7 +219,6 @@ class Verification:
     path: Path
     verified: bool
     problems: list[str] = field(default_factory=list)
-    total_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -270,7 +269,7 @@ def verify_checkpoint(folder: str | Path) -> Verification:
     for rel in _listed_files(folder):
         if rel not in files:
             problems.append(f"{rel}: not in the manifest (added after the save)")
-    return Verification(folder, True, problems, int(manifest.get("total_bytes") or 0))
+    return Verification(folder, True, problems)
 
 
 def _complete_step_dirs(folder: Path) -> list[Path]:

@@ -10,7 +10,7 @@ One training step, in order (verl's order, verl's names):
    `data.gen_batch_size` prompts until `data.train_batch_size` groups of non-zero metric variance are
    kept (`verl_npu.trainer.dynamic_sampling`);
 4. old log-probs from the actor (skipped when provably redundant: then the update's own forward
-   gives them, see `ActorRolloutRefWorker.old_log_prob_pass_needed`; in rollout correction's bypass
+   gives them, see `workers.actor.old_log_prob_pass_needed`; in rollout correction's bypass
    mode the rollout's own log-probs are the old ones), reference log-probs when a KL term needs them (workers);
 5. the critic's values (with a critic role: gae), the scores normalised (`algorithm.reward_norm`,
    ROLL's reward normalisation), optional KL penalty in the reward, rollout correction

@@ -19,7 +19,7 @@ right; `G:` alone on the goal). `show_grid: false` leaves the grid out (then the
 The map comes from the seed (`random.Random("frozen_lake:<seed>")`): start and goal on distinct cells,
 each other cell a hole with probability `hole_ratio`, redrawn until a path from start to goal exists;
 or it is given as `map` (rows of `.`, `H`, `G` and one `S` for the start). Slippery ice (ROLL's
-`is_slippery`) is not built.
+`is_slippery`) is not built. `corner_maps` are the CPU demo's maps (data_prep/grid_env.py's `corners` layouts).
 """
 
 from __future__ import annotations
@@ -136,3 +136,20 @@ class FrozenLake(GridEnv):
                 horizontal = "L" if goal[1] < self.pos[1] else "R" if goal[1] > self.pos[1] else ""
                 text += "\nG:" + "".join(" " + m for m in (vertical, horizontal) if m)
         return text.lstrip("\n")
+
+
+def corner_maps(holes: bool) -> list[list[str]]:
+    """3x3 maps, start in the middle, the goal in one of the four corners (4 maps); with `holes`, each also
+    with a hole on one of its two shortest paths (12 maps: the hole decides the order of the two moves)."""
+    maps = []
+    for gi, gj in ((0, 0), (0, 2), (2, 0), (2, 2)):
+        variants = [None]
+        if holes:  # the cell next to the goal on the row-first path, then on the column-first path
+            variants += [(gi, 1), (1, gj)]
+        for hole in variants:
+            rows = [["." for _ in range(3)] for _ in range(3)]
+            rows[1][1], rows[gi][gj] = "S", "G"
+            if hole:
+                rows[hole[0]][hole[1]] = "H"
+            maps.append(["".join(r) for r in rows])
+    return maps

@@ -17,7 +17,7 @@ from verl_npu.errors import UserError
 def recipes_dir() -> Path:
     """The folder holding shipped recipes."""
     env = os.environ.get("VERL_NPU_RECIPES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "recipes"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "recipes"
 
 
 @dataclass(frozen=True)
