@@ -162,14 +162,15 @@ def test_kv_cache_grows_in_place_with_the_values_concatenation_gives(tiny_lm_pat
     written after it (as `DynamicLayer`'s concatenation would hold them); past the buffer is an error."""
     from transformers.cache_utils import DynamicCache
 
-    from verl_npu.rollout.decode import _InPlaceLayer, grow_in_place
+    from verl_npu.rollout.decode import _cache_name, _InPlaceLayer, grow_in_place
 
     tok, model, ids, mask, _ = _text_batch(tiny_lm_path)
+    name = _cache_name(model)  # `cache` from transformers 5.24 on, `past_key_values` before
     caches = []
     with torch.no_grad():
         for _ in range(2):
             cache = DynamicCache(config=model.config)
-            model(input_ids=ids, attention_mask=mask, use_cache=True, cache=cache)
+            model(input_ids=ids, attention_mask=mask, use_cache=True, **{name: cache})
             caches.append(cache)
     plain, grown = caches
     plain.batch_repeat_interleave(3)
@@ -180,7 +181,7 @@ def test_kv_cache_grows_in_place_with_the_values_concatenation_gives(tiny_lm_pat
     with torch.no_grad():
         for t in range(2):
             outs = [model(input_ids=token, attention_mask=step_mask[:, : ids.shape[1] + t + 1], use_cache=True,
-                          cache=cache).logits for cache in (plain, grown)]
+                          **{name: cache}).logits for cache in (plain, grown)]
             assert torch.equal(outs[0], outs[1])
     for a, b in zip(plain.layers, grown.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
