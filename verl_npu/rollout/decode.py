@@ -156,20 +156,22 @@ class _InPlaceLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def grow_in_place(cache, n: int, new_tokens: int) -> None:
+def grow_in_place(cache, n: int, new_tokens: int) -> bool:
     """Repeat the prefilled `cache` n times along the rows (as `batch_repeat_interleave(n)`) and give each
     plain `DynamicLayer` room for `new_tokens` more positions, filled in place by `_InPlaceLayer.update`.
     Other layer kinds (sliding windows, quantized or offloaded caches) and caches without `layers` are
-    only repeated, and keep growing their own way."""
+    only repeated, and keep growing their own way. True when every layer now grows in place."""
     layers = getattr(cache, "layers", None)
     if layers is None or not all(type(layer) is DynamicLayer for layer in layers):
         if n > 1:
             cache.batch_repeat_interleave(n)
-        return
+        return False
+    every_layer = True
     for layer in layers:
         if not layer.is_initialized or layer.keys.numel() == 0:
             if n > 1:
                 layer.batch_repeat_interleave(n)
+            every_layer = False
             continue
         buffers = []
         for states in (layer.keys, layer.values):
@@ -181,6 +183,7 @@ def grow_in_place(cache, n: int, new_tokens: int) -> None:
         layer.__class__ = _InPlaceLayer
         layer.key_buffer, layer.value_buffer = buffers
         layer.keys, layer.values = (buffer[..., : layer.keys.shape[-2], :] for buffer in buffers)
+    return every_layer
 
 
 def _all_ranks_finished(finished: torch.Tensor, synced: bool) -> bool:
@@ -232,7 +235,7 @@ def decode(
     cache_name = _cache_name(module)
     cache = out.cache if cache_name == "cache" else out.past_key_values
     logits = out.logits[:, -1]
-    grow_in_place(cache, n, max_new_tokens)
+    in_place = grow_in_place(cache, n, max_new_tokens)
     if n > 1:
         logits = logits.repeat_interleave(n, dim=0)
         positions = positions.repeat_interleave(n, dim=-2)  # the row dimension of [rows, P] and [4, rows, P]
@@ -240,7 +243,7 @@ def decode(
     # position of new token t: last prompt position + 1 + t (every row of a 4-row VL position id alike)
     new_positions = positions[..., -1:] + 1 + torch.arange(max_new_tokens, device=device)
     full_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, max_new_tokens)], dim=1)
-    step = DecodeStep.build(module, cache, cache_name, full_mask, width, new_positions)
+    step = DecodeStep.build(module, cache, cache_name, full_mask, width, new_positions, in_place)
     step_mask = decode_attention_masks(module, full_mask) if step is None else None
     eos = torch.tensor(eos_ids, device=device)
     suppress = torch.tensor(suppress_ids or [], dtype=torch.long, device=device)

@@ -140,11 +140,12 @@ class DecodeStep:
 
     @classmethod
     def build(cls, module, cache, cache_name: str, full_mask: torch.Tensor, width: int,
-              new_positions: torch.Tensor) -> "DecodeStep | None":
+              new_positions: torch.Tensor, cache_in_place: bool) -> "DecodeStep | None":
         """The step for `module`, or None where the loop must call the model (see the module docstring).
         `cache`: the prefilled KV cache; `full_mask` [rows, all keys]: the 2-D attention mask of the whole
         decode; `width`: the prompt's width; `new_positions`: the position ids of the new tokens ([rows, T], or
-        [4, rows, T] for Qwen2.5-VL: text positions over the 3-D ones)."""
+        [4, rows, T] for Qwen2.5-VL: text positions over the 3-D ones); `cache_in_place`: every layer of `cache`
+        grows in place (`rollout.decode.grow_in_place`), whose layer-level `update` alone the own layers call."""
         kind = type(module)
         if kind.__name__ not in _TOP_LEVEL or not kind.__module__.startswith("transformers.") or module.training:
             return None
@@ -174,9 +175,7 @@ class DecodeStep:
         layers = decoder.layers[: config.num_hidden_layers]
         own = (len(layers) > 0 and all(_own_layer_parts(layer) for layer in layers)
                and type(decoder.norm).__name__ == _OWN_LAYERS[type(layers[0]).__name__][1]
-               and type(module.lm_head) is torch.nn.Linear
-               # the KV cache grown in place by `rollout.decode.grow_in_place` (a layer-level update, nothing else)
-               and all(type(layer).__name__ == "_InPlaceLayer" for layer in getattr(cache, "layers", [None])))
+               and type(module.lm_head) is torch.nn.Linear and cache_in_place)
         return cls(module, decoder, cache, cache_name, masks, width, text_positions, cos, sin, own)
 
     def __call__(self, token: torch.Tensor, t: int) -> torch.Tensor:
