@@ -34,7 +34,7 @@ BROKEN = [
     (["af_output_dir=null"], "af_output_dir", "required"),
     (["data.train_files=EDIT_ME: train"], "backend_config.data.train_files", "placeholder"),
     # types and ranges
-    (["data.train_batch_size=abc"], "backend_config.data.train_batch_size", "must be a int"),
+    (["data.train_batch_size=abc"], "backend_config.data.train_batch_size", "must be an int"),
     (["data.shuffle=3"], "backend_config.data.shuffle", "must be a bool"),
     (["actor_rollout_ref.rollout.gpu_memory_utilization=1.5"], A + "rollout.gpu_memory_utilization", "out of range"),
     (["actor_rollout_ref.actor.optim.lr=-1.0"], A + "actor.optim.lr", "out of range"),

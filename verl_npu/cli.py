@@ -38,9 +38,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not recipes:
         _say(f"no recipes found in {recipes_dir()}")
         return 0
+    import textwrap
+
     width = max(len(r.name) for r in recipes)
-    for r in recipes:
-        _say(f"{r.name:<{width}}  {r.summary}")
+    for r in recipes:  # the whole first sentence, wrapped under itself
+        _say(textwrap.fill(r.summary, 110, initial_indent=f"{r.name:<{width}}  ", subsequent_indent=" " * (width + 2)))
     return 0
 
 
@@ -250,14 +252,43 @@ def _refuse_if_it_will_not_fit(rc, force: bool, device_memory: str | None = None
                     "or pass --force to run anyway")
 
 
+def _placeholders_for_plan(recipe: str, overrides: list[str]) -> list[str]:
+    """Overrides that give each EDIT_ME field of the recipe file which the user did not set the example
+    path its placeholder holds ("EDIT_ME: /path/to/Qwen2.5-VL-7B-Instruct" -> /path/to/Qwen2.5-VL-7B-Instruct):
+    a plan needs only the model's shape, which a placeholder naming a known model gives."""
+    from verl_npu.config.recipes import find_recipe, placeholder_fields
+    from verl_npu.config.tree import flatten, read_yaml_file
+
+    try:
+        path = find_recipe(recipe)
+        flat: dict = {}
+        flatten(read_yaml_file(path), "", flat)
+    except UserError:
+        return []  # load_recipe says what is wrong with it
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    fills = []
+    for key in placeholder_fields(path):
+        value = flat[key]
+        if key in given or key.removeprefix("backend_config.") in given or not isinstance(value, str):
+            continue
+        example = value.split(":", 1)[1].strip() if ":" in value else ""
+        fills.append(f"{key}={example or 'unset'}")
+    return fills
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from verl_npu.config import load_recipe
     from verl_npu.config.memory_recipe import model_numbers, plan_for
 
-    rc = load_recipe(args.recipe, args.overrides)
+    filled = _placeholders_for_plan(args.recipe, args.overrides)
+    rc = load_recipe(args.recipe, [*filled, *args.overrides])
     _warn(rc)
+    if filled:
+        _say("[verl-npu] planning with the EDIT_ME fields still unfilled, each taken as its placeholder's example "
+             "(the plan reads no data, writes nothing, and takes the model's shape from its name): "
+             + ", ".join(f.split("=", 1)[0] for f in filled))
     path = rc.backend.actor_rollout_ref.model.path
     if isinstance(path, str) and path.startswith("tiny://") and model_numbers(path) is None:
         from verl_npu.models.tiny import materialize  # builds the tiny model once (seconds), as a run would
@@ -301,16 +332,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from verl_npu.config import check_paths, load_recipe
     from verl_npu.demo import prepare_assets
-    from verl_npu.device import detect_device
+    from verl_npu.device import configured_device, detect_device
     from verl_npu.trainer.entry import run_training
 
     from verl_npu.config.paths import machine_problems
 
     rc = load_recipe(args.recipe, args.overrides)
+    planned = configured_device(rc.backend.trainer.device)
+    if planned is not None:  # before anything imports torch: its OpenMP runtime reads them once
+        planned.before_torch()
     _warn(rc)
     _say(f"[verl-npu] {rc.source}: configuration valid")
     for line in summary_lines(rc):
         _say(f"  {line}")
+    _say(f"[verl-npu] output folder: {os.path.abspath(os.path.expanduser(str(rc.cfg.af_output_dir)))} "
+         f"(relative paths start at the current folder, {os.getcwd()})")
     problems, _ = machine_problems(rc)  # a missing engine package or unreachable model: before anything is made
     if not problems:
         for line in prepare_assets(rc, demo_data=args.demo_data) or []:

@@ -4,9 +4,10 @@ Rule: `run` never writes into a folder the user named. Synthetic data (the same 
 `python data_prep/geometry3k.py --synthetic N --local-save-dir DIR` writes for tiny://qwen25vl;
 `DEMO_DATA` says which task each tiny model gets) is made only when
 - the model is a `tiny://` model (a demo recipe), and
-- the recipe's train/val files are a shipped demo recipe's own default paths (for `tiny_geo3k`:
-  `data/tiny_geo3k/train.parquet` and `data/tiny_geo3k/test.parquet`, relative to the current
-  folder), or `verl-npu run --demo-data` asks for it explicitly;
+- the missing file is a shipped demo recipe's own default path for that model (for `tiny_geo3k`:
+  `data/tiny_geo3k/train.parquet` or `data/tiny_geo3k/test.parquet`, relative to the current
+  folder; overriding only the other file keeps the demo's own), or `verl-npu run --demo-data` asks
+  for it explicitly;
 and even then only the missing files are written: an existing file is never replaced or renamed.
 Any other missing data file is left to the path check, which stops the run with the same error as
 `verl-npu validate --check-paths` (naming the key and the file).
@@ -144,7 +145,11 @@ def prepare_assets(rc, demo_data: bool = False) -> list[str]:
         writer = _data_writer(model_path, multi_turn=enabled,
                               interaction=enabled and bool(mt.get("interaction_config_path")),
                               search=enabled and _uses_search_tool(mt.get("tool_config_path")))
-        if writer is None or not may_make_demo_data(rc, demo_data):
+        if not may_make_demo_data(rc, demo_data):  # only the files that are a demo's own are made
+            own = {(train_or_val, path) for m, *paths in demo_data_paths() if m == model_path
+                   for train_or_val, path in zip(("train", "test"), paths)}
+            missing = [(p, split) for p, split in missing if (split, _resolved(p)) in own]
+        if writer is None or not missing:
             return []  # the path check names the missing file(s); nothing is written
         made.append(_write_missing(missing, int(data.seed if data.seed is not None else 0), writer))
     _warn_if_old_demo_data([f for f, _ in wanted], model_path, rc)
@@ -191,5 +196,5 @@ def _write_missing(missing: list[tuple[Path, str]], seed: int, writer) -> str:
                 shutil.move(str(result["paths"][split]), str(path))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    names = ", ".join(str(p) for p, _ in missing)
+    names = ", ".join(str(p.absolute()) for p, _ in missing)
     return f"{label}: {names} ({DEMO_TRAIN_ROWS} train / {DEMO_TEST_ROWS} test rows)"

@@ -89,8 +89,8 @@ CUDA_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
 )
 
 CPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = ()
-# No thread settings on CPU: Ray already sets OMP_NUM_THREADS to each actor's num_cpus, and in the
-# driver torch has usually initialised its thread pool before this runs.
+# CPU threads are not an environment default: they depend on the run (workers, allowed cores,
+# trainer.cpu_threads), see `DeviceInfo.thread_policy` below.
 
 
 def env_defaults(kind: str) -> tuple[EnvDefault, ...]:
@@ -127,10 +127,12 @@ def ray_start_args(kind: str, device_count: int, node_rank: int) -> list[str]:
     return gpus + ["--resources", json.dumps(resources, separators=(",", ":"))]
 
 
-def ray_runtime_env(kind: str, env: MutableMapping[str, str] | None = None) -> dict[str, Any]:
+def ray_runtime_env(kind: str, env: MutableMapping[str, str] | None = None,
+                    threads: "ThreadPolicy | None" = None) -> dict[str, Any]:
     """The Ray `runtime_env` every worker should get: `{"env_vars": {var: value}}` for each variable of
     `env_defaults(kind)`, with the driver's value (from `env`, default `os.environ`) when it has one,
-    else the default. This makes workers on every node agree with the driver.
+    else the default. This makes workers on every node agree with the driver. With `threads` (the
+    run's CPU thread policy), its variables too (`ThreadPolicy.env`).
 
     The visible-devices variable is never included: Ray sets `ASCEND_RT_VISIBLE_DEVICES` /
     `CUDA_VISIBLE_DEVICES` per actor to the devices it was given (unless the user sets
@@ -138,6 +140,8 @@ def ray_runtime_env(kind: str, env: MutableMapping[str, str] | None = None) -> d
     """
     env = os.environ if env is None else env
     env_vars = {d.var: env.get(d.var, d.value) for d in env_defaults(kind)}
+    if threads is not None:  # the CPU thread policy (Ray would set OMP_NUM_THREADS to num_cpus)
+        env_vars.update(threads.env())
     return {"env_vars": env_vars}
 
 
@@ -274,6 +278,90 @@ def host_memory_bytes() -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# CPU threads (docs/performance.md, "CPU threads")
+
+#: what makes OpenMP threads sleep instead of spin while they wait for work: a spinning thread
+#: keeps its core from the process it waits for, and on a busy machine a step then takes 10-20x
+#: longer. Read by the OpenMP runtime when torch is first imported: set before that, in every process.
+PASSIVE_WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+#: thread-count variables a user may set; the first one set wins over verl-npu's choice
+THREAD_COUNT_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def allowed_cores(cgroup_root: str = "/sys/fs/cgroup") -> tuple[int, str]:
+    """The cores this process may use and what limits them: the CPUs of its affinity mask
+    (`taskset`, Slurm, a container's cpuset) and a cgroup quota (cgroup v2 `cpu.max`, v1
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us`) rounded up, whichever is smaller. Not `os.cpu_count()`,
+    which counts the machine's cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    why = f"affinity {cores}"
+    quota = None
+    try:
+        text = Path(cgroup_root, "cpu.max").read_text().split()
+        if text and text[0] != "max":
+            quota = int(text[0]) / int(text[1])
+    except (OSError, ValueError, IndexError):
+        try:
+            q = int(Path(cgroup_root, "cpu", "cpu.cfs_quota_us").read_text())
+            quota = q / int(Path(cgroup_root, "cpu", "cpu.cfs_period_us").read_text()) if q > 0 else None
+        except (OSError, ValueError, ZeroDivisionError):
+            quota = None
+    if quota is not None:
+        why += f", cgroup quota {quota:g}"
+        cores = min(cores, max(1, -(-int(quota * 1000) // 1000)))
+    return max(1, cores), why
+
+
+@dataclass(frozen=True)
+class ThreadPolicy:
+    """The CPU threads of each process of a run: `intra_op` threads per worker process (torch's
+    intra-op pool, what OpenMP runs a kernel on), `inter_op` (torch's inter-op pool), `workers`
+    compute processes sharing `cores` allowed cores, and where the count came from (`source`)."""
+
+    intra_op: int
+    inter_op: int
+    workers: int
+    cores: int
+    cores_why: str
+    source: str
+
+    def env(self) -> dict[str, str]:
+        """The variables every process of the run gets (workers through Ray's runtime_env, spawned
+        ranks by inheritance): the thread count and the passive wait, a user's own values kept."""
+        values = {**PASSIVE_WAIT_ENV, "OMP_NUM_THREADS": str(self.intra_op)}
+        return {var: os.environ.get(var, value) for var, value in values.items()}
+
+    def describe(self) -> str:
+        over = " (more threads than cores: they will compete)" if self.intra_op * self.workers > self.cores else ""
+        return (f"{self.intra_op} intra-op + {self.inter_op} inter-op thread(s) per process x {self.workers} "
+                f"worker process(es) on {self.cores} allowed core(s) ({self.cores_why}){over}; from {self.source}; "
+                f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', PASSIVE_WAIT_ENV['OMP_WAIT_POLICY'])}. "
+                f"Override: trainer.cpu_threads or OMP_NUM_THREADS")
+
+
+def set_passive_wait(env: MutableMapping[str, str] | None = None) -> list[str]:
+    """Set `PASSIVE_WAIT_ENV` in `env` (default `os.environ`) where the user has not; call before
+    torch is imported. Returns the variables set."""
+    env = os.environ if env is None else env
+    applied = [var for var in PASSIVE_WAIT_ENV if var not in env]
+    for var in applied:
+        env[var] = PASSIVE_WAIT_ENV[var]
+    return applied
+
+
+def set_torch_threads(intra_op: int, inter_op: int = 1) -> None:
+    """Size torch's thread pools in this process. The inter-op pool can be sized only before its
+    first use; a process where it already ran keeps its size."""
+    import torch
+
+    torch.set_num_threads(int(intra_op))
+    try:
+        torch.set_num_interop_threads(int(inter_op))
+    except RuntimeError:  # already started in this process
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
 # The answers
 
 
@@ -400,6 +488,34 @@ class DeviceInfo:
                 f"{what}: the run would wait for devices that never come. Fix: set trainer.n_gpus_per_node to at "
                 f"most {have}" + (" (on a laptop, start from the tiny_geo3k or tiny_gsm8k recipe)"
                                   if self.kind == "cpu" else "") + ", or run on a node with more devices")
+
+    def before_torch(self) -> list[str]:
+        """What a CPU run sets before torch is first imported in this process: the passive OpenMP
+        wait (`PASSIVE_WAIT_ENV`; a user's values kept). Returns the variables set (none on an
+        accelerator)."""
+        return set_passive_wait() if self.kind == "cpu" else []
+
+    def thread_policy(self, workers: int, requested: int | None = None,
+                      env: MutableMapping[str, str] | None = None) -> ThreadPolicy | None:
+        """The CPU threads of a run of `workers` worker processes (None on an accelerator: torch's
+        own defaults). `requested` (`trainer.cpu_threads`) wins; then a thread-count variable the
+        user set (`THREAD_COUNT_VARS`); else the allowed cores (`allowed_cores`) shared out, at
+        least 1, so that workers x threads never exceed them. Inter-op: 1 (the steps run their
+        kernels one after another)."""
+        if self.kind != "cpu":
+            return None
+        env = os.environ if env is None else env
+        cores, why = allowed_cores()
+        workers = max(1, int(workers))
+        user_var = next((v for v in THREAD_COUNT_VARS if str(env.get(v, "")).strip().isdigit()
+                         and int(env[v]) > 0), None)
+        if requested:
+            threads, source = int(requested), f"trainer.cpu_threads={int(requested)}"
+        elif user_var:
+            threads, source = int(env[user_var]), f"{user_var}={env[user_var]}"
+        else:
+            threads, source = max(1, cores // workers), "the allowed cores / workers"
+        return ThreadPolicy(threads, 1, workers, cores, why, source)
 
     def device_name(self, index: int = 0) -> str:
         """Marketing name of device `index` (e.g. "Ascend910B2"); cpu: "cpu"."""

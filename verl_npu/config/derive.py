@@ -120,7 +120,7 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
         out = val("af_output_dir")
         if not isinstance(out, str) or out.startswith(PLACEHOLDER):
             return
-        base = out.rstrip("/") or "/"
+        base = os.path.abspath(os.path.expanduser(out))  # relative: from the current folder (README, "Paths")
         if get(cfg, TRAINER + "default_local_dir") is None:
             put(TRAINER + "default_local_dir", f"{base}/checkpoints", "<af_output_dir>/checkpoints")
         if get(cfg, TRAINER + "tensorboard_dir") is None:

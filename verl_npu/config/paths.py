@@ -17,6 +17,7 @@ from typing import Any, Callable
 from verl_npu.config import (  # noqa: F401 - register their rules
     rules_dapo, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
 )
+from verl_npu.config.row_files import row_file_problem
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
 from verl_npu.estimators import needs_critic
@@ -62,6 +63,35 @@ def resolve_hub_ids(rc, skip: set[str] = frozenset()) -> list[Problem]:
     return problems
 
 
+#: the data_prep command that writes each shipped demo's data folder (the synthetic rows `run` makes
+#: itself for a demo recipe's own paths), and the one that converts rows of other formats
+DEMO_DATA_COMMANDS = {
+    "data/tiny_geo3k": "python data_prep/geometry3k.py --synthetic 512 --local-save-dir data/tiny_geo3k",
+    "data/tiny_gsm8k": "python data_prep/gsm8k.py --synthetic 512 --local-save-dir data/tiny_gsm8k",
+    "data/tiny_geo3k_tool": "python data_prep/geometry3k.py --synthetic 512 --multiturn both "
+                            "--local-save-dir data/tiny_geo3k_tool",
+    "data/tiny_tool_gsm8k": "python data_prep/gsm8k_multiturn_w_tool.py --synthetic 512 "
+                            "--local-save-dir data/tiny_tool_gsm8k",
+    "data/tiny_code_tool": "python data_prep/gsm8k_multiturn_w_tool.py --synthetic 512 "
+                           "--local-save-dir data/tiny_code_tool",
+    "data/tiny_grid_env": "python data_prep/grid_env.py --synthetic 512 --local-save-dir data/tiny_grid_env",
+    "data/tiny_search_r1": "python data_prep/search_r1.py --synthetic 64 --local-save-dir data/tiny_search_r1",
+}
+
+
+def _make_data_fix(rc, key: str) -> str:
+    """How to get the data file of `key`: the exact data_prep command for a shipped demo's folder,
+    else the general advice."""
+    value = get(rc.cfg, key)
+    for item in (value if isinstance(value, list) else [value]):
+        folder = Path(os.path.abspath(os.path.expanduser(str(item)))).parent
+        for demo, command in DEMO_DATA_COMMANDS.items():
+            if folder == Path(os.path.abspath(demo)):
+                return f"make it with `{command}` (from {Path.cwd()}), or fix the path"
+    return ("point the key at a file in verl's row format (parquet, .jsonl, .json or .csv), made by one of the "
+            "data_prep/*.py scripts (each has --help and --synthetic N), or fix the path")
+
+
 def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
     """Problems for data files, the model folder, the custom reward file and the LoRA adapter folder
     (model.lora_adapter_path: adapter_config.json in it) that do not exist. Hub ids among the model
@@ -104,8 +134,14 @@ def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
                                         "name a folder written by peft's save_pretrained, e.g. a checkpoint's "
                                         "actor/huggingface/lora_adapter"))
             elif kind == "file" and not path.is_file():
-                problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
-                                        f"{Path.cwd()})", "run the data_prep script or fix the path"))
+                problems.append(Problem(key, f"file {item!r} ({path.resolve()}) does not exist (relative paths "
+                                        f"start at the current folder, {Path.cwd()})", _make_data_fix(rc, key)))
+            elif kind == "file" and key.startswith(b + "data."):
+                needed = (get(rc.cfg, b + "data.prompt_key") or "prompt", get(rc.cfg, b + "data.reward_fn_key")
+                          or "data_source", "reward_model")
+                why = row_file_problem(path, tuple(needed))
+                if why:
+                    problems.append(Problem(key, f"data file {item!r} {why}", _make_data_fix(rc, key)))
     return (problems + rules_multiturn.tool_config_problems(rc.cfg)
             + rules_multiturn.function_tool_problems(rc.cfg)
             + rules_multiturn.interaction_config_problems(rc.cfg))

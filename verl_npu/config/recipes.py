@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,16 +31,21 @@ class RecipeInfo:
 
 
 def _summary(path: Path) -> str:
+    """The first sentence of the header comment's first paragraph (its lines joined, never cut mid-sentence)."""
+    words: list[str] = []
     try:
         for line in path.read_text(encoding="utf-8").splitlines():
             text = line.strip().lstrip("#").strip()
-            if line.strip().startswith("#") and text and not set(text) <= set("-=#"):
-                return text
-            if line.strip() and not line.strip().startswith("#"):
-                break
+            if not line.strip().startswith("#") or not text or set(text) <= set("-=#"):
+                if words or (line.strip() and not line.strip().startswith("#")):
+                    break
+                continue
+            words.append(text)
     except OSError:
         pass
-    return ""
+    paragraph = " ".join(words)
+    end = re.search(r"[.!?](\s|$)", paragraph)
+    return paragraph[: end.start() + 1] if end else paragraph
 
 
 def list_recipes() -> list[RecipeInfo]:

@@ -32,6 +32,11 @@ from verl_npu.rollout_engines import ROLLOUT_ENGINES
 
 
 # ------------------------------------------------------------------ per-key checks
+def _a(type_name: str) -> str:
+    """The type's name with its article: "an int", "a float"."""
+    return f"{'an' if type_name[:1] in 'aeiou' else 'a'} {type_name}"
+
+
 def _type_ok(type_: str, value: Any) -> bool:
     if type_ == INT:
         return isinstance(value, int) and not isinstance(value, bool)
@@ -85,10 +90,11 @@ def check_key(key: Key, value: Any) -> list[Problem]:
     if value is None:
         if key.allows_null:
             return []
-        return [Problem(p, "must not be null", f"set a {key.type} (default: {_show(key.default)})")]
+        return [Problem(p, "must not be null", f"set {_a(key.type)} (default: {_show(key.default)})")]
     if not _type_ok(key.type, value):
-        return [Problem(p, f"must be a {key.type}, got {value!r} ({type(value).__name__})",
-                        f"set a {key.type} value" + (f", e.g. the default {_show(key.default)}"
+        return [Problem(p, f"must be {_a(key.type)}, got {value!r} ({type(value).__name__})",
+                        f"set {_a(key.type)} value" + (f" (verl's default, used when the key is unset, is "
+                                                       f"{_show(key.default)})"
                                                       if key.default is not None else ""))]
     is_off = value == key.default or (key.default is None and value is False)
     if key.off_only and not is_off:

@@ -544,6 +544,11 @@ _k(f"{T}.max_critic_ckpt_to_keep", None, INT, "Keep only the newest N critic che
 _k(f"{T}.save_on_preempt", True, BOOL, "verl-npu: on SIGTERM (a scheduler preempting the job), finish the "
    "current step, save a checkpoint of it (even with save_freq=-1) and exit 143 naming it; false: exit 143 "
    "after the step without saving. Either way resume_mode=auto continues from the newest checkpoint.")
+_k(f"{T}.cpu_threads", None, INT, "verl-npu: on a CPU run, torch's intra-op threads in each worker process. "
+   "null: OMP_NUM_THREADS (or MKL_NUM_THREADS) when set, else the cores this process may use (its affinity "
+   "mask and cgroup quota, not the machine's count) divided by the workers, at least 1. The run also makes "
+   "OpenMP threads sleep instead of spin while they wait (OMP_WAIT_POLICY=PASSIVE, KMP_BLOCKTIME=0, unless "
+   "set) and prints the policy; ignored on npu / cuda.", min=1, nullable=True)
 _k(f"{T}.max_consecutive_skipped_updates", 5, INT, "verl-npu: stop the run with an error when this many "
    "optimizer steps in a row (actor or critic) were skipped for a non-finite gradient norm: the run has diverged "
    "and nothing it would save could be trusted (null: never stop; skips are counted in "

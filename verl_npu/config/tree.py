@@ -79,9 +79,15 @@ def read_yaml_file(path: Path) -> dict:
         raise UserError(f"{path}: not valid YAML: {exc}".rstrip()) from None
     except Exception as exc:  # omegaconf wraps some parse errors in its own types
         raise UserError(f"{path}: cannot read the recipe: {exc}") from None
-    if not isinstance(loaded, DictConfig):
-        raise UserError(f"{path}: a recipe must be a YAML mapping with af_output_dir, backend_config "
-                        f"and engine_kwargs, not a {type(loaded).__name__}")
+    try:  # OmegaConf reads a lone sentence as a mapping with one key: YAML itself says what the file holds
+        plain = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError):
+        plain = {}
+    if not isinstance(loaded, DictConfig) or not isinstance(plain, dict):
+        what = ("an empty file" if plain is None else f"a {type(plain).__name__} ({str(plain)[:60]!r})"
+                if not isinstance(plain, dict) else f"a {type(loaded).__name__}")
+        raise UserError(f"{path}: not a YAML mapping: a recipe must be a YAML mapping with af_output_dir, "
+                        f"backend_config and engine_kwargs, not {what}")
     return OmegaConf.to_container(loaded, resolve=False)
 
 

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from verl_npu.config.row_files import file_format, read_rows
 from verl_npu.config.typed import section
 from verl_npu.data.images import ImageResizer
 from verl_npu.errors import UserError
@@ -197,10 +198,13 @@ class RLDataset:
         s = self.settings
         if not Path(f).is_file():
             raise UserError(f"data file {f} does not exist (data.train_files / data.val_files); run data prep first")
+        fmt = file_format(f)
         try:
-            table = pq.read_table(f)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise UserError(f"data file {f} is not a readable parquet file ({e})") from e
+            table = pq.read_table(f) if fmt == "parquet" else pa.Table.from_pylist(read_rows(f))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, ValueError) as e:
+            raise UserError(f"data file {f} is not a readable {fmt.upper() if fmt != 'parquet' else 'parquet'} "
+                            f"file of rows ({e}); verl-npu reads parquet, .jsonl, .json and .csv in verl's row "
+                            "format") from None
         cols = table.column_names
         for key, col in (("data.prompt_key", s.prompt_key), ("data.reward_fn_key", s.reward_fn_key)):
             if col not in cols:

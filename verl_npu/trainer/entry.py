@@ -53,10 +53,10 @@ def checkpoints_to_keep(cfg) -> int | None:
     return min(limits) if limits else None
 
 
-def build_workers(rc, total_training_steps: int, device):
+def build_workers(rc, total_training_steps: int, device, threads=None):
     """In-process workers (one per role) for a single device; Ray workers (one per device, each hosting
     every role) otherwise. `device` is the run's `DeviceInfo`, resolved once from trainer.device by the
-    driver and handed to every worker."""
+    driver and handed to every worker; `threads` the run's CPU thread policy (None: torch's defaults)."""
     cfg = rc.typed
     if rc.world_size == 1:
         from verl_npu.workers import parallel
@@ -80,7 +80,7 @@ def build_workers(rc, total_training_steps: int, device):
     # scheduler's SIGTERM to the whole process group then reaches only this controller, which
     # finishes the step and saves before it stops the workers (docs/reliability.md)
     with sigterm_blocked():
-        return RayWorkerGroup(rc, total_training_steps, device)
+        return RayWorkerGroup(rc, total_training_steps, device, threads)
 
 
 def run_training(rc, after_fit=None, device=None) -> int:
@@ -100,7 +100,7 @@ def run_training(rc, after_fit=None, device=None) -> int:
 
 def _run_training_locked(rc, after_fit=None, device=None) -> int:
     from verl_npu.data import RLDataset, StatefulBatchLoader
-    from verl_npu.device import apply_env_defaults, detect_device
+    from verl_npu.device import apply_env_defaults, detect_device, set_torch_threads
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
     from verl_npu.trainer.checkpoint import CheckpointManager
@@ -109,7 +109,7 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
     from verl_npu.trainer.tracking import Tracker, keep_aside, setup_run_logging
 
     cfg = rc.typed
-    out_dir = Path(rc.cfg.af_output_dir)
+    out_dir = Path(os.path.abspath(os.path.expanduser(str(rc.cfg.af_output_dir))))  # said absolute everywhere
     out_dir.mkdir(parents=True, exist_ok=True)
     setup_run_logging(out_dir)
     exp_config, resolved = out_dir / "exp-config.yaml", rc.to_yaml()
@@ -124,6 +124,12 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
             raise UserError(problem)
     for var, value, reason in apply_env_defaults(device.kind):
         log.info("env %s=%s (%s)", var, value, reason)
+    threads = device.thread_policy(rc.world_size, cfg.trainer.cpu_threads)
+    if threads is not None:  # every process of the run: this one, Ray's workers, spawned ranks
+        device.before_torch()  # too late for this process when torch is already in, not for its children
+        os.environ.update(threads.env())
+        set_torch_threads(threads.intra_op, threads.inter_op)
+        log.info("cpu threads: %s", threads.describe())
     log.info("device: %s; workers: %d; output: %s", device.kind, rc.world_size, out_dir)
 
     tokenizer, processor = load_tokenizer_and_processor(
@@ -178,7 +184,8 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
         tensorboard_dir=cfg.trainer.tensorboard_dir,
         run_config=_run_config(rc),
     )
-    workers = build_workers(rc, steps, device)
+    workers = build_workers(rc, steps, device, threads)
+    trainer = None
     try:
         info = workers.init_model()
         log.info("model: %s", info)
@@ -187,8 +194,7 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
         if after_fit is not None:
             after_fit(workers)
     except KeyboardInterrupt:
-        log.warning("interrupted: stopping. Checkpoints are written atomically, so the last complete one "
-                    "in %s is intact; rerun the same command to resume.", checkpoints.root)
+        log.warning("%s", _interrupted_message(checkpoints, trainer.global_step if trainer is not None else None))
         return 130
     except Preempted as stop:  # SIGTERM (verl_npu.trainer.preempt); the message names the checkpoint
         text = str(stop)
@@ -220,11 +226,30 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
         score = final.get("critic/score/mean")
         log.info("done: %d steps; last mean score %s; outputs in %s", trainer.global_step,
                  f"{score:.3f}" if score is not None and math.isfinite(score) else "n/a", out_dir)
-    _log_summary(cfg, out_dir, tracker)
+    _log_summary(cfg, out_dir, tracker, threads)
     return 0
 
 
-def _log_summary(cfg, out_dir: Path, tracker) -> None:
+def _interrupted_message(checkpoints, step: int | None) -> str:
+    """What a Ctrl-C that stopped the run at once says: what is kept, what is lost (never a
+    checkpoint that does not exist). `step`: the step in progress (None: training had not started)."""
+    from verl_npu.trainer.checkpoint import CheckpointManager
+
+    latest = checkpoints.latest()
+    saved = CheckpointManager.step_of(latest) if latest is not None else 0
+    if step is None or step <= saved:
+        lost = "no training step was lost"
+    elif step - saved == 1:
+        lost = f"step {step} (in progress) is lost"
+    else:
+        lost = f"steps {saved + 1}-{step} are lost (step {step} was in progress)"
+    kept = (f"the last complete checkpoint, {latest} (step {saved}), is intact: rerun the same command to "
+            f"resume from it" if latest is not None else
+            f"there is no complete checkpoint in {checkpoints.root}: a rerun starts from step 1")
+    return f"interrupted by Ctrl-C: stopped at once; {lost}; {kept}"
+
+
+def _log_summary(cfg, out_dir: Path, tracker, threads=None) -> None:
     """Log the end-of-run summary (verl_npu.trainer.summary); a summary that fails only warns."""
     from verl_npu.trainer.summary import run_summary
 
@@ -237,6 +262,8 @@ def _log_summary(cfg, out_dir: Path, tracker) -> None:
     except Exception as exc:  # noqa: BLE001 - the run itself succeeded
         log.warning("could not write the end-of-run summary: %s", exc)
         return
+    if threads is not None:
+        lines.append(f"  cpu threads: {threads.describe()}")
     log.info("%s", "\n".join(lines))
 
 

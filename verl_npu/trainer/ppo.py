@@ -228,7 +228,8 @@ class PPOTrainer:
                             self.save_checkpoint()
                     progress.update(self.global_step, metrics.get("critic/score/mean"))
                     if self.global_step % CURVES_EVERY == 0 or is_last:
-                        plot_training_curves(self.out_dir / "metrics.jsonl", self.out_dir / "training_curves.png")
+                        plot_training_curves(self.out_dir / "metrics.jsonl", self.out_dir / "training_curves.png",
+                                             builtin_rewards=not self.cfg.custom_reward_function.path)
                     if is_last:
                         break
                     signum = preempt.stop_requested()
@@ -543,7 +544,7 @@ class PPOTrainer:
             for i, (text, gt) in enumerate(list(zip(texts, batch["ground_truth"]))[: max(budget, 0)]):
                 shown = batch["attention_mask"][i, -batch["responses"].shape[1]:].bool()  # tool turns too
                 ids = batch["responses"][i][shown].tolist()
-                samples.append(f"[ground truth: {gt}] {readable_text(self.tokenizer, ids, text)!r}")
+                samples.append(f"[ground truth: {gt}] {quoted_sample(readable_text(self.tokenizer, ids, text))}")
             if self.cfg.trainer.validation_data_dir:  # validation rows have no uid: name them by their place
                 names = [f"val-{dumped + i // n}-{i % n}" for i in range(len(batch))]
                 self.dump_generations(batch, Path(self.cfg.trainer.validation_data_dir), uids=names)

@@ -5,10 +5,12 @@
   the run exits 143 with a message naming the checkpoint; before the first step (loading,
   validation before training) it stops at once, also 143. Further SIGTERMs are ignored: a
   scheduler and a launcher may both send one.
-- SIGINT (Ctrl-C): the first stops at once, as Python's Ctrl-C does (exit 130, the step in
-  progress is dropped, the last complete checkpoint is kept); during a SIGTERM stop it drops the
-  step instead of finishing it (exit 130). Later Ctrl-Cs, while the run is already stopping,
-  are ignored so that the workers and the output-folder lock are released cleanly.
+- SIGINT (Ctrl-C): during training the first does what SIGTERM does (the step in progress is
+  finished, a checkpoint saved and named; exit 130) and says that a second Ctrl-C stops at once;
+  the second stops at once (exit 130), the step in progress and every step after the last complete
+  checkpoint dropped, which the run's message names. Before training (loading, validation before
+  training) and during a SIGTERM stop, the first stops at once. Later Ctrl-Cs, while the run is
+  already stopping, are ignored so that the workers and the output-folder lock are released cleanly.
 
 The handlers are installed by `verl-npu run` (`handle_signals()`, main thread only); the trainer
 loop only asks `stop_requested()` and says which phase it is in (`set_phase`). This module
@@ -45,6 +47,8 @@ def exit_code_for(signum: int) -> int:
 
 
 def signal_name(signum: int) -> str:
+    if signum == signal.SIGINT:
+        return "Ctrl-C (SIGINT)"
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -99,8 +103,16 @@ def _on_sigint(signum, _frame) -> None:
     if _state["interrupting"]:
         _note(f"Ctrl-C again: already stopping (cleaning up the workers); kill -9 {os.getpid()} forces it")
         return
+    if _state["phase"] == "training" and _state["signal"] is None:
+        _state["signal"] = int(signum)
+        _note("Ctrl-C: finishing the current step, then saving a checkpoint and stopping. "
+              "Press Ctrl-C again to stop at once (the step in progress and the steps since the last "
+              "checkpoint are then lost)")
+        return
     _state["interrupting"] = True
-    if _state["signal"] is not None:
+    if _state["signal"] == signal.SIGINT:
+        _note("Ctrl-C again: stopping at once, without finishing the step or saving")
+    elif _state["signal"] is not None:
         _note("Ctrl-C during a graceful stop: dropping the current step instead of finishing it")
     raise KeyboardInterrupt
 
@@ -126,17 +138,18 @@ def handle_signals():
 
 @contextlib.contextmanager
 def sigterm_blocked():
-    """Block SIGTERM in this thread for the duration (for starting Ray). Processes started
-    meanwhile (Ray's daemons and, through them, the Ray workers) inherit the blocked signal, so a
-    SIGTERM sent to the whole process group or job reaches only this controller, which then stops
-    the run in order; a SIGTERM that arrives meanwhile is delivered when the block ends.
+    """Block SIGTERM and SIGINT in this thread for the duration (for starting Ray). Processes
+    started meanwhile (Ray's daemons and, through them, the Ray workers) inherit the blocked
+    signals, so a SIGTERM sent to the whole process group or job, or a terminal's Ctrl-C (sent to
+    the foreground process group), reaches only this controller, which then stops the run in order;
+    a signal that arrives meanwhile is delivered when the block ends.
 
     `ray.init` also replaces this process's SIGTERM handler (with `sys.exit`, and a C-level one
     that prints a stack): the handlers in place before are put back before the block ends."""
     main = threading.current_thread() is threading.main_thread()
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
     blocking = hasattr(signal, "pthread_sigmask")
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}) if blocking else None
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT}) if blocking else None
     try:
         yield
     finally:

@@ -54,3 +54,14 @@ def _unicode_to_byte() -> dict[str, int]:
             chars[b] = chr(256 + extra)
             extra += 1
     return {ch: b for b, ch in chars.items()}
+
+
+def quoted_sample(text: str) -> str:
+    """`text` quoted as Python shows a string (`'...'`, escapes and all), except that each run of two or
+    more line breaks reads `[N line breaks]` instead of N `\\n` escapes (a model's runs of empty lines)."""
+    import re
+
+    quote = repr(text)[0]
+    parts = re.split(r"(\n{2,})", text)
+    body = "".join(f" [{len(p)} line breaks] " if p.startswith("\n\n") else repr(p)[1:-1] for p in parts)
+    return quote + body + quote

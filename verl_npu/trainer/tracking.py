@@ -328,10 +328,14 @@ def kl_panel(rows: list[dict]) -> tuple[str, list[tuple[str, str]]]:
     return "entropy (no KL in this run)", [("actor/entropy", "actor/entropy")]
 
 
-def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path) -> None:
+def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, builtin_rewards: bool = True) -> None:
     """Draw a 2x2 PNG from metrics.jsonl over `training/global_step` (or `step`):
-    reward (`critic/score/mean` and every `val-core/*/reward/mean@1`), `response_length/mean`,
-    KL or entropy (`kl_panel`), `actor/pg_loss`. Panels without data say so. Written to a temp file then `os.replace`d onto `out_png`."""
+    reward (`critic/score/mean` and every `val-core/*/reward/mean@1`, labelled in words, and with
+    `builtin_rewards` the image- or question-blind ceiling of a built-in demo task as a dashed line, the
+    one the end-of-run summary quotes), `response_length/mean` in tokens, KL or entropy (`kl_panel`),
+    `actor/pg_loss`. Panels without data say so. Written to a temp file then `os.replace`d onto `out_png`."""
+    from verl_npu.rewards import blind_ceiling
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -340,9 +344,11 @@ def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path) -> None
     val_keys = sorted(
         {k for r in rows for k in r if k.startswith("val-core/") and k.endswith("/reward/mean@1")}
     )
+    sources = [k[len("val-core/"):-len("/reward/mean@1")] for k in val_keys]
     panels = [
-        ("reward", [("critic/score/mean", "train score (mean)")] + [(k, k) for k in val_keys]),
-        ("response length", [("response_length/mean", "response_length/mean")]),
+        ("reward", [("critic/score/mean", "training reward (mean of the step's responses)")]
+         + [(k, f"validation reward ({src})") for k, src in zip(val_keys, sources)]),
+        ("response length (tokens)", [("response_length/mean", "mean response length (tokens)")]),
         kl_panel(rows),
         ("policy loss", [("actor/pg_loss", "actor/pg_loss")]),
     ]
@@ -358,8 +364,14 @@ def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path) -> None
                 marker = "o" if key.startswith("val-core/") or len(xs) < 20 else None
                 ax.plot(xs, ys, label=label, marker=marker, markersize=3)
                 drawn += 1
+        if title == "reward" and drawn and builtin_rewards:
+            for src in sources:
+                ceiling = blind_ceiling(src)
+                if ceiling is not None:
+                    ax.axhline(ceiling[0], linestyle="--", color="grey",
+                               label=f"blind ceiling {ceiling[0]:.2f}: a policy ignoring the {ceiling[1]}")
         ax.set_title(title)
-        ax.set_xlabel("training/global_step")
+        ax.set_xlabel("training step")
         ax.grid(True, alpha=0.3)
         if drawn:
             ax.legend(fontsize=7)

@@ -60,12 +60,6 @@ def check_ray_address_reachable(address: str, timeout_s: float = RAY_CONNECT_PRO
         ) from None
 
 
-def _rendezvous_address() -> tuple[str, int]:
-    from verl_npu.workers.parallel import free_port
-
-    return _node_ip(), free_port()
-
-
 def _bundle_nodes(pg) -> list[str]:
     """The Ray node id of each bundle of a ready placement group, in bundle order."""
     from ray.util.placement_group import placement_group_table
@@ -104,7 +98,25 @@ class _WorkerHost:
     config needs (`verl_npu.workers.roles`), all on this actor's device. `cfg` is the typed backend
     config (it pickles as it is); `device` the driver's `DeviceInfo` (the run resolves it once)."""
 
-    def __init__(self, cfg, total_training_steps: int, device, rank: int, world_size: int, addr: str, port: int):
+    def __init__(self, cfg, total_training_steps: int, device, rank: int, world_size: int, threads=None):
+        self._args = (cfg, total_training_steps, device, rank, world_size)
+        if threads is not None:  # the run's CPU thread policy (its variables came with the runtime_env)
+            from verl_npu.device import set_torch_threads
+
+            set_torch_threads(threads.intra_op, threads.inter_op)
+        self.workers: dict[str, Any] = {}
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's address and a free port on it: asked of rank 0's actor, where the
+        torch.distributed store will listen (an actor of the run, not a short-lived task: such a
+        task's worker process exits while Ray's threads in it still run, and aborts)."""
+        from verl_npu.workers.parallel import free_port
+
+        return _node_ip(), free_port()
+
+    def start(self, addr: str, port: int) -> None:
+        """Join the torch.distributed group at `addr:port`, then build the role workers."""
+        cfg, total_training_steps, device, rank, world_size = self._args
         os.environ.update(
             {
                 "RANK": str(rank),
@@ -142,7 +154,7 @@ class _WorkerHost:
 
 
 class RayWorkerGroup(WorkerGroup):
-    def __init__(self, rc, total_training_steps: int, device):
+    def __init__(self, rc, total_training_steps: int, device, threads=None):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -161,7 +173,8 @@ class RayWorkerGroup(WorkerGroup):
         self.last_checkpoint_dir = str(cfg.trainer.default_local_dir)
         self._started_ray = False
         if not ray.is_initialized():
-            init_kwargs: dict[str, Any] = {"include_dashboard": False, "runtime_env": ray_runtime_env(device.kind)}
+            init_kwargs: dict[str, Any] = {"include_dashboard": False,
+                                           "runtime_env": ray_runtime_env(device.kind, threads=threads)}
             if os.environ.get("RAY_ADDRESS"):
                 check_ray_address_reachable(os.environ["RAY_ADDRESS"])
                 init_kwargs["address"] = os.environ["RAY_ADDRESS"]
@@ -194,19 +207,18 @@ class RayWorkerGroup(WorkerGroup):
             )
         bundles = ranks_by_node(_bundle_nodes(self._pg), self.world_size)
         host_cls = ray.remote(_WorkerHost)
-        # the rendezvous lives on rank 0's node (which need not be this one): ask that node for a free port
-        addr, port = ray.get(ray.remote(num_cpus=0)(_rendezvous_address).options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=bundles[0])
-        ).remote())
         self.actors = [
             host_cls.options(
                 **options,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._pg, placement_group_bundle_index=bundles[rank]),
                 name=None,
-            ).remote(cfg, total_training_steps, device, rank, self.world_size, addr, port)
+            ).remote(cfg, total_training_steps, device, rank, self.world_size, threads)
             for rank in range(self.world_size)
         ]
+        # the rendezvous lives on rank 0's node (which need not be this one): rank 0 names a free port there
+        addr, port = self._gather([self.actors[0].rendezvous_address.remote()])[0]
+        self._gather([a.start.remote(addr, port) for a in self.actors])
         hosts = self._gather([a.ping.remote() for a in self.actors])
         nodes = self._gather([a.node_id.remote() for a in self.actors])
         for rank, ((ip, pid), node) in enumerate(zip(hosts, nodes)):
