@@ -42,5 +42,6 @@ fi
 
 echo "[run_recipe] repo: ${REPO_ROOT}"
 echo "[run_recipe] python: ${PYTHON}"
+echo "[run_recipe] relative paths (a demo's data/ and outputs/) start at the current folder: $(pwd)"
 echo "[run_recipe] running: ${PYTHON} -m verl_npu.cli run $*"
 exec "${PYTHON}" -m verl_npu.cli run "$@"

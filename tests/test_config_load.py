@@ -204,8 +204,8 @@ def test_check_paths(tmp_path):
     keys = sorted(p.key for p in check_paths(rc))
     assert keys == ["backend_config.actor_rollout_ref.model.path", "backend_config.data.train_files",
                     "backend_config.data.val_files"]
-    train.write_bytes(b"x")
-    val.write_bytes(b"x")
+    train.write_bytes(b"PAR1")  # a parquet file's magic bytes: what --check-paths reads
+    val.write_bytes(b"PAR1")
     model.mkdir()
     assert check_paths(rc) == []
     tiny = load_recipe("qwen25vl_geo3k", FILLED[:1] + [f"data.train_files={train}", f"data.val_files={val}",
@@ -244,7 +244,7 @@ def test_check_paths_reads_the_critic_model_path_only_when_a_critic_is_trained(t
                          f"actor_rollout_ref.model.path={tmp_path / 'model'}", f"critic.model.path={tmp_path / 'nope'}"]
     base[1] = "data.train_files=" + str(tmp_path / "t.parquet")
     base[2] = "data.val_files=" + str(tmp_path / "t.parquet")
-    (tmp_path / "t.parquet").write_bytes(b"x")
+    (tmp_path / "t.parquet").write_bytes(b"PAR1")
     grpo = load_recipe("qwen25vl_geo3k", base)
     assert check_paths(grpo) == []        # verl's default critic path is set in scripts that train no critic
     gae = load_recipe("qwen25vl_geo3k", base + ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=1"])

@@ -69,7 +69,7 @@ def test_missing_hub_id_is_a_plain_error(hub_cache):
 
 def _check_paths_args(tmp_path, model):
     for name in ("train.parquet", "test.parquet"):
-        (tmp_path / name).touch()
+        (tmp_path / name).write_bytes(b"PAR1")  # the magic bytes --check-paths reads
     return ["validate", "qwen25_gsm8k", f"af_output_dir={tmp_path / 'out'}",
             f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files={tmp_path / 'test.parquet'}",
             f"actor_rollout_ref.model.path={model}", "--check-paths"]

@@ -563,7 +563,7 @@ def test_signal_handlers_state_machine():
         preempt._on_sigint(signal.SIGINT, None)
     preempt._on_sigint(signal.SIGINT, None)  # and further ones let the cleanup finish
     preempt.reset()
-    with pytest.raises(KeyboardInterrupt):  # a first Ctrl-C stops at once, as before
+    with pytest.raises(KeyboardInterrupt):  # before training, a first Ctrl-C stops at once
         preempt._on_sigint(signal.SIGINT, None)
     preempt.reset()
 
