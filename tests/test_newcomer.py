@@ -364,3 +364,15 @@ def test_a_two_worker_cpu_run_prints_no_native_crash_and_no_escape_codes(tmp_pat
     for noise in ("SIGABRT", "Fatal Python error", "Mutex corrupt", "\x1b["):
         assert noise not in output, (noise, output[-3000:])
     assert "cpu threads: 1 intra-op + 1 inter-op thread(s) per process x 2 worker process(es)" in output
+
+
+def test_the_curves_draw_the_blind_ceiling_with_words_in_the_legend():
+    from verl_npu.trainer.tracking import curve_panels
+
+    rows = [{"step": 1, "critic/score/mean": 0.1, "val-core/synthetic_geometry/reward/mean@1": 0.2}]
+    panels, ceilings = curve_panels(rows)
+    labels = [label for _, series in panels for _, label in series]
+    assert "validation reward (synthetic_geometry)" in labels and not any("val-core/" in x for x in labels)
+    assert ("response length (tokens)", [("response_length/mean", "mean response length (tokens)")]) in panels
+    assert ceilings == [(0.25, "blind ceiling 0.25: a policy ignoring the picture")]
+    assert curve_panels(rows, builtin_rewards=False)[1] == []

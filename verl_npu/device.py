@@ -327,9 +327,10 @@ class ThreadPolicy:
 
     def env(self) -> dict[str, str]:
         """The variables every process of the run gets (workers through Ray's runtime_env, spawned
-        ranks by inheritance): the thread count and the passive wait, a user's own values kept."""
-        values = {**PASSIVE_WAIT_ENV, "OMP_NUM_THREADS": str(self.intra_op)}
-        return {var: os.environ.get(var, value) for var, value in values.items()}
+        ranks by inheritance): the chosen thread count (a user's OMP_NUM_THREADS was already weighed
+        in choosing it) and the passive wait, where the user has not set a wait variable."""
+        waits = {var: os.environ.get(var, value) for var, value in PASSIVE_WAIT_ENV.items()}
+        return {**waits, "OMP_NUM_THREADS": str(self.intra_op)}
 
     def describe(self) -> str:
         over = " (more threads than cores: they will compete)" if self.intra_op * self.workers > self.cores else ""

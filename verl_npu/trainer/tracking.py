@@ -328,22 +328,12 @@ def kl_panel(rows: list[dict]) -> tuple[str, list[tuple[str, str]]]:
     return "entropy (no KL in this run)", [("actor/entropy", "actor/entropy")]
 
 
-def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, builtin_rewards: bool = True) -> None:
-    """Draw a 2x2 PNG from metrics.jsonl over `training/global_step` (or `step`):
-    reward (`critic/score/mean` and every `val-core/*/reward/mean@1`, labelled in words, and with
-    `builtin_rewards` the image- or question-blind ceiling of a built-in demo task as a dashed line, the
-    one the end-of-run summary quotes), `response_length/mean` in tokens, KL or entropy (`kl_panel`),
-    `actor/pg_loss`. Panels without data say so. Written to a temp file then `os.replace`d onto `out_png`."""
+def curve_panels(rows: list[dict], builtin_rewards: bool = True) -> tuple[list, list[tuple[float, str]]]:
+    """The curves' panels, [(title, [(metric key, legend label)])], and the reward panel's dashed lines,
+    [(value, label)]: the blind ceiling of each validated built-in demo task (with `builtin_rewards`)."""
     from verl_npu.rewards import blind_ceiling
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    metrics_jsonl, out_png = Path(metrics_jsonl), Path(out_png)
-    rows = _read_jsonl(metrics_jsonl) if metrics_jsonl.exists() else []
-    val_keys = sorted(
-        {k for r in rows for k in r if k.startswith("val-core/") and k.endswith("/reward/mean@1")}
-    )
+    val_keys = sorted({k for r in rows for k in r if k.startswith("val-core/") and k.endswith("/reward/mean@1")})
     sources = [k[len("val-core/"):-len("/reward/mean@1")] for k in val_keys]
     panels = [
         ("reward", [("critic/score/mean", "training reward (mean of the step's responses)")]
@@ -352,6 +342,23 @@ def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, builtin
         kl_panel(rows),
         ("policy loss", [("actor/pg_loss", "actor/pg_loss")]),
     ]
+    ceilings = [(c[0], f"blind ceiling {c[0]:.2f}: a policy ignoring the {c[1]}")
+                for c in (blind_ceiling(src) for src in sources if builtin_rewards) if c is not None]
+    return panels, ceilings
+
+
+def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, builtin_rewards: bool = True) -> None:
+    """Draw a 2x2 PNG from metrics.jsonl over `training/global_step` (or `step`):
+    reward (`critic/score/mean` and every `val-core/*/reward/mean@1`, labelled in words, and with
+    `builtin_rewards` the image- or question-blind ceiling of a built-in demo task as a dashed line, the
+    one the end-of-run summary quotes), `response_length/mean` in tokens, KL or entropy (`kl_panel`),
+    `actor/pg_loss`. Panels without data say so. Written to a temp file then `os.replace`d onto `out_png`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    metrics_jsonl, out_png = Path(metrics_jsonl), Path(out_png)
+    rows = _read_jsonl(metrics_jsonl) if metrics_jsonl.exists() else []
+    panels, ceilings = curve_panels(rows, builtin_rewards)
     # Figure + Agg canvas directly: no pyplot global state, safe off the main thread.
     fig = Figure(figsize=(11, 7), dpi=90)
     FigureCanvasAgg(fig)
@@ -364,12 +371,9 @@ def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, builtin
                 marker = "o" if key.startswith("val-core/") or len(xs) < 20 else None
                 ax.plot(xs, ys, label=label, marker=marker, markersize=3)
                 drawn += 1
-        if title == "reward" and drawn and builtin_rewards:
-            for src in sources:
-                ceiling = blind_ceiling(src)
-                if ceiling is not None:
-                    ax.axhline(ceiling[0], linestyle="--", color="grey",
-                               label=f"blind ceiling {ceiling[0]:.2f}: a policy ignoring the {ceiling[1]}")
+        if title == "reward" and drawn:
+            for value, label in ceilings:
+                ax.axhline(value, linestyle="--", color="grey", label=label)
         ax.set_title(title)
         ax.set_xlabel("training step")
         ax.grid(True, alpha=0.3)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from typing import Any
 
 from verl_npu.batch import Batch
@@ -172,6 +173,8 @@ class RayWorkerGroup(WorkerGroup):
         self._roles = roles_for(cfg)
         self.last_checkpoint_dir = str(cfg.trainer.default_local_dir)
         self._started_ray = False
+        if not sys.stderr.isatty():  # a pipe or a log file: Ray's coloured worker prefixes would be raw escapes
+            os.environ.setdefault("RAY_COLOR_PREFIX", "0")
         if not ray.is_initialized():
             init_kwargs: dict[str, Any] = {"include_dashboard": False,
                                            "runtime_env": ray_runtime_env(device.kind, threads=threads)}
