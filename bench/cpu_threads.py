@@ -86,7 +86,7 @@ def run_once(cpus: str, policy: str, busy: bool, steps: int, workdir: Path) -> d
 def table(results: list[dict]) -> str:
     lines = ["| cores | policy | alone: steps/s | beside a busy loop per core: steps/s | slowdown | load (1 min) "
              "alone / busy |", "|---|---|---|---|---|---|"]
-    keyed = {(r["cores"], r["policy"], r["condition"]): r for r in results}
+    keyed = {(r["cores"], r["policy"], r["condition"]): r for r in results}  # the last run of each wins
     for cores, policy in dict.fromkeys((r["cores"], r["policy"]) for r in results):
         alone, busy = keyed.get((cores, policy, "alone")), keyed.get((cores, policy, "busy"))
         if not alone or not busy:
@@ -101,6 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cores", nargs="+", default=["0", "0,1"], help="taskset -c core lists (default 0 and 0,1)")
     parser.add_argument("--policies", nargs="+", default=["old", "new"], choices=("old", "new"))
+    parser.add_argument("--conditions", nargs="+", default=["alone", "busy"], choices=("alone", "busy"))
     parser.add_argument("--steps", type=int, default=20, help="steps of each run (default 20)")
     parser.add_argument("--jsonl", type=Path, help="append one JSON line per run here")
     args = parser.parse_args()
@@ -113,7 +114,7 @@ def main() -> None:
                 print(f"skipping cores {cpus}: not all of them are available here", file=sys.stderr)
                 continue
             for policy in args.policies:
-                for busy in (False, True):
+                for busy in [c == "busy" for c in args.conditions]:
                     result = run_once(cpus, policy, busy, args.steps, workdir)
                     print(json.dumps(result), file=sys.stderr, flush=True)
                     results.append(result)
@@ -121,6 +122,11 @@ def main() -> None:
                         with args.jsonl.open("a") as fh:
                             fh.write(json.dumps(result) + "\n")
     print(table(results))
+
+
+def table_from(jsonl: Path) -> str:
+    """The markdown table of every run recorded in `jsonl` (the last run of a configuration wins)."""
+    return table([json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()])
 
 
 if __name__ == "__main__":
