@@ -53,10 +53,10 @@ def checkpoints_to_keep(cfg) -> int | None:
     return min(limits) if limits else None
 
 
-def build_workers(rc, total_training_steps: int, device, threads=None):
+def build_workers(rc, total_training_steps: int, device):
     """In-process workers (one per role) for a single device; Ray workers (one per device, each hosting
     every role) otherwise. `device` is the run's `DeviceInfo`, resolved once from trainer.device by the
-    driver and handed to every worker; `threads` the run's CPU thread policy (None: torch's defaults)."""
+    driver and handed to every worker."""
     cfg = rc.typed
     if rc.world_size == 1:
         from verl_npu.workers import parallel
@@ -80,7 +80,7 @@ def build_workers(rc, total_training_steps: int, device, threads=None):
     # scheduler's SIGTERM to the whole process group then reaches only this controller, which
     # finishes the step and saves before it stops the workers (docs/reliability.md)
     with sigterm_blocked():
-        return RayWorkerGroup(rc, total_training_steps, device, threads)
+        return RayWorkerGroup(rc, total_training_steps, device)
 
 
 def run_training(rc, after_fit=None, device=None) -> int:
@@ -184,7 +184,7 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
         tensorboard_dir=cfg.trainer.tensorboard_dir,
         run_config=_run_config(rc),
     )
-    workers = build_workers(rc, steps, device, threads)
+    workers = build_workers(rc, steps, device)
     trainer = None
     try:
         info = workers.init_model()

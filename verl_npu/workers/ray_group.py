@@ -155,7 +155,7 @@ class _WorkerHost:
 
 
 class RayWorkerGroup(WorkerGroup):
-    def __init__(self, rc, total_training_steps: int, device, threads=None):
+    def __init__(self, rc, total_training_steps: int, device):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -164,6 +164,9 @@ class RayWorkerGroup(WorkerGroup):
 
         cfg = rc.typed
         self.world_size = rc.world_size
+        # the run's CPU thread policy (None on an accelerator), as the driver chose it: its variables
+        # reach the workers through Ray's runtime_env
+        threads = device.thread_policy(self.world_size, cfg.trainer.cpu_threads)
         self.sp_size = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
         from verl_npu.rollout_engines import rollout_group_size
 
