@@ -269,3 +269,19 @@ def test_without_namespaces_a_code_tool_refuses_to_start_unless_unsafe_is_asked_
         CodeInterpreterTool({"isolation": "process"})
     tool = CodeInterpreterTool({"isolation": "unsafe_process"})
     assert tool.isolation == "unsafe_process" and tool.run("print(6 * 7)")[0] == "42\n"
+    # each call through the agent loop records it, and the step metrics and the run's summary say so
+    import asyncio
+
+    from verl_npu.config.typed import section
+    from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, ToolCall, Trajectory
+    from verl_npu.rollout.tool_calls import tool_call_metrics
+    from verl_npu.trainer.summary import tool_lines
+
+    loop = AgentLoop.__new__(AgentLoop)
+    loop.tools, loop.settings = {"code_interpreter": tool}, section(MULTI_TURN, {})
+    text, _, record, _ = asyncio.run(loop._call(Trajectory([1], "u#0", {}), ToolCall("code_interpreter",
+                                                                                      {"code": "print(1)"})))
+    assert text == "1\n" and record["sandbox"] == "unsafe_process"
+    metrics = tool_call_metrics([[{"role": "tool", "calls": [record]}]])
+    assert metrics["tool_calls/unsafe_sandbox"] == 1.0
+    assert tool_lines([metrics])[0].startswith("  UNSAFE: model-written code ran without an operating-system boundary")
