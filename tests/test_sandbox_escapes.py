@@ -25,6 +25,8 @@ import pytest
 
 from verl_npu.tools.sandbox import SandboxLimits, namespaces_problem, namespaces_work
 
+from test_sandbox import host_processes_with
+
 ISOLATION = os.environ.get("VERL_NPU_ESCAPE_ISOLATION", "auto")
 ROOT = Path(__file__).resolve().parents[1]
 # as root on Linux (CI) the namespace sandbox must work: a broken one fails here instead of skipping
@@ -57,17 +59,6 @@ def run_in_trainer(code: str, deadline: float = 60, **limits) -> tuple[dict | No
         return None, -999
     lines = out.decode(errors="replace").strip().splitlines()
     return (json.loads(lines[-1]) if proc.returncode == 0 and lines else None), proc.returncode
-
-
-def host_processes_with(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if marker in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def kill_all(pids: list[int]) -> None:
@@ -265,3 +256,57 @@ def test_the_probe_works_with_the_venv_under_tmp(tmp_path):
         subprocess.run(["rm", "-rf", str(venv)], check=False)
     assert namespaces_problem() == ""
     assert SandboxLimits().isolation == "auto"
+
+
+def test_the_seccomp_filter_refuses_namespace_mount_and_trace_calls():
+    """Inside the sandbox: no capabilities, no_new_privs, a seccomp filter; unshare (a new user namespace
+    would give the code capabilities over new namespaces), mount, ptrace and clone with a namespace flag
+    fail with EPERM, while ordinary threads and processes still start."""
+    if ISOLATION == "unsafe_process":
+        pytest.skip("the filter of the namespace sandbox")
+    code = """
+import ctypes, os, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(result):
+    return ctypes.get_errno() if result == -1 else 0
+print("unshare", errno_of(libc.unshare(0x10000000)))
+print("mount", errno_of(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
+print("ptrace", errno_of(libc.ptrace(0, 0, None, None)))
+status = open("/proc/self/status").read()
+print([line.split()[1] for line in status.splitlines() if line.split()[0] in ("CapEff:", "NoNewPrivs:", "Seccomp:")])
+t = threading.Thread(target=lambda: print("thread ran")); t.start(); t.join()
+print(subprocess.run(["echo", "child ran"], capture_output=True, text=True).stdout.strip())
+"""
+    result, status = run_in_trainer(code)
+    assert status == 0 and result is not None, result
+    out = result["output"].splitlines()
+    assert out[:3] == ["unshare 1", "mount 1", "ptrace 1"], result["output"]
+    assert out[3] == "['0000000000000000', '1', '2']"
+    assert out[4:] == ["thread ran", "child ran"]
+
+
+def test_the_seccomp_tables_match_the_kernel_headers():
+    """The syscall numbers of the filter, for both architectures, against this machine's headers."""
+    import re
+
+    sys.path.insert(0, str(ROOT / "verl_npu" / "tools"))
+    try:
+        import sandbox_boot
+    finally:
+        sys.path.pop(0)
+    headers = {0: Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"), 1: Path("/usr/include/asm-generic/unistd.h")}
+    checked = 0
+    for column, header in headers.items():
+        if not header.is_file():
+            continue
+        text = header.read_text()
+        for name, numbers in sandbox_boot.DENIED.items():
+            if numbers[column] is None:
+                continue
+            found = re.search(rf"#define __NR(?:3264)?_{name}\s+(\d+)\b", text)
+            assert found and int(found.group(1)) == numbers[column], (header, name)
+            checked += 1
+    if not checked:
+        pytest.skip("no kernel headers here (linux-libc-dev)")
+    for machine in sandbox_boot.ARCHES:
+        assert len(sandbox_boot.seccomp_filter(machine)) > 2 * len(sandbox_boot.DENIED) - 4

@@ -101,27 +101,22 @@ def env_for(home, tmp):
 
 
 # ---------------------------------------------------------------- seccomp
-# syscall numbers (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h) the sandbox may not make
+# the calls the sandbox may not make: name -> (x86_64 number: asm/unistd_64.h, aarch64: asm-generic/unistd.h)
 DENIED = {
-    "x86_64": (0xC000003E, 56, 435, {
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kexec_load": 246, "kexec_file_load": 320,
-        "mount": 165, "umount2": 166, "pivot_root": 155, "unshare": 272, "setns": 308, "chroot": 161, "bpf": 321,
-        "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249, "init_module": 175,
-        "finit_module": 313, "delete_module": 176, "userfaultfd": 323, "open_by_handle_at": 304,
-        "name_to_handle_at": 303, "reboot": 169, "swapon": 167, "swapoff": 168, "syslog": 103, "acct": 163,
-        "settimeofday": 164, "clock_settime": 227, "pidfd_getfd": 438, "io_uring_setup": 425, "fsopen": 430,
-        "fsmount": 432, "move_mount": 429, "open_tree": 428, "fspick": 433, "mount_setattr": 442,
-        "personality": 135, "vhangup": 153, "quotactl": 179, "iopl": 172, "ioperm": 173}),
-    "aarch64": (0xC00000B7, 220, 435, {
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kexec_load": 104, "kexec_file_load": 294,
-        "mount": 40, "umount2": 39, "pivot_root": 41, "unshare": 97, "setns": 268, "chroot": 51, "bpf": 280,
-        "perf_event_open": 241, "keyctl": 219, "add_key": 217, "request_key": 218, "init_module": 105,
-        "finit_module": 273, "delete_module": 106, "userfaultfd": 282, "open_by_handle_at": 265,
-        "name_to_handle_at": 264, "reboot": 142, "swapon": 224, "swapoff": 225, "syslog": 116, "acct": 89,
-        "settimeofday": 170, "clock_settime": 112, "pidfd_getfd": 438, "io_uring_setup": 425, "fsopen": 430,
-        "fsmount": 432, "move_mount": 429, "open_tree": 428, "fspick": 433, "mount_setattr": 442,
-        "personality": 92, "vhangup": 58, "quotactl": 60}),
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294), "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41),
+    "unshare": (272, 97), "setns": (308, 268), "chroot": (161, 51), "bpf": (321, 280), "perf_event_open": (298, 241),
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218), "init_module": (175, 105),
+    "finit_module": (313, 273), "delete_module": (176, 106), "userfaultfd": (323, 282),
+    "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264), "reboot": (169, 142), "swapon": (167, 224),
+    "swapoff": (168, 225), "syslog": (103, 116), "acct": (163, 89), "settimeofday": (164, 170),
+    "clock_settime": (227, 112), "pidfd_getfd": (438, 438), "io_uring_setup": (425, 425), "fsopen": (430, 430),
+    "fsmount": (432, 432), "move_mount": (429, 429), "open_tree": (428, 428), "fspick": (433, 433),
+    "mount_setattr": (442, 442), "personality": (135, 92), "vhangup": (153, 58), "quotactl": (179, 60),
+    "iopl": (172, None), "ioperm": (173, None),
 }
+#: per architecture: its seccomp audit value, the column of DENIED, and the numbers of clone and clone3
+ARCHES = {"x86_64": (0xC000003E, 0, 56, 435), "aarch64": (0xC00000B7, 1, 220, 435)}
 RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 LD_ABS_W, JEQ_K, JSET_K, JGE_K, RET_K = 0x20, 0x15, 0x45, 0x35, 0x06
 EPERM, ENOSYS = 1, 38
@@ -132,9 +127,10 @@ def seccomp_filter(machine=None):
     the DENIED calls fail with EPERM; clone with a namespace flag fails with EPERM; clone3 (whose flags
     the filter cannot read) fails with ENOSYS, so the C library falls back to clone; the rest is allowed."""
     machine = machine or platform.machine()
-    if machine not in DENIED:
+    if machine not in ARCHES:
         raise OSError(f"no seccomp syscall table for the {machine} architecture (x86_64 and aarch64 have one)")
-    arch, clone_nr, clone3_nr, denied = DENIED[machine]
+    arch, column, clone_nr, clone3_nr = ARCHES[machine]
+    denied = {name: numbers[column] for name, numbers in DENIED.items() if numbers[column] is not None}
     prog = [(LD_ABS_W, 0, 0, 4), (JEQ_K, 1, 0, arch), (RET_K, 0, 0, RET_KILL_PROCESS), (LD_ABS_W, 0, 0, 0)]
     if machine == "x86_64":  # the x32 ABI's numbers (bit 30) would bypass the table
         prog += [(JGE_K, 0, 1, 0x40000000), (RET_K, 0, 0, RET_ERRNO | EPERM)]
