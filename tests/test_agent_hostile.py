@@ -225,3 +225,47 @@ def test_the_loop_runs_async_tools_on_their_own_loop_between_rounds(tokenizer):
     tools = {"stateful": Stateful({}, schema("stateful"))}
     run_loop(tokenizer, tools, {"q": [call("stateful", {}), call("stateful", {}), "done"]})
     assert len(seen) == 2 and seen[0] is seen[1]
+
+
+CTRL_C = """
+import asyncio, sys, time
+from verl_npu.config.typed import section
+from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, ToolCall, Trajectory
+from verl_npu.tools.base import BaseTool, ToolResponse
+
+class Slow(BaseTool):
+    def execute(self, instance_id, parameters, **kwargs):
+        print("ready", flush=True)
+        time.sleep(30)
+        return ToolResponse(text="late"), 0.0, {}
+
+schema = {"type": "function", "function": {"name": "slow", "description": "d",
+                                           "parameters": {"type": "object", "properties": {}}}}
+loop = AgentLoop.__new__(AgentLoop)
+loop.tools, loop.settings = {"slow": Slow({"call_timeout": 60}, schema)}, section(MULTI_TURN, {})
+try:
+    print(asyncio.run(loop._call(Trajectory([1], "u#0", {}), ToolCall("slow", {}))))
+except KeyboardInterrupt:
+    print("stopped by Ctrl-C", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_a_real_ctrl_c_still_stops_the_loop_while_a_tool_runs():
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C], cwd=Path(__file__).resolve().parents[1],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "stopped by Ctrl-C" in out, (out, err[-2000:])
+    assert time.monotonic() - t0 < 10
