@@ -56,7 +56,6 @@ interaction's last metadata); rows whose trajectory holds pictures get their `mu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
