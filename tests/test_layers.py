@@ -11,7 +11,7 @@ import counts like a top-level one. Layers, lowest first:
     4  data (datasets, and the prep that writes rows, grid episodes played by the tools' environments)
     5  rollout
     6  workers
-    7  trainer
+    7  trainer, sft (the SFT loop reuses the trainer's tracking and checkpoints)
     8  cli, doctor, demo, cluster
 
 A module may import its own layer or lower ones, and no two packages (folders) import each other, even
@@ -32,6 +32,7 @@ PACKAGE = REPO / "verl_npu"
 LAYERS = [
     (r"verl_npu\.(cli|doctor|doctor_train|doctor_versions|demo|cluster)$", 8),
     (r"verl_npu\.trainer(\..*)?$", 7),
+    (r"verl_npu\.sft(\..*)?$", 7),
     (r"verl_npu\.workers(\..*)?$", 6),
     (r"verl_npu\.rollout(\..*)?$", 5),
     (r"verl_npu\.data(\..*)?$", 4),
