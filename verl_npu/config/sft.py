@@ -17,21 +17,13 @@ from typing import Any, Iterable
 
 from verl_npu.config.key import BOOL, DICT, FLOAT, FLOAT_LIST, INT, STR, STR_LIST, STR_OR_LIST, Key
 from verl_npu.config.loader import DELETE, parse_value
-from verl_npu.config.sft_schema import BC, KEYS, LEGACY, LEGACY_REFUSED, NOOP_SECTIONS, SECTIONS, defaults_tree
+from verl_npu.config.sft_schema import (  # noqa: F401 - is_sft_tree: this module's face too
+    BC, KEYS, LEGACY, LEGACY_REFUSED, NOOP_SECTIONS, SECTIONS, defaults_tree, is_sft_tree,
+)
 from verl_npu.config.tree import is_placeholder, read_yaml_file, set_path
 from verl_npu.errors import ConfigErrors, Problem, UserError
 
-_SFT_ONLY_SECTIONS = ("model", "engine", "optim", "checkpoint")
 _TOP_LEGACY = ("use_remove_padding", "ulysses_sequence_parallel_size")
-
-
-def is_sft_tree(raw: dict) -> bool:
-    """True when a recipe's YAML (a dict) is an SFT recipe: no actor_rollout_ref, and one of verl's SFT sections
-    (model, engine, optim, checkpoint) or an older SFT spelling at the top of backend_config."""
-    bc = raw.get("backend_config") if isinstance(raw, dict) else None
-    if not isinstance(bc, dict) or "actor_rollout_ref" in bc:
-        return False
-    return any(s in bc for s in _SFT_ONLY_SECTIONS + _TOP_LEGACY)
 
 
 def is_sft_recipe(name_or_path: str | Path) -> bool:

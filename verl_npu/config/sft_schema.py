@@ -236,3 +236,15 @@ def defaults_tree() -> dict:
             node = node.setdefault(head, {})
         node[leaf] = key.default
     return tree
+
+
+_SFT_ONLY_SECTIONS = ("model", "engine", "optim", "checkpoint")
+
+
+def is_sft_tree(raw: dict) -> bool:
+    """True when a recipe's YAML (a dict) is an SFT recipe: no actor_rollout_ref, and one of verl's SFT sections
+    (model, engine, optim, checkpoint) or an older SFT spelling at the top of backend_config."""
+    bc = raw.get("backend_config") if isinstance(raw, dict) else None
+    if not isinstance(bc, dict) or "actor_rollout_ref" in bc:
+        return False
+    return any(s in bc for s in _SFT_ONLY_SECTIONS + ("use_remove_padding", "ulysses_sequence_parallel_size"))
