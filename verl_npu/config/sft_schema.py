@@ -94,9 +94,9 @@ _k(f"{M}.override_config", {}, DICT, "Model config fields to override at load ti
 _k(f"{M}.enable_gradient_checkpointing", True, BOOL, "Recompute activations in backward (less memory).")
 _k(f"{M}.use_remove_padding", True, BOOL, "Padding-free (packed) forward: the padding is never computed.")
 _k(f"{M}.lora_rank", 0, INT, "LoRA rank (0: full fine-tuning).", min=0)
-_k(f"{M}.lora_alpha", 16, INT, "LoRA alpha.", min=1)
+_k(f"{M}.lora_alpha", 16, INT, "LoRA alpha (the adapters' scale is alpha / rank).", min=1)
 _k(f"{M}.target_modules", "all-linear", STR_OR_LIST, "LoRA target modules: all-linear or a list of module names.")
-_k(f"{M}.exclude_modules", None, STR_OR_LIST, "Modules LoRA leaves alone.")
+_k(f"{M}.exclude_modules", None, STR_OR_LIST, "Modules LoRA leaves alone (names or a list).")
 _k(f"{M}.lora_adapter_path", None, STR, "Start from a saved peft adapter folder.")
 _k(f"{M}.hf_config_path", None, STR, "A separate config folder.", off_only="a separate config folder",
    instead="put config.json in model.path")
@@ -104,18 +104,20 @@ _k(f"{M}.use_shm", False, BOOL, "Copy the model to shared memory first.", off_on
    instead="leave it false")
 _k(f"{M}.enable_activation_offload", False, BOOL, "Offload activations to the host.",
    off_only="activation offload", instead="use model.enable_gradient_checkpointing=true")
-_k(f"{M}.use_liger", False, BOOL, "Liger kernels.", off_only="Liger kernels", instead="leave it false")
+_k(f"{M}.use_liger", False, BOOL, "Liger fused kernels (liger-kernel).", off_only="Liger kernels", instead="leave it false")
 _k(f"{M}.use_fused_kernels", False, BOOL, "Fused output-projection kernels.", off_only="fused kernels in SFT",
    instead="leave it false")
 
 # ---- engine (verl's fsdp engine config) ---------------------------------------------------------------------
 E = "engine"
 _k(f"{E}.strategy", "fsdp", STR, "Training backend: fsdp and fsdp2 both train with FSDP2 here.",
-   choices=("fsdp", "fsdp2"), unsupported=("megatron",), instead="use engine.strategy=fsdp2")
+   choices=("fsdp", "fsdp2"), unsupported=("megatron",), instead="use engine.strategy=fsdp2",
+   noop="fsdp and fsdp2 both train with FSDP2 in verl-npu (megatron is refused by name)")
 _k(f"{E}.dtype", "bfloat16", STR, "Compute dtype: bfloat16 computes in bf16 where the device has it (fp32 on CPU); "
    "float32 always in fp32.", choices=("bfloat16", "float32"))
 _k(f"{E}.model_dtype", "fp32", STR, "Master weights' dtype.", choices=("fp32", "float32"),
-   unsupported=("bf16", "bfloat16"), instead="keep fp32 master weights (engine.dtype sets the compute dtype)")
+   unsupported=("bf16", "bfloat16"), instead="keep fp32 master weights (engine.dtype sets the compute dtype)",
+   noop="the master weights are always fp32 (bf16 master weights are refused)")
 _k(f"{E}.param_offload", False, BOOL, "Keep parameters in host memory between uses (FSDP2 CPU offload).")
 _k(f"{E}.optimizer_offload", False, BOOL, "Keep the optimizer state in host memory.",
    noop="with param_offload the optimizer state follows the parameters to the host; without it it stays on the device")
@@ -128,25 +130,25 @@ _k(f"{E}.fsdp_size", -1, INT, "Devices per FSDP shard group (-1: all).", choices
 _k(f"{E}.wrap_policy.min_num_params", 0, INT, "FSDP: wrap blocks with at least this many parameters.", min=0)
 _k(f"{E}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence parallelism.", choices=(1,),
    instead="leave it 1: Ulysses SFT is not built yet (RL actors have it)")
-_k(f"{E}.use_torch_compile", True, BOOL, "torch.compile the model.", noop="the SFT forward runs eagerly")
-_k(f"{E}.entropy_from_logits_with_chunking", False, BOOL, "Entropy in chunks.", noop="SFT computes no entropy")
+_k(f"{E}.use_torch_compile", True, BOOL, "torch.compile the model's forward.", noop="the SFT forward runs eagerly")
+_k(f"{E}.entropy_from_logits_with_chunking", False, BOOL, "Compute the entropy in chunks of tokens.", noop="SFT computes no entropy")
 _k(f"{E}.entropy_checkpointing", False, BOOL, "Recompute the entropy in backward.", noop="SFT computes no entropy")
 _k(f"{E}.seed", 42, INT, "Seeds torch before the model is built (LoRA adapters' initial weights).")
 
 # ---- optim ---------------------------------------------------------------------------------------------------
 O = "optim"
-_k(f"{O}.optimizer", "AdamW", STR, "Optimizer.", choices=("AdamW",))
-_k(f"{O}.optimizer_impl", "torch.optim", STR, "Optimizer implementation.", choices=("torch.optim",))
-_k(f"{O}.lr", 1e-3, FLOAT, "Learning rate (verl 0.9.1's default is 1e-3: SFT recipes set their own, e.g. 1e-5).",
+_k(f"{O}.optimizer", "AdamW", STR, "Optimizer: only AdamW is built (torch.optim.AdamW).", choices=("AdamW",))
+_k(f"{O}.optimizer_impl", "torch.optim", STR, "Optimizer implementation: torch.optim.", choices=("torch.optim",))
+_k(f"{O}.lr", 1e-3, FLOAT, "Peak learning rate (verl 0.9.1's default is 1e-3: SFT recipes set their own, e.g. 1e-5).",
    min=0)
 _k(f"{O}.lr_warmup_steps_ratio", 0.0, FLOAT, "Warm-up steps as a share of the total (when lr_warmup_steps <= 0).",
    min=0, max=1)
 _k(f"{O}.lr_warmup_steps", -1, INT, "Warm-up steps (-1: from lr_warmup_steps_ratio).", min=-1)
 _k(f"{O}.total_training_steps", -1, INT, "Steps of the LR schedule.",
    derived="trainer.total_training_steps, else steps per epoch x trainer.total_epochs")
-_k(f"{O}.weight_decay", 0.01, FLOAT, "AdamW weight decay.", min=0)
-_k(f"{O}.betas", [0.9, 0.999], FLOAT_LIST, "AdamW betas.")
-_k(f"{O}.clip_grad", 1.0, FLOAT, "Gradient-norm clipping.", gt=0)
+_k(f"{O}.weight_decay", 0.01, FLOAT, "AdamW weight decay (decoupled).", min=0)
+_k(f"{O}.betas", [0.9, 0.999], FLOAT_LIST, "AdamW betas [beta1, beta2].")
+_k(f"{O}.clip_grad", 1.0, FLOAT, "Clip the global gradient norm to this.", gt=0)
 _k(f"{O}.min_lr_ratio", 0.0, FLOAT, "cosine: the lowest LR as a share of lr.", min=0, max=1)
 _k(f"{O}.num_cycles", 0.5, FLOAT, "cosine: cycles over the schedule.", min=0)
 _k(f"{O}.lr_scheduler_type", "constant", STR, "LR schedule after the warm-up.", choices=("constant", "cosine"))
@@ -163,7 +165,7 @@ _k("checkpoint.load_contents", None, STR_LIST, "What a resume loads (null: check
 
 # ---- trainer ------------------------------------------------------------------------------------------------------
 T = "trainer"
-_k(f"{T}.default_local_dir", None, STR, "Checkpoint folder.", derived="<af_output_dir>/checkpoints")
+_k(f"{T}.default_local_dir", None, STR, "Checkpoint folder (global_step_N/ and the latest marker).", derived="<af_output_dir>/checkpoints")
 _k(f"{T}.default_hdfs_dir", None, STR, "HDFS copy of the checkpoints.", off_only="HDFS copies",
    instead="leave it null and copy trainer.default_local_dir yourself")
 _k(f"{T}.project_name", "gsm8k-sft", STR, "Project name for loggers.")
@@ -183,11 +185,11 @@ _k(f"{T}.resume_mode", "auto", STR, "auto: resume from the latest checkpoint; di
    "from trainer.resume_from_path.", choices=("auto", "disable", "resume_path"))
 _k(f"{T}.resume_from_path", None, STR, "A global_step_N folder to resume from (resume_mode=resume_path).")
 _k(f"{T}.device", None, STR, "Device kind; null detects npu, then cuda, then cpu.", choices=("cpu", "cuda", "npu"))
-_k(f"{T}.nnodes", 1, INT, "Nodes.", choices=(1,), instead="multi-node SFT is not built yet: use one node")
+_k(f"{T}.nnodes", 1, INT, "Nodes of the run.", choices=(1,), instead="multi-node SFT is not built yet: use one node")
 _k(f"{T}.n_gpus_per_node", 1, INT, "Workers (devices) on the node.", min=1)
 _k(f"{T}.tensorboard_dir", None, STR, "verl-npu: TensorBoard folder (with tensorboard in trainer.logger).",
    derived="<af_output_dir>/tensorboard")
-_k(f"{T}.profile_interval", [-1, -1], FLOAT_LIST, "Steps to profile.", noop="the SFT loop has no profiler yet")
+_k(f"{T}.profile_interval", [-1, -1], FLOAT_LIST, "Steps to profile ([start, end]).", noop="the SFT loop has no profiler yet")
 
 #: free-form or ignored sections: everything below passes (verl's profiler section, off by default)
 NOOP_SECTIONS = {"backend_config.profiler": "the SFT loop has no profiler yet"}

@@ -1,0 +1,297 @@
+"""SFT (issue 38): verl 0.9.1's SFT keys, the assistant-token mask, bad data refused before training, checkpoints
+in verl's SFT layout with exact resume, 1 and 2 workers equal, and an RL run started from an SFT run's output.
+Real runs of the tiny text model on synthetic tool-call transcripts (a few steps each)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from verl_npu.config.sft import Node, load_sft_recipe
+from verl_npu.config.sft_schema import KEYS, LEGACY
+from verl_npu.data.sft_dataset import SFTDataset
+from verl_npu.data.sft_synthetic import prepare_synthetic, transcript
+from verl_npu.errors import ConfigErrors, UserError
+
+REPO = Path(__file__).resolve().parents[1]
+BC = "backend_config."
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sft_data")
+    prepare_synthetic(folder, 8, 4, seed=3)
+    return folder
+
+
+def write_recipe(folder: Path, model, data_dir: Path, **backend) -> Path:
+    """An SFT recipe in `folder` training `model` on `data_dir`'s train/test.parquet; `backend` {section: {key: value}}
+    replaces or adds keys."""
+    tree = {"data": {"train_files": str(data_dir / "train.parquet"), "val_files": str(data_dir / "test.parquet"),
+                     "max_length": 512, "train_batch_size": 4, "micro_batch_size_per_gpu": 2,
+                     "use_dynamic_bsz": False},
+            "model": {"path": str(model), "enable_gradient_checkpointing": False},
+            "optim": {"lr": 2e-3, "weight_decay": 0.0},
+            "trainer": {"total_training_steps": 2, "logger": ["console"], "seed": 5}}
+    for section, values in backend.items():
+        tree.setdefault(section, {}).update(values)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "sft.yaml"
+    path.write_text(yaml.safe_dump({"af_output_dir": str(folder / "out"), "backend_config": tree}))
+    return path
+
+
+# ---- config ------------------------------------------------------------------------------------------------------
+def test_verl_keys_defaults_and_older_spellings_mapped_with_a_warning(tmp_path, tiny_lm_path, sft_data):
+    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data)
+    rc = load_sft_recipe(recipe, ["optim.lr=1e-4", "data.multiturn.messages_key=messages",
+                                  "model.fsdp_config.model_dtype=fp32", "ulysses_sequence_parallel_size=1",
+                                  "use_remove_padding=false", "data.multiturn.enable=true"])
+    cfg = rc.typed
+    assert cfg.optim.lr == 1e-4 and cfg.data.messages_key == "messages" and cfg.model.use_remove_padding is False
+    assert cfg.data.truncation == "error" and cfg.checkpoint.save_contents == ["model", "optimizer", "extra"]
+    assert cfg.trainer.default_local_dir == f"{tmp_path / 'out'}/checkpoints"
+    text = "\n".join(rc.warnings)
+    for old in ("data.multiturn.messages_key", "model.fsdp_config.model_dtype", "ulysses_sequence_parallel_size",
+                "use_remove_padding"):
+        assert f"{old} is verl's older fsdp_sft_trainer spelling of {LEGACY[old]}" in text
+    assert "data.multiturn.enable=True" in text
+
+
+def test_every_problem_is_reported_at_once_by_name(tmp_path, tiny_lm_path, sft_data):
+    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data)
+    with pytest.raises(ConfigErrors) as info:
+        load_sft_recipe(recipe, ["data.prompt_key=question", "data.custom_cls.path=my.py",
+                                 "engine.ulysses_sequence_parallel_size=2", "engine.strategy=megatron",
+                                 "data.max_lenght=9", "data.truncation=cut", "optim.lr_scheduler=wsd",
+                                 "checkpoint.save_contents=[model,weights]"])
+    problems = {p.key.removeprefix(BC): f"{p.message} {p.fix}" for p in info.value.problems}
+    assert "convert" not in problems.get("data.max_lenght", "") and "did you mean data.max_length" in \
+        problems["data.max_lenght"]
+    assert "messages column" in problems["data.prompt_key"]
+    assert "messages column" in problems["data.custom_cls.path"]
+    assert "Ulysses SFT is not built" in problems["engine.ulysses_sequence_parallel_size"]
+    assert "megatron" in problems["engine.strategy"]
+    assert "cut" in problems["data.truncation"] and "wsd" in problems["optim.lr_scheduler"]
+    assert "weights" in problems["checkpoint.save_contents"]
+
+
+def test_every_key_is_documented_and_read_by_code():
+    """Every key has its meaning; every key that is neither a no-op, nor refused off its default, nor limited to one
+    value (checked by the loader) is read by the SFT code (its name as an attribute in the modules that read it)."""
+    readers = ["verl_npu/sft/worker.py", "verl_npu/sft/loop.py", "verl_npu/data/sft_dataset.py",
+               "verl_npu/config/sft.py", "verl_npu/models/lora.py", "verl_npu/workers/parallel.py",
+               "verl_npu/workers/actor_ckpt.py", "verl_npu/demo.py"]
+    source = "\n".join((REPO / r).read_text() for r in readers)
+    unread = []
+    for key in KEYS.values():
+        assert len(key.doc) > 10, key.path
+        if key.noop or key.off_only or len(key.choices) == 1 or key.path == "af_output_dir":
+            continue
+        leaf = key.path.rsplit(".", 1)[1]
+        if not re.search(rf"\.{leaf}\b|\[\"{leaf}\"\]", source):
+            unread.append(key.short)
+    assert not unread, f"keys no code reads: {unread}"
+
+
+# ---- data: the mask and bad rows ------------------------------------------------------------------------------------
+def test_the_loss_mask_is_the_assistant_tokens_token_by_token(tiny_lm_path):
+    from verl_npu.data.sft_dataset import ChatTokenizer
+    from verl_npu.models.loading import load_tokenizer_and_processor
+
+    tok, _ = load_tokenizer_and_processor(tiny_lm_path)
+    messages = transcript("Tom has 3 apples and gets one more. How many apples does Tom have now?", "4")
+    messages.insert(2, {"role": "assistant", "content": "Let me check 4 with the tool."})
+    cfg = Node("backend_config.data", {
+        "apply_chat_template_kwargs": {}, "max_length": 1024, "truncation": "error",
+        "ignore_input_ids_mismatch": False})
+    conv = ChatTokenizer(tok, cfg).encode(messages, None, "test row 0")
+    # the tiny template is ChatML: each message is "<|im_start|>ROLE\n" then "CONTENT<|im_end|>\n"
+    ids, mask = [], []
+    for m in messages:
+        head = tok(f"<|im_start|>{m['role']}\n", add_special_tokens=False)["input_ids"]
+        body = tok(f"{m['content']}<|im_end|>\n", add_special_tokens=False)["input_ids"]
+        ids += head + body
+        mask += [0] * len(head) + [int(m["role"] == "assistant")] * len(body)
+    assert list(conv.input_ids) == ids and list(conv.loss_mask) == mask
+    learned = tok.decode([t for t, m in zip(conv.input_ids, conv.loss_mask) if m])
+    assert learned == "".join(f"{m['content']}<|im_end|>\n" for m in messages if m["role"] == "assistant")
+    assert "<tool_call>" in learned and "reward=1.0" not in learned and "Tom has" not in learned
+
+
+def _parquet(path: Path, rows: list[dict]) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+GOOD = transcript("Ann has 2 pens and gets one more. How many pens does Ann have now?", "3")
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([{"conversation": GOOD}], r"no column 'messages' \(data.messages_key\)"),
+    ([{"messages": GOOD}, {"messages": GOOD[:2] + [{"role": "robot", "content": "hi"}]}],
+     r"row 1: message 2 has role 'robot'"),
+    ([{"messages": GOOD}, {"messages": GOOD}, {"messages": GOOD[:2]}], r"row 2: the conversation has no assistant turn"),
+    ([{"messages": GOOD[:2] + [{"role": "assistant", "content": "1 2 3 4 " * 200}]}],
+     r"row 0: \d+ tokens, longer than data.max_length=512"),
+])
+def test_bad_rows_are_refused_naming_file_and_row(tmp_path, tiny_lm_path, sft_data, rows, match):
+    from verl_npu.models.loading import load_tokenizer_and_processor
+
+    bad = _parquet(tmp_path / "bad.parquet", rows)
+    rc = load_sft_recipe(write_recipe(tmp_path, tiny_lm_path, sft_data, data={"train_files": str(bad)}))
+    tok, _ = load_tokenizer_and_processor(tiny_lm_path)
+    with pytest.raises(UserError, match=f"{re.escape(str(bad))}[: ]" if "column" in match else re.escape(str(bad))) \
+            as info:
+        SFTDataset(rc.typed.data.train_files, tok, rc.typed.data)
+    assert re.search(match, str(info.value))
+
+
+def test_the_cli_refuses_bad_data_before_any_model_is_loaded(tmp_path, tiny_lm_path, sft_data, capsys):
+    from verl_npu.cli import main
+
+    bad = _parquet(tmp_path / "bad.parquet", [{"messages": GOOD}, {"messages": GOOD[:2]}])
+    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, data={"train_files": str(bad)})
+    assert main(["sft", str(recipe)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad} row 1: the conversation has no assistant turn" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+# ---- training runs --------------------------------------------------------------------------------------------------
+def _hf_weights(step_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(step_dir / "huggingface" / "model.safetensors")
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_checkpoint_layout_and_exact_resume(tmp_path, tiny_lm_path, sft_data):
+    """4 steps in one go vs 2 steps, then a resume for steps 3-4 (the step-4 checkpoint removed, the marker back
+    at 2): the same weights, optimizer state and metrics, bit for bit."""
+    from verl_npu.sft.loop import run_sft
+    from verl_npu.workers.torch_files import load_torch
+
+    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, trainer={"total_training_steps": 4, "save_freq": 2,
+                                                                     "test_freq": 2},
+                          checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]},
+                          optim={"lr_scheduler_type": "cosine", "lr_warmup_steps": 1})
+    rc = load_sft_recipe(recipe)
+    assert run_sft(rc) == 0
+    ckpt = tmp_path / "out" / "checkpoints"
+    step4 = ckpt / "global_step_4"
+    assert sorted(p.name for p in step4.iterdir() if p.name not in ("COMPLETE", "manifest.json")) == [
+        "data_0.pt", "extra_state_world_size_1_rank_0.pt", "fsdp_config.json", "huggingface",
+        "model_world_size_1_rank_0.pt", "optim_world_size_1_rank_0.pt"]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+    assert json.loads((step4 / "fsdp_config.json").read_text()) == {"FSDP_version": 2, "world_size": 1}
+    assert load_torch(step4 / "data_0.pt")["global_step"] == 4
+    whole, whole_optim, whole_rows = _hf_weights(step4), load_torch(step4 / "optim_world_size_1_rank_0.pt"), \
+        _rows(tmp_path / "out")
+    assert [r["step"] for r in whole_rows] == [1, 2, 3, 4] and "val/loss" in whole_rows[1]
+    assert whole_rows[-1]["train/loss"] < whole_rows[0]["train/loss"]
+    assert (tmp_path / "out" / "training_curves.png").stat().st_size > 0
+
+    import shutil
+
+    shutil.rmtree(step4)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("2\n")
+    assert run_sft(load_sft_recipe(recipe)) == 0
+    resumed = _hf_weights(step4)
+    assert resumed.keys() == whole.keys()
+    for name in whole:
+        assert torch.equal(resumed[name], whole[name]), name
+    resumed_optim = load_torch(step4 / "optim_world_size_1_rank_0.pt")
+    for pid, state in whole_optim["state"].items():
+        for k, v in state.items():
+            assert torch.equal(torch.as_tensor(resumed_optim["state"][pid][k]), torch.as_tensor(v)), (pid, k)
+    assert _rows(tmp_path / "out") == whole_rows
+
+
+def save_rank_state(worker) -> None:
+    """after_fit of the worker-count test: this rank's full weights, in a file named by its rank."""
+    import os
+
+    state = worker.engine.parameter_snapshot()
+    torch.save(state, Path(os.environ["SFT_TEST_STATE_DIR"]) / f"rank{worker.rank}.pt")
+
+
+@pytest.mark.slow
+def test_one_and_two_workers_train_alike(tmp_path, tiny_lm_path, sft_data, monkeypatch):
+    """2 steps on 1 worker and on 2 (gloo, FSDP2 shards): every rank ends with the same full weights, equal to the
+    single worker's; the logged loss, grad norm and validation loss agree."""
+    from verl_npu.sft.loop import run_sft
+
+    results = {}
+    for workers in (1, 2):
+        folder = tmp_path / f"w{workers}"
+        (folder / "states").mkdir(parents=True)
+        monkeypatch.setenv("SFT_TEST_STATE_DIR", str(folder / "states"))
+        recipe = write_recipe(folder, tiny_lm_path, sft_data, trainer={"n_gpus_per_node": workers, "test_freq": 2})
+        assert run_sft(load_sft_recipe(recipe), after_fit=save_rank_state) == 0
+        results[workers] = ([torch.load(folder / "states" / f"rank{r}.pt") for r in range(workers)],
+                            _rows(folder / "out"))
+    (one,), rows_one = results[1]
+    twos, rows_two = results[2]
+    for state in twos:
+        assert state.keys() == one.keys()
+        for name in one:
+            torch.testing.assert_close(state[name], one[name], rtol=1e-5, atol=1e-6)
+    for a, b in zip(rows_one, rows_two):
+        for key in ("train/loss", "train/grad_norm", "train/global_tokens", "val/loss"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5), key
+
+
+@pytest.mark.slow
+def test_rl_starts_from_the_sft_checkpoint_folder(tmp_path, tiny_lm_path, sft_data):
+    """SFT 2 steps (hf_model saved), then 2 GRPO steps with actor_rollout_ref.model.path = the SFT run's
+    global_step_2 folder itself (read through its huggingface/ export): the RL actor starts from the SFT weights."""
+    from run_helpers import text_data, text_run_overrides
+
+    from verl_npu.config import load_recipe
+    from verl_npu.models.loading import resolve_model_path
+    from verl_npu.sft.loop import run_sft
+    from verl_npu.trainer.entry import run_training
+
+    recipe = write_recipe(tmp_path / "sft", tiny_lm_path, sft_data,
+                          checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]})
+    assert run_sft(load_sft_recipe(recipe)) == 0
+    step = tmp_path / "sft" / "out" / "checkpoints" / "global_step_2"
+    assert resolve_model_path(str(step)) == str(step / "huggingface")
+    sft_weights = _hf_weights(step)
+    seen = {}
+
+    def first_weights(workers):
+        seen.update(workers.parameter_snapshot())
+
+    data = text_data(tmp_path / "rl_data", rows=4)
+    rc = load_recipe("tiny_gsm8k", text_run_overrides(tmp_path / "rl", data, **{
+        "actor_rollout_ref.model.path": step, "trainer.total_training_steps": 2, "actor_rollout_ref.actor.optim.lr": 0}))
+    assert run_training(rc, after_fit=first_weights) == 0
+    # lr 0: the RL actor's weights after 2 steps are the SFT run's
+    for name, value in sft_weights.items():
+        torch.testing.assert_close(seen[name], value, rtol=0, atol=0)
+    assert [json.loads(r)["step"] for r in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_checkpoint_folder_without_weights_says_how_to_get_them(tmp_path):
+    from verl_npu.models.loading import resolve_model_path
+
+    step = tmp_path / "global_step_3"
+    (step / "huggingface").mkdir(parents=True)
+    (step / "fsdp_config.json").write_text('{"FSDP_version": 2, "world_size": 1}')
+    (step / "huggingface" / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="hf_model.*verl.model_merger merge --backend fsdp"):
+        resolve_model_path(str(step))
