@@ -8,7 +8,7 @@ Each row (`messages` is what verl's multi-turn SFT dataset reads; `tools` the to
                assistant: <tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "<n>"}}</tool_call>,
                tool: Current parsed answer='<n>' reward=1.0,
                assistant: #### <n>]
-    tools     [the calc_gsm8k_reward function schema] (JSON)
+    tools     [the calc_gsm8k_reward function schema] (a list of OpenAI function schemas, as verl's dataset reads it)
     data_source "synthetic_tool_sft"
 
 The tool turn is what `verl_npu.tools.gsm8k` answers; the assistant turns are what the multi-turn RL demo's
@@ -44,15 +44,15 @@ def transcript(question: str, answer: str) -> list[dict]:
 
 
 def schema() -> pa.Schema:
-    message = pa.struct([("role", pa.string()), ("content", pa.string())])
-    return pa.schema([("messages", pa.list_(message)), ("tools", pa.string()), ("data_source", pa.string())])
+    """The Arrow schema of a row (the tool schemas' nested struct as Arrow infers it from one row)."""
+    return pa.Table.from_pylist(rows(1, 0, "train")).schema
 
 
 def rows(n: int, seed: int, split: str) -> list[dict]:
     out = []
     for row in generate_rows(n, seed, split):
         answer = row["answer"].rsplit("####", 1)[1].strip()
-        out.append({"messages": transcript(row["question"], answer), "tools": json.dumps(TOOLS),
+        out.append({"messages": transcript(row["question"], answer), "tools": TOOLS,
                     "data_source": DATA_SOURCE})
     return out
 
