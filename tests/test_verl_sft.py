@@ -53,3 +53,37 @@ def test_masks_loss_and_gradient_equal_verls(tmp_path, tiny_lm_path):
         assert set(grads) == set(theirs["grads"])
         for name, grad in grads.items():
             torch.testing.assert_close(grad, theirs["grads"][name], rtol=1e-4, atol=1e-6)
+
+
+def test_verl_model_merger_reads_our_sft_checkpoint(tmp_path, tiny_lm_path):
+    """An SFT checkpoint (global_step_N/, no actor/ level) merged by verl's own model merger gives the weights of
+    our huggingface/ export (in bf16, as the merger writes)."""
+    import os
+    import subprocess
+
+    import yaml
+    from safetensors.torch import load_file
+
+    from verl_npu.config.sft import load_sft_recipe
+    from verl_npu.data.sft_synthetic import prepare_synthetic
+    from verl_npu.sft.loop import run_sft
+
+    paths = prepare_synthetic(tmp_path / "data", 2, 1, seed=1)["paths"]
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(yaml.safe_dump({"af_output_dir": str(tmp_path / "out"), "backend_config": {
+        "data": {"train_files": paths["train"], "max_length": 512, "train_batch_size": 2, "use_dynamic_bsz": False},
+        "model": {"path": str(tiny_lm_path)}, "optim": {"lr": 1e-2},
+        "checkpoint": {"save_contents": ["model", "optimizer", "extra", "hf_model"]},
+        "trainer": {"total_training_steps": 1, "logger": ["console"]}}}))
+    assert run_sft(load_sft_recipe(recipe)) == 0
+    step = tmp_path / "out" / "checkpoints" / "global_step_1"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([verl_side_python(), "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
+                           str(step), "--target_dir", str(tmp_path / "merged")], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    ours = load_file(step / "huggingface" / "model.safetensors")
+    assert sorted(merged) == sorted(ours)
+    for name, value in ours.items():
+        assert torch.equal(merged[name].float(), value.to(torch.bfloat16).float()), name
