@@ -301,3 +301,16 @@ def test_a_checkpoint_folder_without_weights_says_how_to_get_them(tmp_path):
     (step / "huggingface" / "config.json").write_text("{}")
     with pytest.raises(UserError, match="hf_model.*verl.model_merger merge --backend fsdp"):
         resolve_model_path(str(step))
+
+
+def test_docs_list_every_key_as_the_schema_says():
+    from verl_npu.config.sft_schema import reference_table
+
+    assert (REPO / "docs" / "sft.md").read_text().endswith("## Every key\n" + reference_table())
+
+
+def test_dynamic_micro_batches_over_several_workers_are_refused_by_name(tmp_path, tiny_lm_path, sft_data):
+    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, data={"use_dynamic_bsz": True},
+                          trainer={"n_gpus_per_node": 2})
+    with pytest.raises(ConfigErrors, match="data.use_dynamic_bsz=false"):
+        load_sft_recipe(recipe)

@@ -199,6 +199,11 @@ def _relations(b: dict, problems: list[Problem]) -> None:
         problems.append(Problem(BC + "data.max_token_len_per_gpu", f"{d['max_token_len_per_gpu']} is below "
                                 f"data.max_length={d['max_length']}: a long conversation would fit no micro-batch",
                                 "raise it to at least data.max_length"))
+    if d["use_dynamic_bsz"] is True and world > 1:
+        problems.append(Problem(BC + "data.use_dynamic_bsz", f"token-budget micro-batches over {world} workers are not "
+                                "built yet (their micro-batch counts could differ, and FSDP2 needs the same forwards on "
+                                "every rank)", "set data.use_dynamic_bsz=false (micro-batches of "
+                                "data.micro_batch_size_per_gpu rows)"))
     if t["resume_mode"] == "resume_path" and not t["resume_from_path"]:
         problems.append(Problem(BC + "trainer.resume_from_path", "is required with trainer.resume_mode=resume_path",
                                 "set it to a global_step_N folder"))

@@ -250,3 +250,26 @@ def is_sft_tree(raw: dict) -> bool:
     if not isinstance(bc, dict) or "actor_rollout_ref" in bc:
         return False
     return any(s in bc for s in _SFT_ONLY_SECTIONS + ("use_remove_padding", "ulysses_sequence_parallel_size"))
+
+
+def reference_table() -> str:
+    """The markdown table of every SFT key (docs/sft.md holds it; tests/test_sft.py keeps the two equal)."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key in KEYS.values():
+        note = key.doc
+        if key.noop:
+            note += f" No-op here: {key.noop}."
+        if key.off_only:
+            note += f" Only {key.default!r}: {key.off_only} is not built; {key.instead}."
+        if key.derived:
+            note += f" Unset: {key.derived}."
+        if key.choices and not key.off_only:
+            note += f" One of: {', '.join(map(str, key.choices))}."
+        if key.unsupported:
+            note += f" Refused: {', '.join(key.unsupported)} ({key.instead})."
+        lines.append(f"| `{key.short}` | {key.type.replace('|', 'or')} | `{key.default!r}` | {note.replace('|', '/')} |")
+    lines += ["", "verl's older `fsdp_sft_trainer` spellings:", "", "| older key | read as / refused |", "|---|---|"]
+    lines += [f"| `{old}` | `{new}` (with a warning) |" for old, new in LEGACY.items()]
+    lines += [f"| `{old}` | " + (f"accepted at `{ok}` with a warning; " if ok is not None else "refused: ") + f"{fix} |"
+              for old, (ok, fix) in LEGACY_REFUSED.items()]
+    return "\n".join(lines) + "\n"
