@@ -314,3 +314,34 @@ def test_dynamic_micro_batches_over_several_workers_are_refused_by_name(tmp_path
                           trainer={"n_gpus_per_node": 2})
     with pytest.raises(ConfigErrors, match="data.use_dynamic_bsz=false"):
         load_sft_recipe(recipe)
+
+
+@pytest.mark.slow
+def test_a_stages_recipe_runs_sft_then_rl_and_resumes_in_the_right_stage(tmp_path, tiny_lm_path, sft_data):
+    """`verl-npu run` on a recipe naming an SFT stage and an RL stage: SFT 1 step, RL 2 steps from the SFT
+    checkpoint; run again asking for a third RL step, it skips the finished SFT stage (its metrics untouched) and
+    the RL stage resumes from its step-2 checkpoint."""
+    from run_helpers import text_data, text_run_overrides
+
+    from verl_npu.cli import main
+
+    sft = write_recipe(tmp_path / "sft_recipe", tiny_lm_path, sft_data, trainer={"total_training_steps": 1},
+                       checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]})
+    data = text_data(tmp_path / "rl_data", rows=4)
+    rl = [o for o in text_run_overrides(tmp_path / "unused", data, **{"trainer.save_freq": 1})
+          if not o.startswith(("af_output_dir=", "actor_rollout_ref.model.path="))]
+    stages = tmp_path / "stages.yaml"
+    stages.write_text(yaml.safe_dump({"af_output_dir": str(tmp_path / "run"), "stages": [
+        {"name": "sft", "recipe": str(sft)}, {"name": "rl", "recipe": "tiny_gsm8k", "overrides": rl}]}))
+    assert main(["validate", str(stages)]) == 0
+    assert main(["run", str(stages)]) == 0
+    state = json.loads((tmp_path / "run" / "stages.json").read_text())
+    assert state["sft"]["checkpoint"].endswith("sft/checkpoints/global_step_1") and state["rl"]["finished"]
+    sft_rows = (tmp_path / "run" / "sft" / "metrics.jsonl").read_text()
+    assert main(["run", str(stages), "rl.trainer.total_training_steps=3"]) == 0
+    assert (tmp_path / "run" / "sft" / "metrics.jsonl").read_text() == sft_rows
+    assert [r["step"] for r in _rows(tmp_path / "run" / "rl")] == [1, 2, 3]
+    from verl_npu.config.stages import load_stages
+
+    with pytest.raises(UserError, match="a stages recipe's overrides start with a stage name"):
+        load_stages(stages, ["optim.lr=1"])

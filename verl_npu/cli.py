@@ -125,6 +125,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if _is_sft(args.recipe):
         return cmd_sft(args, validate_only=True)
+    if _is_stages(args.recipe):
+        return cmd_stages(args, validate_only=True)
     rc = load_recipe(args.recipe, args.overrides, check_paths=args.check_paths)
     if args.strict and rc.ignored:
         raise UserError("--strict: keys added with + that neither verl nor verl-npu reads: "
@@ -311,6 +313,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if _is_sft(args.recipe):
         return cmd_sft(args)
+    if _is_stages(args.recipe):
+        return cmd_stages(args)
     rc = load_recipe(args.recipe, args.overrides)
     _warn(rc)
     _say(f"[verl-npu] {rc.source}: configuration valid")
@@ -372,6 +376,32 @@ def cmd_sft(args: argparse.Namespace, validate_only: bool = False) -> int:
     rc = load_sft_recipe(args.recipe, args.overrides, check_paths=True)
     _say("[verl-npu] starting SFT")
     return run_sft(rc)
+
+
+def _is_stages(recipe: str) -> bool:
+    from verl_npu.config.recipes import find_recipe
+    from verl_npu.config.stages import is_stages_tree
+    from verl_npu.config.tree import read_yaml_file
+
+    return is_stages_tree(read_yaml_file(find_recipe(recipe)))
+
+
+def cmd_stages(args: argparse.Namespace, validate_only: bool = False) -> int:
+    """A recipe naming an SFT stage then an RL stage (docs/sft.md): both validated, then run in turn."""
+    from verl_npu.config.stages import load_stages
+    from verl_npu.stages import run_stages
+
+    recipe = load_stages(args.recipe, args.overrides)
+    _say(f"[verl-npu] {recipe.source}: stages valid: " + ", then ".join(f"{s.name} ({s.kind}: {s.recipe})"
+                                                                       for s in recipe.stages))
+    if validate_only:
+        return 0
+
+    def stage(fn):
+        return lambda recipe_path, overrides: fn(argparse.Namespace(**{**vars(args), "recipe": recipe_path,
+                                                                       "overrides": overrides}))
+
+    return run_stages(recipe, stage(cmd_sft), stage(cmd_run), _say)
 
 
 # ------------------------------------------------------------------ doctor
