@@ -345,3 +345,10 @@ def test_a_stages_recipe_runs_sft_then_rl_and_resumes_in_the_right_stage(tmp_pat
 
     with pytest.raises(UserError, match="a stages recipe's overrides start with a stage name"):
         load_stages(stages, ["optim.lr=1"])
+
+
+def test_sft_refuses_an_rl_recipe_naming_the_command(capsys):
+    from verl_npu.cli import main
+
+    assert main(["sft", "tiny_gsm8k"]) == 1
+    assert "run an RL recipe with `verl-npu run tiny_gsm8k`" in capsys.readouterr().err

@@ -253,6 +253,11 @@ def load_sft_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, 
 
     source = find_recipe(name_or_path)
     raw = read_yaml_file(source)
+    if not is_sft_tree(raw):
+        raise UserError(f"{source} is not an SFT recipe (it has no model / engine / optim / checkpoint section of "
+                        f"verl's SFT config{', and names actor_rollout_ref' if 'actor_rollout_ref' in str(raw) else ''}"
+                        f"): run an RL recipe with `verl-npu run {name_or_path}`; an SFT recipe is described in "
+                        "docs/sft.md")
     problems: list[Problem] = []
     warnings: list[str] = []
     for top in raw:
