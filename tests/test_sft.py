@@ -352,3 +352,35 @@ def test_sft_refuses_an_rl_recipe_naming_the_command(capsys):
 
     assert main(["sft", "tiny_gsm8k"]) == 1
     assert "run an RL recipe with `verl-npu run tiny_gsm8k`" in capsys.readouterr().err
+
+
+#: verl's own SFT command lines (docs/sft.md; the reference's B.4 and B.6), paths replaced by the test's
+VERL_NPU_SCRIPT = ["data.messages_key=messages", "engine=fsdp", "optim=fsdp", "optim.lr=1e-5",
+                   "engine.ulysses_sequence_parallel_size=2", "engine.strategy=fsdp2", "trainer.total_epochs=2"]
+RETOOL_SFT_SCRIPT = ["data.max_length=16384", "data.train_batch_size=32", "data.multiturn.enable=true",
+                     "data.multiturn.messages_key=messages", "data.multiturn.tools_key=tools",
+                     "data.micro_batch_size_per_gpu=4", "model.strategy=fsdp", "trainer.total_epochs=6",
+                     "trainer.save_freq=62", "ulysses_sequence_parallel_size=4", "use_remove_padding=true",
+                     "trainer.logger=console"]
+
+
+@pytest.mark.parametrize("script,older", [(VERL_NPU_SCRIPT, False), (RETOOL_SFT_SCRIPT, True)], ids=["npu", "retool"])
+def test_verls_sft_command_lines_validate_but_for_ulysses_named(tmp_path, tiny_lm_path, sft_data, script, older):
+    """verl's NPU SFT test script (engine=fsdp optim=fsdp, 0.9.1 keys) and ReTool's SFT stage (the older
+    fsdp_sft_trainer keys: model.partial_pretrain, data.multiturn.*, top-level ulysses / remove-padding) with only
+    paths changed: the one refusal is Ulysses sequence parallelism (not built for SFT), named; with it at 1 both
+    validate (the older keys with warnings)."""
+    recipe = tmp_path / "min.yaml"
+    recipe.write_text(yaml.safe_dump({"af_output_dir": str(tmp_path / "out"), "backend_config": {"model": {}}}))
+    paths = [f"data.train_files={sft_data / 'train.parquet'}", f"data.val_files={sft_data / 'test.parquet'}",
+             f"{'model.partial_pretrain' if older else 'model.path'}={tiny_lm_path}",
+             f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    with pytest.raises(ConfigErrors) as info:
+        load_sft_recipe(recipe, paths + script)
+    assert [p.key.removeprefix(BC) for p in info.value.problems] == ["engine.ulysses_sequence_parallel_size"]
+    one = [re.sub(r"ulysses_sequence_parallel_size=\d", "ulysses_sequence_parallel_size=1", o) for o in script]
+    rc = load_sft_recipe(recipe, paths + one)
+    assert rc.typed.model.path == str(tiny_lm_path) and rc.typed.engine.strategy in ("fsdp", "fsdp2")
+    assert bool(rc.warnings) == older
+    with pytest.raises(ConfigErrors, match="engine=megatron picks verl's megatron engine config"):
+        load_sft_recipe(recipe, paths + one + ["engine=megatron"])

@@ -24,6 +24,8 @@ from verl_npu.config.tree import is_placeholder, read_yaml_file, set_path
 from verl_npu.errors import ConfigErrors, Problem, UserError
 
 _TOP_LEGACY = ("use_remove_padding", "ulysses_sequence_parallel_size")
+#: verl's Hydra config groups of the SFT config and the one choice of each that verl-npu builds
+HYDRA_GROUPS = {"engine": "fsdp", "optim": "fsdp", "model": "hf_model"}
 
 
 def is_sft_recipe(name_or_path: str | Path) -> bool:
@@ -95,6 +97,8 @@ def _full(key: str) -> str:
 
 def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
     """Leaves of the user's tree as {full key: value}; a dict-typed key or a no-op section stays whole."""
+    if isinstance(node, dict) and not node and prefix not in KEYS:
+        return   # an empty section
     if isinstance(node, dict) and prefix not in KEYS and prefix not in NOOP_SECTIONS and node:
         for k, v in node.items():
             _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
@@ -186,8 +190,8 @@ def _map_legacy(flat: dict[str, Any], problems: list[Problem], warnings: list[st
     return {**mapped, **direct}
 
 
-def _relations(b: dict, problems: list[Problem]) -> None:
-    """Checks between keys."""
+def _relations(b: dict, problems: list[Problem], warnings: list[str]) -> None:
+    """Checks between keys (problems, and warnings for what runs but not as the keys suggest)."""
     d, t, o = b["data"], b["trainer"], b["optim"]
     world = int(t["nnodes"]) * int(t["n_gpus_per_node"])
     if isinstance(d["train_batch_size"], int) and d["train_batch_size"] % world:
@@ -196,9 +200,9 @@ def _relations(b: dict, problems: list[Problem]) -> None:
                                 f"use a multiple of {world}"))
     if d["use_dynamic_bsz"] and isinstance(d["max_token_len_per_gpu"], int) and isinstance(d["max_length"], int) \
             and d["max_token_len_per_gpu"] < d["max_length"]:
-        problems.append(Problem(BC + "data.max_token_len_per_gpu", f"{d['max_token_len_per_gpu']} is below "
-                                f"data.max_length={d['max_length']}: a long conversation would fit no micro-batch",
-                                "raise it to at least data.max_length"))
+        warnings.append(f"data.max_token_len_per_gpu={d['max_token_len_per_gpu']} is below data.max_length="
+                        f"{d['max_length']}: a conversation longer than the budget gets a micro-batch of its own, "
+                        "over the budget (raise max_token_len_per_gpu to at least max_length to keep to it)")
     if d["use_dynamic_bsz"] is True and world > 1:
         problems.append(Problem(BC + "data.use_dynamic_bsz", f"token-budget micro-batches over {world} workers are not "
                                 "built yet (their micro-batch counts could differ, and FSDP2 needs the same forwards on "
@@ -278,6 +282,11 @@ def load_sft_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, 
         key, _, value = body.partition("=")
         key = key.strip().lstrip("+")
         parsed = parse_value(value)
+        if key in HYDRA_GROUPS:   # verl's Hydra config-group choice (`engine=fsdp optim=fsdp`)
+            if parsed != HYDRA_GROUPS[key]:
+                problems.append(Problem(key, f"{key}={parsed} picks verl's {parsed} {key} config, which verl-npu does "
+                                        "not build", f"use {key}={HYDRA_GROUPS[key]} (or leave it out)"))
+            continue
         # a dict value of a section spreads into its keys; of a dict-typed key it stays whole
         sub: dict[str, Any] = {}
         _flatten(parsed, _full(key), sub) if isinstance(parsed, dict) and _full(key) not in KEYS else \
@@ -293,6 +302,8 @@ def load_sft_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, 
         if path not in KEYS:
             problems.append(_unknown(path))
             continue
+        if KEYS[path].type == STR_LIST and isinstance(value, str):
+            value = [value]   # `trainer.logger=console`, as verl's scripts write it
         user.add(path)
         set_path(tree, path, value)
     for key in KEYS.values():
@@ -301,7 +312,7 @@ def load_sft_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, 
             node = node[part]
         problems += _value_problems(key, node, key.path in user)
     if not problems:
-        _relations(tree["backend_config"], problems)
+        _relations(tree["backend_config"], problems, warnings)
     if problems:
         raise ConfigErrors(problems, source=str(source))
     derived = _derive(tree, user)
