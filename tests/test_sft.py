@@ -31,13 +31,13 @@ def sft_data(tmp_path_factory):
     return folder
 
 
-def write_recipe(folder: Path, model, data_dir: Path, **backend) -> Path:
-    """An SFT recipe in `folder` training `model` on `data_dir`'s train/test.parquet; `backend` {section: {key: value}}
+def write_recipe(folder: Path, model_path, data_dir: Path, **backend) -> Path:
+    """An SFT recipe in `folder` training `model_path` on `data_dir`'s train/test.parquet; `backend` {section: {key: value}}
     replaces or adds keys."""
     tree = {"data": {"train_files": str(data_dir / "train.parquet"), "val_files": str(data_dir / "test.parquet"),
                      "max_length": 512, "train_batch_size": 4, "micro_batch_size_per_gpu": 2,
                      "use_dynamic_bsz": False},
-            "model": {"path": str(model), "enable_gradient_checkpointing": False},
+            "model": {"path": str(model_path), "enable_gradient_checkpointing": False},
             "optim": {"lr": 2e-3, "weight_decay": 0.0},
             "trainer": {"total_training_steps": 2, "logger": ["console"], "seed": 5}}
     for section, values in backend.items():
@@ -384,3 +384,21 @@ def test_verls_sft_command_lines_validate_but_for_ulysses_named(tmp_path, tiny_l
     assert bool(rc.warnings) == older
     with pytest.raises(ConfigErrors, match="engine=megatron picks verl's megatron engine config"):
         load_sft_recipe(recipe, paths + one + ["engine=megatron"])
+
+
+@pytest.mark.slow
+def test_lora_sft_writes_verls_lora_files(tmp_path, tiny_lm_path, sft_data):
+    """model.lora_rank: the shared engine wraps the model in peft adapters; the checkpoint holds verl's
+    lora_train_meta.json, the adapter names under peft's prefix, and the merged model plus the adapter folder."""
+    from verl_npu.sft.loop import run_sft
+    from verl_npu.workers.torch_files import load_torch
+
+    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, model={"lora_rank": 4, "lora_alpha": 8},
+                          trainer={"total_training_steps": 1},
+                          checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]})
+    assert run_sft(load_sft_recipe(recipe)) == 0
+    step = tmp_path / "out" / "checkpoints" / "global_step_1"
+    assert json.loads((step / "lora_train_meta.json").read_text())["r"] == 4
+    names = list(load_torch(step / "model_world_size_1_rank_0.pt"))
+    assert all(n.startswith("base_model.model.") for n in names) and any("lora_A" in n for n in names)
+    assert (step / "huggingface" / "lora_adapter" / "adapter_config.json").is_file()
