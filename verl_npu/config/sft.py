@@ -130,7 +130,7 @@ def _value_problems(key: Key, value: Any, user_set: bool) -> list[Problem]:
                         f"set {short}")]
     bad = _type_problem(key, value)
     if bad:
-        return [Problem(key.path, bad, f"see `verl-npu explain-sft {short}`")]
+        return [Problem(key.path, bad, f"see {short} in docs/sft.md")]
     if value is None:
         return []
     if key.off_only and value != key.default:
