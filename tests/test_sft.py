@@ -402,3 +402,15 @@ def test_lora_sft_writes_verls_lora_files(tmp_path, tiny_lm_path, sft_data):
     names = list(load_torch(step / "model_world_size_1_rank_0.pt"))
     assert all(n.startswith("base_model.model.") for n in names) and any("lora_A" in n for n in names)
     assert (step / "huggingface" / "lora_adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_workers_user_error_reaches_the_user_as_one(tmp_path, tiny_lm_path, sft_data):
+    """A checkpoint of 1 worker resumed by 2: each spawned rank refuses it (a UserError), and the run says so as a
+    UserError naming the rank, not as a traceback of the process pool."""
+    from verl_npu.sft.loop import run_sft
+
+    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, trainer={"total_training_steps": 1}, data={"val_files": None})
+    assert run_sft(load_sft_recipe(recipe)) == 0
+    with pytest.raises(UserError, match=r"worker rank \d: checkpoint .* was saved by 1 workers, this run has 2"):
+        run_sft(load_sft_recipe(recipe, ["trainer.n_gpus_per_node=2", "trainer.total_training_steps=2"]))

@@ -94,8 +94,15 @@ def run_sft(rc, *, after_fit=None) -> int:
             if problem:
                 raise UserError(problem)
             port = _free_port()
-            mp.spawn(_rank_main, args=(world, rc, device, train, val, sampler, steps, after_fit, port),
-                     nprocs=world, join=True)
+            try:
+                mp.spawn(_rank_main, args=(world, rc, device, train, val, sampler, steps, after_fit, port),
+                         nprocs=world, join=True)
+            except mp.ProcessRaisedException as exc:   # a rank's UserError stays a user's error (no traceback)
+                marker = "verl_npu.errors.UserError: "
+                text = str(exc)
+                if marker in text:
+                    raise UserError(f"worker rank {exc.error_index}: {text.rsplit(marker, 1)[1].strip()}") from None
+                raise
     return 0
 
 
