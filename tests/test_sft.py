@@ -188,8 +188,9 @@ def test_checkpoint_layout_and_exact_resume(tmp_path, tiny_lm_path, sft_data):
     from verl_npu.sft.loop import run_sft
     from verl_npu.workers.torch_files import load_torch
 
+    # 8 rows of 4 a step: 2 steps an epoch, so after_each_epoch validates at steps 2 and 4
     recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, trainer={"total_training_steps": 4, "save_freq": 2,
-                                                                     "test_freq": 2},
+                                                                     "test_freq": "after_each_epoch"},
                           checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]},
                           optim={"lr_scheduler_type": "cosine", "lr_warmup_steps": 1})
     rc = load_sft_recipe(recipe)
@@ -204,7 +205,8 @@ def test_checkpoint_layout_and_exact_resume(tmp_path, tiny_lm_path, sft_data):
     assert load_torch(step4 / "data_0.pt")["global_step"] == 4
     whole, whole_optim, whole_rows = _hf_weights(step4), load_torch(step4 / "optim_world_size_1_rank_0.pt"), \
         _rows(tmp_path / "out")
-    assert [r["step"] for r in whole_rows] == [1, 2, 3, 4] and "val/loss" in whole_rows[1]
+    assert [r["step"] for r in whole_rows] == [1, 2, 3, 4]
+    assert ["val/loss" in r for r in whole_rows] == [False, True, False, True]
     assert whole_rows[-1]["train/loss"] < whole_rows[0]["train/loss"]
     assert (tmp_path / "out" / "training_curves.png").stat().st_size > 0
 
@@ -414,3 +416,11 @@ def test_a_workers_user_error_reaches_the_user_as_one(tmp_path, tiny_lm_path, sf
     assert run_sft(load_sft_recipe(recipe)) == 0
     with pytest.raises(UserError, match=r"worker rank \d: checkpoint .* was saved by 1 workers, this run has 2"):
         run_sft(load_sft_recipe(recipe, ["trainer.n_gpus_per_node=2", "trainer.total_training_steps=2"]))
+
+
+def test_after_each_epoch_is_taken_for_save_and_test_freq(tmp_path, tiny_lm_path, sft_data):
+    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data)
+    rc = load_sft_recipe(recipe, ["trainer.test_freq=after_each_epoch", "trainer.save_freq=after_each_epoch"])
+    assert rc.typed.trainer.test_freq == rc.typed.trainer.save_freq == "after_each_epoch"
+    with pytest.raises(ConfigErrors, match="trainer.test_freq"):
+        load_sft_recipe(recipe, ["trainer.test_freq=after_each_step"])

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from verl_npu.config.key import BOOL, DICT, FLOAT, FLOAT_LIST, INT, STR, STR_LIST, STR_OR_LIST, Key
 from verl_npu.config.loader import DELETE, parse_value
 from verl_npu.config.sft_schema import (  # noqa: F401 - is_sft_tree: this module's face too
-    BC, KEYS, LEGACY, LEGACY_REFUSED, NOOP_SECTIONS, SECTIONS, defaults_tree, is_sft_tree,
+    BC, EPOCH_FREQ, EPOCH_FREQ_KEYS, KEYS, LEGACY, LEGACY_REFUSED, NOOP_SECTIONS, SECTIONS, defaults_tree, is_sft_tree,
 )
 from verl_npu.config.tree import is_placeholder, read_yaml_file, set_path
 from verl_npu.errors import ConfigErrors, Problem, UserError
@@ -128,6 +128,8 @@ def _value_problems(key: Key, value: Any, user_set: bool) -> list[Problem]:
     if key.required and (value is None or is_placeholder(value)):
         return [Problem(key.path, "is required" + (" (it still holds a placeholder)" if value else ""),
                         f"set {short}")]
+    if key.path in EPOCH_FREQ_KEYS and value == EPOCH_FREQ:
+        return []
     bad = _type_problem(key, value)
     if bad:
         return [Problem(key.path, bad, f"see {short} in docs/sft.md")]

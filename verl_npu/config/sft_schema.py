@@ -175,9 +175,10 @@ _k(f"{T}.total_training_steps", None, INT, "Stop after this many steps (null: to
 _k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks (verl's default adds wandb; here console unless asked).",
    choices=tuple(LOGGERS))
 _k(f"{T}.seed", 1, INT, "Seeds the row order and the run's random streams.")
-_k(f"{T}.save_freq", -1, INT, "Save a checkpoint every N steps (-1: only at the end; after_each_epoch is refused).",
-   min=-1)
-_k(f"{T}.test_freq", -1, INT, "Validation loss every N steps (-1: at the end, when data.val_files is set).", min=-1)
+_k(f"{T}.save_freq", -1, INT, "Save a checkpoint every N steps, or at the end of every epoch with after_each_epoch "
+   "(-1: only at the end of the run).", min=-1)
+_k(f"{T}.test_freq", -1, INT, "Validation loss every N steps, or at the end of every epoch with after_each_epoch (-1: "
+   "at the end of the run; with data.val_files).", min=-1)
 _k(f"{T}.max_ckpt_to_keep", None, INT, "Keep only the newest N checkpoints (null: all).", min=1)
 _k(f"{T}.balance_batch", True, BOOL, "Balance sequence lengths across ranks.",
    noop="each rank takes every world_size-th row of the step's batch; the loss is the same")
@@ -190,6 +191,10 @@ _k(f"{T}.n_gpus_per_node", 1, INT, "Workers (devices) on the node.", min=1)
 _k(f"{T}.tensorboard_dir", None, STR, "verl-npu: TensorBoard folder (with tensorboard in trainer.logger).",
    derived="<af_output_dir>/tensorboard")
 _k(f"{T}.profile_interval", [-1, -1], FLOAT_LIST, "Steps to profile ([start, end]).", noop="the SFT loop has no profiler yet")
+
+#: the keys that also take verl's "after_each_epoch" instead of a number of steps
+EPOCH_FREQ_KEYS = (BC + "trainer.save_freq", BC + "trainer.test_freq")
+EPOCH_FREQ = "after_each_epoch"
 
 #: free-form or ignored sections: everything below passes (verl's profiler section, off by default)
 NOOP_SECTIONS = {"backend_config.profiler": "the SFT loop has no profiler yet"}

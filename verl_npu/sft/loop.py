@@ -166,10 +166,9 @@ class _SFTLoop:
                 metrics["train/epoch"] = (step - 1) // self.sampler.steps_per_epoch
                 metrics["training/global_step"] = step
                 last = step == self.steps
-                if self.val_set is not None and ((cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0)
-                                                 or last):
+                if self.val_set is not None and (self._due(cfg.trainer.test_freq, step) or last):
                     metrics["val/loss"] = self.validate()
-                if (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0) or last:
+                if self._due(cfg.trainer.save_freq, step) or last:
                     self.save(step)
                 if tracker is not None:
                     tracker.log(metrics, step=step)
@@ -180,6 +179,13 @@ class _SFTLoop:
         finally:
             if tracker is not None:
                 tracker.close()
+
+    def _due(self, freq, step: int) -> bool:
+        """Whether a save / validation every `freq` steps (verl's "after_each_epoch": at each epoch's last step)
+        falls on `step`."""
+        if freq == "after_each_epoch":
+            return step % self.sampler.steps_per_epoch == 0
+        return freq > 0 and step % freq == 0
 
     def validate(self) -> float:
         """The token-mean NLL of the assistant tokens of the whole validation set (every rank a share; ranks
