@@ -1,6 +1,7 @@
 """Checks of what the config names on disk (`verl-npu validate --check-paths`, and `verl-npu run`
 before anything starts): data files, model folders (hub ids resolved first), the custom reward
-file and the LoRA adapter folder. A model path is checked only where the run reads it (the critic's
+file, the LoRA adapter folder, and the tool / interaction classes the multi-turn files name
+(`class_check`, in a separate process). A model path is checked only where the run reads it (the critic's
 when a critic is trained, the reward model's when it is enabled). What this machine lacks
 (`machine_problems`: an engine package, an unreachable hub or retrieval server) `run` refuses and
 `validate` only warns about.
@@ -17,6 +18,7 @@ from typing import Any, Callable
 from verl_npu.config import (  # noqa: F401 - register their rules
     rules_dapo, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
 )
+from verl_npu.config.class_check import class_problems
 from verl_npu.config.row_files import row_file_problem
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
@@ -142,9 +144,10 @@ def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
                 why = row_file_problem(path, tuple(needed))
                 if why:
                     problems.append(Problem(key, f"data file {item!r} {why}", _make_data_fix(rc, key)))
-    return (problems + rules_multiturn.tool_config_problems(rc.cfg)
-            + rules_multiturn.function_tool_problems(rc.cfg)
-            + rules_multiturn.interaction_config_problems(rc.cfg))
+    files = (rules_multiturn.tool_config_problems(rc.cfg) + rules_multiturn.function_tool_problems(rc.cfg)
+             + rules_multiturn.interaction_config_problems(rc.cfg))
+    # the classes those files name, imported in a process of their own (files with problems left out)
+    return problems + files + class_problems(rc.cfg, skip={p.key for p in files})
 
 
 

@@ -51,6 +51,11 @@ _CONSOLE_KEYS = (
     ("actor/grad_norm", "grad_norm"),
     ("actor/lr", "lr"),
     ("timing_s/step", "step_s"),
+    # an SFT run's (verl_npu/sft)
+    ("train/loss", "loss"),
+    ("val/loss", "val_loss"),
+    ("train/grad_norm", "grad_norm"),
+    ("train/lr", "lr"),
 )
 
 
@@ -347,18 +352,21 @@ def curve_panels(rows: list[dict], builtin_rewards: bool = True) -> tuple[list, 
     return panels, ceilings
 
 
-def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, builtin_rewards: bool = True) -> None:
+def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, builtin_rewards: bool = True,
+                         panels=None) -> None:
     """Draw a 2x2 PNG from metrics.jsonl over `training/global_step` (or `step`):
     reward (`critic/score/mean` and every `val-core/*/reward/mean@1`, labelled in words, and with
     `builtin_rewards` the image- or question-blind ceiling of a built-in demo task as a dashed line, the
     one the end-of-run summary quotes), `response_length/mean` in tokens, KL or entropy (`kl_panel`),
-    `actor/pg_loss`. Panels without data say so. Written to a temp file then `os.replace`d onto `out_png`."""
+    `actor/pg_loss`; or `panels`, four (title, [(key, label)]) of another kind of run (an SFT run's loss, grad
+    norm, LR, tokens), without a ceiling. Panels without data say so. Written to a temp file then
+    `os.replace`d onto `out_png`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     metrics_jsonl, out_png = Path(metrics_jsonl), Path(out_png)
     rows = _read_jsonl(metrics_jsonl) if metrics_jsonl.exists() else []
-    panels, ceilings = curve_panels(rows, builtin_rewards)
+    panels, ceilings = (panels, []) if panels else curve_panels(rows, builtin_rewards)
     # Figure + Agg canvas directly: no pyplot global state, safe off the main thread.
     fig = Figure(figsize=(11, 7), dpi=90)
     FigureCanvasAgg(fig)
