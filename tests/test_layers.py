@@ -3,8 +3,8 @@
 Every `import` of a verl_npu module is read from the source (the AST), inside functions too, so a lazy
 import counts like a top-level one. Layers, lowest first:
 
-    0  bottom: errors, batch, device, algorithms, optim, hub, and the name registries (policy_losses,
-       estimators, rollout_engines, metric_sinks, rollout_corrections, tool_registry)
+    0  bottom: errors, batch, device, algorithms, optim, hub, the extension points' registries (registry:
+       specs read from the implementations' source, nothing imported), rollout_corrections, tool_registry
     1  config (recipe files found and copied by config/recipes.py)
     2  models, rewards (the scores of answers)
     3  tools (the answer-check tools score with rewards; the grid environments and their demo maps)
@@ -38,8 +38,8 @@ LAYERS = [
     (r"verl_npu\.tools(\..*)?$", 3),
     (r"verl_npu\.(models|rewards)(\..*)?$", 2),
     (r"verl_npu\.config(\..*)?$", 1),
-    (r"verl_npu(\.(errors|batch|device|algorithms(\..*)?|optim|hub|policy_losses|estimators|rollout_engines"
-     r"|metric_sinks|rollout_corrections|tool_registry))?$", 0),
+    (r"verl_npu(\.(errors|batch|device|algorithms(\..*)?|optim|hub|registry(\..*)?"
+     r"|rollout_corrections|tool_registry))?$", 0),
 ]
 HEAVY = ("torch", "ray", "vllm", "vllm_ascend", "torch_npu", "transformers")
 
@@ -175,7 +175,7 @@ def test_the_config_layer_reaches_nothing_heavy_even_inside_functions():
         ours, others = _imports(MODULES[name], top_level_only=name not in config)
         heavy += [f"{name} imports {pkg}" for pkg in sorted(set(others) & set(HEAVY))]
         pending += sorted(ours)
-    assert "verl_npu.config.rules" in seen and "verl_npu.rollout_engines" in seen
+    assert "verl_npu.config.rules" in seen and "verl_npu.registry" in seen
     assert heavy == [], heavy
 
 

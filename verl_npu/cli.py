@@ -88,11 +88,12 @@ def summary_lines(rc) -> list[str]:
         f"(ceil({tbs} / ppo_mini_batch_size {mini}) x ppo_epochs {actor.ppo_epochs})",
         f"responses per update: {mini * n} ({per_device} per device)",
     ]
-    from verl_npu.rollout_engines import rollout_group_size, rollout_spec
+    from verl_npu.registry import ROLLOUT_ENGINES
 
     rollout = b.actor_rollout_ref.rollout
-    group = rollout_group_size(b)
-    if rollout_spec(str(rollout.name)).tensor_parallel:
+    engine = ROLLOUT_ENGINES.spec(str(rollout.name))
+    group = engine.group_size(b)
+    if engine.tensor_parallel:
         lines.append(f"rollout: {world // group} {rollout.name} engine(s) of tensor_model_parallel_size {group}, "
                      f"{tbs // max(world // group, 1)} prompts each per step")
     else:

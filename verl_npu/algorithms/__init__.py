@@ -16,5 +16,5 @@ from verl_npu.algorithms.core import (  # noqa: F401 - the package's face
     ADVANTAGE_ESTIMATORS, GRPO_EPS, KL_KINDS, LOG_RATIO_CLAMP, LOSS_AGG_MODES, LOW_VAR_KL_CLAMP, POLICY_LOSSES,
     WHITEN_EPS, AdaptiveKLController, FixedKLController, agg_loss, apply_kl_in_reward, clipped_value_loss,
     compute_advantages, kl_penalty, last_trained_token, make_kl_controller, masked_mean, masked_sum, masked_var,
-    masked_whiten, policy_loss_fn, ppo_policy_loss, register_advantage, scores_on_last_token,
+    masked_whiten, policy_loss_fn, ppo_policy_loss, scores_on_last_token,
 )

@@ -22,9 +22,10 @@ from collections.abc import Hashable, Mapping, Sequence
 import torch
 
 from verl_npu.algorithms.core import (
-    GRPO_EPS, _groups, _sequence_scores, grpo_advantage, masked_whiten, register_advantage,
+    GRPO_EPS, _groups, _sequence_scores, grpo_advantage, masked_whiten,
 )
 from verl_npu.errors import UserError
+from verl_npu.registry import ADVANTAGE_ESTIMATORS
 
 
 def _group_index(group_ids: Sequence[Hashable] | None, batch_size: int, device) -> tuple[torch.Tensor, int]:
@@ -41,7 +42,8 @@ def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor) -> tuple[torc
     return advantages, advantages
 
 
-@register_advantage("opo")
+@ADVANTAGE_ESTIMATORS.register("opo", needs_group=True,
+    doc='score minus the length-weighted group mean score')
 def opo_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
     """OPO (optimal baseline for on-policy RL, arXiv 2505.23585): the length-weighted group mean as baseline.
 
@@ -59,7 +61,9 @@ def opo_advantage(token_level_rewards, response_mask, group_ids, config=None, **
     return _broadcast(advantages, response_mask)
 
 
-@register_advantage("grpo_passk")
+@ADVANTAGE_ESTIMATORS.register("grpo_passk", needs_group=True,
+    doc=('pass@k: only the best response of a group gets (best - second best) score, divided by '
+         'the group std with norm_adv_by_std_in_grpo'))
 def grpo_passk_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
     """Pass@k GRPO (arXiv 2503.19595): only the best response of each group gets an advantage.
 
@@ -84,7 +88,8 @@ def grpo_passk_advantage(token_level_rewards, response_mask, group_ids, config=N
     return _broadcast(advantages, response_mask)
 
 
-@register_advantage("gpg")
+@ADVANTAGE_ESTIMATORS.register("gpg", needs_group=True,
+    doc='score minus the group mean, times batch size / non-zero scores')
 def gpg_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
     """GPG's advantage (arXiv 2504.02546): group-centred score scaled by the batch's share of non-zero scores.
 
@@ -102,7 +107,8 @@ def gpg_advantage(token_level_rewards, response_mask, group_ids, config=None, **
     return _broadcast(alpha * centred, response_mask)
 
 
-@register_advantage("rloo_vectorized")
+@ADVANTAGE_ESTIMATORS.register("rloo_vectorized", needs_group=True,
+    doc='rloo with scatter sums; a group of one gets 0')
 def rloo_vectorized_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
     """RLOO computed with scatter sums: ``A_i = (n_g·s_i - Σ_{j∈g} s_j) / (n_g - 1)`` (= s_i minus the mean
     of the other rows of its group) for n_g ≥ 2; a group of one row gets ``A = 0`` (unlike ``rloo``,
@@ -116,7 +122,8 @@ def rloo_vectorized_advantage(token_level_rewards, response_mask, group_ids, con
     return _broadcast(advantages, response_mask)
 
 
-@register_advantage("grpo_vectorized")
+@ADVANTAGE_ESTIMATORS.register("grpo_vectorized", needs_group=True, group_mean_std=True,
+    doc='grpo with scatter sums (group statistics in float32)')
 def grpo_vectorized_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
     """GRPO computed with scatter sums; the group statistics in float32 (as verl's vectorised path).
 
@@ -140,7 +147,9 @@ def grpo_vectorized_advantage(token_level_rewards, response_mask, group_ids, con
     return _broadcast(advantages, response_mask)
 
 
-@register_advantage("gdpo")
+@ADVANTAGE_ESTIMATORS.register("gdpo", needs_group=True, score_components=True,
+    doc=("GRPO per reward component (algorithm.gdpo_reward_keys: keys of the reward function's "
+         'dict), weighted (gdpo_reward_weights), summed, whitened over the batch'))
 def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
                    reward_components: Mapping[str, Sequence[float]] | None = None, **_unused):
     """GDPO (group reward-decoupled normalisation, arXiv 2601.05242): GRPO per reward component, then summed.
@@ -237,7 +246,9 @@ def _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_sq
     return advantages * response_mask, returns
 
 
-@register_advantage("optimal_token_baseline")
+@ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", needs_group=True, inputs=('old_log_probs', 'sum_pi_squared'),
+    doc=('reward-to-go minus a per-token group baseline weighted by the path variance 1 - 2 pi '
+         '+ sum pi^2 accumulated so far (needs actor.calculate_sum_pi_squared=true)'))
 def optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
                                      old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
                                      handle_zero_tail: bool = True, **_unused):
@@ -259,7 +270,9 @@ def optimal_token_baseline_advantage(token_level_rewards, response_mask, group_i
                 handle_zero_tail, by_token_index=False)
 
 
-@register_advantage("tir_optimal_token_baseline")
+@ADVANTAGE_ESTIMATORS.register("tir_optimal_token_baseline", needs_group=True, inputs=('old_log_probs', 'sum_pi_squared'),
+    doc=('optimal_token_baseline with positions counted over response-mask tokens (multi-turn '
+         'masks); the same as optimal_token_baseline here'))
 def tir_optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
                                          old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
                                          handle_zero_tail: bool = True, **_unused):

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from verl_npu.algorithms.core import LOG_RATIO_CLAMP, POLICY_LOSSES, agg_loss, masked_mean
+from verl_npu.algorithms.core import LOG_RATIO_CLAMP, agg_loss, masked_mean
+from verl_npu.registry import POLICY_LOSSES
 
 #: gspo caps the log of the sequence ratio at this value (verl's numerical guard)
 GSPO_LOG_RATIO_MAX = 10.0
@@ -54,16 +55,6 @@ def _setting_get(config: Any, path: str) -> float:
     return float(node)
 
 
-def _register(name: str):
-    def decorator(fn):
-        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is registered twice")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
-
-
 def _clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
     return torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
@@ -77,7 +68,8 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
-@_register("gspo")
+@POLICY_LOSSES.register("gspo",
+    doc='GSPO: PPO clip on the sequence-level (length-normalised) ratio')
 def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                      clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
@@ -106,7 +98,9 @@ def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("sapo")
+@POLICY_LOSSES.register("sapo",
+    doc=('SAPO: a smooth sigmoid gate of the ratio (actor.tau_pos / tau_neg) instead of a hard '
+         'clip; always averaged per sequence (seq-mean-token-mean)'))
 def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                      clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
@@ -133,7 +127,8 @@ def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("gpg")
+@POLICY_LOSSES.register("gpg",
+    doc='GPG: plain policy gradient -A x log-prob, no ratio or clip')
 def gpg_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
@@ -146,7 +141,10 @@ def gpg_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rati
                                 **agg_kwargs)}
 
 
-@_register("clip_cov")
+@POLICY_LOSSES.register("clip_cov",
+    doc=('Clip-Cov: PPO clip, plus no gradient for a random few tokens of high '
+         'advantage/log-prob covariance (policy_loss.clip_cov_ratio / clip_cov_lb / '
+         'clip_cov_ub)'))
 def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                          clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
@@ -191,7 +189,9 @@ def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("kl_cov")
+@POLICY_LOSSES.register("kl_cov",
+    doc=('KL-Cov: unclipped ratio loss, plus a |log-ratio| penalty on the tokens of highest '
+         'covariance (policy_loss.kl_cov_ratio / ppo_kl_coef)'))
 def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                        clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
@@ -229,7 +229,8 @@ def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_r
     return {"pg_loss": pg_loss, "ppo_kl": ppo_kl}
 
 
-@_register("geo_mean")
+@POLICY_LOSSES.register("geo_mean",
+    doc='GMPO: the geometric mean of the token ratios per sequence, clipped token-wise')
 def geo_mean_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                          clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                          global_seqs=None, dp_size=1, **_agg_kwargs):
@@ -268,7 +269,8 @@ def geo_mean_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("cispo")
+@POLICY_LOSSES.register("cispo",
+    doc='CISPO: -clip(ratio) x A x log-prob with the clipped ratio as a constant weight')
 def cispo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                       clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
@@ -306,7 +308,9 @@ def _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_ag
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("dppo_tv")
+@POLICY_LOSSES.register("dppo_tv",
+    doc=('DPPO with a binary total-variation trust region (clip_ratio_low/high are the '
+         'thresholds; clip_ratio_c truncates the weight)'))
 def dppo_tv_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
@@ -327,7 +331,8 @@ def dppo_tv_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
                  rollout_is_weights)
 
 
-@_register("dppo_kl")
+@POLICY_LOSSES.register("dppo_kl",
+    doc='DPPO with a binary KL trust region (thresholds and truncation as dppo_tv)')
 def dppo_kl_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
@@ -348,7 +353,8 @@ def dppo_kl_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
                  rollout_is_weights)
 
 
-@_register("dro")
+@POLICY_LOSSES.register("dro", requires=("policy_loss.dro_beta",),
+    doc='DRO: -(A x log-prob - dro_beta/2 x log-ratio^2) (policy_loss.dro_beta)')
 def dro_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):

@@ -19,14 +19,14 @@ from verl_npu.config import (  # noqa: F401 - register their rules
 )
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
-from verl_npu.estimators import needs_critic
+from verl_npu.registry import ROLES
 
 #: keys that name a model folder: a local folder, a tiny:// model or a hub id (data.tokenizer is refused unless null)
 MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "critic.model.path", BC + "reward_model.model.path")
 #: model path keys the run reads only in some configs: path key -> "is it read?" (on the whole config)
 _MODEL_PATH_USED_IF: dict[str, Callable[[Any], bool]] = {
-    BC + "critic.model.path": lambda cfg: needs_critic(cfg["backend_config"]),
-    BC + "reward_model.model.path": lambda cfg: bool(get(cfg, BC + "reward_model.enable")),
+    BC + spec.model_key: lambda cfg, spec=spec: spec.needed(cfg["backend_config"])
+    for spec in ROLES.specs.values() if spec.model_key and "always" not in spec.needed_when
 }
 #: model path keys whose folder must hold a particular kind of model (checked by the role's rules)
 _MODEL_KIND_CHECKED = (BC + "reward_model.model.path",)
@@ -121,13 +121,14 @@ def machine_problems(rc) -> tuple[list[Problem], list[str]]:
     first run. `run` refuses the problems before any model loads; `validate` prints them as warnings
     (a config can be valid for another machine)."""
     from verl_npu.hub import HubIdMissing, cached_folder, looks_like_hub_id, unreachable_reason
-    from verl_npu.rollout_engines import missing_package
+    from verl_npu.registry import ROLLOUT_ENGINES
 
     problems: list[Problem] = []
     notes: list[str] = []
     key = BC + "actor_rollout_ref.rollout.name"
     name = get(rc.cfg, key)
-    missing = missing_package(str(name)) if name is not None else None
+    engine = ROLLOUT_ENGINES.find(name)
+    missing = engine.missing_package() if engine is not None else None
     if missing is not None:
         problems.append(Problem(key, f"{name!r}: {missing.split('; ', 1)[0]}", missing.split("; ", 1)[1]))
     unreachable: str | None = None

@@ -44,11 +44,10 @@ def checkpoints_to_keep(cfg) -> int | None:
     """How many `global_step_N` folders to keep: the smallest limit of the roles this run trains
     (`trainer.max_actor_ckpt_to_keep`, and `max_critic_ckpt_to_keep` with a critic; null: no limit).
     A step folder resumes only with every role's files, so a role's limit removes whole steps."""
-    from verl_npu.workers.roles import needs_critic
+    from verl_npu.registry import roles_needed
 
-    limits = [cfg.trainer.max_actor_ckpt_to_keep]
-    if needs_critic(cfg):
-        limits.append(cfg.trainer.max_critic_ckpt_to_keep)
+    limits = [getattr(cfg.trainer, spec.keep_key.removeprefix("trainer.")) for spec in roles_needed(cfg)
+              if spec.keep_key]
     limits = [n for n in limits if n is not None]
     return min(limits) if limits else None
 
@@ -231,7 +230,7 @@ def _log_summary(cfg, out_dir: Path, tracker) -> None:
     try:
         lines = run_summary(
             out_dir,
-            tensorboard_dir=tracker.tensorboard_dir if "tensorboard" in tracker.loggers else None,
+            tensorboard_dir=tracker.tensorboard_dir if tracker.writes_tensorboard else None,
             builtin_rewards=not cfg.custom_reward_function.path,
         )
     except Exception as exc:  # noqa: BLE001 - the run itself succeeded
@@ -254,15 +253,17 @@ def _tool_schemas(cfg) -> list[dict] | None:
 
 def _check_agent_names(cfg, dataset) -> None:
     from verl_npu.config.schema_multiturn import AGENT_LOOPS
+    from verl_npu.registry import ROLLOUT_ENGINES, image_engines
 
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     dataset.check_agent_names(AGENT_LOOPS, mt.enable)
     engine = cfg.actor_rollout_ref.rollout.name
-    with_images = dataset.image_files() if mt.enable and engine != "hf" else []
+    takes_images = ROLLOUT_ENGINES.spec(engine).images_in_multiturn
+    with_images = dataset.image_files() if mt.enable and not takes_images else []
     if with_images:
-        raise UserError(f"data file {with_images[0]} has images, but multi-turn rollout with images runs on the hf "
-                        f"engine only (actor_rollout_ref.rollout.name is {engine!r}): set "
-                        "actor_rollout_ref.rollout.name=hf, or turn multi_turn off")
+        raise UserError(f"data file {with_images[0]} has images, but multi-turn rollout with images runs on the "
+                        f"{' / '.join(image_engines())} engine only (actor_rollout_ref.rollout.name is {engine!r}): "
+                        f"set actor_rollout_ref.rollout.name={image_engines()[0]}, or turn multi_turn off")
     if mt.enable and mt.interaction_config_path:
         # the interactions are built (and checked) here, before any worker starts
         from verl_npu.tools.interactions.loading import load_interactions

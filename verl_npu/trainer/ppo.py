@@ -32,9 +32,9 @@ import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch
+from verl_npu.registry import REWARD_MANAGERS, ROLES, ROLLOUT_ENGINES, estimator_spec
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.trainer import preempt
-from verl_npu.rewards.dapo import dapo_scores
 from verl_npu.trainer.checkpoint import (
     TRAINER_STATE_FILE, CheckpointManager, load_rng_state, load_trainer_state, save_rng_state, save_trainer_state,
 )
@@ -256,7 +256,7 @@ class PPOTrainer:
                     prompts, self.next_prompts, lambda p, k: self.generate(p, k, timings, score=True), self.global_step)
                 if cfg.trainer.balance_batch:
                     batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
-            has_critic = "critic" in self.workers.roles
+            has_critic = self.workers.serves("compute_values")
             # a critic-warmup step does not update the actor: the update's forward cannot give the old log-probs
             update_actor = self.global_step > cfg.trainer.critic_warmup
             # rollout correction's bypass mode: the rollout's log-probs are the old ones (verl: apply_bypass_mode)
@@ -314,7 +314,7 @@ class PPOTrainer:
         prompts.set("uid", [f"{tag}-{i}" for i in range(len(prompts))])
         with timed("gen", timings):
             batch = self.workers.generate_sequences(prompts, self.train_sampling)
-        if self.cfg.algorithm.adv_estimator == "remax":
+        if estimator_spec(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with timed("gen_max", timings):
                 batch.set("baseline_rewards", self.greedy_baseline(prompts))
         if score:
@@ -335,7 +335,7 @@ class PPOTrainer:
         `trainer.max_consecutive_skipped_updates` times in a row, before anything of this step is logged
         or saved: the weights have diverged."""
         limit = self.cfg.trainer.max_consecutive_skipped_updates
-        for role in ("actor", "critic"):
+        for role in (spec.metrics for spec in ROLES.specs.values() if spec.trains):
             in_a_row = int(update_metrics.get(f"{role}/skipped_updates_in_a_row", 0))
             if limit is not None and in_a_row >= limit:
                 latest = self.checkpoints.latest()
@@ -394,7 +394,7 @@ class PPOTrainer:
             return {}
         metrics = rollout_probs_diff_metrics(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"])
         limit = self.cfg.actor_rollout_ref.rollout.max_probs_diff
-        if self.cfg.actor_rollout_ref.rollout.name == "hf":
+        if ROLLOUT_ENGINES.spec(self.cfg.actor_rollout_ref.rollout.name).on_actor_module:
             limit = None  # it samples from the actor's own module: only top-k / top-p make the probabilities differ
         mean = metrics.get("training/rollout_probs_diff_mean", 0.0)
         if limit is not None and mean > limit:
@@ -433,7 +433,7 @@ class PPOTrainer:
         data source has a rule reward (custom_reward_function, or a built-in one)."""
         texts = self.decode_responses(batch)  # the one decode of the responses: the reward model reads it too
         scorer = scorer or self.reward_scorer
-        with_rm = "reward_model" in self.workers.roles
+        with_rm = self.workers.serves("compute_rm_score")
         rule, extras = None, {}
         if not with_rm or scorer.covers(batch["data_source"]):
             rule, extras = scorer.score(
@@ -447,9 +447,9 @@ class PPOTrainer:
             if rule is not None:
                 extras = {**extras, "rule_reward": list(rule)}
         else:
-            if self.cfg.reward_model.reward_manager == "dapo":  # the overlong penalty, reward extra acc
-                rule, extras = dapo_scores(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
-                                           self.cfg.data.max_response_length)
+            manager = REWARD_MANAGERS.load(self.cfg.reward_model.reward_manager)  # dapo: the overlong penalty, acc
+            rule, extras = manager(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
+                                   self.cfg.data.max_response_length)
             token_scores = algorithms.scores_on_last_token(torch.tensor(rule, dtype=torch.float32), mask)
         batch.set("token_level_scores", token_scores)
         batch.meta["reward_extras"] = extras

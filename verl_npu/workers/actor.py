@@ -17,6 +17,7 @@ import contextlib
 import torch
 
 from verl_npu import algorithms
+from verl_npu.registry import POLICY_LOSSES, ROLES, ROLLOUT_ENGINES
 from verl_npu.batch import Batch, reads
 from verl_npu.errors import UserError
 from verl_npu.models import lora
@@ -65,7 +66,7 @@ def old_log_prob_pass_needed(cfg, module) -> list[str]:
     rollout = cfg.actor_rollout_ref.rollout
     actor = cfg.actor_rollout_ref.actor
     reasons = []
-    if rollout.name != "hf":
+    if not ROLLOUT_ENGINES.spec(rollout.name).on_actor_module:
         reasons.append(f"rollout.name={rollout.name}: the engine samples from its own copy of the weights")
     if actor.ppo_epochs != 1:
         reasons.append(f"actor.ppo_epochs={actor.ppo_epochs}: later epochs update from changed weights")
@@ -86,6 +87,11 @@ def old_log_prob_pass_needed(cfg, module) -> list[str]:
     return reasons
 
 
+@ROLES.register("actor", needed_when=("always",), metrics="actor", trains=True, model_key="actor_rollout_ref.model.path",
+                keep_key="trainer.max_actor_ckpt_to_keep",
+                methods=("generate_sequences", "compute_log_prob", "old_log_prob_pass_reasons", "compute_ref_log_prob",
+                         "update_actor"),
+                doc="policy, rollout engine and reference policy (always built)")
 class ActorRolloutRefWorker:
     """The actor role: the policy's engine (trained with the PPO loss), the reference policy's
     frozen engine (or, with LoRA, the policy's with its adapters off) and the rollout engine."""
@@ -315,9 +321,9 @@ class ActorRolloutRefWorker:
         # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
         old_log_prob = log_prob.detach() if "old_log_probs" not in part else part["old_log_probs"]
         correction = self.cfg.algorithm.rollout_correction
-        loss_mode = "bypass_mode" if correction.bypass_mode else actor_cfg.policy_loss.loss_mode
-        # bypass_mode: old_log_prob is the rollout's, the loss computes its own weights and rejection
-        extra = ({"rollout_correction": correction} if loss_mode == "bypass_mode"
+        loss_mode = actor_cfg.policy_loss.loss_mode   # the config names bypass mode's loss when it is on
+        # bypass mode: old_log_prob is the rollout's, the loss computes its own weights and rejection
+        extra = ({"rollout_correction": correction} if POLICY_LOSSES.spec(loss_mode).rollout_correction
                  else {"rollout_is_weights": part.get("rollout_is_weights")})
         pg = algorithms.policy_loss_fn(loss_mode)(
             log_prob, old_log_prob, part["advantages"], mask,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from verl_npu import algorithms
+from verl_npu.registry import ROLES
 from verl_npu.batch import Batch, reads
 from verl_npu.config.schema import CRITIC_FROM_ACTOR
 from verl_npu.models.forward import response_values
@@ -43,6 +44,10 @@ def critic_model_path(cfg) -> str:
     return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
 
 
+@ROLES.register("critic", needed_when=("critic.enable", "estimator.needs_critic"), metrics="critic", trains=True,
+                keep_key="trainer.max_critic_ckpt_to_keep", model_key="critic.model.path",
+                methods=("compute_values", "update_critic"),
+                doc="value model (a value head on a transformers model) for gae")
 class CriticWorker:
     """The critic role: the value model's engine, trained with the clipped value loss."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from verl_npu.batch import Batch, trim_left_padding
 from verl_npu.workers.engine import TrainResult
-from verl_npu.workers.roles import ROLES
+from verl_npu.registry import ROLES, role_with_method
 
 
 class WorkerGroup(ABC):
@@ -52,6 +52,10 @@ class WorkerGroup(ABC):
         """The roles every rank hosts (the actor first)."""
         return ["actor"]
 
+    def serves(self, method: str) -> bool:
+        """Whether one of the roles this group hosts declares `method` (its `RoleSpec.methods`)."""
+        return any(method in ROLES.spec(role).methods for role in self.roles)
+
     def _shards(self, batch: Batch, group: int | None = None) -> list[Batch]:
         """One chunk per rank: equal chunks, one per group of `group` consecutive ranks (default:
         the SP group), each repeated for every rank of its group."""
@@ -61,7 +65,7 @@ class WorkerGroup(ABC):
 
     def worker_class(self, role: str) -> type:
         """The class of role `role`'s workers (whose methods declare the columns they read)."""
-        return ROLES[role].worker_class()
+        return ROLES.load(role)
 
     def sent(self, method: str, batch: Batch, role: str = "actor") -> Batch:
         """What a call of `method` of `role` is sent of `batch`: the columns the method declares it reads
@@ -125,10 +129,10 @@ class WorkerGroup(ABC):
 
     def compute_values(self, batch: Batch) -> Batch:
         """The critic's values of the response tokens (`values` [B, T])."""
-        return self.dispatch("compute_values", batch, role="critic")
+        return self.dispatch("compute_values", batch, role=role_with_method("compute_values"))
 
     def update_critic(self, batch: Batch) -> TrainResult:
-        return self.update("critic", "update_critic", batch)
+        return self.update(role_with_method("update_critic"), "update_critic", batch)
 
     def compute_rm_score(self, batch: Batch) -> Batch:
         """The reward model's scores (`rm_scores` [B, T], on each row's last response token); a
@@ -136,7 +140,7 @@ class WorkerGroup(ABC):
         whose scores are dropped again."""
         pad = (-len(batch)) % self.dp_size
         padded = Batch.concat([batch, batch.select([0] * pad)]) if pad else batch
-        out = self.dispatch("compute_rm_score", padded, role="reward_model")
+        out = self.dispatch("compute_rm_score", padded, role=role_with_method("compute_rm_score"))
         return out.slice(0, len(batch)) if pad else out
 
     def save_checkpoint(self, actor_dir: str, role: str = "actor") -> None:

@@ -152,9 +152,9 @@ class RayWorkerGroup(WorkerGroup):
         cfg = rc.typed
         self.world_size = rc.world_size
         self.sp_size = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
-        from verl_npu.rollout_engines import rollout_group_size
+        from verl_npu.registry import ROLLOUT_ENGINES
 
-        self.rollout_group = rollout_group_size(cfg)
+        self.rollout_group = ROLLOUT_ENGINES.spec(cfg.actor_rollout_ref.rollout.name).group_size(cfg)
         from verl_npu.workers.roles import roles_for
 
         self._roles = roles_for(cfg)

@@ -28,6 +28,7 @@ import os
 import torch
 
 from verl_npu import algorithms
+from verl_npu.registry import ROLES
 from verl_npu.batch import Batch, reads
 from verl_npu.config.rules_roles import VL_REWARD_MODEL, VL_REWARD_MODEL_FIX
 from verl_npu.errors import UserError
@@ -126,6 +127,9 @@ def same_tokenizer(a, b) -> bool:
     return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
 
 
+@ROLES.register("reward_model", needed_when=("reward_model.enable",), checkpointed=False, scores=True,
+                model_key="reward_model.model.path", methods=("compute_rm_score",),
+                doc="frozen sequence-classification reward model (reward_model.enable)")
 class RewardModelWorker:
     """The reward model role: a frozen engine and `last_token_scores` as its forward. It reads only
     the `reward_model` section of the typed backend config `cfg`."""
