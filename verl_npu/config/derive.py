@@ -26,6 +26,7 @@ whose inputs already have a problem is skipped. Rules (seq = max_prompt_length +
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -34,7 +35,7 @@ from verl_npu.config.modelinfo import LONG_RESPONSE, model_heads, ulysses_size
 from verl_npu.config.schema import PLACEHOLDER
 from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, SkipRule, get, get_unless_bad
 from verl_npu.errors import Problem
-from verl_npu.registry import POLICY_LOSSES, ROLLOUT_ENGINES, bypass_loss
+from verl_npu.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, ROLLOUT_ENGINES, bypass_loss, is_file_entry
 
 
 def _is_int(value: Any) -> bool:
@@ -185,7 +186,19 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             OmegaConf.update(cfg, path, bypass_loss().name, merge=False)
             derived[:] = [d for d in derived if d[0] != path] + [(path, bypass_loss().name, reason)]
 
+    def user_files() -> None:
+        # a user's `file.py:function` is imported by path in every worker process: made absolute here, once
+        for reg in (POLICY_LOSSES, ADVANTAGE_ESTIMATORS):
+            path = BC + reg.key
+            value = val(path)
+            if path in bad or not is_file_entry(value) or Path(str(value).rpartition(":")[0]).is_absolute():
+                continue
+            file, _, function = str(value).rpartition(":")
+            absolute = f"{Path(file).expanduser().resolve()}:{function}"
+            OmegaConf.update(cfg, path, absolute, merge=False)
+            derived[:] = [d for d in derived if d[0] != path] + [(path, absolute, f"{value} (relative to {Path.cwd()})")]
+
     for fn in (lengths, rollout_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs, vllm_prefill,
-               rollout_correction):
+               rollout_correction, user_files):
         step(fn)
     return derived, problems

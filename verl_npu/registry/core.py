@@ -11,7 +11,8 @@ under its package folders (or files): asking which names exist and what each can
 imports neither the implementation nor torch. When the module is imported, the same decorator binds the
 object to its name and checks that it matches the spec read from the source (one declaration, two readers).
 
-A user's own implementation is named by its file: `path/to/file.py:function`. Its spec is read from that
+Files named in $VERL_NPU_PLUGINS are read like the package's own (their entries get short names). A
+user's own policy loss or estimator may also be named by its file: `path/to/file.py:function`. Its spec is read from that
 file the same way (the decorator if the object has one; otherwise the spec's defaults and the docstring's
 first line), and `load` imports the file by path.
 """
@@ -30,6 +31,7 @@ from typing import Any, Generic, TypeVar
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # verl_npu/
 FILE_SEPARATOR = ".py:"
+PLUGINS_VARIABLE = "VERL_NPU_PLUGINS"
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -107,7 +109,7 @@ class Registry(Generic[S]):
             path = PACKAGE_ROOT / folder
             found = [path] if path.is_file() else sorted(path.rglob("*.py"), key=lambda p: (p.stem != "core", str(p)))
             files += [f for f in found if f not in files]
-        return files
+        return files + plugin_files()
 
     def _declarations(self, path: Path, module: str, attribute: str | None = None) -> list[S]:
         """The specs the decorators `@<handle>.register(...)` in `path` declare (only the one on
@@ -152,7 +154,8 @@ class Registry(Generic[S]):
         if self._specs is None:
             specs: dict[str, S] = {}
             for path in self._source_files():
-                module = ".".join(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
+                inside = path.is_relative_to(PACKAGE_ROOT)
+                module = ".".join(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts) if inside else str(path)
                 for spec in self._declarations(path, module.removesuffix(".__init__")):
                     if spec.name in specs:
                         raise RegistryError(f"{self.what} {spec.name!r} is registered twice: {specs[spec.name].target} "
@@ -255,11 +258,25 @@ class Registry(Generic[S]):
         problems = []
         for name, spec in self.specs.items():
             module, _, attribute = spec.target.rpartition(":")
+            if is_file_entry(spec.target):   # a plugin file: bound when loaded
+                continue
             importlib.import_module(module)
             obj = self.implementations.get(name)
             if obj is None or obj is not getattr(sys.modules[module], attribute):
                 problems.append(f"{self.what} {name}: declared at {spec.target}, bound to {obj!r}")
         return problems
+
+
+def plugin_files() -> list[Path]:
+    """The files named in $VERL_NPU_PLUGINS (separated by the OS path separator): their declarations join
+    every registry's built-in ones, as if they were files of the package (read in every process of a run,
+    which inherits the variable)."""
+    value = os.environ.get(PLUGINS_VARIABLE, "")
+    files = [Path(p).expanduser().resolve() for p in value.split(os.pathsep) if p.strip()]
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing:
+        raise RegistryError(f"${PLUGINS_VARIABLE} names files that do not exist: {', '.join(missing)}")
+    return files
 
 
 def load_file(path: str | os.PathLike) -> Any:

@@ -48,7 +48,7 @@ from verl_npu.trainer.metrics import (
 )
 from verl_npu.trainer.readable import readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
-from verl_npu.workers.actor import needs_reference
+from verl_npu.workers.actor import OldLogProbs, needs_reference
 from verl_npu.workers.balance import balance_for_ranks
 from verl_npu.workers.group import WorkerGroup
 from verl_npu.workers.roles import checkpointed_roles
@@ -260,15 +260,17 @@ class PPOTrainer:
             # a critic-warmup step does not update the actor: the update's forward cannot give the old log-probs
             update_actor = self.global_step > cfg.trainer.critic_warmup
             # rollout correction's bypass mode: the rollout's log-probs are the old ones (verl: apply_bypass_mode)
-            bypass = cfg.algorithm.rollout_correction.bypass_mode
-            skip_old = bypass or (update_actor and not self.old_log_prob_pass_needed())
+            old = (OldLogProbs.ROLLOUT if cfg.algorithm.rollout_correction.bypass_mode
+                   else OldLogProbs.UPDATE_FORWARD if update_actor and not self.old_log_prob_pass_needed()
+                   else OldLogProbs.PASS)
             with timed("old_log_prob", timings):
-                if bypass:
+                if old is OldLogProbs.ROLLOUT:
                     batch.set("old_log_probs", self.rollout_log_probs(batch))
-                elif not skip_old:
+                elif old is OldLogProbs.PASS:
                     batch.update(self.workers.compute_log_prob(batch))
-            sync_metrics = {} if bypass else self.check_rollout_sync(batch)
-            entropy = None if skip_old else algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
+            sync_metrics = {} if old is OldLogProbs.ROLLOUT else self.check_rollout_sync(batch)
+            entropy = (algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
+                       if old is OldLogProbs.PASS else None)
             if needs_reference(cfg):
                 with timed("ref", timings):
                     batch.update(self.workers.compute_ref_log_prob(batch))
@@ -284,8 +286,8 @@ class PPOTrainer:
             actor_metrics = {}
             if update_actor:
                 with timed("update_actor", timings):
-                    actor_metrics = self.workers.update_actor(batch)
-            if "entropys" in getattr(actor_metrics, "columns", ()):  # the pass skipped: the update's forward's
+                    actor_metrics = self.workers.update_actor(batch, old)
+            if old is OldLogProbs.UPDATE_FORWARD:  # the pass skipped: the update's forward's entropies
                 entropy = algorithms.masked_mean(actor_metrics.columns["entropys"], batch["response_mask"].float())
             if self.cfg.trainer.rollout_data_dir:
                 self.dump_generations(batch, Path(self.cfg.trainer.rollout_data_dir))

@@ -13,6 +13,8 @@ gets back tensors and metrics through a worker group. The worker holds:
 from __future__ import annotations
 
 import contextlib
+import functools
+from enum import Enum
 
 import torch
 
@@ -52,6 +54,14 @@ def _active_dropout(module) -> list[str]:
             elif "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
                 found.append(f"{prefix}.{key}={value}")
     return found
+
+
+class OldLogProbs(str, Enum):
+    """Where the actor's update takes the old policy's log-probs from: the trainer decides, and says so
+    in the update request (`update_actor(batch, old_log_probs)`)."""
+    PASS = "pass"                       # the old-log-prob pass ran: the batch's old_log_probs column
+    ROLLOUT = "rollout"                 # bypass mode: the rollout engine's log-probs, as old_log_probs
+    UPDATE_FORWARD = "update_forward"   # the pass skipped as redundant: each micro-batch's own forward
 
 
 def old_log_prob_pass_needed(cfg, module) -> list[str]:
@@ -264,23 +274,27 @@ class ActorRolloutRefWorker:
 
     # ---- update ----------------------------------------------------------------------------
     @reads(*FORWARD_READS, "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_is_weights")
-    def update_actor(self, batch: Batch) -> TrainResult:
+    def update_actor(self, batch: Batch, old_log_probs: OldLogProbs = OldLogProbs.PASS) -> TrainResult:
         """`ppo_epochs` passes over mini-batches; one optimizer step per mini-batch; gradients
         accumulated over micro-batches so that the step equals one over the whole mini-batch
         (`TrainingEngine.train` with `_train_forward` and `_ppo_loss`).
 
-        Without `old_log_probs` in `batch` (the trainer skipped the pass because it is redundant,
-        see `old_log_prob_pass_needed`), each micro-batch's own forward gives them (detached), and
+        With `old_log_probs=UPDATE_FORWARD` (the trainer skipped the pass because it is redundant, see
+        `old_log_prob_pass_needed`), each micro-batch's own forward gives them (detached), and
         that forward's entropies come back as the result's `entropys` column (the engine's `keep`:
-        what the pass would have returned, for the trainer's `actor/entropy_before_update`)."""
+        what the pass would have returned, for the trainer's `actor/entropy_before_update`); otherwise
+        they are the batch's `old_log_probs` column."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
-        reuse = "old_log_probs" not in batch
+        reuse = OldLogProbs(old_log_probs) is OldLogProbs.UPDATE_FORWARD
         if reuse and self.old_log_prob_reasons:
-            raise RuntimeError("update_actor without old_log_probs, but the pass is needed: "
-                               + "; ".join(self.old_log_prob_reasons))
+            raise RuntimeError("update_actor told to take the old log-probs from its own forward, but the pass is "
+                               "needed: " + "; ".join(self.old_log_prob_reasons))
+        if not reuse and "old_log_probs" not in batch:
+            raise RuntimeError(f"update_actor told the old log-probs come from {OldLogProbs(old_log_probs).value}, "
+                               "but the batch has no old_log_probs column")
         rows = actor_cfg.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.engine.dp_size
         metrics = self.engine.train(
-            batch, self._train_forward, self._ppo_loss, mini_rows=rows,
+            batch, self._train_forward, functools.partial(self._ppo_loss, own_forward=reuse), mini_rows=rows,
             epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle,
             micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
                                  actor_cfg.ppo_micro_batch_size_per_gpu or 1, sp=self._sp_size()),
@@ -311,7 +325,7 @@ class ActorRolloutRefWorker:
                                          return_logits=True, **forward)
         return out[0], out[1], {"logits": out[2], "ref_logits": ref_out[2]}
 
-    def _ppo_loss(self, part: Batch, out, mask: torch.Tensor, agg: dict):
+    def _ppo_loss(self, part: Batch, out, mask: torch.Tensor, agg: dict, own_forward: bool = False):
         """The PPO loss of one micro-batch (already scaled to its share of the mini-batch through the
         global counts in `agg`): clipped policy loss - entropy_coeff x entropy + kl_loss_coef x KL."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
@@ -319,7 +333,7 @@ class ActorRolloutRefWorker:
         log_prob, entropy, kl_inputs = out
         clip = actor_cfg.clip_ratio
         # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
-        old_log_prob = log_prob.detach() if "old_log_probs" not in part else part["old_log_probs"]
+        old_log_prob = log_prob.detach() if own_forward else part["old_log_probs"]
         correction = self.cfg.algorithm.rollout_correction
         loss_mode = actor_cfg.policy_loss.loss_mode   # the config names bypass mode's loss when it is on
         # bypass mode: old_log_prob is the rollout's, the loss computes its own weights and rejection

@@ -114,15 +114,17 @@ class WorkerGroup(ABC):
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         return self.dispatch("compute_ref_log_prob", batch)
 
-    def update_actor(self, batch: Batch) -> TrainResult:
-        """The actor's update: its metrics, and without `old_log_probs` in `batch` (the old-log-prob pass
-        skipped as redundant) the update forward's `entropys` as a column (`TrainResult.columns`)."""
-        return self.update("actor", "update_actor", batch)
+    def update_actor(self, batch: Batch, old_log_probs=None) -> TrainResult:
+        """The actor's update: its metrics, and with `old_log_probs=OldLogProbs.UPDATE_FORWARD` (the
+        old-log-prob pass skipped as redundant) the update forward's `entropys` as a column
+        (`TrainResult.columns`). `old_log_probs`: where the old log-probs come from (default: the batch's)."""
+        return self.update(role_with_method("update_actor"), "update_actor", batch,
+                           *(() if old_log_probs is None else (old_log_probs,)))
 
-    def update(self, role: str, method: str, batch: Batch) -> TrainResult:
+    def update(self, role: str, method: str, batch: Batch, *args) -> TrainResult:
         """Run a training method of `role` on every rank's shard: the metrics averaged over ranks, and the
         columns the update's forward kept (`TrainResult.columns`, rows in `batch`'s order; usually none)."""
-        per_rank = self.scatter(method, self._shards(self.sent(method, batch, role)), role=role)
+        per_rank = self.scatter(method, self._shards(self.sent(method, batch, role)), *args, role=role)
         keys = per_rank[0].keys()
         columns = Batch.concat([getattr(r, "columns", Batch()) for r in per_rank[::self.sp_size]]).released()
         return TrainResult({k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}, columns)
