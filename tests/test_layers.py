@@ -6,7 +6,7 @@ import counts like a top-level one. Layers, lowest first:
     0  bottom: errors, batch, device, algorithms, optim, hub, the extension points' registries (registry:
        specs read from the implementations' source, nothing imported), rollout_corrections, tool_registry
     1  config (recipe files found and copied by config/recipes.py)
-    2  models, rewards (the scores of answers)
+    2  models, rewards (the scores of answers), memory (the planner: formulas over a resolved config)
     3  tools (the answer-check tools score with rewards; the grid environments and their demo maps)
     4  data (datasets, and the prep that writes rows, grid episodes played by the tools' environments)
     5  rollout
@@ -36,7 +36,7 @@ LAYERS = [
     (r"verl_npu\.rollout(\..*)?$", 5),
     (r"verl_npu\.data(\..*)?$", 4),
     (r"verl_npu\.tools(\..*)?$", 3),
-    (r"verl_npu\.(models|rewards)(\..*)?$", 2),
+    (r"verl_npu\.(models|rewards|memory)(\..*)?$", 2),
     (r"verl_npu\.config(\..*)?$", 1),
     (r"verl_npu(\.(errors|batch|device|algorithms(\..*)?|optim|hub|registry(\..*)?"
      r"|rollout_corrections|tool_registry))?$", 0),

@@ -215,7 +215,7 @@ def _size(n: float) -> str:
 
 def _plan_summary(rc, device_memory: str | None = None) -> str:
     """validate's and run's one line about memory (never an error: a plan that cannot be made says why)."""
-    from verl_npu.config.memory_recipe import plan_for, summary_line
+    from verl_npu.memory.recipe import plan_for, summary_line
 
     try:
         plan, why = plan_for(rc, device_memory)
@@ -228,7 +228,7 @@ def _refuse_if_it_will_not_fit(rc, force: bool, device_memory: str | None = None
     """`run`: stop before any worker starts when the plan says the peak will not fit (unless --force).
     Only where the device's memory is known (the CPU, or --device-memory): for an accelerator whose card
     is assumed, a warning (a wrong refusal would stop a run that fits a larger card)."""
-    from verl_npu.config.memory_recipe import plan_for
+    from verl_npu.memory.recipe import plan_for
 
     try:
         plan, _ = plan_for(rc, device_memory)
@@ -255,7 +255,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from verl_npu.config import load_recipe
-    from verl_npu.config.memory_recipe import model_numbers, plan_for
+    from verl_npu.memory.recipe import model_numbers, plan_for
 
     rc = load_recipe(args.recipe, args.overrides)
     _warn(rc)

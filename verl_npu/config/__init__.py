@@ -31,8 +31,6 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     typed         the typed, read-only sections generated from the schema (`rc.typed`): what the
                   training code reads, and what travels to the workers
     reference, compat  the generated docs (config_reference.md, verl_compat.md)
-    memory_plan   the per-device memory formulas (weights, gradients, AdamW, activations, logits, KV cache)
-    memory_recipe the memory plan of a resolved recipe: phases, host figure, verdict, knobs (`verl-npu plan`)
 """
 
 from verl_npu.config.loader import (

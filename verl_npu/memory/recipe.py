@@ -1,7 +1,7 @@
 """A recipe's memory plan: what each phase holds on one device, the host figure, the knobs (issue 26).
 
 `settings_from_recipe(rc)` reads the resolved recipe into `Settings` (plain numbers); `build_plan`
-puts the parts of `memory_plan` together per phase; `plan_recipe(rc, device_bytes, models)` does
+puts the parts of `verl_npu.memory.plan` together per phase; `plan_recipe(rc, device_bytes, models)` does
 both and adds the knobs: each is a change of one or two keys, planned again, with the bytes it saves
 at the peak. Imports no torch (validate stays instant); see docs/memory.md.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from verl_npu.registry import ROLLOUT_ENGINES
-from verl_npu.config import memory_plan as mp
-from verl_npu.config.memory_plan import ModelSize, Part, Phase, Plan
+from verl_npu.memory import plan as mp
+from verl_npu.memory.plan import ModelSize, Part, Phase, Plan
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
