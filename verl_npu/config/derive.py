@@ -147,8 +147,8 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             derived.append((target, inner, f"merged from top-level engine_kwargs.{engine}"))
 
     def vllm_prefill() -> None:
-        engine = ROLLOUT_ENGINES.find(val(ROLL + "name"))
-        if engine is None or not engine.chunked_prefill:
+        spec = ROLLOUT_ENGINES.find(val(ROLL + "name"))
+        if spec is None or not spec.chunked_prefill:
             return
         from verl_npu.device import configured_device  # lazily: validating an hf recipe needs no probe
 

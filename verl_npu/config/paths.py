@@ -8,9 +8,11 @@ when a critic is trained, the reward model's when it is enabled). What this mach
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import socket
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,13 +21,17 @@ from verl_npu.config import (  # noqa: F401 - register their rules
 )
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
-from verl_npu.registry import ROLES
+from verl_npu.registry import ROLES, RoleSpec
+
+def _role_needed(spec: RoleSpec, cfg: Any) -> bool:
+    return spec.needed(cfg["backend_config"])
+
 
 #: keys that name a model folder: a local folder, a tiny:// model or a hub id (data.tokenizer is refused unless null)
 MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "critic.model.path", BC + "reward_model.model.path")
 #: model path keys the run reads only in some configs: path key -> "is it read?" (on the whole config)
 _MODEL_PATH_USED_IF: dict[str, Callable[[Any], bool]] = {
-    BC + spec.model_key: lambda cfg, spec=spec: spec.needed(cfg["backend_config"])
+    BC + spec.model_key: functools.partial(_role_needed, spec)
     for spec in ROLES.specs.values() if spec.model_key and "always" not in spec.needed_when
 }
 #: model path keys whose folder must hold a particular kind of model (checked by the role's rules)
@@ -36,7 +42,7 @@ def _model_path_keys(cfg) -> list[str]:
     return [k for k in MODEL_PATH_KEYS if k not in _MODEL_PATH_USED_IF or _MODEL_PATH_USED_IF[k](cfg)]
 
 
-def resolve_hub_ids(rc, skip: set[str] = frozenset()) -> list[Problem]:
+def resolve_hub_ids(rc, skip: AbstractSet[str] = frozenset()) -> list[Problem]:
     """Replace every hub id (`owner/name[@revision]`) among the `MODEL_PATH_KEYS` values that is not
     a local folder by its snapshot folder in the Hugging Face cache (downloaded there when the hub
     is reachable and HF_HUB_OFFLINE is not set), in `rc.cfg` itself, so that workers and the rollout
@@ -62,7 +68,7 @@ def resolve_hub_ids(rc, skip: set[str] = frozenset()) -> list[Problem]:
     return problems
 
 
-def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
+def check_paths(rc, skip: AbstractSet[str] = frozenset()) -> list[Problem]:
     """Problems for data files, the model folder, the custom reward file and the LoRA adapter folder
     (model.lora_adapter_path: adapter_config.json in it) that do not exist. Hub ids among the model
     paths are first resolved to local folders (`resolve_hub_ids`, which changes `rc.cfg`); `tiny://`

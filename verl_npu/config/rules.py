@@ -487,6 +487,13 @@ def vllm_arg(c: Ctx, arg: str, rollout_key: str | None = None) -> _Arg | None:
     return _Arg(c(key), key, key in c.user_keys)
 
 
+def vllm_setting(c: Ctx, arg: str, rollout_key: str) -> _Arg:
+    """`vllm_arg` of an argument that has a rollout key (so always an answer)."""
+    found = vllm_arg(c, arg, rollout_key)
+    assert found is not None
+    return found
+
+
 def _vllm_rule(name: str, keys: tuple[str, ...], text: str):
     """`_rule` for a rule of the vllm rollout (`keys` holds rollout.name): its check runs only when
     actor_rollout_ref.rollout.name is vllm (the other engines get none of these engine arguments)."""
@@ -516,7 +523,7 @@ def _scheduler_args(c: Ctx):
     """What vLLM's scheduler gets (engine_kwargs.vllm wins over the rollout key): the token budget,
     max_num_seqs, max_model_len and enable_chunked_prefill, then the sequence length the engine holds
     (max_model_len when set, else prompt + response)."""
-    tokens, seqs, model_len, chunked = (vllm_arg(c, name, name) for name in (
+    tokens, seqs, model_len, chunked = (vllm_setting(c, name, name) for name in (
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill"))
     length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
     return tokens, seqs, model_len, chunked, length
@@ -631,7 +638,7 @@ def _vllm_tp_heads(c: Ctx) -> Iterator[Problem]:
 def _vllm_model_len(c: Ctx) -> Iterator[Problem]:
     if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
         return
-    model_len = vllm_arg(c, "max_model_len", "max_model_len")
+    model_len = vllm_setting(c, "max_model_len", "max_model_len")
     if not _int(model_len.value):
         return
     limit = model_length_limit(c(_MODEL))

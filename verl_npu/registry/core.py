@@ -33,7 +33,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # verl_npu/
 FILE_SEPARATOR = ".py:"
 PLUGINS_VARIABLE = "VERL_NPU_PLUGINS"
 
-S = TypeVar("S")
+S = TypeVar("S", bound="Spec")
 T = TypeVar("T")
 
 
@@ -69,7 +69,9 @@ class _Literal(ast.NodeVisitor):
         if isinstance(node, (ast.Tuple, ast.List)):
             return tuple(self.value(e) for e in node.elts)
         if isinstance(node, ast.Dict):
-            return {self.value(k): self.value(v) for k, v in zip(node.keys, node.values)}
+            if any(k is None for k in node.keys):
+                raise ValueError("a ** in a dict is not a literal")
+            return {self.value(k): self.value(v) for k, v in zip(node.keys, node.values) if k is not None}
         return ast.literal_eval(node)
 
 
@@ -77,12 +79,16 @@ def _module_constants(tree: ast.Module) -> dict[str, Any]:
     constants: dict[str, Any] = {}
     reader = _Literal(constants)
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) and node.value is not None else []
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
         for target in targets:
             if isinstance(target, ast.Name):
                 try:
-                    constants[target.id] = reader.value(node.value)
+                    constants[target.id] = reader.value(value)
                 except (ValueError, TypeError, SyntaxError):
                     pass
     return constants
@@ -128,7 +134,9 @@ class Registry(Generic[S]):
             declared = [d for d in node.decorator_list if isinstance(d, ast.Call) and self._is_register(d.func)]
             for call in declared:
                 args = [reader.value(a) for a in call.args]
-                fields = {k.arg: reader.value(k.value) for k in call.keywords}
+                if any(k.arg is None for k in call.keywords):
+                    raise ValueError(f"a ** argument in @{self.handle}.register is not a literal")
+                fields = {str(k.arg): reader.value(k.value) for k in call.keywords}
                 name = args[0] if args else fields.pop("name")
                 found.append(self.spec_type(name=name, target=f"{module}:{node.name}", **fields))
             if attribute is not None and not declared:   # a user's undecorated function: defaults, its docstring
@@ -213,7 +221,7 @@ class Registry(Generic[S]):
         """Declares `name` with its spec fields (literals: the registry reads them from the source) and,
         when the module is imported, binds the decorated object to it."""
         def bind(obj: T) -> T:
-            module = obj.__module__
+            module = getattr(obj, "__module__", "")
             declared = self._bound_spec(name, module, obj)
             for field, value in fields.items():
                 if getattr(declared, field) != (tuple(value) if isinstance(value, list) else value):
@@ -221,7 +229,8 @@ class Registry(Generic[S]):
                                         f"declares ({getattr(declared, field)!r}): use literals in @{self.handle}"
                                         ".register")
             known = self.implementations.get(declared.name)
-            if known is not None and known is not obj and getattr(known, "__qualname__", None) != obj.__qualname__:
+            if known is not None and known is not obj and getattr(known, "__qualname__", None) != getattr(
+                    obj, "__qualname__", None):
                 raise RegistryError(f"{self.what} {declared.name!r} is registered twice")
             self.implementations[declared.name] = obj
             return obj

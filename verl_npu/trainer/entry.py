@@ -6,7 +6,10 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import cast
 
+from verl_npu.config import RecipeConfig
+from verl_npu.config.sections import BackendConfigSection
 from verl_npu.errors import UserError, is_disk_full
 
 log = logging.getLogger("verl_npu")
@@ -37,10 +40,10 @@ def _run_config(rc) -> dict:
     """The resolved recipe as plain data: the run config that experiment trackers record."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(rc.cfg, resolve=True)
+    return cast(dict, OmegaConf.to_container(rc.cfg, resolve=True))
 
 
-def checkpoints_to_keep(cfg) -> int | None:
+def checkpoints_to_keep(cfg: BackendConfigSection) -> int | None:
     """How many `global_step_N` folders to keep: the smallest limit of the roles this run trains
     (`trainer.max_actor_ckpt_to_keep`, and `max_critic_ckpt_to_keep` with a critic; null: no limit).
     A step folder resumes only with every role's files, so a role's limit removes whole steps."""
@@ -52,7 +55,7 @@ def checkpoints_to_keep(cfg) -> int | None:
     return min(limits) if limits else None
 
 
-def build_workers(rc, total_training_steps: int, device):
+def build_workers(rc: RecipeConfig, total_training_steps: int, device):
     """In-process workers (one per role) for a single device; Ray workers (one per device, each hosting
     every role) otherwise. `device` is the run's `DeviceInfo`, resolved once from trainer.device by the
     driver and handed to every worker."""
@@ -82,7 +85,7 @@ def build_workers(rc, total_training_steps: int, device):
         return RayWorkerGroup(rc, total_training_steps, device)
 
 
-def run_training(rc, after_fit=None, device=None) -> int:
+def run_training(rc: RecipeConfig, after_fit=None, device=None) -> int:
     """Train as the recipe says. Returns the process exit code. `after_fit(workers)`, if given, is
     called once training has finished, while the workers are still up (tests inspect every rank).
     `device`: the `DeviceInfo` the caller resolved from trainer.device (`verl-npu run` prints it);
@@ -206,7 +209,7 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
                 f"the same command: " + (f"the last complete checkpoint, {latest}, is intact and the run resumes "
                                          f"from it" if latest is not None else
                                          f"no checkpoint was complete yet in {checkpoints.root}")) from None
-        cause = exc
+        cause: BaseException | None = exc
         while cause is not None:  # a worker's OOM arrives wrapped in the worker group's error
             if device.is_oom_error(cause):
                 raise UserError(_oom_advice(rc)) from exc
@@ -251,7 +254,7 @@ def _tool_schemas(cfg) -> list[dict] | None:
     return [tool_schema_dict(t) for t in load_tools(mt.tool_config_path, mt.function_tool_path).values()]
 
 
-def _check_agent_names(cfg, dataset) -> None:
+def _check_agent_names(cfg: BackendConfigSection, dataset) -> None:
     from verl_npu.config.schema_multiturn import AGENT_LOOPS
     from verl_npu.registry import ROLLOUT_ENGINES, image_engines
 

@@ -27,12 +27,15 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch
-from verl_npu.registry import REWARD_MANAGERS, ROLES, ROLLOUT_ENGINES, estimator_spec
+from verl_npu.config import RecipeConfig
+from verl_npu.config.sections import BackendConfigSection
+from verl_npu.registry import ADVANTAGE_ESTIMATORS, REWARD_MANAGERS, ROLES, ROLLOUT_ENGINES
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.trainer import preempt
 from verl_npu.trainer.checkpoint import (
@@ -50,6 +53,7 @@ from verl_npu.trainer.readable import readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.workers.actor import OldLogProbs, needs_reference
 from verl_npu.workers.balance import balance_for_ranks
+from verl_npu.workers.engine import TrainResult
 from verl_npu.workers.group import WorkerGroup
 from verl_npu.workers.roles import checkpointed_roles
 
@@ -82,7 +86,7 @@ class EngineOutOfSync(UserError):
 class PPOTrainer:
     def __init__(
         self,
-        rc,
+        rc: RecipeConfig,
         workers: WorkerGroup,
         tokenizer,
         train_loader,
@@ -93,7 +97,8 @@ class PPOTrainer:
         total_training_steps: int,
     ):
         self.rc = rc
-        self.cfg = rc.typed  # the typed backend config (verl_npu.config.typed)
+        self.cfg: BackendConfigSection = rc.typed  # the typed backend config (verl_npu.config.sections)
+        self.last_saved: tuple[int, Path] | None = None  # (step, folder) of this run's newest save (`fit`)
         self.out_dir = Path(rc.cfg.af_output_dir)
         self.workers = workers
         self.tokenizer = tokenizer
@@ -161,6 +166,7 @@ class PPOTrainer:
         checkpoint a rerun continues from."""
         name = preempt.signal_name(signum)
         step = self.global_step
+        path: Path | None
         if self.last_saved is not None and self.last_saved[0] == step:
             path, how = self.last_saved[1], "saved"
         elif self.cfg.trainer.save_on_preempt:
@@ -185,7 +191,7 @@ class PPOTrainer:
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self, resume_from: Path | None = None) -> dict[str, float]:
         trainer_cfg = self.cfg.trainer
-        self.last_saved: tuple[int, Path] | None = None  # (step, folder) of this run's newest save
+        self.last_saved = None  # (step, folder) of this run's newest save
         self.resume(resume_from)
         self.tracker.total_steps = self.total_training_steps
         # a resumed run already logged its validation at this step: validating again would add a row
@@ -279,16 +285,17 @@ class PPOTrainer:
                     batch.update(self.workers.compute_values(batch))
             with timed("adv", timings):
                 kl_metrics = self.compute_advantages(batch)
-            critic_metrics = {}
+            critic_metrics: dict[str, float] = {}
             if has_critic:
                 with timed("update_critic", timings):
                     critic_metrics = self.workers.update_critic(batch)
-            actor_metrics = {}
+            actor_metrics: dict[str, float] = {}
             if update_actor:
                 with timed("update_actor", timings):
                     actor_metrics = self.workers.update_actor(batch, old)
             if old is OldLogProbs.UPDATE_FORWARD:  # the pass skipped: the update's forward's entropies
-                entropy = algorithms.masked_mean(actor_metrics.columns["entropys"], batch["response_mask"].float())
+                kept = cast(TrainResult, actor_metrics).columns["entropys"]
+                entropy = algorithms.masked_mean(kept, batch["response_mask"].float())
             if self.cfg.trainer.rollout_data_dir:
                 self.dump_generations(batch, Path(self.cfg.trainer.rollout_data_dir))
         metrics = {
@@ -316,7 +323,7 @@ class PPOTrainer:
         prompts.set("uid", [f"{tag}-{i}" for i in range(len(prompts))])
         with timed("gen", timings):
             batch = self.workers.generate_sequences(prompts, self.train_sampling)
-        if estimator_spec(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
+        if ADVANTAGE_ESTIMATORS.spec(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with timed("gen_max", timings):
                 batch.set("baseline_rewards", self.greedy_baseline(prompts))
         if score:
