@@ -1,4 +1,4 @@
-"""The package's layers import one way, and nothing imports in a circle (issue 22; docs/architecture.md).
+"""The package's layers import one way, and nothing imports in a circle (docs/architecture.md).
 
 Every `import` of a verl_npu module is read from the source (the AST), inside functions too, so a lazy
 import counts like a top-level one. Layers, lowest first:

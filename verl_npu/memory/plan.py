@@ -1,4 +1,4 @@
-"""The per-device memory plan of a recipe (issue 26): pure arithmetic, no torch, so `validate` stays instant.
+"""The per-device memory plan of a recipe: pure arithmetic, no torch, so `validate` stays instant.
 
 `verl_npu.memory.recipe.plan_recipe(rc, ...)` reads the resolved recipe and each role's
 `config.json` and returns a `Plan`: per phase (rollout, old log-probs, ref log-probs, actor update,

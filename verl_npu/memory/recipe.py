@@ -1,4 +1,4 @@
-"""A recipe's memory plan: what each phase holds on one device, the host figure, the knobs (issue 26).
+"""A recipe's memory plan: what each phase holds on one device, the host figure, the knobs.
 
 `settings_from_recipe(rc)` reads the resolved recipe into `Settings` (plain numbers); `build_plan`
 puts the parts of `verl_npu.memory.plan` together per phase; `plan_recipe(rc, device_bytes, models)` does
