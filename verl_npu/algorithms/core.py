@@ -150,10 +150,11 @@ def _sequence_scores(token_level_rewards: torch.Tensor, response_mask: torch.Ten
     return (token_level_rewards * response_mask).sum(dim=-1)
 
 
-@registry.ADVANTAGE_ESTIMATORS.register("grpo", needs_group=True, group_mean_std=True,
-    doc='group-normalised sequence score')
+@registry.ADVANTAGE_ESTIMATORS.register("grpo", needs_group=True, group_mean_std=True)
 def grpo_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """GRPO: ``s_i = Σ_t r_{i,t}``; per group g (same uid) of size n_g:
+    """group-normalised sequence score
+
+    GRPO: ``s_i = Σ_t r_{i,t}``; per group g (same uid) of size n_g:
 
     - ``norm_adv_by_std_in_grpo`` true (default): ``A_i = (s_i - mean_g) / (std_g + 1e-6)`` with the
       unbiased std (``torch.std``, divisor n_g - 1);
@@ -178,10 +179,11 @@ def grpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
     return advantages, advantages
 
 
-@registry.ADVANTAGE_ESTIMATORS.register("rloo", needs_group=True,
-    doc='score minus the leave-one-out group mean')
+@registry.ADVANTAGE_ESTIMATORS.register("rloo", needs_group=True)
 def rloo_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """RLOO: ``s_i = Σ_t r_{i,t}``; ``A_i = s_i - (Σ_{j in g, j≠i} s_j) / (n_g - 1)`` (leave-one-out
+    """score minus the leave-one-out group mean
+
+    RLOO: ``s_i = Σ_t r_{i,t}``; ``A_i = s_i - (Σ_{j in g, j≠i} s_j) / (n_g - 1)`` (leave-one-out
     mean of the other responses to the same prompt). A group of one row has baseline 0 (``A_i = s_i``).
 
     Broadcast over the response tokens; returns = advantages.
@@ -199,10 +201,11 @@ def rloo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
     return advantages, advantages
 
 
-@registry.ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", needs_group=False,
-    doc='discounted return, whitened over the batch')
+@registry.ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", needs_group=False)
 def reinforce_plus_plus_advantage(token_level_rewards, response_mask, group_ids=None, config=None, **_unused):
-    """REINFORCE++: discounted return per token, computed backwards with ``gamma`` (config, default 1):
+    """discounted return, whitened over the batch
+
+    REINFORCE++: discounted return per token, computed backwards with ``gamma`` (config, default 1):
 
     ``G_t = r_t + gamma·G_{t+1}·mask_{t+1}`` (the running return restarts after a padded position,
     so nothing leaks across the end of a response), ``returns = G·mask``;
@@ -222,10 +225,11 @@ def reinforce_plus_plus_advantage(token_level_rewards, response_mask, group_ids=
     return advantages, returns
 
 
-@registry.ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", needs_group=False,
-    doc='score minus the group mean, whitened over the batch')
+@registry.ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", needs_group=False)
 def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """REINFORCE++ with a group-mean baseline: ``s_i = Σ_t r_{i,t}``; ``b_i`` = mean of ``s_j`` over
+    """score minus the group mean, whitened over the batch
+
+    REINFORCE++ with a group-mean baseline: ``s_i = Σ_t r_{i,t}``; ``b_i`` = mean of ``s_j`` over
     the rows j with the same uid as i (a group of one row uses ``b_i = 0``); ``a_{i,t} = (s_i - b_i)·mask``
     broadcast over the response tokens; ``advantages = masked_whiten(a, mask)·mask`` (mean and
     unbiased variance over all response tokens of the batch). Returns = advantages.
@@ -241,10 +245,11 @@ def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, g
     return advantages, advantages
 
 
-@registry.ADVANTAGE_ESTIMATORS.register("remax", needs_group=False, inputs=('baseline_rewards',),
-    doc='return minus the score of a greedy response')
+@registry.ADVANTAGE_ESTIMATORS.register("remax", needs_group=False, inputs=('baseline_rewards',))
 def remax_advantage(token_level_rewards, response_mask, group_ids=None, config=None, *, baseline_rewards=None, **_):
-    """ReMax: ``returns_{i,t} = Σ_{t'≥t} r_{i,t'}·mask`` (undiscounted reward-to-go);
+    """return minus the score of a greedy response
+
+    ReMax: ``returns_{i,t} = Σ_{t'≥t} r_{i,t'}·mask`` (undiscounted reward-to-go);
     ``A_{i,t} = (returns_{i,t} - b_i)·mask_{i,t}`` where ``b_i`` (``baseline_rewards`` [B]) is the
     score of the greedy response to the same prompt. Returns ``(A, returns)``.
     """
@@ -261,11 +266,11 @@ def remax_advantage(token_level_rewards, response_mask, group_ids=None, config=N
     return advantages, returns
 
 
-@registry.ADVANTAGE_ESTIMATORS.register("gae", needs_group=False, inputs=('values',),
-    doc=("generalised advantage estimation from a critic's values (gamma, lam), whitened over "
-         'the batch; trains a critic'))
+@registry.ADVANTAGE_ESTIMATORS.register("gae", needs_group=False, inputs=('values',))
 def gae_advantage(token_level_rewards, response_mask, group_ids=None, config=None, *, values=None, **_unused):
-    """Generalised advantage estimation from the critic's ``values`` [B, T] (PPO).
+    """generalised advantage estimation from a critic's values (gamma, lam), whitened over the batch; trains a critic
+
+    Generalised advantage estimation from the critic's ``values`` [B, T] (PPO).
 
     Per row, t runs from the last response position to the first with ``next_value = 0`` and
     ``running = 0``: ``delta_t = r_t + gamma·next_value - V_t``, ``cand_t = delta_t + gamma·lam·running``;
@@ -376,7 +381,7 @@ def agg_loss(
 # ----------------------------------------------------------------------------- policy loss
 
 
-@registry.POLICY_LOSSES.register("vanilla", bypass_replaces=True, doc="dual-clip PPO")
+@registry.POLICY_LOSSES.register("vanilla", bypass_replaces=True)
 def ppo_policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -391,7 +396,9 @@ def ppo_policy_loss(
     rollout_is_weights: torch.Tensor | None = None,
     **agg_kwargs: Any,
 ) -> dict[str, torch.Tensor]:
-    """Dual-clip PPO policy loss (verl's ``vanilla``).
+    """dual-clip PPO
+
+    Dual-clip PPO policy loss (verl's ``vanilla``).
 
     ``r = exp(clamp(logp - old, -20, 20))``;
     ``L1 = -A·r``, ``L2 = -A·clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)``, ``Lc = max(L1, L2)``;

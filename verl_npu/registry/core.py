@@ -5,7 +5,8 @@ An implementation is registered by decorating it in its own module:
     @POLICY_LOSSES.register("gspo", doc="PPO clip on the sequence-level ratio")
     def gspo_policy_loss(...): ...
 
-The decorator's arguments are literals (constants, tuples, dicts, module-level string constants of the same
+The decorator's arguments are literals; without a `doc` argument the spec's doc is the first paragraph of
+the object's docstring. The arguments are literals (constants, tuples, dicts, module-level string constants of the same
 file, `+` of strings), so the registry reads every entry's spec from the source text (the AST) of the files
 under its package folders (or files): asking which names exist and what each can do (the config validation does)
 imports neither the implementation nor torch. When the module is imported, the same decorator binds the
@@ -138,6 +139,8 @@ class Registry(Generic[S]):
                     raise ValueError(f"a ** argument in @{self.handle}.register is not a literal")
                 fields = {str(k.arg): reader.value(k.value) for k in call.keywords}
                 name = args[0] if args else fields.pop("name")
+                if "doc" not in fields:   # the docstring's first paragraph says what it is
+                    fields["doc"] = " ".join((ast.get_docstring(node) or "").split("\n\n")[0].split())
                 found.append(self.spec_type(name=name, target=f"{module}:{node.name}", **fields))
             if attribute is not None and not declared:   # a user's undecorated function: defaults, its docstring
                 doc = (ast.get_docstring(node) or "").strip().split("\n")[0]
