@@ -43,7 +43,7 @@ _KEYS: list[Key] = []
 
 def _k(path: str, default: Any, type_: str, doc: str, **kw: Any) -> None:
     full = path if path.split(".")[0] in TOP_LEVEL else f"backend_config.{path}"
-    _KEYS.append(Key(full, default, type_, doc, **kw))
+    _KEYS.append(Key(full, default, type_, doc, **kw))  # noqa: F821 - deleted once SCHEMA is built
 
 
 def _fsdp_keys(prefix: str, whose: str, *, trained: bool = True, offload_note: str = "",

@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Optional, cast
+from typing import Any, cast
 
 from verl_npu.config.key import BOOL, DICT, FLOAT, FLOAT_LIST, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key
 from verl_npu.config.schema import SCHEMA, VERL_SECTIONS
@@ -108,7 +108,7 @@ def section_fields(path: str) -> list[tuple[str, Any, str]]:
         py = _PY_TYPES.get(key.type, Any)
         nullable = key.allows_null and py is not Any
         text = {Any: "Any", FrozenDict: "FrozenDict"}.get(py, getattr(py, "__name__", "Any"))
-        fields.append((name, Optional[py] if nullable else py, f"{text} | None" if nullable else text))
+        fields.append((name, py | None if nullable else py, f"{text} | None" if nullable else text))
     for name in _CHILDREN.get(path, []):
         fields.append((name, _class_name(f"{path}.{name}"), _class_name(f"{path}.{name}")))
     return fields

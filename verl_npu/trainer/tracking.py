@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-logger = logging.getLogger(__name__)
-
 from verl_npu.registry import METRIC_SINKS
 from verl_npu.trainer.loggers import open_sink
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_LOGGERS = METRIC_SINKS.names()
 METRICS_FILE = "metrics.jsonl"
