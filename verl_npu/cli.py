@@ -22,8 +22,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from verl_npu.errors import ConfigErrors, UserError, run_command
+
+if TYPE_CHECKING:
+    from verl_npu.config import RecipeConfig
 
 
 def _say(text: str = "") -> None:
@@ -75,9 +79,9 @@ def _parquet_rows(files) -> int | None:
     return total
 
 
-def summary_lines(rc) -> list[str]:
+def summary_lines(rc: RecipeConfig) -> list[str]:
     """The validate summary: sizes per step and per update, accumulation, steps, derived values."""
-    b = rc.backend
+    b = rc.typed
     actor, n, world = b.actor_rollout_ref.actor, int(b.actor_rollout_ref.rollout.n), rc.world_size
     tbs, mini = int(b.data.train_batch_size), int(actor.ppo_mini_batch_size)
     per_device = mini * n // world
@@ -259,7 +263,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     rc = load_recipe(args.recipe, args.overrides)
     _warn(rc)
-    path = rc.backend.actor_rollout_ref.model.path
+    path = rc.typed.actor_rollout_ref.model.path
     if isinstance(path, str) and path.startswith("tiny://") and model_numbers(path) is None:
         from verl_npu.models.tiny import materialize  # builds the tiny model once (seconds), as a run would
 
@@ -326,8 +330,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say("[verl-npu] data and model paths found")
     _say(f"[verl-npu] {_plan_summary(rc, getattr(args, 'device_memory', None))}")
     _refuse_if_it_will_not_fit(rc, getattr(args, "force", False), getattr(args, "device_memory", None))
-    info = detect_device(rc.backend.trainer.device)
-    _say(f"[verl-npu] device: {info.kind} (trainer.device={rc.backend.trainer.device})")
+    info = detect_device(rc.typed.trainer.device)
+    _say(f"[verl-npu] device: {info.kind} (trainer.device={rc.typed.trainer.device})")
     _say("[verl-npu] starting training")
     from verl_npu.trainer.preempt import Preempted, handle_signals
 

@@ -114,8 +114,8 @@ def may_make_demo_data(rc, demo_data: bool = False) -> bool:
     from verl_npu.data import as_file_list
     from verl_npu.models.tiny import is_tiny_uri
 
-    data = rc.backend.data
-    model = str(rc.backend.actor_rollout_ref.model.path)
+    data = rc.typed.data
+    model = str(rc.typed.actor_rollout_ref.model.path)
     if not is_tiny_uri(model):
         return False
     train, val = as_file_list(data.train_files or []), as_file_list(data.val_files or [])
@@ -130,8 +130,8 @@ def prepare_assets(rc, demo_data: bool = False) -> list[str]:
     from verl_npu.data import as_file_list
     from verl_npu.models.tiny import is_tiny_uri, materialize
 
-    data = rc.backend.data
-    model_path = str(rc.backend.actor_rollout_ref.model.path)
+    data = rc.typed.data
+    model_path = str(rc.typed.actor_rollout_ref.model.path)
     if not is_tiny_uri(model_path):
         return []
     made = []
@@ -139,8 +139,8 @@ def prepare_assets(rc, demo_data: bool = False) -> list[str]:
     wanted = [(f, split) for files, split in ((train, "train"), (val, "test")) for f in files]
     missing = [(Path(os.path.expanduser(f)), split) for f, split in wanted if not Path(os.path.expanduser(f)).exists()]
     if missing:
-        mt = rc.backend.actor_rollout_ref.rollout.get("multi_turn")
-        enabled = bool(mt is not None and mt.get("enable"))
+        mt = rc.typed.actor_rollout_ref.rollout.multi_turn
+        enabled = bool(mt.enable)
         writer = _data_writer(model_path, multi_turn=enabled,
                               interaction=enabled and bool(mt.get("interaction_config_path")),
                               search=enabled and _uses_search_tool(mt.get("tool_config_path")))
