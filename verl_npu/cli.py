@@ -163,7 +163,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn(rc) -> None:
+def _warn(rc: RecipeConfig) -> None:
     for w in rc.warnings:
         print(f"warning: {w}", file=sys.stderr, flush=True)
 
@@ -217,7 +217,7 @@ def _size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _plan_summary(rc, device_memory: str | None = None) -> str:
+def _plan_summary(rc: RecipeConfig, device_memory: str | None = None) -> str:
     """validate's and run's one line about memory (never an error: a plan that cannot be made says why)."""
     from verl_npu.memory.recipe import plan_for, summary_line
 
@@ -228,7 +228,7 @@ def _plan_summary(rc, device_memory: str | None = None) -> str:
     return summary_line(plan) if plan is not None else f"memory plan: {why}"
 
 
-def _refuse_if_it_will_not_fit(rc, force: bool, device_memory: str | None = None) -> None:
+def _refuse_if_it_will_not_fit(rc: RecipeConfig, force: bool, device_memory: str | None = None) -> None:
     """`run`: stop before any worker starts when the plan says the peak will not fit (unless --force).
     Only where the device's memory is known (the CPU, or --device-memory): for an accelerator whose card
     is assumed, a warning (a wrong refusal would stop a run that fits a larger card)."""

@@ -19,6 +19,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verl_npu.config import RecipeConfig
 
 log = logging.getLogger("verl_npu")
 
@@ -107,7 +111,7 @@ def demo_data_paths() -> list[tuple[str, str, str]]:
     return pairs
 
 
-def may_make_demo_data(rc, demo_data: bool = False) -> bool:
+def may_make_demo_data(rc: RecipeConfig, demo_data: bool = False) -> bool:
     """True when `run` may write synthetic data to the recipe's train/val files: a `tiny://`
     model, one train and one val file, and either `demo_data` (the `--demo-data` flag) or the
     model and files are a shipped demo recipe's own."""
@@ -124,7 +128,7 @@ def may_make_demo_data(rc, demo_data: bool = False) -> bool:
     return demo_data or (model, _resolved(train[0]), _resolved(val[0])) in demo_data_paths()
 
 
-def prepare_assets(rc, demo_data: bool = False) -> list[str]:
+def prepare_assets(rc: RecipeConfig, demo_data: bool = False) -> list[str]:
     """Make what a demo recipe needs (see the module docstring); returns a line per thing made.
     Nothing is made for a recipe whose model is not a `tiny://` model."""
     from verl_npu.data import as_file_list

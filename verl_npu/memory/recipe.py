@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from verl_npu.registry import ROLLOUT_ENGINES
 from verl_npu.memory import plan as mp
 from verl_npu.memory.plan import ModelSize, Part, Phase, Plan
+
+if TYPE_CHECKING:
+    from verl_npu.config import RecipeConfig
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -87,7 +90,7 @@ class Settings:
         return max(1, self.train_batch * self.n * self.sp // self.world)
 
 
-def settings_from_recipe(rc, accelerator: bool | None = None) -> Settings:
+def settings_from_recipe(rc: RecipeConfig, accelerator: bool | None = None) -> Settings:
     """The `Settings` of a resolved recipe (`verl_npu.config.load_recipe`); `accelerator`: plan for an
     accelerator (bf16 compute) or the CPU (float32); None: the recipe's trainer.device (auto: an accelerator)."""
     from verl_npu.registry import ROLES
@@ -456,7 +459,7 @@ def add_knobs(plan: Plan, s: Settings, actor: ModelSize, **models) -> Plan:
     return plan
 
 
-def plan_recipe(rc, device_bytes: int, device_name: str, models: dict[str, ModelSize | None],
+def plan_recipe(rc: RecipeConfig, device_bytes: int, device_name: str, models: dict[str, ModelSize | None],
                 accelerator: bool | None = None) -> Plan:
     """The plan of a resolved recipe; `models`: "actor" (required), "critic", "reward" ModelSizes."""
     s = settings_from_recipe(rc, accelerator)
@@ -537,7 +540,7 @@ def _plans_accelerator(requested) -> bool:
     return device is not None and device.kind != "cpu"
 
 
-def device_memory(rc, spec: str | None = None) -> tuple[int, str, bool]:
+def device_memory(rc: RecipeConfig, spec: str | None = None) -> tuple[int, str, bool]:
     """(bytes, name, an accelerator?) of the device the plan is for: --device-memory when given; on CPU this machine's
     memory shared by the node's workers; on an accelerator the kind's usual card (device layer table)."""
     from verl_npu.device import DEFAULT_ACCELERATOR, DEVICE_MEMORY_GIB, configured_device, host_memory_bytes
@@ -561,7 +564,7 @@ def device_memory(rc, spec: str | None = None) -> tuple[int, str, bool]:
         "--device-memory to change)", True
 
 
-def plan_for(rc, spec: str | None = None) -> tuple[Plan | None, str]:
+def plan_for(rc: RecipeConfig, spec: str | None = None) -> tuple[Plan | None, str]:
     """The plan of a resolved recipe on its device, or (None, why not) when the model's numbers are unknown."""
     b = rc.backend
     actor = model_numbers(b.actor_rollout_ref.model.path)

@@ -15,7 +15,7 @@ from verl_npu.errors import UserError, is_disk_full
 log = logging.getLogger("verl_npu")
 
 
-def total_steps(cfg, steps_per_epoch: int) -> int:
+def total_steps(cfg: BackendConfigSection, steps_per_epoch: int) -> int:
     """epochs x batches per epoch, or trainer.total_training_steps when set and smaller (as in
     verl, the run ends at whichever limit comes first)."""
     by_epochs = cfg.trainer.total_epochs * steps_per_epoch
@@ -24,7 +24,7 @@ def total_steps(cfg, steps_per_epoch: int) -> int:
     return by_epochs
 
 
-def _oom_advice(rc) -> str:
+def _oom_advice(rc: RecipeConfig) -> str:
     ckpt = rc.backend.trainer.default_local_dir
     return (
         "the device ran out of memory. Lower one of: "
@@ -36,7 +36,7 @@ def _oom_advice(rc) -> str:
     )
 
 
-def _run_config(rc) -> dict:
+def _run_config(rc: RecipeConfig) -> dict:
     """The resolved recipe as plain data: the run config that experiment trackers record."""
     from omegaconf import OmegaConf
 
@@ -100,7 +100,7 @@ def run_training(rc: RecipeConfig, after_fit=None, device=None) -> int:
         return _run_training_locked(rc, after_fit, device)
 
 
-def _run_training_locked(rc, after_fit=None, device=None) -> int:
+def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.data import RLDataset, StatefulBatchLoader
     from verl_npu.device import apply_env_defaults, detect_device
     from verl_npu.models.loading import load_tokenizer_and_processor
@@ -137,8 +137,9 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
     train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data, tools=tools)
     _check_agent_names(cfg, train_set)
     # DAPO's dynamic sampling reads batches of data.gen_batch_size prompts (verl_npu/trainer/dynamic_sampling.py)
-    dynamic = cfg.algorithm.filter_groups.enable and cfg.data.gen_batch_size is not None
-    loader_batch = cfg.data.gen_batch_size if dynamic else cfg.data.train_batch_size
+    gen_batch = cfg.data.gen_batch_size
+    dynamic = cfg.algorithm.filter_groups.enable and gen_batch is not None
+    loader_batch = gen_batch if dynamic and gen_batch is not None else cfg.data.train_batch_size
     train_loader = StatefulBatchLoader(
         train_set, loader_batch, cfg.data.shuffle, cfg.data.seed, drop_last=True,
         num_workers=cfg.data.dataloader_num_workers,
@@ -166,6 +167,7 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
              steps, len(train_loader), cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n)
 
     reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
+    assert cfg.trainer.default_local_dir is not None, "derived by the config loader when unset"
     checkpoints = CheckpointManager(cfg.trainer.default_local_dir, checkpoints_to_keep(cfg))
     resume_step = 0
     latest = checkpoints.resolve_resume(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
@@ -226,7 +228,7 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
     return 0
 
 
-def _log_summary(cfg, out_dir: Path, tracker) -> None:
+def _log_summary(cfg: BackendConfigSection, out_dir: Path, tracker) -> None:
     """Log the end-of-run summary (verl_npu.trainer.summary); a summary that fails only warns."""
     from verl_npu.trainer.summary import run_summary
 
@@ -242,7 +244,7 @@ def _log_summary(cfg, out_dir: Path, tracker) -> None:
     log.info("%s", "\n".join(lines))
 
 
-def _tool_schemas(cfg) -> list[dict] | None:
+def _tool_schemas(cfg: BackendConfigSection) -> list[dict] | None:
     """With multi-turn rollout and a tool config: the tools built once here (a bad file, an unknown class
     or a schema that does not match its class is a UserError naming the file and key, before anything
     starts), and their OpenAI schemas for the prompts."""

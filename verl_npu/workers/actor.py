@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,11 +30,14 @@ from verl_npu.rollout.base import ROLLOUT_DTYPES, RolloutEngine, SamplingParams
 from verl_npu.workers import parallel
 from verl_npu.workers.engine import TrainingEngine, TrainResult, micro_batching
 
+if TYPE_CHECKING:
+    from verl_npu.config.sections import BackendConfigSection
+
 #: the columns every forward of the policy reads (the micro-batch split and trim read the attention mask)
 FORWARD_READS = ("input_ids", "attention_mask", "responses", "multi_modal_inputs")
 
 
-def needs_reference(cfg) -> bool:
+def needs_reference(cfg: BackendConfigSection) -> bool:
     """The reference policy is loaded only when some KL term uses it (`cfg`: the typed backend config)."""
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
@@ -64,7 +68,7 @@ class OldLogProbs(str, Enum):
     UPDATE_FORWARD = "update_forward"   # the pass skipped as redundant: each micro-batch's own forward
 
 
-def old_log_prob_pass_needed(cfg, module) -> list[str]:
+def old_log_prob_pass_needed(cfg: BackendConfigSection, module) -> list[str]:
     """Why the separate old-log-prob forward must run; empty when it is provably redundant.
 
     It is redundant exactly when the old log-probs equal what the update's own (single) forward
@@ -106,7 +110,7 @@ class ActorRolloutRefWorker:
     """The actor role: the policy's engine (trained with the PPO loss), the reference policy's
     frozen engine (or, with LoRA, the policy's with its adapters off) and the rollout engine."""
 
-    def __init__(self, cfg, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
         """`cfg`: the typed backend config (the rollout engine it builds reads it whole); `device`: the
         run's `DeviceInfo`, resolved once by the driver."""
         self.cfg = cfg

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +37,9 @@ from verl_npu.models.loading import apply_override_config, is_vision_language, l
 from verl_npu.models.loading import resolve_model_path
 from verl_npu.models.tiny import is_tiny_uri
 from verl_npu.workers.engine import TrainingEngine, micro_batching
+
+if TYPE_CHECKING:
+    from verl_npu.config.sections import BackendConfigSection
 
 RM_KEY = "reward_model.model"
 log = logging.getLogger("verl_npu")
@@ -134,7 +138,7 @@ class RewardModelWorker:
     """The reward model role: a frozen engine and `last_token_scores` as its forward. It reads only
     the `reward_model` section of the typed backend config `cfg`."""
 
-    def __init__(self, cfg, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
         self.cfg = cfg.reward_model
         self.engine = TrainingEngine("reward_model", device, rank=rank, world_size=world_size)
 
