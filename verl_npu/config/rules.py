@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from omegaconf import DictConfig
 
@@ -27,10 +27,7 @@ from verl_npu.config.tree import (
     ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, SkipRule, get, get_unless_bad, is_placeholder, scalar,
 )
 from verl_npu.errors import Problem
-from verl_npu.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, ROLLOUT_ENGINES, estimator_spec, is_file_entry
-
-#: the keys whose value may be a user's `path/file.py:function`, and the registry that reads the file
-USER_FILE_REGISTRIES = {r.key: r for r in (POLICY_LOSSES, ADVANTAGE_ESTIMATORS)}
+from verl_npu.registry import ADVANTAGE_ESTIMATORS, METRIC_SINKS, ROLLOUT_ENGINES, estimator_spec, registry_of
 
 
 # ------------------------------------------------------------------ per-key checks
@@ -104,9 +101,9 @@ def check_key(key: Key, value: Any) -> list[Problem]:
         if v in key.unsupported:
             return [Problem(p, f"verl-npu does not support {key.short.rsplit('.', 1)[-1]}={v} yet",
                             key.instead or f"use one of: {', '.join(map(str, key.choices))}")]
-        if key.user_files and is_file_entry(v):
-            return [Problem(p, problem, "fix the file or the name after the colon")
-                    for problem in [USER_FILE_REGISTRIES[key.short].file_problem(v)] if problem]
+        if key.user_files and registry_of(key.short).user_files_allowed(v):
+            problem = registry_of(key.short).file_problem(v)
+            return [Problem(p, problem, "fix the file or the name after the colon")] if problem else []
         if key.choices and v not in key.choices:
             return [Problem(p, f"{v!r} is not one of {', '.join(map(str, key.choices))}",
                             f"pick one of: {', '.join(map(str, key.choices))}"
@@ -250,8 +247,7 @@ _CRITIC_KEYS = tuple(_CRITIC + k for k in ("enable", "ppo_mini_batch_size", "ppo
        "data.train_batch_size and x rollout.n divisible by the device count; without use_dynamic_bsz its micro "
        "batch divides the per-device mini batch; with it, its token budgets hold one sequence")
 def _critic_batches(c: Ctx) -> Iterator[Problem]:
-    estimator = estimator_spec(c(ALGO + "adv_estimator"))
-    gae = estimator is not None and estimator.needs_critic
+    gae = bool(getattr(estimator_spec(c(ALGO + "adv_estimator")), "needs_critic", False))
     if gae and c(_CRITIC + "enable") is False:
         yield Problem(_CRITIC + "enable", "is false but algorithm.adv_estimator=gae needs a critic's values",
                       "leave critic.enable unset (or true), or use a critic-free estimator")
@@ -316,8 +312,7 @@ def _dynamic_consistent(c: Ctx) -> Iterator[Problem]:
        + ", ".join(s.name for s in ADVANTAGE_ESTIMATORS.specs.values() if s.needs_group) + "): rollout.n must be >= 2")
 def _group_needs_n(c: Ctx) -> Iterator[Problem]:
     est = c(ALGO + "adv_estimator")
-    spec = estimator_spec(est)
-    if spec is not None and spec.needs_group and c(_N) < 2:
+    if getattr(estimator_spec(est), "needs_group", False) and c(_N) < 2:
         yield Problem(_N, f"adv_estimator={est} needs at least 2 responses per prompt, got n={c(_N)}",
                       "set actor_rollout_ref.rollout.n=4 (or more)")
 
@@ -334,12 +329,9 @@ def _gdpo_weights(c: Ctx) -> Iterator[Problem]:
 @_rule("logger_library", (TRAINER + "logger",),
        "every tracker in trainer.logger (wandb, mlflow, swanlab) needs its library: pip install 'verl-npu[NAME]'")
 def _logger_library(c: Ctx) -> Iterator[Problem]:
-    from verl_npu.registry import METRIC_SINKS
-
     loggers = c(TRAINER + "logger")
     for name in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
-        spec = METRIC_SINKS.find(name)
-        problem = spec.missing_library() if spec is not None else None
+        problem = METRIC_SINKS.specs[name].missing_library() if name in METRIC_SINKS.specs else None
         if problem:
             what, _, fix = problem.partition(": ")
             yield Problem(TRAINER + "logger", f"{name}: {what}", fix)
@@ -487,13 +479,6 @@ def vllm_arg(c: Ctx, arg: str, rollout_key: str | None = None) -> _Arg | None:
     return _Arg(c(key), key, key in c.user_keys)
 
 
-def vllm_setting(c: Ctx, arg: str, rollout_key: str) -> _Arg:
-    """`vllm_arg` of an argument that has a rollout key (so always an answer)."""
-    found = vllm_arg(c, arg, rollout_key)
-    assert found is not None
-    return found
-
-
 def _vllm_rule(name: str, keys: tuple[str, ...], text: str):
     """`_rule` for a rule of the vllm rollout (`keys` holds rollout.name): its check runs only when
     actor_rollout_ref.rollout.name is vllm (the other engines get none of these engine arguments)."""
@@ -523,7 +508,7 @@ def _scheduler_args(c: Ctx):
     """What vLLM's scheduler gets (engine_kwargs.vllm wins over the rollout key): the token budget,
     max_num_seqs, max_model_len and enable_chunked_prefill, then the sequence length the engine holds
     (max_model_len when set, else prompt + response)."""
-    tokens, seqs, model_len, chunked = (vllm_setting(c, name, name) for name in (
+    tokens, seqs, model_len, chunked = (cast(_Arg, vllm_arg(c, name, name)) for name in (
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill"))
     length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
     return tokens, seqs, model_len, chunked, length
@@ -638,7 +623,7 @@ def _vllm_tp_heads(c: Ctx) -> Iterator[Problem]:
 def _vllm_model_len(c: Ctx) -> Iterator[Problem]:
     if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
         return
-    model_len = vllm_setting(c, "max_model_len", "max_model_len")
+    model_len = cast(_Arg, vllm_arg(c, "max_model_len", "max_model_len"))   # a rollout key: always an answer
     if not _int(model_len.value):
         return
     limit = model_length_limit(c(_MODEL))

@@ -10,60 +10,44 @@ from verl_npu.config.section_base import FrozenDict, Section
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Actor_FsdpConfig_QatSection(Section):
-    """The `actor_rollout_ref.actor.fsdp_config.qat` config section."""
-
+class ActorRolloutRef_Actor_FsdpConfig_QatSection(Section):  # actor_rollout_ref.actor.fsdp_config.qat
     enable: bool | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Actor_FsdpConfig_WrapPolicySection(Section):
-    """The `actor_rollout_ref.actor.fsdp_config.wrap_policy` config section."""
-
+class ActorRolloutRef_Actor_FsdpConfig_WrapPolicySection(Section):  # actor_rollout_ref.actor.fsdp_config.wrap_policy
     min_num_params: int
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Ref_FsdpConfig_QatSection(Section):
-    """The `actor_rollout_ref.ref.fsdp_config.qat` config section."""
-
+class ActorRolloutRef_Ref_FsdpConfig_QatSection(Section):  # actor_rollout_ref.ref.fsdp_config.qat
     enable: bool | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Ref_FsdpConfig_WrapPolicySection(Section):
-    """The `actor_rollout_ref.ref.fsdp_config.wrap_policy` config section."""
-
+class ActorRolloutRef_Ref_FsdpConfig_WrapPolicySection(Section):  # actor_rollout_ref.ref.fsdp_config.wrap_policy
     min_num_params: int | None
 
 
 @dataclass(frozen=True)
-class Critic_Model_FsdpConfig_WrapPolicySection(Section):
-    """The `critic.model.fsdp_config.wrap_policy` config section."""
-
+class Critic_Model_FsdpConfig_WrapPolicySection(Section):  # critic.model.fsdp_config.wrap_policy
     min_num_params: int
 
 
 @dataclass(frozen=True)
-class RewardModel_Model_FsdpConfig_WrapPolicySection(Section):
-    """The `reward_model.model.fsdp_config.wrap_policy` config section."""
-
+class RewardModel_Model_FsdpConfig_WrapPolicySection(Section):  # reward_model.model.fsdp_config.wrap_policy
     min_num_params: int
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Actor_CheckpointSection(Section):
-    """The `actor_rollout_ref.actor.checkpoint` config section."""
-
+class ActorRolloutRef_Actor_CheckpointSection(Section):  # actor_rollout_ref.actor.checkpoint
     save_contents: tuple
     load_contents: tuple
     async_save: bool | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Actor_FsdpConfigSection(Section):
-    """The `actor_rollout_ref.actor.fsdp_config` config section."""
-
+class ActorRolloutRef_Actor_FsdpConfigSection(Section):  # actor_rollout_ref.actor.fsdp_config
     param_offload: bool
     optimizer_offload: bool
     reshard_after_forward: bool
@@ -82,9 +66,7 @@ class ActorRolloutRef_Actor_FsdpConfigSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Actor_OptimSection(Section):
-    """The `actor_rollout_ref.actor.optim` config section."""
-
+class ActorRolloutRef_Actor_OptimSection(Section):  # actor_rollout_ref.actor.optim
     lr: float
     lr_warmup_steps: int
     lr_warmup_steps_ratio: float
@@ -101,9 +83,7 @@ class ActorRolloutRef_Actor_OptimSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Actor_PolicyLossSection(Section):
-    """The `actor_rollout_ref.actor.policy_loss` config section."""
-
+class ActorRolloutRef_Actor_PolicyLossSection(Section):  # actor_rollout_ref.actor.policy_loss
     loss_mode: str
     clip_cov_ratio: float
     clip_cov_lb: float
@@ -114,9 +94,7 @@ class ActorRolloutRef_Actor_PolicyLossSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Actor_ProfilerSection(Section):
-    """The `actor_rollout_ref.actor.profiler` config section."""
-
+class ActorRolloutRef_Actor_ProfilerSection(Section):  # actor_rollout_ref.actor.profiler
     enable: bool
     all_ranks: bool
     ranks: tuple
@@ -127,54 +105,40 @@ class ActorRolloutRef_Actor_ProfilerSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Actor_QatSection(Section):
-    """The `actor_rollout_ref.actor.qat` config section."""
-
+class ActorRolloutRef_Actor_QatSection(Section):  # actor_rollout_ref.actor.qat
     enable: bool | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Actor_RouterReplaySection(Section):
-    """The `actor_rollout_ref.actor.router_replay` config section."""
-
+class ActorRolloutRef_Actor_RouterReplaySection(Section):  # actor_rollout_ref.actor.router_replay
     mode: str | None
     record_file: str | None
     replay_file: str | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Model_FusedKernelOptionsSection(Section):
-    """The `actor_rollout_ref.model.fused_kernel_options` config section."""
-
+class ActorRolloutRef_Model_FusedKernelOptionsSection(Section):  # actor_rollout_ref.model.fused_kernel_options
     impl_backend: str
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Model_LoraSection(Section):
-    """The `actor_rollout_ref.model.lora` config section."""
-
+class ActorRolloutRef_Model_LoraSection(Section):  # actor_rollout_ref.model.lora
     rank: int | None
     adapter_path: str | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Model_MtpSection(Section):
-    """The `actor_rollout_ref.model.mtp` config section."""
-
+class ActorRolloutRef_Model_MtpSection(Section):  # actor_rollout_ref.model.mtp
     enable: bool | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Model_TiledMlpSection(Section):
-    """The `actor_rollout_ref.model.tiled_mlp` config section."""
-
+class ActorRolloutRef_Model_TiledMlpSection(Section):  # actor_rollout_ref.model.tiled_mlp
     enabled: bool | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Ref_FsdpConfigSection(Section):
-    """The `actor_rollout_ref.ref.fsdp_config` config section."""
-
+class ActorRolloutRef_Ref_FsdpConfigSection(Section):  # actor_rollout_ref.ref.fsdp_config
     param_offload: bool
     forward_prefetch: bool
     offload_policy: bool | None
@@ -190,9 +154,7 @@ class ActorRolloutRef_Ref_FsdpConfigSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Ref_ProfilerSection(Section):
-    """The `actor_rollout_ref.ref.profiler` config section."""
-
+class ActorRolloutRef_Ref_ProfilerSection(Section):  # actor_rollout_ref.ref.profiler
     enable: bool
     all_ranks: bool
     ranks: tuple
@@ -203,50 +165,38 @@ class ActorRolloutRef_Ref_ProfilerSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Ref_RouterReplaySection(Section):
-    """The `actor_rollout_ref.ref.router_replay` config section."""
-
+class ActorRolloutRef_Ref_RouterReplaySection(Section):  # actor_rollout_ref.ref.router_replay
     mode: str | None
     record_file: str | None
     replay_file: str | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Rollout_AgentSection(Section):
-    """The `actor_rollout_ref.rollout.agent` config section."""
-
+class ActorRolloutRef_Rollout_AgentSection(Section):  # actor_rollout_ref.rollout.agent
     default_agent_loop: str
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Rollout_CheckpointEngineSection(Section):
-    """The `actor_rollout_ref.rollout.checkpoint_engine` config section."""
-
+class ActorRolloutRef_Rollout_CheckpointEngineSection(Section):  # actor_rollout_ref.rollout.checkpoint_engine
     backend: str | None
     engine_kwargs: FrozenDict | None
     custom_backend_module: str | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Rollout_DisaggregationSection(Section):
-    """The `actor_rollout_ref.rollout.disaggregation` config section."""
-
+class ActorRolloutRef_Rollout_DisaggregationSection(Section):  # actor_rollout_ref.rollout.disaggregation
     enabled: bool | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Rollout_EngineKwargsSection(Section):
-    """The `actor_rollout_ref.rollout.engine_kwargs` config section."""
-
+class ActorRolloutRef_Rollout_EngineKwargsSection(Section):  # actor_rollout_ref.rollout.engine_kwargs
     vllm: FrozenDict
     sglang: FrozenDict
     trtllm: FrozenDict | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Rollout_MultiTurnSection(Section):
-    """The `actor_rollout_ref.rollout.multi_turn` config section."""
-
+class ActorRolloutRef_Rollout_MultiTurnSection(Section):  # actor_rollout_ref.rollout.multi_turn
     enable: bool
     max_assistant_turns: int | None
     max_user_turns: int | None
@@ -264,9 +214,7 @@ class ActorRolloutRef_Rollout_MultiTurnSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Rollout_ProfilerSection(Section):
-    """The `actor_rollout_ref.rollout.profiler` config section."""
-
+class ActorRolloutRef_Rollout_ProfilerSection(Section):  # actor_rollout_ref.rollout.profiler
     enable: bool
     all_ranks: bool
     ranks: tuple
@@ -277,23 +225,17 @@ class ActorRolloutRef_Rollout_ProfilerSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Rollout_PrometheusSection(Section):
-    """The `actor_rollout_ref.rollout.prometheus` config section."""
-
+class ActorRolloutRef_Rollout_PrometheusSection(Section):  # actor_rollout_ref.rollout.prometheus
     enable: bool | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Rollout_TraceSection(Section):
-    """The `actor_rollout_ref.rollout.trace` config section."""
-
+class ActorRolloutRef_Rollout_TraceSection(Section):  # actor_rollout_ref.rollout.trace
     backend: str | None
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_Rollout_ValKwargsSection(Section):
-    """The `actor_rollout_ref.rollout.val_kwargs` config section."""
-
+class ActorRolloutRef_Rollout_ValKwargsSection(Section):  # actor_rollout_ref.rollout.val_kwargs
     top_k: int
     top_p: float
     temperature: float
@@ -302,9 +244,7 @@ class ActorRolloutRef_Rollout_ValKwargsSection(Section):
 
 
 @dataclass(frozen=True)
-class Critic_Model_FsdpConfigSection(Section):
-    """The `critic.model.fsdp_config` config section."""
-
+class Critic_Model_FsdpConfigSection(Section):  # critic.model.fsdp_config
     param_offload: bool
     optimizer_offload: bool
     reshard_after_forward: bool
@@ -314,9 +254,7 @@ class Critic_Model_FsdpConfigSection(Section):
 
 
 @dataclass(frozen=True)
-class RewardModel_Model_FsdpConfigSection(Section):
-    """The `reward_model.model.fsdp_config` config section."""
-
+class RewardModel_Model_FsdpConfigSection(Section):  # reward_model.model.fsdp_config
     param_offload: bool
     reshard_after_forward: bool
     fsdp_size: int
@@ -325,9 +263,7 @@ class RewardModel_Model_FsdpConfigSection(Section):
 
 
 @dataclass(frozen=True)
-class RewardModel_RewardKwargs_OverlongBufferCfgSection(Section):
-    """The `reward_model.reward_kwargs.overlong_buffer_cfg` config section."""
-
+class RewardModel_RewardKwargs_OverlongBufferCfgSection(Section):  # reward_model.reward_kwargs.overlong_buffer_cfg
     enable: bool
     len: int
     penalty_factor: float
@@ -335,9 +271,7 @@ class RewardModel_RewardKwargs_OverlongBufferCfgSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_ActorSection(Section):
-    """The `actor_rollout_ref.actor` config section."""
-
+class ActorRolloutRef_ActorSection(Section):  # actor_rollout_ref.actor
     strategy: str
     ppo_mini_batch_size: int
     ppo_micro_batch_size_per_gpu: int | None
@@ -379,9 +313,7 @@ class ActorRolloutRef_ActorSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_ModelSection(Section):
-    """The `actor_rollout_ref.model` config section."""
-
+class ActorRolloutRef_ModelSection(Section):  # actor_rollout_ref.model
     path: str | None
     external_lib: str | None
     override_config: FrozenDict
@@ -406,9 +338,7 @@ class ActorRolloutRef_ModelSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_RefSection(Section):
-    """The `actor_rollout_ref.ref` config section."""
-
+class ActorRolloutRef_RefSection(Section):  # actor_rollout_ref.ref
     log_prob_micro_batch_size_per_gpu: int | None
     log_prob_use_dynamic_bsz: bool | None
     log_prob_max_token_len_per_gpu: int
@@ -420,9 +350,7 @@ class ActorRolloutRef_RefSection(Section):
 
 
 @dataclass(frozen=True)
-class ActorRolloutRef_RolloutSection(Section):
-    """The `actor_rollout_ref.rollout` config section."""
-
+class ActorRolloutRef_RolloutSection(Section):  # actor_rollout_ref.rollout
     name: str
     mode: str
     temperature: float
@@ -483,9 +411,7 @@ class ActorRolloutRef_RolloutSection(Section):
 
 
 @dataclass(frozen=True)
-class Algorithm_FilterGroupsSection(Section):
-    """The `algorithm.filter_groups` config section."""
-
+class Algorithm_FilterGroupsSection(Section):  # algorithm.filter_groups
     enable: bool
     metric: str | None
     max_num_gen_batches: int
@@ -493,9 +419,7 @@ class Algorithm_FilterGroupsSection(Section):
 
 
 @dataclass(frozen=True)
-class Algorithm_KlCtrlSection(Section):
-    """The `algorithm.kl_ctrl` config section."""
-
+class Algorithm_KlCtrlSection(Section):  # algorithm.kl_ctrl
     type: str
     kl_coef: float
     horizon: int
@@ -503,18 +427,14 @@ class Algorithm_KlCtrlSection(Section):
 
 
 @dataclass(frozen=True)
-class Algorithm_RewardNormSection(Section):
-    """The `algorithm.reward_norm` config section."""
-
+class Algorithm_RewardNormSection(Section):  # algorithm.reward_norm
     method: str
     grouping: str
     clip: float | None
 
 
 @dataclass(frozen=True)
-class Algorithm_RolloutCorrectionSection(Section):
-    """The `algorithm.rollout_correction` config section."""
-
+class Algorithm_RolloutCorrectionSection(Section):  # algorithm.rollout_correction
     rollout_is: str | None
     rollout_is_threshold: Any
     rollout_is_batch_normalize: bool
@@ -525,9 +445,7 @@ class Algorithm_RolloutCorrectionSection(Section):
 
 
 @dataclass(frozen=True)
-class Critic_ModelSection(Section):
-    """The `critic.model` config section."""
-
+class Critic_ModelSection(Section):  # critic.model
     path: str | None
     override_config: FrozenDict
     enable_gradient_checkpointing: bool
@@ -536,9 +454,7 @@ class Critic_ModelSection(Section):
 
 
 @dataclass(frozen=True)
-class Critic_OptimSection(Section):
-    """The `critic.optim` config section."""
-
+class Critic_OptimSection(Section):  # critic.optim
     lr: float
     lr_warmup_steps: int
     lr_warmup_steps_ratio: float
@@ -551,33 +467,25 @@ class Critic_OptimSection(Section):
 
 
 @dataclass(frozen=True)
-class Data_CustomClsSection(Section):
-    """The `data.custom_cls` config section."""
-
+class Data_CustomClsSection(Section):  # data.custom_cls
     path: str | None
     name: str | None
 
 
 @dataclass(frozen=True)
-class Data_DatagenSection(Section):
-    """The `data.datagen` config section."""
-
+class Data_DatagenSection(Section):  # data.datagen
     path: str | None
     name: str | None
 
 
 @dataclass(frozen=True)
-class Data_SamplerSection(Section):
-    """The `data.sampler` config section."""
-
+class Data_SamplerSection(Section):  # data.sampler
     class_path: str | None
     class_name: str | None
 
 
 @dataclass(frozen=True)
-class RewardModel_ModelSection(Section):
-    """The `reward_model.model` config section."""
-
+class RewardModel_ModelSection(Section):  # reward_model.model
     path: str | None
     input_tokenizer: str | None
     trust_remote_code: bool
@@ -590,17 +498,13 @@ class RewardModel_ModelSection(Section):
 
 
 @dataclass(frozen=True)
-class RewardModel_RewardKwargsSection(Section):
-    """The `reward_model.reward_kwargs` config section."""
-
+class RewardModel_RewardKwargsSection(Section):  # reward_model.reward_kwargs
     max_resp_len: int | None
     overlong_buffer_cfg: RewardModel_RewardKwargs_OverlongBufferCfgSection
 
 
 @dataclass(frozen=True)
-class ActorRolloutRefSection(Section):
-    """The `actor_rollout_ref` config section."""
-
+class ActorRolloutRefSection(Section):  # actor_rollout_ref
     hybrid_engine: bool
     model: ActorRolloutRef_ModelSection
     actor: ActorRolloutRef_ActorSection
@@ -609,9 +513,7 @@ class ActorRolloutRefSection(Section):
 
 
 @dataclass(frozen=True)
-class AlgorithmSection(Section):
-    """The `algorithm` config section."""
-
+class AlgorithmSection(Section):  # algorithm
     gamma: float
     lam: float
     adv_estimator: str
@@ -628,9 +530,7 @@ class AlgorithmSection(Section):
 
 
 @dataclass(frozen=True)
-class CriticSection(Section):
-    """The `critic` config section."""
-
+class CriticSection(Section):  # critic
     enable: bool | None
     strategy: str
     ulysses_sequence_parallel_size: int
@@ -650,9 +550,7 @@ class CriticSection(Section):
 
 
 @dataclass(frozen=True)
-class CustomRewardFunctionSection(Section):
-    """The `custom_reward_function` config section."""
-
+class CustomRewardFunctionSection(Section):  # custom_reward_function
     path: str | None
     name: str
     reward_kwargs: FrozenDict
@@ -660,9 +558,7 @@ class CustomRewardFunctionSection(Section):
 
 
 @dataclass(frozen=True)
-class DataSection(Section):
-    """The `data` config section."""
-
+class DataSection(Section):  # data
     tokenizer: str | None
     train_files: Any
     val_files: Any
@@ -701,9 +597,7 @@ class DataSection(Section):
 
 
 @dataclass(frozen=True)
-class GlobalProfilerSection(Section):
-    """The `global_profiler` config section."""
-
+class GlobalProfilerSection(Section):  # global_profiler
     tool: str | None
     steps: tuple | None
     profile_continuous_steps: bool
@@ -713,17 +607,13 @@ class GlobalProfilerSection(Section):
 
 
 @dataclass(frozen=True)
-class RayInitSection(Section):
-    """The `ray_init` config section."""
-
+class RayInitSection(Section):  # ray_init
     num_cpus: int | None
     timeline_json_file: str | None
 
 
 @dataclass(frozen=True)
-class RewardModelSection(Section):
-    """The `reward_model` config section."""
-
+class RewardModelSection(Section):  # reward_model
     enable: bool
     strategy: str
     ulysses_sequence_parallel_size: int
@@ -738,9 +628,7 @@ class RewardModelSection(Section):
 
 
 @dataclass(frozen=True)
-class TrainerSection(Section):
-    """The `trainer` config section."""
-
+class TrainerSection(Section):  # trainer
     balance_batch: bool
     total_epochs: int
     total_training_steps: int | None
@@ -773,9 +661,7 @@ class TrainerSection(Section):
 
 
 @dataclass(frozen=True)
-class BackendConfigSection(Section):
-    """The `backend_config` config section."""
-
+class BackendConfigSection(Section):  # backend_config
     data: DataSection
     actor_rollout_ref: ActorRolloutRefSection
     critic: CriticSection
@@ -788,8 +674,6 @@ class BackendConfigSection(Section):
 
 
 @dataclass(frozen=True)
-class EngineKwargsSection(Section):
-    """The `engine_kwargs` config section."""
-
+class EngineKwargsSection(Section):  # engine_kwargs
     vllm: FrozenDict
     sglang: FrozenDict

@@ -32,8 +32,7 @@ def render() -> str:
     parts = [HEADER]
     for path in typed.section_paths():
         name = typed._class_name(path)
-        lines = ["", "", "@dataclass(frozen=True)", f"class {name}(Section):",
-                 f'    """The `{typed._short(path)}` config section."""', ""]
+        lines = ["", "", "@dataclass(frozen=True)", f"class {name}(Section):  # {typed._short(path)}"]
         lines += [f"    {field}: {text}" for field, _, text in typed.section_fields(path)]
         parts.append("\n".join(lines) + "\n")
     return "".join(parts)

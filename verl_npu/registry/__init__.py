@@ -194,6 +194,11 @@ REWARD_MANAGERS: Registry[RewardManagerSpec] = Registry(
 METRIC_SINKS: Registry[MetricSinkSpec] = Registry(
     "METRIC_SINKS", "logger", "trainer.logger", MetricSinkSpec, ("trainer/tracking.py", "trainer"),
     unsupported=("clearml", "trackio", "vemlp_wandb", "rl_insight"))
+def registry_of(key: str) -> Registry:
+    """The registry whose entries the config key `key` names (`algorithm.adv_estimator`, ...)."""
+    return next(reg for reg in ALL if reg.key == key)
+
+
 def image_engines() -> list[str]:
     """The engines that take images in multi-turn conversations."""
     return [spec.name for spec in ROLLOUT_ENGINES.specs.values() if spec.images_in_multiturn]
