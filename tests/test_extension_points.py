@@ -50,3 +50,11 @@ def test_the_toys_are_refused_by_name_without_their_registration(tmp_path):
     text = proc.stdout + proc.stderr
     assert "rollout.name" in text and "'toy_hf' is not one of" in text
     assert "policy_loss.loss_mode" in text and "defines no top-level 'no_such_loss'" in text
+
+
+def test_a_missing_plugin_file_is_a_clear_error(tmp_path):
+    env = cli_env(VERL_NPU_PLUGINS=str(tmp_path / "no_such_plugin.py"))
+    proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "validate", "tiny_gsm8k"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "$VERL_NPU_PLUGINS names files that do not exist" in proc.stderr and "no_such_plugin.py" in proc.stderr

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from verl_npu.errors import UserError
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # verl_npu/
 FILE_SEPARATOR = ".py:"
 PLUGINS_VARIABLE = "VERL_NPU_PLUGINS"
@@ -38,8 +40,9 @@ S = TypeVar("S", bound="Spec")
 T = TypeVar("T")
 
 
-class RegistryError(ValueError):
-    """A name no registry entry has, a file entry that cannot be read, or two declarations of one name."""
+class RegistryError(UserError, ValueError):
+    """A name no registry entry has, a file entry that cannot be read, or two declarations of one name
+    (a user's error: the CLI prints it without a traceback)."""
 
 
 @dataclasses.dataclass(frozen=True)
