@@ -9,7 +9,7 @@ anything else. The leaf keys themselves are in tests/data/verl_ppo_trainer_keys.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, INT_LIST, STR, STR_LIST
 
@@ -90,6 +90,7 @@ def _rollout_and_model(noop, off, refused) -> None:
     noop(f"{RO}.qat", None, DICT, "verl's engine copy of the actor's fsdp_config.qat; QAT is refused there.")
     off(f"{RO}.disaggregation.enabled", False, BOOL, "prefill-decode disaggregation (an SGLang feature)",
         LEAVE + " (false)")
+    default: Any
     for leaf, default, type_ in (("prefill_replicas", 1, INT), ("decode_replicas", 1, INT),
                                  ("decode_tensor_model_parallel_size", None, INT), ("transfer_backend", "nixl", STR),
                                  ("bootstrap_port", None, INT), ("ib_device", None, STR)):

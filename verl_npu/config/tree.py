@@ -7,7 +7,7 @@ Imports only `schema` (and omegaconf/yaml): every other config module may import
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -88,7 +88,7 @@ def read_yaml_file(path: Path) -> dict:
                 if not isinstance(plain, dict) else f"a {type(loaded).__name__}")
         raise UserError(f"{path}: not a YAML mapping: a recipe must be a YAML mapping with af_output_dir, "
                         f"backend_config and engine_kwargs, not {what}")
-    return OmegaConf.to_container(loaded, resolve=False)
+    return cast(dict, OmegaConf.to_container(loaded, resolve=False))
 
 
 def known_section(path: str) -> bool:

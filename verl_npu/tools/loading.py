@@ -10,36 +10,19 @@ with one name. `run_method` calls a tool method that may be plain or `async def`
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from verl_npu.errors import UserError
+from verl_npu.registry.core import load_file
 from verl_npu.tool_registry import BUILTIN_FUNCTION_NAMES, ToolEntry, class_target, read_tool_config
 
 KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 TOOL_METHODS = ("create", "execute", "release")
-
-
-def _import_file(path: Path):
-    name = "verl_npu_user_tools_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
 
 
 def named_class(target: tuple[str, str, str], entry_where: str, class_name: str, config_key: str,
@@ -51,7 +34,7 @@ def named_class(target: tuple[str, str, str], entry_where: str, class_name: str,
     try:
         if kind == "file":
             path = Path(os.path.expanduser(where))
-            module = _import_file(path if path.is_absolute() else Path.cwd() / path)
+            module = load_file(path if path.is_absolute() else Path.cwd() / path)
         else:
             module = importlib.import_module(where)
     except Exception as err:  # the user's module failed to import: its error, named
