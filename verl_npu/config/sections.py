@@ -654,6 +654,7 @@ class TrainerSection(Section):  # trainer
     max_actor_ckpt_to_keep: int | None
     max_critic_ckpt_to_keep: int | None
     save_on_preempt: bool
+    cpu_threads: int | None
     max_consecutive_skipped_updates: int | None
     device: str | None
     profile_steps: tuple | None
