@@ -4,7 +4,7 @@ Every `import` of a verl_npu module is read from the source (the AST), inside fu
 import counts like a top-level one. Layers, lowest first:
 
     0  bottom: errors, batch, device, algorithms, optim, hub, and the name registries (policy_losses,
-       estimators, rollout_engines, metric_sinks, rollout_corrections, tool_registry)
+       estimators, rollout_engines, metric_sinks, rollout_corrections, tool_registry, distillation_losses)
     1  config (recipe files found and copied by config/recipes.py)
     2  models, rewards (the scores of answers)
     3  tools (the answer-check tools score with rewards; the grid environments and their demo maps)
@@ -39,7 +39,7 @@ LAYERS = [
     (r"verl_npu\.(models|rewards)(\..*)?$", 2),
     (r"verl_npu\.config(\..*)?$", 1),
     (r"verl_npu(\.(errors|batch|device|algorithms(\..*)?|optim|hub|policy_losses|estimators|rollout_engines"
-     r"|metric_sinks|rollout_corrections|tool_registry))?$", 0),
+     r"|metric_sinks|rollout_corrections|tool_registry|distillation_losses))?$", 0),
 ]
 HEAVY = ("torch", "ray", "vllm", "vllm_ascend", "torch_npu", "transformers")
 

@@ -33,15 +33,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from verl_npu.algorithms.core import agg_loss, kl_penalty, masked_mean, ppo_policy_loss
+from verl_npu.algorithms.core import agg_loss, kl_penalty, masked_mean, policy_loss_fn
+from verl_npu.distillation_losses import TOPK_LOSS_MODES
 
 #: the top-k mode: the teacher sends `topk` (token id, log-prob) pairs per position
-TOPK_MODES = ("forward_kl_topk",)
+TOPK_MODES = TOPK_LOSS_MODES
 #: the single-sample estimator modes: the teacher sends the log-prob of the sampled token
 ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 DISTILLATION_LOSS_MODES = TOPK_MODES + ESTIMATOR_MODES
-#: the policy losses `use_policy_gradient` may use (as in verl 0.9.1: only vanilla)
-DISTILLATION_POLICY_LOSSES = ("vanilla",)
 #: the dual-clip bound of the policy-gradient form (the distillation section has no clip_ratio_c; verl uses 3)
 DISTILLATION_CLIP_RATIO_C = 3.0
 #: metrics that are a minimum / a maximum over tokens (reduced with min / max over micro-batches, not averaged)
@@ -156,13 +155,14 @@ def distillation_term(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The distillation loss of one micro-batch from its per-token loss ``per_token`` [B, T].
 
-    ``loss_cfg`` is the `distillation_loss` section (loss_max_clamp, use_policy_gradient, clip_ratio,
-    clip_ratio_low, clip_ratio_high). Metrics: ``distillation/loss_min`` / ``loss_max`` of ``per_token`` over
-    the response tokens (before the clamp). With ``loss_max_clamp`` = m, ``L = clamp(per_token, -m, m)``.
-    Without ``use_policy_gradient``: ``agg_loss(L, mask, loss_agg_mode, **agg)`` (``agg``: the global token /
-    sequence counts, as for the policy loss). With it: `ppo_policy_loss` (vanilla, dual clip 3) of ``log_prob``
-    against ``old_log_prob`` with advantages ``-L`` (detached), clip ratios ``clip_ratio_low`` /
-    ``clip_ratio_high`` (each ``clip_ratio`` when null) and the rollout-correction weights, plus its metrics as
+    ``loss_cfg`` is the `distillation_loss` section (loss_max_clamp, use_policy_gradient, policy_loss_mode,
+    clip_ratio, clip_ratio_low, clip_ratio_high). Metrics: ``distillation/loss_min`` / ``loss_max`` of
+    ``per_token`` over the response tokens (before the clamp). With ``loss_max_clamp`` = m,
+    ``L = clamp(per_token, -m, m)``. Without ``use_policy_gradient``: ``agg_loss(L, mask, loss_agg_mode, **agg)``
+    (``agg``: the global token / sequence counts, as for the policy loss). With it: the policy loss
+    ``policy_loss_mode`` (verl 0.9.1 allows vanilla only: dual-clip PPO, dual clip 3) of ``log_prob`` against
+    ``old_log_prob`` with advantages ``-L`` (detached), clip ratios ``clip_ratio_low`` / ``clip_ratio_high``
+    (each ``clip_ratio`` when null) and the rollout-correction weights, plus its metrics as
     ``distillation/pg_clipfrac``, ``distillation/ppo_kl``, ``distillation/pg_clipfrac_lower``.
     """
     on = response_mask.bool()
@@ -176,8 +176,9 @@ def distillation_term(
         raise ValueError("distillation with use_policy_gradient needs log_prob and old_log_prob")
     low = loss_cfg.clip_ratio_low if loss_cfg.clip_ratio_low is not None else loss_cfg.clip_ratio
     high = loss_cfg.clip_ratio_high if loss_cfg.clip_ratio_high is not None else loss_cfg.clip_ratio
-    pg = ppo_policy_loss(log_prob, old_log_prob, -losses.detach(), response_mask, low, high,
-                         DISTILLATION_CLIP_RATIO_C, loss_agg_mode, rollout_is_weights=rollout_is_weights, **agg)
+    pg = policy_loss_fn(loss_cfg.policy_loss_mode)(
+        log_prob, old_log_prob, -losses.detach(), response_mask, low, high, DISTILLATION_CLIP_RATIO_C, loss_agg_mode,
+        rollout_is_weights=rollout_is_weights, **agg)
     metrics.update({f"distillation/{k}": float(v) for k, v in pg.items() if k != "pg_loss"})
     return pg["pg_loss"], metrics
 

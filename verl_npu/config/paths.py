@@ -15,18 +15,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 from verl_npu.config import (  # noqa: F401 - register their rules
-    rules_dapo, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
+    rules_dapo, rules_distill, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
 )
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
 from verl_npu.estimators import needs_critic
 
 #: keys that name a model folder: a local folder, a tiny:// model or a hub id (data.tokenizer is refused unless null)
-MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "critic.model.path", BC + "reward_model.model.path")
+MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "critic.model.path", BC + "reward_model.model.path",
+                   rules_distill.TEACHER_PATH)
 #: model path keys the run reads only in some configs: path key -> "is it read?" (on the whole config)
 _MODEL_PATH_USED_IF: dict[str, Callable[[Any], bool]] = {
     BC + "critic.model.path": lambda cfg: needs_critic(cfg["backend_config"]),
     BC + "reward_model.model.path": lambda cfg: bool(get(cfg, BC + "reward_model.enable")),
+    rules_distill.TEACHER_PATH: lambda cfg: bool(get(cfg, BC + "distillation.enabled")),
 }
 #: model path keys whose folder must hold a particular kind of model (checked by the role's rules)
 _MODEL_KIND_CHECKED = (BC + "reward_model.model.path",)

@@ -272,6 +272,9 @@ class PPOTrainer:
             if needs_reference(cfg):
                 with timed("ref", timings):
                     batch.update(self.workers.compute_ref_log_prob(batch))
+            if "teacher" in self.workers.roles:  # on-policy distillation: the teacher scores these samples
+                with timed("teacher", timings):
+                    batch.update(self.workers.dispatch("compute_teacher_log_probs", batch, role="teacher"))
             if has_critic:
                 with timed("values", timings):
                     batch.update(self.workers.compute_values(batch))

@@ -48,6 +48,8 @@ register_role("critic", "verl_npu.workers.critic:CriticWorker", needs_critic,
 register_role("reward_model", "verl_npu.workers.reward_model:RewardModelWorker",
               lambda cfg: cfg.reward_model.enable,
               "frozen sequence-classification reward model (reward_model.enable)", checkpointed=False)
+register_role("teacher", "verl_npu.workers.distillation:TeacherWorker", lambda cfg: cfg.distillation.enabled,
+              "frozen teacher that scores the student's samples (distillation.enabled)", checkpointed=False)
 
 
 def roles_for(cfg) -> list[str]:
