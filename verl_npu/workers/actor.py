@@ -290,8 +290,9 @@ class ActorRolloutRefWorker:
         return metrics
 
     def _train_forward(self, module, part: Batch):
-        """(log-probs, entropies, KL inputs) of a training micro-batch; the exact (`full`) KL also
-        needs both whole distributions, the policy's and the reference's, at every position."""
+        """(log-probs, entropies, KL inputs, logits or None) of a training micro-batch; the exact (`full`) KL
+        also needs both whole distributions, the policy's and the reference's, at every position; the top-k
+        distillation loss the policy's (its temperature-scaled logits, else None)."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
         full_kl = actor_cfg.use_kl_loss and actor_cfg.kl_loss_type == "full"
         # the top-k distillation loss reads the student's whole distribution too
