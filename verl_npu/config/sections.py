@@ -35,6 +35,11 @@ class Critic_Model_FsdpConfig_WrapPolicySection(Section):  # critic.model.fsdp_c
 
 
 @dataclass(frozen=True)
+class Distillation_TeacherModels_TeacherModel_InferenceSection(Section):  # distillation.teacher_models.teacher_model.inference
+    max_model_len: int | None
+
+
+@dataclass(frozen=True)
 class RewardModel_Model_FsdpConfig_WrapPolicySection(Section):  # reward_model.model.fsdp_config.wrap_policy
     min_num_params: int
 
@@ -251,6 +256,12 @@ class Critic_Model_FsdpConfigSection(Section):  # critic.model.fsdp_config
     fsdp_size: int
     forward_prefetch: bool
     wrap_policy: Critic_Model_FsdpConfig_WrapPolicySection
+
+
+@dataclass(frozen=True)
+class Distillation_TeacherModels_TeacherModelSection(Section):  # distillation.teacher_models.teacher_model
+    model_path: str | None
+    inference: Distillation_TeacherModels_TeacherModel_InferenceSection
 
 
 @dataclass(frozen=True)
@@ -485,6 +496,26 @@ class Data_SamplerSection(Section):  # data.sampler
 
 
 @dataclass(frozen=True)
+class Distillation_DistillationLossSection(Section):  # distillation.distillation_loss
+    loss_mode: str
+    topk: int
+    use_task_rewards: bool
+    distillation_loss_coef: float
+    loss_max_clamp: float | None
+    log_prob_min_clamp: float | None
+    use_policy_gradient: bool
+    policy_loss_mode: str
+    clip_ratio: float
+    clip_ratio_low: float | None
+    clip_ratio_high: float | None
+
+
+@dataclass(frozen=True)
+class Distillation_TeacherModelsSection(Section):  # distillation.teacher_models
+    teacher_model: Distillation_TeacherModels_TeacherModelSection
+
+
+@dataclass(frozen=True)
 class RewardModel_ModelSection(Section):  # reward_model.model
     path: str | None
     input_tokenizer: str | None
@@ -597,6 +628,13 @@ class DataSection(Section):  # data
 
 
 @dataclass(frozen=True)
+class DistillationSection(Section):  # distillation
+    enabled: bool
+    distillation_loss: Distillation_DistillationLossSection
+    teacher_models: Distillation_TeacherModelsSection
+
+
+@dataclass(frozen=True)
 class GlobalProfilerSection(Section):  # global_profiler
     tool: str | None
     steps: tuple | None
@@ -668,6 +706,7 @@ class BackendConfigSection(Section):  # backend_config
     reward_model: RewardModelSection
     custom_reward_function: CustomRewardFunctionSection
     algorithm: AlgorithmSection
+    distillation: DistillationSection
     trainer: TrainerSection
     global_profiler: GlobalProfilerSection
     ray_init: RayInitSection

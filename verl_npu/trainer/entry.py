@@ -109,6 +109,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.preempt import Preempted
     from verl_npu.trainer.tracking import Tracker, keep_aside, setup_run_logging
+    from verl_npu.workers.distillation import check_teacher_tokenizer
 
     cfg = rc.typed
     out_dir = Path(rc.cfg.af_output_dir)
@@ -133,6 +134,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
         custom_chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
     )
+    check_teacher_tokenizer(cfg, tokenizer)  # distillation: the teacher reads the student's token ids
     tools = _tool_schemas(cfg)  # multi-turn: the tools are built (and checked) before any data or worker
     train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data, tools=tools)
     _check_agent_names(cfg, train_set)

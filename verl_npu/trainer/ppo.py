@@ -35,7 +35,7 @@ from verl_npu import algorithms
 from verl_npu.batch import Batch
 from verl_npu.config import RecipeConfig
 from verl_npu.config.sections import BackendConfigSection
-from verl_npu.registry import ADVANTAGE_ESTIMATORS, REWARD_MANAGERS, ROLES, ROLLOUT_ENGINES
+from verl_npu.registry import ADVANTAGE_ESTIMATORS, REWARD_MANAGERS, ROLES, ROLLOUT_ENGINES, role_with_method
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.trainer import preempt
 from verl_npu.trainer.checkpoint import (
@@ -280,6 +280,10 @@ class PPOTrainer:
             if needs_reference(cfg):
                 with timed("ref", timings):
                     batch.update(self.workers.compute_ref_log_prob(batch))
+            teacher = role_with_method("compute_teacher_log_probs")
+            if teacher in self.workers.roles:  # on-policy distillation: the teacher scores these samples
+                with timed("teacher", timings):
+                    batch.update(self.workers.dispatch("compute_teacher_log_probs", batch, role=teacher))
             if has_critic:
                 with timed("values", timings):
                     batch.update(self.workers.compute_values(batch))
