@@ -24,7 +24,7 @@ from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # n
 from verl_npu.config.schema_multiturn import KEYS as MULTI_TURN_KEYS   # plain data, imports nothing
 from verl_npu.metric_sinks import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
 
-from verl_npu.config import schema_algorithm
+from verl_npu.config import schema_algorithm, schema_async
 from verl_npu.config.key import (  # noqa: F401 - the schema's face: Key and the type names
     BOOL, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key,
 )
@@ -493,6 +493,7 @@ _k(f"{FG}.max_num_gen_batches", 0, INT, "Most generation batches one step may us
 _k(f"{FG}.max_inflight_gen_batches", 1, INT, "verl V1: generation batches in flight at once.", min=1,
    noop="generation batches run one after another here")
 _KEYS.extend(schema_algorithm.KEYS)  # rollout correction, ROLL's reward normalisation
+_KEYS.extend(schema_async.KEYS)  # trainer.v1.* (separate_async), the standalone rollout pool
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))
