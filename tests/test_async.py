@@ -1,12 +1,10 @@
-"""separate_async without a run (issue 37): the staleness sampler's drop and wait acting on a forced-stale group, the
-weight transfer's two backends between real processes, and the config keys (verl's batch rule, refusals by name)."""
+"""separate_async without a run (issue 37): the staleness sampler's drop and wait acting on a forced-stale group, and
+the config keys (verl's batch rule, refusals by name). The weight transfer between real processes is checked by the
+runs of tests/test_async_run.py (both backends, every transfer)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
-import torch
 
 from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors
@@ -82,53 +80,6 @@ def test_sampler_refuses_a_twice_issued_uid_and_reports_verls_metrics():
     m = staleness_metrics([0, 0, 2, 2], [3, 1], dropped=1)
     assert m["training/off_policy/trajectory_staleness/max"] == 2 and m["training/off_policy/trajectory_spans/max"] == 1
     assert m["training/off_policy/trajectory_staleness_worst/mean"] == 1 and m["training/off_policy/dropped_stale_groups"] == 1
-
-
-# ---- the weight transfer between processes ----------------------------------------------------------------------
-def _receiver(args, names_shapes, versions, out):
-    from verl_npu.workers.weight_transfer import WeightReceiver, weights_digest
-
-    module = torch.nn.Module()
-    for i, (name, shape) in enumerate(names_shapes):
-        module.register_parameter(name, torch.nn.Parameter(torch.zeros(shape)))
-    receiver = WeightReceiver(**args, rank=1)
-    for version in versions:
-        stats = receiver.receive(version, module)
-        out.put((version, stats["bytes"], weights_digest(module.named_parameters()),
-                 {n: p.detach().numpy().copy() for n, p in module.named_parameters()}))  # by value: the process ends
-
-
-@pytest.mark.parametrize("backend", ["collective", "file"])
-def test_weights_arrive_bit_equal_after_every_transfer(backend):
-    from verl_npu.workers.weight_transfer import WeightSender, free_port, weights_digest
-
-    layout = [("a", (3, 4)), ("b", (5,))]
-    sender = WeightSender(backend, port=free_port() if backend == "collective" else None)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=_receiver, args=(sender.receiver_args(), layout, [0, 1, 2], out), daemon=True)
-    proc.start()
-    try:
-        sender.connect()
-        sent = []
-        for version in range(3):
-            weights = {n: torch.randn(shape, generator=torch.Generator().manual_seed(version)) for n, shape in layout}
-            stats = sender.send(version, weights)
-            assert stats["bytes"] == (12 + 5) * 4 and stats["seconds"] >= 0
-            sent.append(weights)
-        for version in range(3):
-            got_version, size, digest, tensors = out.get(timeout=120)
-            assert got_version == version and size == (12 + 5) * 4
-            assert digest == weights_digest(sent[version].items())
-            assert all(torch.equal(torch.from_numpy(tensors[n]), sent[version][n]) for n, _ in layout)
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        sender.close()
-    if backend == "file":
-        assert not list(sender.folder.glob("weights_v*"))  # every version read and removed
 
 
 # ---- config ------------------------------------------------------------------------------------------------------

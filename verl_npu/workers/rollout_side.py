@@ -18,6 +18,7 @@ the trainer notices a dead rollout process while it waits (`RolloutSide.next_rep
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -53,14 +54,14 @@ class RolloutSide:
         kind, self.layout = self.next_reply(timeout_s=600.0)[:2]
 
     def send(self, *command: Any) -> None:
-        self.commands.put(command)
+        self.commands.put(_pack(command))
 
     def next_reply(self, timeout_s: float | None = None) -> tuple:
         """The next reply; raises `RolloutSideDied` when the process ended, RuntimeError on its error."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             try:
-                reply = self.replies.get(timeout=POLL_S)
+                reply = _unpack(self.replies.get(timeout=POLL_S))
             except queue.Empty:
                 if not self.process.is_alive():
                     raise RolloutSideDied(
@@ -122,10 +123,10 @@ def rollout_main(cfg_tree: dict, receiver_args: dict, commands, replies, threads
         torch.set_num_threads(max(1, int(threads)))
         module, engine = _build_engine(cfg_tree)
         receiver = WeightReceiver(**receiver_args, rank=1)
-        replies.put(("ready", {n: (tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()}))
+        replies.put(_pack(("ready", {n: (tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()})))
         _serve(module, engine, receiver, commands, replies, parent_pid)
     except BaseException:  # noqa: BLE001 - the trainer reports it
-        replies.put(("error", traceback.format_exc()))
+        replies.put(_pack(("error", traceback.format_exc())))
         raise SystemExit(1)
 
 
@@ -135,7 +136,7 @@ def _serve(module, engine, receiver, commands, replies, parent_pid: int) -> None
     while True:
         waited = time.perf_counter()
         try:
-            command = commands.get(timeout=POLL_S)
+            command = _unpack(commands.get(timeout=POLL_S))
         except queue.Empty:
             idle += time.perf_counter() - waited
             if os.getppid() != parent_pid:  # the trainer is gone
@@ -147,12 +148,12 @@ def _serve(module, engine, receiver, commands, replies, parent_pid: int) -> None
         if kind == "stop":
             return
         if kind == "snapshot":
-            replies.put(("snapshot", {n: p.detach().clone() for n, p in module.named_parameters()}))
+            replies.put(_pack(("snapshot", {n: p.detach().clone() for n, p in module.named_parameters()})))
         elif kind == "weights":
             version = int(command[1])
             stats = receiver.receive(version, module)
             busy += time.perf_counter() - started
-            replies.put(("weights", version, stats, weights_digest(module.named_parameters())))
+            replies.put(_pack(("weights", version, stats, weights_digest(module.named_parameters()))))
         elif kind == "generate":
             _, issue_id, prompts, sampling, hold = command
             out = engine.generate(prompts, sampling)
@@ -163,12 +164,22 @@ def _serve(module, engine, receiver, commands, replies, parent_pid: int) -> None
             for entry in held:
                 entry[0] -= 1
             if now is not None:
-                replies.put(("groups", issue_id, version, now, stats))
+                replies.put(_pack(("groups", issue_id, version, now, stats)))
             if later is not None:
                 held.append([max(1, int(max(hold.values()))), issue_id, version, later])
             for entry in [e for e in held if e[0] <= 0]:
                 held.remove(entry)
-                replies.put(("groups", entry[1], entry[2], entry[3], {}))
+                replies.put(_pack(("groups", entry[1], entry[2], entry[3], {})))
+
+
+def _pack(message: tuple) -> bytes:
+    """A message as plain pickle bytes: tensors travel by value (torch's shared-memory handles for queued tensors
+    need the sending process alive and its socket folder intact until the receiver reads them)."""
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpack(data: bytes) -> tuple:
+    return pickle.loads(data)
 
 
 def _split_held(out: Batch, n: int, hold: dict[str, int] | None) -> tuple[Batch | None, Batch | None]:

@@ -107,7 +107,7 @@ class WeightReceiver:
 
     def __init__(self, backend: str, folder: str, port: int | None, receivers: int, dist_backend: str,
                  timeout_s: float, rank: int = 1):
-        self.backend, self.folder, self.rank = backend, Path(folder), int(rank)
+        self.backend, self.folder, self.rank, self.timeout_s = backend, Path(folder), int(rank), timeout_s
         self.group = None
         if backend == "collective":
             self.group = _collective_group(port, rank, receivers + 1, dist_backend, timeout_s, is_master=False)
@@ -127,6 +127,11 @@ class WeightReceiver:
                 size += buf.numel() * buf.element_size()
         else:
             path = self.folder / f"weights_v{version}.pt"
+            deadline = time.monotonic() + self.timeout_s
+            while not path.exists():  # the sender may still be writing it (renamed into place when complete)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"weights file {path} did not appear within {self.timeout_s:.0f} s")
+                time.sleep(0.01)
             state = torch.load(path, map_location="cpu", weights_only=True)
             if sorted(state) != sorted(params):
                 raise RuntimeError(f"weights file {path} holds other parameters than the rollout model: "
