@@ -22,21 +22,25 @@ MINI, TBS = ACTOR + "ppo_mini_batch_size", DATA + "train_batch_size"
 RC = ALGO + "rollout_correction."
 #: what separate_async does not run with yet: key -> (its value that is refused, what it is, what to do instead)
 _NOT_WITH_ASYNC = {
-    ROLL + "name": (lambda v: v != "hf", "the {v} engine as the rollout side (separate_async runs the hf engine in "
-                    "this version)", "set actor_rollout_ref.rollout.name=hf, or trainer.v1.trainer_mode=sync to keep "
-                    "{v}"),
-    ROLL + "multi_turn.enable": (lambda v: v is True, "multi-turn rollouts in separate_async", "set "
-                                 "trainer.v1.trainer_mode=sync for multi-turn training"),
-    ALGO + "filter_groups.enable": (lambda v: v is True, "dynamic sampling (DAPO) in separate_async",
-                                    "set trainer.v1.trainer_mode=sync for dynamic sampling"),
-    ALGO + "adv_estimator": (lambda v: v == "remax", "remax's greedy baseline in separate_async (it generates on the "
-                             "trainer's devices)", "use grpo (or another estimator), or trainer_mode=sync"),
-    BC + "actor_rollout_ref.model.lora_rank": (lambda v: v not in (0, None), "LoRA in separate_async (the rollout "
-                                               "side loads whole weights)", "set model.lora_rank=0, or "
-                                               "trainer_mode=sync"),
-    ROLL + "calculate_log_probs": (lambda v: v is False, "separate_async without the rollout side's log-probs (they "
-                                   "are the behaviour policy)", "set actor_rollout_ref.rollout.calculate_log_probs="
-                                   "true (or leave it unset)"),
+    ROLL + "name": (
+        lambda v: v != "hf",
+        "the {v} engine as the rollout side (separate_async runs the hf engine in this version)",
+        "set actor_rollout_ref.rollout.name=hf, or trainer.v1.trainer_mode=sync to keep {v}"),
+    ROLL + "multi_turn.enable": (
+        lambda v: v is True, "multi-turn rollouts in separate_async",
+        "set trainer.v1.trainer_mode=sync for multi-turn training"),
+    ALGO + "filter_groups.enable": (
+        lambda v: v is True, "dynamic sampling (DAPO) in separate_async",
+        "set trainer.v1.trainer_mode=sync for dynamic sampling"),
+    ALGO + "adv_estimator": (
+        lambda v: v == "remax", "remax's greedy baseline in separate_async (it generates on the trainer's devices)",
+        "use grpo (or another estimator), or trainer_mode=sync"),
+    BC + "actor_rollout_ref.model.lora_rank": (
+        lambda v: v not in (0, None), "LoRA in separate_async (the rollout side loads whole weights)",
+        "set model.lora_rank=0, or trainer_mode=sync"),
+    ROLL + "calculate_log_probs": (
+        lambda v: v is False, "separate_async without the rollout side's log-probs (they are the behaviour policy)",
+        "set actor_rollout_ref.rollout.calculate_log_probs=true (or leave it unset)"),
 }
 
 

@@ -79,7 +79,6 @@ class AsyncPPOTrainer(PPOTrainer):
         self.issued_batches = 0
         self.prompt_rows: dict[str, Batch] = {}  # uid -> its prompt row, until the group is trained
         self.rollout = None
-        self.hold_back: dict[str, int] = {}  # tests: uid -> replies the rollout side sends before this group's
         self.reissue_on_start: list[tuple[str, Batch]] = []
         self.pending_metrics: dict[str, float] = {}
         self.rollout_stats = {"idle": 0.0, "busy": 0.0, "groups": 0, "update_s": 0.0}
@@ -204,8 +203,7 @@ class AsyncPPOTrainer(PPOTrainer):
         for i, uid in enumerate(uids):
             self.prompt_rows[uid] = prompts.select([i])
             self.sampler.issue(uid, self.version)
-        hold = {u: self.hold_back[u] for u in uids if u in self.hold_back}
-        self.rollout.send("generate", uids[0], prompts, self.train_sampling, hold)
+        self.rollout.send("generate", uids[0], prompts, self.train_sampling)
 
     def fill_admission(self) -> None:
         """Issue loader batches up to k versions ahead: batch b once version >= b - k, none past the last step."""

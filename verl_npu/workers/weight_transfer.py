@@ -21,9 +21,9 @@ import hashlib
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
