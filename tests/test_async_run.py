@@ -26,6 +26,7 @@ from run_helpers import step_metrics, text_data, text_run_overrides
 
 from verl_npu.config import load_recipe
 from verl_npu.trainer import async_ppo
+from verl_npu.trainer.checkpoint import load_torch
 from verl_npu.trainer.entry import run_training
 from verl_npu.workers.rollout_side import RolloutSideDied
 
@@ -133,9 +134,10 @@ def test_one_step_off_after_a_killed_rollout_process_resumes_and_trains_every_pr
         run_training(rc)
     out = tmp_path / "resumed"
     last = int((out / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
-    state = torch.load(out / "checkpoints" / f"global_step_{last}" / async_ppo.ASYNC_STATE_FILE, weights_only=False)
+    state = load_torch(out / "checkpoints" / f"global_step_{last}" / async_ppo.ASYNC_STATE_FILE)
     reissued = [uid for uid, _ in state["untrained"]]
     assert last in (2, 3) and reissued == [f"{last + 1}-{i}" for i in range(4)] and state["issued_batches"] == last + 1
+    assert [row for _, row in state["untrained"]] == list(range(4 * last, 4 * last + 4))  # data.shuffle=false
     assert sorted(r["step"] for r in _versions(out)) == sorted(s for s in range(1, last + 1) for _ in range(4))
     monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", step)
     assert run_training(rc) == 0
