@@ -120,18 +120,29 @@ def _build_engine(cfg_tree: dict):
 
 def rollout_main(cfg_tree: dict, receiver_args: dict, commands, replies, threads: int, parent_pid: int) -> None:
     """The rollout process: build the model, join the weight transfer, answer commands until told to stop."""
+    import threading
+
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     try:
         torch.set_num_threads(max(1, int(threads)))
         module, engine = _build_engine(cfg_tree)
         receiver = WeightReceiver(**receiver_args, rank=1)
         replies.put(_pack(("ready", {n: (tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()})))
-        _serve(module, engine, receiver, commands, replies, parent_pid)
+        _serve(module, engine, receiver, commands, replies)
     except BaseException:  # noqa: BLE001 - the trainer reports it
         replies.put(_pack(("error", traceback.format_exc())))
         raise SystemExit(1)
 
 
-def _serve(module, engine, receiver, commands, replies, parent_pid: int) -> None:
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """End this process as soon as the trainer's is gone, whatever the main thread is blocked in (a weight
+    broadcast whose sender died waits for its timeout otherwise)."""
+    while os.getppid() == parent_pid:
+        time.sleep(POLL_S)
+    os._exit(1)
+
+
+def _serve(module, engine, receiver, commands, replies) -> None:
     version, idle, busy = -1, 0.0, 0.0
     while True:
         waited = time.perf_counter()
@@ -139,8 +150,6 @@ def _serve(module, engine, receiver, commands, replies, parent_pid: int) -> None
             command = _unpack(commands.get(timeout=POLL_S))
         except queue.Empty:
             idle += time.perf_counter() - waited
-            if os.getppid() != parent_pid:  # the trainer is gone
-                return
             continue
         idle += time.perf_counter() - waited
         kind = command[0]
