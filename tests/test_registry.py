@@ -26,6 +26,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("config/paths.py", "file"): "a kind of path (a file, not a folder), not the metrics.jsonl sink",
     ("tool_registry.py", "file"): "a tool class given by a file path, not the metrics.jsonl sink",
     ("tools/loading.py", "file"): "a tool class given by a file path, not the metrics.jsonl sink",
+    ("workers/weight_transfer.py", "file"): "the weight transfer's file backend (a shared-memory file), not the metrics.jsonl sink",
     ("data/dataset.py", "reward_model"): "the parquet column reward_model (verl's data format), not the role",
 }
 

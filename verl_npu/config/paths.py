@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from verl_npu.config import (  # noqa: F401 - register their rules
-    rules_dapo, rules_distill, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
+    rules_async, rules_dapo, rules_distill, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
 )
 from verl_npu.config.class_check import class_problems
 from verl_npu.config.tree import BC, get

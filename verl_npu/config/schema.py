@@ -21,7 +21,7 @@ from verl_npu.registry import (   # specs read from the implementations' source:
     ADVANTAGE_ESTIMATORS, METRIC_SINKS, POLICY_LOSSES, RENAMED_LOGGERS, REWARD_MANAGERS, ROLLOUT_ENGINES,
 )
 
-from verl_npu.config import schema_algorithm, schema_distill
+from verl_npu.config import schema_algorithm, schema_async, schema_distill
 from verl_npu.config.key import (  # noqa: F401 - the schema's face: Key and the type names
     BOOL, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key,
 )
@@ -492,6 +492,7 @@ _k(f"{FG}.max_inflight_gen_batches", 1, INT, "verl V1: generation batches in fli
    noop="generation batches run one after another here")
 _KEYS.extend(schema_algorithm.KEYS)  # rollout correction, ROLL's reward normalisation
 _KEYS.extend(schema_distill.KEYS)  # on-policy distillation (distillation.*)
+_KEYS.extend(schema_async.KEYS)  # trainer.v1.* (separate_async), the standalone rollout pool
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))

@@ -45,6 +45,12 @@ class RewardModel_Model_FsdpConfig_WrapPolicySection(Section):  # reward_model.m
 
 
 @dataclass(frozen=True)
+class Trainer_V1_Sampler_CustomSamplerSection(Section):  # trainer.v1.sampler.custom_sampler
+    path: str | None
+    name: str | None
+
+
+@dataclass(frozen=True)
 class ActorRolloutRef_Actor_CheckpointSection(Section):  # actor_rollout_ref.actor.checkpoint
     save_contents: tuple
     load_contents: tuple
@@ -282,6 +288,21 @@ class RewardModel_RewardKwargs_OverlongBufferCfgSection(Section):  # reward_mode
 
 
 @dataclass(frozen=True)
+class Trainer_V1_SamplerSection(Section):  # trainer.v1.sampler
+    max_off_policy_threshold: int
+    max_off_policy_strategy: str
+    sync_refill_failed_groups: bool | None
+    sampler_kwargs: FrozenDict | None
+    custom_sampler: Trainer_V1_Sampler_CustomSamplerSection
+
+
+@dataclass(frozen=True)
+class Trainer_V1_SeparateAsyncSection(Section):  # trainer.v1.separate_async
+    parameter_sync_step: int
+    num_warmup_batches: int
+
+
+@dataclass(frozen=True)
 class ActorRolloutRef_ActorSection(Section):  # actor_rollout_ref.actor
     strategy: str
     ppo_mini_batch_size: int
@@ -391,6 +412,8 @@ class ActorRolloutRef_RolloutSection(Section):  # actor_rollout_ref.rollout
     max_probs_diff: float | None
     multi_stage_wake_up: bool
     use_fire_sampling: bool
+    nnodes: int
+    n_gpus_per_node: int | None
     cudagraph_capture_sizes: tuple | None
     data_parallel_size: int | None
     expert_parallel_size: int | None
@@ -405,7 +428,6 @@ class ActorRolloutRef_RolloutSection(Section):  # actor_rollout_ref.rollout
     quantization: str | None
     quantization_config_file: str | None
     mtp: FrozenDict | None
-    nnodes: int | None
     full_determinism: bool | None
     seed: int | None
     router_config_path: str | None
@@ -532,6 +554,13 @@ class RewardModel_ModelSection(Section):  # reward_model.model
 class RewardModel_RewardKwargsSection(Section):  # reward_model.reward_kwargs
     max_resp_len: int | None
     overlong_buffer_cfg: RewardModel_RewardKwargs_OverlongBufferCfgSection
+
+
+@dataclass(frozen=True)
+class Trainer_V1Section(Section):  # trainer.v1
+    trainer_mode: str
+    separate_async: Trainer_V1_SeparateAsyncSection
+    sampler: Trainer_V1_SamplerSection
 
 
 @dataclass(frozen=True)
@@ -696,6 +725,7 @@ class TrainerSection(Section):  # trainer
     device: str | None
     profile_steps: tuple | None
     checkpoint_callback_class: str | None
+    v1: Trainer_V1Section
 
 
 @dataclass(frozen=True)

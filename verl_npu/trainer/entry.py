@@ -106,6 +106,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
     from verl_npu.trainer.checkpoint import CheckpointManager
+    from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.preempt import Preempted
     from verl_npu.trainer.tracking import Tracker, keep_aside, setup_run_logging
@@ -125,6 +126,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
         problem = device.workers_problem(cfg.trainer.n_gpus_per_node, cfg.trainer.device, cfg.ray_init.num_cpus)
         if problem:
             raise UserError(problem)
+    check_layout(cfg, device)  # separate_async's layout, before any worker starts
     for var, value, reason in apply_env_defaults(device.kind):
         log.info("env %s=%s (%s)", var, value, reason)
     log.info("device: %s; workers: %d; output: %s", device.kind, rc.world_size, out_dir)
@@ -188,7 +190,8 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     try:
         info = workers.init_model()
         log.info("model: %s", info)
-        trainer = PPOTrainer(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps)
+        trainer_class = AsyncPPOTrainer if cfg.trainer.v1.trainer_mode == "separate_async" else PPOTrainer
+        trainer = trainer_class(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps)
         final = trainer.fit(resume_from=latest)
         if after_fit is not None:
             after_fit(workers)
