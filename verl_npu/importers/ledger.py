@@ -89,6 +89,9 @@ class Ledger:
         Returns the value written. A key absent from the input is a no-op (returns None)."""
         if key not in self.flat and value is None:
             return None
+        if value is None and self.flat[key] is None:
+            self.accept(key, "null: unset, the recipe keeps verl-npu's default")
+            return None
         value = self.flat.get(key) if value is None else value
         if transform is not None:
             value = transform(value)

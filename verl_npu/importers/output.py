@@ -92,7 +92,7 @@ def table_text(result: ImportResult) -> str:
 
 
 def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else scalar(value)
+    text = (value if isinstance(value, str) else scalar(value)).replace("\n", "\\n")
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -46,7 +46,15 @@ def map_roll(led: Ledger) -> str:
     if agentic:
         _agentic(led, n)
     _rewards(led)
+    if float(led.get("async_generation_ratio", 0) or 0) == 0:
+        led.accept("async_generation_ratio", "0: synchronous generation, as verl-npu trains")
     led.not_mapped_under("async_generation_ratio", NO_ASYNC)
+    led.not_mapped_under("hydra", "not mapped: Hydra's own run settings (verl-npu writes to af_output_dir)")
+    led.not_mapped_under("custom_env", "not mapped: environment templates; custom_envs picks from them (mapped there)")
+    led.not_mapped_under("sft_train", "not mapped: ROLL's SFT worker; verl-npu has no SFT trainer yet")
+    for key in [k for k in led.unsettled() if k.startswith("deepspeed_")]:
+        led.not_mapped(key, "not mapped: a DeepSpeed config included for strategy_config; verl-npu has no DeepSpeed "
+                       "backend (FSDP2 instead)")
     for k in ("teacher", "student_train", "student_infer", "is_pure_opd", "use_opd"):
         led.not_mapped_under(k, "not mapped: verl-npu has no on-policy distillation yet")
     if not led.under("actor_infer") and not agentic:
@@ -109,8 +117,9 @@ def _pipeline(led: Ledger, agentic: bool, n: int) -> None:
             led.map("resume_from_checkpoint", "trainer.resume_mode", "auto" if rc else "disable",
                     "true -> auto, false -> disable")
         else:
-            led.map("resume_from_checkpoint", "trainer.resume_from_path", str(rc), "a checkpoint folder")
-            led.set("backend_config.trainer.resume_mode", "resume_path", "roll: resume_from_checkpoint is a path")
+            led.not_mapped("resume_from_checkpoint", "not mapped: a ROLL checkpoint folder is in ROLL's layout; "
+                           "verl-npu resumes its own (trainer.resume_mode auto). To start from its weights, save "
+                           "them as a Hugging Face folder and set actor_rollout_ref.model.path")
     keep = led.get("max_ckpt_to_keep")
     if keep is not None:
         led.map("max_ckpt_to_keep", "trainer.max_actor_ckpt_to_keep", None if int(keep) == 0 else int(keep),
@@ -123,7 +132,10 @@ def _pipeline(led: Ledger, agentic: bool, n: int) -> None:
         else:
             led.map("rollout_batch_size", "data.train_batch_size", how="prompts per step")
     led.map("val_batch_size", "data.val_batch_size")
-    led.map("prompt_length", "data.max_prompt_length")
+    if led.has("prompt_length"):
+        led.map("prompt_length", "data.max_prompt_length")
+    else:
+        led.default("prompt_length", "data.max_prompt_length", 1024, "ROLL's prompt_length is 1024")
     resp = led.get("response_length")
     if resp is None and led.has("sequence_length"):
         resp = int(led.get("sequence_length")) - int(led.get("prompt_length", 1024))

@@ -82,7 +82,7 @@ def _strategy(led: Ledger, role: str, target: str | None) -> str:
         led.not_mapped_under(f"{role}.strategy_args.strategy_config",
                              f"not mapped: {NOT_OURS[name]} options (parallel sizes, recompute, ZeRO) have no "
                              "FSDP2 counterpart; see docs/memory.md for FSDP2's offload and sequence parallel")
-    elif target and name in TRAIN_STRATEGIES:
+    elif target and name in TRAIN_STRATEGIES and led.has(key):
         led.map(key, target, TRAIN_STRATEGIES[name], f"{name} -> {TRAIN_STRATEGIES[name]}")
     elif name.endswith("_infer") and role == "reference":
         led.accept(key, "the reference model runs on verl-npu's training backend")
@@ -121,8 +121,7 @@ def _actor_train(led: Ledger, n: int) -> None:
     led.map(f"{r}.max_tokens_per_microbatch_in_train", f"{AC}.ppo_max_token_len_per_gpu")
     led.map(f"{r}.use_dynamic_batching_in_infer", f"{RO}.log_prob_use_dynamic_bsz")
     led.map(f"{r}.max_tokens_per_microbatch_in_infer", f"{RO}.log_prob_max_token_len_per_gpu")
-    led.map(f"{r}.infer_batch_size", f"{RO}.log_prob_micro_batch_size_per_gpu",
-            how="the actor's old-log-prob pass")
+    _infer_batch(led, r, f"{RO}.log_prob_micro_batch_size_per_gpu", "the actor's old-log-prob pass")
     led.not_mapped(f"{m}.dtype", "not mapped: verl-npu trains with fp32 master weights and bf16 compute "
                    "(FSDP2 mixed precision)")
     strategy = _strategy(led, r, f"{AC}.strategy")
@@ -147,8 +146,12 @@ def _actor_train(led: Ledger, n: int) -> None:
         dp = max(world // split, 1)
         responses = int(per_dev) * int(ga) * dp
         mini = max(responses // max(n, 1), 1)
-        led.map(f"{t}.gradient_accumulation_steps", f"{AC}.ppo_mini_batch_size", mini,
-                f"per_device {per_dev} x GA {ga} x dp {dp} responses / rollout.n {n} = {mini} prompts")
+        how = f"per_device {per_dev} x GA {ga} x dp {dp} responses / rollout.n {n} = {mini} prompts"
+        batch = led.recipe.get("backend_config.data.train_batch_size")
+        if batch and mini > int(batch):
+            how += f", more than the step's {batch}: one optimizer step per step, as ROLL takes it"
+            mini = int(batch)
+        led.map(f"{t}.gradient_accumulation_steps", f"{AC}.ppo_mini_batch_size", mini, how)
 
 
 def _actor_infer(led: Ledger, agentic: bool) -> None:
@@ -176,11 +179,13 @@ def _actor_infer(led: Ledger, agentic: bool) -> None:
             led.default(f"{g}.{k}", f"{RO}.{k}", dflt, f"ROLL samples with {k} {dflt} by default (verl: "
                         f"{ {'temperature': 1.0, 'top_p': 1.0, 'top_k': -1}[k] })")
     led.map(f"{g}.do_sample", f"{RO}.do_sample")
-    if led.has(f"{g}.max_new_tokens"):
-        if led.has("response_length"):
-            led.accept(f"{g}.max_new_tokens", "ROLL replaces it with response_length (mapped from there)")
-        else:
-            led.map(f"{g}.max_new_tokens", "data.max_response_length")
+    if agentic:
+        led.accept(f"{g}.max_new_tokens", "agentic: the tokens of one turn (max_tokens_per_step caps a turn; "
+                   "data.max_response_length holds the whole episode)")
+    elif led.has("response_length") or led.has("sequence_length"):
+        led.accept(f"{g}.max_new_tokens", "ROLL replaces it with response_length (mapped from there)")
+    else:
+        led.map(f"{g}.max_new_tokens", "data.max_response_length")
     if agentic:
         led.accept(f"{g}.num_return_sequences", "agentic: ROLL forces 1; the group is train_env_manager.group_size")
     elif led.has(f"{g}.num_return_sequences"):
@@ -189,12 +194,20 @@ def _actor_infer(led: Ledger, agentic: bool) -> None:
                    "log-prob micro batch comes from actor_train.infer_batch_size)")
 
 
+def _infer_batch(led: Ledger, role: str, target: str, what: str) -> None:
+    """`<role>.infer_batch_size` (ROLL's default 16 written out when unset) -> a log-prob micro batch."""
+    if led.has(f"{role}.infer_batch_size"):
+        led.map(f"{role}.infer_batch_size", target, how=what)
+    else:
+        led.default(f"{role}.infer_batch_size", target, 16, f"ROLL's infer_batch_size is 16 ({what})")
+
+
 def _reference(led: Ledger) -> None:
     r = "reference"
     led.accept(f"{r}.model_args.model_name_or_path", "the reference model is the actor's initial weights")
     led.accept(f"{r}.model_args.dtype", "the reference runs in the training dtype")
     _strategy(led, r, None)
-    led.map(f"{r}.infer_batch_size", f"{REF}.log_prob_micro_batch_size_per_gpu")
+    _infer_batch(led, r, f"{REF}.log_prob_micro_batch_size_per_gpu", "the reference's log-prob pass")
     led.map(f"{r}.use_dynamic_batching_in_infer", f"{REF}.log_prob_use_dynamic_bsz")
     led.map(f"{r}.max_tokens_per_microbatch_in_infer", f"{REF}.log_prob_max_token_len_per_gpu")
 
