@@ -231,6 +231,12 @@ def _model(led: Ledger) -> None:
         led.set("backend_config.data.max_prompt_length", prompt, "trinity: model.max_model_len // 2 (Trinity's split)")
         led.set("backend_config.data.max_response_length", int(total) - prompt,
                 "trinity: model.max_model_len - max_prompt_length")
+    elif prompt is None and response is not None and total is not None:
+        led.set("backend_config.data.max_prompt_length", int(total) - int(response),
+                "trinity: model.max_model_len - max_response_tokens (Trinity's derivation)")
+    elif response is None and prompt is not None and total is not None:
+        led.set("backend_config.data.max_response_length", int(total) - int(prompt),
+                "trinity: model.max_model_len - max_prompt_tokens (Trinity's derivation)")
     led.map("model.max_prompt_tokens", "data.max_prompt_length")
     led.map("model.max_response_tokens", "data.max_response_length")
     led.map("model.max_model_len", f"{RO}.max_model_len")
@@ -388,12 +394,18 @@ def _trainer(led: Ledger) -> None:
     elif not led.has(f"{t}.trainer_config.{AC}.use_dynamic_bsz"):
         led.default(f"{t}.use_dynamic_bsz", f"{AC}.use_dynamic_bsz", True,
                     "Trinity packs micro batches by tokens by default (verl: false)")
-    led.map(f"{t}.max_token_len_per_gpu", f"{AC}.ppo_max_token_len_per_gpu")
+    sp = int(led.get(f"{t}.ulysses_sequence_parallel_size", 1) or 1)
+    total = led.get("model.max_model_len") or sum(
+        int(led.recipe.get(f"backend_config.data.{k}") or 0) for k in ("max_prompt_length", "max_response_length"))
+    if led.has(f"{t}.max_token_len_per_gpu"):
+        tokens = int(led.get(f"{t}.max_token_len_per_gpu"))
+        floor = math.ceil(int(total) / sp) if total else 0
+        led.map(f"{t}.max_token_len_per_gpu", f"{AC}.ppo_max_token_len_per_gpu", max(tokens, floor),
+                f"raised to max_model_len / sp = {floor}, as Trinity does" if floor > tokens else "1:1")
     dyn = led.get(f"{t}.use_dynamic_bsz", True)
     prompt, response = led.recipe.get("backend_config.data.max_prompt_length"), \
         led.recipe.get("backend_config.data.max_response_length")
     if dyn and not led.has(f"{t}.max_token_len_per_gpu") and prompt and response:
-        sp = int(led.get(f"{t}.ulysses_sequence_parallel_size", 1))
         total = int(led.get("model.max_model_len") or (int(prompt) + int(response)))
         led.default(f"{t}.max_token_len_per_gpu", f"{AC}.ppo_max_token_len_per_gpu", math.ceil(2 * total / sp),
                     f"Trinity's default: ceil(2 x max_model_len {total} / sequence parallel {sp})")
@@ -412,7 +424,10 @@ def _trainer(led: Ledger) -> None:
         verl_key = key[len(tc) + 1:]
         if "[" in verl_key:
             continue
-        if verl_key in OVERWRITTEN:
+        if ".megatron." in f".{verl_key}":
+            led.not_mapped(key, "not mapped: verl-npu has no Megatron backend; it trains with FSDP2 (Ulysses "
+                           "sequence parallel for long sequences, docs/memory.md)")
+        elif verl_key in OVERWRITTEN:
             led.not_mapped(key, f"not mapped: Trinity overwrites it with {OVERWRITTEN[verl_key]} (mapped from there)")
         else:
             led.map(key, verl_key, how="trainer_config: the same verl key")
