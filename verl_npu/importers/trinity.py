@@ -373,6 +373,8 @@ def _explorer(led: Ledger) -> None:
     led.not_mapped(f"{rm}.engine_num", "not mapped: verl-npu colocates rollout with training on all devices "
                    "(no separate explorer engines); GPUs: trainer.nnodes x n_gpus_per_node")
     led.not_mapped_under(rm, "not mapped: no verl-npu rollout option of that name")
+    led.default("(the explorer)", "data.return_raw_chat", True,
+                "Trinity's explorer generates from the chat messages, as verl's data.return_raw_chat=true keeps them")
     led.map("explorer.eval_interval", "trainer.test_freq")
     led.map("explorer.eval_on_startup", "trainer.val_before_train")
     aux = "explorer.auxiliary_models[0]"
