@@ -100,6 +100,17 @@ class Ledger:
         self.rows[key] = Row(key, self.flat.get(key), MAPPED, target, how)
         return value
 
+    def map_choice(self, key: str, target: str, choices: dict[str, Any], instead: str) -> None:
+        """A named choice: its value looked up in `choices` (ours for theirs); a value missing there is
+        not mapped, `instead` (with `{}` for the value) saying what to do."""
+        if key not in self.flat:
+            return
+        theirs = str(self.flat[key])
+        if theirs in choices:
+            self.map(key, target, choices[theirs], "1:1" if choices[theirs] == theirs else f"{theirs} -> {choices[theirs]}")
+        else:
+            self.not_mapped(key, "not mapped: " + instead.format(theirs))
+
     def mapped_into(self, key: str, target: str, how: str) -> None:
         """Input `key` took part in the value of `target` (arithmetic written by another call)."""
         if key in self.flat:

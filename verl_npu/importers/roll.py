@@ -315,18 +315,9 @@ def _agentic(led: Ledger, n: int) -> None:
             led.set("backend_config.data.train_files", f"data/{env}/train.parquet", "roll: data_prep/grid_env.py rows")
             led.set("backend_config.data.val_files", f"data/{env}/test.parquet", "roll: data_prep/grid_env.py rows")
     rn = "reward_normalization"
-    if led.has(f"{rn}.grouping"):
-        g = str(led.get(f"{rn}.grouping"))
-        if g in GROUPINGS:
-            led.map(f"{rn}.grouping", "algorithm.reward_norm.grouping", GROUPINGS[g])
-        else:
-            led.not_mapped(f"{rn}.grouping", f"not mapped: verl-npu groups by state, batch or inductive, not {g}")
-    if led.has(f"{rn}.method"):
-        m = str(led.get(f"{rn}.method"))
-        if m in METHODS:
-            led.map(f"{rn}.method", "algorithm.reward_norm.method", METHODS[m])
-        else:
-            led.not_mapped(f"{rn}.method", f"not mapped: verl-npu has no {m} normalisation")
+    led.map_choice(f"{rn}.grouping", "algorithm.reward_norm.grouping", GROUPINGS,
+                   "verl-npu groups by state, batch or inductive, not {}")
+    led.map_choice(f"{rn}.method", "algorithm.reward_norm.method", METHODS, "verl-npu has no {} normalisation")
     led.not_mapped_under(rn, "not mapped: verl-npu's reward_norm has method, grouping and clip")
     for k in ("episode_reward_weight", "step_reward_weight", "step_reward_gamma", "ratio_type", "batch_adjust_mode",
               "use_token_reward", "dirty_data_mask", "env_monitor", "env_manager_cls", "max_actions_per_traj",
