@@ -151,7 +151,9 @@ _k(f"{A}.model.fused_kernel_options.impl_backend", "torch", STR, "Implementation
    "computation (use_fused_kernels): torch, chunked PyTorch operations (verl_npu/models/fused_logprobs.py).",
    off_only="the triton backend of the fused kernels (torch computes the same values)")
 _k(f"{A}.model.use_liger", False, BOOL, "Use Liger kernels.", off_only="Liger kernels")
-_k(f"{A}.model.use_shm", False, BOOL, "Load model weights through shared memory.", off_only="shared-memory model loading")
+_k(f"{A}.model.use_shm", False, BOOL, "Load the model from a copy in shared memory: the model folder is copied "
+   "once per node into /dev/shm ($VERL_NPU_SHM_DIR) and every process loads from there (verl_npu/models/shm.py). "
+   "Speeds up loading when many ranks read the same files from a slow disk; costs the model's size in host memory.")
 _k(f"{A}.model.lora_rank", 0, INT, "LoRA rank r; 0 trains all weights. Above 0 the actor is wrapped in a peft "
    "LoRA adapter before FSDP2 sharding: only the adapter matrices train (and hold optimizer state), the "
    "reference policy is the actor with its adapters off (no second copy), vLLM gets the merged weights, "
