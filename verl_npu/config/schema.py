@@ -138,9 +138,11 @@ _k(f"{A}.model.path", None, STR, "Hugging Face model folder, a hub id (owner/nam
 _k(f"{A}.model.external_lib", None, STR, "Python module imported first to register custom models.")
 _k(f"{A}.model.override_config", {}, DICT, "Model config fields to override (e.g. attn_implementation, dropout).")
 _k(f"{A}.model.enable_gradient_checkpointing", True, BOOL, "Recompute activations in backward to save memory.")
-_k(f"{A}.model.enable_activation_offload", False, BOOL, "Offload activations to host memory during training.",
-   off_only="activation offloading", instead="use model.enable_gradient_checkpointing=true (recompute "
-   "activations) or a smaller ppo_micro_batch_size_per_gpu / ppo_max_token_len_per_gpu")
+_k(f"{A}.model.enable_activation_offload", False, BOOL, "Keep the actor's activations in host memory during "
+   "training: on NPU/CUDA the tensors autograd saves for backward (with enable_gradient_checkpointing, each "
+   "checkpointed layer's input) wait in pinned host memory and are copied back in backward "
+   "(torch.autograd.graph.save_on_cpu); less device memory, more host-device traffic. On CPU they are in host "
+   "memory already: accepted, a no-op (the worker logs it).")
 _k(f"{A}.model.use_remove_padding", True, BOOL, "Pack sequences without padding in training forward passes.")
 _k(f"{A}.model.trust_remote_code", False, BOOL, "Allow custom code shipped with the model.")
 _k(f"{A}.model.use_fused_kernels", False, BOOL, "Compute log-probs and entropy (actor and reference) from the "

@@ -140,6 +140,7 @@ class ActorRolloutRefWorker:
                                    gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
         engine.attach(module, actor_cfg.fsdp_config, model_cfg=model_cfg,
                       freeze_vision_tower=actor_cfg.freeze_vision_tower)
+        engine.offload_activations = model_cfg.enable_activation_offload   # the device says how (a no-op on cpu)
         # a LoRA actor's reference is the actor itself with its adapters off (no second copy)
         self.ref_is_actor = needs_reference(cfg) and engine.peft_model is not None
         if needs_reference(cfg) and not self.ref_is_actor:
