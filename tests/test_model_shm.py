@@ -7,7 +7,7 @@ import filecmp
 import os
 
 import torch
-from test_e2e_cpu import _gsm8k_like, tiny_overrides
+from test_e2e_cpu import _gsm8k_like, read_metrics, tiny_overrides
 
 from verl_npu.config import load_recipe
 from verl_npu.models.shm import DONE, shm_folder
@@ -51,3 +51,20 @@ def test_the_actor_loads_from_shared_memory(tmp_path, monkeypatch, tiny_lm_path)
     loaded = dict(worker.module.named_parameters())[name]
     loaded = loaded.full_tensor() if hasattr(loaded, "full_tensor") else loaded   # an FSDP2 shard
     assert torch.equal(loaded.detach(), param.detach())
+
+
+def test_a_verl_script_with_use_shm_and_activation_offload_runs_two_steps(tmp_path, monkeypatch, tiny_lm_path):
+    """What verl 0.9.1 accepts (model.use_shm, model.enable_activation_offload) runs here too: 2 steps on CPU."""
+    from run_helpers import text_data, text_run_overrides
+
+    from verl_npu.trainer.entry import run_training
+
+    monkeypatch.setenv("VERL_NPU_SHM_DIR", str(tmp_path / "shm"))
+    data = text_data(tmp_path / "data")
+    rc = load_recipe("tiny_gsm8k", text_run_overrides(tmp_path / "out", data, **{
+        "actor_rollout_ref.model.use_shm": "true", "actor_rollout_ref.model.enable_activation_offload": "true",
+        "actor_rollout_ref.model.enable_gradient_checkpointing": "true"}))
+    assert run_training(rc) == 0
+    steps = [r["step"] for r in read_metrics(tmp_path / "out") if "actor/pg_loss" in r]
+    assert steps == [1, 2]
+    assert list((tmp_path / "shm" / "verl_npu_models").glob("*/" + DONE))
