@@ -559,18 +559,20 @@ _k(f"{T}.profile_steps", None, STR_LIST, "verl's older spelling of the steps to 
    "actor_rollout_ref.actor.profiler.enable=true)")
 GP = "global_profiler"
 _k(f"{GP}.tool", None, STR, "Profiler over global_profiler.steps; null: no profiling. torch: torch.profiler on "
-   "cpu / cuda (a Chrome trace per rank), torch_npu.profiler on npu; npu: torch_npu.profiler, NPU runs only. "
-   "verl's nsys, torch_memory, precision_debugger and memray are refused with the reason.")
+   "cpu / cuda (a Chrome trace per rank), torch_npu.profiler on npu; npu: torch_npu.profiler, NPU runs only; "
+   "torch_memory: the device caching allocator's history over the profiled steps, dumped per rank as "
+   "memory_snapshot.pickle (https://pytorch.org/memory_viz), CUDA and NPU runs only. "
+   "verl's nsys, precision_debugger and memray are refused with the reason.")
 _k(f"{GP}.steps", None, INT_LIST, "Training steps to profile, e.g. [2, 3] (needs a tool and a role's "
    "profiler.enable).")
 _k(f"{GP}.profile_continuous_steps", False, BOOL, "One trace over consecutive profiled steps (named after the "
    "first) instead of one per step.")
 _k(f"{GP}.save_path", "profile", STR, "Trace folder; relative paths are under af_output_dir. Each profiled step "
    "writes step_<N>/rank_<R>/ (trace.json on cpu / cuda).")
-_k(f"{GP}.global_tool_config", {}, DICT, "verl's per-tool settings (nsys, torch_memory, precision_debugger); "
-   "they apply only to those tools, which verl-npu refuses; the torch tool reads "
-   "<role>.profiler.tool_config.torch.", noop="applies only to nsys / torch_memory / precision_debugger, "
-   "which are refused by name; the torch tool reads <role>.profiler.tool_config.torch")
+_k(f"{GP}.global_tool_config", {}, DICT, "verl's per-tool settings: torch_memory.trace_alloc_max_entries "
+   "(allocation events kept, default 100000) and torch_memory.stack_depth (0: no Python stacks; otherwise the "
+   "stacks are recorded, torch keeps them whole) are read; nsys / precision_debugger settings apply to tools "
+   "verl-npu refuses; the torch tool reads <role>.profiler.tool_config.torch.")
 _k("ray_init.num_cpus", None, INT, "CPUs Ray may use (null: all).", min=1)
 _k("ray_init.timeline_json_file", None, STR, "Write a Ray timeline to this file.")
 

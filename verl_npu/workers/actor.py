@@ -349,9 +349,9 @@ class ActorRolloutRefWorker:
         return loss, stats
 
     # ---- profiling (verl_npu.workers.profiler) ---------------------------------------------
-    def start_profile(self, folder: str) -> None:
-        """Start recording this process into folder/rank_<rank> if a role's profiler selects this rank."""
-        self.profiler.start(folder)
+    def start_profile(self, folder: str, tool: str = "torch", options: dict | None = None) -> None:
+        """Start recording this process with `tool` into folder/rank_<rank> if a role's profiler selects this rank."""
+        self.profiler.start(folder, tool, options)
 
     def stop_profile(self) -> str | None:
         """Stop recording; returns the trace written (None when this rank was not recording)."""
