@@ -4,6 +4,8 @@
 #   bash launch/run_recipe.sh NAME|PATH [key=value ...]
 #   bash launch/run_recipe.sh tiny_geo3k                         # CPU demo
 #   bash launch/run_recipe.sh my_geo3k.yaml trainer.total_epochs=1
+#   bash launch/run_recipe.sh tiny_sft                           # an SFT recipe: detected (verl-npu sft)
+#   bash launch/run_recipe.sh --sft my_sft.yaml optim.lr=1e-5     # the same, said explicitly
 #
 # Python: $VERL_NPU_PYTHON, else <repo>/.venv/bin/python, else python3.
 set -euo pipefail
@@ -40,7 +42,13 @@ if [[ "${NNODES:-1}" != "1" ]]; then
     exit $?
 fi
 
+VERB=run
+if [[ "${1:-}" == "--sft" ]]; then
+    VERB=sft
+    shift
+fi
+
 echo "[run_recipe] repo: ${REPO_ROOT}"
 echo "[run_recipe] python: ${PYTHON}"
-echo "[run_recipe] running: ${PYTHON} -m verl_npu.cli run $*"
-exec "${PYTHON}" -m verl_npu.cli run "$@"
+echo "[run_recipe] running: ${PYTHON} -m verl_npu.cli ${VERB} $*"
+exec "${PYTHON}" -m verl_npu.cli "${VERB}" "$@"

@@ -169,9 +169,14 @@ def _validate_for_run(recipe_arg: str, overrides: list[str], ctx: Context) -> No
     from verl_npu.config import load_recipe
     from verl_npu.errors import UserError
 
+    from verl_npu.config.sft import is_sft_recipe, load_sft_recipe
+
     try:
         recipe = _resolve_recipe(recipe_arg, ctx)
         with _in_dir(ctx.cwd):
+            if is_sft_recipe(recipe):   # `run` hands an SFT recipe to `verl-npu sft`
+                load_sft_recipe(str(recipe), overrides)
+                return
             load_recipe(str(recipe), _filled_overrides(recipe, overrides, ctx))  # trainer refusals included
     except UserError as e:
         raise CommandFailed(f"the recipe does not validate: {e}") from None
@@ -244,7 +249,7 @@ def check_verl_npu(args: list[str], ctx: Context, synopsis: bool) -> None:
             raise CommandFailed(str(e)) from None
         ns.recipe = str(recipe)
         ns.overrides = _filled_overrides(recipe, ns.overrides, ctx)
-    if verb == "run":
+    if verb in ("run", "sft"):
         _validate_for_run(ns.recipe, ns.overrides, ctx)
         return
     with _in_dir(ctx.cwd):
@@ -377,9 +382,10 @@ def check_launcher(args: list[str], env: dict[str, str], ctx: Context, synopsis:
     if proc.returncode != 0 or not record.is_file():
         raise CommandFailed(f"the launcher failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
     argv = record.read_text().split("\0")[:-1]
-    if argv[:3] != ["-m", "verl_npu.cli", "run"] or argv[3:] != args:
-        raise CommandFailed(f"the launcher would run {argv}, not -m verl_npu.cli run {args}")
-    check_verl_npu(["run", *args], ctx, False)
+    verb, args = ("sft", args[1:]) if args[:1] == ["--sft"] else ("run", args)
+    if argv[:3] != ["-m", "verl_npu.cli", verb] or argv[3:] != args:
+        raise CommandFailed(f"the launcher would run {argv}, not -m verl_npu.cli {verb} {args}")
+    check_verl_npu([verb, *args], ctx, False)
 
 
 # ---------------------------------------------------------------- python -m, pip, the rest

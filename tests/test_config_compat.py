@@ -235,7 +235,7 @@ def test_the_walk_fails_for_a_key_no_code_reads():
 
 # ------------------------------------------------------------------ one-way imports in verl_npu/config
 ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_roles", "rules_profiler", "rules_dapo", "paths", "derive", "recipes",
-         "loader", "reference", "compat", "memory_plan", "memory_recipe"]
+         "sft_schema", "loader", "sft", "stages", "reference", "compat", "memory_plan", "memory_recipe"]
 
 
 def _module_imports(path: Path) -> set[str]:

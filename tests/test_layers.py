@@ -12,8 +12,8 @@ import counts like a top-level one. Layers, lowest first:
        importers (other systems' configs as recipes, validated with config's loader)
     5  rollout
     6  workers
-    7  trainer
-    8  cli, doctor, demo, cluster
+    7  trainer, sft (the SFT loop reuses the trainer's tracking and checkpoints)
+    8  cli, doctor, demo, cluster, stages (runs an SFT then an RL stage through the cli's commands)
 
 A module may import its own layer or lower ones, and no two packages (folders) import each other, even
 through others: a folder reads as one room, above all it imports. The config layer imports nothing
@@ -31,8 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "verl_npu"
 
 LAYERS = [
-    (r"verl_npu\.(cli|doctor|doctor_train|doctor_versions|demo|cluster)$", 8),
+    (r"verl_npu\.(cli|doctor|doctor_train|doctor_versions|demo|cluster|stages)$", 8),
     (r"verl_npu\.trainer(\..*)?$", 7),
+    (r"verl_npu\.sft(\..*)?$", 7),
     (r"verl_npu\.workers(\..*)?$", 6),
     (r"verl_npu\.rollout(\..*)?$", 5),
     (r"verl_npu\.importers(\..*)?$", 4),

@@ -10,9 +10,13 @@ import pytest
 from verl_npu.config import REQUIRED, load_recipe
 from verl_npu.errors import ConfigErrors, UserError
 from verl_npu.config.recipes import copy_recipe, find_recipe, list_recipes, placeholder_fields
+from verl_npu.config.sft import is_sft_recipe, load_sft_recipe
 
 REPO = Path(__file__).resolve().parent.parent
-RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
+ALL_RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
+#: SFT recipes (verl's SFT sections, `verl-npu sft`) are validated by the SFT loader; the rest by the RL one
+SFT_RECIPES = [p for p in ALL_RECIPES if is_sft_recipe(p)]
+RECIPES = [p for p in ALL_RECIPES if p not in SFT_RECIPES]
 SUPPLY = {
     "af_output_dir": "/tmp/verl_npu_test_out",
     "backend_config.data.train_files": "/data/train.parquet",
@@ -26,7 +30,8 @@ def _filled(path: Path) -> list[str]:
 
 
 def test_recipes_are_found():
-    names = {p.stem for p in RECIPES}
+    names = {p.stem for p in ALL_RECIPES}
+    assert "tiny_sft" in {p.stem for p in SFT_RECIPES}
     assert {"qwen25vl_geo3k", "qwen25vl_geo3k_longseq", "qwen25_gsm8k"} <= names
     assert {r.name for r in list_recipes()} == names
 
@@ -56,7 +61,15 @@ def test_tensor_parallel_recipes_keep_their_sizes():
     assert sizes == {"qwen25vl_geo3k": 4, "qwen25_gsm8k": 2}
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+@pytest.mark.parametrize("path", SFT_RECIPES, ids=[p.stem for p in SFT_RECIPES])
+def test_sft_recipe_validates_and_the_rl_loader_names_the_sft_command(path):
+    rc = load_sft_recipe(path)
+    assert rc.source == path and rc.world_size >= 1 and rc.typed.model.path
+    with pytest.raises(UserError, match=f"verl-npu sft {path.stem}"):
+        load_recipe(path.stem)
+
+
+@pytest.mark.parametrize("path", ALL_RECIPES, ids=[p.stem for p in ALL_RECIPES])
 def test_recipe_header_says_what_where_how_and_expected(path):
     header = []
     for line in path.read_text().splitlines():

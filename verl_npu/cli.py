@@ -7,6 +7,7 @@
     verl-npu explain KEY | SECTION | --all
     verl-npu plan NAME|PATH [key=value ...] [--device-memory 64GiB|910B|H100] [--json]
     verl-npu run NAME|PATH [key=value ...] [--demo-data] [--force] [--device-memory SIZE]
+    verl-npu sft NAME|PATH [key=value ...] [--demo-data] [--validate-only]   (docs/sft.md)
     verl-npu doctor [--out DIR] [--device cpu|cuda|npu] [--rollout auto|hf|vllm] [--skip-train]
     verl-npu retrieval-server --corpus FILE.jsonl [--host H] [--port P] [--topk K] [--verbose]
     verl-npu import trinity|roll CONFIG.yaml [-o RECIPE.yaml]
@@ -123,6 +124,10 @@ def summary_lines(rc) -> list[str]:
 def cmd_validate(args: argparse.Namespace) -> int:
     from verl_npu.config import load_recipe
 
+    if _is_sft(args.recipe):
+        return cmd_sft(args, validate_only=True)
+    if _is_stages(args.recipe):
+        return cmd_stages(args, validate_only=True)
     rc = load_recipe(args.recipe, args.overrides, check_paths=args.check_paths)
     if args.strict and rc.ignored:
         raise UserError("--strict: keys added with + that neither verl nor verl-npu reads: "
@@ -307,6 +312,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from verl_npu.config.paths import machine_problems
 
+    if _is_sft(args.recipe):
+        return cmd_sft(args)
+    if _is_stages(args.recipe):
+        return cmd_stages(args)
     rc = load_recipe(args.recipe, args.overrides)
     _warn(rc)
     _say(f"[verl-npu] {rc.source}: configuration valid")
@@ -339,6 +348,61 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"error: {stop}", file=sys.stderr, flush=True)
             return stop.exit_code
     return result if isinstance(result, int) else 0
+
+
+# ------------------------------------------------------------------ sft
+def _is_sft(recipe: str) -> bool:
+    from verl_npu.config.sft import is_sft_recipe
+
+    return is_sft_recipe(recipe)
+
+
+def cmd_sft(args: argparse.Namespace, validate_only: bool = False) -> int:
+    """Validate an SFT recipe (verl 0.9.1's SFT keys), make a demo recipe's data, then train (docs/sft.md)."""
+    from verl_npu.config.sft import load_sft_recipe
+
+    rc = load_sft_recipe(args.recipe, args.overrides)
+    for warning in rc.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    _say(f"[verl-npu] {rc.source}: SFT configuration valid ({rc.world_size} worker(s))")
+    for key, value, reason in rc.derived:
+        _say(f"  {key} = {value}  ({reason})")
+    if validate_only or getattr(args, "validate_only", False):
+        return 0
+    from verl_npu.demo import prepare_sft_assets
+    from verl_npu.sft.loop import run_sft
+
+    for line in prepare_sft_assets(rc, demo_data=getattr(args, "demo_data", False)):
+        _say(f"[verl-npu] prepared {line}")
+    rc = load_sft_recipe(args.recipe, args.overrides, check_paths=True)
+    _say("[verl-npu] starting SFT")
+    return run_sft(rc)
+
+
+def _is_stages(recipe: str) -> bool:
+    from verl_npu.config.recipes import find_recipe
+    from verl_npu.config.stages import is_stages_tree
+    from verl_npu.config.tree import read_yaml_file
+
+    return is_stages_tree(read_yaml_file(find_recipe(recipe)))
+
+
+def cmd_stages(args: argparse.Namespace, validate_only: bool = False) -> int:
+    """A recipe naming an SFT stage then an RL stage (docs/sft.md): both validated, then run in turn."""
+    from verl_npu.config.stages import load_stages
+    from verl_npu.stages import run_stages
+
+    recipe = load_stages(args.recipe, args.overrides)
+    _say(f"[verl-npu] {recipe.source}: stages valid: " + ", then ".join(f"{s.name} ({s.kind}: {s.recipe})"
+                                                                       for s in recipe.stages))
+    if validate_only:
+        return 0
+
+    def stage(fn):
+        return lambda recipe_path, overrides: fn(argparse.Namespace(**{**vars(args), "recipe": recipe_path,
+                                                                       "overrides": overrides}))
+
+    return run_stages(recipe, stage(cmd_sft), stage(cmd_run), _say)
 
 
 # ------------------------------------------------------------------ doctor
@@ -391,6 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--device-memory", help="the memory of one device, for the memory plan (64GiB, 910B, "
                            "H100, ...): with it, a plan that will not fit stops the run on an accelerator too")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("sft", help="supervised fine-tuning with verl 0.9.1's SFT keys (docs/sft.md)")
+    p.add_argument("recipe", help="shipped SFT recipe name or path to a .yaml file")
+    p.add_argument("overrides", nargs="*", help="key=value (data.*, model.*, engine.*, optim.*, trainer.*, ...)")
+    p.add_argument("--demo-data", action="store_true", help="with a tiny:// model, write synthetic tool-call "
+                   "transcripts to the missing data files (never replaces a file)")
+    p.add_argument("--validate-only", action="store_true", help="check the recipe and stop")
+    p.set_defaults(fn=cmd_sft)
     p = sub.add_parser("plan", help="per-device memory of each phase, the peak, and the knobs that lower it")
     p.add_argument("recipe", help="shipped recipe name or path to a .yaml file")
     p.add_argument("overrides", nargs="*", help="key=value (full or verl short form)")

@@ -193,3 +193,44 @@ def _write_missing(missing: list[tuple[Path, str]], seed: int, writer) -> str:
         shutil.rmtree(scratch, ignore_errors=True)
     names = ", ".join(str(p) for p, _ in missing)
     return f"{label}: {names} ({DEMO_TRAIN_ROWS} train / {DEMO_TEST_ROWS} test rows)"
+
+
+#: the synthetic data of SFT recipes with a tiny:// model: tool-call transcripts (verl_npu.data.sft_synthetic)
+DEMO_DATA_SFT = ("verl_npu.data.sft_synthetic", "prepare_synthetic", {}, "synthetic tool-call transcripts")
+
+
+def prepare_sft_assets(rc, demo_data: bool = False) -> list[str]:
+    """The same rule as `prepare_assets`, for an SFT recipe (`verl_npu.config.sft.SFTRecipe`): missing data files
+    are written only for a `tiny://` model whose files are a shipped SFT recipe's own (or with `demo_data`),
+    one train and at most one val file; an existing file is never replaced."""
+    import importlib
+
+    from verl_npu.config.recipes import list_recipes
+    from verl_npu.config.sft import is_sft_tree
+    from verl_npu.data import as_file_list
+    from verl_npu.models.tiny import is_tiny_uri, materialize
+
+    import yaml
+
+    data, model = rc.typed.data, str(rc.typed.model.path)
+    if not is_tiny_uri(model):
+        return []
+    train, val = as_file_list(data.train_files or []), as_file_list(data.val_files or [])
+    wanted = [(f, "train") for f in train] + [(f, "test") for f in val]
+    missing = [(Path(os.path.expanduser(f)), split) for f, split in wanted if not Path(os.path.expanduser(f)).exists()]
+    made = []
+    if missing and len(train) == 1 and len(val) <= 1:
+        own = demo_data
+        for info in list_recipes():
+            raw = yaml.safe_load(info.path.read_text()) or {}
+            if is_sft_tree(raw):
+                files = raw["backend_config"].get("data") or {}
+                own = own or {_resolved(f) for f in as_file_list(files.get("train_files") or [])} == {_resolved(train[0])}
+        if own:
+            module, fn, kwargs, label = DEMO_DATA_SFT
+            writer = (getattr(importlib.import_module(module), fn), kwargs, label)
+            made.append(_write_missing(missing, int(rc.typed.trainer.seed), writer))
+    made.append(f"tiny model {model} at {materialize(model)}")
+    for line in made:
+        log.info("demo assets: %s", line)
+    return made

@@ -27,7 +27,10 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     paths         --check-paths: data files, model folders (hub ids resolved), reward file, adapter
     derive        derived values
     recipes       finding, listing and copying shipped recipe files (uses tree only)
+    sft_schema    the SFT recipe's keys (verl 0.9.1's sft_trainer_engine.yaml, the older fsdp_sft_trainer spellings)
     loader        load_recipe: read, override, classify, resolve, check, derive
+    sft           load_sft_recipe: an SFT recipe read, mapped, checked and derived (`verl-npu sft`)
+    stages        load_stages: a recipe naming an SFT stage then an RL stage, both checked
     typed         the typed, read-only sections generated from the schema (`rc.typed`): what the
                   training code reads, and what travels to the workers
     reference, compat  the generated docs (config_reference.md, verl_compat.md)

@@ -536,6 +536,14 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
 
     source = find_recipe(name_or_path)
     raw = read_yaml_file(source)
+    from verl_npu.config.sft_schema import is_sft_tree
+
+    if "stages" in raw:
+        raise UserError(f"{source} names stages (SFT, then RL): `verl-npu run {name_or_path}` runs them, "
+                        f"`verl-npu validate {name_or_path}` checks them (docs/sft.md)")
+    if is_sft_tree(raw):
+        raise UserError(f"{source} is an SFT recipe (verl's SFT sections model/engine/optim, no actor_rollout_ref): "
+                        f"run it with `verl-npu sft {name_or_path}` (docs/sft.md)")
     flat: dict[str, Any] = {}
     flatten(raw, "", flat)
     sorted_ = classify(flat, source.name)

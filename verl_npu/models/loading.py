@@ -43,13 +43,34 @@ def resolve_model_path(path) -> str:
     if is_tiny_uri(path):
         return str(materialize(path))
     if path.startswith("~"):
-        return os.path.expanduser(path)
+        path = os.path.expanduser(path)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        return checkpoint_model_folder(path)
     if looks_like_hub_id(path) and not os.path.exists(path):
         folder, how = hub_folder(path, f"{MODEL_KEY}.path")
         if how == "download":
             logger.info("hub id %s downloaded to %s", path, folder)
         return str(folder)
     return path
+
+
+def checkpoint_model_folder(path: str) -> str:
+    """A checkpoint folder in verl's layout named as a model: an SFT run's `global_step_N/`, an RL run's
+    `global_step_N/` (its `actor/`) or `global_step_N/actor/` -> its `huggingface/` folder, when that holds the full
+    weights (saved with `hf_model` in checkpoint.save_contents); a UserError saying how to get them otherwise.
+    Any other folder is returned unchanged (the folder checks report what it lacks)."""
+    folder = os.path.join(path, "actor") if os.path.isfile(os.path.join(path, "actor", "fsdp_config.json")) else path
+    hf = os.path.join(folder, "huggingface")
+    if not (os.path.isfile(os.path.join(folder, "fsdp_config.json")) and os.path.isdir(hf)):
+        return path
+    if _has_weights(hf):
+        logger.info("model path %s is a checkpoint folder: loading its huggingface/ export %s", path, hf)
+        return hf
+    raise UserError(
+        f"model path {path} is a checkpoint folder whose huggingface/ holds no weights (the run saved only its "
+        "sharded files). Fix: train with checkpoint.save_contents=[model,optimizer,extra,hf_model] (SFT) or "
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model] (RL), or merge the "
+        f"shards: python -m verl.model_merger merge --backend fsdp --local_dir {folder} --target_dir <hf folder>")
 
 
 def _check_path_exists(path: str, original) -> None:

@@ -51,6 +51,11 @@ _CONSOLE_KEYS = (
     ("actor/grad_norm", "grad_norm"),
     ("actor/lr", "lr"),
     ("timing_s/step", "step_s"),
+    # an SFT run's (verl_npu/sft)
+    ("train/loss", "loss"),
+    ("val/loss", "val_loss"),
+    ("train/grad_norm", "grad_norm"),
+    ("train/lr", "lr"),
 )
 
 
@@ -328,10 +333,11 @@ def kl_panel(rows: list[dict]) -> tuple[str, list[tuple[str, str]]]:
     return "entropy (no KL in this run)", [("actor/entropy", "actor/entropy")]
 
 
-def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path) -> None:
+def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, panels=None) -> None:
     """Draw a 2x2 PNG from metrics.jsonl over `training/global_step` (or `step`):
     reward (`critic/score/mean` and every `val-core/*/reward/mean@1`), `response_length/mean`,
-    KL or entropy (`kl_panel`), `actor/pg_loss`. Panels without data say so. Written to a temp file then `os.replace`d onto `out_png`."""
+    KL or entropy (`kl_panel`), `actor/pg_loss`; or `panels`, four (title, [(key, label)]) of another kind of
+    run (an SFT run's loss, grad norm, LR, tokens). Panels without data say so. Written to a temp file then `os.replace`d onto `out_png`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -340,7 +346,7 @@ def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path) -> None
     val_keys = sorted(
         {k for r in rows for k in r if k.startswith("val-core/") and k.endswith("/reward/mean@1")}
     )
-    panels = [
+    panels = panels or [
         ("reward", [("critic/score/mean", "train score (mean)")] + [(k, k) for k in val_keys]),
         ("response length", [("response_length/mean", "response_length/mean")]),
         kl_panel(rows),
