@@ -51,15 +51,17 @@ def map_roll(led: Ledger) -> str:
     led.not_mapped_under("async_generation_ratio", NO_ASYNC)
     led.not_mapped_under("hydra", "not mapped: Hydra's own run settings (verl-npu writes to af_output_dir)")
     led.not_mapped_under("custom_env", "not mapped: environment templates; custom_envs picks from them (mapped there)")
-    led.not_mapped_under("sft_train", "not mapped: ROLL's SFT worker; verl-npu has no SFT trainer yet")
+    led.not_mapped_under("sft_train", "not mapped: the importer does not convert ROLL's SFT pipeline yet; verl-npu "
+                         "has an SFT trainer (`verl-npu sft`, docs/sft.md): write its recipe by hand")
     for key in [k for k in led.unsettled() if k.startswith("deepspeed_")]:
         led.not_mapped(key, "not mapped: a DeepSpeed config included for strategy_config; verl-npu has no DeepSpeed "
                        "backend (FSDP2 instead)")
     for k in ("teacher", "student_train", "student_infer", "is_pure_opd", "use_opd"):
         led.not_mapped_under(k, "not mapped: verl-npu has no on-policy distillation yet")
     if not led.under("actor_infer") and not agentic:
-        return ("no actor_infer (rollout) worker: this is ROLL's SFT pipeline, and verl-npu has no SFT trainer "
-                "yet; run the SFT in ROLL or verl's sft_trainer, then import the RL config")
+        return ("no actor_infer (rollout) worker: this is ROLL's SFT pipeline, which the importer does not convert "
+                "yet; verl-npu has an SFT trainer (`verl-npu sft`, docs/sft.md): "
+                "write its recipe by hand, then import the RL config")
     return ""
 
 

@@ -20,8 +20,9 @@ from verl_npu.importers.ledger import Ledger
 A, AC, RO = "actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 NO_ASYNC = ("not mapped: verl-npu has no asynchronous (explorer/trainer) mode yet; it trains on-policy, "
             "one synchronous rollout per step (Trinity's sync_style fixed, sync_offset 0)")
-NO_SFT = ("not mapped: verl-npu has no SFT stage yet; run the SFT stage in Trinity (or verl's sft_trainer) "
-          "and point actor_rollout_ref.model.path at its Hugging Face checkpoint")
+NO_SFT = ("not mapped: the importer has no SFT stage yet (it converts RL configs); verl-npu has an SFT trainer "
+          "and two-stage recipes (`verl-npu sft`, `stages:`; docs/sft.md): write the SFT stage's recipe by hand, "
+          "or run it in Trinity, and point actor_rollout_ref.model.path at its Hugging Face checkpoint")
 
 #: keys only Trinity's schema before its `algorithm:`/`buffer.explorer_input` rework has (A.0-3 of
 #: shared/reference/import-and-sft.md): their presence marks a legacy config
