@@ -550,8 +550,8 @@ def check_memory(ctx: Context, name: str) -> dict:
     """A memory_grid.py configuration, 2 steps on the device, each phase's peak against the plan."""
     import memory_grid
     from verl_npu.config import load_recipe
-    from verl_npu.config.memory_plan import model_size
-    from verl_npu.config.memory_recipe import plan_recipe
+    from verl_npu.memory.plan import model_size
+    from verl_npu.memory.recipe import plan_recipe
     from verl_npu.device import detect_device
 
     recipe, args, model = memory_grid.overrides(name, ctx.work / "memory")

@@ -484,8 +484,8 @@ def measure(name: str, work: Path, profiled: bool = True) -> dict:
 def predict(name: str, work: Path) -> dict:
     """The plan of configuration `name` for the CPU: {"phases": {phase: bytes}, "host": bytes}."""
     from verl_npu.config import load_recipe
-    from verl_npu.config.memory_plan import model_size
-    from verl_npu.config.memory_recipe import plan_recipe
+    from verl_npu.memory.plan import model_size
+    from verl_npu.memory.recipe import plan_recipe
 
     recipe, args, model = overrides(name, work)
     rc = load_recipe(recipe, args)

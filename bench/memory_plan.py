@@ -43,8 +43,8 @@ def build(folder: Path, hidden: int, inter: int, layers: int, vocab: int) -> Pat
 
 def predict(folder: Path, rows: int, prompt: int, response: int, rmpad: bool, ckpt: bool, extra=()) -> int:
     from verl_npu.config import load_recipe
-    from verl_npu.config.memory_plan import model_size
-    from verl_npu.config.memory_recipe import plan_recipe
+    from verl_npu.memory.plan import model_size
+    from verl_npu.memory.recipe import plan_recipe
 
     rc = load_recipe("tiny_gsm8k", [
         f"actor_rollout_ref.model.path={folder}", f"data.max_prompt_length={prompt}",
@@ -63,7 +63,7 @@ def host_check(recipe: str, out: Path) -> tuple[float, float]:
     import subprocess
 
     from verl_npu.config import load_recipe
-    from verl_npu.config.memory_recipe import plan_for
+    from verl_npu.memory.recipe import plan_for
 
     args = [f"af_output_dir={out / recipe}", "trainer.total_training_steps=2", "trainer.resume_mode=disable",
             "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.val_before_train=false", "trainer.logger=[console]"]

@@ -135,16 +135,23 @@ def test_grpo_group_ids_length_mismatch():
         A.compute_advantages("grpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=["a", "b"], config=ALGO)
 
 
-def test_register_advantage_adds_to_registry():
-    @A.register_advantage("test_zero")
-    def zero(token_level_rewards, response_mask, group_ids, config, **_):
-        return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)
+def test_a_users_estimator_file_is_an_estimator(tmp_path):
+    """`path/file.py:function` names a user's estimator: its spec read from the file's decorator, the
+    function imported from the file by path."""
+    from verl_npu.registry import ADVANTAGE_ESTIMATORS
 
-    try:
-        adv, _ = A.compute_advantages("test_zero", token_level_rewards=REWARDS, response_mask=MASK, config=ALGO)
-        assert torch.count_nonzero(adv) == 0
-    finally:
-        del A.ADVANTAGE_ESTIMATORS["test_zero"]
+    path = tmp_path / "zero_adv.py"
+    path.write_text("import torch\nfrom verl_npu.registry import ADVANTAGE_ESTIMATORS\n\n\n"
+                    "@ADVANTAGE_ESTIMATORS.register('zero', needs_group=True, doc='all zero')\n"
+                    "def zero(token_level_rewards, response_mask, group_ids, config, **_):\n"
+                    "    return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)\n")
+    name = f"{path}:zero"
+    spec = ADVANTAGE_ESTIMATORS.spec(name)
+    assert (spec.needs_group, spec.doc, spec.name) == (True, "all zero", name)
+    adv, _ = A.compute_advantages(name, token_level_rewards=REWARDS, response_mask=MASK, config=ALGO)
+    assert torch.count_nonzero(adv) == 0
+    assert "no_such" in ADVANTAGE_ESTIMATORS.file_problem(f"{path}:no_such")
+    assert "no file" in ADVANTAGE_ESTIMATORS.file_problem(f"{tmp_path}/missing.py:zero")
 
 
 # ----------------------------------------------------------------------------- agg_loss

@@ -183,6 +183,9 @@ def read_names() -> dict[str, set[str]]:
                 found = [s for a in node.args for s in _strings(a)]
             elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and id(node) not in written:
                 found = _strings(node)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register":
+                # a registry spec's *_key field names a key its callers read through the spec (RoleSpec.keep_key)
+                found = [s for k in node.keywords if (k.arg or "").endswith("_key") for s in _strings(k.value)]
             for text in found:
                 leaf = text.rstrip(".").rsplit(".", 1)[-1]
                 if leaf:
@@ -199,7 +202,8 @@ def test_every_accepted_key_is_read_by_code_or_marked_noop_or_refused():
     schema and the doc renderers: the key's last segment must appear as an attribute load
     (`cfg.data.shuffle`), a subscript (`cfg["shuffle"]`), a string argument of a reader call
     (`get`, `select`, `getattr`, `c`, `val`, any `*_get`: `_cfg_get(cfg, "reward_kwargs")`), or the
-    constant end of a key built by concatenation (`ROLL + "n"`, as rules and derive spell keys),
+    constant end of a key built by concatenation (`ROLL + "n"`, as rules and derive spell keys), a
+    `*_key` argument of a registry declaration (`@ROLES.register(..., keep_key="trainer.max_actor_ckpt_to_keep")`),
     unless that key is the target of derive's `put` (filling a key in is not reading it). Known
     blind spot: keys sharing a last segment (`n`, `path`) pass when either is read. The test fails
     today for a key that is only declared (e.g. a new schema line no code reads)."""
@@ -234,8 +238,9 @@ def test_the_walk_fails_for_a_key_no_code_reads():
 
 
 # ------------------------------------------------------------------ one-way imports in verl_npu/config
-ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_roles", "rules_profiler", "rules_dapo", "paths", "derive", "recipes",
-         "sft_schema", "loader", "sft", "stages", "reference", "compat", "memory_plan", "memory_recipe"]
+ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_roles", "rules_profiler", "rules_dapo", "rules_distill",
+         "paths", "derive", "recipes", "sft_schema", "section_base", "sections", "typed", "loader", "sft", "stages", "reference",
+         "compat", "sections_gen"]
 
 
 def _module_imports(path: Path) -> set[str]:
@@ -262,7 +267,7 @@ def test_config_modules_import_one_way_in_the_documented_order():
             assert ORDER.index(dep) < ORDER.index(name), f"{name} imports {dep}, which comes after it"
 
 
-@pytest.mark.parametrize("module", [f"verl_npu.config.{m}" for m in ORDER])
+@pytest.mark.parametrize("module", [f"verl_npu.config.{m}" for m in ORDER] + ["verl_npu.memory.plan", "verl_npu.memory.recipe"])
 def test_each_config_module_imports_fresh_without_torch(module):
     code = f"import sys, {module}; assert 'torch' not in sys.modules, 'torch imported'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

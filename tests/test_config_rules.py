@@ -336,21 +336,21 @@ def test_rope_scaling_raises_the_model_length_limit(tmp_path):
 
 def test_rollout_engine_names_come_from_the_registry():
     from verl_npu.config import SCHEMA
-    from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS
+    from verl_npu.registry import ROLLOUT_ENGINES
 
     key = SCHEMA[A + "rollout.name"]
-    assert key.choices == tuple(ROLLOUT_ENGINES) and key.unsupported == tuple(UNSUPPORTED_ROLLOUTS)
+    assert key.choices == tuple(ROLLOUT_ENGINES.specs) and key.unsupported == ("sglang", "trtllm")
     assert key.default in key.choices
 
 
 def test_adv_estimator_choices_match_the_algorithm_registry():
-    """The schema's choices are the names registry's keys (verl_npu.estimators, no torch); the tensor
-    functions are registered under exactly those names."""
+    """The schema's choices are the registry's names (read from the decorators' source, no torch); the tensor
+    functions are bound under exactly those names."""
     from verl_npu.algorithms import ADVANTAGE_ESTIMATORS
     from verl_npu.config import SCHEMA
-    from verl_npu.estimators import ESTIMATORS, UNSUPPORTED_ESTIMATORS
+    from verl_npu.registry import ADVANTAGE_ESTIMATORS as ESTIMATORS
 
     key = SCHEMA["backend_config.algorithm.adv_estimator"]
-    assert key.choices == tuple(ESTIMATORS) and set(ESTIMATORS) == set(ADVANTAGE_ESTIMATORS)
-    assert "reinforce_plus_plus_baseline" in key.choices and not set(UNSUPPORTED_ESTIMATORS) & set(key.choices)
-    assert not UNSUPPORTED_ESTIMATORS   # every estimator of verl 0.9.1 is implemented (issue 23)
+    assert key.choices == tuple(ESTIMATORS.specs) and set(ESTIMATORS.specs) == set(ADVANTAGE_ESTIMATORS)
+    assert "reinforce_plus_plus_baseline" in key.choices and not set(ESTIMATORS.unsupported) & set(key.choices)
+    assert not ESTIMATORS.unsupported   # every estimator of verl 0.9.1 is implemented

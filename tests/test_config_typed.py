@@ -175,3 +175,15 @@ def test_sections_are_read_only():
         cfg.actor_rollout_ref.model.override_config["x"] = 1
     changed = cfg.data.replace(train_batch_size=3)
     assert changed.train_batch_size == 3 and cfg.data.train_batch_size == 1024
+
+
+def test_the_generated_sections_module_is_the_schemas():
+    """verl_npu/config/sections.py (what a type checker reads) is what the generator writes for today's
+    schema, and every section is its class: after a schema change, run `python -m verl_npu.config.sections_gen`."""
+    from verl_npu.config import sections, sections_gen
+
+    assert sections_gen.TARGET.read_text(encoding="utf-8") == sections_gen.render(), \
+        "verl_npu/config/sections.py is stale: run python -m verl_npu.config.sections_gen"
+    for path, cls in SECTIONS.items():
+        assert cls.__module__ == sections.__name__ and getattr(sections, cls.__name__) is cls, path
+    assert type(section("backend_config", {})) is sections.BackendConfigSection

@@ -71,10 +71,10 @@ def test_clipped_value_loss_matches_hand_computed_numbers():
 
 def test_policy_loss_is_looked_up_by_loss_mode():
     from verl_npu.config.schema import SCHEMA
-    from verl_npu.policy_losses import POLICY_LOSS_MODES
+    from verl_npu.registry import POLICY_LOSSES
 
-    assert set(A.POLICY_LOSSES) == set(POLICY_LOSS_MODES)
-    assert SCHEMA["backend_config.actor_rollout_ref.actor.policy_loss.loss_mode"].choices == tuple(POLICY_LOSS_MODES)
+    assert set(A.POLICY_LOSSES) == set(POLICY_LOSSES.specs)
+    assert SCHEMA["backend_config.actor_rollout_ref.actor.policy_loss.loss_mode"].choices == tuple(POLICY_LOSSES.specs)
     assert A.policy_loss_fn("vanilla") is A.ppo_policy_loss
     with pytest.raises(KeyError, match="vanilla"):
         A.policy_loss_fn("no_such_loss")
@@ -83,7 +83,8 @@ def test_policy_loss_is_looked_up_by_loss_mode():
 def test_roles_follow_the_config():
     from omegaconf import OmegaConf
 
-    from verl_npu.workers.roles import ROLES, roles_for
+    from verl_npu.registry import ROLES
+    from verl_npu.workers.roles import roles_for
 
     def cfg(est, enable=None):
         return OmegaConf.create({"algorithm": {"adv_estimator": est}, "critic": {"enable": enable}})
@@ -91,7 +92,7 @@ def test_roles_follow_the_config():
     assert roles_for(cfg("grpo")) == ["actor"]
     assert roles_for(cfg("gae")) == ["actor", "critic"]
     assert roles_for(cfg("grpo", True)) == ["actor", "critic"]
-    assert ROLES["critic"].worker_class().__name__ == "CriticWorker"
+    assert ROLES.load("critic").__name__ == "CriticWorker"
 
 
 # ---- tiny CPU runs: PPO with a GAE critic -----------------------------------------------------------

@@ -80,8 +80,11 @@ def test_calls_are_sent_only_the_columns_they_read(tmp_path, tiny_cache):
 
 
 def test_the_skipped_pass_returns_the_update_forwards_entropies(tmp_path, tiny_cache):
-    """hf, one epoch of one mini-batch: update_actor without old_log_probs keeps its forward's entropies
-    (`entropys`, rows in the batch's order), which equal those of the pass it replaces."""
+    """hf, one epoch of one mini-batch: update_actor told to take the old log-probs from its own forward
+    keeps that forward's entropies (`entropys`, rows in the batch's order), which equal those of the pass
+    it replaces; told they are in the batch when they are not, it refuses."""
+    from verl_npu.workers.actor import OldLogProbs
+
     cfg, loader, group = _setup(tmp_path, **{"actor_rollout_ref.actor.ppo_mini_batch_size": 4,
                                              "actor_rollout_ref.actor.shuffle": "true"})
     assert group.old_log_prob_pass_reasons() == []
@@ -90,7 +93,9 @@ def test_the_skipped_pass_returns_the_update_forwards_entropies(tmp_path, tiny_c
     batch = group.generate_sequences(prompts, SamplingParams.for_training(cfg.actor_rollout_ref.rollout))
     before = group.compute_log_prob(batch)["entropys"]  # what the pass would give, before the update
     batch.set("advantages", torch.ones(batch["response_mask"].shape))
-    result = group.update_actor(batch)
+    with pytest.raises(RuntimeError, match="no old_log_probs column"):
+        group.update_actor(batch, OldLogProbs.PASS)
+    result = group.update_actor(batch, OldLogProbs.UPDATE_FORWARD)
     kept = result.columns["entropys"]
     assert kept.shape == before.shape
     mask = batch["response_mask"].bool()

@@ -1,12 +1,13 @@
-"""The package's layers import one way, and nothing imports in a circle (issue 22; docs/architecture.md).
+"""The package's layers import one way, and nothing imports in a circle (docs/architecture.md).
 
 Every `import` of a verl_npu module is read from the source (the AST), inside functions too, so a lazy
 import counts like a top-level one. Layers, lowest first:
 
-    0  bottom: errors, batch, device, algorithms, optim, hub, and the name registries (policy_losses,
-       estimators, rollout_engines, metric_sinks, rollout_corrections, tool_registry)
+    0  bottom: errors, batch, device, algorithms, optim, hub, the extension points' registries (registry:
+       specs read from the implementations' source, nothing imported), rollout_corrections, tool_registry,
+       distillation_losses
     1  config (recipe files found and copied by config/recipes.py)
-    2  models, rewards (the scores of answers)
+    2  models, rewards (the scores of answers), memory (the planner: formulas over a resolved config)
     3  tools (the answer-check tools score with rewards; the grid environments and their demo maps)
     4  data (datasets, and the prep that writes rows, grid episodes played by the tools' environments);
        importers (other systems' configs as recipes, validated with config's loader)
@@ -39,10 +40,10 @@ LAYERS = [
     (r"verl_npu\.importers(\..*)?$", 4),
     (r"verl_npu\.data(\..*)?$", 4),
     (r"verl_npu\.tools(\..*)?$", 3),
-    (r"verl_npu\.(models|rewards)(\..*)?$", 2),
+    (r"verl_npu\.(models|rewards|memory)(\..*)?$", 2),
     (r"verl_npu\.config(\..*)?$", 1),
-    (r"verl_npu(\.(errors|batch|device|algorithms(\..*)?|optim|hub|policy_losses|estimators|rollout_engines"
-     r"|metric_sinks|rollout_corrections|tool_registry))?$", 0),
+    (r"verl_npu(\.(errors|batch|device|algorithms(\..*)?|optim|hub|registry(\..*)?"
+     r"|rollout_corrections|tool_registry|distillation_losses))?$", 0),
 ]
 HEAVY = ("torch", "ray", "vllm", "vllm_ascend", "torch_npu", "transformers")
 
@@ -178,7 +179,7 @@ def test_the_config_layer_reaches_nothing_heavy_even_inside_functions():
         ours, others = _imports(MODULES[name], top_level_only=name not in config)
         heavy += [f"{name} imports {pkg}" for pkg in sorted(set(others) & set(HEAVY))]
         pending += sorted(ours)
-    assert "verl_npu.config.rules" in seen and "verl_npu.rollout_engines" in seen
+    assert "verl_npu.config.rules" in seen and "verl_npu.registry" in seen
     assert heavy == [], heavy
 
 

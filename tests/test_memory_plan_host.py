@@ -4,8 +4,8 @@ and what the C allocator keeps beside them (bench/memory_plan.md, "Host figure")
 from __future__ import annotations
 
 from verl_npu.config import load_recipe
-from verl_npu.config import memory_plan as mp
-from verl_npu.config.memory_recipe import build_plan, settings_from_recipe
+from verl_npu.memory import plan as mp
+from verl_npu.memory.recipe import build_plan, settings_from_recipe
 
 OUT = ["af_output_dir=/tmp/out", "data.train_files=/tmp/t.parquet", "data.val_files=/tmp/t.parquet",
        "actor_rollout_ref.model.path=/tmp/none"]

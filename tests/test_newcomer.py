@@ -84,10 +84,10 @@ def _engine_needing(monkeypatch, package: str) -> None:
     """The vllm engine as if it needed ``package`` (a name no Python has): the real lookup, a known answer."""
     import dataclasses
 
-    from verl_npu import rollout_engines
+    from verl_npu.registry import ROLLOUT_ENGINES
 
-    spec = rollout_engines.ROLLOUT_ENGINES["vllm"]
-    monkeypatch.setitem(rollout_engines.ROLLOUT_ENGINES, "vllm", dataclasses.replace(spec, package=package))
+    spec = ROLLOUT_ENGINES.specs["vllm"]
+    monkeypatch.setitem(ROLLOUT_ENGINES.specs, "vllm", dataclasses.replace(spec, package=package))
 
 
 def test_a_missing_engine_package_and_an_unreachable_model_are_found_before_anything_loads(tmp_path, monkeypatch,

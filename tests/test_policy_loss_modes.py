@@ -10,7 +10,9 @@ from verl_npu import algorithms as A
 from verl_npu.algorithms.advantage_modes import gdpo_advantage
 from verl_npu.config.typed import section
 from verl_npu.errors import UserError
-from verl_npu.policy_losses import POLICY_LOSS_MODES
+from verl_npu.registry import POLICY_LOSSES
+
+POLICY_LOSS_MODES = POLICY_LOSSES.specs
 
 D = torch.float64
 SETTINGS = {"tau_pos": 1.0, "tau_neg": 1.05,

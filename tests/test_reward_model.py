@@ -148,7 +148,8 @@ def test_a_different_input_tokenizer_renders_the_chat_again(tmp_path, rm_path, h
 def test_the_reward_model_role_is_built_only_when_enabled_and_is_not_checkpointed():
     from omegaconf import OmegaConf
 
-    from verl_npu.workers.roles import ROLES, checkpointed_roles, roles_for
+    from verl_npu.registry import ROLES
+    from verl_npu.workers.roles import checkpointed_roles, roles_for
 
     cfg = OmegaConf.create({"algorithm": {"adv_estimator": "grpo"}, "critic": {"enable": None},
                             "reward_model": {"enable": True}})
@@ -156,7 +157,7 @@ def test_the_reward_model_role_is_built_only_when_enabled_and_is_not_checkpointe
     cfg.reward_model.enable = False
     assert roles_for(cfg) == ["actor"]
     assert checkpointed_roles(["actor", "critic", "reward_model"]) == ["actor", "critic"]
-    assert ROLES["reward_model"].worker_class().__name__ == "RewardModelWorker"
+    assert ROLES.load("reward_model").__name__ == "RewardModelWorker"
 
 
 # ---- config ------------------------------------------------------------------------------------

@@ -20,9 +20,11 @@ from verl_npu.tools.code_interpreter import CodeInterpreterTool, retool_code
 from verl_npu.tools.loading import load_tools
 from verl_npu.tools.sandbox import SandboxLimits, namespaces_work, run_python
 
-NS = pytest.param("namespaces",
-                  marks=pytest.mark.skipif(not namespaces_work(), reason="no namespaces here (needs root)"))
-BOTH = [NS, "process"]
+# as root on Linux (CI) the namespace sandbox must work: a broken one fails these tests instead of skipping
+NEEDS_NS = pytest.mark.skipif(not namespaces_work() and not (sys.platform.startswith("linux") and os.geteuid() == 0),
+                              reason="no namespace sandbox here (needs root, or unprivileged user namespaces)")
+NS = pytest.param("namespaces", marks=NEEDS_NS)
+BOTH = [NS, "unsafe_process"]
 
 
 def limits(isolation, **kw):
@@ -88,7 +90,7 @@ def test_an_endless_loop_is_stopped_at_the_wall_clock_and_the_cpu_limit(isolatio
     assert time.monotonic() - t0 < 50
 
 
-@pytest.mark.skipif(not namespaces_work(), reason="no namespaces here (needs root)")
+@NEEDS_NS
 def test_no_process_outlives_the_code():
     def sandbox_user_processes():
         return {p for p in filter(str.isdigit, os.listdir("/proc")) if "\nUid:\t65534" in _status(p)}
@@ -116,7 +118,7 @@ def _status(pid: str) -> str:
 
 
 def test_the_process_isolation_refuses_new_processes():
-    r = run_python("import subprocess\nsubprocess.run(['true'])\n", limits("process"))
+    r = run_python("import subprocess\nsubprocess.run(['true'])\n", limits("unsafe_process"))
     assert r.exit_code == 1 and "PermissionError: the sandbox does not allow subprocess.Popen" in r.output
     assert "sandbox_boot" not in r.output          # the traceback is the code's own
 
@@ -148,7 +150,7 @@ def test_code_cannot_open_a_socket(isolation):
 
 def test_output_is_capped_while_it_is_read():
     r = run_python("import sys\nfor _ in range(10**6):\n    sys.stdout.write('y' * 100)\n",
-                   limits("process", max_output_bytes=1000))
+                   limits("unsafe_process", max_output_bytes=1000))
     assert r.truncated and len(r.output) == 1000 and r.exit_code == 0
 
 
@@ -167,7 +169,7 @@ tools:
         description: Run code.
         parameters: {type: object, properties: {code: {type: string, description: code}}, required: [code]}
   - class_name: recipe.retool.retool.CustomSandboxFusionTool
-    config: {type: native, isolation: process}
+    config: {type: native, isolation: unsafe_process}
     tool_schema:
       type: function
       function:
@@ -248,16 +250,38 @@ def test_hanging_and_failing_tools_and_a_long_output_in_a_rollout():
     assert results[1][2]["error"] and results[3][2]["error"]
 
 
-def test_without_namespaces_auto_falls_back_and_namespaces_is_refused(tmp_path, monkeypatch):
-    """Where the namespaces cannot run (not root, a locked-down kernel), `auto` gets the process guards
-    and `isolation: namespaces` stops the run when the tools are built, naming the entry."""
+def test_without_namespaces_a_code_tool_refuses_to_start_unless_unsafe_is_asked_for(tmp_path, monkeypatch):
+    """Where the namespaces cannot run (a locked-down kernel or container), `auto` and `namespaces` stop
+    the run when the tools are built, naming what is missing and how to get it; only the setting named
+    unsafe_process runs code behind the Python-level guards; the old name `process` is refused."""
     import verl_npu.tools.sandbox as sandbox
     from verl_npu.errors import UserError
 
-    monkeypatch.setattr(sandbox, "namespaces_work", lambda: False)
-    assert CodeInterpreterTool({"isolation": "auto"}).isolation == "process"
+    monkeypatch.setattr(sandbox, "namespaces_problem", lambda: "unshare: Operation not permitted")
     monkeypatch.chdir(tmp_path)
-    Path("tools.yaml").write_text("tools:\n  - class_name: code_interpreter\n    config: {isolation: namespaces}\n")
-    with pytest.raises(UserError, match=r"tools\[0\]: constructing 'code_interpreter' failed: RuntimeError: "
-                                        r"isolation: namespaces was asked for"):
-        load_tools("tools.yaml")
+    for isolation in ("auto", "namespaces"):
+        Path("tools.yaml").write_text(f"tools:\n  - class_name: code_interpreter\n    config: {{isolation: {isolation}}}\n")
+        with pytest.raises(UserError, match=rf"tools\[0\]: constructing 'code_interpreter' failed: RuntimeError: "
+                                            rf"isolation: {isolation} needs the namespace sandbox.*unshare: Operation "
+                                            r"not permitted. To get it: run the trainer as root.*unsafe_process"):
+            load_tools("tools.yaml")
+    with pytest.raises(ValueError, match="isolation: process is no boundary.*unsafe_process"):
+        CodeInterpreterTool({"isolation": "process"})
+    tool = CodeInterpreterTool({"isolation": "unsafe_process"})
+    assert tool.isolation == "unsafe_process" and tool.run("print(6 * 7)")[0] == "42\n"
+    # each call through the agent loop records it, and the step metrics and the run's summary say so
+    import asyncio
+
+    from verl_npu.config.typed import section
+    from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, ToolCall, Trajectory
+    from verl_npu.rollout.tool_calls import tool_call_metrics
+    from verl_npu.trainer.summary import tool_lines
+
+    loop = AgentLoop.__new__(AgentLoop)
+    loop.tools, loop.settings = {"code_interpreter": tool}, section(MULTI_TURN, {})
+    text, _, record, _ = asyncio.run(loop._call(Trajectory([1], "u#0", {}), ToolCall("code_interpreter",
+                                                                                      {"code": "print(1)"})))
+    assert text == "1\n" and record["sandbox"] == "unsafe_process"
+    metrics = tool_call_metrics([[{"role": "tool", "calls": [record]}]])
+    assert metrics["tool_calls/unsafe_sandbox"] == 1.0
+    assert tool_lines([metrics])[0].startswith("  UNSAFE: model-written code ran without an operating-system boundary")

@@ -26,7 +26,9 @@ from run_helpers import run_on_verl_side, verl_side_python
 from verl_npu import algorithms as A
 from verl_npu.algorithms.advantage_modes import gdpo_advantage
 from verl_npu.config.typed import section
-from verl_npu.policy_losses import POLICY_LOSS_MODES
+from verl_npu.registry import POLICY_LOSSES
+
+POLICY_LOSS_MODES = POLICY_LOSSES.specs
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tests" / "verl_side_algos.py"

@@ -125,8 +125,7 @@ def test_verl_091_spellings_load_and_reach_the_keys_verl_npu_reads():
 @pytest.mark.parametrize("override,words", [
     ("trainer.v1.trainer_mode=separate_async", "trainer_mode=separate_async"),
     ("trainer.v1.separate_async.parameter_sync_step=2", "asynchronous v1 trainer"),
-    ("distillation.enabled=true", "distillation"),
-    ("distillation.teacher_models.teacher_model.model_path=/m", "distillation"),
+    ("distillation.teacher_models.teacher_model2.model_path=/m", "several teacher models"),  # one teacher is read
     ("skip.rollout.enable=true", "dumped rollouts"),
     ("actor_rollout_ref.actor.fsdp_config.qat.enable=true", "quantization-aware training"),
     ("actor_rollout_ref.actor.pad_to_length=true", "fixed length buckets"),

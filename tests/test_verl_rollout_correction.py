@@ -23,8 +23,10 @@ import torch
 from run_helpers import run_on_verl_side, verl_side_python
 from verl_npu import algorithms as A
 from verl_npu.config.typed import section
-from verl_npu.policy_losses import POLICY_LOSS_MODES
+from verl_npu.registry import POLICY_LOSSES
 from verl_npu.rollout_corrections import ROLLOUT_RS_OPTIONS
+
+POLICY_LOSS_MODES = POLICY_LOSSES.specs
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tests" / "verl_side_rollout_corr.py"

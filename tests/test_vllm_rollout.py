@@ -381,22 +381,22 @@ def test_consecutive_ranks_share_a_node():
 
 
 def test_rollout_registry():
-    from verl_npu import rollout, rollout_engines
+    from verl_npu import rollout
+    from verl_npu.registry import ROLLOUT_ENGINES, RegistryError
 
-    assert set(rollout_engines.ROLLOUT_ENGINES) == {"hf", "vllm"}
+    assert set(ROLLOUT_ENGINES.specs) == {"hf", "vllm"}
     assert rollout.rollout_class("vllm") is vr.VLLMRollout
     from verl_npu.rollout.hf import HFRollout
 
     assert rollout.rollout_class("hf") is HFRollout
     cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "tensor_model_parallel_size": 4},
                                                   "actor": {"ulysses_sequence_parallel_size": 2}}})
-    assert rollout_engines.rollout_group_size(cfg) == 4  # a TP group shares one engine
-    cfg.actor_rollout_ref.rollout.name = "hf"
-    assert rollout_engines.rollout_group_size(cfg) == 2  # hf samples on the actor: its SP peers hold the same rows
-    with pytest.raises(ValueError, match="registered twice"):
-        rollout_engines.register_rollout("hf", "x:y", tensor_parallel=False, doc="")
+    assert ROLLOUT_ENGINES.spec("vllm").group_size(cfg) == 4  # a TP group shares one engine
+    assert ROLLOUT_ENGINES.spec("hf").group_size(cfg) == 2  # hf samples on the actor: its SP peers hold the same rows
+    with pytest.raises(RegistryError, match="'hf': .*OtherRollout is not declared"):  # one declaration per name
+        ROLLOUT_ENGINES.register("hf")(type("OtherRollout", (), {}))
     with pytest.raises(ValueError, match="unknown rollout engine 'sglang'"):
-        rollout_engines.rollout_spec("sglang")
+        ROLLOUT_ENGINES.spec("sglang")
 
 
 def test_vision_markers_are_never_sampled():

@@ -24,8 +24,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from verl_npu.errors import ConfigErrors, UserError, run_command
+
+if TYPE_CHECKING:
+    from verl_npu.config import RecipeConfig
 
 
 def _say(text: str = "") -> None:
@@ -77,9 +81,9 @@ def _parquet_rows(files) -> int | None:
     return total
 
 
-def summary_lines(rc) -> list[str]:
+def summary_lines(rc: RecipeConfig) -> list[str]:
     """The validate summary: sizes per step and per update, accumulation, steps, derived values."""
-    b = rc.backend
+    b = rc.typed
     actor, n, world = b.actor_rollout_ref.actor, int(b.actor_rollout_ref.rollout.n), rc.world_size
     tbs, mini = int(b.data.train_batch_size), int(actor.ppo_mini_batch_size)
     per_device = mini * n // world
@@ -90,11 +94,12 @@ def summary_lines(rc) -> list[str]:
         f"(ceil({tbs} / ppo_mini_batch_size {mini}) x ppo_epochs {actor.ppo_epochs})",
         f"responses per update: {mini * n} ({per_device} per device)",
     ]
-    from verl_npu.rollout_engines import rollout_group_size, rollout_spec
+    from verl_npu.registry import ROLLOUT_ENGINES
 
     rollout = b.actor_rollout_ref.rollout
-    group = rollout_group_size(b)
-    if rollout_spec(str(rollout.name)).tensor_parallel:
+    engine = ROLLOUT_ENGINES.spec(str(rollout.name))
+    group = engine.group_size(b)
+    if engine.tensor_parallel:
         lines.append(f"rollout: {world // group} {rollout.name} engine(s) of tensor_model_parallel_size {group}, "
                      f"{tbs // max(world // group, 1)} prompts each per step")
     else:
@@ -164,7 +169,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn(rc) -> None:
+def _warn(rc: RecipeConfig) -> None:
     for w in rc.warnings:
         print(f"warning: {w}", file=sys.stderr, flush=True)
 
@@ -218,9 +223,9 @@ def _size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _plan_summary(rc, device_memory: str | None = None) -> str:
+def _plan_summary(rc: RecipeConfig, device_memory: str | None = None) -> str:
     """validate's and run's one line about memory (never an error: a plan that cannot be made says why)."""
-    from verl_npu.config.memory_recipe import plan_for, summary_line
+    from verl_npu.memory.recipe import plan_for, summary_line
 
     try:
         plan, why = plan_for(rc, device_memory)
@@ -229,11 +234,11 @@ def _plan_summary(rc, device_memory: str | None = None) -> str:
     return summary_line(plan) if plan is not None else f"memory plan: {why}"
 
 
-def _refuse_if_it_will_not_fit(rc, force: bool, device_memory: str | None = None) -> None:
+def _refuse_if_it_will_not_fit(rc: RecipeConfig, force: bool, device_memory: str | None = None) -> None:
     """`run`: stop before any worker starts when the plan says the peak will not fit (unless --force).
     Only where the device's memory is known (the CPU, or --device-memory): for an accelerator whose card
     is assumed, a warning (a wrong refusal would stop a run that fits a larger card)."""
-    from verl_npu.config.memory_recipe import plan_for
+    from verl_npu.memory.recipe import plan_for
 
     try:
         plan, _ = plan_for(rc, device_memory)
@@ -260,11 +265,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from verl_npu.config import load_recipe
-    from verl_npu.config.memory_recipe import model_numbers, plan_for
+    from verl_npu.memory.recipe import model_numbers, plan_for
 
     rc = load_recipe(args.recipe, args.overrides)
     _warn(rc)
-    path = rc.backend.actor_rollout_ref.model.path
+    path = rc.typed.actor_rollout_ref.model.path
     if isinstance(path, str) and path.startswith("tiny://") and model_numbers(path) is None:
         from verl_npu.models.tiny import materialize  # builds the tiny model once (seconds), as a run would
 
@@ -335,8 +340,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say("[verl-npu] data and model paths found")
     _say(f"[verl-npu] {_plan_summary(rc, getattr(args, 'device_memory', None))}")
     _refuse_if_it_will_not_fit(rc, getattr(args, "force", False), getattr(args, "device_memory", None))
-    info = detect_device(rc.backend.trainer.device)
-    _say(f"[verl-npu] device: {info.kind} (trainer.device={rc.backend.trainer.device})")
+    info = detect_device(rc.typed.trainer.device)
+    _say(f"[verl-npu] device: {info.kind} (trainer.device={rc.typed.trainer.device})")
     _say("[verl-npu] starting training")
     from verl_npu.trainer.preempt import Preempted, handle_signals
 

@@ -19,6 +19,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verl_npu.config import RecipeConfig
 
 log = logging.getLogger("verl_npu")
 
@@ -107,15 +111,15 @@ def demo_data_paths() -> list[tuple[str, str, str]]:
     return pairs
 
 
-def may_make_demo_data(rc, demo_data: bool = False) -> bool:
+def may_make_demo_data(rc: RecipeConfig, demo_data: bool = False) -> bool:
     """True when `run` may write synthetic data to the recipe's train/val files: a `tiny://`
     model, one train and one val file, and either `demo_data` (the `--demo-data` flag) or the
     model and files are a shipped demo recipe's own."""
     from verl_npu.data import as_file_list
     from verl_npu.models.tiny import is_tiny_uri
 
-    data = rc.backend.data
-    model = str(rc.backend.actor_rollout_ref.model.path)
+    data = rc.typed.data
+    model = str(rc.typed.actor_rollout_ref.model.path)
     if not is_tiny_uri(model):
         return False
     train, val = as_file_list(data.train_files or []), as_file_list(data.val_files or [])
@@ -124,14 +128,14 @@ def may_make_demo_data(rc, demo_data: bool = False) -> bool:
     return demo_data or (model, _resolved(train[0]), _resolved(val[0])) in demo_data_paths()
 
 
-def prepare_assets(rc, demo_data: bool = False) -> list[str]:
+def prepare_assets(rc: RecipeConfig, demo_data: bool = False) -> list[str]:
     """Make what a demo recipe needs (see the module docstring); returns a line per thing made.
     Nothing is made for a recipe whose model is not a `tiny://` model."""
     from verl_npu.data import as_file_list
     from verl_npu.models.tiny import is_tiny_uri, materialize
 
-    data = rc.backend.data
-    model_path = str(rc.backend.actor_rollout_ref.model.path)
+    data = rc.typed.data
+    model_path = str(rc.typed.actor_rollout_ref.model.path)
     if not is_tiny_uri(model_path):
         return []
     made = []
@@ -139,8 +143,8 @@ def prepare_assets(rc, demo_data: bool = False) -> list[str]:
     wanted = [(f, split) for files, split in ((train, "train"), (val, "test")) for f in files]
     missing = [(Path(os.path.expanduser(f)), split) for f, split in wanted if not Path(os.path.expanduser(f)).exists()]
     if missing:
-        mt = rc.backend.actor_rollout_ref.rollout.get("multi_turn")
-        enabled = bool(mt is not None and mt.get("enable"))
+        mt = rc.typed.actor_rollout_ref.rollout.multi_turn
+        enabled = bool(mt.enable)
         writer = _data_writer(model_path, multi_turn=enabled,
                               interaction=enabled and bool(mt.get("interaction_config_path")),
                               search=enabled and _uses_search_tool(mt.get("tool_config_path")))

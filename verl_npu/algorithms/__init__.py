@@ -1,7 +1,7 @@
 """RL algorithms as pure tensor functions (``core``: advantages, the PPO policy loss, KL, loss
-aggregation, the two name registries) and verl's further policy losses and advantage estimators
-(``policy_loss_modes``, ``advantage_modes``: each registers itself into ``core``'s registries when
-imported, which this package does), and rollout correction (``rollout_correction``: IS weights, rejection
+aggregation) and verl's further policy losses and advantage estimators (``policy_loss_modes``,
+``advantage_modes``: each declared with ``@POLICY_LOSSES.register`` / ``@ADVANTAGE_ESTIMATORS.register``,
+``verl_npu.registry``, and bound when this package imports it), and rollout correction (``rollout_correction``: IS weights, rejection
 masks, off-policy metrics, the bypass_mode loss). Look names up here: ``policy_loss_fn(mode)``,
 ``compute_advantages(name, ...)``. ROLL's reward normalisation of the scores before the estimator
 (``algorithm.reward_norm``) is ``reward_norm``."""
@@ -16,5 +16,5 @@ from verl_npu.algorithms.core import (  # noqa: F401 - the package's face
     ADVANTAGE_ESTIMATORS, GRPO_EPS, KL_KINDS, LOG_RATIO_CLAMP, LOSS_AGG_MODES, LOW_VAR_KL_CLAMP, POLICY_LOSSES,
     WHITEN_EPS, AdaptiveKLController, FixedKLController, agg_loss, apply_kl_in_reward, clipped_value_loss,
     compute_advantages, kl_penalty, last_trained_token, make_kl_controller, masked_mean, masked_sum, masked_var,
-    masked_whiten, policy_loss_fn, ppo_policy_loss, register_advantage, scores_on_last_token,
+    masked_whiten, policy_loss_fn, ppo_policy_loss, scores_on_last_token,
 )

@@ -22,9 +22,10 @@ from collections.abc import Hashable, Mapping, Sequence
 import torch
 
 from verl_npu.algorithms.core import (
-    GRPO_EPS, _groups, _sequence_scores, grpo_advantage, masked_whiten, register_advantage,
+    GRPO_EPS, _groups, _sequence_scores, grpo_advantage, masked_whiten,
 )
 from verl_npu.errors import UserError
+from verl_npu.registry import ADVANTAGE_ESTIMATORS
 
 
 def _group_index(group_ids: Sequence[Hashable] | None, batch_size: int, device) -> tuple[torch.Tensor, int]:
@@ -41,9 +42,11 @@ def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor) -> tuple[torc
     return advantages, advantages
 
 
-@register_advantage("opo")
+@ADVANTAGE_ESTIMATORS.register("opo", needs_group=True)
 def opo_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """OPO (optimal baseline for on-policy RL, arXiv 2505.23585): the length-weighted group mean as baseline.
+    """score minus the length-weighted group mean score
+
+    OPO (optimal baseline for on-policy RL, arXiv 2505.23585): the length-weighted group mean as baseline.
 
     ``len_i = Σ_t mask_{i,t}``; for a group of n_g ≥ 2 rows ``b_g = Σ_{j∈g} len_j·s_j / Σ_{j∈g} len_j``,
     for a group of one ``b_g = 0``; ``A_i = s_i - b_g``.
@@ -59,9 +62,12 @@ def opo_advantage(token_level_rewards, response_mask, group_ids, config=None, **
     return _broadcast(advantages, response_mask)
 
 
-@register_advantage("grpo_passk")
+@ADVANTAGE_ESTIMATORS.register("grpo_passk", needs_group=True)
 def grpo_passk_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """Pass@k GRPO (arXiv 2503.19595): only the best response of each group gets an advantage.
+    """pass@k: only the best response of a group gets (best - second best) score, divided by the group std with
+    norm_adv_by_std_in_grpo
+
+    Pass@k GRPO (arXiv 2503.19595): only the best response of each group gets an advantage.
 
     Per group (at least 2 rows, else ValueError): ``r1 ≥ r2`` the two largest scores; the row with the
     largest score gets ``A = r1 - r2``, divided by ``std_g + 1e-6`` (unbiased std of the group's scores)
@@ -84,9 +90,11 @@ def grpo_passk_advantage(token_level_rewards, response_mask, group_ids, config=N
     return _broadcast(advantages, response_mask)
 
 
-@register_advantage("gpg")
+@ADVANTAGE_ESTIMATORS.register("gpg", needs_group=True)
 def gpg_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """GPG's advantage (arXiv 2504.02546): group-centred score scaled by the batch's share of non-zero scores.
+    """score minus the group mean, times batch size / non-zero scores
+
+    GPG's advantage (arXiv 2504.02546): group-centred score scaled by the batch's share of non-zero scores.
 
     ``α = B / max(#{i : s_i ≠ 0}, 1)`` over the whole batch of B rows; ``mean_g`` = the group's mean
     score (0 for a group of one); ``A_i = α·(s_i - mean_g)`` (no division by the std; verl's
@@ -102,9 +110,11 @@ def gpg_advantage(token_level_rewards, response_mask, group_ids, config=None, **
     return _broadcast(alpha * centred, response_mask)
 
 
-@register_advantage("rloo_vectorized")
+@ADVANTAGE_ESTIMATORS.register("rloo_vectorized", needs_group=True)
 def rloo_vectorized_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """RLOO computed with scatter sums: ``A_i = (n_g·s_i - Σ_{j∈g} s_j) / (n_g - 1)`` (= s_i minus the mean
+    """rloo with scatter sums; a group of one gets 0
+
+    RLOO computed with scatter sums: ``A_i = (n_g·s_i - Σ_{j∈g} s_j) / (n_g - 1)`` (= s_i minus the mean
     of the other rows of its group) for n_g ≥ 2; a group of one row gets ``A = 0`` (unlike ``rloo``,
     which gives it ``s_i``, as in verl).
     """
@@ -116,9 +126,11 @@ def rloo_vectorized_advantage(token_level_rewards, response_mask, group_ids, con
     return _broadcast(advantages, response_mask)
 
 
-@register_advantage("grpo_vectorized")
+@ADVANTAGE_ESTIMATORS.register("grpo_vectorized", needs_group=True, group_mean_std=True)
 def grpo_vectorized_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """GRPO computed with scatter sums; the group statistics in float32 (as verl's vectorised path).
+    """grpo with scatter sums (group statistics in float32)
+
+    GRPO computed with scatter sums; the group statistics in float32 (as verl's vectorised path).
 
     Per group: ``mean_g = Σ s / n_g``, ``std_g = sqrt(max(Σ (s - mean_g)² / max(n_g - 1, 1), 0))`` (unbiased);
     a group of one uses mean 0 and std 1. ``A_i = (s_i - mean_g) / (std_g + 1e-6)`` with
@@ -140,10 +152,13 @@ def grpo_vectorized_advantage(token_level_rewards, response_mask, group_ids, con
     return _broadcast(advantages, response_mask)
 
 
-@register_advantage("gdpo")
+@ADVANTAGE_ESTIMATORS.register("gdpo", needs_group=True, score_components=True)
 def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
                    reward_components: Mapping[str, Sequence[float]] | None = None, **_unused):
-    """GDPO (group reward-decoupled normalisation, arXiv 2601.05242): GRPO per reward component, then summed.
+    """GRPO per reward component (algorithm.gdpo_reward_keys: keys of the reward function's dict), weighted
+    (gdpo_reward_weights), summed, whitened over the batch
+
+    GDPO (group reward-decoupled normalisation, arXiv 2601.05242): GRPO per reward component, then summed.
 
     With ``algorithm.gdpo_reward_keys`` = [k_1..k_K] (config) and ``reward_components[k]`` the per-row
     value of component k (what the reward function returned under that key), each component is put
@@ -237,11 +252,14 @@ def _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_sq
     return advantages * response_mask, returns
 
 
-@register_advantage("optimal_token_baseline")
+@ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", needs_group=True, inputs=('old_log_probs', 'sum_pi_squared'))
 def optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
                                      old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
                                      handle_zero_tail: bool = True, **_unused):
-    """Optimal token baseline (OTB): a baseline per prompt group and per response position, weighted by how much
+    """reward-to-go minus a per-token group baseline weighted by the path variance 1 - 2 pi + sum pi^2 accumulated so
+    far (needs actor.calculate_sum_pi_squared=true)
+
+    Optimal token baseline (OTB): a baseline per prompt group and per response position, weighted by how much
     policy-gradient variance each response has accumulated up to that position.
 
     With ``π_{i,t} = exp(old_log_prob_{i,t})`` (the sampled token's probability) and ``Σπ²_{i,t}`` (the sum of
@@ -259,11 +277,14 @@ def optimal_token_baseline_advantage(token_level_rewards, response_mask, group_i
                 handle_zero_tail, by_token_index=False)
 
 
-@register_advantage("tir_optimal_token_baseline")
+@ADVANTAGE_ESTIMATORS.register("tir_optimal_token_baseline", needs_group=True, inputs=('old_log_probs', 'sum_pi_squared'))
 def tir_optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
                                          old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
                                          handle_zero_tail: bool = True, **_unused):
-    """The optimal token baseline for tool-integrated (multi-turn) responses, whose response mask has holes
+    """optimal_token_baseline with positions counted over response-mask tokens (multi-turn masks); the same as
+    optimal_token_baseline here
+
+    The optimal token baseline for tool-integrated (multi-turn) responses, whose response mask has holes
     (tool output): the same formulas as ``optimal_token_baseline``, with position t meaning a row's t-th
     response token (counting only tokens under the mask) instead of column t, and rows with no response
     token left out of their group. For responses whose mask is one run from column 0 (every single-turn

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from verl_npu.errors import UserError
+from verl_npu import registry
 
 GRPO_EPS = 1e-6
 WHITEN_EPS = 1e-8
@@ -99,20 +100,8 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 # ----------------------------------------------------------------------------- advantage estimators
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
-
-
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: register an estimator ``fn(token_level_rewards, response_mask, group_ids, config, **kw)``
-    returning ``(advantages [B,T], returns [B,T])`` under ``name`` (a duplicate name is an error)."""
-
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
+#: name -> estimator function, bound by the `@ADVANTAGE_ESTIMATORS.register` declarations (verl_npu.registry)
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = registry.ADVANTAGE_ESTIMATORS.implementations
 
 
 def compute_advantages(
@@ -130,16 +119,16 @@ def compute_advantages(
     ``gamma``, ... Extra keyword arguments go to the estimator (``baseline_rewards`` for remax).
     An unknown name raises KeyError listing the registered ones.
     """
-    if name not in ADVANTAGE_ESTIMATORS:
-        known = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-        raise KeyError(f"unknown advantage estimator {name!r}; known: {known}")
+    if name not in registry.ADVANTAGE_ESTIMATORS.specs and not registry.ADVANTAGE_ESTIMATORS.user_files_allowed(name):
+        raise KeyError(f"unknown advantage estimator {name!r}; known: {', '.join(registry.ADVANTAGE_ESTIMATORS.specs)}")
+    estimator = registry.ADVANTAGE_ESTIMATORS.load(name)
     if token_level_rewards.shape != response_mask.shape or token_level_rewards.dim() != 2:
         raise ValueError(
             f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
             f"{tuple(response_mask.shape)} must both be [B, T]"
         )
     with torch.no_grad():
-        return ADVANTAGE_ESTIMATORS[name](
+        return estimator(
             token_level_rewards, response_mask.to(token_level_rewards.dtype), group_ids, config, **kwargs
         )
 
@@ -161,9 +150,11 @@ def _sequence_scores(token_level_rewards: torch.Tensor, response_mask: torch.Ten
     return (token_level_rewards * response_mask).sum(dim=-1)
 
 
-@register_advantage("grpo")
+@registry.ADVANTAGE_ESTIMATORS.register("grpo", needs_group=True, group_mean_std=True)
 def grpo_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """GRPO: ``s_i = Σ_t r_{i,t}``; per group g (same uid) of size n_g:
+    """group-normalised sequence score
+
+    GRPO: ``s_i = Σ_t r_{i,t}``; per group g (same uid) of size n_g:
 
     - ``norm_adv_by_std_in_grpo`` true (default): ``A_i = (s_i - mean_g) / (std_g + 1e-6)`` with the
       unbiased std (``torch.std``, divisor n_g - 1);
@@ -188,9 +179,11 @@ def grpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
     return advantages, advantages
 
 
-@register_advantage("rloo")
+@registry.ADVANTAGE_ESTIMATORS.register("rloo", needs_group=True)
 def rloo_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """RLOO: ``s_i = Σ_t r_{i,t}``; ``A_i = s_i - (Σ_{j in g, j≠i} s_j) / (n_g - 1)`` (leave-one-out
+    """score minus the leave-one-out group mean
+
+    RLOO: ``s_i = Σ_t r_{i,t}``; ``A_i = s_i - (Σ_{j in g, j≠i} s_j) / (n_g - 1)`` (leave-one-out
     mean of the other responses to the same prompt). A group of one row has baseline 0 (``A_i = s_i``).
 
     Broadcast over the response tokens; returns = advantages.
@@ -208,9 +201,11 @@ def rloo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
     return advantages, advantages
 
 
-@register_advantage("reinforce_plus_plus")
+@registry.ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", needs_group=False)
 def reinforce_plus_plus_advantage(token_level_rewards, response_mask, group_ids=None, config=None, **_unused):
-    """REINFORCE++: discounted return per token, computed backwards with ``gamma`` (config, default 1):
+    """discounted return, whitened over the batch
+
+    REINFORCE++: discounted return per token, computed backwards with ``gamma`` (config, default 1):
 
     ``G_t = r_t + gamma·G_{t+1}·mask_{t+1}`` (the running return restarts after a padded position,
     so nothing leaks across the end of a response), ``returns = G·mask``;
@@ -230,9 +225,11 @@ def reinforce_plus_plus_advantage(token_level_rewards, response_mask, group_ids=
     return advantages, returns
 
 
-@register_advantage("reinforce_plus_plus_baseline")
+@registry.ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", needs_group=False)
 def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, **_unused):
-    """REINFORCE++ with a group-mean baseline: ``s_i = Σ_t r_{i,t}``; ``b_i`` = mean of ``s_j`` over
+    """score minus the group mean, whitened over the batch
+
+    REINFORCE++ with a group-mean baseline: ``s_i = Σ_t r_{i,t}``; ``b_i`` = mean of ``s_j`` over
     the rows j with the same uid as i (a group of one row uses ``b_i = 0``); ``a_{i,t} = (s_i - b_i)·mask``
     broadcast over the response tokens; ``advantages = masked_whiten(a, mask)·mask`` (mean and
     unbiased variance over all response tokens of the batch). Returns = advantages.
@@ -248,9 +245,11 @@ def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, g
     return advantages, advantages
 
 
-@register_advantage("remax")
+@registry.ADVANTAGE_ESTIMATORS.register("remax", needs_group=False, inputs=('baseline_rewards',))
 def remax_advantage(token_level_rewards, response_mask, group_ids=None, config=None, *, baseline_rewards=None, **_):
-    """ReMax: ``returns_{i,t} = Σ_{t'≥t} r_{i,t'}·mask`` (undiscounted reward-to-go);
+    """return minus the score of a greedy response
+
+    ReMax: ``returns_{i,t} = Σ_{t'≥t} r_{i,t'}·mask`` (undiscounted reward-to-go);
     ``A_{i,t} = (returns_{i,t} - b_i)·mask_{i,t}`` where ``b_i`` (``baseline_rewards`` [B]) is the
     score of the greedy response to the same prompt. Returns ``(A, returns)``.
     """
@@ -267,9 +266,11 @@ def remax_advantage(token_level_rewards, response_mask, group_ids=None, config=N
     return advantages, returns
 
 
-@register_advantage("gae")
+@registry.ADVANTAGE_ESTIMATORS.register("gae", needs_group=False, inputs=('values',))
 def gae_advantage(token_level_rewards, response_mask, group_ids=None, config=None, *, values=None, **_unused):
-    """Generalised advantage estimation from the critic's ``values`` [B, T] (PPO).
+    """generalised advantage estimation from a critic's values (gamma, lam), whitened over the batch; trains a critic
+
+    Generalised advantage estimation from the critic's ``values`` [B, T] (PPO).
 
     Per row, t runs from the last response position to the first with ``next_value = 0`` and
     ``running = 0``: ``delta_t = r_t + gamma·next_value - V_t``, ``cand_t = delta_t + gamma·lam·running``;
@@ -380,6 +381,7 @@ def agg_loss(
 # ----------------------------------------------------------------------------- policy loss
 
 
+@registry.POLICY_LOSSES.register("vanilla", bypass_replaces=True)
 def ppo_policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -394,7 +396,9 @@ def ppo_policy_loss(
     rollout_is_weights: torch.Tensor | None = None,
     **agg_kwargs: Any,
 ) -> dict[str, torch.Tensor]:
-    """Dual-clip PPO policy loss (verl's ``vanilla``).
+    """dual-clip PPO
+
+    Dual-clip PPO policy loss (verl's ``vanilla``).
 
     ``r = exp(clamp(logp - old, -20, 20))``;
     ``L1 = -A·r``, ``L2 = -A·clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)``, ``Lc = max(L1, L2)``;
@@ -437,15 +441,15 @@ def ppo_policy_loss(
 #: and returns a dict with ``pg_loss`` and the metrics verl logs for that mode (pg_clipfrac, ppo_kl,
 #: pg_clipfrac_lower). The other modes of verl live in ``verl_npu.algorithms.policy_loss_modes`` and
 #: ``verl_npu.algorithms.rollout_correction`` (bypass_mode), which register them here (the package imports them).
-POLICY_LOSSES: dict[str, Callable[..., dict[str, torch.Tensor]]] = {"vanilla": ppo_policy_loss}
+POLICY_LOSSES: dict[str, Callable[..., dict[str, torch.Tensor]]] = registry.POLICY_LOSSES.implementations
 
 
 def policy_loss_fn(loss_mode: str) -> Callable[..., dict[str, torch.Tensor]]:
-    """The policy loss registered as ``loss_mode`` (KeyError naming the registered ones); the one lookup
-    for every mode of ``verl_npu.policy_losses.POLICY_LOSS_MODES``."""
-    if loss_mode not in POLICY_LOSSES:
-        raise KeyError(f"unknown policy_loss.loss_mode {loss_mode!r}; known: {', '.join(sorted(POLICY_LOSSES))}")
-    return POLICY_LOSSES[loss_mode]
+    """The policy loss declared as ``loss_mode`` (`verl_npu.registry.POLICY_LOSSES`), or a user's
+    ``path/file.py:function``; KeyError naming the registered ones."""
+    if loss_mode not in registry.POLICY_LOSSES.specs and not registry.POLICY_LOSSES.user_files_allowed(loss_mode):
+        raise KeyError(f"unknown policy_loss.loss_mode {loss_mode!r}; known: {', '.join(registry.POLICY_LOSSES.specs)}")
+    return registry.POLICY_LOSSES.load(loss_mode)
 
 
 # ----------------------------------------------------------------------------- KL

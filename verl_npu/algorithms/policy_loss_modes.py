@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from verl_npu.algorithms.core import LOG_RATIO_CLAMP, POLICY_LOSSES, agg_loss, masked_mean
+from verl_npu.algorithms.core import LOG_RATIO_CLAMP, agg_loss, masked_mean
+from verl_npu.registry import POLICY_LOSSES
 
 #: gspo caps the log of the sequence ratio at this value (verl's numerical guard)
 GSPO_LOG_RATIO_MAX = 10.0
@@ -54,16 +55,6 @@ def _setting_get(config: Any, path: str) -> float:
     return float(node)
 
 
-def _register(name: str):
-    def decorator(fn):
-        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is registered twice")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
-
-
 def _clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
     return torch.clamp(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
@@ -77,11 +68,13 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
-@_register("gspo")
+@POLICY_LOSSES.register("gspo")
 def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                      clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
-    """GSPO (sequence-level ratio, arXiv 2507.18071).
+    """GSPO: PPO clip on the sequence-level (length-normalised) ratio
+
+    GSPO (sequence-level ratio, arXiv 2507.18071).
 
     ``s_i = Σ_t d·mask / max(Σ_t mask, 1)`` (no ±20 clamp on d); per token
     ``log r_{i,t} = min(logp_{i,t} - sg(logp_{i,t}) + sg(s_i), 10)``, so ``r`` has the value
@@ -106,11 +99,14 @@ def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("sapo")
+@POLICY_LOSSES.register("sapo")
 def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                      clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
-    """SAPO (soft adaptive gate instead of a hard clip, arXiv 2511.20347).
+    """SAPO: a smooth sigmoid gate of the ratio (actor.tau_pos / tau_neg) instead of a hard clip; always averaged per
+    sequence (seq-mean-token-mean)
+
+    SAPO (soft adaptive gate instead of a hard clip, arXiv 2511.20347).
 
     ``r = exp(clamp(d, -20, 20))``; ``τ = tau_pos`` where ``A > 0`` and ``tau_neg`` elsewhere (both read from
     ``config``: ``actor.tau_pos`` / ``actor.tau_neg``); gate ``g = sigmoid(τ·(r - 1))·4/τ``; ``L = -g·A``;
@@ -133,11 +129,13 @@ def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("gpg")
+@POLICY_LOSSES.register("gpg")
 def gpg_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
-    """GPG (plain policy gradient, arXiv 2504.02546): ``L = -logp·A``; ``pg_loss = agg(L)``.
+    """GPG: plain policy gradient -A x log-prob, no ratio or clip
+
+    GPG (plain policy gradient, arXiv 2504.02546): ``L = -logp·A``; ``pg_loss = agg(L)``.
 
     No ratio, no clip; no metrics besides pg_loss (verl logs none for this mode).
     """
@@ -146,11 +144,14 @@ def gpg_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rati
                                 **agg_kwargs)}
 
 
-@_register("clip_cov")
+@POLICY_LOSSES.register("clip_cov")
 def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                          clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
-    """Clip-Cov (arXiv 2505.22617): drop the gradient of a few tokens of high covariance.
+    """Clip-Cov: PPO clip, plus no gradient for a random few tokens of high advantage/log-prob covariance
+    (policy_loss.clip_cov_ratio / clip_cov_lb / clip_cov_ub)
+
+    Clip-Cov (arXiv 2505.22617): drop the gradient of a few tokens of high covariance.
 
     ``r = exp(d)`` (no ±20 clamp); ``L1 = -A·r``, ``L2 = -A·clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)``;
     ``cov_{i,t} = (A - mean_mask(A))·(logp - mean_mask(logp))`` over the tokens of this call.
@@ -191,11 +192,14 @@ def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("kl_cov")
+@POLICY_LOSSES.register("kl_cov")
 def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                        clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
-    """KL-Cov (arXiv 2505.22617): a KL penalty on the tokens of highest covariance, no clipping.
+    """KL-Cov: unclipped ratio loss, plus a |log-ratio| penalty on the tokens of highest covariance
+    (policy_loss.kl_cov_ratio / ppo_kl_coef)
+
+    KL-Cov (arXiv 2505.22617): a KL penalty on the tokens of highest covariance, no clipping.
 
     ``r = exp(d)`` (no clamp); over the n masked tokens of this call,
     ``cov = (A - mean(A))·(logp - mean(logp))`` (plain means over those tokens); the
@@ -229,11 +233,13 @@ def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_r
     return {"pg_loss": pg_loss, "ppo_kl": ppo_kl}
 
 
-@_register("geo_mean")
+@POLICY_LOSSES.register("geo_mean")
 def geo_mean_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                          clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                          global_seqs=None, dp_size=1, **_agg_kwargs):
-    """GMPO (geometric-mean ratio per sequence, arXiv 2507.20673).
+    """GMPO: the geometric mean of the token ratios per sequence, clipped token-wise
+
+    GMPO (geometric-mean ratio per sequence, arXiv 2507.20673).
 
     ``d`` unclamped; ``σ = sign(A)``; ``d_c = clamp(d, -clip_ratio_low, clip_ratio_high)``;
     ``m = σ·min(σ·d, σ·d_c)`` (the clip applies only on the side that would grow the objective);
@@ -268,11 +274,13 @@ def geo_mean_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("cispo")
+@POLICY_LOSSES.register("cispo")
 def cispo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                       clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
-    """CISPO (clipped importance-sampling weight, arXiv 2506.13585).
+    """CISPO: -clip(ratio) x A x log-prob with the clipped ratio as a constant weight
+
+    CISPO (clipped importance-sampling weight, arXiv 2506.13585).
 
     ``r = exp(clamp(d, -20, 20))``; ``w = sg(clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high))``;
     ``L = -w·A·logp`` (the gradient flows through logp only, never through the weight); ``pg_loss = agg(L)``.
@@ -306,11 +314,14 @@ def _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_ag
     return {"pg_loss": pg_loss, **metrics}
 
 
-@_register("dppo_tv")
+@POLICY_LOSSES.register("dppo_tv")
 def dppo_tv_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
-    """DPPO, binary total-variation trust region (arXiv 2602.04879).
+    """DPPO with a binary total-variation trust region (clip_ratio_low/high are the thresholds; clip_ratio_c truncates
+    the weight)
+
+    DPPO, binary total-variation trust region (arXiv 2602.04879).
 
     Here the clip ratios are divergence thresholds. ``p = exp(logp)``, ``q = exp(old)``,
     ``r = exp(clamp(d, -20, 20))``, truncated weight ``w = sg(min(r, clip_ratio_c))``;
@@ -327,11 +338,13 @@ def dppo_tv_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
                  rollout_is_weights)
 
 
-@_register("dppo_kl")
+@POLICY_LOSSES.register("dppo_kl")
 def dppo_kl_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
-    """DPPO, binary KL trust region (arXiv 2602.04879).
+    """DPPO with a binary KL trust region (thresholds and truncation as dppo_tv)
+
+    DPPO, binary KL trust region (arXiv 2602.04879).
 
     As ``dppo_tv`` but with the binary KL between the old and new probability of the sampled token,
     ``D = q·(old - logp) + (1 - q)·log((1 - q + 1e-8) / (1 - p + 1e-8))``: a token is kept when
@@ -348,11 +361,13 @@ def dppo_kl_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
                  rollout_is_weights)
 
 
-@_register("dro")
+@POLICY_LOSSES.register("dro", requires=("policy_loss.dro_beta",))
 def dro_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
                 **agg_kwargs):
-    """DRO (direct reward optimisation with a quadratic log-ratio penalty):
+    """DRO: -(A x log-prob - dro_beta/2 x log-ratio^2) (policy_loss.dro_beta)
+
+    DRO (direct reward optimisation with a quadratic log-ratio penalty):
     ``L = -(logp·A - ½·β·d²)`` with ``β = policy_loss.dro_beta`` from ``config`` (must be > 0);
     ``pg_loss = agg(L)``. The clip ratios are not used.
 

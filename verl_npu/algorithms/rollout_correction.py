@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_npu.algorithms.core import POLICY_LOSSES, agg_loss, masked_mean, ppo_policy_loss
+from verl_npu.algorithms.core import agg_loss, masked_mean, ppo_policy_loss
+from verl_npu.registry import POLICY_LOSSES
 from verl_npu.rollout_corrections import (
     ROLLOUT_IS_LEVELS, TOKEN_RS_OPTIONS, parse_is_threshold, parse_rs_options, parse_rs_thresholds,
 )
@@ -338,10 +339,15 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
 _correct = rollout_correction  # the bypass loss's keyword of the same name hides the function
 
 
+@POLICY_LOSSES.register("bypass_mode", rollout_correction=True)
 def bypass_mode_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2,
                             clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None,
                             rollout_is_weights=None, rollout_correction=None, **agg_kwargs):
-    """verl's ``bypass_mode`` policy loss: the rollout engine's log-probs are the old policy (``old_log_prob``
+    """rollout correction's bypass mode: the rollout engine's log-probs as the old policy (no old-log-prob pass), IS
+    weights and rejection from algorithm.rollout_correction.*, the loss by its loss_type (ppo_clip or reinforce);
+    selected by algorithm.rollout_correction.bypass_mode
+
+    verl's ``bypass_mode`` policy loss: the rollout engine's log-probs are the old policy (``old_log_prob``
     here *is* the rollout's), so no old-log-prob pass runs, and the correction is computed per call from the
     current policy: ``RC = rollout_correction(sg(logp), old_log_prob, mask, **settings)``, with
     ``settings`` = ``rollout_correction`` (the typed `algorithm.rollout_correction` section). ``m`` = RC's response mask
@@ -380,5 +386,3 @@ def bypass_mode_policy_loss(log_prob, old_log_prob, advantages, response_mask, c
         raise ValueError(f"rollout_correction.loss_type must be ppo_clip or reinforce, got {loss_type!r}")
     return {**out, **corr.metrics}
 
-
-POLICY_LOSSES["bypass_mode"] = bypass_mode_policy_loss

@@ -26,6 +26,7 @@ whose inputs already have a problem is skipped. Rules (seq = max_prompt_length +
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -34,7 +35,7 @@ from verl_npu.config.modelinfo import LONG_RESPONSE, model_heads, ulysses_size
 from verl_npu.config.schema import PLACEHOLDER
 from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, SkipRule, get, get_unless_bad
 from verl_npu.errors import Problem
-from verl_npu.rollout_engines import ROLLOUT_ENGINES
+from verl_npu.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, ROLLOUT_ENGINES, bypass_loss, is_file_entry
 
 
 def _is_int(value: Any) -> bool:
@@ -77,7 +78,7 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
 
     def rollout_tp() -> None:
         name = val(ROLL + "name")
-        spec = ROLLOUT_ENGINES.get(name)
+        spec = ROLLOUT_ENGINES.find(name)
         if spec is not None and not spec.tensor_parallel:
             put(ROLL + "tensor_model_parallel_size", 1, f"the {name} rollout has no tensor parallelism")
 
@@ -146,7 +147,8 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             derived.append((target, inner, f"merged from top-level engine_kwargs.{engine}"))
 
     def vllm_prefill() -> None:
-        if val(ROLL + "name") != "vllm":
+        spec = ROLLOUT_ENGINES.find(val(ROLL + "name"))
+        if spec is None or not spec.chunked_prefill:
             return
         from verl_npu.device import configured_device  # lazily: validating an hf recipe needs no probe
 
@@ -175,11 +177,28 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
         bypass = val(rc + "bypass_mode") is True
         if bypass or val(rc + "rollout_is") is not None or val(rc + "rollout_rs") is not None:
             put(ROLL + "calculate_log_probs", True, "algorithm.rollout_correction needs the rollout's own log-probs")
-        if bypass and val(ACTOR + "policy_loss.loss_mode") == "vanilla":
-            put(ACTOR + "policy_loss.loss_mode", "bypass_mode", "algorithm.rollout_correction.bypass_mode=true "
-                "(verl's trainer switches the loss the same way)")
+        mode = POLICY_LOSSES.find(val(ACTOR + "policy_loss.loss_mode"))
+        if bypass and mode is not None and mode.bypass_replaces and ACTOR + "policy_loss.loss_mode" not in bad:
+            # replaced even when set by the user: the worker runs the loss the config names, nothing else
+            path, reason = ACTOR + "policy_loss.loss_mode", (
+                f"algorithm.rollout_correction.bypass_mode=true (its {mode.name} loss is bypass mode's "
+                "loss_type=ppo_clip; verl's trainer switches the loss the same way)")
+            OmegaConf.update(cfg, path, bypass_loss().name, merge=False)
+            derived[:] = [d for d in derived if d[0] != path] + [(path, bypass_loss().name, reason)]
+
+    def user_files() -> None:
+        # a user's `file.py:function` is imported by path in every worker process: made absolute here, once
+        for reg in (POLICY_LOSSES, ADVANTAGE_ESTIMATORS):
+            path = BC + reg.key
+            value = val(path)
+            if path in bad or not is_file_entry(value) or Path(str(value).rpartition(":")[0]).is_absolute():
+                continue
+            file, _, function = str(value).rpartition(":")
+            absolute = f"{Path(file).expanduser().resolve()}:{function}"
+            OmegaConf.update(cfg, path, absolute, merge=False)
+            derived[:] = [d for d in derived if d[0] != path] + [(path, absolute, f"{value} (relative to {Path.cwd()})")]
 
     for fn in (lengths, rollout_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs, vllm_prefill,
-               rollout_correction):
+               rollout_correction, user_files):
         step(fn)
     return derived, problems

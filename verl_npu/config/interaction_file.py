@@ -118,7 +118,7 @@ def read_interaction_config(path) -> tuple[list[InteractionEntry], list[tuple[st
     naming the file and the entry's key. Nothing is imported (module classes are only looked up)."""
     path, items, problems = tool_registry.listed_mappings(path, "interaction", ("name", "class_name", "config"),
                                                           "interaction", non_empty=True)
-    entries, names = [], {}
+    entries, names = [], {}  # type: list, dict[str, int]
     for i, key, item in items:
         class_problems = tool_registry.class_name_problems(
             item.get("class_name"), f"{key}.class_name", what="interaction", builtins=BUILTIN_INTERACTIONS,

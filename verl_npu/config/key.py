@@ -32,6 +32,7 @@ class Key:
     instead: str = ""            # with off_only / unsupported: what to do instead
     noop: str = ""               # non-empty: accepted, but has no effect in verl-npu; text says why
     derived: str = ""            # non-empty: filled in by verl_npu.config.derive when not set; says how
+    user_files: bool = False     # a user's `path/file.py:function` is a value too (checked by its registry)
 
     @property
     def short(self) -> str:

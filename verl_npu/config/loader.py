@@ -15,7 +15,7 @@ import difflib
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl_npu.config import derive as _derive
 from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
+from verl_npu.config.sections import BackendConfigSection
 from verl_npu.config.schema import (
     DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, DEPRECATED_RENAMED, DICT, SCHEMA, STR_LIST, TOP_LEVEL,
     UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key, defaults_tree, free_form_owner,
@@ -61,17 +62,17 @@ class RecipeConfig:
     def backend(self) -> DictConfig:
         return self.cfg.backend_config
 
-    _typed: Any = field(default=None, init=False, repr=False, compare=False)
+    _typed: BackendConfigSection | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
-    def typed(self):
+    def typed(self) -> BackendConfigSection:
         """The backend config as typed, read-only sections generated from the schema
         (`verl_npu.config.typed`): what the training code reads, and what travels to the workers.
         Built on first use (about 2 ms) and kept; `set_derived` (check_paths' hub ids) drops it."""
         if self._typed is None:
             from verl_npu.config.typed import section
 
-            self._typed = section("backend_config", self.cfg.backend_config)
+            self._typed = cast(BackendConfigSection, section("backend_config", self.cfg.backend_config))
         return self._typed
 
     @property
@@ -89,7 +90,7 @@ class RecipeConfig:
     def to_yaml(self) -> str:
         """The resolved recipe as YAML; each derived value carries a `# derived: <reason>` comment."""
         notes = {d.key: d.reason for d in self.derived}
-        data = OmegaConf.to_container(self.cfg, resolve=True)
+        data = cast(dict, OmegaConf.to_container(self.cfg, resolve=True))
         lines = [f"# resolved by verl-npu from {self.source}",
                  "# values marked 'derived' were filled in by verl-npu; set them to override"]
         _emit(data, 0, "", notes, lines)
@@ -346,10 +347,11 @@ def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dic
         if value is DELETE:
             if owner and owner != key:       # one entry of a free-form dict
                 current = dict(over_flat.get(owner, base.accepted.get(owner, SCHEMA[owner].default)) or {})
-                node = current
+                node: dict = current
                 *heads, leaf = key[len(owner) + 1:].split(".")
                 for h in heads:
-                    node = node.get(h) if isinstance(node.get(h), dict) else {}
+                    child = node.get(h)
+                    node = child if isinstance(child, dict) else {}
                 node.pop(leaf, None)
                 over_flat[owner] = current
                 continue

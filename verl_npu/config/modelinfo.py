@@ -37,7 +37,8 @@ def model_heads(path: Any) -> tuple[int, int] | None:
     conf = model_config(path)
     if conf is None:
         return None
-    text = conf.get("text_config") if isinstance(conf.get("text_config"), dict) else {}
+    text_config = conf.get("text_config")
+    text = text_config if isinstance(text_config, dict) else {}
     heads = conf.get("num_attention_heads") or text.get("num_attention_heads")
     kv = conf.get("num_key_value_heads") or text.get("num_key_value_heads") or heads
     if not isinstance(heads, int) or not isinstance(kv, int):

@@ -1,6 +1,7 @@
 """Checks of what the config names on disk (`verl-npu validate --check-paths`, and `verl-npu run`
 before anything starts): data files, model folders (hub ids resolved first), the custom reward
-file and the LoRA adapter folder. A model path is checked only where the run reads it (the critic's
+file, the LoRA adapter folder, and the tool / interaction classes the multi-turn files name
+(`class_check`, in a separate process). A model path is checked only where the run reads it (the critic's
 when a critic is trained, the reward model's when it is enabled). What this machine lacks
 (`machine_problems`: an engine package, an unreachable hub or retrieval server) `run` refuses and
 `validate` only warns about.
@@ -8,25 +9,33 @@ when a critic is trained, the reward model's when it is enabled). What this mach
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import socket
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Callable
 
 from verl_npu.config import (  # noqa: F401 - register their rules
-    rules_dapo, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
+    rules_dapo, rules_distill, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
 )
+from verl_npu.config.class_check import class_problems
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
-from verl_npu.estimators import needs_critic
+from verl_npu.registry import ROLES, RoleSpec
+
+def _role_needed(spec: RoleSpec, cfg: Any) -> bool:
+    return spec.needed(cfg["backend_config"])
+
 
 #: keys that name a model folder: a local folder, a tiny:// model or a hub id (data.tokenizer is refused unless null)
-MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "critic.model.path", BC + "reward_model.model.path")
+MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "critic.model.path", BC + "reward_model.model.path",
+                   rules_distill.TEACHER_PATH)
 #: model path keys the run reads only in some configs: path key -> "is it read?" (on the whole config)
 _MODEL_PATH_USED_IF: dict[str, Callable[[Any], bool]] = {
-    BC + "critic.model.path": lambda cfg: needs_critic(cfg["backend_config"]),
-    BC + "reward_model.model.path": lambda cfg: bool(get(cfg, BC + "reward_model.enable")),
+    BC + spec.model_key: functools.partial(_role_needed, spec)
+    for spec in ROLES.specs.values() if spec.model_key and "always" not in spec.needed_when
 }
 #: model path keys whose folder must hold a particular kind of model (checked by the role's rules)
 _MODEL_KIND_CHECKED = (BC + "reward_model.model.path",)
@@ -36,7 +45,7 @@ def _model_path_keys(cfg) -> list[str]:
     return [k for k in MODEL_PATH_KEYS if k not in _MODEL_PATH_USED_IF or _MODEL_PATH_USED_IF[k](cfg)]
 
 
-def resolve_hub_ids(rc, skip: set[str] = frozenset()) -> list[Problem]:
+def resolve_hub_ids(rc, skip: AbstractSet[str] = frozenset()) -> list[Problem]:
     """Replace every hub id (`owner/name[@revision]`) among the `MODEL_PATH_KEYS` values that is not
     a local folder by its snapshot folder in the Hugging Face cache (downloaded there when the hub
     is reachable and HF_HUB_OFFLINE is not set), in `rc.cfg` itself, so that workers and the rollout
@@ -62,7 +71,7 @@ def resolve_hub_ids(rc, skip: set[str] = frozenset()) -> list[Problem]:
     return problems
 
 
-def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
+def check_paths(rc, skip: AbstractSet[str] = frozenset()) -> list[Problem]:
     """Problems for data files, the model folder, the custom reward file and the LoRA adapter folder
     (model.lora_adapter_path: adapter_config.json in it) that do not exist. Hub ids among the model
     paths are first resolved to local folders (`resolve_hub_ids`, which changes `rc.cfg`); `tiny://`
@@ -106,9 +115,10 @@ def check_paths(rc, skip: set[str] = frozenset()) -> list[Problem]:
             elif kind == "file" and not path.is_file():
                 problems.append(Problem(key, f"file {item!r} does not exist (relative paths start at "
                                         f"{Path.cwd()})", "run the data_prep script or fix the path"))
-    return (problems + rules_multiturn.tool_config_problems(rc.cfg)
-            + rules_multiturn.function_tool_problems(rc.cfg)
-            + rules_multiturn.interaction_config_problems(rc.cfg))
+    files = (rules_multiturn.tool_config_problems(rc.cfg) + rules_multiturn.function_tool_problems(rc.cfg)
+             + rules_multiturn.interaction_config_problems(rc.cfg))
+    # the classes those files name, imported in a process of their own (files with problems left out)
+    return problems + files + class_problems(rc.cfg, skip={p.key for p in files})
 
 
 
@@ -121,13 +131,14 @@ def machine_problems(rc) -> tuple[list[Problem], list[str]]:
     first run. `run` refuses the problems before any model loads; `validate` prints them as warnings
     (a config can be valid for another machine)."""
     from verl_npu.hub import HubIdMissing, cached_folder, looks_like_hub_id, unreachable_reason
-    from verl_npu.rollout_engines import missing_package
+    from verl_npu.registry import ROLLOUT_ENGINES
 
     problems: list[Problem] = []
     notes: list[str] = []
     key = BC + "actor_rollout_ref.rollout.name"
     name = get(rc.cfg, key)
-    missing = missing_package(str(name)) if name is not None else None
+    engine = ROLLOUT_ENGINES.find(name)
+    missing = engine.missing_package() if engine is not None else None
     if missing is not None:
         problems.append(Problem(key, f"{name!r}: {missing.split('; ', 1)[0]}", missing.split("; ", 1)[1]))
     unreachable: str | None = None

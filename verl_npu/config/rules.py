@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from omegaconf import DictConfig
 
@@ -27,8 +27,7 @@ from verl_npu.config.tree import (
     ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, SkipRule, get, get_unless_bad, is_placeholder, scalar,
 )
 from verl_npu.errors import Problem
-from verl_npu.estimators import ESTIMATORS
-from verl_npu.rollout_engines import ROLLOUT_ENGINES
+from verl_npu.registry import ADVANTAGE_ESTIMATORS, METRIC_SINKS, ROLLOUT_ENGINES, estimator_spec, registry_of
 
 
 # ------------------------------------------------------------------ per-key checks
@@ -102,9 +101,13 @@ def check_key(key: Key, value: Any) -> list[Problem]:
         if v in key.unsupported:
             return [Problem(p, f"verl-npu does not support {key.short.rsplit('.', 1)[-1]}={v} yet",
                             key.instead or f"use one of: {', '.join(map(str, key.choices))}")]
+        if key.user_files and registry_of(key.short).user_files_allowed(v):
+            problem = registry_of(key.short).file_problem(v)
+            return [Problem(p, problem, "fix the file or the name after the colon")] if problem else []
         if key.choices and v not in key.choices:
             return [Problem(p, f"{v!r} is not one of {', '.join(map(str, key.choices))}",
-                            f"pick one of: {', '.join(map(str, key.choices))}")]
+                            f"pick one of: {', '.join(map(str, key.choices))}"
+                            + ("; or your own function as path/to/file.py:function" if key.user_files else ""))]
     numbers = value if key.type == FLOAT_LIST else [value] if key.type == FLOAT else []
     if any(not math.isfinite(v) for v in numbers):
         return [Problem(p, f"{_show(value)} is not a finite number", "set a finite value"
@@ -244,7 +247,7 @@ _CRITIC_KEYS = tuple(_CRITIC + k for k in ("enable", "ppo_mini_batch_size", "ppo
        "data.train_batch_size and x rollout.n divisible by the device count; without use_dynamic_bsz its micro "
        "batch divides the per-device mini batch; with it, its token budgets hold one sequence")
 def _critic_batches(c: Ctx) -> Iterator[Problem]:
-    gae = c(ALGO + "adv_estimator") == "gae"
+    gae = bool(getattr(estimator_spec(c(ALGO + "adv_estimator")), "needs_critic", False))
     if gae and c(_CRITIC + "enable") is False:
         yield Problem(_CRITIC + "enable", "is false but algorithm.adv_estimator=gae needs a critic's values",
                       "leave critic.enable unset (or true), or use a critic-free estimator")
@@ -306,10 +309,10 @@ def _dynamic_consistent(c: Ctx) -> Iterator[Problem]:
 
 
 @_rule("group_needs_n", (ALGO + "adv_estimator", _N), "estimators that compare responses within a group ("
-       + ", ".join(s.name for s in ESTIMATORS.values() if s.needs_group) + "): rollout.n must be >= 2")
+       + ", ".join(s.name for s in ADVANTAGE_ESTIMATORS.specs.values() if s.needs_group) + "): rollout.n must be >= 2")
 def _group_needs_n(c: Ctx) -> Iterator[Problem]:
     est = c(ALGO + "adv_estimator")
-    if est in ESTIMATORS and ESTIMATORS[est].needs_group and c(_N) < 2:
+    if getattr(estimator_spec(est), "needs_group", False) and c(_N) < 2:
         yield Problem(_N, f"adv_estimator={est} needs at least 2 responses per prompt, got n={c(_N)}",
                       "set actor_rollout_ref.rollout.n=4 (or more)")
 
@@ -326,11 +329,9 @@ def _gdpo_weights(c: Ctx) -> Iterator[Problem]:
 @_rule("logger_library", (TRAINER + "logger",),
        "every tracker in trainer.logger (wandb, mlflow, swanlab) needs its library: pip install 'verl-npu[NAME]'")
 def _logger_library(c: Ctx) -> Iterator[Problem]:
-    from verl_npu.metric_sinks import missing_library
-
     loggers = c(TRAINER + "logger")
     for name in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
-        problem = missing_library(name)
+        problem = METRIC_SINKS.specs[name].missing_library() if name in METRIC_SINKS.specs else None
         if problem:
             what, _, fix = problem.partition(": ")
             yield Problem(TRAINER + "logger", f"{name}: {what}", fix)
@@ -366,7 +367,7 @@ _TP, _NAME = ROLL + "tensor_model_parallel_size", ROLL + "name"
        "parallelism (hf) need 1")
 def _tp_divides(c: Ctx) -> Iterator[Problem]:
     tp, name, per_node = c(_TP), c(_NAME), c(TRAINER + "n_gpus_per_node")
-    if not ROLLOUT_ENGINES[name].tensor_parallel:
+    if not ROLLOUT_ENGINES.spec(name).tensor_parallel:
         if tp != 1:
             yield Problem(_TP, f"is {tp} but the {name} rollout has no tensor parallelism", "set it to 1 or remove it")
     elif per_node % tp:
@@ -379,7 +380,7 @@ def _tp_divides(c: Ctx) -> Iterator[Problem]:
 def rollout_groups(c: Ctx) -> tuple[int, str]:
     """(ranks per rollout group, what sets it): a TP group for tensor-parallel engines, else the
     actor's Ulysses SP group (those engines sample on the actor's own module)."""
-    if ROLLOUT_ENGINES[c(_NAME)].tensor_parallel:
+    if ROLLOUT_ENGINES.spec(c(_NAME)).tensor_parallel:
         return c(_TP), f"rollout.tensor_model_parallel_size={c(_TP)}"
     sp = c(ACTOR + "ulysses_sequence_parallel_size")
     return sp, f"actor.ulysses_sequence_parallel_size={sp}"
@@ -483,7 +484,7 @@ def _vllm_rule(name: str, keys: tuple[str, ...], text: str):
     actor_rollout_ref.rollout.name is vllm (the other engines get none of these engine arguments)."""
     def register(fn: Callable[[Ctx], Iterator[Problem]]):
         def check(c: Ctx) -> Iterator[Problem]:
-            if c(_NAME) == "vllm":
+            if ROLLOUT_ENGINES.spec(c(_NAME)).engine_arguments:
                 yield from fn(c)
         _rule(name, keys, text)(check)
         return fn
@@ -507,7 +508,7 @@ def _scheduler_args(c: Ctx):
     """What vLLM's scheduler gets (engine_kwargs.vllm wins over the rollout key): the token budget,
     max_num_seqs, max_model_len and enable_chunked_prefill, then the sequence length the engine holds
     (max_model_len when set, else prompt + response)."""
-    tokens, seqs, model_len, chunked = (vllm_arg(c, name, name) for name in (
+    tokens, seqs, model_len, chunked = (cast(_Arg, vllm_arg(c, name, name)) for name in (
         "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill"))
     length = model_len.value if _int(model_len.value) and model_len.value > 0 else c.seq_len
     return tokens, seqs, model_len, chunked, length
@@ -622,7 +623,7 @@ def _vllm_tp_heads(c: Ctx) -> Iterator[Problem]:
 def _vllm_model_len(c: Ctx) -> Iterator[Problem]:
     if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
         return
-    model_len = vllm_arg(c, "max_model_len", "max_model_len")
+    model_len = cast(_Arg, vllm_arg(c, "max_model_len", "max_model_len"))   # a rollout key: always an answer
     if not _int(model_len.value):
         return
     limit = model_length_limit(c(_MODEL))

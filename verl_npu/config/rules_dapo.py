@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from verl_npu.registry import REWARD_MANAGERS
 from verl_npu.config.rules import _WORLD, Ctx, _rule, rollout_groups
 from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, ROLL
 from verl_npu.errors import Problem
@@ -51,7 +52,7 @@ def _dapo_filter_groups(c: Ctx) -> Iterator[Problem]:
 def _dapo_overlong_buffer(c: Ctx) -> Iterator[Problem]:
     if not c(OB + "enable"):
         return
-    if c(MANAGER) != "dapo":
+    if not REWARD_MANAGERS.spec(c(MANAGER)).overlong_penalty:
         yield Problem(MANAGER, f"is {c(MANAGER)!r}, but only the dapo reward manager reads "
                       "reward_kwargs.overlong_buffer_cfg (enable is true)",
                       "set reward_model.reward_manager=dapo, or overlong_buffer_cfg.enable=false")

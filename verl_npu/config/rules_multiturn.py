@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from verl_npu.registry import ROLLOUT_ENGINES, image_engines
 from verl_npu.config.rules import ROLL, Ctx, _rule
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
@@ -81,12 +82,14 @@ def tool_config_problems(cfg) -> list[Problem]:
     problems = _config_file_problems(cfg, "tool_config_path", read_tool_config,
                                      "fix the tool config file (format: docs/agents.md, 'Tool config file')")
     path, engine = get(cfg, MT + "tool_config_path"), get(cfg, ROLL + "name")
-    if problems or not path or not get(cfg, MT + "enable") or engine == "hf":
+    spec = ROLLOUT_ENGINES.find(engine)
+    if problems or not path or not get(cfg, MT + "enable") or spec is None or spec.images_in_multiturn:
         return problems
     entries, _ = read_tool_config(path)
     for entry in entries:
         if entry.builtin in IMAGE_TOOLS:
             problems.append(Problem(ROLL + "name", f"is {engine!r}, but {entry.where} ({entry.class_name}) replies "
-                                    "with images, and multi-turn rollout with images runs on the hf engine only",
-                                    "set actor_rollout_ref.rollout.name=hf"))
+                                    "with images, and multi-turn rollout with images runs on the "
+                                    f"{' / '.join(image_engines())} engine only",
+                                    f"set actor_rollout_ref.rollout.name={image_engines()[0]}"))
     return problems

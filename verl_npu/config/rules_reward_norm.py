@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from verl_npu.registry import estimator_spec
 from verl_npu.config.rules import Ctx, _rule
 from verl_npu.config.tree import ACTOR, ALGO, ROLL
 from verl_npu.errors import Problem
 
 RN = ALGO + "reward_norm."
-_GRPO_STD = ("grpo", "grpo_vectorized")
 
 
 @_rule("reward_norm_groups", (RN + "method", RN + "grouping", ROLL + "n", ALGO + "adv_estimator",
@@ -32,16 +32,17 @@ def _reward_norm_groups(c: Ctx) -> Iterator[Problem]:
                       "set actor_rollout_ref.rollout.n >= 2, or algorithm.reward_norm.grouping=batch "
                       "(or inductive), or method=identity")
     est = c(ALGO + "adv_estimator")
-    if est == "remax":
+    spec = estimator_spec(est)
+    if spec is not None and spec.needs_greedy_baseline:
         key = RN + ("method" if method != "identity" else "clip")
         yield Problem(key, f"is {c(key)}, but adv_estimator=remax subtracts the raw score of a greedy "
                       "response, which no group normalises: the two scores would not be comparable",
                       "set algorithm.reward_norm.method=identity (and clip=null), or use another estimator")
-    if est == "gdpo" and c(ALGO + "gdpo_reward_keys"):
+    if spec is not None and spec.score_components and c(ALGO + "gdpo_reward_keys"):
         c.warnings.append(f"algorithm.reward_norm.method={method} has no effect with adv_estimator=gdpo and "
                           "gdpo_reward_keys set: gdpo normalises the reward components, not the score")
     by_std = bool(c(ALGO + "norm_adv_by_std_in_grpo"))
-    if est in _GRPO_STD and c(RN + "clip") is None and (method == "mean" or (method == "mean_std" and by_std)):
+    if spec is not None and spec.group_mean_std and c(RN + "clip") is None and (method == "mean" or (method == "mean_std" and by_std)):
         c.warnings.append(
             f"algorithm.reward_norm.method={method} changes nothing with adv_estimator={est} and "
             f"norm_adv_by_std_in_grpo={str(by_std).lower()}: GRPO's own per-prompt normalisation undoes any shift "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from verl_npu.registry import POLICY_LOSSES
 from verl_npu.config.rules import _LENS, _WORLD, Ctx, _rule
 from verl_npu.config.tree import BC
 from verl_npu.errors import Problem
@@ -69,7 +70,8 @@ PL = BC + "actor_rollout_ref.actor.policy_loss."
 @_rule("policy_loss_settings", (PL + "loss_mode", PL + "dro_beta"),
        "policy_loss.loss_mode=dro needs policy_loss.dro_beta (> 0): the weight of its log-ratio penalty has no default")
 def _policy_loss_settings(c: Ctx) -> Iterator[Problem]:
-    if c(PL + "loss_mode") == "dro" and c(PL + "dro_beta") is None:
+    spec = POLICY_LOSSES.find(c(PL + "loss_mode"))
+    if spec is not None and "policy_loss.dro_beta" in spec.requires and c(PL + "dro_beta") is None:
         yield Problem(PL + "dro_beta", "is required with policy_loss.loss_mode=dro (it has no default, as in verl)",
                       "set actor_rollout_ref.actor.policy_loss.dro_beta to a value > 0, e.g. 0.1")
 

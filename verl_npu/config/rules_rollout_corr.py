@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from verl_npu.registry import POLICY_LOSSES
 from verl_npu.config.rules import Ctx, _rule
 from verl_npu.config.tree import ACTOR, ALGO, BC, ROLL
 from verl_npu.errors import Problem
@@ -83,14 +84,15 @@ def _log_probs(c: Ctx) -> Iterator[Problem]:
        "loss_mode=bypass_mode needs bypass_mode=true; loss_type is read only in bypass mode")
 def _bypass(c: Ctx) -> Iterator[Problem]:
     mode = c(LOSS_MODE)
+    spec = POLICY_LOSSES.find(mode)
     if c(BYPASS):
-        if mode not in ("vanilla", "bypass_mode"):
+        if spec is not None and not (spec.rollout_correction or spec.bypass_replaces):
             yield Problem(LOSS_MODE, f"is {mode!r}, but algorithm.rollout_correction.bypass_mode=true replaces the "
                           "policy loss with the bypass_mode loss (loss_type ppo_clip: vanilla's dual clip; reinforce)",
                           f"set {_short(LOSS_MODE)}=bypass_mode (or vanilla), or {_short(BYPASS)}=false to keep "
                           f"{mode} with decoupled rollout correction")
         return
-    if mode == "bypass_mode":
+    if spec is not None and spec.rollout_correction:
         yield Problem(LOSS_MODE, "is bypass_mode, which uses the rollout's log-probs as the old policy, but "
                       "algorithm.rollout_correction.bypass_mode is false (the old log-probs would be recomputed)",
                       f"set {_short(BYPASS)}=true, or another loss_mode (e.g. vanilla)")

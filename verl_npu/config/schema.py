@@ -16,15 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_npu.estimators import (   # names only: nothing heavy
-    ESTIMATORS, UNSUPPORTED_ESTIMATORS, UNSUPPORTED_REASONS,
-)
-from verl_npu.policy_losses import POLICY_LOSS_MODES, UNSUPPORTED_POLICY_LOSSES   # names only, the same
-from verl_npu.rollout_engines import ROLLOUT_ENGINES, UNSUPPORTED_ROLLOUTS   # names only: imports nothing heavy
 from verl_npu.config.schema_multiturn import KEYS as MULTI_TURN_KEYS   # plain data, imports nothing
-from verl_npu.metric_sinks import LOGGERS, RENAMED_LOGGERS, UNSUPPORTED_LOGGERS   # the same, for metric sinks
+from verl_npu.registry import (   # specs read from the implementations' source: nothing heavy is imported
+    ADVANTAGE_ESTIMATORS, METRIC_SINKS, POLICY_LOSSES, RENAMED_LOGGERS, REWARD_MANAGERS, ROLLOUT_ENGINES,
+)
 
-from verl_npu.config import schema_algorithm
+from verl_npu.config import schema_algorithm, schema_distill
 from verl_npu.config.key import (  # noqa: F401 - the schema's face: Key and the type names
     BOOL, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key,
 )
@@ -46,7 +43,7 @@ _KEYS: list[Key] = []
 
 def _k(path: str, default: Any, type_: str, doc: str, **kw: Any) -> None:
     full = path if path.split(".")[0] in TOP_LEVEL else f"backend_config.{path}"
-    _KEYS.append(Key(full, default, type_, doc, **kw))
+    _KEYS.append(Key(full, default, type_, doc, **kw))  # noqa: F821 - deleted once SCHEMA is built
 
 
 def _fsdp_keys(prefix: str, whose: str, *, trained: bool = True, offload_note: str = "",
@@ -205,8 +202,9 @@ _k(f"{AC}.use_torch_compile", False, BOOL, "Run the actor's log-prob / entropy c
    "verl's default is true; verl-npu's is false because the first compilation takes tens of seconds (about 30 s "
    "on a 2-core CPU), which dominates short and CPU runs, and verl's Ascend scripts turn it off.")
 _k(f"{AC}.policy_loss.loss_mode", "vanilla", STR, "Policy loss: " + "; ".join(
-   f"{name}: {doc}" for name, doc in POLICY_LOSS_MODES.items()) + ".", choices=tuple(POLICY_LOSS_MODES),
-   unsupported=UNSUPPORTED_POLICY_LOSSES, instead="use one of: " + ", ".join(POLICY_LOSS_MODES),
+   f"{s.name}: {s.doc}" for s in POLICY_LOSSES.specs.values()) + "; or your own function, path/to/file.py:name "
+   "(docs/algorithms.md, 'Your own policy loss or estimator').", choices=POLICY_LOSSES.names(),
+   unsupported=POLICY_LOSSES.unsupported, instead="use one of: " + ", ".join(POLICY_LOSSES.names()), user_files=True,
    derived="bypass_mode with algorithm.rollout_correction.bypass_mode=true")
 PL = f"{AC}.policy_loss"
 _k(f"{PL}.clip_cov_ratio", 0.0002, FLOAT, "clip_cov: at most this fraction of a micro-batch's tokens "
@@ -295,8 +293,8 @@ _k(f"{R}.ulysses_sequence_parallel_size", 1, INT, "Ulysses sequence-parallel siz
 _profiler_keys("ref")
 
 RO = f"{A}.rollout"
-_k(f"{RO}.name", "vllm", STR, "Rollout engine: " + "; ".join(f"{s.name}: {s.doc}" for s in ROLLOUT_ENGINES.values())
-   + ".", choices=tuple(ROLLOUT_ENGINES), unsupported=tuple(UNSUPPORTED_ROLLOUTS))
+_k(f"{RO}.name", "vllm", STR, "Rollout engine: " + "; ".join(f"{s.name}: {s.doc}" for s in ROLLOUT_ENGINES.specs.values())
+   + ".", choices=ROLLOUT_ENGINES.names(), unsupported=ROLLOUT_ENGINES.unsupported)
 _k(f"{RO}.mode", "async", STR, "Rollout mode.", choices=("async",), unsupported=("sync",),
    noop="verl-npu's rollout has one mode (verl removed sync)")
 _k(f"{RO}.temperature", 1.0, FLOAT, "Sampling temperature.", min=0)
@@ -446,10 +444,10 @@ _k(f"{RM}.use_dynamic_bsz", False, BOOL, "Pack reward model micro batches by tok
 _k(f"{RM}.forward_max_token_len_per_gpu", 32768, INT, "Most tokens in one reward model micro batch on one "
    "device (with use_dynamic_bsz).", min=1)
 _k("reward_model.reward_manager", "naive", STR, "How rule-based rewards are computed per response (with "
-   "reward_model.enable the reward model's scores are used instead, as in verl's managers): naive: one reward "
-   "call per response; dapo: the same, plus DAPO's overlong penalty (reward_model.reward_kwargs."
-   "overlong_buffer_cfg), and the reward extra 'acc' (the score) for functions that return a float.",
-   choices=("naive", "dapo"), unsupported=("prime", "batch"), instead="use naive or dapo")
+   "reward_model.enable the reward model's scores are used instead, as in verl's managers): " + "; ".join(
+       f"{s.name}: {s.doc}" for s in REWARD_MANAGERS.specs.values()) + ".",
+   choices=REWARD_MANAGERS.names(), unsupported=REWARD_MANAGERS.unsupported,
+   instead="use " + " or ".join(REWARD_MANAGERS.names()))
 RK = "reward_model.reward_kwargs"
 _k(f"{RK}.max_resp_len", None, INT, "dapo reward manager: the response budget the overlong buffer ends at "
    "(verl's recipes pass data.max_response_length; null: data.max_response_length).", min=1)
@@ -474,10 +472,10 @@ AL = "algorithm"
 _k(f"{AL}.gamma", 1.0, FLOAT, "Discount factor (gae, reinforce_plus_plus).", min=0, max=1)
 _k(f"{AL}.lam", 1.0, FLOAT, "GAE lambda (adv_estimator=gae).", min=0, max=1)
 _k(f"{AL}.adv_estimator", "grpo", STR, "Advantage estimator: " + "; ".join(
-   f"{s.name}: {s.doc}" for s in ESTIMATORS.values()) + ".", choices=tuple(ESTIMATORS),
-   unsupported=UNSUPPORTED_ESTIMATORS, instead="".join(f"{name}: refused because {why}; "
-                                                        for name, why in UNSUPPORTED_REASONS.items())
-   + "use one of: " + ", ".join(ESTIMATORS))
+   f"{s.name}: {s.doc}" for s in ADVANTAGE_ESTIMATORS.specs.values()) + "; or your own function, "
+   "path/to/file.py:name (docs/algorithms.md, 'Your own policy loss or estimator').",
+   choices=ADVANTAGE_ESTIMATORS.names(), unsupported=ADVANTAGE_ESTIMATORS.unsupported,
+   instead="use one of: " + ", ".join(ADVANTAGE_ESTIMATORS.names()), user_files=True)
 _k(f"{AL}.norm_adv_by_std_in_grpo", True, BOOL, "GRPO (grpo, grpo_vectorized, grpo_passk): divide group-centred "
    "scores by the group std (false = Dr.GRPO).")
 _k(f"{AL}.gdpo_reward_keys", None, STR_LIST, "gdpo: the reward components to normalise one by one, keys of the "
@@ -497,6 +495,7 @@ _k(f"{FG}.max_num_gen_batches", 0, INT, "Most generation batches one step may us
 _k(f"{FG}.max_inflight_gen_batches", 1, INT, "verl V1: generation batches in flight at once.", min=1,
    noop="generation batches run one after another here")
 _KEYS.extend(schema_algorithm.KEYS)  # rollout correction, ROLL's reward normalisation
+_KEYS.extend(schema_distill.KEYS)  # on-policy distillation (distillation.*)
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))
@@ -515,9 +514,9 @@ _k(f"{T}.project_name", "verl_npu", STR, "Project name for loggers.")
 _k(f"{T}.experiment_name", "run", STR, "Run name for loggers.")
 _k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks, each with verl's metric names, trainer.project_name / "
    "experiment_name as project / run name and the resolved recipe as run config: " + "; ".join(
-       f"{s.name}: {s.doc}" + (f" (pip install 'verl-npu[{s.extra}]')" if s.extra else "") for s in LOGGERS.values())
+       f"{s.name}: {s.doc}" + (f" (pip install 'verl-npu[{s.extra}]')" if s.extra else "") for s in METRIC_SINKS.specs.values())
    + ". A tracker whose library is missing is refused at validation.",
-   choices=tuple(LOGGERS), unsupported=UNSUPPORTED_LOGGERS, renamed=RENAMED_LOGGERS)
+   choices=METRIC_SINKS.names(), unsupported=METRIC_SINKS.unsupported, renamed=RENAMED_LOGGERS)
 _k(f"{T}.log_val_generations", 0, INT,
    "Validation generations (ground truth and response) per validation: printed, and logged to TensorBoard text, "
    "a wandb table, an MLflow text artifact (val/generations/step_N.txt) or a SwanLab text, per trainer.logger.",

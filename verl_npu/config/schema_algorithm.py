@@ -8,8 +8,21 @@ from __future__ import annotations
 from typing import Any
 
 from verl_npu.config.key import BOOL, FLOAT, FLOAT_OR_STR, STR, Key
-from verl_npu.estimators import REWARD_NORM_GROUPINGS, REWARD_NORM_METHODS   # names only
 from verl_npu.rollout_corrections import BYPASS_LOSS_TYPES, ROLLOUT_IS_LEVELS, ROLLOUT_RS_OPTIONS   # names only
+
+#: ROLL's reward normalisation (`algorithm.reward_norm.*`, a verl-npu extension; tensor code in
+#: `verl_npu.algorithms.reward_norm`): which rows are normalised together, and how.
+REWARD_NORM_GROUPINGS = {
+    "state": "the rollout.n responses of one prompt (the same uid; ROLL: state / traj_group_id)",
+    "batch": "every response of the step (ROLL: batch)",
+    "inductive": "every response with the same data_source (ROLL: inductive / tags, the environment tag)",
+}
+REWARD_NORM_METHODS = {
+    "identity": "scores unchanged (the default: no normalisation)",
+    "mean": "score minus the group mean",
+    "mean_std": "(score - group mean) / (group std + 1e-6); 0 for a group whose std is at most 1e-6",
+    "asym_clip": "mean_std, then clamped to [-1, 3]",
+}
 
 AL = "algorithm"
 KEYS: list[Key] = []

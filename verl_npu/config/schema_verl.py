@@ -150,6 +150,7 @@ _noop(f"{RO}.skip_dump_dir", "/tmp/rollout_dump", STR, "read only with rollout.s
 _off(f"{RO}.skip_tokenizer_init", True, BOOL, "an engine that loads its own tokenizer", LEAVE + " (true)")
 _off(f"{RO}.enable_rollout_routing_replay", False, BOOL, "MoE routing replay", LEAVE + " (false)")
 _off(f"{RO}.prometheus.enable", False, BOOL, "the Prometheus rollout metrics server", "remove it")
+default: Any
 for leaf, default, type_ in (("port", 9090, INT), ("file", None, STR), ("served_model_name", None, STR)):
     _noop(f"{RO}.prometheus.{leaf}", default, type_, "read only with rollout.prometheus.enable, which verl-npu "
           "refuses.")

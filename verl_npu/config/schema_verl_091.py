@@ -9,8 +9,9 @@ anything else. The leaf keys themselves are in tests/data/verl_ppo_trainer_keys.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
+from verl_npu.config import schema_distill
 from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, INT_LIST, STR, STR_LIST
 
 A, AC, R, RO, M = ("actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.ref",
@@ -23,7 +24,8 @@ _TURBO = ("verl's FSDP-turbo engine settings", "remove them: verl-npu's FSDP2 sh
           "(fsdp_config.fsdp_size) with Ulysses sequence parallelism (ulysses_sequence_parallel_size)")
 _V1 = ("verl's asynchronous v1 trainer modes (colocate_async, separate_async) and their off-policy sampler",
        "remove the trainer.v1 keys: verl-npu trains synchronously, rollout and update in turn (trainer_mode=sync)")
-_DISTILL = ("on-policy distillation from teacher models", "remove the distillation keys")
+_DISTILL = ("several teacher models (verl's multi-teacher routing by distillation.teacher_key)",
+            "keep one teacher, under distillation.teacher_models.teacher_model (its keys are read)")
 _SKIP = ("replaying dumped rollouts instead of generating (verl's skip manager)", "remove the skip keys")
 _RM_ENGINE = ("generative reward models (a rollout engine serving the reward model)",
               "use a sequence-classification reward model (reward.reward_model.model_path or reward_model.model.path)")
@@ -90,6 +92,7 @@ def _rollout_and_model(noop, off, refused) -> None:
     noop(f"{RO}.qat", None, DICT, "verl's engine copy of the actor's fsdp_config.qat; QAT is refused there.")
     off(f"{RO}.disaggregation.enabled", False, BOOL, "prefill-decode disaggregation (an SGLang feature)",
         LEAVE + " (false)")
+    default: Any
     for leaf, default, type_ in (("prefill_replicas", 1, INT), ("decode_replicas", 1, INT),
                                  ("decode_tensor_model_parallel_size", None, INT), ("transfer_backend", "nixl", STR),
                                  ("bootstrap_port", None, INT), ("ib_device", None, STR)):
@@ -124,8 +127,9 @@ def _data_trainer_profiler(noop, off, refused) -> None:
     refused["trainer.v1"] = _V1
     off("trainer.checkpoint_callback_class", None, STR, "a callback class run after each checkpoint",
         "remove it (checkpoints are complete when latest_checkpointed_iteration.txt moves)")
-    off("distillation.enabled", False, BOOL, *_DISTILL)
-    refused["distillation"] = _DISTILL
+    refused["distillation.teacher_models"] = _DISTILL   # teacher_model's own keys are schema keys (schema_distill)
+    for path, default, type_, why, kw in schema_distill.NOOPS:   # verl's teacher-server settings
+        noop(path, default, type_, why, **kw)
     for part in ("rollout", "rollout_tq", "async_rollout"):
         off(f"skip.{part}.enable", False, BOOL, *_SKIP)
     refused["skip"] = _SKIP

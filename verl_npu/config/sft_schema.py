@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_npu.config.key import BOOL, DICT, FLOAT, FLOAT_LIST, INT, STR, STR_LIST, STR_OR_LIST, Key
-from verl_npu.metric_sinks import LOGGERS
+from verl_npu.registry import METRIC_SINKS
 
 SECTIONS = ("data", "model", "engine", "optim", "checkpoint", "trainer", "profiler")
 BC = "backend_config."
@@ -173,7 +173,7 @@ _k(f"{T}.experiment_name", "test", STR, "Run name for loggers.")
 _k(f"{T}.total_epochs", 4, INT, "Passes over the training data.", min=1)
 _k(f"{T}.total_training_steps", None, INT, "Stop after this many steps (null: total_epochs).", min=1)
 _k(f"{T}.logger", ["console"], STR_LIST, "Metric sinks (verl's default adds wandb; here console unless asked).",
-   choices=tuple(LOGGERS))
+   choices=METRIC_SINKS.names())
 _k(f"{T}.seed", 1, INT, "Seeds the row order and the run's random streams.")
 _k(f"{T}.save_freq", -1, INT, "Save a checkpoint every N steps, or at the end of every epoch with after_each_epoch "
    "(-1: only at the end of the run).", min=-1)

@@ -7,7 +7,7 @@ Imports only `schema` (and omegaconf/yaml): every other config module may import
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -82,7 +82,7 @@ def read_yaml_file(path: Path) -> dict:
     if not isinstance(loaded, DictConfig):
         raise UserError(f"{path}: a recipe must be a YAML mapping with af_output_dir, backend_config "
                         f"and engine_kwargs, not a {type(loaded).__name__}")
-    return OmegaConf.to_container(loaded, resolve=False)
+    return cast(dict, OmegaConf.to_container(loaded, resolve=False))
 
 
 def known_section(path: str) -> bool:

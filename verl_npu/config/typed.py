@@ -30,122 +30,22 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Optional
+from typing import Any, cast
 
 from verl_npu.config.key import BOOL, DICT, FLOAT, FLOAT_LIST, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key
 from verl_npu.config.schema import SCHEMA, VERL_SECTIONS
 from verl_npu.config.schema_verl import REFUSED_SUBTREES, VERL_ONLY
-
-ROOT = "backend_config"
-
-
-class ConfigKeyError(AttributeError, KeyError):
-    """A key that is not in the schema was read (or given to `section`)."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
-
-
-class FrozenDict(dict):
-    """A free-form dict value (`override_config`, `engine_kwargs.vllm`, ...): a `dict` that refuses changes."""
-
-    def _refuse(self, *args, **kwargs):
-        raise TypeError("config values are read-only: build a new dict (dict(value)) to change one")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
-
-    def __reduce__(self):
-        return (FrozenDict, (dict(self),))
-
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
-        return FrozenDict(copy.deepcopy(dict(self), memo))
-
-
-def _short(path: str) -> str:
-    return path[len(ROOT) + 1:] if path.startswith(ROOT + ".") else path
-
-
-class Section:
-    """Base of the generated section classes (see the module docstring)."""
-
-    _path_: ClassVar[str] = ""
-    _keys_: ClassVar[tuple[str, ...]] = ()
-
-    def __getattr__(self, name: str) -> Any:  # only reached for a name that is not a field
-        if name.startswith("__") or name in ("_path_", "_keys_"):
-            raise AttributeError(name)
-        raise ConfigKeyError(_unknown(self._path_, name))
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._keys_:
-            raise ConfigKeyError(_unknown(self._path_, key))
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The value of `key` (a key or sub-section of this section; `default` is never needed: every
-        schema key is present). A key the schema does not have raises `ConfigKeyError`, as attribute
-        access does."""
-        return self[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._keys_
-
-    def __iter__(self):
-        return iter(self._keys_)
-
-    def __len__(self) -> int:
-        return len(self._keys_)
-
-    def keys(self):
-        return self._keys_
-
-    def values(self):
-        return tuple(getattr(self, k) for k in self._keys_)
-
-    def items(self):
-        return tuple((k, getattr(self, k)) for k in self._keys_)
-
-    def to_dict(self) -> dict:
-        """Plain nested dicts and lists (what a YAML or JSON writer, or `OmegaConf.create`, takes)."""
-        return {k: plain(v) for k, v in self.items()}
-
-    def replace(self, **changes: Any) -> "Section":
-        """A copy with `changes` (keys of this section), checked and converted as `section` does."""
-        tree = self.to_dict()
-        tree.update(changes)
-        return section(self._path_, tree)
-
-
-Mapping.register(Section)
-
-
-def plain(value: Any) -> Any:
-    """`value` with every section and read-only dict turned into plain dicts and lists (for code outside
-    verl-npu, such as vLLM's engine arguments, that may change what it is given)."""
-    if isinstance(value, Section):
-        return value.to_dict()
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
-def _unknown(path: str, name: str) -> str:
-    full = f"{path}.{name}" if path else name
-    known = ", ".join(SECTIONS[path]._keys_) if path in SECTIONS else ""
-    return f"{_short(full)} is not a config key verl-npu reads (the schema's keys of {_short(path)}: {known})"
+from verl_npu.config import section_base
+from verl_npu.config import sections as generated   # the section classes, generated from the schema
+from verl_npu.config.section_base import (  # noqa: F401 - the sections' face
+    ROOT, SECTIONS, ConfigKeyError, FrozenDict, Section, _short, _unknown, plain,
+)
 
 
 # ------------------------------------------------------------------ generation
 _PY_TYPES = {INT: int, FLOAT: float, BOOL: bool, STR: str, DICT: FrozenDict, STR_LIST: tuple, INT_LIST: tuple,
              FLOAT_LIST: tuple, STR_OR_LIST: Any}
 
-#: full section path -> its class
-SECTIONS: dict[str, type[Section]] = {}
 #: full section path -> {leaf name: full key path}; its sub-sections' names
 _LEAVES: dict[str, dict[str, str]] = {}
 _CHILDREN: dict[str, list[str]] = {}
@@ -180,23 +80,38 @@ def _generate() -> None:
             children = _CHILDREN.setdefault(above, [])
             if child not in children:
                 children.append(child)
-    paths = sorted(set(_LEAVES) | set(_CHILDREN), key=lambda p: -p.count("."))  # deepest first
-    for path in paths:
-        fields = []
-        for name, key_path in _LEAVES.get(path, {}).items():
-            key = _key(key_path)
-            py = _PY_TYPES.get(key.type, Any)
-            fields.append((name, Optional[py] if key.allows_null and py is not Any else py))
-        for name in _CHILDREN.get(path, []):
-            fields.append((name, SECTIONS[f"{path}.{name}"]))
-        cls = dataclasses.make_dataclass(_class_name(path), fields, bases=(Section,), frozen=True,
-                                         namespace={"__module__": __name__})
+    for path in section_paths():
+        fields = section_fields(path)
+        cls: Any = getattr(generated, _class_name(path), None)
+        if cls is None or [(f.name, f.type) for f in dataclasses.fields(cls)] != [
+                (name, text) for name, _, text in fields]:
+            # the generated module is stale (a schema key added or changed without running
+            # `python -m verl_npu.config.sections_gen`; tests/test_config_typed.py fails on it): built here
+            cls = dataclasses.make_dataclass(_class_name(path), [(n, t) for n, t, _ in fields], bases=(Section,),
+                                             frozen=True, namespace={"__module__": generated.__name__})
+            setattr(generated, cls.__name__, cls)
         cls._path_ = path
-        cls._keys_ = tuple(name for name, _ in fields)
-        cls.__doc__ = f"The `{_short(path)}` config section (generated from the schema)."
-        assert cls.__name__ not in globals(), cls.__name__
-        globals()[cls.__name__] = cls
+        cls._keys_ = tuple(name for name, _, _ in fields)
         SECTIONS[path] = cls
+
+
+def section_paths() -> list[str]:
+    """Every section path, deepest first (a section's class is built after its sub-sections')."""
+    return sorted(set(_LEAVES) | set(_CHILDREN), key=lambda p: (-p.count("."), p))
+
+
+def section_fields(path: str) -> list[tuple[str, Any, str]]:
+    """(name, Python type, the type as the generated module spells it) of each field of a section."""
+    fields: list[tuple[str, Any, str]] = []
+    for name, key_path in _LEAVES.get(path, {}).items():
+        key = _key(key_path)
+        py = _PY_TYPES.get(key.type, Any)
+        nullable = key.allows_null and py is not Any
+        text = {Any: "Any", FrozenDict: "FrozenDict"}.get(py, getattr(py, "__name__", "Any"))
+        fields.append((name, py | None if nullable else py, f"{text} | None" if nullable else text))
+    for name in _CHILDREN.get(path, []):
+        fields.append((name, _class_name(f"{path}.{name}"), _class_name(f"{path}.{name}")))
+    return fields
 
 
 def _ignored(path: str) -> bool:
@@ -251,12 +166,12 @@ def _as_tree(node: Any, path: str) -> Mapping:
         from omegaconf import OmegaConf
 
         if OmegaConf.is_config(node):
-            return OmegaConf.to_container(node, resolve=True)
+            return cast(Mapping, OmegaConf.to_container(node, resolve=True))
         raise TypeError(f"{_short(path)}: a config section is a mapping, not {type(node).__name__}")
     if type(node).__module__.startswith("omegaconf"):
         from omegaconf import OmegaConf
 
-        return OmegaConf.to_container(node, resolve=True)
+        return cast(Mapping, OmegaConf.to_container(node, resolve=True))
     return node
 
 
@@ -279,3 +194,4 @@ def defaults(path: str) -> Section:
 
 
 _generate()
+section_base.BUILD = section   # Section.replace builds through it

@@ -22,7 +22,7 @@ import argparse
 import os
 
 from verl_npu.data import synthetic_arithmetic
-from verl_npu.data.geometry3k import (
+from verl_npu.data.prep import (
     BadRow,
     convert_splits,
     prep_main,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from verl_npu.data import gsm8k
-from verl_npu.data.geometry3k import EXTRA_INFO_TYPE, prep_parser, rl_schema
+from verl_npu.data.prep import EXTRA_INFO_TYPE, prep_parser, rl_schema
 
 TOOL_NAME = "calc_gsm8k_reward"
 AGENT_NAME = "tool_agent"

@@ -1,6 +1,6 @@
 """One parquet file a split (`<save_dir>/<split>.parquet`), all with one Arrow schema: the writer of the data
 prep modules that build their rows themselves (`grid_env`, `search_r1`; the converters of source datasets
-write through `geometry3k.convert_splits`)."""
+write through `prep.convert_splits`)."""
 
 from __future__ import annotations
 

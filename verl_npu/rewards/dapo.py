@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from verl_npu.config.typed import section
+from verl_npu.registry import REWARD_MANAGERS
 
 
 def overlong_penalty(valid_response_lengths: Sequence[int], buffer_len: int, max_resp_len: int,
@@ -32,6 +33,9 @@ def overlong_penalty(valid_response_lengths: Sequence[int], buffer_len: int, max
             for length in valid_response_lengths]
 
 
+@REWARD_MANAGERS.register("dapo", overlong_penalty=True, doc=(
+    "the same, plus DAPO's overlong penalty (reward_model.reward_kwargs.overlong_buffer_cfg), and the reward "
+    "extra 'acc' (the score) for functions that return a float"))
 def dapo_scores(scores: Sequence[float], extras: dict[str, list[float]], valid_response_lengths: Sequence[int],
                 reward_kwargs: Any, max_response_length: int) -> tuple[list[float], dict[str, list[float]]]:
     """The dapo manager's `(scores, extras)` from the naive ones: `acc` added (the scores before any

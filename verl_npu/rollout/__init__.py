@@ -1,16 +1,13 @@
-"""Rollout engines: each is a `verl_npu.rollout.base.RolloutEngine` subclass, named in the one
-registry `verl_npu.rollout_engines` (`actor_rollout_ref.rollout.name`) and built here."""
+"""Rollout engines: each is a `verl_npu.rollout.base.RolloutEngine` subclass declared with
+`@ROLLOUT_ENGINES.register(...)` (`verl_npu.registry`, `actor_rollout_ref.rollout.name`) and built here."""
 
 from __future__ import annotations
 
-import importlib
-
-from verl_npu.rollout_engines import rollout_spec
+from verl_npu.registry import ROLLOUT_ENGINES
 
 
 def rollout_class(name: str) -> type:
-    module_name, _, class_name = rollout_spec(name).target.partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return ROLLOUT_ENGINES.load(name)
 
 
 def build_rollout(name: str, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,

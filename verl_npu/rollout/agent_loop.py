@@ -11,11 +11,12 @@ schemas, so the model sees them in its system prompt) and grows turn by turn:
 2. stop when the budget is used up, `max_assistant_turns` or `max_user_turns` is reached, the row's agent
    is `single_turn_agent` (its `agent_name`, else `rollout.agent.default_agent_loop`), or the turn has no
    tool call;
-3. parse the turn's Hermes tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`),
-   at most `max_parallel_calls` of them, and run them, all trajectories' calls concurrently (tools may
-   be `async`); a malformed call, an unknown tool, or a tool that raises becomes an error message in
-   the conversation, never a crash; tool texts are cut to `max_tool_response_length` characters on
-   `tool_response_truncate_side`;
+3. parse the turn's Hermes tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+   `verl_npu.rollout.tool_calls`: bounded in count, size and depth), at most `max_parallel_calls` of
+   them, and run them, all trajectories' calls concurrently (tools may be `async`; each runs in its own
+   thread, within its `call_timeout`); a malformed or hostile call, an unknown tool, or a tool that
+   raises anything (SystemExit included) becomes an error message in the conversation, never a crash;
+   tool texts are cut to `max_tool_response_length` characters on `tool_response_truncate_side`;
 4. append the tool messages as a new turn, rendered by the model's chat template (what the template
    writes after an assistant turn, up to the next assistant header), with mask 0, unless that would
    pass the budget (then the trajectory stops, as in verl); then generate again;
@@ -55,9 +56,7 @@ interaction's last metadata); rows whose trajectory holds pictures get their `mu
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,49 +71,15 @@ from verl_npu.rollout.image_turns import ImageTurns, short_text
 from verl_npu.rollout.base import SamplingParams, attach_responses
 from verl_npu.rollout.decode import PerRowSampler, decode, forward_device, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
+from verl_npu.rollout.tool_calls import ToolCall, ToolHealth, parse_hermes
 from verl_npu.tools.base import ToolResponse
-from verl_npu.tools.loading import run_method
+from verl_npu.tools.loading import ToolRaised, run_method
 
 log = logging.getLogger(__name__)
-
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
 
 #: the config section the loop reads (`AgentLoop.settings`): max_assistant_turns, max_user_turns,
 #: max_parallel_calls, max_tool_response_length, tool_response_truncate_side, tokenization_sanity_check_mode
 MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
-
-
-@dataclass
-class ToolCall:
-    name: str | None
-    arguments: dict | None
-    error: str | None = None     # set for a call that could not be parsed
-
-
-def parse_hermes(text: str) -> list[ToolCall]:
-    """The Hermes tool calls in a turn's text, in order; malformed ones carry an error message."""
-    calls = []
-    for body in TOOL_CALL.findall(text):
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as err:
-            calls.append(ToolCall(None, None, f"Error: the tool call is not valid JSON ({err.msg}); write "
-                                              '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'))
-            continue
-        name = obj.get("name") if isinstance(obj, dict) else None
-        args = obj.get("arguments", {}) if isinstance(obj, dict) else None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                args = None
-        if not isinstance(name, str) or not isinstance(args, dict):
-            calls.append(ToolCall(name if isinstance(name, str) else None, None,
-                                  'Error: a tool call needs "name" (a string) and "arguments" (a JSON object)'))
-            continue
-        calls.append(ToolCall(name, args))
-    return calls
 
 
 def truncate(text: str, limit: int, side: str) -> str:
@@ -378,6 +343,7 @@ class AgentLoop:
         self.renderer = ToolTurnRenderer(tokenizer, settings.tokenization_sanity_check_mode,
                                          template=images.processor if images is not None else None)
         self.turns = turns if turns is not None else HFTurns(self)
+        self.health = ToolHealth()
 
     def torch_device(self) -> torch.device:
         """Where the hf engine's module computes (`decode.forward_device`)."""
@@ -516,8 +482,11 @@ class AgentLoop:
             return call.error, None, {**record, "error": call.error}, []
         tool = self.tools.get(call.name)
         if tool is None:
-            msg = f"Error: unknown tool {call.name!r}; available tools: {sorted(self.tools)}"
+            msg = f"Error: unknown tool {repr(call.name)[:200]}; available tools: {sorted(self.tools)}"
             return msg, None, {**record, "error": msg}, []
+        record["known"] = True
+        if isinstance(getattr(tool, "isolation", None), str):  # a code tool: the sandbox it ran in
+            record["sandbox"] = tool.isolation
         instance_id, reward, images = None, None, []
         try:
             create_kwargs = (t.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
@@ -539,7 +508,8 @@ class AgentLoop:
             else:
                 text = str(response)
         except Exception as err:  # a failing tool is the model's problem to read, not a crash
-            text = f"Error executing tool '{call.name}': {type(err).__name__}: {err}"
+            why = str(err) if isinstance(err, ToolRaised) else f"{type(err).__name__}: {err}"
+            text = f"Error executing tool '{call.name}': {why}"
             record["error"] = text
             reward, images = None, []
         finally:
@@ -548,6 +518,9 @@ class AgentLoop:
                     await run_method(tool.release, instance_id)
                 except Exception as err:  # noqa: BLE001 - a failing release must not end the rollout
                     log.warning("tool %s: release failed: %s", call.name, err)
+        health = getattr(self, "health", None)
+        if health is not None:
+            health.record(call.name, record.get("error"))
         s = self.settings
         text = truncate(text, s.max_tool_response_length, s.tool_response_truncate_side)
         if images:

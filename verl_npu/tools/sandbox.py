@@ -1,24 +1,29 @@
 """Running model-written Python in a sandbox: one fresh process per call, with limits, no network and
-a private folder that is deleted afterwards (the code interpreter tool's engine, docs/agents.md "The
-code interpreter sandbox").
+a private filesystem that is deleted afterwards (the code interpreter tool's engine, docs/agents.md
+"The code interpreter sandbox").
 
 `run_python(code, limits)` starts the host Python (`sys.executable -I`, isolated mode) on
 `sandbox_boot.py`, hands it the code on stdin, reads its stdout and stderr together (at most
-`limits.max_output_bytes`; the rest is read and dropped), kills it at `limits.wall_s` seconds, and
-deletes its folder. Two isolations (`sandbox_boot` has the details):
+`limits.max_output_bytes`; the rest is read and dropped), kills it at `limits.wall_s` seconds, stops
+reading its output at most `DRAIN_S` seconds later whatever still holds the pipe, and deletes its
+folder. Isolations (`sandbox_boot` has the details):
 
-- "namespaces" (root on Linux with mount / network / PID namespaces; checked once per process by
-  `namespaces_work`): a new network namespace (no route anywhere: sockets fail), a chroot into a
-  size-limited tmpfs holding only read-only binds of /usr and the Python installation plus the
-  working folder `/sandbox` and `/tmp`, user nobody without capabilities, a PID namespace whose
-  processes all die with the code's main process (or when the host kills the launcher);
-- "process" (the fallback): rlimits, the working folder as cwd / HOME / TMPDIR, and an audit hook
-  that refuses sockets, subprocesses, ctypes and file access outside the folder for Python code (a C
-  extension can bypass it; say isolation: namespaces to refuse running without the namespaces).
+- "namespaces", the operating-system boundary (Linux; root, or a user allowed to create user
+  namespaces; checked once per process by `namespaces_work`, which runs the real setup on a one-line
+  program): new user, mount, PID, network, IPC, UTS and cgroup namespaces; a chroot into a tmpfs of
+  `disk_mb` (the whole writable filesystem: the working folder `/sandbox` and `/tmp`) holding read-only
+  binds of /usr and the Python installation; the code runs as nobody (or, launched without root, as
+  the namespace's root) without any capability, with no_new_privs and a seccomp filter; the network
+  namespace reaches nothing; every process dies with the code's main process or when the host kills the
+  launcher; no host process is visible.
+- "unsafe_process", only when asked for by that name: rlimits, the working folder as cwd / HOME /
+  TMPDIR, and an audit hook refusing sockets, subprocesses, ctypes and file access outside the folder
+  for Python code. It is NOT a boundary: code defeats it (docs/agents.md lists the known ways).
+- "auto" (the default): namespaces; where they cannot run, `active_isolation` refuses with what is
+  missing and how to get it, instead of falling back to the guards.
 
-Both: RLIMIT_CPU (CPU seconds), RLIMIT_AS (address space: an allocation past it is a MemoryError),
-RLIMIT_FSIZE (largest file), RLIMIT_NPROC (processes of the sandbox user; namespaces only, root
-ignores it), RLIMIT_NOFILE, no core files.
+All: RLIMIT_CPU (CPU seconds), RLIMIT_AS (address space: an allocation past it is a MemoryError),
+RLIMIT_FSIZE (largest file), RLIMIT_NPROC, RLIMIT_NOFILE, no core files.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -40,8 +46,10 @@ log = logging.getLogger(__name__)
 
 BOOT = Path(__file__).with_name("sandbox_boot.py")
 SETUP_FAILED = 121
-ISOLATIONS = ("auto", "namespaces", "process")
+ISOLATIONS = ("auto", "namespaces", "unsafe_process")
+UNSAFE = "unsafe_process"
 MIB = 1 << 20
+DRAIN_S = 2.0  # after the launcher is gone: how long output is still read before the pipe is closed
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ class SandboxLimits:
     live on (namespaces) and the largest file (RLIMIT_FSIZE, both isolations); processes: RLIMIT_NPROC
     of the sandbox user (namespaces); max_output_bytes: stdout + stderr kept; python_packages: the
     training environment's installed packages (read-only) are importable; isolation: auto | namespaces
-    | process."""
+    | unsafe_process."""
 
     wall_s: float = 30.0
     cpu_s: float = 30.0
@@ -77,8 +85,13 @@ class SandboxResult:
     seconds: float
 
 
-_NAMESPACES: bool | None = None
+_NAMESPACES: str | None = None   # None: not probed yet; "": they work; else why not
 _NAMESPACE_LOCK = threading.Lock()
+HOW_TO_GET = ("run the trainer as root, or allow unprivileged user namespaces (sysctl "
+              "user.max_user_namespaces > 0; on Debian kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
+              "kernel.apparmor_restrict_unprivileged_userns=0), and in a container allow the unshare, mount and "
+              "seccomp calls (e.g. docker run --privileged, or --security-opt seccomp=unconfined "
+              "--security-opt apparmor=unconfined)")
 
 
 def _readonly_paths(python_packages: bool) -> list[str]:
@@ -100,35 +113,46 @@ def _python(python_packages: bool) -> str:
     return sys.executable if python_packages else os.path.realpath(sys.executable)
 
 
-def namespaces_work() -> bool:
-    """Whether the namespace isolation can run here (root, a kernel that allows the namespaces and
-    mounts); tried once per process with a one-line program."""
+def namespaces_problem() -> str:
+    """Why the namespace isolation cannot run here ("" when it can): the real setup is tried once per
+    process on a one-line program."""
     global _NAMESPACES
     with _NAMESPACE_LOCK:
         if _NAMESPACES is None:
-            _NAMESPACES = False
-            if sys.platform.startswith("linux") and os.geteuid() == 0:
+            if not sys.platform.startswith("linux"):
+                _NAMESPACES = f"namespaces exist on Linux only (this is {sys.platform})"
+            else:
                 probe = _run("print('ok')", SandboxLimits(wall_s=30, cpu_s=10), "namespaces")
-                _NAMESPACES = probe.exit_code == 0 and probe.output.strip() == "ok"
-                if not _NAMESPACES:
-                    log.warning("sandbox: namespaces are not available here (%s); code runs with the process "
-                                "isolation (Python-level guards)", probe.output.strip()[-300:])
+                ok = probe.exit_code == 0 and probe.output.strip() == "ok"
+                _NAMESPACES = "" if ok else (probe.output.strip()[-300:] or f"exit status {probe.exit_code}")
+                if not ok:
+                    log.warning("sandbox: the namespace isolation cannot run here: %s", _NAMESPACES)
         return _NAMESPACES
 
 
+def namespaces_work() -> bool:
+    """Whether the namespace isolation runs here (`namespaces_problem`)."""
+    return namespaces_problem() == ""
+
+
 def active_isolation(requested: str = "auto") -> str:
-    """The isolation a run gets: namespaces when requested or (auto) available, else process.
-    Raises RuntimeError when namespaces are requested but cannot run here."""
+    """The isolation a run gets: namespaces (auto or namespaces), or unsafe_process when asked for by
+    that name. Raises RuntimeError naming what is missing, and how to get it, when namespaces cannot run."""
+    if requested == "process":
+        raise ValueError("isolation: process is no boundary (model-written code can defeat its Python-level "
+                         "guards) and is not chosen by that name any more; use auto or namespaces, or say "
+                         "isolation: unsafe_process to run model code without an operating-system boundary")
     if requested not in ISOLATIONS:
         raise ValueError(f"isolation is {requested!r}; one of {', '.join(ISOLATIONS)}")
-    if requested == "process":
-        return "process"
-    if namespaces_work():
-        return "namespaces"
-    if requested == "namespaces":
-        raise RuntimeError("isolation: namespaces was asked for, but this machine cannot create mount / network "
-                           "/ PID namespaces for the sandbox (needs root on Linux); use isolation: auto or process")
-    return "process"
+    if requested == UNSAFE:
+        return UNSAFE
+    problem = namespaces_problem()
+    if problem:
+        raise RuntimeError(f"isolation: {requested} needs the namespace sandbox (user, mount, PID and network "
+                           f"namespaces with a seccomp filter), which cannot run here: {problem}. To get it: "
+                           f"{HOW_TO_GET}. Or, knowing model-written code then runs with only Python-level guards "
+                           f"that it can defeat, set isolation: {UNSAFE}")
+    return "namespaces"
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
@@ -137,16 +161,24 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
 
 
 class _Reader(threading.Thread):
-    """Reads a pipe to its end, keeping the first `cap` bytes (a program printing without end cannot
-    fill the host's memory)."""
+    """Reads a pipe until its end or until `stop` is set, keeping the first `cap` bytes (a program
+    printing without end cannot fill the host's memory; a process holding the pipe open cannot hold the
+    reader)."""
 
     def __init__(self, pipe, cap: int):
         super().__init__(daemon=True)
-        self.pipe, self.cap, self.kept, self.dropped = pipe, cap, bytearray(), 0
+        self.fd, self.cap, self.kept, self.dropped = pipe.fileno(), cap, bytearray(), 0
+        self.stop = threading.Event()
 
     def run(self) -> None:
-        while True:
-            chunk = self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
+        while not self.stop.is_set():
+            ready, _, _ = select.select([self.fd], [], [], 0.1)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:
+                return
             if not chunk:
                 return
             room = self.cap - len(self.kept)
@@ -199,7 +231,10 @@ def _run(code: str, limits: SandboxLimits, isolation: str) -> SandboxResult:
             exit_code = None
         else:
             _kill_group(proc)  # anything the code left in the group (process isolation)
-        reader.join(timeout=5)
+        # the launcher is gone; a process it left (unsafe_process: a new session) may still hold the pipe
+        reader.join(timeout=DRAIN_S)
+        reader.stop.set()
+        reader.join()
         proc.stdout.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -6,13 +6,16 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import cast
 
+from verl_npu.config import RecipeConfig
+from verl_npu.config.sections import BackendConfigSection
 from verl_npu.errors import UserError, is_disk_full
 
 log = logging.getLogger("verl_npu")
 
 
-def total_steps(cfg, steps_per_epoch: int) -> int:
+def total_steps(cfg: BackendConfigSection, steps_per_epoch: int) -> int:
     """epochs x batches per epoch, or trainer.total_training_steps when set and smaller (as in
     verl, the run ends at whichever limit comes first)."""
     by_epochs = cfg.trainer.total_epochs * steps_per_epoch
@@ -21,7 +24,7 @@ def total_steps(cfg, steps_per_epoch: int) -> int:
     return by_epochs
 
 
-def _oom_advice(rc) -> str:
+def _oom_advice(rc: RecipeConfig) -> str:
     ckpt = rc.backend.trainer.default_local_dir
     return (
         "the device ran out of memory. Lower one of: "
@@ -33,27 +36,26 @@ def _oom_advice(rc) -> str:
     )
 
 
-def _run_config(rc) -> dict:
+def _run_config(rc: RecipeConfig) -> dict:
     """The resolved recipe as plain data: the run config that experiment trackers record."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(rc.cfg, resolve=True)
+    return cast(dict, OmegaConf.to_container(rc.cfg, resolve=True))
 
 
-def checkpoints_to_keep(cfg) -> int | None:
+def checkpoints_to_keep(cfg: BackendConfigSection) -> int | None:
     """How many `global_step_N` folders to keep: the smallest limit of the roles this run trains
     (`trainer.max_actor_ckpt_to_keep`, and `max_critic_ckpt_to_keep` with a critic; null: no limit).
     A step folder resumes only with every role's files, so a role's limit removes whole steps."""
-    from verl_npu.workers.roles import needs_critic
+    from verl_npu.registry import roles_needed
 
-    limits = [cfg.trainer.max_actor_ckpt_to_keep]
-    if needs_critic(cfg):
-        limits.append(cfg.trainer.max_critic_ckpt_to_keep)
+    limits = [getattr(cfg.trainer, spec.keep_key.removeprefix("trainer.")) for spec in roles_needed(cfg)
+              if spec.keep_key]
     limits = [n for n in limits if n is not None]
     return min(limits) if limits else None
 
 
-def build_workers(rc, total_training_steps: int, device):
+def build_workers(rc: RecipeConfig, total_training_steps: int, device):
     """In-process workers (one per role) for a single device; Ray workers (one per device, each hosting
     every role) otherwise. `device` is the run's `DeviceInfo`, resolved once from trainer.device by the
     driver and handed to every worker."""
@@ -83,7 +85,7 @@ def build_workers(rc, total_training_steps: int, device):
         return RayWorkerGroup(rc, total_training_steps, device)
 
 
-def run_training(rc, after_fit=None, device=None) -> int:
+def run_training(rc: RecipeConfig, after_fit=None, device=None) -> int:
     """Train as the recipe says. Returns the process exit code. `after_fit(workers)`, if given, is
     called once training has finished, while the workers are still up (tests inspect every rank).
     `device`: the `DeviceInfo` the caller resolved from trainer.device (`verl-npu run` prints it);
@@ -98,7 +100,7 @@ def run_training(rc, after_fit=None, device=None) -> int:
         return _run_training_locked(rc, after_fit, device)
 
 
-def _run_training_locked(rc, after_fit=None, device=None) -> int:
+def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.data import RLDataset, StatefulBatchLoader
     from verl_npu.device import apply_env_defaults, detect_device
     from verl_npu.models.loading import load_tokenizer_and_processor
@@ -107,6 +109,7 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.preempt import Preempted
     from verl_npu.trainer.tracking import Tracker, keep_aside, setup_run_logging
+    from verl_npu.workers.distillation import check_teacher_tokenizer
 
     cfg = rc.typed
     out_dir = Path(rc.cfg.af_output_dir)
@@ -131,12 +134,14 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
         custom_chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
     )
+    check_teacher_tokenizer(cfg, tokenizer)  # distillation: the teacher reads the student's token ids
     tools = _tool_schemas(cfg)  # multi-turn: the tools are built (and checked) before any data or worker
     train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data, tools=tools)
     _check_agent_names(cfg, train_set)
     # DAPO's dynamic sampling reads batches of data.gen_batch_size prompts (verl_npu/trainer/dynamic_sampling.py)
-    dynamic = cfg.algorithm.filter_groups.enable and cfg.data.gen_batch_size is not None
-    loader_batch = cfg.data.gen_batch_size if dynamic else cfg.data.train_batch_size
+    gen_batch = cfg.data.gen_batch_size
+    dynamic = cfg.algorithm.filter_groups.enable and gen_batch is not None
+    loader_batch = gen_batch if dynamic and gen_batch is not None else cfg.data.train_batch_size
     train_loader = StatefulBatchLoader(
         train_set, loader_batch, cfg.data.shuffle, cfg.data.seed, drop_last=True,
         num_workers=cfg.data.dataloader_num_workers,
@@ -164,6 +169,7 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
              steps, len(train_loader), cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n)
 
     reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
+    assert cfg.trainer.default_local_dir is not None, "derived by the config loader when unset"
     checkpoints = CheckpointManager(cfg.trainer.default_local_dir, checkpoints_to_keep(cfg))
     resume_step = 0
     latest = checkpoints.resolve_resume(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
@@ -207,7 +213,7 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
                 f"the same command: " + (f"the last complete checkpoint, {latest}, is intact and the run resumes "
                                          f"from it" if latest is not None else
                                          f"no checkpoint was complete yet in {checkpoints.root}")) from None
-        cause = exc
+        cause: BaseException | None = exc
         while cause is not None:  # a worker's OOM arrives wrapped in the worker group's error
             if device.is_oom_error(cause):
                 raise UserError(_oom_advice(rc)) from exc
@@ -224,14 +230,14 @@ def _run_training_locked(rc, after_fit=None, device=None) -> int:
     return 0
 
 
-def _log_summary(cfg, out_dir: Path, tracker) -> None:
+def _log_summary(cfg: BackendConfigSection, out_dir: Path, tracker) -> None:
     """Log the end-of-run summary (verl_npu.trainer.summary); a summary that fails only warns."""
     from verl_npu.trainer.summary import run_summary
 
     try:
         lines = run_summary(
             out_dir,
-            tensorboard_dir=tracker.tensorboard_dir if "tensorboard" in tracker.loggers else None,
+            tensorboard_dir=tracker.tensorboard_dir if tracker.writes_tensorboard else None,
             builtin_rewards=not cfg.custom_reward_function.path,
         )
     except Exception as exc:  # noqa: BLE001 - the run itself succeeded
@@ -240,7 +246,7 @@ def _log_summary(cfg, out_dir: Path, tracker) -> None:
     log.info("%s", "\n".join(lines))
 
 
-def _tool_schemas(cfg) -> list[dict] | None:
+def _tool_schemas(cfg: BackendConfigSection) -> list[dict] | None:
     """With multi-turn rollout and a tool config: the tools built once here (a bad file, an unknown class
     or a schema that does not match its class is a UserError naming the file and key, before anything
     starts), and their OpenAI schemas for the prompts."""
@@ -252,17 +258,19 @@ def _tool_schemas(cfg) -> list[dict] | None:
     return [tool_schema_dict(t) for t in load_tools(mt.tool_config_path, mt.function_tool_path).values()]
 
 
-def _check_agent_names(cfg, dataset) -> None:
+def _check_agent_names(cfg: BackendConfigSection, dataset) -> None:
     from verl_npu.config.schema_multiturn import AGENT_LOOPS
+    from verl_npu.registry import ROLLOUT_ENGINES, image_engines
 
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     dataset.check_agent_names(AGENT_LOOPS, mt.enable)
     engine = cfg.actor_rollout_ref.rollout.name
-    with_images = dataset.image_files() if mt.enable and engine != "hf" else []
+    takes_images = ROLLOUT_ENGINES.spec(engine).images_in_multiturn
+    with_images = dataset.image_files() if mt.enable and not takes_images else []
     if with_images:
-        raise UserError(f"data file {with_images[0]} has images, but multi-turn rollout with images runs on the hf "
-                        f"engine only (actor_rollout_ref.rollout.name is {engine!r}): set "
-                        "actor_rollout_ref.rollout.name=hf, or turn multi_turn off")
+        raise UserError(f"data file {with_images[0]} has images, but multi-turn rollout with images runs on the "
+                        f"{' / '.join(image_engines())} engine only (actor_rollout_ref.rollout.name is {engine!r}): "
+                        f"set actor_rollout_ref.rollout.name={image_engines()[0]}, or turn multi_turn off")
     if mt.enable and mt.interaction_config_path:
         # the interactions are built (and checked) here, before any worker starts
         from verl_npu.tools.interactions.loading import load_interactions

@@ -1,4 +1,4 @@
-"""The experiment-tracker sinks of `trainer.logger` (their names: `verl_npu.metric_sinks`).
+"""The experiment-tracker sinks of `trainer.logger` (declared with `@METRIC_SINKS.register`, `verl_npu.registry`).
 
 Built-in sinks (`console`, `tensorboard`, `file`) are written by `verl_npu.trainer.tracking.Tracker`
 itself. The experiment trackers (`wandb`, `mlflow`, `swanlab`) each go through their own library,
@@ -22,28 +22,25 @@ writes when no server is configured (the default here, and what the tests use):
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from verl_npu.metric_sinks import LOGGERS, missing_library
+from verl_npu.registry import METRIC_SINKS
 
 log = logging.getLogger("verl_npu")
 
 
 def open_sink(name: str, out_dir: Path, project: str, experiment: str, config: dict) -> "Sink":
     """Start tracker sink `name` (a run in its library); a missing library is a clear error."""
-    problem = missing_library(name)
+    problem = METRIC_SINKS.spec(name).missing_library()
     if problem:
         from verl_npu.errors import UserError
 
         raise UserError(f"backend_config.trainer.logger: {name}: {problem}")
-    module_name, _, class_name = LOGGERS[name].sink.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(Path(out_dir), project, experiment, config)
+    return METRIC_SINKS.load(name)(Path(out_dir), project, experiment, config)
 
 
 class Sink:
@@ -60,6 +57,8 @@ class Sink:
         raise NotImplementedError
 
 
+@METRIC_SINKS.register("wandb", module="wandb", extra="wandb", doc="Weights & Biases (offline files under "
+                       "<af_output_dir>/wandb unless WANDB_MODE / WANDB_API_KEY)")
 class WandbSink(Sink):
     """A wandb run named `experiment` in project `project`, config = the resolved recipe."""
 
@@ -104,6 +103,8 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, str]:
     return {prefix: str(tree)}
 
 
+@METRIC_SINKS.register("mlflow", module="mlflow", extra="mlflow", doc="MLflow (MLFLOW_TRACKING_URI, else a local "
+                       "store in <af_output_dir>/mlflow)")
 class MlflowSink(Sink):
     """An MLflow run named `experiment` in experiment `project`; the resolved recipe is logged as
     flattened params (`backend_config.data.train_batch_size` = ...) and as `config.yaml`."""
@@ -147,6 +148,8 @@ class MlflowSink(Sink):
         self.client.set_terminated(self.run_id)
 
 
+@METRIC_SINKS.register("swanlab", module="swanlab", extra="swanlab", doc="SwanLab (offline files under "
+                       "<af_output_dir>/swanlog unless SWANLAB_MODE / SWANLAB_API_KEY)")
 class SwanlabSink(Sink):
     """A SwanLab experiment named `experiment` in project `project`, config = the resolved recipe."""
 

@@ -34,11 +34,16 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 def multi_turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
     """verl's multi-turn names: num_turns/* (user + assistant turns + 1 per trajectory) and
-    tool_call_counts/*; empty for single-turn batches."""
+    tool_call_counts/*, and per tool its calls and their error ratio (`tool_calls.tool_call_metrics`);
+    empty for single-turn batches."""
+    from verl_npu.rollout.tool_calls import tool_call_metrics
+
     metrics: dict[str, float] = {}
     for field, name in (("__num_turns__", "num_turns"), ("tool_call_counts", "tool_call_counts")):
         if field in batch:
             metrics.update(_stats(prefix + name, torch.tensor(batch[field], dtype=torch.float32)))
+    if "agent_turns" in batch:
+        metrics.update({prefix + k: v for k, v in tool_call_metrics(batch["agent_turns"]).items()})
     return metrics
 
 

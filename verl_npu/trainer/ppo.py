@@ -27,14 +27,17 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from verl_npu import algorithms
 from verl_npu.batch import Batch
+from verl_npu.config import RecipeConfig
+from verl_npu.config.sections import BackendConfigSection
+from verl_npu.registry import ADVANTAGE_ESTIMATORS, REWARD_MANAGERS, ROLES, ROLLOUT_ENGINES, role_with_method
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.trainer import preempt
-from verl_npu.rewards.dapo import dapo_scores
 from verl_npu.trainer.checkpoint import (
     TRAINER_STATE_FILE, CheckpointManager, load_rng_state, load_trainer_state, save_rng_state, save_trainer_state,
 )
@@ -48,8 +51,9 @@ from verl_npu.trainer.metrics import (
 )
 from verl_npu.trainer.readable import readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
-from verl_npu.workers.actor import needs_reference
+from verl_npu.workers.actor import OldLogProbs, needs_reference
 from verl_npu.workers.balance import balance_for_ranks
+from verl_npu.workers.engine import TrainResult
 from verl_npu.workers.group import WorkerGroup
 from verl_npu.workers.roles import checkpointed_roles
 
@@ -82,7 +86,7 @@ class EngineOutOfSync(UserError):
 class PPOTrainer:
     def __init__(
         self,
-        rc,
+        rc: RecipeConfig,
         workers: WorkerGroup,
         tokenizer,
         train_loader,
@@ -93,7 +97,8 @@ class PPOTrainer:
         total_training_steps: int,
     ):
         self.rc = rc
-        self.cfg = rc.typed  # the typed backend config (verl_npu.config.typed)
+        self.cfg: BackendConfigSection = rc.typed  # the typed backend config (verl_npu.config.sections)
+        self.last_saved: tuple[int, Path] | None = None  # (step, folder) of this run's newest save (`fit`)
         self.out_dir = Path(rc.cfg.af_output_dir)
         self.workers = workers
         self.tokenizer = tokenizer
@@ -161,6 +166,7 @@ class PPOTrainer:
         checkpoint a rerun continues from."""
         name = preempt.signal_name(signum)
         step = self.global_step
+        path: Path | None
         if self.last_saved is not None and self.last_saved[0] == step:
             path, how = self.last_saved[1], "saved"
         elif self.cfg.trainer.save_on_preempt:
@@ -185,7 +191,7 @@ class PPOTrainer:
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self, resume_from: Path | None = None) -> dict[str, float]:
         trainer_cfg = self.cfg.trainer
-        self.last_saved: tuple[int, Path] | None = None  # (step, folder) of this run's newest save
+        self.last_saved = None  # (step, folder) of this run's newest save
         self.resume(resume_from)
         self.tracker.total_steps = self.total_training_steps
         # a resumed run already logged its validation at this step: validating again would add a row
@@ -256,37 +262,44 @@ class PPOTrainer:
                     prompts, self.next_prompts, lambda p, k: self.generate(p, k, timings, score=True), self.global_step)
                 if cfg.trainer.balance_batch:
                     batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
-            has_critic = "critic" in self.workers.roles
+            has_critic = self.workers.serves("compute_values")
             # a critic-warmup step does not update the actor: the update's forward cannot give the old log-probs
             update_actor = self.global_step > cfg.trainer.critic_warmup
             # rollout correction's bypass mode: the rollout's log-probs are the old ones (verl: apply_bypass_mode)
-            bypass = cfg.algorithm.rollout_correction.bypass_mode
-            skip_old = bypass or (update_actor and not self.old_log_prob_pass_needed())
+            old = (OldLogProbs.ROLLOUT if cfg.algorithm.rollout_correction.bypass_mode
+                   else OldLogProbs.UPDATE_FORWARD if update_actor and not self.old_log_prob_pass_needed()
+                   else OldLogProbs.PASS)
             with timed("old_log_prob", timings):
-                if bypass:
+                if old is OldLogProbs.ROLLOUT:
                     batch.set("old_log_probs", self.rollout_log_probs(batch))
-                elif not skip_old:
+                elif old is OldLogProbs.PASS:
                     batch.update(self.workers.compute_log_prob(batch))
-            sync_metrics = {} if bypass else self.check_rollout_sync(batch)
-            entropy = None if skip_old else algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
+            sync_metrics = {} if old is OldLogProbs.ROLLOUT else self.check_rollout_sync(batch)
+            entropy = (algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
+                       if old is OldLogProbs.PASS else None)
             if needs_reference(cfg):
                 with timed("ref", timings):
                     batch.update(self.workers.compute_ref_log_prob(batch))
+            teacher = role_with_method("compute_teacher_log_probs")
+            if teacher in self.workers.roles:  # on-policy distillation: the teacher scores these samples
+                with timed("teacher", timings):
+                    batch.update(self.workers.dispatch("compute_teacher_log_probs", batch, role=teacher))
             if has_critic:
                 with timed("values", timings):
                     batch.update(self.workers.compute_values(batch))
             with timed("adv", timings):
                 kl_metrics = self.compute_advantages(batch)
-            critic_metrics = {}
+            critic_metrics: dict[str, float] = {}
             if has_critic:
                 with timed("update_critic", timings):
                     critic_metrics = self.workers.update_critic(batch)
-            actor_metrics = {}
+            actor_metrics: dict[str, float] = {}
             if update_actor:
                 with timed("update_actor", timings):
-                    actor_metrics = self.workers.update_actor(batch)
-            if "entropys" in getattr(actor_metrics, "columns", ()):  # the pass skipped: the update's forward's
-                entropy = algorithms.masked_mean(actor_metrics.columns["entropys"], batch["response_mask"].float())
+                    actor_metrics = self.workers.update_actor(batch, old)
+            if old is OldLogProbs.UPDATE_FORWARD:  # the pass skipped: the update's forward's entropies
+                kept = cast(TrainResult, actor_metrics).columns["entropys"]
+                entropy = algorithms.masked_mean(kept, batch["response_mask"].float())
             if self.cfg.trainer.rollout_data_dir:
                 self.dump_generations(batch, Path(self.cfg.trainer.rollout_data_dir))
         metrics = {
@@ -314,7 +327,7 @@ class PPOTrainer:
         prompts.set("uid", [f"{tag}-{i}" for i in range(len(prompts))])
         with timed("gen", timings):
             batch = self.workers.generate_sequences(prompts, self.train_sampling)
-        if self.cfg.algorithm.adv_estimator == "remax":
+        if ADVANTAGE_ESTIMATORS.spec(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with timed("gen_max", timings):
                 batch.set("baseline_rewards", self.greedy_baseline(prompts))
         if score:
@@ -335,7 +348,7 @@ class PPOTrainer:
         `trainer.max_consecutive_skipped_updates` times in a row, before anything of this step is logged
         or saved: the weights have diverged."""
         limit = self.cfg.trainer.max_consecutive_skipped_updates
-        for role in ("actor", "critic"):
+        for role in (spec.metrics for spec in ROLES.specs.values() if spec.trains):
             in_a_row = int(update_metrics.get(f"{role}/skipped_updates_in_a_row", 0))
             if limit is not None and in_a_row >= limit:
                 latest = self.checkpoints.latest()
@@ -394,7 +407,7 @@ class PPOTrainer:
             return {}
         metrics = rollout_probs_diff_metrics(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"])
         limit = self.cfg.actor_rollout_ref.rollout.max_probs_diff
-        if self.cfg.actor_rollout_ref.rollout.name == "hf":
+        if ROLLOUT_ENGINES.spec(self.cfg.actor_rollout_ref.rollout.name).on_actor_module:
             limit = None  # it samples from the actor's own module: only top-k / top-p make the probabilities differ
         mean = metrics.get("training/rollout_probs_diff_mean", 0.0)
         if limit is not None and mean > limit:
@@ -433,7 +446,7 @@ class PPOTrainer:
         data source has a rule reward (custom_reward_function, or a built-in one)."""
         texts = self.decode_responses(batch)  # the one decode of the responses: the reward model reads it too
         scorer = scorer or self.reward_scorer
-        with_rm = "reward_model" in self.workers.roles
+        with_rm = self.workers.serves("compute_rm_score")
         rule, extras = None, {}
         if not with_rm or scorer.covers(batch["data_source"]):
             rule, extras = scorer.score(
@@ -447,9 +460,9 @@ class PPOTrainer:
             if rule is not None:
                 extras = {**extras, "rule_reward": list(rule)}
         else:
-            if self.cfg.reward_model.reward_manager == "dapo":  # the overlong penalty, reward extra acc
-                rule, extras = dapo_scores(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
-                                           self.cfg.data.max_response_length)
+            manager = REWARD_MANAGERS.load(self.cfg.reward_model.reward_manager)  # dapo: the overlong penalty, acc
+            rule, extras = manager(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
+                                   self.cfg.data.max_response_length)
             token_scores = algorithms.scores_on_last_token(torch.tensor(rule, dtype=torch.float32), mask)
         batch.set("token_level_scores", token_scores)
         batch.meta["reward_extras"] = extras

@@ -7,6 +7,8 @@ Read from the run's ``metrics.jsonl`` (so a resumed run summarises every step it
   responses that never produced the end-of-turn token);
 - the optimizer steps skipped for a non-finite gradient (``actor/skipped_updates``,
   ``critic/skipped_updates``), when there were any;
+- with tools: the calls whose code ran WITHOUT an operating-system boundary (`isolation:
+  unsafe_process`), and the tools whose calls mostly failed in the last step that called them;
 - the last validation: mean reward and, where the reward logs one, accuracy, per data source;
 - for the built-in demo tasks, the best expected score of a policy that ignores its input
   (``verl_npu.rewards.BLIND_CEILINGS``; only when the built-in rewards score the run);
@@ -35,6 +37,23 @@ def last_validation(rows: list[dict]) -> tuple[int | None, dict[str, float]]:
         if val:
             return row.get("step"), val
     return None, {}
+
+
+def tool_lines(rows: list[dict]) -> list[str]:
+    """Summary lines about the tools (module docstring)."""
+    lines = []
+    unsafe = sum(float(r.get("tool_calls/unsafe_sandbox", 0) or 0) for r in rows)
+    if unsafe:
+        lines.append(f"  UNSAFE: model-written code ran without an operating-system boundary in {unsafe:.0f} tool "
+                     "calls (isolation: unsafe_process; docs/agents.md \"The code interpreter sandbox\")")
+    last: dict[str, float] = {}
+    for r in rows:
+        last.update({k: v for k, v in r.items() if k.startswith("tool_calls/") and k.endswith("/error_ratio")})
+    failing = sorted(k[len("tool_calls/"):-len("/error_ratio")] for k, v in last.items() if v >= 0.5)
+    if failing:
+        lines.append(f"  tools whose calls mostly failed in the last step that called them: {', '.join(failing)} "
+                     "(tool_calls/<name>/error_ratio; the conversations in the rollout dumps show the errors)")
+    return lines
 
 
 def run_summary(out_dir: str | Path, *, tensorboard_dir: str | Path | None = None,
@@ -68,6 +87,7 @@ def run_summary(out_dir: str | Path, *, tensorboard_dir: str | Path | None = Non
         lines.append(f"  multi-turn, last step: {turns[-1]['num_turns/mean']:.2f} turns and "
                      f"{turns[-1].get('tool_call_counts/mean', 0.0):.2f} tool calls per trajectory "
                      "(num_turns/mean, tool_call_counts/mean)")
+    lines += tool_lines(rows)
     step, val = last_validation(rows)
     # val-core/<source>/reward/...: a source may hold slashes (openai/gsm8k); not val-aux/num_turns/*
     sources = sorted({k[len("val-core/"):k.rindex("/reward/")] for k in val

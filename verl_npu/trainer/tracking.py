@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-logger = logging.getLogger(__name__)
-
-from verl_npu.metric_sinks import LOGGERS, tracker_names
+from verl_npu.registry import METRIC_SINKS
 from verl_npu.trainer.loggers import open_sink
 
-SUPPORTED_LOGGERS = tuple(LOGGERS)
+logger = logging.getLogger(__name__)
+
+SUPPORTED_LOGGERS = METRIC_SINKS.names()
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "training_curves.png"
 
@@ -128,6 +128,9 @@ def dump_jsonl(path: str | Path, rows: list[dict]) -> None:
 
 
 # ---- Tracker ---------------------------------------------------------------------------------
+@METRIC_SINKS.register("console", doc="one line per step on the run log")
+@METRIC_SINKS.register("tensorboard", doc="TensorBoard events in <af_output_dir>/tensorboard")
+@METRIC_SINKS.register("file", doc="metrics.jsonl (always written)")
 class Tracker:
     """Writes each `log(metrics, step)` call to every enabled sink.
 
@@ -177,12 +180,13 @@ class Tracker:
         self._last_row_at: float | None = None  # time of the last training row (seconds per step)
         self._step_s: float | None = None  # a moving mean of the wall seconds between training rows
         self._writer = None
-        if "tensorboard" in self.loggers:
+        self.writes_tensorboard = "tensorboard" in self.loggers
+        if self.writes_tensorboard:
             self._writer = self._open_tensorboard()
         self._sinks = []
         self._closed = False
         try:
-            for name in tracker_names(self.loggers):
+            for name in (n for n in self.loggers if METRIC_SINKS.spec(n).tracker):
                 self._sinks.append(open_sink(name, self.out_dir, project, experiment, run_config or {}))
         except BaseException:
             self.close()

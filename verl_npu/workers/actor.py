@@ -13,24 +13,31 @@ gets back tensors and metrics through a worker group. The worker holds:
 from __future__ import annotations
 
 import contextlib
+import functools
+from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 
 from verl_npu import algorithms
+from verl_npu.registry import POLICY_LOSSES, ROLES, ROLLOUT_ENGINES
 from verl_npu.batch import Batch, reads
 from verl_npu.errors import UserError
 from verl_npu.models import lora
 from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
 from verl_npu.rollout.base import ROLLOUT_DTYPES, RolloutEngine, SamplingParams
-from verl_npu.workers import parallel
+from verl_npu.workers import distillation, parallel
 from verl_npu.workers.engine import TrainingEngine, TrainResult, micro_batching
+
+if TYPE_CHECKING:
+    from verl_npu.config.sections import BackendConfigSection
 
 #: the columns every forward of the policy reads (the micro-batch split and trim read the attention mask)
 FORWARD_READS = ("input_ids", "attention_mask", "responses", "multi_modal_inputs")
 
 
-def needs_reference(cfg) -> bool:
+def needs_reference(cfg: BackendConfigSection) -> bool:
     """The reference policy is loaded only when some KL term uses it (`cfg`: the typed backend config)."""
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
@@ -53,7 +60,15 @@ def _active_dropout(module) -> list[str]:
     return found
 
 
-def old_log_prob_pass_needed(cfg, module) -> list[str]:
+class OldLogProbs(str, Enum):
+    """Where the actor's update takes the old policy's log-probs from: the trainer decides, and says so
+    in the update request (`update_actor(batch, old_log_probs)`)."""
+    PASS = "pass"                       # the old-log-prob pass ran: the batch's old_log_probs column
+    ROLLOUT = "rollout"                 # bypass mode: the rollout engine's log-probs, as old_log_probs
+    UPDATE_FORWARD = "update_forward"   # the pass skipped as redundant: each micro-batch's own forward
+
+
+def old_log_prob_pass_needed(cfg: BackendConfigSection, module) -> list[str]:
     """Why the separate old-log-prob forward must run; empty when it is provably redundant.
 
     It is redundant exactly when the old log-probs equal what the update's own (single) forward
@@ -65,7 +80,7 @@ def old_log_prob_pass_needed(cfg, module) -> list[str]:
     rollout = cfg.actor_rollout_ref.rollout
     actor = cfg.actor_rollout_ref.actor
     reasons = []
-    if rollout.name != "hf":
+    if not ROLLOUT_ENGINES.spec(rollout.name).on_actor_module:
         reasons.append(f"rollout.name={rollout.name}: the engine samples from its own copy of the weights")
     if actor.ppo_epochs != 1:
         reasons.append(f"actor.ppo_epochs={actor.ppo_epochs}: later epochs update from changed weights")
@@ -86,11 +101,16 @@ def old_log_prob_pass_needed(cfg, module) -> list[str]:
     return reasons
 
 
+@ROLES.register("actor", needed_when=("always",), metrics="actor", trains=True, model_key="actor_rollout_ref.model.path",
+                keep_key="trainer.max_actor_ckpt_to_keep",
+                methods=("generate_sequences", "compute_log_prob", "old_log_prob_pass_reasons", "compute_ref_log_prob",
+                         "update_actor"),
+                doc="policy, rollout engine and reference policy (always built)")
 class ActorRolloutRefWorker:
     """The actor role: the policy's engine (trained with the PPO loss), the reference policy's
     frozen engine (or, with LoRA, the policy's with its adapters off) and the rollout engine."""
 
-    def __init__(self, cfg, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
         """`cfg`: the typed backend config (the rollout engine it builds reads it whole); `device`: the
         run's `DeviceInfo`, resolved once by the driver."""
         self.cfg = cfg
@@ -263,28 +283,34 @@ class ActorRolloutRefWorker:
             yield self.ref
 
     # ---- update ----------------------------------------------------------------------------
-    @reads(*FORWARD_READS, "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_is_weights")
-    def update_actor(self, batch: Batch) -> TrainResult:
+    @reads(*FORWARD_READS, "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_is_weights",
+           *distillation.TEACHER_COLUMNS)
+    def update_actor(self, batch: Batch, old_log_probs: OldLogProbs = OldLogProbs.PASS) -> TrainResult:
         """`ppo_epochs` passes over mini-batches; one optimizer step per mini-batch; gradients
         accumulated over micro-batches so that the step equals one over the whole mini-batch
         (`TrainingEngine.train` with `_train_forward` and `_ppo_loss`).
 
-        Without `old_log_probs` in `batch` (the trainer skipped the pass because it is redundant,
-        see `old_log_prob_pass_needed`), each micro-batch's own forward gives them (detached), and
+        With `old_log_probs=UPDATE_FORWARD` (the trainer skipped the pass because it is redundant, see
+        `old_log_prob_pass_needed`), each micro-batch's own forward gives them (detached), and
         that forward's entropies come back as the result's `entropys` column (the engine's `keep`:
-        what the pass would have returned, for the trainer's `actor/entropy_before_update`)."""
+        what the pass would have returned, for the trainer's `actor/entropy_before_update`); otherwise
+        they are the batch's `old_log_probs` column."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
-        reuse = "old_log_probs" not in batch
+        reuse = OldLogProbs(old_log_probs) is OldLogProbs.UPDATE_FORWARD
         if reuse and self.old_log_prob_reasons:
-            raise RuntimeError("update_actor without old_log_probs, but the pass is needed: "
-                               + "; ".join(self.old_log_prob_reasons))
+            raise RuntimeError("update_actor told to take the old log-probs from its own forward, but the pass is "
+                               "needed: " + "; ".join(self.old_log_prob_reasons))
+        if not reuse and "old_log_probs" not in batch:
+            raise RuntimeError(f"update_actor told the old log-probs come from {OldLogProbs(old_log_probs).value}, "
+                               "but the batch has no old_log_probs column")
         rows = actor_cfg.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.engine.dp_size
         metrics = self.engine.train(
-            batch, self._train_forward, self._ppo_loss, mini_rows=rows,
+            batch, self._train_forward, functools.partial(self._ppo_loss, own_forward=reuse), mini_rows=rows,
             epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle,
             micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
                                  actor_cfg.ppo_micro_batch_size_per_gpu or 1, sp=self._sp_size()),
-            grad_clip=actor_cfg.grad_clip, summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"),
+            grad_clip=actor_cfg.grad_clip,
+            summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss", *distillation.SUMMED_METRICS),
             keep=(lambda out: {"entropys": out[1]}) if reuse else None)
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
         # shares the module; a collective for vLLM, so every rank calls it)
@@ -294,36 +320,40 @@ class ActorRolloutRefWorker:
         return metrics
 
     def _train_forward(self, module, part: Batch):
-        """(log-probs, entropies, KL inputs) of a training micro-batch; the exact (`full`) KL also
-        needs both whole distributions, the policy's and the reference's, at every position."""
+        """(log-probs, entropies, KL inputs, logits or None) of a training micro-batch; the exact (`full`) KL
+        also needs both whole distributions, the policy's and the reference's, at every position; the top-k
+        distillation loss the policy's (its temperature-scaled logits, else None)."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
         full_kl = actor_cfg.use_kl_loss and actor_cfg.kl_loss_type == "full"
+        # the top-k distillation loss reads the student's whole distribution too
+        with_logits = full_kl or distillation.student_logits_needed(self.cfg)
         response_length = part["responses"].shape[1]
         forward = dict(multi_modal_inputs=part.get("multi_modal_inputs"), entropy_chunk=self.entropy_chunk,
                        **self._forward_settings())
         # entropy is logged as actor/entropy even when it is not in the loss
         out = response_log_probs(module, part["input_ids"], part["attention_mask"], response_length,
-                                 with_entropy=True, return_logits=full_kl, compile=self._compile, **forward)
+                                 with_entropy=True, return_logits=with_logits, compile=self._compile, **forward)
+        logits = out[2] if with_logits else None
         if not full_kl:
-            return out[0], out[1], {}
+            return out[0], out[1], {}, logits
         with torch.no_grad(), self._reference() as ref:
             ref_out = response_log_probs(ref.module, part["input_ids"], part["attention_mask"], response_length,
                                          return_logits=True, **forward)
-        return out[0], out[1], {"logits": out[2], "ref_logits": ref_out[2]}
+        return out[0], out[1], {"logits": out[2], "ref_logits": ref_out[2]}, logits
 
-    def _ppo_loss(self, part: Batch, out, mask: torch.Tensor, agg: dict):
+    def _ppo_loss(self, part: Batch, out, mask: torch.Tensor, agg: dict, own_forward: bool = False):
         """The PPO loss of one micro-batch (already scaled to its share of the mini-batch through the
         global counts in `agg`): clipped policy loss - entropy_coeff x entropy + kl_loss_coef x KL."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
         mode = actor_cfg.loss_agg_mode
-        log_prob, entropy, kl_inputs = out
+        log_prob, entropy, kl_inputs, logits = out
         clip = actor_cfg.clip_ratio
         # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
-        old_log_prob = log_prob.detach() if "old_log_probs" not in part else part["old_log_probs"]
+        old_log_prob = log_prob.detach() if own_forward else part["old_log_probs"]
         correction = self.cfg.algorithm.rollout_correction
-        loss_mode = "bypass_mode" if correction.bypass_mode else actor_cfg.policy_loss.loss_mode
-        # bypass_mode: old_log_prob is the rollout's, the loss computes its own weights and rejection
-        extra = ({"rollout_correction": correction} if loss_mode == "bypass_mode"
+        loss_mode = actor_cfg.policy_loss.loss_mode   # the config names bypass mode's loss when it is on
+        # bypass mode: old_log_prob is the rollout's, the loss computes its own weights and rejection
+        extra = ({"rollout_correction": correction} if POLICY_LOSSES.spec(loss_mode).rollout_correction
                  else {"rollout_is_weights": part.get("rollout_is_weights")})
         pg = algorithms.policy_loss_fn(loss_mode)(
             log_prob, old_log_prob, part["advantages"], mask,
@@ -346,6 +376,10 @@ class ActorRolloutRefWorker:
             loss = loss + actor_cfg.kl_loss_coef * kl_loss
             stats["actor/kl_loss"] = kl_loss
             stats["actor/kl_coef"] = actor_cfg.kl_loss_coef
+        if distillation.enabled(self.cfg):
+            loss, stats = distillation.add_distillation_term(
+                self.cfg, part, loss, stats, log_prob=log_prob, old_log_prob=old_log_prob, student_logits=logits,
+                mask=mask, agg=agg)
         return loss, stats
 
     # ---- profiling (verl_npu.workers.profiler) ---------------------------------------------

@@ -19,8 +19,10 @@ row, and with `critic.model.use_remove_padding` the padding-free path (each shar
 from __future__ import annotations
 
 import torch
+from typing import TYPE_CHECKING
 
 from verl_npu import algorithms
+from verl_npu.registry import ROLES
 from verl_npu.batch import Batch, reads
 from verl_npu.config.schema import CRITIC_FROM_ACTOR
 from verl_npu.models.forward import response_values
@@ -28,8 +30,11 @@ from verl_npu.models.loading import load_tokenizer_and_processor
 from verl_npu.models.value_model import load_value_model
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
+if TYPE_CHECKING:
+    from verl_npu.config.sections import BackendConfigSection
 
-def critic_setting(cfg, key: str):
+
+def critic_setting(cfg: BackendConfigSection, key: str):
     """`critic.<key>` of the typed backend config; for the keys of CRITIC_FROM_ACTOR (the schema's) a null reads
     `actor_rollout_ref.actor.<key>`."""
     value = cfg.critic[key]
@@ -38,15 +43,19 @@ def critic_setting(cfg, key: str):
     return value
 
 
-def critic_model_path(cfg) -> str:
+def critic_model_path(cfg: BackendConfigSection) -> str:
     """`critic.model.path`, or the actor's model when it is null."""
     return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
 
 
+@ROLES.register("critic", needed_when=("critic.enable", "estimator.needs_critic"), metrics="critic", trains=True,
+                keep_key="trainer.max_critic_ckpt_to_keep", model_key="critic.model.path",
+                methods=("compute_values", "update_critic"),
+                doc="value model (a value head on a transformers model) for gae")
 class CriticWorker:
     """The critic role: the value model's engine, trained with the clipped value loss."""
 
-    def __init__(self, cfg, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
         """`cfg`: the typed backend config (the critic section, and the actor's values its nulls stand for)."""
         self.cfg = cfg
         self.total_training_steps = total_training_steps

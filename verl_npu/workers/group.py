@@ -20,8 +20,8 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from verl_npu.batch import Batch, trim_left_padding
-from verl_npu.workers.engine import TrainResult
-from verl_npu.workers.roles import ROLES
+from verl_npu.registry import ROLES, role_with_method
+from verl_npu.workers.engine import EXTREMES, TrainResult
 
 
 class WorkerGroup(ABC):
@@ -52,6 +52,10 @@ class WorkerGroup(ABC):
         """The roles every rank hosts (the actor first)."""
         return ["actor"]
 
+    def serves(self, method: str) -> bool:
+        """Whether one of the roles this group hosts declares `method` (its `RoleSpec.methods`)."""
+        return any(method in ROLES.spec(role).methods for role in self.roles)
+
     def _shards(self, batch: Batch, group: int | None = None) -> list[Batch]:
         """One chunk per rank: equal chunks, one per group of `group` consecutive ranks (default:
         the SP group), each repeated for every rank of its group."""
@@ -61,7 +65,7 @@ class WorkerGroup(ABC):
 
     def worker_class(self, role: str) -> type:
         """The class of role `role`'s workers (whose methods declare the columns they read)."""
-        return ROLES[role].worker_class()
+        return ROLES.load(role)
 
     def sent(self, method: str, batch: Batch, role: str = "actor") -> Batch:
         """What a call of `method` of `role` is sent of `batch`: the columns the method declares it reads
@@ -110,25 +114,29 @@ class WorkerGroup(ABC):
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         return self.dispatch("compute_ref_log_prob", batch)
 
-    def update_actor(self, batch: Batch) -> TrainResult:
-        """The actor's update: its metrics, and without `old_log_probs` in `batch` (the old-log-prob pass
-        skipped as redundant) the update forward's `entropys` as a column (`TrainResult.columns`)."""
-        return self.update("actor", "update_actor", batch)
+    def update_actor(self, batch: Batch, old_log_probs=None) -> TrainResult:
+        """The actor's update: its metrics, and with `old_log_probs=OldLogProbs.UPDATE_FORWARD` (the
+        old-log-prob pass skipped as redundant) the update forward's `entropys` as a column
+        (`TrainResult.columns`). `old_log_probs`: where the old log-probs come from (default: the batch's)."""
+        return self.update(role_with_method("update_actor"), "update_actor", batch,
+                           *(() if old_log_probs is None else (old_log_probs,)))
 
-    def update(self, role: str, method: str, batch: Batch) -> TrainResult:
-        """Run a training method of `role` on every rank's shard: the metrics averaged over ranks, and the
+    def update(self, role: str, method: str, batch: Batch, *args) -> TrainResult:
+        """Run a training method of `role` on every rank's shard: the metrics averaged over ranks (the minima and
+        maxima of `engine.EXTREMES`: their min / max), and the
         columns the update's forward kept (`TrainResult.columns`, rows in `batch`'s order; usually none)."""
-        per_rank = self.scatter(method, self._shards(self.sent(method, batch, role)), role=role)
+        per_rank = self.scatter(method, self._shards(self.sent(method, batch, role)), *args, role=role)
         keys = per_rank[0].keys()
         columns = Batch.concat([getattr(r, "columns", Batch()) for r in per_rank[::self.sp_size]]).released()
-        return TrainResult({k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}, columns)
+        return TrainResult({k: EXTREMES[k]([m[k] for m in per_rank]) if k in EXTREMES
+                            else sum(m[k] for m in per_rank) / len(per_rank) for k in keys}, columns)
 
     def compute_values(self, batch: Batch) -> Batch:
         """The critic's values of the response tokens (`values` [B, T])."""
-        return self.dispatch("compute_values", batch, role="critic")
+        return self.dispatch("compute_values", batch, role=role_with_method("compute_values"))
 
     def update_critic(self, batch: Batch) -> TrainResult:
-        return self.update("critic", "update_critic", batch)
+        return self.update(role_with_method("update_critic"), "update_critic", batch)
 
     def compute_rm_score(self, batch: Batch) -> Batch:
         """The reward model's scores (`rm_scores` [B, T], on each row's last response token); a
@@ -136,7 +144,7 @@ class WorkerGroup(ABC):
         whose scores are dropped again."""
         pad = (-len(batch)) % self.dp_size
         padded = Batch.concat([batch, batch.select([0] * pad)]) if pad else batch
-        out = self.dispatch("compute_rm_score", padded, role="reward_model")
+        out = self.dispatch("compute_rm_score", padded, role=role_with_method("compute_rm_score"))
         return out.slice(0, len(batch)) if pad else out
 
     def save_checkpoint(self, actor_dir: str, role: str = "actor") -> None:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Iterator
+from typing import Iterator, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from verl_npu.config.sections import BackendConfigSection
 
 logger = logging.getLogger("verl_npu")
 
@@ -45,7 +48,7 @@ def is_fsdp(module: torch.nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def offloads_parameters(cfg) -> bool:
+def offloads_parameters(cfg: BackendConfigSection) -> bool:
     """True when any role's `fsdp_config.param_offload` is set (cfg: the typed backend config); then
     one worker runs FSDP2 over a group of itself too."""
     roles = (cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref, cfg.critic.model, cfg.reward_model.model)

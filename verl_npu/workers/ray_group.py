@@ -16,11 +16,15 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
 from verl_npu.workers.group import WorkerGroup
+
+if TYPE_CHECKING:
+    from verl_npu.config.sections import BackendConfigSection
+    from verl_npu.config import RecipeConfig
 
 log = logging.getLogger("verl_npu")
 
@@ -104,7 +108,7 @@ class _WorkerHost:
     config needs (`verl_npu.workers.roles`), all on this actor's device. `cfg` is the typed backend
     config (it pickles as it is); `device` the driver's `DeviceInfo` (the run resolves it once)."""
 
-    def __init__(self, cfg, total_training_steps: int, device, rank: int, world_size: int, addr: str, port: int):
+    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int, world_size: int, addr: str, port: int):
         os.environ.update(
             {
                 "RANK": str(rank),
@@ -142,7 +146,7 @@ class _WorkerHost:
 
 
 class RayWorkerGroup(WorkerGroup):
-    def __init__(self, rc, total_training_steps: int, device):
+    def __init__(self, rc: RecipeConfig, total_training_steps: int, device):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -152,9 +156,9 @@ class RayWorkerGroup(WorkerGroup):
         cfg = rc.typed
         self.world_size = rc.world_size
         self.sp_size = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
-        from verl_npu.rollout_engines import rollout_group_size
+        from verl_npu.registry import ROLLOUT_ENGINES
 
-        self.rollout_group = rollout_group_size(cfg)
+        self.rollout_group = ROLLOUT_ENGINES.spec(cfg.actor_rollout_ref.rollout.name).group_size(cfg)
         from verl_npu.workers.roles import roles_for
 
         self._roles = roles_for(cfg)

@@ -24,10 +24,12 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
 from verl_npu import algorithms
+from verl_npu.registry import ROLES
 from verl_npu.batch import Batch, reads
 from verl_npu.config.rules_roles import VL_REWARD_MODEL, VL_REWARD_MODEL_FIX
 from verl_npu.errors import UserError
@@ -35,6 +37,9 @@ from verl_npu.models.loading import apply_override_config, is_vision_language, l
 from verl_npu.models.loading import resolve_model_path
 from verl_npu.models.tiny import is_tiny_uri
 from verl_npu.workers.engine import TrainingEngine, micro_batching
+
+if TYPE_CHECKING:
+    from verl_npu.config.sections import BackendConfigSection
 
 RM_KEY = "reward_model.model"
 log = logging.getLogger("verl_npu")
@@ -126,11 +131,14 @@ def same_tokenizer(a, b) -> bool:
     return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
 
 
+@ROLES.register("reward_model", needed_when=("reward_model.enable",), checkpointed=False, scores=True,
+                model_key="reward_model.model.path", methods=("compute_rm_score",),
+                doc="frozen sequence-classification reward model (reward_model.enable)")
 class RewardModelWorker:
     """The reward model role: a frozen engine and `last_token_scores` as its forward. It reads only
     the `reward_model` section of the typed backend config `cfg`."""
 
-    def __init__(self, cfg, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
         self.cfg = cfg.reward_model
         self.engine = TrainingEngine("reward_model", device, rank=rank, world_size=world_size)
 

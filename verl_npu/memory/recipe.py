@@ -1,7 +1,7 @@
-"""A recipe's memory plan: what each phase holds on one device, the host figure, the knobs (issue 26).
+"""A recipe's memory plan: what each phase holds on one device, the host figure, the knobs.
 
 `settings_from_recipe(rc)` reads the resolved recipe into `Settings` (plain numbers); `build_plan`
-puts the parts of `memory_plan` together per phase; `plan_recipe(rc, device_bytes, models)` does
+puts the parts of `verl_npu.memory.plan` together per phase; `plan_recipe(rc, device_bytes, models)` does
 both and adds the knobs: each is a change of one or two keys, planned again, with the bytes it saves
 at the peak. Imports no torch (validate stays instant); see docs/memory.md.
 """
@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
-from verl_npu.config import memory_plan as mp
-from verl_npu.config.memory_plan import ModelSize, Part, Phase, Plan
+from verl_npu.registry import ROLLOUT_ENGINES
+from verl_npu.memory import plan as mp
+from verl_npu.memory.plan import ModelSize, Part, Phase, Plan
+
+if TYPE_CHECKING:
+    from verl_npu.config import RecipeConfig
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -51,6 +55,7 @@ class Settings:
     ref_offload: bool
     # rollout
     rollout: str
+    kv_pool: bool   # the engine reserves gpu_memory_utilization for weights and KV cache (RolloutSpec.memory)
     tp: int
     gpu_memory_utilization: float
     rollout_bytes: int
@@ -85,10 +90,10 @@ class Settings:
         return max(1, self.train_batch * self.n * self.sp // self.world)
 
 
-def settings_from_recipe(rc, accelerator: bool | None = None) -> Settings:
+def settings_from_recipe(rc: RecipeConfig, accelerator: bool | None = None) -> Settings:
     """The `Settings` of a resolved recipe (`verl_npu.config.load_recipe`); `accelerator`: plan for an
     accelerator (bf16 compute) or the CPU (float32); None: the recipe's trainer.device (auto: an accelerator)."""
-    from verl_npu.estimators import needs_critic
+    from verl_npu.registry import ROLES
 
     b = rc.backend
     arr, data, tr = b.actor_rollout_ref, b.data, b.trainer
@@ -114,14 +119,15 @@ def settings_from_recipe(rc, accelerator: bool | None = None) -> Settings:
         lp_micro_rows=_opt_int(ro.log_prob_micro_batch_size_per_gpu), lp_budget=int(ro.log_prob_max_token_len_per_gpu),
         use_ref=(bool(actor.use_kl_loss) or bool(b.algorithm.use_kl_in_reward)) and lora <= 0,
         ref_micro_rows=_opt_int(ref.log_prob_micro_batch_size_per_gpu), ref_offload=bool(ref.fsdp_config.param_offload),
-        rollout=str(ro.name), tp=int(ro.tensor_model_parallel_size), gpu_memory_utilization=float(ro.gpu_memory_utilization),
+        rollout=str(ro.name), kv_pool=ROLLOUT_ENGINES.spec(str(ro.name)).memory == "kv_cache_pool",
+        tp=int(ro.tensor_model_parallel_size), gpu_memory_utilization=float(ro.gpu_memory_utilization),
         rollout_bytes=_DTYPE_BYTES.get(str(ro.dtype), 2), max_model_len=int(ro.max_model_len or data.max_prompt_length
                                                                            + data.max_response_length),
         max_num_seqs=int(engine.get("max_num_seqs") or ro.max_num_seqs),
         max_batched_tokens=int(engine.get("max_num_batched_tokens") or ro.max_num_batched_tokens),
         free_cache=bool(engine.get("enable_sleep_mode", ro.free_cache_engine)),
         kv_cache_bytes=_opt_int(engine.get("kv_cache_memory_bytes")),
-        critic=needs_critic(b), critic_micro_rows=_opt_int(critic.ppo_micro_batch_size_per_gpu),
+        critic=ROLES.spec("critic").needed(b), critic_micro_rows=_opt_int(critic.ppo_micro_batch_size_per_gpu),
         critic_dynamic=bool(critic_dyn), critic_budget=int(critic.ppo_max_token_len_per_gpu),
         critic_checkpointing=bool(critic.model.enable_gradient_checkpointing),
         critic_offload=bool(critic.model.fsdp_config.param_offload), reward_model=bool(rm.enable),
@@ -276,7 +282,7 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     phases: list[Phase] = []
     # rollout
     kv_tok = mp.kv_bytes_per_token(actor, s.tp, s.rollout_bytes)
-    if s.rollout == "vllm":
+    if s.kv_pool:
         budget = int(s.gpu_memory_utilization * device_bytes)
         weights = math.ceil(actor.params * s.rollout_bytes / s.tp)
         act = s.max_batched_tokens * (8 * actor.hidden + 2 * actor.intermediate) * 2 + s.max_num_seqs * actor.vocab * 4
@@ -384,7 +390,7 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
         host.append(Part("offloaded actor", local * math.ceil(16 * trainable / shards), "16 x P / W per worker"))
     if s.use_ref and s.ref_offload:
         host.append(Part("offloaded ref", local * math.ceil(s.compute_bytes * p_actor / shards), "b x P / W per worker"))
-    if s.rollout == "vllm" and s.free_cache:
+    if s.kv_pool and s.free_cache:
         host.append(Part("vLLM weights while asleep", local * math.ceil(actor.params * s.rollout_bytes / s.tp),
                          "sleep level 1 keeps the weights in host memory"))
     if s.saves:
@@ -410,9 +416,9 @@ KNOBS = [  # (override, change of Settings, applies when)
     ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=half", "budget", lambda s: s.dynamic and s.token_budget > s.seq),
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=half", "lp_micro",
      lambda s: not s.dynamic and (s.lp_micro_rows or s.rows_per_device) > 1),
-    ("actor_rollout_ref.rollout.gpu_memory_utilization=-0.1", "gmu", lambda s: s.rollout == "vllm"
+    ("actor_rollout_ref.rollout.gpu_memory_utilization=-0.1", "gmu", lambda s: s.kv_pool
      and s.gpu_memory_utilization > 0.15),
-    ("actor_rollout_ref.rollout.free_cache_engine=true", {"free_cache": True}, lambda s: s.rollout == "vllm"
+    ("actor_rollout_ref.rollout.free_cache_engine=true", {"free_cache": True}, lambda s: s.kv_pool
      and not s.free_cache),
     ("trainer.nnodes=double (twice the devices)", "devices", lambda s: True),
 ]
@@ -453,7 +459,7 @@ def add_knobs(plan: Plan, s: Settings, actor: ModelSize, **models) -> Plan:
     return plan
 
 
-def plan_recipe(rc, device_bytes: int, device_name: str, models: dict[str, ModelSize | None],
+def plan_recipe(rc: RecipeConfig, device_bytes: int, device_name: str, models: dict[str, ModelSize | None],
                 accelerator: bool | None = None) -> Plan:
     """The plan of a resolved recipe; `models`: "actor" (required), "critic", "reward" ModelSizes."""
     s = settings_from_recipe(rc, accelerator)
@@ -534,7 +540,7 @@ def _plans_accelerator(requested) -> bool:
     return device is not None and device.kind != "cpu"
 
 
-def device_memory(rc, spec: str | None = None) -> tuple[int, str, bool]:
+def device_memory(rc: RecipeConfig, spec: str | None = None) -> tuple[int, str, bool]:
     """(bytes, name, an accelerator?) of the device the plan is for: --device-memory when given; on CPU this machine's
     memory shared by the node's workers; on an accelerator the kind's usual card (device layer table)."""
     from verl_npu.device import DEFAULT_ACCELERATOR, DEVICE_MEMORY_GIB, configured_device, host_memory_bytes
@@ -558,7 +564,7 @@ def device_memory(rc, spec: str | None = None) -> tuple[int, str, bool]:
         "--device-memory to change)", True
 
 
-def plan_for(rc, spec: str | None = None) -> tuple[Plan | None, str]:
+def plan_for(rc: RecipeConfig, spec: str | None = None) -> tuple[Plan | None, str]:
     """The plan of a resolved recipe on its device, or (None, why not) when the model's numbers are unknown."""
     b = rc.backend
     actor = model_numbers(b.actor_rollout_ref.model.path)

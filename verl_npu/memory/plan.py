@@ -1,10 +1,10 @@
-"""The per-device memory plan of a recipe (issue 26): pure arithmetic, no torch, so `validate` stays instant.
+"""The per-device memory plan of a recipe: pure arithmetic, no torch, so `validate` stays instant.
 
-`verl_npu.config.memory_recipe.plan_recipe(rc, ...)` reads the resolved recipe and each role's
+`verl_npu.memory.recipe.plan_recipe(rc, ...)` reads the resolved recipe and each role's
 `config.json` and returns a `Plan`: per phase (rollout, old log-probs, ref log-probs, actor update,
 critic update, reward model, checkpoint save) the bytes one device holds, broken into parts, plus a
 host figure per node, the verdict against the device's memory and the knobs that would lower the
-peak (each re-planned, with the bytes it saves). This module holds the formulas of the parts and the Plan; `memory_recipe` reads
+peak (each re-planned, with the bytes it saves). This module holds the formulas of the parts and the Plan; `verl_npu.memory.recipe` reads
 the recipe and puts the phases together. `docs/memory.md` lists every formula; each function below
 states its own.
 
