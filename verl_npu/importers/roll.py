@@ -57,7 +57,8 @@ def map_roll(led: Ledger) -> str:
         led.not_mapped(key, "not mapped: a DeepSpeed config included for strategy_config; verl-npu has no DeepSpeed "
                        "backend (FSDP2 instead)")
     for k in ("teacher", "student_train", "student_infer", "is_pure_opd", "use_opd"):
-        led.not_mapped_under(k, "not mapped: verl-npu has no on-policy distillation yet")
+        led.not_mapped_under(k, "not mapped: the importer does not convert ROLL's on-policy distillation; verl-npu "
+                             "reads verl 0.9.1's distillation.* keys (`verl-npu explain distillation`): set them by hand")
     if not led.under("actor_infer") and not agentic:
         return ("no actor_infer (rollout) worker: this is ROLL's SFT pipeline, which the importer does not convert "
                 "yet; verl-npu has an SFT trainer (`verl-npu sft`, docs/sft.md): "
