@@ -9,7 +9,8 @@ import counts like a top-level one. Layers, lowest first:
     1  config (recipe files found and copied by config/recipes.py)
     2  models, rewards (the scores of answers), memory (the planner: formulas over a resolved config)
     3  tools (the answer-check tools score with rewards; the grid environments and their demo maps)
-    4  data (datasets, and the prep that writes rows, grid episodes played by the tools' environments)
+    4  data (datasets, and the prep that writes rows, grid episodes played by the tools' environments);
+       importers (other systems' configs as recipes, validated with config's loader)
     5  rollout
     6  workers
     7  trainer, sft (the SFT loop reuses the trainer's tracking and checkpoints)
@@ -36,6 +37,7 @@ LAYERS = [
     (r"verl_npu\.sft(\..*)?$", 7),
     (r"verl_npu\.workers(\..*)?$", 6),
     (r"verl_npu\.rollout(\..*)?$", 5),
+    (r"verl_npu\.importers(\..*)?$", 4),
     (r"verl_npu\.data(\..*)?$", 4),
     (r"verl_npu\.tools(\..*)?$", 3),
     (r"verl_npu\.(models|rewards|memory)(\..*)?$", 2),

@@ -144,21 +144,27 @@ class ActorRolloutRefWorker:
         actor_cfg = cfg.actor_rollout_ref.actor
         engine = self.engine
         self.device.manual_seed(cfg.data.seed)
+        model_path = model_cfg.path
+        if model_cfg.use_shm:  # one copy per node in shared memory, loaded from there
+            from verl_npu.models.shm import shm_folder
+
+            model_path = shm_folder(model_cfg.path)
         self.tokenizer, self.processor = load_tokenizer_and_processor(
-            model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
+            model_path, trust_remote_code=model_cfg.trust_remote_code,
             custom_chat_template=model_cfg.custom_chat_template)
         engine.tokenizer, engine.processor = self.tokenizer, self.processor
         load_kwargs = dict(attn_implementation=self.device.attn_implementation(),
                            override_config=dict(model_cfg.override_config),
                            trust_remote_code=model_cfg.trust_remote_code, external_lib=model_cfg.external_lib)
-        module = load_policy_model(model_cfg.path, dtype=torch.float32, **load_kwargs,
+        module = load_policy_model(model_path, dtype=torch.float32, **load_kwargs,
                                    gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
         engine.attach(module, actor_cfg.fsdp_config, model_cfg=model_cfg,
                       freeze_vision_tower=actor_cfg.freeze_vision_tower)
+        engine.offload_activations = model_cfg.enable_activation_offload   # the device says how (a no-op on cpu)
         # a LoRA actor's reference is the actor itself with its adapters off (no second copy)
         self.ref_is_actor = needs_reference(cfg) and engine.peft_model is not None
         if needs_reference(cfg) and not self.ref_is_actor:
-            ref = load_policy_model(model_cfg.path, dtype=engine.compute_dtype, **load_kwargs)
+            ref = load_policy_model(model_path, dtype=engine.compute_dtype, **load_kwargs)
             ref.requires_grad_(False)
             self.ref = TrainingEngine("ref", self.device, rank=self.rank, world_size=self.world_size)
             self.ref.attach(ref.eval(), cfg.actor_rollout_ref.ref.fsdp_config)
@@ -377,9 +383,9 @@ class ActorRolloutRefWorker:
         return loss, stats
 
     # ---- profiling (verl_npu.workers.profiler) ---------------------------------------------
-    def start_profile(self, folder: str) -> None:
-        """Start recording this process into folder/rank_<rank> if a role's profiler selects this rank."""
-        self.profiler.start(folder)
+    def start_profile(self, folder: str, tool: str = "torch", options: dict | None = None) -> None:
+        """Start recording this process with `tool` into folder/rank_<rank> if a role's profiler selects this rank."""
+        self.profiler.start(folder, tool, options)
 
     def stop_profile(self) -> str | None:
         """Stop recording; returns the trace written (None when this rank was not recording)."""

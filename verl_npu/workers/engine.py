@@ -64,6 +64,7 @@ class TrainingEngine:
                  world_size: int = 1):
         self.role, self.device, self.seed, self.checkpoint = role, device, seed, checkpoint
         self.rank, self.world_size, self.dp_size = rank, world_size, world_size
+        self.offload_activations = False   # model.enable_activation_offload (set by the role)
         self.torch_device = device.worker_device()
         # fp32 master weights and optimizer state; forward/backward in the device's compute dtype
         # (bf16 on accelerators that have it): FSDP2 mixed precision with several workers, autocast with one
@@ -173,7 +174,8 @@ class TrainingEngine:
                 rows_of_mini = order[start : start + mini_rows]
                 for idx, part in self._parts(mini, micro):
                     mask = part["response_mask"].float()
-                    with self.autocast():
+                    offload = self.device.offload_activations() if self.offload_activations else contextlib.nullcontext()
+                    with self.autocast(), offload:
                         out = forward(self.module, part)
                     if keep is not None:
                         for name, value in keep(out).items():
