@@ -68,6 +68,8 @@ def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise()
             "actor_rollout_ref.model.exclude_modules=null", "actor_rollout_ref.rollout.multi_stage_wake_up=false",
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=null"]
     load_recipe("tiny_gsm8k", noop)
+    # accepted since issue 39 (on cpu a noted no-op; tests/test_activation_offload.py)
+    load_recipe("tiny_gsm8k", ["actor_rollout_ref.model.enable_activation_offload=true"])
     # interactions are read (issue 25); with multi_turn off the key is only warned about
     load_recipe("tiny_gsm8k", ["actor_rollout_ref.rollout.multi_turn.interaction_config_path=/i.yaml"])
     load_recipe("tiny_gsm8k", ["actor_rollout_ref.rollout.multi_turn.function_tool_path=/t.py"])   # function tools too
@@ -80,7 +82,6 @@ def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise()
         "reward_model.rollout.name=vllm": "generative reward models",
         "actor_rollout_ref.rollout.multi_turn.format=llama3_json": "format=llama3_json",
         "actor_rollout_ref.rollout.name=sglang": "name=sglang",
-        "actor_rollout_ref.model.enable_activation_offload=true": "activation offloading",
         "data.return_raw_input_ids=true": "raw input ids",
         "data.return_full_prompt=true": "full prompt",
     }
@@ -230,15 +231,16 @@ def test_the_walk_fails_for_a_key_no_code_reads():
     assert unread_keys([declared_only], reads) == ["backend_config.data.shiny_new_switch"]
     assert unread_keys([replace(declared_only, noop="why it changes nothing")], reads) == []
     assert unread_keys([replace(declared_only, off_only="shiny switches")], reads) == []
-    # before issue 9 this key was accepted at any value and read nowhere: now it is refused unless off
-    assert "enable_activation_offload" not in reads
-    assert SCHEMA["backend_config.actor_rollout_ref.model.enable_activation_offload"].off_only
+    # a key verl-npu does not implement is read nowhere and refused unless off (issue 9's remedy; until
+    # issue 39 enable_activation_offload was such a key, now it is read)
+    assert "use_liger" not in reads and "enable_activation_offload" in reads
+    assert SCHEMA["backend_config.actor_rollout_ref.model.use_liger"].off_only
 
 
 # ------------------------------------------------------------------ one-way imports in verl_npu/config
-ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_roles", "rules_profiler", "rules_dapo", "paths", "derive", "recipes",
-         "sft_schema", "section_base", "sections", "typed", "loader", "sft", "stages", "reference", "compat",
-         "sections_gen"]
+ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_roles", "rules_profiler", "rules_dapo", "rules_distill",
+         "paths", "derive", "recipes", "sft_schema", "section_base", "sections", "typed", "loader", "sft", "stages", "reference",
+         "compat", "sections_gen"]
 
 
 def _module_imports(path: Path) -> set[str]:

@@ -4,11 +4,13 @@ Every `import` of a verl_npu module is read from the source (the AST), inside fu
 import counts like a top-level one. Layers, lowest first:
 
     0  bottom: errors, batch, device, algorithms, optim, hub, the extension points' registries (registry:
-       specs read from the implementations' source, nothing imported), rollout_corrections, tool_registry
+       specs read from the implementations' source, nothing imported), rollout_corrections, tool_registry,
+       distillation_losses
     1  config (recipe files found and copied by config/recipes.py)
     2  models, rewards (the scores of answers), memory (the planner: formulas over a resolved config)
     3  tools (the answer-check tools score with rewards; the grid environments and their demo maps)
-    4  data (datasets, and the prep that writes rows, grid episodes played by the tools' environments)
+    4  data (datasets, and the prep that writes rows, grid episodes played by the tools' environments);
+       importers (other systems' configs as recipes, validated with config's loader)
     5  rollout
     6  workers
     7  trainer, sft (the SFT loop reuses the trainer's tracking and checkpoints)
@@ -35,12 +37,13 @@ LAYERS = [
     (r"verl_npu\.sft(\..*)?$", 7),
     (r"verl_npu\.workers(\..*)?$", 6),
     (r"verl_npu\.rollout(\..*)?$", 5),
+    (r"verl_npu\.importers(\..*)?$", 4),
     (r"verl_npu\.data(\..*)?$", 4),
     (r"verl_npu\.tools(\..*)?$", 3),
     (r"verl_npu\.(models|rewards|memory)(\..*)?$", 2),
     (r"verl_npu\.config(\..*)?$", 1),
     (r"verl_npu(\.(errors|batch|device|algorithms(\..*)?|optim|hub|registry(\..*)?"
-     r"|rollout_corrections|tool_registry))?$", 0),
+     r"|rollout_corrections|tool_registry|distillation_losses))?$", 0),
 ]
 HEAVY = ("torch", "ray", "vllm", "vllm_ascend", "torch_npu", "transformers")
 

@@ -123,14 +123,13 @@ def test_verl_091_spellings_load_and_reach_the_keys_verl_npu_reads():
 
 
 @pytest.mark.parametrize("override,words", [
-    ("trainer.v1.trainer_mode=separate_async", "trainer_mode=separate_async"),
-    ("trainer.v1.separate_async.parameter_sync_step=2", "asynchronous v1 trainer"),
-    ("distillation.enabled=true", "distillation"),
-    ("distillation.teacher_models.teacher_model.model_path=/m", "distillation"),
+    ("trainer.v1.trainer_mode=colocate_async", "trainer_mode=colocate_async"),
+    ("trainer.v1.separate_async.hybrid_rollout.enable_switch=true", "hybrid_rollout"),
+    ("distillation.teacher_models.teacher_model2.model_path=/m", "several teacher models"),  # one teacher is read
     ("skip.rollout.enable=true", "dumped rollouts"),
     ("actor_rollout_ref.actor.fsdp_config.qat.enable=true", "quantization-aware training"),
     ("actor_rollout_ref.actor.pad_to_length=true", "fixed length buckets"),
-    ("actor_rollout_ref.rollout.nnodes=2", "standalone rollout server"),
+    ("actor_rollout_ref.rollout.nnodes=2", "standalone rollout pool"),
     ("actor_rollout_ref.model.lora.rank=16", "Megatron LoRA"),
     ("reward.reward_model.rollout.name=vllm", "generative reward models"),
     ("data.mm_processor_kwargs={max_pixels: 100}", "multimodal processor"),

@@ -36,12 +36,12 @@ FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
             "rollout correction": ("rollout importance-sampling correction", "rollout_correction"),
             "hybrid sharding": ("hybrid sharding",), "sync rollout": ("mode=sync",),
             # the multi-turn examples (issue 25)
-            "over-sampling": ("over-sampling",), "memory profiler": ("torch_memory profiler",),
+            "over-sampling": ("over-sampling",),
             "custom dataset": ("custom dataset classes",), "multimodal inputs": ("processor outputs of multimodal",),
             "tool format": ("multi_turn.format",), "geo3k tool": ("Geo3kTool",)}
 #: declared problems that are verl-npu's checks of a setting, not a missing feature -> words of the message
 CHECKS = {"group size": ("needs at least 2 responses per prompt",),
-          # a profiler tool with nothing to profile (follows the torch_memory refusal)
+          # a profiler tool with nothing to profile (the torch_memory script names no profiled role)
           "profiler setup": ("nothing would be profiled",),
           # a shell variable the script never sets, passed as `key=` (Hydra: an empty string)
           "empty value": ("got '' (str)",)}

@@ -8,7 +8,8 @@
 # verl's rollout correction: IS weights, rejection masks, metrics, the bypass_mode loss
 # (tests/test_verl_rollout_correction.py).
 # verl's SFT dataset (token ids, assistant-token loss masks), sft_loss with its gradient, and verl's model
-# merger on an SFT checkpoint (tests/test_verl_sft.py).
+# merger on an SFT checkpoint (tests/test_verl_sft.py). verl's on-policy distillation losses and their
+# metrics (tests/test_verl_distillation.py).
 #
 # verl pins its own torch and transformers, so it lives in a side venv (.venv-verl, or $VERL_VENV)
 # beside the project's: verl==0.9.1 with torch 2.13.0+cpu (about 2.5 minutes to build the first

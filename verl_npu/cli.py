@@ -10,6 +10,7 @@
     verl-npu sft NAME|PATH [key=value ...] [--demo-data] [--validate-only]   (docs/sft.md)
     verl-npu doctor [--out DIR] [--device cpu|cuda|npu] [--rollout auto|hf|vllm] [--skip-train]
     verl-npu retrieval-server --corpus FILE.jsonl [--host H] [--port P] [--topk K] [--verbose]
+    verl-npu import trinity|roll CONFIG.yaml [-o RECIPE.yaml]
 
 A user's mistake (`UserError`) is printed without a traceback and exits 1. This module imports
 no torch/transformers/ray at import time; only `run` loads them (through the trainer).
@@ -459,6 +460,13 @@ def cmd_retrieval_server(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+# ------------------------------------------------------------------ import
+def cmd_import(args: argparse.Namespace) -> int:
+    from verl_npu.importers.cli import run_import
+
+    return run_import(args.system, args.config, args.output, _say)
+
+
 # ------------------------------------------------------------------ main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-npu", description="RL post-training recipes for NPU, CUDA and CPU.")
@@ -519,6 +527,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "(Search-R1's retrieval protocol; docs/agents.md)")
     add_arguments(p)
     p.set_defaults(fn=cmd_retrieval_server)
+    p = sub.add_parser("import", help="write a verl-npu recipe from a Trinity-RFT or ROLL config (docs/import.md)")
+    p.add_argument("system", choices=("trinity", "roll"))
+    p.add_argument("config", help="the config YAML to import")
+    p.add_argument("-o", "--output", help="recipe to write (default: <config>.verl_npu.yaml beside it)")
+    p.set_defaults(fn=cmd_import)
     return parser
 
 

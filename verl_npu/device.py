@@ -420,6 +420,15 @@ class DeviceInfo:
 
     # -- static answers ------------------------------------------------------------------------
 
+    def offload_activations(self) -> Any:
+        """model.enable_activation_offload: a context in which the tensors autograd saves for backward
+        (with gradient checkpointing, each checkpointed layer's input) wait in pinned host memory and
+        come back in backward; on cpu they are in host memory already, so it is a no-op."""
+        import contextlib
+
+        import torch
+        return torch.autograd.graph.save_on_cpu(pin_memory=True) if self.is_accelerator else contextlib.nullcontext()
+
     @property
     def is_accelerator(self) -> bool:
         """True for npu and cuda."""

@@ -24,6 +24,7 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
     rules_reward_norm  the rules of algorithm.reward_norm (ROLL's reward normalisation) and of the
                   optimal-token-baseline estimators, added to RULES
     rules_rollout_corr  rollout correction's rules (algorithm.rollout_correction.*), added to RULES
+    rules_distill  on-policy distillation's rules (distillation.*: the teacher, the loss mode), added to RULES
     paths         --check-paths: data files, model folders (hub ids resolved), reward file, adapter
     derive        derived values
     recipes       finding, listing and copying shipped recipe files (uses tree only)

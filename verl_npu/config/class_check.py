@@ -19,7 +19,7 @@ TIMEOUT_S = 120.0   # importing a user's module (and what it imports: torch, tra
 PATH_KEYS = ("tool_config_path", "interaction_config_path", "function_tool_path")
 
 
-def class_problems(cfg, skip: set[str] = frozenset()) -> list[Problem]:
+def class_problems(cfg, skip: frozenset[str] | set[str] = frozenset()) -> list[Problem]:
     """Problems of the classes the config's multi-turn files name (module docstring); keys in `skip`
     (their files already have problems) are not checked."""
     if not get(cfg, MT + "enable"):

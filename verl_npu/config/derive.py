@@ -21,6 +21,7 @@ whose inputs already have a problem is skipped. Rules (seq = max_prompt_length +
   and a budget that never chunks: a step only prefills fewer prompts.
 - rollout correction on (algorithm.rollout_correction.rollout_is / rollout_rs / bypass_mode):
   rollout.calculate_log_probs = true; with bypass_mode, actor.policy_loss.loss_mode vanilla -> bypass_mode
+- trainer.v1.trainer_mode=separate_async: rollout.calculate_log_probs = true (the behaviour policy's log-probs)
 """
 
 from __future__ import annotations
@@ -177,6 +178,9 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
         bypass = val(rc + "bypass_mode") is True
         if bypass or val(rc + "rollout_is") is not None or val(rc + "rollout_rs") is not None:
             put(ROLL + "calculate_log_probs", True, "algorithm.rollout_correction needs the rollout's own log-probs")
+        elif val(TRAINER + "v1.trainer_mode") == "separate_async":
+            put(ROLL + "calculate_log_probs", True, "trainer.v1.trainer_mode=separate_async: the rollout side's "
+                "log-probs are the behaviour policy")
         mode = POLICY_LOSSES.find(val(ACTOR + "policy_loss.loss_mode"))
         if bypass and mode is not None and mode.bypass_replaces and ACTOR + "policy_loss.loss_mode" not in bad:
             # replaced even when set by the user: the worker runs the loss the config names, nothing else

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from verl_npu.config import (  # noqa: F401 - register their rules
-    rules_dapo, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
+    rules_async, rules_dapo, rules_distill, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
 )
 from verl_npu.config.class_check import class_problems
 from verl_npu.config.row_files import row_file_problem
@@ -31,7 +31,8 @@ def _role_needed(spec: RoleSpec, cfg: Any) -> bool:
 
 
 #: keys that name a model folder: a local folder, a tiny:// model or a hub id (data.tokenizer is refused unless null)
-MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "critic.model.path", BC + "reward_model.model.path")
+MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "critic.model.path", BC + "reward_model.model.path",
+                   rules_distill.TEACHER_PATH)
 #: model path keys the run reads only in some configs: path key -> "is it read?" (on the whole config)
 _MODEL_PATH_USED_IF: dict[str, Callable[[Any], bool]] = {
     BC + spec.model_key: functools.partial(_role_needed, spec)

@@ -14,13 +14,15 @@ from verl_npu.config.tree import BC
 from verl_npu.errors import Problem
 
 #: tools that run here, and the device kinds each runs on.
-TOOLS = {"torch": ("cpu", "cuda", "npu"), "npu": ("npu",)}
+TOOLS = {"torch": ("cpu", "cuda", "npu"), "npu": ("npu",), "torch_memory": ("cuda", "npu")}
+#: what a tool records, where its name alone does not say
+WHAT = {"torch_memory": " (memory snapshots of the device's caching allocator)"}
+#: global_profiler.global_tool_config.<tool> options each tool reads (the others are refused by name)
+TOOL_OPTIONS = {"torch_memory": ("trace_alloc_max_entries", "stack_depth")}
 #: verl's other tools: refused by name, with the reason.
 REFUSED_TOOLS = {
     "nsys": "Nsight Systems must wrap each Ray worker process at start-up, which verl-npu does not do; "
             "use global_profiler.tool=torch (CUDA kernels are in its trace)",
-    "torch_memory": "memory snapshots are not implemented; use global_profiler.tool=torch with "
-                    "<role>.profiler.tool_config.torch.contents=[memory]",
     "precision_debugger": "msprobe's precision debugger is not integrated; use global_profiler.tool=torch",
     "memray": "memray traces are not implemented; use global_profiler.tool=torch with contents=[memory]",
 }
@@ -49,8 +51,14 @@ def config_problems(c, gp: str, roles: dict[str, str], device_key: str, world: i
                 device = _device(c)  # what the run plans for, without importing torch
                 kind = device.kind if device is not None else str(c(device_key))
             if kind not in TOOLS[tool]:
-                yield (key, f"the {tool} profiler runs on {' / '.join(TOOLS[tool])} devices, this run is on {kind}",
-                       "use global_profiler.tool=torch (torch_npu.profiler on NPU runs)")
+                yield (key, f"verl-npu does not support the {tool} profiler{WHAT.get(tool, '')} on {kind}: it runs on "
+                       f"{' / '.join(TOOLS[tool])} devices, this run is on {kind}", "use global_profiler.tool=torch (torch_npu.profiler on NPU runs; "
+                       "<role>.profiler.tool_config.torch.contents=[memory] records allocations on any device)")
+    for name, options in (c(gp + "global_tool_config") or {}).items():
+        unknown = sorted(set(options or {}) - set(TOOL_OPTIONS.get(name, ()))) if isinstance(options, dict) else []
+        if name in TOOL_OPTIONS and unknown:
+            yield (gp + "global_tool_config", f"{name} has {unknown}; verl-npu reads {', '.join(TOOL_OPTIONS[name])}",
+                   f"remove {', '.join(unknown)}")
     tool = next((c(k) for k in reversed(tool_keys) if c(k) is not None), None)
     steps = c(gp + "steps") or []
     if tool is not None and not enabled:
@@ -85,7 +93,7 @@ _GP = BC + "global_profiler."
 _PROFILER_ROLES = {role: BC + f"actor_rollout_ref.{role}.profiler." for role in ("actor", "ref", "rollout")}
 
 
-@_rule("profiler", (_GP + "tool", _GP + "steps", TRAINER + "device", *(
+@_rule("profiler", (_GP + "tool", _GP + "steps", _GP + "global_tool_config", TRAINER + "device", *(
     p + k for p in _PROFILER_ROLES.values() for k in ("enable", "all_ranks", "ranks", "tool", "tool_config"))),
        "profiling needs a tool that runs here (torch; npu on NPU runs), global_profiler.steps, and a role's "
        "profiler.enable selecting ranks (all_ranks or ranks); verl's other tools are refused with the reason")

@@ -119,3 +119,18 @@ def model_folder_problems(key: str, folder) -> list[Problem]:
                         "model: the reward model must be AutoModelForSequenceClassification with num_labels=1",
                         "point it at a reward model folder (architectures: *ForSequenceClassification)")]
     return []
+
+
+_OFFLOAD = BC + "actor_rollout_ref.model.enable_activation_offload"
+
+
+@_rule("activation_offload_on_cpu", (_OFFLOAD, BC + "trainer.device"),
+       "model.enable_activation_offload on a CPU run only notes that it changes nothing")
+def _activation_offload_on_cpu(c: Ctx) -> Iterator[Problem]:
+    from verl_npu.config.rules import _device
+
+    device = _device(c)
+    if c(_OFFLOAD) and device is not None and not device.is_accelerator:
+        c.warnings.append("actor_rollout_ref.model.enable_activation_offload: on cpu the activations are in host "
+                          "memory already; accepted, changes nothing")
+    return iter(())

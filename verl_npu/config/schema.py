@@ -21,7 +21,7 @@ from verl_npu.registry import (   # specs read from the implementations' source:
     ADVANTAGE_ESTIMATORS, METRIC_SINKS, POLICY_LOSSES, RENAMED_LOGGERS, REWARD_MANAGERS, ROLLOUT_ENGINES,
 )
 
-from verl_npu.config import schema_algorithm
+from verl_npu.config import schema_algorithm, schema_async, schema_distill
 from verl_npu.config.key import (  # noqa: F401 - the schema's face: Key and the type names
     BOOL, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key,
 )
@@ -135,9 +135,11 @@ _k(f"{A}.model.path", None, STR, "Hugging Face model folder, a hub id (owner/nam
 _k(f"{A}.model.external_lib", None, STR, "Python module imported first to register custom models.")
 _k(f"{A}.model.override_config", {}, DICT, "Model config fields to override (e.g. attn_implementation, dropout).")
 _k(f"{A}.model.enable_gradient_checkpointing", True, BOOL, "Recompute activations in backward to save memory.")
-_k(f"{A}.model.enable_activation_offload", False, BOOL, "Offload activations to host memory during training.",
-   off_only="activation offloading", instead="use model.enable_gradient_checkpointing=true (recompute "
-   "activations) or a smaller ppo_micro_batch_size_per_gpu / ppo_max_token_len_per_gpu")
+_k(f"{A}.model.enable_activation_offload", False, BOOL, "Keep the actor's activations in host memory during "
+   "training: on NPU/CUDA the tensors autograd saves for backward (with enable_gradient_checkpointing, each "
+   "checkpointed layer's input) wait in pinned host memory and are copied back in backward "
+   "(torch.autograd.graph.save_on_cpu); less device memory, more host-device traffic. On CPU they are in host "
+   "memory already: accepted, a no-op (the worker logs it).")
 _k(f"{A}.model.use_remove_padding", True, BOOL, "Pack sequences without padding in training forward passes.")
 _k(f"{A}.model.trust_remote_code", False, BOOL, "Allow custom code shipped with the model.")
 _k(f"{A}.model.use_fused_kernels", False, BOOL, "Compute log-probs and entropy (actor and reference) from the "
@@ -148,7 +150,9 @@ _k(f"{A}.model.fused_kernel_options.impl_backend", "torch", STR, "Implementation
    "computation (use_fused_kernels): torch, chunked PyTorch operations (verl_npu/models/fused_logprobs.py).",
    off_only="the triton backend of the fused kernels (torch computes the same values)")
 _k(f"{A}.model.use_liger", False, BOOL, "Use Liger kernels.", off_only="Liger kernels")
-_k(f"{A}.model.use_shm", False, BOOL, "Load model weights through shared memory.", off_only="shared-memory model loading")
+_k(f"{A}.model.use_shm", False, BOOL, "Load the model from a copy in shared memory: the model folder is copied "
+   "once per node into /dev/shm ($VERL_NPU_SHM_DIR) and every process loads from there (verl_npu/models/shm.py). "
+   "Speeds up loading when many ranks read the same files from a slow disk; costs the model's size in host memory.")
 _k(f"{A}.model.lora_rank", 0, INT, "LoRA rank r; 0 trains all weights. Above 0 the actor is wrapped in a peft "
    "LoRA adapter before FSDP2 sharding: only the adapter matrices train (and hold optimizer state), the "
    "reference policy is the actor with its adapters off (no second copy), vLLM gets the merged weights, "
@@ -491,6 +495,8 @@ _k(f"{FG}.max_num_gen_batches", 0, INT, "Most generation batches one step may us
 _k(f"{FG}.max_inflight_gen_batches", 1, INT, "verl V1: generation batches in flight at once.", min=1,
    noop="generation batches run one after another here")
 _KEYS.extend(schema_algorithm.KEYS)  # rollout correction, ROLL's reward normalisation
+_KEYS.extend(schema_distill.KEYS)  # on-policy distillation (distillation.*)
+_KEYS.extend(schema_async.KEYS)  # trainer.v1.* (separate_async), the standalone rollout pool
 _k(f"{AL}.use_kl_in_reward", False, BOOL, "Subtract a KL penalty from the token rewards.")
 _k(f"{AL}.kl_penalty", "kl", STR, "KL estimator of the in-reward penalty.",
    choices=("kl", "abs", "mse", "low_var_kl", "full"))
@@ -558,18 +564,20 @@ _k(f"{T}.profile_steps", None, STR_LIST, "verl's older spelling of the steps to 
    "actor_rollout_ref.actor.profiler.enable=true)")
 GP = "global_profiler"
 _k(f"{GP}.tool", None, STR, "Profiler over global_profiler.steps; null: no profiling. torch: torch.profiler on "
-   "cpu / cuda (a Chrome trace per rank), torch_npu.profiler on npu; npu: torch_npu.profiler, NPU runs only. "
-   "verl's nsys, torch_memory, precision_debugger and memray are refused with the reason.")
+   "cpu / cuda (a Chrome trace per rank), torch_npu.profiler on npu; npu: torch_npu.profiler, NPU runs only; "
+   "torch_memory: the device caching allocator's history over the profiled steps, dumped per rank as "
+   "memory_snapshot.pickle (https://pytorch.org/memory_viz), CUDA and NPU runs only. "
+   "verl's nsys, precision_debugger and memray are refused with the reason.")
 _k(f"{GP}.steps", None, INT_LIST, "Training steps to profile, e.g. [2, 3] (needs a tool and a role's "
    "profiler.enable).")
 _k(f"{GP}.profile_continuous_steps", False, BOOL, "One trace over consecutive profiled steps (named after the "
    "first) instead of one per step.")
 _k(f"{GP}.save_path", "profile", STR, "Trace folder; relative paths are under af_output_dir. Each profiled step "
    "writes step_<N>/rank_<R>/ (trace.json on cpu / cuda).")
-_k(f"{GP}.global_tool_config", {}, DICT, "verl's per-tool settings (nsys, torch_memory, precision_debugger); "
-   "they apply only to those tools, which verl-npu refuses; the torch tool reads "
-   "<role>.profiler.tool_config.torch.", noop="applies only to nsys / torch_memory / precision_debugger, "
-   "which are refused by name; the torch tool reads <role>.profiler.tool_config.torch")
+_k(f"{GP}.global_tool_config", {}, DICT, "verl's per-tool settings: torch_memory.trace_alloc_max_entries "
+   "(allocation events kept, default 100000) and torch_memory.stack_depth (0: no Python stacks; otherwise the "
+   "stacks are recorded, torch keeps them whole) are read; nsys / precision_debugger settings apply to tools "
+   "verl-npu refuses; the torch tool reads <role>.profiler.tool_config.torch.")
 _k("ray_init.num_cpus", None, INT, "CPUs Ray may use (null: all).", min=1)
 _k("ray_init.timeline_json_file", None, STR, "Write a Ray timeline to this file.")
 

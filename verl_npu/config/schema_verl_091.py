@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from verl_npu.config import schema_distill
 from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, INT_LIST, STR, STR_LIST
 
 A, AC, R, RO, M = ("actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.ref",
@@ -21,9 +22,12 @@ ROLES_WITH_PROFILER = (AC, R, RO)
 _QAT = ("quantization-aware training (QAT)", "leave it false (verl-npu trains in bf16 on NPU/CUDA, fp32 on CPU)")
 _TURBO = ("verl's FSDP-turbo engine settings", "remove them: verl-npu's FSDP2 shards over all workers "
           "(fsdp_config.fsdp_size) with Ulysses sequence parallelism (ulysses_sequence_parallel_size)")
-_V1 = ("verl's asynchronous v1 trainer modes (colocate_async, separate_async) and their off-policy sampler",
-       "remove the trainer.v1 keys: verl-npu trains synchronously, rollout and update in turn (trainer_mode=sync)")
-_DISTILL = ("on-policy distillation from teacher models", "remove the distillation keys")
+_SWITCH = ("lending idle trainer devices to the rollout side (separate_async's hybrid_rollout step switching)",
+           "remove the hybrid_rollout keys: the trainer and the rollout side keep their own devices (docs/async.md)")
+_CUSTOM_SAMPLER = ("custom off-policy samplers", "remove it: the sampler is max_off_policy_threshold with "
+                   "max_off_policy_strategy drop or wait (docs/async.md)")
+_DISTILL = ("several teacher models (verl's multi-teacher routing by distillation.teacher_key)",
+            "keep one teacher, under distillation.teacher_models.teacher_model (its keys are read)")
 _SKIP = ("replaying dumped rollouts instead of generating (verl's skip manager)", "remove the skip keys")
 _RM_ENGINE = ("generative reward models (a rollout engine serving the reward model)",
               "use a sequence-classification reward model (reward.reward_model.model_path or reward_model.model.path)")
@@ -74,10 +78,6 @@ def _engine(noop, off, aliases, refused) -> None:
 
 
 def _rollout_and_model(noop, off, refused) -> None:
-    off(f"{RO}.nnodes", 0, INT, "a standalone rollout server on nodes of its own (one-step-off / fully async "
-        "training)", "leave it at 0: the rollout engines are colocated with the actor (hybrid engine)")
-    noop(f"{RO}.n_gpus_per_node", None, INT, "devices per node of verl's standalone rollout server (rollout.nnodes "
-         "> 0, refused here); the colocated engines use trainer.n_gpus_per_node.", min=1)
     off(f"{RO}.full_determinism", False, BOOL, "deterministic rollout kernels", LEAVE + " (false)")
     off(f"{RO}.seed", 42, INT, "a rollout seed of its own", "leave it at 42: verl-npu seeds sampling from "
         "data.seed and each prompt's uid (set data.seed)")
@@ -120,13 +120,21 @@ def _data_trainer_profiler(noop, off, refused) -> None:
     off("data.mm_processor_kwargs", {}, DICT, "extra multimodal processor arguments",
         "set data.min_pixels / data.max_pixels for the image sizes")
     noop("trainer.use_v1", True, BOOL, "verl's choice between its two trainer loops; verl-npu has one.")
-    noop("trainer.v1.trainer_mode", "sync", STR, "verl-npu's trainer is synchronous (verl's v1 sync mode).",
-         choices=("sync",), unsupported=("colocate_async", "separate_async"), instead=_V1[1])
-    refused["trainer.v1"] = _V1
+    # trainer.v1.trainer_mode, separate_async.*, sampler.max_off_policy_*: schema_async (read by trainer/async_ppo)
+    noop("trainer.v1.sync", {}, DICT, "verl's settings of its V1 sync mode (none); trainer_mode=sync is the sync loop.")
+    noop("trainer.v1.colocate_async.num_warmup_batches", 1, INT, "read only with trainer_mode=colocate_async, which "
+         "verl-npu refuses (docs/async.md).", min=1)
+    refused["trainer.v1.separate_async.hybrid_rollout"] = _SWITCH
+    off("trainer.v1.sampler.sync_refill_failed_groups", False, BOOL, "refilling failed groups in sync mode",
+        "leave it false")
+    off("trainer.v1.sampler.custom_sampler.path", None, STR, *_CUSTOM_SAMPLER)
+    off("trainer.v1.sampler.custom_sampler.name", None, STR, *_CUSTOM_SAMPLER)
+    off("trainer.v1.sampler.sampler_kwargs", None, DICT, *_CUSTOM_SAMPLER)
     off("trainer.checkpoint_callback_class", None, STR, "a callback class run after each checkpoint",
         "remove it (checkpoints are complete when latest_checkpointed_iteration.txt moves)")
-    off("distillation.enabled", False, BOOL, *_DISTILL)
-    refused["distillation"] = _DISTILL
+    refused["distillation.teacher_models"] = _DISTILL   # teacher_model's own keys are schema keys (schema_distill)
+    for path, default, type_, why, kw in schema_distill.NOOPS:   # verl's teacher-server settings
+        noop(path, default, type_, why, **kw)
     for part in ("rollout", "rollout_tq", "async_rollout"):
         off(f"skip.{part}.enable", False, BOOL, *_SKIP)
     refused["skip"] = _SKIP

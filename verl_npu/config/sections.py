@@ -35,8 +35,19 @@ class Critic_Model_FsdpConfig_WrapPolicySection(Section):  # critic.model.fsdp_c
 
 
 @dataclass(frozen=True)
+class Distillation_TeacherModels_TeacherModel_InferenceSection(Section):  # distillation.teacher_models.teacher_model.inference
+    max_model_len: int | None
+
+
+@dataclass(frozen=True)
 class RewardModel_Model_FsdpConfig_WrapPolicySection(Section):  # reward_model.model.fsdp_config.wrap_policy
     min_num_params: int
+
+
+@dataclass(frozen=True)
+class Trainer_V1_Sampler_CustomSamplerSection(Section):  # trainer.v1.sampler.custom_sampler
+    path: str | None
+    name: str | None
 
 
 @dataclass(frozen=True)
@@ -254,6 +265,12 @@ class Critic_Model_FsdpConfigSection(Section):  # critic.model.fsdp_config
 
 
 @dataclass(frozen=True)
+class Distillation_TeacherModels_TeacherModelSection(Section):  # distillation.teacher_models.teacher_model
+    model_path: str | None
+    inference: Distillation_TeacherModels_TeacherModel_InferenceSection
+
+
+@dataclass(frozen=True)
 class RewardModel_Model_FsdpConfigSection(Section):  # reward_model.model.fsdp_config
     param_offload: bool
     reshard_after_forward: bool
@@ -268,6 +285,21 @@ class RewardModel_RewardKwargs_OverlongBufferCfgSection(Section):  # reward_mode
     len: int
     penalty_factor: float
     log: bool
+
+
+@dataclass(frozen=True)
+class Trainer_V1_SamplerSection(Section):  # trainer.v1.sampler
+    max_off_policy_threshold: int
+    max_off_policy_strategy: str
+    sync_refill_failed_groups: bool | None
+    sampler_kwargs: FrozenDict | None
+    custom_sampler: Trainer_V1_Sampler_CustomSamplerSection
+
+
+@dataclass(frozen=True)
+class Trainer_V1_SeparateAsyncSection(Section):  # trainer.v1.separate_async
+    parameter_sync_step: int
+    num_warmup_batches: int
 
 
 @dataclass(frozen=True)
@@ -380,6 +412,8 @@ class ActorRolloutRef_RolloutSection(Section):  # actor_rollout_ref.rollout
     max_probs_diff: float | None
     multi_stage_wake_up: bool
     use_fire_sampling: bool
+    nnodes: int
+    n_gpus_per_node: int | None
     cudagraph_capture_sizes: tuple | None
     data_parallel_size: int | None
     expert_parallel_size: int | None
@@ -394,7 +428,6 @@ class ActorRolloutRef_RolloutSection(Section):  # actor_rollout_ref.rollout
     quantization: str | None
     quantization_config_file: str | None
     mtp: FrozenDict | None
-    nnodes: int | None
     full_determinism: bool | None
     seed: int | None
     router_config_path: str | None
@@ -485,6 +518,26 @@ class Data_SamplerSection(Section):  # data.sampler
 
 
 @dataclass(frozen=True)
+class Distillation_DistillationLossSection(Section):  # distillation.distillation_loss
+    loss_mode: str
+    topk: int
+    use_task_rewards: bool
+    distillation_loss_coef: float
+    loss_max_clamp: float | None
+    log_prob_min_clamp: float | None
+    use_policy_gradient: bool
+    policy_loss_mode: str
+    clip_ratio: float
+    clip_ratio_low: float | None
+    clip_ratio_high: float | None
+
+
+@dataclass(frozen=True)
+class Distillation_TeacherModelsSection(Section):  # distillation.teacher_models
+    teacher_model: Distillation_TeacherModels_TeacherModelSection
+
+
+@dataclass(frozen=True)
 class RewardModel_ModelSection(Section):  # reward_model.model
     path: str | None
     input_tokenizer: str | None
@@ -501,6 +554,13 @@ class RewardModel_ModelSection(Section):  # reward_model.model
 class RewardModel_RewardKwargsSection(Section):  # reward_model.reward_kwargs
     max_resp_len: int | None
     overlong_buffer_cfg: RewardModel_RewardKwargs_OverlongBufferCfgSection
+
+
+@dataclass(frozen=True)
+class Trainer_V1Section(Section):  # trainer.v1
+    trainer_mode: str
+    separate_async: Trainer_V1_SeparateAsyncSection
+    sampler: Trainer_V1_SamplerSection
 
 
 @dataclass(frozen=True)
@@ -597,6 +657,13 @@ class DataSection(Section):  # data
 
 
 @dataclass(frozen=True)
+class DistillationSection(Section):  # distillation
+    enabled: bool
+    distillation_loss: Distillation_DistillationLossSection
+    teacher_models: Distillation_TeacherModelsSection
+
+
+@dataclass(frozen=True)
 class GlobalProfilerSection(Section):  # global_profiler
     tool: str | None
     steps: tuple | None
@@ -659,6 +726,7 @@ class TrainerSection(Section):  # trainer
     device: str | None
     profile_steps: tuple | None
     checkpoint_callback_class: str | None
+    v1: Trainer_V1Section
 
 
 @dataclass(frozen=True)
@@ -669,6 +737,7 @@ class BackendConfigSection(Section):  # backend_config
     reward_model: RewardModelSection
     custom_reward_function: CustomRewardFunctionSection
     algorithm: AlgorithmSection
+    distillation: DistillationSection
     trainer: TrainerSection
     global_profiler: GlobalProfilerSection
     ray_init: RayInitSection

@@ -296,23 +296,24 @@ def load_sft_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, 
         flat.update(sub)
     flat = {k: v for k, v in flat.items() if v is not DELETE}
     flat = _map_legacy(flat, problems, warnings)
-    tree = {"af_output_dir": None, "backend_config": defaults_tree()}
+    tree: dict[str, Any] = {"af_output_dir": None, "backend_config": defaults_tree()}
     user: set[str] = set()
-    for path, value in flat.items():
+    for path, flat_value in flat.items():
         if any(path == s or path.startswith(s + ".") for s in NOOP_SECTIONS):
             continue
         if path not in KEYS:
             problems.append(_unknown(path))
             continue
-        if KEYS[path].type == STR_LIST and isinstance(value, str):
-            value = [value]   # `trainer.logger=console`, as verl's scripts write it
+        given: Any = flat_value
+        if KEYS[path].type == STR_LIST and isinstance(given, str):
+            given = [given]   # `trainer.logger=console`, as verl's scripts write it
         user.add(path)
-        set_path(tree, path, value)
-    for key in KEYS.values():
+        set_path(tree, path, given)
+    for spec in KEYS.values():
         node: Any = tree
-        for part in key.path.split("."):
+        for part in spec.path.split("."):
             node = node[part]
-        problems += _value_problems(key, node, key.path in user)
+        problems += _value_problems(spec, node, spec.path in user)
     if not problems:
         _relations(tree["backend_config"], problems, warnings)
     if problems:

@@ -106,9 +106,11 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
     from verl_npu.trainer.checkpoint import CheckpointManager
+    from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.preempt import Preempted
     from verl_npu.trainer.tracking import Tracker, keep_aside, setup_run_logging
+    from verl_npu.workers.distillation import check_teacher_tokenizer
 
     cfg = rc.typed
     out_dir = Path(os.path.abspath(os.path.expanduser(str(rc.cfg.af_output_dir))))  # said absolute everywhere
@@ -124,6 +126,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
         problem = device.workers_problem(cfg.trainer.n_gpus_per_node, cfg.trainer.device, cfg.ray_init.num_cpus)
         if problem:
             raise UserError(problem)
+    check_layout(cfg, device)  # separate_async's layout, before any worker starts
     for var, value, reason in apply_env_defaults(device.kind):
         log.info("env %s=%s (%s)", var, value, reason)
     threads = device.thread_policy(rc.world_size, cfg.trainer.cpu_threads)
@@ -139,6 +142,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
         custom_chat_template=cfg.actor_rollout_ref.model.custom_chat_template,
     )
+    check_teacher_tokenizer(cfg, tokenizer)  # distillation: the teacher reads the student's token ids
     tools = _tool_schemas(cfg)  # multi-turn: the tools are built (and checked) before any data or worker
     train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data, tools=tools)
     _check_agent_names(cfg, train_set)
@@ -193,7 +197,8 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     try:
         info = workers.init_model()
         log.info("model: %s", info)
-        trainer = PPOTrainer(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps)
+        trainer_class = AsyncPPOTrainer if cfg.trainer.v1.trainer_mode == "separate_async" else PPOTrainer
+        trainer = trainer_class(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps)
         final = trainer.fit(resume_from=latest)
         if after_fit is not None:
             after_fit(workers)

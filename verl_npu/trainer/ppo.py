@@ -35,7 +35,7 @@ from verl_npu import algorithms
 from verl_npu.batch import Batch
 from verl_npu.config import RecipeConfig
 from verl_npu.config.sections import BackendConfigSection
-from verl_npu.registry import ADVANTAGE_ESTIMATORS, REWARD_MANAGERS, ROLES, ROLLOUT_ENGINES
+from verl_npu.registry import ADVANTAGE_ESTIMATORS, REWARD_MANAGERS, ROLES, ROLLOUT_ENGINES, role_with_method
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.trainer import preempt
 from verl_npu.trainer.checkpoint import (
@@ -140,6 +140,7 @@ class PPOTrainer:
             load_rng_state(state["rng"])
         self.kl_ctrl.value = state["kl_coef"]
         self.global_step = CheckpointManager.step_of(ckpt)
+        self.read_extra_state(Path(ckpt))
         log.info("resumed from %s at step %d (next batch: %s)", ckpt, self.global_step, state["dataloader"])
 
     def save_checkpoint(self) -> Path:
@@ -155,10 +156,21 @@ class PPOTrainer:
                 kl_coef=float(self.kl_ctrl.value),
                 rng=save_rng_state(),
             )
+            self.write_extra_state(tmp_dir)
 
         path = self.checkpoints.save(step, write)
         self.last_saved = (step, path)
         return path
+
+    def write_extra_state(self, folder: Path) -> None:
+        """What a subclass keeps in a checkpoint besides the roles and trainer_state.json (none here)."""
+
+    def read_extra_state(self, ckpt: Path) -> None:
+        """Read back what `write_extra_state` wrote into checkpoint `ckpt` (none here)."""
+
+    def step_batches(self):
+        """What each step of the loop is handed: the loader's prompt batches, one epoch per iteration."""
+        return self.train_loader
 
     def stop_for_signal(self, signum: int, save_timing: dict[str, float]) -> None:
         """The end of a run stopped by a signal after a complete step: save it (unless this step
@@ -215,7 +227,7 @@ class PPOTrainer:
         preempt.set_phase("training")
         try:
             while self.global_step < self.total_training_steps:
-                for prompts in self.train_loader:  # a Batch of data.train_batch_size prompts
+                for prompts in self.step_batches():  # a Batch of data.train_batch_size prompts
                     self.global_step += 1
                     is_last = self.global_step >= self.total_training_steps
                     profiling.before_step(self.global_step)
@@ -281,6 +293,10 @@ class PPOTrainer:
             if needs_reference(cfg):
                 with timed("ref", timings):
                     batch.update(self.workers.compute_ref_log_prob(batch))
+            teacher = role_with_method("compute_teacher_log_probs")
+            if teacher in self.workers.roles:  # on-policy distillation: the teacher scores these samples
+                with timed("teacher", timings):
+                    batch.update(self.workers.dispatch("compute_teacher_log_probs", batch, role=teacher))
             if has_critic:
                 with timed("values", timings):
                     batch.update(self.workers.compute_values(batch))

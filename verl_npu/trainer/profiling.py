@@ -2,7 +2,9 @@
 
 - `global_profiler.tool` picks the profiler (`torch`: torch.profiler on cpu / cuda and
   torch_npu.profiler on npu, through `verl_npu.device`; `npu`: the same torch_npu profiler,
-  NPU runs only); null turns profiling off.
+  NPU runs only; `torch_memory`: the caching allocator's history, dumped as
+  `memory_snapshot.pickle` per rank, CUDA / NPU only, options from
+  `global_profiler.global_tool_config.torch_memory`); null turns profiling off.
 - `global_profiler.steps` names the training steps to profile; `profile_continuous_steps=true`
   keeps one trace running over consecutive profiled steps (named after the first).
 - `global_profiler.save_path` (relative paths are under af_output_dir) receives, per profiled step,
@@ -49,6 +51,8 @@ class StepProfiling:
         self.tool = _role_setting(cfg, "tool")
         self.steps = sorted(set(gp.steps or ())) if self.tool else []  # null: no step
         self.continuous = gp.profile_continuous_steps
+        # global_profiler.global_tool_config.<tool>: the chosen tool's options (torch_memory's)
+        self.options = dict((gp.global_tool_config or {}).get(self.tool) or {}) if self.tool else {}
         save = Path(str(_role_setting(cfg, "save_path"))).expanduser()
         self.root = save if save.is_absolute() else Path(out_dir) / save
         self.workers = workers
@@ -57,7 +61,7 @@ class StepProfiling:
     def before_step(self, step: int) -> None:
         if step in self.steps and not self.active:
             folder = self.root / f"step_{step}"
-            self.workers.broadcast("start_profile", str(folder))
+            self.workers.broadcast("start_profile", str(folder), self.tool, self.options)
             self.active = True
 
     def after_step(self, step: int, is_last: bool) -> None:

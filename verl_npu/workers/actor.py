@@ -27,7 +27,7 @@ from verl_npu.models import lora
 from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
 from verl_npu.rollout.base import ROLLOUT_DTYPES, RolloutEngine, SamplingParams
-from verl_npu.workers import parallel
+from verl_npu.workers import distillation, parallel
 from verl_npu.workers.engine import TrainingEngine, TrainResult, micro_batching
 
 if TYPE_CHECKING:
@@ -144,21 +144,27 @@ class ActorRolloutRefWorker:
         actor_cfg = cfg.actor_rollout_ref.actor
         engine = self.engine
         self.device.manual_seed(cfg.data.seed)
+        model_path = model_cfg.path
+        if model_cfg.use_shm:  # one copy per node in shared memory, loaded from there
+            from verl_npu.models.shm import shm_folder
+
+            model_path = shm_folder(model_cfg.path)
         self.tokenizer, self.processor = load_tokenizer_and_processor(
-            model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
+            model_path, trust_remote_code=model_cfg.trust_remote_code,
             custom_chat_template=model_cfg.custom_chat_template)
         engine.tokenizer, engine.processor = self.tokenizer, self.processor
         load_kwargs = dict(attn_implementation=self.device.attn_implementation(),
                            override_config=dict(model_cfg.override_config),
                            trust_remote_code=model_cfg.trust_remote_code, external_lib=model_cfg.external_lib)
-        module = load_policy_model(model_cfg.path, dtype=torch.float32, **load_kwargs,
+        module = load_policy_model(model_path, dtype=torch.float32, **load_kwargs,
                                    gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
         engine.attach(module, actor_cfg.fsdp_config, model_cfg=model_cfg,
                       freeze_vision_tower=actor_cfg.freeze_vision_tower)
+        engine.offload_activations = model_cfg.enable_activation_offload   # the device says how (a no-op on cpu)
         # a LoRA actor's reference is the actor itself with its adapters off (no second copy)
         self.ref_is_actor = needs_reference(cfg) and engine.peft_model is not None
         if needs_reference(cfg) and not self.ref_is_actor:
-            ref = load_policy_model(model_cfg.path, dtype=engine.compute_dtype, **load_kwargs)
+            ref = load_policy_model(model_path, dtype=engine.compute_dtype, **load_kwargs)
             ref.requires_grad_(False)
             self.ref = TrainingEngine("ref", self.device, rank=self.rank, world_size=self.world_size)
             self.ref.attach(ref.eval(), cfg.actor_rollout_ref.ref.fsdp_config)
@@ -277,7 +283,8 @@ class ActorRolloutRefWorker:
             yield self.ref
 
     # ---- update ----------------------------------------------------------------------------
-    @reads(*FORWARD_READS, "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_is_weights")
+    @reads(*FORWARD_READS, "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_is_weights",
+           *distillation.TEACHER_COLUMNS)
     def update_actor(self, batch: Batch, old_log_probs: OldLogProbs = OldLogProbs.PASS) -> TrainResult:
         """`ppo_epochs` passes over mini-batches; one optimizer step per mini-batch; gradients
         accumulated over micro-batches so that the step equals one over the whole mini-batch
@@ -302,7 +309,8 @@ class ActorRolloutRefWorker:
             epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle,
             micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
                                  actor_cfg.ppo_micro_batch_size_per_gpu or 1, sp=self._sp_size()),
-            grad_clip=actor_cfg.grad_clip, summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss"),
+            grad_clip=actor_cfg.grad_clip,
+            summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss", *distillation.SUMMED_METRICS),
             keep=(lambda out: {"entropys": out[1]}) if reuse else None)
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
         # shares the module; a collective for vLLM, so every rank calls it)
@@ -312,29 +320,33 @@ class ActorRolloutRefWorker:
         return metrics
 
     def _train_forward(self, module, part: Batch):
-        """(log-probs, entropies, KL inputs) of a training micro-batch; the exact (`full`) KL also
-        needs both whole distributions, the policy's and the reference's, at every position."""
+        """(log-probs, entropies, KL inputs, logits or None) of a training micro-batch; the exact (`full`) KL
+        also needs both whole distributions, the policy's and the reference's, at every position; the top-k
+        distillation loss the policy's (its temperature-scaled logits, else None)."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
         full_kl = actor_cfg.use_kl_loss and actor_cfg.kl_loss_type == "full"
+        # the top-k distillation loss reads the student's whole distribution too
+        with_logits = full_kl or distillation.student_logits_needed(self.cfg)
         response_length = part["responses"].shape[1]
         forward = dict(multi_modal_inputs=part.get("multi_modal_inputs"), entropy_chunk=self.entropy_chunk,
                        **self._forward_settings())
         # entropy is logged as actor/entropy even when it is not in the loss
         out = response_log_probs(module, part["input_ids"], part["attention_mask"], response_length,
-                                 with_entropy=True, return_logits=full_kl, compile=self._compile, **forward)
+                                 with_entropy=True, return_logits=with_logits, compile=self._compile, **forward)
+        logits = out[2] if with_logits else None
         if not full_kl:
-            return out[0], out[1], {}
+            return out[0], out[1], {}, logits
         with torch.no_grad(), self._reference() as ref:
             ref_out = response_log_probs(ref.module, part["input_ids"], part["attention_mask"], response_length,
                                          return_logits=True, **forward)
-        return out[0], out[1], {"logits": out[2], "ref_logits": ref_out[2]}
+        return out[0], out[1], {"logits": out[2], "ref_logits": ref_out[2]}, logits
 
     def _ppo_loss(self, part: Batch, out, mask: torch.Tensor, agg: dict, own_forward: bool = False):
         """The PPO loss of one micro-batch (already scaled to its share of the mini-batch through the
         global counts in `agg`): clipped policy loss - entropy_coeff x entropy + kl_loss_coef x KL."""
         actor_cfg = self.cfg.actor_rollout_ref.actor
         mode = actor_cfg.loss_agg_mode
-        log_prob, entropy, kl_inputs = out
+        log_prob, entropy, kl_inputs, logits = out
         clip = actor_cfg.clip_ratio
         # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
         old_log_prob = log_prob.detach() if own_forward else part["old_log_probs"]
@@ -364,12 +376,16 @@ class ActorRolloutRefWorker:
             loss = loss + actor_cfg.kl_loss_coef * kl_loss
             stats["actor/kl_loss"] = kl_loss
             stats["actor/kl_coef"] = actor_cfg.kl_loss_coef
+        if distillation.enabled(self.cfg):
+            loss, stats = distillation.add_distillation_term(
+                self.cfg, part, loss, stats, log_prob=log_prob, old_log_prob=old_log_prob, student_logits=logits,
+                mask=mask, agg=agg)
         return loss, stats
 
     # ---- profiling (verl_npu.workers.profiler) ---------------------------------------------
-    def start_profile(self, folder: str) -> None:
-        """Start recording this process into folder/rank_<rank> if a role's profiler selects this rank."""
-        self.profiler.start(folder)
+    def start_profile(self, folder: str, tool: str = "torch", options: dict | None = None) -> None:
+        """Start recording this process with `tool` into folder/rank_<rank> if a role's profiler selects this rank."""
+        self.profiler.start(folder, tool, options)
 
     def stop_profile(self) -> str | None:
         """Stop recording; returns the trace written (None when this rank was not recording)."""

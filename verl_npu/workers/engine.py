@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from verl_npu.algorithms.distillation import MAX_METRICS, MIN_METRICS
 from verl_npu.batch import Batch, trim_left_padding
 from verl_npu.models import lora
 from verl_npu.optim import build_lr_scheduler, build_optimizer
@@ -29,6 +30,8 @@ from verl_npu.workers import actor_ckpt, parallel
 from verl_npu.workers.micro import micro_batch_indices
 
 log = logging.getLogger("verl_npu")
+#: metrics that are a minimum or a maximum over tokens: reduced with min / max over micro-batches and ranks
+EXTREMES: dict[str, Callable] = {**{key: min for key in MIN_METRICS}, **{key: max for key in MAX_METRICS}}
 
 
 def micro_batching(dynamic: bool, max_token_len, rows: int | None, sp: int = 1) -> dict:
@@ -61,6 +64,7 @@ class TrainingEngine:
                  world_size: int = 1):
         self.role, self.device, self.seed, self.checkpoint = role, device, seed, checkpoint
         self.rank, self.world_size, self.dp_size = rank, world_size, world_size
+        self.offload_activations = False   # model.enable_activation_offload (set by the role)
         self.torch_device = device.worker_device()
         # fp32 master weights and optimizer state; forward/backward in the device's compute dtype
         # (bf16 on accelerators that have it): FSDP2 mixed precision with several workers, autocast with one
@@ -140,7 +144,8 @@ class TrainingEngine:
         same rows and count once), so that the micro-batch losses add up to the mini-batch's loss
         on any number of ranks. Metrics: each stat per mini-batch (the keys in `summed` are already
         shares of the mini-batch and are added; the others are micro-batch means, weighted by their
-        share of the tokens), averaged over mini-batches; `<role>/grad_norm` (before clipping,
+        share of the tokens), averaged over mini-batches (the minima and maxima of `EXTREMES`: their min / max);
+        `<role>/grad_norm` (before clipping,
         averaged over optimizer steps), `<role>/lr` and the guarded step's counts.
 
         `keep(out)`, when given, names per-row tensors of each forward's output ({column: [rows, ...]});
@@ -169,7 +174,8 @@ class TrainingEngine:
                 rows_of_mini = order[start : start + mini_rows]
                 for idx, part in self._parts(mini, micro):
                     mask = part["response_mask"].float()
-                    with self.autocast():
+                    offload = self.device.offload_activations() if self.offload_activations else contextlib.nullcontext()
+                    with self.autocast(), offload:
                         out = forward(self.module, part)
                     if keep is not None:
                         for name, value in keep(out).items():
@@ -181,12 +187,14 @@ class TrainingEngine:
                     share = float(mask.sum()) / max(tokens / self.dp_size, 1.0)
                     for key, value in stats.items():
                         value = float(value.detach()) if torch.is_tensor(value) else float(value)
-                        sums.setdefault(key, []).append(value if key in summed else value * share)
+                        whole = key in summed or key in EXTREMES  # a share already, or a min / max
+                        sums.setdefault(key, []).append(value if whole else value * share)
                 grad_norm = self.optimizer_step(self.module, self.optimizer, grad_clip)
                 sums.setdefault(grad_key, []).append(float(grad_norm))
         self.lr_scheduler.step()
         mini_batches = max(1, epochs * -(-len(batch) // mini_rows))
-        metrics = {key: sum(values) / (len(values) if key == grad_key else mini_batches)
+        metrics = {key: EXTREMES[key](values) if key in EXTREMES
+                   else sum(values) / (len(values) if key == grad_key else mini_batches)
                    for key, values in sums.items()}
         metrics[f"{self.role}/lr"] = float(self.lr_scheduler.get_last_lr()[0])
         metrics.update(self.optimizer_step.metrics())

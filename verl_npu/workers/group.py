@@ -20,8 +20,8 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from verl_npu.batch import Batch, trim_left_padding
-from verl_npu.workers.engine import TrainResult
 from verl_npu.registry import ROLES, role_with_method
+from verl_npu.workers.engine import EXTREMES, TrainResult
 
 
 class WorkerGroup(ABC):
@@ -122,12 +122,14 @@ class WorkerGroup(ABC):
                            *(() if old_log_probs is None else (old_log_probs,)))
 
     def update(self, role: str, method: str, batch: Batch, *args) -> TrainResult:
-        """Run a training method of `role` on every rank's shard: the metrics averaged over ranks, and the
+        """Run a training method of `role` on every rank's shard: the metrics averaged over ranks (the minima and
+        maxima of `engine.EXTREMES`: their min / max), and the
         columns the update's forward kept (`TrainResult.columns`, rows in `batch`'s order; usually none)."""
         per_rank = self.scatter(method, self._shards(self.sent(method, batch, role)), *args, role=role)
         keys = per_rank[0].keys()
         columns = Batch.concat([getattr(r, "columns", Batch()) for r in per_rank[::self.sp_size]]).released()
-        return TrainResult({k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}, columns)
+        return TrainResult({k: EXTREMES[k]([m[k] for m in per_rank]) if k in EXTREMES
+                            else sum(m[k] for m in per_rank) / len(per_rank) for k in keys}, columns)
 
     def compute_values(self, batch: Batch) -> Batch:
         """The critic's values of the response tokens (`values` [B, T])."""

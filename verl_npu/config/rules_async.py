@@ -1,0 +1,108 @@
+"""Cross-key rules of asynchronous training (`trainer.v1.trainer_mode=separate_async`, verl 0.9.1's V1 keys),
+registered in `rules.RULES`. What the loop does with them: `verl_npu.trainer.async_ppo`, docs/async.md.
+
+Kept apart from `rules.py` so that each file stays small; `paths` (and so `loader`) imports this module, which
+registers its rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from verl_npu.config.rules import Ctx, _rule
+from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, ROLL, TRAINER
+from verl_npu.errors import Problem
+from verl_npu.registry import ROLLOUT_ENGINES, estimator_spec
+
+MODE = TRAINER + "v1.trainer_mode"
+SYNC_STEP = TRAINER + "v1.separate_async.parameter_sync_step"
+WARMUP = TRAINER + "v1.separate_async.num_warmup_batches"
+THRESHOLD = TRAINER + "v1.sampler.max_off_policy_threshold"
+POOL_NODES, POOL_PER_NODE = ROLL + "nnodes", ROLL + "n_gpus_per_node"
+MINI, TBS = ACTOR + "ppo_mini_batch_size", DATA + "train_batch_size"
+RC = ALGO + "rollout_correction."
+#: what separate_async does not run with yet: key -> (its value that is refused, what it is, what to do instead)
+_NOT_WITH_ASYNC = {
+    ROLL + "name": (
+        # the rollout side holds a module copy of its own and samples from it: an engine that samples on a module
+        lambda v: not getattr(ROLLOUT_ENGINES.find(v), "on_actor_module", False),
+        "the {v} engine as the rollout side (separate_async runs the hf engine in this version)",
+        "set actor_rollout_ref.rollout.name=hf, or trainer.v1.trainer_mode=sync to keep {v}"),
+    ROLL + "multi_turn.enable": (
+        lambda v: v is True, "multi-turn rollouts in separate_async",
+        "set trainer.v1.trainer_mode=sync for multi-turn training"),
+    ALGO + "filter_groups.enable": (
+        lambda v: v is True, "dynamic sampling (DAPO) in separate_async",
+        "set trainer.v1.trainer_mode=sync for dynamic sampling"),
+    ALGO + "adv_estimator": (
+        lambda v: getattr(estimator_spec(v), "needs_greedy_baseline", False), "remax's greedy baseline in separate_async (it generates on the trainer's devices)",
+        "use grpo (or another estimator), or trainer_mode=sync"),
+    BC + "actor_rollout_ref.model.lora_rank": (
+        lambda v: v not in (0, None), "LoRA in separate_async (the rollout side loads whole weights)",
+        "set model.lora_rank=0, or trainer_mode=sync"),
+    ROLL + "calculate_log_probs": (
+        lambda v: v is False, "separate_async without the rollout side's log-probs (they are the behaviour policy)",
+        "set actor_rollout_ref.rollout.calculate_log_probs=true (or leave it unset)"),
+}
+
+
+def _short(key: str) -> str:
+    return key.removeprefix(BC)
+
+
+@_rule("async_batch_rule", (MODE, SYNC_STEP, MINI, TBS),
+       "separate_async: data.train_batch_size = trainer.v1.separate_async.parameter_sync_step x "
+       "actor.ppo_mini_batch_size (verl's rule: one step is one weight-sync cycle)")
+def _batch_rule(c: Ctx) -> Iterator[Problem]:
+    if c(MODE) != "separate_async":
+        return
+    sync_step, mini, batch = c(SYNC_STEP), c(MINI), c(TBS)
+    if None in (sync_step, mini, batch) or batch == sync_step * mini:
+        return
+    fits = batch // mini if mini and batch % mini == 0 else None
+    yield Problem(SYNC_STEP, f"is {sync_step}, but data.train_batch_size ({batch}) must equal parameter_sync_step x "
+                  f"actor_rollout_ref.actor.ppo_mini_batch_size ({sync_step} x {mini} = {sync_step * mini}) in "
+                  "separate_async (one step is one weight-sync cycle)",
+                  (f"set trainer.v1.separate_async.parameter_sync_step={fits}" if fits else
+                   f"set data.train_batch_size={sync_step * mini}") + " (or change ppo_mini_batch_size)")
+
+
+@_rule("async_layout", (MODE, POOL_NODES, POOL_PER_NODE, WARMUP, THRESHOLD, TRAINER + "nnodes",
+                        TRAINER + "n_gpus_per_node", *_NOT_WITH_ASYNC),
+       "separate_async: rollout.nnodes x rollout.n_gpus_per_node = 1 (one rollout process), one trainer device, "
+       "num_warmup_batches <= max_off_policy_threshold + 1, and none of: a rollout engine other than hf, multi-turn, "
+       "dynamic sampling, remax, LoRA; rollout.nnodes is 0 in sync mode")
+def _layout(c: Ctx) -> Iterator[Problem]:
+    nodes, per_node = c(POOL_NODES), c(POOL_PER_NODE)
+    if c(MODE) != "separate_async":
+        if nodes:
+            yield Problem(POOL_NODES, f"is {nodes}, but the standalone rollout pool is used only with "
+                          "trainer.v1.trainer_mode=separate_async", "set trainer.v1.trainer_mode=separate_async, "
+                          "or actor_rollout_ref.rollout.nnodes=0 (the engines colocated with the actor)")
+        return
+    if not nodes:
+        yield Problem(POOL_NODES, "is 0, but separate_async generates on a standalone rollout pool",
+                      "set actor_rollout_ref.rollout.nnodes=1 and actor_rollout_ref.rollout.n_gpus_per_node=1")
+    elif nodes * (per_node or 1) != 1:
+        yield Problem(POOL_NODES, f"x rollout.n_gpus_per_node is {nodes} x {per_node or 1}: several rollout "
+                      "processes are not built yet (one rollout process in this version)",
+                      "set actor_rollout_ref.rollout.nnodes=1 and actor_rollout_ref.rollout.n_gpus_per_node=1")
+    if c.world != 1:
+        yield Problem(TRAINER + "n_gpus_per_node", f"trainer.nnodes x n_gpus_per_node is {c.world}: separate_async "
+                      "trains on one trainer worker in this version", "set trainer.nnodes=1 and "
+                      "trainer.n_gpus_per_node=1, or trainer.v1.trainer_mode=sync")
+    warmup, threshold = c(WARMUP), c(THRESHOLD)
+    if warmup is not None and threshold is not None and warmup > threshold + 1:
+        yield Problem(WARMUP, f"is {warmup}, but only max_off_policy_threshold + 1 = {threshold + 1} batches can be "
+                      "generated before the first update without passing the staleness bound",
+                      f"set trainer.v1.separate_async.num_warmup_batches <= {threshold + 1}, or raise "
+                      "trainer.v1.sampler.max_off_policy_threshold")
+    for key, (refused, what, instead) in _NOT_WITH_ASYNC.items():
+        value = c(key)
+        if refused(value):
+            yield Problem(key, f"verl-npu does not support {what.format(v=value)} yet", instead.format(v=value))
+    corrected = c(RC + "bypass_mode") is True or c(RC + "rollout_is") is not None
+    if threshold and not corrected:
+        c.warnings.append(f"trainer.v1.sampler.max_off_policy_threshold={threshold} trains on responses of older "
+                          "weights without an importance correction: consider algorithm.rollout_correction."
+                          "rollout_is=token (decoupled PPO) or bypass_mode=true (docs/async.md)")
