@@ -455,8 +455,10 @@ def test_config_and_cli_do_not_import_the_layer():
 
 
 #: the modules that detect the device: a run's driver (`run_training`, and `verl-npu run`, which prints it
-#: and hands it on), and the commands that are not a run (cluster, doctor); every worker is handed it
-DETECTORS = {"verl_npu/trainer/entry.py", "verl_npu/cli.py", "verl_npu/cluster.py", "verl_npu/doctor.py"}
+#: and hands it on; `run_sft`, the SFT run's), and the commands that are not a run (cluster, doctor); every
+#: worker is handed it
+DETECTORS = {"verl_npu/trainer/entry.py", "verl_npu/cli.py", "verl_npu/cluster.py", "verl_npu/doctor.py",
+             "verl_npu/sft/loop.py"}
 
 
 def test_the_device_is_detected_by_the_driver_and_handed_to_the_workers():

@@ -49,7 +49,7 @@ from verl_npu.trainer.metrics import (
     data_metrics, multi_turn_metrics, rollout_probs_diff_metrics, timed, timing_metrics,
     variance_proxy_metrics,
 )
-from verl_npu.trainer.readable import readable_text
+from verl_npu.trainer.readable import quoted_sample, readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.workers.actor import OldLogProbs, needs_reference
 from verl_npu.workers.balance import balance_for_ranks
