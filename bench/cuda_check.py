@@ -496,9 +496,9 @@ def check_run(ctx: Context, recipe: str, steps: int, extra: tuple) -> dict:
 
 def check_parity(ctx: Context) -> dict:
     """Log-probs and entropies of one batch through `response_log_probs`, the actor's forward."""
+    import memory_grid
     import torch
 
-    import memory_grid
     from verl_npu.device import detect_device
     from verl_npu.models.forward import response_log_probs
     from verl_npu.models.loading import load_policy_model
@@ -549,10 +549,11 @@ def check_parity(ctx: Context) -> dict:
 def check_memory(ctx: Context, name: str) -> dict:
     """A memory_grid.py configuration, 2 steps on the device, each phase's peak against the plan."""
     import memory_grid
+
     from verl_npu.config import load_recipe
+    from verl_npu.device import detect_device
     from verl_npu.memory.plan import model_size
     from verl_npu.memory.recipe import plan_recipe
-    from verl_npu.device import detect_device
 
     recipe, args, model = memory_grid.overrides(name, ctx.work / "memory")
     args = [a.replace("trainer.device=cpu", f"trainer.device={ctx.device}") for a in args]

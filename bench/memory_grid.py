@@ -29,8 +29,8 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile

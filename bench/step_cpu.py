@@ -33,8 +33,8 @@ def main(argv=None) -> int:
     if args.steps < 3:
         parser.error("--steps must be at least 3")
     import torch
-
     import vs_trl
+
     from verl_npu.rollout.hf import HFRollout
     from verl_npu.trainer.ppo import PPOTrainer
 

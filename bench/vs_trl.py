@@ -134,7 +134,7 @@ def trl_dataset(task: str, data: Path):
     import io
 
     import pyarrow.parquet as pq
-    from datasets import Dataset, Features, Image, Value, List
+    from datasets import Dataset, Features, Image, List, Value
 
     rows = pq.read_table(data / "train.parquet").to_pylist()
     out = {"prompt": [], "data_source": [], "ground_truth": []}
@@ -162,8 +162,13 @@ def trl_side(task: str, steps: int, model_path: Path, data: Path, out: Path) -> 
     (gen + reward + advantages + any extra log-prob pass), `loss_forward` = `compute_loss`, and
     `backward_optim` = the rest of the step (backward, clipping, optimizer)."""
     import torch
-    from transformers import (AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer,
-                              TrainerCallback)
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoProcessor,
+        AutoTokenizer,
+        TrainerCallback,
+    )
     from trl import GRPOConfig, GRPOTrainer
 
     torch.manual_seed(SEED)

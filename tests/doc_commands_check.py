@@ -22,8 +22,19 @@ except ModuleNotFoundError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
 
-from doc_commands_extract import (ALLOWED_PARTIAL, ENV_ASSIGN, PIP, PLACEHOLDER, PYTHON, REPO, SUPPLY, Command,
-                                  commands_of, looks_like_command, shell_tokens)
+from doc_commands_extract import (
+    ALLOWED_PARTIAL,
+    ENV_ASSIGN,
+    PIP,
+    PLACEHOLDER,
+    PYTHON,
+    REPO,
+    SUPPLY,
+    Command,
+    commands_of,
+    looks_like_command,
+    shell_tokens,
+)
 
 
 # ------------------------------------------------------------------------------------------ checking
@@ -167,9 +178,8 @@ def _filled_overrides(recipe: Path, overrides: list[str], ctx: Context) -> list[
 def _validate_for_run(recipe_arg: str, overrides: list[str], ctx: Context) -> None:
     """What `verl-npu run` checks before it trains: the recipe loads and the trainer supports it."""
     from verl_npu.config import load_recipe
-    from verl_npu.errors import UserError
-
     from verl_npu.config.sft import is_sft_recipe, load_sft_recipe
+    from verl_npu.errors import UserError
 
     try:
         recipe = _resolve_recipe(recipe_arg, ctx)

@@ -16,7 +16,6 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 
 # Commands checked only in part, and why: each check that cannot do everything names its entry

@@ -11,7 +11,7 @@ import contextlib
 import os
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch

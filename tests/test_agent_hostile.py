@@ -14,14 +14,13 @@ import time
 
 import pytest
 import torch
+from test_agent_loop import left_padded
 
 from verl_npu.config.typed import section
 from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, TurnBackend
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.tool_calls import MAX_CALLS, MAX_DEPTH, parse_hermes, tool_call_metrics
 from verl_npu.tools.base import BaseTool, ToolResponse
-
-from test_agent_loop import left_padded
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-from PIL import Image, ImageDraw
-
 from gloo_workers import gloo_group, spawn_gloo
+from PIL import Image, ImageDraw
 from test_agent_loop import scripted
 
 from verl_npu.batch import Batch

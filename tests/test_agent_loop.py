@@ -12,7 +12,6 @@ import json
 
 import pytest
 import torch
-
 from gloo_workers import gloo_group, spawn_gloo
 
 from verl_npu import algorithms

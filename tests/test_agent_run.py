@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from run_helpers import run_overrides
+
 from verl_npu.config import load_recipe
 from verl_npu.data.gsm8k_multiturn import prepare_synthetic
 from verl_npu.errors import UserError

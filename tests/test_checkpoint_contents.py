@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from run_helpers import run_overrides, text_data, write_varied_reward
 
 from verl_npu.config import load_recipe

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from run_helpers import cli_env
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from run_helpers import TWO_NODE_RECIPE
 
 from verl_npu.cluster import (

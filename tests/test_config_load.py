@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import OmegaConf
-
 from run_helpers import FLAGSHIP_FILLED as FILLED
-from verl_npu.config import (
-    SCHEMA, check_paths, describe_key, find_key, load_recipe, parse_override, parse_value,
-)
+
+from verl_npu.config import SCHEMA, check_paths, describe_key, find_key, load_recipe, parse_override, parse_value
 from verl_npu.config.reference import render_reference
 from verl_npu.errors import ConfigErrors, UserError
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from run_helpers import FLAGSHIP_FILLED as FILLED
+
 from verl_npu.cli import main
 from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors

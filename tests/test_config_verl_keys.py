@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import OmegaConf
-
 from run_helpers import FLAGSHIP_FILLED as FILLED
+
 from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors
 

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from run_helpers import data_cfg, png, rl_row
+
 from verl_npu.data import RLDataset, StatefulBatchLoader, collate_rows
 from verl_npu.data.dataset import truncate_ids
 from verl_npu.data.geometry3k import write_rl_parquet

@@ -9,16 +9,21 @@ model at every step, as before)."""
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from test_hf_decode import _sharpen, _text_batch, _vl_batch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 import verl_npu.rollout.decode as decode_mod
 from verl_npu.models.forward import vision_marker_ids
 from verl_npu.rollout.base import SamplingParams, stop_and_pad_ids
 from verl_npu.rollout.decode import PerRowSampler, decode
 from verl_npu.rollout.decode_step import DecodeStep
-
-from test_hf_decode import _sharpen, _text_batch, _vl_batch
 
 NEW = 10
 REAL_BUILD = DecodeStep.build  # before any test replaces it

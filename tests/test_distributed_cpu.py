@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from run_helpers import run_overrides, step_metrics, text_data, wait_for_checkpoint, write_varied_reward
+from safetensors.torch import load_file
 
 from verl_npu.config import load_recipe
 from verl_npu.data.geometry3k import prepare_synthetic

@@ -34,7 +34,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from doc_commands_check import Context, check_file
 from doc_commands_extract import ALLOWED_PARTIAL, REPO, commands_of, doc_sources
 

@@ -16,15 +16,7 @@ import pytest
 from verl_npu.device import DeviceInfo
 from verl_npu.doctor import Check, _run_check, check_all_reduce, choose_rollout, render
 from verl_npu.doctor_train import metrics_verdict
-from verl_npu.doctor_versions import (
-    FAIL,
-    PASS,
-    SKIPPED,
-    major_minor,
-    pair_torch_npu,
-    pair_vllm_ascend,
-    vllm_pins,
-)
+from verl_npu.doctor_versions import FAIL, PASS, SKIPPED, major_minor, pair_torch_npu, pair_vllm_ascend, vllm_pins
 from verl_npu.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent

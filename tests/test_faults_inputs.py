@@ -11,8 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from run_helpers import text_data, text_run_overrides
+
 from verl_npu.data import geometry3k, gsm8k
 from verl_npu.errors import UserError
 from verl_npu.trainer.checkpoint import MARKER_FILE, CheckpointManager

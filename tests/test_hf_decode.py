@@ -9,12 +9,17 @@ rollout used before it had its own loop)."""
 import pytest
 import torch
 from PIL import Image
-from transformers import (AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer,
-                          LogitsProcessor, LogitsProcessorList)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    LogitsProcessor,
+    LogitsProcessorList,
+)
 
 from verl_npu.batch import Batch
-from verl_npu.models.forward import VisionTokens, mm_token_type_ids
-from verl_npu.models.forward import vision_marker_ids
+from verl_npu.models.forward import VisionTokens, mm_token_type_ids, vision_marker_ids
 from verl_npu.rollout.base import SamplingParams, stop_and_pad_ids
 from verl_npu.rollout.decode import PerRowSampler, decode
 from verl_npu.rollout.hf import HFRollout

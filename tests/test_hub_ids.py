@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import torch
-
 from test_cli import cli
+
 from verl_npu.errors import UserError
 from verl_npu.hub import hub_folder, looks_like_hub_id
 from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor, resolve_model_path

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_agent_loop import left_padded, scripted
+
 from verl_npu.batch import Batch
 from verl_npu.config.interaction_file import default_name, read_interaction_config
 from verl_npu.config.typed import section
@@ -20,8 +20,8 @@ from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.hf import HFRollout
 from verl_npu.tools.envs import make_env, parse_action
-from verl_npu.tools.interactions.gsm8k import RIGHT, WRONG, Gsm8kInteraction
 from verl_npu.tools.interactions.grid_env import GridEnvInteraction
+from verl_npu.tools.interactions.gsm8k import RIGHT, WRONG, Gsm8kInteraction
 from verl_npu.tools.interactions.loading import load_interactions
 
 P, R = 48, 160
@@ -181,12 +181,12 @@ def test_a_class_that_is_not_an_interaction_or_fails_to_build_is_refused(tmp_pat
         load_interactions(path)
 
 def test_a_row_naming_an_unknown_interaction_is_refused_naming_the_row(tmp_path, model_and_tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from omegaconf import OmegaConf
 
     from verl_npu.data.dataset import RLDataset
     from verl_npu.data.grid_env import prepare_synthetic
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     _, tok = model_and_tokenizer
     paths = prepare_synthetic(tmp_path, 4, 2)["paths"]

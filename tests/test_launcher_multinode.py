@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from run_helpers import TWO_NODE_RECIPE
 
 REPO = Path(__file__).resolve().parents[1]

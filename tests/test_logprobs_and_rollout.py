@@ -6,8 +6,13 @@ from PIL import Image
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from verl_npu.batch import Batch
-from verl_npu.models.forward import VisionTokens, merge_multi_modal_inputs, mm_token_type_ids, response_log_probs
-from verl_npu.models.forward import vision_marker_ids
+from verl_npu.models.forward import (
+    VisionTokens,
+    merge_multi_modal_inputs,
+    mm_token_type_ids,
+    response_log_probs,
+    vision_marker_ids,
+)
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.hf import HFRollout
 

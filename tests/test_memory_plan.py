@@ -14,9 +14,9 @@ import pytest
 
 from verl_npu.cli import main
 from verl_npu.config import load_recipe
+from verl_npu.errors import UserError
 from verl_npu.memory import plan as mp
 from verl_npu.memory.recipe import add_knobs, build_plan, parse_device_memory, plan_recipe, settings_from_recipe
-from verl_npu.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 #: Qwen2.5-7B-Instruct's config.json numbers (public); 7,615,616,512 parameters
@@ -160,8 +160,8 @@ def test_plan_of_a_tiny_recipe_fits(tiny_lm_path, capsys):
 
 
 def test_every_shipped_recipe_gets_a_plan(tiny_lm_path, tiny_vl_path, tmp_path):
-    from verl_npu.memory.recipe import plan_for
     from verl_npu.config.recipes import list_recipes
+    from verl_npu.memory.recipe import plan_for
 
     for name, conf in (("qwen7b", QWEN25_7B), ("qwen7bvl", QWEN25_VL_7B)):
         (tmp_path / name).mkdir()

@@ -132,8 +132,8 @@ def test_missing_pad_token_falls_back_to_eos(tmp_path, text_dir):
 
 
 def test_load_vl_policy_model_matches_plain_transformers(vl_dir):
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
     from PIL import Image
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
 
     model = loading.load_policy_model("tiny://qwen25vl", dtype=torch.float32)
     assert isinstance(model, Qwen2_5_VLForConditionalGeneration)
@@ -220,7 +220,7 @@ def test_bad_attention_implementation_is_user_error(text_dir):
 
 
 def test_is_vision_language_by_model_type():
-    from transformers import Qwen2Config, Qwen2_5_VLConfig
+    from transformers import Qwen2_5_VLConfig, Qwen2Config
 
     assert loading.is_vision_language(Qwen2_5_VLConfig())
     assert not loading.is_vision_language(Qwen2Config())

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from run_helpers import text_data, text_run_overrides
+
 from verl_npu.trainer.tracking import format_console_line
 
 CLI = [sys.executable, "-m", "verl_npu.cli"]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-
 from run_helpers import step_metrics, text_data, text_run_overrides
 
 from verl_npu.config import load_recipe

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+
 from verl_npu.config.typed import section
 from verl_npu.errors import UserError
 from verl_npu.optim import build_lr_scheduler, build_optimizer, warmup_steps

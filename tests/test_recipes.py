@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from verl_npu.config import REQUIRED, load_recipe
-from verl_npu.errors import ConfigErrors, UserError
 from verl_npu.config.recipes import copy_recipe, find_recipe, list_recipes, placeholder_fields
 from verl_npu.config.sft import is_sft_recipe, load_sft_recipe
+from verl_npu.errors import ConfigErrors, UserError
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from run_helpers import run_overrides
+
 from verl_npu.config import load_recipe
 from verl_npu.data.geometry3k import prepare_synthetic
 from verl_npu.errors import UserError

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
-
 from run_helpers import cli_env, data_cfg, png, rl_row
+
 from verl_npu.config import check_paths, load_recipe
 from verl_npu.data import RLDataset, StatefulBatchLoader
 from verl_npu.data.geometry3k import write_rl_parquet

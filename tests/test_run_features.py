@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from run_helpers import run_overrides, write_varied_reward
 
 from verl_npu.config import load_recipe

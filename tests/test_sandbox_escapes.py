@@ -22,10 +22,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from test_sandbox import host_processes_with
 
 from verl_npu.tools.sandbox import SandboxLimits, namespaces_problem, namespaces_work
-
-from test_sandbox import host_processes_with
 
 ISOLATION = os.environ.get("VERL_NPU_ESCAPE_ISOLATION", "auto")
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +123,7 @@ except Exception as e:
         try:
             server.accept()
             accepted = True
-        except socket.timeout:
+        except TimeoutError:
             accepted = False
     finally:
         server.close()

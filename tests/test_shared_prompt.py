@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
-
 from run_helpers import assert_packed_matches_padded
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from verl_npu.models import varlen
 from verl_npu.models.forward import response_log_probs

@@ -3,9 +3,7 @@ skipped old-log-prob pass gives the metrics of a run that does it."""
 
 from __future__ import annotations
 
-
 import pytest
-
 from run_helpers import step_metrics, text_data
 from run_helpers import text_run_overrides as overrides
 

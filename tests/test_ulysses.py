@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
 from gloo_workers import gloo_group, spawn_gloo
 
 from verl_npu.models import ulysses

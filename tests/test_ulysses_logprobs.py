@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-
 from gloo_workers import gloo_group, spawn_gloo
 
 

@@ -7,11 +7,10 @@ import types
 
 import pytest
 import torch
+from run_helpers import assert_packed_matches_padded
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl_npu.device import varlen_attention_kernel
-from run_helpers import assert_packed_matches_padded
-
 from verl_npu.models import varlen
 from verl_npu.models.loading import enable_activation_checkpointing
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from run_helpers import run_on_verl_side, verl_side_python
+
 from verl_npu import algorithms as A
 from verl_npu.algorithms.advantage_modes import gdpo_advantage
 from verl_npu.config.typed import section

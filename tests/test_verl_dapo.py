@@ -13,8 +13,8 @@ import json
 import subprocess
 
 import pytest
-
 from run_helpers import verl_side_python
+
 from verl_npu.rewards.dapo import dapo_scores
 
 pytestmark = pytest.mark.verl_side

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from run_helpers import run_on_verl_side, verl_side_python
+
 from verl_npu.algorithms import LOSS_AGG_MODES
 from verl_npu.algorithms import distillation as D
 

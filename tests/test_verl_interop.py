@@ -26,10 +26,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_helpers import (
+    run_overrides,
+    step_metrics,
+    text_data,
+    text_run_overrides,
+    verl_side_python,
+    write_varied_reward,
+)
 from safetensors.torch import load_file
-
-from run_helpers import (run_overrides, step_metrics, text_data, text_run_overrides, verl_side_python,
-                         write_varied_reward)
 
 from verl_npu.config import load_recipe
 from verl_npu.trainer.checkpoint import load_torch

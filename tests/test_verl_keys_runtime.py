@@ -102,9 +102,9 @@ def test_entropy_chunking_gives_the_same_entropy(tiny_lm_path):
 
 def _prefetch_worker(rank: int, world: int, port: int, path: str, out: str) -> None:
     import torch
+    from gloo_workers import gloo_group
     from transformers import AutoModelForCausalLM
 
-    from gloo_workers import gloo_group
     from verl_npu.config.typed import section
     from verl_npu.workers.parallel import shard_module
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from run_helpers import run_on_verl_side, verl_side_python
+
 from verl_npu import algorithms as A
 from verl_npu.config.typed import section
 from verl_npu.registry import POLICY_LOSSES

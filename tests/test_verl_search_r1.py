@@ -14,8 +14,8 @@ import random
 import subprocess
 
 import pytest
-
 from run_helpers import verl_side_python
+
 from verl_npu.rewards import default_compute_score
 
 pytestmark = pytest.mark.verl_side

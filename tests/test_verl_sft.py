@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from run_helpers import run_on_verl_side, verl_side_python
+
 from verl_npu.batch import Batch
 
 REPO = Path(__file__).resolve().parents[1]

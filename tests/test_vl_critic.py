@@ -10,10 +10,10 @@ import shutil
 import pytest
 import torch
 from PIL import Image
-
 from run_helpers import run_overrides
+
 from verl_npu.models.forward import response_values
-from verl_npu.models.value_model import (PREFIX, VisionLanguageValueModel, load_value_model, saved_value_head)
+from verl_npu.models.value_model import PREFIX, VisionLanguageValueModel, load_value_model, saved_value_head
 
 RESPONSE = 4
 

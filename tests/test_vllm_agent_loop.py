@@ -34,10 +34,10 @@ import torch
 
 pytest.importorskip("vllm")
 
+import forced_turns  # noqa: E402
 from run_helpers import step_metrics, vllm_run_overrides, write_varied_reward  # noqa: E402
 from test_agent_loop import CALL, TRUTH, left_padded, scripted, tools  # noqa: E402
 
-import forced_turns  # noqa: E402
 from verl_npu.batch import Batch  # noqa: E402
 from verl_npu.data.gsm8k_multiturn import SYSTEM  # noqa: E402
 from verl_npu.rollout.base import SamplingParams  # noqa: E402
@@ -58,8 +58,8 @@ def prompt_batch(tok, questions: list[str], uids: list[str], pad_id: int) -> Bat
 
 
 def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_log_probs(tiny_lm_path):
-    from verl_npu.models.forward import response_log_probs
     from verl_npu.config.typed import section
+    from verl_npu.models.forward import response_log_probs
     from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop
     from verl_npu.rollout.hf import HFRollout
 

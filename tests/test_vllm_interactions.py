@@ -29,11 +29,11 @@ import torch
 
 pytest.importorskip("vllm")
 
+import failing_interaction  # noqa: E402
+import forced_turns  # noqa: E402
 from run_helpers import step_metrics, vllm_run_overrides  # noqa: E402
 from test_interactions import LAKE, P, R, prompts, scripted  # noqa: E402
 
-import failing_interaction  # noqa: E402
-import forced_turns  # noqa: E402
 from verl_npu.rollout.base import SamplingParams  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

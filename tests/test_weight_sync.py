@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from gloo_workers import gloo_group, spawn_gloo
 
 from verl_npu.batch import Batch

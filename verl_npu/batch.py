@@ -12,8 +12,9 @@ travel with the pickled batch). A column the controller does not have either sti
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -68,7 +69,7 @@ class Batch:
                 f"was not sent to it: add it to @reads(...) of {self.reader or 'the method'} "
                 f"(verl_npu.batch.reads); it was sent {sorted(set(self.tensors) | set(self.lists))}")
 
-    def only(self, columns: Iterable[str], reader: str = "") -> "Batch":
+    def only(self, columns: Iterable[str], reader: str = "") -> Batch:
         """The columns among `columns` that this batch has (in its own order, the same objects), without `meta`:
         what a worker call is sent (see `reads`). Its other columns are `withheld`: a read of one names
         `reader` (the method) and raises `UndeclaredColumn`."""
@@ -78,11 +79,11 @@ class Batch:
                      {k: v for k, v in self.lists.items() if k in wanted},
                      withheld=frozenset((have | self.withheld) - wanted), reader=reader or self.reader)
 
-    def released(self) -> "Batch":
+    def released(self) -> Batch:
         """The same columns and meta, nothing withheld: what a worker returns becomes the controller's."""
         return Batch(dict(self.tensors), dict(self.lists), dict(self.meta))
 
-    def _like(self, tensors: dict, lists: dict, meta: dict) -> "Batch":
+    def _like(self, tensors: dict, lists: dict, meta: dict) -> Batch:
         """A batch of these fields that withholds what this one withholds (reshaping a sent batch)."""
         return Batch(tensors, lists, meta, withheld=self.withheld, reader=self.reader)
 
@@ -104,7 +105,7 @@ class Batch:
             self.tensors.pop(key, None)
             self.lists[key] = list(value)
 
-    def update(self, other: "Batch") -> "Batch":
+    def update(self, other: Batch) -> Batch:
         for k, v in other.tensors.items():
             self.set(k, v)
         for k, v in other.lists.items():
@@ -113,7 +114,7 @@ class Batch:
         return self
 
     # ---- reshaping ----------------------------------------------------------------------
-    def select(self, index: Sequence[int] | torch.Tensor) -> "Batch":
+    def select(self, index: Sequence[int] | torch.Tensor) -> Batch:
         """Rows `index`, in that order."""
         idx = torch.as_tensor(index, dtype=torch.long)
         rows = idx.tolist()
@@ -123,24 +124,24 @@ class Batch:
             dict(self.meta),
         )
 
-    def slice(self, start: int, stop: int) -> "Batch":
+    def slice(self, start: int, stop: int) -> Batch:
         return self._like(
             {k: v[start:stop] for k, v in self.tensors.items()},
             {k: v[start:stop] for k, v in self.lists.items()},
             dict(self.meta),
         )
 
-    def split(self, size: int) -> list["Batch"]:
+    def split(self, size: int) -> list[Batch]:
         """Consecutive chunks of `size` rows (the last may be shorter)."""
         return [self.slice(i, i + size) for i in range(0, len(self), size)]
 
-    def chunk(self, parts: int) -> list["Batch"]:
+    def chunk(self, parts: int) -> list[Batch]:
         """`parts` equal consecutive chunks; the row count must divide evenly (one per rank)."""
         if len(self) % parts:
             raise ValueError(f"cannot split {len(self)} rows into {parts} equal parts")
         return self.split(len(self) // parts)
 
-    def repeat_interleave(self, n: int) -> "Batch":
+    def repeat_interleave(self, n: int) -> Batch:
         """Each row repeated n times in place: rows a, b -> a, a, b, b (n=2)."""
         return self._like(
             {k: v.repeat_interleave(n, dim=0) for k, v in self.tensors.items()},
@@ -148,11 +149,11 @@ class Batch:
             dict(self.meta),
         )
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return self._like({k: v.to(device) for k, v in self.tensors.items()}, dict(self.lists), dict(self.meta))
 
     @staticmethod
-    def concat(batches: Iterable["Batch"]) -> "Batch":
+    def concat(batches: Iterable[Batch]) -> Batch:
         batches = [b for b in batches if len(b) or b.tensors or b.lists]
         if not batches:
             return Batch()

@@ -198,8 +198,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             _say(f"{k.short:<{width}}  {k.doc}")
         return 0
     from verl_npu.config.compat import DEPRECATED_KIND, NOOP, REFUSED, SUPPORTED, status
-    from verl_npu.config.schema import DEPRECATED_MAPPED
     from verl_npu.config.loader import _suggest
+    from verl_npu.config.schema import DEPRECATED_MAPPED
 
     full = expand_key(args.key)
     st = status(full)
@@ -342,11 +342,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ run
 def cmd_run(args: argparse.Namespace) -> int:
     from verl_npu.config import check_paths, load_recipe
+    from verl_npu.config.paths import machine_problems
     from verl_npu.demo import prepare_assets
     from verl_npu.device import configured_device, detect_device
     from verl_npu.trainer.entry import run_training
-
-    from verl_npu.config.paths import machine_problems
 
     if _is_sft(args.recipe):
         return cmd_sft(args)

@@ -67,7 +67,7 @@ class ClusterNeed:
         return f"{count} {self.resource}{'' if count == 1 else 's'}"
 
     @classmethod
-    def from_recipe(cls, rc: Any, kind: str, launched_nodes: int | None = None) -> "ClusterNeed":
+    def from_recipe(cls, rc: Any, kind: str, launched_nodes: int | None = None) -> ClusterNeed:
         """From a `RecipeConfig` and the device kind the run uses ("npu" | "cuda" | "cpu")."""
         trainer = rc.typed.trainer
         return cls(int(trainer.nnodes), int(trainer.n_gpus_per_node), RAY_RESOURCES[kind] or "CPU", launched_nodes)

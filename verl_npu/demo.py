@@ -94,9 +94,9 @@ def demo_data_paths() -> list[tuple[str, str, str]]:
     one val file), the files resolved against the current folder as a run would resolve them."""
     import yaml
 
+    from verl_npu.config.recipes import list_recipes
     from verl_npu.data import as_file_list
     from verl_npu.models.tiny import is_tiny_uri
-    from verl_npu.config.recipes import list_recipes
 
     pairs = []
     for info in list_recipes():
@@ -214,12 +214,12 @@ def prepare_sft_assets(rc, demo_data: bool = False) -> list[str]:
     one train and at most one val file; an existing file is never replaced."""
     import importlib
 
+    import yaml
+
     from verl_npu.config.recipes import list_recipes
     from verl_npu.config.sft import is_sft_tree
     from verl_npu.data import as_file_list
     from verl_npu.models.tiny import is_tiny_uri, materialize
-
-    import yaml
 
     data, model = rc.typed.data, str(rc.typed.model.path)
     if not is_tiny_uri(model):

@@ -128,7 +128,7 @@ def ray_start_args(kind: str, device_count: int, node_rank: int) -> list[str]:
 
 
 def ray_runtime_env(kind: str, env: MutableMapping[str, str] | None = None,
-                    threads: "ThreadPolicy | None" = None) -> dict[str, Any]:
+                    threads: ThreadPolicy | None = None) -> dict[str, Any]:
     """The Ray `runtime_env` every worker should get: `{"env_vars": {var: value}}` for each variable of
     `env_defaults(kind)`, with the driver's value (from `env`, default `os.environ`) when it has one,
     else the default. This makes workers on every node agree with the driver. With `threads` (the
@@ -221,7 +221,7 @@ def npu_stack_installed() -> bool:
         return False
 
 
-def detect_device(requested: str | None = None) -> "DeviceInfo":
+def detect_device(requested: str | None = None) -> DeviceInfo:
     """The device to run on.
 
     `requested` is `trainer.device`: None / "" / "auto" detects ("npu" if torch_npu imports and
@@ -251,7 +251,7 @@ def detect_device(requested: str | None = None) -> "DeviceInfo":
     return DeviceInfo(kind)
 
 
-def configured_device(requested: str | None) -> "DeviceInfo | None":
+def configured_device(requested: str | None) -> DeviceInfo | None:
     """The device the config checks plan for, known without importing torch (validate stays instant):
     `trainer.device` when it names a kind; for null / auto, npu when torch_npu is installed, cuda when
     an NVIDIA driver is loaded, else cpu (`run` then detects it for real). None for any other value
@@ -755,7 +755,7 @@ class DeviceInfo:
             return "flash_attention_2"
         return "eager"
 
-    def start_profiler(self, out_dir: Path, contents: Sequence[str] = ()) -> "RunningProfiler":
+    def start_profiler(self, out_dir: Path, contents: Sequence[str] = ()) -> RunningProfiler:
         """Start recording this process: torch.profiler (CPU activity, plus CUDA on cuda) on cpu /
         cuda, written as a Chrome trace `out_dir/trace.json`; torch_npu.profiler (CPU + NPU) on npu,
         written by torch_npu's trace handler into `out_dir`. `contents` adds `memory` (allocations),

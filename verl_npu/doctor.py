@@ -30,11 +30,12 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from queue import Empty
-from typing import Any, Callable
+from typing import Any
 
 from verl_npu.doctor_train import metrics_verdict, train_model, write_train_assets
 from verl_npu.doctor_versions import (
@@ -81,7 +82,7 @@ class Check:
     fix: str = ""
     data: dict[str, Any] = field(default_factory=dict)
 
-    def set(self, verdict: Verdict) -> "Check":
+    def set(self, verdict: Verdict) -> Check:
         self.status = verdict.status
         self.details.append(verdict.detail)
         self.fix = verdict.fix

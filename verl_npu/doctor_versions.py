@@ -13,8 +13,8 @@ tested with made-up versions:
 from __future__ import annotations
 
 import importlib.metadata as metadata
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name

@@ -7,14 +7,38 @@ masks, off-policy metrics, the bypass_mode loss). Look names up here: ``policy_l
 (``algorithm.reward_norm``) is ``reward_norm``."""
 
 from verl_npu.algorithms import advantage_modes, policy_loss_modes, rollout_correction  # noqa: F401 - registers
+from verl_npu.algorithms.core import (  # noqa: F401 - the package's face
+    ADVANTAGE_ESTIMATORS,
+    GRPO_EPS,
+    KL_KINDS,
+    LOG_RATIO_CLAMP,
+    LOSS_AGG_MODES,
+    LOW_VAR_KL_CLAMP,
+    POLICY_LOSSES,
+    WHITEN_EPS,
+    AdaptiveKLController,
+    FixedKLController,
+    agg_loss,
+    apply_kl_in_reward,
+    clipped_value_loss,
+    compute_advantages,
+    kl_penalty,
+    last_trained_token,
+    make_kl_controller,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    policy_loss_fn,
+    ppo_policy_loss,
+    scores_on_last_token,
+)
 from verl_npu.algorithms.reward_norm import apply_reward_norm, normalize_scores  # noqa: F401
 from verl_npu.algorithms.rollout_correction import (  # noqa: F401 - rollout correction (algorithm.rollout_correction)
-    RolloutCorrection, bypass_mode_policy_loss, rollout_correction as compute_rollout_correction,
-    rollout_is_weights, rollout_offpolicy_metrics, rollout_rejection_mask,
+    RolloutCorrection,
+    bypass_mode_policy_loss,
+    rollout_is_weights,
+    rollout_offpolicy_metrics,
+    rollout_rejection_mask,
 )
-from verl_npu.algorithms.core import (  # noqa: F401 - the package's face
-    ADVANTAGE_ESTIMATORS, GRPO_EPS, KL_KINDS, LOG_RATIO_CLAMP, LOSS_AGG_MODES, LOW_VAR_KL_CLAMP, POLICY_LOSSES,
-    WHITEN_EPS, AdaptiveKLController, FixedKLController, agg_loss, apply_kl_in_reward, clipped_value_loss,
-    compute_advantages, kl_penalty, last_trained_token, make_kl_controller, masked_mean, masked_sum, masked_var,
-    masked_whiten, policy_loss_fn, ppo_policy_loss, scores_on_last_token,
-)
+from verl_npu.algorithms.rollout_correction import rollout_correction as compute_rollout_correction  # noqa: F401

@@ -21,9 +21,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 
-from verl_npu.algorithms.core import (
-    GRPO_EPS, _groups, _sequence_scores, grpo_advantage, masked_whiten,
-)
+from verl_npu.algorithms.core import GRPO_EPS, _groups, _sequence_scores, grpo_advantage, masked_whiten
 from verl_npu.errors import UserError
 from verl_npu.registry import ADVANTAGE_ESTIMATORS
 

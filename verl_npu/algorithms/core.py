@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from verl_npu.errors import UserError
 from verl_npu import registry
+from verl_npu.errors import UserError
 
 GRPO_EPS = 1e-6
 WHITEN_EPS = 1e-8

@@ -27,7 +27,11 @@ import torch
 from verl_npu.algorithms.core import agg_loss, masked_mean, ppo_policy_loss
 from verl_npu.registry import POLICY_LOSSES
 from verl_npu.rollout_corrections import (
-    ROLLOUT_IS_LEVELS, TOKEN_RS_OPTIONS, parse_is_threshold, parse_rs_options, parse_rs_thresholds,
+    ROLLOUT_IS_LEVELS,
+    TOKEN_RS_OPTIONS,
+    parse_is_threshold,
+    parse_rs_options,
+    parse_rs_thresholds,
 )
 
 SAFETY_BOUND = 20.0

@@ -41,12 +41,18 @@ function; tests/test_config_compat.py checks it, and imports each module fresh i
 """
 
 from verl_npu.config.loader import (
-    Derived, RecipeConfig, describe_key, expand_key, load_recipe, parse_override, parse_value,
+    Derived,
+    RecipeConfig,
+    describe_key,
+    expand_key,
+    load_recipe,
+    parse_override,
+    parse_value,
 )
-from verl_npu.config.schema_verl import ALIASES, REFUSED_SUBTREES, VERL_ONLY
 from verl_npu.config.paths import check_paths
 from verl_npu.config.rules import RULES
 from verl_npu.config.schema import DEPRECATED, REQUIRED, SCHEMA, UNSUPPORTED_PREFIXES, Key
+from verl_npu.config.schema_verl import ALIASES, REFUSED_SUBTREES, VERL_ONLY
 
 
 def find_key(name: str) -> Key | None:

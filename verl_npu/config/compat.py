@@ -13,9 +13,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_npu.config.schema import DICT, DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
+from verl_npu.config.schema import (
+    DEPRECATED,
+    DEPRECATED_MAPPED,
+    DEPRECATED_WARN_ONLY,
+    DICT,
+    SCHEMA,
+    UNSUPPORTED_PREFIXES,
+    Key,
+)
 from verl_npu.config.schema_verl import (
-    ALIASES, OLDER_VERL, READ_WITH_PLUS, REFUSED_SUBTREES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
+    ALIASES,
+    OLDER_VERL,
+    READ_WITH_PLUS,
+    REFUSED_SUBTREES,
+    TARGET_NOOP,
+    VERL_ONLY,
+    is_target,
+    refused_subtree,
 )
 from verl_npu.config.tree import expand_key, scalar
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, cast
+from typing import Any, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -23,17 +24,32 @@ from omegaconf import DictConfig, OmegaConf
 from verl_npu.config import derive as _derive
 from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
-from verl_npu.config.sections import BackendConfigSection
 from verl_npu.config.schema import (
-    DEPRECATED, DEPRECATED_CKPT, DEPRECATED_MICRO, DEPRECATED_RENAMED, DICT, SCHEMA, STR_LIST, TOP_LEVEL,
-    UNSUPPORTED_PREFIXES, VERL_SECTIONS, Key, defaults_tree, free_form_owner,
+    DEPRECATED,
+    DEPRECATED_CKPT,
+    DEPRECATED_MICRO,
+    DEPRECATED_RENAMED,
+    DICT,
+    SCHEMA,
+    STR_LIST,
+    TOP_LEVEL,
+    UNSUPPORTED_PREFIXES,
+    VERL_SECTIONS,
+    Key,
+    defaults_tree,
+    free_form_owner,
 )
 from verl_npu.config.schema_verl import (
-    ALIASES, EXTRA_VERL_SECTIONS, WARN_ALIASES, TARGET_NOOP, VERL_ONLY, is_target, refused_subtree,
+    ALIASES,
+    EXTRA_VERL_SECTIONS,
+    TARGET_NOOP,
+    VERL_ONLY,
+    WARN_ALIASES,
+    is_target,
+    refused_subtree,
 )
-from verl_npu.config.tree import (
-    BC, expand_key, flatten, known_section, read_yaml_file, scalar, set_path,
-)
+from verl_npu.config.sections import BackendConfigSection
+from verl_npu.config.tree import BC, expand_key, flatten, known_section, read_yaml_file, scalar, set_path
 from verl_npu.errors import ConfigErrors, Problem, UserError
 
 
@@ -257,7 +273,7 @@ class _Sorted:
     ignored: dict[str, Any] = field(default_factory=dict)      # unknown keys added with `+`: ignored, with a warning
     problems: list[Problem] = field(default_factory=list)
 
-    def update(self, other: "_Sorted") -> None:
+    def update(self, other: _Sorted) -> None:
         for target in other.accepted:      # a later source replaces an earlier one, alias or not
             self.alias_of.pop(target, None)
         self.accepted.update(other.accepted)

@@ -13,18 +13,27 @@ import functools
 import os
 import re
 import socket
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from verl_npu.config import (  # noqa: F401 - register their rules
-    rules_async, rules_dapo, rules_distill, rules_multiturn, rules_profiler, rules_reward_norm, rules_roles, rules_rollout_corr,
+    rules_async,
+    rules_dapo,
+    rules_distill,
+    rules_multiturn,
+    rules_profiler,
+    rules_reward_norm,
+    rules_roles,
+    rules_rollout_corr,
 )
 from verl_npu.config.class_check import class_problems
 from verl_npu.config.row_files import row_file_problem
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
 from verl_npu.registry import ROLES, RoleSpec
+
 
 def _role_needed(spec: RoleSpec, cfg: Any) -> bool:
     return spec.needed(cfg["backend_config"])

@@ -7,7 +7,14 @@ Regenerate with:  python -m verl_npu.config.reference > docs/config_reference.md
 from __future__ import annotations
 
 from verl_npu.config.rules import RULES, range_text
-from verl_npu.config.schema import DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES, Key
+from verl_npu.config.schema import (
+    DEPRECATED,
+    DEPRECATED_MAPPED,
+    DEPRECATED_WARN_ONLY,
+    SCHEMA,
+    UNSUPPORTED_PREFIXES,
+    Key,
+)
 from verl_npu.config.tree import scalar as _scalar
 
 

@@ -12,19 +12,43 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, cast
+from typing import Any, cast
 
 from omegaconf import DictConfig
 
 from verl_npu.config.modelinfo import model_heads, model_length_limit
 from verl_npu.config.schema import (
-    BOOL, DEPRECATED_WARN_ONLY, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, SCHEMA, STR, STR_LIST,
-    STR_OR_LIST, TP_SIZES, Key,
+    BOOL,
+    DEPRECATED_WARN_ONLY,
+    DICT,
+    FLOAT,
+    FLOAT_LIST,
+    FLOAT_OR_STR,
+    INT,
+    INT_LIST,
+    SCHEMA,
+    STR,
+    STR_LIST,
+    STR_OR_LIST,
+    TP_SIZES,
+    Key,
 )
 from verl_npu.config.tree import (
-    ACTOR, ALGO, BC, DATA, REF, ROLL, TRAINER, SkipRule, get, get_unless_bad, is_placeholder, scalar,
+    ACTOR,
+    ALGO,
+    BC,
+    DATA,
+    REF,
+    ROLL,
+    TRAINER,
+    SkipRule,
+    get,
+    get_unless_bad,
+    is_placeholder,
+    scalar,
 )
 from verl_npu.errors import Problem
 from verl_npu.registry import ADVANTAGE_ESTIMATORS, METRIC_SINKS, ROLLOUT_ENGINES, estimator_spec, registry_of

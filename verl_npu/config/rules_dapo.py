@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.registry import REWARD_MANAGERS
 from verl_npu.config.rules import _WORLD, Ctx, _rule, rollout_groups
 from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, ROLL
 from verl_npu.errors import Problem
+from verl_npu.registry import REWARD_MANAGERS
 
 FG = ALGO + "filter_groups."
 RK = BC + "reward_model.reward_kwargs."

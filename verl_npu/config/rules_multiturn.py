@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.registry import ROLLOUT_ENGINES, image_engines
 from verl_npu.config.rules import ROLL, Ctx, _rule
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
+from verl_npu.registry import ROLLOUT_ENGINES, image_engines
 from verl_npu.tool_registry import IMAGE_TOOLS, read_tool_config
 
 MT = ROLL + "multi_turn."

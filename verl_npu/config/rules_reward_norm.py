@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.registry import estimator_spec
 from verl_npu.config.rules import Ctx, _rule
 from verl_npu.config.tree import ACTOR, ALGO, ROLL
 from verl_npu.errors import Problem
+from verl_npu.registry import estimator_spec
 
 RN = ALGO + "reward_norm."
 

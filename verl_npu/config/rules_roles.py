@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.registry import POLICY_LOSSES
 from verl_npu.config.rules import _LENS, _WORLD, Ctx, _rule
 from verl_npu.config.tree import BC
 from verl_npu.errors import Problem
+from verl_npu.registry import POLICY_LOSSES
 
 RM = BC + "reward_model."
 

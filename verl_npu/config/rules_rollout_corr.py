@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.registry import POLICY_LOSSES
 from verl_npu.config.rules import Ctx, _rule
 from verl_npu.config.tree import ACTOR, ALGO, BC, ROLL
 from verl_npu.errors import Problem
+from verl_npu.registry import POLICY_LOSSES
 from verl_npu.rollout_corrections import parse_is_threshold, parse_rs_options, parse_rs_thresholds
 
 RC = ALGO + "rollout_correction."

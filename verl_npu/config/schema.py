@@ -16,14 +16,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_npu.config.schema_multiturn import KEYS as MULTI_TURN_KEYS   # plain data, imports nothing
-from verl_npu.registry import (   # specs read from the implementations' source: nothing heavy is imported
-    ADVANTAGE_ESTIMATORS, METRIC_SINKS, POLICY_LOSSES, RENAMED_LOGGERS, REWARD_MANAGERS, ROLLOUT_ENGINES,
-)
-
 from verl_npu.config import schema_algorithm, schema_async, schema_distill
 from verl_npu.config.key import (  # noqa: F401 - the schema's face: Key and the type names
-    BOOL, DICT, FLOAT, FLOAT_LIST, FLOAT_OR_STR, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key,
+    BOOL,
+    DICT,
+    FLOAT,
+    FLOAT_LIST,
+    FLOAT_OR_STR,
+    INT,
+    INT_LIST,
+    STR,
+    STR_LIST,
+    STR_OR_LIST,
+    Key,
+)
+from verl_npu.config.schema_multiturn import KEYS as MULTI_TURN_KEYS  # plain data, imports nothing
+from verl_npu.registry import (  # specs read from the implementations' source: nothing heavy is imported
+    ADVANTAGE_ESTIMATORS,
+    METRIC_SINKS,
+    POLICY_LOSSES,
+    RENAMED_LOGGERS,
+    REWARD_MANAGERS,
+    ROLLOUT_ENGINES,
 )
 
 #: first segments of verl's own config; `data.x=1` on the command line means `backend_config.data.x=1`.

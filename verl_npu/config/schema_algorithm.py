@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_npu.config.key import BOOL, FLOAT, FLOAT_OR_STR, STR, Key
-from verl_npu.rollout_corrections import BYPASS_LOSS_TYPES, ROLLOUT_IS_LEVELS, ROLLOUT_RS_OPTIONS   # names only
+from verl_npu.rollout_corrections import BYPASS_LOSS_TYPES, ROLLOUT_IS_LEVELS, ROLLOUT_RS_OPTIONS  # names only
 
 #: ROLL's reward normalisation (`algorithm.reward_norm.*`, a verl-npu extension; tensor code in
 #: `verl_npu.algorithms.reward_norm`): which rows are normalised together, and how.

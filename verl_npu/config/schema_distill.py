@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_npu.config.key import BOOL, DICT, FLOAT, INT, INT_LIST, STR, Key
-from verl_npu.distillation_losses import DISTILLATION_LOSS_MODES, DISTILLATION_POLICY_LOSSES   # names only
+from verl_npu.distillation_losses import DISTILLATION_LOSS_MODES, DISTILLATION_POLICY_LOSSES  # names only
 
 DI = "distillation"
 DL = f"{DI}.distillation_loss"

@@ -9,7 +9,8 @@ anything else. The leaf keys themselves are in tests/data/verl_ppo_trainer_keys.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl_npu.config import schema_distill
 from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, INT_LIST, STR, STR_LIST

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 ROOT = "backend_config"
 #: full section path -> its class (filled by verl_npu.config.typed)
@@ -87,7 +87,7 @@ class Section:
         """Plain nested dicts and lists (what a YAML or JSON writer, or `OmegaConf.create`, takes)."""
         return {k: plain(v) for k, v in self.items()}
 
-    def replace(self, **changes: Any) -> "Section":
+    def replace(self, **changes: Any) -> Section:
         """A copy with `changes` (keys of this section), checked and converted as `section` does."""
         tree = self.to_dict()
         tree.update(changes)

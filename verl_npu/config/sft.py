@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from verl_npu.config.key import BOOL, DICT, FLOAT, FLOAT_LIST, INT, STR, STR_LIST, STR_OR_LIST, Key
 from verl_npu.config.loader import DELETE, parse_value
 from verl_npu.config.sft_schema import (  # noqa: F401 - is_sft_tree: this module's face too
-    BC, EPOCH_FREQ, EPOCH_FREQ_KEYS, KEYS, LEGACY, LEGACY_REFUSED, NOOP_SECTIONS, SECTIONS, defaults_tree, is_sft_tree,
+    BC,
+    EPOCH_FREQ,
+    EPOCH_FREQ_KEYS,
+    KEYS,
+    LEGACY,
+    LEGACY_REFUSED,
+    NOOP_SECTIONS,
+    SECTIONS,
+    defaults_tree,
+    is_sft_tree,
 )
 from verl_npu.config.tree import is_placeholder, read_yaml_file, set_path
 from verl_npu.errors import ConfigErrors, Problem, UserError

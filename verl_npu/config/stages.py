@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from verl_npu.config.tree import read_yaml_file
 from verl_npu.errors import ConfigErrors, Problem, UserError

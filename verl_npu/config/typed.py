@@ -32,15 +32,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, cast
 
+from verl_npu.config import section_base
+from verl_npu.config import sections as generated  # the section classes, generated from the schema
 from verl_npu.config.key import BOOL, DICT, FLOAT, FLOAT_LIST, INT, INT_LIST, STR, STR_LIST, STR_OR_LIST, Key
 from verl_npu.config.schema import SCHEMA, VERL_SECTIONS
 from verl_npu.config.schema_verl import REFUSED_SUBTREES, VERL_ONLY
-from verl_npu.config import section_base
-from verl_npu.config import sections as generated   # the section classes, generated from the schema
-from verl_npu.config.section_base import (  # noqa: F401 - the sections' face
-    ROOT, SECTIONS, ConfigKeyError, FrozenDict, Section, _short, _unknown, plain,
-)
-
+from verl_npu.config.section_base import ROOT, SECTIONS, ConfigKeyError, FrozenDict, Section, _short, _unknown, plain  # noqa: F401 - the sections' face
 
 # ------------------------------------------------------------------ generation
 _PY_TYPES = {INT: int, FLOAT: float, BOOL: bool, STR: str, DICT: FrozenDict, STR_LIST: tuple, INT_LIST: tuple,

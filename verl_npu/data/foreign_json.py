@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from verl_npu.data.geometry3k import write_rl_parquet
 from verl_npu.errors import UserError, run_command

@@ -23,8 +23,9 @@ from __future__ import annotations
 import argparse
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,7 +33,26 @@ from PIL import Image
 
 from verl_npu.data import geometry3k_multiturn, synthetic_geometry
 from verl_npu.data.prep import (  # noqa: F401 - the shared machinery, also reached through this module
-    BadRow, SourceSplit, PROMPT_TYPE, IMAGES_TYPE, REWARD_MODEL_TYPE, EXTRA_INFO_TYPE, local_splits, hub_splits, source_splits, memory_splits, synthetic_splits, rl_schema, write_rl_parquet, PrepResult, convert_splits, existing_outputs, run_cli, prep_parser, dry_run_plan, prep_main,
+    EXTRA_INFO_TYPE,
+    IMAGES_TYPE,
+    PROMPT_TYPE,
+    REWARD_MODEL_TYPE,
+    BadRow,
+    PrepResult,
+    SourceSplit,
+    convert_splits,
+    dry_run_plan,
+    existing_outputs,
+    hub_splits,
+    local_splits,
+    memory_splits,
+    prep_main,
+    prep_parser,
+    rl_schema,
+    run_cli,
+    source_splits,
+    synthetic_splits,
+    write_rl_parquet,
 )
 
 HUB_ID = "hiyouga/geometry3k"

@@ -22,14 +22,7 @@ import argparse
 import os
 
 from verl_npu.data import synthetic_arithmetic
-from verl_npu.data.prep import (
-    BadRow,
-    convert_splits,
-    prep_main,
-    prep_parser,
-    source_splits,
-    synthetic_splits,
-)
+from verl_npu.data.prep import BadRow, convert_splits, prep_main, prep_parser, source_splits, synthetic_splits
 
 HUB_ID = "openai/gsm8k"
 HUB_CONFIG = "main"

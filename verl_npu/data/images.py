@@ -15,7 +15,7 @@ class ImageResizer:
     max_pixels: int | None
 
     @classmethod
-    def of(cls, image_processor, min_pixels: int | None = None, max_pixels: int | None = None) -> "ImageResizer":
+    def of(cls, image_processor, min_pixels: int | None = None, max_pixels: int | None = None) -> ImageResizer:
         """The image processor's factor and pixel limits; `min_pixels` / `max_pixels` (data settings) win."""
         merge = int(getattr(image_processor, "merge_size", 2))
         size = getattr(image_processor, "size", None) or {}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch

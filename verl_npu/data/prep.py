@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -275,7 +275,7 @@ class PrepResult:
         return {**self.paths, "paths": self.paths, "rows": self.rows, "images": self.images, "skipped": self.skipped}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PrepResult":
+    def from_dict(cls, d: dict) -> PrepResult:
         return cls(d["paths"], d["rows"], d["images"], d["skipped"])
 
     def summary(self) -> str:

@@ -3,7 +3,7 @@ the loader's verdict (exit 0 when the recipe validates, 1 when it does not or no
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from verl_npu.importers import import_to
 from verl_npu.importers.output import table_text

@@ -16,8 +16,9 @@ arithmetic they came from; `recipe_yaml` writes them as comments beside each val
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 MAPPED, DEFAULT, NOT_MAPPED = "mapped", "default", "not mapped"
 #: `1e-6`: YAML 1.1 (PyYAML) reads it as text, OmegaConf and YAML 1.2 as a number, as both systems do

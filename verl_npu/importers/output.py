@@ -34,7 +34,7 @@ class ImportResult:
     validated: bool = False
 
     @classmethod
-    def from_ledger(cls, ledger: Ledger, source: Path, refused: str = "") -> "ImportResult":
+    def from_ledger(cls, ledger: Ledger, source: Path, refused: str = "") -> ImportResult:
         return cls(ledger.system, source, ledger.finish(), dict(ledger.recipe), dict(ledger.origin),
                    list(ledger.notes), refused, dict(ledger.extra_files))
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from verl_npu.registry import ROLLOUT_ENGINES
 from verl_npu.memory import plan as mp
 from verl_npu.memory.plan import ModelSize, Part, Phase, Plan
+from verl_npu.registry import ROLLOUT_ENGINES
 
 if TYPE_CHECKING:
     from verl_npu.config import RecipeConfig

@@ -28,6 +28,7 @@ from verl_npu.models.fused_logprobs import compiled_log_probs_entropy, fused_hea
 from verl_npu.models.shared_prompt import prompt_groups, shared_prompt_layout
 from verl_npu.models.varlen import packed_attention
 
+
 def vision_marker_ids(config) -> list[int]:
     """Image/video marker tokens: a response must never contain them (the model would look for
     pixels behind them), so engines forbid sampling them."""
@@ -47,7 +48,7 @@ class VisionTokens:
     video_token_id: int | None
 
     @classmethod
-    def of(cls, model) -> "VisionTokens":
+    def of(cls, model) -> VisionTokens:
         cfg = model.config
         return cls(getattr(cfg, "image_token_id", None), getattr(cfg, "video_token_id", None))
 
@@ -361,7 +362,7 @@ def _takes_logits_to_keep(model) -> bool:
     return _forward_takes(type(model), "logits_to_keep")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_takes(cls, name: str) -> bool:
     return name in inspect.signature(cls.forward).parameters
 

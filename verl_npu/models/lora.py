@@ -15,9 +15,8 @@ Face export writes those merged weights plus the adapter as a peft folder (`save
 from __future__ import annotations
 
 import sys
-
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 

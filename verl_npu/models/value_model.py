@@ -26,8 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_npu.models.loading import apply_override_config, is_vision_language, load_config
-from verl_npu.models.loading import enable_activation_checkpointing, load_policy_model, resolve_model_path
+from verl_npu.models.loading import (
+    apply_override_config,
+    enable_activation_checkpointing,
+    is_vision_language,
+    load_config,
+    load_policy_model,
+    resolve_model_path,
+)
 
 log = logging.getLogger("verl_npu")
 

@@ -23,8 +23,8 @@ grouped-query heads (k/v heads shared by num_heads / num_kv_heads query heads).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

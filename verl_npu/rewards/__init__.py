@@ -41,8 +41,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from verl_npu.config.typed import defaults, section
 from verl_npu.errors import UserError

@@ -67,9 +67,9 @@ from verl_npu.config.typed import section
 from verl_npu.errors import UserError
 from verl_npu.models.forward import merge_multi_modal_inputs
 from verl_npu.rollout import interaction_turns
-from verl_npu.rollout.image_turns import ImageTurns, short_text
 from verl_npu.rollout.base import SamplingParams, attach_responses
 from verl_npu.rollout.decode import PerRowSampler, decode, forward_device, greedy_pick
+from verl_npu.rollout.image_turns import ImageTurns, short_text
 from verl_npu.rollout.requests import prompt_seed
 from verl_npu.rollout.tool_calls import ToolCall, ToolHealth, parse_hermes
 from verl_npu.tools.base import ToolResponse
@@ -194,14 +194,14 @@ class TurnBackend:
     #: but its first, which take over the first rank's trajectories at the next `sync` instead
     runs_tools: bool = True
 
-    def sync(self, trajectories: list["Trajectory"]) -> None:
+    def sync(self, trajectories: list[Trajectory]) -> None:
         """Make the ranks that must agree on the batch hold the same trajectories (before each round)."""
 
     def fail(self, error: BaseException) -> None:
         """This rank's loop raised `error` (before its batch was done): make the ranks that `sync` keeps in
         step with it raise too, instead of waiting for it."""
 
-    def next_turns(self, active: list["Trajectory"], params: SamplingParams, budget: int,
+    def next_turns(self, active: list[Trajectory], params: SamplingParams, budget: int,
                    record: bool) -> list[tuple[list[int], list[float] | None]] | None:
         """One (new token ids, their log-probs or None) per trajectory of `active`, in its order: the
         sampled turn up to and including its end-of-turn token, at most `turn_room(t, budget)` tokens.
@@ -215,7 +215,7 @@ class HFTurns(TurnBackend):
     rounds and decode steps as the busiest rank, a rank whose trajectories are done decoding a stand-in row,
     so the collectives of the sharded forwards stay in step."""
 
-    def __init__(self, loop: "AgentLoop"):
+    def __init__(self, loop: AgentLoop):
         self.loop = loop  # the module, ids, seed, pick_factory and synced flag are the loop's
 
     def next_turns(self, active, params, budget, record):
@@ -268,7 +268,7 @@ class HFTurns(TurnBackend):
                                                     tokenize=False, add_generation_prompt=True)
         return images.encode(text, [images.resize(Image.new("RGB", (images.factor, images.factor)))])
 
-    def _decode(self, active: list["Trajectory"], params: SamplingParams, budget: int, record: bool,
+    def _decode(self, active: list[Trajectory], params: SamplingParams, budget: int, record: bool,
                 steps: int) -> list[tuple[list[int], list[float] | None]]:
         loop = self.loop
         device = loop.torch_device()

@@ -9,8 +9,8 @@ samples of prompt i are rows i*n .. i*n + n - 1.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
@@ -34,15 +34,15 @@ class SamplingParams:
         return (not self.do_sample) or self.temperature <= 0
 
     @classmethod
-    def for_training(cls, rollout_cfg) -> "SamplingParams":
+    def for_training(cls, rollout_cfg) -> SamplingParams:
         return cls._of(rollout_cfg, rollout_cfg)
 
     @classmethod
-    def for_validation(cls, rollout_cfg) -> "SamplingParams":
+    def for_validation(cls, rollout_cfg) -> SamplingParams:
         return cls._of(rollout_cfg.val_kwargs, rollout_cfg)
 
     @classmethod
-    def _of(cls, sampling, rollout_cfg) -> "SamplingParams":
+    def _of(cls, sampling, rollout_cfg) -> SamplingParams:
         """n / temperature / top_k / top_p / do_sample from `sampling`, the length and EOS rule from `rollout_cfg`."""
         return cls(n=int(sampling.n), temperature=float(sampling.temperature), top_k=int(sampling.top_k),
                    top_p=float(sampling.top_p), do_sample=bool(sampling.do_sample),
@@ -55,7 +55,7 @@ class RolloutEngine(ABC):
     @classmethod
     @abstractmethod
     def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
-                    weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> "RolloutEngine":
+                    weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> RolloutEngine:
         """The engine for this rank: `module` is the actor (FSDP2-sharded with several workers),
         `cfg` the typed backend_config section (`verl_npu.config.typed`; a dict or OmegaConf node is
         read as that section, its missing keys at the schema's defaults); `rank` / `world_size` place

@@ -39,7 +39,7 @@ vision-language model):
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -47,8 +47,8 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 from transformers.cache_utils import DynamicLayer
 
 from verl_npu.models.forward import VisionTokens, mm_token_type_ids, rope_positions
-from verl_npu.rollout.decode_step import DecodeStep
 from verl_npu.rollout.base import SamplingParams
+from verl_npu.rollout.decode_step import DecodeStep
 
 #: picks the next token of every row: (float32 scores [rows, vocab], new-token index t) -> [rows]
 Pick = Callable[[torch.Tensor, int], torch.Tensor]

@@ -30,8 +30,8 @@ module the step skips, hub kernels, or a wrapped module (FSDP and peft change th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -106,7 +106,7 @@ class _OwnLayer:
     scaling: float
 
     @classmethod
-    def of(cls, layer, cache) -> "_OwnLayer":
+    def of(cls, layer, cache) -> _OwnLayer:
         attn, mlp = layer.self_attn, layer.mlp
         norms = [(n.weight, n.variance_epsilon) for n in (layer.input_layernorm, layer.post_attention_layernorm)]
         linears = [(m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
@@ -140,7 +140,7 @@ class DecodeStep:
 
     @classmethod
     def build(cls, module, cache, cache_name: str, full_mask: torch.Tensor, width: int,
-              new_positions: torch.Tensor, cache_in_place: bool) -> "DecodeStep | None":
+              new_positions: torch.Tensor, cache_in_place: bool) -> DecodeStep | None:
         """The step for `module`, or None where the loop must call the model (see the module docstring).
         `cache`: the prefilled KV cache; `full_mask` [rows, all keys]: the 2-D attention mask of the whole
         decode; `width`: the prompt's width; `new_positions`: the position ids of the new tokens ([rows, T], or

@@ -34,14 +34,9 @@ import torch.nn.functional as F
 from verl_npu.batch import Batch, trim_left_padding
 from verl_npu.config.typed import ROOT, section
 from verl_npu.models.forward import merge_multi_modal_inputs, vision_marker_ids
-from verl_npu.rollout.base import (
-    RolloutEngine,
-    SamplingParams,
-    finish_rollout,
-    stop_and_pad_ids,
-)
-from verl_npu.rollout.decode import PerRowSampler, decode, forward_device, greedy_pick
 from verl_npu.registry import ROLLOUT_ENGINES
+from verl_npu.rollout.base import RolloutEngine, SamplingParams, finish_rollout, stop_and_pad_ids
+from verl_npu.rollout.decode import PerRowSampler, decode, forward_device, greedy_pick
 from verl_npu.rollout.requests import prompt_seed
 
 
@@ -65,7 +60,7 @@ class HFRollout(RolloutEngine):
 
     @classmethod
     def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
-                    weights=None) -> "HFRollout":
+                    weights=None) -> HFRollout:
         # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above);
         # the engine samples from `module` itself, so it never reads `weights`
         cfg = section(ROOT, cfg)

@@ -9,7 +9,8 @@ per-request completions become right-padded response / log-prob tensors in our r
 from __future__ import annotations
 
 import zlib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 

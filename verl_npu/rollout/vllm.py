@@ -48,8 +48,9 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -57,13 +58,8 @@ from verl_npu.batch import Batch
 from verl_npu.config.typed import ROOT, plain, section
 from verl_npu.errors import UserError
 from verl_npu.models.forward import vision_marker_ids
-from verl_npu.rollout.base import (
-    ROLLOUT_DTYPES,
-    RolloutEngine,
-    SamplingParams,
-    finish_rollout,
-    stop_and_pad_ids,
-)
+from verl_npu.registry import ROLLOUT_ENGINES
+from verl_npu.rollout.base import ROLLOUT_DTYPES, RolloutEngine, SamplingParams, finish_rollout, stop_and_pad_ids
 from verl_npu.rollout.requests import (
     prompt_seed,
     request_outputs_to_samples,
@@ -72,7 +68,6 @@ from verl_npu.rollout.requests import (
     sampling_kwargs,
     token_prompts,
 )
-from verl_npu.registry import ROLLOUT_ENGINES
 
 log = logging.getLogger("verl_npu")
 
@@ -393,7 +388,7 @@ class VLLMRollout(RolloutEngine):
 
     @classmethod
     def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
-                    weights=None) -> "VLLMRollout":
+                    weights=None) -> VLLMRollout:
         cfg = section(ROOT, cfg)
         engine = cls(module, tokenizer, processor, cfg, rank=rank, world_size=world_size, device=device,
                      weights=weights)

@@ -45,7 +45,7 @@ class OpenAIFunctionToolSchema(_Node):
     "parameters"}}), read as attributes (`schema.function.name`) like verl's class of this name."""
 
     @classmethod
-    def model_validate(cls, data: dict) -> "OpenAIFunctionToolSchema":
+    def model_validate(cls, data: dict) -> OpenAIFunctionToolSchema:
         if isinstance(data, cls):
             return data
         return cls(copy.deepcopy(dict(data)))

@@ -33,10 +33,11 @@ import inspect
 import json
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import util as importlib_util
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from verl_npu.errors import UserError
 from verl_npu.tools.base import BaseTool, ToolResponse

@@ -103,7 +103,8 @@ def load_tools(path: str | os.PathLike | None, function_tool_path: str | os.Path
             raise UserError(f"{entry.where}: the tool name {tool.name!r} is used twice; tool names must be unique")
         tools[tool.name] = tool
     if function_tool_path:
-        from verl_npu.tools.function_tool import KEY as FUNCTION_KEY, load_function_tools
+        from verl_npu.tools.function_tool import KEY as FUNCTION_KEY
+        from verl_npu.tools.function_tool import load_function_tools
 
         functions = load_function_tools(function_tool_path)
         both = sorted(set(functions) & set(tools))

@@ -108,7 +108,7 @@ def post_json(url: str, payload: dict, timeout: float) -> Any:
         detail = err.read()[:300].decode(errors="replace").strip()
         raise SearchFailed(f"the retrieval server answered HTTP {err.code}" + (f": {detail}" if detail else ""),
                            retry=err.code >= 500) from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise SearchFailed(f"no answer from {url} within {timeout:g} s", retry=True) from None
     except (urllib.error.URLError, ConnectionError, OSError) as err:
         reason = getattr(err, "reason", err)

@@ -40,14 +40,12 @@ import re
 import shutil
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from verl_npu.errors import UserError, is_disk_full
-from verl_npu.trainer.runlock import pid_alive
-from verl_npu.trainer.verl_resume import is_verl_checkpoint
 from verl_npu.trainer.ckpt_files import (  # noqa: F401 - re-exported: the checkpoint API in one place
     _STEP_DIR_RE,
     LEGACY_TRAINER_STATE_FILE,
@@ -61,6 +59,8 @@ from verl_npu.trainer.ckpt_files import (  # noqa: F401 - re-exported: the check
     save_trainer_state,
     step_of,
 )
+from verl_npu.trainer.runlock import pid_alive
+from verl_npu.trainer.verl_resume import is_verl_checkpoint
 from verl_npu.workers.torch_files import UnsafeCheckpointFile, load_torch, save_torch  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)

@@ -101,7 +101,7 @@ class DynamicSampler:
     max_num_gen_batches: int
 
     @classmethod
-    def from_config(cls, cfg) -> "DynamicSampler | None":
+    def from_config(cls, cfg) -> DynamicSampler | None:
         """The sampler of `cfg` (the typed backend config), or None without algorithm.filter_groups.enable
         (the config's rules make `metric` set whenever it is enabled)."""
         fg = cfg.algorithm.filter_groups

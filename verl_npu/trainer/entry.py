@@ -105,8 +105,8 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.device import apply_env_defaults, detect_device, set_torch_threads
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
-    from verl_npu.trainer.checkpoint import CheckpointManager
     from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout
+    from verl_npu.trainer.checkpoint import CheckpointManager
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.preempt import Preempted
     from verl_npu.trainer.tracking import Tracker, keep_aside, setup_run_logging

@@ -33,7 +33,7 @@ from verl_npu.registry import METRIC_SINKS
 log = logging.getLogger("verl_npu")
 
 
-def open_sink(name: str, out_dir: Path, project: str, experiment: str, config: dict) -> "Sink":
+def open_sink(name: str, out_dir: Path, project: str, experiment: str, config: dict) -> Sink:
     """Start tracker sink `name` (a run in its library); a missing library is a clear error."""
     problem = METRIC_SINKS.spec(name).missing_library()
     if problem:

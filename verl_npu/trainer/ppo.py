@@ -35,22 +35,31 @@ from verl_npu import algorithms
 from verl_npu.batch import Batch
 from verl_npu.config import RecipeConfig
 from verl_npu.config.sections import BackendConfigSection
+from verl_npu.errors import UserError
 from verl_npu.registry import ADVANTAGE_ESTIMATORS, REWARD_MANAGERS, ROLES, ROLLOUT_ENGINES, role_with_method
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.trainer import preempt
 from verl_npu.trainer.checkpoint import (
-    TRAINER_STATE_FILE, CheckpointManager, load_rng_state, load_trainer_state, save_rng_state, save_trainer_state,
+    TRAINER_STATE_FILE,
+    CheckpointManager,
+    load_rng_state,
+    load_trainer_state,
+    save_rng_state,
+    save_trainer_state,
 )
-from verl_npu.errors import UserError
 from verl_npu.trainer.dynamic_sampling import DynamicSampler
-from verl_npu.trainer.profiling import StepProfiling
-from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.trainer.metrics import (
-    data_metrics, multi_turn_metrics, rollout_probs_diff_metrics, timed, timing_metrics,
+    data_metrics,
+    multi_turn_metrics,
+    rollout_probs_diff_metrics,
+    timed,
+    timing_metrics,
     variance_proxy_metrics,
 )
+from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.readable import quoted_sample, readable_text
 from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
+from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.workers.actor import OldLogProbs, needs_reference
 from verl_npu.workers.balance import balance_for_ranks
 from verl_npu.workers.engine import TrainResult

@@ -122,7 +122,7 @@ class RunLock:
             raise UserError(f"af_output_dir {self.folder}: cannot create the folder ({exc.strerror}). Give "
                             "af_output_dir a place this user may write (or fix its permissions)") from None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             import fcntl
         except ImportError:  # not a POSIX system: the pid check alone decides
@@ -206,7 +206,7 @@ class RunLock:
         finally:
             os.close(fd)
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

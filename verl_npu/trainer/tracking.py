@@ -12,8 +12,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from verl_npu.registry import METRIC_SINKS
 from verl_npu.trainer.loggers import open_sink
@@ -279,7 +280,7 @@ class Tracker:
             except Exception as exc:  # noqa: BLE001 - one tracker failing to finish must not hide the others
                 logger.warning("closing the %s logger failed: %s", type(sink).__name__, exc)
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from verl_npu import algorithms
-from verl_npu.registry import POLICY_LOSSES, ROLES, ROLLOUT_ENGINES
 from verl_npu.batch import Batch, reads
 from verl_npu.errors import UserError
 from verl_npu.models import lora
 from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
+from verl_npu.registry import POLICY_LOSSES, ROLES, ROLLOUT_ENGINES
 from verl_npu.rollout.base import ROLLOUT_DTYPES, RolloutEngine, SamplingParams
 from verl_npu.workers import distillation, parallel
 from verl_npu.workers.engine import TrainingEngine, TrainResult, micro_batching

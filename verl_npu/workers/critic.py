@@ -18,16 +18,17 @@ row, and with `critic.model.use_remove_padding` the padding-free path (each shar
 
 from __future__ import annotations
 
-import torch
 from typing import TYPE_CHECKING
 
+import torch
+
 from verl_npu import algorithms
-from verl_npu.registry import ROLES
 from verl_npu.batch import Batch, reads
 from verl_npu.config.schema import CRITIC_FROM_ACTOR
 from verl_npu.models.forward import response_values
 from verl_npu.models.loading import load_tokenizer_and_processor
 from verl_npu.models.value_model import load_value_model
+from verl_npu.registry import ROLES
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
 if TYPE_CHECKING:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Iterator, TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist

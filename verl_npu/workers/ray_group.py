@@ -17,15 +17,15 @@ import logging
 import os
 import socket
 import sys
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from verl_npu.batch import Batch
 from verl_npu.errors import UserError
 from verl_npu.workers.group import WorkerGroup
 
 if TYPE_CHECKING:
-    from verl_npu.config.sections import BackendConfigSection
     from verl_npu.config import RecipeConfig
+    from verl_npu.config.sections import BackendConfigSection
 
 log = logging.getLogger("verl_npu")
 

@@ -29,13 +29,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from verl_npu import algorithms
-from verl_npu.registry import ROLES
 from verl_npu.batch import Batch, reads
 from verl_npu.config.rules_roles import VL_REWARD_MODEL, VL_REWARD_MODEL_FIX
 from verl_npu.errors import UserError
-from verl_npu.models.loading import apply_override_config, is_vision_language, load_config, load_tokenizer_and_processor
-from verl_npu.models.loading import resolve_model_path
+from verl_npu.models.loading import (
+    apply_override_config,
+    is_vision_language,
+    load_config,
+    load_tokenizer_and_processor,
+    resolve_model_path,
+)
 from verl_npu.models.tiny import is_tiny_uri
+from verl_npu.registry import ROLES
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
 if TYPE_CHECKING:

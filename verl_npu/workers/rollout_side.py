@@ -24,12 +24,7 @@ from typing import Any
 import torch
 
 from verl_npu.errors import UserError
-from verl_npu.workers.weight_transfer import (
-    WeightReceiver,
-    WeightSender,
-    free_port,
-    weights_digest,
-)
+from verl_npu.workers.weight_transfer import WeightReceiver, WeightSender, free_port, weights_digest
 
 POLL_S = 0.5
 
