@@ -474,6 +474,12 @@ def check_python(exe: str, args: list[str], redirect: str | None, ctx: Context, 
             if redirect and proc.stdout != (REPO / redirect).read_text():
                 raise CommandFailed(f"its output differs from {redirect}: regenerate the file with this command")
             return
+        if module == "verl_npu.config.sections_gen":   # the generated typed sections: the file is what it writes
+            from verl_npu.config import sections_gen
+
+            if sections_gen.render() != (REPO / "verl_npu" / "config" / "sections.py").read_text():
+                raise CommandFailed("verl_npu/config/sections.py is stale: run this command")
+            return
         if module == "verl_npu.tools.retrieval_server":
             from verl_npu.tools.retrieval_server import build_parser
 

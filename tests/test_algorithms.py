@@ -345,3 +345,19 @@ def test_masked_helpers():
     close(A.masked_whiten(x, m)[:3], torch.tensor([-1.0, 0.0, 1.0]) / math.sqrt(1 + 1e-8))
     close(A.masked_whiten(x, m, shift_mean=False)[:3], torch.tensor([1.0, 2.0, 3.0]), tol=1e-4)
     close(A.masked_mean(x, torch.zeros(4)), 0.0)
+
+
+def test_a_users_estimator_file_takes_no_registered_name(tmp_path):
+    """A user's file declaring a built-in's name (with the same function name) is reached only through its file
+    entry: the built-in under that name stays the package's own."""
+    from verl_npu.registry import ADVANTAGE_ESTIMATORS
+
+    builtin = ADVANTAGE_ESTIMATORS.load("grpo")
+    path = tmp_path / "shadow.py"
+    path.write_text("import torch\nfrom verl_npu.registry import ADVANTAGE_ESTIMATORS\n\n\n"
+                    f"@ADVANTAGE_ESTIMATORS.register('grpo', needs_group=True, doc='shadow')\n"
+                    f"def {builtin.__qualname__}(token_level_rewards, response_mask, group_ids, config, **_):\n"
+                    "    return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)\n")
+    users = ADVANTAGE_ESTIMATORS.load(f"{path}:{builtin.__qualname__}")
+    assert users is not builtin and ADVANTAGE_ESTIMATORS.load("grpo") is builtin
+    assert "grpo" in ADVANTAGE_ESTIMATORS.implementations and ADVANTAGE_ESTIMATORS.implementations["grpo"] is builtin

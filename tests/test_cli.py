@@ -157,19 +157,25 @@ def test_launcher_passes_overrides_and_needs_a_recipe(tmp_path):
     assert usage.returncode == 2 and "usage" in usage.stderr
 
 
-def test_run_keeps_sigpipe_ignored_other_verbs_restore_the_default():
-    """`run` leaves Python's SIGPIPE handling (ignored: a closed socket raises BrokenPipeError instead of
-    killing the training); the printing verbs take the default so `... | head` ends quietly."""
+def test_run_keeps_sigpipe_ignored_other_verbs_restore_the_default(monkeypatch):
+    """`run` and `sft` leave Python's SIGPIPE handling (ignored: a closed socket raises BrokenPipeError instead of
+    killing the training); the printing verbs take the default while they print, so `... | head` ends quietly,
+    and put the caller's own back when they return (a test or notebook calling main() keeps its own)."""
     import signal
 
     from verl_npu import cli as cli_module
 
     before = signal.getsignal(signal.SIGPIPE)
+    seen = []
+    real_run_command = cli_module.run_command
+    monkeypatch.setattr(cli_module, "run_command",
+                        lambda fn: seen.append(signal.getsignal(signal.SIGPIPE)) or real_run_command(fn))
     try:
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         assert cli_module.main(["run", "no_such_recipe_xyz"]) != 0  # refused fast: no recipe of that name
-        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
+        assert cli_module.main(["sft", "no_such_recipe_xyz"]) != 0
         assert cli_module.main(["list"]) == 0
-        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL
+        assert seen == [signal.SIG_IGN, signal.SIG_IGN, signal.SIG_DFL]
+        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN   # the caller's own, put back
     finally:
         signal.signal(signal.SIGPIPE, before)

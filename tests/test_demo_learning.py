@@ -17,7 +17,9 @@ from verl_npu.data.geometry3k import prepare_synthetic
 from verl_npu.rewards.synthetic_geometry import BLIND_BEST_SCORE
 from verl_npu.trainer.entry import run_training
 
-STEPS = 80
+#: 80 steps was at the edge: on the AMD EPYC machines CI runs on now, this seed's held-out accuracy is 0.25 at
+#: step 80 and 0.75 from step 100 on (probed every 20 steps to 160); 120 leaves a margin on either side
+STEPS = 120
 #: blind accuracy is at most 0.25; the greedy policy must beat it by this much on held-out pictures
 MARGIN = 0.15
 

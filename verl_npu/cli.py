@@ -547,9 +547,15 @@ def main(argv: list[str] | None = None) -> int:
     # `verl-npu show x | head` ends quietly, like any Unix tool. Not for `run`: with the default action
     # a write to any closed socket (a probe that connects to the run's torch.distributed store port
     # and hangs up) kills the training silently (exit -13) instead of raising BrokenPipeError
-    if hasattr(signal, "SIGPIPE") and args.verb != "run":
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    return run_command(lambda: args.fn(args))
+    # (nor `sft`, which trains the same way). The previous action is put back afterwards: a caller that
+    # runs main() in its own process (a test, a notebook) keeps its own.
+    if not hasattr(signal, "SIGPIPE") or args.verb in ("run", "sft"):
+        return run_command(lambda: args.fn(args))
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        return run_command(lambda: args.fn(args))
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
 
 
 if __name__ == "__main__":

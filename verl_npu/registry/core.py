@@ -111,6 +111,7 @@ class Registry(Generic[S]):
         self.implementations: dict[str, Any] = {}
         self._specs: dict[str, S] | None = None
         self._file_specs: dict[str, S] = {}
+        self._file_objects: dict[str, Any] = {}   # users' file entries, apart from the registered names
 
     # ---- the specs, read from the source -------------------------------------------------------
     def _source_files(self) -> list[Path]:
@@ -234,6 +235,8 @@ class Registry(Generic[S]):
                     raise RegistryError(f"{self.what} {name!r}: {field}={value!r} differs from what the source "
                                         f"declares ({getattr(declared, field)!r}): use literals in @{self.handle}"
                                         ".register")
+            if not self._declares(name, module, obj):
+                return obj   # a user's file named by path: `load` binds it under that entry, never a registered name
             known = self.implementations.get(declared.name)
             if known is not None and known is not obj and getattr(known, "__qualname__", None) != getattr(
                     obj, "__qualname__", None):
@@ -241,6 +244,15 @@ class Registry(Generic[S]):
             self.implementations[declared.name] = obj
             return obj
         return bind
+
+    def _declares(self, name: str, module: str, obj: Any) -> bool:
+        """Whether `name`'s registered entry (a built-in or a $VERL_NPU_PLUGINS file's) is this very object."""
+        spec = self.specs.get(name)
+        if spec is None:
+            return False
+        file = getattr(sys.modules.get(module), "__file__", None)
+        return spec.target in (f"{module}:{obj.__qualname__}",
+                               f"{Path(file).resolve()}:{obj.__qualname__}" if file else None)
 
     def _bound_spec(self, name: str, module: str, obj: Any) -> S:
         if name in self.specs and self.specs[name].target == f"{module}:{obj.__qualname__}":
@@ -258,9 +270,9 @@ class Registry(Generic[S]):
         spec = self.spec(name)
         module, _, attribute = spec.target.rpartition(":")
         if is_file_entry(spec.target):
-            obj = getattr(load_file(module), attribute)
-            self.implementations.setdefault(spec.name, obj)
-            return obj
+            if spec.name not in self._file_objects:
+                self._file_objects[spec.name] = getattr(load_file(module), attribute)
+            return self._file_objects[spec.name]
         if spec.name not in self.implementations:
             importlib.import_module(module)
         if spec.name not in self.implementations:   # declared, but the module did not bind it
