@@ -257,9 +257,10 @@ def test_single_node_behaviour_unchanged(launch, nnodes):
     env = {} if nnodes is None else {"NNODES": nnodes}
     proc = launch("trainer.nnodes=0", **env)
     assert proc.returncode == 1
-    assert proc.stdout.splitlines()[:3] == [
+    assert proc.stdout.splitlines()[:4] == [
         f"[run_recipe] repo: {REPO}",
         f"[run_recipe] python: {sys.executable}",
+        f"[run_recipe] relative paths (a demo's data/ and outputs/) start at the current folder: {launch.tmp}",
         f"[run_recipe] running: {sys.executable} -m verl_npu.cli run {launch.recipe} trainer.nnodes=0",
     ]
     assert launch.calls == []
