@@ -301,7 +301,7 @@ def test_trainer_scoring_names_the_file_row_not_the_batch_position(tmp_path, tex
         return 0.0
 
     trainer = SimpleNamespace(tokenizer=text_tokenizer, reward_scorer=RewardScorer(RewardFunction(reward, "reward")),
-                              workers=SimpleNamespace(roles=["actor"]))  # no reward model role
+                              workers=SimpleNamespace(roles=["actor"], serves=lambda method: False))  # no reward model role
     trainer.decode_responses = lambda b: PPOTrainer.decode_responses(trainer, b)
     with pytest.raises(UserError) as err:
         PPOTrainer.score(trainer, batch)
