@@ -86,7 +86,7 @@ def test_out_of_memory_in_a_worker_becomes_advice(monkeypatch, tmp_path):
     from verl_npu.trainer import entry
     from verl_npu.workers.group import LocalWorkerGroup
 
-    def failing_update(self, batch):
+    def failing_update(self, batch, old_log_probs=None):
         try:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         except torch.OutOfMemoryError as oom:
