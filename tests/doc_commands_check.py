@@ -179,11 +179,16 @@ def _validate_for_run(recipe_arg: str, overrides: list[str], ctx: Context) -> No
     """What `verl-npu run` checks before it trains: the recipe loads and the trainer supports it."""
     from verl_npu.config import load_recipe
     from verl_npu.config.sft import is_sft_recipe, load_sft_recipe
+    from verl_npu.config.stages import is_stages_tree, load_stages
+    from verl_npu.config.tree import read_yaml_file
     from verl_npu.errors import UserError
 
     try:
         recipe = _resolve_recipe(recipe_arg, ctx)
         with _in_dir(ctx.cwd):
+            if is_stages_tree(read_yaml_file(recipe)):   # SFT then RL: both stages validated
+                load_stages(str(recipe), overrides)
+                return
             if is_sft_recipe(recipe):   # `run` hands an SFT recipe to `verl-npu sft`
                 load_sft_recipe(str(recipe), overrides)
                 return

@@ -167,10 +167,12 @@ def test_every_shipped_recipe_gets_a_plan(tiny_lm_path, tiny_vl_path, tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(conf))
     from verl_npu.config.sft import is_sft_recipe
+    from verl_npu.config.stages import is_stages_tree
+    from verl_npu.config.tree import read_yaml_file
 
     for recipe in list_recipes():
-        if is_sft_recipe(recipe.path):
-            continue   # an SFT recipe has no rollout: `plan` is for RL recipes (docs/sft.md)
+        if is_sft_recipe(recipe.path) or is_stages_tree(read_yaml_file(recipe.path)):
+            continue   # an SFT recipe has no rollout: `plan` is for RL recipes (docs/sft.md); stages name both
         text = recipe.path.read_text()
         model = [] if "tiny://" in text else \
             [f"actor_rollout_ref.model.path={tmp_path / ('qwen7bvl' if 'vl' in recipe.name else 'qwen7b')}"]

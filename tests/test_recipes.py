@@ -10,13 +10,17 @@ import pytest
 from verl_npu.config import REQUIRED, load_recipe
 from verl_npu.config.recipes import copy_recipe, find_recipe, list_recipes, placeholder_fields
 from verl_npu.config.sft import is_sft_recipe, load_sft_recipe
+from verl_npu.config.stages import is_stages_tree, load_stages
+from verl_npu.config.tree import read_yaml_file
 from verl_npu.errors import ConfigErrors, UserError
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
 #: SFT recipes (verl's SFT sections, `verl-npu sft`) are validated by the SFT loader; the rest by the RL one
 SFT_RECIPES = [p for p in ALL_RECIPES if is_sft_recipe(p)]
-RECIPES = [p for p in ALL_RECIPES if p not in SFT_RECIPES]
+#: stages recipes (SFT then RL, docs/sft.md) are validated stage by stage
+STAGES_RECIPES = [p for p in ALL_RECIPES if is_stages_tree(read_yaml_file(p))]
+RECIPES = [p for p in ALL_RECIPES if p not in SFT_RECIPES and p not in STAGES_RECIPES]
 SUPPLY = {
     "af_output_dir": "/tmp/verl_npu_test_out",
     "backend_config.data.train_files": "/data/train.parquet",
@@ -67,6 +71,12 @@ def test_sft_recipe_validates_and_the_rl_loader_names_the_sft_command(path):
     assert rc.source == path and rc.world_size >= 1 and rc.typed.model.path
     with pytest.raises(UserError, match=f"verl-npu sft {path.stem}"):
         load_recipe(path.stem)
+
+
+@pytest.mark.parametrize("path", STAGES_RECIPES, ids=[p.stem for p in STAGES_RECIPES])
+def test_stages_recipe_validates_both_stages(path):
+    recipe = load_stages(path)
+    assert [s.kind for s in recipe.stages] == ["sft", "rl"] and recipe.source == path
 
 
 @pytest.mark.parametrize("path", ALL_RECIPES, ids=[p.stem for p in ALL_RECIPES])

@@ -36,6 +36,18 @@ def _write_state(out_dir: Path, state: dict) -> None:
     os.replace(tmp, out_dir / STATE_FILE)
 
 
+def prepare_rl_demo_data(recipe, say: Callable[[str], None]) -> None:
+    """Make a demo RL stage's synthetic data before the SFT stage runs, as `verl-npu run` makes it for that recipe
+    alone: the rule (verl_npu.demo) looks at the recipe's tiny:// model, but the stage itself starts from the SFT
+    checkpoint. Nothing is made when the stage's own model is not a tiny:// model or its files exist."""
+    from verl_npu.config import load_recipe
+    from verl_npu.demo import prepare_assets
+
+    rl = recipe.stages[1]
+    for line in prepare_assets(load_recipe(rl.recipe, recipe.stage_overrides(rl))) or []:
+        say(f"[verl-npu] stage {rl.name}: prepared {line}")
+
+
 def run_stages(recipe, run_sft: Callable[[str, list[str]], int], run_rl: Callable[[str, list[str]], int],
                say: Callable[[str], None]) -> int:
     """Run `recipe`'s stages (a `StagesRecipe`); `run_sft(recipe, overrides)` / `run_rl(recipe, overrides)` run one
@@ -45,6 +57,7 @@ def run_stages(recipe, run_sft: Callable[[str, list[str]], int], run_rl: Callabl
 
     sft, rl = recipe.stages
     state = _state(recipe.out_dir)
+    prepare_rl_demo_data(recipe, say)
     done = state.get(sft.name)
     if done and Path(done["checkpoint"]).is_dir():
         say(f"[verl-npu] stage {sft.name}: finished before ({done['checkpoint']}); going on with {rl.name}")

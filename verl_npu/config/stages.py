@@ -9,8 +9,8 @@ Each stage is a recipe (a shipped name, or a path relative to this file's folder
 `key=value` overrides; it writes under `<af_output_dir>/<name>`. The first stage is an SFT recipe that saves
 `hf_model`; the second an RL recipe whose `actor_rollout_ref.model.path` is set to the SFT stage's last checkpoint
 folder (`global_step_N`, read through its huggingface/ export) unless the stage sets it. Command-line overrides
-name their stage: `sft.optim.lr=1e-4`, `rl.trainer.total_training_steps=5`. `load_stages` validates both stages
-(every problem of both, named by stage) before anything runs.
+name their stage: `sft.optim.lr=1e-4`, `rl.trainer.total_training_steps=5`; `af_output_dir=DIR` moves both.
+`load_stages` validates both stages (every problem of both, named by stage) before anything runs.
 """
 
 from __future__ import annotations
@@ -107,14 +107,19 @@ def load_stages(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Stag
         stages.append(Stage(name, kind, path, stage_overrides))
     if problems:
         raise ConfigErrors(problems, source=str(source))
+    out_dir = raw["af_output_dir"]
     for text in overrides:
+        if text.startswith("af_output_dir="):  # the one top-level key: the folder both stages write under
+            out_dir = text.split("=", 1)[1]
+            continue
         head, _, rest = text.partition(".")
         target = [s for s in stages if s.name == head.lstrip("+~")]
         if not target or not rest:
             raise UserError(f"override '{text}': a stages recipe's overrides start with a stage name "
-                            f"({', '.join(s.name for s in stages)}), e.g. {stages[0].name}.optim.lr=1e-4")
+                            f"({', '.join(s.name for s in stages)}), e.g. {stages[0].name}.optim.lr=1e-4 "
+                            "(or are af_output_dir=DIR)")
         target[0].overrides.append(text[:len(head) - len(head.lstrip("+~"))] + rest)
-    recipe = StagesRecipe(source, Path(os.path.expanduser(str(raw["af_output_dir"]))), stages)
+    recipe = StagesRecipe(source, Path(os.path.expanduser(str(out_dir))), stages)
     sft, rl = stages
     try:
         rc = load_sft_recipe(sft.recipe, recipe.stage_overrides(sft))
