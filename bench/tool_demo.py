@@ -138,7 +138,7 @@ def table(results: list[dict], sft_steps: int, rl_steps: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--sft-steps", type=int, default=150, help="SFT steps (the recipe's own: 150)")
+    parser.add_argument("--sft-steps", type=int, default=80, help="SFT steps (the recipe's own: 80)")
     parser.add_argument("--rl-steps", type=int, default=20, help="RL steps (the recipe's own: 20)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds run at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (OMP_NUM_THREADS)")

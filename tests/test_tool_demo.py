@@ -34,7 +34,8 @@ def test_the_stages_run_and_sft_teaches_the_tool_call(tmp_path, tiny_lm_path):
     gsm8k_multiturn.prepare_synthetic(rl_data, 8, 8, seed=0)
     rl = {"data.train_files": rl_data / "train.parquet", "data.val_files": rl_data / "test.parquet",
           "data.train_batch_size": 4, "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-          "actor_rollout_ref.rollout.n": 2, "trainer.logger": "[console]"}
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8, "actor_rollout_ref.rollout.n": 2,
+          "trainer.logger": "[console]"}
     untrained = tmp_path / "untrained"
     assert main(["run", "tiny_tool_gsm8k", f"af_output_dir={untrained}", f"actor_rollout_ref.model.path={tiny_lm_path}",
                  "data.max_response_length=160", "trainer.val_only=true",
@@ -45,6 +46,7 @@ def test_the_stages_run_and_sft_teaches_the_tool_call(tmp_path, tiny_lm_path):
     overrides = [f"af_output_dir={demo}", f"sft.model.path={tiny_lm_path}",
                  f"sft.data.train_files={sft_data / 'train.parquet'}", f"sft.data.val_files={sft_data / 'test.parquet'}",
                  f"sft.trainer.total_training_steps={SFT_STEPS}", "sft.trainer.logger=console",
+                 "sft.data.train_batch_size=8", "sft.data.micro_batch_size_per_gpu=8",
                  "rl.trainer.total_training_steps=1", "rl.trainer.test_freq=1", "rl.trainer.save_freq=1",
                  f"rl.trainer.validation_data_dir={demo / 'val'}", f"rl.trainer.rollout_data_dir={demo / 'rollouts'}",
                  *[f"rl.{k}={v}" for k, v in rl.items()]]

@@ -4,7 +4,8 @@
 Each row (`messages` is what verl's multi-turn SFT dataset reads; `tools` the tool schemas as JSON text):
 
     messages  [system: the tool demo's system prompt (gsm8k_multiturn.SYSTEM),
-               user: the question and GSM8K's instruction,
+               user: the question and the synthetic RL rows' instruction (gsm8k.SYNTHETIC_INSTRUCTION: the
+                     same prompt as the RL demo's rows, which a tiny model needs word for word),
                assistant: <tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "<n>"}}</tool_call>,
                tool: Current parsed answer='<n>' reward=1.0,
                assistant: #### <n>]
@@ -36,7 +37,7 @@ def transcript(question: str, answer: str) -> list[dict]:
     call = json.dumps({"name": TOOL_NAME, "arguments": {"answer": answer}})
     return [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"{question} {gsm8k.INSTRUCTION}"},
+        {"role": "user", "content": f"{question} {gsm8k.SYNTHETIC_INSTRUCTION}"},
         {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
         {"role": "tool", "content": f"Current parsed answer='{answer}' reward=1.0"},
         {"role": "assistant", "content": f"#### {answer}"},
