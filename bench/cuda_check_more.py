@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 import sys
 from pathlib import Path
 
@@ -62,7 +63,8 @@ def check_sft(ctx: cc.Context) -> dict:
                    if (p.parent / "model.safetensors").is_file()), None)
     assert export is not None, f"no huggingface export under {ckpts / 'global_step_6'}"
     ctx.found.update(sft_losses=losses, export=str(export))
-    rl = cc.run_folder(ctx).with_name(ctx.name + "-rl")
+    rl = out.with_name(ctx.name + "-rl")   # beside the SFT run's folder (run_folder would empty that)
+    shutil.rmtree(rl, ignore_errors=True)
     done = cc.train(ctx, "tiny_gsm8k", cc.small_overrides(ctx, "tiny_gsm8k", rl, 2)
                     + [f"actor_rollout_ref.model.path={export}"])
     rl_rows = cc.training_rows(rl)
@@ -115,7 +117,7 @@ MORE_CHECKS = [
     cc.Check("act-offload", "check_run", 240, False, "activation offload with gradient checkpointing: " + cc.FINITE,
              ("tiny_gsm8k", 2, ("actor_rollout_ref.model.enable_activation_offload=true",
                                 "actor_rollout_ref.model.enable_gradient_checkpointing=true"))),
-    cc.Check("mem-profile", "cuda_check_more:check_memory_profile", 240, True, "global_profiler.tool=torch_memory "
+    cc.Check("profile-memory", "cuda_check_more:check_memory_profile", 240, True, "global_profiler.tool=torch_memory "
              "over step 2: memory_snapshot.pickle with segments and allocation events (on cpu: refused by name)"),
     cc.Check("shm", "check_run", 240, False, "actor model loaded from a copy in /dev/shm (model.use_shm): "
              + cc.FINITE, ("tiny_gsm8k", 2, ("actor_rollout_ref.model.use_shm=true",))),
