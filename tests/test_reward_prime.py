@@ -1,0 +1,103 @@
+"""The `prime` reward manager (issue 39): a batch's responses scored in parallel worker processes, a response
+whose reward call hangs or raises scoring 0 within its deadline while the others are scored; selected by every
+spelling verl uses for the manager's name, through the registry's spec."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from verl_npu.config import load_recipe
+from verl_npu.registry import REWARD_MANAGERS
+from verl_npu.rewards.prime import ParallelRewardScorer, prime_scores, read_result
+
+REWARD = '''
+import os, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    start = time.time()
+    if data_source == "hang":
+        with open(ground_truth, "w") as f:   # where the hung call's worker process is
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+    if data_source == "raise":
+        raise RuntimeError("a broken scorer")
+    if data_source == "text":
+        return "not a number"
+    if data_source == "tuple":
+        return (0.25, "details")
+    time.sleep(0.6)   # slow enough that calls in separate workers overlap
+    return {"score": float(solution_str == ground_truth), "pid": float(os.getpid()), "start": start,
+            "end": time.time()}
+'''
+
+
+@pytest.fixture(scope="module")
+def scorer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prime") / "reward.py"
+    path.write_text(REWARD)
+    s = ParallelRewardScorer({"path": str(path), "name": "compute_score"}, num_processes=3, timeout_s=2.0)
+    yield s
+    s.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_the_responses_are_scored_in_parallel_worker_processes(scorer):
+    scores, extras = scorer.score(["a", "b", "x"], ["ok"] * 3, ["a", "b", "c"])
+    assert scores == [1.0, 1.0, 0.0]
+    pids = {int(p) for p in extras["pid"]}
+    assert len(pids) == 3 and os.getpid() not in pids
+    # all three calls ran at once: each started before any other ended
+    assert max(extras["start"]) < min(extras["end"])
+    assert extras["prime_timeout"] == [0.0] * 3 and extras["prime_error"] == [0.0] * 3
+
+
+def test_a_hanging_reward_scores_0_within_the_timeout_and_the_others_are_scored(scorer, tmp_path):
+    scorer.score(["warm"], ["ok"], ["warm"])   # the pool is up: the time below is the batch's own
+    where = tmp_path / "hung_pid"
+    start = time.monotonic()
+    scores, extras = scorer.score(["a", "zzz", "b", "c", "d", "e"], ["ok", "hang", "ok", "raise", "text", "tuple"],
+                                  ["a", str(where), "b", "c", "d", "e"])
+    elapsed = time.monotonic() - start
+    assert scores == [1.0, 0.0, 1.0, 0.0, 0.0, 0.25]
+    assert extras["prime_timeout"] == [0, 1, 0, 0, 0, 0]
+    assert extras["prime_error"] == [0, 0, 0, 1, 1, 0]
+    # the hung call is abandoned at its 2 s deadline: the batch is not held up by it (the others, 0.6 s each,
+    # share the 2 free workers meanwhile)
+    assert 2.0 <= elapsed < 3.5, elapsed
+    # its worker is ended after the batch, and the next batch gets a fresh pool
+    hung = int(where.read_text())
+    for _ in range(50):
+        if not _alive(hung):
+            break
+        time.sleep(0.1)
+    assert not _alive(hung)
+    assert scorer.score(["q"], ["ok"], ["q"])[0] == [1.0]
+
+
+def test_results_are_read_as_verl_reads_them():
+    assert read_result(True) == (1.0, {})
+    assert read_result((0.5, "x")) == (0.5, {})
+    assert read_result({"score": 2, "acc": True}) == (2.0, {"acc": 1.0})
+    assert read_result("1")[0] is None and read_result(float("nan"))[0] is None
+    scores, extras = prime_scores([0.5, 1.0], {}, [3, 4], None, 8)
+    assert scores == [0.5, 1.0] and extras["acc"] == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("key", ["reward_model.reward_manager", "reward.reward_manager.name",
+                                 "reward_manager.name"])
+def test_every_spelling_of_the_managers_name_selects_prime(key):
+    rc = load_recipe("tiny_gsm8k", [f"{key}=prime", "reward_model.prime.timeout_s=5"])
+    spec = REWARD_MANAGERS.spec(rc.typed.reward_model.reward_manager)
+    assert spec.parallel_scoring and rc.typed.reward_model.prime.timeout_s == 5.0
+    assert not REWARD_MANAGERS.spec("naive").parallel_scoring
