@@ -25,6 +25,7 @@ import math
 import multiprocessing
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from verl_npu.config.typed import section
@@ -165,7 +166,13 @@ class ParallelRewardScorer:
         while waiting or running:
             while waiting and len(running) < slots:
                 i = waiting.pop()
-                running[pool.submit(_score_in_worker, calls[i])] = (i, time.monotonic())
+                try:
+                    future = pool.submit(_score_in_worker, calls[i])
+                except BrokenProcessPool:   # a worker died (a reward that ended its process): a fresh pool
+                    self.close()
+                    pool, slots = self._executor(), self.num_processes
+                    future = pool.submit(_score_in_worker, calls[i])
+                running[future] = (i, time.monotonic())
             deadline = None if self.timeout_s is None else min(t for _, t in running.values()) + self.timeout_s
             done, _ = wait(running, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
                            return_when=FIRST_COMPLETED)
@@ -184,7 +191,7 @@ class ParallelRewardScorer:
             if slots <= 0 and waiting:
                 self.close()   # every worker is stuck: start a fresh pool for the rest
                 pool, slots = self._executor(), self.num_processes
-        if timed_out or any("BrokenProcessPool" in why for why in failed.values()):
+        if timed_out or any(why.startswith("BrokenProcessPool") for why in failed.values()):
             self.close()   # abandoned calls still run in their workers: the next batch gets a fresh pool
         return results, timed_out, failed
 
