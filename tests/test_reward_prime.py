@@ -23,6 +23,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             f.write(str(os.getpid()))
         while True:
             time.sleep(0.1)
+    if data_source == "exit":
+        os._exit(3)   # a reward that ends its worker process
     if data_source == "raise":
         raise RuntimeError("a broken scorer")
     if data_source == "text":
@@ -83,6 +85,13 @@ def test_a_hanging_reward_scores_0_within_the_timeout_and_the_others_are_scored(
         time.sleep(0.1)
     assert not _alive(hung)
     assert scorer.score(["q"], ["ok"], ["q"])[0] == [1.0]
+
+
+def test_a_reward_that_ends_its_worker_scores_0_and_the_calls_beside_it_are_scored(scorer):
+    scores, extras = scorer.score(["a", "x", "b", "c"], ["ok", "exit", "ok", "ok"], ["a", "x", "b", "c"])
+    assert scores == [1.0, 0.0, 1.0, 1.0]
+    assert extras["prime_error"] == [0, 1, 0, 0]
+    assert scorer.score(["q"], ["ok"], ["q"])[0] == [1.0]   # a fresh pool after the broken one
 
 
 def test_results_are_read_as_verl_reads_them():

@@ -155,20 +155,24 @@ class ParallelRewardScorer:
         return scores, extras
 
     def _run(self, calls: list[tuple], rows: list | None) -> tuple[dict[int, Any], set[int], dict[int, str]]:
-        """Runs the calls, at most one per free worker; (results, indices timed out, index -> why it failed)."""
+        """Runs the calls, at most one per free worker; (results, indices timed out, index -> why it failed).
+
+        A worker process that dies (a reward that ends its process) fails every call in flight in its pool; those
+        calls are run again one at a time, so only the call that kills its worker alone scores 0."""
         pool = self._executor()
         results: dict[int, Any] = {}
         timed_out: set[int] = set()
         failed: dict[int, str] = {}
         waiting = list(range(len(calls)))[::-1]
         running: dict[Future, tuple[int, float]] = {}
+        alone: set[int] = set()   # calls in flight when a worker died: rerun one at a time
         slots = self.num_processes
         while waiting or running:
-            while waiting and len(running) < slots:
+            while waiting and len(running) < (1 if alone & {*waiting, *(i for i, _ in running.values())} else slots):
                 i = waiting.pop()
                 try:
                     future = pool.submit(_score_in_worker, calls[i])
-                except BrokenProcessPool:   # a worker died (a reward that ended its process): a fresh pool
+                except BrokenProcessPool:   # a worker died: a fresh pool
                     self.close()
                     pool, slots = self._executor(), self.num_processes
                     future = pool.submit(_score_in_worker, calls[i])
@@ -180,7 +184,13 @@ class ParallelRewardScorer:
                 i, _ = running.pop(future)
                 try:
                     results[i] = future.result()
-                except Exception as err:   # the reward raised, or its worker died (BrokenProcessPool)
+                except BrokenProcessPool:
+                    if i in alone:   # it ran alone: it is the call that ends its worker
+                        failed[i] = "its reward call ended the worker process"
+                    else:
+                        alone.add(i)
+                        waiting.append(i)
+                except Exception as err:   # the reward raised
                     failed[i] = f"{type(err).__name__}: {err}"
             now = time.monotonic()
             for future, (i, started) in list(running.items()):
@@ -191,8 +201,8 @@ class ParallelRewardScorer:
             if slots <= 0 and waiting:
                 self.close()   # every worker is stuck: start a fresh pool for the rest
                 pool, slots = self._executor(), self.num_processes
-        if timed_out or any(why.startswith("BrokenProcessPool") for why in failed.values()):
-            self.close()   # abandoned calls still run in their workers: the next batch gets a fresh pool
+        if timed_out or alone:
+            self.close()   # abandoned calls still run in their workers, or the pool broke: a fresh pool next batch
         return results, timed_out, failed
 
 
