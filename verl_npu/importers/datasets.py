@@ -69,11 +69,6 @@ def roll_prep(file_name: str, prompt_key: str | None, messages_key: str | None, 
 def sft_prep(system: str, path: str, split: str | None, subset: str | None, messages_key: str | None, out: str) -> str:
     """The command that writes the SFT parquet `out` (verl's `messages` rows) from a Trinity experience buffer
     or a ROLL SFT data file of conversations."""
-    cmd = [PREP, system, "--sft", "--input", _q(path)]
-    if split:
-        cmd += ["--split", _q(split)]
-    if subset:
-        cmd += ["--subset", _q(subset)]
-    if messages_key:
-        cmd += ["--messages-key", _q(messages_key)]
+    flags = {"--split": split, "--subset": subset, "--messages-key": messages_key}
+    cmd = [PREP, system, "--sft", "--input", _q(path), *(f"{k} {_q(v)}" for k, v in flags.items() if v)]
     return " ".join(cmd + ["--output", _q(out)])

@@ -10,7 +10,7 @@ that an RL run can start from; verl's SFT checkpoints hold Hugging Face weights 
 
 from __future__ import annotations
 
-from verl_npu.importers import datasets
+from verl_npu.importers import datasets, roll_workers
 from verl_npu.importers.hydra import device_list
 from verl_npu.importers.ledger import Ledger
 
@@ -118,21 +118,16 @@ def map_roll_sft(led: Ledger) -> None:
                     "true -> auto, false -> disable")
     led.map("sequence_length", "data.max_length", how="a conversation's token budget")
     led.map("pretrain", "model.path", how="the sft_train worker's model (ROLL fills model_name_or_path from it)")
-    led.map(f"{w}.model_args.model_name_or_path", "model.path")
+    roll_workers.map_model_args(led, w, "model")
     dtype = led.get(f"{w}.model_args.dtype")
     if dtype is not None and str(dtype) in DTYPES:
         led.map(f"{w}.model_args.dtype", "engine.dtype", DTYPES[str(dtype)], f"{dtype} -> {DTYPES[str(dtype)]}")
-    if led.has(f"{w}.model_args.disable_gradient_checkpointing"):
-        led.map(f"{w}.model_args.disable_gradient_checkpointing", "model.enable_gradient_checkpointing",
-                transform=lambda v: not v, how="negated")
     for theirs, ours in (("lora_rank", "lora_rank"), ("lora_alpha", "lora_alpha"), ("lora_target", "target_modules")):
         led.map(f"{w}.model_args.{theirs}", f"model.{ours}")
     ta = f"{w}.training_args"
-    led.map(f"{ta}.learning_rate", "optim.lr")
-    led.map(f"{ta}.weight_decay", "optim.weight_decay")
-    led.map(f"{ta}.warmup_steps", "optim.lr_warmup_steps")
-    led.map(f"{ta}.lr_scheduler_type", "optim.lr_scheduler_type")
-    led.map(f"{ta}.max_grad_norm", "optim.clip_grad")
+    for theirs, ours in (("learning_rate", "lr"), ("weight_decay", "weight_decay"), ("warmup_steps", "lr_warmup_steps"),
+                         ("lr_scheduler_type", "lr_scheduler_type"), ("max_grad_norm", "clip_grad")):
+        led.map(f"{ta}.{theirs}", f"optim.{ours}")
     per_device = int(led.get(f"{ta}.per_device_train_batch_size", 1) or 1)
     accumulation = int(led.get(f"{ta}.gradient_accumulation_steps", 1) or 1)
     devices = led.get(f"{w}.device_mapping")
