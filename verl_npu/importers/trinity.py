@@ -475,6 +475,11 @@ def _synchronizer(led: Ledger) -> None:
         "separate explore and train processes: one version ahead (the one-step-off pipeline; raise "
         "trainer.v1.sampler.max_off_policy_threshold to let generation run further ahead)")
     write_separate_async(led, threshold, why)
+    if offset and not separate:
+        led.notes.append(f"synchronizer.sync_offset {offset}: the explorer runs ahead, so the recipe overlaps "
+                         "generation and training (separate_async). Trinity's align-with-verl guide says verl's "
+                         "synchronous run is sync_offset 0: for it import with sync_offset 0, or run with "
+                         "trainer.v1.trainer_mode=sync actor_rollout_ref.rollout.nnodes=0")
     if offset:
         led.map(f"{s}.sync_offset", "trainer.v1.sampler.max_off_policy_threshold", threshold, why)
     if led.has(f"{s}.sync_interval"):
