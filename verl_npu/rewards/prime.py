@@ -11,9 +11,10 @@ fraction of such responses).
 
 How (verl-npu's own settings, `reward_model.prime.*`): `num_processes` worker processes (started with `spawn`, so
 a training process with threads is never forked) each load the reward function once (custom_reward_function.path /
-name / reward_kwargs, else the built-in rewards) and stay up for the whole run. At most one response per free
-worker is in flight, so a response's `timeout_s` counts from when a worker starts it, not from when the batch was
-handed over (verl's clock starts at submission, so responses queued behind slow ones can time out unstarted). A
+name / reward_kwargs, else the built-in rewards) and stay up for the whole run; as many are started as a batch has
+responses, up to `num_processes`. At most one response per free worker is in flight, and a response's `timeout_s`
+counts from when its worker reports starting the call: neither a worker's start-up nor the wait behind slow
+responses counts (verl's clock starts at submission, so responses queued behind slow ones can time out unstarted). A
 worker still busy at a deadline is abandoned (its slot stays out of use for the rest of the batch); after such a
 batch all the pool's processes are ended and a fresh pool is started for the next batch.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import queue
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -34,8 +36,9 @@ from verl_npu.rewards import FLOAT32_MAX, RewardFunction, as_score, load_reward_
 
 log = logging.getLogger(__name__)
 
-#: what a worker process scores with (set by `_load_in_worker` in each worker)
+#: what a worker process scores with, and where it says when it starts a call (set by `_load_in_worker`)
 _WORKER_FN: Any = None
+_STARTS: Any = None
 
 
 @REWARD_MANAGERS.register("prime", parallel_scoring=True, doc=(
@@ -51,12 +54,13 @@ def prime_scores(scores, extras, valid_response_lengths, reward_kwargs, max_resp
     return list(scores), extras
 
 
-def _load_in_worker(function_cfg: dict) -> None:
-    global _WORKER_FN
-    _WORKER_FN = load_reward_fn(function_cfg).fn
+def _load_in_worker(function_cfg: dict, starts: Any) -> None:
+    global _WORKER_FN, _STARTS
+    _WORKER_FN, _STARTS = load_reward_fn(function_cfg).fn, starts
 
 
-def _score_in_worker(args: tuple) -> Any:
+def _score_in_worker(call_id: tuple[int, int], args: tuple) -> Any:
+    _STARTS.put(call_id)   # the call's deadline counts from here (not from a worker's start-up)
     return _WORKER_FN(*args)
 
 
@@ -93,6 +97,8 @@ class ParallelRewardScorer:
         self.num_processes = int(num_processes)
         self.timeout_s = None if timeout_s is None else float(timeout_s)
         self._pool: ProcessPoolExecutor | None = None
+        self._starts: Any = None   # the pool's queue of (batch, call) the workers start
+        self._batches = 0
 
     def covers(self, data_sources: list[str]) -> bool:
         from verl_npu.rewards import RewardScorer
@@ -101,16 +107,29 @@ class ParallelRewardScorer:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.num_processes,
-                                             mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_load_in_worker, initargs=(self.function_cfg,))
+            context = multiprocessing.get_context("spawn")
+            self._starts = context.Queue()
+            self._pool = ProcessPoolExecutor(max_workers=self.num_processes, mp_context=context,
+                                             initializer=_load_in_worker, initargs=(self.function_cfg, self._starts))
         return self._pool
+
+    def _started(self, batch: int, started: dict[int, float]) -> None:
+        """Records the calls of `batch` that workers reported starting since the last look."""
+        while True:
+            try:
+                b, i = self._starts.get_nowait()
+            except queue.Empty:
+                return
+            if b == batch:
+                started.setdefault(i, time.monotonic())
 
     def close(self) -> None:
         """Ends every worker process (those still running an abandoned call included)."""
         pool, self._pool = self._pool, None
         if pool is None:
             return
+        self._starts.close()
+        self._starts.cancel_join_thread()
         processes = list((getattr(pool, "_processes", None) or {}).values())
         for proc in processes:
             if proc.is_alive():
@@ -135,7 +154,7 @@ class ParallelRewardScorer:
             raise ValueError(f"ParallelRewardScorer.score: lengths differ (responses {n}, data_sources "
                              f"{len(data_sources)}, ground_truths {len(ground_truths)}, extra_infos {len(extra_infos)})")
         results, timed_out, failed = self._run([(s, r, g, e) for r, s, g, e in
-                                                zip(responses, data_sources, ground_truths, extra_infos)], rows)
+                                                zip(responses, data_sources, ground_truths, extra_infos)])
         scores, extras = [], {"prime_timeout": [0.0] * n, "prime_error": [0.0] * n}
         for i in range(n):
             number, subs = (None, {}) if i in timed_out or i in failed else read_result(results[i])
@@ -154,34 +173,43 @@ class ParallelRewardScorer:
                         "".join(f"; {_row(rows, i)}: {why}" for i, why in list(failed.items())[:3]))
         return scores, extras
 
-    def _run(self, calls: list[tuple], rows: list | None) -> tuple[dict[int, Any], set[int], dict[int, str]]:
+    def _run(self, calls: list[tuple]) -> tuple[dict[int, Any], set[int], dict[int, str]]:
         """Runs the calls, at most one per free worker; (results, indices timed out, index -> why it failed).
 
         A worker process that dies (a reward that ends its process) fails every call in flight in its pool; those
         calls are run again one at a time, so only the call that kills its worker alone scores 0."""
         pool = self._executor()
+        self._batches += 1
+        batch = self._batches
         results: dict[int, Any] = {}
         timed_out: set[int] = set()
         failed: dict[int, str] = {}
         waiting = list(range(len(calls)))[::-1]
-        running: dict[Future, tuple[int, float]] = {}
+        running: dict[Future, int] = {}
+        started: dict[int, float] = {}   # when a worker reported starting each call
         alone: set[int] = set()   # calls in flight when a worker died: rerun one at a time
         slots = self.num_processes
         while waiting or running:
-            while waiting and len(running) < (1 if alone & {*waiting, *(i for i, _ in running.values())} else slots):
+            while waiting and len(running) < (1 if alone & {*waiting, *running.values()} else slots):
                 i = waiting.pop()
+                started.pop(i, None)
                 try:
-                    future = pool.submit(_score_in_worker, calls[i])
+                    future = pool.submit(_score_in_worker, (batch, i), calls[i])
                 except BrokenProcessPool:   # a worker died: a fresh pool
                     self.close()
                     pool, slots = self._executor(), self.num_processes
-                    future = pool.submit(_score_in_worker, calls[i])
-                running[future] = (i, time.monotonic())
-            deadline = None if self.timeout_s is None else min(t for _, t in running.values()) + self.timeout_s
-            done, _ = wait(running, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
-                           return_when=FIRST_COMPLETED)
+                    future = pool.submit(_score_in_worker, (batch, i), calls[i])
+                running[future] = i
+            self._started(batch, started)
+            timeout = None
+            if self.timeout_s is not None:   # the next deadline; a short look while a call is not started yet
+                begun = [started[i] for i in running.values() if i in started]
+                timeout = min(begun) + self.timeout_s - time.monotonic() if begun else 0.05
+                if len(begun) < len(running):
+                    timeout = min(timeout, 0.05)
+            done, _ = wait(running, timeout=None if timeout is None else max(0.0, timeout), return_when=FIRST_COMPLETED)
             for future in done:
-                i, _ = running.pop(future)
+                i = running.pop(future)
                 try:
                     results[i] = future.result()
                 except BrokenProcessPool:
@@ -192,9 +220,11 @@ class ParallelRewardScorer:
                         waiting.append(i)
                 except Exception as err:   # the reward raised
                     failed[i] = f"{type(err).__name__}: {err}"
+            self._started(batch, started)
             now = time.monotonic()
-            for future, (i, started) in list(running.items()):
-                if self.timeout_s is not None and now - started >= self.timeout_s and not future.done():
+            for future, i in list(running.items()):
+                if self.timeout_s is not None and i in started and now - started[i] >= self.timeout_s \
+                        and not future.done():
                     running.pop(future)
                     timed_out.add(i)
                     slots -= 1   # its worker is still busy with it
