@@ -165,6 +165,7 @@ def _import(tmp_path, text: str):
 
 ONE_DEVICE = ("model: {model_path: tiny://qwen2, max_prompt_tokens: 64, max_response_tokens: 16}\n"
               "cluster: {node_num: 1, gpu_per_node: 1}\nalgorithm: {algorithm_type: grpo, repeat_times: 2}\n"
+              "explorer: {rollout_model: {tensor_parallel_size: 1}}\n"
               "buffer: {batch_size: 4, explorer_input: {taskset: {path: d, split: train}, "
               "eval_tasksets: [{path: d, split: test}]}}\n")
 
