@@ -182,8 +182,9 @@ SIZING = {
 }
 RUNS = {"grpo_qwen2_5_7b_npu": "tiny://qwen2", "grpo_qwen2_5_vl_3b_npu": "tiny://qwen25vl",
         "npu_ci_qwen2_5_05b_grpo": "tiny://qwen2", "prime_rloo_qwen2_5_7b_math": "tiny://qwen2"}
-#: verl-npu's own sizing keys a run adds: the prime manager's pool sized for 2 CPU cores (verl's figure is 64)
-RUN_EXTRA = {"prime_rloo_qwen2_5_7b_math": ["reward_model.prime.num_processes=2"]}
+#: what a run changes beyond SIZING: the prime manager's pool sized for 2 CPU cores (verl's figure is 64), on one
+#: worker (the manager scores in the controller; the 2-worker path is the other runs')
+RUN_EXTRA = {"prime_rloo_qwen2_5_7b_math": ["reward_model.prime.num_processes=2", "trainer.n_gpus_per_node=1"]}
 
 
 @pytest.mark.slow
@@ -197,9 +198,10 @@ def test_verl_script_trains_two_steps_on_cpu(name, local, tmp_path):
 
     overrides, header = read_script(HERE / f"{name}.txt")
     args = localized(overrides, header["data"], local, tmp_path / "out")
-    args = [a for a in args if a.split("=", 1)[0].lstrip("+") not in SIZING]
+    sizing = {**SIZING, **dict(item.split("=", 1) for item in RUN_EXTRA.get(name, []))}
+    args = [a for a in args if a.split("=", 1)[0].lstrip("+") not in sizing]
     args = [f"actor_rollout_ref.model.path={RUNS[name]}" if a.startswith("actor_rollout_ref.model.path=") else a
-            for a in args] + [f"{k}={v}" for k, v in SIZING.items()] + RUN_EXTRA.get(name, [])
+            for a in args] + [f"{k}={v}" for k, v in sizing.items()]
     out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
