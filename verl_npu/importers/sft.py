@@ -13,6 +13,7 @@ from __future__ import annotations
 from verl_npu.importers import datasets, roll_workers
 from verl_npu.importers.hydra import device_list
 from verl_npu.importers.ledger import Ledger
+from verl_npu.importers.trinity_common import map_optimizer, top_level
 
 #: the SFT stage's checkpoints as a model an RL run (or the stage that follows) starts from
 SAVE_CONTENTS = ["model", "optimizer", "extra", "hf_model"]
@@ -28,11 +29,9 @@ def _save_contents(led: Ledger, key: str, system: str) -> None:
 def map_trinity_sft(led: Ledger) -> None:
     """Fill `led` from a Trinity SFT config (`mode: train`, `algorithm_type: sft`; or a stage merged over the
     top level)."""
-    from verl_npu.importers.trinity import _top_level, map_optimizer
-
     led.accept("mode", "train: the SFT trainer trains without an explorer")
     led.accept("algorithm.algorithm_type", "sft: verl-npu's SFT trainer (`verl-npu sft`)")
-    _top_level(led)
+    top_level(led)
     map_optimizer(led, "optim", "optim.clip_grad", "optim.lr_scheduler_type")
     if not led.has("algorithm.optimizer.lr"):
         led.default("algorithm.optimizer.lr", "optim.lr", 1e-6, "Trinity's default learning rate (verl's SFT: 1e-3)")
