@@ -106,6 +106,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.device import apply_env_defaults, detect_device, set_torch_threads
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
+    from verl_npu.rewards.prime import ParallelRewardScorer, build_scorer
     from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout
     from verl_npu.trainer.checkpoint import CheckpointManager
     from verl_npu.trainer.ppo import PPOTrainer
@@ -177,9 +178,8 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     log.info("%d steps (%d per epoch); %d prompts x %d responses per step",
              steps, len(train_loader), cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n)
 
+    reward_scorer: RewardScorer | ParallelRewardScorer
     if REWARD_MANAGERS.spec(cfg.reward_model.reward_manager).parallel_scoring:   # prime: worker processes
-        from verl_npu.rewards.prime import build_scorer
-
         reward_scorer = build_scorer(cfg)
     else:
         reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
