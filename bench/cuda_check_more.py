@@ -18,7 +18,8 @@ import cuda_check as cc
 A = "actor_rollout_ref.actor"
 DISTILL = ["distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=tiny://qwen2?seed=1",
            "distillation.distillation_loss.use_task_rewards=true", "distillation.distillation_loss.distillation_loss_coef=1.0"]
-PROFILE = ["global_profiler.tool=torch_memory", "global_profiler.steps=[2]", f"{A}.profiler.enable=true"]
+PROFILE = ["global_profiler.tool=torch_memory", "global_profiler.steps=[2]", f"{A}.profiler.enable=true",
+           f"{A}.profiler.all_ranks=true"]
 
 
 def setup(ctx: cc.Context) -> None:
@@ -92,7 +93,7 @@ def check_memory_profile(ctx: cc.Context) -> dict:
     args = cc.small_overrides(ctx, "tiny_gsm8k", out, 2) + PROFILE
     if ctx.device == "cpu":   # the tool needs a device allocator: the validator must refuse it by name
         code, output = cc.run_process([sys.executable, "-m", "verl_npu.cli", "validate", "tiny_gsm8k", *args], ctx.env, 120)
-        assert code != 0 and "global_profiler.tool" in output, "torch_memory on cpu was not refused:\n" + output
+        assert code != 0 and "torch_memory profiler" in output, "torch_memory on cpu was not refused:\n" + output
         return {"refused_on_cpu": True}
     done = cc.train(ctx, "tiny_gsm8k", args)
     snapshots = sorted(out.rglob("memory_snapshot.pickle"))
