@@ -32,7 +32,7 @@ from typing import Any
 
 from verl_npu.config.typed import section
 from verl_npu.registry import REWARD_MANAGERS
-from verl_npu.rewards import FLOAT32_MAX, RewardFunction, as_score, load_reward_fn
+from verl_npu.rewards import FLOAT32_MAX, RewardFunction, RewardScorer, as_score, load_reward_fn
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,7 @@ class ParallelRewardScorer:
         self._batches = 0
 
     def covers(self, data_sources: list[str]) -> bool:
-        from verl_npu.rewards import RewardScorer
-
+        """Whether every one of `data_sources` has a rule reward (always, with your own function)."""
         return RewardScorer(self.function).covers(data_sources)
 
     def _executor(self) -> ProcessPoolExecutor:
