@@ -20,7 +20,7 @@ once per decode and then, per step, only what the step computes:
   ``rotate_half(x) * sin`` = ``cat(-x2, x1) * sin`` is computed as ``cat(x2, x1) * cat(-sin1, sin2)``
   (a sign flip commutes with a rounded product). Other layers are called as modules.
 
-Tokens and log-probs are the ones the model's forward gives, bit for bit (`tests/test_decode_step.py`
+Tokens and log-probs are the ones the model's forward gives, bit for bit (`tests/rollout/test_decode_step.py`
 compares both paths on every supported class, with and without padding). `DecodeStep.build` gives None,
 and the loop calls the model, for anything else: a class outside `_TOP_LEVEL` (whose forward is known
 to be embed -> rotary -> layers -> norm -> lm_head), attention other than SDPA, sliding-window layers, a
