@@ -81,6 +81,8 @@ def declaring_files() -> dict[str, set[str]]:
 def test_no_registry_name_is_compared_as_a_string_outside_its_registry():
     names, own = registered_names(), declaring_files()
     assert {"hf", "vllm", "critic", "reward_model", "remax", "dapo", "gspo"} <= set(names)
+    assert {"token", "sequence", "token_k1", "seq_max_k3", "ppo_clip", "reinforce"} <= set(names)  # corrections
+    assert {"gsm8k", "search", "image_zoom_in", "code_interpreter"} <= set(names)                  # tools
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = str(path.relative_to(PACKAGE))
@@ -136,3 +138,44 @@ def test_a_declaration_with_a_non_literal_argument_is_refused(tmp_path):
     assert registry.ROLLOUT_ENGINES.user_files is False   # engines are named only by the registry
     with pytest.raises(registry.RegistryError, match="unknown rollout engine"):
         registry.ROLLOUT_ENGINES.spec(f"{path}:mine")
+
+
+def test_rollout_corrections_and_tools_are_read_from_their_registries_without_torch():
+    """The config layer's tables of rollout-correction modes and built-in tools are their registries' specs,
+    read from the decorators' source: no torch, no tool module imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom verl_npu import rollout_corrections as rc, tool_registry as tr\n"
+            "from verl_npu.config.schema import SCHEMA\n"
+            "print(list(rc.ROLLOUT_IS_LEVELS), list(rc.BYPASS_LOSS_TYPES), len(rc.ROLLOUT_RS_OPTIONS),\n"
+            "      SCHEMA['backend_config.algorithm.rollout_correction.rollout_is'].choices,\n"
+            "      tr.BUILTIN_TOOLS['search'], sorted(tr.IMAGE_TOOLS), tr.VERL_CLASS_PATHS['verl.tools.gsm8k_tool.Gsm8kTool'],\n"
+            "      'torch' in sys.modules, any(m.startswith('verl_npu.tools') for m in sys.modules), sep='|')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=PACKAGE.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().split("|") == [
+        "['token', 'sequence']", "['ppo_clip', 'reinforce']", "11", "('token', 'sequence')",
+        "verl_npu.tools.search:SearchTool", "['image_zoom_in']", "gsm8k", "False", "False"]
+
+
+def test_a_rejection_option_is_judged_by_what_its_spec_declares():
+    """The same k-statistic, judged per token or per response as each option's spec says (and k1's ratio
+    bounds): the tensor code asks the spec, not the option's spelling."""
+    import torch
+
+    from verl_npu.algorithms.rollout_correction import rollout_rejection_mask
+
+    spec = registry.ROLLOUT_CORRECTIONS.spec
+    assert (spec("token_k2").per_token, spec("seq_mean_k2").per_token, spec("seq_mean_k2").statistic) == \
+        (True, False, "k2")
+    assert spec("seq_sum_k1").ratio_bounds and not spec("seq_max_k3").ratio_bounds
+    log_ratio = torch.tensor([[0.0, 2.0, 0.0], [0.1, 0.1, 0.1]])
+    mask = torch.ones(2, 3)
+    by_token, _ = rollout_rejection_mask(log_ratio, mask, "token_k2", 1.0)      # k2 = d^2/2: 2.0 -> 2 > 1
+    by_max, _ = rollout_rejection_mask(log_ratio, mask, "seq_max_k2", 1.0)
+    by_mean, _ = rollout_rejection_mask(log_ratio, mask, "seq_mean_k2", 1.0)   # row 0's mean k2: 2/3 <= 1
+    assert by_token.tolist() == [[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
+    assert by_max.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+    assert by_mean.tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
