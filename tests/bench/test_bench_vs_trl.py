@@ -1,5 +1,5 @@
 """bench/vs_trl.py --smoke runs (2 steps per side; verl-npu only when TRL is not installed), so the
-benchmark never rots. No timing is asserted: speed is recorded in bench/vs_trl.md."""
+benchmark never rots. No timing is asserted: speed is recorded in bench/results/vs_trl.md."""
 
 from __future__ import annotations
 

@@ -480,7 +480,7 @@ def test_the_device_is_detected_by_the_driver_and_handed_to_the_workers():
 
 
 def test_cuda_turns_cudnn_attention_off_and_cpu_leaves_it():
-    """cuDNN SDPA builds a plan per new shape (seconds per RL step on an H200: bench/cuda_check.md);
+    """cuDNN SDPA builds a plan per new shape (seconds per RL step on an H200: bench/results/cuda_check.md);
     a cuda worker turns it off before building its models, other kinds leave torch's choice alone."""
     import torch
 

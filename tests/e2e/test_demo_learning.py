@@ -3,7 +3,7 @@
 Not timed. A shortened `tiny_geo3k` run (the demo's first 80 of 300 steps) must reach a greedy
 validation accuracy on held-out pictures well above what any policy that ignores the image can
 expect (1 in 4: the answers are balanced), and end with the run summary. The full demo's numbers
-over seeds and thread counts are in bench/demo_learning.md.
+over seeds and thread counts are in bench/results/demo_learning.md.
 """
 
 from __future__ import annotations

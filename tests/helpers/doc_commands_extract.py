@@ -45,7 +45,7 @@ ALLOWED_PARTIAL: dict[str, str] = {
                   "trainer's key=value overrides must be keys of verl's config language (the schema)",
     "server": "verl-npu retrieval-server serves until it is stopped: its flags are parsed and its corpus "
               "argument named, nothing is started (tests/tools/test_search_tool.py runs the server for real)",
-    "other-venv": "commands of a hand-built second venv (/tmp/vllm-venv, recorded in bench/vllm_cpu_check.md; "
+    "other-venv": "commands of a hand-built second venv (/tmp/vllm-venv, recorded in bench/results/vllm_cpu_check.md; "
                   "tests/vllm_cpu.sh is the maintained form): not run",
 }
 
@@ -183,7 +183,7 @@ def recipe_header_commands(path: Path, rel: str) -> list[Command]:
 
 
 def doc_sources() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "bench").glob("*.md")),
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "bench").rglob("*.md")),
             *sorted((REPO / "recipes").rglob("*.yaml"))]
 
 

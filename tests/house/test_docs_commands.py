@@ -1,6 +1,6 @@
 """Every shell command the docs quote works as written.
 
-Where commands are found: README.md, docs/*.md, bench/*.md and the recipes' headers (the rules are in
+Where commands are found: README.md, docs/*.md, bench/results/*.md and the recipes' headers (the rules are in
 tests/helpers/doc_commands_extract.py's module doc).
 
 How each is checked (nothing trains, nothing downloads; every file is written under tmp_path; the

@@ -384,7 +384,7 @@ def _check_grid_point(name: str, work: Path) -> None:
 
 def test_plan_is_near_a_real_cpu_training_step(tmp_path):
     """One grid point: 2 real steps of tiny_gsm8k (one worker), every phase's peak from torch's
-    profiler against the plan (loose bounds; bench/memory_plan.md has the grid)."""
+    profiler against the plan (loose bounds; bench/results/memory_plan.md has the grid)."""
     _check_grid_point("text-tiny-ckpt-kl", tmp_path)
 
 

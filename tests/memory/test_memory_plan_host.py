@@ -1,5 +1,5 @@
 """The host figure of the memory plan (issue 26): a worker process's base, the tensors a CPU worker holds
-and what the C allocator keeps beside them (bench/memory_plan.md, "Host figure")."""
+and what the C allocator keeps beside them (bench/results/memory_plan.md, "Host figure")."""
 
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ def test_returned_logits_give_the_same_log_probs(tiny_lm_path, remove_padding):
 def test_hf_rollout_computes_on_the_workers_device_not_its_parameters(tiny_lm_path):
     """Under FSDP2 parameter offload the parameters rest on the host while the forward runs on the GPU: the
     rollout must put its inputs on the worker's device (on an H200 it put them on the parameters' device, the
-    CPU, and decode failed: bench/cuda_check.md). Checked here by the wiring, which needs no GPU."""
+    CPU, and decode failed: bench/results/cuda_check.md). Checked here by the wiring, which needs no GPU."""
     from verl_npu.config import load_recipe
     from verl_npu.device import DeviceInfo
 

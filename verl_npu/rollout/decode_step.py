@@ -1,7 +1,7 @@
 """One decode step of the `hf` rollout's loop (`rollout.decode`) without the model's top-level forward.
 
 A decode step feeds one token per row through a small model; on the models this engine is for, the step's
-time was mostly per-call work around a few small matrix products (`bench/vs_trl.md`). The model's
+time was mostly per-call work around a few small matrix products (`bench/results/vs_trl.md`). The model's
 forward re-does at every step what depends only on the step index: the attention mask (transformers' mask
 creation, and SDPA turning a boolean mask into an additive one in every layer), the rotary cos / sin of the
 step's positions, the keyword plumbing and output objects of three nested forwards. `DecodeStep` does that
