@@ -28,7 +28,8 @@ Without matplotlib (the GPU machine has none) the trainer's training_curves.png 
 
 Results: DIR/cuda_check.json (every check: name, ok, numbers, seconds, error tail), DIR/cuda_check.md
 (a table), DIR/cuda_check_failures.log (the last 400 lines of each failed check's output). The models, data
-and run folders go to --work (a temporary folder by default), never into DIR.
+and run folders go to --work (a temporary folder by default), never into DIR. A run kept for the record goes
+to bench/results/ (the report in bench/results/cuda_check.md, each run's JSON in bench/results/cuda_check_results/).
 """
 
 from __future__ import annotations
