@@ -36,6 +36,12 @@ def headline(r: dict) -> str:
         return "; ".join(f"{p} {v['planned_mb']}/{v['measured_mb']} MB" + (f" ({v['error']:+.0%})" if v["error"]
                                                                            is not None else "")
                          for p, v in n["phases"].items())
+    if r["name"] == "async":
+        probe = n["nccl_one_device_probe"]
+        return (f"{n['transfers_checked']} transfers by {n['backend']} to {n['rollout_devices']}, weights equal; "
+                f"{n['timing_s/step']} s/step, idle trainer {n['trainer/idle_ratio']} rollout "
+                f"{n['rollouter/idle_ratio']}; {probe['backend']} 2 ranks on one device: "
+                f"{'ok' if probe['ok'] else 'refused'}")
     if "timing_s/step" in n:
         actor = n.get("actor") or {}
         return (f"steps {n['steps'][0]}-{n['steps'][-1]}, {n['timing_s/step']} s/step, score "

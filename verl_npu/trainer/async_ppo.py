@@ -36,7 +36,7 @@ import torch
 
 from verl_npu.batch import Batch
 from verl_npu.data.loader import collate_rows
-from verl_npu.errors import UserError
+from verl_npu.device import DeviceInfo
 from verl_npu.trainer.checkpoint import load_torch, save_torch
 from verl_npu.trainer.metrics import timed
 from verl_npu.trainer.off_policy import StalenessSampler, staleness_metrics
@@ -50,15 +50,32 @@ ASYNC_STATE_FILE = "async_state.pt"
 TRANSFER_BACKEND = "collective"
 
 
+def rollout_processes(cfg) -> int:
+    """The standalone rollout pool's size: actor_rollout_ref.rollout.nnodes x n_gpus_per_node (null: 1)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return int(rollout.nnodes or 0) * int(rollout.n_gpus_per_node or 1)
+
+
 def check_layout(cfg, device) -> None:
-    """What this version of separate_async runs on, checked before any worker starts (docs/async.md)."""
+    """Where separate_async's rollout processes go, said before any worker starts (docs/async.md): devices of
+    their own beside the trainer's when the node has enough, else shared with the trainer (the weights then
+    travel through host memory)."""
     if cfg.trainer.v1.trainer_mode != "separate_async":
         return
-    if device.is_accelerator:
-        raise UserError(
-            f"trainer.v1.trainer_mode=separate_async: the rollout side runs in a CPU process in this version, and "
-            f"the run's device is {device.kind}. Use trainer.v1.trainer_mode=sync on {device.kind} (or "
-            "trainer.device=cpu); docs/async.md lists what is built")
+    processes = rollout_processes(cfg)
+    indices, shared = device.beside_trainer(1, processes)
+    if shared:
+        log.warning("separate_async: %d rollout process(es) and the trainer share %s device(s) %s (the node has %d): "
+                    "generation and training compete for them, and the weights travel by %s through host memory",
+                    processes, device.kind, sorted(set(indices)), device.count(), device.weight_sync_backend(True))
+
+
+def _step_of(record: str) -> float:
+    """The step of a line of versions.jsonl; infinite for a torn line (a process killed while writing it)."""
+    try:
+        return int(json.loads(record)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 class WeightsOutOfSync(RuntimeError):
@@ -68,8 +85,9 @@ class WeightsOutOfSync(RuntimeError):
 class AsyncPPOTrainer(PPOTrainer):
     """PPOTrainer whose step trains on responses generated ahead by a separate rollout process."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, device=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.device = device if device is not None else DeviceInfo("cpu")  # the run's: the rollout side's kind
         v1 = self.cfg.trainer.v1
         self.threshold = int(v1.sampler.max_off_policy_threshold)
         self.sampler = StalenessSampler(self.threshold, v1.sampler.max_off_policy_strategy)
@@ -87,7 +105,8 @@ class AsyncPPOTrainer(PPOTrainer):
         self.rollout_stats = {"idle": 0.0, "busy": 0.0, "groups": 0, "update_s": 0.0}
         self.push_thread: threading.Thread | None = None
         self.push_result: dict = {}
-        self.digests: dict[int, str] = {}
+        self.digests: dict[int, str] = {}  # version -> the trainer's digest, until every rollout process confirmed
+        self.confirmed: dict[int, int] = {}  # version -> rollout processes whose digest matched
         self.first_step = True
         self.versions_file = self.out_dir / "async" / "versions.jsonl"
 
@@ -137,6 +156,14 @@ class AsyncPPOTrainer(PPOTrainer):
         untrained = [(r.uid, self.row_index[r.uid]) for r in self.sampler.untrained()]
         save_torch({"issued_batches": self.issued_batches, "untrained": untrained}, folder / ASYNC_STATE_FILE)
 
+    def resume(self, ckpt: Path | None) -> None:
+        """The sync loop's resume; then the version records of steps after the restored one (a run stopped
+        between a step's generation and its checkpoint) are dropped: those steps are trained again."""
+        super().resume(ckpt)
+        if self.versions_file.exists():
+            kept = [line for line in self.versions_file.read_text().splitlines() if _step_of(line) <= self.global_step]
+            self.versions_file.write_text("".join(line + "\n" for line in kept))
+
     def read_extra_state(self, ckpt: Path) -> None:
         path = Path(ckpt) / ASYNC_STATE_FILE
         if not path.exists():  # a sync run's checkpoint: nothing was issued ahead of its loader position
@@ -152,7 +179,7 @@ class AsyncPPOTrainer(PPOTrainer):
         from verl_npu.workers.rollout_side import RolloutSide
 
         threads = torch.get_num_threads()
-        self.rollout = RolloutSide(self.cfg, TRANSFER_BACKEND, threads)
+        self.rollout = RolloutSide(self.cfg, TRANSFER_BACKEND, threads, self.device, rollout_processes(self.cfg))
         self.push_weights(self.global_step)
         dataset = self.train_loader.dataset
         for uid, row in self.reissue_on_start:  # a resumed run's untrained prompts, at the restored version
@@ -177,7 +204,7 @@ class AsyncPPOTrainer(PPOTrainer):
                 raise self.push_result["error"]
             named = self.rollout_weights(self.workers.parameter_snapshot())
             self.digests[version] = weights_digest(named.items())
-            self.rollout.send("weights", version)
+            self.rollout.send_all("weights", version)
             self.push_result = {}
             self.push_thread = threading.Thread(target=self._send, args=(version, named), daemon=True)
             self.push_thread.start()
@@ -211,7 +238,7 @@ class AsyncPPOTrainer(PPOTrainer):
             self.prompt_rows[uid] = prompts.select([i])
             self.row_index[uid] = int(rows[i])
             self.sampler.issue(uid, self.version)
-        self.rollout.send("generate", uids[0], prompts, self.train_sampling)
+        self.rollout.generate(uids, prompts, self.train_sampling)
 
     def fill_admission(self) -> None:
         """Issue loader batches up to k versions ahead: batch b once version >= b - k, none past the last step."""
@@ -235,15 +262,18 @@ class AsyncPPOTrainer(PPOTrainer):
     def handle(self, reply: tuple) -> None:
         kind = reply[0]
         if kind == "weights":
-            _, version, stats, digest = reply
+            _, index, version, stats, digest = reply
             if digest != self.digests.get(version):
-                raise WeightsOutOfSync(f"after the transfer of version {version} the rollout process's weights "
-                                       "differ from the trainer's (weight digests differ)")
-            self.digests.pop(version, None)
+                raise WeightsOutOfSync(f"after the transfer of version {version} the weights of rollout process "
+                                       f"{index} differ from the trainer's (weight digests differ)")
             self.rollout_stats["update_s"] += stats["seconds"]
-            self.pending_metrics["weight_transfer/verified"] = 1.0
+            self.confirmed[version] = self.confirmed.get(version, 0) + 1
+            if self.confirmed[version] == len(self.rollout.processes):  # every process holds this version
+                del self.confirmed[version], self.digests[version]
+                self.rollout.sender.release(version)
+                self.pending_metrics["weight_transfer/verified"] = 1.0
         elif kind == "groups":
-            _, _, version, batch, stats = reply
+            _, _, _, version, batch, stats = reply
             n = self.train_sampling.n
             for start in range(0, len(batch), n):
                 group = batch.slice(start, start + n)
@@ -294,8 +324,8 @@ class AsyncPPOTrainer(PPOTrainer):
                 f.write(json.dumps({"step": self.global_step, "uid": r.uid, "generation_version": r.version,
                                     "trained_version": self.global_step - 1}) + "\n")
 
-    def rollout_snapshot(self) -> dict[str, torch.Tensor]:
-        """The rollout process's weights after every transfer sent so far (tests)."""
+    def rollout_snapshots(self) -> list[dict[str, torch.Tensor]]:
+        """Every rollout process's weights after every transfer sent so far, in process order (tests)."""
         if self.push_thread is not None:
             self.push_thread.join()
         return self.rollout.snapshot()
