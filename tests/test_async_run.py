@@ -133,14 +133,20 @@ def test_threshold_2_trains_every_group_exactly_2_versions_after_it_was_generate
     assert all(rows[s]["rollouter/generated_groups"] > 0 for s in rows)
 
 
-def _resumed_once(out, steps, last) -> None:
-    """After a run stopped with `last` as its newest checkpoint and its rerun: the checkpoint held the next batch as
-    issued and untrained (one-step-off), the rerun reissued it at the restored version, and each of the epoch's
-    4 x `steps` prompts was trained exactly once, every other group one version before the one it updates."""
+def _stopped_at(out) -> tuple[int, list[str]]:
+    """The newest checkpoint of a stopped one-step-off run and the uids it holds as issued and untrained: the next
+    batch (read before the rerun, which removes old checkpoints)."""
+    last = int((out / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
     state = load_torch(out / "checkpoints" / f"global_step_{last}" / async_ppo.ASYNC_STATE_FILE)
     reissued = [uid for uid, _ in state["untrained"]]
     assert reissued == [f"{last + 1}-{i}" for i in range(4)] and state["issued_batches"] == last + 1
     assert [row for _, row in state["untrained"]] == list(range(4 * last, 4 * last + 4))  # data.shuffle=false
+    return last, reissued
+
+
+def _resumed_once(out, steps, last, reissued) -> None:
+    """After the rerun: the prompts the checkpoint held were reissued at the restored version, and each of the
+    epoch's 4 x `steps` prompts was trained exactly once, every other group one version before the one it updates."""
     records = _versions(out)
     assert sorted(r["uid"] for r in records) == sorted(f"{s}-{i}" for s in range(1, steps + 1) for i in range(4))
     for r in records:
@@ -168,12 +174,12 @@ def test_one_step_off_after_a_killed_rollout_process_resumes_and_trains_every_pr
     with pytest.raises(RolloutSideDied, match=r"rollout process 1 \(pid \d+\) exited with code -9"):
         run_training(rc)
     out = tmp_path / "resumed"
-    last = int((out / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+    last, reissued = _stopped_at(out)
     assert last in (2, 3)
     assert sorted(r["step"] for r in _versions(out)) == sorted(s for s in range(1, last + 1) for _ in range(4))
     monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", step)
     assert run_training(rc) == 0
-    _resumed_once(out, STEPS, last)
+    _resumed_once(out, STEPS, last, reissued)
     assert transfers_checked[-(STEPS - last):] == list(range(last, STEPS))  # the rerun pushes version `last` first
     assert transfers_checked.processes == {2}
 
@@ -211,7 +217,7 @@ def test_a_trainer_killed_by_sigkill_takes_its_rollout_process_along_and_the_rer
     while any(map(_running, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(_running, pids)), f"rollout process {pids} still running 5 s after its trainer was killed"
-    last = int(marker.read_text())
+    last, reissued = _stopped_at(out)
     assert 2 <= last < steps
     assert run_training(load_recipe("tiny_gsm8k", args)) == 0
-    _resumed_once(out, steps, last)
+    _resumed_once(out, steps, last, reissued)
