@@ -21,6 +21,7 @@ reward in at most 0.75 x the sync run's wall time.
     python bench/async_demos.py [--recipes tiny_gsm8k,tiny_geo3k] [--seeds 5] [--no-pin] [--out bench/async_demos.md]
     python bench/async_demos.py --recipes tiny_gsm8k --seeds 1     # one seed of the text demo (~5-10 min)
     python bench/async_demos.py --report-only                     # rebuild the report from finished runs
+    python bench/async_demos.py --recipes tiny_gsm8k --seeds 1 --out /tmp/smoke.md trainer.total_training_steps=20
     python bench/async_demos.py --model [--gen 0.6 --tail 0.5 --switch 0.05 --sync 0.01 --devices 16]
 
 `--model` prints the speed-up model of docs/async.md ("A speed-up model for 16 NPUs") instead of running anything.
@@ -95,13 +96,15 @@ def pin(pid: int, core: int) -> None:
             pass
 
 
-def run_one(recipe: str, seed: int, mode: str, root: Path, pin_cores: bool) -> dict:
+def run_one(recipe: str, seed: int, mode: str, root: Path, pin_cores: bool, overrides: list[str]) -> dict:
     demo_learning.RECIPE = recipe
     out_dir = root / recipe / f"seed{seed}_{mode}"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    extra = one_step_off_overrides(recipe) if mode != "sync" else []
-    env = dict(os.environ, OMP_NUM_THREADS="2" if mode == "sync" else "1")
+    extra = [*overrides, *(one_step_off_overrides(recipe) if mode != "sync" else [])]
+    # the launcher's Python: the caller's choice, else the one running this script (a worktree has no .venv)
+    env = dict(os.environ, OMP_NUM_THREADS="2" if mode == "sync" else "1",
+               VERL_NPU_PYTHON=os.environ.get("VERL_NPU_PYTHON", sys.executable))
     load_before = os.getloadavg()[0]
     log_path = out_dir / "bench_output.log"
     start = time.time()
@@ -226,6 +229,8 @@ def main() -> int:
     parser.add_argument("--switch", type=float, default=0.05, help="--model: C / T")
     parser.add_argument("--sync", type=float, default=0.01, help="--model: (R + W) / T")
     parser.add_argument("--devices", type=int, default=16, help="--model: devices in all")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of both modes' runs (a shorter smoke run: "
+                        "trainer.total_training_steps=20 trainer.test_freq=10)")
     args = parser.parse_args()
     if args.model:
         print("\n".join(model_table([(g, t, args.switch) for g, t in zip(args.gen, args.tail)], args.sync,
@@ -243,7 +248,7 @@ def main() -> int:
         for recipe in recipes:
             for seed in range(args.seeds):
                 for mode in MODES:
-                    r = run_one(recipe, seed, mode, root, not args.no_pin)
+                    r = run_one(recipe, seed, mode, root, not args.no_pin, args.overrides)
                     print(f"{recipe} seed {seed} {mode}: last-10 {r['last']:.3f}, {r['wall']:.0f} s", flush=True)
                     results.append(r)
     if not results:
