@@ -18,7 +18,7 @@ and `rollouter/idle_ratio`. Learning "as well": the one-step-off last-10 mean is
 its final validation accuracy within 0.05 of sync's. Speed (issue 37): one-step-off reaches the sync run's final
 reward in at most 0.75 x the sync run's wall time.
 
-    python bench/async_demos.py [--recipes tiny_gsm8k,tiny_geo3k] [--seeds 5] [--no-pin] [--out bench/async_demos.md]
+    python bench/async_demos.py [--recipes tiny_gsm8k,tiny_geo3k] [--seeds 5] [--no-pin] [--out bench/results/async_demos.md]
     python bench/async_demos.py --recipes tiny_gsm8k --seeds 1     # one seed of the text demo (~5-10 min)
     python bench/async_demos.py --report-only                     # rebuild the report from finished runs
     python bench/async_demos.py --recipes tiny_gsm8k --seeds 1 --out /tmp/smoke.md trainer.total_training_steps=20
@@ -220,7 +220,7 @@ def main() -> int:
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated demos (default both)")
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (default 5, bench/demo_learning.py's)")
     parser.add_argument("--no-pin", action="store_true", help="leave the processes where the OS puts them")
-    parser.add_argument("--out", default=str(BENCH / "async_demos.md"))
+    parser.add_argument("--out", default=str(BENCH / "results" / "async_demos.md"))
     parser.add_argument("--output-dir", default="/tmp/verl_npu_bench_async")
     parser.add_argument("--report-only", action="store_true", help="the report from finished runs, running nothing")
     parser.add_argument("--model", action="store_true", help="print the 16-device speed-up model (docs/async.md)")

@@ -33,12 +33,14 @@ Without matplotlib (the GPU machine has none) the trainer's training_curves.png 
 
 Results: DIR/cuda_check.json (every check: name, ok, numbers, seconds, error tail), DIR/cuda_check.md
 (a table), DIR/cuda_check_failures.log (the last 400 lines of each failed check's output). The models, data
-and run folders go to --work (a temporary folder by default), never into DIR.
+and run folders go to --work (a temporary folder by default), never into DIR. A run kept for the record goes
+to bench/results/ (the report in bench/results/cuda_check.md, each run's JSON in bench/results/cuda_check_results/).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import math
@@ -61,6 +63,9 @@ for _p in (str(REPO), str(BENCH)):
         sys.path.insert(0, _p)
 
 from cuda_check_report import headline, markdown, write_results  # noqa: E402  (bench/ is on sys.path above)
+
+# run as a script this module is __main__: cuda_check_more's `import cuda_check` must find this one
+sys.modules.setdefault("cuda_check", sys.modules[__name__])
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 TAIL_LINES = 40    # of a failed check's output, in cuda_check.json / .md
@@ -384,6 +389,9 @@ def check_setup(ctx: Context, memory_configs: list[str]) -> dict:
     for name in memory_configs:
         memory_grid.overrides(name, ctx.work / "memory")
     memory_grid.build_model(ctx.work / "memory" / "models", "lm", memory_grid.MID)
+    import cuda_check_more
+
+    cuda_check_more.setup(ctx)
     return {"made": len(made)}
 
 
@@ -734,7 +742,8 @@ def _check_main(name: str, device: str, work: str, memory_configs: list[str]) ->
             numbers = check_setup(ctx, memory_configs)
         else:
             check = next(c for c in CHECKS if c.name == name)
-            numbers = globals()[check.fn](ctx, *check.args)
+            module, _, fn = check.fn.rpartition(":")
+            numbers = getattr(importlib.import_module(module) if module else sys.modules[__name__], fn)(ctx, *check.args)
     except BaseException:
         traceback.print_exc()
         print("\nFOUND " + json.dumps(ctx.found, default=str))
@@ -835,6 +844,11 @@ def _in_list_order(results: list[dict]) -> list[dict]:
     rank = {"setup": -1, **{c.name: i for i, c in enumerate(CHECKS)}}
     return sorted(results, key=lambda r: rank[r["name"]])
 
+
+# the stages beyond one RL run (SFT, distillation, activation offload, torch_memory, shm): bench/cuda_check_more.py
+from cuda_check_more import MORE_CHECKS  # noqa: E402
+
+CHECKS += MORE_CHECKS
 
 if __name__ == "__main__":
     try:

@@ -42,6 +42,12 @@ def headline(r: dict) -> str:
                 f"{n['timing_s/step']} s/step, idle trainer {n['trainer/idle_ratio']} rollout "
                 f"{n['rollouter/idle_ratio']}; {probe['backend']} 2 ranks on one device: "
                 f"{'ok' if probe['ok'] else 'refused'}")
+    if r["name"] == "sft":
+        rl = n["rl_from_sft"]
+        return (f"SFT loss {n['sft_losses'][0]} -> {n['sft_losses'][-1]} over 6 steps (resumed at 5); RL from its "
+                f"export: steps {rl['steps'][0]}-{rl['steps'][-1]}, {rl['timing_s/step']} s/step")
+    if "snapshots" in n:
+        return f"{len(n['snapshots'])} snapshot(s), {n['segments']} segments, {n['trace_events']} allocation events"
     if "timing_s/step" in n:
         actor = n.get("actor") or {}
         return (f"steps {n['steps'][0]}-{n['steps'][-1]}, {n['timing_s/step']} s/step, score "

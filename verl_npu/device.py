@@ -615,7 +615,7 @@ class DeviceInfo:
     def use_kernels(self) -> None:
         """Process-wide kernel choices, made before a worker builds its models. cuda: cuDNN's SDPA off: it
         builds a plan per new shape and RL steps bring new lengths every step (the tiny text demo's update on
-        an H200: 1-3 s with it, 0.11 s without; bench/cuda_check.md). npu / cpu: nothing."""
+        an H200: 1-3 s with it, 0.11 s without; bench/results/cuda_check.md). npu / cpu: nothing."""
         if self.kind == "cuda":
             import torch
 

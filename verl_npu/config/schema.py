@@ -159,7 +159,7 @@ _k(f"{A}.model.trust_remote_code", False, BOOL, "Allow custom code shipped with 
 _k(f"{A}.model.use_fused_kernels", False, BOOL, "Compute log-probs and entropy (actor and reference) from the "
    "final hidden states a chunk of tokens at a time, never holding the float32 [tokens x vocab] logits; the "
    "backward recomputes each chunk. Same numbers, lower peak memory for large vocabularies "
-   "(bench/fused_logprobs.md).")
+   "(bench/results/fused_logprobs.md).")
 _k(f"{A}.model.fused_kernel_options.impl_backend", "torch", STR, "Implementation of the fused log-prob / entropy "
    "computation (use_fused_kernels): torch, chunked PyTorch operations (verl_npu/models/fused_logprobs.py).",
    off_only="the triton backend of the fused kernels (torch computes the same values)")

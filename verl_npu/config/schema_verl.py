@@ -1,8 +1,8 @@
 """verl keys that verl-npu does not implement, each with what happens to it here.
 
 `schema.SCHEMA` holds the keys verl-npu reads. Everything else in upstream verl's `ppo_trainer`
-config (every leaf key of verl 0.9.1's generated schema, tests/data/verl_ppo_trainer_keys.txt, is
-checked by tests/test_verl_key_table.py; the keys verl 0.9.1 added live in `schema_verl_091`) is
+config (every leaf key of verl 0.9.1's generated schema, tests/fixtures/verl_ppo_trainer_keys.txt, is
+checked by tests/config/test_verl_key_table.py; the keys verl 0.9.1 added live in `schema_verl_091`) is
 one of:
 - `VERL_ONLY[path]`, a `Key` that is either a no-op (`noop`: any valid value is accepted and
   changes nothing here, the text says why) or refused unless at its no-op value (`off_only`:

@@ -1,0 +1,125 @@
+"""bench/cuda_check.py's checks of the stages beyond one RL run: SFT (with resume, then RL from its export),
+on-policy distillation, activation offload, the torch_memory profiler and the model through shared memory.
+
+Each function runs in a `--check NAME` process of cuda_check.py (declared in `MORE_CHECKS`, appended to its
+CHECKS), with the same Context, tiny local models and synthetic data, on the device or, with `--device cpu`,
+on the CPU (torch_memory is an accelerator tool: on the CPU that check asserts the validator refuses it)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import sys
+from pathlib import Path
+
+import cuda_check as cc
+
+A = "actor_rollout_ref.actor"
+DISTILL = ["distillation.enabled=true", "distillation.teacher_models.teacher_model.model_path=tiny://qwen2?seed=1",
+           "distillation.distillation_loss.use_task_rewards=true", "distillation.distillation_loss.distillation_loss_coef=1.0"]
+PROFILE = ["global_profiler.tool=torch_memory", "global_profiler.steps=[2]", f"{A}.profiler.enable=true",
+           f"{A}.profiler.all_ranks=true"]
+
+
+def setup(ctx: cc.Context) -> None:
+    """What the checks below share, made once before they run in parallel: the distillation teacher."""
+    from verl_npu.models.tiny import materialize
+
+    materialize(DISTILL[1].split("=", 1)[1], cache_dir=ctx.work / "cache")
+
+
+def _sft_args(ctx: cc.Context, out: Path, steps: int) -> list[str]:
+    data = ctx.work / "data" / "tiny_sft"
+    return [f"af_output_dir={out}", f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'test.parquet'}", f"trainer.device={ctx.device}", "trainer.n_gpus_per_node=1",
+            f"trainer.total_training_steps={steps}", "trainer.save_freq=2", "trainer.test_freq=2",
+            "trainer.logger=[console]", "trainer.resume_mode=auto"]
+
+
+def _sft(ctx: cc.Context, args: list[str]) -> str:
+    code, output = cc.run_process([sys.executable, "-m", "verl_npu.cli", "sft", "tiny_sft", "--demo-data", *args],
+                                  ctx.env, 280)
+    if code != 0:
+        raise RuntimeError(f"verl-npu sft tiny_sft exited {code}:\n" + cc.tail(output))
+    return output
+
+
+def check_sft(ctx: cc.Context) -> dict:
+    """SFT 4 steps (checkpoints at 2, 4), resumed to 6; the loss falls; then 2 RL steps from its export."""
+    out = cc.run_folder(ctx)
+    _sft(ctx, _sft_args(ctx, out, 4))
+    second = _sft(ctx, _sft_args(ctx, out, 6))
+    assert "global_step_4" in second, "the second SFT run did not name global_step_4:\n" + cc.tail(second)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in rows if "train/loss" in r]
+    steps = [r["step"] for r in train]
+    assert steps == [1, 2, 3, 4, 5, 6], f"SFT metrics.jsonl train steps {steps}"
+    losses = [r["train/loss"] for r in train]
+    assert all(v == v and abs(v) < 1e6 for v in losses), f"non-finite SFT loss {losses}"
+    assert losses[-1] < losses[0], f"the SFT loss did not fall over 6 steps: {losses}"
+    ckpts = out / "checkpoints"
+    assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
+    export = next((p.parent for p in (ckpts / "global_step_6").rglob("config.json")
+                   if (p.parent / "model.safetensors").is_file()), None)
+    assert export is not None, f"no huggingface export under {ckpts / 'global_step_6'}"
+    ctx.found.update(sft_losses=losses, export=str(export))
+    rl = out.with_name(ctx.name + "-rl")   # beside the SFT run's folder (run_folder would empty that)
+    shutil.rmtree(rl, ignore_errors=True)
+    done = cc.train(ctx, "tiny_gsm8k", cc.small_overrides(ctx, "tiny_gsm8k", rl, 2)
+                    + [f"actor_rollout_ref.model.path={export}"])
+    rl_rows = cc.training_rows(rl)
+    cc.assert_finite(rl_rows)
+    return {"sft_losses": [round(v, 4) for v in losses], "sft_export": str(export.relative_to(out)),
+            "rl_from_sft": cc.run_numbers(rl_rows, done["report"], done["seconds"])}
+
+
+def check_distill(ctx: cc.Context, mode: str, extra: tuple = ()) -> dict:
+    """2 GRPO steps with the teacher scoring the student's samples (distillation_loss.loss_mode=mode)."""
+    out = cc.run_folder(ctx)
+    args = cc.small_overrides(ctx, "tiny_gsm8k", out, 2) + DISTILL + [
+        f"distillation.distillation_loss.loss_mode={mode}", *extra]
+    done = cc.train(ctx, "tiny_gsm8k", args)
+    rows = cc.training_rows(out)
+    cc.assert_finite(rows)
+    assert all("distillation/loss" in r for r in rows), f"no distillation/loss: {sorted(rows[0])}"
+    return {**cc.run_numbers(rows, done["report"], done["seconds"]),
+            "distillation/loss": [round(r["distillation/loss"], 4) for r in rows]}
+
+
+def check_memory_profile(ctx: cc.Context) -> dict:
+    """torch_memory over step 2: the caching allocator's history dumped as memory_snapshot.pickle per rank."""
+    out = cc.run_folder(ctx)
+    args = cc.small_overrides(ctx, "tiny_gsm8k", out, 2) + PROFILE
+    if ctx.device == "cpu":   # the tool needs a device allocator: the validator must refuse it by name
+        code, output = cc.run_process([sys.executable, "-m", "verl_npu.cli", "validate", "tiny_gsm8k", *args], ctx.env, 120)
+        assert code != 0 and "torch_memory profiler" in output, "torch_memory on cpu was not refused:\n" + output
+        return {"refused_on_cpu": True}
+    done = cc.train(ctx, "tiny_gsm8k", args)
+    snapshots = sorted(out.rglob("memory_snapshot.pickle"))
+    assert snapshots, f"no memory_snapshot.pickle under {out}"
+    with open(snapshots[0], "rb") as f:
+        snap = pickle.load(f)
+    events = sum(len(t) for t in snap.get("device_traces", []))
+    assert snap.get("segments") and events > 0, "the snapshot holds no segments or no allocation events"
+    return {**cc.run_numbers(cc.training_rows(out), done["report"], done["seconds"]),
+            "snapshots": [str(p.relative_to(out)) for p in snapshots], "trace_events": events,
+            "segments": len(snap["segments"])}
+
+
+MORE_CHECKS = [
+    cc.Check("sft", "cuda_check_more:check_sft", 420, True, "verl-npu sft tiny_sft 4 steps, resumed to 6 (steps "
+             "1-6 once), loss finite and falling, a huggingface export; then 2 RL steps starting from it"),
+    cc.Check("distill-topk", "cuda_check_more:check_distill", 240, True, "on-policy distillation, forward_kl_topk "
+             "(top-16): " + cc.FINITE + ", distillation/loss logged", ("forward_kl_topk", ("distillation.distillation_loss.topk=16",))),
+    cc.Check("distill-k3", "cuda_check_more:check_distill", 240, False, "on-policy distillation, k3 as a "
+             "policy-gradient term: " + cc.FINITE + ", distillation/loss logged",
+             ("k3", ("distillation.distillation_loss.use_policy_gradient=true",))),
+    cc.Check("act-offload", "check_run", 240, False, "activation offload with gradient checkpointing: " + cc.FINITE,
+             ("tiny_gsm8k", 2, ("actor_rollout_ref.model.enable_activation_offload=true",
+                                "actor_rollout_ref.model.enable_gradient_checkpointing=true"))),
+    cc.Check("profile-memory", "cuda_check_more:check_memory_profile", 240, True, "global_profiler.tool=torch_memory "
+             "over step 2: memory_snapshot.pickle with segments and allocation events (on cpu: refused by name)"),
+    cc.Check("shm", "check_run", 240, False, "actor model loaded from a copy in /dev/shm (model.use_shm): "
+             + cc.FINITE, ("tiny_gsm8k", 2, ("actor_rollout_ref.model.use_shm=true",))),
+]
