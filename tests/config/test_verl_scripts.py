@@ -3,7 +3,7 @@ DAPO recipe, GSPO, rollout-correction, NPU and NPU-CI scripts (tests/fixtures/ve
 and commit in each header), with only their data, model and reward-file paths replaced by local tiny
 ones, go through `verl-npu validate --check-paths`: each passes, or fails only on a named refusal of a
 verl feature verl-npu does not support (Megatron, SGLang, rollout correction until it lands, ...) or on
-a named check (CHECKS), as its `# expect:` line says. Three of them train for 2 steps on CPU with only
+a named check (CHECKS), as its `# expect:` line says. Four of them (one with verl's prime reward manager) train for 2 steps on CPU with only
 sizing overrides (slow).
 
 verl's multi-turn examples (issue 25: GSM8K with its tool, on SGLang and on vLLM for Ascend, geo3k with
@@ -38,7 +38,9 @@ FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
             # the multi-turn examples (issue 25)
             "over-sampling": ("over-sampling",),
             "custom dataset": ("custom dataset classes",), "multimodal inputs": ("processor outputs of multimodal",),
-            "tool format": ("multi_turn.format",), "geo3k tool": ("Geo3kTool",)}
+            "tool format": ("multi_turn.format",), "geo3k tool": ("Geo3kTool",),
+            # rollout.agent.agent_loop_config_path (issue 39: refused by name, docs/agents.md)
+            "custom agent loop": ("custom agent loops",)}
 #: declared problems that are verl-npu's checks of a setting, not a missing feature -> words of the message
 CHECKS = {"group size": ("needs at least 2 responses per prompt",),
           # a profiler tool with nothing to profile (the torch_memory script names no profiled role)
@@ -165,7 +167,7 @@ def test_the_corpus_is_big_enough_and_covers_the_families():
     assert len(names) >= 15
     for family in ("grpo", "ppo", "rloo", "remax", "reinforce_pp", "npu_ci", "_npu", "vl", "dapo", "gspo",
                    "rollout_corr", "multiturn_gsm8k_tool", "multiturn_geo3k_tool", "multiturn_search_tool",
-                   "multiturn_retool"):
+                   "multiturn_retool", "prime", "agent_loop_custom"):
         assert any(family in n for n in names), family
 
 
@@ -179,7 +181,10 @@ SIZING = {
     "trainer.n_gpus_per_node": "2", "trainer.nnodes": "1", "trainer.total_training_steps": "2",
 }
 RUNS = {"grpo_qwen2_5_7b_npu": "tiny://qwen2", "grpo_qwen2_5_vl_3b_npu": "tiny://qwen25vl",
-        "npu_ci_qwen2_5_05b_grpo": "tiny://qwen2"}
+        "npu_ci_qwen2_5_05b_grpo": "tiny://qwen2", "prime_rloo_qwen2_5_7b_math": "tiny://qwen2"}
+#: what a run changes beyond SIZING: the prime manager's pool sized for 2 CPU cores (verl's figure is 64), on one
+#: worker (the manager scores in the controller; the 2-worker path is the other runs')
+RUN_EXTRA = {"prime_rloo_qwen2_5_7b_math": ["reward_model.prime.num_processes=2", "trainer.n_gpus_per_node=1"]}
 
 
 @pytest.mark.slow
@@ -193,9 +198,10 @@ def test_verl_script_trains_two_steps_on_cpu(name, local, tmp_path):
 
     overrides, header = read_script(HERE / f"{name}.txt")
     args = localized(overrides, header["data"], local, tmp_path / "out")
-    args = [a for a in args if a.split("=", 1)[0].lstrip("+") not in SIZING]
+    sizing = {**SIZING, **dict(item.split("=", 1) for item in RUN_EXTRA.get(name, []))}
+    args = [a for a in args if a.split("=", 1)[0].lstrip("+") not in sizing]
     args = [f"actor_rollout_ref.model.path={RUNS[name]}" if a.startswith("actor_rollout_ref.model.path=") else a
-            for a in args] + [f"{k}={v}" for k, v in SIZING.items()]
+            for a in args] + [f"{k}={v}" for k, v in sizing.items()]
     out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -203,6 +209,9 @@ def test_verl_script_trains_two_steps_on_cpu(name, local, tmp_path):
     steps = [r["step"] for r in rows if "actor/pg_loss" in r]
     assert steps == [1, 2]
     assert all(r["response_length/mean"] > 0 for r in rows if "actor/pg_loss" in r)
+    if name.startswith("prime"):   # scored by the prime manager's worker processes: its extras, none timed out
+        assert all(r["critic/score/prime_timeout/mean"] == 0 and "critic/score/acc/mean" in r
+                   for r in rows if "actor/pg_loss" in r)
 
 
 #: verl's multi-turn scripts that train for 2 steps on CPU: their `# fixed:` overrides (rollout.name=hf for

@@ -92,3 +92,26 @@ explorer:
     # the recipe names exactly those files; with the hf engine (no vLLM here) its paths check
     rc = load_recipe(out, ["actor_rollout_ref.rollout.name=hf"], check_paths=True)
     assert rc.backend.data.train_files == str(tasks / "train.parquet")
+
+
+def test_sft_conversations_become_rows_the_sft_dataset_reads(tmp_path, tiny_lm_path):
+    """--sft (a Trinity SFT experience buffer, a ROLL SFT file): the conversations, with their tools, as verl's SFT
+    rows; verl-npu's SFT dataset tokenizes them (the loss on the assistant's tokens)."""
+    from verl_npu.config.sft import Node
+    from verl_npu.config.sft_schema import defaults_tree
+    from verl_npu.data.sft_dataset import SFTDataset
+    from verl_npu.models.loading import load_tokenizer_and_processor
+
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    src = _jsonl(tmp_path / "sft" / "train.jsonl", [{"conv": chat}, {"conv": json.dumps(chat), "tools": []}])
+    out = tmp_path / "sft.parquet"
+    with pytest.raises(SystemExit) as done:
+        foreign_json.main(["trinity", "--sft", "--input", str(src.parent), "--messages-key", "conv", "--output", str(out)])
+    assert done.value.code == 0
+    rows = pq.read_table(out).to_pylist()
+    assert [r["messages"] for r in rows] == [chat, chat] and rows[1]["tools"] == "[]"
+    tokenizer, _ = load_tokenizer_and_processor(str(tiny_lm_path))
+    data = SFTDataset([str(out)], tokenizer, Node("backend_config.data", {**defaults_tree()["data"], "max_length": 128}))
+    assert len(data) == 2 and all(sum(row.loss_mask) > 0 for row in data.rows)
+    with pytest.raises(UserError, match=r"train.jsonl row 0: no 'messages' column"):
+        foreign_json.convert_sft([src], tmp_path / "o.parquet", "messages")

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from import_helpers import assert_every_key_is_in_the_table, assert_valid_or_names_what_it_lacks
 
 from verl_npu.errors import UserError
 from verl_npu.importers import import_config, import_to, read_config
 from verl_npu.importers.hydra import compose, device_list
-from verl_npu.importers.ledger import DEFAULT, NOT_MAPPED, flatten_input
+from verl_npu.importers.ledger import DEFAULT, MAPPED, NOT_MAPPED, flatten_input
 
 DATA = Path(__file__).resolve().parents[1] / "fixtures" / "import" / "roll"
 CORPUS = sorted(str(p.relative_to(DATA)) for p in DATA.glob("*/*.yaml") if p.parent.name != "config")
@@ -93,10 +94,26 @@ def test_agentic_maps_onto_the_grid_environment(tmp_path):
     assert rows["custom_envs.LargerSokoban.env_config.num_boxes"].status == NOT_MAPPED
 
 
-def test_async_generation_is_named_as_not_mapped_yet():
+def test_async_generation_maps_onto_separate_async():
     r = import_config("roll", DATA / "qwen3-8B-rlvr_fsdp2" / "rlvr_config_async.yaml")
     row = next(row for row in r.rows if row.key == "async_generation_ratio")
-    assert row.status == NOT_MAPPED and "no asynchronous" in row.note
+    assert row.status == MAPPED and row.target == "trainer.v1.sampler.max_off_policy_threshold"
+    rec = {k.removeprefix("backend_config."): v for k, v in r.recipe.items()}
+    # ratio 1: the next batch generated while this one trains, one model version stale at most
+    assert rec["trainer.v1.trainer_mode"] == "separate_async" and rec["trainer.v1.sampler.max_off_policy_threshold"] == 1
+    assert rec["trainer.v1.separate_async.parameter_sync_step"] == (
+        rec["data.train_batch_size"] // rec["actor_rollout_ref.actor.ppo_mini_batch_size"])
+
+
+def test_the_sft_pipeline_becomes_an_sft_recipe(tmp_path):
+    result, out = import_to("roll", DATA / "qwen3-30BA3B-sft_fsdp2" / "sft_config.yaml", tmp_path / "r.yaml")
+    assert result.kind == "sft" and result.validated, result.problems
+    rec = {k.removeprefix("backend_config."): v for k, v in result.recipe.items()}
+    # per_device_train_batch_size 1 x gradient_accumulation_steps 8 x 8 devices of its device_mapping
+    assert (rec["data.train_batch_size"], rec["data.micro_batch_size_per_gpu"], rec["data.use_dynamic_bsz"]) == (64, 1, False)
+    assert (rec["model.path"], rec["optim.lr"], rec["data.max_length"]) == ("Qwen/Qwen3-30B-A3B", 1e-5, 4096)
+    assert (rec["engine.strategy"], rec["engine.dtype"], rec["trainer.total_training_steps"]) == ("fsdp2", "bfloat16", 1000)
+    assert any("foreign_json.py roll --sft --input data/sft_data.jsonl" in n for n in result.notes)
 
 
 def test_the_corpus_covers_the_kinds_the_issue_names():
@@ -111,13 +128,6 @@ def test_the_corpus_covers_the_kinds_the_issue_names():
 def test_every_corpus_config_imports_with_every_key_in_the_table(name, tmp_path):
     path = DATA / name
     result, out = import_to("roll", path, tmp_path / "recipe.yaml")
-    keys = set(flatten_input(read_config("roll", path)))
-    assert {r.key for r in result.rows} >= keys, "every input key has a row"
-    assert all(r.note for r in result.rows if r.status == NOT_MAPPED)
-    if "sft" in name:
-        assert out is None and "SFT pipeline, which the importer does not convert yet" in result.refused
-        return
-    assert result.validated or result.problems
-    if not result.validated:
-        assert all(p.startswith("backend_config.") for p in result.problems), result.problems
-    assert set(result.recipe) <= set(result.origin)
+    assert_every_key_is_in_the_table(result, set(flatten_input(read_config("roll", path))))
+    assert out is not None and result.kind == ("sft" if "sft" in name else "rl")
+    assert_valid_or_names_what_it_lacks(result)

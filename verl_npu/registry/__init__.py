@@ -141,8 +141,11 @@ class RoleSpec(Spec):
 class RewardManagerSpec(Spec):
     """A reward manager: fn(scores, extras, valid_response_lengths, reward_kwargs, max_response_length) ->
     (scores, extras), applied to the rule reward. `overlong_penalty`: it reads reward_kwargs'
-    overlong_buffer_cfg (DAPO's overlong shaping)."""
+    overlong_buffer_cfg (DAPO's overlong shaping). `parallel_scoring`: the rule reward is computed by
+    `verl_npu.rewards.prime.ParallelRewardScorer` (worker processes, per-response deadlines, a failed
+    response scores 0) instead of row by row in the trainer."""
     overlong_penalty: bool = False
+    parallel_scoring: bool = False
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,7 @@ ROLLOUT_ENGINES: Registry[RolloutSpec] = Registry(
 ROLES: Registry[RoleSpec] = Registry("ROLES", "worker role", "(roles)", RoleSpec, ("workers",))
 REWARD_MANAGERS: Registry[RewardManagerSpec] = Registry(
     "REWARD_MANAGERS", "reward manager", "reward_model.reward_manager", RewardManagerSpec, ("rewards",),
-    unsupported=("prime", "batch"))
+    unsupported=("batch",))
 METRIC_SINKS: Registry[MetricSinkSpec] = Registry(
     "METRIC_SINKS", "logger", "trainer.logger", MetricSinkSpec, ("trainer/tracking.py", "trainer"),
     unsupported=("clearml", "trackio", "vemlp_wandb", "rl_insight"))

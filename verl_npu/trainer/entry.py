@@ -11,6 +11,7 @@ from typing import cast
 from verl_npu.config import RecipeConfig
 from verl_npu.config.sections import BackendConfigSection
 from verl_npu.errors import UserError, is_disk_full
+from verl_npu.registry import REWARD_MANAGERS
 
 log = logging.getLogger("verl_npu")
 
@@ -105,6 +106,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.device import apply_env_defaults, detect_device, set_torch_threads
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
+    from verl_npu.rewards.prime import ParallelRewardScorer, build_scorer
     from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout, rollout_processes
     from verl_npu.trainer.checkpoint import CheckpointManager
     from verl_npu.trainer.ppo import PPOTrainer
@@ -177,7 +179,11 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     log.info("%d steps (%d per epoch); %d prompts x %d responses per step",
              steps, len(train_loader), cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n)
 
-    reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
+    reward_scorer: RewardScorer | ParallelRewardScorer
+    if REWARD_MANAGERS.spec(cfg.reward_model.reward_manager).parallel_scoring:   # prime: worker processes
+        reward_scorer = build_scorer(cfg)
+    else:
+        reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
     assert cfg.trainer.default_local_dir is not None, "derived by the config loader when unset"
     checkpoints = CheckpointManager(cfg.trainer.default_local_dir, checkpoints_to_keep(cfg))
     resume_step = 0
@@ -234,6 +240,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     finally:
         tracker.close()
         workers.shutdown()
+        reward_scorer.close()   # prime: its worker processes
     if final:  # an already complete run trained nothing and said so
         score = final.get("critic/score/mean")
         log.info("done: %d steps; last mean score %s; outputs in %s", trainer.global_step,
