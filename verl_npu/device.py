@@ -326,6 +326,48 @@ class DeviceInfo:
         """torch.distributed backend: "hccl" | "nccl" | "gloo"."""
         return {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[self.kind]
 
+    def beside_trainer(self, trainer_devices: int, processes: int) -> tuple[list[int], bool]:
+        """Device indices for `processes` processes that run beside a trainer holding devices
+        0..trainer_devices-1 of this node (separate_async's rollout processes), and whether they share
+        devices with it: their own devices (trainer_devices, trainer_devices+1, ...) when the node has
+        enough, else every device of the node in turn, the trainer's included. cpu: index 0, not shared
+        (host memory is everyone's)."""
+        if self.kind == "cpu":
+            return [0] * processes, False
+        have = self.count()
+        if have >= trainer_devices + processes:
+            return [trainer_devices + i for i in range(processes)], False
+        return [i % have for i in range(processes)], True
+
+    def weight_sync_backend(self, shared_device: bool) -> str:
+        """The collective backend of a weight broadcast from the trainer to processes holding their own
+        copy of the weights: `dist_backend` (gloo / nccl / hccl) when each process has a device of its
+        own; gloo, through host memory, when they share a device (NCCL and HCCL refuse two ranks of a
+        group on one device)."""
+        return "gloo" if shared_device else self.dist_backend
+
+    def process_group(self, store: Any, rank: int, size: int, timeout_s: float, backend: str) -> Any:
+        """A process group of `backend` ("gloo" | "nccl" | "hccl") over `store`, apart from
+        torch.distributed's default group (which a run's workers may use already). nccl / hccl broadcast
+        tensors on this process's current device (`set_device` first)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        if backend == "gloo":
+            return dist.ProcessGroupGloo(store, rank, size, timeout)
+        if backend == "nccl":
+            group_class = dist.ProcessGroupNCCL
+        elif backend == "hccl":
+            _import_torch_npu()
+            from torch_npu._C._distributed_c10d import ProcessGroupHCCL as group_class  # type: ignore
+        else:
+            raise ValueError(f"unknown collective backend {backend!r}")
+        options = group_class.Options()
+        options._timeout = timeout
+        return group_class(store, rank, size, options)
+
     @property
     def visible_devices_env(self) -> str | None:
         """The variable that restricts which devices a process sees, or None on cpu."""

@@ -8,6 +8,7 @@ import pytest
 
 from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors
+from verl_npu.trainer import async_ppo
 from verl_npu.trainer.off_policy import StalenessSampler, staleness_metrics
 
 BC = "backend_config."
@@ -92,6 +93,25 @@ def test_separate_async_keys_load_and_derive_the_behaviour_log_probs():
     assert rc.typed.actor_rollout_ref.rollout.calculate_log_probs is True
     assert BC + "actor_rollout_ref.rollout.calculate_log_probs" in {d.key for d in rc.derived}
     assert load_recipe("tiny_gsm8k", []).typed.trainer.v1.trainer_mode == "sync"
+    two = load_recipe("tiny_gsm8k", ASYNC + ["actor_rollout_ref.rollout.n_gpus_per_node=2"]).typed
+    assert async_ppo.rollout_processes(two) == 2 and async_ppo.rollout_processes(rc.typed) == 1
+
+
+def test_the_device_layer_places_rollout_processes_and_picks_the_weight_broadcast_backend(monkeypatch):
+    """Beside a trainer on device 0: devices of their own when the node has enough (the device's own collective
+    backend, device to device), else the node's devices in turn, shared with the trainer (gloo through host memory:
+    NCCL and HCCL refuse two ranks on one device). The CPU: host memory is everyone's, gloo."""
+    from verl_npu.device import DeviceInfo
+
+    for kind, backend, count, processes, want in [
+            ("cuda", "nccl", 8, 2, ([1, 2], False)), ("cuda", "nccl", 1, 1, ([0], True)),
+            ("npu", "hccl", 2, 2, ([0, 1], True)), ("npu", "hccl", 16, 8, (list(range(1, 9)), False)),
+            ("cpu", "gloo", 2, 2, ([0, 0], False))]:
+        device = DeviceInfo(kind)
+        monkeypatch.setattr(DeviceInfo, "count", lambda self, _n=count: _n)
+        placed = device.beside_trainer(1, processes)
+        assert placed == want, (kind, count, processes)
+        assert device.weight_sync_backend(placed[1]) == ("gloo" if placed[1] else backend)
 
 
 @pytest.mark.parametrize("overrides,key,words", [
@@ -99,7 +119,7 @@ def test_separate_async_keys_load_and_derive_the_behaviour_log_probs():
      "trainer.v1.separate_async.parameter_sync_step", "parameter_sync_step=1"),
     (["trainer.v1.trainer_mode=colocate_async"], "trainer.v1.trainer_mode", "separate_async"),
     (ASYNC[:1] + ASYNC[2:], "actor_rollout_ref.rollout.nnodes", "rollout.nnodes=1"),
-    (ASYNC + ["actor_rollout_ref.rollout.n_gpus_per_node=2"], "actor_rollout_ref.rollout.nnodes", "nnodes=1"),
+    (ASYNC + ["actor_rollout_ref.rollout.nnodes=2"], "actor_rollout_ref.rollout.nnodes", "n_gpus_per_node=2"),
     (["actor_rollout_ref.rollout.nnodes=1"], "actor_rollout_ref.rollout.nnodes", "trainer_mode=separate_async"),
     (ASYNC + ["actor_rollout_ref.rollout.name=vllm"], "actor_rollout_ref.rollout.name", "rollout.name=hf"),
     (ASYNC + ["algorithm.filter_groups.enable=true"], "algorithm.filter_groups.enable", "trainer_mode=sync"),

@@ -107,7 +107,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
     from verl_npu.rewards.prime import ParallelRewardScorer, build_scorer
-    from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout
+    from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout, rollout_processes
     from verl_npu.trainer.checkpoint import CheckpointManager
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.preempt import Preempted
@@ -131,7 +131,8 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     check_layout(cfg, device)  # separate_async's layout, before any worker starts
     for var, value, reason in apply_env_defaults(device.kind):
         log.info("env %s=%s (%s)", var, value, reason)
-    threads = device.thread_policy(rc.world_size, cfg.trainer.cpu_threads)
+    # separate_async's rollout processes (none in sync mode) share the node's cores with the workers
+    threads = device.thread_policy(rc.world_size + rollout_processes(cfg), cfg.trainer.cpu_threads)
     if threads is not None:  # every process of the run: this one, Ray's workers, spawned ranks
         device.before_torch()  # too late for this process when torch is already in, not for its children
         os.environ.update(threads.env())
@@ -203,8 +204,10 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     try:
         info = workers.init_model()
         log.info("model: %s", info)
-        trainer_class = AsyncPPOTrainer if cfg.trainer.v1.trainer_mode == "separate_async" else PPOTrainer
-        trainer = trainer_class(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps)
+        trainer_class, extra = ((AsyncPPOTrainer, {"device": device}) if cfg.trainer.v1.trainer_mode == "separate_async"
+                                else (PPOTrainer, {}))
+        trainer = trainer_class(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps,
+                                **extra)
         final = trainer.fit(resume_from=latest)
         if after_fit is not None:
             after_fit(workers)
