@@ -108,7 +108,7 @@ CHECKS = [
     Check("text-resume", "check_text_resume", 300, True, "tiny_gsm8k 4 steps then resumed to 6: steps 1-6 once "
           "each, the second run starts at 5 from global_step_4, verl's checkpoint layout, metrics finite, "
           "actor weights fp32 on the device"),
-    Check("parity", "check_parity", 180, True, "log-prob / entropy max |diff| vs CPU fp32: device fp32 <= 1e-3, "
+    Check("parity", "cuda_check_more:check_parity", 180, True, "log-prob / entropy max |diff| vs CPU fp32: device fp32 <= 1e-3, "
           "bf16 <= 0.25, padded and padding-free"),
     Check("vl-rmpad", "check_run", 240, True, "tiny_geo3k padding-free, 4 steps, metrics finite",
           ("tiny_geo3k", 4, ())),
@@ -131,9 +131,6 @@ CHECKS = [
           ("tiny_geo3k_dapo", 2, ())),
     Check("multi-turn", "check_run", 300, False, "tiny_tool_gsm8k (hf rollout, tool calls): " + FINITE,
           ("tiny_tool_gsm8k", 2, ())),
-    Check("async", "check_async", 300, False, "separate_async one-step-off, 4 steps, rollout process on the "
-          "trainer's device: its weights equal the trainer's after every transfer (tensors, digests), staleness "
-          "exactly min(1, s-1), every uid once, metrics finite; nccl on one device probed (recorded)"),
 ] + [Check(f"mem-{name}", "check_memory", 300, name in MEMORY_QUICK, "2 steps on the device; every worker call's "
            "peak measured; planned vs measured per phase (reported, not asserted)", (name,))
      for name in MEMORY_CONFIGS]
@@ -239,7 +236,9 @@ def _train_main(spec_path: str) -> int:
 
     entry.build_workers, entry.run_training = build, run
     if spec.get("transfers"):
-        _watch_transfers(report.setdefault("transfers", []))
+        from cuda_check_async import watch_transfers
+
+        watch_transfers(report.setdefault("transfers", []))
     if importlib.util.find_spec("matplotlib") is None:
         # the trainer draws training_curves.png with matplotlib (a dependency the GPU machine lacks);
         # without this the run would end in an ImportError after its last step (the env check names it)
@@ -256,28 +255,6 @@ def _train_main(spec_path: str) -> int:
         Path(spec["report"]).write_text(json.dumps(report))
     return code
 
-
-def _watch_transfers(transfers: list) -> None:
-    """separate_async: after every weight push, each rollout process's weights against the trainer's, tensor by
-    tensor and by digest, appended to `transfers` (one entry per push)."""
-    import torch
-
-    from verl_npu.trainer import async_ppo
-    from verl_npu.workers.weight_transfer import weights_digest
-
-    push = async_ppo.AsyncPPOTrainer.push_weights
-
-    def push_and_compare(self, version):
-        push(self, version)
-        ours = self.rollout_weights(self.workers.parameter_snapshot())
-        theirs = self.rollout_snapshots()
-        transfers.append({"version": version, "trainer_digest": weights_digest(ours.items()),
-                          "rollout_digests": [weights_digest(t.items()) for t in theirs],
-                          "equal": [sorted(t) == sorted(ours) and all(torch.equal(t[n], ours[n]) for n in ours)
-                                    for t in theirs],
-                          "rollout_devices": list(self.rollout.devices), "backend": self.rollout.dist_backend})
-
-    async_ppo.AsyncPPOTrainer.push_weights = push_and_compare
 
 
 def _measure_phases(group, device, peaks: dict) -> None:
@@ -538,58 +515,6 @@ def check_run(ctx: Context, recipe: str, steps: int, extra: tuple) -> dict:
     return run_numbers(rows, done["report"], done["seconds"])
 
 
-def check_parity(ctx: Context) -> dict:
-    """Log-probs and entropies of one batch through `response_log_probs`, the actor's forward."""
-    import memory_grid
-    import torch
-
-    from verl_npu.device import detect_device
-    from verl_npu.models.forward import response_log_probs
-    from verl_npu.models.loading import load_policy_model
-
-    model_dir = memory_grid.build_model(ctx.work / "memory" / "models", "lm", memory_grid.MID)
-    device = detect_device(ctx.device)
-    g = torch.Generator().manual_seed(0)
-    rows, prompt, response = 6, 24, 12
-    ids = torch.randint(0, 400, (rows, prompt + response), generator=g)
-    mask = torch.ones_like(ids)
-    for r in range(rows):   # left-padded prompts and right-padded responses of different lengths
-        mask[r, : r * 3] = 0
-        mask[r, prompt + response - r:] = 0
-    ids = ids * mask
-    resp = mask[:, prompt:].bool()
-
-    def forward(model, dev, remove_padding, autocast_dtype=None):
-        with torch.no_grad(), torch.autocast(dev.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            lp, ent = response_log_probs(model, ids.to(dev), mask.to(dev), response, with_entropy=True,
-                                         remove_padding=remove_padding)
-        return lp.float().cpu()[resp], ent.float().cpu()[resp]
-
-    cpu_model = load_policy_model(str(model_dir), dtype=torch.float32).eval()
-    reference = forward(cpu_model, torch.device("cpu"), False)
-    dev = device.torch_device()
-    fp32 = load_policy_model(str(model_dir), dtype=torch.float32, attn_implementation=device.attn_implementation())
-    fp32 = fp32.to(dev).eval()
-    bf16 = load_policy_model(str(model_dir), dtype=torch.bfloat16, attn_implementation=device.attn_implementation())
-    bf16 = bf16.to(dev).eval()
-    cases = {"cpu fp32": (cpu_model, torch.device("cpu"), None, 1e-4), "device fp32": (fp32, dev, None, 1e-3),
-             "device bf16 autocast (actor)": (fp32, dev, torch.bfloat16, 0.25),
-             "device bf16 weights (reference)": (bf16, dev, None, 0.25)}
-    out, bad = ctx.found, []
-    for name, (model, where, dtype, limit) in cases.items():
-        for remove_padding in (False, True):
-            lp, ent = forward(model, where, remove_padding, dtype)
-            key = f"{name}, {'padding-free' if remove_padding else 'padded'}"
-            out[key] = {"logprob_max_abs": float((lp - reference[0]).abs().max()),
-                        "entropy_max_abs": float((ent - reference[1]).abs().max())}
-            if max(out[key].values()) > limit or not all(map(math.isfinite, out[key].values())):
-                bad.append((key, out[key], limit))
-    out["reference_logprob_mean"] = float(reference[0].mean())
-    out["reference_entropy_mean"] = float(reference[1].mean())
-    assert not bad, f"differences over the limit: {bad}"
-    return out
-
-
 def check_memory(ctx: Context, name: str) -> dict:
     """A memory_grid.py configuration, 2 steps on the device, each phase's peak against the plan."""
     import memory_grid
@@ -627,102 +552,6 @@ def check_memory(ctx: Context, name: str) -> dict:
             "plan_peak": plan.peak.name,
             "run_max_memory_allocated_mb": _mb(done["report"]["torch_max_memory_allocated"])}
 
-
-ASYNC_STEPS = 4
-ASYNC = ["trainer.v1.trainer_mode=separate_async", f"{R}.nnodes=1", f"{R}.n_gpus_per_node=1",
-         "trainer.v1.separate_async.parameter_sync_step=1", "trainer.v1.sampler.max_off_policy_threshold=1",
-         "algorithm.rollout_correction.rollout_is=token"]
-
-
-def check_async(ctx: Context) -> dict:
-    """One-step-off separate_async on one device (the rollout process shares the trainer's)."""
-    out = run_folder(ctx)
-    found = ctx.found
-    done = train(ctx, "tiny_gsm8k", small_overrides(ctx, "tiny_gsm8k", out, ASYNC_STEPS) + ASYNC, transfers=True)
-    rows = training_rows(out)
-    transfers = found["transfers"] = done["report"].get("transfers", [])
-    found.update(run_numbers(rows, done["report"], done["seconds"]))
-    assert [r["step"] for r in rows] == list(range(1, ASYNC_STEPS + 1)), f"steps {[r['step'] for r in rows]}"
-    assert_finite(rows)
-    assert [t["version"] for t in transfers] == list(range(ASYNC_STEPS)), "a push at the start and after every step"
-    bad = [t for t in transfers if not all(t["equal"]) or set(t["rollout_digests"]) != {t["trainer_digest"]}]
-    assert not bad, f"rollout weights differ from the trainer's after transfers {[t['version'] for t in bad]}"
-    want = [f"{ctx.device}:0"] if ctx.device != "cpu" else ["cpu"]
-    assert all(t["rollout_devices"] == want for t in transfers), f"rollout model on {transfers[0]['rollout_devices']}"
-    records = [json.loads(line) for line in (out / "async" / "versions.jsonl").read_text().splitlines()]
-    stale = [r for r in records if r["generation_version"] != max(0, r["step"] - 2)]
-    assert not stale, f"groups not generated one version before their update: {stale[:4]}"
-    assert sorted(r["uid"] for r in records) == sorted({r["uid"] for r in records}), "a uid trained twice"
-    found["nccl_one_device_probe"] = probe_collective_on_one_device(ctx.device)  # recorded, not asserted
-    keys = ("timing_s/gen", "timing_s/update_weights", "trainer/idle_ratio", "rollouter/idle_ratio",
-            "weight_transfer/bytes", "weight_transfer/send_seconds", "training/off_policy/trajectory_staleness/max")
-    later = rows[1:]
-    return {**run_numbers(rows, done["report"], done["seconds"]), "backend": transfers[0]["backend"],
-            "rollout_devices": transfers[0]["rollout_devices"], "transfers_checked": len(transfers),
-            **{k: round(sum(r.get(k, 0.0) for r in later) / len(later), 4) for k in keys},
-            "nccl_one_device_probe": found["nccl_one_device_probe"]}
-
-
-def probe_collective_on_one_device(device: str, timeout: float = 90.0) -> dict:
-    """Whether the device's own collective backend (nccl on cuda, gloo on cpu) forms a group of two processes
-    on ONE device and broadcasts through it (the weight transfer uses gloo through host memory when the rollout
-    process shares the trainer's device, because NCCL refuses that): {"backend", "ok", "error"}."""
-    import multiprocessing
-
-    from verl_npu.device import DeviceInfo
-    from verl_npu.workers.weight_transfer import free_port
-
-    backend = DeviceInfo(device).dist_backend
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_probe_rank, args=(rank, port, device, backend, results)) for rank in (0, 1)]
-    for p in procs:
-        p.start()
-    got: dict = {}
-    deadline = time.time() + timeout
-    try:
-        while len(got) < 2 and time.time() < deadline:
-            try:
-                rank, text = results.get(timeout=1)
-                got[rank] = text
-            except Exception:  # noqa: BLE001 - queue.Empty: keep waiting
-                if not any(p.is_alive() for p in procs) and results.empty():
-                    break
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-    errors = [t for t in got.values() if t != "ok"]
-    return {"backend": backend, "ok": got == {0: "ok", 1: "ok"},
-            "error": (errors[0][-600:] if errors else "" if len(got) == 2 else f"timed out after {timeout:.0f} s")}
-
-
-def _probe_rank(rank: int, port: int, device: str, backend: str, results) -> None:
-    """One rank of `probe_collective_on_one_device`: rank 0 sends 1 MiB, rank 1 receives it and compares."""
-    try:
-        import torch
-
-        from verl_npu.device import DeviceInfo
-        from verl_npu.workers.weight_transfer import WeightReceiver, WeightSender
-
-        DeviceInfo(device).set_device(0)
-        weights = {"w": torch.arange(2**18, dtype=torch.float32)}
-        if rank == 0:
-            sender = WeightSender("collective", port=port, receivers=1, device_kind=device, dist_backend=backend,
-                                  timeout_s=60)
-            sender.connect()
-            sender.send(1, weights)
-        else:
-            module = torch.nn.Module()
-            module.w = torch.nn.Parameter(torch.zeros(2**18))
-            module.to(DeviceInfo(device).worker_device())
-            WeightReceiver("collective", "", port, 1, device, backend, 60, rank=1).receive(1, module)
-            assert torch.equal(module.w.detach().cpu(), weights["w"]), "received weights differ"
-        results.put((rank, "ok"))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        results.put((rank, traceback.format_exc()))
 
 
 def _mb(value: int | None) -> float | None:
@@ -846,9 +675,10 @@ def _in_list_order(results: list[dict]) -> list[dict]:
 
 
 # the stages beyond one RL run (SFT, distillation, activation offload, torch_memory, shm): bench/cuda_check_more.py
+from cuda_check_async import ASYNC_CHECKS  # noqa: E402
 from cuda_check_more import MORE_CHECKS  # noqa: E402
 
-CHECKS += MORE_CHECKS
+CHECKS += ASYNC_CHECKS + MORE_CHECKS
 
 if __name__ == "__main__":
     try:
