@@ -15,7 +15,7 @@ recipe (`tiny_geo3k`, its own synthetic data, no validation, no checkpoint) is t
 The machine's load (os.getloadavg) is recorded before each run: on a shared machine "alone" is only
 alone as far as this script goes. Results: a JSON line per run in --jsonl, a markdown table on stdout.
 
-    python bench/cpu_threads.py --cores 0 0,1 --steps 20 --jsonl bench/cpu_threads_results.jsonl
+    python bench/cpu_threads.py --cores 0 0,1 --steps 20 --jsonl bench/results/cpu_threads_results.jsonl
 """
 
 from __future__ import annotations

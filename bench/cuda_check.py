@@ -18,6 +18,11 @@ with the last 40 lines of its output and the next check runs):
   parity       log-probs / entropy of verl_npu.models.forward on CPU fp32 vs device fp32 vs device bf16
                (autocast over fp32 weights as the actor runs, and bf16 weights as the reference model),
                padded and padding-free.
+  async        trainer.v1.trainer_mode=separate_async one-step-off (k=1), tiny_gsm8k 4 steps, the trainer and
+               its rollout process sharing the device (--only async): after every weight transfer the rollout
+               process's weights equal the trainer's (tensors and digests), its model is on the device, every
+               group trained one version after the one that generated it, metrics finite. Also recorded (not
+               asserted): whether the device's own collective backend (nccl) forms a 2-rank group on one device.
   mem-*        bench/memory_grid.py configurations run 2 steps on the device: each worker call's peak
                (max_memory_allocated after reset_peak_memory_stats) against the memory planner's phase
                for the same configuration planned for the device (bf16 compute on an accelerator).
@@ -28,7 +33,8 @@ Without matplotlib (the GPU machine has none) the trainer's training_curves.png 
 
 Results: DIR/cuda_check.json (every check: name, ok, numbers, seconds, error tail), DIR/cuda_check.md
 (a table), DIR/cuda_check_failures.log (the last 400 lines of each failed check's output). The models, data
-and run folders go to --work (a temporary folder by default), never into DIR.
+and run folders go to --work (a temporary folder by default), never into DIR. A run kept for the record goes
+to bench/results/ (the report in bench/results/cuda_check.md, each run's JSON in bench/results/cuda_check_results/).
 """
 
 from __future__ import annotations
@@ -102,7 +108,7 @@ CHECKS = [
     Check("text-resume", "check_text_resume", 300, True, "tiny_gsm8k 4 steps then resumed to 6: steps 1-6 once "
           "each, the second run starts at 5 from global_step_4, verl's checkpoint layout, metrics finite, "
           "actor weights fp32 on the device"),
-    Check("parity", "check_parity", 180, True, "log-prob / entropy max |diff| vs CPU fp32: device fp32 <= 1e-3, "
+    Check("parity", "cuda_check_more:check_parity", 180, True, "log-prob / entropy max |diff| vs CPU fp32: device fp32 <= 1e-3, "
           "bf16 <= 0.25, padded and padding-free"),
     Check("vl-rmpad", "check_run", 240, True, "tiny_geo3k padding-free, 4 steps, metrics finite",
           ("tiny_geo3k", 4, ())),
@@ -170,12 +176,15 @@ def small_overrides(ctx: Context, recipe: str, out: Path, steps: int) -> list[st
     return args
 
 
-def train(ctx: Context, recipe: str, overrides: list[str], *, phases: bool = False, timeout: int = 600) -> dict:
+def train(ctx: Context, recipe: str, overrides: list[str], *, phases: bool = False, transfers: bool = False,
+          timeout: int = 600) -> dict:
     """`verl-npu run RECIPE OVERRIDES` in a process of its own (`--train`): {"code", "output" (its
-    stdout+stderr), "report" (what `_train_main` saw of the workers), "seconds"}."""
+    stdout+stderr), "report" (what `_train_main` saw of the workers; with `transfers`, separate_async's
+    weight transfers, `_watch_transfers`), "seconds"}."""
     spec = Path(tempfile.mkstemp(dir=ctx.work, prefix="train-", suffix=".json")[1])
     report = spec.with_suffix(".report.json")
-    spec.write_text(json.dumps({"recipe": recipe, "overrides": overrides, "phases": phases, "report": str(report)}))
+    spec.write_text(json.dumps({"recipe": recipe, "overrides": overrides, "phases": phases, "report": str(report),
+                                "transfers": transfers}))
     start = time.time()
     code, output = run_process([sys.executable, __file__, "--train", str(spec)], ctx.env, timeout)
     out = {"code": code, "output": output, "seconds": round(time.time() - start, 1),
@@ -226,6 +235,10 @@ def _train_main(spec_path: str) -> int:
         return run_training(rc, after_fit=inspect, device=device)
 
     entry.build_workers, entry.run_training = build, run
+    if spec.get("transfers"):
+        from cuda_check_async import watch_transfers
+
+        watch_transfers(report.setdefault("transfers", []))
     if importlib.util.find_spec("matplotlib") is None:
         # the trainer draws training_curves.png with matplotlib (a dependency the GPU machine lacks);
         # without this the run would end in an ImportError after its last step (the env check names it)
@@ -241,6 +254,7 @@ def _train_main(spec_path: str) -> int:
                                                 else None)
         Path(spec["report"]).write_text(json.dumps(report))
     return code
+
 
 
 def _measure_phases(group, device, peaks: dict) -> None:
@@ -501,58 +515,6 @@ def check_run(ctx: Context, recipe: str, steps: int, extra: tuple) -> dict:
     return run_numbers(rows, done["report"], done["seconds"])
 
 
-def check_parity(ctx: Context) -> dict:
-    """Log-probs and entropies of one batch through `response_log_probs`, the actor's forward."""
-    import memory_grid
-    import torch
-
-    from verl_npu.device import detect_device
-    from verl_npu.models.forward import response_log_probs
-    from verl_npu.models.loading import load_policy_model
-
-    model_dir = memory_grid.build_model(ctx.work / "memory" / "models", "lm", memory_grid.MID)
-    device = detect_device(ctx.device)
-    g = torch.Generator().manual_seed(0)
-    rows, prompt, response = 6, 24, 12
-    ids = torch.randint(0, 400, (rows, prompt + response), generator=g)
-    mask = torch.ones_like(ids)
-    for r in range(rows):   # left-padded prompts and right-padded responses of different lengths
-        mask[r, : r * 3] = 0
-        mask[r, prompt + response - r:] = 0
-    ids = ids * mask
-    resp = mask[:, prompt:].bool()
-
-    def forward(model, dev, remove_padding, autocast_dtype=None):
-        with torch.no_grad(), torch.autocast(dev.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            lp, ent = response_log_probs(model, ids.to(dev), mask.to(dev), response, with_entropy=True,
-                                         remove_padding=remove_padding)
-        return lp.float().cpu()[resp], ent.float().cpu()[resp]
-
-    cpu_model = load_policy_model(str(model_dir), dtype=torch.float32).eval()
-    reference = forward(cpu_model, torch.device("cpu"), False)
-    dev = device.torch_device()
-    fp32 = load_policy_model(str(model_dir), dtype=torch.float32, attn_implementation=device.attn_implementation())
-    fp32 = fp32.to(dev).eval()
-    bf16 = load_policy_model(str(model_dir), dtype=torch.bfloat16, attn_implementation=device.attn_implementation())
-    bf16 = bf16.to(dev).eval()
-    cases = {"cpu fp32": (cpu_model, torch.device("cpu"), None, 1e-4), "device fp32": (fp32, dev, None, 1e-3),
-             "device bf16 autocast (actor)": (fp32, dev, torch.bfloat16, 0.25),
-             "device bf16 weights (reference)": (bf16, dev, None, 0.25)}
-    out, bad = ctx.found, []
-    for name, (model, where, dtype, limit) in cases.items():
-        for remove_padding in (False, True):
-            lp, ent = forward(model, where, remove_padding, dtype)
-            key = f"{name}, {'padding-free' if remove_padding else 'padded'}"
-            out[key] = {"logprob_max_abs": float((lp - reference[0]).abs().max()),
-                        "entropy_max_abs": float((ent - reference[1]).abs().max())}
-            if max(out[key].values()) > limit or not all(map(math.isfinite, out[key].values())):
-                bad.append((key, out[key], limit))
-    out["reference_logprob_mean"] = float(reference[0].mean())
-    out["reference_entropy_mean"] = float(reference[1].mean())
-    assert not bad, f"differences over the limit: {bad}"
-    return out
-
-
 def check_memory(ctx: Context, name: str) -> dict:
     """A memory_grid.py configuration, 2 steps on the device, each phase's peak against the plan."""
     import memory_grid
@@ -589,6 +551,7 @@ def check_memory(ctx: Context, name: str) -> dict:
             "phases": phases, "wall_s": done["seconds"], "actor": done["report"].get("actor"),
             "plan_peak": plan.peak.name,
             "run_max_memory_allocated_mb": _mb(done["report"]["torch_max_memory_allocated"])}
+
 
 
 def _mb(value: int | None) -> float | None:
@@ -712,9 +675,10 @@ def _in_list_order(results: list[dict]) -> list[dict]:
 
 
 # the stages beyond one RL run (SFT, distillation, activation offload, torch_memory, shm): bench/cuda_check_more.py
+from cuda_check_async import ASYNC_CHECKS  # noqa: E402
 from cuda_check_more import MORE_CHECKS  # noqa: E402
 
-CHECKS += MORE_CHECKS
+CHECKS += ASYNC_CHECKS + MORE_CHECKS
 
 if __name__ == "__main__":
     try:

@@ -1,4 +1,4 @@
-"""bench/cuda_check.py's checks of the stages beyond one RL run: SFT (with resume, then RL from its export),
+"""bench/cuda_check.py's log-prob parity check, and its checks of the stages beyond one RL run: SFT (with resume, then RL from its export),
 on-policy distillation, activation offload, the torch_memory profiler and the model through shared memory.
 
 Each function runs in a `--check NAME` process of cuda_check.py (declared in `MORE_CHECKS`, appended to its
@@ -8,6 +8,7 @@ on the CPU (torch_memory is an accelerator tool: on the CPU that check asserts t
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import shutil
 import sys
@@ -105,6 +106,58 @@ def check_memory_profile(ctx: cc.Context) -> dict:
     return {**cc.run_numbers(cc.training_rows(out), done["report"], done["seconds"]),
             "snapshots": [str(p.relative_to(out)) for p in snapshots], "trace_events": events,
             "segments": len(snap["segments"])}
+
+
+def check_parity(ctx: cc.Context) -> dict:
+    """Log-probs and entropies of one batch through `response_log_probs`, the actor's forward."""
+    import memory_grid
+    import torch
+
+    from verl_npu.device import detect_device
+    from verl_npu.models.forward import response_log_probs
+    from verl_npu.models.loading import load_policy_model
+
+    model_dir = memory_grid.build_model(ctx.work / "memory" / "models", "lm", memory_grid.MID)
+    device = detect_device(ctx.device)
+    g = torch.Generator().manual_seed(0)
+    rows, prompt, response = 6, 24, 12
+    ids = torch.randint(0, 400, (rows, prompt + response), generator=g)
+    mask = torch.ones_like(ids)
+    for r in range(rows):   # left-padded prompts and right-padded responses of different lengths
+        mask[r, : r * 3] = 0
+        mask[r, prompt + response - r:] = 0
+    ids = ids * mask
+    resp = mask[:, prompt:].bool()
+
+    def forward(model, dev, remove_padding, autocast_dtype=None):
+        with torch.no_grad(), torch.autocast(dev.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            lp, ent = response_log_probs(model, ids.to(dev), mask.to(dev), response, with_entropy=True,
+                                         remove_padding=remove_padding)
+        return lp.float().cpu()[resp], ent.float().cpu()[resp]
+
+    cpu_model = load_policy_model(str(model_dir), dtype=torch.float32).eval()
+    reference = forward(cpu_model, torch.device("cpu"), False)
+    dev = device.torch_device()
+    fp32 = load_policy_model(str(model_dir), dtype=torch.float32, attn_implementation=device.attn_implementation())
+    fp32 = fp32.to(dev).eval()
+    bf16 = load_policy_model(str(model_dir), dtype=torch.bfloat16, attn_implementation=device.attn_implementation())
+    bf16 = bf16.to(dev).eval()
+    cases = {"cpu fp32": (cpu_model, torch.device("cpu"), None, 1e-4), "device fp32": (fp32, dev, None, 1e-3),
+             "device bf16 autocast (actor)": (fp32, dev, torch.bfloat16, 0.25),
+             "device bf16 weights (reference)": (bf16, dev, None, 0.25)}
+    out, bad = ctx.found, []
+    for name, (model, where, dtype, limit) in cases.items():
+        for remove_padding in (False, True):
+            lp, ent = forward(model, where, remove_padding, dtype)
+            key = f"{name}, {'padding-free' if remove_padding else 'padded'}"
+            out[key] = {"logprob_max_abs": float((lp - reference[0]).abs().max()),
+                        "entropy_max_abs": float((ent - reference[1]).abs().max())}
+            if max(out[key].values()) > limit or not all(map(math.isfinite, out[key].values())):
+                bad.append((key, out[key], limit))
+    out["reference_logprob_mean"] = float(reference[0].mean())
+    out["reference_entropy_mean"] = float(reference[1].mean())
+    assert not bad, f"differences over the limit: {bad}"
+    return out
 
 
 MORE_CHECKS = [

@@ -36,6 +36,12 @@ def headline(r: dict) -> str:
         return "; ".join(f"{p} {v['planned_mb']}/{v['measured_mb']} MB" + (f" ({v['error']:+.0%})" if v["error"]
                                                                            is not None else "")
                          for p, v in n["phases"].items())
+    if r["name"] == "async":
+        probe = n["nccl_one_device_probe"]
+        return (f"{n['transfers_checked']} transfers by {n['backend']} to {n['rollout_devices']}, weights equal; "
+                f"{n['timing_s/step']} s/step, idle trainer {n['trainer/idle_ratio']} rollout "
+                f"{n['rollouter/idle_ratio']}; {probe['backend']} 2 ranks on one device: "
+                f"{'ok' if probe['ok'] else 'refused'}")
     if r["name"] == "sft":
         rl = n["rl_from_sft"]
         return (f"SFT loss {n['sft_losses'][0]} -> {n['sft_losses'][-1]} over 6 steps (resumed at 5); RL from its "

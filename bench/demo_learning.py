@@ -24,11 +24,11 @@ The load average is recorded before and after each run: the machine may be share
 started together (`--parallel`) share its cores. Usage:
 
     python bench/demo_learning.py [--recipe tiny_geo3k] [--seeds 5] [--threads 1,2] [--parallel 1] [key=value ...]
-    python bench/demo_learning.py --recipe tiny_gsm8k --out bench/demo_gsm8k.md   # the text demo
+    python bench/demo_learning.py --recipe tiny_gsm8k --out bench/results/demo_gsm8k.md   # the text demo
     python bench/demo_learning.py --runs 0:1,1:1     # only these seed:threads runs, started together
     python bench/demo_learning.py --report-only      # rebuild the report from runs already made
 
-It writes bench/demo_learning.md and copies seed 0's training_curves.png next to it. Run by
+It writes bench/results/demo_learning.md and copies seed 0's training_curves.png next to it. Run by
 hand; results are recorded in the repo.
 """
 
@@ -231,7 +231,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (default 5)")
     parser.add_argument("--threads", default="1,2", help="comma-separated OMP_NUM_THREADS values (default 1,2)")
     parser.add_argument("--parallel", type=int, default=1, help="runs of 1 thread started at once (default 1)")
-    parser.add_argument("--out", default=str(REPO / "bench" / "demo_learning.md"))
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "demo_learning.md"))
     parser.add_argument("--recipe", default="tiny_geo3k", choices=sorted(DEMOS), help="the demo (default tiny_geo3k)")
     parser.add_argument("--output-dir", default="/tmp/verl_npu_bench_demo")
     parser.add_argument("--runs", help="run only these SEED:THREADS pairs, all at once (e.g. 0:1,1:1)")

@@ -1,7 +1,7 @@
 """On-policy distillation against RL alone on the CPU text demo (issue 38), run by hand; writes a Markdown table.
 
     python bench/distill_demo.py --teacher outputs/tiny_gsm8k/checkpoints/global_step_300/actor/huggingface \
-        --steps 100 --seeds 1 2 3 --out bench/distill_gsm8k.md
+        --steps 100 --seeds 1 2 3 --out bench/results/distill_gsm8k.md
 
 Two runs of recipes/tiny_distill_gsm8k.yaml from the same start (tiny://qwen2?seed=1, the same data order and
 sampling seeds): GRPO + forward_kl_topk distillation from `--teacher` (the text demo's trained model), and

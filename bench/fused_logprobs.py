@@ -6,8 +6,8 @@ fresh process: the extra peak resident memory of one `response_log_probs` call (
 over the memory held before it, for the no-grad log-prob pass (old / reference log-probs) and
 for a training pass (forward + backward).
 
-Usage:  python bench/fused_logprobs.py [--tokens 2048] [--vocab 151936] [--out bench/fused_logprobs.md]
-Run by hand; results are recorded in bench/fused_logprobs.md.
+Usage:  python bench/fused_logprobs.py [--tokens 2048] [--vocab 151936] [--out bench/results/fused_logprobs.md]
+Run by hand; results are recorded in bench/results/fused_logprobs.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ anonymous memory and of mapped files (/proc/self/smaps), glibc's `mallinfo2` (he
 in use, free, free at the top) and the call's seconds; then one line of totals. The environment tries
 the allocator's settings: HM_MALLOPT="mmap=N,trim=N,arena=N,top=N" (mallopt at start), HM_TRIM=1
 (malloc_trim(0) after every call), HM_PROF=1 (the grid's profiler on), HM_STEPS (default 2).
-bench/memory_plan.md and docs/performance.md quote its numbers.
+bench/results/memory_plan.md and docs/performance.md quote its numbers.
 """
 import argparse
 import ctypes

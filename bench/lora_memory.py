@@ -9,7 +9,7 @@ the actor with its adapters off, so that copy is gone. This script:
    reports the parameter bytes each holds (actor + reference) and the process's peak RSS after
    `init_model`, each in its own process.
 
-Run by hand: `python bench/lora_memory.py` (writes nothing; paste the tables into bench/lora_memory.md).
+Run by hand: `python bench/lora_memory.py` (writes nothing; paste the tables into bench/results/lora_memory.md).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _measure_worker(rank: int) -> dict:
     """In this process: build the tiny worker with `lora_rank`=rank, return its parameter bytes and peak RSS."""
     import tempfile
 
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path[:0] = [str(REPO / "tests" / "helpers"), str(REPO / "tests" / "e2e")]
     from test_e2e_cpu import _gsm8k_like, tiny_overrides
 
     from verl_npu.config import load_recipe

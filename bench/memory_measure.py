@@ -11,7 +11,7 @@ when it is freed, plus the module's and optimizer's tensors made before (`track_
 the peak of their sum per device. torch's CPU allocator has no `max_memory_allocated`, and
 torch.profiler's `[memory]` events carry only the allocations no operator owns. The tracker counts
 tensors, not the Python heap or libraries' own buffers, which is what the planner predicts for a
-device. Nothing here reads the planner. Used by bench/memory_plan.py and tests/test_memory_plan.py.
+device. Nothing here reads the planner. Used by bench/memory_plan.py and tests/memory/test_memory_plan.py.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def _make_data(data: Path, repo: Path, env: dict) -> None:
     (data / "varied_reward.py").write_text(VARIED_REWARD)
     code = (
         "import sys; from pathlib import Path\n"
-        "sys.path.insert(0, 'tests')\n"
+        "sys.path[:0] = ['tests/helpers', 'tests']  # the helpers' folder (a checkout before the move: tests/)\n"
         "from verl_npu.data.geometry3k import prepare_synthetic\n"
         "from run_helpers import text_data\n"
         f"prepare_synthetic(Path({str(data / 'geo')!r}), n_train=12, n_test=4, seed=0, image_size=56)\n"

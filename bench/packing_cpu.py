@@ -14,7 +14,7 @@ the padding). Models: random-init Qwen2 configs built in memory (the tiny test m
 one); the median of `--repeats` timed runs after one warm-up.
 
 Usage:  python bench/packing_cpu.py [--repeats 3] [--threads 1]
-Results are recorded by hand in bench/vs_trl.md.
+Results are recorded by hand in bench/results/vs_trl.md.
 """
 
 from __future__ import annotations

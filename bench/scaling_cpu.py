@@ -4,7 +4,7 @@ Runs the `tiny_geo3k` recipe for a few steps with trainer.n_gpus_per_node=1 (one
 worker) and =2 (two Ray workers, FSDP2 over gloo), on the same data and seeds, and reports the
 median step time, tokens per second per worker (`perf/throughput`) and the phase timings.
 
-Usage:  python bench/scaling_cpu.py [--steps 8] [--out bench/scaling_cpu.md] [key=value ...]
+Usage:  python bench/scaling_cpu.py [--steps 8] [--out bench/results/scaling_cpu.md] [key=value ...]
 Run by hand; results are recorded in the repo. On a 2-core machine two workers share the cores,
 so this measures the overhead of the distributed path more than a speed-up.
 """
@@ -52,7 +52,7 @@ def run(workers: int, steps: int, data: Path, out: Path, extra: list[str]) -> di
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--out", default=str(REPO / "bench" / "scaling_cpu.md"))
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "scaling_cpu.md"))
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     from verl_npu.data.geometry3k import prepare_synthetic

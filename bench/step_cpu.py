@@ -1,6 +1,6 @@
 """verl-npu's side of bench/vs_trl.py, timed in CPU seconds of this process as well as wall seconds.
 
-On a shared machine the wall clock of a step swings with the other processes (bench/vs_trl.md: 0.15 s
+On a shared machine the wall clock of a step swings with the other processes (bench/results/vs_trl.md: 0.15 s
 to 0.66 s for the same step); the CPU time this process spends in a step moves much less, so two
 checkouts can be compared on a busy machine by running this in each, alternately:
 

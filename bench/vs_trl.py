@@ -20,7 +20,7 @@ the median step (verl-npu: its `timing_s/*` metrics; TRL: timers around its own 
 Usage:  python bench/vs_trl.py [--task vl|text] [--steps 10] [--smoke] [--threads 1]
                                [--padded] [--json FILE]
 TRL is a benchmark-only dependency (`pip install -e .[bench]`); without it --smoke runs the
-verl-npu side only. Results are recorded by hand in bench/vs_trl.md.
+verl-npu side only. Results are recorded by hand in bench/results/vs_trl.md.
 """
 
 from __future__ import annotations

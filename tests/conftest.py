@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# tests/ mirrors the package (tests/config/, tests/rollout/, ...; tests/e2e/ for whole runs); the shared helpers
+# live in tests/helpers/. Every folder goes on sys.path so a test imports a helper (`from run_helpers import ...`)
+# or another test file's builders by module name, whichever folder it sits in (file names are unique), and
+# processes spawned by a test inherit the path.
+_TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(_TESTS / "helpers")] + sorted(
+    str(folder) for folder in _TESTS.iterdir() if folder.is_dir() and any(folder.glob("test_*.py")))
 
 # 2-core CI machines: one intra-op thread per process keeps parallel helpers from thrashing.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -2,14 +2,14 @@
 # The upstream-verl interchange tests (`pytest -m verl_side`): verl 0.9.1's own model merger and
 # checkpoint manager against verl-npu's checkpoints, in both directions (docs/checkpoints.md), and
 # verl's own policy losses and advantage estimators against verl-npu's on the same inputs
-# (tests/test_verl_algorithms.py), verl's dapo reward manager's overlong penalty (tests/test_verl_dapo.py), and
-# verl-npu's key table against verl 0.9.1's generated schemas (tests/test_verl_key_table.py; the checked-in key
-# lists are rewritten by `.venv-verl/bin/python tests/verl_keys_from_yaml.py`).
+# (tests/algorithms/test_verl_algorithms.py), verl's dapo reward manager's overlong penalty (tests/rewards/test_verl_dapo.py), and
+# verl-npu's key table against verl 0.9.1's generated schemas (tests/config/test_verl_key_table.py; the checked-in key
+# lists are rewritten by `.venv-verl/bin/python tests/helpers/verl_keys_from_yaml.py`).
 # verl's rollout correction: IS weights, rejection masks, metrics, the bypass_mode loss
-# (tests/test_verl_rollout_correction.py).
+# (tests/algorithms/test_verl_rollout_correction.py).
 # verl's SFT dataset (token ids, assistant-token loss masks), sft_loss with its gradient, and verl's model
-# merger on an SFT checkpoint (tests/test_verl_sft.py). verl's on-policy distillation losses and their
-# metrics (tests/test_verl_distillation.py).
+# merger on an SFT checkpoint (tests/sft/test_verl_sft.py). verl's on-policy distillation losses and their
+# metrics (tests/algorithms/test_verl_distillation.py).
 #
 # verl pins its own torch and transformers, so it lives in a side venv (.venv-verl, or $VERL_VENV)
 # beside the project's: verl==0.9.1 with torch 2.13.0+cpu (about 2.5 minutes to build the first

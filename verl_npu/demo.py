@@ -63,7 +63,7 @@ def _uses_search_tool(tool_config_path) -> bool:
     from verl_npu.tool_registry import read_tool_config
 
     entries, _ = read_tool_config(tool_config_path) if tool_config_path else ([], [])
-    return any(e.builtin == "search" for e in entries)
+    return any(e.queries_retrieval_server for e in entries)
 
 
 def _data_writer(model_path: str, multi_turn: bool = False, interaction: bool = False, search: bool = False):

@@ -1,5 +1,5 @@
-"""Rollout correction (`algorithm.rollout_correction.*`) by name: the modes the config may name and the
-parsing of its threshold strings, stdlib only.
+"""Rollout correction (`algorithm.rollout_correction.*`) by name: the modes the config may name (read from
+the `ROLLOUT_CORRECTIONS` registry) and the parsing of its threshold strings, torch-free.
 
 The config schema and rules take their choices and checks from here without importing torch; the tensor
 functions (`verl_npu.algorithms.rollout_correction`) parse their arguments with the same functions, so a
@@ -16,35 +16,20 @@ Threshold spellings (upstream verl 0.9.1's):
 
 from __future__ import annotations
 
+from verl_npu.registry import ROLLOUT_CORRECTIONS, correction_modes
+
+#: the modes each key names, declared with `@ROLLOUT_CORRECTIONS.register` beside their tensor code
+#: (verl_npu/algorithms/rollout_correction.py), read here without importing it: name -> what it does.
 #: `rollout_is`: how the importance weight of a response is aggregated (null: no weights, metrics only)
-ROLLOUT_IS_LEVELS: dict[str, str] = {
-    "token": "one weight per token, exp(log-ratio) truncated (biased, low variance)",
-    "sequence": "one weight per response, exp(sum of its token log-ratios) truncated, on every token "
-                "(unbiased, high variance)",
-}
-
-#: `rollout_rs` options: the statistic each rejects on (d = old - rollout log-prob per token, clamped to ±20)
+ROLLOUT_IS_LEVELS: dict[str, str] = {name: spec.doc for name, spec in correction_modes("rollout_is").items()}
+#: `rollout_rs` options: the statistic each rejects on (k1 = -d, k2 = d²/2, k3 = exp(d) - 1 - d, with d = old -
+#: rollout log-prob per token, clamped to ±20) and whether it judges each token or a whole response
 ROLLOUT_RS_OPTIONS: dict[str, str] = {
-    "token_k1": "per token, k1 = -d, kept when log(L) <= k1 <= log(U)",
-    "token_k2": "per token, k2 = d²/2, kept when k2 <= U",
-    "token_k3": "per token, k3 = exp(d) - 1 - d, kept when k3 <= U",
-    "seq_sum_k1": "per response, the sum of k1 over its tokens, kept when log(L) <= sum <= log(U)",
-    "seq_sum_k2": "per response, the sum of k2, kept when <= U",
-    "seq_sum_k3": "per response, the sum of k3, kept when <= U",
-    "seq_mean_k1": "per response, the mean of k1, kept when log(L) <= mean <= log(U)",
-    "seq_mean_k2": "per response, the mean of k2, kept when <= U",
-    "seq_mean_k3": "per response, the mean of k3, kept when <= U",
-    "seq_max_k2": "per response, the largest k2, kept when <= U",
-    "seq_max_k3": "per response, the largest k3, kept when <= U",
-}
-TOKEN_RS_OPTIONS = ("token_k1", "token_k2", "token_k3")
-
+    name: f"{spec.doc} of {spec.statistic}, kept when "
+          + ("log(L) <= it <= log(U)" if spec.ratio_bounds else "it <= U")
+    for name, spec in correction_modes("rollout_rs").items()}
 #: `loss_type` of bypass mode
-BYPASS_LOSS_TYPES: dict[str, str] = {
-    "ppo_clip": "the dual-clip PPO loss with the rollout's log-probs as the old policy (no IS weights applied: "
-                "the ratio is the importance weight)",
-    "reinforce": "-w x A x log-prob with the truncated IS weights w (rollout_is) as constants, no ratio or clip",
-}
+BYPASS_LOSS_TYPES: dict[str, str] = {name: spec.doc for name, spec in correction_modes("loss_type").items()}
 
 
 def _number(text: str, what: str) -> float:
@@ -110,7 +95,7 @@ def parse_rs_thresholds(options: list[str], spec) -> dict[str, tuple[float, floa
     out: dict[str, tuple[float, float | None]] = {}
     for option, entry in zip(options, entries):
         what = f"the threshold {entry!r} of {option}"
-        if option.endswith("k1"):
+        if ROLLOUT_CORRECTIONS.spec(option).ratio_bounds:
             if "_" in entry:
                 low_text, up_text = entry.split("_", 1)
                 lower, upper = _number(low_text, what), _number(up_text, what)

@@ -14,9 +14,9 @@ A tool config file is verl's YAML (`actor_rollout_ref.rollout.multi_turn.tool_co
 
 `class_name` is one of:
 - a built-in tool's name (`BUILTIN_TOOLS`: `gsm8k`, `geo3k`, `image_zoom_in`, `code_interpreter`,
-  `retool_code_interpreter`, `search`), or verl's
-  class path of that tool
-  (`VERL_CLASS_PATHS`: a config written for verl works unchanged);
+  `retool_code_interpreter`, `search`; each declared on its class with `@TOOLS.register` and read from the
+  `verl_npu.registry.TOOLS` registry), or verl's class path of that tool (`VERL_CLASS_PATHS`: a config written
+  for verl works unchanged);
 - `path/to/file.py:ClassName`: a class in the user's own Python file (relative paths start at the
   folder the run starts in);
 - `package.module.ClassName`: a class in an importable module (verl's own spelling).
@@ -24,7 +24,7 @@ A tool config file is verl's YAML (`actor_rollout_ref.rollout.multi_turn.tool_co
 `read_tool_config(path)` checks the file's shape and returns its entries, or the problems, each naming the
 file and the entry's key (`tools[0].tool_schema.function.name`); nothing is imported. Loading the
 classes, building the tools and checking each schema against its class is `verl_npu.tools.loading`.
-This module imports only the standard library and PyYAML, so the config layer can use it.
+This module imports only the standard library, PyYAML and the registries, so the config layer can use it.
 """
 
 from __future__ import annotations
@@ -35,60 +35,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: built-in tools: name -> "module:Class" (imported only when a run builds its tools).
-BUILTIN_TOOLS: dict[str, str] = {}
+from verl_npu.registry import TOOLS
+
+#: built-in tools, declared with `@TOOLS.register` on their classes (verl_npu/tools/), read without importing
+#: them: name -> "module:Class" (imported only when a run builds its tools).
+BUILTIN_TOOLS: dict[str, str] = {name: spec.target for name, spec in TOOLS.specs.items()}
 #: built-in tools: name -> the function name its schema must have (checked without importing it); None:
 #: any name (the code interpreter: verl's Sandbox Fusion tool takes its name from the schema).
-BUILTIN_FUNCTION_NAMES: dict[str, str | None] = {}
+BUILTIN_FUNCTION_NAMES: dict[str, str | None] = {name: spec.function_name for name, spec in TOOLS.specs.items()}
 #: built-in tools whose replies hold images (they need a vision-language model on the hf engine)
-IMAGE_TOOLS: set[str] = set()
+IMAGE_TOOLS: set[str] = {name for name, spec in TOOLS.specs.items() if spec.returns_images}
 #: verl's class paths of tools verl-npu ships: a verl tool config names them, verl-npu builds its own.
-VERL_CLASS_PATHS: dict[str, str] = {}
+VERL_CLASS_PATHS: dict[str, str] = {path: name for name, spec in TOOLS.specs.items() for path in spec.verl_class_paths}
 #: verl's own tools that verl-npu does not build: class path -> (what it needs, what to do instead)
 UNBUILT_VERL_TOOLS: dict[str, tuple[str, str]] = {
     "verl.tools.mcp_search_tool.MCPSearchTool": (
         "is an MCP tool", "write a native tool class (docs/agents.md, 'Writing a tool')"),
 }
-#: built-in tools that check their `config:` here (name -> function(config, key) -> [(key, problem)]), so that
-#: a bad value or an unknown key is refused by `validate`, naming it, before anything is imported
-BUILTIN_CONFIG_CHECKS: dict[str, Any] = {}
 #: verl's tool `config.type` values, and those built here.
 TOOL_TYPES = ("native",)
 UNSUPPORTED_TOOL_TYPES = {"mcp": "MCP tools are not built; write a native tool class (docs/agents.md)"}
-
-
-def register_tool(name: str, target: str, *, function_name: str | None,
-                  verl_class_paths: tuple[str, ...] = (), returns_images: bool = False, config_check=None) -> None:
-    """A built-in tool: its class_name, "module:Class", its schema's function name (None: any), the
-    class paths verl's (or a verl recipe's) tool configs name it by, whether its replies hold images, and
-    the check of its `config:` (`config_check(config, key) -> [(key, problem)]`; None: the tool checks it
-    when it is built)."""
-    if name in BUILTIN_TOOLS:
-        raise ValueError(f"tool {name!r} is registered twice")
-    BUILTIN_TOOLS[name] = target
-    if returns_images:
-        IMAGE_TOOLS.add(name)
-    BUILTIN_FUNCTION_NAMES[name] = function_name
-    if config_check is not None:
-        BUILTIN_CONFIG_CHECKS[name] = config_check
-    for path in verl_class_paths:
-        VERL_CLASS_PATHS[path] = name
-
-
-register_tool("gsm8k", "verl_npu.tools.gsm8k:Gsm8kTool", function_name="calc_gsm8k_reward",
-              verl_class_paths=("verl.tools.gsm8k_tool.Gsm8kTool",))
-# the sandboxed Python code interpreter (verl_npu.tools.code_interpreter): verl's Sandbox Fusion tool and the
-# ReTool recipe's variant of it run locally here
-register_tool("code_interpreter", "verl_npu.tools.code_interpreter:CodeInterpreterTool", function_name=None,
-              verl_class_paths=("verl.tools.sandbox_fusion_tools.SandboxFusionTool",))
-# the Geometry3K answer check (verl_npu.tools.geo3k) and the image zoom-in tool (verl_npu.tools.image_zoom), which
-# replies with an image: a vision-language model on the hf engine (docs/agents.md, "Images in a conversation")
-register_tool("geo3k", "verl_npu.tools.geo3k:Geo3kTool", function_name="calc_geo3k_reward",
-              verl_class_paths=("verl.tools.geo3k_tool.Geo3kTool",))
-register_tool("image_zoom_in", "verl_npu.tools.image_zoom:ImageZoomInTool", function_name="image_zoom_in_tool",
-              verl_class_paths=("verl.tools.image_zoom_in_tool.ImageZoomInTool",), returns_images=True)
-register_tool("retool_code_interpreter", "verl_npu.tools.code_interpreter:ReToolCodeInterpreter", function_name=None,
-              verl_class_paths=("recipe.retool.retool.CustomSandboxFusionTool",))
 
 
 #: the search tool's `config:` keys (verl's SearchTool's, then verl-npu's own) -> (type check, what it must be)
@@ -136,12 +102,6 @@ def search_config_problems(config: dict, key: str) -> list[tuple[str, str]]:
     return out
 
 
-# verl's SearchTool (Search-R1): queries a retrieval server over HTTP (verl_npu.tools.search); the server for
-# a local corpus is verl_npu.tools.retrieval_server (`verl-npu retrieval-server`)
-register_tool("search", "verl_npu.tools.search:SearchTool", function_name=None,
-              verl_class_paths=("verl.tools.search_tool.SearchTool",), config_check=search_config_problems)
-
-
 @dataclass
 class ToolEntry:
     """One `tools:` entry of a tool config file, checked for shape."""
@@ -155,6 +115,11 @@ class ToolEntry:
     @property
     def name(self) -> str | None:
         return (self.schema or {}).get("function", {}).get("name")
+
+    @property
+    def queries_retrieval_server(self) -> bool:
+        """A built-in tool that queries a retrieval server (config.retrieval_service_url: the search tool)."""
+        return self.builtin is not None and TOOLS.spec(self.builtin).retrieval_server
 
     @property
     def builtin(self) -> str | None:
@@ -298,8 +263,8 @@ def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tup
         named = item.get("class_name")
         entry_builtin = (named if named in BUILTIN_TOOLS else VERL_CLASS_PATHS.get(named)) \
             if isinstance(named, str) else None
-        if entry_builtin in BUILTIN_CONFIG_CHECKS:
-            problems += BUILTIN_CONFIG_CHECKS[entry_builtin](config, f"{key}.config")
+        if entry_builtin is not None:   # a built-in that checks its `config:` here (the search tool)
+            problems += TOOLS.spec(entry_builtin).config_problems(config, f"{key}.config")
         if kind in UNSUPPORTED_TOOL_TYPES:
             problems.append((f"{key}.config.type", f"is {kind!r}: {UNSUPPORTED_TOOL_TYPES[kind]}"))
         elif kind not in TOOL_TYPES:

@@ -24,7 +24,7 @@ task rewards (``use_task_rewards``, coef = ``distillation_loss_coef``), else the
 Metric names are verl's: ``distillation/{loss, loss_min, loss_max}``, ``distillation/abs_loss`` (estimators),
 ``distillation/{student,teacher}_mass{,_min,_max}``, ``distillation/overlap_ratio``,
 ``distillation/overlap_token_advantage`` (top-k), ``distillation/{pg_clipfrac, ppo_kl, pg_clipfrac_lower}``
-(policy gradient). Checked against verl 0.9.1's own functions in tests/test_verl_distillation.py.
+(policy gradient). Checked against verl 0.9.1's own functions in tests/algorithms/test_verl_distillation.py.
 """
 
 from __future__ import annotations

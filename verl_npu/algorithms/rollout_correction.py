@@ -14,7 +14,10 @@ Every returned weight and mask is detached. Metric values are Python floats.
 - ``rollout_offpolicy_metrics`` (always logged when the rollout's log-probs exist),
 - ``rollout_correction``: the three together, metrics prefixed ``rollout_corr/`` as verl logs them.
 
-The option names and threshold parsing are shared with the config (``verl_npu.rollout_corrections``).
+Each mode a config key names (an importance-weight level of ``rollout_is``, a rejection option of ``rollout_rs``,
+a ``loss_type`` of bypass mode) is declared here with ``@ROLLOUT_CORRECTIONS.register`` (``verl_npu.registry``), so
+the config validates the names and reads what each mode does without importing torch; the threshold parsing is
+shared with the config (``verl_npu.rollout_corrections``).
 """
 
 from __future__ import annotations
@@ -25,14 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from verl_npu.algorithms.core import agg_loss, masked_mean, ppo_policy_loss
-from verl_npu.registry import POLICY_LOSSES
-from verl_npu.rollout_corrections import (
-    ROLLOUT_IS_LEVELS,
-    TOKEN_RS_OPTIONS,
-    parse_is_threshold,
-    parse_rs_options,
-    parse_rs_thresholds,
-)
+from verl_npu.registry import POLICY_LOSSES, ROLLOUT_CORRECTIONS, correction_mode, correction_modes
+from verl_npu.rollout_corrections import parse_is_threshold, parse_rs_options, parse_rs_thresholds
 
 SAFETY_BOUND = 20.0
 METRIC_PREFIX = "rollout_corr/"
@@ -65,6 +62,22 @@ def _check_inputs(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------- importance weights
 
 
+@ROLLOUT_CORRECTIONS.register("token", option="rollout_is", per_token=True,
+                              doc="one weight per token, exp(log-ratio) truncated (biased, low variance)")
+def token_level_weights(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(statistic, raw weights) of the token level: ``d`` and ``exp(c(d))``, per token."""
+    return log_ratio, torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
+
+
+@ROLLOUT_CORRECTIONS.register("sequence", option="rollout_is", per_token=False,
+                              doc="one weight per response, exp(sum of its token log-ratios) truncated, on every "
+                                  "token (unbiased, high variance)")
+def sequence_level_weights(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(statistic, raw weights) of the sequence level: ``S_i`` [B] and ``exp(c(S_i))`` on each token of row i."""
+    stat = _msum(log_ratio, mask, dim=-1)  # S_i, [B]
+    return stat, torch.exp(torch.clamp(stat, -SAFETY_BOUND, SAFETY_BOUND)).unsqueeze(-1).expand_as(log_ratio)
+
+
 def rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str = "token",
                        threshold: float | str = 2.0, batch_normalize: bool = False
                        ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -85,28 +98,22 @@ def rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, lev
     row), ``rollout_is_seq_max_deviation`` = max |s_i - 1|, ``rollout_is_seq_fraction_high/low`` = share of rows
     with ``mean_m(ρ)_i > U`` / ``< L``; IcePop: ``rollout_is_oob_ratio`` = mean_m([ρ < L or ρ > U]).
     """
-    if level not in ROLLOUT_IS_LEVELS:
-        raise ValueError(f"rollout_is must be one of {', '.join(ROLLOUT_IS_LEVELS)}, got {level!r}")
+    per_token = correction_mode("rollout_is", level).per_token
     _check_inputs(log_ratio, response_mask)
     upper, lower = parse_is_threshold(threshold)
     log_ratio = log_ratio.detach()
     mask = response_mask.to(log_ratio.dtype)
-    if level == "token":
-        stat = log_ratio
-        raw = torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
-    else:
-        stat = _msum(log_ratio, mask, dim=-1)  # S_i, [B]
-        raw = torch.exp(torch.clamp(stat, -SAFETY_BOUND, SAFETY_BOUND)).unsqueeze(-1).expand_as(log_ratio)
+    stat, raw = ROLLOUT_CORRECTIONS.load(level)(log_ratio, mask)
     raw = raw * mask
     if lower is None:
         weights = raw.clamp(max=upper)
     else:
         weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
-    metrics = _is_metrics(weights, raw, stat, mask, level, upper, lower)
+    metrics = _is_metrics(weights, raw, stat, mask, per_token, upper, lower)
     if lower is not None:
         metrics["rollout_is_oob_ratio"] = float(_mmean(((raw < lower) | (raw > upper)).to(mask.dtype), mask))
     if batch_normalize:
-        if level == "token":
+        if per_token:
             mean = _mmean(weights, mask)
         else:
             valid = (mask.sum(dim=-1) > 0).to(weights.dtype)
@@ -119,10 +126,10 @@ def rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, lev
     return weights, metrics
 
 
-def _is_metrics(weights, raw, stat, mask, level, upper, lower) -> dict[str, float]:
+def _is_metrics(weights, raw, stat, mask, per_token, upper, lower) -> dict[str, float]:
     low = 1.0 / upper if lower is None else lower
     m: dict[str, float] = {"rollout_is_mean": float(_mmean(weights, mask))}
-    if level == "sequence":
+    if not per_token:
         m["rollout_is_max"] = math.exp(min(float(stat.max()), SAFETY_BOUND))
         m["rollout_is_min"] = math.exp(float(stat.min()))
         # the thresholds in log space, as float32 logs (what verl compares with)
@@ -156,6 +163,46 @@ def _is_metrics(weights, raw, stat, mask, level, upper, lower) -> dict[str, floa
 
 
 # ----------------------------------------------------------------------------- rejection
+
+_RS = "rollout_rs"
+
+
+def _broadcast_rows(row_stat: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return row_stat.unsqueeze(-1).expand_as(mask), row_stat
+
+
+# The rejection options: the statistic (k1, k2, k3 of each token) and how a token or a response is judged by it.
+# Each function gives (stat [B, T], row values [B] or None for a token option).
+@ROLLOUT_CORRECTIONS.register("token_k1", option=_RS, statistic="k1", per_token=True)
+@ROLLOUT_CORRECTIONS.register("token_k2", option=_RS, statistic="k2", per_token=True)
+@ROLLOUT_CORRECTIONS.register("token_k3", option=_RS, statistic="k3", per_token=True)
+def token_statistic(values: torch.Tensor, mask: torch.Tensor, valid_token: torch.Tensor):
+    """per token, the token's own value"""
+    return values, None
+
+
+@ROLLOUT_CORRECTIONS.register("seq_sum_k1", option=_RS, statistic="k1")
+@ROLLOUT_CORRECTIONS.register("seq_sum_k2", option=_RS, statistic="k2")
+@ROLLOUT_CORRECTIONS.register("seq_sum_k3", option=_RS, statistic="k3")
+def sequence_sum_statistic(values: torch.Tensor, mask: torch.Tensor, valid_token: torch.Tensor):
+    """per response, the sum over its tokens"""
+    return _broadcast_rows(_msum(values, mask, dim=-1), mask)
+
+
+@ROLLOUT_CORRECTIONS.register("seq_mean_k1", option=_RS, statistic="k1")
+@ROLLOUT_CORRECTIONS.register("seq_mean_k2", option=_RS, statistic="k2")
+@ROLLOUT_CORRECTIONS.register("seq_mean_k3", option=_RS, statistic="k3")
+def sequence_mean_statistic(values: torch.Tensor, mask: torch.Tensor, valid_token: torch.Tensor):
+    """per response, the mean over its tokens"""
+    return _broadcast_rows(_mmean(values, mask, dim=-1), mask)
+
+
+@ROLLOUT_CORRECTIONS.register("seq_max_k2", option=_RS, statistic="k2")
+@ROLLOUT_CORRECTIONS.register("seq_max_k3", option=_RS, statistic="k3")
+def sequence_max_statistic(values: torch.Tensor, mask: torch.Tensor, valid_token: torch.Tensor):
+    """per response, the largest over its tokens"""  # 0 for an empty response
+    top = values.masked_fill(~valid_token, float("-inf")).max(dim=-1).values
+    return _broadcast_rows(torch.where(top == float("-inf"), torch.zeros_like(top), top), mask)
 
 
 def rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, options: str = "token_k1",
@@ -195,22 +242,11 @@ def rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor,
     metrics: dict[str, float] = {}
     for name in names:
         upper, lower = limits[name]
-        kind = name[-2:]
-        is_k1 = kind == "k1"
+        spec = ROLLOUT_CORRECTIONS.spec(name)
+        is_k1 = spec.ratio_bounds
         hi = math.log(upper) if is_k1 else upper
         lo = math.log(lower) if is_k1 else 0.0
-        values = per_token[kind]
-        if name in TOKEN_RS_OPTIONS:
-            stat, row_stat = values, None
-        else:
-            if name.startswith("seq_sum"):
-                row_stat = _msum(values, mask, dim=-1)
-            elif name.startswith("seq_mean"):
-                row_stat = _mmean(values, mask, dim=-1)
-            else:
-                top = values.masked_fill(~valid_token, float("-inf")).max(dim=-1).values
-                row_stat = torch.where(top == float("-inf"), torch.zeros_like(top), top)
-            stat = row_stat.unsqueeze(-1).expand_as(mask)
+        stat, row_stat = ROLLOUT_CORRECTIONS.load(name)(per_token[spec.statistic], mask, valid_token)
         keep = stat <= hi
         if is_k1:
             keep = keep & (stat >= lo)
@@ -343,6 +379,30 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
 _correct = rollout_correction  # the bypass loss's keyword of the same name hides the function
 
 
+@ROLLOUT_CORRECTIONS.register("ppo_clip", option="loss_type",
+                              doc="the dual-clip PPO loss with the rollout's log-probs as the old policy (no IS "
+                                  "weights applied: the ratio is the importance weight)")
+def _ppo_clip_bypass_loss(log_prob, old_log_prob, advantages, mask, weights, clip_ratio_low, clip_ratio_high,
+                          clip_ratio_c, loss_agg_mode, config, agg_kwargs) -> dict:
+    """``ppo_policy_loss(logp, old_log_prob, A, m, ...)``; the weights are not applied."""
+    return ppo_policy_loss(log_prob, old_log_prob, advantages, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+                           loss_agg_mode, config=config, **agg_kwargs)
+
+
+@ROLLOUT_CORRECTIONS.register("reinforce", option="loss_type",
+                              doc="-w x A x log-prob with the truncated IS weights w (rollout_is) as constants, no "
+                                  "ratio or clip")
+def _reinforce_bypass_loss(log_prob, old_log_prob, advantages, mask, weights, clip_ratio_low, clip_ratio_high,
+                           clip_ratio_c, loss_agg_mode, config, agg_kwargs) -> dict:
+    """``L = -A·logp·w`` (``-A·logp`` without weights) aggregated over ``m``, and ``ppo_kl`` = mean_m(old - logp)."""
+    per_token = -advantages * log_prob
+    if weights is not None:
+        per_token = per_token * weights
+    with torch.no_grad():
+        ppo_kl = masked_mean(old_log_prob - log_prob.detach(), mask)
+    return {"pg_loss": agg_loss(per_token, mask, loss_agg_mode, **agg_kwargs), "ppo_kl": ppo_kl}
+
+
 @POLICY_LOSSES.register("bypass_mode", rollout_correction=True)
 def bypass_mode_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2,
                             clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None,
@@ -376,17 +436,10 @@ def bypass_mode_policy_loss(log_prob, old_log_prob, advantages, response_mask, c
             rollout_is_batch_normalize=settings.rollout_is_batch_normalize,
             rollout_rs=settings.rollout_rs, rollout_rs_threshold=settings.rollout_rs_threshold)
     mask = corr.response_mask.to(log_prob.dtype)
-    if loss_type == "ppo_clip":
-        out = ppo_policy_loss(log_prob, old_log_prob, advantages, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-                              loss_agg_mode, config=config, **agg_kwargs)
-    elif loss_type == "reinforce":
-        per_token = -advantages * log_prob
-        if corr.weights is not None:
-            per_token = per_token * corr.weights
-        with torch.no_grad():
-            ppo_kl = masked_mean(old_log_prob - log_prob.detach(), mask)
-        out = {"pg_loss": agg_loss(per_token, mask, loss_agg_mode, **agg_kwargs), "ppo_kl": ppo_kl}
-    else:
-        raise ValueError(f"rollout_correction.loss_type must be ppo_clip or reinforce, got {loss_type!r}")
+    if str(loss_type) not in correction_modes("loss_type"):
+        raise ValueError(f"rollout_correction.loss_type must be {' or '.join(correction_modes('loss_type'))}, "
+                         f"got {loss_type!r}")
+    out = ROLLOUT_CORRECTIONS.load(loss_type)(log_prob, old_log_prob, advantages, mask, corr.weights, clip_ratio_low,
+                                              clip_ratio_high, clip_ratio_c, loss_agg_mode, config, agg_kwargs)
     return {**out, **corr.metrics}
 

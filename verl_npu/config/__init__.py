@@ -8,7 +8,7 @@
 Importing this package does not import torch, transformers or ray.
 
 Import order (one way: a module imports only modules above it, at module level or inside a
-function; tests/test_config_compat.py checks it, and imports each module fresh in a subprocess):
+function; tests/config/test_config_compat.py checks it, and imports each module fresh in a subprocess):
 
     schema_multiturn  the multi-turn rollout keys as plain data (imports nothing; schema reads it)
     schema        the keys verl-npu reads (defaults, types, limits)

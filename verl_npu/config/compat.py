@@ -6,7 +6,7 @@ whole table from the schema (`schema.SCHEMA`, `schema_verl`), so the document ca
 
     python -m verl_npu.config.compat > docs/verl_compat.md
 
-(tests/test_config_compat.py fails when the file is out of date.)
+(tests/config/test_config_compat.py fails when the file is out of date.)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ not in the local cache, a placeholder path such as "EDIT_ME: /path/to/Qwen2.5-7B
 
 Source of every row: the model's public config.json on huggingface.co (huggingface.co/ID/blob/main/
 config.json), fields copied as numbers; the parameter counts they give are checked in
-tests/test_memory_plan.py against the counts the model cards state. Nothing is downloaded. A path
+tests/memory/test_memory_plan.py against the counts the model cards state. Nothing is downloaded. A path
 matches a row by its last component, case-insensitive, up to the size ("Qwen2.5-7B-Instruct",
 "qwen2.5-7b", "Qwen2.5-7B-Instrct" all match Qwen2.5-7B): base, instruct and math variants of one
 size share their shapes.

@@ -222,7 +222,7 @@ def retrieval_server_problems(cfg) -> list[Problem]:
     entries, _ = read_tool_config(path)  # the file's own problems are check_paths'
     problems = []
     for entry in entries:
-        url = entry.config.get("retrieval_service_url") if entry.builtin == "search" else None
+        url = entry.config.get("retrieval_service_url") if entry.queries_retrieval_server else None
         if not isinstance(url, str):
             continue
         parts = urlsplit(url)

@@ -1,7 +1,7 @@
 """Render docs/config_reference.md from the schema and the rules (`verl-npu explain --all`).
 
 Regenerate with:  python -m verl_npu.config.reference > docs/config_reference.md
-(tests/test_config_load.py fails when the file is out of date).
+(tests/config/test_config_load.py fails when the file is out of date).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def _batch_rule(c: Ctx) -> Iterator[Problem]:
 
 @_rule("async_layout", (MODE, POOL_NODES, POOL_PER_NODE, WARMUP, THRESHOLD, TRAINER + "nnodes",
                         TRAINER + "n_gpus_per_node", *_NOT_WITH_ASYNC),
-       "separate_async: rollout.nnodes x rollout.n_gpus_per_node = 1 (one rollout process), one trainer device, "
+       "separate_async: rollout.nnodes = 1 (the rollout processes start on the trainer's node), one trainer device, "
        "num_warmup_batches <= max_off_policy_threshold + 1, and none of: a rollout engine other than hf, multi-turn, "
        "dynamic sampling, remax, LoRA; rollout.nnodes is 0 in sync mode")
 def _layout(c: Ctx) -> Iterator[Problem]:
@@ -83,10 +83,11 @@ def _layout(c: Ctx) -> Iterator[Problem]:
     if not nodes:
         yield Problem(POOL_NODES, "is 0, but separate_async generates on a standalone rollout pool",
                       "set actor_rollout_ref.rollout.nnodes=1 and actor_rollout_ref.rollout.n_gpus_per_node=1")
-    elif nodes * (per_node or 1) != 1:
-        yield Problem(POOL_NODES, f"x rollout.n_gpus_per_node is {nodes} x {per_node or 1}: several rollout "
-                      "processes are not built yet (one rollout process in this version)",
-                      "set actor_rollout_ref.rollout.nnodes=1 and actor_rollout_ref.rollout.n_gpus_per_node=1")
+    elif nodes > 1:
+        yield Problem(POOL_NODES, f"is {nodes}, but the rollout processes start on the trainer's node in this "
+                      "version (a rollout pool on other nodes is not built)",
+                      f"set actor_rollout_ref.rollout.nnodes=1 and actor_rollout_ref.rollout.n_gpus_per_node="
+                      f"{nodes * (per_node or 1)} (that many rollout processes on this node)")
     if c.world != 1:
         yield Problem(TRAINER + "n_gpus_per_node", f"trainer.nnodes x n_gpus_per_node is {c.world}: separate_async "
                       "trains on one trainer worker in this version", "set trainer.nnodes=1 and "

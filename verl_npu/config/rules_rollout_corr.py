@@ -1,6 +1,6 @@
 """Cross-key rules of rollout correction (`algorithm.rollout_correction.*`, verl 0.9.1), registered in `rules.RULES`.
 
-The threshold strings are read by `verl_npu.rollout_corrections` (stdlib only), the same functions the trainer's
+The threshold strings are read by `verl_npu.rollout_corrections` (torch-free), the same functions the trainer's
 tensor code uses, so a value accepted here is one the run can use. Kept apart from `rules.py` so that each file
 stays small; `paths` (and so `loader`) imports this module, which registers its rules.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from verl_npu.config.rules import Ctx, _rule
+from verl_npu.config.schema import SCHEMA
 from verl_npu.config.tree import ACTOR, ALGO, BC, ROLL
 from verl_npu.errors import Problem
 from verl_npu.registry import POLICY_LOSSES
@@ -96,5 +97,5 @@ def _bypass(c: Ctx) -> Iterator[Problem]:
         yield Problem(LOSS_MODE, "is bypass_mode, which uses the rollout's log-probs as the old policy, but "
                       "algorithm.rollout_correction.bypass_mode is false (the old log-probs would be recomputed)",
                       f"set {_short(BYPASS)}=true, or another loss_mode (e.g. vanilla)")
-    if c(LOSS_TYPE) != "ppo_clip":
+    if c(LOSS_TYPE) != SCHEMA[LOSS_TYPE].default:
         c.warnings.append(f"{_short(LOSS_TYPE)}={c(LOSS_TYPE)} has no effect without {_short(BYPASS)}=true")

@@ -159,7 +159,7 @@ _k(f"{A}.model.trust_remote_code", False, BOOL, "Allow custom code shipped with 
 _k(f"{A}.model.use_fused_kernels", False, BOOL, "Compute log-probs and entropy (actor and reference) from the "
    "final hidden states a chunk of tokens at a time, never holding the float32 [tokens x vocab] logits; the "
    "backward recomputes each chunk. Same numbers, lower peak memory for large vocabularies "
-   "(bench/fused_logprobs.md).")
+   "(bench/results/fused_logprobs.md).")
 _k(f"{A}.model.fused_kernel_options.impl_backend", "torch", STR, "Implementation of the fused log-prob / entropy "
    "computation (use_fused_kernels): torch, chunked PyTorch operations (verl_npu/models/fused_logprobs.py).",
    off_only="the triton backend of the fused kernels (torch computes the same values)")
@@ -462,6 +462,11 @@ _k("reward_model.reward_manager", "naive", STR, "How rule-based rewards are comp
        f"{s.name}: {s.doc}" for s in REWARD_MANAGERS.specs.values()) + ".",
    choices=REWARD_MANAGERS.names(), unsupported=REWARD_MANAGERS.unsupported,
    instead="use " + " or ".join(REWARD_MANAGERS.names()))
+_k("reward_model.prime.num_processes", 64, INT, "verl-npu: reward_manager=prime: worker processes that score a "
+   "batch's responses in parallel (verl's prime manager uses 64); started once per run, with spawn.", min=1)
+_k("reward_model.prime.timeout_s", 300.0, FLOAT, "verl-npu: reward_manager=prime: seconds one response's reward "
+   "call may run once a worker starts it (verl's prime manager: 300); past it the response scores 0 and the run "
+   "goes on. null: no limit.", gt=0, nullable=True)
 RK = "reward_model.reward_kwargs"
 _k(f"{RK}.max_resp_len", None, INT, "dapo reward manager: the response budget the overlong buffer ends at "
    "(verl's recipes pass data.max_response_length; null: data.max_response_length).", min=1)

@@ -48,7 +48,8 @@ _k(f"{RC}.rollout_is_batch_normalize", False, BOOL, "Divide the importance weigh
 _k(f"{RC}.rollout_rs", None, STR, "Rejection sampling: tokens or whole responses whose divergence between the "
    "old and the rollout policy passes rollout_rs_threshold get no loss (their response_mask is 0). "
    "Comma-separated options, all of which must keep a token: " + "; ".join(
-       f"{k}: {v}" for k, v in ROLLOUT_RS_OPTIONS.items()) + " (d = old - rollout log-prob, clamped to +-20). "
+       f"{k}: {v}" for k, v in ROLLOUT_RS_OPTIONS.items()) + " (k1 = -d, k2 = d²/2, k3 = exp(d) - 1 - d, with d = "
+   "old - rollout log-prob, clamped to +-20). "
    "null: no rejection.")
 _k(f"{RC}.rollout_rs_threshold", None, FLOAT_OR_STR, "Thresholds of rollout_rs (required with it): one value for "
    "every option, or comma-separated, one per option in order. k2/k3 options: an upper bound U > 0; k1 options: "

@@ -22,8 +22,8 @@ def _k(path: str, default: Any, type_: str, doc: str, **kw: Any) -> None:
     KEYS.append(Key(f"backend_config.{path}", default, type_, doc, **kw))
 
 
-_k(f"{V1}.trainer_mode", "sync", STR, "sync: generate, then train, in turn (the default). separate_async: a rollout "
-   "process of its own (rollout.nnodes x rollout.n_gpus_per_node; one CPU process in this version) generates up to "
+_k(f"{V1}.trainer_mode", "sync", STR, "sync: generate, then train, in turn (the default). separate_async: rollout "
+   "processes of their own (rollout.nnodes x rollout.n_gpus_per_node, on the trainer's node) generate up to "
    "trainer.v1.sampler.max_off_policy_threshold model versions ahead while the trainer trains; weights are pushed to "
    "it after every step (parameter_sync_step mini-batch updates). colocate_async is refused (docs/async.md).",
    choices=("sync", "separate_async"), unsupported=("colocate_async",), instead=COLOCATE_REFUSAL)
@@ -42,7 +42,8 @@ _k(f"{V1}.sampler.max_off_policy_strategy", "drop", STR, "What happens to a grou
    "trainer waits for in-flight groups that reached the threshold and trains them in that step.",
    choices=("drop", "wait"))
 _k(f"{RO}.nnodes", 0, INT, "Nodes of the standalone rollout pool (verl's separate_async layout): 0 with "
-   "trainer_mode=sync (the engines are colocated with the actor); with separate_async nnodes x n_gpus_per_node "
-   "rollout processes, 1 x 1 in this version (one CPU process).", min=0)
+   "trainer_mode=sync (the engines are colocated with the actor); with separate_async 1: nnodes x n_gpus_per_node "
+   "rollout processes start on the trainer's node, each on a device of its own when the node has enough, else "
+   "sharing the trainer's (docs/async.md).", min=0)
 _k(f"{RO}.n_gpus_per_node", None, INT, "Devices (processes on the CPU) per node of the standalone rollout pool "
-   "(separate_async; null: 1).", min=1)
+   "(separate_async; null: 1): the number of rollout processes; a batch's prompts are split between them.", min=1)

@@ -3,8 +3,8 @@ name, each with what happens to it here (the same categories as `schema_verl`: n
 unless off, a verl spelling of a key verl-npu reads, or a whole refused feature).
 
 `register` is called once by `schema_verl` with its helpers and tables; nothing here is imported by
-anything else. The leaf keys themselves are in tests/data/verl_ppo_trainer_keys.txt (from verl
-0.9.1's `_generated_ppo_trainer.yaml`; tests/verl_keys_from_yaml.py regenerates it).
+anything else. The leaf keys themselves are in tests/fixtures/verl_ppo_trainer_keys.txt (from verl
+0.9.1's `_generated_ppo_trainer.yaml`; tests/helpers/verl_keys_from_yaml.py regenerates it).
 """
 
 from __future__ import annotations

@@ -551,6 +551,12 @@ class RewardModel_ModelSection(Section):  # reward_model.model
 
 
 @dataclass(frozen=True)
+class RewardModel_PrimeSection(Section):  # reward_model.prime
+    num_processes: int
+    timeout_s: float | None
+
+
+@dataclass(frozen=True)
 class RewardModel_RewardKwargsSection(Section):  # reward_model.reward_kwargs
     max_resp_len: int | None
     overlong_buffer_cfg: RewardModel_RewardKwargs_OverlongBufferCfgSection
@@ -691,6 +697,7 @@ class RewardModelSection(Section):  # reward_model
     reward_manager: str
     launch_reward_fn_async: bool
     model: RewardModel_ModelSection
+    prime: RewardModel_PrimeSection
     reward_kwargs: RewardModel_RewardKwargsSection
 
 

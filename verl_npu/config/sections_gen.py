@@ -1,7 +1,7 @@
 """Writes `verl_npu/config/sections.py`, the typed config sections as a module a type checker reads,
 from the one schema (`verl_npu.config.schema`): one frozen dataclass per section, one annotated field per
 key or sub-section. `verl_npu.config.typed` binds these classes to the schema's sections (and builds a
-section itself where the file is stale; tests/test_config_typed.py fails then).
+section itself where the file is stale; tests/config/test_config_typed.py fails then).
 
     python -m verl_npu.config.sections_gen          # rewrite the file after changing the schema
 """

@@ -258,7 +258,7 @@ def is_sft_tree(raw: dict) -> bool:
 
 
 def reference_table() -> str:
-    """The markdown table of every SFT key (docs/sft.md holds it; tests/test_sft.py keeps the two equal)."""
+    """The markdown table of every SFT key (docs/sft.md holds it; tests/sft/test_sft.py keeps the two equal)."""
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key in KEYS.values():
         note = key.doc

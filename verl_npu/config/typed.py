@@ -83,7 +83,7 @@ def _generate() -> None:
         if cls is None or [(f.name, f.type) for f in dataclasses.fields(cls)] != [
                 (name, text) for name, _, text in fields]:
             # the generated module is stale (a schema key added or changed without running
-            # `python -m verl_npu.config.sections_gen`; tests/test_config_typed.py fails on it): built here
+            # `python -m verl_npu.config.sections_gen`; tests/config/test_config_typed.py fails on it): built here
             cls = dataclasses.make_dataclass(_class_name(path), [(n, t) for n, t, _ in fields], bases=(Section,),
                                              frozen=True, namespace={"__module__": generated.__name__})
             setattr(generated, cls.__name__, cls)

@@ -517,7 +517,8 @@ class RLDataset:
                 where = f"data file {self.files[fi]} row {r}"
                 if name not in known:
                     raise UserError(f"{where}: agent_name {name!r} is not an agent loop verl-npu has ("
-                                    f"{', '.join(known)}); fix the column, or drop it to use "
+                                    f"{', '.join(known)}; a custom loop of verl's agent_loop_config_path is not run here: docs/agents.md, "
+                                    "'Custom agent loops'); fix the column, or drop it to use "
                                     "actor_rollout_ref.rollout.agent.default_agent_loop")
                 if name != "single_turn_agent" and not multi_turn:
                     raise UserError(f"{where}: agent_name {name!r} needs multi-turn rollout; set "

@@ -21,6 +21,12 @@ Each output row (verl's RL schema, docs/data_formats.md):
     extra_info    {"split", "index" (source row), "answer" (the full answer text), "question"}
 
 A row without the question or the answer column is an error naming the file and row.
+
+With --sft (a Trinity SFT experience buffer or a ROLL SFT data file: conversations, not questions) each row is
+written as verl's SFT row instead: `messages` (the --messages-key column, default `messages`: a list of
+{role, content, ...} objects or its JSON text, written as a list) and `tools` (the row's, as JSON text; null
+when it has none)
+(docs/sft.md, 'Data').
 """
 
 from __future__ import annotations
@@ -142,6 +148,31 @@ def convert(files: list[Path], output: str | Path, **kw: Any) -> int:
     return len(rows)
 
 
+def convert_sft(files: list[Path], output: str | Path, messages_key: str, tools_key: str = "tools") -> int:
+    """Conversations of `files` as verl SFT rows (`messages` a list, `tools` JSON text) in one parquet file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, index = [], 0
+    for f in files:
+        for row in read_rows(f):
+            here = f"{f} row {index}"
+            if not isinstance(row, dict) or messages_key not in row:
+                raise UserError(f"{here}: no {messages_key!r} column (pass --messages-key)")
+            value = json.loads(row[messages_key]) if isinstance(row[messages_key], str) else row[messages_key]
+            if not isinstance(value, list) or not all(isinstance(m, dict) and "role" in m for m in value):
+                raise UserError(f"{here}: the {messages_key!r} column must be a list of {{role, content}} objects")
+            tools = row.get(tools_key)
+            rows.append({"messages": value, "tools": None if tools is None else
+                         (tools if isinstance(tools, str) else json.dumps(tools))})
+            index += 1
+    if not rows:
+        raise UserError(f"{', '.join(map(str, files))}: no rows")
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), output)
+    return len(rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="data_prep/foreign_json.py", description=__doc__.split("\n\n")[0])
     p.add_argument("system", choices=("trinity", "roll"), help="whose format the input is in")
@@ -150,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="(trinity) the taskset's split (default train)")
     p.add_argument("--subset", help="(trinity) the taskset's subset_name folder")
     p.add_argument("--prompt-key", help="question column (trinity default: prompt; roll default: prompt)")
-    p.add_argument("--messages-key", help="(roll) chat-message column instead of a question column")
+    p.add_argument("--messages-key", help="(roll) chat-message column instead of a question column; (--sft) the "
+                   "conversation column (default messages)")
+    p.add_argument("--sft", action="store_true", help="write SFT rows (messages, tools) from conversations")
     p.add_argument("--response-key", help="(trinity) answer column (default: response)")
     p.add_argument("--ground-truth-key", default="ground_truth", help="(roll) answer column (default ground_truth)")
     p.add_argument("--tag-key", default="tag", help="(roll) domain column, written as data_source (default tag)")
@@ -168,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def body() -> int:
         files = find_files(args.input, args.split, args.subset)
+        if args.sft:
+            print(f"wrote {convert_sft(files, args.output, args.messages_key or 'messages')} rows to {args.output}")
+            return 0
         roll = args.system == "roll"
         n = convert(files, args.output, split=args.split, prompt_key=args.prompt_key or "prompt",
                     messages_key=args.messages_key if roll else None,

@@ -66,12 +66,21 @@ def import_to(system: str, path: str | Path, out: str | Path | None = None) -> t
     out = Path(out) if out else Path(path).with_name(Path(path).stem + ".verl_npu.yaml")
     for suffix, tree in result.extra_files.items():
         target = out.with_name(f"{out.stem}.{suffix}")
-        target.write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+        target.write_text(tree if isinstance(tree, str) else yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
         for key, value in list(result.recipe.items()):
             if value == f"<{suffix}>":
                 result.recipe[key] = str(target)
     write_recipe(result, out)
-    validate(result, out)
+    stages = None
+    if "sft.yaml" in result.extra_files:   # an SFT stage, then this RL recipe (importers.trinity_stages)
+        stages = out.with_name(f"{out.stem}.stages.yaml")
+        tree = {"af_output_dir": str(result.recipe.get("af_output_dir", "outputs/imported")),
+                "stages": [{"name": "sft", "recipe": f"{out.stem}.sft.yaml"}, {"name": "rl", "recipe": out.name}]}
+        stages.write_text(f"# Imported by `verl-npu import {system} {Path(path).name}`: the SFT stage, then RL from "
+                          "its checkpoint (docs/sft.md); run with `verl-npu run` on this file\n"
+                          + yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+        result.extra_files["stages.yaml"] = tree
+    validate(result, out, stages)
     return result, out
 
 

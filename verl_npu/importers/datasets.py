@@ -64,3 +64,11 @@ def roll_prep(file_name: str, prompt_key: str | None, messages_key: str | None, 
     elif prompt_key:
         cmd += ["--prompt-key", _q(prompt_key)]
     return " ".join(cmd + ["--output", _q(out)])
+
+
+def sft_prep(system: str, path: str, split: str | None, subset: str | None, messages_key: str | None, out: str) -> str:
+    """The command that writes the SFT parquet `out` (verl's `messages` rows) from a Trinity experience buffer
+    or a ROLL SFT data file of conversations."""
+    flags = {"--split": split, "--subset": subset, "--messages-key": messages_key}
+    cmd = [PREP, system, "--sft", "--input", _q(path), *(f"{k} {_q(v)}" for k, v in flags.items() if v)]
+    return " ".join(cmd + ["--output", _q(out)])

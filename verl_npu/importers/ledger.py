@@ -61,7 +61,8 @@ class Ledger:
     recipe: dict[str, Any] = field(default_factory=dict)
     origin: dict[str, str] = field(default_factory=dict)   # recipe key -> where its value came from
     notes: list[str] = field(default_factory=list)         # what the user must do next (data prep, files)
-    extra_files: dict[str, Any] = field(default_factory=dict)   # suffix -> YAML tree written beside the recipe
+    extra_files: dict[str, Any] = field(default_factory=dict)   # suffix -> YAML tree (or text) beside the recipe
+    kind: str = "rl"       # the recipe's kind: "rl" (verl-npu run) or "sft" (verl-npu sft)
 
     # ---- reading the input
     def has(self, key: str) -> bool:

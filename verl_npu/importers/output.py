@@ -14,7 +14,8 @@ from verl_npu.importers.ledger import DEFAULT, MAPPED, NOT_MAPPED, Ledger, Row, 
 
 #: the recipe's top-level blocks, in the order shipped recipes write them
 TOP_ORDER = ("af_output_dir", "backend_config", "engine_kwargs")
-SECTION_ORDER = ("data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function", "algorithm", "trainer")
+SECTION_ORDER = ("data", "model", "engine", "optim", "checkpoint", "actor_rollout_ref", "critic", "reward_model",
+                 "custom_reward_function", "algorithm", "trainer")
 
 
 @dataclass
@@ -29,14 +30,15 @@ class ImportResult:
     origin: dict[str, str]
     notes: list[str]
     refused: str = ""                     # why no recipe was written at all (then recipe is empty)
-    extra_files: dict[str, Any] = field(default_factory=dict)   # suffix -> YAML tree written beside the recipe
+    extra_files: dict[str, Any] = field(default_factory=dict)   # suffix -> YAML tree (or text) beside the recipe
     problems: list[str] = field(default_factory=list)
     validated: bool = False
+    kind: str = "rl"                      # "rl" (verl-npu run) or "sft" (verl-npu sft)
 
     @classmethod
     def from_ledger(cls, ledger: Ledger, source: Path, refused: str = "") -> ImportResult:
         return cls(ledger.system, source, ledger.finish(), dict(ledger.recipe), dict(ledger.origin),
-                   list(ledger.notes), refused, dict(ledger.extra_files))
+                   list(ledger.notes), refused, dict(ledger.extra_files), kind=ledger.kind)
 
     def rows_with(self, status: str) -> list[Row]:
         return [r for r in self.rows if r.status == status]
@@ -44,7 +46,8 @@ class ImportResult:
 
 def recipe_yaml(result: ImportResult) -> str:
     """The recipe as YAML, every value followed by a comment naming its source key and arithmetic."""
-    lines = [f"# Imported by `verl-npu import {result.system} {result.source.name}`: a verl-npu recipe (verl 0.9.1 keys",
+    what = "an SFT recipe (`verl-npu sft`" if result.kind == "sft" else "a verl-npu recipe (`verl-npu run`"
+    lines = [f"# Imported by `verl-npu import {result.system} {result.source.name}`: {what}; verl 0.9.1 keys",
              "# under backend_config; docs/import.md). Each value's comment names the input key it came from",
              f"# ('{result.system}: key'), the arithmetic, or the {result.system} default written out because",
              "# verl's differs. Keys the import could not map are listed in the table it printed (not here)."]
@@ -57,7 +60,7 @@ def recipe_yaml(result: ImportResult) -> str:
                                                              if k in SECTION_ORDER else len(SECTION_ORDER))}
     for top in sorted(tree, key=lambda k: TOP_ORDER.index(k) if k in TOP_ORDER else len(TOP_ORDER)):
         _emit(top, tree[top], 0, top, result.origin, lines)
-    if "engine_kwargs" not in tree:
+    if "engine_kwargs" not in tree and result.kind != "sft":
         lines.append("engine_kwargs:")
         lines.append("  vllm: {}")
     return "\n".join(lines) + "\n"
@@ -96,18 +99,25 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def validate(result: ImportResult, recipe_path: Path) -> None:
-    """Load the written recipe with verl-npu's loader; record every problem it names (none: valid)."""
+def validate(result: ImportResult, recipe_path: Path, stages_path: Path | None = None) -> None:
+    """Load the written recipe with verl-npu's loader for its kind (and the stages recipe naming it and the SFT
+    stage, when there is one); record every problem they name (none: valid)."""
     from verl_npu.config import load_recipe
+    from verl_npu.config.sft import load_sft_recipe
+    from verl_npu.config.stages import load_stages
 
-    try:
-        load_recipe(recipe_path)
-    except ConfigErrors as exc:
-        result.problems = [str(p) for p in exc.problems]
-    except UserError as exc:
-        result.problems = [str(exc)]
-    else:
-        result.validated = True
+    checks = [(load_sft_recipe if result.kind == "sft" else load_recipe, recipe_path, "")]
+    if stages_path is not None:
+        checks.append((load_stages, stages_path, f"{stages_path.name}: "))
+    result.problems = []
+    for loader, path, prefix in checks:
+        try:
+            loader(path)
+        except ConfigErrors as exc:
+            result.problems += [prefix + str(p) for p in exc.problems if prefix + str(p) not in result.problems]
+        except UserError as exc:
+            result.problems.append(prefix + str(exc))
+    result.validated = not result.problems
 
 
 def write_recipe(result: ImportResult, out: Path) -> None:

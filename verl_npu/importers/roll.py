@@ -10,11 +10,11 @@ seq-mean-token-mean, temperature 0.95, top_p 0.7, top_k 50, lambd 0.95) are writ
 from __future__ import annotations
 
 from verl_npu.importers import roll_workers
+from verl_npu.importers.async_modes import versions_ahead, write_separate_async
 from verl_npu.importers.ledger import Ledger
+from verl_npu.importers.sft import map_roll_sft
 
 A, AC, RO = "actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-NO_ASYNC = ("not mapped: verl-npu has no asynchronous (off-policy) generation yet; every step trains on its "
-            "own rollouts (async_generation_ratio 0)")
 LOGGERS = {"tensorboard": "tensorboard", "wandb": "wandb", "stdout": "console", "swanlab": "swanlab",
            "mlflow": "mlflow"}
 ESTIMATORS = {"gae": "gae", "grpo": "grpo", "reinforce_plus_plus": "reinforce_plus_plus", "rloo": "rloo",
@@ -35,6 +35,10 @@ def is_agentic(led: Ledger) -> bool:
 def map_roll(led: Ledger) -> str:
     """Fill `led` from a composed, resolved ROLL config; returns a refusal reason ('' normally)."""
     agentic = is_agentic(led)
+    if led.under("sft_train") and not led.under("actor_infer") and not agentic:   # ROLL's SFT pipeline
+        led.kind = "sft"
+        map_roll_sft(led)
+        return ""
     n = _group(led, agentic)
     _pipeline(led, agentic, n)
     _algorithm(led)
@@ -46,13 +50,19 @@ def map_roll(led: Ledger) -> str:
     if agentic:
         _agentic(led, n)
     _rewards(led)
-    if float(led.get("async_generation_ratio", 0) or 0) == 0:
-        led.accept("async_generation_ratio", "0: synchronous generation, as verl-npu trains")
-    led.not_mapped_under("async_generation_ratio", NO_ASYNC)
+    ratio = float(led.get("async_generation_ratio", 0) or 0)
+    if ratio == 0:
+        led.accept("async_generation_ratio", "0: synchronous generation, the sync loop")
+    elif ratio > 0:
+        threshold = versions_ahead(ratio, 1)
+        why = (f"async_generation_ratio {ratio:g}: the next batch generated while this one trains, at most "
+               f"ceil({ratio:g}) = {threshold} model version(s) stale")
+        write_separate_async(led, threshold, why)
+        led.map("async_generation_ratio", "trainer.v1.sampler.max_off_policy_threshold", threshold, why)
     led.not_mapped_under("hydra", "not mapped: Hydra's own run settings (verl-npu writes to af_output_dir)")
     led.not_mapped_under("custom_env", "not mapped: environment templates; custom_envs picks from them (mapped there)")
-    led.not_mapped_under("sft_train", "not mapped: the importer does not convert ROLL's SFT pipeline yet; verl-npu "
-                         "has an SFT trainer (`verl-npu sft`, docs/sft.md): write its recipe by hand")
+    led.not_mapped_under("sft_train", "not mapped: an SFT worker beside the RL workers; import ROLL's SFT pipeline "
+                         "config by itself (an SFT recipe), then point actor_rollout_ref.model.path at its export")
     for key in [k for k in led.unsettled() if k.startswith("deepspeed_")]:
         led.not_mapped(key, "not mapped: a DeepSpeed config included for strategy_config; verl-npu has no DeepSpeed "
                        "backend (FSDP2 instead)")
@@ -60,9 +70,8 @@ def map_roll(led: Ledger) -> str:
         led.not_mapped_under(k, "not mapped: the importer does not convert ROLL's on-policy distillation; verl-npu "
                              "reads verl 0.9.1's distillation.* keys (`verl-npu explain distillation`): set them by hand")
     if not led.under("actor_infer") and not agentic:
-        return ("no actor_infer (rollout) worker: this is ROLL's SFT pipeline, which the importer does not convert "
-                "yet; verl-npu has an SFT trainer (`verl-npu sft`, docs/sft.md): "
-                "write its recipe by hand, then import the RL config")
+        return ("no actor_infer (rollout) worker and no sft_train worker: neither ROLL's RL pipelines nor its SFT "
+                "pipeline; add the workers the config's pipeline needs")
     return ""
 
 

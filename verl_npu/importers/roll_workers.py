@@ -89,7 +89,7 @@ def _strategy(led: Ledger, role: str, target: str | None) -> str:
     return name
 
 
-def _model_args(led: Ledger, role: str, model: str) -> None:
+def map_model_args(led: Ledger, role: str, model: str) -> None:
     m = f"{role}.model_args"
     led.map(f"{m}.model_name_or_path", f"{model}.path")
     if led.has(f"{m}.disable_gradient_checkpointing"):
@@ -99,7 +99,7 @@ def _model_args(led: Ledger, role: str, model: str) -> None:
 
 def _actor_train(led: Ledger, n: int) -> None:
     r = "actor_train"
-    _model_args(led, r, f"{A}.model")
+    map_model_args(led, r, f"{A}.model")
     m = f"{r}.model_args"
     if int(led.get(f"{m}.lora_rank", 0) or 0) > 0 and led.has(f"{m}.lora_target"):
         led.map(f"{m}.lora_rank", f"{A}.model.lora_rank")
@@ -214,7 +214,7 @@ def _reference(led: Ledger) -> None:
 
 def _critic(led: Ledger) -> None:
     r = "critic"
-    _model_args(led, r, "critic.model")
+    map_model_args(led, r, "critic.model")
     _strategy(led, r, "critic.strategy")
     t = f"{r}.training_args"
     led.map(f"{t}.learning_rate", "critic.optim.lr")

@@ -14,15 +14,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from verl_npu.importers import datasets
+from verl_npu.importers import datasets, sft, trinity_stages
+from verl_npu.importers.async_modes import versions_ahead, write_separate_async
 from verl_npu.importers.ledger import Ledger
+from verl_npu.importers.trinity_common import map_optimizer, top_level
 
 A, AC, RO = "actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-NO_ASYNC = ("not mapped: verl-npu has no asynchronous (explorer/trainer) mode yet; it trains on-policy, "
-            "one synchronous rollout per step (Trinity's sync_style fixed, sync_offset 0)")
-NO_SFT = ("not mapped: the importer has no SFT stage yet (it converts RL configs); verl-npu has an SFT trainer "
-          "and two-stage recipes (`verl-npu sft`, `stages:`; docs/sft.md): write the SFT stage's recipe by hand, "
-          "or run it in Trinity, and point actor_rollout_ref.model.path at its Hugging Face checkpoint")
+#: Trinity's weight transfer, in verl-npu's separate_async (docs/async.md, 'Weight transfer')
+TRANSFER = ("verl-npu pushes the weights after every training step by a gloo broadcast (a file in /dev/shm when "
+            "no process group spans both sides) and checks their digest")
 
 #: keys only Trinity's schema before its `algorithm:`/`buffer.explorer_input` rework has (A.0-3 of
 #: shared/reference/import-and-sft.md): their presence marks a legacy config
@@ -39,7 +39,6 @@ ALGORITHM_TYPE = {"ppo": "gae", "grpo": "grpo", "dapo": "grpo", "reinforcepluspl
 #: Trinity kl function names -> verl's kl_penalty / kl_loss_type spellings
 KL_NAMES = {"k1": "kl", "kl": "kl", "k2": "mse", "mse": "mse", "k3": "low_var_kl", "low_var_kl": "low_var_kl",
             "abs": "abs"}
-LOGGERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "swanlab": "swanlab"}
 #: trainer_config keys Trinity's veRLConfig.synchronize_config overwrites from its own fields (T-VCFG)
 OVERWRITTEN = {
     f"{A}.model.path": "model.model_path", f"{AC}.ppo_mini_batch_size": "buffer.batch_size",
@@ -68,15 +67,19 @@ def legacy_keys(raw: dict) -> list[str]:
 def map_trinity(led: Ledger, raw: dict) -> str:
     """Fill `led` from a current-schema Trinity config; returns a refusal reason ('' when a recipe
     can be written)."""
+    if str(led.get("algorithm.algorithm_type", "ppo")).lower() == "sft":
+        led.kind = "sft"
+        sft.map_trinity_sft(led)
+        return ""
     refusal = _mode_and_algorithm(led)
-    _top_level(led)
+    top_level(led)
     n = _algorithm(led)
     _model(led)
     _buffer(led, n, raw)
     _explorer(led)
     _trainer(led)
     _synchronizer(led)
-    led.not_mapped_under("stages", NO_SFT + " (stages: SFT then RL)")
+    trinity_stages.map_stages(led, raw)
     led.not_mapped_under("data_processor", "not mapped: verl-npu has no task/experience pipelines (Data-Juicer); "
                          "prepare the data before training")
     for section in ("log", "service"):
@@ -88,10 +91,6 @@ def map_trinity(led: Ledger, raw: dict) -> str:
 def _mode_and_algorithm(led: Ledger) -> str:
     mode = led.get("mode", "both")
     atype = str(led.get("algorithm.algorithm_type", "ppo")).lower()
-    if atype == "sft" or (mode == "train" and atype == "sft"):
-        led.not_mapped("algorithm.algorithm_type", NO_SFT)
-        led.not_mapped("mode", NO_SFT)
-        return "algorithm.algorithm_type is sft: " + NO_SFT.removeprefix("not mapped: ")
     if atype in ("dpo", "opmd", "mix", "asymre", "sppo", "topr", "cispo"):
         led.not_mapped("algorithm.algorithm_type", f"not mapped: verl-npu has no {atype} trainer (its algorithms: "
                        "PPO-family with the estimators of `verl-npu explain algorithm.adv_estimator`)")
@@ -100,10 +99,16 @@ def _mode_and_algorithm(led: Ledger) -> str:
         led.accept("mode", "explore and train in one run: verl-npu's colocated loop")
     elif mode == "bench":
         led.map("mode", "trainer.val_only", True, "bench: evaluate only")
-    elif mode in ("explore", "train", "serve"):
-        led.not_mapped("mode", f"not mapped: verl-npu has no separate {mode} process (no asynchronous explorer/"
-                       "trainer yet); import the config of the whole run (mode: both)")
-        return f"mode {mode}: verl-npu has no separate {mode} process yet (asynchronous modes are not built)"
+    elif mode in ("explore", "train"):
+        led.map("mode", "trainer.v1.trainer_mode", "separate_async", f"{mode}: one side of Trinity's asynchronous "
+                "run; one verl-npu run holds both sides (a rollout process and the trainer), from one recipe")
+        led.notes.append(f"mode {mode}: Trinity runs this config's {mode} side as a process of its own; verl-npu "
+                         "runs both sides from this one recipe (trainer.v1.trainer_mode=separate_async). Settings "
+                         f"only the other side's config holds ({'trainer' if mode == 'explore' else 'explorer'}.*) "
+                         "are at their defaults here: import that config too and copy them over")
+    elif mode == "serve":
+        led.not_mapped("mode", "not mapped: verl-npu has no model-serving mode")
+        return "mode serve: verl-npu trains; it has no serving mode"
     est = ALGORITHM_TYPE.get(atype)
     if est and not led.has("algorithm.advantage_fn"):
         led.map("algorithm.algorithm_type", "algorithm.adv_estimator", est, f"{atype} -> {est}")
@@ -115,34 +120,6 @@ def _mode_and_algorithm(led: Ledger) -> str:
         led.notes.append("Trinity's dapo algorithm type: add DAPO's clip_ratio_high / overlong buffer / "
                          "filter_groups keys (recipes/tiny_geo3k_dapo.yaml shows them)")
     return ""
-
-
-def _top_level(led: Ledger) -> None:
-    led.map("project", "trainer.project_name")
-    led.map("name", "trainer.experiment_name")
-    led.not_mapped("group", "not mapped: verl-npu has no run group; put it in trainer.experiment_name")
-    if led.has("checkpoint_root_dir"):
-        root = str(led.get("checkpoint_root_dir")).rstrip("/")
-        out = f"{root}/{led.get('project', 'Trinity-RFT')}/{led.get('name', 'rft')}"
-        led.map("checkpoint_root_dir", "af_output_dir", out,
-                "<checkpoint_root_dir>/<project>/<name>, Trinity's checkpoint folder; checkpoints in <it>/checkpoints")
-    else:
-        led.set("af_output_dir", "outputs/imported", "no checkpoint_root_dir in the input: a local folder")
-    if led.has("continue_from_checkpoint"):
-        led.map("continue_from_checkpoint", "trainer.resume_mode",
-                transform=lambda v: "auto" if v else "disable", how="true -> auto, false -> disable")
-    led.not_mapped("ray_namespace", "not mapped: verl-npu starts its own Ray namespace")
-    mt = led.get("monitor.monitor_type")
-    if mt is not None:
-        if mt in LOGGERS:
-            led.map("monitor.monitor_type", "trainer.logger", ["console", LOGGERS[mt]], "[console, <type>]")
-        else:
-            led.not_mapped("monitor.monitor_type", f"not mapped: verl-npu has no {mt} logger")
-    led.not_mapped_under("monitor", "not mapped: verl-npu's loggers take no extra arguments (trainer.logger)")
-    led.map("cluster.node_num", "trainer.nnodes", how="verl-npu colocates explorer and trainer on all nodes")
-    led.map("cluster.gpu_per_node", "trainer.n_gpus_per_node", how="all devices of a node, colocated")
-    led.not_mapped("cluster.ray_address", "not mapped: verl-npu starts or joins Ray itself (docs/multinode.md)")
-    led.not_mapped_under("cluster", "not mapped: no verl-npu counterpart")
 
 
 def _algorithm(led: Ledger) -> int:
@@ -206,16 +183,7 @@ def _algorithm(led: Ledger) -> int:
     led.map("algorithm.policy_loss_fn_args.clip_range_high", f"{AC}.clip_ratio_high")
     led.map("algorithm.policy_loss_fn_args.loss_agg_mode", f"{AC}.loss_agg_mode")
     led.not_mapped_under("algorithm.policy_loss_fn_args", "not mapped: no verl-npu policy-loss argument of that name")
-    opt = "algorithm.optimizer"
-    led.map(f"{opt}.lr", f"{AC}.optim.lr")
-    for k in ("lr_warmup_steps", "lr_warmup_steps_ratio", "min_lr_ratio", "weight_decay", "betas"):
-        led.map(f"{opt}.{k}", f"{AC}.optim.{k}")
-    led.map(f"{opt}.warmup_style", f"{AC}.optim.warmup_style", how="verl 0.9.1 names it lr_scheduler_type")
-    led.map(f"{opt}.lr_scheduler_type", f"{AC}.optim.warmup_style", how="verl-npu's name for the scheduler")
-    led.map(f"{opt}.clip_grad", f"{AC}.grad_clip")
-    if str(led.get(f"{opt}.optimizer_type", "adamw")).lower() in ("adam", "adamw"):
-        led.accept(f"{opt}.optimizer_type", "AdamW, verl-npu's optimizer")
-    led.not_mapped_under(opt, "not mapped: verl-npu's optimizer is AdamW with the optim.* keys only")
+    map_optimizer(led, f"{AC}.optim", f"{AC}.grad_clip", f"{AC}.optim.warmup_style")
     led.not_mapped_under("algorithm.sample_strategy", "not mapped: verl-npu samples from the step's own rollouts")
     led.not_mapped_under("algorithm.sample_strategy_args", "not mapped: verl-npu samples from the step's own rollouts")
     led.not_mapped_under("algorithm.advantage_fn", "not mapped")
@@ -371,6 +339,9 @@ def _explorer(led: Ledger) -> None:
         led.not_mapped(f"{rm}.engine_type", f"not mapped: verl-npu has no {engine} engine (hf, vllm)")
     for k in ("enforce_eager", "enable_chunked_prefill", "dtype", "max_model_len"):
         led.map(f"{rm}.{k}", f"{RO}.{k}")
+    if int(led.get("synchronizer.sync_offset", 0) or 0) > 0 or str(led.get("mode", "both")) in ("explore", "train"):
+        led.not_mapped(f"{rm}.engine_num", "not mapped: separate_async's rollout side is one process in this "
+                       "version (actor_rollout_ref.rollout.nnodes x n_gpus_per_node = 1 x 1, docs/async.md)")
     led.not_mapped(f"{rm}.engine_num", "not mapped: verl-npu colocates rollout with training on all devices "
                    "(no separate explorer engines); GPUs: trainer.nnodes x n_gpus_per_node")
     led.not_mapped_under(rm, "not mapped: no verl-npu rollout option of that name")
@@ -439,12 +410,41 @@ def _trainer(led: Ledger) -> None:
 
 
 def _synchronizer(led: Ledger) -> None:
+    """sync_offset 0 in one process (mode both): the sync loop. A positive offset, or separate explore / train
+    processes: separate_async, the bound in model versions ceil(sync_offset / sync_interval) (one version is
+    sync_interval explore steps; separate processes without an offset: 1, the one-step-off pipeline)."""
     s = "synchronizer"
+    interval = int(led.get(f"{s}.sync_interval", 1) or 1)
+    offset = int(led.get(f"{s}.sync_offset", 0) or 0)
+    separate = str(led.get("mode", "both")) in ("explore", "train")
     if led.has(f"{s}.sync_interval"):
         led.mapped_into(f"{s}.sync_interval", "data.train_batch_size",
                         "data.train_batch_size = buffer.batch_size x sync_interval")
     if str(led.get(f"{s}.sync_style", "fixed")) == "fixed":
-        led.accept(f"{s}.sync_style", "fixed: verl-npu's only schedule (a synchronous step)")
-    if int(led.get(f"{s}.sync_offset", 0) or 0) == 0:
-        led.accept(f"{s}.sync_offset", "0: on-policy, as verl-npu trains")
-    led.not_mapped_under(s, NO_ASYNC)
+        led.accept(f"{s}.sync_style", "fixed: the weights move after every training step, as in verl-npu")
+    else:
+        led.not_mapped(f"{s}.sync_style", "not mapped: verl-npu moves the weights after every training step "
+                       "(Trinity's fixed style); the recipe does that")
+    if offset == 0 and not separate:
+        led.accept(f"{s}.sync_offset", "0: on-policy, the sync loop (generate, then train)")
+        led.not_mapped_under(s, "not mapped: the sync loop samples with the actor's own weights (nothing to "
+                             "transfer); for Trinity's explorer/trainer split set sync_offset >= 1")
+        return
+    threshold = versions_ahead(offset or 1, interval)
+    why = (f"synchronizer.sync_offset {offset} explore steps ahead, sync_interval {interval} per model version: "
+           f"ceil({offset}/{interval}) = {threshold} version(s)") if offset else (
+        "separate explore and train processes: one version ahead (the one-step-off pipeline; raise "
+        "trainer.v1.sampler.max_off_policy_threshold to let generation run further ahead)")
+    write_separate_async(led, threshold, why)
+    if offset and not separate:
+        led.notes.append(f"synchronizer.sync_offset {offset}: the explorer runs ahead, so the recipe overlaps "
+                         "generation and training (separate_async). Trinity's align-with-verl guide says verl's "
+                         "synchronous run is sync_offset 0: for it import with sync_offset 0, or run with "
+                         "trainer.v1.trainer_mode=sync actor_rollout_ref.rollout.nnodes=0")
+    if offset:
+        led.map(f"{s}.sync_offset", "trainer.v1.sampler.max_off_policy_threshold", threshold, why)
+    if led.has(f"{s}.sync_interval"):
+        led.mapped_into(f"{s}.sync_interval", "trainer.v1.separate_async.parameter_sync_step",
+                        "data.train_batch_size / ppo_mini_batch_size = sync_interval")
+    led.not_mapped_under(f"{s}.sync_method", f"not mapped: {TRANSFER}")
+    led.not_mapped_under(s, "not mapped: no verl-npu setting of Trinity's synchronizer of that name")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 GIB = 1 << 30
 TIGHT = 0.10                 # under 10% headroom: tight
-#: fp32 elements a token keeps per decoder layer for backward (measured: bench/memory_plan.md)
+#: fp32 elements a token keeps per decoder layer for backward (measured: bench/results/memory_plan.md)
 ACT_PER_LAYER_H, ACT_PER_LAYER_I, ACT_RMPAD_EXTRA_H = 6.4, 4.7, 2.0
 ACT_OUTSIDE_H = 8.0          # embeddings, final norm, the hidden states before the head
 CKPT_LAYER_H, CKPT_RECOMPUTE_H, CKPT_RECOMPUTE_I = 1.0, 9.0, 6.0
@@ -213,7 +213,7 @@ def cpu_allocator_retained_bytes(peak_tensor_bytes: int) -> int:
     """What a CPU worker process keeps beyond its live tensors at its peak: 0.2 x the peak phase's
     tensors. glibc's malloc serves tensors up to 32 MiB from its heap once a large block has been freed
     (the mmap threshold moves up), and freed heap blocks between live ones are kept, not returned:
-    the heap grows past the live tensors (bench/memory_plan.md: the base and the fraction fitted on
+    the heap grows past the live tensors (bench/results/memory_plan.md: the base and the fraction fitted on
     four one-worker configurations, checked on 24 others)."""
     return int(CPU_ALLOCATOR_RETAINED * peak_tensor_bytes)
 

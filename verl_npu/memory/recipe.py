@@ -273,7 +273,7 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
                          "the largest unit (the root: embeddings and head, or a layer), unsharded, compute dtype")]
     if not s.cpu:
         while_computing += [Part("cuBLAS workspaces", mp.ACCELERATOR_WORKSPACE_BYTES, "allocated by the first "
-                                    "matmul, kept (measured on an H200: bench/cuda_check.md)")]
+                                    "matmul, kept (measured on an H200: bench/results/cuda_check.md)")]
         if not s.fsdp:  # one worker without FSDP2 computes under torch.autocast
             cast = trainable if s.lora_rank else mp.autocast_cast_params(actor)
             while_computing += [Part("autocast weight copies", cast * s.compute_bytes, f"{s.compute_bytes} x "
@@ -489,7 +489,8 @@ def model_numbers(path: Any) -> ModelSize | None:
         builds = []
         for marker in root.glob(f"{name.strip('/')}-*/verl_npu_tiny.json"):
             try:
-                if json.loads(marker.read_text()).get("uri") == path:
+                # any seed's build will do: a seed changes the weights, never the shapes the plan reads
+                if str(json.loads(marker.read_text()).get("uri", "")).partition("?")[0] == path.partition("?")[0]:
                     builds.append(marker.parent)
             except (OSError, ValueError):
                 continue

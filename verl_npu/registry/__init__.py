@@ -13,10 +13,12 @@ can do without importing torch, and the implementation is imported only when it 
 | ROLES               | (built when the config needs them)       | verl_npu/workers   | RoleSpec     |
 | REWARD_MANAGERS     | reward_model.reward_manager              | verl_npu/rewards   | RewardManagerSpec |
 | METRIC_SINKS        | trainer.logger                           | verl_npu/trainer   | MetricSinkSpec |
+| ROLLOUT_CORRECTIONS | algorithm.rollout_correction.{rollout_is, rollout_rs, loss_type} | verl_npu/algorithms/rollout_correction.py | RolloutCorrectionSpec |
+| TOOLS               | class_name of a multi-turn tool config entry | verl_npu/tools | ToolSpec |
 
-Not (yet) here: tools (`verl_npu.tool_registry`: a tool is named by its class in the user's tool file) and
-the rollout-correction options (`verl_npu.rollout_corrections`: options of one tensor function).
-Policy losses and advantage estimators may also be a user's own function, `path/to/file.py:function`.
+Policy losses and advantage estimators may also be a user's own function, `path/to/file.py:function`; a
+tool, a user's own class (`path/to/file.py:Class` or `package.module.Class` in the tool config file, read by
+`verl_npu.tool_registry`).
 """
 
 from __future__ import annotations
@@ -139,8 +141,11 @@ class RoleSpec(Spec):
 class RewardManagerSpec(Spec):
     """A reward manager: fn(scores, extras, valid_response_lengths, reward_kwargs, max_response_length) ->
     (scores, extras), applied to the rule reward. `overlong_penalty`: it reads reward_kwargs'
-    overlong_buffer_cfg (DAPO's overlong shaping)."""
+    overlong_buffer_cfg (DAPO's overlong shaping). `parallel_scoring`: the rule reward is computed by
+    `verl_npu.rewards.prime.ParallelRewardScorer` (worker processes, per-response deadlines, a failed
+    response scores 0) instead of row by row in the trainer."""
     overlong_penalty: bool = False
+    parallel_scoring: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,51 @@ class MetricSinkSpec(Spec):
             return None
         return (f"the {self.module} library is not installed: pip install 'verl-npu[{self.extra}]' "
                 f"(or remove {self.name} from trainer.logger)")
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionSpec(Spec):
+    """A mode of rollout correction (`algorithm.rollout_correction.*`): `option` is the key that names it.
+
+    rollout_is (an importance-weight level): fn(log_ratio, mask) -> (statistic, raw weights); `per_token`: one
+        weight per token (else one per response, on each of its tokens).
+    rollout_rs (a rejection option): fn(values, mask, valid_token) -> (statistic [B, T], row values [B] or
+        None) judges each token (`per_token`) or a whole response by its tokens' values of `statistic`, the
+        divergence it rejects on ("k1": -d, "k2": d²/2, "k3": exp(d) - 1 - d, d the clamped log-ratio);
+        k1 options take ratio bounds 'L_U'.
+    loss_type (bypass mode's loss): fn(log_prob, old_log_prob, advantages, mask, weights, ...) -> the loss's
+        entries."""
+    option: str = ""
+    per_token: bool = False
+    statistic: str = ""
+
+    @property
+    def ratio_bounds(self) -> bool:
+        """Its threshold may be ratio bounds 'L_U' (a k1 rejection option; one number U means L = 1/U)."""
+        return self.statistic == "k1"
+
+
+@dataclass(frozen=True)
+class ToolSpec(Spec):
+    """A built-in multi-turn tool (a `verl_npu.tools.base.BaseTool` subclass), named by `class_name` in a tool
+    config file. function_name: the name its schema must have (None: any name, taken from the schema);
+    verl_class_paths: verl's class paths (or a verl recipe's) that name it, so a tool config written for verl works
+    unchanged; returns_images: its replies hold images (a vision-language model on an engine that takes them);
+    config_check: "module:function" of a torch-free check of its `config:` (function(config, key) ->
+    [(key, problem)]), run by `validate` before anything is imported; retrieval_server: it queries a
+    retrieval server (config.retrieval_service_url), which `validate --check-paths` probes."""
+    function_name: str | None = None
+    verl_class_paths: tuple[str, ...] = ()
+    returns_images: bool = False
+    config_check: str = ""
+    retrieval_server: bool = False
+
+    def config_problems(self, config: dict, key: str) -> list[tuple[str, str]]:
+        """(key, problem) of an entry's `config:` (none when the tool checks it itself when built)."""
+        if not self.config_check:
+            return []
+        module, _, function = self.config_check.partition(":")
+        return getattr(importlib.import_module(module), function)(config, key)
 
 
 #: verl's deprecated logger names and what they mean now: refused, naming the new one.
@@ -190,10 +240,16 @@ ROLLOUT_ENGINES: Registry[RolloutSpec] = Registry(
 ROLES: Registry[RoleSpec] = Registry("ROLES", "worker role", "(roles)", RoleSpec, ("workers",))
 REWARD_MANAGERS: Registry[RewardManagerSpec] = Registry(
     "REWARD_MANAGERS", "reward manager", "reward_model.reward_manager", RewardManagerSpec, ("rewards",),
-    unsupported=("prime", "batch"))
+    unsupported=("batch",))
 METRIC_SINKS: Registry[MetricSinkSpec] = Registry(
     "METRIC_SINKS", "logger", "trainer.logger", MetricSinkSpec, ("trainer/tracking.py", "trainer"),
     unsupported=("clearml", "trackio", "vemlp_wandb", "rl_insight"))
+ROLLOUT_CORRECTIONS: Registry[RolloutCorrectionSpec] = Registry(
+    "ROLLOUT_CORRECTIONS", "rollout correction mode", "algorithm.rollout_correction", RolloutCorrectionSpec,
+    ("algorithms/rollout_correction.py",))
+TOOLS: Registry[ToolSpec] = Registry("TOOLS", "tool", "tools[].class_name", ToolSpec, ("tools/gsm8k.py", "tools"))
+
+
 def registry_of(key: str) -> Registry:
     """The registry whose entries the config key `key` names (`algorithm.adv_estimator`, ...)."""
     return next(reg for reg in ALL if reg.key == key)
@@ -238,4 +294,18 @@ def role_with_method(method: str) -> str:
     raise RegistryError(f"no worker role declares the method {method!r}")
 
 
-ALL = (POLICY_LOSSES, ADVANTAGE_ESTIMATORS, ROLLOUT_ENGINES, ROLES, REWARD_MANAGERS, METRIC_SINKS)
+def correction_modes(option: str) -> dict[str, RolloutCorrectionSpec]:
+    """name -> spec of the rollout-correction modes that `option` (rollout_is, rollout_rs, loss_type) names."""
+    return {name: spec for name, spec in ROLLOUT_CORRECTIONS.specs.items() if spec.option == option}
+
+
+def correction_mode(option: str, name: Any) -> RolloutCorrectionSpec:
+    """The spec of the mode `name` of `option`; ValueError listing that option's modes."""
+    found = correction_modes(option).get(str(name))
+    if found is None:
+        raise ValueError(f"{option} must be one of {', '.join(correction_modes(option))}, got {name!r}")
+    return found
+
+
+ALL = (POLICY_LOSSES, ADVANTAGE_ESTIMATORS, ROLLOUT_ENGINES, ROLES, REWARD_MANAGERS, METRIC_SINKS, ROLLOUT_CORRECTIONS,
+       TOOLS)

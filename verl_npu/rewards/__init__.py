@@ -355,6 +355,9 @@ class RewardScorer:
         """Whether every one of `data_sources` has a rule reward here (always, with your own function)."""
         return self.fn is not default_compute_score or all(src in _REGISTRY for src in data_sources)
 
+    def close(self) -> None:
+        """Nothing to end: it scores in the caller's process (the prime manager's scorer ends its workers)."""
+
     def score(self, responses: list[str], data_sources: list[str], ground_truths: list,
               extra_infos: list[dict] | None = None,
               rows: list | None = None) -> tuple[list[float], dict[str, list[float]]]:

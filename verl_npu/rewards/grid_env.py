@@ -10,7 +10,7 @@ solution text itself is not read: the environment already judged every move.
 
 `BLIND_BEST_SCORE` is the best expected accuracy of a policy that ignores the observations, for the CPU
 demo's maps (`verl_npu.tools.envs.frozen_lake.corner_maps`, layout `corners`, 3 steps): the best fixed
-move sequence wins one of the four maps (tests/test_interactions.py tries every sequence). A success rate
+move sequence wins one of the four maps (tests/tools/test_interactions.py tries every sequence). A success rate
 clearly above it means the policy reads the grid.
 """
 

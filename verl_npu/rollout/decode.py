@@ -4,7 +4,7 @@ It replaces transformers' `generate` for the rollout because `generate` prefills
 images of) each of the n copies of a prompt, and adds per-step machinery (a logits-processor
 list, stopping criteria, re-preparing the model inputs, growing the attention mask and position
 ids by concatenation, the model rebuilding its 4-D mask): on the small models this engine is for,
-the two together were more than a third of the rollout's time (`bench/vs_trl.md`, "Profile of
+the two together were more than a third of the rollout's time (`bench/results/vs_trl.md`, "Profile of
 `gen`"). The loop calls the model's own `forward` with what `generate` would pass it, so greedy
 decoding gives `generate(do_sample=False)`'s tokens (tested token for token on a text and a
 vision-language model):
@@ -19,7 +19,7 @@ vision-language model):
   room for every new token, and each step writes its token's keys and values there and hands the
   attention the filled part (a view of the same shape and values transformers' `DynamicLayer` would
   give). `DynamicLayer` grows by concatenation, which copies the whole cache at every step and was
-  about a tenth of the rollout's time on the small models (`bench/vs_trl.md`);
+  about a tenth of the rollout's time on the small models (`bench/results/vs_trl.md`);
 - each decode step after the prefill runs through `decode_step.DecodeStep` where it applies (known model
   classes, SDPA, no hooks): the model's decoder without its top-level forward, with the rotary cos / sin and
   the padding mask built once per decode; the same logits bit for bit. Elsewhere the loop calls the model;

@@ -1,7 +1,7 @@
 """One decode step of the `hf` rollout's loop (`rollout.decode`) without the model's top-level forward.
 
 A decode step feeds one token per row through a small model; on the models this engine is for, the step's
-time was mostly per-call work around a few small matrix products (`bench/vs_trl.md`). The model's
+time was mostly per-call work around a few small matrix products (`bench/results/vs_trl.md`). The model's
 forward re-does at every step what depends only on the step index: the attention mask (transformers' mask
 creation, and SDPA turning a boolean mask into an additive one in every layer), the rotary cos / sin of the
 step's positions, the keyword plumbing and output objects of three nested forwards. `DecodeStep` does that
@@ -20,7 +20,7 @@ once per decode and then, per step, only what the step computes:
   ``rotate_half(x) * sin`` = ``cat(-x2, x1) * sin`` is computed as ``cat(x2, x1) * cat(-sin1, sin2)``
   (a sign flip commutes with a rounded product). Other layers are called as modules.
 
-Tokens and log-probs are the ones the model's forward gives, bit for bit (`tests/test_decode_step.py`
+Tokens and log-probs are the ones the model's forward gives, bit for bit (`tests/rollout/test_decode_step.py`
 compares both paths on every supported class, with and without padding). `DecodeStep.build` gives None,
 and the loop calls the model, for anything else: a class outside `_TOP_LEVEL` (whose forward is known
 to be embed -> rotary -> layers -> norm -> lm_head), attention other than SDPA, sliding-window layers, a

@@ -37,6 +37,7 @@ import threading
 import uuid
 from typing import Any
 
+from verl_npu.registry import TOOLS
 from verl_npu.tools.base import BaseTool, ToolResponse
 from verl_npu.tools.sandbox import ISOLATIONS, UNSAFE, SandboxLimits, active_isolation, run_python
 
@@ -63,6 +64,10 @@ SIGNALS = {137: "it was killed (SIGKILL)", 152: "it used up its CPU time limit (
            153: "it wrote a file larger than the disk limit (SIGXFSZ)"}
 
 
+# verl's Sandbox Fusion tool runs locally here, in the sandbox of verl_npu.tools.sandbox
+@TOOLS.register("code_interpreter", function_name=None,
+                verl_class_paths=("verl.tools.sandbox_fusion_tools.SandboxFusionTool",),
+                doc="runs the model's Python code in a local sandbox and replies with its output")
 class CodeInterpreterTool(BaseTool):
     """Runs the `code` argument in a sandbox per call (module docstring)."""
 
@@ -167,6 +172,10 @@ def retool_code(code: str) -> str:
     return "\n".join(lines)
 
 
+# the ReTool recipe's variant of the Sandbox Fusion tool
+@TOOLS.register("retool_code_interpreter", function_name=None,
+                verl_class_paths=("recipe.retool.retool.CustomSandboxFusionTool",),
+                doc="the code interpreter with ReTool's code preparation")
 class ReToolCodeInterpreter(CodeInterpreterTool):
     """The code interpreter with ReTool's code preparation (`retool_code`)."""
 

@@ -13,6 +13,7 @@ improving). The state lives per instance id and is dropped on `release`.
 
 from __future__ import annotations
 
+from verl_npu.registry import TOOLS
 from verl_npu.rewards.geo3k import answer_reward
 from verl_npu.tools.answer_check import AnswerCheckTool, answer_tool_schema
 
@@ -21,6 +22,8 @@ SCHEMA = answer_tool_schema(
     "is incorrect or cannot be parsed).", "The answer to the geo3k problem.")
 
 
+@TOOLS.register("geo3k", function_name="calc_geo3k_reward", verl_class_paths=("verl.tools.geo3k_tool.Geo3kTool",),
+                doc="the Geometry3K answer check: grades a submitted answer against the row's ground truth")
 class Geo3kTool(AnswerCheckTool):
     SCHEMA = SCHEMA
 

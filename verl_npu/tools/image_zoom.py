@@ -41,6 +41,7 @@ import math
 import uuid
 from typing import Any
 
+from verl_npu.registry import TOOLS
 from verl_npu.tools.base import BaseTool, ToolResponse
 
 SCHEMA = {
@@ -111,6 +112,9 @@ def _valid(left: float, top: float, right: float, bottom: float) -> bool:
     return max(w, h) / min(w, h) <= MAX_ASPECT
 
 
+@TOOLS.register("image_zoom_in", function_name="image_zoom_in_tool",
+                verl_class_paths=("verl.tools.image_zoom_in_tool.ImageZoomInTool",), returns_images=True,
+                doc="crops the row's image to the model's box and replies with that region")
 class ImageZoomInTool(BaseTool):
     """Crops the row's image to the model's box and replies with it (module docstring)."""
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_npu.errors import UserError
+from verl_npu.registry import TOOLS
 from verl_npu.registry.core import load_file
 from verl_npu.tool_registry import BUILTIN_FUNCTION_NAMES, ToolEntry, class_target, read_tool_config
 
@@ -53,7 +54,10 @@ def named_class(target: tuple[str, str, str], entry_where: str, class_name: str,
 
 
 def tool_class(entry: ToolEntry) -> type:
-    """The class an entry names. Raises UserError naming the entry when it cannot be imported."""
+    """The class an entry names: a registered tool's (the package's, or a $VERL_NPU_PLUGINS file's) from its
+    registry; else the user's class. Raises UserError naming the entry when it cannot be imported."""
+    if entry.builtin:
+        return TOOLS.load(entry.builtin)
     return named_class(class_target(entry.class_name), entry.where, entry.class_name, KEY, TOOL_METHODS,
                        "a tool", "Subclass verl_npu.tools.BaseTool (docs/agents.md)")
 

@@ -41,6 +41,7 @@ import urllib.request
 import uuid
 from typing import Any
 
+from verl_npu.registry import TOOLS
 from verl_npu.tools.base import BaseTool, ToolResponse
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,9 @@ def post_json(url: str, payload: dict, timeout: float) -> Any:
         raise SearchFailed(f"the retrieval server's answer is not JSON ({err}): {body[:200]!r}", retry=False) from None
 
 
+@TOOLS.register("search", function_name=None, verl_class_paths=("verl.tools.search_tool.SearchTool",),
+                config_check="verl_npu.tool_registry:search_config_problems", retrieval_server=True,
+                doc="queries a retrieval server over HTTP and replies with the documents found (Search-R1)")
 class SearchTool(BaseTool):
     """verl's SearchTool (module docstring): `execute(instance_id, {"query_list": [...]})`."""
 

@@ -11,6 +11,7 @@ from typing import cast
 from verl_npu.config import RecipeConfig
 from verl_npu.config.sections import BackendConfigSection
 from verl_npu.errors import UserError, is_disk_full
+from verl_npu.registry import REWARD_MANAGERS
 
 log = logging.getLogger("verl_npu")
 
@@ -105,7 +106,8 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.device import apply_env_defaults, detect_device, set_torch_threads
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
-    from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout
+    from verl_npu.rewards.prime import ParallelRewardScorer, build_scorer
+    from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout, rollout_processes
     from verl_npu.trainer.checkpoint import CheckpointManager
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.preempt import Preempted
@@ -129,7 +131,8 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     check_layout(cfg, device)  # separate_async's layout, before any worker starts
     for var, value, reason in apply_env_defaults(device.kind):
         log.info("env %s=%s (%s)", var, value, reason)
-    threads = device.thread_policy(rc.world_size, cfg.trainer.cpu_threads)
+    # separate_async's rollout processes (none in sync mode) share the node's cores with the workers
+    threads = device.thread_policy(rc.world_size + rollout_processes(cfg), cfg.trainer.cpu_threads)
     if threads is not None:  # every process of the run: this one, Ray's workers, spawned ranks
         device.before_torch()  # too late for this process when torch is already in, not for its children
         os.environ.update(threads.env())
@@ -176,7 +179,11 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     log.info("%d steps (%d per epoch); %d prompts x %d responses per step",
              steps, len(train_loader), cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n)
 
-    reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
+    reward_scorer: RewardScorer | ParallelRewardScorer
+    if REWARD_MANAGERS.spec(cfg.reward_model.reward_manager).parallel_scoring:   # prime: worker processes
+        reward_scorer = build_scorer(cfg)
+    else:
+        reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
     assert cfg.trainer.default_local_dir is not None, "derived by the config loader when unset"
     checkpoints = CheckpointManager(cfg.trainer.default_local_dir, checkpoints_to_keep(cfg))
     resume_step = 0
@@ -197,8 +204,10 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     try:
         info = workers.init_model()
         log.info("model: %s", info)
-        trainer_class = AsyncPPOTrainer if cfg.trainer.v1.trainer_mode == "separate_async" else PPOTrainer
-        trainer = trainer_class(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps)
+        trainer_class, extra = ((AsyncPPOTrainer, {"device": device}) if cfg.trainer.v1.trainer_mode == "separate_async"
+                                else (PPOTrainer, {}))
+        trainer = trainer_class(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps,
+                                **extra)
         final = trainer.fit(resume_from=latest)
         if after_fit is not None:
             after_fit(workers)
@@ -231,6 +240,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     finally:
         tracker.close()
         workers.shutdown()
+        reward_scorer.close()   # prime: its worker processes
     if final:  # an already complete run trained nothing and said so
         score = final.get("critic/score/mean")
         log.info("done: %d steps; last mean score %s; outputs in %s", trainer.global_step,

@@ -1,18 +1,20 @@
-"""Weight transfer from the trainer to a rollout side that holds its own copy of the policy in another process
-(`trainer.v1.trainer_mode=separate_async`): one component, two backends, measured and verified.
+"""Weight transfer from the trainer to the rollout processes of `trainer.v1.trainer_mode=separate_async`, each
+holding its own copy of the policy: one component, two backends, measured and verified.
 
-- `collective`: a torch.distributed broadcast from the trainer (rank 0) to the rollout processes (ranks 1..N) in a
-  process group of their own (not the default group, which the trainer's workers may already use). On CPU it is a
-  gloo group; the backend name comes from the device layer (`DeviceInfo.dist_backend`), and this version builds
-  only gloo groups: the weights travel through host memory (docs/async.md says what that means on accelerators).
+- `collective`: a broadcast from the trainer (rank 0) to the rollout processes (ranks 1..N) in a process group of
+  their own (not the default group, which the trainer's workers may already use). Its backend comes from the device
+  layer (`DeviceInfo.weight_sync_backend`): gloo on the CPU; nccl on CUDA and hccl on NPU when every rollout process
+  holds a device of its own (the tensors go device to device); gloo through host memory when the rollout processes
+  share the trainer's device (one GPU: NCCL and HCCL refuse two ranks on one device).
 - `file`: the sender writes the weights to one file per version (written aside, renamed into place) in a folder
-  both sides see (/dev/shm when it exists: shared memory), and the receiver loads and removes it. It needs no
-  group that spans both sides: Trinity's `checkpoint` sync method.
+  every side sees (/dev/shm when it exists: shared memory); each receiver loads it, and the sender removes it once
+  every receiver has confirmed that version (`release`). It needs no group that spans the sides: Trinity's
+  `checkpoint` sync method.
 
 Both send (name, tensor) pairs of the full weights in a fixed order (sorted names). Every transfer is measured
-(bytes, seconds) and verified: the sender and the receiver each compute `weights_digest` (SHA-256 over every
-tensor's name, dtype, shape and bytes), and the trainer compares them (`async_ppo`); tests also compare the
-tensors themselves.
+(bytes, seconds) and verified: the sender and each receiver compute `weights_digest` (SHA-256 over every tensor's
+name, dtype, shape and bytes), and the trainer compares them (`async_ppo`); tests also compare the tensors
+themselves, on every rollout process.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable
-from datetime import timedelta
 from pathlib import Path
 
 import torch
+
+from verl_npu.device import DeviceInfo
 
 BACKENDS = ("collective", "file")
 
@@ -54,42 +57,54 @@ def free_port() -> int:
 
 
 class WeightSender:
-    """The trainer's end. `layout` (name -> (shape, dtype)) is what every transfer sends, in name order."""
+    """The trainer's end, sending to `receivers` rollout processes. `device_kind` and `dist_backend` (the device
+    layer's answers) say where the broadcast's tensors live: on this process's device for nccl / hccl, on the host
+    for gloo."""
 
     def __init__(self, backend: str, *, folder: str | None = None, port: int | None = None, receivers: int = 1,
-                 dist_backend: str = "gloo", timeout_s: float = 600.0):
+                 device_kind: str = "cpu", dist_backend: str = "gloo", timeout_s: float = 600.0):
         if backend not in BACKENDS:
             raise ValueError(f"weight transfer backend must be one of {BACKENDS}, got {backend!r}")
         self.backend, self.receivers = backend, int(receivers)
         self.folder = Path(folder or tempfile.mkdtemp(prefix="verl_npu_weights_", dir=shared_folder()))
-        self.port, self.dist_backend, self.timeout_s = port, dist_backend, timeout_s
+        self.port, self.device_kind, self.dist_backend, self.timeout_s = port, device_kind, dist_backend, timeout_s
         self.group = None
 
     def receiver_args(self) -> dict:
         """What a receiver is built with (picklable): `WeightReceiver(**args, rank=...)`."""
         return {"backend": self.backend, "folder": str(self.folder), "port": self.port, "receivers": self.receivers,
-                "dist_backend": self.dist_backend, "timeout_s": self.timeout_s}
+                "device_kind": self.device_kind, "dist_backend": self.dist_backend, "timeout_s": self.timeout_s}
 
     def connect(self) -> None:
         """Rank 0 of the collective group (blocks until every receiver has joined); nothing for `file`."""
         if self.backend == "collective":
-            self.group = _collective_group(self.port, 0, self.receivers + 1, self.dist_backend, self.timeout_s,
-                                           is_master=True)
+            self.group = _collective_group(self.port, 0, self.receivers + 1, self.device_kind, self.dist_backend,
+                                           self.timeout_s)
 
     def send(self, version: int, named: dict[str, torch.Tensor]) -> dict[str, float]:
         """Send one version of the weights; returns `{"bytes", "seconds"}` of this send."""
         start = time.perf_counter()
-        ordered = [(n, named[n].detach().cpu().contiguous()) for n in sorted(named)]
+        where = _tensor_device(self.device_kind, self.dist_backend)
+        ordered = [(n, named[n].detach().to(where).contiguous()) for n in sorted(named)]
         size = sum(t.numel() * t.element_size() for _, t in ordered)
         if self.backend == "collective":
             for _, tensor in ordered:
                 self.group.broadcast(tensor, 0).wait()
+            DeviceInfo(self.device_kind).synchronize()  # the bytes have left before `ordered` is freed
         else:
             final = self.folder / f"weights_v{version}.pt"
             tmp = final.with_suffix(".tmp")
             torch.save(dict(ordered), tmp)
-            os.replace(tmp, final)  # the receiver never sees a half-written file
+            os.replace(tmp, final)  # a receiver never sees a half-written file
         return {"bytes": float(size), "seconds": time.perf_counter() - start}
+
+    def release(self, version: int) -> None:
+        """Every receiver holds `version`: the file backend removes its file (and any older one)."""
+        if self.backend != "file":
+            return
+        for old in self.folder.glob("weights_v*.pt"):
+            if int(old.stem.removeprefix("weights_v")) <= version:
+                old.unlink(missing_ok=True)
 
     def close(self) -> None:
         self.group = None
@@ -103,25 +118,26 @@ class WeightSender:
 
 
 class WeightReceiver:
-    """A rollout process's end: `receive` copies one version into `module`'s parameters in place."""
+    """A rollout process's end (rank 1..N): `receive` copies one version into `module`'s parameters in place."""
 
-    def __init__(self, backend: str, folder: str, port: int | None, receivers: int, dist_backend: str,
-                 timeout_s: float, rank: int = 1):
+    def __init__(self, backend: str, folder: str, port: int | None, receivers: int, device_kind: str,
+                 dist_backend: str, timeout_s: float, rank: int = 1):
         self.backend, self.folder, self.rank, self.timeout_s = backend, Path(folder), int(rank), timeout_s
+        self.where = _tensor_device(device_kind, dist_backend)
         self.group = None
         if backend == "collective":
-            self.group = _collective_group(port, rank, receivers + 1, dist_backend, timeout_s, is_master=False)
+            self.group = _collective_group(port, rank, receivers + 1, device_kind, dist_backend, timeout_s)
 
     @torch.no_grad()
     def receive(self, version: int, module: torch.nn.Module) -> dict[str, float]:
-        """Load version `version` into `module`; returns `{"bytes", "seconds"}`."""
+        """Load version `version` into `module` (wherever its parameters live); returns `{"bytes", "seconds"}`."""
         start = time.perf_counter()
         params = dict(module.named_parameters())
         size = 0
         if self.backend == "collective":
             for name in sorted(params):
                 p = params[name]
-                buf = torch.empty(p.shape, dtype=p.dtype)
+                buf = torch.empty(p.shape, dtype=p.dtype, device=self.where)
                 self.group.broadcast(buf, 0).wait()
                 p.data.copy_(buf)
                 size += buf.numel() * buf.element_size()
@@ -139,18 +155,19 @@ class WeightReceiver:
             for name, tensor in state.items():
                 params[name].data.copy_(tensor)
                 size += tensor.numel() * tensor.element_size()
-            for old in self.folder.glob("weights_v*.pt"):  # this version and any older one are read
-                if int(old.stem.removeprefix("weights_v")) <= version:
-                    old.unlink(missing_ok=True)
         return {"bytes": float(size), "seconds": time.perf_counter() - start}
 
 
-def _collective_group(port: int, rank: int, size: int, backend: str, timeout_s: float, *, is_master: bool):
-    """A process group of its own over a TCP store on this host (the default group is left alone)."""
+def _tensor_device(device_kind: str, dist_backend: str) -> torch.device:
+    """Where a broadcast's tensors live: the host for gloo, this process's device otherwise."""
+    return torch.device("cpu") if dist_backend == "gloo" else DeviceInfo(device_kind).worker_device()
+
+
+def _collective_group(port: int, rank: int, size: int, device_kind: str, dist_backend: str, timeout_s: float):
+    """A process group of its own over a TCP store on this host (rank 0 holds the store)."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    if backend != "gloo":
-        raise NotImplementedError(f"the collective weight transfer builds gloo groups only, not {backend}")
-    timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore("127.0.0.1", int(port), size, is_master, timeout=timeout)
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+    store = dist.TCPStore("127.0.0.1", int(port), size, rank == 0, timeout=timedelta(seconds=timeout_s))
+    return DeviceInfo(device_kind).process_group(store, rank, size, timeout_s, dist_backend)
