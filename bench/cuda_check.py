@@ -428,6 +428,8 @@ def _hub_id(recipe_text: str) -> str:
 
 
 def check_validate(ctx: Context) -> dict:
+    import yaml
+
     def validate(name: str, overrides: list[str]) -> dict:
         done = subprocess.run([sys.executable, "-m", "verl_npu.cli", "validate", name, *overrides], env=ctx.env,
                               cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
@@ -445,7 +447,10 @@ def check_validate(ctx: Context) -> dict:
     for path in sorted((REPO / "recipes").glob("*.yaml")):
         name = path.stem
         if name.startswith("tiny_"):
-            jobs[name] = [f"trainer.device={ctx.device}"]
+            raw = yaml.safe_load(path.read_text())
+            # a stages recipe's overrides name their stage (sft.trainer.device=..., rl.trainer.device=...)
+            stages = [s["name"] for s in raw.get("stages", [])] if isinstance(raw, dict) else []
+            jobs[name] = [f"{stage}.trainer.device={ctx.device}" for stage in stages] or [f"trainer.device={ctx.device}"]
         else:
             jobs[name + " (as shipped)"] = []
             jobs[name + " (hub id)"] = [f"af_output_dir={ctx.work / 'runs' / name}",
