@@ -19,6 +19,7 @@ the trainer notices a dead rollout process while it waits (`RolloutSide.next_rep
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -48,6 +49,9 @@ class RolloutSide:
     def __init__(self, cfg_tree: dict, transfer_backend: str, threads: int, device, processes: int = 1):
         ctx = torch.multiprocessing.get_context("spawn")
         self.early: list = []  # replies read while looking for another one (snapshot): the trainer reads them first
+        # issue ids of the generate parts not yet answered, in issue order, and the answers that came early
+        self.parts: collections.deque[str] = collections.deque()
+        self.held: dict[str, tuple] = {}
         self.replies = ctx.Queue()
         self.commands = [ctx.Queue() for _ in range(processes)]
         indices, shared = device.beside_trainer(1, processes)
@@ -88,10 +92,27 @@ class RolloutSide:
             target = (self._turn + part) % len(self.commands)
             part = prompts.select(list(range(start, stop)))  # a copy: a slice would pickle the whole batch
             self.commands[target].put(_pack(("generate", uids[start], part, sampling)))
+            self.parts.append(uids[start])
         self._turn = (self._turn + count) % len(self.commands)
 
     def next_reply(self, timeout_s: float | None = None) -> tuple:
-        """The next reply of any process; raises `RolloutSideDied` when one ended, RuntimeError on its error."""
+        """The next reply of any process, generated groups in the order their parts were issued: several processes
+        finish out of order, and a part answered before an earlier one waits for it, so the trainer sees the
+        groups in the sync loop's order (one process answers in order: nothing waits). Raises `RolloutSideDied`
+        when a process ended, RuntimeError on its error."""
+        while True:
+            if self.parts and self.parts[0] in self.held:
+                return self.held.pop(self.parts.popleft())
+            reply = self._receive(timeout_s)
+            if reply[0] != "groups":
+                return reply
+            if self.parts and reply[2] == self.parts[0]:
+                self.parts.popleft()
+                return reply
+            self.held[reply[2]] = reply
+
+    def _receive(self, timeout_s: float | None) -> tuple:
+        """The next message on the reply queue, whatever it is."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             try:
