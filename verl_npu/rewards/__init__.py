@@ -205,6 +205,11 @@ class RewardTimeout(BaseException):
     function's own ``except Exception`` does not swallow it."""
 
 
+def numeric_subscores(result: dict) -> dict[str, float]:
+    """A reward dict's entries other than 'score' that are numbers (`as_score`): logged per key."""
+    return {str(k): sub for k, v in result.items() if k != "score" and (sub := as_score(v)) is not None}
+
+
 def as_score(value: Any) -> float | None:
     """``value`` as a float when it is a real number, else None.
 
@@ -410,10 +415,7 @@ class RewardScorer:
                                     f"(keys: {', '.join(map(str, result))}); add a 'score' entry")
                 value = result["score"]
                 what = "a dict whose 'score' is "
-                for k, v in result.items():
-                    sub = as_score(v) if k != "score" else None
-                    if sub is not None:
-                        subs[str(k)] = sub
+                subs = numeric_subscores(result)
             else:
                 value, what = result, ""
             number = as_score(value)

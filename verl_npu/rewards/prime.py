@@ -32,7 +32,7 @@ from typing import Any
 
 from verl_npu.config.typed import section
 from verl_npu.registry import REWARD_MANAGERS
-from verl_npu.rewards import FLOAT32_MAX, RewardFunction, RewardScorer, as_score, load_reward_fn
+from verl_npu.rewards import FLOAT32_MAX, RewardFunction, RewardScorer, as_score, load_reward_fn, numeric_subscores
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,7 @@ def read_result(result: Any) -> tuple[float | None, dict[str, float]]:
     tuple / list (its first element), and, as every verl-npu reward, a dict with a 'score'."""
     subs: dict[str, float] = {}
     if isinstance(result, dict):
-        for key, value in result.items():
-            sub = as_score(value) if key != "score" else None
-            if sub is not None:
-                subs[str(key)] = sub
+        subs = numeric_subscores(result)
         result = result.get("score")
     elif isinstance(result, (tuple, list)) and result:
         result = result[0]
