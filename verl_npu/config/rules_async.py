@@ -28,9 +28,6 @@ _NOT_WITH_ASYNC = {
         lambda v: not getattr(ROLLOUT_ENGINES.find(v), "on_actor_module", False),
         "the {v} engine as the rollout side (separate_async runs the hf engine in this version)",
         "set actor_rollout_ref.rollout.name=hf, or trainer.v1.trainer_mode=sync to keep {v}"),
-    ROLL + "multi_turn.enable": (
-        lambda v: v is True, "multi-turn rollouts in separate_async",
-        "set trainer.v1.trainer_mode=sync for multi-turn training"),
     ALGO + "filter_groups.enable": (
         lambda v: v is True, "dynamic sampling (DAPO) in separate_async",
         "set trainer.v1.trainer_mode=sync for dynamic sampling"),
@@ -70,7 +67,7 @@ def _batch_rule(c: Ctx) -> Iterator[Problem]:
 @_rule("async_layout", (MODE, POOL_NODES, POOL_PER_NODE, WARMUP, THRESHOLD, TRAINER + "nnodes",
                         TRAINER + "n_gpus_per_node", *_NOT_WITH_ASYNC),
        "separate_async: rollout.nnodes = 1 (the rollout processes start on the trainer's node), one trainer device, "
-       "num_warmup_batches <= max_off_policy_threshold + 1, and none of: a rollout engine other than hf, multi-turn, "
+       "num_warmup_batches <= max_off_policy_threshold + 1, and none of: a rollout engine other than hf, "
        "dynamic sampling, remax, LoRA; rollout.nnodes is 0 in sync mode")
 def _layout(c: Ctx) -> Iterator[Problem]:
     nodes, per_node = c(POOL_NODES), c(POOL_PER_NODE)
