@@ -28,9 +28,6 @@ _NOT_WITH_ASYNC = {
         lambda v: not getattr(ROLLOUT_ENGINES.find(v), "on_actor_module", False),
         "the {v} engine as the rollout side (separate_async runs the hf engine in this version)",
         "set actor_rollout_ref.rollout.name=hf, or trainer.v1.trainer_mode=sync to keep {v}"),
-    ALGO + "filter_groups.enable": (
-        lambda v: v is True, "dynamic sampling (DAPO) in separate_async",
-        "set trainer.v1.trainer_mode=sync for dynamic sampling"),
     ALGO + "adv_estimator": (
         lambda v: getattr(estimator_spec(v), "needs_greedy_baseline", False), "remax's greedy baseline in separate_async (it generates on the trainer's devices)",
         "use grpo (or another estimator), or trainer_mode=sync"),
@@ -65,10 +62,11 @@ def _batch_rule(c: Ctx) -> Iterator[Problem]:
 
 
 @_rule("async_layout", (MODE, POOL_NODES, POOL_PER_NODE, WARMUP, THRESHOLD, TRAINER + "nnodes",
-                        TRAINER + "n_gpus_per_node", *_NOT_WITH_ASYNC),
+                        TRAINER + "n_gpus_per_node", ALGO + "filter_groups.enable", DATA + "gen_batch_size",
+                        *_NOT_WITH_ASYNC),
        "separate_async: rollout.nnodes = 1 (the rollout processes start on the trainer's node), one trainer device, "
-       "num_warmup_batches <= max_off_policy_threshold + 1, and none of: a rollout engine other than hf, "
-       "dynamic sampling, remax, LoRA; rollout.nnodes is 0 in sync mode")
+       "num_warmup_batches <= max_off_policy_threshold + 1, data.gen_batch_size null or train_batch_size with "
+       "dynamic sampling, and none of: a rollout engine other than hf, remax, LoRA; rollout.nnodes is 0 in sync mode")
 def _layout(c: Ctx) -> Iterator[Problem]:
     nodes, per_node = c(POOL_NODES), c(POOL_PER_NODE)
     if c(MODE) != "separate_async":
@@ -95,6 +93,12 @@ def _layout(c: Ctx) -> Iterator[Problem]:
                       "generated before the first update without passing the staleness bound",
                       f"set trainer.v1.separate_async.num_warmup_batches <= {threshold + 1}, or raise "
                       "trainer.v1.sampler.max_off_policy_threshold")
+    gen_batch, batch = c(DATA + "gen_batch_size"), c(TBS)
+    if c(ALGO + "filter_groups.enable") and gen_batch is not None and gen_batch != batch:
+        yield Problem(DATA + "gen_batch_size", f"is {gen_batch}, but separate_async issues data.train_batch_size "
+                      f"({batch}) prompts per step and refills each filtered group with one new prompt on the "
+                      "rollout stream (docs/async.md, 'Dynamic sampling')",
+                      f"set data.gen_batch_size=null (or {batch}), or trainer.v1.trainer_mode=sync")
     for key, (refused, what, instead) in _NOT_WITH_ASYNC.items():
         value = c(key)
         if refused(value):

@@ -40,6 +40,8 @@ from verl_npu.batch import Batch
 from verl_npu.data.loader import collate_rows
 from verl_npu.device import DeviceInfo
 from verl_npu.trainer.checkpoint import load_torch, save_torch
+from verl_npu.trainer.dynamic_sampling import (TooFewGroups, concat_rows, metric_values, select_rows,
+                                               zero_variance_groups)
 from verl_npu.trainer.metrics import timed
 from verl_npu.trainer.off_policy import StalenessSampler, staleness_metrics
 from verl_npu.trainer.ppo import PPOTrainer
@@ -111,6 +113,12 @@ class AsyncPPOTrainer(PPOTrainer):
         self.confirmed: dict[int, int] = {}  # version -> rollout processes whose digest matched
         self.first_step = True
         self.versions_file = self.out_dir / "async" / "versions.jsonl"
+        # DAPO's dynamic sampling on the rollout stream: groups are scored as they arrive and a filtered group's
+        # place is refilled by one new prompt (the sync loop's per-step `dynamic_sampler` is not used)
+        self.group_filter, self.dynamic_sampler = self.dynamic_sampler, None
+        self.refill_queue: list[tuple[str, int]] = []  # (uid, dataset row) drawn from the loader, not yet issued
+        self.refill_batches = 0  # loader batches drawn for refills
+        self.filter_stats = {"filtered": 0, "kept": 0, "refilled": 0}
 
     # ---- the seams of PPOTrainer ------------------------------------------------------------------
     def fit(self, resume_from: Path | None = None) -> dict[str, float]:
@@ -150,13 +158,22 @@ class AsyncPPOTrainer(PPOTrainer):
             "separate_async/max_off_policy_threshold": float(self.threshold),
         })
         self.rollout_stats = {"idle": 0.0, "busy": 0.0, "groups": 0, "update_s": 0.0}
+        if self.group_filter is not None:  # since the last step, on the rollout stream
+            stats, n = self.filter_stats, self.train_sampling.n
+            metrics.update({"training/filter_groups/dropped_groups": float(stats["filtered"]),
+                            "training/filter_groups/evicted_samples": float(stats["filtered"] * n),
+                            "training/filter_groups/kept_groups": float(stats["kept"]),
+                            "training/filter_groups/refilled_groups": float(stats["refilled"])})
+            self.filter_stats = {"filtered": 0, "kept": 0, "refilled": 0}
         return metrics
 
     def write_extra_state(self, folder: Path) -> None:
         """The checkpoint's `async_state.pt` (plain data, loaded without running pickled code): the issued-batch
         count and every issued, untrained prompt as (uid, its row of the training dataset), in issue order."""
         untrained = [(r.uid, self.row_index[r.uid]) for r in self.sampler.untrained()]
-        save_torch({"issued_batches": self.issued_batches, "untrained": untrained}, folder / ASYNC_STATE_FILE)
+        save_torch({"issued_batches": self.issued_batches, "untrained": untrained,
+                    "refill_queue": list(self.refill_queue), "refill_batches": self.refill_batches},
+                   folder / ASYNC_STATE_FILE)
 
     def resume(self, ckpt: Path | None) -> None:
         """The sync loop's resume; then the version records of steps after the restored one (a run stopped
@@ -174,6 +191,8 @@ class AsyncPPOTrainer(PPOTrainer):
         state = load_torch(path)
         self.issued_batches = int(state["issued_batches"])
         self.reissue_on_start = [(str(uid), int(row)) for uid, row in state["untrained"]]
+        self.refill_queue = [(str(uid), int(row)) for uid, row in state.get("refill_queue", [])]
+        self.refill_batches = int(state.get("refill_batches", 0))
         log.info("separate_async: resuming with %d issued, untrained prompts to reissue", len(self.reissue_on_start))
 
     # ---- the rollout side ---------------------------------------------------------------------------
@@ -277,9 +296,12 @@ class AsyncPPOTrainer(PPOTrainer):
         elif kind == "groups":
             _, _, _, version, batch, stats = reply
             n = self.train_sampling.n
-            for start in range(0, len(batch), n):
-                group = batch.slice(start, start + n)
-                self.sampler.arrive(group["uid"][0], version, group)
+            if self.group_filter is not None:
+                self.filter_and_refill(batch, version)
+            else:
+                for start in range(0, len(batch), n):
+                    group = batch.slice(start, start + n)
+                    self.sampler.arrive(group["uid"][0], version, group)
             self.rollout_stats["idle"] += stats.get("idle_seconds", 0.0)
             self.rollout_stats["busy"] += stats.get("busy_seconds", 0.0)
             self.rollout_stats["groups"] += len(batch) // n
@@ -312,7 +334,62 @@ class AsyncPPOTrainer(PPOTrainer):
         versions = [r.version for r in records]
         self.pending_metrics.update(staleness_metrics(staleness, versions, dropped_here))
         self.pending_metrics["training/off_policy/model_version"] = float(step_version)
+        if self.group_filter is not None:  # scored on arrival: the per-response reward extras go along
+            return concat_rows([r.data for r in records]), records
         return Batch.concat([r.data for r in records]), records
+
+    # ---- dynamic sampling (algorithm.filter_groups) on the rollout stream ----------------------------------
+    def filter_and_refill(self, batch: Batch, version: int) -> None:
+        """Score arriving groups; a group of zero `filter_groups.metric` std is filtered out (recorded, never
+        trained) and one new prompt from the loader is issued in its place, at the current version; the others
+        become ready to train."""
+        self.score(batch)
+        uids = list(batch["uid"])
+        filtered = zero_variance_groups(uids, metric_values(batch, self.group_filter.metric))
+        for uid in dict.fromkeys(uids):
+            rows = [i for i, u in enumerate(uids) if u == uid]
+            if uid in filtered:
+                self.sampler.discard(uid, version)
+                self.prompt_rows.pop(uid, None)
+                self.row_index.pop(uid, None)
+                self.record_filtered(uid, version)
+                self.filter_stats["filtered"] += 1
+                self.refill()
+            else:
+                self.sampler.arrive(uid, version, select_rows(batch, rows))
+                self.filter_stats["kept"] += 1
+        limit = self.group_filter.max_num_gen_batches
+        if 0 < limit and self.filter_stats["filtered"] >= limit * self.batch_groups:
+            raise TooFewGroups(
+                f"step {self.global_step}: dynamic sampling filtered out {self.filter_stats['filtered']} groups (zero "
+                f"std of algorithm.filter_groups.metric={self.group_filter.metric!r}) since the last step, "
+                f"max_num_gen_batches={limit} batches of data.train_batch_size={self.batch_groups} prompts. The "
+                "prompts are too easy or too hard for the model: raise max_num_gen_batches (0 or less: no limit), "
+                "raise rollout.n, or use other data")
+
+    def refill(self) -> None:
+        """Issue the next prompt of the loader in a filtered group's place (uid `r<n>-<i>`: row i of the n-th
+        loader batch drawn for refills)."""
+        if not self.refill_queue:
+            rows = self.next_batch_rows()
+            self.next_prompts()  # the loader moves past the batch: a checkpoint counts it consumed
+            self.refill_batches += 1
+            self.refill_queue = [(f"r{self.refill_batches}-{i}", row) for i, row in enumerate(rows)]
+        uid, row = self.refill_queue.pop(0)
+        self.issue([uid], collate_rows([self.train_loader.dataset[row]]), [row])
+        self.filter_stats["refilled"] += 1
+
+    def score(self, batch: Batch, scorer=None) -> list[str]:
+        """The sync loop's scoring, done once: with dynamic sampling a training batch was scored on arrival."""
+        if self.group_filter is not None and scorer is None and "token_level_scores" in batch:
+            return list(batch["response_text"])
+        return super().score(batch, scorer)
+
+    def record_filtered(self, uid: str, version: int) -> None:
+        self.versions_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.versions_file.open("a") as f:
+            f.write(json.dumps({"step": self.global_step, "uid": uid, "generation_version": version,
+                                "filtered": True}) + "\n")
 
     def next_reply(self) -> tuple:
         if self.rollout.early:

@@ -76,6 +76,15 @@ class StalenessSampler:
         record.version, record.data = int(version), data
         self.ready.append(record)
 
+    def discard(self, uid: str, version: int) -> GroupRecord:
+        """The rollout side finished `uid`'s group, and it will not be trained (dynamic sampling filtered it out):
+        it leaves the in-flight set without becoming ready."""
+        record = self.in_flight.pop(uid, None)
+        if record is None:
+            raise ValueError(f"group {uid} arrived but was never issued (or arrived twice)")
+        record.version = int(version)
+        return record
+
     def staleness(self, record: GroupRecord, step_version: int) -> int:
         return step_version - record.version
 

@@ -1,0 +1,80 @@
+"""DAPO's dynamic sampling (`algorithm.filter_groups.enable`) in separate_async (issue 37): groups are scored as they
+arrive from the rollout process; a group whose responses all score the same is filtered out and one new prompt is
+issued in its place. A one-step-off run of the tiny text model with a reward that makes about half the groups
+uniform: exact refill counts (one per filtered group), every uid trained at most once, none lost (trained, filtered
+or still held by the last checkpoint to reissue), every trained group of non-zero score spread, staleness within k.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from run_helpers import step_metrics, text_data, text_run_overrides
+
+from verl_npu.config import load_recipe
+from verl_npu.trainer import async_ppo
+from verl_npu.trainer.checkpoint import load_torch
+from verl_npu.trainer.entry import run_training
+
+STEPS = 8
+PARITY_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(len(solution_str) % 2)
+"""
+
+
+def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_path, monkeypatch):
+    reward = tmp_path / "parity.py"
+    reward.write_text(PARITY_REWARD)
+    out = tmp_path / "run"
+    issued: list[str] = []
+    trained: dict[int, dict[str, list[float]]] = {}
+    issue, generate = async_ppo.AsyncPPOTrainer.issue, async_ppo.AsyncPPOTrainer.generate
+
+    def issue_and_keep(self, uids, prompts, rows):
+        issued.extend(uids)
+        issue(self, uids, prompts, rows)
+
+    def generate_and_keep(self, prompts, k, timings, score=False):
+        batch = generate(self, prompts, k, timings, score)
+        scores: dict[str, list[float]] = {}
+        for uid, value in zip(batch["uid"], batch["token_level_scores"].sum(-1).tolist()):
+            scores.setdefault(uid, []).append(value)
+        trained[self.global_step] = scores
+        return batch
+
+    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "issue", issue_and_keep)
+    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "generate", generate_and_keep)
+    rc = load_recipe("tiny_gsm8k", text_run_overrides(out, text_data(tmp_path / "data", rows=64), **{
+        "custom_reward_function.path": reward, "trainer.total_training_steps": STEPS, "trainer.save_freq": STEPS,
+        "data.shuffle": "false", "actor_rollout_ref.rollout.calculate_log_probs": "true",
+        "algorithm.filter_groups.enable": "true", "algorithm.filter_groups.metric": "score",
+        "trainer.v1.trainer_mode": "separate_async", "actor_rollout_ref.rollout.nnodes": 1,
+        "trainer.v1.separate_async.parameter_sync_step": 1, "trainer.v1.sampler.max_off_policy_threshold": 1,
+        "algorithm.rollout_correction.rollout_is": "token"}))
+    assert run_training(rc) == 0
+
+    records = [json.loads(line) for line in (out / "async" / "versions.jsonl").read_text().splitlines()]
+    filtered = [r["uid"] for r in records if r.get("filtered")]
+    kept = [r for r in records if not r.get("filtered")]
+    refills = [u for u in issued if u.startswith("r")]
+    assert filtered and any(r["uid"].startswith("r") for r in kept)  # the reward makes uniform groups; refills train
+    assert len(refills) == len(filtered)  # one refill per filtered group, exactly
+    assert len(set(issued)) == len(issued)  # no prompt issued twice (no stale drops at k=1)
+    trained_uids = [r["uid"] for r in kept]
+    assert len(trained_uids) == len(set(trained_uids)) == 4 * STEPS  # at most once; each step a full batch
+    assert not set(trained_uids) & set(filtered)
+    held = load_torch(out / "checkpoints" / f"global_step_{STEPS}" / async_ppo.ASYNC_STATE_FILE)
+    untrained = {uid for uid, _ in held["untrained"]}
+    assert set(issued) == set(trained_uids) | set(filtered) | untrained  # none lost
+    assert not untrained & (set(trained_uids) | set(filtered))
+    for r in kept:
+        assert 0 <= r["step"] - 1 - r["generation_version"] <= 1, r
+    for step, scores in trained.items():
+        assert len(scores) == 4
+        assert all(torch.tensor(v).std() > 0 for v in scores.values()), step  # no uniform group is trained
+        assert sorted(scores) == sorted(r["uid"] for r in kept if r["step"] == step)
+    rows = step_metrics(out)
+    reported = sum(rows[s]["training/filter_groups/dropped_groups"] for s in rows)
+    assert reported == sum(rows[s]["training/filter_groups/refilled_groups"] for s in rows) <= len(filtered)
