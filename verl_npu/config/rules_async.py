@@ -64,7 +64,7 @@ def _batch_rule(c: Ctx) -> Iterator[Problem]:
 @_rule("async_layout", (MODE, POOL_NODES, POOL_PER_NODE, WARMUP, THRESHOLD, TRAINER + "nnodes",
                         TRAINER + "n_gpus_per_node", ALGO + "filter_groups.enable", DATA + "gen_batch_size",
                         *_NOT_WITH_ASYNC),
-       "separate_async: rollout.nnodes = 1 (the rollout processes start on the trainer's node), one trainer device, "
+       "separate_async: rollout.nnodes = 1 (the rollout processes start on the trainer's node), trainer.nnodes = 1, "
        "num_warmup_batches <= max_off_policy_threshold + 1, data.gen_batch_size null or train_batch_size with "
        "dynamic sampling, and none of: a rollout engine other than hf, remax, LoRA; rollout.nnodes is 0 in sync mode")
 def _layout(c: Ctx) -> Iterator[Problem]:
@@ -83,10 +83,11 @@ def _layout(c: Ctx) -> Iterator[Problem]:
                       "version (a rollout pool on other nodes is not built)",
                       f"set actor_rollout_ref.rollout.nnodes=1 and actor_rollout_ref.rollout.n_gpus_per_node="
                       f"{nodes * (per_node or 1)} (that many rollout processes on this node)")
-    if c.world != 1:
-        yield Problem(TRAINER + "n_gpus_per_node", f"trainer.nnodes x n_gpus_per_node is {c.world}: separate_async "
-                      "trains on one trainer worker in this version", "set trainer.nnodes=1 and "
-                      "trainer.n_gpus_per_node=1, or trainer.v1.trainer_mode=sync")
+    trainer_nodes = c(TRAINER + "nnodes")
+    if trainer_nodes is not None and trainer_nodes > 1:
+        yield Problem(TRAINER + "nnodes", f"is {trainer_nodes}: separate_async trains on the workers of one node in "
+                      "this version (its rollout processes start beside them)", "set trainer.nnodes=1 (with "
+                      "trainer.n_gpus_per_node trainer workers), or trainer.v1.trainer_mode=sync")
     warmup, threshold = c(WARMUP), c(THRESHOLD)
     if warmup is not None and threshold is not None and warmup > threshold + 1:
         yield Problem(WARMUP, f"is {warmup}, but only max_off_policy_threshold + 1 = {threshold + 1} batches can be "

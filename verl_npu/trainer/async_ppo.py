@@ -67,7 +67,7 @@ def check_layout(cfg, device) -> None:
     if cfg.trainer.v1.trainer_mode != "separate_async":
         return
     processes = rollout_processes(cfg)
-    indices, shared = device.beside_trainer(1, processes)
+    indices, shared = device.beside_trainer(int(cfg.trainer.n_gpus_per_node), processes)
     if shared:
         log.warning("separate_async: %d rollout process(es) and the trainer share %s device(s) %s (the node has %d): "
                     "generation and training compete for them, and the weights travel by %s through host memory",
@@ -200,7 +200,8 @@ class AsyncPPOTrainer(PPOTrainer):
         from verl_npu.workers.rollout_side import RolloutSide
 
         threads = torch.get_num_threads()
-        self.rollout = RolloutSide(self.cfg, TRANSFER_BACKEND, threads, self.device, rollout_processes(self.cfg))
+        self.rollout = RolloutSide(self.cfg, TRANSFER_BACKEND, threads, self.device, rollout_processes(self.cfg),
+                                   trainer_devices=int(self.cfg.trainer.n_gpus_per_node))
         self.push_weights(self.global_step)
         dataset = self.train_loader.dataset
         for uid, row in self.reissue_on_start:  # a resumed run's untrained prompts, at the restored version

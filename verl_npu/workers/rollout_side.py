@@ -43,10 +43,11 @@ class RolloutSideDied(UserError):
 
 
 class RolloutSide:
-    """The trainer's handle on the rollout processes. `device`: the run's `DeviceInfo`; the trainer holds its
-    device 0."""
+    """The trainer's handle on the rollout processes. `device`: the run's `DeviceInfo`; the trainer's workers hold
+    its devices 0..trainer_devices-1."""
 
-    def __init__(self, cfg_tree: dict, transfer_backend: str, threads: int, device, processes: int = 1):
+    def __init__(self, cfg_tree: dict, transfer_backend: str, threads: int, device, processes: int = 1,
+                 trainer_devices: int = 1):
         ctx = torch.multiprocessing.get_context("spawn")
         self.early: list = []  # replies read while looking for another one (snapshot): the trainer reads them first
         # issue ids of the generate parts not yet answered, in issue order, and the answers that came early
@@ -54,7 +55,7 @@ class RolloutSide:
         self.held: dict[str, tuple] = {}
         self.replies = ctx.Queue()
         self.commands = [ctx.Queue() for _ in range(processes)]
-        indices, shared = device.beside_trainer(1, processes)
+        indices, shared = device.beside_trainer(trainer_devices, processes)
         self.dist_backend = device.weight_sync_backend(shared)
         port = free_port() if transfer_backend == "collective" else None
         self.sender = WeightSender(transfer_backend, port=port, receivers=processes, device_kind=device.kind,
