@@ -2,7 +2,8 @@
 arrive from the rollout process; a group whose responses all score the same is filtered out and one new prompt is
 issued in its place. A one-step-off run of the tiny text model with a reward that makes about half the groups
 uniform: exact refill counts (one per filtered group), every uid trained at most once, none lost (trained, filtered
-or still held by the last checkpoint to reissue), every trained group of non-zero score spread, staleness within k.
+or still held by the last checkpoint to reissue), every trained group of non-zero score spread, staleness within k;
+validation runs at its sync points.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_pa
     monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "generate", generate_and_keep)
     rc = load_recipe("tiny_gsm8k", text_run_overrides(out, text_data(tmp_path / "data", rows=64), **{
         "custom_reward_function.path": reward, "trainer.total_training_steps": STEPS, "trainer.save_freq": STEPS,
+        "trainer.test_freq": STEPS // 2,
         "data.shuffle": "false", "actor_rollout_ref.rollout.calculate_log_probs": "true",
         "algorithm.filter_groups.enable": "true", "algorithm.filter_groups.metric": "score",
         "trainer.v1.trainer_mode": "separate_async", "actor_rollout_ref.rollout.nnodes": 1,
@@ -76,5 +78,7 @@ def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_pa
         assert all(torch.tensor(v).std() > 0 for v in scores.values()), step  # no uniform group is trained
         assert sorted(scores) == sorted(r["uid"] for r in kept if r["step"] == step)
     rows = step_metrics(out)
+    # validation at a sync point (the end of steps 4 and 8, on the trainer's workers), scored as in sync
+    assert [s for s in rows if any(k.startswith("val-core/") for k in rows[s])] == [STEPS // 2, STEPS]
     reported = sum(rows[s]["training/filter_groups/dropped_groups"] for s in rows)
     assert reported == sum(rows[s]["training/filter_groups/refilled_groups"] for s in rows) <= len(filtered)

@@ -3,7 +3,7 @@
 process's weights are equal (each rank gathered separately, not rank 0's view), and a one-step-off run on two
 workers trains as one on one worker: the same groups at the same versions, and the step metrics equal to float
 tolerance (as the sync loop's 1-vs-2-worker tests compare: the gradient reduction sums in another order, so the
-weights are not bit-equal either; Adam's normalised steps turn those last-bit differences into ~1e-5 ones).
+weights are not bit-equal either: Adam's normalised steps enlarge last-bit differences).
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ class Settings:
     cpu: bool = False             # planned for the CPU: the device's memory is the host's
     balance: bool = True          # trainer.balance_batch: rows spread over the data-parallel ranks
     mini_batch: int = 0           # actor.ppo_mini_batch_size (prompts); 0: unknown
+    rollout_processes: int = 0    # separate_async: the standalone rollout pool's processes (0: sync, colocated)
 
     @property
     def seq(self) -> int:
@@ -134,6 +135,8 @@ def settings_from_recipe(rc: RecipeConfig, accelerator: bool | None = None) -> S
         rm_micro_rows=_opt_int(rm.micro_batch_size_per_gpu), rm_offload=bool(rm.model.fsdp_config.param_offload),
         saves=int(tr.save_freq or 0) > 0, kl=bool(actor.use_kl_loss) or bool(b.algorithm.use_kl_in_reward),
         cpu=not accelerator, balance=bool(tr.get("balance_batch", True)), mini_batch=int(actor.ppo_mini_batch_size),
+        rollout_processes=(int(ro.nnodes or 0) * int(ro.n_gpus_per_node or 1)
+                           if tr.v1.trainer_mode == "separate_async" else 0),
     )
 
 
@@ -282,7 +285,9 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     phases: list[Phase] = []
     # rollout
     kv_tok = mp.kv_bytes_per_token(actor, s.tp, s.rollout_bytes)
-    if s.kv_pool:
+    if s.rollout_processes and not s.kv_pool:  # separate_async: generation on the rollout processes' devices
+        phases.append(_rollout_device_phase(s, actor))
+    elif s.kv_pool:
         budget = int(s.gpu_memory_utilization * device_bytes)
         weights = math.ceil(actor.params * s.rollout_bytes / s.tp)
         act = s.max_batched_tokens * (8 * actor.hidden + 2 * actor.intermediate) * 2 + s.max_num_seqs * actor.vocab * 4
@@ -380,8 +385,10 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     if local > 1:
         host.append(Part("driver process", base, "the controller: Python, torch, the data, as a worker's base"))
         host.append(Part("Ray's processes", mp.RAY_BYTES, "an estimate (not measured)"))
+    if s.rollout_processes:
+        host += _rollout_host_parts(s, actor, phases, base)
     if cpu:
-        peak = max(p.total for p in phases)
+        peak = max(p.total for p in phases if p.name != ROLLOUT_DEVICE)
         host.append(Part("the workers' tensors (the CPU is the device)", local * peak, f"{local} x the peak phase"))
         host.append(Part("C allocator's retained blocks", local * mp.cpu_allocator_retained_bytes(peak),
                          f"{local} x {mp.CPU_ALLOCATOR_RETAINED} x the peak phase: freed heap blocks glibc's malloc "
@@ -402,6 +409,40 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     else:
         notes.append("accelerator: bf16 compute; activation coefficients measured on CPU (float32), halved")
     return Plan(device_name, device_bytes, phases, host, notes, [], problems)
+
+
+ROLLOUT_DEVICE = "rollout device (separate_async)"
+
+
+def _rollout_device_phase(s: Settings, actor: ModelSize) -> Phase:
+    """What one separate_async rollout process holds on its device while it generates: its own fp32 copy of the
+    policy (weights only: no gradients, no optimizer), autocast's casts on an accelerator, the hf engine's KV cache
+    and sampling logits for its share of a step's responses. The trainer's devices then hold no rollout phase."""
+    rows = math.ceil(s.train_batch * s.n / s.rollout_processes)
+    hf_tok = mp.kv_bytes_per_token(actor, 1, s.compute_bytes)
+    parts = [Part("rollout model copy", 4 * actor.params, f"fp32 4 x {actor.params:,} (weights only)")]
+    if not s.cpu:
+        cast = mp.autocast_cast_params(actor)
+        parts += [Part("autocast weight copies", cast * s.compute_bytes, f"{s.compute_bytes} x {cast:,}"),
+                  Part("cuBLAS workspaces", mp.ACCELERATOR_WORKSPACE_BYTES, "as a trainer worker's")]
+    parts += [Part("hf KV cache", hf_tok * rows * s.seq, f"{rows} sequences x {s.seq} tokens x {hf_tok} B "
+                   f"(train_batch x n / {s.rollout_processes} processes)"),
+              Part("sampling logits", 4 * rows * actor.vocab * 2, "2 x fp32 [rows x vocab]")]
+    return Phase(ROLLOUT_DEVICE, parts, f"each of the {s.rollout_processes} rollout process(es), on a device of its "
+                 f"own when the node has {s.gpus_per_node} + {s.rollout_processes} devices; with fewer they share the "
+                 "trainer's: add this phase to the trainer's peak")
+
+
+def _rollout_host_parts(s: Settings, actor: ModelSize, phases: list[Phase], base: int) -> list[Part]:
+    """separate_async's host memory beside the trainer's: the rollout processes themselves (and, on the CPU, their
+    tensors) and the controller's CPU copy of the gathered weights being pushed to them."""
+    parts = [Part("rollout processes", s.rollout_processes * base, f"{s.rollout_processes} x a worker's base"),
+             Part("weights being pushed", 4 * actor.params, "the gathered fp32 weights, one copy in the controller")]
+    if s.cpu:
+        rollout = next(p for p in phases if p.name == ROLLOUT_DEVICE)
+        parts.append(Part("the rollout processes' tensors", s.rollout_processes * rollout.total,
+                          f"{s.rollout_processes} x the rollout device phase"))
+    return parts
 
 
 KNOBS = [  # (override, change of Settings, applies when)
