@@ -40,8 +40,13 @@ from verl_npu.batch import Batch
 from verl_npu.data.loader import collate_rows
 from verl_npu.device import DeviceInfo
 from verl_npu.trainer.checkpoint import load_torch, save_torch
-from verl_npu.trainer.dynamic_sampling import (TooFewGroups, concat_rows, metric_values, select_rows,
-                                               zero_variance_groups)
+from verl_npu.trainer.dynamic_sampling import (
+    TooFewGroups,
+    concat_rows,
+    metric_values,
+    select_rows,
+    zero_variance_groups,
+)
 from verl_npu.trainer.metrics import timed
 from verl_npu.trainer.off_policy import StalenessSampler, staleness_metrics
 from verl_npu.trainer.ppo import PPOTrainer
