@@ -2,14 +2,16 @@
 arrive from the rollout process; a group whose responses all score the same is filtered out and one new prompt is
 issued in its place. A one-step-off run of the tiny text model with a reward that makes about half the groups
 uniform: exact refill counts (one per filtered group), every uid trained at most once, none lost (trained, filtered
-or still held by the last checkpoint to reissue), every trained group of non-zero score spread, staleness within k;
-validation runs at its sync points.
+or still held by the last checkpoint to reissue), across a stop in step 5 and a resume (the checkpoint keeps the
+prompts in flight, refills included, and the refill count), every trained group of non-zero score spread,
+staleness within k; validation runs at its sync points.
 """
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from run_helpers import step_metrics, text_data, text_run_overrides
 
@@ -25,16 +27,20 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
+class Stopped(Exception):
+    """The first run's stop."""
+
+
 def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_path, monkeypatch):
     reward = tmp_path / "parity.py"
     reward.write_text(PARITY_REWARD)
     out = tmp_path / "run"
-    issued: list[str] = []
+    runs: list[list[str]] = []  # the uids each run issued, in order
     trained: dict[int, dict[str, list[float]]] = {}
     issue, generate = async_ppo.AsyncPPOTrainer.issue, async_ppo.AsyncPPOTrainer.generate
 
     def issue_and_keep(self, uids, prompts, rows):
-        issued.extend(uids)
+        runs[-1].extend(uids)
         issue(self, uids, prompts, rows)
 
     def generate_and_keep(self, prompts, k, timings, score=False):
@@ -47,29 +53,51 @@ def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_pa
 
     monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "issue", issue_and_keep)
     monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "generate", generate_and_keep)
-    rc = load_recipe("tiny_gsm8k", text_run_overrides(out, text_data(tmp_path / "data", rows=64), **{
-        "custom_reward_function.path": reward, "trainer.total_training_steps": STEPS, "trainer.save_freq": STEPS,
-        "trainer.test_freq": STEPS // 2,
-        "data.shuffle": "false", "actor_rollout_ref.rollout.calculate_log_probs": "true",
-        "algorithm.filter_groups.enable": "true", "algorithm.filter_groups.metric": "score",
-        "trainer.v1.trainer_mode": "separate_async", "actor_rollout_ref.rollout.nnodes": 1,
-        "trainer.v1.separate_async.parameter_sync_step": 1, "trainer.v1.sampler.max_off_policy_threshold": 1,
-        "algorithm.rollout_correction.rollout_is": "token"}))
-    assert run_training(rc) == 0
+    step = async_ppo.AsyncPPOTrainer.train_step
+
+    def stop_in_step_5(self, prompts):
+        if self.global_step == STEPS // 2 + 1 and len(runs) == 1:
+            raise Stopped
+        return step(self, prompts)
+
+    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", stop_in_step_5)
+    data = text_data(tmp_path / "data", rows=64)
+    for attempt in range(2):  # stopped at the start of step 5 (checkpoint: step 4), then resumed to the end
+        runs.append([])
+        rc = load_recipe("tiny_gsm8k", text_run_overrides(out, data, **{
+            "custom_reward_function.path": reward, "trainer.total_training_steps": STEPS,
+            "trainer.save_freq": STEPS // 2, "trainer.test_freq": STEPS // 2,
+            "data.shuffle": "false", "actor_rollout_ref.rollout.calculate_log_probs": "true",
+            "algorithm.filter_groups.enable": "true", "algorithm.filter_groups.metric": "score",
+            "trainer.v1.trainer_mode": "separate_async", "actor_rollout_ref.rollout.nnodes": 1,
+            "trainer.v1.separate_async.parameter_sync_step": 1, "trainer.v1.sampler.max_off_policy_threshold": 1,
+            "algorithm.rollout_correction.rollout_is": "token"}))
+        if attempt == 0:
+            with pytest.raises(Stopped):
+                run_training(rc)
+        else:
+            assert run_training(rc) == 0
+
+    def held(step):
+        state = load_torch(out / "checkpoints" / f"global_step_{step}" / async_ppo.ASYNC_STATE_FILE)
+        return [uid for uid, _ in state["untrained"]]
 
     records = [json.loads(line) for line in (out / "async" / "versions.jsonl").read_text().splitlines()]
     filtered = [r["uid"] for r in records if r.get("filtered")]
     kept = [r for r in records if not r.get("filtered")]
-    refills = [u for u in issued if u.startswith("r")]
+    first, second = runs
+    # the resumed run reissues what the step-4 checkpoint held, first; otherwise no run issues a uid twice
+    assert held(STEPS // 2) and second[:len(held(STEPS // 2))] == held(STEPS // 2)
+    assert len(set(first)) == len(first) and len(set(second)) == len(second)
+    issued = set(first) | set(second)
+    refills = {u for u in issued if u.startswith("r")}
     assert filtered and any(r["uid"].startswith("r") for r in kept)  # the reward makes uniform groups; refills train
-    assert len(refills) == len(filtered)  # one refill per filtered group, exactly
-    assert len(set(issued)) == len(issued)  # no prompt issued twice (no stale drops at k=1)
+    assert len(refills) == len(filtered) == len(set(filtered))  # one refill per filtered group, exactly
     trained_uids = [r["uid"] for r in kept]
     assert len(trained_uids) == len(set(trained_uids)) == 4 * STEPS  # at most once; each step a full batch
     assert not set(trained_uids) & set(filtered)
-    held = load_torch(out / "checkpoints" / f"global_step_{STEPS}" / async_ppo.ASYNC_STATE_FILE)
-    untrained = {uid for uid, _ in held["untrained"]}
-    assert set(issued) == set(trained_uids) | set(filtered) | untrained  # none lost
+    untrained = set(held(STEPS))
+    assert issued == set(trained_uids) | set(filtered) | untrained  # none lost, across the restart
     assert not untrained & (set(trained_uids) | set(filtered))
     for r in kept:
         assert 0 <= r["step"] - 1 - r["generation_version"] <= 1, r
