@@ -20,11 +20,12 @@ from run_helpers import REPO, run_overrides, step_metrics, write_varied_reward
 from verl_npu.config import load_recipe
 from verl_npu.data.gsm8k_multiturn import prepare_synthetic
 from verl_npu.device import DeviceInfo
+from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
+from verl_npu.rollout import build_rollout
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.trainer import async_ppo
 from verl_npu.trainer.entry import run_training
 from verl_npu.trainer.ppo import PPOTrainer
-from verl_npu.workers import rollout_side
 
 STEPS = 3
 #: what the rollout side hands over per sample, compared with what the sync path makes
@@ -124,7 +125,12 @@ def test_multi_turn_agents_as_the_rollout_side(tmp_path, monkeypatch):
     assert sorted(r["uid"] for r in records) == sorted(f"{s}-{i}" for s in range(1, STEPS + 1) for i in range(4))
     assert all(r["generation_version"] == max(0, r["step"] - 2) and r["uid"].startswith(f"{r['step']}-")
                for r in records)
-    module, engine = rollout_side._build_engine(rc.typed, DeviceInfo("cpu"))
+    # the sync path's engine: the hf rollout (agent loop included) built over a module, as the actor worker builds it
+    model_cfg = rc.typed.actor_rollout_ref.model
+    tokenizer, processor = load_tokenizer_and_processor(model_cfg.path)
+    module = load_policy_model(model_cfg.path, dtype=torch.float32).eval()
+    engine = build_rollout(rc.typed.actor_rollout_ref.rollout.name, module, tokenizer, processor, rc.typed,
+                           device=DeviceInfo("cpu"))
     params = SamplingParams.for_training(rc.typed.actor_rollout_ref.rollout)
     for step, got in async1.items():
         version = max(0, step - 2)
