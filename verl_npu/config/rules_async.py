@@ -24,10 +24,12 @@ RC = ALGO + "rollout_correction."
 #: what separate_async does not run with yet: key -> (its value that is refused, what it is, what to do instead)
 _NOT_WITH_ASYNC = {
     ROLL + "name": (
-        # the rollout side holds a module copy of its own and samples from it: an engine that samples on a module
-        lambda v: not getattr(ROLLOUT_ENGINES.find(v), "on_actor_module", False),
-        "the {v} engine as the rollout side (separate_async runs the hf engine in this version)",
-        "set actor_rollout_ref.rollout.name=hf, or trainer.v1.trainer_mode=sync to keep {v}"),
+        # the rollout side samples on a module copy of its own (hf), or steps a serving engine between weight
+        # updates (partial rollout: vllm)
+        lambda v: not (getattr(ROLLOUT_ENGINES.find(v), "on_actor_module", False)
+                       or getattr(ROLLOUT_ENGINES.find(v), "partial_rollout", False)),
+        "the {v} engine as the rollout side (separate_async runs the hf and vllm engines in this version)",
+        "set actor_rollout_ref.rollout.name=hf or vllm, or trainer.v1.trainer_mode=sync to keep {v}"),
     ROLL + "multi_turn.enable": (
         lambda v: v is True, "multi-turn rollouts in separate_async",
         "set trainer.v1.trainer_mode=sync for multi-turn training"),
@@ -68,9 +70,10 @@ def _batch_rule(c: Ctx) -> Iterator[Problem]:
 
 
 @_rule("async_layout", (MODE, POOL_NODES, POOL_PER_NODE, WARMUP, THRESHOLD, TRAINER + "nnodes",
-                        TRAINER + "n_gpus_per_node", *_NOT_WITH_ASYNC),
+                        TRAINER + "n_gpus_per_node", ROLL + "tensor_model_parallel_size", *_NOT_WITH_ASYNC),
        "separate_async: rollout.nnodes = 1 (the rollout processes start on the trainer's node), one trainer device, "
-       "num_warmup_batches <= max_off_policy_threshold + 1, and none of: a rollout engine other than hf, multi-turn, "
+       "num_warmup_batches <= max_off_policy_threshold + 1, rollout.n_gpus_per_node a multiple of a vllm engine's "
+       "tensor_model_parallel_size, and none of: a rollout engine other than hf or vllm, multi-turn, "
        "dynamic sampling, remax, LoRA; rollout.nnodes is 0 in sync mode")
 def _layout(c: Ctx) -> Iterator[Problem]:
     nodes, per_node = c(POOL_NODES), c(POOL_PER_NODE)
@@ -98,6 +101,13 @@ def _layout(c: Ctx) -> Iterator[Problem]:
                       "generated before the first update without passing the staleness bound",
                       f"set trainer.v1.separate_async.num_warmup_batches <= {threshold + 1}, or raise "
                       "trainer.v1.sampler.max_off_policy_threshold")
+    spec = ROLLOUT_ENGINES.find(c(ROLL + "name"))
+    tp = c(ROLL + "tensor_model_parallel_size") if spec is not None and spec.tensor_parallel else 1
+    if nodes == 1 and isinstance(tp, int) and tp > 1 and (per_node or 1) % tp:
+        yield Problem(POOL_PER_NODE, f"is {per_node or 1}, but each rollout engine spans "
+                      f"rollout.tensor_model_parallel_size={tp} devices (one rollout process each)",
+                      f"set actor_rollout_ref.rollout.n_gpus_per_node to a multiple of {tp} "
+                      f"(e.g. {tp}: one engine), or lower tensor_model_parallel_size")
     for key, (refused, what, instead) in _NOT_WITH_ASYNC.items():
         value = c(key)
         if refused(value):
