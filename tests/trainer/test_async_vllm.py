@@ -104,7 +104,7 @@ def transfers_checked(monkeypatch):
     return checked
 
 
-@pytest.mark.parametrize("tp", [1])
+@pytest.mark.parametrize("tp", [1, 2])
 def test_one_step_off_with_a_vllm_rollout_side(tmp_path, tiny_cache, transfers_checked, tp):
     out = tmp_path / f"tp{tp}"
     rc = load_recipe("tiny_gsm8k", _overrides(out, text_data(tmp_path / "data", rows=4 * STEPS), tp))

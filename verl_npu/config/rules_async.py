@@ -72,9 +72,9 @@ def _batch_rule(c: Ctx) -> Iterator[Problem]:
 @_rule("async_layout", (MODE, POOL_NODES, POOL_PER_NODE, WARMUP, THRESHOLD, TRAINER + "nnodes",
                         TRAINER + "n_gpus_per_node", ROLL + "tensor_model_parallel_size", *_NOT_WITH_ASYNC),
        "separate_async: rollout.nnodes = 1 (the rollout processes start on the trainer's node), one trainer device, "
-       "num_warmup_batches <= max_off_policy_threshold + 1, rollout.tensor_model_parallel_size 1, and none of: a "
-       "rollout engine other than hf or vllm, multi-turn, dynamic sampling, remax, LoRA; rollout.nnodes is 0 in sync "
-       "mode")
+       "num_warmup_batches <= max_off_policy_threshold + 1, rollout.n_gpus_per_node a multiple of a vllm engine's "
+       "tensor_model_parallel_size, and none of: a rollout engine other than hf or vllm, multi-turn, dynamic "
+       "sampling, remax, LoRA; rollout.nnodes is 0 in sync mode")
 def _layout(c: Ctx) -> Iterator[Problem]:
     nodes, per_node = c(POOL_NODES), c(POOL_PER_NODE)
     if c(MODE) != "separate_async":
@@ -103,12 +103,11 @@ def _layout(c: Ctx) -> Iterator[Problem]:
                       "trainer.v1.sampler.max_off_policy_threshold")
     spec = ROLLOUT_ENGINES.find(c(ROLL + "name"))
     tp = c(ROLL + "tensor_model_parallel_size") if spec is not None and spec.tensor_parallel else 1
-    if isinstance(tp, int) and tp > 1:
-        yield Problem(ROLL + "tensor_model_parallel_size", f"is {tp}, but verl-npu does not support a tensor-parallel "
-                      "rollout engine as the rollout side of separate_async yet: the trainer's one worker also builds "
-                      "the rollout engine (validation runs there), and a TP engine needs that many trainer ranks",
-                      "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (n_gpus_per_node engines of one "
-                      "device each), or trainer.v1.trainer_mode=sync for a TP engine")
+    if isinstance(tp, int) and tp > 1 and (per_node or 1) % tp:
+        yield Problem(POOL_PER_NODE, f"is {per_node or 1}, but each rollout engine spans "
+                      f"rollout.tensor_model_parallel_size={tp} devices (one rollout process each)",
+                      f"set actor_rollout_ref.rollout.n_gpus_per_node to a multiple of {tp} "
+                      f"(e.g. {tp}: one engine), or lower tensor_model_parallel_size")
     for key, (refused, what, instead) in _NOT_WITH_ASYNC.items():
         value = c(key)
         if refused(value):

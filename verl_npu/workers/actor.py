@@ -192,7 +192,12 @@ class ActorRolloutRefWorker:
     def _build_rollout(self) -> RolloutEngine:
         from verl_npu.rollout import build_rollout
 
-        return build_rollout(self.cfg.actor_rollout_ref.rollout.name, self.module, self.tokenizer,
+        name = self.cfg.actor_rollout_ref.rollout.name
+        if self.cfg.trainer.v1.trainer_mode == "separate_async" and not ROLLOUT_ENGINES.spec(name).on_actor_module:
+            # the rollout processes generate for training; this engine only validates, at a sync point: the one
+            # that samples on this module (no second copy of the weights, no second vLLM engine, any TP size)
+            name = next(n for n in ROLLOUT_ENGINES.names() if ROLLOUT_ENGINES.spec(n).on_actor_module)
+        return build_rollout(name, self.module, self.tokenizer,
                              self.processor, self.cfg, rank=self.rank, world_size=self.world_size,
                              device=self.device, weights=self._rollout_weights())
 
