@@ -75,15 +75,47 @@ def expected_engine_slices(state: dict[str, torch.Tensor], tp: int, rank: int) -
     return out
 
 
+def probe(side, version: int, model_path: str, state: dict[str, torch.Tensor]) -> float:
+    """Greedy tokens of a prompt from the rollout side now (every rank of an engine computes them), and the
+    largest gap between their log-probs and transformers' under `state`: small only when every rank's shard of
+    the engine holds `state`. The other replies read meanwhile are kept for the trainer."""
+    from transformers import AutoModelForCausalLM
+
+    from verl_npu.batch import Batch
+    from verl_npu.models.forward import response_log_probs
+    from verl_npu.models.loading import resolve_model_path
+    from verl_npu.rollout.base import SamplingParams
+
+    ids, uid = [[3, 4, 5, 6, 9, 10, 11, 12]], f"probe-{version}"
+    prompts = Batch({"input_ids": torch.tensor(ids), "attention_mask": torch.ones(1, 8, dtype=torch.long)},
+                    {"raw_prompt_ids": ids, "uid": [uid]})
+    side.generate([uid], prompts, SamplingParams(n=1, do_sample=False, max_new_tokens=6, ignore_eos=True))
+    while True:
+        reply = side.next_reply(timeout_s=300)
+        if reply[0] == "groups" and reply[2] == uid:
+            rows = reply[4]
+            break
+        side.early.append(reply)
+    assert bool((rows["rollout_versions"] == version).all())
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), dtype=torch.float32)
+    model.load_state_dict(state, strict=False)  # a tied output layer may be absent: it is the embedding
+    with torch.no_grad():
+        lp, _ = response_log_probs(model, rows["input_ids"], rows["attention_mask"], 6)
+    return float((rows["rollout_log_probs"] - lp).abs().max())
+
+
 @pytest.fixture
 def transfers_checked(monkeypatch):
-    """After every push: every rollout process's received weights equal the trainer's, and its engine's readable
-    parameters equal the trainer's slices for its TP rank. Returns [(version, processes compared)]."""
+    """After every push: every rollout process's received weights equal the trainer's, its engine's readable
+    parameters equal the trainer's slices for its TP rank, and the engine's greedy log-probs are transformers'
+    under the trainer's weights. Returns [(version, processes compared)]."""
     checked: list[tuple[int, int]] = []
     push = async_ppo.AsyncPPOTrainer.push_weights
 
     def push_and_compare(self, version):
         push(self, version)
+        gap = probe(self.rollout, version, self.cfg.actor_rollout_ref.model.path, self.workers.parameter_snapshot())
+        assert gap < 1e-3, (version, gap)
         ours = self.rollout_weights(self.workers.parameter_snapshot())
         state = self.workers.parameter_snapshot()
         tp = async_ppo.rollout_tensor_parallel(self.cfg)
