@@ -391,16 +391,16 @@ def _resume_path(c: Ctx) -> Iterator[Problem]:
 _TP, _NAME = ROLL + "tensor_model_parallel_size", ROLL + "name"
 
 
-@_rule("tp_divides", (_TP, _NAME) + _WORLD,
+@_rule("tp_divides", (_TP, _NAME, TRAINER + "v1.trainer_mode") + _WORLD,
        "rollout.tensor_model_parallel_size (1, 2, 4 or 8) must divide trainer.n_gpus_per_node, so a TP group of "
        "consecutive ranks never spans nodes (and so divides the device count); engines without tensor "
-       "parallelism (hf) need 1")
+       "parallelism (hf) need 1; with separate_async the engines are on the rollout pool (rules_async)")
 def _tp_divides(c: Ctx) -> Iterator[Problem]:
     tp, name, per_node = c(_TP), c(_NAME), c(TRAINER + "n_gpus_per_node")
     if not ROLLOUT_ENGINES.spec(name).tensor_parallel:
         if tp != 1:
             yield Problem(_TP, f"is {tp} but the {name} rollout has no tensor parallelism", "set it to 1 or remove it")
-    elif per_node % tp:
+    elif per_node % tp and c(TRAINER + "v1.trainer_mode") != "separate_async":
         fits = ", ".join(str(t) for t in TP_SIZES if per_node % t == 0)
         yield Problem(_TP, f"{tp} does not divide trainer.n_gpus_per_node={per_node}: the ranks of one rollout "
                       "engine (a TP group of consecutive ranks) must sit on one node",

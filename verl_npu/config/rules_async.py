@@ -24,10 +24,12 @@ RC = ALGO + "rollout_correction."
 #: what separate_async does not run with yet: key -> (its value that is refused, what it is, what to do instead)
 _NOT_WITH_ASYNC = {
     ROLL + "name": (
-        # the rollout side holds a module copy of its own and samples from it: an engine that samples on a module
-        lambda v: not getattr(ROLLOUT_ENGINES.find(v), "on_actor_module", False),
-        "the {v} engine as the rollout side (separate_async runs the hf engine in this version)",
-        "set actor_rollout_ref.rollout.name=hf, or trainer.v1.trainer_mode=sync to keep {v}"),
+        # the rollout side samples on a module copy of its own (hf), or steps a serving engine between weight
+        # updates (partial rollout: vllm)
+        lambda v: not (getattr(ROLLOUT_ENGINES.find(v), "on_actor_module", False)
+                       or getattr(ROLLOUT_ENGINES.find(v), "partial_rollout", False)),
+        "the {v} engine as the rollout side (separate_async runs the hf and vllm engines in this version)",
+        "set actor_rollout_ref.rollout.name=hf or vllm, or trainer.v1.trainer_mode=sync to keep {v}"),
     ALGO + "adv_estimator": (
         lambda v: getattr(estimator_spec(v), "needs_greedy_baseline", False), "remax's greedy baseline in separate_async (it generates on the trainer's devices)",
         "use grpo (or another estimator), or trainer_mode=sync"),
@@ -63,10 +65,12 @@ def _batch_rule(c: Ctx) -> Iterator[Problem]:
 
 @_rule("async_layout", (MODE, POOL_NODES, POOL_PER_NODE, WARMUP, THRESHOLD, TRAINER + "nnodes",
                         TRAINER + "n_gpus_per_node", ALGO + "filter_groups.enable", DATA + "gen_batch_size",
-                        *_NOT_WITH_ASYNC),
+                        ROLL + "tensor_model_parallel_size", ROLL + "multi_turn.enable", *_NOT_WITH_ASYNC),
        "separate_async: rollout.nnodes = 1 (the rollout processes start on the trainer's node), trainer.nnodes = 1, "
        "num_warmup_batches <= max_off_policy_threshold + 1, data.gen_batch_size null or train_batch_size with "
-       "dynamic sampling, and none of: a rollout engine other than hf, remax, LoRA; rollout.nnodes is 0 in sync mode")
+       "dynamic sampling, rollout.n_gpus_per_node a multiple of a vllm engine's tensor_model_parallel_size, the vllm "
+       "rollout side single-turn without dynamic sampling and with one trainer worker, and none of: a rollout engine "
+       "other than hf or vllm, remax, LoRA; rollout.nnodes is 0 in sync mode")
 def _layout(c: Ctx) -> Iterator[Problem]:
     nodes, per_node = c(POOL_NODES), c(POOL_PER_NODE)
     if c(MODE) != "separate_async":
@@ -100,6 +104,24 @@ def _layout(c: Ctx) -> Iterator[Problem]:
                       f"({batch}) prompts per step and refills each filtered group with one new prompt on the "
                       "rollout stream (docs/async.md, 'Dynamic sampling')",
                       f"set data.gen_batch_size=null (or {batch}), or trainer.v1.trainer_mode=sync")
+    spec = ROLLOUT_ENGINES.find(c(ROLL + "name"))
+    tp = c(ROLL + "tensor_model_parallel_size") if spec is not None and spec.tensor_parallel else 1
+    if isinstance(tp, int) and tp > 1 and (per_node or 1) % tp:
+        yield Problem(POOL_PER_NODE, f"is {per_node or 1}, but each rollout engine spans "
+                      f"rollout.tensor_model_parallel_size={tp} devices (one rollout process each)",
+                      f"set actor_rollout_ref.rollout.n_gpus_per_node to a multiple of {tp} "
+                      f"(e.g. {tp}: one engine), or lower tensor_model_parallel_size")
+    if spec is not None and getattr(spec, "partial_rollout", False):
+        # each of these runs with the hf rollout side (tested); with a serving engine's partial rollout not yet
+        untested = {ROLL + "multi_turn.enable": (c(ROLL + "multi_turn.enable") is True, "multi-turn rollouts"),
+                    ALGO + "filter_groups.enable": (c(ALGO + "filter_groups.enable") is True, "dynamic sampling"),
+                    TRAINER + "n_gpus_per_node": ((c(TRAINER + "n_gpus_per_node") or 1) > 1, "several trainer workers")}
+        for key, (on, what) in untested.items():
+            if on:
+                yield Problem(key, f"{what} with the {spec.name} engine as the rollout side of separate_async: "
+                              "built and tested with the hf rollout side only",
+                              f"set actor_rollout_ref.rollout.name=hf for {what} in separate_async, or "
+                              "trainer.v1.trainer_mode=sync")
     for key, (refused, what, instead) in _NOT_WITH_ASYNC.items():
         value = c(key)
         if refused(value):

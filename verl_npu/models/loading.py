@@ -330,6 +330,13 @@ def apply_override_config(config, override_config: dict | None) -> None:
             ) from err
 
 
+def master_dtype(fsdp_config) -> torch.dtype:
+    """The dtype of the actor's master weights (and so of its gradients and AdamW moments): bfloat16 when
+    `actor.fsdp_config.model_dtype` says bf16, else float32. The rollout side of separate_async holds its copy
+    in the same dtype, so that a transfer is bit for bit."""
+    return torch.bfloat16 if fsdp_config.model_dtype in ("bf16", "bfloat16") else torch.float32
+
+
 def load_policy_model(
     path,
     *,

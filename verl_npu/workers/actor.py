@@ -24,7 +24,7 @@ from verl_npu.batch import Batch, reads
 from verl_npu.errors import UserError
 from verl_npu.models import lora
 from verl_npu.models.forward import response_log_probs
-from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
+from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor, master_dtype
 from verl_npu.registry import POLICY_LOSSES, ROLES, ROLLOUT_ENGINES
 from verl_npu.rollout.base import ROLLOUT_DTYPES, RolloutEngine, SamplingParams
 from verl_npu.workers import distillation, parallel
@@ -157,7 +157,7 @@ class ActorRolloutRefWorker:
                            override_config=dict(model_cfg.override_config),
                            trust_remote_code=model_cfg.trust_remote_code, external_lib=model_cfg.external_lib)
         # actor.fsdp_config.model_dtype: the master weights' dtype (and so the gradients' and AdamW's)
-        master = torch.bfloat16 if actor_cfg.fsdp_config.model_dtype in ("bf16", "bfloat16") else torch.float32
+        master = master_dtype(actor_cfg.fsdp_config)
         if master == torch.bfloat16 and not self.device.supports_bf16():
             raise UserError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={actor_cfg.fsdp_config.model_dtype}: "
                             f"{self.device.describe()} has no bfloat16; set it to fp32")
@@ -197,7 +197,12 @@ class ActorRolloutRefWorker:
     def _build_rollout(self) -> RolloutEngine:
         from verl_npu.rollout import build_rollout
 
-        return build_rollout(self.cfg.actor_rollout_ref.rollout.name, self.module, self.tokenizer,
+        name = self.cfg.actor_rollout_ref.rollout.name
+        if self.cfg.trainer.v1.trainer_mode == "separate_async" and not ROLLOUT_ENGINES.spec(name).on_actor_module:
+            # the rollout processes generate for training; this engine only validates, at a sync point: the one
+            # that samples on this module (no second copy of the weights, no second vLLM engine, any TP size)
+            name = next(n for n in ROLLOUT_ENGINES.names() if ROLLOUT_ENGINES.spec(n).on_actor_module)
+        return build_rollout(name, self.module, self.tokenizer,
                              self.processor, self.cfg, rank=self.rank, world_size=self.world_size,
                              device=self.device, weights=self._rollout_weights())
 

@@ -47,25 +47,29 @@ class RolloutSide:
     its devices 0..trainer_devices-1."""
 
     def __init__(self, cfg_tree: dict, transfer_backend: str, threads: int, device, processes: int = 1,
-                 trainer_devices: int = 1):
+                 trainer_devices: int = 1, tp: int = 1):
         ctx = torch.multiprocessing.get_context("spawn")
+        engines = processes // tp  # engine e is processes e*tp .. e*tp+tp-1; its leader (the first) reads commands
         self.early: list = []  # replies read while looking for another one (snapshot): the trainer reads them first
         # issue ids of the generate parts not yet answered, in issue order, and the answers that came early
         self.parts: collections.deque[str] = collections.deque()
         self.held: dict[str, tuple] = {}
         self.replies = ctx.Queue()
-        self.commands = [ctx.Queue() for _ in range(processes)]
+        self.commands = [ctx.Queue() for _ in range(engines)]
         indices, shared = device.beside_trainer(trainer_devices, processes)
         self.dist_backend = device.weight_sync_backend(shared)
         port = free_port() if transfer_backend == "collective" else None
         self.sender = WeightSender(transfer_backend, port=port, receivers=processes, device_kind=device.kind,
                                    dist_backend=self.dist_backend)
         self.processes = []
+        engine_ports = [free_port() if tp > 1 else 0 for _ in range(engines)]
         for i in range(processes):
+            engine, tp_rank = divmod(i, tp)
             self.processes.append(ctx.Process(
                 target=rollout_main, name=f"verl-npu-rollout-{i}", daemon=True,
-                args=(cfg_tree, device.kind, indices[i], i, self.sender.receiver_args(), self.commands[i],
-                      self.replies, max(1, threads // processes), os.getpid())))
+                args=(cfg_tree, device.kind, indices[i], i, self.sender.receiver_args(),
+                      self.commands[engine] if tp_rank == 0 else None, self.replies, max(1, threads // processes),
+                      os.getpid(), (tp_rank, tp, engine_ports[engine]))))
             self.processes[-1].start()
         log.info("separate_async: %d rollout process(es) (pids %s) on %s device(s) %s%s; weights by %s%s",
                  processes, [p.pid for p in self.processes], device.kind, indices,
@@ -158,31 +162,42 @@ class RolloutSide:
         self.sender.close()
 
 
-def _build_engine(cfg_tree: dict, device):
-    """The rollout process's model (its own copy, fp32 on its device, as the trainer's actor) and hf engine."""
+def _build_engine(cfg_tree: dict, device, tp_rank: int = 0, tp_size: int = 1) -> tuple:
+    """The rollout process's model (its own copy, fp32, as the trainer's actor) and engine: the hf engine on the
+    model, on its device; or this rank's part of a vLLM engine (`rollout_side_vllm`), the model then staying on
+    the host as the weight transfer's landing buffer. Returns (model, engine, whether it rolls out partially)."""
     from verl_npu.config.typed import ROOT, section
-    from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
+    from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor, master_dtype
+    from verl_npu.registry import ROLLOUT_ENGINES
     from verl_npu.rollout import build_rollout
 
     cfg = section(ROOT, cfg_tree)
+    partial = ROLLOUT_ENGINES.find(cfg.actor_rollout_ref.rollout.name).partial_rollout
     model_cfg = cfg.actor_rollout_ref.model
     tokenizer, processor = load_tokenizer_and_processor(
         model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
         custom_chat_template=model_cfg.custom_chat_template)
-    module = load_policy_model(model_cfg.path, dtype=torch.float32, attn_implementation=device.attn_implementation(),
+    # the actor's master-weight dtype (actor.fsdp_config.model_dtype): the transfer then copies bit for bit
+    module = load_policy_model(model_cfg.path, dtype=master_dtype(cfg.actor_rollout_ref.actor.fsdp_config),
+                               attn_implementation=device.attn_implementation(),
                                override_config=dict(model_cfg.override_config),
                                trust_remote_code=model_cfg.trust_remote_code, external_lib=model_cfg.external_lib)
     module.requires_grad_(False)
+    if partial:
+        from verl_npu.workers.rollout_side_vllm import build_vllm_engine
+
+        return module, build_vllm_engine(cfg, module, tokenizer, processor, device, tp_rank, tp_size), True
     module.to(device.worker_device())
     engine = build_rollout(cfg.actor_rollout_ref.rollout.name, module, tokenizer, processor, cfg, rank=0, world_size=1,
                            device=device)
-    return module, engine
+    return module, engine, False
 
 
 def rollout_main(cfg_tree: dict, device_kind: str, device_index: int, index: int, receiver_args: dict, commands,
-                 replies, threads: int, parent_pid: int) -> None:
+                 replies, threads: int, parent_pid: int, tensor_parallel: tuple[int, int, int] = (0, 1, 0)) -> None:
     """Rollout process `index`: take its device, build the model, join the weight transfer, answer commands until
-    told to stop."""
+    told to stop. `tensor_parallel`: (its rank in its engine, the engine's ranks, the engine group's port);
+    `commands` is None on a rank other than the engine's first."""
     import threading
 
     from verl_npu.device import DeviceInfo
@@ -194,11 +209,20 @@ def rollout_main(cfg_tree: dict, device_kind: str, device_index: int, index: int
         device.set_device(device_index)
         device.use_kernels()
         torch.set_num_threads(max(1, int(threads)))
-        module, engine = _build_engine(cfg_tree, device)
+        tp_rank, tp_size, tp_port = tensor_parallel
+        from verl_npu.workers.rollout_side_vllm import join_engine_group, serve_partial
+
+        group = join_engine_group(tp_rank, tp_size, tp_port, device)
+        module, engine, partial = _build_engine(cfg_tree, device, tp_rank, tp_size)
         receiver = WeightReceiver(**receiver_args, rank=index + 1)
         layout = {n: (tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()}
-        replies.put(_pack(("ready", index, layout, str(next(module.parameters()).device))))
-        _serve(index, module, engine, receiver, _autocast(device), commands, replies)
+        # where generation computes: the engine's device (vLLM), or the model's (hf)
+        where = str(device.worker_device()) if partial else str(next(module.parameters()).device)
+        replies.put(_pack(("ready", index, layout, where)))
+        if partial:
+            serve_partial(index, tp_rank, group, module, engine, receiver, commands, replies, _pack, _unpack)
+        else:
+            _serve(index, module, engine, receiver, _autocast(device), commands, replies)
     except BaseException:  # noqa: BLE001 - the trainer reports it
         replies.put(_pack(("error", index, traceback.format_exc())))
         raise SystemExit(1)
