@@ -22,10 +22,18 @@ import sys
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from verl_npu.device_tables import (  # noqa: F401  (the device layer's answers read these tables)
+    COMMON_ENV_DEFAULTS,
+    CPU_ENV_DEFAULTS,
+    CUDA_ENV_DEFAULTS,
+    NPU_ENV_DEFAULTS,
+    EnvDefault,
+)
 from verl_npu.errors import UserError
 from verl_npu.host import (  # noqa: F401  (the device layer answers host questions too)
+    GIB,
     PASSIVE_WAIT_ENV,
     THREAD_COUNT_VARS,
     ThreadPolicy,
@@ -44,8 +52,6 @@ NODE_RANK_RESOURCE_PREFIX = "verl_npu_node_rank_"
 _AUTO_SPELLINGS = ("", "auto")
 _ALIASES = {"gpu": "cuda"}
 
-_GIB = float(1 << 30)
-
 # Ascend chips without bf16 (first-generation 910 and the 310 inference cards), matched against
 # torch.npu.get_device_name(); A2/A3 names look like "Ascend910B2" / "Ascend910_9392".
 _FP16_ONLY_NPU_NAME = re.compile(r"910(PremiumA|ProA|A|ProB)(?![0-9A-Za-z_])|Ascend310")
@@ -55,52 +61,6 @@ _FIRST_BF16_SOC_VERSION = 220
 
 # Substrings of out-of-memory messages that are plain RuntimeErrors (NPU allocator, CPU allocator).
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "failed to allocate memory")
-
-
-class EnvDefault(NamedTuple):
-    """One environment default: the variable, the value set when the user has not set it, and why."""
-
-    var: str
-    value: str
-    reason: str
-
-
-# TOKENIZERS_PARALLELISM applies to every kind.
-COMMON_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
-    EnvDefault("TOKENIZERS_PARALLELISM", "false", "Dataloader workers and Ray workers fork after the tokenizer is "
-               "used; HF tokenizers then warns and can deadlock. Tokenization here is not the bottleneck."),
-)
-
-NPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
-    EnvDefault("HCCL_CONNECT_TIMEOUT", "1800", "HCCL link setup waits only 120 s by default; ranks of an RL job "
-               "reach their first collective minutes apart (model loading, vLLM start-up on many nodes) and would "
-               "fail with EI0006 socket timeouts."),
-    EnvDefault("HCCL_EXEC_TIMEOUT", "3600", "A collective may wait while other ranks finish a long rollout or "
-               "checkpoint save; the default (1836 s) can abort a healthy run with EI0002 'Notify register times "
-               "out'. Note: in AIV expansion mode HCCL caps this at 1091 s."),
-    EnvDefault("TASK_QUEUE_ENABLE", "1", "Level 1 task queue: works with vLLM-Ascend graph mode (ACLGraph capture "
-               "is rejected at level 2) and keeps peak memory lower than level 2. Set 2 yourself for eager-only "
-               "runs."),
-    EnvDefault("PYTORCH_NPU_ALLOC_CONF", "garbage_collection_threshold:0.95", "Training and rollout share each NPU, "
-               "so cached blocks are reclaimed before the allocator reports OOM from fragmentation. "
-               "expandable_segments is not used because it conflicts with vLLM sleep mode."),
-    EnvDefault("VLLM_ASCEND_ENABLE_NZ", "0", "The FRACTAL_NZ weight layout breaks in-place weight updates from the "
-               "trainer (garbled rollouts after a sync, vllm-ascend #5747)."),
-    EnvDefault("USE_OPTIMIZED_MODEL", "0", "vLLM-Ascend's optimized model classes are not suited to RL training, "
-               "where the rollout weights are replaced every step."),
-    EnvDefault("HCCL_HOST_SOCKET_PORT_RANGE", "auto", "Several processes (trainer and rollout engine) open HCCL "
-               "communicators on the same NPU and need distinct host ports."),
-    EnvDefault("HCCL_NPU_SOCKET_PORT_RANGE", "auto", "Same reason as HCCL_HOST_SOCKET_PORT_RANGE, for the "
-               "device-side sockets."),
-)
-
-CUDA_ENV_DEFAULTS: tuple[EnvDefault, ...] = (
-    EnvDefault("NCCL_DEBUG", "WARN", "Shows NCCL warnings (e.g. a wrong network interface) without the INFO flood."),
-)
-
-CPU_ENV_DEFAULTS: tuple[EnvDefault, ...] = ()
-# CPU threads are not an environment default: they depend on the run (workers, allowed cores,
-# trainer.cpu_threads), see `DeviceInfo.thread_policy` below.
 
 
 def env_defaults(kind: str) -> tuple[EnvDefault, ...]:
@@ -273,13 +233,6 @@ def configured_device(requested: str | None) -> DeviceInfo | None:
     if npu_stack_installed():
         return DeviceInfo("npu")
     return DeviceInfo("cuda" if os.path.exists("/proc/driver/nvidia/version") else "cpu")
-
-
-#: memory of one device of known accelerators (GiB), what `verl-npu plan` plans for (`--device-memory NAME`)
-DEVICE_MEMORY_GIB = {"910B": 64, "910B1": 64, "910B2": 64, "910B3": 64, "910B4": 32, "910C": 64, "A100-40": 40,
-                     "A100-80": 80, "A100": 80, "H100": 80, "H20": 96, "H200": 141, "L40S": 48, "A10": 24}
-#: the accelerator a plan assumes for a device kind when none is named (torch is not asked: validate stays instant)
-DEFAULT_ACCELERATOR = {"npu": "910B", "cuda": "H100"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -521,11 +474,11 @@ class DeviceInfo:
             total = mod.get_device_properties(mod.current_device()).total_memory
             free = total - reserved
         return {
-            "allocated_gb": allocated / _GIB,
-            "reserved_gb": reserved / _GIB,
-            "peak_gb": mod.max_memory_allocated() / _GIB,
-            "free_gb": free / _GIB,
-            "total_gb": total / _GIB,
+            "allocated_gb": allocated / GIB,
+            "reserved_gb": reserved / GIB,
+            "peak_gb": mod.max_memory_allocated() / GIB,
+            "free_gb": free / GIB,
+            "total_gb": total / GIB,
         }
 
     def reset_peak_memory(self) -> None:

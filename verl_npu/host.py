@@ -12,12 +12,13 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-_GIB = float(1 << 30)
+#: bytes in one GiB (every GiB figure of the host and device layers divides by it)
+GIB = float(1 << 30)
 
 
 def host_memory_bytes() -> int:
     """This machine's memory (MemTotal; sysconf elsewhere), 0 when unknown: what a CPU run plans for."""
-    return int(cpu_memory_gb()["total_gb"] * _GIB)
+    return int(cpu_memory_gb()["total_gb"] * GIB)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ def cpu_memory_gb() -> dict[str, float]:
             free_kib = os.sysconf("SC_AVPHYS_PAGES") * page // 1024
         except (ValueError, OSError, AttributeError):
             total_kib = free_kib = 0
-    to_gb = 1024.0 / _GIB
+    to_gb = 1024.0 / GIB
     return {
         "allocated_gb": rss_kib * to_gb,
         "reserved_gb": rss_kib * to_gb,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from recipe_loads import load_outcomes
 from run_helpers import text_data, text_run_overrides
 
 from verl_npu.data import geometry3k, gsm8k
@@ -174,28 +175,24 @@ def _numeric_keys():
 
 
 def test_every_numeric_key_with_absurd_values_is_a_named_problem_never_a_traceback():
-    from verl_npu.config import load_recipe
     from verl_npu.config.schema import FLOAT
-    from verl_npu.errors import ConfigErrors
 
     keys = _numeric_keys()
     assert len(keys) > 50
+    cases = [(key, value) for key in keys
+             for value in ("nan", "inf", "-inf", "null", "1e30", "-1e30", "123456789012345678901234567890")]
+    # ~900 independent loads: spread over the cores (recipe_loads); each outcome is checked here
+    outcomes = load_outcomes([("tiny_gsm8k", [f"{key.short}={value}"], key.short) for key, value in cases])
     crashes, accepted_non_finite = [], []
-    for key in keys:
-        for value in ("nan", "inf", "-inf", "null", "1e30", "-1e30", "123456789012345678901234567890"):
-            try:
-                rc = load_recipe("tiny_gsm8k", [f"{key.short}={value}"])
-            except ConfigErrors as e:
-                assert all(p.key and p.message for p in e.problems)
-                continue
-            except Exception as exc:  # noqa: BLE001 - what the test looks for
-                crashes.append(f"{key.short}={value}: {type(exc).__name__}: {exc}")
-                continue
-            got = rc.backend
-            for part in key.short.split("."):
-                got = got[part]
-            if key.type == FLOAT and isinstance(got, float) and got != got or got in (float("inf"), float("-inf")):
-                accepted_non_finite.append(f"{key.short}={value}")
+    for (key, value), (kind, got) in zip(cases, outcomes, strict=True):
+        if kind == "problems":
+            assert all(p_key and p_message for p_key, p_message in got)
+            continue
+        if kind == "crash":
+            crashes.append(f"{key.short}={value}: {got}")
+            continue
+        if key.type == FLOAT and isinstance(got, float) and got != got or got in (float("inf"), float("-inf")):
+            accepted_non_finite.append(f"{key.short}={value}")
     assert not crashes, "\n".join(crashes[:20])
     assert not accepted_non_finite, accepted_non_finite[:20]
 
@@ -203,26 +200,21 @@ def test_every_numeric_key_with_absurd_values_is_a_named_problem_never_a_traceba
 def test_related_numeric_keys_absurd_together_or_one_null_never_a_traceback():
     """Every cross-key rule's numeric keys set to the same absurd value at once, and each one null while
     the others hold a plain 1: problems by key, never a traceback from inside a rule."""
-    from verl_npu.config import load_recipe
     from verl_npu.config.rules import RULES
     from verl_npu.config.schema import FLOAT, INT, SCHEMA
-    from verl_npu.errors import ConfigErrors
 
-    crashes, combos = [], 0
+    cases = []
     for rule in RULES:
         numeric = [SCHEMA[k].short for k in rule.keys if k in SCHEMA and SCHEMA[k].type in (INT, FLOAT)]
         if not numeric:
             continue
         overrides = [[f"{k}={v}" for k in numeric] for v in ("nan", "inf", "-inf", "null", "1e30", "-1e30")]
         overrides += [[f"{k}={'null' if k == nulled else 1}" for k in numeric] for nulled in numeric]
-        for combo in overrides:
-            combos += 1
-            try:
-                load_recipe("tiny_gsm8k", combo)
-            except ConfigErrors:
-                continue
-            except Exception as exc:  # noqa: BLE001 - what the test looks for
-                crashes.append(f"{rule.name}: {combo}: {type(exc).__name__}: {exc}")
+        cases += [(rule, combo) for combo in overrides]
+    combos = len(cases)
+    outcomes = load_outcomes([("tiny_gsm8k", combo, None) for _, combo in cases])
+    crashes = [f"{rule.name}: {combo}: {got}" for (rule, combo), (kind, got) in zip(cases, outcomes, strict=True)
+               if kind == "crash"]
     assert combos > 100
     assert not crashes, "\n".join(crashes[:20])
 

@@ -238,7 +238,7 @@ def test_the_walk_fails_for_a_key_no_code_reads():
 
 
 # ------------------------------------------------------------------ one-way imports in verl_npu/config
-ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_roles", "rules_profiler", "rules_dapo", "rules_distill",
+ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_vllm", "rules_roles", "rules_profiler", "rules_dapo", "rules_distill",
          "paths", "derive", "recipes", "sft_schema", "section_base", "sections", "typed", "loader", "sft", "stages", "reference",
          "compat", "sections_gen"]
 

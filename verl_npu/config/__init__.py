@@ -16,6 +16,7 @@ function; tests/config/test_config_compat.py checks it, and imports each module 
     tree          key spellings, the recipe file as a dict, flattening, reading one value
     modelinfo     what the checks read from a local model's config.json
     rules         per-key checks and the cross-key rule registry (RULES), trainer refusals included
+    rules_vllm    the vLLM engine arguments' rules (what vLLM refuses at engine start), added to RULES
     rules_roles   the worker roles' rules (every role's FSDP settings, reward_model.*, actor.policy_loss),
                   added to RULES
     rules_profiler  the profiler tools and their rule, added to RULES (torch-free device kind)

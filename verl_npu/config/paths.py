@@ -27,6 +27,7 @@ from verl_npu.config import (  # noqa: F401 - register their rules
     rules_reward_norm,
     rules_roles,
     rules_rollout_corr,
+    rules_vllm,
 )
 from verl_npu.config.class_check import class_problems
 from verl_npu.config.row_files import row_file_problem

@@ -1,11 +1,13 @@
 """Plain-tree helpers shared by every config module: key spellings, the recipe file as a dict,
-flattening to full dotted keys, reading one value, and YAML text for one value.
+flattening to full dotted keys, reading one value (or many at once), and YAML text for one value.
 
 Imports only `schema` (and omegaconf/yaml): every other config module may import this one.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,6 +44,29 @@ def get(cfg: DictConfig, path: str) -> Any:
     return value
 
 
+_MISSING = object()
+
+
+def get_many(cfg: DictConfig, paths: Iterable[str]) -> dict[str, Any]:
+    """`get(cfg, path)` of every path, read from one plain copy of the tree (one conversion instead of a
+    lookup per key: the per-key checks read every schema key of every load). A tree that does not convert
+    plainly (an interpolation that does not resolve, a missing value) is read key by key with `get`."""
+    paths = list(paths)
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except Exception:  # noqa: BLE001 - `get` then says what it says about each key
+        return {path: get(cfg, path) for path in paths}
+    values: dict[str, Any] = {}
+    for path in paths:
+        node: Any = plain
+        for part in path.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+            if node is _MISSING:
+                break
+        values[path] = get(cfg, path) if node is _MISSING else node
+    return values
+
+
 def expand_key(key: str) -> str:
     """Full dotted key from the recipe root; verl's short form `data.x` means `backend_config.data.x`."""
     first = key.split(".", 1)[0]
@@ -69,10 +94,26 @@ def is_placeholder(value: Any) -> bool:
     return False
 
 
+#: (path, the file's bytes) -> its parse: a process loads the same recipe many times (the tests: ~1000 loads)
+_PARSED: dict[tuple[str, bytes], dict] = {}
+
+
 def read_yaml_file(path: Path) -> dict:
-    """The recipe file as a plain dict (interpolations kept as text). UserError on bad YAML."""
+    """The recipe file as a plain dict (interpolations kept as text). UserError on bad YAML.
+
+    A file read before with the same bytes is not parsed again: the caller gets a fresh copy of that parse."""
     if not path.is_file():
         raise UserError(f"recipe file not found: {path}")
+    key = (str(path), path.read_bytes())
+    if key not in _PARSED:
+        if len(_PARSED) > 64:
+            _PARSED.clear()
+        _PARSED[key] = _parse_yaml_file(path)
+    return copy.deepcopy(_PARSED[key])
+
+
+def _parse_yaml_file(path: Path) -> dict:
+    """`read_yaml_file`'s parse of the file (it exists)."""
     try:
         loaded = OmegaConf.load(path)
     except yaml.YAMLError as exc:

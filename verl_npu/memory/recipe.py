@@ -559,10 +559,10 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "m
 
 def parse_device_memory(text: str) -> tuple[int, str, bool | None]:
     """(bytes, name, an accelerator? (None: unknown)) of --device-memory: an amount ("64GiB", "80GB",
-    "65536MiB"; a bare number is GiB) or a known accelerator ("910B", "H100", "A100-40": verl_npu.device.DEVICE_MEMORY_GIB)."""
+    "65536MiB"; a bare number is GiB) or a known accelerator ("910B", "H100", "A100-40": verl_npu.device_tables.DEVICE_MEMORY_GIB)."""
     import re
 
-    from verl_npu.device import DEVICE_MEMORY_GIB
+    from verl_npu.device_tables import DEVICE_MEMORY_GIB
     from verl_npu.errors import UserError
 
     known = {k.lower(): (k, v) for k, v in DEVICE_MEMORY_GIB.items()}
@@ -593,7 +593,8 @@ def _plans_accelerator(requested) -> bool:
 def device_memory(rc: RecipeConfig, spec: str | None = None) -> tuple[int, str, bool]:
     """(bytes, name, an accelerator?) of the device the plan is for: --device-memory when given; on CPU this machine's
     memory shared by the node's workers; on an accelerator the kind's usual card (device layer table)."""
-    from verl_npu.device import DEFAULT_ACCELERATOR, DEVICE_MEMORY_GIB, configured_device, host_memory_bytes
+    from verl_npu.device import configured_device, host_memory_bytes
+    from verl_npu.device_tables import DEFAULT_ACCELERATOR, DEVICE_MEMORY_GIB
 
     if spec:
         size, name, card = parse_device_memory(spec)
