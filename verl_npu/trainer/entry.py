@@ -302,8 +302,10 @@ def _check_agent_names(cfg: BackendConfigSection, dataset) -> None:
     from verl_npu.config.schema_multiturn import AGENT_LOOPS
     from verl_npu.registry import ROLLOUT_ENGINES, image_engines
 
+    from verl_npu.config.agent_loop_file import loop_names
+
     mt = cfg.actor_rollout_ref.rollout.multi_turn
-    dataset.check_agent_names(AGENT_LOOPS, mt.enable)
+    dataset.check_agent_names(AGENT_LOOPS, mt.enable, tuple(loop_names(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)))
     engine = cfg.actor_rollout_ref.rollout.name
     takes_images = ROLLOUT_ENGINES.spec(engine).images_in_multiturn
     with_images = dataset.image_files() if mt.enable and not takes_images else []

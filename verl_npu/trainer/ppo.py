@@ -86,6 +86,10 @@ def multi_turn_extra_info(batch: Batch) -> list:
     for i, info in enumerate(extra):
         added = {k: v[i] for k, v in fields.items() if v is not None}
         out.append({**(info or {}), **added})
+    # a custom agent loop's extra_fields reach the reward function as verl's do (custom_loops)
+    for i, fields_of_row in enumerate(batch.get("agent_extra_fields") or []):
+        if fields_of_row:
+            out[i] = {**(out[i] or {}), **fields_of_row}
     return out
 
 class EngineOutOfSync(UserError):
@@ -482,6 +486,8 @@ class PPOTrainer:
             if rule is not None:
                 extras = {**extras, "rule_reward": list(rule)}
         else:
+            if "agent_reward_score" in batch:   # a custom agent loop's own score replaces the rule reward's
+                rule = [r if s is None else float(s) for r, s in zip(rule, batch["agent_reward_score"])]
             manager = REWARD_MANAGERS.load(self.cfg.reward_model.reward_manager)  # dapo: the overlong penalty, acc
             rule, extras = manager(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
                                    self.cfg.data.max_response_length)
