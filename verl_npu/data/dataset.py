@@ -137,7 +137,11 @@ class RLDataset:
             was filtered out.
     """
 
-    def __init__(self, files: Any, tokenizer: Any, processor: Any, data_cfg: Any, tools: list[dict] | None = None):
+    def __init__(self, files: Any, tokenizer: Any, processor: Any, data_cfg: Any, tools: list[dict] | None = None,
+                 raw_chat: bool = False):
+        # every row gets its raw_prompt whatever data.return_raw_chat says: custom agent loops read it (verl's
+        # dataset always gives it)
+        self.raw_chat = raw_chat
         self.tokenizer = tokenizer
         # multi-turn rollout: the tools' OpenAI schemas, rendered into every prompt by the chat template
         self.tools = list(tools) if tools else None
@@ -486,7 +490,7 @@ class RLDataset:
         )
         if images:
             item["multi_modal_data"] = {"image": images}
-        if s.return_raw_chat:
+        if s.return_raw_chat or self.raw_chat:
             item["raw_prompt"] = messages
         if "agent_name" in row:  # verl's per-row agent loop (multi-turn rollout)
             item["agent_name"] = row["agent_name"]
