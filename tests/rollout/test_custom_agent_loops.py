@@ -14,7 +14,7 @@ import torch
 
 from verl_npu.config.typed import section
 from verl_npu.errors import UserError
-from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop
+from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, custom_call
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.custom_loops import CustomLoopRunner, class_problems, load_agent_loops
 from verl_npu.rollout.hf import HFRollout
@@ -47,7 +47,7 @@ def config():
 def loop_over(engine, path: Path) -> AgentLoop:
     loop = AgentLoop(engine.module, engine.tokenizer, {}, section(MULTI_TURN, {}), eos_ids=engine.eos_ids,
                      pad_id=engine.pad_id, seed=0, default_agent="single_turn_agent")
-    loop.custom = CustomLoopRunner(load_agent_loops(path), config(), engine.tokenizer, engine.eos_ids)
+    loop.custom = CustomLoopRunner(load_agent_loops(path), config(), engine.tokenizer, engine.eos_ids, custom_call)
     return loop
 
 

@@ -360,8 +360,6 @@ class AgentLoop:
         rank runs both parts (possibly empty), so ranks kept in step stay so."""
         if self.custom is None:
             return self._run_turns(prompts, params, record_log_probs)
-        from verl_npu.rollout.custom_loops import merge_parts
-
         agents = prompts.get("agent_name") or [None] * len(prompts)
         names = [a or self.default_agent for a in agents]
         custom = [i for i, name in enumerate(names) if name in self.custom.loops]
@@ -592,6 +590,25 @@ class AgentLoop:
         return rows
 
 
+def merge_parts(ours: Batch, our_prompts: list[int], theirs: Batch, their_prompts: list[int], n: int) -> Batch:
+    """The rows of the built-in loop's part (`ours`, of prompts `our_prompts`) and the custom loops' part, in
+    the batch's order (prompt i's n rows at i*n ..); a column only one part has is None in the other's rows."""
+    for a, b in ((ours, theirs), (theirs, ours)):
+        for key in a.lists:
+            if key not in b.lists:
+                b.set(key, [None] * len(b))
+    merged = Batch.concat([part for part in (ours, theirs) if len(part)]) if len(ours) and len(theirs) else (
+        ours if len(ours) else theirs)
+    order = [p * n + j for p in [*our_prompts, *their_prompts] for j in range(n)]
+    position = {row: k for k, row in enumerate(order)}
+    return merged.select([position[row] for row in range(len(order))])
+
+
+def custom_call(prompt_ids: list[int], uid: str, limit: int) -> Trajectory:
+    """The trajectory of one `generate` call of a custom agent loop: its prompt, at most `limit` new tokens."""
+    return Trajectory(prompt_ids, uid, {}, turn_limit=limit)
+
+
 def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None = None, processor=None,
                      min_pixels: int | None = None, max_pixels: int | None = None, custom=None) -> AgentLoop:
     """The agent loop of a rollout engine over the typed `rollout.multi_turn` section `mt`, its tools built
@@ -616,5 +633,5 @@ def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None =
         from verl_npu.rollout.custom_loops import CustomLoopRunner, load_agent_loops
 
         config, path = custom
-        loop.custom = CustomLoopRunner(load_agent_loops(path), config, engine.tokenizer, engine.eos_ids)
+        loop.custom = CustomLoopRunner(load_agent_loops(path), config, engine.tokenizer, engine.eos_ids, custom_call)
     return loop

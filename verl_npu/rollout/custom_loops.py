@@ -131,10 +131,11 @@ class Request:
 
 
 class BatchedServer:
-    """Queues the trajectories' generate calls (module docstring); `pending` is sampled in one round."""
+    """Queues the trajectories' generate calls (module docstring); `pending` is sampled in one round.
+    `new_trajectory(prompt ids, uid, token limit)`: the engine loop's trajectory of one call."""
 
-    def __init__(self, budget: int):
-        self.budget = budget
+    def __init__(self, budget: int, new_trajectory):
+        self.budget, self.new_trajectory = budget, new_trajectory
         self.pending: list[Request] = []
         self.changed = asyncio.Event()
 
@@ -148,8 +149,6 @@ class TrajectoryServer:
     async def generate(self, request_id: Any = None, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        image_data: Any = None, video_data: Any = None, audio_data: Any = None,
                        **kwargs: Any) -> TokenOutput:
-        from verl_npu.rollout.agent_loop import Trajectory
-
         if image_data or video_data or audio_data:
             raise ValueError("pictures, videos and audio in a custom agent loop are not built in verl-npu")
         changed = [k for k in FIXED_SAMPLING if k in sampling_params and sampling_params[k] != self.handed.get(k)]
@@ -161,7 +160,7 @@ class TrajectoryServer:
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("generate: prompt_ids is empty")
-        traj = Trajectory(ids, f"{self.uid}#call{self.calls}", {}, turn_limit=limit)
+        traj = self.shared.new_trajectory(ids, f"{self.uid}#call{self.calls}", limit)
         self.calls += 1
         if limit == 0:
             return TokenOutput(token_ids=[], log_probs=[], stop_reason="length")
@@ -186,11 +185,12 @@ class Job:
 
 class CustomLoopRunner:
     """Runs the rows of a batch whose agent is a custom loop (module docstring). `loops`: load_agent_loops's;
-    `config`: the typed backend config handed to the loops; `turns`: the engine's TurnBackend."""
+    `config`: the typed backend config handed to the loops; `new_trajectory`: `BatchedServer`'s."""
 
     def __init__(self, loops: dict[str, tuple[type, dict]], config: Any, tokenizer: Any, eos_ids: list[int],
-                 processor: Any = None):
+                 new_trajectory, processor: Any = None):
         self.loops, self.config, self.tokenizer, self.processor = loops, config, tokenizer, processor
+        self.new_trajectory = new_trajectory
         self.eos_ids = set(eos_ids)
 
     def handed_sampling(self, params) -> dict[str, Any]:
@@ -222,7 +222,7 @@ class CustomLoopRunner:
         asyncio.run(self._drive(jobs, turns, params, budget))
 
     async def _drive(self, jobs: list[Job], turns, params, budget: int) -> None:
-        shared = BatchedServer(budget)
+        shared = BatchedServer(budget, self.new_trajectory)
         handed = self.handed_sampling(params)
         tasks = [asyncio.create_task(self._one(job, shared, handed)) for job in jobs]
         for task in tasks:
@@ -334,20 +334,6 @@ def job_rows(prompts: Batch, jobs: list[Job], width: int, pad_id: int, eos_id: i
     rows.set("agent_extra_fields", extras)
     return rows
 
-
-
-def merge_parts(ours: Batch, our_prompts: list[int], theirs: Batch, their_prompts: list[int], n: int) -> Batch:
-    """The rows of the built-in loop's part (`ours`, of prompts `our_prompts`) and the custom loops' part, in
-    the batch's order (prompt i's n rows at i*n ..); a column only one part has is None in the other's rows."""
-    for a, b in ((ours, theirs), (theirs, ours)):
-        for key in a.lists:
-            if key not in b.lists:
-                b.set(key, [None] * len(b))
-    merged = Batch.concat([part for part in (ours, theirs) if len(part)]) if len(ours) and len(theirs) else (
-        ours if len(ours) else theirs)
-    order = [p * n + j for p in [*our_prompts, *their_prompts] for j in range(n)]
-    position = {row: k for k, row in enumerate(order)}
-    return merged.select([position[row] for row in range(len(order))])
 
 
 def class_problems(path: str) -> list[list[str]]:
