@@ -142,3 +142,15 @@ def test_an_import_error_of_verl_other_modules_is_named(tmp_path):
     with pytest.raises(UserError, match="nothing else of verl is"):
         load_agent_loops(cfg)
     assert "verl" not in sys.modules or not hasattr(sys.modules["verl"], "experimental")
+
+
+def test_a_loops_reward_score_and_extra_fields_reach_the_reward():
+    from verl_npu.batch import Batch
+    from verl_npu.trainer.ppo import multi_turn_extra_info, with_agent_scores
+
+    rows = Batch(lists={"agent_reward_score": [None, 0.25], "agent_extra_fields": [None, {"steps": 3}],
+                        "extra_info": [{"a": 1}, {"a": 2}], "agent_turns": [[], []], "__num_turns__": [2, 4]})
+    assert with_agent_scores([1.0, 1.0], rows) == [1.0, 0.25]
+    assert with_agent_scores([1.0], Batch(lists={"x": [0]})) == [1.0]
+    extra = multi_turn_extra_info(rows)
+    assert extra[0] == {"a": 1, "num_turns": 2} and extra[1] == {"a": 2, "num_turns": 4, "steps": 3}

@@ -78,6 +78,7 @@ def loop_class(entry: LoopEntry, folder: Path) -> type:
     (`agent_loop_api.verl_compat_modules`). Raises UserError naming the entry when the module cannot be
     imported, has no such class, or the class is not an `AgentLoopBase` subclass with an async `run`."""
     from verl_npu.registry.core import load_file
+    from verl_npu.tools.loading import class_of
 
     kind_file = ":" in entry.target
     where, _, cls = entry.target.rpartition(":" if kind_file else ".")
@@ -92,11 +93,7 @@ def loop_class(entry: LoopEntry, folder: Path) -> type:
         raise UserError(f"{entry.where}._target_: importing {where!r} failed: {type(err).__name__}: {err}. Fix the "
                         f"module (verl's agent loop interface is there as verl.experimental.agent_loop; nothing "
                         f"else of verl is), or the _target_ in {KEY}") from None
-    found = getattr(module, cls, None)
-    if not isinstance(found, type):
-        have = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
-        raise UserError(f"{entry.where}._target_: {where!r} has no class {cls!r} (classes there: "
-                        f"{', '.join(have) or 'none'}); fix _target_")
+    found = class_of(module, where, cls, f"{entry.where}._target_")
     if not issubclass(found, AgentLoopBase):
         raise UserError(f"{entry.where}._target_: {entry.target!r} is not an agent loop: it must subclass "
                         "AgentLoopBase (from verl.experimental.agent_loop import AgentLoopBase, or from "

@@ -300,10 +300,9 @@ def _tool_schemas(cfg: BackendConfigSection) -> list[dict] | None:
 
 
 def _check_agent_names(cfg: BackendConfigSection, dataset) -> None:
+    from verl_npu.config.agent_loop_file import loop_names
     from verl_npu.config.schema_multiturn import AGENT_LOOPS
     from verl_npu.registry import ROLLOUT_ENGINES, image_engines
-
-    from verl_npu.config.agent_loop_file import loop_names
 
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     dataset.check_agent_names(AGENT_LOOPS, mt.enable, tuple(loop_names(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)))
