@@ -365,8 +365,12 @@ class AgentLoop:
         custom = [i for i, name in enumerate(names) if name in self.custom.loops]
         built_in = [i for i in range(len(prompts)) if i not in set(custom)]
         ours = self._run_turns(prompts.select(built_in), params, record_log_probs)
-        theirs = self.custom.rows(prompts.select(custom), [names[i] for i in custom], params, self.turns,
-                                  self.pad_id, self.eos_ids[0], record_log_probs)
+        try:
+            theirs = self.custom.rows(prompts.select(custom), [names[i] for i in custom], params, self.turns,
+                                      self.pad_id, self.eos_ids[0], record_log_probs)
+        except Exception as err:
+            self.turns.fail(err)  # the ranks kept in step raise too, instead of waiting for this one
+            raise
         return merge_parts(ours, built_in, theirs, custom, params.n)
 
     def _run_turns(self, prompts: Batch, params: SamplingParams, record_log_probs: bool = False) -> Batch:

@@ -27,18 +27,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-#: agent_name -> {"_target_": "module.Class"} of the classes a loop file's module decorated with `register`
-#: (verl's registry of the same name: an entry of agent_loop_config_path wins over a decorated class)
+#: agent_name -> {"_target_": "module.Class"} of the classes loop modules decorated with `register` (verl's
+#: registry of the same name). verl-npu runs the loops the agent_loop_config_path file lists; the decorator is
+#: here so that verl-written files import unchanged, and the names it records are not loops by themselves
 _agent_loop_registry: dict[str, dict] = {}
 
 
 def register(agent_name: str):
-    """Class decorator: the class is the agent loop of rows whose `agent_name` is `agent_name` (when the
-    loop file is imported; an `agent_loop_config_path` entry of the same name takes precedence)."""
+    """Class decorator recording `agent_name` -> the class's path in `_agent_loop_registry` (as verl's does);
+    the class is returned unchanged."""
 
     def decorator(subclass: type) -> type:
-        _agent_loop_registry[agent_name] = {"_target_": f"{subclass.__module__}.{subclass.__qualname__}",
-                                            "_class_": subclass}
+        _agent_loop_registry[agent_name] = {"_target_": f"{subclass.__module__}.{subclass.__qualname__}"}
         return subclass
 
     return decorator

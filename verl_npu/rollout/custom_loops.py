@@ -5,8 +5,7 @@ the rollout engine's batched turns.
 The config file is verl's: a YAML list of `{name: <agent_name>, _target_: <class>, ...}` entries; `_target_`
 is `package.module.Class` (found on the Python path or in the YAML file's folder) or `path/to/file.py:Class`
 (relative to the current folder); the entry's other keys are passed to the class's constructor, as Hydra's
-instantiate passes them in verl. Classes a loaded module decorates with `@register(name)` are loops too (an
-entry of the same name wins). A row's `agent_name` picks its loop (no column: `rollout.agent.default_agent_loop`).
+instantiate passes them in verl. A row's `agent_name` picks its loop (no column: `rollout.agent.default_agent_loop`).
 
 Generation (`BatchedServer`): every trajectory's `AgentLoopBase` instance gets a handle (`server_manager`)
 whose `async generate(request_id, prompt_ids=..., sampling_params=...)` queues a request. When every
@@ -31,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import importlib
 import logging
 import os
@@ -49,7 +49,6 @@ from verl_npu.rollout.agent_loop_api import (
     AgentLoopOutput,
     DictConfigWrap,
     TokenOutput,
-    _agent_loop_registry,
     verl_compat_modules,
 )
 
@@ -105,19 +104,14 @@ def loop_class(entry: LoopEntry, folder: Path) -> type:
 
 
 def load_agent_loops(path: str | os.PathLike) -> dict[str, tuple[type, dict]]:
-    """agent_name -> (class, constructor kwargs) of the file's entries, then of the classes its modules
-    registered with `@register` under other names. Raises UserError for the file's first problem."""
+    """agent_name -> (class, constructor kwargs) of the file's entries. Raises UserError for the file's first
+    problem."""
     entries, problems = read_agent_loop_config(path)
     if problems:
         where, what = problems[0]
         raise UserError(f"{KEY}: {where}: {what}")
     folder = Path(os.path.expanduser(str(path))).resolve().parent
-    loops = {e.name: (loop_class(e, folder), dict(e.kwargs)) for e in entries}
-    for name, spec in _agent_loop_registry.items():
-        registered = spec.get("_class_")
-        if name not in loops and isinstance(registered, type) and issubclass(registered, AgentLoopBase):
-            loops[name] = (registered, {})
-    return loops
+    return {e.name: (loop_class(e, folder), dict(e.kwargs)) for e in entries}
 
 
 # ---- running a batch -------------------------------------------------------------------------------
@@ -210,7 +204,8 @@ class CustomLoopRunner:
             row.setdefault("reward_model", {"ground_truth": row.get("ground_truth")})
             row["agent_name"] = name
             cls, kwargs = self.loops[name]
-            jobs += [Job(name, f"{uids[i]}#{j}", row, cls, kwargs) for j in range(params.n)]
+            # each sample its own copy: a loop may change the row's messages in place
+            jobs += [Job(name, f"{uids[i]}#{j}", copy.deepcopy(row), cls, kwargs) for j in range(params.n)]
         self.run(jobs, turns, params, params.max_new_tokens)
         return job_rows(rows, jobs, params.max_new_tokens, pad_id, eos_id, record)
 
