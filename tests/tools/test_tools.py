@@ -180,7 +180,9 @@ def test_multi_turn_keys_load_and_data_tool_config_path_is_verls_spelling():
     (["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"], "agent.default_agent_loop",
      "multi_turn.enable is false"),
     (["actor_rollout_ref.rollout.agent.default_agent_loop=react_agent"], "agent.default_agent_loop", "react_agent"),
-    (["actor_rollout_ref.rollout.agent.agent_loop_config_path=/a.yaml"], "agent.agent_loop_config_path", "agent loops"),
+    # custom agent loops run on one-rank engines (their trajectories are not shared between TP ranks)
+    (["actor_rollout_ref.rollout.agent.agent_loop_config_path=/a.yaml", "actor_rollout_ref.rollout.name=vllm",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "agent.agent_loop_config_path", "tensor-parallel"),
 ])
 def test_multi_turn_settings_that_cannot_run_are_refused_by_key(overrides, key, what):
     problems = _problems(overrides)
@@ -211,8 +213,10 @@ def test_rows_naming_an_unknown_agent_or_the_tool_agent_without_multi_turn_are_r
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
     data = RLDataset(str(tmp_path / "d.parquet"), tok, None, {"max_prompt_length": 64})
     assert data[0]["agent_name"] == "tool_agent" and data[1]["agent_name"] is None
-    with pytest.raises(UserError, match=r"d.parquet row 2: agent_name 'react_agent' is not an agent loop"):
-        data.check_agent_names(AGENT_LOOPS, multi_turn=True)
+    with pytest.raises(UserError, match=r"d.parquet row 2: agent_name 'react_agent' is not an agent loop.*"
+                                        r"agent_loop_config_path: my_loop\)"):
+        data.check_agent_names(AGENT_LOOPS, multi_turn=True, custom=("my_loop",))
+    data.check_agent_names(AGENT_LOOPS, multi_turn=True, custom=("react_agent",))   # a custom loop's name
     pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "d.parquet")
     data = RLDataset(str(tmp_path / "d.parquet"), tok, None, {"max_prompt_length": 64})
     data.check_agent_names(AGENT_LOOPS, multi_turn=True)

@@ -52,3 +52,28 @@ tools:
     text = out.stdout + out.stderr
     assert out.returncode == 1 and "Traceback" not in text, text
     assert "ended the checking process (exit status 7)" in text
+
+
+def test_validate_check_paths_reports_bad_agent_loop_classes_by_key(tmp_path):
+    """rollout.agent.agent_loop_config_path (issue 39): the loop classes are imported in the checking process; a
+    missing class, a class that is not an AgentLoopBase, a module that fails to import, and a default_agent_loop
+    the file does not name are each reported at their key, the good loop not at all."""
+    toys = ROOT / "tests" / "toys" / "toy_agent_loop.py"
+    (tmp_path / "broken_loop.py").write_text("import no_such_package_39\n")
+    (tmp_path / "loops.yaml").write_text(f"""
+- {{name: good, _target_: {toys}:TwoTurnAgentLoop}}
+- {{name: missing, _target_: {toys}:NoSuchLoop}}
+- {{name: plain, _target_: {toys}:NotALoop}}
+- {{name: broken, _target_: broken_loop.Loop}}
+""")
+    key = "actor_rollout_ref.rollout.agent."
+    cmd = [sys.executable, "-m", "verl_npu.cli", "validate", "tiny_gsm8k", f"{key}agent_loop_config_path={tmp_path}/loops.yaml",
+           f"{key}default_agent_loop=react", "--check-paths"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text
+    assert "[1]._target_" in text and "has no class 'NoSuchLoop'" in text
+    assert "[2]._target_" in text and "must subclass AgentLoopBase" in text
+    assert "[3]._target_: importing 'broken_loop' failed" in text and "no_such_package_39" in text
+    assert "default_agent_loop" in text and "'react'" in text
+    assert "[0]" not in text

@@ -29,7 +29,7 @@ from verl_npu.config import (  # noqa: F401 - register their rules
     rules_rollout_corr,
     rules_vllm,
 )
-from verl_npu.config.class_check import class_problems
+from verl_npu.config.class_check import agent_loop_class_problems, class_problems
 from verl_npu.config.row_files import row_file_problem
 from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
@@ -162,9 +162,10 @@ def check_paths(rc, skip: AbstractSet[str] = frozenset()) -> list[Problem]:
                 if why:
                     problems.append(Problem(key, f"data file {item!r} {why}", _make_data_fix(rc, key)))
     files = (rules_multiturn.tool_config_problems(rc.cfg) + rules_multiturn.function_tool_problems(rc.cfg)
-             + rules_multiturn.interaction_config_problems(rc.cfg))
+             + rules_multiturn.interaction_config_problems(rc.cfg) + rules_multiturn.agent_loop_config_problems(rc.cfg))
     # the classes those files name, imported in a process of their own (files with problems left out)
-    return problems + files + class_problems(rc.cfg, skip={p.key for p in files})
+    return (problems + files + class_problems(rc.cfg, skip={p.key for p in files})
+            + agent_loop_class_problems(rc.cfg, skip={p.key for p in files}))
 
 
 

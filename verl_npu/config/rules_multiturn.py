@@ -93,3 +93,46 @@ def tool_config_problems(cfg) -> list[Problem]:
                                     f"{' / '.join(image_engines())} engine only",
                                     f"set actor_rollout_ref.rollout.name={image_engines()[0]}"))
     return problems
+
+
+AGENT = ROLL + "agent."
+
+
+@_rule("custom_agent_loops", (AGENT + "default_agent_loop", AGENT + "agent_loop_config_path", ROLL + "name",
+                              ROLL + "tensor_model_parallel_size"),
+       "agent.default_agent_loop is a built-in loop or one of agent.agent_loop_config_path's; custom loops run on "
+       "one-rank engines")
+def _custom_agent_loops(c: Ctx) -> Iterator[Problem]:
+    from verl_npu.config.schema_multiturn import AGENT_LOOPS
+
+    default, path = c(AGENT + "default_agent_loop"), c(AGENT + "agent_loop_config_path")
+    if default not in AGENT_LOOPS and not path:
+        yield Problem(AGENT + "default_agent_loop", f"is {default!r}, not an agent loop verl-npu has "
+                      f"({', '.join(AGENT_LOOPS)}) and no agent.agent_loop_config_path names custom ones",
+                      "use one of those, or name your loop's file in actor_rollout_ref.rollout.agent."
+                      "agent_loop_config_path (docs/agents.md, 'Custom agent loops')")
+    if path and ROLLOUT_ENGINES.find(c(ROLL + "name")) is not None and int(c(ROLL + "tensor_model_parallel_size") or 1) > 1:
+        yield Problem(AGENT + "agent_loop_config_path", "custom agent loops on a tensor-parallel rollout engine are "
+                      "not implemented (their trajectories would have to be shared between the engine's ranks)",
+                      "set actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+
+
+def agent_loop_config_problems(cfg) -> list[Problem]:
+    """The agent loop config file's problems (missing, not YAML, wrong shape), and a default_agent_loop that is
+    neither built in nor in it; nothing is imported."""
+    from verl_npu.config.agent_loop_file import KEY, read_agent_loop_config
+    from verl_npu.config.schema_multiturn import AGENT_LOOPS
+
+    path = get(cfg, BC + KEY)
+    if not path:
+        return []
+    entries, problems = read_agent_loop_config(path)
+    out = [Problem(BC + KEY, f"{where}: {what}", "fix the file (format: docs/agents.md, 'Custom agent loops')")
+           for where, what in problems]
+    default = get(cfg, ROLL + "agent.default_agent_loop")
+    names = [e.name for e in entries]
+    if not problems and default not in AGENT_LOOPS and default not in names:
+        out.append(Problem(ROLL + "agent.default_agent_loop", f"is {default!r}: neither a built-in agent loop "
+                           f"({', '.join(AGENT_LOOPS)}) nor a name in {path} ({', '.join(names)})",
+                           "name one of them"))
+    return out

@@ -70,7 +70,13 @@ KEYS: list[tuple[str, Any, str, str, dict]] = [
      "raises stops the others at once. null: wait as long as the process group allows.",
      {"gt": 0, "nullable": True}),
     ("agent.default_agent_loop", "single_turn_agent", "str", "Agent loop of dataset rows without an agent_name "
-     "column: single_turn_agent (one response) or tool_agent (the multi-turn loop with tools; needs "
-     "multi_turn.enable). A row's agent_name, when the data has that column, wins (verl's rule).",
-     {"choices": AGENT_LOOPS}),
+     "column: single_turn_agent (one response), tool_agent (the multi-turn loop with tools; needs "
+     "multi_turn.enable), or a name of agent.agent_loop_config_path's file. A row's agent_name, when the data has "
+     "that column, wins (verl's rule).", {}),
+    ("agent.agent_loop_config_path", None, "str", "verl's custom agent loops: a YAML list of {name: <agent_name>, "
+     "_target_: package.module.Class or path/to/file.py:Class, ...more constructor kwargs}; each class subclasses "
+     "verl's AgentLoopBase (verl.experimental.agent_loop, provided by verl-npu while the file is imported) and its "
+     "async run(sampling_params, **row) returns an AgentLoopOutput. Rows whose agent_name (else "
+     "agent.default_agent_loop) is one of its names run through it, on the hf or vllm engine (text rows). null: "
+     "none (docs/agents.md, 'Custom agent loops').", {}),
 ]

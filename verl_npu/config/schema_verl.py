@@ -133,13 +133,6 @@ _off(f"{RO}.over_sample_rate", 0, FLOAT, "over-sampling and aborting the slowest
 _off(f"{RO}.engine_kwargs.trtllm", {}, DICT, "the TRT-LLM rollout", "use rollout.name=vllm (or hf)")
 _noop(f"{RO}.agent.num_workers", 8, INT, "verl's agent-loop worker count; verl-npu's rollout runs inside its "
       "training workers, one engine per TP group.", min=1)
-_off(f"{RO}.agent.agent_loop_config_path", None, STR,
-     "custom agent loops (verl's YAML of {name, _target_} entries: AgentLoopBase subclasses that drive verl's async "
-     "LLM server per trajectory, picked by the rows' agent_name); verl-npu's loop is its own batched turn loop in the "
-     "rollout engine and cannot host such a class",
-     "remove it and port the loop (docs/agents.md, 'Custom agent loops'): its tool calls as tools "
-     "(multi_turn.tool_config_path), its environment or user turns as an interaction "
-     "(multi_turn.interaction_config_path), the rows' agent_name set to tool_agent")
 _off(f"{RO}.agent.custom_async_server.path", None, STR, "custom async rollout servers", "remove it")
 _off(f"{RO}.agent.custom_async_server.name", None, STR, "custom async rollout servers", "remove it")
 MT = f"{RO}.multi_turn"

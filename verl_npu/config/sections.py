@@ -185,6 +185,7 @@ class ActorRolloutRef_Ref_RouterReplaySection(Section):  # actor_rollout_ref.ref
 @dataclass(frozen=True)
 class ActorRolloutRef_Rollout_AgentSection(Section):  # actor_rollout_ref.rollout.agent
     default_agent_loop: str
+    agent_loop_config_path: str | None
 
 
 @dataclass(frozen=True)

@@ -254,8 +254,9 @@ def _derive(tree: dict, user: set[str]) -> list[tuple[str, Any, str]]:
         put("trainer.tensorboard_dir", os.environ.get("TENSORBOARD_DIR") or f"{base}/tensorboard",
             "$TENSORBOARD_DIR, else <af_output_dir>/tensorboard")
     if b["checkpoint"]["load_contents"] is None:
+        # hf_model is an export (full weights for the RL stage), never read back by a resume
         put("checkpoint.load_contents", [c for c in b["checkpoint"]["save_contents"] if c != "hf_model"],
-            "checkpoint.save_contents")
+            "checkpoint.save_contents without hf_model")
     if b["optim"]["warmup_style"] is not None and BC + "optim.lr_scheduler_type" not in user:
         put("optim.lr_scheduler_type", b["optim"]["warmup_style"], "optim.warmup_style (verl's older spelling)")
     return out

@@ -160,7 +160,8 @@ CONTENTS = ("model", "optimizer", "extra", "hf_model")
 _k("checkpoint.save_contents", ["model", "optimizer", "extra"], STR_LIST, "What a checkpoint holds: model, "
    "optimizer, extra (LR schedule, RNG), hf_model (full weights in huggingface/, what an RL recipe starts from).",
    choices=CONTENTS)
-_k("checkpoint.load_contents", None, STR_LIST, "What a resume loads (null: checkpoint.save_contents).",
+_k("checkpoint.load_contents", None, STR_LIST, "What a resume loads (null: checkpoint.save_contents without "
+   "hf_model, an export written for the RL stage that a resume never reads back).",
    choices=CONTENTS)
 
 # ---- trainer ------------------------------------------------------------------------------------------------------

@@ -137,7 +137,11 @@ class RLDataset:
             was filtered out.
     """
 
-    def __init__(self, files: Any, tokenizer: Any, processor: Any, data_cfg: Any, tools: list[dict] | None = None):
+    def __init__(self, files: Any, tokenizer: Any, processor: Any, data_cfg: Any, tools: list[dict] | None = None,
+                 raw_chat: bool = False):
+        # every row gets its raw_prompt whatever data.return_raw_chat says: custom agent loops read it (verl's
+        # dataset always gives it)
+        self.raw_chat = raw_chat
         self.tokenizer = tokenizer
         # multi-turn rollout: the tools' OpenAI schemas, rendered into every prompt by the chat template
         self.tools = list(tools) if tools else None
@@ -486,7 +490,7 @@ class RLDataset:
         )
         if images:
             item["multi_modal_data"] = {"image": images}
-        if s.return_raw_chat:
+        if s.return_raw_chat or self.raw_chat:
             item["raw_prompt"] = messages
         if "agent_name" in row:  # verl's per-row agent loop (multi-turn rollout)
             item["agent_name"] = row["agent_name"]
@@ -501,9 +505,10 @@ class RLDataset:
         return [str(self.files[fi]) for fi, t in enumerate(self._tables)
                 if key in t.column_names and any(t.column(key).to_pylist())]
 
-    def check_agent_names(self, known: tuple[str, ...], multi_turn: bool) -> None:
-        """Refuse rows whose ``agent_name`` is not one of ``known``, or names the tool agent while
-        multi-turn rollout is off; the error names the file, the row and the value.
+    def check_agent_names(self, known: tuple[str, ...], multi_turn: bool, custom: tuple[str, ...] = ()) -> None:
+        """Refuse rows whose ``agent_name`` is not one of ``known`` or ``custom`` (the names of
+        agent.agent_loop_config_path's file), or names the tool agent while multi-turn rollout is off; the
+        error names the file, the row, the value and the known names.
 
         Raises:
             UserError: the first such row.
@@ -515,10 +520,13 @@ class RLDataset:
                 if name is None:
                     continue
                 where = f"data file {self.files[fi]} row {r}"
+                if name in custom:
+                    continue
                 if name not in known:
-                    raise UserError(f"{where}: agent_name {name!r} is not an agent loop verl-npu has ("
-                                    f"{', '.join(known)}; a custom loop of verl's agent_loop_config_path is not run here: docs/agents.md, "
-                                    "'Custom agent loops'); fix the column, or drop it to use "
+                    raise UserError(f"{where}: agent_name {name!r} is not an agent loop of this run (built in: "
+                                    f"{', '.join(known)}; from actor_rollout_ref.rollout.agent.agent_loop_config_path: "
+                                    f"{', '.join(custom) or 'none'}); fix the column, add the loop to that file "
+                                    "(docs/agents.md, 'Custom agent loops'), or drop the column to use "
                                     "actor_rollout_ref.rollout.agent.default_agent_loop")
                 if name != "single_turn_agent" and not multi_turn:
                     raise UserError(f"{where}: agent_name {name!r} needs multi-turn rollout; set "

@@ -331,8 +331,12 @@ def _agentic(led: Ledger, n: int) -> None:
                    "verl-npu groups by state, batch or inductive, not {}")
     led.map_choice(f"{rn}.method", "algorithm.reward_norm.method", METHODS, "verl-npu has no {} normalisation")
     led.not_mapped_under(rn, "not mapped: verl-npu's reward_norm has method, grouping and clip")
+    # ROLL's env manager class drives an episode itself, as verl's custom agent loops do
+    led.not_mapped_under("env_manager_cls", "not mapped: a ROLL env manager class; port its episode loop as a verl "
+                         "custom agent loop (an AgentLoopBase subclass named in actor_rollout_ref.rollout.agent."
+                         "agent_loop_config_path, docs/agents.md 'Custom agent loops') or an interaction")
     for k in ("episode_reward_weight", "step_reward_weight", "step_reward_gamma", "ratio_type", "batch_adjust_mode",
-              "use_token_reward", "dirty_data_mask", "env_monitor", "env_manager_cls", "max_actions_per_traj",
+              "use_token_reward", "dirty_data_mask", "env_monitor", "max_actions_per_traj",
               "max_tokens_per_step"):
         led.not_mapped_under(k, "not mapped: ROLL's trajectory shaping; the grid_env interaction scores each step "
                              "(docs/agents.md)")

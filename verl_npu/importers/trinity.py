@@ -308,8 +308,9 @@ def _buffer(led: Ledger, n: int, raw: dict) -> None:
     for prefix in trains + evals + [ei]:
         for k in ("default_workflow_type", "workflow_args", "reward_fn_args", "format.workflow_key",
                   "default_eval_workflow_type"):
-            led.not_mapped_under(f"{prefix}.{k}", "not mapped: Trinity workflows are Python classes; verl-npu's "
-                                 "counterpart is an agent loop / interaction (docs/agents.md)")
+            led.not_mapped_under(f"{prefix}.{k}", "not mapped: Trinity workflows are Python classes; port one as a "
+                                 "verl custom agent loop (actor_rollout_ref.rollout.agent.agent_loop_config_path, "
+                                 "docs/agents.md 'Custom agent loops'), tools or an interaction")
         led.not_mapped_under(f"{prefix}.rollout_args", "not mapped: verl has temperature/top_p/top_k only")
         led.not_mapped_under(prefix, "not mapped: no verl-npu counterpart for this taskset option")
     led.not_mapped_under(f"{b}.trainer_input", "not mapped: verl-npu trains on each step's own rollouts (no "

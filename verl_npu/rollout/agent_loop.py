@@ -174,12 +174,13 @@ class Trajectory:
     interaction: Any = None   # interaction_turns.InteractionState of a row with an interaction
     images: list = field(default_factory=list)     # the prompt's images, then the tools' (PIL, as the model sees them)
     mm_inputs: dict = field(default_factory=dict)  # their processor tensors (pixel_values, image_grid_thw), same order
+    turn_limit: int | None = None  # most tokens of its next turn (a custom loop's generate call: its max_tokens)
 
 
 def turn_room(t: Trajectory, budget: int) -> int:
     """Most tokens the trajectory's next model turn may have: the rest of the budget, or less when its
     interaction limits a turn (max_tokens_per_turn)."""
-    room = budget - len(t.response)
+    room = budget - len(t.response) if t.turn_limit is None else min(budget - len(t.response), t.turn_limit)
     limit = t.interaction.max_tokens_per_turn if t.interaction is not None else None
     return room if limit is None else min(room, limit)
 
@@ -344,6 +345,8 @@ class AgentLoop:
                                          template=images.processor if images is not None else None)
         self.turns = turns if turns is not None else HFTurns(self)
         self.health = ToolHealth()
+        # the custom agent loops of rollout.agent.agent_loop_config_path (custom_loops.CustomLoopRunner), or None
+        self.custom = None
 
     def torch_device(self) -> torch.device:
         """Where the hf engine's module computes (`decode.forward_device`)."""
@@ -352,7 +355,26 @@ class AgentLoop:
     # ---- one batch ---------------------------------------------------------------------------
     @torch.no_grad()
     def run(self, prompts: Batch, params: SamplingParams, record_log_probs: bool = False) -> Batch:
-        """B prompts -> B * n trajectories (rows i*n .. i*n+n-1 continue prompt i)."""
+        """B prompts -> B * n trajectories (rows i*n .. i*n+n-1 continue prompt i). With custom loops, the
+        rows whose agent is one run through them (`custom_loops`), the others through this loop's turns; every
+        rank runs both parts (possibly empty), so ranks kept in step stay so."""
+        if self.custom is None:
+            return self._run_turns(prompts, params, record_log_probs)
+        agents = prompts.get("agent_name") or [None] * len(prompts)
+        names = [a or self.default_agent for a in agents]
+        custom = [i for i, name in enumerate(names) if name in self.custom.loops]
+        built_in = [i for i in range(len(prompts)) if i not in set(custom)]
+        ours = self._run_turns(prompts.select(built_in), params, record_log_probs)
+        try:
+            theirs = self.custom.rows(prompts.select(custom), [names[i] for i in custom], params, self.turns,
+                                      self.pad_id, self.eos_ids[0], record_log_probs)
+        except Exception as err:
+            self.turns.fail(err)  # the ranks kept in step raise too, instead of waiting for this one
+            raise
+        return merge_parts(ours, built_in, theirs, custom, params.n)
+
+    def _run_turns(self, prompts: Batch, params: SamplingParams, record_log_probs: bool = False) -> Batch:
+        """The built-in loop over `prompts` (module docstring)."""
         mm_data = prompts.get("multi_modal_data") or [None] * len(prompts)
         mm_inputs = prompts.get("multi_modal_inputs") or [None] * len(prompts)
         if self.images is None and any(mm_data):
@@ -572,22 +594,48 @@ class AgentLoop:
         return rows
 
 
+def merge_parts(ours: Batch, our_prompts: list[int], theirs: Batch, their_prompts: list[int], n: int) -> Batch:
+    """The rows of the built-in loop's part (`ours`, of prompts `our_prompts`) and the custom loops' part, in
+    the batch's order (prompt i's n rows at i*n ..); a column only one part has is None in the other's rows."""
+    for a, b in ((ours, theirs), (theirs, ours)):
+        for key in a.lists:
+            if key not in b.lists:
+                b.set(key, [None] * len(b))
+    merged = Batch.concat([part for part in (ours, theirs) if len(part)]) if len(ours) and len(theirs) else (
+        ours if len(ours) else theirs)
+    order = [p * n + j for p in [*our_prompts, *their_prompts] for j in range(n)]
+    position = {row: k for k, row in enumerate(order)}
+    return merged.select([position[row] for row in range(len(order))])
+
+
+def custom_call(prompt_ids: list[int], uid: str, limit: int) -> Trajectory:
+    """The trajectory of one `generate` call of a custom agent loop: its prompt, at most `limit` new tokens."""
+    return Trajectory(prompt_ids, uid, {}, turn_limit=limit)
+
+
 def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None = None, processor=None,
-                     min_pixels: int | None = None, max_pixels: int | None = None) -> AgentLoop:
+                     min_pixels: int | None = None, max_pixels: int | None = None, custom=None) -> AgentLoop:
     """The agent loop of a rollout engine over the typed `rollout.multi_turn` section `mt`, its tools built
     from `mt.tool_config_path` and `mt.function_tool_path` and its interactions from `mt.interaction_config_path` (neither: the loop
     stops after the first turn); `default_agent`: `rollout.agent.default_agent_loop`; `turns`: the engine's
     `TurnBackend` (None: the hf engine's, over `engine.module`); `processor`: a vision-language model's
     processor, which lets images into the conversation (`data.min_pixels` / `data.max_pixels` resize the
-    tools' images; None: text only)."""
+    tools' images; None: text only); `custom`: (the typed backend config, rollout.agent.agent_loop_config_path)
+    when custom agent loops are configured, else None."""
     from verl_npu.tools.interactions.loading import load_interactions
     from verl_npu.tools.loading import load_tools
 
     tools = load_tools(mt.tool_config_path, mt.function_tool_path) if (mt.tool_config_path or
                                                                        mt.function_tool_path) else {}
     interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
-    return AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, mt,
+    loop = AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, mt,
                      eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=getattr(engine, "suppress_ids", None),
                      seed=engine.seed, default_agent=default_agent, synced=getattr(engine, "synced", False),
                      turns=turns, interactions=interactions, compute_device=getattr(engine, "compute_device", None),
                      images=ImageTurns(processor, min_pixels, max_pixels) if processor is not None else None)
+    if custom is not None:   # rollout.agent.agent_loop_config_path's loops (custom_loops)
+        from verl_npu.rollout.custom_loops import CustomLoopRunner, load_agent_loops
+
+        config, path = custom
+        loop.custom = CustomLoopRunner(load_agent_loops(path), config, engine.tokenizer, engine.eos_ids, custom_call)
+    return loop

@@ -69,12 +69,14 @@ class HFRollout(RolloutEngine):
                      log_probs=rollout.calculate_log_probs,
                      compute_device=device.worker_device() if device is not None else None)
         mt = rollout.multi_turn
-        if mt.enable:  # multi-turn with tools: verl_npu/rollout/agent_loop.py
+        custom = rollout.agent.agent_loop_config_path   # custom agent loops (custom_loops.py)
+        if mt.enable or custom:  # multi-turn with tools: verl_npu/rollout/agent_loop.py
             from verl_npu.rollout.agent_loop import build_agent_loop
 
             vision = processor if getattr(processor, "image_processor", None) is not None else None
             engine.agent_loop = build_agent_loop(engine, mt, rollout.agent.default_agent_loop, processor=vision,
-                                                 min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels)
+                                                 min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
+                                                 custom=(cfg, custom) if custom else None)
         return engine
 
     @torch.no_grad()

@@ -394,12 +394,14 @@ class VLLMRollout(RolloutEngine):
         engine = cls(module, tokenizer, processor, cfg, rank=rank, world_size=world_size, device=device,
                      weights=weights)
         rollout_cfg = cfg.actor_rollout_ref.rollout
-        if rollout_cfg.multi_turn.enable:  # multi-turn with tools: agent_loop.py, turns from vllm_turns.py
+        custom = rollout_cfg.agent.agent_loop_config_path   # custom agent loops (custom_loops.py)
+        if rollout_cfg.multi_turn.enable or custom:  # multi-turn with tools: agent_loop.py, turns from vllm_turns.py
             from verl_npu.rollout.agent_loop import build_agent_loop
             from verl_npu.rollout.vllm_turns import VLLMTurns
 
             engine.agent_loop = build_agent_loop(engine, rollout_cfg.multi_turn, rollout_cfg.agent.default_agent_loop,
-                                                 turns=VLLMTurns(engine, rollout_cfg.multi_turn.tp_round_timeout_s))
+                                                 turns=VLLMTurns(engine, rollout_cfg.multi_turn.tp_round_timeout_s),
+                                                 custom=(cfg, custom) if custom else None)
         return engine
 
     def __init__(

@@ -41,15 +41,22 @@ def named_class(target: tuple[str, str, str], entry_where: str, class_name: str,
     except Exception as err:  # the user's module failed to import: its error, named
         raise UserError(f"{entry_where}.class_name: importing {where!r} failed: {type(err).__name__}: {err}. "
                         f"Fix the module (or the class_name in {config_key})") from None
-    found = getattr(module, cls, None)
-    if not isinstance(found, type):
-        have = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
-        raise UserError(f"{entry_where}.class_name: {where!r} has no class {cls!r} (classes there: "
-                        f"{', '.join(have) or 'none'}); fix class_name")
+    found = class_of(module, where, cls, f"{entry_where}.class_name")
     missing = [m for m in methods if not callable(getattr(found, m, None))]
     if missing:
         raise UserError(f"{entry_where}.class_name: {class_name!r} is not {what}: it has no "
                         f"{', '.join(missing)} method(s). {how}")
+    return found
+
+
+def class_of(module, where: str, cls: str, key: str) -> type:
+    """The class `cls` of `module` (imported from `where`); raises UserError at `key` naming the classes
+    the module has when it has no such class."""
+    found = getattr(module, cls, None)
+    if not isinstance(found, type):
+        have = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
+        raise UserError(f"{key}: {where!r} has no class {cls!r} (classes there: {', '.join(have) or 'none'}); "
+                        f"fix {key.rpartition('.')[2]}")
     return found
 
 

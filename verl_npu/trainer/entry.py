@@ -147,7 +147,8 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     )
     check_teacher_tokenizer(cfg, tokenizer)  # distillation: the teacher reads the student's token ids
     tools = _tool_schemas(cfg)  # multi-turn: the tools are built (and checked) before any data or worker
-    train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data, tools=tools)
+    raw_chat = bool(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)   # custom loops read raw_prompt
+    train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data, tools=tools, raw_chat=raw_chat)
     _check_agent_names(cfg, train_set)
     # DAPO's dynamic sampling reads batches of data.gen_batch_size prompts (verl_npu/trainer/dynamic_sampling.py)
     gen_batch = cfg.data.gen_batch_size
@@ -164,7 +165,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
         )
     val_loader = None
     if cfg.data.val_files and (cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train or cfg.trainer.val_only):
-        val_set = RLDataset(cfg.data.val_files, tokenizer, processor, cfg.data, tools=tools)
+        val_set = RLDataset(cfg.data.val_files, tokenizer, processor, cfg.data, tools=tools, raw_chat=raw_chat)
         _check_agent_names(cfg, val_set)
         if len(val_set) == 0:
             raise UserError(f"data.val_files ({', '.join(map(str, _as_list(cfg.data.val_files)))}) has no usable "
@@ -299,11 +300,12 @@ def _tool_schemas(cfg: BackendConfigSection) -> list[dict] | None:
 
 
 def _check_agent_names(cfg: BackendConfigSection, dataset) -> None:
+    from verl_npu.config.agent_loop_file import loop_names
     from verl_npu.config.schema_multiturn import AGENT_LOOPS
     from verl_npu.registry import ROLLOUT_ENGINES, image_engines
 
     mt = cfg.actor_rollout_ref.rollout.multi_turn
-    dataset.check_agent_names(AGENT_LOOPS, mt.enable)
+    dataset.check_agent_names(AGENT_LOOPS, mt.enable, tuple(loop_names(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)))
     engine = cfg.actor_rollout_ref.rollout.name
     takes_images = ROLLOUT_ENGINES.spec(engine).images_in_multiturn
     with_images = dataset.image_files() if mt.enable and not takes_images else []

@@ -86,7 +86,20 @@ def multi_turn_extra_info(batch: Batch) -> list:
     for i, info in enumerate(extra):
         added = {k: v[i] for k, v in fields.items() if v is not None}
         out.append({**(info or {}), **added})
+    # a custom agent loop's extra_fields reach the reward function as verl's do (custom_loops)
+    for i, fields_of_row in enumerate(batch.get("agent_extra_fields") or []):
+        if fields_of_row:
+            out[i] = {**(out[i] or {}), **fields_of_row}
     return out
+
+def with_agent_scores(rule, batch: Batch):
+    """The rows' rule rewards, each replaced by its custom agent loop's own `reward_score` where the loop gave one
+    (column `agent_reward_score`, verl_npu/rollout/custom_loops.py; verl uses a loop's score instead of computing
+    one)."""
+    if rule is None or "agent_reward_score" not in batch:
+        return rule
+    return [r if s is None else float(s) for r, s in zip(rule, batch["agent_reward_score"])]
+
 
 class EngineOutOfSync(UserError):
     """The rollout engine's probabilities left `rollout.max_probs_diff` of the actor's."""
@@ -482,6 +495,7 @@ class PPOTrainer:
             if rule is not None:
                 extras = {**extras, "rule_reward": list(rule)}
         else:
+            rule = with_agent_scores(rule, batch)
             manager = REWARD_MANAGERS.load(self.cfg.reward_model.reward_manager)  # dapo: the overlong penalty, acc
             rule, extras = manager(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
                                    self.cfg.data.max_response_length)
