@@ -160,6 +160,13 @@ def check_parity(ctx: cc.Context) -> dict:
     return out
 
 
+def check_master_bf16(ctx: cc.Context) -> dict:
+    """actor.fsdp_config.model_dtype=bf16: 2 steps with the actor's master weights in bfloat16."""
+    numbers = cc.check_run(ctx, "tiny_gsm8k", 2, ("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16",))
+    assert numbers["actor"]["param_dtypes"] == ["torch.bfloat16"], f"actor weights {numbers['actor']['param_dtypes']}"
+    return numbers
+
+
 MORE_CHECKS = [
     cc.Check("sft", "cuda_check_more:check_sft", 420, True, "verl-npu sft tiny_sft 4 steps, resumed to 6 (steps "
              "1-6 once), loss finite and falling, a huggingface export; then 2 RL steps starting from it"),
@@ -175,4 +182,6 @@ MORE_CHECKS = [
              "over step 2: memory_snapshot.pickle with segments and allocation events (on cpu: refused by name)"),
     cc.Check("shm", "check_run", 240, False, "actor model loaded from a copy in /dev/shm (model.use_shm): "
              + cc.FINITE, ("tiny_gsm8k", 2, ("actor_rollout_ref.model.use_shm=true",))),
+    cc.Check("master-bf16", "cuda_check_more:check_master_bf16", 240, False, "actor.fsdp_config.model_dtype=bf16: "
+             "2 steps, every metric finite, the actor's weights bfloat16"),
 ]

@@ -254,6 +254,12 @@ _k(f"{O}.zero_indexed_step", True, BOOL, "Cosine schedule: count steps from 0 (t
 _fsdp_keys(f"{AC}.fsdp_config", "actor", offload_note=" (FSDP2 CPU offload; on one device the worker shards over "
            "a one-rank group, as verl does)", prefetch="FSDP2: each decoder block gathers the next block's "
            "parameters during its own forward (more overlap, one more block in memory); no effect with one worker.")
+_k(f"{AC}.fsdp_config.model_dtype", "fp32", STR, "The dtype the actor's weights are loaded and kept in (master "
+   "weights), and so its gradients and AdamW moments: fp32 (verl's default for the actor) or bf16, which halves "
+   "the weights, gradients and optimizer state at some cost in update precision. Forward and backward compute "
+   "in the device's dtype either way; the rollout and reference models are unaffected.",
+   choices=("fp32", "float32", "bf16", "bfloat16"), unsupported=("fp16", "float16"),
+   instead="use bf16 (fp16 master weights need loss scaling, which verl-npu does not build)")
 _k(f"{AC}.calculate_sum_pi_squared", False, BOOL, "In the old-log-prob pass, also compute each response "
    "position's sum of squared probabilities over the vocabulary (sum_v pi_v^2, from the temperature-scaled "
    "logits), which adv_estimator=optimal_token_baseline / tir_optimal_token_baseline need. With it that pass "

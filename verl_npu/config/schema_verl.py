@@ -72,8 +72,9 @@ for role in ("actor", "ref"):
     _off(f"{base}.router_replay.replay_file", None, STR, "MoE router replay", "remove it")
     _off(f"{fc}.offload_policy", False, BOOL, "FSDP2's CPU offload policy as a separate switch",
          f"use {role}.fsdp_config.param_offload=true (FSDP2 CPU offload)")
-    _off(f"{fc}.model_dtype", "fp32", STR, "master weights in a dtype other than fp32",
-         "leave it at fp32 (verl-npu keeps fp32 weights and computes in the device's dtype)")
+    if role == "ref":   # the actor's is a schema key (schema.py); the reference model is loaded in the compute dtype
+        _off(f"{fc}.model_dtype", "fp32", STR, "the reference model's weights in a dtype of their own",
+             "leave it at its default (verl-npu loads the reference model in the device's compute dtype)")
     _off(f"{fc}.dtype", "bfloat16", STR, "choosing the compute dtype", "leave it at bfloat16 (verl-npu computes "
          "in bf16 on NPU/CUDA, fp32 on CPU)")
     _noop(f"{fc}.use_orig_params", False, BOOL, "an FSDP1 flag; FSDP2 always keeps the original parameters.")

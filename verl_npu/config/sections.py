@@ -64,8 +64,8 @@ class ActorRolloutRef_Actor_FsdpConfigSection(Section):  # actor_rollout_ref.act
     reshard_after_forward: bool
     fsdp_size: int
     forward_prefetch: bool
+    model_dtype: str
     offload_policy: bool | None
-    model_dtype: str | None
     dtype: str | None
     seed: int | None
     full_determinism: bool | None

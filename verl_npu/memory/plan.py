@@ -143,16 +143,16 @@ def weight_bytes(params: int, dtype_bytes: int, shards: int, offload: bool) -> i
     return 0 if offload else math.ceil(params * dtype_bytes / shards)
 
 
-def grad_bytes(trainable: int, shards: int, offload: bool) -> int:
-    """float32 gradients of the trainable parameters, 4 * P / W; kept from one update to the next
-    (zero_grad frees them only at the next update's start); on the host when offloaded."""
-    return 0 if offload else math.ceil(4 * trainable / shards)
+def grad_bytes(trainable: int, shards: int, offload: bool, dtype_bytes: int = 4) -> int:
+    """Gradients of the trainable parameters, in their dtype (float32: 4 * P / W); kept from one update to
+    the next (zero_grad frees them only at the next update's start); on the host when offloaded."""
+    return 0 if offload else math.ceil(dtype_bytes * trainable / shards)
 
 
-def adam_bytes(trainable: int, shards: int, offload: bool) -> int:
-    """AdamW's two float32 moments of the trainable parameters, 8 * P / W (the fp32 master weights
-    are the parameters themselves); on the host when offloaded."""
-    return 0 if offload else math.ceil(8 * trainable / shards)
+def adam_bytes(trainable: int, shards: int, offload: bool, dtype_bytes: int = 4) -> int:
+    """AdamW's two moments of the trainable parameters, in their dtype (float32: 8 * P / W; the master
+    weights are the parameters themselves); on the host when offloaded."""
+    return 0 if offload else math.ceil(2 * dtype_bytes * trainable / shards)
 
 
 def activation_bytes(m: ModelSize, tokens: float, *, checkpointing: bool, remove_padding: bool,

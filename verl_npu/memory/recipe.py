@@ -29,6 +29,7 @@ class Settings:
     world: int
     gpus_per_node: int
     compute_bytes: int            # 2: bf16 on an accelerator, 4: float32 on CPU
+    master_bytes: int             # the actor's weights, gradients and AdamW moments: 4 (fp32) or 2 (model_dtype bf16)
     prompt: int
     response: int
     n: int
@@ -108,6 +109,7 @@ def settings_from_recipe(rc: RecipeConfig, accelerator: bool | None = None) -> S
     lora = int(model.get("lora_rank", 0) or 0)
     return Settings(
         world=int(rc.world_size), gpus_per_node=int(tr.n_gpus_per_node), compute_bytes=2 if accelerator else 4,
+        master_bytes=2 if str(actor.fsdp_config.get("model_dtype", "fp32")) in ("bf16", "bfloat16") else 4,
         prompt=int(data.max_prompt_length), response=int(data.max_response_length), n=int(ro.n),
         train_batch=int(data.train_batch_size), fsdp=rc.world_size > 1 or offload_any,
         micro_rows=_opt_int(actor.ppo_micro_batch_size_per_gpu), dynamic=bool(actor.use_dynamic_bsz),
@@ -187,9 +189,10 @@ def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: Mode
         part = Part("actor grads (accumulated)", full.bytes, full.formula + ": a mini-batch of "
                     f"{_micro_batches_per_mini(s)} micro-batches accumulates them (measured)")
         return [part if p is full else p for p in resident]
-    head = 0 if s.lora_rank > 0 else mp.grad_bytes(m.vocab * m.hidden, shards, False)
+    head = 0 if s.lora_rank > 0 else mp.grad_bytes(m.vocab * m.hidden, shards, False, s.master_bytes)
     if sum(p.bytes for p in update) + head >= full.bytes:
-        part = Part("actor grads at the peak", head, "the head's V x H fp32 (the others come as activations go)")
+        part = Part("actor grads at the peak", head, f"the head's V x H x {s.master_bytes} B (the others come as "
+                    "activations go)")
     else:
         part = Part("actor grads (end of backward)", full.bytes, full.formula)
         update[:] = [Part("activations left", 0, "freed by then")]
@@ -205,18 +208,18 @@ def _micro_batches_per_mini(s: Settings) -> int:
     return math.ceil(rows / micro)
 
 
-def _fsdp_backward(s: Settings, m: ModelSize, lora_rank: int) -> list[Part]:
+def _fsdp_backward(s: Settings, m: ModelSize, lora_rank: int, grad_bytes: int = 4) -> list[Part]:
     """FSDP2's backward holds more than the one gathered unit of the forward: the next layer's
     parameters, gathered ahead (backward prefetch), L_p * b, and the unsharded fp32 gradients of two
     layers, the one just computed and the one whose reduce-scatter input is kept until the next,
-    2 * 4 * L_t (L_p, L_t: a layer's parameters, its trainable ones). Measured on CPU with gloo
+    2 * g * L_t (L_p, L_t: a layer's parameters, its trainable ones; g: the gradients' bytes, 4 for fp32). Measured on CPU with gloo
     (bench/memory_grid.py): without it two workers' updates came 12-20% under."""
     if not s.fsdp:
         return []
     trainable = mp.lora_params(m, lora_rank) // m.layers if lora_rank > 0 else m.layer_params
     return [Part("FSDP2 backward: a prefetched layer + two layers' unsharded grads",
-                 m.layer_params * s.compute_bytes + 2 * 4 * trainable,
-                 f"{m.layer_params:,} x {s.compute_bytes} B + 2 x 4 B x {trainable:,}")]
+                 m.layer_params * s.compute_bytes + 2 * grad_bytes * trainable,
+                 f"{m.layer_params:,} x {s.compute_bytes} B + 2 x {grad_bytes} B x {trainable:,}")]
 
 
 def _sp_logits(s: Settings, m: ModelSize, tokens: float) -> list[Part]:
@@ -244,13 +247,17 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     p_actor = actor.params
     trainable = mp.lora_params(actor, s.lora_rank) if s.lora_rank > 0 else p_actor
     offload = s.actor_offload
+    master = "fp32" if s.master_bytes == 4 else "bf16"
+    # LoRA adapters stay fp32 over a bf16 base (peft keeps adapter weights in fp32)
+    t_bytes, t_dtype = (4, "fp32") if s.lora_rank else (s.master_bytes, master)
     resident = [
-        Part("actor weights", mp.weight_bytes(p_actor, 4, shards, offload) + mp.weight_bytes(trainable if s.lora_rank
-             else 0, 4, shards, offload), f"fp32 {p_actor:,} params / {shards}" + (" (offloaded)" if offload else "")
-             + (f" + LoRA {trainable:,}" if s.lora_rank else "")),
-        Part("actor grads", mp.grad_bytes(trainable, shards, offload), f"fp32 4 x {trainable:,} / {shards}"),
-        Part("actor AdamW", mp.adam_bytes(trainable, shards, offload or s.optimizer_offload),
-             f"2 fp32 moments 8 x {trainable:,} / {shards}"),
+        Part("actor weights", mp.weight_bytes(p_actor, s.master_bytes, shards, offload) + mp.weight_bytes(
+             trainable if s.lora_rank else 0, 4, shards, offload), f"{master} {p_actor:,} params / {shards}"
+             + (" (offloaded)" if offload else "") + (f" + LoRA {trainable:,}" if s.lora_rank else "")),
+        Part("actor grads", mp.grad_bytes(trainable, shards, offload, t_bytes),
+             f"{t_dtype} {t_bytes} x {trainable:,} / {shards}"),
+        Part("actor AdamW", mp.adam_bytes(trainable, shards, offload or s.optimizer_offload, t_bytes),
+             f"2 {t_dtype} moments {2 * t_bytes} x {trainable:,} / {shards}"),
     ]
     if s.use_ref:
         resident.append(Part("ref weights", mp.weight_bytes(p_actor, s.compute_bytes, shards, s.ref_offload),
@@ -346,7 +353,7 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
     update += _sp_logits(s, actor, tokens)
     if vis:
         update.append(Part("vision tower activations", vis, f"{patches:.0f} patches at max_pixels"))
-    update += _fsdp_backward(s, actor, s.lora_rank)
+    update += _fsdp_backward(s, actor, s.lora_rank, 4 if s.lora_rank else s.master_bytes)
     phases.append(Phase("actor update", _update_grads(resident, update, s, actor, shards) + while_computing + update))
     if s.critic and critic is not None:
         c_tokens, _, how = _micro(s, s.critic_micro_rows or s.micro_rows, s.critic_dynamic, s.critic_budget)
@@ -387,7 +394,8 @@ def build_plan(s: Settings, actor: ModelSize, *, device_bytes: int, device_name:
                          f"{local} x {mp.CPU_ALLOCATOR_RETAINED} x the peak phase: freed heap blocks glibc's malloc "
                          "keeps between live ones"))
     if offload:
-        host.append(Part("offloaded actor", local * math.ceil(16 * trainable / shards), "16 x P / W per worker"))
+        host.append(Part("offloaded actor", local * math.ceil(4 * t_bytes * trainable / shards),
+                         f"{4 * t_bytes} x P / W per worker (weights, grads, 2 moments)"))
     if s.use_ref and s.ref_offload:
         host.append(Part("offloaded ref", local * math.ceil(s.compute_bytes * p_actor / shards), "b x P / W per worker"))
     if s.kv_pool and s.free_cache:

@@ -156,7 +156,12 @@ class ActorRolloutRefWorker:
         load_kwargs = dict(attn_implementation=self.device.attn_implementation(),
                            override_config=dict(model_cfg.override_config),
                            trust_remote_code=model_cfg.trust_remote_code, external_lib=model_cfg.external_lib)
-        module = load_policy_model(model_path, dtype=torch.float32, **load_kwargs,
+        # actor.fsdp_config.model_dtype: the master weights' dtype (and so the gradients' and AdamW's)
+        master = torch.bfloat16 if actor_cfg.fsdp_config.model_dtype in ("bf16", "bfloat16") else torch.float32
+        if master == torch.bfloat16 and not self.device.supports_bf16():
+            raise UserError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={actor_cfg.fsdp_config.model_dtype}: "
+                            f"{self.device.describe()} has no bfloat16; set it to fp32")
+        module = load_policy_model(model_path, dtype=master, **load_kwargs,
                                    gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
         engine.attach(module, actor_cfg.fsdp_config, model_cfg=model_cfg,
                       freeze_vision_tower=actor_cfg.freeze_vision_tower)

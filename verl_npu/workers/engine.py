@@ -66,7 +66,8 @@ class TrainingEngine:
         self.rank, self.world_size, self.dp_size = rank, world_size, world_size
         self.offload_activations = False   # model.enable_activation_offload (set by the role)
         self.torch_device = device.worker_device()
-        # fp32 master weights and optimizer state; forward/backward in the device's compute dtype
+        # master weights and optimizer state in the dtype the role loads (fp32 unless the actor's
+        # fsdp_config.model_dtype says bf16); forward/backward in the device's compute dtype
         # (bf16 on accelerators that have it): FSDP2 mixed precision with several workers, autocast with one
         self.compute_dtype = device.train_dtype()
         self.module = self.peft_model = self.optimizer = self.lr_scheduler = None
