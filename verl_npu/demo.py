@@ -66,12 +66,26 @@ def _uses_search_tool(tool_config_path) -> bool:
     return any(e.queries_retrieval_server for e in entries)
 
 
-def _data_writer(model_path: str, multi_turn: bool = False, interaction: bool = False, search: bool = False):
-    """(function, kwargs, label) that writes the demo data of tiny model ``model_path``, or None."""
+def _tool_demo_data(tool_config_path) -> str:
+    """"module:function" of the demo data of the first built-in tool in the tool config that has its own
+    (`demo_data` on its registry spec: the tool demo's lookup task), else ''."""
+    from verl_npu.tool_registry import read_tool_config
+
+    entries, _ = read_tool_config(tool_config_path) if tool_config_path else ([], [])
+    return next((e.demo_data for e in entries if e.demo_data), "")
+
+
+def _data_writer(model_path: str, multi_turn: bool = False, interaction: bool = False, search: bool = False,
+                 tool_data: str = ""):
+    """(function, kwargs, label) that writes the demo data of tiny model ``model_path``, or None; `tool_data`
+    ("module:function", a tool's own demo data) comes first for a multi-turn recipe."""
     import importlib
 
     from verl_npu.models.tiny import parse_tiny_uri
 
+    if multi_turn and tool_data:
+        module, _, name = tool_data.partition(":")
+        return getattr(importlib.import_module(module), name), {}, f"synthetic tool-task data ({tool_data})"
     table = (DEMO_DATA_SEARCH if search else DEMO_DATA_INTERACTION if interaction
              else DEMO_DATA_MULTI_TURN if multi_turn else DEMO_DATA)
     try:
@@ -148,7 +162,8 @@ def prepare_assets(rc: RecipeConfig, demo_data: bool = False) -> list[str]:
         enabled = bool(mt.enable)
         writer = _data_writer(model_path, multi_turn=enabled,
                               interaction=enabled and bool(mt.get("interaction_config_path")),
-                              search=enabled and _uses_search_tool(mt.get("tool_config_path")))
+                              search=enabled and _uses_search_tool(mt.get("tool_config_path")),
+                              tool_data=_tool_demo_data(mt.get("tool_config_path")) if enabled else "")
         if not may_make_demo_data(rc, demo_data):  # only the files that are a demo's own are made
             own = {(train_or_val, path) for m, *paths in demo_data_paths() if m == model_path
                    for train_or_val, path in zip(("train", "test"), paths)}
@@ -206,6 +221,10 @@ def _write_missing(missing: list[tuple[Path, str]], seed: int, writer) -> str:
 
 #: the synthetic data of SFT recipes with a tiny:// model: tool-call transcripts (verl_npu.data.sft_synthetic)
 DEMO_DATA_SFT = ("verl_npu.data.sft_synthetic", "prepare_synthetic", {}, "synthetic tool-call transcripts")
+#: shipped SFT recipes whose data is another task's: recipe name -> the same 4-tuple
+DEMO_DATA_SFT_OF_RECIPE = {
+    "tiny_lookup_sft": ("verl_npu.data.tool_lookup", "prepare_sft", {}, "synthetic lookup-tool transcripts"),
+}
 
 
 def prepare_sft_assets(rc, demo_data: bool = False) -> list[str]:
@@ -229,14 +248,15 @@ def prepare_sft_assets(rc, demo_data: bool = False) -> list[str]:
     missing = [(Path(os.path.expanduser(f)), split) for f, split in wanted if not Path(os.path.expanduser(f)).exists()]
     made = []
     if missing and len(train) == 1 and len(val) <= 1:
-        own = demo_data
+        own, entry = demo_data, DEMO_DATA_SFT
         for info in list_recipes():
             raw = yaml.safe_load(info.path.read_text()) or {}
             if is_sft_tree(raw):
                 files = raw["backend_config"].get("data") or {}
-                own = own or {_resolved(f) for f in as_file_list(files.get("train_files") or [])} == {_resolved(train[0])}
+                if {_resolved(f) for f in as_file_list(files.get("train_files") or [])} == {_resolved(train[0])}:
+                    own, entry = True, DEMO_DATA_SFT_OF_RECIPE.get(info.name, DEMO_DATA_SFT)
         if own:
-            module, fn, kwargs, label = DEMO_DATA_SFT
+            module, fn, kwargs, label = entry
             writer = (getattr(importlib.import_module(module), fn), kwargs, label)
             made.append(_write_missing(missing, int(rc.typed.trainer.seed), writer))
     made.append(f"tiny model {model} at {materialize(model)}")

@@ -122,6 +122,11 @@ class ToolEntry:
         return self.builtin is not None and TOOLS.spec(self.builtin).retrieval_server
 
     @property
+    def demo_data(self) -> str:
+        """"module:function" of the synthetic demo data of a built-in tool's task ('' when none)."""
+        return TOOLS.spec(self.builtin).demo_data if self.builtin is not None else ""
+
+    @property
     def builtin(self) -> str | None:
         """The built-in tool this entry names, else None."""
         if self.class_name in BUILTIN_TOOLS:

@@ -201,12 +201,15 @@ class ToolSpec(Spec):
     unchanged; returns_images: its replies hold images (a vision-language model on an engine that takes them);
     config_check: "module:function" of a torch-free check of its `config:` (function(config, key) ->
     [(key, problem)]), run by `validate` before anything is imported; retrieval_server: it queries a
-    retrieval server (config.retrieval_service_url), which `validate --check-paths` probes."""
+    retrieval server (config.retrieval_service_url), which `validate --check-paths` probes; demo_data:
+    "module:function" writing the synthetic data of a multi-turn demo recipe on a tiny model that uses it
+    (verl_npu/demo.py; empty: the model's default demo data)."""
     function_name: str | None = None
     verl_class_paths: tuple[str, ...] = ()
     returns_images: bool = False
     config_check: str = ""
     retrieval_server: bool = False
+    demo_data: str = ""
 
     def config_problems(self, config: dict, key: str) -> list[tuple[str, str]]:
         """(key, problem) of an entry's `config:` (none when the tool checks it itself when built)."""

@@ -21,6 +21,7 @@ openai/gsm8k         strict ``#### n`` match (flexible logged)   ``verl_npu.rewa
 synthetic_geometry   accuracy * (0.8 + 0.2 * clean)             ``verl_npu.rewards.synthetic_geometry``
 synthetic_arithmetic 0.9 * accuracy + 0.1 * format               ``verl_npu.rewards.synthetic_arithmetic``
 grid_env             the episode's return (sum of turn scores)   ``verl_npu.rewards.grid_env``
+tool_lookup          1 if the last ``#### n`` is the looked-up code ``verl_npu.rewards.tool_lookup``
 searchR1_*           exact match of the last <answer>...</answer> ``verl_npu.rewards.search_r1``
 ==================== =========================================== ===============================
 
@@ -48,7 +49,7 @@ from typing import Any
 from verl_npu.config.typed import defaults, section
 from verl_npu.errors import UserError
 from verl_npu.registry import REWARD_MANAGERS
-from verl_npu.rewards import geo3k, grid_env, gsm8k, search_r1, synthetic_arithmetic, synthetic_geometry
+from verl_npu.rewards import geo3k, grid_env, gsm8k, search_r1, synthetic_arithmetic, synthetic_geometry, tool_lookup
 
 RewardFn = Callable[..., "float | dict"]
 
@@ -88,6 +89,7 @@ register_reward("openai/gsm8k", gsm8k.compute_score)
 register_reward("synthetic_geometry", synthetic_geometry.compute_score)
 register_reward("synthetic_arithmetic", synthetic_arithmetic.compute_score)
 register_reward("grid_env", grid_env.compute_score)
+register_reward("tool_lookup", tool_lookup.compute_score)
 for _source in search_r1.DATA_SOURCES:
     register_reward(_source, search_r1.compute_score)
 

@@ -144,7 +144,7 @@ class _SFTLoop:
         return collate([self.train_set.rows[i] for i in rows[self.rank :: self.world]], self.pad_id)
 
     def fit(self, after_fit) -> None:
-        from verl_npu.trainer.tracking import Tracker, plot_training_curves
+        from verl_npu.trainer.tracking import CURVES_EVERY, Tracker, plot_training_curves
 
         cfg = self.cfg
         latest = self.checkpoints.resolve_resume(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
@@ -172,6 +172,7 @@ class _SFTLoop:
                     self.save(step)
                 if tracker is not None:
                     tracker.log(metrics, step=step)
+                if tracker is not None and (step % CURVES_EVERY == 0 or last):  # drawing costs more than a tiny step
                     plot_training_curves(self.rc.out_dir / "metrics.jsonl", self.rc.out_dir / "training_curves.png",
                                          panels=SFT_CURVES)
             if after_fit is not None:

@@ -58,7 +58,7 @@ from verl_npu.trainer.metrics import (
 )
 from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.readable import quoted_sample, readable_text
-from verl_npu.trainer.tracking import ProgressBar, Tracker, dump_jsonl, plot_training_curves
+from verl_npu.trainer.tracking import CURVES_EVERY, ProgressBar, Tracker, dump_jsonl, plot_training_curves
 from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.workers.actor import OldLogProbs, needs_reference
 from verl_npu.workers.balance import balance_for_ranks
@@ -68,7 +68,6 @@ from verl_npu.workers.roles import checkpointed_roles
 
 log = logging.getLogger("verl_npu")
 
-CURVES_EVERY = 10  # steps between refreshes of training_curves.png
 
 
 

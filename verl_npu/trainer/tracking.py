@@ -357,6 +357,10 @@ def curve_panels(rows: list[dict], builtin_rewards: bool = True) -> tuple[list, 
     return panels, ceilings
 
 
+#: steps between refreshes of training_curves.png (RL and SFT; drawing it costs more than a tiny model's step)
+CURVES_EVERY = 10
+
+
 def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, builtin_rewards: bool = True,
                          panels=None) -> None:
     """Draw a 2x2 PNG from metrics.jsonl over `training/global_step` (or `step`):
