@@ -136,7 +136,9 @@ def transfers_checked(monkeypatch):
     return checked
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+# TP 2 only (CI time): its run goes through every step of the TP 1 path (a TP 1 engine is the TP 2 engine's
+# leader without followers), and the forced-partial test below runs a TP 1 engine
+@pytest.mark.parametrize("tp", [2])
 def test_one_step_off_with_a_vllm_rollout_side(tmp_path, tiny_cache, transfers_checked, tp):
     out = tmp_path / f"tp{tp}"
     rc = load_recipe("tiny_gsm8k", _overrides(out, text_data(tmp_path / "data", rows=4 * STEPS), tp))
