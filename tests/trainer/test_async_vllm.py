@@ -136,8 +136,8 @@ def transfers_checked(monkeypatch):
     return checked
 
 
-# TP 2 only (CI time): its run goes through every step of the TP 1 path (a TP 1 engine is the TP 2 engine's
-# leader without followers), and the forced-partial test below runs a TP 1 engine
+# TP 2 only (CI time): the trainer's side of the run is the same for TP 1, and a TP 1 engine's rollout process is
+# exercised by the forced-partial test below (it was run here with TP 1 as well when built)
 @pytest.mark.parametrize("tp", [2])
 def test_one_step_off_with_a_vllm_rollout_side(tmp_path, tiny_cache, transfers_checked, tp):
     out = tmp_path / f"tp{tp}"
