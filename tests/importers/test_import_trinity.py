@@ -183,8 +183,8 @@ def test_sync_offset_and_interval_map_onto_separate_async_with_its_bound(tmp_pat
     rows = {row.key: row for row in r.rows}
     assert rows["synchronizer.sync_offset"].status == MAPPED
     assert rows["synchronizer.sync_method"].status == NOT_MAPPED and "gloo" in rows["synchronizer.sync_method"].note
-    # what it lacks is named exactly: Trinity's explorer is vLLM, not yet a separate_async rollout side
-    assert [p.split(":")[0] for p in r.problems] == ["backend_config.actor_rollout_ref.rollout.name"], r.problems
+    # Trinity's explorer is vLLM, which separate_async runs as its rollout side (partial rollout): nothing lacking
+    assert r.problems == [], r.problems
     three = _import(tmp_path, ONE_DEVICE + "synchronizer: {sync_offset: 3, sync_interval: 1}\n")
     assert three.recipe["backend_config.trainer.v1.sampler.max_off_policy_threshold"] == 3
     sync = _import(tmp_path, ONE_DEVICE + "synchronizer: {sync_offset: 0, sync_interval: 2}\n")
