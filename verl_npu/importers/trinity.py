@@ -341,8 +341,8 @@ def _explorer(led: Ledger) -> None:
     for k in ("enforce_eager", "enable_chunked_prefill", "dtype", "max_model_len"):
         led.map(f"{rm}.{k}", f"{RO}.{k}")
     if int(led.get("synchronizer.sync_offset", 0) or 0) > 0 or str(led.get("mode", "both")) in ("explore", "train"):
-        led.not_mapped(f"{rm}.engine_num", "not mapped: separate_async's rollout side is one process in this "
-                       "version (actor_rollout_ref.rollout.nnodes x n_gpus_per_node = 1 x 1, docs/async.md)")
+        led.not_mapped(f"{rm}.engine_num", "not mapped: separate_async's rollout processes are set by "
+                       "actor_rollout_ref.rollout.nnodes (1) x n_gpus_per_node, one node (docs/async.md)")
     led.not_mapped(f"{rm}.engine_num", "not mapped: verl-npu colocates rollout with training on all devices "
                    "(no separate explorer engines); GPUs: trainer.nnodes x n_gpus_per_node")
     led.not_mapped_under(rm, "not mapped: no verl-npu rollout option of that name")
