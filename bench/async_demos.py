@@ -66,13 +66,18 @@ def async_step(gen: float, tail: float, switch: float, sync_cost: float, rollout
 
 def model_table(rows: list[tuple[float, float, float]], sync_cost: float, devices: int) -> list[str]:
     half = devices // 2
-    lines = ["| assumed: G / T | G_t / G (tail) | C / T | best r | T_async / T at r = "
-             f"{half} | S at r = {half} | S at best r |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| assumed: G / T | G_t / G (tail) | C / T | best r | T_async / T at r = "
+        f"{half} | S at r = {half} | S at best r |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for gen, tail, switch in rows:
         times = {r: async_step(gen, tail, switch, sync_cost, r, devices) for r in range(1, devices)}
         best = min(times, key=lambda r: times[r])
-        lines.append(f"| {gen:.2f} | {tail:.1f} | {switch:.2f} | {best} | {times[half]:.3f} | {1 / times[half]:.2f} | "
-                     f"{1 / times[best]:.2f} |")
+        lines.append(
+            f"| {gen:.2f} | {tail:.1f} | {switch:.2f} | {best} | {times[half]:.3f} | {1 / times[half]:.2f} | "
+            f"{1 / times[best]:.2f} |"
+        )
     return lines
 
 
@@ -82,9 +87,14 @@ def one_step_off_overrides(recipe: str) -> list[str]:
 
     cfg = load_recipe(recipe, []).typed
     sync_step = cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-    return ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
-            "actor_rollout_ref.rollout.n_gpus_per_node=1", f"trainer.v1.separate_async.parameter_sync_step={sync_step}",
-            "trainer.v1.sampler.max_off_policy_threshold=1", "algorithm.rollout_correction.rollout_is=token"]
+    return [
+        "trainer.v1.trainer_mode=separate_async",
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        f"trainer.v1.separate_async.parameter_sync_step={sync_step}",
+        "trainer.v1.sampler.max_off_policy_threshold=1",
+        "algorithm.rollout_correction.rollout_is=token",
+    ]
 
 
 def pin(pid: int, core: int) -> None:
@@ -103,15 +113,19 @@ def run_one(recipe: str, seed: int, mode: str, root: Path, pin_cores: bool, over
     out_dir.mkdir(parents=True)
     extra = [*overrides, *(one_step_off_overrides(recipe) if mode != "sync" else [])]
     # the launcher's Python: the caller's choice, else the one running this script (a worktree has no .venv)
-    env = dict(os.environ, OMP_NUM_THREADS="2" if mode == "sync" else "1",
-               VERL_NPU_PYTHON=os.environ.get("VERL_NPU_PYTHON", sys.executable))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="2" if mode == "sync" else "1",
+        VERL_NPU_PYTHON=os.environ.get("VERL_NPU_PYTHON", sys.executable),
+    )
     load_before = os.getloadavg()[0]
     log_path = out_dir / "bench_output.log"
     start = time.time()
     pinned = False
     with log_path.open("w") as log:
-        proc = subprocess.Popen(demo_learning.command(seed, out_dir, extra), cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            demo_learning.command(seed, out_dir, extra), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         while proc.poll() is None:
             time.sleep(0.2)
             if pin_cores and mode != "sync" and not pinned and PIDS_MARK in log_path.read_text():
@@ -123,16 +137,28 @@ def run_one(recipe: str, seed: int, mode: str, root: Path, pin_cores: bool, over
     wall = time.time() - start
     if proc.returncode != 0:
         raise SystemExit(f"{recipe} seed {seed} {mode}: the run failed (exit {proc.returncode}); see {log_path}")
-    result = {"recipe": recipe, "seed": seed, "mode": mode, "wall": wall, "pinned": pinned,
-              "load": [load_before, os.getloadavg()[0]], "overrides": extra}
+    result = {
+        "recipe": recipe,
+        "seed": seed,
+        "mode": mode,
+        "wall": wall,
+        "pinned": pinned,
+        "load": [load_before, os.getloadavg()[0]],
+        "overrides": extra,
+    }
     (out_dir / RESULT).write_text(json.dumps(result) + "\n")
     return read_run(out_dir)
 
 
 def read_run(out_dir: Path) -> dict:
     result = json.loads((out_dir / RESULT).read_text())
-    result.update({k: v for k, v in demo_learning.read_run(_as_demo_run(out_dir, result)).items()
-                   if k in ("scores", "first", "last", "val", "step_s", "steps")})
+    result.update(
+        {
+            k: v
+            for k, v in demo_learning.read_run(_as_demo_run(out_dir, result)).items()
+            if k in ("scores", "first", "last", "val", "step_s", "steps")
+        }
+    )
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train = [r for r in rows if r.get("critic/score/mean") is not None]
     result["step_times"] = [r.get("timing_s/step", 0.0) for r in train]
@@ -154,9 +180,9 @@ def time_to_reach(run: dict, target: float) -> float | None:
     scores, times = run["scores"], run["step_times"]
     startup = run["wall"] - sum(times)
     for i in range(len(scores)):
-        window = scores[max(0, i - 9):i + 1]
+        window = scores[max(0, i - 9) : i + 1]
         if i >= 9 and sum(window) / len(window) >= target:
-            return startup + sum(times[:i + 1])
+            return startup + sum(times[: i + 1])
     return None
 
 
@@ -170,7 +196,8 @@ def report(results: list[dict], argv: list[str]) -> tuple[list[str], bool]:
     for r in results:
         pairs.setdefault((r["recipe"], r["seed"]), {})[r["mode"]] = r
     lines = [
-        "# CPU demos: one-step-off (separate_async, k=1) against sync", "",
+        "# CPU demos: one-step-off (separate_async, k=1) against sync",
+        "",
         f"Recorded {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `python bench/async_demos.py"
         f"{' ' + ' '.join(argv) if argv else ''}` on {os.cpu_count()} CPU cores ({platform.machine()}), Python "
         f"{platform.python_version()}. sync: `OMP_NUM_THREADS=2`, one process. one-step-off: `OMP_NUM_THREADS=1`, "
@@ -178,7 +205,8 @@ def report(results: list[dict], argv: list[str]) -> tuple[list[str], bool]:
         "`reaches sync final`: seconds until the run's 10-step moving mean reward first reaches the sync run's "
         "last-10 mean (start-up included); the goal is one-step-off at most "
         f"{SPEED_GOAL} x the sync run's wall time. The load average (1 minute, before / after) shows other work on "
-        "the machine: timings taken on a busy machine are not the benchmark's answer.", "",
+        "the machine: timings taken on a busy machine are not the benchmark's answer.",
+        "",
         "| demo | seed | mode | first-10 reward | last-10 reward | final validation accuracy | wall time | "
         "mean step | reaches sync final | / sync wall | trainer idle | rollout idle | pinned | load before / after |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -192,26 +220,35 @@ def report(results: list[dict], argv: list[str]) -> tuple[list[str], bool]:
                 continue
             reach = time_to_reach(r, sync["last"]) if sync else None
             share = f"{reach / sync['wall']:.2f}" if reach is not None and sync else "n/a"
-            idle = [f"{r[k]:.2f}" if r.get(k) is not None else "" for k in ("trainer/idle_ratio",
-                                                                             "rollouter/idle_ratio")]
+            idle = [
+                f"{r[k]:.2f}" if r.get(k) is not None else "" for k in ("trainer/idle_ratio", "rollouter/idle_ratio")
+            ]
             acc = accuracy(r)
-            lines.append(f"| {recipe} | {seed} | {mode} | {r['first']:.3f} | {r['last']:.3f} | "
-                         f"{acc if acc is None else f'{acc:.3f}'} | {r['wall']:.0f} s | {r['step_s']:.3f} s | "
-                         f"{'never' if reach is None else f'{reach:.0f} s'} | {share} | {idle[0]} | {idle[1]} | "
-                         f"{r['pinned']} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |")
+            lines.append(
+                f"| {recipe} | {seed} | {mode} | {r['first']:.3f} | {r['last']:.3f} | "
+                f"{acc if acc is None else f'{acc:.3f}'} | {r['wall']:.0f} s | {r['step_s']:.3f} s | "
+                f"{'never' if reach is None else f'{reach:.0f} s'} | {share} | {idle[0]} | {idle[1]} | "
+                f"{r['pinned']} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |"
+            )
         off = modes.get("one-step-off")
         if sync and off:
             name = f"{recipe} seed {seed}"
             checks[f"{name}: last-10 within {LEARN_MARGIN} of sync"] = off["last"] >= sync["last"] - LEARN_MARGIN
             sync_acc, off_acc = accuracy(sync), accuracy(off)
             checks[f"{name}: validation accuracy within {LEARN_MARGIN} of sync"] = (
-                sync_acc is not None and off_acc is not None and off_acc >= sync_acc - LEARN_MARGIN)
+                sync_acc is not None and off_acc is not None and off_acc >= sync_acc - LEARN_MARGIN
+            )
             reach = time_to_reach(off, sync["last"])
             checks[f"{name}: reaches sync's final reward in <= {SPEED_GOAL} x sync wall"] = (
-                reach is not None and reach <= SPEED_GOAL * sync["wall"])
+                reach is not None and reach <= SPEED_GOAL * sync["wall"]
+            )
     failed = [n for n, ok in checks.items() if not ok]
-    lines += ["", f"Checks: {len(checks) - len(failed)} of {len(checks)} pass" +
-              ("." if not failed else "; FAILED: " + "; ".join(failed)), ""]
+    lines += [
+        "",
+        f"Checks: {len(checks) - len(failed)} of {len(checks)} pass"
+        + ("." if not failed else "; FAILED: " + "; ".join(failed)),
+        "",
+    ]
     return lines, not failed
 
 
@@ -229,12 +266,17 @@ def main() -> int:
     parser.add_argument("--switch", type=float, default=0.05, help="--model: C / T")
     parser.add_argument("--sync", type=float, default=0.01, help="--model: (R + W) / T")
     parser.add_argument("--devices", type=int, default=16, help="--model: devices in all")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of both modes' runs (a shorter smoke run: "
-                        "trainer.total_training_steps=20 trainer.test_freq=10)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="key=value overrides of both modes' runs (a shorter smoke run: "
+        "trainer.total_training_steps=20 trainer.test_freq=10)",
+    )
     args = parser.parse_args()
     if args.model:
-        print("\n".join(model_table([(g, t, args.switch) for g, t in zip(args.gen, args.tail)], args.sync,
-                                    args.devices)))
+        print(
+            "\n".join(model_table([(g, t, args.switch) for g, t in zip(args.gen, args.tail)], args.sync, args.devices))
+        )
         return 0
     root = Path(args.output_dir)
     recipes = [r for r in args.recipes.split(",") if r]

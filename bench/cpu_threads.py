@@ -36,25 +36,40 @@ REPO = Path(__file__).resolve().parents[1]
 def torch_default_threads(cpus: str) -> int:
     """torch's intra-op thread count in a fresh process pinned to `cpus` with no thread variables."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    out = subprocess.run(["taskset", "-c", cpus, sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-                         capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        ["taskset", "-c", cpus, sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     return int(out.stdout.strip())
 
 
 def start_busy(cpus: str) -> list[subprocess.Popen]:
     """One busy-loop process per core of `cpus`, pinned to it: the competing CPU-bound job."""
-    return [subprocess.Popen(["taskset", "-c", cpu, sys.executable, "-c", "while True: pass"])
-            for cpu in cpus.split(",")]
+    return [
+        subprocess.Popen(["taskset", "-c", cpu, sys.executable, "-c", "while True: pass"]) for cpu in cpus.split(",")
+    ]
 
 
 def run_once(cpus: str, policy: str, busy: bool, steps: int, workdir: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                                            "OMP_WAIT_POLICY", "KMP_BLOCKTIME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME")
+    }
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     out = Path(tempfile.mkdtemp(prefix=f"run_{policy}_", dir=workdir))
-    overrides = [f"af_output_dir={out}", f"trainer.total_training_steps={steps}", "trainer.test_freq=-1",
-                 "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.logger=[console]",
-                 "trainer.resume_mode=disable"]
+    overrides = [
+        f"af_output_dir={out}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=-1",
+        "trainer.logger=[console]",
+        "trainer.resume_mode=disable",
+    ]
     threads = None
     if policy == "old":
         threads = torch_default_threads(cpus)
@@ -64,8 +79,14 @@ def run_once(cpus: str, policy: str, busy: bool, steps: int, workdir: Path) -> d
     competitors = start_busy(cpus) if busy else []
     start = time.monotonic()
     try:
-        proc = subprocess.run(["taskset", "-c", cpus, sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k",
-                               *overrides], cwd=workdir, env=env, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            ["taskset", "-c", cpus, sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *overrides],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
     finally:
         for p in competitors:
             p.kill()
@@ -75,25 +96,39 @@ def run_once(cpus: str, policy: str, busy: bool, steps: int, workdir: Path) -> d
         raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     step_s = [r["timing_s/step"] for r in rows if r.get("step", 0) > 2 and "timing_s/step" in r]
-    policy_line = next((line.split("cpu threads: ", 1)[1] for line in proc.stderr.splitlines()
-                        if "INFO cpu threads: " in line), "")
-    return {"cores": cpus, "policy": policy, "condition": "busy" if busy else "alone", "steps": steps,
-            "median_step_s": statistics.median(step_s), "steps_per_s": 1 / statistics.median(step_s),
-            "wall_s": round(wall, 1), "loadavg_before": [round(x, 2) for x in load],
-            "torch_default_threads": threads, "verl_npu_policy": policy_line}
+    policy_line = next(
+        (line.split("cpu threads: ", 1)[1] for line in proc.stderr.splitlines() if "INFO cpu threads: " in line), ""
+    )
+    return {
+        "cores": cpus,
+        "policy": policy,
+        "condition": "busy" if busy else "alone",
+        "steps": steps,
+        "median_step_s": statistics.median(step_s),
+        "steps_per_s": 1 / statistics.median(step_s),
+        "wall_s": round(wall, 1),
+        "loadavg_before": [round(x, 2) for x in load],
+        "torch_default_threads": threads,
+        "verl_npu_policy": policy_line,
+    }
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| cores | policy | alone: steps/s | beside a busy loop per core: steps/s | slowdown | load (1 min) "
-             "alone / busy |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| cores | policy | alone: steps/s | beside a busy loop per core: steps/s | slowdown | load (1 min) "
+        "alone / busy |",
+        "|---|---|---|---|---|---|",
+    ]
     keyed = {(r["cores"], r["policy"], r["condition"]): r for r in results}  # the last run of each wins
     for cores, policy in dict.fromkeys((r["cores"], r["policy"]) for r in results):
         alone, busy = keyed.get((cores, policy, "alone")), keyed.get((cores, policy, "busy"))
         if not alone or not busy:
             continue
-        lines.append(f"| {len(cores.split(','))} ({cores}) | {policy} | {alone['steps_per_s']:.2f} | "
-                     f"{busy['steps_per_s']:.2f} | {alone['steps_per_s'] / busy['steps_per_s']:.1f}x | "
-                     f"{alone['loadavg_before'][0]} / {busy['loadavg_before'][0]} |")
+        lines.append(
+            f"| {len(cores.split(','))} ({cores}) | {policy} | {alone['steps_per_s']:.2f} | "
+            f"{busy['steps_per_s']:.2f} | {alone['steps_per_s'] / busy['steps_per_s']:.1f}x | "
+            f"{alone['loadavg_before'][0]} / {busy['loadavg_before'][0]} |"
+        )
     return "\n".join(lines)
 
 

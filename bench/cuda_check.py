@@ -68,79 +68,157 @@ from cuda_check_report import headline, markdown, write_results  # noqa: E402  (
 sys.modules.setdefault("cuda_check", sys.modules[__name__])
 
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-TAIL_LINES = 40    # of a failed check's output, in cuda_check.json / .md
-LOG_LINES = 400    # in cuda_check_failures.log
+TAIL_LINES = 40  # of a failed check's output, in cuda_check.json / .md
+LOG_LINES = 400  # in cuda_check_failures.log
 
 
 # ------------------------------------------------------------------------------------------------ the checks
 @dataclass(frozen=True)
 class Check:
     name: str
-    fn: str            # the function of this module that runs it (in its own process)
-    timeout: int       # seconds, on the GPU machine (the CPU gets SLOWER times as much)
-    quick: bool        # part of --quick
-    asserts: str       # what it asserts, for --list and the table
+    fn: str  # the function of this module that runs it (in its own process)
+    timeout: int  # seconds, on the GPU machine (the CPU gets SLOWER times as much)
+    quick: bool  # part of --quick
+    asserts: str  # what it asserts, for --list and the table
     args: tuple = ()
 
 
-SLOWER = 4   # CPU timeouts: this many times the GPU ones
-MIN_START = 20   # seconds: a check is not started with less of the --budget left
+SLOWER = 4  # CPU timeouts: this many times the GPU ones
+MIN_START = 20  # seconds: a check is not started with less of the --budget left
 
 GAE = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=8"]
 KL = [f"{A}.use_kl_loss=true", f"{A}.kl_loss_coef=0.01"]
-LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
-        "actor_rollout_ref.model.target_modules=all-linear"]
+LORA = [
+    "actor_rollout_ref.model.lora_rank=8",
+    "actor_rollout_ref.model.lora_alpha=16",
+    "actor_rollout_ref.model.target_modules=all-linear",
+]
 OFFLOAD = [f"{A}.fsdp_config.param_offload=true", f"{A}.fsdp_config.optimizer_offload=true"]
 DYN = [f"{A}.use_dynamic_bsz=true", f"{A}.ppo_max_token_len_per_gpu=1024"]
 CKPT = ["actor_rollout_ref.model.enable_gradient_checkpointing=true"]
 # memory_grid.py configurations measured on the device (with checkpointing: text-mid-rmpad-ckpt, vl-mid-ckpt-kl,
 # text-100m: a model whose weights, not the allocator's fixed costs, make the peak)
-MEMORY_CONFIGS = ("text-mid", "text-mid-critic", "text-mid-lora", "text-mid-rmpad-ckpt", "vl-mid-ckpt-kl",
-                  "text-100m")
+MEMORY_CONFIGS = ("text-mid", "text-mid-critic", "text-mid-lora", "text-mid-rmpad-ckpt", "vl-mid-ckpt-kl", "text-100m")
 MEMORY_QUICK = ("text-mid", "vl-mid-ckpt-kl")
 
 FINITE = "2 steps, every metric finite"
 CHECKS = [
-    Check("env", "check_env", 120, True, "the device detected for trainer.device null and cuda is cuda, backend "
-          "nccl, CUDA_VISIBLE_DEVICES, bf16 compute; varlen kernel flash_attn when it imports, else sdpa_sequences"),
-    Check("validate", "check_validate", 240, True, "every tiny recipe validates on the device; no recipe's "
-          "validation (accelerator recipes as shipped and with hub ids) ends in a traceback"),
-    Check("text-resume", "check_text_resume", 300, True, "tiny_gsm8k 4 steps then resumed to 6: steps 1-6 once "
-          "each, the second run starts at 5 from global_step_4, verl's checkpoint layout, metrics finite, "
-          "actor weights fp32 on the device"),
-    Check("parity", "cuda_check_more:check_parity", 180, True, "log-prob / entropy max |diff| vs CPU fp32: device fp32 <= 1e-3, "
-          "bf16 <= 0.25, padded and padding-free"),
-    Check("vl-rmpad", "check_run", 240, True, "tiny_geo3k padding-free, 4 steps, metrics finite",
-          ("tiny_geo3k", 4, ())),
-    Check("vl-padded", "check_run", 240, False, "tiny_geo3k use_remove_padding=false, " + FINITE,
-          ("tiny_geo3k", 2, ("actor_rollout_ref.model.use_remove_padding=false",))),
-    Check("gae", "check_run", 240, False, "GAE with a critic: " + FINITE + ", critic/vf_loss logged",
-          ("tiny_gsm8k", 2, tuple(GAE))),
-    Check("kl-ref", "check_run", 240, True, "KL loss with a reference model: " + FINITE + ", actor/kl_loss logged",
-          ("tiny_gsm8k", 2, tuple(KL))),
+    Check(
+        "env",
+        "check_env",
+        120,
+        True,
+        "the device detected for trainer.device null and cuda is cuda, backend "
+        "nccl, CUDA_VISIBLE_DEVICES, bf16 compute; varlen kernel flash_attn when it imports, else sdpa_sequences",
+    ),
+    Check(
+        "validate",
+        "check_validate",
+        240,
+        True,
+        "every tiny recipe validates on the device; no recipe's "
+        "validation (accelerator recipes as shipped and with hub ids) ends in a traceback",
+    ),
+    Check(
+        "text-resume",
+        "check_text_resume",
+        300,
+        True,
+        "tiny_gsm8k 4 steps then resumed to 6: steps 1-6 once "
+        "each, the second run starts at 5 from global_step_4, verl's checkpoint layout, metrics finite, "
+        "actor weights fp32 on the device",
+    ),
+    Check(
+        "parity",
+        "cuda_check_more:check_parity",
+        180,
+        True,
+        "log-prob / entropy max |diff| vs CPU fp32: device fp32 <= 1e-3, bf16 <= 0.25, padded and padding-free",
+    ),
+    Check(
+        "vl-rmpad", "check_run", 240, True, "tiny_geo3k padding-free, 4 steps, metrics finite", ("tiny_geo3k", 4, ())
+    ),
+    Check(
+        "vl-padded",
+        "check_run",
+        240,
+        False,
+        "tiny_geo3k use_remove_padding=false, " + FINITE,
+        ("tiny_geo3k", 2, ("actor_rollout_ref.model.use_remove_padding=false",)),
+    ),
+    Check(
+        "gae",
+        "check_run",
+        240,
+        False,
+        "GAE with a critic: " + FINITE + ", critic/vf_loss logged",
+        ("tiny_gsm8k", 2, tuple(GAE)),
+    ),
+    Check(
+        "kl-ref",
+        "check_run",
+        240,
+        True,
+        "KL loss with a reference model: " + FINITE + ", actor/kl_loss logged",
+        ("tiny_gsm8k", 2, tuple(KL)),
+    ),
     Check("lora", "check_run", 240, False, "LoRA rank 8: " + FINITE, ("tiny_gsm8k", 2, tuple(LORA))),
-    Check("offload", "check_run", 240, False, "param + optimizer offload: " + FINITE,
-          ("tiny_gsm8k", 2, tuple(OFFLOAD))),
-    Check("offload-vl", "check_run", 240, False, "tiny_geo3k (images) with param + optimizer offload: " + FINITE,
-          ("tiny_geo3k", 2, tuple(OFFLOAD))),
-    Check("multi-turn-offload", "check_run", 300, False, "tiny_tool_gsm8k with param + optimizer offload: " + FINITE,
-          ("tiny_tool_gsm8k", 2, tuple(OFFLOAD))),
+    Check(
+        "offload", "check_run", 240, False, "param + optimizer offload: " + FINITE, ("tiny_gsm8k", 2, tuple(OFFLOAD))
+    ),
+    Check(
+        "offload-vl",
+        "check_run",
+        240,
+        False,
+        "tiny_geo3k (images) with param + optimizer offload: " + FINITE,
+        ("tiny_geo3k", 2, tuple(OFFLOAD)),
+    ),
+    Check(
+        "multi-turn-offload",
+        "check_run",
+        300,
+        False,
+        "tiny_tool_gsm8k with param + optimizer offload: " + FINITE,
+        ("tiny_tool_gsm8k", 2, tuple(OFFLOAD)),
+    ),
     Check("dynamic-bsz", "check_run", 240, False, "use_dynamic_bsz: " + FINITE, ("tiny_gsm8k", 2, tuple(DYN))),
     Check("grad-ckpt", "check_run", 240, False, "gradient checkpointing: " + FINITE, ("tiny_gsm8k", 2, tuple(CKPT))),
-    Check("dapo", "check_run", 240, False, "tiny_geo3k_dapo (dynamic sampling, varied reward): " + FINITE,
-          ("tiny_geo3k_dapo", 2, ())),
-    Check("multi-turn", "check_run", 300, False, "tiny_tool_gsm8k (hf rollout, tool calls): " + FINITE,
-          ("tiny_tool_gsm8k", 2, ())),
-] + [Check(f"mem-{name}", "check_memory", 300, name in MEMORY_QUICK, "2 steps on the device; every worker call's "
-           "peak measured; planned vs measured per phase (reported, not asserted)", (name,))
-     for name in MEMORY_CONFIGS]
+    Check(
+        "dapo",
+        "check_run",
+        240,
+        False,
+        "tiny_geo3k_dapo (dynamic sampling, varied reward): " + FINITE,
+        ("tiny_geo3k_dapo", 2, ()),
+    ),
+    Check(
+        "multi-turn",
+        "check_run",
+        300,
+        False,
+        "tiny_tool_gsm8k (hf rollout, tool calls): " + FINITE,
+        ("tiny_tool_gsm8k", 2, ()),
+    ),
+] + [
+    Check(
+        f"mem-{name}",
+        "check_memory",
+        300,
+        name in MEMORY_QUICK,
+        "2 steps on the device; every worker call's "
+        "peak measured; planned vs measured per phase (reported, not asserted)",
+        (name,),
+    )
+    for name in MEMORY_CONFIGS
+]
 
 
 @dataclass
 class Context:
-    device: str        # "cuda" | "cpu"
-    work: Path         # models, data, runs
-    name: str = ""     # the check running
+    device: str  # "cuda" | "cpu"
+    work: Path  # models, data, runs
+    name: str = ""  # the check running
     # what a check found so far: reported with its error when an assertion fails after it
     found: dict = field(default_factory=dict)
 
@@ -148,47 +226,82 @@ class Context:
     def env(self) -> dict:
         """The environment of every process started: this repository first, the tiny models' cache, offline."""
         path = os.environ.get("PYTHONPATH")
-        return {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""),
-                "VERL_NPU_CACHE": str(self.work / "cache"), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                "OMP_NUM_THREADS": "1" if self.device == "cpu" else os.environ.get("OMP_NUM_THREADS", "4")}
+        return {
+            **os.environ,
+            "PYTHONPATH": str(REPO) + (os.pathsep + path if path else ""),
+            "VERL_NPU_CACHE": str(self.work / "cache"),
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "1" if self.device == "cpu" else os.environ.get("OMP_NUM_THREADS", "4"),
+        }
 
 
 # ------------------------------------------------------------------------------------------------ data and runs
 DEMO_RECIPES = ("tiny_gsm8k", "tiny_geo3k", "tiny_geo3k_dapo", "tiny_tool_gsm8k")
 # a reward that varies with the text: a random-init model's samples get different rewards, so every step
 # has a real policy gradient (the demo reward scores them all 0), and DAPO's dynamic sampling keeps groups
-VARIED_REWARD = ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                 "    return (len(solution_str) * 7 + sum(map(ord, solution_str))) % 5 / 4.0\n")
+VARIED_REWARD = (
+    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    "    return (len(solution_str) * 7 + sum(map(ord, solution_str))) % 5 / 4.0\n"
+)
 
 
 def small_overrides(ctx: Context, recipe: str, out: Path, steps: int) -> list[str]:
     """A small, fast run of a demo recipe on the device: 4 prompts x 4 samples, no validation."""
     data = ctx.work / "data" / recipe
-    args = [f"af_output_dir={out}", f"data.train_files={data / 'train.parquet'}",
-            f"data.val_files={data / 'test.parquet'}", f"trainer.device={ctx.device}", "trainer.n_gpus_per_node=1",
-            f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.val_before_train=false",
-            "trainer.logger=[console]", "trainer.save_freq=-1", "trainer.resume_mode=disable",
-            "data.train_batch_size=4", f"{R}.n=4", f"{A}.ppo_mini_batch_size=4", f"{A}.ppo_micro_batch_size_per_gpu=8",
-            f"{R}.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
-            f"custom_reward_function.path={ctx.work / 'varied_reward.py'}", "custom_reward_function.name=compute_score"]
+    args = [
+        f"af_output_dir={out}",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        f"trainer.device={ctx.device}",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.logger=[console]",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        "data.train_batch_size=4",
+        f"{R}.n=4",
+        f"{A}.ppo_mini_batch_size=4",
+        f"{A}.ppo_micro_batch_size_per_gpu=8",
+        f"{R}.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+        f"custom_reward_function.path={ctx.work / 'varied_reward.py'}",
+        "custom_reward_function.name=compute_score",
+    ]
     if recipe == "tiny_geo3k_dapo":
         args += ["data.gen_batch_size=8"]
     return args
 
 
-def train(ctx: Context, recipe: str, overrides: list[str], *, phases: bool = False, transfers: bool = False,
-          timeout: int = 600) -> dict:
+def train(
+    ctx: Context,
+    recipe: str,
+    overrides: list[str],
+    *,
+    phases: bool = False,
+    transfers: bool = False,
+    timeout: int = 600,
+) -> dict:
     """`verl-npu run RECIPE OVERRIDES` in a process of its own (`--train`): {"code", "output" (its
     stdout+stderr), "report" (what `_train_main` saw of the workers; with `transfers`, separate_async's
     weight transfers, `_watch_transfers`), "seconds"}."""
     spec = Path(tempfile.mkstemp(dir=ctx.work, prefix="train-", suffix=".json")[1])
     report = spec.with_suffix(".report.json")
-    spec.write_text(json.dumps({"recipe": recipe, "overrides": overrides, "phases": phases, "report": str(report),
-                                "transfers": transfers}))
+    spec.write_text(
+        json.dumps(
+            {"recipe": recipe, "overrides": overrides, "phases": phases, "report": str(report), "transfers": transfers}
+        )
+    )
     start = time.time()
     code, output = run_process([sys.executable, __file__, "--train", str(spec)], ctx.env, timeout)
-    out = {"code": code, "output": output, "seconds": round(time.time() - start, 1),
-           "report": json.loads(report.read_text()) if report.is_file() else {}}
+    out = {
+        "code": code,
+        "output": output,
+        "seconds": round(time.time() - start, 1),
+        "report": json.loads(report.read_text()) if report.is_file() else {},
+    }
     if code != 0:
         raise RuntimeError(f"verl-npu run {recipe} {' '.join(overrides)} exited {code}:\n" + tail(output))
     return out
@@ -197,8 +310,9 @@ def train(ctx: Context, recipe: str, overrides: list[str], *, phases: bool = Fal
 def run_process(argv: list[str], env: dict, timeout: float) -> tuple[int | None, str]:
     """(exit code, stdout + stderr) of `argv` run from the repository root; on timeout its whole
     process group (the training processes it started too) is killed and the code is None."""
-    proc = subprocess.Popen(argv, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
         return proc.returncode, output
@@ -232,6 +346,7 @@ def _train_main(spec_path: str) -> int:
             report.update(_describe_workers(workers))
             if after_fit is not None:
                 after_fit(workers)
+
         return run_training(rc, after_fit=inspect, device=device)
 
     entry.build_workers, entry.run_training = build, run
@@ -250,11 +365,11 @@ def _train_main(spec_path: str) -> int:
         code = cli.main(["run", spec["recipe"], "--demo-data", *spec["overrides"]])
     finally:
         entry.build_workers, entry.run_training = build_workers, run_training
-        report["torch_max_memory_allocated"] = (torch.cuda.max_memory_allocated() if torch.cuda.is_initialized()
-                                                else None)
+        report["torch_max_memory_allocated"] = (
+            torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None
+        )
         Path(spec["report"]).write_text(json.dumps(report))
     return code
-
 
 
 def _measure_phases(group, device, peaks: dict) -> None:
@@ -276,11 +391,14 @@ def _measure_phases(group, device, peaks: dict) -> None:
             out = _inner(method, *args, **kwargs)
             device.synchronize()
             mem = device.memory()
-            peaks[PHASES[method]] = {"peak_bytes": int(mem["peak_gb"] * 2**30), "start_bytes": int(start * 2**30),
-                                     # the caching allocator's peak: what the device really had to hold
-                                     "reserved_peak_bytes": (device.torch_module.max_memory_reserved()
-                                                             if device.is_accelerator else None)}
+            peaks[PHASES[method]] = {
+                "peak_bytes": int(mem["peak_gb"] * 2**30),
+                "start_bytes": int(start * 2**30),
+                # the caching allocator's peak: what the device really had to hold
+                "reserved_peak_bytes": (device.torch_module.max_memory_reserved() if device.is_accelerator else None),
+            }
             return out
+
         setattr(group, meth, call)
 
 
@@ -297,11 +415,15 @@ def _describe_workers(group) -> dict:
             continue
         params = list(module.parameters())
         trainable = [p for p in params if p.requires_grad]
-        out[role] = {"param_dtypes": sorted({str(p.dtype) for p in params}),
-                     "trainable_dtypes": sorted({str(p.dtype) for p in trainable}),
-                     "param_devices": sorted({p.device.type for p in params}),
-                     "compute_dtype": str(engine.compute_dtype), "mixed_precision": _mixed_precision(engine),
-                     "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable)}
+        out[role] = {
+            "param_dtypes": sorted({str(p.dtype) for p in params}),
+            "trainable_dtypes": sorted({str(p.dtype) for p in trainable}),
+            "param_devices": sorted({p.device.type for p in params}),
+            "compute_dtype": str(engine.compute_dtype),
+            "mixed_precision": _mixed_precision(engine),
+            "params": sum(p.numel() for p in params),
+            "trainable": sum(p.numel() for p in trainable),
+        }
         ref = getattr(getattr(worker, "ref", None), "module", None)
         if ref is not None:
             out[role]["ref_param_dtypes"] = sorted({str(p.dtype) for p in ref.parameters()})
@@ -329,8 +451,7 @@ def training_rows(out: Path) -> list[dict]:
 
 def assert_finite(rows: list[dict]) -> None:
     """Every metric finite, and the actor had a gradient to train on (grad norm > 0 at some step)."""
-    bad = [(r["step"], k, v) for r in rows for k, v in r.items()
-           if isinstance(v, float) and not math.isfinite(v)]
+    bad = [(r["step"], k, v) for r in rows for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)]
     assert not bad, f"metrics not finite: {bad[:10]}"
     norms = [r.get("actor/grad_norm") for r in rows]
     assert any(n for n in norms), f"actor/grad_norm {norms}: no step trained on a gradient"
@@ -342,11 +463,23 @@ def run_numbers(rows: list[dict], report: dict, seconds: float) -> dict:
     times = [r["timing_s/step"] for r in rows if "timing_s/step" in r]
     later = times[1:] or times
     last = rows[-1] if rows else {}
-    keys = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/kl_loss",
-            "critic/vf_loss", "response_length/mean")
-    return {"steps": [r["step"] for r in rows], "timing_s/step": round(sum(later) / len(later), 3) if later else None,
-            "wall_s": seconds, **{k: last[k] for k in keys if k in last}, "actor": report.get("actor"),
-            "notes": report.get("notes", [])}
+    keys = (
+        "critic/score/mean",
+        "actor/pg_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/kl_loss",
+        "critic/vf_loss",
+        "response_length/mean",
+    )
+    return {
+        "steps": [r["step"] for r in rows],
+        "timing_s/step": round(sum(later) / len(later), 3) if later else None,
+        "wall_s": seconds,
+        **{k: last[k] for k in keys if k in last},
+        "actor": report.get("actor"),
+        "notes": report.get("notes", []),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ check bodies
@@ -373,9 +506,27 @@ def check_setup(ctx: Context, memory_configs: list[str]) -> dict:
 
 
 # the modules of pyproject.toml's dependencies
-DEPENDENCIES = ("torch", "torchvision", "transformers", "peft", "tokenizers", "omegaconf", "yaml", "ray", "pyarrow",
-                "pandas", "numpy", "PIL", "qwen_vl_utils", "mathruler", "pylatexenc", "tensorboard", "safetensors",
-                "tqdm", "matplotlib")
+DEPENDENCIES = (
+    "torch",
+    "torchvision",
+    "transformers",
+    "peft",
+    "tokenizers",
+    "omegaconf",
+    "yaml",
+    "ray",
+    "pyarrow",
+    "pandas",
+    "numpy",
+    "PIL",
+    "qwen_vl_utils",
+    "mathruler",
+    "pylatexenc",
+    "tensorboard",
+    "safetensors",
+    "tqdm",
+    "matplotlib",
+)
 
 
 def check_env(ctx: Context) -> dict:
@@ -385,32 +536,51 @@ def check_env(ctx: Context) -> dict:
     from verl_npu.device import detect_device, varlen_attention_kernel
 
     out = ctx.found
-    out.update({"torch": torch.__version__, "transformers": transformers.__version__,
-           "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-           "flash_attn_installed": importlib.util.find_spec("flash_attn") is not None,
-           "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "missing_dependencies": [m for m in DEPENDENCIES if importlib.util.find_spec(m) is None]})
+    out.update(
+        {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "cuda_build": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(),
+            "flash_attn_installed": importlib.util.find_spec("flash_attn") is not None,
+            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "missing_dependencies": [m for m in DEPENDENCIES if importlib.util.find_spec(m) is None],
+        }
+    )
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        out.update(gpu=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)),
-                   gpu_memory_gib=round(props.total_memory / 2**30, 1), gpus=torch.cuda.device_count(),
-                   bf16=torch.cuda.is_bf16_supported(), nccl_available=torch.distributed.is_nccl_available())
+        out.update(
+            gpu=torch.cuda.get_device_name(0),
+            capability=list(torch.cuda.get_device_capability(0)),
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            gpus=torch.cuda.device_count(),
+            bf16=torch.cuda.is_bf16_supported(),
+            nccl_available=torch.distributed.is_nccl_available(),
+        )
     detected = out["detected"] = {}
-    for requested in ((None, "cuda") if ctx.device == "cuda" else (None, "cpu")):
+    for requested in (None, "cuda") if ctx.device == "cuda" else (None, "cpu"):
         try:
             info = detect_device(requested)
-            detected[str(requested)] = {"kind": info.kind, "backend": info.dist_backend,
-                                        "visible_devices_env": info.visible_devices_env, "count": info.count(),
-                                        "describe": info.describe(), "compute_dtype": str(info.train_dtype()),
-                                        "attn_implementation": info.attn_implementation(),
-                                        "memory_gb": {k: round(v, 2) for k, v in info.memory().items()}}
+            detected[str(requested)] = {
+                "kind": info.kind,
+                "backend": info.dist_backend,
+                "visible_devices_env": info.visible_devices_env,
+                "count": info.count(),
+                "describe": info.describe(),
+                "compute_dtype": str(info.train_dtype()),
+                "attn_implementation": info.attn_implementation(),
+                "memory_gb": {k: round(v, 2) for k, v in info.memory().items()},
+            }
         except Exception as exc:  # noqa: BLE001 - recorded, then asserted below
             detected[str(requested)] = {"error": f"{type(exc).__name__}: {exc}"}
     out["varlen_kernel"] = varlen_attention_kernel(ctx.device)
     expected = "flash_attn" if ctx.device == "cuda" and out["flash_attn_installed"] else "sdpa_sequences"
     assert out["varlen_kernel"] == expected, f"varlen kernel {out['varlen_kernel']}, expected {expected}"
-    want = {"kind": ctx.device, "backend": "nccl" if ctx.device == "cuda" else "gloo",
-            "visible_devices_env": "CUDA_VISIBLE_DEVICES" if ctx.device == "cuda" else None}
+    want = {
+        "kind": ctx.device,
+        "backend": "nccl" if ctx.device == "cuda" else "gloo",
+        "visible_devices_env": "CUDA_VISIBLE_DEVICES" if ctx.device == "cuda" else None,
+    }
     for requested, info in detected.items():
         got = {k: info.get(k) for k in want}
         assert got == want, f"trainer.device={requested}: detected {got}, expected {want}"
@@ -431,17 +601,28 @@ def check_validate(ctx: Context) -> dict:
     import yaml
 
     def validate(name: str, overrides: list[str]) -> dict:
-        done = subprocess.run([sys.executable, "-m", "verl_npu.cli", "validate", name, *overrides], env=ctx.env,
-                              cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "verl_npu.cli", "validate", name, *overrides],
+            env=ctx.env,
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+        )
         lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
         problems = [ln[2:].split(":")[0] for ln in lines if ln.startswith("- ")]
         plan = [ln for ln in lines if ln.startswith("memory plan:")]
         if done.returncode == 0:
             summary = plan[-1] if plan else (lines[-1] if lines else "")
         else:
-            summary = (f"{len(problems)} problem(s): {', '.join(problems)}" if problems else " / ".join(lines[-3:]))
-        return {"rc": done.returncode, "traceback": "Traceback" in done.stdout, "summary": summary,
-                "output_tail": tail(done.stdout, 12)}
+            summary = f"{len(problems)} problem(s): {', '.join(problems)}" if problems else " / ".join(lines[-3:])
+        return {
+            "rc": done.returncode,
+            "traceback": "Traceback" in done.stdout,
+            "summary": summary,
+            "output_tail": tail(done.stdout, 12),
+        }
 
     jobs = {}
     for path in sorted((REPO / "recipes").glob("*.yaml")):
@@ -450,16 +631,22 @@ def check_validate(ctx: Context) -> dict:
             raw = yaml.safe_load(path.read_text())
             # a stages recipe's overrides name their stage (sft.trainer.device=..., rl.trainer.device=...)
             stages = [s["name"] for s in raw.get("stages", [])] if isinstance(raw, dict) else []
-            jobs[name] = [f"{stage}.trainer.device={ctx.device}" for stage in stages] or [f"trainer.device={ctx.device}"]
+            jobs[name] = [f"{stage}.trainer.device={ctx.device}" for stage in stages] or [
+                f"trainer.device={ctx.device}"
+            ]
         else:
             jobs[name + " (as shipped)"] = []
-            jobs[name + " (hub id)"] = [f"af_output_dir={ctx.work / 'runs' / name}",
-                                        "data.train_files=/data/train.parquet", "data.val_files=/data/test.parquet",
-                                        f"actor_rollout_ref.model.path={_hub_id(path.read_text())}",
-                                        f"trainer.device={ctx.device}"]
+            jobs[name + " (hub id)"] = [
+                f"af_output_dir={ctx.work / 'runs' / name}",
+                "data.train_files=/data/train.parquet",
+                "data.val_files=/data/test.parquet",
+                f"actor_rollout_ref.model.path={_hub_id(path.read_text())}",
+                f"trainer.device={ctx.device}",
+            ]
     with ThreadPoolExecutor(4) as pool:
-        results = ctx.found["recipes"] = dict(zip(jobs, pool.map(lambda kv: validate(kv[0].split(" ")[0], kv[1]),
-                                                                 jobs.items())))
+        results = ctx.found["recipes"] = dict(
+            zip(jobs, pool.map(lambda kv: validate(kv[0].split(" ")[0], kv[1]), jobs.items()))
+        )
     failed = [n for n, r in results.items() if n.startswith("tiny_") and r["rc"] != 0]
     tracebacks = [n for n, r in results.items() if r["traceback"]]
     assert not failed and not tracebacks, f"tiny recipes failing: {failed}; tracebacks: {tracebacks}"
@@ -475,35 +662,49 @@ def run_folder(ctx: Context) -> Path:
 
 def check_text_resume(ctx: Context) -> dict:
     out = run_folder(ctx)
-    args = [a for a in small_overrides(ctx, "tiny_gsm8k", out, 4) if not a.startswith(("trainer.save_freq",
-                                                                                       "trainer.resume_mode"))]
+    args = [
+        a
+        for a in small_overrides(ctx, "tiny_gsm8k", out, 4)
+        if not a.startswith(("trainer.save_freq", "trainer.resume_mode"))
+    ]
     first = train(ctx, "tiny_gsm8k", args + ["trainer.save_freq=2", "trainer.resume_mode=auto"])
     rows_first = training_rows(out)
     assert [r["step"] for r in rows_first] == [1, 2, 3, 4], f"first run steps {[r['step'] for r in rows_first]}"
     args6 = [a.replace("total_training_steps=4", "total_training_steps=6") for a in args]
     second = train(ctx, "tiny_gsm8k", args6 + ["trainer.save_freq=2", "trainer.resume_mode=auto"])
-    assert "resumed from" in second["output"] and "global_step_4" in second["output"], \
+    assert "resumed from" in second["output"] and "global_step_4" in second["output"], (
         "the second run did not say it resumed from global_step_4:\n" + tail(second["output"])
+    )
     rows = training_rows(out)
     steps = [r["step"] for r in rows]
     assert steps == [1, 2, 3, 4, 5, 6], f"metrics.jsonl steps {steps}"
     assert_finite(rows)
     ckpts = out / "checkpoints"
     assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
-    layout = sorted(str(p.relative_to(ckpts / "global_step_6")) for p in (ckpts / "global_step_6").rglob("*")
-                    if p.is_file())
+    layout = sorted(
+        str(p.relative_to(ckpts / "global_step_6")) for p in (ckpts / "global_step_6").rglob("*") if p.is_file()
+    )
     # verl's names (trainer_state.json is ours: verl's data.pt holds the same, pickled)
-    for needed in ("actor/huggingface/config.json", "actor/huggingface/model.safetensors", "trainer_state.json",
-                   "actor/model_world_size_1_rank_0.pt", "actor/optim_world_size_1_rank_0.pt",
-                   "actor/extra_state_world_size_1_rank_0.pt"):
+    for needed in (
+        "actor/huggingface/config.json",
+        "actor/huggingface/model.safetensors",
+        "trainer_state.json",
+        "actor/model_world_size_1_rank_0.pt",
+        "actor/optim_world_size_1_rank_0.pt",
+        "actor/extra_state_world_size_1_rank_0.pt",
+    ):
         assert needed in layout, f"global_step_6 lacks {needed}: {layout}"
     actor = second["report"].get("actor", {})
     if ctx.device == "cuda":
         assert actor.get("param_devices") == ["cuda"], f"actor parameters on {actor.get('param_devices')}"
         assert actor.get("trainable_dtypes") == ["torch.float32"], "fp32 master weights"
-    return {**run_numbers(rows[4:], second["report"], second["seconds"]), "first_run_s": first["seconds"],
-            "first_run_timing_s/step": run_numbers(rows_first, first["report"], 0)["timing_s/step"],
-            "checkpoints": sorted(p.name for p in ckpts.iterdir()), "global_step_6": layout}
+    return {
+        **run_numbers(rows[4:], second["report"], second["seconds"]),
+        "first_run_s": first["seconds"],
+        "first_run_timing_s/step": run_numbers(rows_first, first["report"], 0)["timing_s/step"],
+        "checkpoints": sorted(p.name for p in ckpts.iterdir()),
+        "global_step_6": layout,
+    }
 
 
 def check_run(ctx: Context, recipe: str, steps: int, extra: tuple) -> dict:
@@ -546,17 +747,27 @@ def check_memory(ctx: Context, name: str) -> dict:
     for phase, got in measured.items():
         want = planned.get(phase)
         peak = got["peak_bytes"]
-        phases[phase] = {"planned_mb": round(want / 1e6, 1) if want else None, "measured_mb": round(peak / 1e6, 1),
-                         "start_mb": round(got["start_bytes"] / 1e6, 1), "reserved_mb": _mb(got["reserved_peak_bytes"]),
-                         "error": round(want / peak - 1, 3) if want and peak else None}
+        phases[phase] = {
+            "planned_mb": round(want / 1e6, 1) if want else None,
+            "measured_mb": round(peak / 1e6, 1),
+            "start_mb": round(got["start_bytes"] / 1e6, 1),
+            "reserved_mb": _mb(got["reserved_peak_bytes"]),
+            "error": round(want / peak - 1, 3) if want and peak else None,
+        }
     expected = {memory_grid.PHASES[m] for m in ("generate_sequences", "update_actor")}
     assert expected <= set(phases), f"phases measured: {sorted(phases)}"
-    return {"params": size.params, "measured_kind": "max_memory_allocated" if device.is_accelerator else
-            "peak RSS (cpu: not what the plan predicts)", "planned_compute_bytes": 2 if accelerator else 4,
-            "phases": phases, "wall_s": done["seconds"], "actor": done["report"].get("actor"),
-            "plan_peak": plan.peak.name,
-            "run_max_memory_allocated_mb": _mb(done["report"]["torch_max_memory_allocated"])}
-
+    return {
+        "params": size.params,
+        "measured_kind": "max_memory_allocated"
+        if device.is_accelerator
+        else "peak RSS (cpu: not what the plan predicts)",
+        "planned_compute_bytes": 2 if accelerator else 4,
+        "phases": phases,
+        "wall_s": done["seconds"],
+        "actor": done["report"].get("actor"),
+        "plan_peak": plan.peak.name,
+        "run_max_memory_allocated_mb": _mb(done["report"]["torch_max_memory_allocated"]),
+    }
 
 
 def _mb(value: int | None) -> float | None:
@@ -577,7 +788,9 @@ def _check_main(name: str, device: str, work: str, memory_configs: list[str]) ->
         else:
             check = next(c for c in CHECKS if c.name == name)
             module, _, fn = check.fn.rpartition(":")
-            numbers = getattr(importlib.import_module(module) if module else sys.modules[__name__], fn)(ctx, *check.args)
+            numbers = getattr(importlib.import_module(module) if module else sys.modules[__name__], fn)(
+                ctx, *check.args
+            )
     except BaseException:
         traceback.print_exc()
         print("\nFOUND " + json.dumps(ctx.found, default=str))
@@ -588,36 +801,47 @@ def _check_main(name: str, device: str, work: str, memory_configs: list[str]) ->
 
 def run_check(name: str, timeout: float, ctx: Context, extra: tuple = ()) -> dict:
     start = time.time()
-    code, output = run_process([sys.executable, __file__, "--check", name, "--device", ctx.device,
-                                "--work", str(ctx.work), *extra], ctx.env, timeout)
+    code, output = run_process(
+        [sys.executable, __file__, "--check", name, "--device", ctx.device, "--work", str(ctx.work), *extra],
+        ctx.env,
+        timeout,
+    )
     result = {"name": name, "ok": False, "numbers": {}, "seconds": round(time.time() - start, 1), "error": ""}
     lines = output.splitlines()
     last = [ln for ln in lines if ln.startswith("RESULT ")]
     if code == 0 and last:
-        result.update(ok=True, numbers=json.loads(last[-1][len("RESULT "):]))
+        result.update(ok=True, numbers=json.loads(last[-1][len("RESULT ") :]))
     else:
         found = [ln for ln in lines if ln.startswith("FOUND ")]
         text = "\n".join(ln for ln in lines if not ln.startswith("FOUND "))
-        result.update(numbers=json.loads(found[-1][len("FOUND "):]) if found else {}, error=tail(text),
-                      log=tail(text, LOG_LINES))
+        result.update(
+            numbers=json.loads(found[-1][len("FOUND ") :]) if found else {}, error=tail(text), log=tail(text, LOG_LINES)
+        )
     return result
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[1:]),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="\n".join(__doc__.splitlines()[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", default="cuda_check_out", help="results folder (default ./cuda_check_out)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the checks run (default cuda)")
     parser.add_argument("--quick", action="store_true", help="a smaller subset (the checks marked quick in --list)")
     parser.add_argument("--jobs", type=int, help="checks run at once (default 3 on cuda, 1 on cpu)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these checks only (names from --list)")
     parser.add_argument("--work", help="folder for models, data and runs (default: a new temporary folder)")
-    parser.add_argument("--budget", type=int, help="seconds for everything (default 280 on cuda, none on cpu): "
-                        "each check's timeout is cut to what is left, and one is not started with less than "
-                        f"{MIN_START} s left (recorded as skipped)")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        help="seconds for everything (default 280 on cuda, none on cpu): "
+        "each check's timeout is cut to what is left, and one is not started with less than "
+        f"{MIN_START} s left (recorded as skipped)",
+    )
     parser.add_argument("--list", action="store_true", help="the checks and what each asserts")
     parser.add_argument("--check", help=argparse.SUPPRESS)
-    parser.add_argument("--memory-configs", default="", help=argparse.SUPPRESS)   # setup: what to build
+    parser.add_argument("--memory-configs", default="", help=argparse.SUPPRESS)  # setup: what to build
     parser.add_argument("--train", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.train:
@@ -640,23 +864,38 @@ def main() -> int:
     out = Path(args.out)
     scale = 1 if args.device == "cuda" else SLOWER
     started = time.time()
-    meta = {"device": args.device, "quick": args.quick, "jobs": jobs, "work": str(work), "argv": sys.argv[1:],
-            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "seconds": 0}
+    meta = {
+        "device": args.device,
+        "quick": args.quick,
+        "jobs": jobs,
+        "work": str(work),
+        "argv": sys.argv[1:],
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "seconds": 0,
+    }
     print(f"[cuda_check] work folder {work}; results to {out}", flush=True)
     memory = ",".join(c.args[0] for c in checks if c.fn == "check_memory")
     results = [run_check("setup", min(300 * scale, budget or math.inf), ctx, ("--memory-configs", memory))]
     print(f"[cuda_check] setup: {'ok' if results[0]['ok'] else 'FAILED'} ({results[0]['seconds']} s)", flush=True)
-    order = checks   # in the list's order, the most telling first: a spent --budget skips the last ones
+    order = checks  # in the list's order, the most telling first: a spent --budget skips the last ones
 
     def one(check: Check) -> dict:
         left = math.inf if budget is None else budget - (time.time() - started)
         if left < MIN_START:
-            result = {"name": check.name, "ok": False, "numbers": {}, "seconds": 0,
-                      "error": f"skipped: less than {MIN_START} s of the --budget of {budget} s was left"}
+            result = {
+                "name": check.name,
+                "ok": False,
+                "numbers": {},
+                "seconds": 0,
+                "error": f"skipped: less than {MIN_START} s of the --budget of {budget} s was left",
+            }
         else:
             result = run_check(check.name, min(check.timeout * scale, left), ctx)
-        print(f"[cuda_check] {check.name}: {'ok' if result['ok'] else 'FAILED'} ({result['seconds']} s) "
-              f"{headline(result)[:300]}", flush=True)
+        print(
+            f"[cuda_check] {check.name}: {'ok' if result['ok'] else 'FAILED'} ({result['seconds']} s) "
+            f"{headline(result)[:300]}",
+            flush=True,
+        )
         return result
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
@@ -669,7 +908,7 @@ def main() -> int:
     meta.update(seconds=round(time.time() - started, 1), gpu=(env or {}).get("numbers", {}).get("gpu", ""))
     write_results(out, meta, results)
     ok = sum(r["ok"] for r in results)
-    print(markdown(meta, results).split("\n\n## ")[0])   # the tables, without the failures' tails
+    print(markdown(meta, results).split("\n\n## ")[0])  # the tables, without the failures' tails
     print(f"[cuda_check] {ok}/{len(results)} checks passed in {meta['seconds']} s: {out / 'cuda_check.md'}")
     return 0 if ok == len(results) else 1
 
@@ -688,6 +927,6 @@ CHECKS += ASYNC_CHECKS + MORE_CHECKS
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except Exception:   # the --check / --train processes: the traceback is the error tail the driver keeps
+    except Exception:  # the --check / --train processes: the traceback is the error tail the driver keeps
         traceback.print_exc()
         sys.exit(1)

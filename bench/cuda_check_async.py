@@ -27,19 +27,29 @@ def watch_transfers(transfers: list) -> None:
         push(self, version)
         ours = self.rollout_weights(self.workers.parameter_snapshot())
         theirs = self.rollout_snapshots()
-        transfers.append({"version": version, "trainer_digest": weights_digest(ours.items()),
-                          "rollout_digests": [weights_digest(t.items()) for t in theirs],
-                          "equal": [sorted(t) == sorted(ours) and all(torch.equal(t[n], ours[n]) for n in ours)
-                                    for t in theirs],
-                          "rollout_devices": list(self.rollout.devices), "backend": self.rollout.dist_backend})
+        transfers.append(
+            {
+                "version": version,
+                "trainer_digest": weights_digest(ours.items()),
+                "rollout_digests": [weights_digest(t.items()) for t in theirs],
+                "equal": [sorted(t) == sorted(ours) and all(torch.equal(t[n], ours[n]) for n in ours) for t in theirs],
+                "rollout_devices": list(self.rollout.devices),
+                "backend": self.rollout.dist_backend,
+            }
+        )
 
     async_ppo.AsyncPPOTrainer.push_weights = push_and_compare
 
 
 ASYNC_STEPS = 4
-ASYNC = ["trainer.v1.trainer_mode=separate_async", f"{R}.nnodes=1", f"{R}.n_gpus_per_node=1",
-         "trainer.v1.separate_async.parameter_sync_step=1", "trainer.v1.sampler.max_off_policy_threshold=1",
-         "algorithm.rollout_correction.rollout_is=token"]
+ASYNC = [
+    "trainer.v1.trainer_mode=separate_async",
+    f"{R}.nnodes=1",
+    f"{R}.n_gpus_per_node=1",
+    "trainer.v1.separate_async.parameter_sync_step=1",
+    "trainer.v1.sampler.max_off_policy_threshold=1",
+    "algorithm.rollout_correction.rollout_is=token",
+]
 
 
 def check_async(ctx: Context) -> dict:
@@ -62,13 +72,24 @@ def check_async(ctx: Context) -> dict:
     assert not stale, f"groups not generated one version before their update: {stale[:4]}"
     assert sorted(r["uid"] for r in records) == sorted({r["uid"] for r in records}), "a uid trained twice"
     found["nccl_one_device_probe"] = probe_collective_on_one_device(ctx.device)  # recorded, not asserted
-    keys = ("timing_s/gen", "timing_s/update_weights", "trainer/idle_ratio", "rollouter/idle_ratio",
-            "weight_transfer/bytes", "weight_transfer/send_seconds", "training/off_policy/trajectory_staleness/max")
+    keys = (
+        "timing_s/gen",
+        "timing_s/update_weights",
+        "trainer/idle_ratio",
+        "rollouter/idle_ratio",
+        "weight_transfer/bytes",
+        "weight_transfer/send_seconds",
+        "training/off_policy/trajectory_staleness/max",
+    )
     later = rows[1:]
-    return {**run_numbers(rows, done["report"], done["seconds"]), "backend": transfers[0]["backend"],
-            "rollout_devices": transfers[0]["rollout_devices"], "transfers_checked": len(transfers),
-            **{k: round(sum(r.get(k, 0.0) for r in later) / len(later), 4) for k in keys},
-            "nccl_one_device_probe": found["nccl_one_device_probe"]}
+    return {
+        **run_numbers(rows, done["report"], done["seconds"]),
+        "backend": transfers[0]["backend"],
+        "rollout_devices": transfers[0]["rollout_devices"],
+        "transfers_checked": len(transfers),
+        **{k: round(sum(r.get(k, 0.0) for r in later) / len(later), 4) for k in keys},
+        "nccl_one_device_probe": found["nccl_one_device_probe"],
+    }
 
 
 def probe_collective_on_one_device(device: str, timeout: float = 90.0) -> dict:
@@ -103,8 +124,11 @@ def probe_collective_on_one_device(device: str, timeout: float = 90.0) -> dict:
             if p.is_alive():
                 p.kill()
     errors = [t for t in got.values() if t != "ok"]
-    return {"backend": backend, "ok": got == {0: "ok", 1: "ok"},
-            "error": (errors[0][-600:] if errors else "" if len(got) == 2 else f"timed out after {timeout:.0f} s")}
+    return {
+        "backend": backend,
+        "ok": got == {0: "ok", 1: "ok"},
+        "error": (errors[0][-600:] if errors else "" if len(got) == 2 else f"timed out after {timeout:.0f} s"),
+    }
 
 
 def _probe_rank(rank: int, port: int, device: str, backend: str, results) -> None:
@@ -118,8 +142,9 @@ def _probe_rank(rank: int, port: int, device: str, backend: str, results) -> Non
         DeviceInfo(device).set_device(0)
         weights = {"w": torch.arange(2**18, dtype=torch.float32)}
         if rank == 0:
-            sender = WeightSender("collective", port=port, receivers=1, device_kind=device, dist_backend=backend,
-                                  timeout_s=60)
+            sender = WeightSender(
+                "collective", port=port, receivers=1, device_kind=device, dist_backend=backend, timeout_s=60
+            )
             sender.connect()
             sender.send(1, weights)
         else:
@@ -134,7 +159,13 @@ def _probe_rank(rank: int, port: int, device: str, backend: str, results) -> Non
 
 
 ASYNC_CHECKS = [
-    cc.Check("async", "cuda_check_async:check_async", 300, False, "separate_async one-step-off, 4 steps, rollout process on the "
-          "trainer's device: its weights equal the trainer's after every transfer (tensors, digests), staleness "
-          "exactly min(1, s-1), every uid once, metrics finite; nccl on one device probed (recorded)"),
+    cc.Check(
+        "async",
+        "cuda_check_async:check_async",
+        300,
+        False,
+        "separate_async one-step-off, 4 steps, rollout process on the "
+        "trainer's device: its weights equal the trainer's after every transfer (tensors, digests), staleness "
+        "exactly min(1, s-1), every uid once, metrics finite; nccl on one device probed (recorded)",
+    )
 ]

@@ -30,12 +30,23 @@ def measure(recipe: str, steps: int, workers: int, overrides: list[str]) -> dict
     from verl_npu.workers import ray_group
 
     out = Path(tempfile.mkdtemp(prefix="datapath_bytes_"))
-    rc = load_recipe(recipe, [
-        f"af_output_dir={out / 'run'}", f"data.train_files={out / 'data' / 'train.parquet'}",
-        f"data.val_files={out / 'data' / 'test.parquet'}", f"trainer.total_training_steps={steps}",
-        f"trainer.n_gpus_per_node={workers}", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.val_before_train=false", "trainer.logger=[console]", f"ray_init.num_cpus={workers}",
-        "trainer.resume_mode=disable", *overrides])
+    rc = load_recipe(
+        recipe,
+        [
+            f"af_output_dir={out / 'run'}",
+            f"data.train_files={out / 'data' / 'train.parquet'}",
+            f"data.val_files={out / 'data' / 'test.parquet'}",
+            f"trainer.total_training_steps={steps}",
+            f"trainer.n_gpus_per_node={workers}",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.val_before_train=false",
+            "trainer.logger=[console]",
+            f"ray_init.num_cpus={workers}",
+            "trainer.resume_mode=disable",
+            *overrides,
+        ],
+    )
     prepare_assets(rc, demo_data=True)
     check_paths(rc)
     sent: dict[str, int] = defaultdict(int)
@@ -56,8 +67,14 @@ def measure(recipe: str, steps: int, workers: int, overrides: list[str]) -> dict
             sys.exit("the run failed")
     finally:
         ray_group.RayWorkerGroup.scatter = real_scatter
-    return {method: {"calls_per_step": calls[method] / steps, "sent_bytes_per_step": sent[method] / steps,
-                     "returned_bytes_per_step": returned[method] / steps} for method in calls}
+    return {
+        method: {
+            "calls_per_step": calls[method] / steps,
+            "sent_bytes_per_step": sent[method] / steps,
+            "returned_bytes_per_step": returned[method] / steps,
+        }
+        for method in calls
+    }
 
 
 def main() -> None:
@@ -69,16 +86,21 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     per_call = measure(args.recipe, args.steps, args.workers, args.overrides)
-    print(f"{'worker call':<24} {'calls':>6} {'sent KiB':>10} {'returned KiB':>13}   (per step, {args.workers} workers)")
+    print(
+        f"{'worker call':<24} {'calls':>6} {'sent KiB':>10} {'returned KiB':>13}   (per step, {args.workers} workers)"
+    )
     for method, m in per_call.items():
-        print(f"{method:<24} {m['calls_per_step']:>6.1f} {m['sent_bytes_per_step'] / 1024:>10.1f} "
-              f"{m['returned_bytes_per_step'] / 1024:>13.1f}")
+        print(
+            f"{method:<24} {m['calls_per_step']:>6.1f} {m['sent_bytes_per_step'] / 1024:>10.1f} "
+            f"{m['returned_bytes_per_step'] / 1024:>13.1f}"
+        )
     total_sent = sum(m["sent_bytes_per_step"] for m in per_call.values())
     total_back = sum(m["returned_bytes_per_step"] for m in per_call.values())
     print(f"{'total':<24} {'':>6} {total_sent / 1024:>10.1f} {total_back / 1024:>13.1f}")
     if args.json:
-        args.json.write_text(json.dumps({"recipe": args.recipe, "overrides": args.overrides, "per_call": per_call},
-                                        indent=1))
+        args.json.write_text(
+            json.dumps({"recipe": args.recipe, "overrides": args.overrides, "per_call": per_call}, indent=1)
+        )
 
 
 if __name__ == "__main__":

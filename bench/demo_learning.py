@@ -62,8 +62,10 @@ DEMOS = {
 }
 #: per-step metrics shown per 10-step window after the reward, when a run logs them (the multi-turn demo:
 #: its success rate, the reward's accuracy, and turns per trajectory)
-EXTRA_CURVES = {"critic/score/accuracy/mean": "training success rate (critic/score/accuracy/mean)",
-                "num_turns/mean": "turns per trajectory (num_turns/mean: model + environment turns + 1)"}
+EXTRA_CURVES = {
+    "critic/score/accuracy/mean": "training success rate (critic/score/accuracy/mean)",
+    "num_turns/mean": "turns per trajectory (num_turns/mean: model + environment turns + 1)",
+}
 
 
 def blind_best() -> float:
@@ -79,10 +81,19 @@ def run_dir(root: Path, seed: int, threads: int) -> Path:
 
 def command(seed: int, out_dir: Path, overrides: list[str]) -> list[str]:
     model = DEMOS[RECIPE][0] + (f"?seed={seed}" if seed else "")
-    return ["bash", str(REPO / "launch" / "run_recipe.sh"), RECIPE,
-            f"af_output_dir={out_dir}", f"data.seed={seed}", f"actor_rollout_ref.model.path={model}",
-            f"data.train_files={out_dir}/data/train.parquet", f"data.val_files={out_dir}/data/test.parquet",
-            "trainer.resume_mode=disable", *overrides, "--demo-data"]
+    return [
+        "bash",
+        str(REPO / "launch" / "run_recipe.sh"),
+        RECIPE,
+        f"af_output_dir={out_dir}",
+        f"data.seed={seed}",
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={out_dir}/data/train.parquet",
+        f"data.val_files={out_dir}/data/test.parquet",
+        "trainer.resume_mode=disable",
+        *overrides,
+        "--demo-data",
+    ]
 
 
 def val_generations(log_text: str) -> list[str]:
@@ -110,8 +121,14 @@ def run_one(seed: int, threads: int, parallel: int, root: Path, overrides: list[
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
         raise SystemExit(f"seed {seed}, {threads} thread(s): the run failed (exit {proc.returncode})")
-    result = {"seed": seed, "threads": threads, "parallel": parallel, "wall": wall,
-              "load": [load_before, load_after], "overrides": overrides}
+    result = {
+        "seed": seed,
+        "threads": threads,
+        "parallel": parallel,
+        "wall": wall,
+        "load": [load_before, load_after],
+        "overrides": overrides,
+    }
     (out_dir / RESULT_FILE).write_text(json.dumps(result) + "\n")
     return read_run(out_dir)
 
@@ -129,9 +146,14 @@ def read_run(out_dir: Path) -> dict:
             val = found
     result.update(
         curves={k: [r[k] for r in train if k in r] for k in EXTRA_CURVES if any(k in r for r in train)},
-        steps=len(train), scores=scores, first=sum(scores[:10]) / 10, last=sum(scores[-10:]) / 10,
-        val=val, step_s=sum(r["timing_s/step"] for r in train) / len(train),
-        clip=train[-1].get("response_length/clip_ratio"), out_dir=str(out_dir),
+        steps=len(train),
+        scores=scores,
+        first=sum(scores[:10]) / 10,
+        last=sum(scores[-10:]) / 10,
+        val=val,
+        step_s=sum(r["timing_s/step"] for r in train) / len(train),
+        clip=train[-1].get("response_length/clip_ratio"),
+        out_dir=str(out_dir),
         generations=val_generations((out_dir / "logs" / "run.log").read_text()),
     )
     return result
@@ -169,29 +191,43 @@ def report(results: list[dict], argv: list[str], overrides: list[str], out: Path
         "after) shows other work on the machine, which slows the steps but does not change what is learned.",
         "",
         f"Over {len(results)} runs: last-10 mean reward {min(lasts):.2f}-{max(lasts):.2f}, final validation "
-        f"accuracy {min(accs):.2f}-{max(accs):.2f}" if results and accs else "",
+        f"accuracy {min(accs):.2f}-{max(accs):.2f}"
+        if results and accs
+        else "",
         "",
         "| seed | threads | runs at once | mean reward, first 10 steps | last 10 steps | ratio | final validation "
         "(greedy) | responses cut at the budget, last step | wall time | mean step time | load before / after |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        val = ", ".join(f"{k.split('/')[-2]} = {v:.3f}" for k, v in sorted(r["val"].items())
-                        if not k.startswith("val-aux/num_turns/")) or "n/a"  # turns: a curve below
+        val = (
+            ", ".join(
+                f"{k.split('/')[-2]} = {v:.3f}"
+                for k, v in sorted(r["val"].items())
+                if not k.startswith("val-aux/num_turns/")
+            )
+            or "n/a"
+        )  # turns: a curve below
         ratio = f"{r['last'] / r['first']:.1f}x" if r["first"] > 0 else "inf"
         clip = f"{r['clip']:.3f}" if r["clip"] is not None else "n/a"
-        lines.append(f"| {r['seed']} | {r['threads']} | {r['parallel']} | {r['first']:.3f} | {r['last']:.3f} | "
-                     f"{ratio} | {val} | {clip} | {r['wall']:.0f} s | {r['step_s']:.2f} s | "
-                     f"{r['load'][0]:.1f} / {r['load'][1]:.1f} |")
+        lines.append(
+            f"| {r['seed']} | {r['threads']} | {r['parallel']} | {r['first']:.3f} | {r['last']:.3f} | "
+            f"{ratio} | {val} | {clip} | {r['wall']:.0f} s | {r['step_s']:.2f} s | "
+            f"{r['load'][0]:.1f} / {r['load'][1]:.1f} |"
+        )
     lines += [
         "",
         f"{blind.capitalize()}-blind best expected reward: {bound:g} (the answers are balanced; see "
         f"`verl_npu/rewards/{DEMOS[RECIPE][1]}.py` and `docs/demo.md`).",
         "",
-        f"Checks: {len(checks) - len(failed)} of {len(checks)} pass" + (": " if not failed else "; FAILED: ")
-        + (f"every run reaches last-10 >= {MIN_LAST}, >= {MIN_RATIO:g}x its first 10 steps, above the {blind}-blind "
-           f"best, final validation accuracy >= {MIN_VAL_ACCURACY}, under 10 minutes."
-           if not failed else "; ".join(failed)),
+        f"Checks: {len(checks) - len(failed)} of {len(checks)} pass"
+        + (": " if not failed else "; FAILED: ")
+        + (
+            f"every run reaches last-10 >= {MIN_LAST}, >= {MIN_RATIO:g}x its first 10 steps, above the {blind}-blind "
+            f"best, final validation accuracy >= {MIN_VAL_ACCURACY}, under 10 minutes."
+            if not failed
+            else "; ".join(failed)
+        ),
         "",
         "Mean training reward per 10-step window:",
         "",
@@ -202,26 +238,36 @@ def report(results: list[dict], argv: list[str], overrides: list[str], out: Path
     for i in range(0, longest, 10):
         cells = []
         for r in results:
-            window = r["scores"][i:i + 10]
+            window = r["scores"][i : i + 10]
             cells.append(f"{sum(window) / len(window):7.3f}" if window else " " * 7)
         lines.append(f"{i + 1:4d}-{i + 10:4d}  " + " ".join(cells))
     lines += ["```", ""]
     for key, title in EXTRA_CURVES.items():
         if not all(key in r.get("curves", {}) for r in results) or not results:
             continue
-        lines += [f"Mean {title} per 10-step window:", "", "```",
-                  "steps      " + " ".join(f"s{r['seed']}/t{r['threads']}".rjust(7) for r in results)]
+        lines += [
+            f"Mean {title} per 10-step window:",
+            "",
+            "```",
+            "steps      " + " ".join(f"s{r['seed']}/t{r['threads']}".rjust(7) for r in results),
+        ]
         for i in range(0, longest, 10):
             cells = []
             for r in results:
-                window = r["curves"][key][i:i + 10]
+                window = r["curves"][key][i : i + 10]
                 cells.append(f"{sum(window) / len(window):7.3f}" if window else " " * 7)
             lines.append(f"{i + 1:4d}-{i + 10:4d}  " + " ".join(cells))
         lines += ["```", ""]
     if results and results[0]["generations"]:
-        lines += [f"Last validation generations of seed {results[0]['seed']}, {results[0]['threads']} thread(s) "
-                  "(from its run.log; special tokens such as the end of turn are not shown):", "", "```",
-                  *results[0]["generations"], "```", ""]
+        lines += [
+            f"Last validation generations of seed {results[0]['seed']}, {results[0]['threads']} thread(s) "
+            "(from its run.log; special tokens such as the end of turn are not shown):",
+            "",
+            "```",
+            *results[0]["generations"],
+            "```",
+            "",
+        ]
     lines += [f"![training curves, seed 0]({curves_name(out)})", ""]
     return lines, not failed
 
@@ -235,8 +281,11 @@ def main() -> int:
     parser.add_argument("--recipe", default="tiny_geo3k", choices=sorted(DEMOS), help="the demo (default tiny_geo3k)")
     parser.add_argument("--output-dir", default="/tmp/verl_npu_bench_demo")
     parser.add_argument("--runs", help="run only these SEED:THREADS pairs, all at once (e.g. 0:1,1:1)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="make the report from the runs already in --output-dir, running nothing")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="make the report from the runs already in --output-dir, running nothing",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     global RECIPE
@@ -256,8 +305,11 @@ def main() -> int:
             jobs = [(s, t, width, root, args.overrides) for s in range(args.seeds)]
             with ThreadPoolExecutor(width) as pool:
                 for r in pool.map(lambda job: run_one(*job), jobs):
-                    print(f"seed {r['seed']}, {r['threads']} thread(s): first-10 {r['first']:.3f} -> last-10 "
-                          f"{r['last']:.3f}, {r['wall']:.0f} s", flush=True)
+                    print(
+                        f"seed {r['seed']}, {r['threads']} thread(s): first-10 {r['first']:.3f} -> last-10 "
+                        f"{r['last']:.3f}, {r['wall']:.0f} s",
+                        flush=True,
+                    )
                     results.append(r)
     results.sort(key=lambda r: (r["threads"], r["seed"]))
     if not results:

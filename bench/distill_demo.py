@@ -28,10 +28,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run(name: str, work: Path, teacher: str, steps: int, extra: list[str], seed: int = 1) -> tuple[list[dict], float]:
     out = work / f"seed{seed}" / name
-    cmd = [sys.executable, "-m", "verl_npu.cli", "run", "tiny_distill_gsm8k", f"af_output_dir={out}",
-           f"actor_rollout_ref.model.path=tiny://qwen2?seed={seed}", f"data.seed={seed}",
-           f"distillation.teacher_models.teacher_model.model_path={teacher}", f"trainer.total_training_steps={steps}",
-           "trainer.resume_mode=disable", "trainer.save_freq=-1", "trainer.test_freq=-1", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verl_npu.cli",
+        "run",
+        "tiny_distill_gsm8k",
+        f"af_output_dir={out}",
+        f"actor_rollout_ref.model.path=tiny://qwen2?seed={seed}",
+        f"data.seed={seed}",
+        f"distillation.teacher_models.teacher_model.model_path={teacher}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.resume_mode=disable",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        *extra,
+    ]
     start = time.time()
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -40,10 +52,14 @@ def run(name: str, work: Path, teacher: str, steps: int, extra: list[str], seed:
 
 def summary(rows: list[dict]) -> dict:
     scores = [r["critic/score/mean"] for r in rows]
-    means = [sum(scores[max(0, i - 9): i + 1]) / len(scores[max(0, i - 9): i + 1]) for i in range(len(scores))]
+    means = [sum(scores[max(0, i - 9) : i + 1]) / len(scores[max(0, i - 9) : i + 1]) for i in range(len(scores))]
     reached = next((i + 1 for i, m in enumerate(means) if i >= 9 and m >= 0.5), None)
-    return {"first10": sum(scores[:10]) / 10, "last10": sum(scores[-10:]) / 10, "reached": reached,
-            "distill_loss": rows[-1].get("distillation/loss")}
+    return {
+        "first10": sum(scores[:10]) / 10,
+        "last10": sum(scores[-10:]) / 10,
+        "reached": reached,
+        "distill_loss": rows[-1].get("distillation/loss"),
+    }
 
 
 def main() -> None:
@@ -54,8 +70,11 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/verl_npu_distill_demo"), help="run folders")
     parser.add_argument("--out", type=Path, default=None, help="Markdown table to write (default: print it)")
     args = parser.parse_args()
-    lines = ["| seed | run | score, first 10 steps | score, last 10 steps | first step with a 10-step mean >= 0.5 | "
-             "last distillation/loss | wall time (s) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| seed | run | score, first 10 steps | score, last 10 steps | first step with a 10-step mean >= 0.5 | "
+        "last distillation/loss | wall time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     last: dict[str, list[float]] = {}
     for seed in args.seeds:
         for name, extra in (("distill", []), ("rl_only", ["distillation.enabled=false"])):
@@ -63,8 +82,10 @@ def main() -> None:
             s = summary(rows)
             last.setdefault(name, []).append(s["last10"])
             loss = "-" if s["distill_loss"] is None else f"{s['distill_loss']:.3f}"
-            lines.append(f"| {seed} | {name} | {s['first10']:.3f} | {s['last10']:.3f} | "
-                         f"{s['reached'] or 'not reached'} | {loss} | {wall:.0f} |")
+            lines.append(
+                f"| {seed} | {name} | {s['first10']:.3f} | {s['last10']:.3f} | "
+                f"{s['reached'] or 'not reached'} | {loss} | {wall:.0f} |"
+            )
     for name, values in last.items():
         lines.append(f"| mean | {name} | | {sum(values) / len(values):.3f} | | | |")
     text = "\n".join(lines) + "\n"

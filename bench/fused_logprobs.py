@@ -39,8 +39,15 @@ def measure(fused: bool, train: bool, tokens: int, vocab: int, rows: int) -> dic
     from verl_npu.models.forward import response_log_probs
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     model = Qwen2ForCausalLM(config).float()
     length = tokens // rows
     ids = torch.randint(0, vocab, (rows, length))
@@ -72,9 +79,23 @@ def main() -> None:
     results = []
     for train in (False, True):
         for fused in (False, True):
-            proc = subprocess.run([sys.executable, __file__, "--one", f"{int(fused)},{int(train)}",
-                                   "--tokens", str(args.tokens), "--rows", str(args.rows), "--vocab", str(args.vocab)],
-                                  capture_output=True, text=True, check=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    f"{int(fused)},{int(train)}",
+                    "--tokens",
+                    str(args.tokens),
+                    "--rows",
+                    str(args.rows),
+                    "--vocab",
+                    str(args.vocab),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(results[-1], flush=True)
     logits_mb = args.tokens * args.vocab * 4 / 2**20
@@ -95,12 +116,17 @@ def main() -> None:
         un = next(r for r in results if r["train"] == train and not r["fused"])
         fu = next(r for r in results if r["train"] == train and r["fused"])
         name = "log-prob (no grad)" if not train else "training (forward + backward)"
-        lines.append(f"| {name} | {un['extra_peak_mb']:.0f} | {fu['extra_peak_mb']:.0f} | "
-                     f"{un['seconds']:.2f} | {fu['seconds']:.2f} |")
+        lines.append(
+            f"| {name} | {un['extra_peak_mb']:.0f} | {fu['extra_peak_mb']:.0f} | "
+            f"{un['seconds']:.2f} | {fu['seconds']:.2f} |"
+        )
     load = os.getloadavg()[0]
-    lines += ["", f"Memory is the point of this table. Times are indicative only: load average {load:.1f} on "
-              f"{os.cpu_count()} cores while recording; the fused backward recomputes each chunk's logits, so a "
-              "training pass does about one more [tokens x vocab] projection."]
+    lines += [
+        "",
+        f"Memory is the point of this table. Times are indicative only: load average {load:.1f} on "
+        f"{os.cpu_count()} cores while recording; the fused backward recomputes each chunk's logits, so a "
+        "training pass does about one more [tokens x vocab] projection.",
+    ]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

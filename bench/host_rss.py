@@ -9,6 +9,7 @@ the allocator's settings: HM_MALLOPT="mmap=N,trim=N,arena=N,top=N" (mallopt at s
 (malloc_trim(0) after every call), HM_PROF=1 (the grid's profiler on), HM_STEPS (default 2).
 bench/results/memory_plan.md and docs/performance.md quote its numbers.
 """
+
 import argparse
 import ctypes
 import json
@@ -25,8 +26,21 @@ libc = ctypes.CDLL("libc.so.6")
 
 
 class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 libc.mallinfo2.restype = MallInfo2
@@ -64,9 +78,18 @@ ROWS = []
 
 def snap(label, dt=0.0):
     mi = libc.mallinfo2()
-    row = {"call": label, "dt": round(dt, 2), "rss": status("VmRSS"), "hwm": status("VmHWM"), **smaps(),
-           "m_arena": mi.arena >> 20, "m_mmap": mi.hblkhd >> 20, "m_used": mi.uordblks >> 20,
-           "m_free": mi.fordblks >> 20, "m_top": mi.keepcost >> 20}
+    row = {
+        "call": label,
+        "dt": round(dt, 2),
+        "rss": status("VmRSS"),
+        "hwm": status("VmHWM"),
+        **smaps(),
+        "m_arena": mi.arena >> 20,
+        "m_mmap": mi.hblkhd >> 20,
+        "m_used": mi.uordblks >> 20,
+        "m_free": mi.fordblks >> 20,
+        "m_top": mi.keepcost >> 20,
+    }
     ROWS.append(row)
     print(json.dumps(row), file=sys.stderr, flush=True)
 
@@ -78,10 +101,16 @@ def main():
     from verl_npu.config import load_recipe
     from verl_npu.trainer import entry
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     epilog="Environment: HM_MALLOPT, HM_TRIM, HM_PROF, HM_STEPS (see the module docstring).")
-    parser.add_argument("name", choices=sorted(mg.CONFIGS), metavar="NAME",
-                        help="a configuration of bench/memory_grid.py (python bench/memory_grid.py --list)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Environment: HM_MALLOPT, HM_TRIM, HM_PROF, HM_STEPS (see the module docstring).",
+    )
+    parser.add_argument(
+        "name",
+        choices=sorted(mg.CONFIGS),
+        metavar="NAME",
+        help="a configuration of bench/memory_grid.py (python bench/memory_grid.py --list)",
+    )
     name = parser.parse_args().name
     torch.set_num_threads(1)
     work = Path("/tmp/verl_npu_memory_grid")
@@ -115,6 +144,7 @@ def main():
                     libc.malloc_trim(0)
                 snap(f"{kw.get('role', 'actor')}.{method}", dt)
                 return res
+
             setattr(group, meth, call)
         return group
 
@@ -125,8 +155,18 @@ def main():
     assert code == 0
     peaks = mg.phase_peaks(prof) if prof is not None else {}
     shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({"name": name, "opts": opts, "trim": os.environ.get("HM_TRIM"), "total_s": round(total, 1),
-                      "hwm": status("VmHWM"), "peaks_mb": {k: v >> 20 for k, v in peaks.items() if "@" not in k}}))
+    print(
+        json.dumps(
+            {
+                "name": name,
+                "opts": opts,
+                "trim": os.environ.get("HM_TRIM"),
+                "total_s": round(total, 1),
+                "hwm": status("VmHWM"),
+                "peaks_mb": {k: v >> 20 for k, v in peaks.items() if "@" not in k},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,12 +25,33 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: published shapes of the Qwen2.5 text models (config.json facts)
 SHAPES = {
-    "Qwen2.5-0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen2.5-3B": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen2.5-7B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "Qwen2.5-0.5B": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen2.5-3B": dict(
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen2.5-7B": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -40,8 +61,10 @@ def shape_table(rank: int = 64) -> list[str]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    rows = ["| model | parameters | reference copy saved (bf16) | LoRA parameters (r=64, all-linear) |",
-            "|---|---|---|---|"]
+    rows = [
+        "| model | parameters | reference copy saved (bf16) | LoRA parameters (r=64, all-linear) |",
+        "|---|---|---|---|",
+    ]
     for name, shape in SHAPES.items():
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(Qwen2Config(**shape))
@@ -65,14 +88,22 @@ def _measure_worker(rank: int) -> dict:
 
     tmp = Path(tempfile.mkdtemp())
     data = _gsm8k_like(tmp / "gsm")
-    rc = load_recipe("tiny_gsm8k", tiny_overrides(tmp, data, **{
-        "actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.model.lora_rank": rank}))
+    rc = load_recipe(
+        "tiny_gsm8k",
+        tiny_overrides(
+            tmp, data, **{"actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.model.lora_rank": rank}
+        ),
+    )
     worker = ActorRolloutRefWorker(rc.typed, device=detect_device("cpu"), total_training_steps=1)
     worker.init_model()
     modules = [worker.module] + ([worker.ref_module] if worker.ref_module is not None else [])
     held = sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
-    return {"lora_rank": rank, "reference_module": worker.ref_module is not None, "parameter_bytes": held,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "lora_rank": rank,
+        "reference_module": worker.ref_module is not None,
+        "parameter_bytes": held,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def main() -> None:
@@ -85,11 +116,14 @@ def main() -> None:
     print("\n".join(shape_table()))
     print("\n| tiny worker | reference module | parameter bytes held | peak RSS after init_model |\n|---|---|---|---|")
     for rank in (0, 4):
-        out = subprocess.run([sys.executable, __file__, "--worker", str(rank)], capture_output=True, text=True,
-                             check=True, cwd=REPO)
+        out = subprocess.run(
+            [sys.executable, __file__, "--worker", str(rank)], capture_output=True, text=True, check=True, cwd=REPO
+        )
         got = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"| lora_rank={rank} | {'separate copy' if got['reference_module'] else 'actor, adapters off'} | "
-              f"{got['parameter_bytes']:,} | {got['peak_rss_mib']:.0f} MiB |")
+        print(
+            f"| lora_rank={rank} | {'separate copy' if got['reference_module'] else 'actor, adapters off'} | "
+            f"{got['parameter_bytes']:,} | {got['peak_rss_mib']:.0f} MiB |"
+        )
 
 
 if __name__ == "__main__":

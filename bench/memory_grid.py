@@ -39,22 +39,44 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PHASES = {"generate_sequences": "rollout", "compute_log_prob": "old log-probs",
-          "compute_ref_log_prob": "ref log-probs", "update_actor": "actor update", "update_critic": "critic update",
-          "save_checkpoint": "checkpoint save"}
+PHASES = {
+    "generate_sequences": "rollout",
+    "compute_log_prob": "old log-probs",
+    "compute_ref_log_prob": "ref log-probs",
+    "update_actor": "actor update",
+    "update_critic": "critic update",
+    "save_checkpoint": "checkpoint save",
+}
 TRAINING = ("actor update", "critic update")
 MARK = "memgrid:"
-RSS_AFTER: dict[str, int] = {}   # one worker: peak RSS after the first call of each kind
+RSS_AFTER: dict[str, int] = {}  # one worker: peak RSS after the first call of each kind
 
 # name: (model kind, size overrides of the tiny builder, workers, prompt filler sentences, response, overrides)
 SMALL = {}
 MID = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4}
-BIG = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
-       "num_key_value_heads": 2}
-HUNDRED_M = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-             "num_key_value_heads": 4}
-VL_MID = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 3, "num_attention_heads": 4,
-          "vision_hidden_size": 128, "vision_intermediate_size": 256, "depth": 3}
+BIG = {
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+}
+HUNDRED_M = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+}
+VL_MID = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "vision_hidden_size": 128,
+    "vision_intermediate_size": 256,
+    "depth": 3,
+}
 A, R, C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "critic"
 CKPT = ["actor_rollout_ref.model.enable_gradient_checkpointing=true"]
 RMPAD = ["actor_rollout_ref.model.use_remove_padding=true"]
@@ -62,8 +84,11 @@ PAD = ["actor_rollout_ref.model.use_remove_padding=false"]
 KL = [f"{A}.use_kl_loss=true", f"{A}.kl_loss_coef=0.01"]
 GAE = ["algorithm.adv_estimator=gae", f"{C}.ppo_micro_batch_size_per_gpu=4"]
 OFFLOAD = [f"{A}.fsdp_config.param_offload=true", f"{A}.fsdp_config.optimizer_offload=true"]
-LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
-        "actor_rollout_ref.model.target_modules=all-linear"]
+LORA = [
+    "actor_rollout_ref.model.lora_rank=8",
+    "actor_rollout_ref.model.lora_alpha=16",
+    "actor_rollout_ref.model.target_modules=all-linear",
+]
 DYN = [f"{A}.use_dynamic_bsz=true"]
 SAVE = ["trainer.save_freq=2"]
 CONFIGS = {
@@ -90,7 +115,14 @@ CONFIGS = {
     "vl-tiny": ("vl", SMALL, 1, 0, 8, PAD),
     "vl-tiny-rmpad-kl": ("vl", SMALL, 1, 0, 8, RMPAD + KL),
     "vl-mid": ("vl", VL_MID, 1, 0, 8, PAD),
-    "vl-mid-ckpt-kl": ("vl", VL_MID, 1, 0, 8, PAD + CKPT + KL),   # (a VL critic is not in the grid: measured by no configuration)
+    "vl-mid-ckpt-kl": (
+        "vl",
+        VL_MID,
+        1,
+        0,
+        8,
+        PAD + CKPT + KL,
+    ),  # (a VL critic is not in the grid: measured by no configuration)
     "vl-mid-2w": ("vl", VL_MID, 2, 0, 8, PAD),
     # the checkpoint save of the last step (trainer.save_freq=2): the worker's save_checkpoint call
     "text-mid-save": ("lm", MID, 1, 4, 16, PAD + SAVE),
@@ -118,10 +150,16 @@ def text_rows(folder: Path, filler: int, rows: int = 16) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     pad = " ".join(["Read the question carefully and answer with one number."] * filler)
-    table = [{"data_source": "openai/gsm8k", "ability": "math",
-              "prompt": [{"role": "user", "content": f"{pad} What is {i % 9 + 1} plus {(i * 7) % 9 + 1}?"}],
-              "reward_model": {"style": "rule", "ground_truth": str(i % 9 + (i * 7) % 9 + 2)},
-              "extra_info": {"split": "train", "index": i}} for i in range(rows)]
+    table = [
+        {
+            "data_source": "openai/gsm8k",
+            "ability": "math",
+            "prompt": [{"role": "user", "content": f"{pad} What is {i % 9 + 1} plus {(i * 7) % 9 + 1}?"}],
+            "reward_model": {"style": "rule", "ground_truth": str(i % 9 + (i * 7) % 9 + 2)},
+            "extra_info": {"split": "train", "index": i},
+        }
+        for i in range(rows)
+    ]
     pq.write_table(pa.Table.from_pylist(table), folder / "train.parquet")
     return folder / "train.parquet"
 
@@ -135,8 +173,13 @@ def prompt_length(model: Path, train: Path, image_key: str | None) -> int:
     from verl_npu.models.loading import load_tokenizer_and_processor
 
     tok, proc = load_tokenizer_and_processor(str(model))
-    data = {"max_prompt_length": 100000, "truncation": "error", "prompt_key": "prompt",
-            "filter_overlong_prompts": False, **({"image_key": image_key} if image_key else {})}
+    data = {
+        "max_prompt_length": 100000,
+        "truncation": "error",
+        "prompt_key": "prompt",
+        "filter_overlong_prompts": False,
+        **({"image_key": image_key} if image_key else {}),
+    }
     recipe = "tiny_geo3k" if image_key else "tiny_gsm8k"
     base = load_recipe(recipe, [f"actor_rollout_ref.model.path={model}"]).backend.data
     cfg = OmegaConf.merge(base, data)
@@ -164,15 +207,30 @@ def overrides(name: str, work: Path) -> tuple[str, list[str], Path]:
         marker.write_text(str(prompt_length(model, train, "images" if kind == "vl" else None)))
     prompt = int(marker.read_text())
     out = work / "runs" / name
-    args = [f"af_output_dir={out}", f"actor_rollout_ref.model.path={model}", f"data.train_files={train}",
-            f"data.val_files={train}", f"data.max_prompt_length={prompt}", f"data.max_response_length={response}",
-            f"data.train_batch_size={4 * workers}", "data.shuffle=false", f"{R}.n=2",
-            f"{A}.ppo_mini_batch_size={2 * workers}",
-            f"{A}.ppo_micro_batch_size_per_gpu=4", f"{R}.log_prob_micro_batch_size_per_gpu=8",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "trainer.device=cpu",
-            f"trainer.n_gpus_per_node={workers}", "trainer.total_training_steps=2", "trainer.save_freq=-1",
-            "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.logger=[console]",
-            "trainer.resume_mode=disable", f"{R}.temperature=1.0"]
+    args = [
+        f"af_output_dir={out}",
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={train}",
+        f"data.val_files={train}",
+        f"data.max_prompt_length={prompt}",
+        f"data.max_response_length={response}",
+        f"data.train_batch_size={4 * workers}",
+        "data.shuffle=false",
+        f"{R}.n=2",
+        f"{A}.ppo_mini_batch_size={2 * workers}",
+        f"{A}.ppo_micro_batch_size_per_gpu=4",
+        f"{R}.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "trainer.device=cpu",
+        f"trainer.n_gpus_per_node={workers}",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.logger=[console]",
+        "trainer.resume_mode=disable",
+        f"{R}.temperature=1.0",
+    ]
     if kind == "vl":
         args += ["data.max_pixels=3136", "data.min_pixels=3136"]
     return recipe, args + list(extra), model
@@ -201,15 +259,21 @@ def phase_peaks(prof, trace: Path | None = None, alive: set | None = None) -> di
 
     prof.stop()
     if trace is None:
-        events = [(e.name(), e.start_ns(), e.end_ns(), e.nbytes(), None) for e in prof.profiler.kineto_results.events()
-                  if e.name() == "[memory]" and str(e.device_type()) == "DeviceType.CPU" or e.name().startswith(MARK)]
+        events = [
+            (e.name(), e.start_ns(), e.end_ns(), e.nbytes(), None)
+            for e in prof.profiler.kineto_results.events()
+            if e.name() == "[memory]" and str(e.device_type()) == "DeviceType.CPU" or e.name().startswith(MARK)
+        ]
     else:
         prof.export_chrome_trace(str(trace))
         raw = json.loads(trace.read_text())["traceEvents"]
         trace.unlink()
-        events = [(e["name"], e["ts"], e["ts"] + e.get("dur", 0), e["args"].get("Bytes", 0), e["args"].get("Addr"))
-                  for e in raw if (e.get("name") == "[memory]" and e["args"].get("Device Type") == 0)
-                  or str(e.get("name", "")).startswith(MARK)]
+        events = [
+            (e["name"], e["ts"], e["ts"] + e.get("dur", 0), e["args"].get("Bytes", 0), e["args"].get("Addr"))
+            for e in raw
+            if (e.get("name") == "[memory]" and e["args"].get("Device Type") == 0)
+            or str(e.get("name", "")).startswith(MARK)
+        ]
     mem = sorted((t, n, addr) for name, t, _, n, addr in events if name == "[memory]")
     calls = sorted((t0, t1) for name, t0, t1, _, _ in events if name.startswith(MARK))
     if alive is not None:
@@ -218,7 +282,7 @@ def phase_peaks(prof, trace: Path | None = None, alive: set | None = None) -> di
     for t, n, addr in mem:
         if addr is not None:
             if n > 0:
-                total -= live.pop(addr, 0)   # allocated again: its unreported free came before
+                total -= live.pop(addr, 0)  # allocated again: its unreported free came before
                 live[addr] = n
             elif addr not in live:
                 continue
@@ -230,17 +294,25 @@ def phase_peaks(prof, trace: Path | None = None, alive: set | None = None) -> di
     spans = {}
     for name, t0, t1, _, _ in sorted(events, key=lambda e: e[1]):
         if name.startswith(MARK):
-            spans[name[len(MARK):]] = (t0, t1)  # the last call of each kind wins
+            spans[name[len(MARK) :]] = (t0, t1)  # the last call of each kind wins
     out = {}
     for key, (t0, t1) in spans.items():
         i, j = bisect.bisect_right(times, t0), bisect.bisect_right(times, t1)
         at_start = running[i - 1] if i else 0
         out[key] = max([at_start, *running[i:j]])
         out[key + "@start"] = at_start
-        if os.environ.get("MEMGRID_WHERE") and trace is not None and j > i:   # diagnosis: the calls at the peak
+        if os.environ.get("MEMGRID_WHERE") and trace is not None and j > i:  # diagnosis: the calls at the peak
             t = times[max(range(i, j), key=lambda k: running[k])]
-            print(key, out[key], sorted((e.get("dur", 0), e["name"]) for e in raw if e.get("ph") == "X"
-                                        and e["ts"] <= t <= e["ts"] + e.get("dur", 0))[:10], file=sys.stderr)
+            print(
+                key,
+                out[key],
+                sorted(
+                    (e.get("dur", 0), e["name"])
+                    for e in raw
+                    if e.get("ph") == "X" and e["ts"] <= t <= e["ts"] + e.get("dur", 0)
+                )[:10],
+                file=sys.stderr,
+            )
     return out
 
 
@@ -251,7 +323,7 @@ def _orphans_freed(mem: list, calls: list, alive: set) -> list:
     last = {}
     for k, (_, n, addr) in enumerate(mem):
         if n > 0:
-            last[addr] = k                       # the latest allocation at each address
+            last[addr] = k  # the latest allocation at each address
         elif addr in last and mem[last[addr]][1] == -n:
             del last[addr]
     extra = []
@@ -296,6 +368,7 @@ def _marked(obj):
             # the process's peak RSS so far, after each kind of call (where the host figure is reached)
             RSS_AFTER.setdefault(f"{kwargs.get('role', 'actor')}.{method}", _peak_rss())
             return out
+
         setattr(obj, meth, call)
     return obj
 
@@ -320,8 +393,12 @@ def _live_report(title: str) -> None:
             by[(tuple(t.shape), str(t.dtype), t.requires_grad, type(obj).__name__)] += st.nbytes()
         except Exception:  # noqa: BLE001 - diagnosis only
             continue
-    print(title, f"{sum(by.values()) / 1e6:.1f} MB", [(k, round(v / 1e6, 2)) for k, v in by.most_common(8)],
-          file=sys.stderr)
+    print(
+        title,
+        f"{sum(by.values()) / 1e6:.1f} MB",
+        [(k, round(v / 1e6, 2)) for k, v in by.most_common(8)],
+        file=sys.stderr,
+    )
 
 
 def _rank_main(conn, cfg, device, steps: int, rank: int, world: int, port: int, profiled: bool = True) -> None:
@@ -335,8 +412,15 @@ def _rank_main(conn, cfg, device, steps: int, rank: int, world: int, port: int, 
     from verl_npu.workers.roles import build_workers
 
     torch.set_num_threads(1)
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     prof = start_profiler() if profiled else None
     dist.init_process_group("gloo", rank=rank, world_size=world)
     workers = build_workers(cfg, steps, device, rank=rank, world_size=world)
@@ -354,9 +438,12 @@ def _rank_main(conn, cfg, device, steps: int, rank: int, world: int, port: int, 
             conn.send(("ok", result))
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             conn.send(("error", repr(exc)))
-    rss = _peak_rss()   # before the trace is read
-    peaks = {} if prof is None else phase_peaks(prof, Path(tempfile.gettempdir()) / f"memgrid-trace-{os.getpid()}.json",
-                                                _alive_pointers())
+    rss = _peak_rss()  # before the trace is read
+    peaks = (
+        {}
+        if prof is None
+        else phase_peaks(prof, Path(tempfile.gettempdir()) / f"memgrid-trace-{os.getpid()}.json", _alive_pointers())
+    )
     conn.send(("done", {"peaks": peaks, "rss": rss}))
     dist.destroy_process_group()
 
@@ -381,8 +468,9 @@ class ProcessWorkerGroup:
                 self.conns, self.procs = [], []
                 for rank in range(self.world_size):
                     here, there = ctx.Pipe()
-                    proc = ctx.Process(target=_rank_main, args=(there, cfg, device, steps, rank, self.world_size, port,
-                                                                     profiled))
+                    proc = ctx.Process(
+                        target=_rank_main, args=(there, cfg, device, steps, rank, self.world_size, port, profiled)
+                    )
                     proc.start()
                     self.conns.append(here)
                     self.procs.append(proc)
@@ -465,7 +553,7 @@ def measure(name: str, work: Path, profiled: bool = True) -> dict:
         raise SystemExit(f"{name}: the run failed (exit {code})")
     group = groups[0]
     if rc.world_size == 1:
-        rss = _peak_rss()   # before the profiler's events are read
+        rss = _peak_rss()  # before the profiler's events are read
         per_rank = [phase_peaks(prof)] if prof is not None else [{}]
     else:
         group.shutdown()
@@ -492,9 +580,11 @@ def predict(name: str, work: Path) -> dict:
     size = model_size(json.loads((model / "config.json").read_text()))
     plan = plan_recipe(rc, 1 << 36, "cpu", {"actor": size}, accelerator=False)
     # the grid runs no Ray: its processes' estimate is left out of the comparison
-    return {"phases": {p.name: p.total for p in plan.phases},
-            "host": sum(p.bytes for p in plan.host if p.name != "Ray's processes"),
-            "params": size.params}
+    return {
+        "phases": {p.name: p.total for p in plan.phases},
+        "host": sum(p.bytes for p in plan.host if p.name != "Ray's processes"),
+        "params": size.params,
+    }
 
 
 def _peak_rss() -> int:
@@ -514,8 +604,12 @@ def _peak_rss() -> int:
 
 def _measure_in_process(name: str, work: Path, profiled: bool) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, __file__, "--measure" if profiled else "--measure-host", name,
-                           "--work", str(work)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, __file__, "--measure" if profiled else "--measure-host", name, "--work", str(work)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"{name}: measuring failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -536,8 +630,10 @@ def run_one(name: str, work: Path, host: bool = True) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| configuration | params | workers | phase | planned MB | measured MB | error |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| configuration | params | workers | phase | planned MB | measured MB | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     errs = {"training": [], "other": []}
     host = []
     for r in results:
@@ -548,24 +644,36 @@ def table(results: list[dict]) -> str:
                 continue
             err = want / got - 1
             errs["training" if phase in TRAINING else "other"].append(err)
-            lines.append(f"| {r['name']} | {r['planned']['params'] / 1e6:.2f} M | {workers} | {phase} | "
-                         f"{want / 1e6:.1f} | {got / 1e6:.1f} | {err:+.1%} |")
+            lines.append(
+                f"| {r['name']} | {r['planned']['params'] / 1e6:.2f} M | {workers} | {phase} | "
+                f"{want / 1e6:.1f} | {got / 1e6:.1f} | {err:+.1%} |"
+            )
         host.append((r["name"], r["planned"]["host"], r["measured"]["host"], r["measured"].get("host_profiled")))
     lines.append("")
     for kind, e in errs.items():
         if e:
-            lines.append(f"{kind} phases: {len(e)} predictions, median |error| "
-                         f"{statistics.median(abs(x) for x in e):.1%}, worst {max(e, key=abs):+.1%}, "
-                         f"within 15%: {sum(abs(x) <= 0.15 for x in e)}")
-    lines += ["", "| configuration | planned host GiB | peak RSS GiB (all processes) | error | peak RSS GiB, profiled run |",
-              "|---|---|---|---|---|"]
+            lines.append(
+                f"{kind} phases: {len(e)} predictions, median |error| "
+                f"{statistics.median(abs(x) for x in e):.1%}, worst {max(e, key=abs):+.1%}, "
+                f"within 15%: {sum(abs(x) <= 0.15 for x in e)}"
+            )
+    lines += [
+        "",
+        "| configuration | planned host GiB | peak RSS GiB (all processes) | error | peak RSS GiB, profiled run |",
+        "|---|---|---|---|---|",
+    ]
     for name, want, got, profiled in host:
-        lines.append(f"| {name} | {want / 2**30:.2f} | {got / 2**30:.2f} | {want / got - 1:+.0%} | "
-                     + (f"{profiled / 2**30:.2f} |" if profiled else "- |"))
+        lines.append(
+            f"| {name} | {want / 2**30:.2f} | {got / 2**30:.2f} | {want / got - 1:+.0%} | "
+            + (f"{profiled / 2**30:.2f} |" if profiled else "- |")
+        )
     e = [want / got - 1 for _, want, got, _ in host]
     if e:
-        lines += ["", f"host: {len(e)} predictions, median |error| {statistics.median(abs(x) for x in e):.1%}, "
-                  f"worst {max(e, key=abs):+.1%}, within 25%: {sum(abs(x) <= 0.25 for x in e)}"]
+        lines += [
+            "",
+            f"host: {len(e)} predictions, median |error| {statistics.median(abs(x) for x in e):.1%}, "
+            f"worst {max(e, key=abs):+.1%}, within 25%: {sum(abs(x) <= 0.25 for x in e)}",
+        ]
     return "\n".join(lines)
 
 
@@ -577,10 +685,17 @@ def main() -> int:
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--measure-host", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="the results as JSON lines too (stderr)")
-    parser.add_argument("--replan", metavar="JSONL", help="the table of earlier --json results, planned again "
-                        "with the planner as it is now (no run)")
-    parser.add_argument("--host-of", metavar="JSONL", help="earlier --json results with their host figure measured "
-                        "again (the unprofiled run only; the phases kept): the table, and with --json the results")
+    parser.add_argument(
+        "--replan",
+        metavar="JSONL",
+        help="the table of earlier --json results, planned again with the planner as it is now (no run)",
+    )
+    parser.add_argument(
+        "--host-of",
+        metavar="JSONL",
+        help="earlier --json results with their host figure measured "
+        "again (the unprofiled run only; the phases kept): the table, and with --json the results",
+    )
     args = parser.parse_args()
     work = Path(args.work)
     if args.list:
@@ -593,14 +708,20 @@ def main() -> int:
         print(json.dumps(measure(args.measure or args.measure_host, work, profiled=bool(args.measure))))
         return 0
     if args.replan or args.host_of:
-        earlier = [json.loads(line) for line in Path(args.replan or args.host_of).read_text().splitlines()
-                   if line.startswith("{")]
+        earlier = [
+            json.loads(line)
+            for line in Path(args.replan or args.host_of).read_text().splitlines()
+            if line.startswith("{")
+        ]
         results = []
         for r in earlier:
             if args.host_of and (not args.names or r["name"] in args.names):
                 host = _measure_in_process(r["name"], work, profiled=False)["host"]
-                r["measured"] = {**r["measured"], "host_profiled": r["measured"].get("host_profiled",
-                                                                                     r["measured"]["host"]), "host": host}
+                r["measured"] = {
+                    **r["measured"],
+                    "host_profiled": r["measured"].get("host_profiled", r["measured"]["host"]),
+                    "host": host,
+                }
             results.append({**r, "planned": predict(r["name"], work)})
             if args.json:
                 print(json.dumps(results[-1]), file=sys.stderr, flush=True)

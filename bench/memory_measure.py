@@ -25,14 +25,20 @@ def synthetic_batch(rows: int, prompt: int, response: int, vocab: int, *, seed: 
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, min(vocab, 400), (rows, prompt + response), generator=g)
-    return Batch({
-        "input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, prompt:].clone(),
-        "response_mask": torch.ones(rows, response), "advantages": torch.randn(rows, response, generator=g),
-    })
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "responses": ids[:, prompt:].clone(),
+            "response_mask": torch.ones(rows, response),
+            "advantages": torch.randn(rows, response, generator=g),
+        }
+    )
 
 
-def measure_update(model_dir, *, rows: int, prompt: int, response: int, remove_padding: bool = False,
-                   checkpointing: bool = False) -> dict:
+def measure_update(
+    model_dir, *, rows: int, prompt: int, response: int, remove_padding: bool = False, checkpointing: bool = False
+) -> dict:
     """The peak of an actor update of `rows` rows in one micro-batch on the CPU, measured on the
     second update (the first one runs untracked: later updates start with the gradients and the AdamW
     state it left, as every update after a run's first does). Returns {"peak": bytes, "parts": the
@@ -52,21 +58,31 @@ def measure_update(model_dir, *, rows: int, prompt: int, response: int, remove_p
     engine.attach(module, {})
     from verl_npu.config.typed import section
 
-    engine.add_optimizer(section("actor_rollout_ref.actor.optim", {"lr": 1e-5, "weight_decay": 0.01}),
-                         total_training_steps=2)
+    engine.add_optimizer(
+        section("actor_rollout_ref.actor.optim", {"lr": 1e-5, "weight_decay": 0.01}), total_training_steps=2
+    )
     batch = synthetic_batch(rows, prompt, response, int(module.config.get_text_config().vocab_size))
 
     def forward(mod, part):
-        lp, _ = response_log_probs(mod, part["input_ids"], part["attention_mask"], response,
-                                   remove_padding=remove_padding)
+        lp, _ = response_log_probs(
+            mod, part["input_ids"], part["attention_mask"], response, remove_padding=remove_padding
+        )
         return lp
 
     def loss_fn(part, lp, mask, agg):
         return algorithms.agg_loss(-lp * part["advantages"], mask, "token-mean", **agg), {}
 
     def update():
-        engine.train(batch, forward, loss_fn, mini_rows=rows, epochs=1, shuffle=False,
-                     micro={"micro_batch_size": rows}, grad_clip=1.0)
+        engine.train(
+            batch,
+            forward,
+            loss_fn,
+            mini_rows=rows,
+            epochs=1,
+            shuffle=False,
+            micro={"micro_batch_size": rows},
+            grad_clip=1.0,
+        )
 
     update()
     tracker = MemTracker()

@@ -39,16 +39,25 @@ WALL_CLOCK = ("timing_s/", "perf/", "throughput", "time_per", "_time", "memory")
 
 def _geo(out: Path, data: Path, **extra) -> list[str]:
     values = {
-        "af_output_dir": out, "data.train_files": data / "geo" / "train.parquet",
-        "data.val_files": data / "geo" / "test.parquet", "data.train_batch_size": 4, "data.max_response_length": 3,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "actor_rollout_ref.actor.use_kl_loss": "true", "actor_rollout_ref.actor.kl_loss_coef": 0.05,
-        "actor_rollout_ref.actor.entropy_coeff": 0.01, "actor_rollout_ref.rollout.n": 4,
+        "af_output_dir": out,
+        "data.train_files": data / "geo" / "train.parquet",
+        "data.val_files": data / "geo" / "test.parquet",
+        "data.train_batch_size": 4,
+        "data.max_response_length": 3,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "actor_rollout_ref.actor.use_kl_loss": "true",
+        "actor_rollout_ref.actor.kl_loss_coef": 0.05,
+        "actor_rollout_ref.actor.entropy_coeff": 0.01,
+        "actor_rollout_ref.rollout.n": 4,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
         "custom_reward_function.path": data / "varied_reward.py",
-        "trainer.total_training_steps": 3, "trainer.save_freq": 2, "trainer.test_freq": 3,
-        "trainer.logger": "[console,file]", "ray_init.num_cpus": 2,
+        "trainer.total_training_steps": 3,
+        "trainer.save_freq": 2,
+        "trainer.test_freq": 3,
+        "trainer.logger": "[console,file]",
+        "ray_init.num_cpus": 2,
     }
     values.update(extra)
     return [f"{k}={v}" for k, v in values.items()]
@@ -56,16 +65,26 @@ def _geo(out: Path, data: Path, **extra) -> list[str]:
 
 def _text(out: Path, data: Path, **extra) -> list[str]:
     values = {
-        "af_output_dir": out, "data.train_files": data / "text" / "train.parquet",
-        "data.val_files": data / "text" / "test.parquet", "data.train_batch_size": 4, "data.max_prompt_length": 32,
-        "data.max_response_length": 4, "actor_rollout_ref.model.path": "tiny://qwen2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "actor_rollout_ref.actor.use_kl_loss": "false", "actor_rollout_ref.rollout.n": 2,
+        "af_output_dir": out,
+        "data.train_files": data / "text" / "train.parquet",
+        "data.val_files": data / "text" / "test.parquet",
+        "data.train_batch_size": 4,
+        "data.max_prompt_length": 32,
+        "data.max_response_length": 4,
+        "actor_rollout_ref.model.path": "tiny://qwen2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "actor_rollout_ref.actor.use_kl_loss": "false",
+        "actor_rollout_ref.rollout.n": 2,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
         "custom_reward_function.path": data / "varied_reward.py",
-        "trainer.total_training_steps": 3, "trainer.save_freq": 3, "trainer.test_freq": 3,
-        "trainer.val_before_train": "false", "trainer.logger": "[console,file]", "ray_init.num_cpus": 2,
+        "trainer.total_training_steps": 3,
+        "trainer.save_freq": 3,
+        "trainer.test_freq": 3,
+        "trainer.val_before_train": "false",
+        "trainer.logger": "[console,file]",
+        "ray_init.num_cpus": 2,
     }
     values.update(extra)
     return [f"{k}={v}" for k, v in values.items()]
@@ -76,34 +95,100 @@ def scenarios(data: Path) -> dict[str, list[tuple[str, callable]]]:
     two = {"trainer.n_gpus_per_node": 2}
     return {
         "geo_1worker": [("tiny_geo3k", lambda o: _geo(o, data))],
-        "geo_1worker_resume": [("tiny_geo3k", lambda o: _geo(o, data, **{"trainer.total_training_steps": 2})),
-                               ("tiny_geo3k", lambda o: _geo(o, data))],
-        "geo_2workers": [("tiny_geo3k", lambda o: _geo(o, data, **two))],
-        "geo_2workers_resume": [("tiny_geo3k", lambda o: _geo(o, data, **two, **{"trainer.total_training_steps": 2})),
-                                ("tiny_geo3k", lambda o: _geo(o, data, **two))],
-        "text_gae_kl_in_reward": [("tiny_gsm8k", lambda o: _text(o, data, **{
-            "algorithm.adv_estimator": "gae", "algorithm.gamma": 0.99, "algorithm.lam": 0.95,
-            "algorithm.use_kl_in_reward": "true", "algorithm.kl_ctrl.type": "adaptive",
-            "algorithm.kl_ctrl.kl_coef": 0.02, "critic.optim.lr": 1e-3, "critic.ppo_micro_batch_size_per_gpu": 2,
-            "critic.cliprange_value": 0.5, "actor_rollout_ref.actor.ppo_epochs": 2})),
+        "geo_1worker_resume": [
+            ("tiny_geo3k", lambda o: _geo(o, data, **{"trainer.total_training_steps": 2})),
+            ("tiny_geo3k", lambda o: _geo(o, data)),
         ],
-        "text_lora": [("tiny_gsm8k", lambda o: _text(o, data, **{
-            "actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8,
-            "actor_rollout_ref.actor.use_kl_loss": "true", "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
-            "actor_rollout_ref.actor.optim.lr": 1e-2}))],
-        "text_reward_model": [("tiny_gsm8k", lambda o: _text(o, data, **{
-            "reward_model.enable": "true", "reward_model.model.path": "tiny://qwen2rm",
-            "reward_model.micro_batch_size_per_gpu": 2, "algorithm.adv_estimator": "rloo"}))],
-        "text_gspo_loss_modes": [("tiny_gsm8k", lambda o: _text(o, data, **{
-            "actor_rollout_ref.actor.policy_loss.loss_mode": "gspo",
-            "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",
-            "actor_rollout_ref.actor.clip_ratio_low": 3e-4, "actor_rollout_ref.actor.clip_ratio_high": 4e-4,
-            "algorithm.norm_adv_by_std_in_grpo": "false", "actor_rollout_ref.model.use_remove_padding": "false",
-            "actor_rollout_ref.actor.use_dynamic_bsz": "true",
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 64}))],
-        "geo_dapo": [("tiny_geo3k_dapo", lambda o: _geo(o, data, **{
-            "data.gen_batch_size": 4, "actor_rollout_ref.actor.use_kl_loss": "false",
-            "algorithm.filter_groups.max_num_gen_batches": 3}))],
+        "geo_2workers": [("tiny_geo3k", lambda o: _geo(o, data, **two))],
+        "geo_2workers_resume": [
+            ("tiny_geo3k", lambda o: _geo(o, data, **two, **{"trainer.total_training_steps": 2})),
+            ("tiny_geo3k", lambda o: _geo(o, data, **two)),
+        ],
+        "text_gae_kl_in_reward": [
+            (
+                "tiny_gsm8k",
+                lambda o: _text(
+                    o,
+                    data,
+                    **{
+                        "algorithm.adv_estimator": "gae",
+                        "algorithm.gamma": 0.99,
+                        "algorithm.lam": 0.95,
+                        "algorithm.use_kl_in_reward": "true",
+                        "algorithm.kl_ctrl.type": "adaptive",
+                        "algorithm.kl_ctrl.kl_coef": 0.02,
+                        "critic.optim.lr": 1e-3,
+                        "critic.ppo_micro_batch_size_per_gpu": 2,
+                        "critic.cliprange_value": 0.5,
+                        "actor_rollout_ref.actor.ppo_epochs": 2,
+                    },
+                ),
+            )
+        ],
+        "text_lora": [
+            (
+                "tiny_gsm8k",
+                lambda o: _text(
+                    o,
+                    data,
+                    **{
+                        "actor_rollout_ref.model.lora_rank": 4,
+                        "actor_rollout_ref.model.lora_alpha": 8,
+                        "actor_rollout_ref.actor.use_kl_loss": "true",
+                        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+                        "actor_rollout_ref.actor.optim.lr": 1e-2,
+                    },
+                ),
+            )
+        ],
+        "text_reward_model": [
+            (
+                "tiny_gsm8k",
+                lambda o: _text(
+                    o,
+                    data,
+                    **{
+                        "reward_model.enable": "true",
+                        "reward_model.model.path": "tiny://qwen2rm",
+                        "reward_model.micro_batch_size_per_gpu": 2,
+                        "algorithm.adv_estimator": "rloo",
+                    },
+                ),
+            )
+        ],
+        "text_gspo_loss_modes": [
+            (
+                "tiny_gsm8k",
+                lambda o: _text(
+                    o,
+                    data,
+                    **{
+                        "actor_rollout_ref.actor.policy_loss.loss_mode": "gspo",
+                        "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-mean",
+                        "actor_rollout_ref.actor.clip_ratio_low": 3e-4,
+                        "actor_rollout_ref.actor.clip_ratio_high": 4e-4,
+                        "algorithm.norm_adv_by_std_in_grpo": "false",
+                        "actor_rollout_ref.model.use_remove_padding": "false",
+                        "actor_rollout_ref.actor.use_dynamic_bsz": "true",
+                        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 64,
+                    },
+                ),
+            )
+        ],
+        "geo_dapo": [
+            (
+                "tiny_geo3k_dapo",
+                lambda o: _geo(
+                    o,
+                    data,
+                    **{
+                        "data.gen_batch_size": 4,
+                        "actor_rollout_ref.actor.use_kl_loss": "false",
+                        "algorithm.filter_groups.max_num_gen_batches": 3,
+                    },
+                ),
+            )
+        ],
     }
 
 
@@ -140,8 +225,14 @@ def _metrics(out: Path) -> list[dict]:
 
 def record(result_path: Path, repo: Path, only: list[str]) -> None:
     work = Path(tempfile.mkdtemp(prefix="metrics_identical_"))
-    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", VERL_NPU_CACHE=str(work / "cache"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(repo),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        VERL_NPU_CACHE=str(work / "cache"),
+    )
     env.pop("RAY_ADDRESS", None)
     _make_data(work / "data", repo, env)
     result: dict = {"repo": str(repo), "commit": _commit(repo), "scenarios": {}}
@@ -154,11 +245,14 @@ def record(result_path: Path, repo: Path, only: list[str]) -> None:
             cmd = [sys.executable, "-m", "verl_npu.cli", "run", recipe, *overrides(out)]
             proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
-                sys.exit(f"{name}: {' '.join(map(str, cmd))}\nfailed ({proc.returncode}):\n"
-                         f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+                sys.exit(
+                    f"{name}: {' '.join(map(str, cmd))}\nfailed ({proc.returncode}):\n"
+                    f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+                )
         result["scenarios"][name] = {"metrics": _metrics(out), "weights": _hf_export(out)}
-        print(f"{name}: {len(result['scenarios'][name]['metrics'])} metric rows, "
-              f"{time.time() - started:.0f}s", flush=True)
+        print(
+            f"{name}: {len(result['scenarios'][name]['metrics'])} metric rows, {time.time() - started:.0f}s", flush=True
+        )
     result_path.write_text(json.dumps(result, indent=1, sort_keys=True))
     print(f"recorded {result_path}")
 
@@ -184,8 +278,10 @@ def compare(base_path: Path, new_path: Path, only: list[str] = ()) -> int:
         for i, (rb, rn) in enumerate(zip(b["metrics"], n["metrics"])):
             for key in sorted(set(rb) | set(rn)):
                 if rb.get(key, "<absent>") != rn.get(key, "<absent>"):
-                    problems.append(f"{name} row {i} (step {rb.get('step')}): {key}: {rb.get(key, '<absent>')!r} "
-                                    f"-> {rn.get(key, '<absent>')!r}")
+                    problems.append(
+                        f"{name} row {i} (step {rb.get('step')}): {key}: {rb.get(key, '<absent>')!r} "
+                        f"-> {rn.get(key, '<absent>')!r}"
+                    )
         if b["weights"] != n["weights"]:
             problems.append(f"{name}: final weights differ: {b['weights']} -> {n['weights']}")
     count = sum(len(s["metrics"]) for s in base["scenarios"].values())
@@ -193,8 +289,10 @@ def compare(base_path: Path, new_path: Path, only: list[str] = ()) -> int:
         print("\n".join(problems[:200]))
         print(f"DIFFERENT: {len(problems)} differences ({base['commit']} vs {new['commit']})")
         return 1
-    print(f"identical: {len(base['scenarios'])} scenarios, {count} metric rows and the final weights "
-          f"({base['commit']} vs {new['commit']})")
+    print(
+        f"identical: {len(base['scenarios'])} scenarios, {count} metric rows and the final weights "
+        f"({base['commit']} vs {new['commit']})"
+    )
     return 0
 
 

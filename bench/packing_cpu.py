@@ -27,10 +27,12 @@ import time
 import torch
 
 SIZES = {
-    "tiny (h128, 2 layers)": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2),
-    "small (h512, 4 layers)": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                                   num_attention_heads=8, num_key_value_heads=2),
+    "tiny (h128, 2 layers)": dict(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ),
+    "small (h512, 4 layers)": dict(
+        hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2
+    ),
 }
 ROWS, RESPONSE = 32, 32
 
@@ -44,8 +46,8 @@ def batch(mixed: bool, vocab: int, generator: torch.Generator):
     width = int(prompt_lens.max())
     ids = torch.randint(3, vocab, (ROWS, width + RESPONSE), generator=generator)
     cols = torch.arange(width + RESPONSE)
-    prompt_mask = (cols[None, :width] >= width - prompt_lens[:, None])
-    response_mask = (cols[None, :RESPONSE] < response_lens[:, None])
+    prompt_mask = cols[None, :width] >= width - prompt_lens[:, None]
+    response_mask = cols[None, :RESPONSE] < response_lens[:, None]
     mask = torch.cat([prompt_mask, response_mask], 1).long()
     return ids * mask, mask
 
@@ -76,8 +78,10 @@ def main(argv=None) -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.set_num_threads(args.threads)
-    print(f"{ROWS} rows, prompts 20-60 tokens, responses {RESPONSE} (equal) or 1-{RESPONSE} (mixed), fp32, "
-          f"forward+backward, median of {args.repeats}, {args.threads} threads")
+    print(
+        f"{ROWS} rows, prompts 20-60 tokens, responses {RESPONSE} (equal) or 1-{RESPONSE} (mixed), fp32, "
+        f"forward+backward, median of {args.repeats}, {args.threads} threads"
+    )
     print("| model | responses | padded s | packed (varlen) s | packed, dense mask (before) s | padded / packed |")
     print("|---|---|---|---|---|---|")
     for name, size in SIZES.items():
@@ -91,8 +95,11 @@ def main(argv=None) -> int:
             for layout in ("padded", "packed", "packed-dense-mask"):
                 timed_step(model, ids, mask, layout)  # warm-up
                 times[layout] = statistics.median(timed_step(model, ids, mask, layout) for _ in range(args.repeats))
-            print(f"| {name} | {'mixed' if mixed else 'equal'} | {times['padded']:.4f} | {times['packed']:.4f} | "
-                  f"{times['packed-dense-mask']:.4f} | {times['padded'] / times['packed']:.2f} |", flush=True)
+            print(
+                f"| {name} | {'mixed' if mixed else 'equal'} | {times['padded']:.4f} | {times['packed']:.4f} | "
+                f"{times['packed-dense-mask']:.4f} | {times['padded'] / times['packed']:.2f} |",
+                flush=True,
+            )
     return 0
 
 

@@ -48,14 +48,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 SIZES: dict[str, dict[str, int]] = {
     "tiny": {},  # tiny://qwen2: hidden 128, 2 layers, 4 heads of 32
-    "1m": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-               num_key_value_heads=2),
-    "20m": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=7, num_attention_heads=8,
-                num_key_value_heads=2),
-    "120m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=14, num_attention_heads=12,
-                 num_key_value_heads=4),
-    "500m": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=32, num_attention_heads=16,
-                 num_key_value_heads=4),
+    "1m": dict(
+        hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+    ),
+    "20m": dict(
+        hidden_size=512, intermediate_size=1536, num_hidden_layers=7, num_attention_heads=8, num_key_value_heads=2
+    ),
+    "120m": dict(
+        hidden_size=768, intermediate_size=3072, num_hidden_layers=14, num_attention_heads=12, num_key_value_heads=4
+    ),
+    "500m": dict(
+        hidden_size=1024, intermediate_size=4096, num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4
+    ),
 }
 PHASES = ("step", "gen", "reward", "old_log_prob", "adv", "update_actor")
 
@@ -91,8 +95,12 @@ def reset_hwm() -> None:
 def machine() -> dict:
     import torch
 
-    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "python": platform.python_version(), "torch": torch.__version__}
+    info = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
             info["cpu"] = line.split(":", 1)[1].strip()
@@ -125,19 +133,43 @@ def build_model(workdir: Path, size: str) -> None:
     (path / "built.json").write_text(json.dumps({"size": size, "seconds": time.perf_counter() - start}))
 
 
-def rollout_config(path: Path, *, dtype: str, prompt_len: int, response_len: int, max_num_seqs: int,
-                   kv_cache_mb: int, enforce_eager: bool, bucket_mb: int = 512):
+def rollout_config(
+    path: Path,
+    *,
+    dtype: str,
+    prompt_len: int,
+    response_len: int,
+    max_num_seqs: int,
+    kv_cache_mb: int,
+    enforce_eager: bool,
+    bucket_mb: int = 512,
+):
     """The backend config both engines are built from (only `rollout.*`, `model.*`, `data.seed` are read)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.create({"data": {"seed": 0}, "actor_rollout_ref": {
-        "model": {"path": str(path), "trust_remote_code": False},
-        "rollout": {"name": "vllm", "dtype": dtype, "tensor_model_parallel_size": 1,
-                    "enforce_eager": enforce_eager, "max_num_seqs": max_num_seqs,
-                    "max_num_batched_tokens": max(2048, max_num_seqs * 8), "prompt_length": prompt_len,
-                    "response_length": response_len, "free_cache_engine": True, "load_format": "auto",
-                    "gpu_memory_utilization": 0.5, "update_weights_bucket_megabytes": bucket_mb,
-                    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache_mb << 20}}}}})
+    return OmegaConf.create(
+        {
+            "data": {"seed": 0},
+            "actor_rollout_ref": {
+                "model": {"path": str(path), "trust_remote_code": False},
+                "rollout": {
+                    "name": "vllm",
+                    "dtype": dtype,
+                    "tensor_model_parallel_size": 1,
+                    "enforce_eager": enforce_eager,
+                    "max_num_seqs": max_num_seqs,
+                    "max_num_batched_tokens": max(2048, max_num_seqs * 8),
+                    "prompt_length": prompt_len,
+                    "response_length": response_len,
+                    "free_cache_engine": True,
+                    "load_format": "auto",
+                    "gpu_memory_utilization": 0.5,
+                    "update_weights_bucket_megabytes": bucket_mb,
+                    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kv_cache_mb << 20}},
+                },
+            },
+        }
+    )
 
 
 def make_prompts(tokenizer, count: int):
@@ -146,17 +178,21 @@ def make_prompts(tokenizer, count: int):
 
     from verl_npu.batch import Batch
 
-    texts = [f"Find the area of the square if each side is {i + 3}. " + "Reason step by step. " * (i % 4)
-             for i in range(count)]
+    texts = [
+        f"Find the area of the square if each side is {i + 3}. " + "Reason step by step. " * (i % 4)
+        for i in range(count)
+    ]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     width = max(map(len, ids))
     input_ids = torch.full((count, width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((count, width), dtype=torch.long)
     for i, row in enumerate(ids):
-        input_ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
-    return Batch({"input_ids": input_ids, "attention_mask": mask},
-                 {"raw_prompt_ids": ids, "uid": [f"bench-{i}" for i in range(count)]}), width
+        input_ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
+    return Batch(
+        {"input_ids": input_ids, "attention_mask": mask},
+        {"raw_prompt_ids": ids, "uid": [f"bench-{i}" for i in range(count)]},
+    ), width
 
 
 def child(args: argparse.Namespace, command: str, **options) -> dict:
@@ -173,7 +209,7 @@ def child(args: argparse.Namespace, command: str, **options) -> dict:
         tail = log.read_text()[-3000:]
         result = {"error": f"exit {proc.returncode}; log {log}: ...{tail[-1500:]}", **options}
     else:
-        result = json.loads(lines[-1][len("RESULTS "):])
+        result = json.loads(lines[-1][len("RESULTS ") :])
     with (Path(args.workdir) / "results.jsonl").open("a") as fh:  # kept even when a later part fails
         fh.write(json.dumps({"part": command, "time": time.time(), **result}) + "\n")
     return result
@@ -194,23 +230,47 @@ def gen_one(args: argparse.Namespace) -> dict:
     module = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
     prompts, prompt_len = make_prompts(tokenizer, args.prompts)
     rows = args.prompts * args.n
-    cfg = rollout_config(path, dtype=args.dtype, prompt_len=prompt_len, response_len=args.new_tokens,
-                         max_num_seqs=max(rows, 16), kv_cache_mb=args.kv_cache_mb, enforce_eager=not args.compile)
+    cfg = rollout_config(
+        path,
+        dtype=args.dtype,
+        prompt_len=prompt_len,
+        response_len=args.new_tokens,
+        max_num_seqs=max(rows, 16),
+        kv_cache_mb=args.kv_cache_mb,
+        enforce_eager=not args.compile,
+    )
     threads_before = torch.get_num_threads()
     engines = {"hf": build_rollout("hf", module, tokenizer, None, cfg)}
     start = time.perf_counter()
     engines["vllm"] = build_rollout("vllm", module, tokenizer, None, cfg)
     engine_start = time.perf_counter() - start
     modes = {
-        "sampled": SamplingParams(n=args.n, temperature=1.0, top_k=-1, top_p=1.0, do_sample=True,
-                                  max_new_tokens=args.new_tokens, ignore_eos=True),
-        "greedy": SamplingParams(n=args.n, do_sample=False, temperature=0.0, max_new_tokens=args.new_tokens,
-                                 ignore_eos=True),
+        "sampled": SamplingParams(
+            n=args.n,
+            temperature=1.0,
+            top_k=-1,
+            top_p=1.0,
+            do_sample=True,
+            max_new_tokens=args.new_tokens,
+            ignore_eos=True,
+        ),
+        "greedy": SamplingParams(
+            n=args.n, do_sample=False, temperature=0.0, max_new_tokens=args.new_tokens, ignore_eos=True
+        ),
     }
-    result: dict = {"size": args.size, "dtype": args.dtype, "params_m": sum(p.numel() for p in module.parameters()) / 1e6,
-                    "rows": rows, "new_tokens": args.new_tokens, "prompt_width": prompt_len,
-                    "vllm_engine_start_s": engine_start, "torch_threads": [threads_before, torch.get_num_threads()],
-                    "compiled": bool(args.compile), "load_start": load_avg(), "modes": {}}
+    result: dict = {
+        "size": args.size,
+        "dtype": args.dtype,
+        "params_m": sum(p.numel() for p in module.parameters()) / 1e6,
+        "rows": rows,
+        "new_tokens": args.new_tokens,
+        "prompt_width": prompt_len,
+        "vllm_engine_start_s": engine_start,
+        "torch_threads": [threads_before, torch.get_num_threads()],
+        "compiled": bool(args.compile),
+        "load_start": load_avg(),
+        "modes": {},
+    }
     for mode, params in modes.items():
         times: dict[str, list[float]] = {name: [] for name in engines}
         outputs = {}
@@ -228,9 +288,13 @@ def gen_one(args: argparse.Namespace) -> dict:
         entry = {}
         for name in engines:
             median = statistics.median(times[name])
-            entry[name] = {"median_s": median, "tokens_per_s": rows * args.new_tokens / median,
-                           "times_s": times[name], "warmup_s": warm[name],
-                           "mean_response_mask_len": float(outputs[name]["response_mask"].sum(1).float().mean())}
+            entry[name] = {
+                "median_s": median,
+                "tokens_per_s": rows * args.new_tokens / median,
+                "times_s": times[name],
+                "warmup_s": warm[name],
+                "mean_response_mask_len": float(outputs[name]["response_mask"].sum(1).float().mean()),
+            }
         entry["vllm_over_hf"] = entry["vllm"]["tokens_per_s"] / entry["hf"]["tokens_per_s"]
         if mode == "greedy":  # the same weights in both engines: greedy tokens should agree
             same = (outputs["hf"]["responses"] == outputs["vllm"]["responses"]).all(dim=1)
@@ -242,22 +306,37 @@ def gen_one(args: argparse.Namespace) -> dict:
 
 
 def gen(args: argparse.Namespace) -> dict:
-    runs = [child(args, "_gen-one", size=size, dtype=args.dtype, prompts=args.prompts, n=args.n,
-                  new_tokens=args.new_tokens, repeats=args.repeats, kv_cache_mb=args.kv_cache_mb,
-                  **({"compile": 1} if args.compile else {}))
-            for size in args.sizes.split(",")]
+    runs = [
+        child(
+            args,
+            "_gen-one",
+            size=size,
+            dtype=args.dtype,
+            prompts=args.prompts,
+            n=args.n,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            kv_cache_mb=args.kv_cache_mb,
+            **({"compile": 1} if args.compile else {}),
+        )
+        for size in args.sizes.split(",")
+    ]
     vllm = "vLLM compiled" if args.compile else "vLLM eager"
-    lines = [f"| model | params | mode | HF tokens/s | {vllm} tokens/s | vLLM / HF | HF warm-up s | vLLM warm-up s "
-             "| vLLM engine start s | greedy rows equal |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| model | params | mode | HF tokens/s | {vllm} tokens/s | vLLM / HF | HF warm-up s | vLLM warm-up s "
+        "| vLLM engine start s | greedy rows equal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         if "error" in r:
             lines.append(f"| {r.get('size')} | failed: {r['error'][:200]} |")
             continue
         for mode, e in r["modes"].items():
-            lines.append(f"| {r['size']} | {r['params_m']:.2f} M | {mode} | {e['hf']['tokens_per_s']:.0f} | "
-                         f"{e['vllm']['tokens_per_s']:.0f} | {e['vllm_over_hf']:.2f} | {e['hf']['warmup_s']:.2f} | "
-                         f"{e['vllm']['warmup_s']:.2f} | {r['vllm_engine_start_s']:.1f} | {e.get('greedy_rows_equal', '')} |")
+            lines.append(
+                f"| {r['size']} | {r['params_m']:.2f} M | {mode} | {e['hf']['tokens_per_s']:.0f} | "
+                f"{e['vllm']['tokens_per_s']:.0f} | {e['vllm_over_hf']:.2f} | {e['hf']['warmup_s']:.2f} | "
+                f"{e['vllm']['warmup_s']:.2f} | {r['vllm_engine_start_s']:.1f} | {e.get('greedy_rows_equal', '')} |"
+            )
     return {"part": "gen", "runs": runs, "table": lines}
 
 
@@ -283,8 +362,16 @@ def sync_one(args: argparse.Namespace) -> dict:
     result["rss_gib"]["trainer_model"] = rss_gib()
     result["rss_gib"]["peak_trainer_load"] = hwm_gib()  # the checkpoint's pages plus the clone: not a trainer's
     reset_hwm()
-    cfg = rollout_config(path, dtype=args.dtype, prompt_len=64, response_len=64, max_num_seqs=16,
-                         kv_cache_mb=args.kv_cache_mb, enforce_eager=True, bucket_mb=args.bucket_mb)
+    cfg = rollout_config(
+        path,
+        dtype=args.dtype,
+        prompt_len=64,
+        response_len=64,
+        max_num_seqs=16,
+        kv_cache_mb=args.kv_cache_mb,
+        enforce_eager=True,
+        bucket_mb=args.bucket_mb,
+    )
     start = time.perf_counter()
     engine = build_rollout("vllm", module, tokenizer, None, cfg)
     result["engine_start_s"] = time.perf_counter() - start
@@ -334,21 +421,35 @@ def _greedy(tokens: int):
 
 
 def sync(args: argparse.Namespace) -> dict:
-    runs = [child(args, "_sync-one", size=size, dtype=dtype, repeats=args.repeats, kv_cache_mb=args.kv_cache_mb,
-                  bucket_mb=args.bucket_mb)
-            for size in args.sizes.split(",") for dtype in args.dtypes.split(",")]
-    lines = ["| model | params | rollout dtype | engine start s | first sync s | sync s (median) | GiB/s into engine "
-             "| RSS GiB: trainer copy / + engine | peak RSS GiB: engine start / syncs | sync verified |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    runs = [
+        child(
+            args,
+            "_sync-one",
+            size=size,
+            dtype=dtype,
+            repeats=args.repeats,
+            kv_cache_mb=args.kv_cache_mb,
+            bucket_mb=args.bucket_mb,
+        )
+        for size in args.sizes.split(",")
+        for dtype in args.dtypes.split(",")
+    ]
+    lines = [
+        "| model | params | rollout dtype | engine start s | first sync s | sync s (median) | GiB/s into engine "
+        "| RSS GiB: trainer copy / + engine | peak RSS GiB: engine start / syncs | sync verified |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         if "error" in r:
             lines.append(f"| {r.get('size')} | | {r.get('dtype')} | failed: {r['error'][:200]} |")
             continue
-        lines.append(f"| {r['size']} | {r['params_m']:.1f} M | {r['dtype']} | {r['engine_start_s']:.1f} | "
-                     f"{r['first_sync_s']:.3f} | {r['sync_median_s']:.3f} | {r['sync_gib_per_s']:.2f} | "
-                     f"{r['rss_gib']['trainer_model']:.2f} / {r['rss_gib']['after_engine_start']:.2f} | "
-                     f"{r['rss_gib']['peak_engine_start']:.2f} / {r['rss_gib']['peak_during_syncs']:.2f} | "
-                     f"{r['sync_verified']} |")
+        lines.append(
+            f"| {r['size']} | {r['params_m']:.1f} M | {r['dtype']} | {r['engine_start_s']:.1f} | "
+            f"{r['first_sync_s']:.3f} | {r['sync_median_s']:.3f} | {r['sync_gib_per_s']:.2f} | "
+            f"{r['rss_gib']['trainer_model']:.2f} / {r['rss_gib']['after_engine_start']:.2f} | "
+            f"{r['rss_gib']['peak_engine_start']:.2f} / {r['rss_gib']['peak_during_syncs']:.2f} | "
+            f"{r['sync_verified']} |"
+        )
     return {"part": "sync", "runs": runs, "table": lines}
 
 
@@ -358,10 +459,16 @@ def write_text_data(folder: Path, rows: int) -> None:
     import pyarrow.parquet as pq
 
     folder.mkdir(parents=True, exist_ok=True)
-    table = [{"data_source": "openai/gsm8k", "ability": "math",
-              "prompt": [{"role": "user", "content": f"Add {i} and {3 * i + 1}. Put the answer in \\boxed{{}}."}],
-              "reward_model": {"style": "rule", "ground_truth": str(4 * i + 1)},
-              "extra_info": {"split": "train", "index": i}} for i in range(rows)]
+    table = [
+        {
+            "data_source": "openai/gsm8k",
+            "ability": "math",
+            "prompt": [{"role": "user", "content": f"Add {i} and {3 * i + 1}. Put the answer in \\boxed{{}}."}],
+            "reward_model": {"style": "rule", "ground_truth": str(4 * i + 1)},
+            "extra_info": {"split": "train", "index": i},
+        }
+        for i in range(rows)
+    ]
     for name in ("train", "test"):
         pq.write_table(pa.Table.from_pylist(table), folder / f"{name}.parquet")
 
@@ -371,7 +478,9 @@ def shm_mapped() -> set[str]:
     used = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
-            used.update(line.split(None, 5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/" in line)
+            used.update(
+                line.split(None, 5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/" in line
+            )
         except OSError:
             continue
     return used
@@ -411,19 +520,30 @@ def train(args: argparse.Namespace) -> dict:
 
             shutil.rmtree(out)
         overrides = {
-            "af_output_dir": out, "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
-            "data.train_batch_size": args.batch, "data.max_prompt_length": 48,
-            "data.max_response_length": args.response_length, "actor_rollout_ref.model.path": model,
+            "af_output_dir": out,
+            "data.train_files": data / "train.parquet",
+            "data.val_files": data / "test.parquet",
+            "data.train_batch_size": args.batch,
+            "data.max_prompt_length": 48,
+            "data.max_response_length": args.response_length,
+            "actor_rollout_ref.model.path": model,
             "actor_rollout_ref.actor.ppo_mini_batch_size": args.batch,
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": args.batch * args.n // workers,
-            "actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.dtype": "float32",
-            "actor_rollout_ref.rollout.n": args.n, "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
-            "actor_rollout_ref.rollout.enforce_eager": "true", "actor_rollout_ref.rollout.max_num_seqs": 64,
+            "actor_rollout_ref.rollout.name": "vllm",
+            "actor_rollout_ref.rollout.dtype": "float32",
+            "actor_rollout_ref.rollout.n": args.n,
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
+            "actor_rollout_ref.rollout.enforce_eager": "true",
+            "actor_rollout_ref.rollout.max_num_seqs": 64,
             "actor_rollout_ref.rollout.max_num_batched_tokens": 2048,
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": args.batch * args.n // workers,
             "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": args.kv_cache_mb << 20,
-            "trainer.n_gpus_per_node": workers, "trainer.total_training_steps": args.steps,
-            "trainer.save_freq": -1, "trainer.test_freq": -1, "trainer.logger": "[console]", "ray_init.num_cpus": 2,
+            "trainer.n_gpus_per_node": workers,
+            "trainer.total_training_steps": args.steps,
+            "trainer.save_freq": -1,
+            "trainer.test_freq": -1,
+            "trainer.logger": "[console]",
+            "ray_init.num_cpus": 2,
         }
         argv = [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *(f"{k}={v}" for k, v in overrides.items())]
         log = workdir / "logs" / f"train-{args.size}-w{workers}-tp{tp}.log"
@@ -439,9 +559,16 @@ def train(args: argparse.Namespace) -> dict:
         leaked = sorted(str(p) for p in set(Path("/dev/shm").iterdir()) - shm_before if str(p) not in shm_mapped())
         for path in leaked:
             Path(path).unlink(missing_ok=True)
-        run: dict = {"workers": workers, "tp": tp, "rollout_dp": workers // tp, "wall_s": wall,
-                     "load_start": load_start, "load_end": load_avg(), "stale_shm_removed_before": stale,
-                     "shm_left_behind": leaked}
+        run: dict = {
+            "workers": workers,
+            "tp": tp,
+            "rollout_dp": workers // tp,
+            "wall_s": wall,
+            "load_start": load_start,
+            "load_end": load_avg(),
+            "stale_shm_removed_before": stale,
+            "shm_left_behind": leaked,
+        }
         metrics_file = out / "metrics.jsonl"
         if proc.returncode or not metrics_file.exists():
             run["error"] = f"exit {proc.returncode}; log {log}: ...{log.read_text()[-1500:]}"
@@ -460,18 +587,30 @@ def train(args: argparse.Namespace) -> dict:
         run["rollout_probs_diff_max"] = max(r.get("training/rollout_probs_diff_max", float("nan")) for r in rows)
         run["response_length_mean"] = statistics.mean(r["response_length/mean"] for r in rows)
         runs.append(run)
-    lines = ["| workers | TP | rollout DP | step s | gen s | old_log_prob s | update_actor s (incl. weight sync) "
-             "| step 1 s | wall incl. start-up s | rollout probs diff max |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| workers | TP | rollout DP | step s | gen s | old_log_prob s | update_actor s (incl. weight sync) "
+        "| step 1 s | wall incl. start-up s | rollout probs diff max |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         if "error" in r:
             lines.append(f"| {r['workers']} | {r['tp']} | failed: {r['error'][:200]} |")
             continue
-        lines.append(f"| {r['workers']} | {r['tp']} | {r['rollout_dp']} | {r['step_s']:.2f} | {r['gen_s']:.2f} | "
-                     f"{r['old_log_prob_s']:.2f} | {r['update_actor_s']:.2f} | {r['step1_s']:.1f} | {r['wall_s']:.0f} | "
-                     f"{r['rollout_probs_diff_max']:.1e} |")
-    return {"part": "train", "size": args.size, "steps": args.steps, "batch": args.batch, "n": args.n,
-            "response_length": args.response_length, "runs": runs, "table": lines}
+        lines.append(
+            f"| {r['workers']} | {r['tp']} | {r['rollout_dp']} | {r['step_s']:.2f} | {r['gen_s']:.2f} | "
+            f"{r['old_log_prob_s']:.2f} | {r['update_actor_s']:.2f} | {r['step1_s']:.1f} | {r['wall_s']:.0f} | "
+            f"{r['rollout_probs_diff_max']:.1e} |"
+        )
+    return {
+        "part": "train",
+        "size": args.size,
+        "steps": args.steps,
+        "batch": args.batch,
+        "n": args.n,
+        "response_length": args.response_length,
+        "runs": runs,
+        "table": lines,
+    }
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -507,8 +646,12 @@ def main() -> int:
         os._exit(0)  # skip the engine's slow, noisy teardown
     if args.sizes is None:
         args.sizes = "tiny,20m" if args.part == "gen" else "1m,20m,120m,500m"
-    head = {"machine": machine(), "load_start": load_avg(), "argv": sys.argv[1:],
-            "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")}}
+    head = {
+        "machine": machine(),
+        "load_start": load_avg(),
+        "argv": sys.argv[1:],
+        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")},
+    }
     start = time.perf_counter()
     result = {"gen": gen, "sync": sync, "train": train}[args.part](args)
     result = {**head, **result, "load_end": load_avg(), "wall_s": time.perf_counter() - start}

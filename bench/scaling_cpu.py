@@ -28,16 +28,27 @@ PHASES = ["gen", "old_log_prob", "update_actor", "step"]
 
 def run(workers: int, steps: int, data: Path, out: Path, extra: list[str]) -> dict:
     overrides = [
-        f"af_output_dir={out}", f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-        f"trainer.n_gpus_per_node={workers}", f"trainer.total_training_steps={steps}", "trainer.save_freq=-1",
-        "trainer.test_freq=-1", "trainer.logger=[console]", "ray_init.num_cpus=2",
+        f"af_output_dir={out}",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        f"trainer.n_gpus_per_node={workers}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.logger=[console]",
+        "ray_init.num_cpus=2",
         # micro batches that fit the per-device share at both sizes (32 responses per device with 2)
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64", *extra,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",
+        *extra,
     ]
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *overrides], cwd=REPO,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         raise SystemExit(f"run with {workers} worker(s) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     wall = time.time() - start
@@ -72,10 +83,16 @@ def main() -> int:
         "|---|---|---|---|---|---|---|",
     ]
     for w, r in results.items():
-        lines.append(f"| {w} | {r['step']:.2f} | {r['gen']:.2f} | {r['old_log_prob']:.2f} | {r['update_actor']:.2f} "
-                     f"| {r['throughput']:.0f} | {r['wall_s']:.0f} |")
-    lines += ["", "Two workers on two cores: each worker runs one intra-op thread against the single worker's two, "
-              "and pays FSDP2 all-gathers / reduce-scatters over gloo plus Ray start-up.", ""]
+        lines.append(
+            f"| {w} | {r['step']:.2f} | {r['gen']:.2f} | {r['old_log_prob']:.2f} | {r['update_actor']:.2f} "
+            f"| {r['throughput']:.0f} | {r['wall_s']:.0f} |"
+        )
+    lines += [
+        "",
+        "Two workers on two cores: each worker runs one intra-op thread against the single worker's two, "
+        "and pays FSDP2 all-gathers / reduce-scatters over gloo plus Ray start-up.",
+        "",
+    ]
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

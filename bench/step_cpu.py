@@ -50,6 +50,7 @@ def main(argv=None) -> int:
                 return inner(*a, **k)
             finally:
                 cpu[key].append(time.process_time() - start)
+
         setattr(cls, name, timed)
 
     cpu_timed(PPOTrainer, "train_step", "step")
@@ -59,10 +60,17 @@ def main(argv=None) -> int:
         os.environ["VERL_NPU_CACHE"] = str(work / "models")
         model, data = vs_trl.prepare_inputs(args.task, args.steps, work)
         result = vs_trl.verl_side(args.task, args.steps, model, data, work / "verl", True)
-    print(json.dumps({"task": args.task, "step_cpu_s": round(statistics.median(cpu["step"][2:]), 4),
-                      "gen_cpu_s": round(statistics.median(cpu["gen"][2:]), 4),
-                      "step_s": round(statistics.median(result["step_s"][2:]), 4),
-                      "loadavg": [round(x, 2) for x in os.getloadavg()]}))
+    print(
+        json.dumps(
+            {
+                "task": args.task,
+                "step_cpu_s": round(statistics.median(cpu["step"][2:]), 4),
+                "gen_cpu_s": round(statistics.median(cpu["gen"][2:]), 4),
+                "step_s": round(statistics.median(result["step_s"][2:]), 4),
+                "loadavg": [round(x, 2) for x in os.getloadavg()],
+            }
+        )
+    )
     return 0
 
 

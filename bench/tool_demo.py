@@ -39,8 +39,13 @@ TOOL = "calc_gsm8k_reward"
 
 def well_formed(record: dict) -> bool:
     """A tool call the agent loop parsed, naming the tool, with the tool's argument."""
-    return bool(record.get("known")) and not record.get("error") and record.get("name") == TOOL \
-        and isinstance(record.get("arguments"), dict) and "answer" in record["arguments"]
+    return (
+        bool(record.get("known"))
+        and not record.get("error")
+        and record.get("name") == TOOL
+        and isinstance(record.get("arguments"), dict)
+        and "answer" in record["arguments"]
+    )
 
 
 def conversation_stats(rows: list[dict]) -> dict[str, float]:
@@ -52,8 +57,12 @@ def conversation_stats(rows: list[dict]) -> dict[str, float]:
         records = [r for turn in row.get("turns") or [] for r in turn.get("calls") or []]
         calls += len(records)
         parsed += bool(records) and all(well_formed(r) for r in records)
-    return {"parse_rate": parsed / len(rows), "reward": sum(r["score"] for r in rows) / len(rows),
-            "right": sum(r["score"] > 0 for r in rows) / len(rows), "calls": calls / len(rows)}
+    return {
+        "parse_rate": parsed / len(rows),
+        "reward": sum(r["score"] for r in rows) / len(rows),
+        "right": sum(r["score"] > 0 for r in rows) / len(rows),
+        "calls": calls / len(rows),
+    }
 
 
 def read_dump(folder: Path, step: int) -> list[dict]:
@@ -68,8 +77,9 @@ def metrics(folder: Path) -> list[dict]:
 def cli(args: list[str], log: Path, threads: int) -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     with log.open("w") as out:
-        proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", *args], cwd=REPO, stdout=out,
-                              stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "verl_npu.cli", *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env
+        )
     if proc.returncode:
         raise SystemExit(f"verl-npu {' '.join(args[:2])} failed (exit {proc.returncode}); see {log}")
 
@@ -91,14 +101,38 @@ def run_seed(seed: int, work: Path, threads: int, sft_steps: int, rl_steps: int)
     folder.mkdir(parents=True, exist_ok=True)
     model = f"tiny://qwen2?seed={seed}"
     start = time.time()
-    cli(["run", "tiny_tool_gsm8k", f"af_output_dir={folder / 'untrained'}", f"actor_rollout_ref.model.path={model}",
-         "data.max_response_length=160", "trainer.val_only=true", "trainer.resume_mode=disable",
-         f"trainer.validation_data_dir={folder / 'untrained' / 'validation_data'}"], folder / "untrained.log", threads)
-    cli(["run", "tiny_tool_demo", f"af_output_dir={folder}", f"sft.model.path={model}", f"sft.trainer.seed={seed}",
-         f"sft.trainer.total_training_steps={sft_steps}", f"rl.data.seed={seed}",
-         f"rl.trainer.total_training_steps={rl_steps}", f"rl.trainer.test_freq={rl_steps}",
-         f"rl.trainer.save_freq={rl_steps}", f"rl.trainer.rollout_data_dir={folder / 'rl' / 'rollout_data'}",
-         f"rl.trainer.validation_data_dir={folder / 'rl' / 'validation_data'}"], folder / "stages.log", threads)
+    cli(
+        [
+            "run",
+            "tiny_tool_gsm8k",
+            f"af_output_dir={folder / 'untrained'}",
+            f"actor_rollout_ref.model.path={model}",
+            "data.max_response_length=160",
+            "trainer.val_only=true",
+            "trainer.resume_mode=disable",
+            f"trainer.validation_data_dir={folder / 'untrained' / 'validation_data'}",
+        ],
+        folder / "untrained.log",
+        threads,
+    )
+    cli(
+        [
+            "run",
+            "tiny_tool_demo",
+            f"af_output_dir={folder}",
+            f"sft.model.path={model}",
+            f"sft.trainer.seed={seed}",
+            f"sft.trainer.total_training_steps={sft_steps}",
+            f"rl.data.seed={seed}",
+            f"rl.trainer.total_training_steps={rl_steps}",
+            f"rl.trainer.test_freq={rl_steps}",
+            f"rl.trainer.save_freq={rl_steps}",
+            f"rl.trainer.rollout_data_dir={folder / 'rl' / 'rollout_data'}",
+            f"rl.trainer.validation_data_dir={folder / 'rl' / 'validation_data'}",
+        ],
+        folder / "stages.log",
+        threads,
+    )
     wall = time.time() - start
     sft_rows = metrics(folder / "sft")
     rl_rows = [r for r in metrics(folder / "rl") if "critic/score/mean" in r]
@@ -110,29 +144,42 @@ def run_seed(seed: int, work: Path, threads: int, sft_steps: int, rl_steps: int)
         "sft": conversation_stats(read_dump(folder / "rl" / "validation_data", 0)),
         "rl": conversation_stats(read_dump(folder / "rl" / "validation_data", rl_steps)),
         "sft_loss": next(r["train/loss"] for r in reversed(sft_rows) if "train/loss" in r),
-        "rl_score_first": sum(scores[:k]) / k, "rl_score_last": sum(scores[-k:]) / k,
-        "rl_calls_last": rl_rows[-1].get("tool_call_counts/mean", 0.0), "wall_s": wall,
+        "rl_score_first": sum(scores[:k]) / k,
+        "rl_score_last": sum(scores[-k:]) / k,
+        "rl_calls_last": rl_rows[-1].get("tool_call_counts/mean", 0.0),
+        "wall_s": wall,
     }
 
 
 def table(results: list[dict], sft_steps: int, rl_steps: int) -> str:
-    head = ("| seed | untrained: parse / reward | after SFT: parse / right / reward | after RL: parse / right / reward "
-            "| last SFT loss | RL train score, first 5 -> last 5 steps | wall (s) |")
+    head = (
+        "| seed | untrained: parse / reward | after SFT: parse / right / reward | after RL: parse / right / reward "
+        "| last SFT loss | RL train score, first 5 -> last 5 steps | wall (s) |"
+    )
     lines = [head, "|---|---|---|---|---|---|---|"]
     for r in results:
         u, s, a = r["untrained"], r["sft"], r["rl"]
-        lines.append(f"| {r['seed']} | {u['parse_rate']:.2f} / {u['reward']:.2f} | "
-                     f"{s['parse_rate']:.2f} / {s['right']:.2f} / {s['reward']:.2f} | "
-                     f"{a['parse_rate']:.2f} / {a['right']:.2f} / {a['reward']:.2f} | {r['sft_loss']:.3f} | "
-                     f"{r['rl_score_first']:.2f} -> {r['rl_score_last']:.2f} | {r['wall_s']:.0f} |")
+        lines.append(
+            f"| {r['seed']} | {u['parse_rate']:.2f} / {u['reward']:.2f} | "
+            f"{s['parse_rate']:.2f} / {s['right']:.2f} / {s['reward']:.2f} | "
+            f"{a['parse_rate']:.2f} / {a['right']:.2f} / {a['reward']:.2f} | {r['sft_loss']:.3f} | "
+            f"{r['rl_score_first']:.2f} -> {r['rl_score_last']:.2f} | {r['wall_s']:.0f} |"
+        )
     n = len(results)
-    mean = {k: {m: sum(r[k][m] for r in results) / n for m in ("parse_rate", "right", "reward")}
-            for k in ("untrained", "sft", "rl")}
-    lines.append(f"| mean | {mean['untrained']['parse_rate']:.2f} / {mean['untrained']['reward']:.2f} | "
-                 f"{mean['sft']['parse_rate']:.2f} / {mean['sft']['right']:.2f} / {mean['sft']['reward']:.2f} | "
-                 f"{mean['rl']['parse_rate']:.2f} / {mean['rl']['right']:.2f} / {mean['rl']['reward']:.2f} | | | |")
-    return (f"{sft_steps} SFT steps, {rl_steps} RL steps; greedy validation on the 64 validation problems.\n\n"
-            + "\n".join(lines) + "\n")
+    mean = {
+        k: {m: sum(r[k][m] for r in results) / n for m in ("parse_rate", "right", "reward")}
+        for k in ("untrained", "sft", "rl")
+    }
+    lines.append(
+        f"| mean | {mean['untrained']['parse_rate']:.2f} / {mean['untrained']['reward']:.2f} | "
+        f"{mean['sft']['parse_rate']:.2f} / {mean['sft']['right']:.2f} / {mean['sft']['reward']:.2f} | "
+        f"{mean['rl']['parse_rate']:.2f} / {mean['rl']['right']:.2f} / {mean['rl']['reward']:.2f} | | | |"
+    )
+    return (
+        f"{sft_steps} SFT steps, {rl_steps} RL steps; greedy validation on the 64 validation problems.\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def main() -> None:
@@ -147,8 +194,9 @@ def main() -> None:
     args = parser.parse_args()
     prepare_data()
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda s: run_seed(s, args.work, args.threads, args.sft_steps, args.rl_steps),
-                                args.seeds))
+        results = list(
+            pool.map(lambda s: run_seed(s, args.work, args.threads, args.sft_steps, args.rl_steps), args.seeds)
+        )
     text = table(results, args.sft_steps, args.rl_steps)
     print(text)
     if args.out:

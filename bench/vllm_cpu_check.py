@@ -38,8 +38,8 @@ def _prompts(tokenizer, texts: list[str]):
     input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
     for i, row in enumerate(ids):
-        input_ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
+        input_ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
     return Batch({"input_ids": input_ids, "attention_mask": mask}, {"raw_prompt_ids": ids})
 
 
@@ -82,26 +82,44 @@ def main() -> None:
     other_weights = AutoModelForCausalLM.from_pretrained(model_b, dtype=torch.float32).state_dict()
 
     prompt_len, response_len = 32, 24
-    cfg = section("backend_config", {
-        "data": {"seed": 0},
-        "actor_rollout_ref": {
-            "model": {"path": str(model_a), "trust_remote_code": False},
-            "rollout": {
-                "name": "vllm", "dtype": "float32", "tensor_model_parallel_size": 1,
-                "gpu_memory_utilization": 0.5, "max_num_batched_tokens": 512, "max_model_len": None,
-                "max_num_seqs": 64, "enable_chunked_prefill": True, "enforce_eager": True,
-                "load_format": "auto", "free_cache_engine": True, "disable_log_stats": True,
-                "prompt_length": prompt_len, "response_length": response_len,
-                "engine_kwargs": {"vllm": {"disable_mm_preprocessor_cache": True}},
+    cfg = section(
+        "backend_config",
+        {
+            "data": {"seed": 0},
+            "actor_rollout_ref": {
+                "model": {"path": str(model_a), "trust_remote_code": False},
+                "rollout": {
+                    "name": "vllm",
+                    "dtype": "float32",
+                    "tensor_model_parallel_size": 1,
+                    "gpu_memory_utilization": 0.5,
+                    "max_num_batched_tokens": 512,
+                    "max_model_len": None,
+                    "max_num_seqs": 64,
+                    "enable_chunked_prefill": True,
+                    "enforce_eager": True,
+                    "load_format": "auto",
+                    "free_cache_engine": True,
+                    "disable_log_stats": True,
+                    "prompt_length": prompt_len,
+                    "response_length": response_len,
+                    "engine_kwargs": {"vllm": {"disable_mm_preprocessor_cache": True}},
+                },
             },
         },
-    })
+    )
     results: dict = {}
     t0 = time.perf_counter()
-    engine = VLLMRollout(module, tokenizer, None, cfg, engine_kwargs={
-        "disable_mm_preprocessor_cache": True,  # the ModelArts default; dropped for a text-only model
-        "kv_cache_memory_bytes": args.kv_cache_mb * 2**20,
-    })
+    engine = VLLMRollout(
+        module,
+        tokenizer,
+        None,
+        cfg,
+        engine_kwargs={
+            "disable_mm_preprocessor_cache": True,  # the ModelArts default; dropped for a text-only model
+            "kv_cache_memory_bytes": args.kv_cache_mb * 2**20,
+        },
+    )
     results["engine_start_s"] = round(time.perf_counter() - t0, 1)
     results["engine_args"] = {k: v for k, v in engine.engine_args.items() if k not in ("model", "tokenizer")}
     hf = HFRollout(module, tokenizer)
@@ -124,8 +142,10 @@ def main() -> None:
     t0 = time.perf_counter()
     v_sample = engine.generate(prompts, sampling)
     results["sample_generate_s"] = round(time.perf_counter() - t0, 3)
-    results["sample_shapes"] = {k: list(v_sample[k].shape) for k in
-                                ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "rollout_log_probs")}
+    results["sample_shapes"] = {
+        k: list(v_sample[k].shape)
+        for k in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "rollout_log_probs")
+    }
     results["sample_mean_response_len"] = float(v_sample["response_mask"].sum(1).float().mean())
     results["sample_distinct_rows"] = len({tuple(r.tolist()) for r in v_sample["responses"]})
     lp_sample = _hf_log_probs(module, v_sample)
@@ -163,7 +183,8 @@ def main() -> None:
     results["eos_attention_equal_hf"] = bool(torch.equal(v_eos["attention_mask"], h_eos["attention_mask"]))
     last = v_eos["response_mask"].sum(1) - 1
     results["eos_is_last_masked_token"] = bool(
-        (v_eos["responses"].gather(1, last.unsqueeze(1)).squeeze(1) == stop)[last < response_len - 1].all())
+        (v_eos["responses"].gather(1, last.unsqueeze(1)).squeeze(1) == stop)[last < response_len - 1].all()
+    )
     engine.close()
     print("RESULTS " + json.dumps(results))
 

@@ -60,12 +60,25 @@ def prepare_inputs(task: str, steps: int, work: Path) -> tuple[Path, Path]:
         for split in ("train", "test"):  # verl's geometry3k rule on both sides
             table = pq.read_table(data / f"{split}.parquet")
             column = pa.array(["hiyouga/geometry3k"] * table.num_rows)
-            pq.write_table(table.set_column(table.schema.get_field_index("data_source"), "data_source", column),
-                           data / f"{split}.parquet")
+            pq.write_table(
+                table.set_column(table.schema.get_field_index("data_source"), "data_source", column),
+                data / f"{split}.parquet",
+            )
     else:
-        subprocess.run([sys.executable, str(REPO / "data_prep" / "gsm8k.py"), "--synthetic", str(rows),
-                        "--local_save_dir", str(data)], check=True, cwd=REPO, capture_output=True,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "data_prep" / "gsm8k.py"),
+                "--synthetic",
+                str(rows),
+                "--local_save_dir",
+                str(data),
+            ],
+            check=True,
+            cwd=REPO,
+            capture_output=True,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+        )
     return model, data
 
 
@@ -122,7 +135,7 @@ def verl_side(task: str, steps: int, model: Path, data: Path, out: Path, remove_
     return {
         "step_s": [r["timing_s/step"] for r in rows],
         "completion_tokens": [r["response_length/mean"] * PROMPTS * SAMPLES for r in rows],
-        "phases": [{k[len("timing_s/"):]: v for k, v in r.items() if k.startswith("timing_s/")} for r in rows],
+        "phases": [{k[len("timing_s/") :]: v for k, v in r.items() if k.startswith("timing_s/")} for r in rows],
         "score": [r["critic/score/mean"] for r in rows],
     }
 
@@ -149,8 +162,11 @@ def trl_dataset(task: str, data: Path):
         out["ground_truth"].append(str(row["reward_model"]["ground_truth"]))
         if task == "vl":
             out["image"].append(PILImage.open(io.BytesIO(row["images"][0]["bytes"])).convert("RGB"))
-    features = {"prompt": List({"role": Value("string"), "content": Value("string")}),
-                "data_source": Value("string"), "ground_truth": Value("string")}
+    features = {
+        "prompt": List({"role": Value("string"), "content": Value("string")}),
+        "data_source": Value("string"),
+        "ground_truth": Value("string"),
+    }
     if task == "vl":
         features["image"] = Image()
     return Dataset.from_dict(out, features=Features(features))
@@ -184,15 +200,37 @@ def trl_side(task: str, steps: int, model_path: Path, data: Path, out: Path) -> 
         return score(data_source, texts, ground_truth)
 
     args = GRPOConfig(
-        output_dir=str(out), per_device_train_batch_size=PROMPTS * SAMPLES, num_generations=SAMPLES,
-        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, max_completion_length=NEW_TOKENS,
-        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, beta=0.0,
-        temperature=1.0, top_p=1.0, top_k=0, max_steps=steps, use_cpu=True, bf16=False, fp16=False,
-        logging_steps=1, report_to=[], save_strategy="no", shuffle_dataset=False, seed=SEED,
-        dataloader_num_workers=0, gradient_checkpointing=False, disable_tqdm=True,
+        output_dir=str(out),
+        per_device_train_batch_size=PROMPTS * SAMPLES,
+        num_generations=SAMPLES,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        max_completion_length=NEW_TOKENS,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_steps=steps,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        shuffle_dataset=False,
+        seed=SEED,
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=trl_dataset(task, data),
-                          processing_class=processing)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=trl_dataset(task, data), processing_class=processing
+    )
     phase: dict[str, float] = {}
 
     def timed(name, fn):
@@ -202,10 +240,15 @@ def trl_side(task: str, steps: int, model_path: Path, data: Path, out: Path) -> 
                 return fn(*a, **k)
             finally:
                 phase[name] = phase.get(name, 0.0) + time.perf_counter() - start
+
         return wrapper
 
-    for name, attr in (("gen", "_generate"), ("reward", "_calculate_rewards"),
-                       ("prepare", "_generate_and_score_completions"), ("loss_forward", "compute_loss")):
+    for name, attr in (
+        ("gen", "_generate"),
+        ("reward", "_calculate_rewards"),
+        ("prepare", "_generate_and_score_completions"),
+        ("loss_forward", "compute_loss"),
+    ):
         setattr(trainer, attr, timed(name, getattr(trainer, attr)))
     result = {"step_s": [], "completion_tokens": [], "phases": [], "score": []}
 
@@ -268,12 +311,17 @@ def trl_available() -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--task", choices=["vl", "text"], default="vl", help="picture task (tiny Qwen2.5-VL) or text")
     parser.add_argument("--steps", type=int, default=10, help="training steps per side (median over steps 3..N)")
-    parser.add_argument("--smoke", action="store_true", help="2 steps per side (verl-npu only without TRL); no timing goal")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads in each trainer process (1: stable on a shared machine)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="2 steps per side (verl-npu only without TRL); no timing goal"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads in each trainer process (1: stable on a shared machine)"
+    )
     parser.add_argument("--padded", action="store_true", help="verl-npu with use_remove_padding=false (default: true)")
     parser.add_argument("--sides", default="verl,trl", help="comma-separated: verl, trl")
     parser.add_argument("--json", help="also write the summary here")
@@ -294,18 +342,46 @@ def main(argv=None) -> int:
         print("TRL is not installed: running the verl-npu side only")
         sides.remove("trl")
     load = os.getloadavg()
-    summary = {"task": args.task, "steps": steps, "threads": args.threads, "remove_padding": not args.padded,
-               "loadavg_before": [round(x, 2) for x in load], "sides": {}}
+    summary = {
+        "task": args.task,
+        "steps": steps,
+        "threads": args.threads,
+        "remove_padding": not args.padded,
+        "loadavg_before": [round(x, 2) for x in load],
+        "sides": {},
+    }
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         work = Path(tmp)
         model, data = prepare_inputs(args.task, steps, work)
-        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(args.threads),
-                   VERL_NPU_CACHE=str(work / "models"), TOKENIZERS_PARALLELISM="false")
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(REPO),
+            OMP_NUM_THREADS=str(args.threads),
+            VERL_NPU_CACHE=str(work / "models"),
+            TOKENIZERS_PARALLELISM="false",
+        )
         for side in sides:
             result = work / f"{side}.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--task", args.task,
-                   "--steps", str(steps), "--threads", str(args.threads), "--model", str(model), "--data", str(data),
-                   "--work", str(work), "--result", str(result)] + (["--padded"] if args.padded else [])
+            cmd = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--side",
+                side,
+                "--task",
+                args.task,
+                "--steps",
+                str(steps),
+                "--threads",
+                str(args.threads),
+                "--model",
+                str(model),
+                "--data",
+                str(data),
+                "--work",
+                str(work),
+                "--result",
+                str(result),
+            ] + (["--padded"] if args.padded else [])
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
@@ -313,8 +389,9 @@ def main(argv=None) -> int:
             summary["sides"][side] = summarize(json.loads(result.read_text()), 0 if args.smoke else 2)
     summary["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     if {"verl", "trl"} <= set(summary["sides"]):
-        summary["ratio_verl_over_trl"] = (summary["sides"]["verl"]["median_step_s"]
-                                          / summary["sides"]["trl"]["median_step_s"])
+        summary["ratio_verl_over_trl"] = (
+            summary["sides"]["verl"]["median_step_s"] / summary["sides"]["trl"]["median_step_s"]
+        )
     print_summary(summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
@@ -322,15 +399,19 @@ def main(argv=None) -> int:
 
 
 def print_summary(summary: dict) -> None:
-    print(f"task {summary['task']}, {summary['steps']} steps, {PROMPTS} prompts x {SAMPLES} samples, "
-          f"<= {NEW_TOKENS} new tokens, {summary['threads']} threads, remove_padding={summary['remove_padding']}, "
-          f"load average before {summary['loadavg_before']} after {summary['loadavg_after']}")
+    print(
+        f"task {summary['task']}, {summary['steps']} steps, {PROMPTS} prompts x {SAMPLES} samples, "
+        f"<= {NEW_TOKENS} new tokens, {summary['threads']} threads, remove_padding={summary['remove_padding']}, "
+        f"load average before {summary['loadavg_before']} after {summary['loadavg_after']}"
+    )
     print("| side | median step s | completion tokens/s | peak RSS MB | mean score | phases of the median step (s) |")
     print("|---|---|---|---|---|---|")
     for name, s in summary["sides"].items():
         phases = ", ".join(f"{k} {v:.3f}" for k, v in s["phases_of_median_step"].items())
-        print(f"| {name} | {s['median_step_s']:.3f} | {s['completion_tokens_per_s']:.0f} | {s['peak_rss_mb']:.0f} "
-              f"| {s['mean_score']:.3f} | {phases} |")
+        print(
+            f"| {name} | {s['median_step_s']:.3f} | {s['completion_tokens_per_s']:.0f} | {s['peak_rss_mb']:.0f} "
+            f"| {s['mean_score']:.3f} | {phases} |"
+        )
     if "ratio_verl_over_trl" in summary:
         print(f"ratio verl-npu / TRL median step: {summary['ratio_verl_over_trl']:.3f} (goal <= 0.67)")
 

@@ -14,7 +14,8 @@ import pytest
 # processes spawned by a test inherit the path.
 _TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(_TESTS / "helpers")] + sorted(
-    str(folder) for folder in _TESTS.iterdir() if folder.is_dir() and any(folder.glob("test_*.py")))
+    str(folder) for folder in _TESTS.iterdir() if folder.is_dir() and any(folder.glob("test_*.py"))
+)
 
 # 2-core CI machines: one intra-op thread per process keeps parallel helpers from thrashing.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -67,7 +67,8 @@ class Batch:
             raise UndeclaredColumn(
                 f"{self.reader or 'a worker method'} read column {key!r}, which the controller's batch has but "
                 f"was not sent to it: add it to @reads(...) of {self.reader or 'the method'} "
-                f"(verl_npu.batch.reads); it was sent {sorted(set(self.tensors) | set(self.lists))}")
+                f"(verl_npu.batch.reads); it was sent {sorted(set(self.tensors) | set(self.lists))}"
+            )
 
     def only(self, columns: Iterable[str], reader: str = "") -> Batch:
         """The columns among `columns` that this batch has (in its own order, the same objects), without `meta`:
@@ -75,9 +76,12 @@ class Batch:
         `reader` (the method) and raises `UndeclaredColumn`."""
         wanted = set(columns)
         have = set(self.tensors) | set(self.lists)
-        return Batch({k: v for k, v in self.tensors.items() if k in wanted},
-                     {k: v for k, v in self.lists.items() if k in wanted},
-                     withheld=frozenset((have | self.withheld) - wanted), reader=reader or self.reader)
+        return Batch(
+            {k: v for k, v in self.tensors.items() if k in wanted},
+            {k: v for k, v in self.lists.items() if k in wanted},
+            withheld=frozenset((have | self.withheld) - wanted),
+            reader=reader or self.reader,
+        )
 
     def released(self) -> Batch:
         """The same columns and meta, nothing withheld: what a worker returns becomes the controller's."""
@@ -174,6 +178,7 @@ def reads(*columns: str, trimmed: bool = True):
     `trimmed`: the method's forwards drop the left padding every row shares anyway (the engine's
     micro-batches), so it is sent without it (`trim_left_padding`; results are per response token, which
     it does not move); False for the rollout, whose rows become the controller's batch."""
+
     def declare(method):
         method.reads = frozenset(columns)
         method.trimmed = trimmed

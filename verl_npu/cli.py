@@ -102,25 +102,29 @@ def summary_lines(rc: RecipeConfig) -> list[str]:
     engine = ROLLOUT_ENGINES.spec(str(rollout.name))
     group = engine.group_size(b)
     if engine.tensor_parallel:
-        lines.append(f"rollout: {world // group} {rollout.name} engine(s) of tensor_model_parallel_size {group}, "
-                     f"{tbs // max(world // group, 1)} prompts each per step")
+        lines.append(
+            f"rollout: {world // group} {rollout.name} engine(s) of tensor_model_parallel_size {group}, "
+            f"{tbs // max(world // group, 1)} prompts each per step"
+        )
     else:
         lines.append(f"rollout: {rollout.name} on the actor's module ({world // group} prompt shard(s))")
     if actor.use_dynamic_bsz:
-        lines.append(f"gradient accumulation: dynamic (micro batches of <= {actor.ppo_max_token_len_per_gpu} "
-                     "tokens per device)")
+        lines.append(
+            f"gradient accumulation: dynamic (micro batches of <= {actor.ppo_max_token_len_per_gpu} tokens per device)"
+        )
     else:
         micro = int(actor.ppo_micro_batch_size_per_gpu)
-        lines.append(f"gradient-accumulation steps per update: {per_device // micro} "
-                     f"({per_device} / ppo_micro_batch_size_per_gpu {micro})")
+        lines.append(
+            f"gradient-accumulation steps per update: {per_device // micro} "
+            f"({per_device} / ppo_micro_batch_size_per_gpu {micro})"
+        )
     rows = _parquet_rows(b.data.train_files)
     if rows is None:
         lines.append("steps per epoch: unknown until the training files exist (rows // train_batch_size)")
     else:
         steps = rows // tbs
         note = " at most (filter_overlong_prompts may drop rows)" if b.data.filter_overlong_prompts else ""
-        lines.append(f"steps per epoch: {steps}{note} ({rows} rows // {tbs}); "
-                     f"total_epochs {b.trainer.total_epochs}")
+        lines.append(f"steps per epoch: {steps}{note} ({rows} rows // {tbs}); total_epochs {b.trainer.total_epochs}")
     if rc.derived:
         lines.append("derived:")
         for d in rc.derived:
@@ -137,9 +141,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return cmd_stages(args, validate_only=True)
     rc = load_recipe(args.recipe, args.overrides, check_paths=args.check_paths)
     if args.strict and rc.ignored:
-        raise UserError("--strict: keys added with + that neither verl nor verl-npu reads: "
-                        + ", ".join(k.removeprefix("backend_config.") for k in rc.ignored)
-                        + " (remove them, or validate without --strict to ignore them)")
+        raise UserError(
+            "--strict: keys added with + that neither verl nor verl-npu reads: "
+            + ", ".join(k.removeprefix("backend_config.") for k in rc.ignored)
+            + " (remove them, or validate without --strict to ignore them)"
+        )
     _warn(rc)
     _say(f"{rc.source}: valid")
     for line in summary_lines(rc):
@@ -152,8 +158,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     problems, notes = machine_problems(rc)
     for p in problems:
-        _say(f"  warning: this machine cannot run it as it is: {p.key.removeprefix('backend_config.')}: "
-             f"{p.message}. Fix: {p.fix}")
+        _say(
+            f"  warning: this machine cannot run it as it is: {p.key.removeprefix('backend_config.')}: "
+            f"{p.message}. Fix: {p.fix}"
+        )
     for note in notes:
         _say(f"  note: {note}")
     _say(f"  {_plan_summary(rc)}")
@@ -203,7 +211,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     full = expand_key(args.key)
     st = status(full)
-    if st.kind in (SUPPORTED, NOOP):    # a verl alias or a verl key that changes nothing here
+    if st.kind in (SUPPORTED, NOOP):  # a verl alias or a verl key that changes nothing here
         _say(f"{full}\n  verl key, {st.kind}: {st.text}")
         return 0
     if st.kind == DEPRECATED_KIND and full in DEPRECATED_MAPPED:
@@ -227,7 +235,7 @@ def _size(n: float) -> str:
 
 def _plan_summary(rc: RecipeConfig, device_memory: str | None = None) -> str:
     """validate's and run's one line about memory (never an error: a plan that cannot be made says why)."""
-    from verl_npu.memory.recipe import plan_for, summary_line
+    from verl_npu.memory.budget import plan_for, summary_line
 
     try:
         plan, why = plan_for(rc, device_memory)
@@ -240,7 +248,7 @@ def _refuse_if_it_will_not_fit(rc: RecipeConfig, force: bool, device_memory: str
     """`run`: stop before any worker starts when the plan says the peak will not fit (unless --force).
     Only where the device's memory is known (the CPU, or --device-memory): for an accelerator whose card
     is assumed, a warning (a wrong refusal would stop a run that fits a larger card)."""
-    from verl_npu.memory.recipe import plan_for
+    from verl_npu.memory.budget import plan_for
 
     try:
         plan, _ = plan_for(rc, device_memory)
@@ -249,18 +257,25 @@ def _refuse_if_it_will_not_fit(rc: RecipeConfig, force: bool, device_memory: str
     if plan is None or plan.verdict != "will not fit":
         return
     peak = plan.peak
-    why = plan.problems[0] if plan.problems else (
-        f"the {peak.name} needs {_size(peak.total)} of {_size(plan.device_bytes)} ({plan.device_name}); largest part: "
-        + max(((p.name, p.bytes) for p in peak.parts), key=lambda x: x[1])[0])
+    why = (
+        plan.problems[0]
+        if plan.problems
+        else (
+            f"the {peak.name} needs {_size(peak.total)} of {_size(plan.device_bytes)} ({plan.device_name}); largest part: "
+            + max(((p.name, p.bytes) for p in peak.parts), key=lambda x: x[1])[0]
+        )
+    )
     knobs = "".join(f"\n  {override}   (saves {_size(saved)})" for override, saved in plan.knobs[:6])
     if force or plan.device_assumed:
         reason = "--force" if force else "the card is assumed; run --device-memory SIZE to be stopped instead"
         _say(f"[verl-npu] warning: memory plan: will not fit ({why}); running anyway ({reason})")
         return
-    raise UserError(f"memory plan: will not fit: {why}. `verl-npu plan {rc.source}` with the same overrides shows every phase; "
-                    f"knobs that lower the peak:{knobs or ' none found'}\n"
-                    "Fix: apply knobs until `verl-npu plan` says it fits (--device-memory if the device differs), "
-                    "or pass --force to run anyway")
+    raise UserError(
+        f"memory plan: will not fit: {why}. `verl-npu plan {rc.source}` with the same overrides shows every phase; "
+        f"knobs that lower the peak:{knobs or ' none found'}\n"
+        "Fix: apply knobs until `verl-npu plan` says it fits (--device-memory if the device differs), "
+        "or pass --force to run anyway"
+    )
 
 
 def _placeholders_for_plan(recipe: str, overrides: list[str]) -> list[str]:
@@ -291,15 +306,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from verl_npu.config import load_recipe
-    from verl_npu.memory.recipe import model_numbers, plan_for
+    from verl_npu.memory.budget import model_numbers, plan_for
 
     filled = _placeholders_for_plan(args.recipe, args.overrides)
     rc = load_recipe(args.recipe, [*filled, *args.overrides])
     _warn(rc)
     if filled:
-        _say("[verl-npu] planning with the EDIT_ME fields still unfilled, each taken as its placeholder's example "
-             "(the plan reads no data, writes nothing, and takes the model's shape from its name): "
-             + ", ".join(f.split("=", 1)[0] for f in filled))
+        _say(
+            "[verl-npu] planning with the EDIT_ME fields still unfilled, each taken as its placeholder's example "
+            "(the plan reads no data, writes nothing, and takes the model's shape from its name): "
+            + ", ".join(f.split("=", 1)[0] for f in filled)
+        )
     path = rc.typed.actor_rollout_ref.model.path
     if isinstance(path, str) and path.startswith("tiny://") and model_numbers(path) is None:
         from verl_npu.models.tiny import materialize  # builds the tiny model once (seconds), as a run would
@@ -307,8 +324,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         materialize(path)
     plan, why = plan_for(rc, args.device_memory)
     if plan is None:
-        raise UserError(f"cannot plan {rc.source}: {why}; set actor_rollout_ref.model.path to a folder with a "
-                        "config.json (or pre-download the hub id into the Hugging Face cache)")
+        raise UserError(
+            f"cannot plan {rc.source}: {why}; set actor_rollout_ref.model.path to a folder with a "
+            "config.json (or pre-download the hub id into the Hugging Face cache)"
+        )
     if args.json:
         sys.stdout.write(json.dumps(plan.as_dict(), indent=2) + "\n")
         return 0
@@ -359,8 +378,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say(f"[verl-npu] {rc.source}: configuration valid")
     for line in summary_lines(rc):
         _say(f"  {line}")
-    _say(f"[verl-npu] output folder: {os.path.abspath(os.path.expanduser(str(rc.cfg.af_output_dir)))} "
-         f"(relative paths start at the current folder, {os.getcwd()})")
+    _say(
+        f"[verl-npu] output folder: {os.path.abspath(os.path.expanduser(str(rc.cfg.af_output_dir)))} "
+        f"(relative paths start at the current folder, {os.getcwd()})"
+    )
     problems, _ = machine_problems(rc)  # a missing engine package or unreachable model: before anything is made
     if not problems:
         for line in prepare_assets(rc, demo_data=args.demo_data) or []:
@@ -433,14 +454,17 @@ def cmd_stages(args: argparse.Namespace, validate_only: bool = False) -> int:
     from verl_npu.stages import run_stages
 
     recipe = load_stages(args.recipe, args.overrides)
-    _say(f"[verl-npu] {recipe.source}: stages valid: " + ", then ".join(f"{s.name} ({s.kind}: {s.recipe})"
-                                                                       for s in recipe.stages))
+    _say(
+        f"[verl-npu] {recipe.source}: stages valid: "
+        + ", then ".join(f"{s.name} ({s.kind}: {s.recipe})" for s in recipe.stages)
+    )
     if validate_only:
         return 0
 
     def stage(fn):
-        return lambda recipe_path, overrides: fn(argparse.Namespace(**{**vars(args), "recipe": recipe_path,
-                                                                       "overrides": overrides}))
+        return lambda recipe_path, overrides: fn(
+            argparse.Namespace(**{**vars(args), "recipe": recipe_path, "overrides": overrides})
+        )
 
     return run_stages(recipe, stage(cmd_sft), stage(cmd_run), _say)
 
@@ -476,37 +500,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("dest")
     p.set_defaults(fn=cmd_cp)
-    for verb, fn, text in (("validate", cmd_validate, "check a recipe and summarize it"),
-                           ("show", cmd_show, "print the resolved recipe with derived values marked"),
-                           ("run", cmd_run, "validate, check paths, then train")):
+    for verb, fn, text in (
+        ("validate", cmd_validate, "check a recipe and summarize it"),
+        ("show", cmd_show, "print the resolved recipe with derived values marked"),
+        ("run", cmd_run, "validate, check paths, then train"),
+    ):
         p = sub.add_parser(verb, help=text)
         p.add_argument("recipe", help="shipped recipe name or path to a .yaml file")
         p.add_argument("overrides", nargs="*", help="key=value (full or verl short form)")
         if verb == "validate":
             p.add_argument("--check-paths", action="store_true", help="also check data/model paths exist")
-            p.add_argument("--strict", action="store_true",
-                           help="refuse keys added with + that nothing reads (otherwise ignored with a warning)")
+            p.add_argument(
+                "--strict",
+                action="store_true",
+                help="refuse keys added with + that nothing reads (otherwise ignored with a warning)",
+            )
         if verb == "run":
-            p.add_argument("--demo-data", action="store_true",
-                           help="with a tiny:// model, write synthetic demo data to the missing data files "
-                                "(never replaces a file); without it only the demo recipes' own data paths get it")
-            p.add_argument("--force", action="store_true",
-                           help="run even when the memory plan says it will not fit (verl-npu plan)")
-            p.add_argument("--device-memory", help="the memory of one device, for the memory plan (64GiB, 910B, "
-                           "H100, ...): with it, a plan that will not fit stops the run on an accelerator too")
+            p.add_argument(
+                "--demo-data",
+                action="store_true",
+                help="with a tiny:// model, write synthetic demo data to the missing data files "
+                "(never replaces a file); without it only the demo recipes' own data paths get it",
+            )
+            p.add_argument(
+                "--force",
+                action="store_true",
+                help="run even when the memory plan says it will not fit (verl-npu plan)",
+            )
+            p.add_argument(
+                "--device-memory",
+                help="the memory of one device, for the memory plan (64GiB, 910B, "
+                "H100, ...): with it, a plan that will not fit stops the run on an accelerator too",
+            )
         p.set_defaults(fn=fn)
     p = sub.add_parser("sft", help="supervised fine-tuning with verl 0.9.1's SFT keys (docs/sft.md)")
     p.add_argument("recipe", help="shipped SFT recipe name or path to a .yaml file")
     p.add_argument("overrides", nargs="*", help="key=value (data.*, model.*, engine.*, optim.*, trainer.*, ...)")
-    p.add_argument("--demo-data", action="store_true", help="with a tiny:// model, write synthetic tool-call "
-                   "transcripts to the missing data files (never replaces a file)")
+    p.add_argument(
+        "--demo-data",
+        action="store_true",
+        help="with a tiny:// model, write synthetic tool-call "
+        "transcripts to the missing data files (never replaces a file)",
+    )
     p.add_argument("--validate-only", action="store_true", help="check the recipe and stop")
     p.set_defaults(fn=cmd_sft)
     p = sub.add_parser("plan", help="per-device memory of each phase, the peak, and the knobs that lower it")
     p.add_argument("recipe", help="shipped recipe name or path to a .yaml file")
     p.add_argument("overrides", nargs="*", help="key=value (full or verl short form)")
-    p.add_argument("--device-memory", help="plan for this device: an amount (64GiB, 80GB) or a card "
-                   "(910B, A100-40, A100-80, H100, H200); default: the recipe's device")
+    p.add_argument(
+        "--device-memory",
+        help="plan for this device: an amount (64GiB, 80GB) or a card "
+        "(910B, A100-40, A100-80, H100, H200); default: the recipe's device",
+    )
     p.add_argument("--json", action="store_true", help="the plan as JSON (docs/memory.md)")
     p.set_defaults(fn=cmd_plan)
     p = sub.add_parser("explain", help="meaning, type, default and rules of a key")
@@ -514,16 +559,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="print the whole reference (markdown)")
     p.set_defaults(fn=cmd_explain)
     p = sub.add_parser("doctor", help="check this machine before a real run (device, versions, all-reduce, 2 steps)")
-    p.add_argument("--out", default="doctor_report", help="folder for doctor.json and doctor.txt (default ./doctor_report)")
+    p.add_argument(
+        "--out", default="doctor_report", help="folder for doctor.json and doctor.txt (default ./doctor_report)"
+    )
     p.add_argument("--device", choices=("cpu", "cuda", "npu"), help="device to check (default: the one detected)")
-    p.add_argument("--rollout", choices=("auto", "hf", "vllm"), default="auto",
-                   help="rollout of the training check (auto: vllm when it works on this device, else hf)")
+    p.add_argument(
+        "--rollout",
+        choices=("auto", "hf", "vllm"),
+        default="auto",
+        help="rollout of the training check (auto: vllm when it works on this device, else hf)",
+    )
     p.add_argument("--skip-train", action="store_true", help="skip the 2-step training check")
     p.set_defaults(fn=cmd_doctor)
     from verl_npu.tools.retrieval_server import add_arguments
 
-    p = sub.add_parser("retrieval-server", help="serve BM25 search over a jsonl corpus for the search tool "
-                       "(Search-R1's retrieval protocol; docs/agents.md)")
+    p = sub.add_parser(
+        "retrieval-server",
+        help="serve BM25 search over a jsonl corpus for the search tool "
+        "(Search-R1's retrieval protocol; docs/agents.md)",
+    )
     add_arguments(p)
     p.set_defaults(fn=cmd_retrieval_server)
     p = sub.add_parser("import", help="write a verl-npu recipe from a Trinity-RFT or ROLL config (docs/import.md)")

@@ -102,7 +102,7 @@ def _node_rank(resources: Mapping[str, Any]) -> int | None:
     for name in resources:
         if name.startswith(NODE_RANK_RESOURCE_PREFIX):
             try:
-                return int(name[len(NODE_RANK_RESOURCE_PREFIX):])
+                return int(name[len(NODE_RANK_RESOURCE_PREFIX) :])
             except ValueError:
                 return None
     return None
@@ -146,8 +146,7 @@ def check_cluster(need: ClusterNeed, nodes: Iterable[Mapping[str, Any]]) -> list
         )
     if len(views) < need.nnodes:
         problems.append(
-            f"the recipe asks for {need.nnodes} node(s) (trainer.nnodes={need.nnodes}); "
-            f"the cluster has {len(views)}"
+            f"the recipe asks for {need.nnodes} node(s) (trainer.nnodes={need.nnodes}); the cluster has {len(views)}"
         )
     enough = [v for v in views if v.amount(need.resource) >= need.per_node]
     if len(enough) < need.nnodes:
@@ -161,11 +160,15 @@ def check_cluster(need: ClusterNeed, nodes: Iterable[Mapping[str, Any]]) -> list
             text = f"the recipe asks for {what}; {view.label} has {have}"
             others = [r for r in _DEVICE_RESOURCES if r != need.resource and view.amount(r) > 0]
             if others and need.resource in _DEVICE_RESOURCES:
-                text += (f" (it registered {view.amount(others[0])} {others[0]} instead: the run uses "
-                         f"{need.resource}s; check trainer.device and how Ray was started on that node)")
+                text += (
+                    f" (it registered {view.amount(others[0])} {others[0]} instead: the run uses "
+                    f"{need.resource}s; check trainer.device and how Ray was started on that node)"
+                )
             elif have == 0 and need.resource == "NPU":
-                text += (' (Ray sees no "NPU" resource there: start it with '
-                         "ray start --resources '{\"NPU\": N}', as launch/run_recipe.sh does)")
+                text += (
+                    ' (Ray sees no "NPU" resource there: start it with '
+                    "ray start --resources '{\"NPU\": N}', as launch/run_recipe.sh does)"
+                )
             problems.append(text)
     return problems
 
@@ -174,8 +177,9 @@ def check_cluster(need: ClusterNeed, nodes: Iterable[Mapping[str, Any]]) -> list
 # Waiting for nodes
 
 
-def missing_nodes_message(need: ClusterNeed, nodes: Iterable[Mapping[str, Any]], expected_nodes: int,
-                          waited_s: float, address: str) -> str:
+def missing_nodes_message(
+    need: ClusterNeed, nodes: Iterable[Mapping[str, Any]], expected_nodes: int, waited_s: float, address: str
+) -> str:
     """The timeout error of `wait_for_nodes`: how many nodes and devices are missing and, when the
     nodes carry launcher node ranks, which ranks have not joined. A node's devices count up to
     trainer.n_gpus_per_node (a CPU node's many cores do not make up for a missing node)."""
@@ -183,8 +187,7 @@ def missing_nodes_message(need: ClusterNeed, nodes: Iterable[Mapping[str, Any]],
     have_devices = sum(min(v.amount(need.resource), need.per_node) for v in views)
     want_devices = expected_nodes * need.per_node
     ranks = {v.rank for v in views if v.rank is not None}
-    text = (f"after {waited_s:.0f} s only {len(views)} of {expected_nodes} node(s) joined the Ray cluster "
-            f"at {address}")
+    text = f"after {waited_s:.0f} s only {len(views)} of {expected_nodes} node(s) joined the Ray cluster at {address}"
     if ranks or not views:
         missing = [str(r) for r in range(expected_nodes) if r not in ranks]
         if missing:
@@ -192,17 +195,25 @@ def missing_nodes_message(need: ClusterNeed, nodes: Iterable[Mapping[str, Any]],
     text += f"; {need.units(have_devices)} of the {need.units(want_devices)} expected are registered"
     if want_devices > have_devices:
         text += f" ({need.units(want_devices - have_devices)} missing)"
-    return (text + ". Fix: run `bash launch/run_recipe.sh` on every node with the same NNODES and "
-            f"MASTER_ADDR/MASTER_PORT ({address}), check that the port is reachable from the other "
-            "nodes (firewall, HCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on multi-NIC hosts), or raise "
-            "NODE_WAIT_TIMEOUT if nodes start slowly")
+    return (
+        text + ". Fix: run `bash launch/run_recipe.sh` on every node with the same NNODES and "
+        f"MASTER_ADDR/MASTER_PORT ({address}), check that the port is reachable from the other "
+        "nodes (firewall, HCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME on multi-NIC hosts), or raise "
+        "NODE_WAIT_TIMEOUT if nodes start slowly"
+    )
 
 
-def wait_for_nodes(fetch_nodes: Callable[[], list[dict]], need: ClusterNeed, expected_nodes: int,
-                   timeout_s: float, address: str, interval_s: float = 2.0,
-                   clock: Callable[[], float] = time.monotonic,
-                   sleep: Callable[[float], None] = time.sleep,
-                   say: Callable[[str], None] | None = None) -> list[dict]:
+def wait_for_nodes(
+    fetch_nodes: Callable[[], list[dict]],
+    need: ClusterNeed,
+    expected_nodes: int,
+    timeout_s: float,
+    address: str,
+    interval_s: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    say: Callable[[str], None] | None = None,
+) -> list[dict]:
     """Poll `fetch_nodes()` until at least `expected_nodes` nodes are alive; return that node list.
 
     Raises `UserError` (`missing_nodes_message`) when `timeout_s` passes first. `say` gets a line
@@ -308,16 +319,18 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     for view in alive_nodes(nodes):
         _say(f"{view.label}: {need.units(view.amount(need.resource))}")
     if problems:
-        raise UserError(f"the cluster does not fit the recipe {rc.source}:\n"
-                        + "\n".join(f"  - {p}" for p in problems))
-    _say(f"preflight passed: {need.nnodes} node(s) x {need.units(need.per_node)} "
-         f"(trainer.nnodes x trainer.n_gpus_per_node)")
+        raise UserError(f"the cluster does not fit the recipe {rc.source}:\n" + "\n".join(f"  - {p}" for p in problems))
+    _say(
+        f"preflight passed: {need.nnodes} node(s) x {need.units(need.per_node)} "
+        f"(trainer.nnodes x trainer.n_gpus_per_node)"
+    )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m verl_npu.cluster",
-                                     description="Multi-node helpers for launch/run_recipe.sh.")
+    parser = argparse.ArgumentParser(
+        prog="python -m verl_npu.cluster", description="Multi-node helpers for launch/run_recipe.sh."
+    )
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def recipe_args(p: argparse.ArgumentParser) -> None:

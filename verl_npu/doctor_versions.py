@@ -57,8 +57,16 @@ def _mm(pair: tuple[int, int]) -> str:
     return f"{pair[0]}.{pair[1]}"
 
 
-def _pair(plugin: str, plugin_version: str | None, host: str, host_version: str | None, *, absent: str,
-          host_missing: tuple[str, Callable[[str], str]], mismatch_fix: Callable[[str, str], str]) -> Verdict:
+def _pair(
+    plugin: str,
+    plugin_version: str | None,
+    host: str,
+    host_version: str | None,
+    *,
+    absent: str,
+    host_missing: tuple[str, Callable[[str], str]],
+    mismatch_fix: Callable[[str, str], str],
+) -> Verdict:
     """The rule both pairs follow: `plugin` X.Y.* is built for `host` X.Y.*. `absent` says why a missing plugin
     is fine; `host_missing` is (what is wrong, fix given the plugin's X.Y); `mismatch_fix` gets (the plugin's
     X.Y, the host's X.Y)."""
@@ -75,33 +83,54 @@ def _pair(plugin: str, plugin_version: str | None, host: str, host_version: str 
         return Verdict(SKIPPED, f"{host} version {host_version!r} cannot be parsed")
     if host_mm == plugin_mm:
         return Verdict(PASS, f"{plugin} {plugin_version} pairs with {host} {host_version}")
-    return Verdict(FAIL, f"{plugin} {plugin_version} is built for {host} {_mm(plugin_mm)}, but {host} {host_version} "
-                   "is installed", mismatch_fix(_mm(plugin_mm), _mm(host_mm)))
+    return Verdict(
+        FAIL,
+        f"{plugin} {plugin_version} is built for {host} {_mm(plugin_mm)}, but {host} {host_version} is installed",
+        mismatch_fix(_mm(plugin_mm), _mm(host_mm)),
+    )
 
 
 def pair_torch_npu(torch: str | None, torch_npu: str | None) -> Verdict:
     """torch-npu's major.minor must equal torch's."""
     return _pair(
-        "torch-npu", torch_npu, "torch", torch, absent="needed on Ascend NPUs only",
+        "torch-npu",
+        torch_npu,
+        "torch",
+        torch,
+        absent="needed on Ascend NPUs only",
         host_missing=("is installed but torch is not", lambda want: f"pip install 'torch=={want}.*'"),
         mismatch_fix=lambda want, have: (
             f"install the torch that torch-npu needs: pip install 'torch=={want}.*' (pip may have replaced it "
-            f"when installing vllm); or the torch-npu release for your torch: pip install 'torch-npu=={have}.*'"))
+            f"when installing vllm); or the torch-npu release for your torch: pip install 'torch-npu=={have}.*'"
+        ),
+    )
 
 
 def pair_vllm_ascend(vllm: str | None, vllm_ascend: str | None) -> Verdict:
     """vllm-ascend's major.minor must equal vLLM's."""
     return _pair(
-        "vllm-ascend", vllm_ascend, "vllm", vllm, absent="needed for the vllm rollout on Ascend NPUs only",
-        host_missing=("is a vLLM plugin, but vLLM is not installed",
-                      lambda want: f"install vLLM {want} from source with VLLM_TARGET_DEVICE=empty, then re-pin "
-                      "torch / torch-npu (see README, 'NPU install')"),
+        "vllm-ascend",
+        vllm_ascend,
+        "vllm",
+        vllm,
+        absent="needed for the vllm rollout on Ascend NPUs only",
+        host_missing=(
+            "is a vLLM plugin, but vLLM is not installed",
+            lambda want: (
+                f"install vLLM {want} from source with VLLM_TARGET_DEVICE=empty, then re-pin "
+                "torch / torch-npu (see README, 'NPU install')"
+            ),
+        ),
         mismatch_fix=lambda want, have: (
             f"install vLLM {want} (from source, VLLM_TARGET_DEVICE=empty pip install -e .) or the "
-            f"vllm-ascend release for vLLM {have}"))
+            f"vllm-ascend release for vLLM {have}"
+        ),
+    )
 
 
-def applicable_requirements(requires: Iterable[str], package: str, environment: dict | None = None) -> list[Requirement]:
+def applicable_requirements(
+    requires: Iterable[str], package: str, environment: dict | None = None
+) -> list[Requirement]:
     """The requirements on `package` among `requires` whose markers hold in `environment` (default:
     this interpreter); requirements of optional extras do not count."""
     env = {"extra": ""}
@@ -121,8 +150,9 @@ def applicable_requirements(requires: Iterable[str], package: str, environment: 
     return found
 
 
-def vllm_pins(requires: Iterable[str], package: str, installed: str | None, vllm: str = "vllm",
-              environment: dict | None = None) -> Verdict:
+def vllm_pins(
+    requires: Iterable[str], package: str, installed: str | None, vllm: str = "vllm", environment: dict | None = None
+) -> Verdict:
     """Whether the installed `package` satisfies what the vLLM distribution (`vllm`, for messages)
     requires of it. No such requirement: SKIPPED."""
     reqs = applicable_requirements(requires, package, environment)
@@ -130,8 +160,9 @@ def vllm_pins(requires: Iterable[str], package: str, installed: str | None, vllm
         return Verdict(SKIPPED, f"{vllm} declares no {package} requirement here")
     spec = ",".join(str(r.specifier) for r in reqs if str(r.specifier)) or "any version"
     if not installed:
-        return Verdict(FAIL, f"{vllm} requires {package}{spec} but {package} is not installed",
-                       f"pip install '{package}{spec}'")
+        return Verdict(
+            FAIL, f"{vllm} requires {package}{spec} but {package} is not installed", f"pip install '{package}{spec}'"
+        )
     try:
         version = Version(installed)
     except InvalidVersion:
@@ -140,8 +171,10 @@ def vllm_pins(requires: Iterable[str], package: str, installed: str | None, vllm
         return Verdict(PASS, f"{vllm} requires {package}{spec}: {package} {installed} satisfies it")
     fix = f"pip install '{package}{spec}', or the {vllm.split()[0]} release made for {package} {installed}"
     if package == "torch":
-        fix += ("; on Ascend NPUs install vLLM from source with VLLM_TARGET_DEVICE=empty (it then pins no torch) "
-                "and keep the torch that torch-npu needs")
+        fix += (
+            "; on Ascend NPUs install vLLM from source with VLLM_TARGET_DEVICE=empty (it then pins no torch) "
+            "and keep the torch that torch-npu needs"
+        )
     return Verdict(FAIL, f"{vllm} requires {package}{spec}, but {package} {installed} is installed", fix)
 
 

@@ -89,8 +89,12 @@ def run_command(body: Callable[[], Any]) -> int:
         if not is_disk_full(exc):
             raise
         where = _full_file(exc)
-        print(f"error: no space left on device{f' writing {where}' if where else ''}. Fix: free space there "
-              "(or point af_output_dir / trainer.default_local_dir at a larger disk) and rerun the same "
-              "command: checkpoints are written atomically, so the last complete one is intact and the run "
-              "resumes from it", file=sys.stderr, flush=True)
+        print(
+            f"error: no space left on device{f' writing {where}' if where else ''}. Fix: free space there "
+            "(or point af_output_dir / trainer.default_local_dir at a larger disk) and rerun the same "
+            "command: checkpoints are written atomically, so the last complete one is intact and the run "
+            "resumes from it",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1

@@ -78,10 +78,12 @@ class ThreadPolicy:
 
     def describe(self) -> str:
         over = " (more threads than cores: they will compete)" if self.intra_op * self.workers > self.cores else ""
-        return (f"{self.intra_op} intra-op + {self.inter_op} inter-op thread(s) per process x {self.workers} "
-                f"worker process(es) on {self.cores} allowed core(s) ({self.cores_why}){over}; from {self.source}; "
-                f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', PASSIVE_WAIT_ENV['OMP_WAIT_POLICY'])}. "
-                f"Override: trainer.cpu_threads or OMP_NUM_THREADS")
+        return (
+            f"{self.intra_op} intra-op + {self.inter_op} inter-op thread(s) per process x {self.workers} "
+            f"worker process(es) on {self.cores} allowed core(s) ({self.cores_why}){over}; from {self.source}; "
+            f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', PASSIVE_WAIT_ENV['OMP_WAIT_POLICY'])}. "
+            f"Override: trainer.cpu_threads or OMP_NUM_THREADS"
+        )
 
 
 def set_passive_wait(env: MutableMapping[str, str] | None = None) -> list[str]:

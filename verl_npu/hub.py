@@ -70,8 +70,10 @@ class HubIdMissing(UserError):
     """A hub id that is neither in the cache nor downloadable: `what` went wrong, `advice` fixes it."""
 
     def __init__(self, model_id: str, key: str, reason: str):
-        self.what = (f"{model_id!r} is not a local folder, and the Hugging Face hub id is not in the cache "
-                     f"{cache_dir()} ({reason})")
+        self.what = (
+            f"{model_id!r} is not a local folder, and the Hugging Face hub id is not in the cache "
+            f"{cache_dir()} ({reason})"
+        )
         self.advice = download_advice(model_id)
         super().__init__(f"{key}: {self.what}. {self.advice}")
 
@@ -85,8 +87,9 @@ def cached_folder(model_id) -> Path | None:
 
     match = _HUB_ID.match(model_id)
     try:
-        return Path(snapshot_download(match["repo"], revision=match["rev"], cache_dir=cache_dir(),
-                                      local_files_only=True))
+        return Path(
+            snapshot_download(match["repo"], revision=match["rev"], cache_dir=cache_dir(), local_files_only=True)
+        )
     except Exception:  # noqa: BLE001 - not (completely) in the cache
         return None
 
@@ -119,6 +122,8 @@ def download_advice(model_id: str) -> str:
     """How to make ``model_id`` resolvable: pre-download it into the cache, or use a local folder."""
     repo = model_id.split("@", 1)[0]
     rev = f" --revision {model_id.split('@', 1)[1]}" if "@" in model_id else ""
-    return (f"Download it first on a machine that reaches the hub, with the same HF_HOME "
-            f"(`hf download {repo}{rev}` or `huggingface-cli download {repo}{rev}`), "
-            "or set the key to a local model folder.")
+    return (
+        f"Download it first on a machine that reaches the hub, with the same HF_HOME "
+        f"(`hf download {repo}{rev}` or `huggingface-cli download {repo}{rev}`), "
+        "or set the key to a local model folder."
+    )

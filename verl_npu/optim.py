@@ -44,13 +44,15 @@ def build_optimizer(params: Iterable[torch.nn.Parameter] | Iterable[dict], optim
     ``optim_cfg``. Bad values raise UserError naming the key."""
     lr, weight_decay, betas = optim_cfg.lr, optim_cfg.weight_decay, tuple(optim_cfg.betas)
     if lr < 0:
-        raise UserError(f"{_key(optim_cfg)}.lr: must be >= 0, got {lr}; "
-                        "fix: set a small positive learning rate such as 1e-6")
+        raise UserError(
+            f"{_key(optim_cfg)}.lr: must be >= 0, got {lr}; fix: set a small positive learning rate such as 1e-6"
+        )
     if weight_decay < 0:
         raise UserError(f"{_key(optim_cfg)}.weight_decay: must be >= 0, got {weight_decay}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise UserError(f"{_key(optim_cfg)}.betas: must be two numbers in [0, 1), got {list(betas)}; "
-                        "fix: e.g. [0.9, 0.999]")
+        raise UserError(
+            f"{_key(optim_cfg)}.betas: must be two numbers in [0, 1), got {list(betas)}; fix: e.g. [0.9, 0.999]"
+        )
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
 
@@ -67,9 +69,10 @@ def _constant_multiplier(step: int, warmup: int) -> float:
     return 1.0
 
 
-def _cosine_multiplier(step: int, warmup: int, total: int, min_lr_ratio: float, num_cycles: float,
-                       zero_indexed: bool = True) -> float:
-    if not zero_indexed:   # optim.zero_indexed_step=false: the first update is step 1 (verl's cosine schedule)
+def _cosine_multiplier(
+    step: int, warmup: int, total: int, min_lr_ratio: float, num_cycles: float, zero_indexed: bool = True
+) -> float:
+    if not zero_indexed:  # optim.zero_indexed_step=false: the first update is step 1 (verl's cosine schedule)
         step += 1
     if step < warmup:
         return step / max(1, warmup)
@@ -92,7 +95,9 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, total_t
     style = optim_cfg.warmup_style
     warmup = warmup_steps(optim_cfg, total)
     if warmup < 0:
-        raise UserError(f"{_key(optim_cfg)}.lr_warmup_steps_ratio: must be >= 0 (got a negative warmup of {warmup} steps)")
+        raise UserError(
+            f"{_key(optim_cfg)}.lr_warmup_steps_ratio: must be >= 0 (got a negative warmup of {warmup} steps)"
+        )
     if style == "constant":
         multiplier = partial(_constant_multiplier, warmup=warmup)
     elif style == "cosine":
@@ -100,9 +105,15 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg: Any, total_t
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise UserError(f"{_key(optim_cfg)}.min_lr_ratio: must be in [0, 1], got {min_lr_ratio}")
         multiplier = partial(
-            _cosine_multiplier, warmup=warmup, total=total, min_lr_ratio=min_lr_ratio,
-            num_cycles=optim_cfg.num_cycles, zero_indexed=optim_cfg.zero_indexed_step,
+            _cosine_multiplier,
+            warmup=warmup,
+            total=total,
+            min_lr_ratio=min_lr_ratio,
+            num_cycles=optim_cfg.num_cycles,
+            zero_indexed=optim_cfg.zero_indexed_step,
         )
     else:
-        raise UserError(f"{_key(optim_cfg)}.warmup_style: unknown value {style!r}; fix: use one of {', '.join(WARMUP_STYLES)}")
+        raise UserError(
+            f"{_key(optim_cfg)}.warmup_style: unknown value {style!r}; fix: use one of {', '.join(WARMUP_STYLES)}"
+        )
     return LambdaLR(optimizer, lr_lambda=multiplier)

@@ -25,9 +25,9 @@ ROLLOUT_IS_LEVELS: dict[str, str] = {name: spec.doc for name, spec in correction
 #: `rollout_rs` options: the statistic each rejects on (k1 = -d, k2 = d²/2, k3 = exp(d) - 1 - d, with d = old -
 #: rollout log-prob per token, clamped to ±20) and whether it judges each token or a whole response
 ROLLOUT_RS_OPTIONS: dict[str, str] = {
-    name: f"{spec.doc} of {spec.statistic}, kept when "
-          + ("log(L) <= it <= log(U)" if spec.ratio_bounds else "it <= U")
-    for name, spec in correction_modes("rollout_rs").items()}
+    name: f"{spec.doc} of {spec.statistic}, kept when " + ("log(L) <= it <= log(U)" if spec.ratio_bounds else "it <= U")
+    for name, spec in correction_modes("rollout_rs").items()
+}
 #: `loss_type` of bypass mode
 BYPASS_LOSS_TYPES: dict[str, str] = {name: spec.doc for name, spec in correction_modes("loss_type").items()}
 
@@ -73,8 +73,9 @@ def parse_rs_options(spec) -> list[str]:
         raise ValueError("names no option")
     unknown = [opt for opt in options if opt not in ROLLOUT_RS_OPTIONS]
     if unknown:
-        raise ValueError(f"{', '.join(map(repr, unknown))} is not an option; the options are: "
-                         + ", ".join(ROLLOUT_RS_OPTIONS))
+        raise ValueError(
+            f"{', '.join(map(repr, unknown))} is not an option; the options are: " + ", ".join(ROLLOUT_RS_OPTIONS)
+        )
     return options
 
 
@@ -89,8 +90,10 @@ def parse_rs_thresholds(options: list[str], spec) -> dict[str, tuple[float, floa
     if not entries:
         raise ValueError("holds no threshold")
     if len(entries) not in (1, len(options)):
-        raise ValueError(f"has {len(entries)} thresholds for {len(options)} rollout_rs options: give one "
-                         f"shared by all, or one per option ({', '.join(options)})")
+        raise ValueError(
+            f"has {len(entries)} thresholds for {len(options)} rollout_rs options: give one "
+            f"shared by all, or one per option ({', '.join(options)})"
+        )
     entries = entries * len(options) if len(entries) == 1 else entries
     out: dict[str, tuple[float, float | None]] = {}
     for option, entry in zip(options, entries):

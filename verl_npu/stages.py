@@ -48,8 +48,12 @@ def prepare_rl_demo_data(recipe, say: Callable[[str], None]) -> None:
         say(f"[verl-npu] stage {rl.name}: prepared {line}")
 
 
-def run_stages(recipe, run_sft: Callable[[str, list[str]], int], run_rl: Callable[[str, list[str]], int],
-               say: Callable[[str], None]) -> int:
+def run_stages(
+    recipe,
+    run_sft: Callable[[str, list[str]], int],
+    run_rl: Callable[[str, list[str]], int],
+    say: Callable[[str], None],
+) -> int:
     """Run `recipe`'s stages (a `StagesRecipe`); `run_sft(recipe, overrides)` / `run_rl(recipe, overrides)` run one
     stage as `verl-npu sft` / `run` would and return its exit code. Returns the first non-zero code, else 0."""
     from verl_npu.config.sft import load_sft_recipe

@@ -50,7 +50,9 @@ VERL_CLASS_PATHS: dict[str, str] = {path: name for name, spec in TOOLS.specs.ite
 #: verl's own tools that verl-npu does not build: class path -> (what it needs, what to do instead)
 UNBUILT_VERL_TOOLS: dict[str, tuple[str, str]] = {
     "verl.tools.mcp_search_tool.MCPSearchTool": (
-        "is an MCP tool", "write a native tool class (docs/agents.md, 'Writing a tool')"),
+        "is an MCP tool",
+        "write a native tool class (docs/agents.md, 'Writing a tool')",
+    )
 }
 #: verl's tool `config.type` values, and those built here.
 TOOL_TYPES = ("native",)
@@ -59,9 +61,11 @@ UNSUPPORTED_TOOL_TYPES = {"mcp": "MCP tools are not built; write a native tool c
 
 #: the search tool's `config:` keys (verl's SearchTool's, then verl-npu's own) -> (type check, what it must be)
 SEARCH_CONFIG_KEYS: dict[str, tuple[Any, str]] = {
-    "type": (lambda v: True, "native"),        # checked with every tool's type below
-    "retrieval_service_url": (lambda v: isinstance(v, str) and v.startswith(("http://", "https://")),
-                              "the retrieval server's URL, http://host:port/retrieve"),
+    "type": (lambda v: True, "native"),  # checked with every tool's type below
+    "retrieval_service_url": (
+        lambda v: isinstance(v, str) and v.startswith(("http://", "https://")),
+        "the retrieval server's URL, http://host:port/retrieve",
+    ),
     "topk": (lambda v: _positive_int(v), "a positive integer (documents per query)"),
     "timeout": (lambda v: _positive_number(v), "a positive number of seconds"),
     "num_workers": (lambda v: _positive_int(v), "a positive integer (requests of this tool in flight at once)"),
@@ -70,8 +74,10 @@ SEARCH_CONFIG_KEYS: dict[str, tuple[Any, str]] = {
     # verl-npu's own: verl's retry loop as settings (verl: 10 tries, 1 s more delay before each retry)
     "max_attempts": (lambda v: _positive_int(v), "a positive integer (tries of one request)"),
     "retry_delay": (lambda v: _positive_number(v) or v == 0, "a number of seconds >= 0"),
-    "call_timeout": (lambda v: v is None or isinstance(v, (int, float)) and not isinstance(v, bool),
-                     "a number of seconds (0: no limit)"),
+    "call_timeout": (
+        lambda v: v is None or isinstance(v, (int, float)) and not isinstance(v, bool),
+        "a number of seconds (0: no limit)",
+    ),
 }
 
 
@@ -88,13 +94,19 @@ def search_config_problems(config: dict, key: str) -> list[tuple[str, str]]:
     unknown key (refused by name: nothing is silently ignored)."""
     out = []
     if not config.get("retrieval_service_url"):
-        out.append((f"{key}.retrieval_service_url", "is missing: the search tool queries a retrieval server "
-                    "(e.g. http://127.0.0.1:8000/retrieve; start one with `verl-npu retrieval-server --corpus "
-                    "corpus.jsonl`)"))
+        out.append(
+            (
+                f"{key}.retrieval_service_url",
+                "is missing: the search tool queries a retrieval server "
+                "(e.g. http://127.0.0.1:8000/retrieve; start one with `verl-npu retrieval-server --corpus "
+                "corpus.jsonl`)",
+            )
+        )
     for name, value in config.items():
         if name not in SEARCH_CONFIG_KEYS:
-            out.append((f"{key}.{name}", f"is not a key of the search tool (keys: {', '.join(SEARCH_CONFIG_KEYS)}); "
-                        "remove it"))
+            out.append(
+                (f"{key}.{name}", f"is not a key of the search tool (keys: {', '.join(SEARCH_CONFIG_KEYS)}); remove it")
+            )
         elif value is not None:
             ok, want = SEARCH_CONFIG_KEYS[name]
             if not ok(value):
@@ -109,8 +121,8 @@ class ToolEntry:
     index: int
     class_name: str
     config: dict = field(default_factory=dict)
-    schema: dict | None = None          # {"type": "function", "function": {...}} or None (the class gives it)
-    where: str = ""                     # "<file> tools[i]"
+    schema: dict | None = None  # {"type": "function", "function": {...}} or None (the class gives it)
+    where: str = ""  # "<file> tools[i]"
 
     @property
     def name(self) -> str | None:
@@ -123,7 +135,7 @@ class ToolEntry:
 
     @property
     def demo_data(self) -> str:
-        """"module:function" of the synthetic demo data of a built-in tool's task ('' when none)."""
+        """ "module:function" of the synthetic demo data of a built-in tool's task ('' when none)."""
         return TOOLS.spec(self.builtin).demo_data if self.builtin is not None else ""
 
     @property
@@ -134,8 +146,9 @@ class ToolEntry:
         return VERL_CLASS_PATHS.get(self.class_name)
 
 
-def class_target(class_name: str, builtins: dict[str, str] = BUILTIN_TOOLS,
-                 verl_paths: dict[str, str] = VERL_CLASS_PATHS) -> tuple[str, str, str]:
+def class_target(
+    class_name: str, builtins: dict[str, str] = BUILTIN_TOOLS, verl_paths: dict[str, str] = VERL_CLASS_PATHS
+) -> tuple[str, str, str]:
     """(kind, where, class) of a `class_name` in a tool or interaction config: kind 'builtin' (a name of
     `builtins`, or a verl class path `verl_paths` maps to one; where: its module), 'file'
     (path/to/file.py:Class) or 'module' (package.module.Class)."""
@@ -171,26 +184,43 @@ def _schema_problems(schema: Any, key: str) -> list[tuple[str, str]]:
         else:
             props = params.get("properties") or {}
             if not isinstance(props, dict) or not all(isinstance(p, dict) and "type" in p for p in props.values()):
-                out.append((f"{key}.function.parameters.properties",
-                            "must map each parameter name to a schema with a type (e.g. {type: string})"))
+                out.append(
+                    (
+                        f"{key}.function.parameters.properties",
+                        "must map each parameter name to a schema with a type (e.g. {type: string})",
+                    )
+                )
             required = params.get("required") or []
             missing = [r for r in required if r not in props] if isinstance(required, list) else required
             if not isinstance(required, list) or missing:
-                out.append((f"{key}.function.parameters.required",
-                            f"names parameters that are not in properties: {missing}"))
+                out.append(
+                    (f"{key}.function.parameters.required", f"names parameters that are not in properties: {missing}")
+                )
     return out
 
 
-def class_name_problems(class_name: Any, key: str, *, what: str, builtins: dict[str, str],
-                        verl_paths: dict[str, str], verl_hint: str,
-                        unbuilt: dict[str, tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+def class_name_problems(
+    class_name: Any,
+    key: str,
+    *,
+    what: str,
+    builtins: dict[str, str],
+    verl_paths: dict[str, str],
+    verl_hint: str,
+    unbuilt: dict[str, tuple[str, str]] | None = None,
+) -> list[tuple[str, str]]:
     """(key, problem) for the class_name of a tool or interaction entry (`what`: "tool" / "interaction"),
     found without importing anything: a built-in, an existing path/to/file.py:Class (relative to the
     current folder), or package.module.Class on the Python path. A class of verl is refused with
     `verl_hint` (how to port it); `unbuilt` verl classes with (what they need, what to do instead)."""
     if not isinstance(class_name, str) or not class_name.strip():
-        return [(key, f"must name the {what} class: a built-in ({', '.join(builtins)}), path/to/file.py:ClassName "
-                 "or package.module.ClassName")]
+        return [
+            (
+                key,
+                f"must name the {what} class: a built-in ({', '.join(builtins)}), path/to/file.py:ClassName "
+                "or package.module.ClassName",
+            )
+        ]
     kind, where, cls = class_target(class_name, builtins, verl_paths)
     if kind == "builtin":
         return []
@@ -201,8 +231,13 @@ def class_name_problems(class_name: Any, key: str, *, what: str, builtins: dict[
         path = path if path.is_absolute() else Path.cwd() / path
         return [] if path.is_file() else [(key, f"{class_name!r}: file {str(path)!r} does not exist")]
     if not where:
-        return [(key, f"{class_name!r} is neither a built-in {what} ({', '.join(builtins)}) nor "
-                      "package.module.ClassName nor path/to/file.py:ClassName")]
+        return [
+            (
+                key,
+                f"{class_name!r} is neither a built-in {what} ({', '.join(builtins)}) nor "
+                "package.module.ClassName nor path/to/file.py:ClassName",
+            )
+        ]
     if class_name in (unbuilt or {}):
         needs, instead = unbuilt[class_name]
         return [(key, f"verl-npu does not support verl's {cls} yet (it {needs}); {instead}")]
@@ -215,8 +250,9 @@ def class_name_problems(class_name: Any, key: str, *, what: str, builtins: dict[
     return [] if found else [(key, f"{class_name!r}: module {where!r} cannot be found on the Python path")]
 
 
-def listed_mappings(path: str | os.PathLike, section: str, fields: tuple[str, ...], what: str, *,
-                    non_empty: bool = False) -> tuple[Path, list[tuple[int, str, dict]], list[tuple[str, str]]]:
+def listed_mappings(
+    path: str | os.PathLike, section: str, fields: tuple[str, ...], what: str, *, non_empty: bool = False
+) -> tuple[Path, list[tuple[int, str, dict]], list[tuple[str, str]]]:
     """The entries listed under `section` of the YAML file `path` (a tool or interaction config):
     (the file's path, [(index, key, mapping)], problems). A problem is (where, what is wrong); `key`
     names the file and the entry (`<path>: section[i]`). An entry that is not a mapping is left out
@@ -256,19 +292,25 @@ def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tup
     entries, names = [], {}
     for i, key, item in items:
         problems += class_name_problems(
-            item.get("class_name"), f"{key}.class_name", what="tool", builtins=BUILTIN_TOOLS,
-            verl_paths=VERL_CLASS_PATHS, unbuilt=UNBUILT_VERL_TOOLS,
+            item.get("class_name"),
+            f"{key}.class_name",
+            what="tool",
+            builtins=BUILTIN_TOOLS,
+            verl_paths=VERL_CLASS_PATHS,
+            unbuilt=UNBUILT_VERL_TOOLS,
             verl_hint=f"the built-in tools are {', '.join(sorted(VERL_CLASS_PATHS))}; for your own tool change its "
-                      "import to `from verl_npu.tools import BaseTool, ToolResponse` and name it path/to/file.py:ClassName")
+            "import to `from verl_npu.tools import BaseTool, ToolResponse` and name it path/to/file.py:ClassName",
+        )
         config = item.get("config") or {}
         if not isinstance(config, dict):
             problems.append((f"{key}.config", "must be a mapping (e.g. {type: native})"))
             config = {}
         kind = config.get("type", "native")
         named = item.get("class_name")
-        entry_builtin = (named if named in BUILTIN_TOOLS else VERL_CLASS_PATHS.get(named)) \
-            if isinstance(named, str) else None
-        if entry_builtin is not None:   # a built-in that checks its `config:` here (the search tool)
+        entry_builtin = (
+            (named if named in BUILTIN_TOOLS else VERL_CLASS_PATHS.get(named)) if isinstance(named, str) else None
+        )
+        if entry_builtin is not None:  # a built-in that checks its `config:` here (the search tool)
             problems += TOOLS.spec(entry_builtin).config_problems(config, f"{key}.config")
         if kind in UNSUPPORTED_TOOL_TYPES:
             problems.append((f"{key}.config.type", f"is {kind!r}: {UNSUPPORTED_TOOL_TYPES[kind]}"))
@@ -280,13 +322,21 @@ def read_tool_config(path: str | os.PathLike) -> tuple[list[ToolEntry], list[tup
         entry = ToolEntry(i, str(item.get("class_name")), dict(config), schema, key)
         builtin_name = BUILTIN_FUNCTION_NAMES.get(entry.builtin or "")
         if builtin_name and entry.name and entry.name != builtin_name:
-            problems.append((f"{key}.tool_schema.function.name", f"is {entry.name!r} but {entry.class_name!r} is the "
-                             f"tool {builtin_name!r}; use name: {builtin_name}"))
+            problems.append(
+                (
+                    f"{key}.tool_schema.function.name",
+                    f"is {entry.name!r} but {entry.class_name!r} is the "
+                    f"tool {builtin_name!r}; use name: {builtin_name}",
+                )
+            )
         if entry.name in names:
-            problems.append((f"{key}.tool_schema.function.name",
-                             f"{entry.name!r} is also the name of tools[{names[entry.name]}]; tool names must be unique"))
+            problems.append(
+                (
+                    f"{key}.tool_schema.function.name",
+                    f"{entry.name!r} is also the name of tools[{names[entry.name]}]; tool names must be unique",
+                )
+            )
         elif entry.name:
             names[entry.name] = i
         entries.append(entry)
     return entries, problems
-

@@ -37,7 +37,10 @@ UIDS = ["a", "a", "a", "b", "c"]  # group a = {1, 0, 3}, group b = {2}, group c 
 
 def test_grpo_normalised_by_unbiased_std_and_group_of_one():
     adv, ret = A.compute_advantages(
-        "grpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS,
+        "grpo",
+        token_level_rewards=REWARDS,
+        response_mask=MASK,
+        group_ids=UIDS,
         config=algorithm({"norm_adv_by_std_in_grpo": True}),
     )
     mean, std = 4 / 3, math.sqrt(((1 - 4 / 3) ** 2 + (4 / 3) ** 2 + (3 - 4 / 3) ** 2) / 2)  # unbiased
@@ -51,21 +54,24 @@ def test_grpo_normalised_by_unbiased_std_and_group_of_one():
 
 def test_dr_grpo_does_not_divide_by_std():
     cfg = OmegaConf.create({"norm_adv_by_std_in_grpo": False})
-    adv, _ = A.compute_advantages("grpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS,
-                                  config=algorithm(cfg))
+    adv, _ = A.compute_advantages(
+        "grpo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS, config=algorithm(cfg)
+    )
     close(adv[:, 0], [1 - 4 / 3, -4 / 3, 3 - 4 / 3, 2.0, 5.0])
 
 
 def test_grpo_identical_scores_give_zero_advantage():
     rewards = torch.tensor([[1.0], [1.0]])
-    adv, _ = A.compute_advantages("grpo", token_level_rewards=rewards, response_mask=torch.ones(2, 1), group_ids=[0, 0],
-                                  config=ALGO)
+    adv, _ = A.compute_advantages(
+        "grpo", token_level_rewards=rewards, response_mask=torch.ones(2, 1), group_ids=[0, 0], config=ALGO
+    )
     close(adv, torch.zeros(2, 1))
 
 
 def test_rloo_leave_one_out_baseline():
-    adv, ret = A.compute_advantages("rloo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS,
-                                    config=ALGO)
+    adv, ret = A.compute_advantages(
+        "rloo", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS, config=ALGO
+    )
     expected = [1 - (0 + 3) / 2, 0 - (1 + 3) / 2, 3 - (1 + 0) / 2, 2.0, 5.0]
     close(adv, torch.tensor(expected).unsqueeze(-1) * MASK)
     assert torch.equal(adv, ret)
@@ -110,8 +116,7 @@ def test_remax_reward_to_go_minus_baseline():
     rewards = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv, ret = A.compute_advantages(
-        "remax", token_level_rewards=rewards, response_mask=mask, baseline_rewards=torch.tensor([1.0, 2.0]),
-        config=ALGO
+        "remax", token_level_rewards=rewards, response_mask=mask, baseline_rewards=torch.tensor([1.0, 2.0]), config=ALGO
     )
     close(ret, [[3.0, 3.0, 2.0], [3.0, 0.0, 0.0]])
     close(adv, [[2.0, 2.0, 1.0], [1.0, -2.0, 0.0]])
@@ -121,13 +126,26 @@ def test_remax_reward_to_go_minus_baseline():
 
 def test_unknown_estimator_lists_known_ones():
     with pytest.raises(KeyError, match="grpo") as info:
-        A.compute_advantages("no_such_estimator", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS,
-                             config=ALGO)
+        A.compute_advantages(
+            "no_such_estimator", token_level_rewards=REWARDS, response_mask=MASK, group_ids=UIDS, config=ALGO
+        )
     assert "rloo" in str(info.value) and "reinforce_plus_plus" in str(info.value)
-    assert set(A.ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                                           "remax", "gae", "opo", "grpo_passk", "gpg", "rloo_vectorized",
-                                           "grpo_vectorized", "gdpo", "optimal_token_baseline",
-                                           "tir_optimal_token_baseline"}
+    assert set(A.ADVANTAGE_ESTIMATORS) == {
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "remax",
+        "gae",
+        "opo",
+        "grpo_passk",
+        "gpg",
+        "rloo_vectorized",
+        "grpo_vectorized",
+        "gdpo",
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
+    }
 
 
 def test_grpo_group_ids_length_mismatch():
@@ -141,10 +159,12 @@ def test_a_users_estimator_file_is_an_estimator(tmp_path):
     from verl_npu.registry import ADVANTAGE_ESTIMATORS
 
     path = tmp_path / "zero_adv.py"
-    path.write_text("import torch\nfrom verl_npu.registry import ADVANTAGE_ESTIMATORS\n\n\n"
-                    "@ADVANTAGE_ESTIMATORS.register('zero', needs_group=True, doc='all zero')\n"
-                    "def zero(token_level_rewards, response_mask, group_ids, config, **_):\n"
-                    "    return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)\n")
+    path.write_text(
+        "import torch\nfrom verl_npu.registry import ADVANTAGE_ESTIMATORS\n\n\n"
+        "@ADVANTAGE_ESTIMATORS.register('zero', needs_group=True, doc='all zero')\n"
+        "def zero(token_level_rewards, response_mask, group_ids, config, **_):\n"
+        "    return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)\n"
+    )
     name = f"{path}:zero"
     spec = ADVANTAGE_ESTIMATORS.spec(name)
     assert (spec.needs_group, spec.doc, spec.name) == (True, "all zero", name)
@@ -230,8 +250,15 @@ def test_ppo_clip_positive_and_negative_advantages_and_dual_clip():
 
 def test_ppo_asymmetric_clip_and_ratio_clamp():
     logp = torch.tensor([[math.log(1.3), 50.0]])
-    out = A.ppo_policy_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2),
-                            clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-sum")
+    out = A.ppo_policy_loss(
+        logp,
+        torch.zeros(1, 2),
+        torch.tensor([[1.0, 1.0]]),
+        torch.ones(1, 2),
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        loss_agg_mode="token-sum",
+    )
     # 1.3 -> 1.28; log ratio 50 clamps to 20 then clips to 1.28 -> both -1.28
     close(out["pg_loss"], -2.56)
     assert torch.isfinite(out["ppo_kl"]) and abs(out["ppo_kl"].item() + (math.log(1.3) + 20) / 2) < 1e-5
@@ -314,8 +341,9 @@ def test_make_kl_controller_from_config():
     fixed = A.make_kl_controller(section("algorithm.kl_ctrl", OmegaConf.create({"type": "fixed", "kl_coef": 0.05})))
     fixed.update(10.0, 100)
     assert isinstance(fixed, A.FixedKLController) and fixed.value == 0.05
-    adaptive = A.make_kl_controller(section("algorithm.kl_ctrl",
-                                            {"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 1000}))
+    adaptive = A.make_kl_controller(
+        section("algorithm.kl_ctrl", {"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 1000})
+    )
     assert isinstance(adaptive, A.AdaptiveKLController) and adaptive.value == 0.2
     with pytest.raises(UserError, match="algorithm.kl_ctrl.type"):
         A.make_kl_controller(section("algorithm.kl_ctrl", {"type": "pid"}))
@@ -354,10 +382,12 @@ def test_a_users_estimator_file_takes_no_registered_name(tmp_path):
 
     builtin = ADVANTAGE_ESTIMATORS.load("grpo")
     path = tmp_path / "shadow.py"
-    path.write_text("import torch\nfrom verl_npu.registry import ADVANTAGE_ESTIMATORS\n\n\n"
-                    f"@ADVANTAGE_ESTIMATORS.register('grpo', needs_group=True, doc='shadow')\n"
-                    f"def {builtin.__qualname__}(token_level_rewards, response_mask, group_ids, config, **_):\n"
-                    "    return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)\n")
+    path.write_text(
+        "import torch\nfrom verl_npu.registry import ADVANTAGE_ESTIMATORS\n\n\n"
+        f"@ADVANTAGE_ESTIMATORS.register('grpo', needs_group=True, doc='shadow')\n"
+        f"def {builtin.__qualname__}(token_level_rewards, response_mask, group_ids, config, **_):\n"
+        "    return torch.zeros_like(token_level_rewards), torch.zeros_like(token_level_rewards)\n"
+    )
     users = ADVANTAGE_ESTIMATORS.load(f"{path}:{builtin.__qualname__}")
     assert users is not builtin and ADVANTAGE_ESTIMATORS.load("grpo") is builtin
     assert "grpo" in ADVANTAGE_ESTIMATORS.implementations and ADVANTAGE_ESTIMATORS.implementations["grpo"] is builtin

@@ -17,8 +17,13 @@ def test_gae_matches_hand_computed_numbers():
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
     values = torch.tensor([[0.5, 0.2, 0.4], [0.1, 0.3, 0.7]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    adv, ret = A.compute_advantages("gae", token_level_rewards=rewards, response_mask=mask,
-                                    config=section("algorithm", {"gamma": 0.9, "lam": 0.8}), values=values)
+    adv, ret = A.compute_advantages(
+        "gae",
+        token_level_rewards=rewards,
+        response_mask=mask,
+        config=section("algorithm", {"gamma": 0.9, "lam": 0.8}),
+        values=values,
+    )
     # row 1: t=2: delta = 1 - 0.4 = 0.6 -> A=0.6; t=1: delta = 0.9*0.4 - 0.2 = 0.16, A = 0.16 + 0.72*0.6 = 0.592;
     #        t=0: delta = 0.9*0.2 - 0.5 = -0.32, A = -0.32 + 0.72*0.592 = 0.10624
     # row 2: t=2 padding: state stays (0, 0), A=0; t=1: delta = 2 - 0.3 = 1.7 -> A=1.7;
@@ -38,16 +43,22 @@ def test_gae_with_gamma_and_lam_one_is_return_minus_value():
     rewards = torch.tensor([[1.0, 0.0, 2.0]])
     values = torch.tensor([[0.3, -0.2, 0.5]])
     mask = torch.ones(1, 3)
-    _, ret = A.compute_advantages("gae", token_level_rewards=rewards, response_mask=mask,
-                                  config=section("algorithm", {"gamma": 1.0, "lam": 1.0}), values=values)
+    _, ret = A.compute_advantages(
+        "gae",
+        token_level_rewards=rewards,
+        response_mask=mask,
+        config=section("algorithm", {"gamma": 1.0, "lam": 1.0}),
+        values=values,
+    )
     # lam = gamma = 1: A_t = sum of rewards from t on - V_t, so returns = reward-to-go = [3, 2, 2]
     assert ret[0].tolist() == pytest.approx([3.0, 2.0, 2.0])
 
 
 def test_gae_without_values_is_an_error():
     with pytest.raises(ValueError, match="values"):
-        A.compute_advantages("gae", token_level_rewards=torch.zeros(1, 2), response_mask=torch.ones(1, 2),
-                             config=section("algorithm"))
+        A.compute_advantages(
+            "gae", token_level_rewards=torch.zeros(1, 2), response_mask=torch.ones(1, 2), config=section("algorithm")
+        )
 
 
 def test_clipped_value_loss_matches_hand_computed_numbers():
@@ -96,31 +107,54 @@ def test_roles_follow_the_config():
 
 
 # ---- tiny CPU runs: PPO with a GAE critic -----------------------------------------------------------
-CRITIC_METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
-                  "critic/values/mean", "critic/values/max", "critic/values/min", "critic/advantages/mean",
-                  "critic/returns/mean"]
-COMPARED = ["critic/score/mean", "response_length/mean", "critic/vf_loss", "critic/vpred_mean", "critic/grad_norm",
-            "critic/values/mean", "critic/returns/mean", "actor/pg_loss", "actor/grad_norm"]
+CRITIC_METRICS = [
+    "critic/vf_loss",
+    "critic/vf_clipfrac",
+    "critic/vpred_mean",
+    "critic/grad_norm",
+    "critic/lr",
+    "critic/values/mean",
+    "critic/values/max",
+    "critic/values/min",
+    "critic/advantages/mean",
+    "critic/returns/mean",
+]
+COMPARED = [
+    "critic/score/mean",
+    "response_length/mean",
+    "critic/vf_loss",
+    "critic/vpred_mean",
+    "critic/grad_norm",
+    "critic/values/mean",
+    "critic/returns/mean",
+    "actor/pg_loss",
+    "actor/grad_norm",
+]
 
 
 def ppo_overrides(out, data, gpus: int = 1, **extra) -> list[str]:
     """The text run of run_helpers.text_run_overrides with GAE and a critic, 3 steps, a checkpoint after each."""
     from run_helpers import text_run_overrides
 
-    return text_run_overrides(out, data, **{
-        "data.max_response_length": 3,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "algorithm.adv_estimator": "gae",
-        "algorithm.gamma": 1.0,
-        "algorithm.lam": 0.95,
-        "critic.optim.lr": 1e-3,
-        "critic.ppo_micro_batch_size_per_gpu": 2,
-        "critic.cliprange_value": 0.5,
-        "trainer.n_gpus_per_node": gpus,
-        "trainer.total_training_steps": 3,
-        "trainer.save_freq": 1,
-        "ray_init.num_cpus": 2,
-        **extra})
+    return text_run_overrides(
+        out,
+        data,
+        **{
+            "data.max_response_length": 3,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "algorithm.adv_estimator": "gae",
+            "algorithm.gamma": 1.0,
+            "algorithm.lam": 0.95,
+            "critic.optim.lr": 1e-3,
+            "critic.ppo_micro_batch_size_per_gpu": 2,
+            "critic.cliprange_value": 0.5,
+            "trainer.n_gpus_per_node": gpus,
+            "trainer.total_training_steps": 3,
+            "trainer.save_freq": 1,
+            "ray_init.num_cpus": 2,
+            **extra,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +192,13 @@ def test_ppo_with_a_critic_trains_and_checkpoints_both_roles(ppo_reference):
     step = ppo_reference / "checkpoints" / "global_step_3"
     for role in ("actor", "critic"):
         names = {p.name for p in (step / role).iterdir()}
-        assert {"model_world_size_1_rank_0.pt", "optim_world_size_1_rank_0.pt",
-                "extra_state_world_size_1_rank_0.pt", "fsdp_config.json", "huggingface"} <= names, (role, names)
+        assert {
+            "model_world_size_1_rank_0.pt",
+            "optim_world_size_1_rank_0.pt",
+            "extra_state_world_size_1_rank_0.pt",
+            "fsdp_config.json",
+            "huggingface",
+        } <= names, (role, names)
     from safetensors.torch import load_file
 
     critic = load_file(str(step / "critic" / "huggingface" / "model.safetensors"))
@@ -167,8 +206,9 @@ def test_ppo_with_a_critic_trains_and_checkpoints_both_roles(ppo_reference):
 
 
 @pytest.mark.slow
-def test_ppo_run_killed_after_a_checkpoint_resumes_actor_and_critic_exactly(tmp_path, ppo_reference, ppo_data,
-                                                                            tiny_cache):
+def test_ppo_run_killed_after_a_checkpoint_resumes_actor_and_critic_exactly(
+    tmp_path, ppo_reference, ppo_data, tiny_cache
+):
     """SIGKILL once global_step_2 is complete; the rerun resumes both roles from it and trains step 3
     exactly as the uninterrupted run did."""
     import os
@@ -185,8 +225,14 @@ def test_ppo_run_killed_after_a_checkpoint_resumes_actor_and_critic_exactly(tmp_
     repo = Path(__file__).resolve().parents[2]
 
     def cli():
-        return subprocess.Popen([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *args], cwd=repo,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *args],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     proc = cli()
     marker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
@@ -248,8 +294,14 @@ def test_resuming_a_checkpoint_without_critic_folder_names_it(tmp_path, ppo_refe
     # a complete checkpoint of a run without a critic (its manifest lists no critic files)
     shutil.rmtree(out / "checkpoints" / "global_step_3" / "critic")
     write_manifest(out / "checkpoints" / "global_step_3", 3)
-    over = ppo_overrides(out, ppo_data, **{"trainer.resume_mode": "resume_path",
-                                           "trainer.resume_from_path": out / "checkpoints" / "global_step_3",
-                                           "trainer.total_training_steps": 4})
+    over = ppo_overrides(
+        out,
+        ppo_data,
+        **{
+            "trainer.resume_mode": "resume_path",
+            "trainer.resume_from_path": out / "checkpoints" / "global_step_3",
+            "trainer.total_training_steps": 4,
+        },
+    )
     with pytest.raises(UserError, match="has no critic/ folder"):
         run_training(load_recipe("tiny_geo3k", over))

@@ -18,7 +18,7 @@ from verl_npu.config import load_recipe
 from verl_npu.distillation_losses import DISTILLATION_LOSS_MODES
 from verl_npu.errors import ConfigErrors, UserError
 
-TEACHER = "tiny://qwen2?seed=1"   # the student's architecture and tokenizer, other random weights
+TEACHER = "tiny://qwen2?seed=1"  # the student's architecture and tokenizer, other random weights
 ON = ["distillation.enabled=true", f"distillation.teacher_models.teacher_model.model_path={TEACHER}"]
 
 
@@ -39,7 +39,7 @@ def test_the_loss_modes_are_the_registrys_names():
 def test_topk_kl_is_zero_for_the_teachers_own_distribution_and_positive_otherwise():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 3, 6, generator=g)
-    values, ids = D.response_topk(logits, 6)   # every token: the exact forward KL
+    values, ids = D.response_topk(logits, 6)  # every token: the exact forward KL
     same = D.forward_kl_topk_per_token(logits, values, ids)
     assert torch.allclose(same.losses, torch.zeros(2, 3), atol=1e-6)
     assert torch.allclose(same.student_mass, torch.ones(2, 3)) and torch.all(same.overlap_count == 6)
@@ -56,50 +56,95 @@ def test_the_task_reward_loss_is_added_with_its_coefficient_or_dropped(use_task_
 
 # ---- config --------------------------------------------------------------------------------------
 def test_verl_091_distillation_keys_load_and_are_read():
-    rc = load_recipe("tiny_gsm8k", [*ON, "distillation.distillation_loss.loss_mode=forward_kl_topk",
-                                    "distillation.distillation_loss.topk=16", "distillation.nnodes=1",
-                                    "distillation.n_gpus_per_node=8", "distillation.teacher_key=data_source",
-                                    "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=4",
-                                    "distillation.teacher_models.teacher_model.inference.name=vllm",
-                                    "distillation.distillation_loss.use_task_rewards=false"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            *ON,
+            "distillation.distillation_loss.loss_mode=forward_kl_topk",
+            "distillation.distillation_loss.topk=16",
+            "distillation.nnodes=1",
+            "distillation.n_gpus_per_node=8",
+            "distillation.teacher_key=data_source",
+            "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=4",
+            "distillation.teacher_models.teacher_model.inference.name=vllm",
+            "distillation.distillation_loss.use_task_rewards=false",
+        ],
+    )
     d = rc.typed.distillation
     assert d.enabled and d.distillation_loss.loss_mode == "forward_kl_topk" and d.distillation_loss.topk == 16
     assert d.distillation_loss.use_task_rewards is False and d.teacher_models.teacher_model.model_path == TEACHER
     assert {n.key.removeprefix("backend_config.") for n in rc.noop} >= {
-        "distillation.nnodes", "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size"}
+        "distillation.nnodes",
+        "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size",
+    }
     from verl_npu.workers.roles import roles_for
 
     assert roles_for(rc.typed) == ["actor", "teacher"] and roles_for(load_recipe("tiny_gsm8k").typed) == ["actor"]
-    defaults = load_recipe("tiny_gsm8k").typed.distillation.distillation_loss   # verl 0.9.1's yaml defaults
-    assert (defaults.loss_mode, defaults.topk, defaults.use_task_rewards, defaults.use_policy_gradient,
-            defaults.loss_max_clamp, defaults.log_prob_min_clamp) == ("k3", 32, True, False, None, None)
+    defaults = load_recipe("tiny_gsm8k").typed.distillation.distillation_loss  # verl 0.9.1's yaml defaults
+    assert (
+        defaults.loss_mode,
+        defaults.topk,
+        defaults.use_task_rewards,
+        defaults.use_policy_gradient,
+        defaults.loss_max_clamp,
+        defaults.log_prob_min_clamp,
+    ) == ("k3", 32, True, False, None, None)
 
 
-@pytest.mark.parametrize("overrides,key,words", [
-    (["distillation.enabled=true"], "distillation.teacher_models.teacher_model.model_path", "is required"),
-    ([*ON, "distillation.distillation_loss.loss_mode=k1"], "distillation.distillation_loss.loss_mode",
-     "use_policy_gradient=true"),
-    ([*ON, "distillation.distillation_loss.policy_loss_mode=gspo"],
-     "distillation.distillation_loss.policy_loss_mode", "vanilla"),
-    ([*ON, "distillation.distillation_loss.loss_mode=reverse_kl"], "distillation.distillation_loss.loss_mode",
-     "forward_kl_topk"),
-    ([*ON, "distillation.teacher_models.teacher_model.inference.max_model_len=50"],
-     "distillation.teacher_models.teacher_model.inference.max_model_len", "at least 84"),
-    (["+distillation.teacher_models.teacher_model2.model_path=/m"],
-     "distillation.teacher_models.teacher_model2.model_path", "teacher_models.teacher_model"),
-    ([*ON[:1], "distillation.teacher_models.teacher_model.model_path=/no/such/teacher"],
-     "distillation.teacher_models.teacher_model.model_path", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "overrides,key,words",
+    [
+        (["distillation.enabled=true"], "distillation.teacher_models.teacher_model.model_path", "is required"),
+        (
+            [*ON, "distillation.distillation_loss.loss_mode=k1"],
+            "distillation.distillation_loss.loss_mode",
+            "use_policy_gradient=true",
+        ),
+        (
+            [*ON, "distillation.distillation_loss.policy_loss_mode=gspo"],
+            "distillation.distillation_loss.policy_loss_mode",
+            "vanilla",
+        ),
+        (
+            [*ON, "distillation.distillation_loss.loss_mode=reverse_kl"],
+            "distillation.distillation_loss.loss_mode",
+            "forward_kl_topk",
+        ),
+        (
+            [*ON, "distillation.teacher_models.teacher_model.inference.max_model_len=50"],
+            "distillation.teacher_models.teacher_model.inference.max_model_len",
+            "at least 84",
+        ),
+        (
+            ["+distillation.teacher_models.teacher_model2.model_path=/m"],
+            "distillation.teacher_models.teacher_model2.model_path",
+            "teacher_models.teacher_model",
+        ),
+        (
+            [*ON[:1], "distillation.teacher_models.teacher_model.model_path=/no/such/teacher"],
+            "distillation.teacher_models.teacher_model.model_path",
+            "does not exist",
+        ),
+    ],
+)
 def test_bad_distillation_settings_are_refused_naming_the_key(overrides, key, words):
     found = problems(overrides)
     assert key in found and words in found[key], found
 
 
 def test_k1_with_policy_gradient_and_topk_with_it_load():
-    load_recipe("tiny_gsm8k", [*ON, "distillation.distillation_loss.loss_mode=k1",
-                               "distillation.distillation_loss.use_policy_gradient=true"])
-    rc = load_recipe("tiny_gsm8k", [*ON, "distillation.distillation_loss.loss_mode=forward_kl_topk",
-                                    "distillation.distillation_loss.use_policy_gradient=true"])
+    load_recipe(
+        "tiny_gsm8k",
+        [*ON, "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=true"],
+    )
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            *ON,
+            "distillation.distillation_loss.loss_mode=forward_kl_topk",
+            "distillation.distillation_loss.use_policy_gradient=true",
+        ],
+    )
     assert any("forward_kl_topk with use_policy_gradient" in w for w in rc.warnings)
 
 
@@ -113,15 +158,23 @@ def test_a_teacher_with_another_vocabulary_is_refused_before_any_worker(tmp_path
     doc = json.loads((teacher / "tokenizer.json").read_text())
     vocab = doc["model"]["vocab"]
     a, b = sorted(vocab)[100:102]
-    vocab[a], vocab[b] = vocab[b], vocab[a]   # two tokens swap ids
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two tokens swap ids
     (teacher / "tokenizer.json").write_text(json.dumps(doc))
-    rc = load_recipe("tiny_gsm8k", [ON[0], f"distillation.teacher_models.teacher_model.model_path={teacher}",
-                                    f"actor_rollout_ref.model.path={tiny_lm_path}"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            ON[0],
+            f"distillation.teacher_models.teacher_model.model_path={teacher}",
+            f"actor_rollout_ref.model.path={tiny_lm_path}",
+        ],
+    )
     student = AutoTokenizer.from_pretrained(tiny_lm_path)
     with pytest.raises(UserError, match="2 tokens differ"):
         check_teacher_tokenizer(rc.typed, student)
-    same = load_recipe("tiny_gsm8k", [*ON, "distillation.distillation_loss.loss_mode=forward_kl_topk",
-                                      "distillation.distillation_loss.topk=100000"])
+    same = load_recipe(
+        "tiny_gsm8k",
+        [*ON, "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=100000"],
+    )
     with pytest.raises(UserError, match="topk=100000 is more than"):
         check_teacher_tokenizer(same.typed, student)
 
@@ -136,22 +189,29 @@ def test_the_teacher_scores_the_students_tokens_as_a_direct_forward_does(tiny_ca
     from verl_npu.models.loading import load_policy_model
     from verl_npu.workers.distillation import TeacherWorker
 
-    rc = load_recipe("tiny_gsm8k", [*ON, f"distillation.distillation_loss.loss_mode={loss_mode}",
-                                    "distillation.distillation_loss.topk=5", "actor_rollout_ref.rollout.temperature=0.7",
-                                    f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro or 'null'}"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            *ON,
+            f"distillation.distillation_loss.loss_mode={loss_mode}",
+            "distillation.distillation_loss.topk=5",
+            "actor_rollout_ref.rollout.temperature=0.7",
+            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro or 'null'}",
+        ],
+    )
     worker = TeacherWorker(rc.typed, 1, detect_device("cpu"))
     assert worker.init_model()["num_params"] > 0
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, 500, (5, 9), generator=g)
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0   # a shorter prompt (left padding)
-    mask[2, 7:] = 0   # a shorter response (right padding)
+    mask[0, :3] = 0  # a shorter prompt (left padding)
+    mask[2, 7:] = 0  # a shorter response (right padding)
     out = worker.compute_teacher_log_probs(Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, 5:]}))
     teacher = load_policy_model(TEACHER, dtype=torch.float32).eval()
     with torch.no_grad():
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = teacher(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, 4:-1]
-    expected = torch.log_softmax(logits.float(), -1)   # temperature 1, whatever the rollout's
+    expected = torch.log_softmax(logits.float(), -1)  # temperature 1, whatever the rollout's
     valid = mask[:, 5:].bool()
     if loss_mode == "k3":
         direct = expected.gather(-1, ids[:, 5:].unsqueeze(-1)).squeeze(-1)
@@ -169,15 +229,16 @@ def _fixed_batch(tokenizer, rows: int = 12, response: int = 4):
     g = torch.Generator().manual_seed(0)
     seqs = []
     for i in range(rows):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i} plus {i + 2}?"}],
-                                               add_generation_prompt=True, tokenize=True)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"What is {i} plus {i + 2}?"}], add_generation_prompt=True, tokenize=True
+        )
         prompt = list(prompt["input_ids"]) if isinstance(prompt, dict) or hasattr(prompt, "keys") else list(prompt)
         seqs.append(prompt + torch.randint(0, len(tokenizer), (response,), generator=g).tolist())
     width = max(map(len, seqs))
     ids = torch.zeros(rows, width, dtype=torch.long)
     mask = torch.zeros(rows, width, dtype=torch.long)
-    for i, s in enumerate(seqs):   # left padded: every row's response is its last `response` tokens
-        ids[i, width - len(s):], mask[i, width - len(s):] = torch.tensor(s), 1
+    for i, s in enumerate(seqs):  # left padded: every row's response is its last `response` tokens
+        ids[i, width - len(s) :], mask[i, width - len(s) :] = torch.tensor(s), 1
     return ids, mask, response
 
 
@@ -191,8 +252,7 @@ def _kls_to_teacher(student, teacher, batch) -> tuple[float, float]:
         s = response_log_probs(student, ids, mask, response, return_logits=True)[2]
         t = response_log_probs(teacher, ids, mask, response, return_logits=True)[2]
     on = torch.ones(len(ids), response)
-    return (float(D.per_token_kl_to_teacher(s, t, on).mean()),
-            float(D.per_token_kl_to_teacher(t, s, on).mean()))
+    return (float(D.per_token_kl_to_teacher(s, t, on).mean()), float(D.per_token_kl_to_teacher(t, s, on).mean()))
 
 
 def sharpened(tmp_path, cache, uri: str, scale: float):
@@ -215,7 +275,8 @@ def sharpened(tmp_path, cache, uri: str, scale: float):
 
 @pytest.mark.parametrize("loss_mode", ["forward_kl_topk"])
 def test_a_tiny_distillation_run_logs_verls_metrics_and_brings_the_student_to_its_teacher(
-        tmp_path, tiny_cache, loss_mode):
+    tmp_path, tiny_cache, loss_mode
+):
     """3 steps (2 epochs of 2 mini-batches each) of distillation alone (use_task_rewards=false); on a fixed batch
     (the training questions followed by random tokens) the exact per-token KL between student and teacher, both
     directions over the whole vocabulary, falls (the forward KL, which the top-k loss drives down, by 15% or more,
@@ -230,13 +291,23 @@ def test_a_tiny_distillation_run_logs_verls_metrics_and_brings_the_student_to_it
     # another model's peaked distributions (most of the mass in its top 16 tokens)
     sharp_teacher = sharpened(tmp_path, tiny_cache, "tiny://qwen2?seed=1", 6.0)
     out = tmp_path / "out"
-    overrides = text_run_overrides(out, text_data(tmp_path / "data"), **{
-        "trainer.total_training_steps": 3, "distillation.enabled": "true",
-        "distillation.teacher_models.teacher_model.model_path": sharp_teacher,
-        "distillation.distillation_loss.loss_mode": loss_mode, "distillation.distillation_loss.topk": 16,
-        "distillation.distillation_loss.use_task_rewards": "false", "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.actor.optim.lr": 2e-3, "actor_rollout_ref.actor.optim.warmup_style": "constant",
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.ppo_epochs": 2})
+    overrides = text_run_overrides(
+        out,
+        text_data(tmp_path / "data"),
+        **{
+            "trainer.total_training_steps": 3,
+            "distillation.enabled": "true",
+            "distillation.teacher_models.teacher_model.model_path": sharp_teacher,
+            "distillation.distillation_loss.loss_mode": loss_mode,
+            "distillation.distillation_loss.topk": 16,
+            "distillation.distillation_loss.use_task_rewards": "false",
+            "actor_rollout_ref.rollout.n": 4,
+            "actor_rollout_ref.actor.optim.lr": 2e-3,
+            "actor_rollout_ref.actor.optim.warmup_style": "constant",
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+            "actor_rollout_ref.actor.ppo_epochs": 2,
+        },
+    )
     rc = load_recipe("tiny_geo3k", overrides)
     student_path = materialize("tiny://qwen2", cache_dir=tiny_cache)
     batch = _fixed_batch(AutoTokenizer.from_pretrained(student_path))
@@ -258,8 +329,15 @@ def test_a_tiny_distillation_run_logs_verls_metrics_and_brings_the_student_to_it
     rows = step_metrics(out)
     assert sorted(rows) == [1, 2, 3]
     names = {"distillation/loss", "distillation/loss_min", "distillation/loss_max"} | (
-        {"distillation/student_mass", "distillation/teacher_mass_min", "distillation/overlap_ratio",
-         "distillation/overlap_token_advantage"} if loss_mode == "forward_kl_topk" else {"distillation/abs_loss"})
+        {
+            "distillation/student_mass",
+            "distillation/teacher_mass_min",
+            "distillation/overlap_ratio",
+            "distillation/overlap_token_advantage",
+        }
+        if loss_mode == "forward_kl_topk"
+        else {"distillation/abs_loss"}
+    )
     for row in rows.values():
         assert names <= set(row), names - set(row)
         assert row["distillation/loss_min"] <= row["distillation/loss"] <= row["distillation/loss_max"] + 1e-6

@@ -15,9 +15,18 @@ from verl_npu.registry import POLICY_LOSSES
 POLICY_LOSS_MODES = POLICY_LOSSES.specs
 
 D = torch.float64
-SETTINGS = {"tau_pos": 1.0, "tau_neg": 1.05,
-            "policy_loss": {"clip_cov_ratio": 0.0002, "clip_cov_lb": 0.5, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.25,
-                            "ppo_kl_coef": 0.3, "dro_beta": 0.5}}
+SETTINGS = {
+    "tau_pos": 1.0,
+    "tau_neg": 1.05,
+    "policy_loss": {
+        "clip_cov_ratio": 0.0002,
+        "clip_cov_lb": 0.5,
+        "clip_cov_ub": 5.0,
+        "kl_cov_ratio": 0.25,
+        "ppo_kl_coef": 0.3,
+        "dro_beta": 0.5,
+    },
+}
 
 
 def t(rows):
@@ -175,8 +184,9 @@ UIDS = ["a", "a", "a", "b", "c"]
 
 
 def adv_of(name, uids=UIDS, config=None):
-    adv, ret = A.compute_advantages(name, token_level_rewards=REWARDS, response_mask=MASK, group_ids=uids,
-                                    config=section("algorithm", config))
+    adv, ret = A.compute_advantages(
+        name, token_level_rewards=REWARDS, response_mask=MASK, group_ids=uids, config=section("algorithm", config)
+    )
     assert torch.equal(adv, ret)
     return adv
 
@@ -204,8 +214,11 @@ def test_gpg_advantage_scales_by_the_share_of_nonzero_scores():
 
 def test_vectorized_estimators():
     close(adv_of("grpo_vectorized"), adv_of("grpo"), tol=1e-6)  # float32 group statistics
-    close(adv_of("grpo_vectorized", config={"norm_adv_by_std_in_grpo": False}),
-          adv_of("grpo", config={"norm_adv_by_std_in_grpo": False}), tol=1e-6)
+    close(
+        adv_of("grpo_vectorized", config={"norm_adv_by_std_in_grpo": False}),
+        adv_of("grpo", config={"norm_adv_by_std_in_grpo": False}),
+        tol=1e-6,
+    )
     # rloo_vectorized: like rloo, but a group of one gets 0 (rloo gives it its score)
     close(adv_of("rloo_vectorized"), t([1 - 1.5, 0 - 2, 3 - 0.5, 0, 0]).unsqueeze(-1) * MASK)
 
@@ -213,15 +226,26 @@ def test_vectorized_estimators():
 def test_gdpo_normalises_each_component_in_its_group_then_whitens():
     mask = torch.ones(2, 2, dtype=D)
     config = section("algorithm", {"gdpo_reward_keys": ["x", "y"], "gdpo_reward_weights": [1.0, 3.0]})
-    adv, _ = gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config,
-                            reward_components={"x": [0.0, 1.0], "y": [2.0, 0.0]})
+    adv, _ = gdpo_advantage(
+        torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config, reward_components={"x": [0.0, 1.0], "y": [2.0, 0.0]}
+    )
     # per component ±1/√2; sum = ±√2 (row 0 +, row 1 -); whitened over 4 tokens (unbiased var 8/3): ±√(3/4)
     close(adv, t([[1, 1], [-1, -1]]) * math.sqrt(0.75), tol=1e-6)
     with pytest.raises(UserError, match=r"gdpo_reward_keys \['x', 'y'\] must all be keys .* returned \['x'\]"):
         gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config, reward_components={"x": [0, 1]})
     with pytest.raises(UserError, match="1 of 2 rows' rewards have no 'y'"):
-        gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config,
-                       reward_components={"x": [0.0, 1.0], "y": [2.0, float("nan")]})
+        gdpo_advantage(
+            torch.zeros(2, 2, dtype=D),
+            mask,
+            ["g", "g"],
+            config,
+            reward_components={"x": [0.0, 1.0], "y": [2.0, float("nan")]},
+        )
     with pytest.raises(UserError, match="has 1 weights for 2 gdpo_reward_keys"):
-        gdpo_advantage(torch.zeros(2, 2, dtype=D), mask, ["g", "g"], config.replace(gdpo_reward_weights=[1.0]),
-                       reward_components={"x": [0.0, 1.0], "y": [2.0, 0.0]})
+        gdpo_advantage(
+            torch.zeros(2, 2, dtype=D),
+            mask,
+            ["g", "g"],
+            config.replace(gdpo_reward_weights=[1.0]),
+            reward_components={"x": [0.0, 1.0], "y": [2.0, 0.0]},
+        )

@@ -53,8 +53,9 @@ def test_sequence_weight_is_the_product_of_token_ratios_on_every_token():
 
 
 def test_icepop_zeroes_weights_outside_the_range_and_batch_normalisation_gives_mean_one():
-    d = torch.log(torch.tensor([[0.4, 0.9, 1.1, 6.0], [1.0, 2.0, 1, 1], [0.7, 1, 1, 1], [1, 1, 1, 1]],
-                               dtype=torch.float64))
+    d = torch.log(
+        torch.tensor([[0.4, 0.9, 1.1, 6.0], [1.0, 2.0, 1, 1], [0.7, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.float64)
+    )
     w, m = A.rollout_is_weights(d, MASK, "token", "0.5_5.0")
     assert w[0].tolist() == pytest.approx([0.0, 0.9, 1.1, 0.0])
     assert m["rollout_is_oob_ratio"] == pytest.approx(2 / 7)
@@ -96,15 +97,18 @@ def test_rejection_keeps_the_mask_dtype_and_seq_mean_uses_the_row_mean():
     assert sums.dtype == torch.long and sums[:3, 0].tolist() == [0, 0, 1]
 
 
-@pytest.mark.parametrize("options, thresholds, message", [
-    ("token_k4", 1.0, "'token_k4' is not an option"),
-    ("seq_max_k1", 1.0, "'seq_max_k1' is not an option"),
-    ("token_k1,token_k2", "1.5,0.1,0.2", "3 thresholds for 2 rollout_rs options"),
-    ("token_k2", "0.5_2.0", "takes one upper bound"),
-    ("token_k1", "2.0_0.5", "lower bound is above the upper bound"),
-    ("token_k3", 0, "must be positive"),
-    ("token_k3", None, "every option needs a threshold"),
-])
+@pytest.mark.parametrize(
+    "options, thresholds, message",
+    [
+        ("token_k4", 1.0, "'token_k4' is not an option"),
+        ("seq_max_k1", 1.0, "'seq_max_k1' is not an option"),
+        ("token_k1,token_k2", "1.5,0.1,0.2", "3 thresholds for 2 rollout_rs options"),
+        ("token_k2", "0.5_2.0", "takes one upper bound"),
+        ("token_k1", "2.0_0.5", "lower bound is above the upper bound"),
+        ("token_k3", 0, "must be positive"),
+        ("token_k3", None, "every option needs a threshold"),
+    ],
+)
 def test_bad_rejection_settings_are_refused(options, thresholds, message):
     with pytest.raises(ValueError, match=message):
         A.rollout_rejection_mask(_log_ratio(), MASK, options, thresholds)
@@ -140,8 +144,9 @@ def test_is_weights_scale_each_tokens_policy_loss():
 
 def test_bypass_ppo_clip_is_vanilla_with_the_rollout_as_old_policy():
     log_prob, rollout, adv, mask = _loss_inputs()
-    settings = section("algorithm.rollout_correction",
-                       {"rollout_is": "token", "rollout_is_threshold": 2.0, "loss_type": "ppo_clip"})
+    settings = section(
+        "algorithm.rollout_correction", {"rollout_is": "token", "rollout_is_threshold": 2.0, "loss_type": "ppo_clip"}
+    )
     out = A.policy_loss_fn("bypass_mode")(log_prob, rollout, adv, mask, rollout_correction=settings)
     vanilla = A.ppo_policy_loss(log_prob, rollout, adv, mask)
     torch.testing.assert_close(out["pg_loss"], vanilla["pg_loss"])  # the weights are not applied twice
@@ -150,9 +155,16 @@ def test_bypass_ppo_clip_is_vanilla_with_the_rollout_as_old_policy():
 
 def test_bypass_reinforce_weights_the_log_prob_gradient_and_rejected_tokens_get_none():
     log_prob, rollout, adv, mask = _loss_inputs()
-    settings = section("algorithm.rollout_correction",
-                       {"rollout_is": "token", "rollout_is_threshold": 1.05, "loss_type": "reinforce",
-                        "rollout_rs": "token_k2", "rollout_rs_threshold": 0.004})
+    settings = section(
+        "algorithm.rollout_correction",
+        {
+            "rollout_is": "token",
+            "rollout_is_threshold": 1.05,
+            "loss_type": "reinforce",
+            "rollout_rs": "token_k2",
+            "rollout_rs_threshold": 0.004,
+        },
+    )
     out = A.policy_loss_fn("bypass_mode")(log_prob, rollout, adv, mask, rollout_correction=settings)
     (grad,) = torch.autograd.grad(out["pg_loss"], log_prob)
     d = (log_prob - rollout).detach()
@@ -183,14 +195,16 @@ def test_hf_log_probs_are_the_sampling_distributions(tiny_lm_path):
     torch.testing.assert_close(out["rollout_log_probs"][mask], actor[mask], atol=1e-4, rtol=1e-4)
     assert (out["rollout_log_probs"][~mask] == 0).all()
     # top-k renormalises over the k kept tokens: the sampled tokens' log-probs rise, the samples stay the same
-    top = HFRollout(model, tok, seed=3, log_probs=True).generate(prompts, SamplingParams(
-        n=2, temperature=0.7, top_k=3, max_new_tokens=5))
+    top = HFRollout(model, tok, seed=3, log_probs=True).generate(
+        prompts, SamplingParams(n=2, temperature=0.7, top_k=3, max_new_tokens=5)
+    )
     with torch.no_grad():
         actor_top, _ = response_log_probs(model, top["input_ids"], top["attention_mask"], 5, temperature=0.7)
     kept = top["response_mask"].bool()
     assert (top["rollout_log_probs"][kept] > actor_top[kept] + 1e-3).all()
-    greedy = HFRollout(model, tok, log_probs=True).generate(prompts, SamplingParams(n=1, do_sample=False,
-                                                                                     max_new_tokens=5))
+    greedy = HFRollout(model, tok, log_probs=True).generate(
+        prompts, SamplingParams(n=1, do_sample=False, max_new_tokens=5)
+    )
     with torch.no_grad():  # greedy: the plain (temperature 1) distribution, as vLLM reports it
         actor_greedy, _ = response_log_probs(model, greedy["input_ids"], greedy["attention_mask"], 5)
     g_mask = greedy["response_mask"].bool()
@@ -207,39 +221,62 @@ def _problems(*overrides) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("overrides, key, fix", [
-    ([RC + "rollout_is=tokens"], "rollout_correction.rollout_is", "pick one of: token, sequence"),
-    ([RC + "rollout_is=token", RC + "rollout_is_threshold=-2"], "rollout_is_threshold", "set a positive number"),
-    ([RC + "rollout_is=token", RC + "rollout_is_threshold='3.0_1.0'"], "rollout_is_threshold",
-     "lower <= upper"),
-    ([RC + "rollout_is=token", RC + "rollout_is_threshold=null"], "rollout_is_threshold", "rollout_is=null"),
-    ([RC + "rollout_is_threshold=true"], "rollout_is_threshold", "float | str"),
-    ([RC + "rollout_rs=token_k1,seq_max_k1", RC + "rollout_rs_threshold=2.0"], "rollout_rs",
-     "separated by commas"),
-    ([RC + "rollout_rs=seq_mean_k3"], "rollout_rs_threshold", "upper bound > 0"),
-    ([RC + "rollout_rs=token_k1,token_k2", RC + "rollout_rs_threshold='1.5,0.1,0.1'"], "rollout_rs_threshold",
-     "one per option"),
-    ([RC + "rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"],
-     "rollout.calculate_log_probs", "set actor_rollout_ref.rollout.calculate_log_probs=true"),
-    ([RC + "bypass_mode=true", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"], "policy_loss.loss_mode",
-     "bypass_mode=false to keep gspo"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "policy_loss.loss_mode",
-     "set algorithm.rollout_correction.bypass_mode=true"),
-    ([RC + "loss_type=ppo"], "loss_type", "pick one of: ppo_clip, reinforce"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, fix",
+    [
+        ([RC + "rollout_is=tokens"], "rollout_correction.rollout_is", "pick one of: token, sequence"),
+        ([RC + "rollout_is=token", RC + "rollout_is_threshold=-2"], "rollout_is_threshold", "set a positive number"),
+        ([RC + "rollout_is=token", RC + "rollout_is_threshold='3.0_1.0'"], "rollout_is_threshold", "lower <= upper"),
+        ([RC + "rollout_is=token", RC + "rollout_is_threshold=null"], "rollout_is_threshold", "rollout_is=null"),
+        ([RC + "rollout_is_threshold=true"], "rollout_is_threshold", "float | str"),
+        ([RC + "rollout_rs=token_k1,seq_max_k1", RC + "rollout_rs_threshold=2.0"], "rollout_rs", "separated by commas"),
+        ([RC + "rollout_rs=seq_mean_k3"], "rollout_rs_threshold", "upper bound > 0"),
+        (
+            [RC + "rollout_rs=token_k1,token_k2", RC + "rollout_rs_threshold='1.5,0.1,0.1'"],
+            "rollout_rs_threshold",
+            "one per option",
+        ),
+        (
+            [RC + "rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+            "rollout.calculate_log_probs",
+            "set actor_rollout_ref.rollout.calculate_log_probs=true",
+        ),
+        (
+            [RC + "bypass_mode=true", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
+            "policy_loss.loss_mode",
+            "bypass_mode=false to keep gspo",
+        ),
+        (
+            ["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"],
+            "policy_loss.loss_mode",
+            "set algorithm.rollout_correction.bypass_mode=true",
+        ),
+        ([RC + "loss_type=ppo"], "loss_type", "pick one of: ppo_clip, reinforce"),
+    ],
+)
 def test_bad_rollout_correction_settings_name_the_key_and_the_fix(overrides, key, fix):
     text = _problems(*overrides)
     assert key in text and fix in text, text
 
 
 def test_rollout_correction_turns_on_the_rollout_log_probs_and_the_bypass_loss():
-    rc = load_recipe("tiny_gsm8k", [RC + "rollout_is=sequence", RC + "rollout_rs=token_k1,seq_mean_k3",
-                                    RC + "rollout_rs_threshold='0.5_2.0,0.01'", RC + "bypass_mode=true",
-                                    RC + "loss_type=reinforce", RC + "rollout_is_threshold='0.5_5.0'"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            RC + "rollout_is=sequence",
+            RC + "rollout_rs=token_k1,seq_mean_k3",
+            RC + "rollout_rs_threshold='0.5_2.0,0.01'",
+            RC + "bypass_mode=true",
+            RC + "loss_type=reinforce",
+            RC + "rollout_is_threshold='0.5_5.0'",
+        ],
+    )
     assert rc.backend.actor_rollout_ref.rollout.calculate_log_probs is True
     assert rc.backend.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode"
-    assert {d.key for d in rc.derived} >= {"backend_config.actor_rollout_ref.rollout.calculate_log_probs",
-                                           "backend_config.actor_rollout_ref.actor.policy_loss.loss_mode"}
+    assert {d.key for d in rc.derived} >= {
+        "backend_config.actor_rollout_ref.rollout.calculate_log_probs",
+        "backend_config.actor_rollout_ref.actor.policy_loss.loss_mode",
+    }
     off = load_recipe("tiny_gsm8k", [])
     assert off.backend.actor_rollout_ref.rollout.calculate_log_probs is False
     assert off.backend.algorithm.rollout_correction.rollout_is is None
@@ -248,9 +285,19 @@ def test_rollout_correction_turns_on_the_rollout_log_probs_and_the_bypass_loss()
 # ---- tiny CPU runs (hf engine) ----------------------------------------------------------------------------------
 def _run(tmp_path, name, **extra) -> dict:
     data = text_data(tmp_path / "data")
-    rc = load_recipe("tiny_gsm8k", text_run_overrides(tmp_path / name, data, **{
-        "trainer.total_training_steps": 1, "actor_rollout_ref.rollout.top_p": 0.9,
-        "actor_rollout_ref.actor.entropy_coeff": 0, **extra}))
+    rc = load_recipe(
+        "tiny_gsm8k",
+        text_run_overrides(
+            tmp_path / name,
+            data,
+            **{
+                "trainer.total_training_steps": 1,
+                "actor_rollout_ref.rollout.top_p": 0.9,
+                "actor_rollout_ref.actor.entropy_coeff": 0,
+                **extra,
+            },
+        ),
+    )
     assert run_training(rc) == 0
     return step_metrics(tmp_path / name)[1]
 
@@ -261,21 +308,36 @@ def test_tiny_runs_log_the_metrics_and_the_correction_changes_the_update(tmp_pat
     same in every run (same seeds)."""
     off = _run(tmp_path, "off")
     assert not any(k.startswith("rollout_corr/") for k in off)
-    on = _run(tmp_path, "on", **{RC + "rollout_is": "token", RC + "rollout_is_threshold": 2.0,
-                                 RC + "rollout_rs": "token_k1", RC + "rollout_rs_threshold": "0.5_2.0"})
+    on = _run(
+        tmp_path,
+        "on",
+        **{
+            RC + "rollout_is": "token",
+            RC + "rollout_is_threshold": 2.0,
+            RC + "rollout_rs": "token_k1",
+            RC + "rollout_rs_threshold": "0.5_2.0",
+        },
+    )
     weight = on["rollout_corr/rollout_is_mean"]
     assert 0.85 < weight < 0.95 and on["rollout_corr/rollout_rs_masked_fraction"] == 0
-    assert {"rollout_corr/kl", "rollout_corr/chi2_seq", "rollout_corr/rollout_rs_token_k1_mean",
-            "rollout_corr/rollout_is_eff_sample_size", "training/rollout_probs_diff_mean"} <= set(on)
+    assert {
+        "rollout_corr/kl",
+        "rollout_corr/chi2_seq",
+        "rollout_corr/rollout_rs_token_k1_mean",
+        "rollout_corr/rollout_is_eff_sample_size",
+        "training/rollout_probs_diff_mean",
+    } <= set(on)
     assert on["critic/score/mean"] == off["critic/score/mean"]  # the same responses
     assert on["actor/grad_norm"] == pytest.approx(weight * off["actor/grad_norm"], rel=0.01)
     # bypass mode: no old-log-prob pass, the loss computes the correction (its metrics come from the update)
-    bypass = _run(tmp_path, "bypass", **{RC + "bypass_mode": "true", RC + "loss_type": "reinforce",
-                                         RC + "rollout_is": "token"})
+    bypass = _run(
+        tmp_path, "bypass", **{RC + "bypass_mode": "true", RC + "loss_type": "reinforce", RC + "rollout_is": "token"}
+    )
     assert "actor/entropy_before_update" not in bypass and "timing_s/old_log_prob" in bypass
     assert 0.85 < bypass["rollout_corr/rollout_is_mean"] < 0.95 and "actor/ppo_kl" in bypass
-    assert bypass["actor/grad_norm"] == pytest.approx(bypass["rollout_corr/rollout_is_mean"] * off["actor/grad_norm"],
-                                                      rel=0.02)
+    assert bypass["actor/grad_norm"] == pytest.approx(
+        bypass["rollout_corr/rollout_is_mean"] * off["actor/grad_norm"], rel=0.02
+    )
     # every token rejected (d²/2 ~ 0.0055 > 0.001): no policy gradient at all
     rejected = _run(tmp_path, "rejected", **{RC + "rollout_rs": "token_k2", RC + "rollout_rs_threshold": 0.001})
     assert rejected["rollout_corr/rollout_rs_masked_fraction"] == 1.0
@@ -287,16 +349,28 @@ def test_verls_multi_rs_example_validates():
     rollout and batch overrides as written (Hydra's quotes kept). Two of its lines are left out, neither about
     rollout correction: `hydra.run.dir` (Hydra's own, refused here as an unknown top-level key) and no
     `rollout.n` (verl's default 1, which verl-npu refuses for grpo), so n=4 is added."""
-    script = [RC + "rollout_is=token", RC + "rollout_is_threshold=2.0", RC + "rollout_is_batch_normalize=false",
-              RC + "rollout_rs='token_k1,seq_max_k2'", RC + "rollout_rs_threshold='0.6_1.6,2.5'",
-              RC + "bypass_mode=true", RC + "loss_type=ppo_clip", "algorithm.adv_estimator=grpo",
-              "data.max_prompt_length=2048", "data.max_response_length=4096", "data.train_batch_size=128",
-              "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-              "actor_rollout_ref.rollout.calculate_log_probs=True", "actor_rollout_ref.rollout.name=vllm",
-              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "trainer.n_gpus_per_node=4",
-              "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.model.path=/models/Qwen2.5-3B",
-              "trainer.device=npu"]
+    script = [
+        RC + "rollout_is=token",
+        RC + "rollout_is_threshold=2.0",
+        RC + "rollout_is_batch_normalize=false",
+        RC + "rollout_rs='token_k1,seq_max_k2'",
+        RC + "rollout_rs_threshold='0.6_1.6,2.5'",
+        RC + "bypass_mode=true",
+        RC + "loss_type=ppo_clip",
+        "algorithm.adv_estimator=grpo",
+        "data.max_prompt_length=2048",
+        "data.max_response_length=4096",
+        "data.train_batch_size=128",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "trainer.n_gpus_per_node=4",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.model.path=/models/Qwen2.5-3B",
+        "trainer.device=npu",
+    ]
     rc = load_recipe("tiny_gsm8k", script)
     settings = rc.backend.algorithm.rollout_correction
     assert settings.rollout_rs == "token_k1,seq_max_k2" and settings.rollout_rs_threshold == "0.6_1.6,2.5"

@@ -36,13 +36,25 @@ pytestmark = pytest.mark.verl_side
 verl_side_python()
 
 LENGTHS = [7, 3, 5, 1, 6, 2, 7, 4]
-UIDS = ["a", "a", "a", "b", "b", "c", "d", "d"]          # group c has one row
-UIDS_PAIRED = ["a", "a", "a", "b", "b", "c", "c", "c"]   # every group >= 2 rows (grpo_passk)
-ACTOR = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
-         "tau_pos": 1.0, "tau_neg": 1.05,
-         # large enough ratios and a low bound so clip_cov / kl_cov pick several of many candidates
-         "policy_loss": {"clip_cov_ratio": 0.1, "clip_cov_lb": 0.05, "clip_cov_ub": 3.0, "kl_cov_ratio": 0.1,
-                         "ppo_kl_coef": 0.3, "dro_beta": 0.5}}
+UIDS = ["a", "a", "a", "b", "b", "c", "d", "d"]  # group c has one row
+UIDS_PAIRED = ["a", "a", "a", "b", "b", "c", "c", "c"]  # every group >= 2 rows (grpo_passk)
+ACTOR = {
+    "clip_ratio": 0.2,
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.28,
+    "clip_ratio_c": 3.0,
+    "tau_pos": 1.0,
+    "tau_neg": 1.05,
+    # large enough ratios and a low bound so clip_cov / kl_cov pick several of many candidates
+    "policy_loss": {
+        "clip_cov_ratio": 0.1,
+        "clip_cov_lb": 0.05,
+        "clip_cov_ub": 3.0,
+        "kl_cov_ratio": 0.1,
+        "ppo_kl_coef": 0.3,
+        "dro_beta": 0.5,
+    },
+}
 TOL = {torch.float64: 1e-6, torch.float32: 1e-5}
 #: bypass_mode reads the rollout-correction settings: compared in tests/algorithms/test_verl_rollout_correction.py
 PLAIN_MODES = [mode for mode in POLICY_LOSS_MODES if mode != "bypass_mode"]
@@ -61,8 +73,10 @@ def loss_inputs(seed: int, dtype) -> dict:
     old = torch.minimum(old, torch.full_like(old, -1e-3))
     per_row = torch.randn(len(LENGTHS), 1, generator=g, dtype=torch.float64) * 1.5
     adv = per_row + torch.randn(mask.shape, generator=g, dtype=torch.float64) * 0.3  # token-varying advantages
-    return {k: v.to(dtype) for k, v in
-            {"log_prob": log_prob, "old_log_prob": old, "advantages": adv * mask, "response_mask": mask}.items()}
+    return {
+        k: v.to(dtype)
+        for k, v in {"log_prob": log_prob, "old_log_prob": old, "advantages": adv * mask, "response_mask": mask}.items()
+    }
 
 
 def loss_cases() -> list[dict]:
@@ -76,26 +90,61 @@ def loss_cases() -> list[dict]:
                     seed = 100 + len(cases)
                     inputs = loss_inputs(seed, dtype)
                     tokens = float(inputs["response_mask"].sum())
-                    info = ({"dp_size": 2, "batch_num_tokens": tokens * 1.5, "global_batch_size": 12,
-                             "loss_scale_factor": 9} if global_info else {})
-                    cases.append({**inputs, "mode": mode, "loss_agg_mode": agg, "seed": seed, "actor": ACTOR,
-                                  "global_batch_info": info})
+                    info = (
+                        {
+                            "dp_size": 2,
+                            "batch_num_tokens": tokens * 1.5,
+                            "global_batch_size": 12,
+                            "loss_scale_factor": 9,
+                        }
+                        if global_info
+                        else {}
+                    )
+                    cases.append(
+                        {
+                            **inputs,
+                            "mode": mode,
+                            "loss_agg_mode": agg,
+                            "seed": seed,
+                            "actor": ACTOR,
+                            "global_batch_info": info,
+                        }
+                    )
     return cases
 
 
 def ours_loss(case: dict) -> dict:
     info = case["global_batch_info"]
-    agg = ({"global_tokens": info["batch_num_tokens"], "global_seqs": info["global_batch_size"],
-            "dp_size": info["dp_size"], "loss_scale_factor": info["loss_scale_factor"]} if info else {})
+    agg = (
+        {
+            "global_tokens": info["batch_num_tokens"],
+            "global_seqs": info["global_batch_size"],
+            "dp_size": info["dp_size"],
+            "loss_scale_factor": info["loss_scale_factor"],
+        }
+        if info
+        else {}
+    )
     log_prob = case["log_prob"].clone().requires_grad_(True)
     torch.manual_seed(case["seed"])
     out = A.policy_loss_fn(case["mode"])(
-        log_prob, case["old_log_prob"], case["advantages"], case["response_mask"], ACTOR["clip_ratio_low"],
-        ACTOR["clip_ratio_high"], ACTOR["clip_ratio_c"], case["loss_agg_mode"], config=ACTOR, **agg,
+        log_prob,
+        case["old_log_prob"],
+        case["advantages"],
+        case["response_mask"],
+        ACTOR["clip_ratio_low"],
+        ACTOR["clip_ratio_high"],
+        ACTOR["clip_ratio_c"],
+        case["loss_agg_mode"],
+        config=ACTOR,
+        **agg,
     )
     out["pg_loss"].backward()
-    return {"pg_loss": out["pg_loss"].detach(), "grad": log_prob.grad,
-            "metrics": {k: float(v) for k, v in out.items() if k != "pg_loss"}}
+    return {
+        "pg_loss": out["pg_loss"].detach(),
+        "grad": log_prob.grad,
+        "metrics": {k: float(v) for k, v in out.items() if k != "pg_loss"},
+    }
 
 
 def estimator_cases() -> list[dict]:
@@ -110,11 +159,30 @@ def estimator_cases() -> list[dict]:
     baselines = torch.randn(len(LENGTHS), generator=g, dtype=torch.float64)
     cases = []
 
-    def add(name, rewards, uids, algorithm, verl_kwargs=None, our_kwargs=None, our_config="same", tol=1e-6,
-            response_mask=mask):
-        cases.append({"name": name, "token_level_rewards": rewards, "response_mask": response_mask, "uids": uids,
-                      "algorithm": algorithm, "kwargs": verl_kwargs or {}, "ours": our_kwargs or {},
-                      "our_config": algorithm if our_config == "same" else our_config, "tol": tol})
+    def add(
+        name,
+        rewards,
+        uids,
+        algorithm,
+        verl_kwargs=None,
+        our_kwargs=None,
+        our_config="same",
+        tol=1e-6,
+        response_mask=mask,
+    ):
+        cases.append(
+            {
+                "name": name,
+                "token_level_rewards": rewards,
+                "response_mask": response_mask,
+                "uids": uids,
+                "algorithm": algorithm,
+                "kwargs": verl_kwargs or {},
+                "ours": our_kwargs or {},
+                "our_config": algorithm if our_config == "same" else our_config,
+                "tol": tol,
+            }
+        )
 
     for norm in (True, False):
         flag = {"norm_adv_by_std_in_grpo": norm}
@@ -128,19 +196,38 @@ def estimator_cases() -> list[dict]:
     add("reinforce_plus_plus", dense, UIDS, {"gamma": 0.9})
     add("remax", dense, UIDS, {}, {"reward_baselines": baselines}, {"baseline_rewards": baselines})
     # verl-npu's GAE computes in float32
-    add("gae", dense, None, None, {"values": values, "gamma": 0.9, "lam": 0.8}, {"values": values},
-        our_config={"gamma": 0.9, "lam": 0.8}, tol=1e-5)
+    add(
+        "gae",
+        dense,
+        None,
+        None,
+        {"values": values, "gamma": 0.9, "lam": 0.8},
+        {"values": values},
+        our_config={"gamma": 0.9, "lam": 0.8},
+        tol=1e-5,
+    )
     # GDPO: two reward components per row (verl reads them in float32)
-    comps = {"fmt": (torch.randint(0, 2, (8,), generator=g) * 0.5).tolist(),
-             "acc": torch.round(torch.randn(8, generator=g) * 4).div(4).tolist()}
+    comps = {
+        "fmt": (torch.randint(0, 2, (8,), generator=g) * 0.5).tolist(),
+        "acc": torch.round(torch.randn(8, generator=g) * 4).div(4).tolist(),
+    }
     prompts = torch.zeros(len(LENGTHS), 3, dtype=torch.long)
     batch = {"prompts": prompts, "attention_mask": torch.cat([torch.ones(len(LENGTHS), 3), mask], dim=1).long()}
     for norm in (True, False):
-        algorithm = {"norm_adv_by_std_in_grpo": norm, "gdpo_reward_keys": ["fmt", "acc"],
-                     "gdpo_reward_weights": [0.5, 2.0]}
-        add("gdpo", outcome, UIDS, algorithm, {"non_tensor_batch": comps, "batch": batch,
-                                               "norm_adv_by_std_in_grpo": norm},
-            {"reward_components": comps}, tol=1e-5)
+        algorithm = {
+            "norm_adv_by_std_in_grpo": norm,
+            "gdpo_reward_keys": ["fmt", "acc"],
+            "gdpo_reward_weights": [0.5, 2.0],
+        }
+        add(
+            "gdpo",
+            outcome,
+            UIDS,
+            algorithm,
+            {"non_tensor_batch": comps, "batch": batch, "norm_adv_by_std_in_grpo": norm},
+            {"reward_components": comps},
+            tol=1e-5,
+        )
     add("gdpo", outcome, UIDS, None, {"norm_adv_by_std_in_grpo": True}, our_config={}, tol=1e-5)
     # the optimal token baseline: the actor's old log-probs and sum of squared probabilities (sum_pi_squared >=
     # p^2 of the sampled token), optionally rollout importance weights; groups a, b and d have one longest row
@@ -149,8 +236,8 @@ def estimator_cases() -> list[dict]:
     spsq = torch.exp(old) ** 2 + torch.rand(mask.shape, generator=g, dtype=torch.float64) * 0.3
     rho = torch.rand(mask.shape, generator=g, dtype=torch.float64) * 1.5 + 0.25
     holes = mask.clone()
-    holes[0, 2:4], holes[2, 1], holes[6, 0] = 0.0, 0.0, 0.0   # tool output inside the response (multi-turn)
-    holes[4, :] = 0.0                                         # a row with no response token
+    holes[0, 2:4], holes[2, 1], holes[6, 0] = 0.0, 0.0, 0.0  # tool output inside the response (multi-turn)
+    holes[4, :] = 0.0  # a row with no response token
     for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
         for rewards in (outcome, dense):
             otb = {"old_log_probs": old, "sum_pi_squared": spsq}
@@ -162,11 +249,21 @@ def estimator_cases() -> list[dict]:
 
 def ours_estimator(case: dict):
     if case["name"] == "gdpo":  # not registered yet (the trainer does not pass reward components)
-        return gdpo_advantage(case["token_level_rewards"], case["response_mask"], case["uids"],
-                              section("algorithm", case["our_config"]), **case["ours"])
-    return A.compute_advantages(case["name"], token_level_rewards=case["token_level_rewards"],
-                                response_mask=case["response_mask"], group_ids=case["uids"],
-                                config=section("algorithm", case["our_config"]), **case["ours"])
+        return gdpo_advantage(
+            case["token_level_rewards"],
+            case["response_mask"],
+            case["uids"],
+            section("algorithm", case["our_config"]),
+            **case["ours"],
+        )
+    return A.compute_advantages(
+        case["name"],
+        token_level_rewards=case["token_level_rewards"],
+        response_mask=case["response_mask"],
+        group_ids=case["uids"],
+        config=section("algorithm", case["our_config"]),
+        **case["ours"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +281,9 @@ def test_every_policy_loss_mode_and_agg_mode_matches_verl(verl_outputs):
     worst: dict[str, float] = {}
     for case, theirs in zip(losses, out["losses"]):
         ours = ours_loss(case)
-        label = (f"{case['mode']} {case['loss_agg_mode']} {case['log_prob'].dtype} "
-                 f"global={bool(case['global_batch_info'])}")
+        label = (
+            f"{case['mode']} {case['loss_agg_mode']} {case['log_prob'].dtype} global={bool(case['global_batch_info'])}"
+        )
         tol = TOL[case["log_prob"].dtype]
         assert set(ours["metrics"]) == set(theirs["metrics"]), label
         diffs = [float((ours["pg_loss"] - theirs["pg_loss"]).abs()), float((ours["grad"] - theirs["grad"]).abs().max())]
@@ -223,11 +321,18 @@ def variance_proxy_cases() -> list[dict]:
     mask = mask_of(LENGTHS, dtype=torch.float32)
     mask[3] = 0.0
     old = torch.log(torch.rand(mask.shape, generator=g) * 0.9 + 0.05)
-    tensors = {"old_log_probs": old, "sum_pi_squared": torch.exp(old) ** 2 + torch.rand(mask.shape, generator=g) * 0.3,
-               "advantages": torch.randn(mask.shape, generator=g) * mask, "response_mask": mask}
+    tensors = {
+        "old_log_probs": old,
+        "sum_pi_squared": torch.exp(old) ** 2 + torch.rand(mask.shape, generator=g) * 0.3,
+        "advantages": torch.randn(mask.shape, generator=g) * mask,
+        "response_mask": mask,
+    }
     rho = torch.rand(mask.shape, generator=g) * 1.5 + 0.25
-    return [{"tensors": t, "gradient_norm": gn} for t in (tensors, {**tensors, "rollout_is_weights": rho})
-            for gn in (None, 0.7, 5.0)]
+    return [
+        {"tensors": t, "gradient_norm": gn}
+        for t in (tensors, {**tensors, "rollout_is_weights": rho})
+        for gn in (None, 0.7, 5.0)
+    ]
 
 
 def test_variance_proxy_metrics_match_verl(verl_outputs):

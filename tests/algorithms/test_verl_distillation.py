@@ -33,10 +33,19 @@ P, R, V, K = 2, 5, 11, 4
 
 
 def loss_settings(mode: str, pg: bool, clamps: bool) -> dict:
-    return {"loss_mode": mode, "topk": K, "use_task_rewards": True, "distillation_loss_coef": 1.0,
-            "loss_max_clamp": 0.6 if clamps else None, "log_prob_min_clamp": -3.0 if clamps else None,
-            "use_policy_gradient": pg, "policy_loss_mode": "vanilla", "clip_ratio": 0.2, "clip_ratio_low": 0.15,
-            "clip_ratio_high": 0.25}
+    return {
+        "loss_mode": mode,
+        "topk": K,
+        "use_task_rewards": True,
+        "distillation_loss_coef": 1.0,
+        "loss_max_clamp": 0.6 if clamps else None,
+        "log_prob_min_clamp": -3.0 if clamps else None,
+        "use_policy_gradient": pg,
+        "policy_loss_mode": "vanilla",
+        "clip_ratio": 0.2,
+        "clip_ratio_low": 0.15,
+        "clip_ratio_high": 0.25,
+    }
 
 
 def inputs(seed: int, mode: str) -> dict:
@@ -45,15 +54,18 @@ def inputs(seed: int, mode: str) -> dict:
     mask[0, 2] = 0.0  # a hole (a tool turn inside the response)
     logits = torch.randn(len(LENGTHS), R, V, generator=g) * 2.5
     log_prob = torch.log_softmax(logits, -1)[..., 0] - torch.rand(len(LENGTHS), R, generator=g)
-    out = {"response_mask": mask, "log_prob": log_prob,
-           "old_log_prob": log_prob + torch.randn(len(LENGTHS), R, generator=g) * 0.4,
-           "rollout_is_weights": torch.rand(len(LENGTHS), R, generator=g) + 0.5}
+    out = {
+        "response_mask": mask,
+        "log_prob": log_prob,
+        "old_log_prob": log_prob + torch.randn(len(LENGTHS), R, generator=g) * 0.4,
+        "rollout_is_weights": torch.rand(len(LENGTHS), R, generator=g) + 0.5,
+    }
     if mode in D.TOPK_MODES:
         teacher = torch.log_softmax(torch.randn(len(LENGTHS), R, V, generator=g) * 3.0, -1)
         # half the positions: the teacher's top-k; the other half: arbitrary distinct ids (partial overlap)
         top_lp, top_ids = torch.topk(teacher, K, dim=-1)
         shuffled = torch.argsort(torch.rand(len(LENGTHS), R, V, generator=g), dim=-1)[..., :K]
-        use_top = (torch.rand(len(LENGTHS), R, 1, generator=g) < 0.5)
+        use_top = torch.rand(len(LENGTHS), R, 1, generator=g) < 0.5
         ids = torch.where(use_top, top_ids, shuffled)
         out.update(student_logits=logits, teacher_topk_ids=ids, teacher_topk_log_probs=torch.gather(teacher, -1, ids))
     else:
@@ -71,33 +83,56 @@ def cases() -> list[dict]:
                 for clamps in (False, True):
                     seed = 10 + len(found)
                     tokens = float(inputs(seed, mode)["response_mask"].sum())
-                    found.append({**inputs(seed, mode), "loss": loss_settings(mode, pg, clamps), "loss_agg_mode": agg,
-                                  "prompt_length": P, "response_lengths": LENGTHS,
-                                  "global_batch_info": {"dp_size": 2, "batch_num_tokens": tokens * 1.5,
-                                                        "global_batch_size": 6, "loss_scale_factor": 7}})
+                    found.append(
+                        {
+                            **inputs(seed, mode),
+                            "loss": loss_settings(mode, pg, clamps),
+                            "loss_agg_mode": agg,
+                            "prompt_length": P,
+                            "response_lengths": LENGTHS,
+                            "global_batch_info": {
+                                "dp_size": 2,
+                                "batch_num_tokens": tokens * 1.5,
+                                "global_batch_size": 6,
+                                "loss_scale_factor": 7,
+                            },
+                        }
+                    )
     return found
 
 
 def ours(case: dict) -> dict:
     cfg = SimpleNamespace(**case["loss"])
     info = case["global_batch_info"]
-    agg = {"global_tokens": info["batch_num_tokens"], "global_seqs": info["global_batch_size"],
-           "dp_size": info["dp_size"], "loss_scale_factor": info["loss_scale_factor"]}
+    agg = {
+        "global_tokens": info["batch_num_tokens"],
+        "global_seqs": info["global_batch_size"],
+        "dp_size": info["dp_size"],
+        "loss_scale_factor": info["loss_scale_factor"],
+    }
     mask = case["response_mask"]
     log_prob = case["log_prob"].clone().requires_grad_(True)
     wrt = log_prob
     if cfg.loss_mode in D.TOPK_MODES:
         logits = case["student_logits"].clone().requires_grad_(True)
-        out = D.forward_kl_topk_per_token(logits, case["teacher_topk_log_probs"], case["teacher_topk_ids"],
-                                          cfg.log_prob_min_clamp)
+        out = D.forward_kl_topk_per_token(
+            logits, case["teacher_topk_log_probs"], case["teacher_topk_ids"], cfg.log_prob_min_clamp
+        )
         per_token, metrics = D.topk_losses(out), D.topk_metrics(out, mask, cfg.topk)
         if not cfg.use_policy_gradient:
             wrt = logits
     else:
         per_token, metrics = D.estimator_per_token(log_prob, case["teacher_log_prob"], cfg.loss_mode, mask)
-    loss, term_metrics = D.distillation_term(per_token, mask, cfg, case["loss_agg_mode"], log_prob=log_prob,
-                                             old_log_prob=case["old_log_prob"],
-                                             rollout_is_weights=case["rollout_is_weights"], **agg)
+    loss, term_metrics = D.distillation_term(
+        per_token,
+        mask,
+        cfg,
+        case["loss_agg_mode"],
+        log_prob=log_prob,
+        old_log_prob=case["old_log_prob"],
+        rollout_is_weights=case["rollout_is_weights"],
+        **agg,
+    )
     loss.backward()
     return {"loss": loss.detach(), "grad": wrt.grad, "metrics": {**metrics, **term_metrics}}
 

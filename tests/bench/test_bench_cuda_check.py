@@ -17,9 +17,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict, str]:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "cuda_check.py"), "--out", str(out),
-                           "--work", str(tmp_path / "work"), *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=900, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "cuda_check.py"),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert (out / "cuda_check.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["cuda_check.json", "cuda_check.md", "cuda_check_failures.log"]
     return proc, json.loads((out / "cuda_check.json").read_text()), (out / "cuda_check.md").read_text()
@@ -54,7 +67,7 @@ def test_a_failing_check_is_recorded_and_the_others_still_run(tmp_path):
     checks = {c["name"]: c for c in result["checks"]}
     assert proc.returncode == 1
     assert not checks["env"]["ok"] and "expected {'kind': 'cuda'" in checks["env"]["error"]
-    assert checks["env"]["numbers"]["detected"]["cuda"]["error"].startswith("UserError")   # what it found is kept
+    assert checks["env"]["numbers"]["detected"]["cuda"]["error"].startswith("UserError")  # what it found is kept
     assert len(checks["env"]["error"].splitlines()) <= 40
     assert checks["validate"]["ok"], checks["validate"]["error"]
     assert "| env | **NO** |" in table and "## env failed" in table

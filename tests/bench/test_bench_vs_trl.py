@@ -20,9 +20,21 @@ REPO = Path(__file__).resolve().parents[2]
 def test_vs_trl_smoke_runs_both_trainers(tmp_path, task):
     summary_file = tmp_path / "summary.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "vs_trl.py"), "--smoke", "--task", task, "--threads", "1",
-         "--json", str(summary_file)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(REPO / "bench" / "vs_trl.py"),
+            "--smoke",
+            "--task",
+            task,
+            "--threads",
+            "1",
+            "--json",
+            str(summary_file),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -42,9 +54,14 @@ def test_vs_trl_smoke_runs_both_trainers(tmp_path, task):
 def test_step_cpu_reports_cpu_and_wall_medians():
     """bench/step_cpu.py (verl-npu's side timed in CPU seconds) runs and reports positive medians, the
     rollout's CPU time a part of the step's."""
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "step_cpu.py"), "--task", "text", "--steps", "3"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "step_cpu.py"), "--task", "text", "--steps", "3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["task"] == "text"

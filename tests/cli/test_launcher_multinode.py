@@ -70,13 +70,28 @@ def shutdown():
     _connected.clear()
 """
 
-CLUSTER_VARS = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_WAIT_TIMEOUT", "NODE_POLL_INTERVAL",
-                "RAY_ADDRESS", "VERL_NPU_RAY", "ASCEND_HOME_PATH", "ATB_HOME_PATH", "NODE_IP_ADDRESS")
+CLUSTER_VARS = (
+    "NNODES",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_WAIT_TIMEOUT",
+    "NODE_POLL_INTERVAL",
+    "RAY_ADDRESS",
+    "VERL_NPU_RAY",
+    "ASCEND_HOME_PATH",
+    "ATB_HOME_PATH",
+    "NODE_IP_ADDRESS",
+)
 
 
 def cpu_node(address: str, rank: int, cpus: int = 2) -> dict:
-    return {"NodeID": address, "Alive": True, "NodeManagerAddress": address,
-            "Resources": {"CPU": float(cpus), f"verl_npu_node_rank_{rank}": 1.0}}
+    return {
+        "NodeID": address,
+        "Alive": True,
+        "NodeManagerAddress": address,
+        "Resources": {"CPU": float(cpus), f"verl_npu_node_rank_{rank}": 1.0},
+    }
 
 
 class Launch:
@@ -96,20 +111,28 @@ class Launch:
         self.recipe = tmp / "two_nodes.yaml"
         self.recipe.write_text(TWO_NODE_RECIPE)
         env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARS}
-        env.update({
-            "PATH": f"{fake_bin}{os.pathsep}{env.get('PATH', '')}",
-            "PYTHONPATH": str(tmp / "fakepy"),
-            "FAKE_RAY_DIR": str(self.state),
-            "VERL_NPU_PYTHON": sys.executable,
-            "VERL_NPU_ASCEND_ROOT": str(tmp / "no_ascend"),
-            "TMPDIR": str(tmp / "runs"),
-            "OMP_NUM_THREADS": "1",
-        })
+        env.update(
+            {
+                "PATH": f"{fake_bin}{os.pathsep}{env.get('PATH', '')}",
+                "PYTHONPATH": str(tmp / "fakepy"),
+                "FAKE_RAY_DIR": str(self.state),
+                "VERL_NPU_PYTHON": sys.executable,
+                "VERL_NPU_ASCEND_ROOT": str(tmp / "no_ascend"),
+                "TMPDIR": str(tmp / "runs"),
+                "OMP_NUM_THREADS": "1",
+            }
+        )
         self.env = env
 
     def __call__(self, *overrides: str, timeout: float = 20, **env: str) -> subprocess.CompletedProcess:
-        proc = subprocess.run(["bash", str(LAUNCHER), str(self.recipe), *overrides], cwd=self.tmp,
-                              env={**self.env, **env}, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            ["bash", str(LAUNCHER), str(self.recipe), *overrides],
+            cwd=self.tmp,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         proc.output = proc.stdout + proc.stderr
         return proc
 
@@ -146,8 +169,9 @@ def test_two_nodes_without_master_addr(launch):
 def test_node_rank_out_of_range(launch, rank):
     proc = launch(NNODES="2", NODE_RANK=rank, MASTER_ADDR="10.9.8.7")
     assert proc.returncode != 0
-    assert (f"NODE_RANK={rank} is out of range for NNODES=2: use 0 on the head node and 1..1 on the others"
-            in proc.stderr)
+    assert (
+        f"NODE_RANK={rank} is out of range for NNODES=2: use 0 on the head node and 1..1 on the others" in proc.stderr
+    )
     assert launch.calls == []
 
 
@@ -207,14 +231,18 @@ def test_existing_cluster_is_used_and_not_stopped(launch):
 
 def test_ray_address_is_joined_and_preflight_names_short_node(launch):
     launch.set_nodes([cpu_node("10.0.0.1", 0, cpus=4), cpu_node("10.0.0.2", 1, cpus=1)])
-    overrides = ("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
-                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1")
+    overrides = (
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+    )
     proc = launch(*overrides, NNODES="2", NODE_RANK="0", MASTER_ADDR="10.0.0.1", RAY_ADDRESS="10.0.0.1:7000")
     assert proc.returncode == 1
     assert "RAY_ADDRESS=10.0.0.1:7000 is set: using that Ray cluster" in proc.stdout
-    assert ("the recipe asks for 2 CPUs per node (trainer.n_gpus_per_node=2), one CPU per worker; "
-            "node 1 (10.0.0.2) has 1") in proc.stderr
+    assert (
+        "the recipe asks for 2 CPUs per node (trainer.n_gpus_per_node=2), one CPU per worker; node 1 (10.0.0.2) has 1"
+    ) in proc.stderr
     assert "nothing was trained" in proc.stderr
     assert launch.ray_cli_calls() == []
     assert "py init 10.0.0.1:7000" in launch.calls
@@ -227,18 +255,28 @@ def test_worker_joins_stays_up_until_head_goes_then_stops_its_ray(launch):
     (ascend / "nnal" / "atb").mkdir(parents=True)
     (ascend / "nnal" / "atb" / "set_env.sh").write_text("export ATB_HOME_PATH=/opt/atb\n")
     launch.set_status_answers(0, after_start=2)  # the head answers twice after joining, then is gone
-    proc = launch(NNODES="2", NODE_RANK="1", MASTER_ADDR="10.9.8.7", MASTER_PORT="6390",
-                  NODE_POLL_INTERVAL="0.1", VERL_NPU_ASCEND_ROOT=str(ascend))
+    proc = launch(
+        NNODES="2",
+        NODE_RANK="1",
+        MASTER_ADDR="10.9.8.7",
+        MASTER_PORT="6390",
+        NODE_POLL_INTERVAL="0.1",
+        VERL_NPU_ASCEND_ROOT=str(ascend),
+    )
     assert proc.returncode == 0, proc.output
     assert f"[run_recipe] sourced the CANN environment: {ascend}/cann/set_env.sh" in proc.stdout
     assert f"[run_recipe] sourced the ATB (nnal) environment: {ascend}/nnal/atb/set_env.sh" in proc.stdout
-    assert (launch.state / "start_env.log").read_text().strip() == \
-        f"ASCEND_HOME_PATH={ascend}/cann/latest ATB_HOME_PATH=/opt/atb"
+    assert (
+        launch.state / "start_env.log"
+    ).read_text().strip() == f"ASCEND_HOME_PATH={ascend}/cann/latest ATB_HOME_PATH=/opt/atb"
     status = "status --address 10.9.8.7:6390"
     assert launch.ray_cli_calls() == [
         "status",
         'start --address 10.9.8.7:6390 --resources {"verl_npu_node_rank_1":1}',
-        status, status, status, status,  # ok, ok, miss, miss
+        status,
+        status,
+        status,
+        status,  # ok, ok, miss, miss
         "stop",
     ]
     assert "the head at 10.9.8.7:6390 no longer answers; leaving" in proc.stdout
@@ -271,10 +309,14 @@ def test_terminated_worker_stops_only_the_ray_it_started(launch):
     import time
 
     launch.set_status_answers(0, after_start=1000)  # the head stays up
-    proc = subprocess.Popen(["bash", str(LAUNCHER), str(launch.recipe)], cwd=launch.tmp,
-                            env={**launch.env, "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.9.8.7",
-                                 "NODE_POLL_INTERVAL": "0.2"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ["bash", str(LAUNCHER), str(launch.recipe)],
+        cwd=launch.tmp,
+        env={**launch.env, "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.9.8.7", "NODE_POLL_INTERVAL": "0.2"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 15
         while not any(c.startswith("status --address") for c in launch.calls):

@@ -19,8 +19,9 @@ CLI = [sys.executable, "-m", "verl_npu.cli"]
 
 def _run(out, data) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    args = text_run_overrides(out, data, **{"trainer.total_training_steps": 2, "trainer.test_freq": 2,
-                                            "trainer.save_freq": 2})
+    args = text_run_overrides(
+        out, data, **{"trainer.total_training_steps": 2, "trainer.test_freq": 2, "trainer.save_freq": 2}
+    )
     return subprocess.run([*CLI, "run", "tiny_gsm8k", *args], capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -51,7 +52,10 @@ def test_step_lines_show_progress_one_validation_block_and_a_finished_run_says_s
 def test_console_line_progress_replaces_the_bare_step():
     metrics = {"critic/score/mean": 0.5}
     assert format_console_line(metrics, 3) == "step 3 | score 0.5"
-    assert format_console_line(metrics, 3, "step 3/10 | 2 s/step, 14s left") == "step 3/10 | 2 s/step, 14s left | score 0.5"
+    assert (
+        format_console_line(metrics, 3, "step 3/10 | 2 s/step, 14s left")
+        == "step 3/10 | 2 s/step, 14s left | score 0.5"
+    )
 
 
 def test_more_workers_than_this_machine_has_is_refused_at_once(tmp_path):
@@ -66,16 +70,24 @@ def test_more_workers_than_this_machine_has_is_refused_at_once(tmp_path):
     cores = os.cpu_count() or 1
     for device, extra in (("null", "no GPU or NPU was found"), ("cpu", "")):
         start = time.monotonic()
-        args = text_run_overrides(tmp_path / f"out_{device}", data, **{
-            "trainer.device": device, "trainer.n_gpus_per_node": cores + 6,
-            "data.train_batch_size": 8 * (cores + 6), "actor_rollout_ref.actor.ppo_mini_batch_size": 8 * (cores + 6),
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1})
+        args = text_run_overrides(
+            tmp_path / f"out_{device}",
+            data,
+            **{
+                "trainer.device": device,
+                "trainer.n_gpus_per_node": cores + 6,
+                "data.train_batch_size": 8 * (cores + 6),
+                "actor_rollout_ref.actor.ppo_mini_batch_size": 8 * (cores + 6),
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 1,
+            },
+        )
         proc = subprocess.run([*CLI, "run", "tiny_gsm8k", *args], capture_output=True, text=True, timeout=120, env=env)
         assert proc.returncode == 1, proc.stderr[-3000:]
         assert "Traceback" not in proc.stderr
-        assert (f"trainer.n_gpus_per_node={cores + 6} asks for {cores + 6} workers on this node, which has {cores} "
-                f"core(s)") in proc.stderr, proc.stderr[-3000:]
+        assert (
+            f"trainer.n_gpus_per_node={cores + 6} asks for {cores + 6} workers on this node, which has {cores} core(s)"
+        ) in proc.stderr, proc.stderr[-3000:]
         assert extra in proc.stderr and f"set trainer.n_gpus_per_node to at most {cores}" in proc.stderr
         assert "Started a local Ray instance" not in proc.stderr
         assert time.monotonic() - start < 60
@@ -91,8 +103,9 @@ def _engine_needing(monkeypatch, package: str) -> None:
     monkeypatch.setitem(ROLLOUT_ENGINES.specs, "vllm", dataclasses.replace(spec, package=package))
 
 
-def test_a_missing_engine_package_and_an_unreachable_model_are_found_before_anything_loads(tmp_path, monkeypatch,
-                                                                                             capsys):
+def test_a_missing_engine_package_and_an_unreachable_model_are_found_before_anything_loads(
+    tmp_path, monkeypatch, capsys
+):
     """`validate` warns (the config may be meant for another machine); `run` refuses both at once, before any
     data is made, model loaded or Ray started; a hub id that is cached or a local folder is fine."""
     import socket
@@ -107,11 +120,17 @@ def test_a_missing_engine_package_and_an_unreachable_model_are_found_before_anyt
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed.getsockname()[1]}")
-        overrides = ["af_output_dir=" + str(tmp_path / "out"), "data.train_files=/nowhere/train.parquet",
-                     "data.val_files=/nowhere/test.parquet", "actor_rollout_ref.model.path=nobody/no-model"]
+        overrides = [
+            "af_output_dir=" + str(tmp_path / "out"),
+            "data.train_files=/nowhere/train.parquet",
+            "data.val_files=/nowhere/test.parquet",
+            "actor_rollout_ref.model.path=nobody/no-model",
+        ]
         problems, notes = machine_problems(load_recipe("qwen25vl_geo3k", overrides))
         assert [p.key.removeprefix("backend_config.") for p in problems] == [
-            "actor_rollout_ref.rollout.name", "actor_rollout_ref.model.path"] and notes == []
+            "actor_rollout_ref.rollout.name",
+            "actor_rollout_ref.model.path",
+        ] and notes == []
         assert "no_such_engine_package_xyz package is not installed" in problems[0].message
         assert "actor_rollout_ref.rollout.name=hf" in problems[0].fix
         assert "the hub cannot be reached: no connection to 127.0.0.1" in problems[1].message
@@ -140,7 +159,7 @@ def test_explain_lists_the_rules_that_name_the_key_first():
     rules = text.split("  rules:\n", 1)[1].splitlines()
     naming = [i for i, line in enumerate(rules) if "max_prompt_length" in line]
     assert naming and naming == list(range(len(naming))), rules
-    assert any("with a critic" in line for line in rules[len(naming):]), rules
+    assert any("with a critic" in line for line in rules[len(naming) :]), rules
 
 
 # ---- issue 40: the newcomer's path, round two ---------------------------------------------------------
@@ -168,8 +187,9 @@ def test_cpu_thread_policy_shares_the_allowed_cores_and_lets_the_user_choose(tmp
     chosen = cpu.thread_policy(2, requested=1, env={"OMP_NUM_THREADS": "3"})
     assert (chosen.intra_op, chosen.source) == (1, "trainer.cpu_threads=1")
     assert "more threads than cores" in cpu.thread_policy(2, requested=3, env={}).describe()
-    assert "1 intra-op + 1 inter-op thread(s) per process x 2 worker process(es) on 4 allowed core(s)" in \
-        chosen.describe()
+    assert (
+        "1 intra-op + 1 inter-op thread(s) per process x 2 worker process(es) on 4 allowed core(s)" in chosen.describe()
+    )
     assert DeviceInfo("cuda").thread_policy(2) is None and DeviceInfo("npu").before_torch() == []
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
@@ -198,8 +218,11 @@ def test_small_newcomer_messages(tmp_path, capsys):
     with pytest.raises(ConfigErrors) as info:
         load_recipe("tiny_gsm8k", ["data.train_batch_size=abc"])
     text = str(info.value)
-    assert "must be an int, got 'abc'" in text and "set an int value (verl's default, used when the key is unset, " \
-        "is 1024)" in text and "e.g. the default" not in text
+    assert (
+        "must be an int, got 'abc'" in text
+        and "set an int value (verl's default, used when the key is unset, is 1024)" in text
+        and "e.g. the default" not in text
+    )
     summaries = {r.name: r.summary for r in list_recipes()}
     assert summaries["qwen25_gsm8k_tool"].endswith("in the recipe format.")
     assert all(s.endswith((".", ")")) for s in summaries.values()), summaries
@@ -218,9 +241,18 @@ def _rows_jsonl(path: Path, rows: int = 12) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         for i in range(rows):
-            fh.write(json.dumps({"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content":
-                                 f"What is {i} plus {i + 2}?"}], "ability": "math", "reward_model": {
-                                 "style": "rule", "ground_truth": str(2 * i + 2)}, "extra_info": {"index": i}}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "data_source": "openai/gsm8k",
+                        "prompt": [{"role": "user", "content": f"What is {i} plus {i + 2}?"}],
+                        "ability": "math",
+                        "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)},
+                        "extra_info": {"index": i},
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -257,8 +289,10 @@ def test_data_in_other_formats_is_read_or_refused_at_validate_with_the_command(t
     assert "data.train_files data file 'fake.parquet' is not a parquet file" in bad[0]
     assert "data.val_files data file 'plain.csv' has no column 'prompt', 'data_source', 'reward_model'" in bad[1]
     missing = problems("rows.jsonl", "data/tiny_gsm8k/test.parquet")
-    assert len(missing) == 1 and "make it with `python data_prep/gsm8k.py --synthetic 512 --local-save-dir " \
-        "data/tiny_gsm8k`" in missing[0], missing
+    assert (
+        len(missing) == 1
+        and "make it with `python data_prep/gsm8k.py --synthetic 512 --local-save-dir data/tiny_gsm8k`" in missing[0]
+    ), missing
 
     from verl_npu import demo
 
@@ -312,14 +346,23 @@ def test_ctrl_c_saves_the_step_and_the_rerun_resumes_there_from_another_folder_o
     env.pop("RAY_ADDRESS", None)
 
     def command(steps: int) -> list[str]:
-        args = text_run_overrides(tmp_path / "out", tmp_path, **{  # relative paths: from `here`
-            "af_output_dir": "out", "data.train_files": "mydata/rows.jsonl", "data.val_files": "mydata/rows.jsonl",
-            "trainer.total_training_steps": steps, "trainer.val_before_train": "false",
-            "custom_reward_function.path": "null"})
+        args = text_run_overrides(
+            tmp_path / "out",
+            tmp_path,
+            **{  # relative paths: from `here`
+                "af_output_dir": "out",
+                "data.train_files": "mydata/rows.jsonl",
+                "data.val_files": "mydata/rows.jsonl",
+                "trainer.total_training_steps": steps,
+                "trainer.val_before_train": "false",
+                "custom_reward_function.path": "null",
+            },
+        )
         return [*CLI, "run", "tiny_gsm8k", *args]
 
-    proc = subprocess.Popen(command(200), cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        command(200), cwd=here, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 240
         while not ((here / "out" / "metrics.jsonl").is_file() and len(_metrics(here / "out")) >= 2):
@@ -354,9 +397,16 @@ def test_a_two_worker_cpu_run_prints_no_native_crash_and_no_escape_codes(tmp_pat
     data = text_data(tmp_path / "data")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
-    args = text_run_overrides(tmp_path / "out", data, **{"trainer.total_training_steps": 1,
-                                                        "trainer.n_gpus_per_node": 2, "ray_init.num_cpus": 2,
-                                                        "trainer.device": "cpu"})
+    args = text_run_overrides(
+        tmp_path / "out",
+        data,
+        **{
+            "trainer.total_training_steps": 1,
+            "trainer.n_gpus_per_node": 2,
+            "ray_init.num_cpus": 2,
+            "trainer.device": "cpu",
+        },
+    )
     proc = subprocess.run([*CLI, "run", "tiny_gsm8k", *args], capture_output=True, text=True, timeout=400, env=env)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]

@@ -36,8 +36,16 @@ def _readme_command(heading: str) -> str:
 
 def _copy_of_the_repo(dest: Path) -> None:
     """The files a clone has (tracked, and new files not ignored): no outputs, data or venvs of this checkout."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                           capture_output=True, check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         src = REPO / name
         if src.is_file():
@@ -63,7 +71,7 @@ def _run_summary(clone: Path, command: str) -> tuple[str, str, Path]:
     assert "Traceback" not in out
     shown = re.search(r"summary of the run in (\S+):", out)
     assert shown, out[-4000:]
-    return out, out[shown.start():], Path(shown.group(1))
+    return out, out[shown.start() :], Path(shown.group(1))
 
 
 def _check_summary(summary: str, printed: Path, source: str, step: int, blind: str) -> None:
@@ -87,8 +95,13 @@ def test_readme_quick_start_learns_and_says_where_everything_is(clone):
     out, summary, printed = _run_summary(clone, run)
     outputs = clone / printed
     assert outputs.resolve() == (clone / "outputs" / "tiny_geo3k").resolve(), printed
-    _check_summary(summary, printed, "synthetic_geometry", 300,
-                   "a policy that ignores the picture scores at most 0.250 (synthetic_geometry)")
+    _check_summary(
+        summary,
+        printed,
+        "synthetic_geometry",
+        300,
+        "a policy that ignores the picture scores at most 0.250 (synthetic_geometry)",
+    )
     assert (outputs / "training_curves.png").stat().st_size > 10_000
     assert list((outputs / "tensorboard").rglob("events.out.tfevents.*"))
     assert (clone / "data" / "tiny_geo3k" / "train.parquet").is_file()  # made on the first run, as README says
@@ -100,8 +113,15 @@ def test_readme_text_demo_learns_and_prints_readable_answers(clone):
     assert run == "bash launch/run_recipe.sh tiny_gsm8k", run
     out, summary, printed = _run_summary(clone, run)
     assert (clone / printed).resolve() == (clone / "outputs" / "tiny_gsm8k").resolve(), printed
-    _check_summary(summary, printed, "synthetic_arithmetic", 300,
-                   "a policy that ignores the question scores at most 0.200 (synthetic_arithmetic)")
+    _check_summary(
+        summary,
+        printed,
+        "synthetic_arithmetic",
+        300,
+        "a policy that ignores the question scores at most 0.200 (synthetic_arithmetic)",
+    )
     answers = out.split("[val/generations] step 300:", 1)[1].splitlines()[1:5]
     # each shown answer is readable text: a number alone (no byte soup, no text cut at the budget)
-    assert len(answers) == 4 and all(re.fullmatch(r"\[ground truth: \d\] '\s*(#### )?\d\s*'", a) for a in answers), answers
+    assert len(answers) == 4 and all(re.fullmatch(r"\[ground truth: \d\] '\s*(#### )?\d\s*'", a) for a in answers), (
+        answers
+    )

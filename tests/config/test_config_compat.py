@@ -17,8 +17,12 @@ from verl_npu.config.compat import NOOP, REFUSED, SUPPORTED, UNKNOWN, render_com
 from verl_npu.errors import ConfigErrors
 
 REPO = Path(__file__).resolve().parents[2]
-VERL_KEYS = [line.strip() for line in (REPO / "tests" / "fixtures" / "verl_ppo_trainer_keys.txt").read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+VERL_KEYS = [
+    line.strip()
+    for line in (REPO / "tests" / "fixtures" / "verl_ppo_trainer_keys.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
+
 
 def problems(overrides, recipe="tiny_gsm8k"):
     with pytest.raises(ConfigErrors) as info:
@@ -41,17 +45,22 @@ def test_verl_only_keys_load_at_their_default_and_aliases_reach_their_key():
     rc = load_recipe("tiny_gsm8k", overrides)
     assert {d.key for d in rc.noop} == set(VERL_ONLY)
     assert all(d.reason for d in rc.noop)
-    rc = load_recipe("tiny_gsm8k", ["actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
-                                    "actor_rollout_ref.actor.optim.clip_grad=0.5",
-                                    "ray_kwargs.ray_init.num_cpus=2",
-                                    "critic.optim.lr_scheduler_type=cosine"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+            "actor_rollout_ref.actor.optim.clip_grad=0.5",
+            "ray_kwargs.ray_init.num_cpus=2",
+            "critic.optim.lr_scheduler_type=cosine",
+        ],
+    )
     b = rc.backend
     assert b.actor_rollout_ref.actor.optim.warmup_style == "cosine" and b.actor_rollout_ref.actor.grad_clip == 0.5
-    assert b.critic.optim.warmup_style == "cosine"   # the critic's spelling too (verl's optim config is shared)
+    assert b.critic.optim.warmup_style == "cosine"  # the critic's spelling too (verl's optim config is shared)
     assert b.ray_init.num_cpus == 2
     assert set(ALIASES.values()) <= set(SCHEMA)
     [p] = problems(["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"])
-    assert p.key.endswith("optim.lr_scheduler_type")   # an error names the key the user wrote
+    assert p.key.endswith("optim.lr_scheduler_type")  # an error names the key the user wrote
 
 
 def _text(value) -> str:
@@ -61,18 +70,26 @@ def _text(value) -> str:
 
 
 def test_issue_keys_are_noop_at_their_noop_value_and_refused_by_name_otherwise():
-    noop = ["actor_rollout_ref.ref.use_torch_compile=false", "actor_rollout_ref.ref.use_torch_compile=true", "actor_rollout_ref.nccl_timeout=1200",
-            "trainer.use_legacy_worker_impl=disable", "actor_rollout_ref.rollout.layered_summon=true",
-            "actor_rollout_ref.rollout.data_parallel_size=1", "actor_rollout_ref.rollout.expert_parallel_size=1",
-            "trainer.max_critic_ckpt_to_keep=2", "actor_rollout_ref.model.lora_adapter_path=null",
-            "actor_rollout_ref.model.exclude_modules=null", "actor_rollout_ref.rollout.multi_stage_wake_up=false",
-            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=null"]
+    noop = [
+        "actor_rollout_ref.ref.use_torch_compile=false",
+        "actor_rollout_ref.ref.use_torch_compile=true",
+        "actor_rollout_ref.nccl_timeout=1200",
+        "trainer.use_legacy_worker_impl=disable",
+        "actor_rollout_ref.rollout.layered_summon=true",
+        "actor_rollout_ref.rollout.data_parallel_size=1",
+        "actor_rollout_ref.rollout.expert_parallel_size=1",
+        "trainer.max_critic_ckpt_to_keep=2",
+        "actor_rollout_ref.model.lora_adapter_path=null",
+        "actor_rollout_ref.model.exclude_modules=null",
+        "actor_rollout_ref.rollout.multi_stage_wake_up=false",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=null",
+    ]
     load_recipe("tiny_gsm8k", noop)
     # accepted since issue 39 (on cpu a noted no-op; tests/workers/test_activation_offload.py)
     load_recipe("tiny_gsm8k", ["actor_rollout_ref.model.enable_activation_offload=true"])
     # interactions are read (issue 25); with multi_turn off the key is only warned about
     load_recipe("tiny_gsm8k", ["actor_rollout_ref.rollout.multi_turn.interaction_config_path=/i.yaml"])
-    load_recipe("tiny_gsm8k", ["actor_rollout_ref.rollout.multi_turn.function_tool_path=/t.py"])   # function tools too
+    load_recipe("tiny_gsm8k", ["actor_rollout_ref.rollout.multi_turn.function_tool_path=/t.py"])  # function tools too
     refused = {
         "actor_rollout_ref.rollout.data_parallel_size=2": "data parallelism inside one rollout engine",
         "actor_rollout_ref.rollout.expert_parallel_size=4": "expert parallelism",
@@ -108,24 +125,36 @@ def test_hydra_prefixes_add_force_and_delete(tmp_path):
     assert rc.backend.data.seed == 5 and rc.backend.trainer.total_epochs == 2
     # ~key: the recipe's value goes, the schema default comes back
     rc = load_recipe("tiny_gsm8k", ["~trainer.total_training_steps", "~data.seed=1"])
-    assert rc.backend.trainer.total_training_steps is None and rc.backend.data.seed == SCHEMA[
-        "backend_config.data.seed"].default
+    assert (
+        rc.backend.trainer.total_training_steps is None
+        and rc.backend.data.seed == SCHEMA["backend_config.data.seed"].default
+    )
     # ~ on one entry of a free-form dict, after adding it
-    rc = load_recipe("tiny_gsm8k", ["+actor_rollout_ref.rollout.engine_kwargs.vllm.a=1",
-                                    "+actor_rollout_ref.rollout.engine_kwargs.vllm.b=2",
-                                    "~actor_rollout_ref.rollout.engine_kwargs.vllm.a"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.a=1",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.b=2",
+            "~actor_rollout_ref.rollout.engine_kwargs.vllm.a",
+        ],
+    )
     assert dict(rc.backend.actor_rollout_ref.rollout.engine_kwargs.vllm) == {"b": 2}
 
 
 def test_short_form_interpolations_resolve_like_verl():
-    rc = load_recipe("tiny_gsm8k", ["data.max_response_length=7",
-                                    "actor_rollout_ref.rollout.response_length=${data.max_response_length}",
-                                    "trainer.experiment_name=${trainer.project_name}_x",
-                                    "actor_rollout_ref.rollout.max_model_len=${oc.select:data.nope,100}"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            "data.max_response_length=7",
+            "actor_rollout_ref.rollout.response_length=${data.max_response_length}",
+            "trainer.experiment_name=${trainer.project_name}_x",
+            "actor_rollout_ref.rollout.max_model_len=${oc.select:data.nope,100}",
+        ],
+    )
     b = rc.backend
     assert b.actor_rollout_ref.rollout.response_length == 7
     rc = load_recipe("tiny_gsm8k", ["actor_rollout_ref.ref.strategy=${actor_rollout_ref.actor.strategy}"])
-    assert [(d.key.rsplit(".", 1)[-1], d.value) for d in rc.noop] == [("strategy", "fsdp2")]   # verl-only keys too
+    assert [(d.key.rsplit(".", 1)[-1], d.value) for d in rc.noop] == [("strategy", "fsdp2")]  # verl-only keys too
     [p] = problems(["actor_rollout_ref.rollout.data_parallel_size=${trainer.total_epochs}"])
     assert p.key.endswith("data_parallel_size") and "got 10" in p.message
     assert b.trainer.experiment_name == "verl_npu_demo_x" and b.actor_rollout_ref.rollout.max_model_len == 100
@@ -134,15 +163,25 @@ def test_short_form_interpolations_resolve_like_verl():
 def test_a_reference_to_a_missing_key_is_a_clean_error_naming_it():
     [p] = problems(["actor_rollout_ref.rollout.response_length=${data.max_response_lenght}"])
     assert p.key.endswith("rollout.response_length") and "'data.max_response_lenght'" in p.message
-    out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "validate", "tiny_gsm8k",
-                          "actor_rollout_ref.rollout.response_length=${data.nope}"],
-                         capture_output=True, text=True, cwd=REPO)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verl_npu.cli",
+            "validate",
+            "tiny_gsm8k",
+            "actor_rollout_ref.rollout.response_length=${data.nope}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert out.returncode == 1 and "Traceback" not in out.stderr and "data.nope" in out.stderr
 
 
 # ------------------------------------------------------------------ never silently ignored
-READERS = {"get", "select", "getattr", "hasattr", "c", "val", "_role_setting"}    # plus any *_get
-WRITERS = {"put"}                                                # derive's "fill this key in"
+READERS = {"get", "select", "getattr", "hasattr", "c", "val", "_role_setting"}  # plus any *_get
+WRITERS = {"put"}  # derive's "fill this key in"
 NOT_CODE = {"config/schema.py", "config/schema_verl.py", "config/reference.py", "config/compat.py"}
 
 
@@ -172,7 +211,9 @@ def read_names() -> dict[str, set[str]]:
         if rel in NOT_CODE:
             continue
         tree = ast.parse(file.read_text())
-        written = {id(c.args[0]) for c in ast.walk(tree) if isinstance(c, ast.Call) and _fn_name(c) in WRITERS and c.args}
+        written = {
+            id(c.args[0]) for c in ast.walk(tree) if isinstance(c, ast.Call) and _fn_name(c) in WRITERS and c.args
+        }
         for node in ast.walk(tree):
             found: list[str] = []
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
@@ -238,9 +279,31 @@ def test_the_walk_fails_for_a_key_no_code_reads():
 
 
 # ------------------------------------------------------------------ one-way imports in verl_npu/config
-ORDER = ["schema", "schema_verl", "tree", "modelinfo", "rules", "rules_vllm", "rules_roles", "rules_profiler", "rules_dapo", "rules_distill",
-         "paths", "derive", "recipes", "sft_schema", "section_base", "sections", "typed", "loader", "sft", "stages", "reference",
-         "compat", "sections_gen"]
+ORDER = [
+    "schema",
+    "schema_verl",
+    "tree",
+    "modelinfo",
+    "rules",
+    "rules_vllm",
+    "rules_roles",
+    "rules_profiler",
+    "rules_dapo",
+    "rules_distill",
+    "paths",
+    "derive",
+    "recipes",
+    "sft_schema",
+    "section_base",
+    "sections",
+    "typed",
+    "loader",
+    "sft",
+    "stages",
+    "reference",
+    "compat",
+    "sections_gen",
+]
 
 
 def _module_imports(path: Path) -> set[str]:
@@ -267,7 +330,11 @@ def test_config_modules_import_one_way_in_the_documented_order():
             assert ORDER.index(dep) < ORDER.index(name), f"{name} imports {dep}, which comes after it"
 
 
-@pytest.mark.parametrize("module", [f"verl_npu.config.{m}" for m in ORDER] + ["verl_npu.memory.plan", "verl_npu.memory.recipe"])
+@pytest.mark.parametrize(
+    "module",
+    [f"verl_npu.config.{m}" for m in ORDER]
+    + ["verl_npu.memory.plan", "verl_npu.memory.settings", "verl_npu.memory.recipe", "verl_npu.memory.budget"],
+)
 def test_each_config_module_imports_fresh_without_torch(module):
     code = f"import sys, {module}; assert 'torch' not in sys.modules, 'torch imported'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
@@ -278,6 +345,11 @@ def test_each_config_module_imports_fresh_without_torch(module):
 def test_verl_compat_doc_is_in_sync():
     doc = (REPO / "docs" / "verl_compat.md").read_text()
     assert doc == render_compat(), "regenerate: python -m verl_npu.config.compat > docs/verl_compat.md"
-    for needle in ("`actor_rollout_ref.rollout.data_parallel_size` | refused", "`critic.*` | refused", "`critic.cliprange_value` | supported",
-                   "`trainer.use_legacy_worker_impl` | no-op here", "`data.train_batch_size` | supported"):
+    for needle in (
+        "`actor_rollout_ref.rollout.data_parallel_size` | refused",
+        "`critic.*` | refused",
+        "`critic.cliprange_value` | supported",
+        "`trainer.use_legacy_worker_impl` | no-op here",
+        "`data.train_batch_size` | supported",
+    ):
         assert needle in doc

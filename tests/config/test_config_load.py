@@ -24,11 +24,23 @@ def _derived(rc) -> dict:
     return {d.key: d.value for d in rc.derived}
 
 
-@pytest.mark.parametrize("text,value", [
-    ("64", 64), ("1e-6", 1e-6), ("0.5", 0.5), ("true", True), ("False", False), ("null", None),
-    ("[console,tensorboard]", ["console", "tensorboard"]), ("error", "error"), ("'1'", "1"),
-    ("EDIT_ME: x", "EDIT_ME: x"), ("{a: 1}", {"a": 1}), ("/a/b.parquet", "/a/b.parquet"),
-])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("64", 64),
+        ("1e-6", 1e-6),
+        ("0.5", 0.5),
+        ("true", True),
+        ("False", False),
+        ("null", None),
+        ("[console,tensorboard]", ["console", "tensorboard"]),
+        ("error", "error"),
+        ("'1'", "1"),
+        ("EDIT_ME: x", "EDIT_ME: x"),
+        ("{a: 1}", {"a": 1}),
+        ("/a/b.parquet", "/a/b.parquet"),
+    ],
+)
 def test_parse_value_like_verl(text, value):
     assert parse_value(text) == value
 
@@ -48,10 +60,18 @@ def test_override_short_full_and_hydra_plus_forms():
 
 
 def test_overrides_apply_over_the_recipe():
-    rc = load_recipe("qwen25vl_geo3k", FILLED + [
-        "data.train_batch_size=64", "backend_config.trainer.total_epochs=2", "trainer.logger=[console]",
-        "trainer.val_before_train=True", "actor_rollout_ref.actor.optim.lr=3e-6", "data.train_files=[a.parquet,b.parquet]",
-    ])
+    rc = load_recipe(
+        "qwen25vl_geo3k",
+        FILLED
+        + [
+            "data.train_batch_size=64",
+            "backend_config.trainer.total_epochs=2",
+            "trainer.logger=[console]",
+            "trainer.val_before_train=True",
+            "actor_rollout_ref.actor.optim.lr=3e-6",
+            "data.train_files=[a.parquet,b.parquet]",
+        ],
+    )
     b = rc.backend
     assert b.data.train_batch_size == 64 and b.trainer.total_epochs == 2
     assert list(b.trainer.logger) == ["console"] and b.trainer.val_before_train is True
@@ -71,8 +91,14 @@ def test_every_schema_key_is_in_the_resolved_config():
 
 
 def test_free_form_engine_kwargs_merge_and_pass_through():
-    rc = load_recipe("qwen25vl_geo3k", FILLED + ["+engine_kwargs.vllm.mm_processor_cache_gb=0",
-                                                 "actor_rollout_ref.model.override_config.attn_implementation=eager"])
+    rc = load_recipe(
+        "qwen25vl_geo3k",
+        FILLED
+        + [
+            "+engine_kwargs.vllm.mm_processor_cache_gb=0",
+            "actor_rollout_ref.model.override_config.attn_implementation=eager",
+        ],
+    )
     assert dict(rc.cfg.engine_kwargs.vllm) == {"disable_mm_preprocessor_cache": True, "mm_processor_cache_gb": 0}
     engine = dict(rc.backend.actor_rollout_ref.rollout.engine_kwargs.vllm)
     assert engine == {"disable_mm_preprocessor_cache": True, "mm_processor_cache_gb": 0}
@@ -92,8 +118,9 @@ def test_derived_values_with_reasons():
 
 
 def test_long_sequence_derivations_follow_the_seed_rule():
-    rc = load_recipe("qwen25vl_geo3k", FILLED + ["data.max_response_length=16384",
-                                                 "actor_rollout_ref.actor.use_dynamic_bsz=true"])
+    rc = load_recipe(
+        "qwen25vl_geo3k", FILLED + ["data.max_response_length=16384", "actor_rollout_ref.actor.use_dynamic_bsz=true"]
+    )
     b = rc.backend.actor_rollout_ref
     assert b.rollout.max_num_batched_tokens == 1024 + 16384
     assert b.actor.ulysses_sequence_parallel_size == 8 and b.ref.ulysses_sequence_parallel_size == 8
@@ -106,26 +133,42 @@ def test_sequence_parallel_is_lowered_to_fit_devices_and_heads(tmp_path):
     model = tmp_path / "qwen"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"num_attention_heads": 28, "num_key_value_heads": 4}))
-    rc = load_recipe("qwen25vl_geo3k", FILLED + ["data.max_response_length=16384",
-                                                 f"actor_rollout_ref.model.path={model}"])
+    rc = load_recipe(
+        "qwen25vl_geo3k", FILLED + ["data.max_response_length=16384", f"actor_rollout_ref.model.path={model}"]
+    )
     assert rc.backend.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 4
-    rc = load_recipe("qwen25vl_geo3k", FILLED + ["data.max_response_length=12288", "trainer.n_gpus_per_node=4",
-                                                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
-    assert rc.backend.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 4   # 12288 // 2048 = 6 -> 4
+    rc = load_recipe(
+        "qwen25vl_geo3k",
+        FILLED
+        + [
+            "data.max_response_length=12288",
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        ],
+    )
+    assert rc.backend.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 4  # 12288 // 2048 = 6 -> 4
 
 
 def test_explicit_user_values_are_never_overwritten():
-    rc = load_recipe("qwen25vl_geo3k", FILLED + [
-        "data.max_response_length=16384", "actor_rollout_ref.rollout.max_num_batched_tokens=40000",
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "trainer.default_local_dir=/ckpt",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20000",
-        "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.rollout.max_model_len=30000",
-    ])
+    rc = load_recipe(
+        "qwen25vl_geo3k",
+        FILLED
+        + [
+            "data.max_response_length=16384",
+            "actor_rollout_ref.rollout.max_num_batched_tokens=40000",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "trainer.default_local_dir=/ckpt",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20000",
+            "actor_rollout_ref.actor.clip_ratio_high=0.28",
+            "actor_rollout_ref.rollout.max_model_len=30000",
+        ],
+    )
     b = rc.backend
     assert b.actor_rollout_ref.rollout.max_num_batched_tokens == 40000
     assert b.actor_rollout_ref.rollout.max_model_len == 30000
     assert b.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
-    assert b.actor_rollout_ref.ref.ulysses_sequence_parallel_size == 2      # follows the actor
+    assert b.actor_rollout_ref.ref.ulysses_sequence_parallel_size == 2  # follows the actor
     assert b.trainer.default_local_dir == "/ckpt"
     assert b.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 20000
     assert b.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 20000
@@ -136,13 +179,22 @@ def test_explicit_user_values_are_never_overwritten():
 
 def test_hf_rollout_tp_derived_when_unset(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "af_output_dir": "out", "backend_config": {
-            "data": {"train_files": "t.parquet", "val_files": "v.parquet", "train_batch_size": 4},
-            "actor_rollout_ref": {"model": {"path": "tiny://qwen2"},
-                                  "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 1},
-                                  "rollout": {"name": "hf", "n": 2, "log_prob_micro_batch_size_per_gpu": 4}},
-            "trainer": {"n_gpus_per_node": 1, "device": "cpu"}}}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "af_output_dir": "out",
+                "backend_config": {
+                    "data": {"train_files": "t.parquet", "val_files": "v.parquet", "train_batch_size": 4},
+                    "actor_rollout_ref": {
+                        "model": {"path": "tiny://qwen2"},
+                        "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 1},
+                        "rollout": {"name": "hf", "n": 2, "log_prob_micro_batch_size_per_gpu": 4},
+                    },
+                    "trainer": {"n_gpus_per_node": 1, "device": "cpu"},
+                },
+            }
+        )
+    )
     rc = load_recipe(recipe)
     assert rc.backend.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
     assert rc.world_size == 1 and rc.source == recipe
@@ -157,14 +209,17 @@ def test_to_yaml_round_trips_and_marks_derived_values(tmp_path):
     assert "# derived:" not in next(x for x in text.splitlines() if x.strip().startswith("train_batch_size:"))
     resolved = tmp_path / "exp-config.yaml"
     resolved.write_text(text)
-    again = load_recipe(resolved)          # the resolved file is itself a valid recipe
+    again = load_recipe(resolved)  # the resolved file is itself a valid recipe
     assert OmegaConf.to_container(again.cfg) == OmegaConf.to_container(rc.cfg)
 
 
 def test_interpolation_with_full_keys(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text((REPO / "recipes" / "qwen25vl_geo3k.yaml").read_text().replace(
-        "experiment_name: qwen25vl_7b_grpo", "experiment_name: run_${backend_config.data.train_batch_size}"))
+    recipe.write_text(
+        (REPO / "recipes" / "qwen25vl_geo3k.yaml")
+        .read_text()
+        .replace("experiment_name: qwen25vl_7b_grpo", "experiment_name: run_${backend_config.data.train_batch_size}")
+    )
     rc = load_recipe(recipe, FILLED)
     assert rc.backend.trainer.experiment_name == "run_32"
 
@@ -186,8 +241,9 @@ def test_bad_yaml_and_missing_file_are_user_errors(tmp_path):
 
 def test_unknown_key_in_recipe_file_is_named(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text((REPO / "recipes" / "qwen25vl_geo3k.yaml").read_text().replace(
-        "    shuffle: true\n", "    shufle: true\n", 1))
+    recipe.write_text(
+        (REPO / "recipes" / "qwen25vl_geo3k.yaml").read_text().replace("    shuffle: true\n", "    shufle: true\n", 1)
+    )
     with pytest.raises(ConfigErrors) as info:
         load_recipe(recipe, FILLED)
     (problem,) = info.value.problems
@@ -197,17 +253,25 @@ def test_unknown_key_in_recipe_file_is_named(tmp_path):
 
 def test_check_paths(tmp_path):
     train, val, model = tmp_path / "train.parquet", tmp_path / "test.parquet", tmp_path / "model"
-    rc = load_recipe("qwen25vl_geo3k", FILLED[:1] + [f"data.train_files={train}", f"data.val_files=[{val}]",
-                                                     f"actor_rollout_ref.model.path={model}"])
+    rc = load_recipe(
+        "qwen25vl_geo3k",
+        FILLED[:1] + [f"data.train_files={train}", f"data.val_files=[{val}]", f"actor_rollout_ref.model.path={model}"],
+    )
     keys = sorted(p.key for p in check_paths(rc))
-    assert keys == ["backend_config.actor_rollout_ref.model.path", "backend_config.data.train_files",
-                    "backend_config.data.val_files"]
+    assert keys == [
+        "backend_config.actor_rollout_ref.model.path",
+        "backend_config.data.train_files",
+        "backend_config.data.val_files",
+    ]
     train.write_bytes(b"PAR1")  # a parquet file's magic bytes: what --check-paths reads
     val.write_bytes(b"PAR1")
     model.mkdir()
     assert check_paths(rc) == []
-    tiny = load_recipe("qwen25vl_geo3k", FILLED[:1] + [f"data.train_files={train}", f"data.val_files={val}",
-                                                       "actor_rollout_ref.model.path=tiny://qwen25vl"])
+    tiny = load_recipe(
+        "qwen25vl_geo3k",
+        FILLED[:1]
+        + [f"data.train_files={train}", f"data.val_files={val}", "actor_rollout_ref.model.path=tiny://qwen25vl"],
+    )
     assert check_paths(tiny) == []
     with pytest.raises(ConfigErrors, match="model folder"):
         load_recipe("qwen25vl_geo3k", FILLED, check_paths=True)
@@ -223,8 +287,10 @@ def test_find_key_and_describe():
 def test_config_import_stays_light():
     import subprocess
 
-    code = ("import sys, verl_npu.cli, verl_npu.config; "
-            "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))")
+    code = (
+        "import sys, verl_npu.cli, verl_npu.config; "
+        "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -238,13 +304,17 @@ def test_reference_doc_is_in_sync():
 
 def test_check_paths_reads_the_critic_model_path_only_when_a_critic_is_trained(tmp_path):
     (tmp_path / "model").mkdir()
-    base = FILLED[:1] + [f"data.train_files={tmp_path / 'model'}", f"data.val_files={tmp_path / 'model'}",
-                         f"actor_rollout_ref.model.path={tmp_path / 'model'}", f"critic.model.path={tmp_path / 'nope'}"]
+    base = FILLED[:1] + [
+        f"data.train_files={tmp_path / 'model'}",
+        f"data.val_files={tmp_path / 'model'}",
+        f"actor_rollout_ref.model.path={tmp_path / 'model'}",
+        f"critic.model.path={tmp_path / 'nope'}",
+    ]
     base[1] = "data.train_files=" + str(tmp_path / "t.parquet")
     base[2] = "data.val_files=" + str(tmp_path / "t.parquet")
     (tmp_path / "t.parquet").write_bytes(b"PAR1")
     grpo = load_recipe("qwen25vl_geo3k", base)
-    assert check_paths(grpo) == []        # verl's default critic path is set in scripts that train no critic
+    assert check_paths(grpo) == []  # verl's default critic path is set in scripts that train no critic
     gae = load_recipe("qwen25vl_geo3k", base + ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=1"])
     (problem,) = check_paths(gae)
     assert problem.key == "backend_config.critic.model.path" and "does not exist" in problem.message

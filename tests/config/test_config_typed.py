@@ -44,7 +44,8 @@ def test_every_schema_key_is_a_typed_field_at_its_default():
     # one class per section, named after it; the classes list the schema's keys, nothing else
     assert SECTIONS["backend_config.actor_rollout_ref.actor.optim"].__name__ == "ActorRolloutRef_Actor_OptimSection"
     assert {p.rsplit(".", 1)[1] for p in SCHEMA if p.startswith("backend_config.data.") and p.count(".") == 2} <= set(
-        SECTIONS["backend_config.data"]._keys_)
+        SECTIONS["backend_config.data"]._keys_
+    )
 
 
 def test_a_loaded_recipe_reads_typed_and_equal_to_its_resolved_tree():
@@ -81,8 +82,9 @@ def test_changing_a_default_in_the_schema_changes_what_the_code_reads(monkeypatc
     rewards, mask = torch.tensor([[1.0, 0.0, 2.0]]), torch.ones(1, 3)
 
     def reinforce_returns(cfg):
-        return algorithms.compute_advantages("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask,
-                                             config=cfg.algorithm)[1]
+        return algorithms.compute_advantages(
+            "reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, config=cfg.algorithm
+        )[1]
 
     before = load_recipe("tiny_gsm8k").typed
     assert before.algorithm.gamma == 1.0 and before.algorithm.kl_ctrl.kl_coef == 0.001
@@ -127,9 +129,14 @@ def test_no_training_code_repeats_a_schema_default():
                 where = f"{file.relative_to(REPO)}:{getattr(node, 'lineno', 0)}"
                 if isinstance(node, ast.FunctionDef) and (node.name.endswith("cfg_get") or node.name == "cfg_value"):
                     found.append(f"{where}: def {node.name}")
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                        and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)
-                        and node.args[0].value in leaves):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "get"
+                    and len(node.args) == 2
+                    and isinstance(node.args[0], ast.Constant)
+                    and node.args[0].value in leaves
+                ):
                     found.append(f"{where}: .get({node.args[0].value!r}, ...)")
     assert found == []
 
@@ -139,10 +146,13 @@ def test_sections_pickle_and_unpickle_in_a_fresh_interpreter(tmp_path):
     data = pickle.dumps(cfg)
     assert pickle.loads(data) == cfg
     (tmp_path / "cfg.pkl").write_bytes(data)
-    code = ("import pickle, sys; cfg = pickle.load(open(sys.argv[1], 'rb')); "
-            "arr = cfg.actor_rollout_ref; print(type(cfg).__name__, arr.actor.optim.lr, arr.model.override_config)")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cfg.pkl")], capture_output=True, text=True,
-                         cwd=REPO, check=True)
+    code = (
+        "import pickle, sys; cfg = pickle.load(open(sys.argv[1], 'rb')); "
+        "arr = cfg.actor_rollout_ref; print(type(cfg).__name__, arr.actor.optim.lr, arr.model.override_config)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "cfg.pkl")], capture_output=True, text=True, cwd=REPO, check=True
+    )
     assert out.stdout.split() == ["BackendConfigSection", "0.001", "{}"]
 
 
@@ -155,7 +165,7 @@ def test_unknown_keys_fail_loudly_naming_the_key():
     with pytest.raises(KeyError, match="algorithm.gama"):
         cfg.algorithm["gama"]
     with pytest.raises(ConfigKeyError, match="algorithm.kl_ctrl.coef"):
-        cfg.algorithm.kl_ctrl.get("coef", 0.1)   # a default does not hide a misspelt key
+        cfg.algorithm.kl_ctrl.get("coef", 0.1)  # a default does not hide a misspelt key
     with pytest.raises(ConfigKeyError, match="algorithm.gama .*given to section"):
         section("algorithm", {"gama": 0.5})
     with pytest.raises(ConfigKeyError, match="nope is not a config section"):
@@ -182,8 +192,9 @@ def test_the_generated_sections_module_is_the_schemas():
     schema, and every section is its class: after a schema change, run `python -m verl_npu.config.sections_gen`."""
     from verl_npu.config import sections, sections_gen
 
-    assert sections_gen.TARGET.read_text(encoding="utf-8") == sections_gen.render(), \
+    assert sections_gen.TARGET.read_text(encoding="utf-8") == sections_gen.render(), (
         "verl_npu/config/sections.py is stale: run python -m verl_npu.config.sections_gen"
+    )
     for path, cls in SECTIONS.items():
         assert cls.__module__ == sections.__name__ and getattr(sections, cls.__name__) is cls, path
     assert type(section("backend_config", {})) is sections.BackendConfigSection

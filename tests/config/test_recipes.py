@@ -46,7 +46,7 @@ def test_recipe_validates_with_required_fields_supplied(path):
     assert set(fields) <= set(REQUIRED), f"placeholders only belong in required fields: {fields}"
     rc = load_recipe(path.stem, _filled(path))
     assert rc.source == path and rc.world_size >= 1
-    if fields:   # a recipe that ships placeholders is refused as is, naming each field
+    if fields:  # a recipe that ships placeholders is refused as is, naming each field
         with pytest.raises(ConfigErrors) as info:
             load_recipe(path)
         assert sorted(p.key for p in info.value.problems) == sorted(fields)
@@ -60,8 +60,10 @@ def test_recipe_is_fully_supported_by_the_trainer(path):
 
 
 def test_tensor_parallel_recipes_keep_their_sizes():
-    sizes = {name: load_recipe(name, _filled(find_recipe(name))).backend.actor_rollout_ref.rollout
-             .tensor_model_parallel_size for name in ("qwen25vl_geo3k", "qwen25_gsm8k")}
+    sizes = {
+        name: load_recipe(name, _filled(find_recipe(name))).backend.actor_rollout_ref.rollout.tensor_model_parallel_size
+        for name in ("qwen25vl_geo3k", "qwen25_gsm8k")
+    }
     assert sizes == {"qwen25vl_geo3k": 4, "qwen25_gsm8k": 2}
 
 
@@ -116,8 +118,10 @@ def test_longseq_derives_long_sequence_settings():
     seq = b.data.max_prompt_length + b.data.max_response_length
     derived = {d.key.removeprefix("backend_config.") for d in rc.derived}
     assert b.actor_rollout_ref.rollout.max_num_batched_tokens == seq
-    assert {"actor_rollout_ref.rollout.max_num_batched_tokens",
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size"} <= derived
+    assert {
+        "actor_rollout_ref.rollout.max_num_batched_tokens",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    } <= derived
     assert b.actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1
 
 

@@ -35,8 +35,14 @@ def test_demo_recipe_is_fully_supported():
 def test_tensor_parallel_rollout_runs_and_full_kl_in_reward_is_refused_by_name():
     rc = load_recipe("qwen25vl_geo3k_longseq", REQUIRED)  # the shipped recipe runs as shipped
     assert int(rc.backend.actor_rollout_ref.rollout.tensor_model_parallel_size) > 1
-    [problem] = refused("tiny_geo3k", ["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full",
-                                       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"])
+    [problem] = refused(
+        "tiny_geo3k",
+        [
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_penalty=full",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        ],
+    )
     assert problem.key.endswith("algorithm.kl_penalty") and "low_var_kl" in problem.fix
 
 
@@ -50,19 +56,28 @@ def test_total_steps_is_the_smaller_of_epochs_and_explicit_steps():
 
 
 def test_reference_sequence_parallel_must_match_the_actor():
-    [problem] = refused("tiny_geo3k", ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.use_remove_padding=true",
-                                       "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                                       "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
-                                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                                       "actor_rollout_ref.model.path=tiny://qwen2"])
+    [problem] = refused(
+        "tiny_geo3k",
+        [
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.model.path=tiny://qwen2",
+        ],
+    )
     assert problem.key.endswith("ref.ulysses_sequence_parallel_size") and "set both to 2" in problem.fix
 
 
 def test_ulysses_is_accepted_for_text_and_vision_language_models():
-    sp = ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.use_remove_padding=true",
-          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-          "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
-          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"]
+    sp = [
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    ]
     load_recipe("tiny_geo3k", sp)
     load_recipe("tiny_geo3k", sp + ["actor_rollout_ref.model.path=tiny://qwen2"])
 
@@ -93,10 +108,17 @@ def test_out_of_memory_in_a_worker_becomes_advice(monkeypatch, tmp_path):
             raise RuntimeError("worker rank 0 failed") from oom
 
     monkeypatch.setattr(LocalWorkerGroup, "update_actor", failing_update)
-    rc = load_recipe("tiny_geo3k", [f"af_output_dir={tmp_path / 'out'}", "trainer.total_training_steps=1",
-                                    "trainer.test_freq=-1", "trainer.logger=[console]",
-                                    f"data.train_files={tmp_path / 'd' / 'train.parquet'}",
-                                    f"data.val_files={tmp_path / 'd' / 'test.parquet'}"])
+    rc = load_recipe(
+        "tiny_geo3k",
+        [
+            f"af_output_dir={tmp_path / 'out'}",
+            "trainer.total_training_steps=1",
+            "trainer.test_freq=-1",
+            "trainer.logger=[console]",
+            f"data.train_files={tmp_path / 'd' / 'train.parquet'}",
+            f"data.val_files={tmp_path / 'd' / 'test.parquet'}",
+        ],
+    )
     from verl_npu.data.geometry3k import prepare_synthetic
 
     prepare_synthetic(tmp_path / "d", 16, 4, seed=0, image_size=56)

@@ -21,7 +21,7 @@ from verl_npu.config.compat import UNKNOWN, status
 from verl_npu.config.schema import DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES
 from verl_npu.config.schema_verl import ALIASES, OLDER_VERL, READ_WITH_PLUS, REFUSED_SUBTREES, VERL_ONLY
 
-HERE = Path(__file__).resolve().parents[1]   # tests/
+HERE = Path(__file__).resolve().parents[1]  # tests/
 BC = "backend_config."
 
 
@@ -105,15 +105,26 @@ def _validated_as_on_npus(monkeypatch):
 
 
 def test_verl_091_spellings_load_and_reach_the_keys_verl_npu_reads():
-    rc = load_recipe("tiny_gsm8k", [
-        "reward.reward_manager.name=dapo", "reward.custom_reward_function.name=my_score",
-        "critic.fsdp.param_offload=true", "critic.fsdp.ulysses_sequence_parallel_size=1",
-        "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_chunk_size=512",
-        "actor_rollout_ref.actor.optim.zero_indexed_step=false",
-        "trainer.use_v1=true", "trainer.v1.trainer_mode=sync", "distillation.enabled=false",
-        "skip.rollout.enable=false", "data.audio_key=audios", "reward.num_workers=4",
-        "global_profiler.relocate_results=true", "actor_rollout_ref.rollout.n_gpus_per_node=8",
-        "reward._target_=verl.workers.config.RewardConfig"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            "reward.reward_manager.name=dapo",
+            "reward.custom_reward_function.name=my_score",
+            "critic.fsdp.param_offload=true",
+            "critic.fsdp.ulysses_sequence_parallel_size=1",
+            "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_chunk_size=512",
+            "actor_rollout_ref.actor.optim.zero_indexed_step=false",
+            "trainer.use_v1=true",
+            "trainer.v1.trainer_mode=sync",
+            "distillation.enabled=false",
+            "skip.rollout.enable=false",
+            "data.audio_key=audios",
+            "reward.num_workers=4",
+            "global_profiler.relocate_results=true",
+            "actor_rollout_ref.rollout.n_gpus_per_node=8",
+            "reward._target_=verl.workers.config.RewardConfig",
+        ],
+    )
     b = rc.backend
     assert b.reward_model.reward_manager == "dapo" and b.custom_reward_function.name == "my_score"
     assert b.critic.model.fsdp_config.param_offload is True
@@ -122,20 +133,23 @@ def test_verl_091_spellings_load_and_reach_the_keys_verl_npu_reads():
     assert BC + "trainer.use_v1" in {d.key for d in rc.noop}
 
 
-@pytest.mark.parametrize("override,words", [
-    ("trainer.v1.trainer_mode=colocate_async", "trainer_mode=colocate_async"),
-    ("trainer.v1.separate_async.hybrid_rollout.enable_switch=true", "hybrid_rollout"),
-    ("distillation.teacher_models.teacher_model2.model_path=/m", "several teacher models"),  # one teacher is read
-    ("skip.rollout.enable=true", "dumped rollouts"),
-    ("actor_rollout_ref.actor.fsdp_config.qat.enable=true", "quantization-aware training"),
-    ("actor_rollout_ref.actor.pad_to_length=true", "fixed length buckets"),
-    ("actor_rollout_ref.rollout.nnodes=2", "standalone rollout pool"),
-    ("actor_rollout_ref.model.lora.rank=16", "Megatron LoRA"),
-    ("reward.reward_model.rollout.name=vllm", "generative reward models"),
-    ("data.mm_processor_kwargs={max_pixels: 100}", "multimodal processor"),
-    ("global_profiler.finish_hook_cmd=upload.sh", "shell command"),
-    ("trainer.checkpoint_callback_class=my.Callback", "callback"),
-])
+@pytest.mark.parametrize(
+    "override,words",
+    [
+        ("trainer.v1.trainer_mode=colocate_async", "trainer_mode=colocate_async"),
+        ("trainer.v1.separate_async.hybrid_rollout.enable_switch=true", "hybrid_rollout"),
+        ("distillation.teacher_models.teacher_model2.model_path=/m", "several teacher models"),  # one teacher is read
+        ("skip.rollout.enable=true", "dumped rollouts"),
+        ("actor_rollout_ref.actor.fsdp_config.qat.enable=true", "quantization-aware training"),
+        ("actor_rollout_ref.actor.pad_to_length=true", "fixed length buckets"),
+        ("actor_rollout_ref.rollout.nnodes=2", "standalone rollout pool"),
+        ("actor_rollout_ref.model.lora.rank=16", "Megatron LoRA"),
+        ("reward.reward_model.rollout.name=vllm", "generative reward models"),
+        ("data.mm_processor_kwargs={max_pixels: 100}", "multimodal processor"),
+        ("global_profiler.finish_hook_cmd=upload.sh", "shell command"),
+        ("trainer.checkpoint_callback_class=my.Callback", "callback"),
+    ],
+)
 def test_verl_091_features_are_refused_by_key_with_a_fix(override, words):
     from verl_npu.errors import ConfigErrors
 
@@ -160,19 +174,26 @@ def _side(code: str) -> str:
 def test_against_verl_091s_own_yaml():
     """verl 0.9.1's YAML read in the side venv: the checked-in lists are current, no leaf is unknown,
     every key called verl's is verl 0.9.1's, and every READ_WITH_PLUS key's name is read in verl's code."""
-    found = json.loads(_side("import runpy, sys; sys.argv = ['x', '--print']; "
-                             "runpy.run_path('tests/helpers/verl_keys_from_yaml.py', run_name='__main__')"))
+    found = json.loads(
+        _side(
+            "import runpy, sys; sys.argv = ['x', '--print']; "
+            "runpy.run_path('tests/helpers/verl_keys_from_yaml.py', run_name='__main__')"
+        )
+    )
     assert found["version"] == "0.9.1"
     assert found["ppo_trainer"] == _read("verl_ppo_trainer_keys.txt")
     assert found["engines"] == _read("verl_engine_trainer_keys.txt")
     assert unknown_keys(found["ppo_trainer"]) == []
     assert not_in_verl(found["ppo_trainer"] + found["engines"]) == []
     names = sorted({p.rsplit(".", 1)[-1] for p in READ_WITH_PLUS})
-    hits = json.loads(_side(
-        "import importlib.util, json, pathlib\n"
-        "root = pathlib.Path(list(importlib.util.find_spec('verl').submodule_search_locations)[0])\n"
-        "text = '\\n'.join(p.read_text(errors='ignore') for p in root.rglob('*.py'))\n"
-        f"print(json.dumps({{n: n in text for n in {names!r}}}))"))
+    hits = json.loads(
+        _side(
+            "import importlib.util, json, pathlib\n"
+            "root = pathlib.Path(list(importlib.util.find_spec('verl').submodule_search_locations)[0])\n"
+            "text = '\\n'.join(p.read_text(errors='ignore') for p in root.rglob('*.py'))\n"
+            f"print(json.dumps({{n: n in text for n in {names!r}}}))"
+        )
+    )
     assert all(hits.values()), hits
 
 
@@ -183,13 +204,25 @@ def test_token_budget_is_per_device_with_ulysses():
 
     assert micro_batching(True, 5632, None, sp=4) == {"max_token_len": 22528}
     assert micro_batching(False, 5632, 2, sp=4) == {"micro_batch_size": 2}
-    dyn = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "data.max_prompt_length=1024",
-           "data.max_response_length=3072", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.n=8",
-           "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "data.train_batch_size=8",
-           "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.model.use_remove_padding=true"]
-    budgets = [f"actor_rollout_ref.{k}=1024" for k in ("actor.ppo_max_token_len_per_gpu",
-                                                         "rollout.log_prob_max_token_len_per_gpu",
-                                                         "ref.log_prob_max_token_len_per_gpu")]
+    dyn = [
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "data.max_prompt_length=1024",
+        "data.max_response_length=3072",
+        "trainer.n_gpus_per_node=8",
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.model.use_remove_padding=true",
+    ]
+    budgets = [
+        f"actor_rollout_ref.{k}=1024"
+        for k in (
+            "actor.ppo_max_token_len_per_gpu",
+            "rollout.log_prob_max_token_len_per_gpu",
+            "ref.log_prob_max_token_len_per_gpu",
+        )
+    ]
     load_recipe("tiny_gsm8k", [*dyn, *budgets, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4"])
     from verl_npu.errors import ConfigErrors
 
@@ -203,21 +236,33 @@ def test_verl_091_reward_spellings_added_with_plus_are_read_not_ignored(tmp_path
     """verl 0.9.1's scripts write the dapo manager's settings and the reward function's arguments under
     `reward.` with `+` (verl's schema does not declare them): they reach the keys verl-npu reads."""
     reward = tmp_path / "r.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
-                      "    return bonus\n")
-    rc = load_recipe("tiny_gsm8k", [
-        "reward.reward_manager.name=dapo", f"reward.custom_reward_function.path={reward}",
-        "+reward.custom_reward_function.reward_kwargs.bonus=0.25",
-        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward.reward_kwargs.overlong_buffer_cfg.len=2",
-        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
-        "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
-        "+reward.reward_kwargs.max_resp_len=8"])
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n    return bonus\n"
+    )
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            "reward.reward_manager.name=dapo",
+            f"reward.custom_reward_function.path={reward}",
+            "+reward.custom_reward_function.reward_kwargs.bonus=0.25",
+            "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward.reward_kwargs.overlong_buffer_cfg.len=2",
+            "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+            "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
+            "+reward.reward_kwargs.max_resp_len=8",
+        ],
+    )
     assert rc.ignored == {}
     b = rc.backend
     assert dict(b.custom_reward_function.reward_kwargs) == {"bonus": 0.25}
     cfg = b.reward_model.reward_kwargs
     assert cfg.overlong_buffer_cfg.enable is True and cfg.overlong_buffer_cfg.len == 2 and cfg.max_resp_len == 8
-    rc = load_recipe("tiny_gsm8k", [f"reward.custom_reward_function.path={reward}",
-                                    "+reward.custom_reward_function.reward_kwargs.bonus=0.25",
-                                    "~reward.custom_reward_function.reward_kwargs.bonus"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            f"reward.custom_reward_function.path={reward}",
+            "+reward.custom_reward_function.reward_kwargs.bonus=0.25",
+            "~reward.custom_reward_function.reward_kwargs.bonus",
+        ],
+    )
     assert dict(rc.backend.custom_reward_function.reward_kwargs) == {}

@@ -25,21 +25,44 @@ def test_dataloader_threads_give_the_same_batches(tmp_path, tiny_vl_path):
     from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(tiny_vl_path)
-    rows = [{"data_source": "synthetic_geometry", "prompt": [{"role": "user", "content": f"<image>Sides {i}?"}],
-             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(i)},
-             "extra_info": {"index": i}, "images": [_png((56 + 28 * (i % 3), 56), (20 * i, 30, 30))]}
-            for i in range(12)]
+    rows = [
+        {
+            "data_source": "synthetic_geometry",
+            "prompt": [{"role": "user", "content": f"<image>Sides {i}?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(i)},
+            "extra_info": {"index": i},
+            "images": [_png((56 + 28 * (i % 3), 56), (20 * i, 30, 30))],
+        }
+        for i in range(12)
+    ]
     path = tmp_path / "d.parquet"
     write_rl_parquet(rows, path, with_images=True)
-    cfg = {"prompt_key": "prompt", "image_key": "images", "video_key": None, "reward_fn_key": "data_source",
-           "max_prompt_length": 256, "truncation": "error", "filter_overlong_prompts": False,
-           "filter_overlong_prompts_workers": 1, "return_raw_chat": False, "min_pixels": None, "max_pixels": None}
+    cfg = {
+        "prompt_key": "prompt",
+        "image_key": "images",
+        "video_key": None,
+        "reward_fn_key": "data_source",
+        "max_prompt_length": 256,
+        "truncation": "error",
+        "filter_overlong_prompts": False,
+        "filter_overlong_prompts_workers": 1,
+        "return_raw_chat": False,
+        "min_pixels": None,
+        "max_pixels": None,
+    }
     ds = RLDataset(str(path), processor.tokenizer, processor, cfg)
 
     def batches(workers):
         loader = StatefulBatchLoader(ds, 4, shuffle=True, seed=3, num_workers=workers)
-        return [(b["input_ids"].tolist(), list(b["ground_truth"]),
-                 [float(m["pixel_values"].sum()) for m in b["multi_modal_inputs"]]) for b in loader]
+        return [
+            (
+                b["input_ids"].tolist(),
+                list(b["ground_truth"]),
+                [float(m["pixel_values"].sum()) for m in b["multi_modal_inputs"]],
+            )
+            for b in loader
+        ]
 
     one_by_one, threaded = batches(0), batches(3)
     assert len(one_by_one) == 3 and threaded == one_by_one
@@ -62,17 +85,20 @@ def test_tensorboard_dir_is_where_events_go(tmp_path):
     assert list(tb.glob("events.out.tfevents.*")), "events must land in trainer.tensorboard_dir"
     assert not (tmp_path / "out" / "tensorboard").exists()
     rc = load_recipe("tiny_gsm8k", [f"af_output_dir={tmp_path / 'o'}"])
-    assert rc.backend.trainer.tensorboard_dir == f"{tmp_path / 'o'}/tensorboard"   # derived default
+    assert rc.backend.trainer.tensorboard_dir == f"{tmp_path / 'o'}/tensorboard"  # derived default
 
 
 def test_reward_kwargs_are_accepted_and_passed_to_the_reward_function(tmp_path):
     from verl_npu.rewards import load_reward_fn
 
     reward = tmp_path / "my_reward.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
-                      "    return float(solution_str.strip() == ground_truth) + bonus\n")
-    rc = load_recipe("tiny_gsm8k", [f"custom_reward_function.path={reward}",
-                                    "+custom_reward_function.reward_kwargs.bonus=0.25"])
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
+        "    return float(solution_str.strip() == ground_truth) + bonus\n"
+    )
+    rc = load_recipe(
+        "tiny_gsm8k", [f"custom_reward_function.path={reward}", "+custom_reward_function.reward_kwargs.bonus=0.25"]
+    )
     assert dict(rc.backend.custom_reward_function.reward_kwargs) == {"bonus": 0.25}
     fn = load_reward_fn(rc.backend.custom_reward_function)
     assert fn("x", "4", "4") == 1.25 and fn("x", "5", "4") == 0.25
@@ -114,14 +140,17 @@ def _prefetch_worker(rank: int, world: int, port: int, path: str, out: str) -> N
         for prefetch in (False, True):
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            sharded = shard_module(model, section("actor_rollout_ref.actor.fsdp_config", {"forward_prefetch": prefetch}),
-                                   world)
+            sharded = shard_module(
+                model, section("actor_rollout_ref.actor.fsdp_config", {"forward_prefetch": prefetch}), world
+            )
             layers = sharded.model.layers
-            results[prefetch] = (sharded(input_ids=ids).logits.detach(),
-                                 [len(layer._get_fsdp_state()._states_to_forward_prefetch) for layer in layers])
+            results[prefetch] = (
+                sharded(input_ids=ids).logits.detach(),
+                [len(layer._get_fsdp_state()._states_to_forward_prefetch) for layer in layers],
+            )
         assert torch.allclose(results[True][0], results[False][0])
         assert results[False][1] == [0] * len(layers)
-        assert results[True][1] == [1] * (len(layers) - 1) + [0]   # each block prefetches the next
+        assert results[True][1] == [1] * (len(layers) - 1) + [0]  # each block prefetches the next
         if rank == 0:
             open(out, "w").write("ok")
 

@@ -33,21 +33,31 @@ BASE = HERE / "verl_base.yaml"
 AGENT_LOOPS = Path(__file__).resolve().parents[1] / "toys" / "agent_loops.yaml"
 SCRIPTS = sorted(HERE.glob("*.txt"))
 #: a declared refusal -> words one of its error messages contains
-FEATURES = {"lora": ("LoRA",), "megatron": ("Megatron",), "sglang": ("sglang",),
-            "multi-turn": ("multi-turn",), "reward model": ("reward model",),
-            # algorithm.rollout_correction.* (refused until rollout correction lands, issue 23)
-            "rollout correction": ("rollout importance-sampling correction", "rollout_correction"),
-            "hybrid sharding": ("hybrid sharding",), "sync rollout": ("mode=sync",),
-            # the multi-turn examples (issue 25)
-            "over-sampling": ("over-sampling",),
-            "custom dataset": ("custom dataset classes",), "multimodal inputs": ("processor outputs of multimodal",),
-            "tool format": ("multi_turn.format",), "geo3k tool": ("Geo3kTool",)}
+FEATURES = {
+    "lora": ("LoRA",),
+    "megatron": ("Megatron",),
+    "sglang": ("sglang",),
+    "multi-turn": ("multi-turn",),
+    "reward model": ("reward model",),
+    # algorithm.rollout_correction.* (refused until rollout correction lands, issue 23)
+    "rollout correction": ("rollout importance-sampling correction", "rollout_correction"),
+    "hybrid sharding": ("hybrid sharding",),
+    "sync rollout": ("mode=sync",),
+    # the multi-turn examples (issue 25)
+    "over-sampling": ("over-sampling",),
+    "custom dataset": ("custom dataset classes",),
+    "multimodal inputs": ("processor outputs of multimodal",),
+    "tool format": ("multi_turn.format",),
+    "geo3k tool": ("Geo3kTool",),
+}
 #: declared problems that are verl-npu's checks of a setting, not a missing feature -> words of the message
-CHECKS = {"group size": ("needs at least 2 responses per prompt",),
-          # a profiler tool with nothing to profile (the torch_memory script names no profiled role)
-          "profiler setup": ("nothing would be profiled",),
-          # a shell variable the script never sets, passed as `key=` (Hydra: an empty string)
-          "empty value": ("got '' (str)",)}
+CHECKS = {
+    "group size": ("needs at least 2 responses per prompt",),
+    # a profiler tool with nothing to profile (the torch_memory script names no profiled role)
+    "profiler setup": ("nothing would be profiled",),
+    # a shell variable the script never sets, passed as `key=` (Hydra: an empty string)
+    "empty value": ("got '' (str)",),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +97,7 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
     root = tmp_path_factory.mktemp("verl_scripts")
     gsm8k.prepare_synthetic(root / "text", 32, 8, seed=0)
     gsm8k_multiturn.prepare_synthetic(root / "multiturn", 32, 8, seed=0)
-    search_r1.prepare_synthetic(root / "search", 32, 8, seed=0)   # and search/corpus.jsonl
+    search_r1.prepare_synthetic(root / "search", 32, 8, seed=0)  # and search/corpus.jsonl
     geometry3k.prepare_synthetic(root / "vl", 32, 8, seed=0, image_size=56)
     geometry3k.prepare_synthetic(root / "vl_multiturn", 32, 8, seed=0, image_size=56, multiturn="geo3k")
     models = {}
@@ -107,13 +117,17 @@ def local(tmp_path_factory, tiny_lm_path, tiny_vl_path):
     for split in ("train", "test"):
         table = pq.read_table(root / "multiturn" / f"{split}.parquet")
         table = table.drop_columns([c for c in ("agent_name",) if c in table.column_names])
-        pq.write_table(table.append_column("agent_name", pa.array(["two_turn_toy"] * len(table))),
-                       root / "agent_loop" / f"{split}.parquet")
+        pq.write_table(
+            table.append_column("agent_name", pa.array(["two_turn_toy"] * len(table))),
+            root / "agent_loop" / f"{split}.parquet",
+        )
     models["multiturn"], models["vl_multiturn"], models["agent_loop"] = models["text"], models["vl"], models["text"]
     models["search"] = models["text"]
     reward = root / "reward.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return float(ground_truth in solution_str)\n")
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(ground_truth in solution_str)\n"
+    )
     return {"root": root, "models": models, "reward": reward}
 
 
@@ -121,10 +135,15 @@ def localized(overrides: list[str], kind: str, local: dict, out: Path, tool_conf
     """The script's overrides with its data / model / reward / checkpoint paths pointing at local ones (and
     its tool config file at the corpus's copy, tool_config/<header's tool_config>)."""
     data = local["root"] / kind
-    paths = {"data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
-             "actor_rollout_ref.model.path": local["models"][kind], "critic.model.path": local["models"][kind],
-             "custom_reward_function.path": local["reward"], "trainer.default_local_dir": out / "checkpoints",
-             "actor_rollout_ref.rollout.agent.agent_loop_config_path": AGENT_LOOPS}
+    paths = {
+        "data.train_files": data / "train.parquet",
+        "data.val_files": data / "test.parquet",
+        "actor_rollout_ref.model.path": local["models"][kind],
+        "critic.model.path": local["models"][kind],
+        "custom_reward_function.path": local["reward"],
+        "trainer.default_local_dir": out / "checkpoints",
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": AGENT_LOOPS,
+    }
     if tool_config:
         paths["actor_rollout_ref.rollout.multi_turn.tool_config_path"] = HERE / "tool_config" / tool_config
     result = []
@@ -178,9 +197,25 @@ def assert_outcome(args: list[str], expect: str, capsys) -> None:
 def test_the_corpus_is_big_enough_and_covers_the_families():
     names = {p.stem for p in SCRIPTS}
     assert len(names) >= 15
-    for family in ("grpo", "ppo", "rloo", "remax", "reinforce_pp", "npu_ci", "_npu", "vl", "dapo", "gspo",
-                   "rollout_corr", "multiturn_gsm8k_tool", "multiturn_geo3k_tool", "multiturn_search_tool",
-                   "multiturn_retool", "prime", "agent_loop_custom"):
+    for family in (
+        "grpo",
+        "ppo",
+        "rloo",
+        "remax",
+        "reinforce_pp",
+        "npu_ci",
+        "_npu",
+        "vl",
+        "dapo",
+        "gspo",
+        "rollout_corr",
+        "multiturn_gsm8k_tool",
+        "multiturn_geo3k_tool",
+        "multiturn_search_tool",
+        "multiturn_retool",
+        "prime",
+        "agent_loop_custom",
+    ):
         assert any(family in n for n in names), family
 
 
@@ -188,13 +223,23 @@ def test_the_corpus_is_big_enough_and_covers_the_families():
 #: the overrides that size a script for 2 CPU workers and tiny models (batch sizes, lengths, device
 #: counts); `rollout.name=hf` because vLLM is not installed in this environment (CPU)
 SIZING = {
-    "data.train_batch_size": "4", "data.max_prompt_length": "256", "data.max_response_length": "4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size": "2", "actor_rollout_ref.rollout.n": "2",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "1", "actor_rollout_ref.rollout.name": "hf",
-    "trainer.n_gpus_per_node": "2", "trainer.nnodes": "1", "trainer.total_training_steps": "2",
+    "data.train_batch_size": "4",
+    "data.max_prompt_length": "256",
+    "data.max_response_length": "4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "2",
+    "actor_rollout_ref.rollout.n": "2",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "1",
+    "actor_rollout_ref.rollout.name": "hf",
+    "trainer.n_gpus_per_node": "2",
+    "trainer.nnodes": "1",
+    "trainer.total_training_steps": "2",
 }
-RUNS = {"grpo_qwen2_5_7b_npu": "tiny://qwen2", "grpo_qwen2_5_vl_3b_npu": "tiny://qwen25vl",
-        "npu_ci_qwen2_5_05b_grpo": "tiny://qwen2", "prime_rloo_qwen2_5_7b_math": "tiny://qwen2"}
+RUNS = {
+    "grpo_qwen2_5_7b_npu": "tiny://qwen2",
+    "grpo_qwen2_5_vl_3b_npu": "tiny://qwen25vl",
+    "npu_ci_qwen2_5_05b_grpo": "tiny://qwen2",
+    "prime_rloo_qwen2_5_7b_math": "tiny://qwen2",
+}
 #: what a run changes beyond SIZING: the prime manager's pool sized for 2 CPU cores (verl's figure is 64), on one
 #: worker (the manager scores in the controller; the 2-worker path is the other runs')
 RUN_EXTRA = {"prime_rloo_qwen2_5_7b_math": ["reward_model.prime.num_processes=2", "trainer.n_gpus_per_node=1"]}
@@ -213,24 +258,34 @@ def test_verl_script_trains_two_steps_on_cpu(name, local, tmp_path):
     args = localized(overrides, header["data"], local, tmp_path / "out")
     sizing = {**SIZING, **dict(item.split("=", 1) for item in RUN_EXTRA.get(name, []))}
     args = [a for a in args if a.split("=", 1)[0].lstrip("+") not in sizing]
-    args = [f"actor_rollout_ref.model.path={RUNS[name]}" if a.startswith("actor_rollout_ref.model.path=") else a
-            for a in args] + [f"{k}={v}" for k, v in sizing.items()]
-    out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
-                         capture_output=True, text=True, timeout=600)
+    args = [
+        f"actor_rollout_ref.model.path={RUNS[name]}" if a.startswith("actor_rollout_ref.model.path=") else a
+        for a in args
+    ] + [f"{k}={v}" for k, v in sizing.items()]
+    out = subprocess.run(
+        [sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args], capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if "actor/pg_loss" in r]
     assert steps == [1, 2]
     assert all(r["response_length/mean"] > 0 for r in rows if "actor/pg_loss" in r)
-    if name.startswith("prime"):   # scored by the prime manager's worker processes: its extras, none timed out
-        assert all(r["critic/score/prime_timeout/mean"] == 0 and "critic/score/acc/mean" in r
-                   for r in rows if "actor/pg_loss" in r)
+    if name.startswith("prime"):  # scored by the prime manager's worker processes: its extras, none timed out
+        assert all(
+            r["critic/score/prime_timeout/mean"] == 0 and "critic/score/acc/mean" in r
+            for r in rows
+            if "actor/pg_loss" in r
+        )
 
 
 #: verl's multi-turn scripts that train for 2 steps on CPU: their `# fixed:` overrides (rollout.name=hf for
 #: sglang, ...), SIZING, and a response budget that holds a tool call and its reply
-MULTI_TURN_RUNS = ("multiturn_gsm8k_tool_qwen2_5_3b", "multiturn_retool_qwen3_4b_dapo",
-                   "multiturn_geo3k_tool_qwen2_5_vl_3b", "multiturn_search_tool_qwen2_5_3b")
+MULTI_TURN_RUNS = (
+    "multiturn_gsm8k_tool_qwen2_5_3b",
+    "multiturn_retool_qwen3_4b_dapo",
+    "multiturn_geo3k_tool_qwen2_5_vl_3b",
+    "multiturn_search_tool_qwen2_5_3b",
+)
 
 
 @pytest.mark.slow
@@ -256,18 +311,27 @@ def test_verl_multiturn_script_trains_two_steps_on_cpu(name, local, tmp_path):
         copy.write_text(tool_config.read_text().replace("http://127.0.0.1:8000/", f"http://127.0.0.1:{server.port}/"))
         tool_config = copy
     args = localized(overrides, header["data"], local, tmp_path / "out", header["tool_config"])
-    args = [f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}"
-            if a.startswith("actor_rollout_ref.rollout.multi_turn.tool_config_path=") else a for a in args]
+    args = [
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}"
+        if a.startswith("actor_rollout_ref.rollout.multi_turn.tool_config_path=")
+        else a
+        for a in args
+    ]
     model = "tiny://qwen25vl" if header["data"].startswith("vl") else "tiny://qwen2"
     # the search prompt (Search-R1's instructions) is longer than SIZING's 256 tokens
-    sizing = {**SIZING, "data.max_response_length": "48", "actor_rollout_ref.model.path": model,
-              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
-              **({"data.max_prompt_length": "512"} if server else {})}
+    sizing = {
+        **SIZING,
+        "data.max_response_length": "48",
+        "actor_rollout_ref.model.path": model,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
+        **({"data.max_prompt_length": "512"} if server else {}),
+    }
     args = [a for a in [*args, *header["fixed"].split()] if a.split("=", 1)[0].lstrip("+") not in sizing]
     args += [f"{k}={v}" for k, v in sizing.items()]
     try:
-        out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
-                             capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args], capture_output=True, text=True, timeout=600
+        )
     finally:
         if server is not None:
             server.shutdown()
@@ -286,11 +350,17 @@ def test_verl_script_gets_a_memory_plan(script, local, tmp_path, capsys):
     a script verl-npu refuses gets the same named refusal, without a traceback. A script whose `# fixed:`
     overrides make it pass is planned with them."""
     overrides, header = read_script(script)
-    models = {i.split("=", 1)[0].lstrip("+"): i.split("=", 1)[1] for i in overrides
-              if i.split("=", 1)[0].lstrip("+") in ("actor_rollout_ref.model.path", "critic.model.path")}
+    models = {
+        i.split("=", 1)[0].lstrip("+"): i.split("=", 1)[1]
+        for i in overrides
+        if i.split("=", 1)[0].lstrip("+") in ("actor_rollout_ref.model.path", "critic.model.path")
+    }
     fixed = header.get("fixed expect") == "pass"
-    args = [a for a in localized(overrides, header["data"], local, tmp_path / "out", header.get("tool_config"))
-            if a.split("=", 1)[0].lstrip("+") not in models]
+    args = [
+        a
+        for a in localized(overrides, header["data"], local, tmp_path / "out", header.get("tool_config"))
+        if a.split("=", 1)[0].lstrip("+") not in models
+    ]
     args += [*(header["fixed"].split() if fixed else []), *(f"{key}={value}" for key, value in models.items())]
     code = main(["plan", str(BASE), *args])
     captured = capsys.readouterr()
@@ -299,8 +369,9 @@ def test_verl_script_gets_a_memory_plan(script, local, tmp_path, capsys):
         assert code == 0, captured.err
         assert "peak: " in captured.out and "known shapes of Qwen/" in captured.out, captured.out
     else:
-        assert code == 1 and ("does not support" in captured.err or "not implemented" in captured.err
-                              or "needs at least" in captured.err), captured.err
+        assert code == 1 and (
+            "does not support" in captured.err or "not implemented" in captured.err or "needs at least" in captured.err
+        ), captured.err
 
 
 @pytest.mark.slow
@@ -315,11 +386,16 @@ def test_verl_agent_loop_script_trains_two_steps_on_cpu(local, tmp_path):
     name = "agent_loop_custom_qwen2_5_3b"
     overrides, header = read_script(HERE / f"{name}.txt")
     args = localized(overrides, header["data"], local, tmp_path / "out", header["tool_config"])
-    sizing = {**SIZING, "data.max_response_length": "24", "actor_rollout_ref.model.path": "tiny://qwen2",
-              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2"}
+    sizing = {
+        **SIZING,
+        "data.max_response_length": "24",
+        "actor_rollout_ref.model.path": "tiny://qwen2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
+    }
     args = [a for a in args if a.split("=", 1)[0].lstrip("+") not in sizing] + [f"{k}={v}" for k, v in sizing.items()]
-    out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "verl_npu.cli", "run", str(BASE), *args], capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "actor/pg_loss" in r]

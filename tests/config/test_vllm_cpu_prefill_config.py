@@ -20,15 +20,24 @@ from verl_npu.errors import ConfigErrors
 RO = "actor_rollout_ref.rollout."
 FULL = "backend_config.actor_rollout_ref.rollout."
 # the tiny CPU recipe with the vllm rollout: prompt + response = 40, 2 prompts x n=8 per step
-VLLM = [RO + "name=vllm", RO + "tensor_model_parallel_size=1", "data.max_prompt_length=32",
-        "data.max_response_length=8", RO + "n=8", RO + "max_num_seqs=64", RO + "max_num_batched_tokens=64"]
+VLLM = [
+    RO + "name=vllm",
+    RO + "tensor_model_parallel_size=1",
+    "data.max_prompt_length=32",
+    "data.max_response_length=8",
+    RO + "n=8",
+    RO + "max_num_seqs=64",
+    RO + "max_num_batched_tokens=64",
+]
 
 
 @pytest.fixture
 def on(monkeypatch):
     """on(kind): validate as on a machine where `kind` is what trainer.device=null finds."""
+
     def pin(kind: str) -> None:
         monkeypatch.setattr(device_layer, "configured_device", lambda requested=None: device_layer.DeviceInfo(kind))
+
     return pin
 
 
@@ -72,8 +81,10 @@ def test_hf_rollout_on_cpu_is_left_alone(on):
     assert derived(rc, "enable_chunked_prefill") is None
 
 
-@pytest.mark.parametrize("length_key", [RO + "max_model_len", "engine_kwargs.vllm.max_model_len",
-                                        "+" + RO + "engine_kwargs.vllm.max_model_len"])
+@pytest.mark.parametrize(
+    "length_key",
+    [RO + "max_model_len", "engine_kwargs.vllm.max_model_len", "+" + RO + "engine_kwargs.vllm.max_model_len"],
+)
 def test_on_cpu_the_derived_budget_is_raised_to_max_model_len(on, length_key):
     on("cpu")
     rc = load_recipe("tiny_geo3k", [RO + "name=vllm", f"{length_key}=9000"])
@@ -82,19 +93,36 @@ def test_on_cpu_the_derived_budget_is_raised_to_max_model_len(on, length_key):
     assert len(budget) == 1 and "max_model_len = 9000" in budget[0].reason
     # on an accelerator the default budget (8192) stays: chunked prefill splits the long prompts
     on("npu")
-    assert load_recipe("tiny_geo3k", [RO + "name=vllm", f"{length_key}=9000"]
-                       ).backend.actor_rollout_ref.rollout.max_num_batched_tokens == 8192
+    assert (
+        load_recipe(
+            "tiny_geo3k", [RO + "name=vllm", f"{length_key}=9000"]
+        ).backend.actor_rollout_ref.rollout.max_num_batched_tokens
+        == 8192
+    )
 
 
-@pytest.mark.parametrize("overrides, key, fragment", [
-    ([RO + "enable_chunked_prefill=true"], FULL + "enable_chunked_prefill", "64 x 40 = 2560"),
-    (["+" + RO + "engine_kwargs.vllm.enable_chunked_prefill=true"], FULL + "engine_kwargs.vllm.enable_chunked_prefill",
-     "remove it (it is derived false on cpu"),
-    (["engine_kwargs.vllm.enable_chunked_prefill=true"], "engine_kwargs.vllm.enable_chunked_prefill",
-     "CPU Generator does not use offset"),
-    (["+" + RO + "engine_kwargs.vllm.long_prefill_token_threshold=16"],
-     FULL + "engine_kwargs.vllm.long_prefill_token_threshold", "even with chunked prefill off"),
-], ids=["rollout-key", "rollout-engine-kwargs", "top-engine-kwargs", "long-prefill-threshold"])
+@pytest.mark.parametrize(
+    "overrides, key, fragment",
+    [
+        ([RO + "enable_chunked_prefill=true"], FULL + "enable_chunked_prefill", "64 x 40 = 2560"),
+        (
+            ["+" + RO + "engine_kwargs.vllm.enable_chunked_prefill=true"],
+            FULL + "engine_kwargs.vllm.enable_chunked_prefill",
+            "remove it (it is derived false on cpu",
+        ),
+        (
+            ["engine_kwargs.vllm.enable_chunked_prefill=true"],
+            "engine_kwargs.vllm.enable_chunked_prefill",
+            "CPU Generator does not use offset",
+        ),
+        (
+            ["+" + RO + "engine_kwargs.vllm.long_prefill_token_threshold=16"],
+            FULL + "engine_kwargs.vllm.long_prefill_token_threshold",
+            "even with chunked prefill off",
+        ),
+    ],
+    ids=["rollout-key", "rollout-engine-kwargs", "top-engine-kwargs", "long-prefill-threshold"],
+)
 def test_on_cpu_what_would_chunk_a_prompt_is_refused_naming_the_key(on, capsys, overrides, key, fragment):
     on("cpu")
     with pytest.raises(ConfigErrors) as info:
@@ -111,8 +139,9 @@ def test_on_cpu_what_would_chunk_a_prompt_is_refused_naming_the_key(on, capsys, 
 def test_on_cpu_chunked_prefill_that_can_never_split_a_prompt_is_accepted(on):
     on("cpu")
     # 64 sequences x 40 tokens: every step's prefills fit the budget, nothing is ever chunked
-    assert load_recipe("tiny_geo3k", VLLM[:-1] + [RO + "max_num_batched_tokens=2560",
-                                                 RO + "enable_chunked_prefill=true"])
+    assert load_recipe(
+        "tiny_geo3k", VLLM[:-1] + [RO + "max_num_batched_tokens=2560", RO + "enable_chunked_prefill=true"]
+    )
     with pytest.raises(ConfigErrors):
         load_recipe("tiny_geo3k", VLLM[:-1] + [RO + "max_num_batched_tokens=2559", RO + "enable_chunked_prefill=true"])
 

@@ -44,8 +44,12 @@ def test_micro_batches_by_rows_and_by_token_budget():
 
 
 def test_trim_left_padding_keeps_response_columns():
-    b = Batch({"input_ids": torch.tensor([[0, 0, 5, 6, 7], [0, 4, 5, 6, 0]]),
-               "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 0]])})
+    b = Batch(
+        {
+            "input_ids": torch.tensor([[0, 0, 5, 6, 7], [0, 4, 5, 6, 0]]),
+            "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 0]]),
+        }
+    )
     t = trim_left_padding(b)
     assert t["input_ids"].tolist() == [[0, 5, 6, 7], [4, 5, 6, 0]]
     assert b["input_ids"].shape == (2, 5)  # original untouched

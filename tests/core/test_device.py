@@ -267,13 +267,7 @@ def test_npu_is_detected_first_and_answers(monkeypatch, fake_cuda):
 def test_npu_memory_and_housekeeping(monkeypatch):
     npu = install_fake_npu(monkeypatch, FakeNpu())
     dev = detect_device("npu")
-    assert dev.memory() == {
-        "allocated_gb": 3.0,
-        "reserved_gb": 5.0,
-        "peak_gb": 7.0,
-        "free_gb": 40.0,
-        "total_gb": 64.0,
-    }
+    assert dev.memory() == {"allocated_gb": 3.0, "reserved_gb": 5.0, "peak_gb": 7.0, "free_gb": 40.0, "total_gb": 64.0}
     dev.reset_peak_memory()
     assert dev.memory()["peak_gb"] == 3.0
     dev.empty_cache()
@@ -457,8 +451,13 @@ def test_config_and_cli_do_not_import_the_layer():
 #: the modules that detect the device: a run's driver (`run_training`, and `verl-npu run`, which prints it
 #: and hands it on; `run_sft`, the SFT run's), and the commands that are not a run (cluster, doctor); every
 #: worker is handed it
-DETECTORS = {"verl_npu/trainer/entry.py", "verl_npu/cli.py", "verl_npu/cluster.py", "verl_npu/doctor.py",
-             "verl_npu/sft/loop.py"}
+DETECTORS = {
+    "verl_npu/trainer/entry.py",
+    "verl_npu/cli.py",
+    "verl_npu/cluster.py",
+    "verl_npu/doctor.py",
+    "verl_npu/sft/loop.py",
+}
 
 
 def test_the_device_is_detected_by_the_driver_and_handed_to_the_workers():

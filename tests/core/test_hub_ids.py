@@ -33,11 +33,23 @@ def hub_cache(tmp_path, tiny_lm_path, monkeypatch):
     return cache
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("Qwen/Qwen2.5-VL-7B-Instruct", True), ("owner/name@main", True), ("a/b", True),
-    ("/abs/path", False), ("./rel/x", False), ("~/models/x", False), ("tiny://qwen2", False),
-    ("models/Qwen/x", False), ("../up", False), ("owner/a--b", False), ("name", False), (None, False),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("Qwen/Qwen2.5-VL-7B-Instruct", True),
+        ("owner/name@main", True),
+        ("a/b", True),
+        ("/abs/path", False),
+        ("./rel/x", False),
+        ("~/models/x", False),
+        ("tiny://qwen2", False),
+        ("models/Qwen/x", False),
+        ("../up", False),
+        ("owner/a--b", False),
+        ("name", False),
+        (None, False),
+    ],
+)
 def test_looks_like_hub_id(value, expected):
     assert looks_like_hub_id(value) is expected
 
@@ -70,9 +82,15 @@ def test_missing_hub_id_is_a_plain_error(hub_cache):
 def _check_paths_args(tmp_path, model):
     for name in ("train.parquet", "test.parquet"):
         (tmp_path / name).write_bytes(b"PAR1")  # the magic bytes --check-paths reads
-    return ["validate", "qwen25_gsm8k", f"af_output_dir={tmp_path / 'out'}",
-            f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files={tmp_path / 'test.parquet'}",
-            f"actor_rollout_ref.model.path={model}", "--check-paths"]
+    return [
+        "validate",
+        "qwen25_gsm8k",
+        f"af_output_dir={tmp_path / 'out'}",
+        f"data.train_files={tmp_path / 'train.parquet'}",
+        f"data.val_files={tmp_path / 'test.parquet'}",
+        f"actor_rollout_ref.model.path={model}",
+        "--check-paths",
+    ]
 
 
 def test_validate_check_paths_resolves_a_cached_hub_id(hub_cache, tmp_path):
@@ -127,8 +145,11 @@ def test_check_paths_does_not_look_up_a_key_already_refused(hub_cache, tmp_path,
     rc = load_recipe(args[0], args[1:])
     key = "backend_config.actor_rollout_ref.model.path"
     looked_up = []
-    monkeypatch.setattr(verl_npu.hub, "hub_folder", lambda *a, **k: looked_up.append(a) or (_ for _ in ()).throw(
-        AssertionError("looked up again")))
+    monkeypatch.setattr(
+        verl_npu.hub,
+        "hub_folder",
+        lambda *a, **k: looked_up.append(a) or (_ for _ in ()).throw(AssertionError("looked up again")),
+    )
     assert all(p.key != key for p in check_paths(rc, skip={key})) and looked_up == []
     with pytest.raises(AssertionError, match="looked up again"):
         check_paths(rc)

@@ -35,12 +35,14 @@ def png(size=(40, 30), colour=(10, 200, 30)) -> bytes:
 def write_hf_split(path: Path, rows: list[dict]) -> None:
     """Rows in the Hugging Face geometry3k parquet layout (images as {bytes, path} structs, extra columns)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table({
-        "images": pa.array([[{"bytes": b, "path": None} for b in r["images"]] for r in rows], type=HF_IMAGES),
-        "problem": [r["problem"] for r in rows],
-        "answer": [r["answer"] for r in rows],
-        "id": [str(i) for i in range(len(rows))],
-    })
+    table = pa.table(
+        {
+            "images": pa.array([[{"bytes": b, "path": None} for b in r["images"]] for r in rows], type=HF_IMAGES),
+            "problem": [r["problem"] for r in rows],
+            "answer": [r["answer"] for r in rows],
+            "id": [str(i) for i in range(len(rows))],
+        }
+    )
     pq.write_table(table, path)
 
 
@@ -53,10 +55,14 @@ def hf_fixture(root: Path, bad_train_row: dict | None = None) -> Path:
     if bad_train_row is not None:
         train.insert(1, bad_train_row)
     write_hf_split(root / "data" / "train-00000-of-00001.parquet", train)
-    write_hf_split(root / "data" / "test-00000-of-00001.parquet",
-                   [{"images": [png((30, 30))], "problem": "<image>What is z?", "answer": "7"}])
-    write_hf_split(root / "data" / "validation-00000-of-00001.parquet",
-                   [{"images": [png()], "problem": "<image>unused", "answer": "1"}])
+    write_hf_split(
+        root / "data" / "test-00000-of-00001.parquet",
+        [{"images": [png((30, 30))], "problem": "<image>What is z?", "answer": "7"}],
+    )
+    write_hf_split(
+        root / "data" / "validation-00000-of-00001.parquet",
+        [{"images": [png()], "problem": "<image>unused", "answer": "1"}],
+    )
     return root
 
 
@@ -103,8 +109,13 @@ def test_local_hf_fixture_converts_to_rl_schema(tmp_path, capsys):
 def test_save_to_disk_arrow_folder_is_read(tmp_path):
     root = tmp_path / "saved"
     for split, n in (("train", 2), ("test", 1)):
-        table = pa.table({"images": pa.array([[{"bytes": png(), "path": None}]] * n, type=HF_IMAGES),
-                          "problem": ["<image>q"] * n, "answer": ["5"] * n})
+        table = pa.table(
+            {
+                "images": pa.array([[{"bytes": png(), "path": None}]] * n, type=HF_IMAGES),
+                "problem": ["<image>q"] * n,
+                "answer": ["5"] * n,
+            }
+        )
         (root / split).mkdir(parents=True)
         with pa.OSFile(str(root / split / "data-00000-of-00001.arrow"), "wb") as sink:
             with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -117,8 +128,10 @@ def test_save_to_disk_arrow_folder_is_read(tmp_path):
 @pytest.mark.parametrize(
     "bad_row, expected",
     [
-        ({"images": [png()], "problem": "<image> and <image>?", "answer": "1"},
-         "2 <image> placeholder(s) but the row has 1"),
+        (
+            {"images": [png()], "problem": "<image> and <image>?", "answer": "1"},
+            "2 <image> placeholder(s) but the row has 1",
+        ),
         ({"images": [b"not an image"], "problem": "<image>q", "answer": "1"}, "image 0: image bytes do not decode"),
         ({"images": [png()], "problem": "<image>q", "answer": ""}, "'answer' is empty"),
     ],
@@ -166,11 +179,16 @@ def test_hub_unreachable_or_datasets_missing_points_to_offline_options(monkeypat
         server.bind(("127.0.0.1", 0))
         server.listen()
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
-        with pytest.raises(UserError, match=r"ConnectionError: hub unreachable.*--local-dataset-path DIR.*--synthetic N"):
+        with pytest.raises(
+            UserError, match=r"ConnectionError: hub unreachable.*--local-dataset-path DIR.*--synthetic N"
+        ):
             geometry3k.prepare("/tmp/unused", None, progress=False)
     # a hub that does not answer: named as such (datasets read only its empty cache)
-    with pytest.raises(UserError, match=r"the hub cannot be reached \(no connection to 127.0.0.1:\d+ .*\) and the "
-                                        r"datasets cache has no copy.*--local-dataset-path DIR.*--synthetic N"):
+    with pytest.raises(
+        UserError,
+        match=r"the hub cannot be reached \(no connection to 127.0.0.1:\d+ .*\) and the "
+        r"datasets cache has no copy.*--local-dataset-path DIR.*--synthetic N",
+    ):
         geometry3k.prepare("/tmp/unused", None, progress=False)
 
 
@@ -241,12 +259,27 @@ def test_gsm8k_local_fixture(tmp_path, capsys):
 
 
 def test_data_prep_script_runs_and_reports_errors_without_traceback(tmp_path):
-    ok = subprocess.run([sys.executable, str(REPO / "data_prep" / "geometry3k.py"), "--synthetic", "4",
-                         "--local-save-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "data_prep" / "geometry3k.py"),
+            "--synthetic",
+            "4",
+            "--local-save-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     assert (tmp_path / "train.parquet").exists() and "test: 1 rows" in ok.stdout
-    bad = subprocess.run([sys.executable, str(REPO / "data_prep" / "gsm8k.py"), "--local-dataset-path",
-                          str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, str(REPO / "data_prep" / "gsm8k.py"), "--local-dataset-path", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 1
     assert "error: --local-dataset-path" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -272,10 +305,14 @@ def test_verl_underscore_spellings_are_accepted(tmp_path, capsys, save_flag):
 def test_dry_run_reads_and_writes_nothing(tmp_path, capsys, monkeypatch, module):
     monkeypatch.setitem(sys.modules, "datasets", None)  # a hub download would fail loudly
     out_dir = tmp_path / "out"
-    for argv, says in ((["--local-save-dir", str(out_dir)], "from the Hugging Face hub"),
-                       (["--local_dataset_path", str(tmp_path / "missing"), "--local_dir", str(out_dir)],
-                        f"convert the local copy {tmp_path / 'missing'}"),
-                       (["--synthetic", "8", "--local-save-dir", str(out_dir)], "generate 8 train / 2 test synthetic")):
+    for argv, says in (
+        (["--local-save-dir", str(out_dir)], "from the Hugging Face hub"),
+        (
+            ["--local_dataset_path", str(tmp_path / "missing"), "--local_dir", str(out_dir)],
+            f"convert the local copy {tmp_path / 'missing'}",
+        ),
+        (["--synthetic", "8", "--local-save-dir", str(out_dir)], "generate 8 train / 2 test synthetic"),
+    ):
         module.main([*argv, "--dry-run"])
         out = capsys.readouterr().out
         assert out.startswith("dry run: would ") and says in out, out
@@ -288,8 +325,12 @@ def test_dry_run_reads_and_writes_nothing(tmp_path, capsys, monkeypatch, module)
 
 def test_geo3k_py_is_verls_name_for_geometry3k_py(tmp_path, capsys, monkeypatch):
     """`python data_prep/geo3k.py --local_save_dir DIR` (verl's file and flag names) works as typed."""
-    ok = subprocess.run([sys.executable, str(REPO / "data_prep" / "geo3k.py"), "--synthetic", "4", "--local_save_dir",
-                         str(tmp_path)], capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, str(REPO / "data_prep" / "geo3k.py"), "--synthetic", "4", "--local_save_dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stderr
     check_rl_file(str(tmp_path / "train.parquet"), "synthetic_geometry", "train")
     helps = []
@@ -307,8 +348,9 @@ def test_data_prep_with_a_python_lacking_the_project_names_the_python_to_use():
     """`python data_prep/x.py` with the system Python (no verl_npu): one line naming the missing package
     and the project's Python, no traceback. `-S` leaves out site-packages, where the project is installed."""
     for name in ("geometry3k.py", "gsm8k.py", "geo3k.py", "search_r1.py"):
-        res = subprocess.run([sys.executable, "-S", str(REPO / "data_prep" / name), "--help"],
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-S", str(REPO / "data_prep" / name), "--help"], capture_output=True, text=True, timeout=60
+        )
         assert res.returncode == 1, res
         assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
         assert f"data_prep/{name}: this Python ({sys.executable}) cannot import 'verl_npu'" in res.stderr

@@ -35,10 +35,14 @@ def text_tokenizer():
 @pytest.fixture
 def image_file(tmp_path):
     path = tmp_path / "img.parquet"
-    write_rl_parquet([
-        rl_row("<image>How many sides?", [png((56, 56))], "4"),
-        rl_row("Look: <image> then <image>. Which is bigger?", [png((112, 56)), png((56, 84), (0, 0, 255))], "1"),
-    ], path, with_images=True)
+    write_rl_parquet(
+        [
+            rl_row("<image>How many sides?", [png((56, 56))], "4"),
+            rl_row("Look: <image> then <image>. Which is bigger?", [png((112, 56)), png((56, 84), (0, 0, 255))], "1"),
+        ],
+        path,
+        with_images=True,
+    )
     return str(path)
 
 
@@ -54,7 +58,7 @@ def test_image_row_inputs(processor, image_file):
     n = len(item["raw_prompt_ids"])
     assert int(item["attention_mask"].sum()) == n and item["attention_mask"][-n:].all()
     assert (item["input_ids"][: L - n] == processor.tokenizer.pad_token_id).all()  # left padding
-    assert item["input_ids"][L - n:].tolist() == item["raw_prompt_ids"]
+    assert item["input_ids"][L - n :].tolist() == item["raw_prompt_ids"]
     # 56x56 -> (56/28)^2 = 4 image tokens; the processor agrees through image_grid_thw.
     grid = item["multi_modal_inputs"]["image_grid_thw"]
     assert grid.tolist() == [[1, 4, 4]]
@@ -65,8 +69,9 @@ def test_image_row_inputs(processor, image_file):
     assert ds.prompt_length(0) == n
     assert (item["data_source"], item["ground_truth"], item["index"]) == ("synthetic_geometry", "4", 0)
     assert item["extra_info"]["answer"] == "4"
-    assert item["raw_prompt"] == [{"role": "user", "content": [{"type": "image"},
-                                                               {"type": "text", "text": "How many sides?"}]}]
+    assert item["raw_prompt"] == [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many sides?"}]}
+    ]
 
 
 def test_placeholders_become_image_parts_in_order(processor, image_file):
@@ -85,7 +90,9 @@ def test_placeholders_become_image_parts_in_order(processor, image_file):
 def test_min_max_pixels_resize_and_change_token_counts(processor, tmp_path):
     path = tmp_path / "big.parquet"
     write_rl_parquet([rl_row("<image>q", [png((280, 140))])], path, with_images=True)
-    small = RLDataset(str(path), processor.tokenizer, processor, data_cfg(max_pixels=56 * 56 * 2, max_prompt_length=256))
+    small = RLDataset(
+        str(path), processor.tokenizer, processor, data_cfg(max_pixels=56 * 56 * 2, max_prompt_length=256)
+    )
     big = RLDataset(str(path), processor.tokenizer, processor, data_cfg(max_pixels=280 * 140, max_prompt_length=256))
     s_item, b_item = small[0], big[0]
     s_img, b_img = s_item["multi_modal_data"]["image"][0], b_item["multi_modal_data"]["image"][0]
@@ -95,17 +102,25 @@ def test_min_max_pixels_resize_and_change_token_counts(processor, tmp_path):
     assert b_item["raw_prompt_ids"].count(tok) == 10 * 5
     assert s_item["raw_prompt_ids"].count(tok) == (s_img.width // 28) * (s_img.height // 28)
     # min_pixels upsizes a small image.
-    up = RLDataset(str(path), processor.tokenizer, processor, data_cfg(min_pixels=560 * 280, max_pixels=560 * 280,
-                                                                   max_prompt_length=512))
+    up = RLDataset(
+        str(path),
+        processor.tokenizer,
+        processor,
+        data_cfg(min_pixels=560 * 280, max_pixels=560 * 280, max_prompt_length=512),
+    )
     assert up[0]["multi_modal_data"]["image"][0].size == (560, 280)
 
 
 def test_placeholder_mismatch_names_the_row(processor, tmp_path):
     path = tmp_path / "bad.parquet"
-    write_rl_parquet([rl_row("<image>ok", [png((56, 56))]), rl_row("<image><image>two?", [png((56, 56))])],
-                     path, with_images=True)
-    with pytest.raises(UserError, match=r"bad.parquet row 1: the prompt has 2 <image> placeholder\(s\) but the row "
-                                        r"has 1 image"):
+    write_rl_parquet(
+        [rl_row("<image>ok", [png((56, 56))]), rl_row("<image><image>two?", [png((56, 56))])], path, with_images=True
+    )
+    with pytest.raises(
+        UserError,
+        match=r"bad.parquet row 1: the prompt has 2 <image> placeholder\(s\) but the row "
+        r"has 1 image",
+    ):
         RLDataset(str(path), processor.tokenizer, processor, data_cfg())  # found before training, not at ds[1]
 
 
@@ -140,9 +155,12 @@ def test_truncation_error_names_every_long_row_when_the_dataset_is_built(text_to
     long = " ".join(["long"] * 80)
     path = text_file(tmp_path, ["short", long, "short too", long])
     n = RLDataset(path, text_tokenizer, None, data_cfg(max_prompt_length=1024)).prompt_length(1)
-    with pytest.raises(UserError, match=rf"2 of 4 rows have prompts longer than data.max_prompt_length=30 "
-                                        rf"\(checked before training\):\n  - data file .*text.parquet row 1: {n} "
-                                        rf"tokens\n  - data file .*row 3: {n} tokens\nFix: .*filter_overlong_prompts"):
+    with pytest.raises(
+        UserError,
+        match=rf"2 of 4 rows have prompts longer than data.max_prompt_length=30 "
+        rf"\(checked before training\):\n  - data file .*text.parquet row 1: {n} "
+        rf"tokens\n  - data file .*row 3: {n} tokens\nFix: .*filter_overlong_prompts",
+    ):
         RLDataset(path, text_tokenizer, None, data_cfg(max_prompt_length=30))
     ds = RLDataset(path, text_tokenizer, None, data_cfg(max_prompt_length=30, truncation="left"))  # cut, not refused
     assert len(ds[1]["raw_prompt_ids"]) == 30
@@ -154,9 +172,12 @@ def test_a_row_without_ground_truth_is_named_when_the_dataset_is_built(text_toke
     rows[4]["reward_model"] = None
     path = tmp_path / "gt.parquet"
     write_rl_parquet(rows, path, with_images=False)
-    with pytest.raises(UserError, match=r"2 of 5 rows have no reward_model.ground_truth .*\n  - data file "
-                                        r".*gt.parquet row 2: .*\n  - data file .*gt.parquet row 4: 'reward_model' "
-                                        r"is None\nFix: give every row a ground truth"):
+    with pytest.raises(
+        UserError,
+        match=r"2 of 5 rows have no reward_model.ground_truth .*\n  - data file "
+        r".*gt.parquet row 2: .*\n  - data file .*gt.parquet row 4: 'reward_model' "
+        r"is None\nFix: give every row a ground truth",
+    ):
         RLDataset(str(path), text_tokenizer, None, data_cfg())
 
 
@@ -169,25 +190,37 @@ def test_truncation_never_cuts_image_tokens(processor, tmp_path):
     kept = RLDataset(str(path), *common, data_cfg(max_prompt_length=40, truncation="right"))[0]
     assert kept["raw_prompt_ids"].count(image_token_id(processor)) == 16 and len(kept["raw_prompt_ids"]) == 40
     # 'left' keeps the end and would drop the image's tokens: refused, with the fix.
-    with pytest.raises(UserError, match=rf"row 0: the prompt is {n} tokens \(16 of them image tokens\).*would cut "
-                                        rf"image tokens.*at least {n}, or lower data.max_pixels"):
+    with pytest.raises(
+        UserError,
+        match=rf"row 0: the prompt is {n} tokens \(16 of them image tokens\).*would cut "
+        rf"image tokens.*at least {n}, or lower data.max_pixels",
+    ):
         RLDataset(str(path), *common, data_cfg(max_prompt_length=40, truncation="left"))[0]
     # images alone longer than the limit: no truncation can help, found when the dataset is built
-    with pytest.raises(UserError, match=r"img_long.parquet row 0 column 'images': the images alone take 16 prompt "
-                                        r"tokens, more than data.max_prompt_length=10"):
+    with pytest.raises(
+        UserError,
+        match=r"img_long.parquet row 0 column 'images': the images alone take 16 prompt "
+        r"tokens, more than data.max_prompt_length=10",
+    ):
         RLDataset(str(path), *common, data_cfg(max_prompt_length=10, truncation="right"))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_filter_overlong_prompts_counts_image_tokens(processor, tmp_path, workers):
     path = tmp_path / "mixed.parquet"
-    rows = [rl_row("<image>a", [png((56, 56))], "0"),          # ~4 image tokens
-            rl_row("<image>b", [png((336, 336))], "1"),        # 144 image tokens
-            rl_row("<image>c", [png((84, 56))], "2"),
-            rl_row("<image>" + " x" * 200, [png((56, 56))], "3")]  # long text
+    rows = [
+        rl_row("<image>a", [png((56, 56))], "0"),  # ~4 image tokens
+        rl_row("<image>b", [png((336, 336))], "1"),  # 144 image tokens
+        rl_row("<image>c", [png((84, 56))], "2"),
+        rl_row("<image>" + " x" * 200, [png((56, 56))], "3"),
+    ]  # long text
     write_rl_parquet(rows, path, with_images=True)
-    c = data_cfg(max_prompt_length=64, filter_overlong_prompts=True, filter_overlong_prompts_workers=workers,
-            max_pixels=336 * 336)
+    c = data_cfg(
+        max_prompt_length=64,
+        filter_overlong_prompts=True,
+        filter_overlong_prompts_workers=workers,
+        max_pixels=336 * 336,
+    )
     ds = RLDataset(str(path), processor.tokenizer, processor, c)
     assert len(ds) == 2 and ds.num_filtered == 2 and ds.num_source_rows == 4
     assert [ds[i]["ground_truth"] for i in range(2)] == ["0", "2"]
@@ -242,8 +275,10 @@ def test_multiple_files_and_input_errors(processor, text_tokenizer, tmp_path, im
 
 # ---------------------------------------------------------------- loader
 def rows_dataset(n: int) -> list[dict]:
-    return [{"input_ids": torch.full((3,), i), "attention_mask": torch.ones(3, dtype=torch.long), "index": i}
-            for i in range(n)]
+    return [
+        {"input_ids": torch.full((3,), i), "attention_mask": torch.ones(3, dtype=torch.long), "index": i}
+        for i in range(n)
+    ]
 
 
 def test_collate_stacks_ids_and_lists_the_rest():

@@ -28,11 +28,20 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_roll_rows_keep_their_messages_tag_and_ground_truth(tmp_path):
-    src = _jsonl(tmp_path / "math.jsonl", [
-        {"id": "a", "tag": "deepmath_103k", "ground_truth": "4",
-         "messages": json.dumps([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}])},
-        {"id": "b", "tag": "aime", "ground_truth": "7", "messages": [{"role": "user", "content": "3+4?"}]},
-    ])
+    src = _jsonl(
+        tmp_path / "math.jsonl",
+        [
+            {
+                "id": "a",
+                "tag": "deepmath_103k",
+                "ground_truth": "4",
+                "messages": json.dumps(
+                    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+                ),
+            },
+            {"id": "b", "tag": "aime", "ground_truth": "7", "messages": [{"role": "user", "content": "3+4?"}]},
+        ],
+    )
     out = tmp_path / "math.parquet"
     with pytest.raises(SystemExit) as done:
         foreign_json.main(["roll", "--input", str(src), "--messages-key", "messages", "--output", str(out)])
@@ -47,9 +56,19 @@ def test_roll_rows_keep_their_messages_tag_and_ground_truth(tmp_path):
 def test_a_row_without_the_named_column_is_an_error_naming_file_and_row(tmp_path):
     src = _jsonl(tmp_path / "d.jsonl", [{"prompt": "q", "ground_truth": "1"}, {"prompt": "q2"}])
     with pytest.raises(UserError, match=r"d.jsonl row 1: no 'ground_truth' column"):
-        foreign_json.convert([src], tmp_path / "o.parquet", split="train", prompt_key="prompt", messages_key=None,
-                             answer_key="ground_truth", data_source="d", tag_key="tag", system_prompt=None,
-                             ability="math", answer_mark=None)
+        foreign_json.convert(
+            [src],
+            tmp_path / "o.parquet",
+            split="train",
+            prompt_key="prompt",
+            messages_key=None,
+            answer_key="ground_truth",
+            data_source="d",
+            tag_key="tag",
+            system_prompt=None,
+            ability="math",
+            answer_mark=None,
+        )
 
 
 def test_the_printed_command_writes_what_the_recipe_names_and_the_paths_check(tmp_path, tiny_lm_path):
@@ -79,9 +98,14 @@ explorer:
     first, second = (shlex.split(c) for c in commands)
     assert first[:2] == second[:2] == ["python", "data_prep/foreign_json.py"]
     # the first as a user runs it (the script), the second in this process (the same main)
-    done = subprocess.run([sys.executable, *first[1:], "--final-answer-after", "####"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, *first[1:], "--final-answer-after", "####"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     with pytest.raises(SystemExit) as finished:
         foreign_json.main([*second[2:], "--final-answer-after", "####"])
@@ -106,12 +130,16 @@ def test_sft_conversations_become_rows_the_sft_dataset_reads(tmp_path, tiny_lm_p
     src = _jsonl(tmp_path / "sft" / "train.jsonl", [{"conv": chat}, {"conv": json.dumps(chat), "tools": []}])
     out = tmp_path / "sft.parquet"
     with pytest.raises(SystemExit) as done:
-        foreign_json.main(["trinity", "--sft", "--input", str(src.parent), "--messages-key", "conv", "--output", str(out)])
+        foreign_json.main(
+            ["trinity", "--sft", "--input", str(src.parent), "--messages-key", "conv", "--output", str(out)]
+        )
     assert done.value.code == 0
     rows = pq.read_table(out).to_pylist()
     assert [r["messages"] for r in rows] == [chat, chat] and rows[1]["tools"] == "[]"
     tokenizer, _ = load_tokenizer_and_processor(str(tiny_lm_path))
-    data = SFTDataset([str(out)], tokenizer, Node("backend_config.data", {**defaults_tree()["data"], "max_length": 128}))
+    data = SFTDataset(
+        [str(out)], tokenizer, Node("backend_config.data", {**defaults_tree()["data"], "max_length": 128})
+    )
     assert len(data) == 2 and all(sum(row.loss_mask) > 0 for row in data.rows)
     with pytest.raises(UserError, match=r"train.jsonl row 0: no 'messages' column"):
         foreign_json.convert_sft([src], tmp_path / "o.parquet", "messages")

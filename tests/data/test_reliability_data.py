@@ -36,8 +36,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _snapshot(folder: Path) -> dict[str, str]:
     """name -> sha256 of every file under ``folder``."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +74,24 @@ def test_typo_in_data_path_fails_cleanly_and_leaves_user_files_alone(tmp_path, t
     data.mkdir()
     before = _user_data(data)
     out = subprocess.run(
-        [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", "af_output_dir=out",
-         "data.train_files=mydata/trian.parquet", "data.val_files=mydata/test.parquet",
-         "trainer.total_training_steps=1", "trainer.test_freq=-1", "trainer.save_freq=-1"],
-        capture_output=True, text=True, cwd=tmp_path, env=cli_env(VERL_NPU_CACHE=str(tiny_cache)), timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "verl_npu.cli",
+            "run",
+            "tiny_geo3k",
+            "af_output_dir=out",
+            "data.train_files=mydata/trian.parquet",
+            "data.val_files=mydata/test.parquet",
+            "trainer.total_training_steps=1",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=cli_env(VERL_NPU_CACHE=str(tiny_cache)),
+        timeout=120,
     )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "backend_config.data.train_files" in out.stderr and "mydata/trian.parquet" in out.stderr
@@ -82,9 +99,22 @@ def test_typo_in_data_path_fails_cleanly_and_leaves_user_files_alone(tmp_path, t
     assert _snapshot(data) == before  # same names, same bytes
     # the same words as `validate --check-paths`
     check = subprocess.run(
-        [sys.executable, "-m", "verl_npu.cli", "validate", "tiny_geo3k", "af_output_dir=out",
-         "data.train_files=mydata/trian.parquet", "data.val_files=mydata/test.parquet", "--check-paths"],
-        capture_output=True, text=True, cwd=tmp_path, env=cli_env(VERL_NPU_CACHE=str(tiny_cache)), timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "verl_npu.cli",
+            "validate",
+            "tiny_geo3k",
+            "af_output_dir=out",
+            "data.train_files=mydata/trian.parquet",
+            "data.val_files=mydata/test.parquet",
+            "--check-paths",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=cli_env(VERL_NPU_CACHE=str(tiny_cache)),
+        timeout=120,
     )
     assert check.returncode == 1
     line = next(x for x in check.stderr.splitlines() if "data.train_files" in x)
@@ -158,15 +188,24 @@ def test_demo_data_flag_writes_only_missing_files(tmp_path, monkeypatch, tiny_ca
     data = tmp_path / "mydata"
     data.mkdir()
     before = _user_data(data)
-    rc = load_recipe("tiny_geo3k", ["af_output_dir=out", "data.train_files=mydata/new_train.parquet",
-                                    "data.val_files=mydata/test.parquet"])
+    rc = load_recipe(
+        "tiny_geo3k",
+        ["af_output_dir=out", "data.train_files=mydata/new_train.parquet", "data.val_files=mydata/test.parquet"],
+    )
     prepare_assets(rc, demo_data=True)
     after = _snapshot(data)
     assert {k: after[k] for k in before} == before  # every file of the user's unchanged
     assert set(after) - set(before) == {"new_train.parquet"}
     # a real (non-tiny) model never gets data made up, flag or not
-    real = load_recipe("tiny_geo3k", ["af_output_dir=out", "data.train_files=mydata/x.parquet",
-                                      "data.val_files=mydata/test.parquet", f"actor_rollout_ref.model.path={data}"])
+    real = load_recipe(
+        "tiny_geo3k",
+        [
+            "af_output_dir=out",
+            "data.train_files=mydata/x.parquet",
+            "data.val_files=mydata/test.parquet",
+            f"actor_rollout_ref.model.path={data}",
+        ],
+    )
     assert prepare_assets(real, demo_data=True) == []
     assert not (data / "x.parquet").exists()
 
@@ -181,16 +220,21 @@ def _reward_file(tmp_path: Path, body: str, name: str = "reward.py") -> Path:
 ROWS = ["data file /d/train.parquet row 5"]
 
 
-@pytest.mark.parametrize("returned, shown", [
-    ('"1"', "'1' (str)"),
-    ("None", "None (NoneType)"),
-    ("[1.0]", "[1.0] (list)"),
-    ("{'score': '0.5'}", "a dict whose 'score' is '0.5' (str)"),
-    ("1j", "1j (complex)"),
-])
+@pytest.mark.parametrize(
+    "returned, shown",
+    [
+        ('"1"', "'1' (str)"),
+        ("None", "None (NoneType)"),
+        ("[1.0]", "[1.0] (list)"),
+        ("{'score': '0.5'}", "a dict whose 'score' is '0.5' (str)"),
+        ("1j", "1j (complex)"),
+    ],
+)
 def test_non_numeric_reward_names_function_row_and_value(tmp_path, returned, shown):
-    f = _reward_file(tmp_path, f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                               f"    return {returned}\n")
+    f = _reward_file(
+        tmp_path,
+        f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return {returned}\n",
+    )
     scorer = RewardScorer(load_reward_fn({"path": str(f)}))
     with pytest.raises(UserError) as err:
         scorer.score(["resp"], ["src"], ["1"], [{}], rows=ROWS)
@@ -204,7 +248,8 @@ def test_bool_and_numpy_torch_scalars_are_numbers():
 
     values = [True, False, np.float32(0.5), np.int64(2), torch.tensor(0.25), np.bool_(True), 3]
     scores, _ = RewardScorer(lambda s, r, g, e=None: values[int(r)]).score(
-        [str(i) for i in range(len(values))], ["s"] * len(values), ["g"] * len(values))
+        [str(i) for i in range(len(values))], ["s"] * len(values), ["g"] * len(values)
+    )
     assert scores == [1.0, 0.0, 0.5, 2.0, 0.25, 1.0, 3.0]
     with pytest.raises(UserError, match=r"returned tensor\(\[1\., 2\.\]\)"):
         RewardScorer(lambda *a: torch.tensor([1.0, 2.0])).score(["x"], ["s"], ["g"])
@@ -212,8 +257,9 @@ def test_bool_and_numpy_torch_scalars_are_numbers():
 
 @pytest.mark.parametrize("body", ["import sys\n    sys.exit(3)", "raise SystemExit(3)"])
 def test_sys_exit_in_a_reward_is_reported_with_the_row(tmp_path, body):
-    f = _reward_file(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                               f"    {body}\n")
+    f = _reward_file(
+        tmp_path, f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    {body}\n"
+    )
     with pytest.raises(UserError) as err:  # not SystemExit: the run would end with no message
         RewardScorer(load_reward_fn({"path": str(f)})).score(["x"], ["s"], ["g"], [{}], rows=ROWS)
     msg = str(err.value)
@@ -225,14 +271,15 @@ HANGS = {
     "busy loop": "while True:\n        pass",
     "catastrophic regex": "import re\n    re.match(r'(a+)+$', 'a' * 40 + 'b')",
     "swallows the first alarm": "import time\n    try:\n        time.sleep(60)\n    except BaseException:\n"
-                                "        time.sleep(60)",
+    "        time.sleep(60)",
 }
 
 
 @pytest.mark.parametrize("kind", list(HANGS))
 def test_a_hanging_reward_times_out_with_the_row(tmp_path, kind):
-    f = _reward_file(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                               f"    {HANGS[kind]}\n")
+    f = _reward_file(
+        tmp_path, f"def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    {HANGS[kind]}\n"
+    )
     fn = load_reward_fn({"path": str(f), "timeout_s": 0.3})
     assert fn.timeout_s == 0.3
     handler_before = signal.getsignal(signal.SIGALRM)
@@ -300,8 +347,11 @@ def test_trainer_scoring_names_the_file_row_not_the_batch_position(tmp_path, tex
             raise ValueError("cannot parse")
         return 0.0
 
-    trainer = SimpleNamespace(tokenizer=text_tokenizer, reward_scorer=RewardScorer(RewardFunction(reward, "reward")),
-                              workers=SimpleNamespace(roles=["actor"], serves=lambda method: False))  # no reward model role
+    trainer = SimpleNamespace(
+        tokenizer=text_tokenizer,
+        reward_scorer=RewardScorer(RewardFunction(reward, "reward")),
+        workers=SimpleNamespace(roles=["actor"], serves=lambda method: False),
+    )  # no reward model role
     trainer.decode_responses = lambda b: PPOTrainer.decode_responses(trainer, b)
     with pytest.raises(UserError) as err:
         PPOTrainer.score(trainer, batch)
@@ -321,24 +371,41 @@ def test_hanging_reward_in_a_real_run_stops_with_the_row(tmp_path, tiny_cache):
     rows[2]["reward_model"]["ground_truth"] = "hang"
     for name in ("train", "test"):
         write_rl_parquet(rows, data / f"{name}.parquet", with_images=False)
-    reward = _reward_file(tmp_path, "import time\n"
-                                    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                                    "    if ground_truth == 'hang':\n"
-                                    "        time.sleep(600)\n"
-                                    "    return 0.0\n")
+    reward = _reward_file(
+        tmp_path,
+        "import time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if ground_truth == 'hang':\n"
+        "        time.sleep(600)\n"
+        "    return 0.0\n",
+    )
     overrides = {
-        "af_output_dir": tmp_path / "out", "data.train_files": data / "train.parquet",
-        "data.val_files": data / "test.parquet", "data.train_batch_size": 4, "data.max_prompt_length": 48,
-        "data.max_response_length": 2, "actor_rollout_ref.model.path": "tiny://qwen2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.rollout.n": 2, "trainer.total_training_steps": 1, "trainer.test_freq": -1,
-        "trainer.save_freq": -1, "trainer.logger": "[console]", "custom_reward_function.path": reward,
+        "af_output_dir": tmp_path / "out",
+        "data.train_files": data / "train.parquet",
+        "data.val_files": data / "test.parquet",
+        "data.train_batch_size": 4,
+        "data.max_prompt_length": 48,
+        "data.max_response_length": 2,
+        "actor_rollout_ref.model.path": "tiny://qwen2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.rollout.n": 2,
+        "trainer.total_training_steps": 1,
+        "trainer.test_freq": -1,
+        "trainer.save_freq": -1,
+        "trainer.logger": "[console]",
+        "custom_reward_function.path": reward,
         "custom_reward_function.timeout_s": 2,
     }
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k",
-                          *[f"{k}={v}" for k, v in overrides.items()]],
-                         capture_output=True, text=True, cwd=tmp_path, env=cli_env(VERL_NPU_CACHE=str(tiny_cache)), timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *[f"{k}={v}" for k, v in overrides.items()]],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=cli_env(VERL_NPU_CACHE=str(tiny_cache)),
+        timeout=120,
+    )
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
     assert time.monotonic() - start < 60
     assert f"reward of data file {data / 'train.parquet'} row 2" in out.stderr
@@ -357,8 +424,10 @@ def _copy(src: Path, dst: Path, keep=None, skip=()) -> Path:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-@pytest.mark.parametrize("case", ["not a model", "no tokenizer", "vl no tokenizer", "vl no processor",
-                                  "only config.json", "vl only config.json"])
+@pytest.mark.parametrize(
+    "case",
+    ["not a model", "no tokenizer", "vl no tokenizer", "vl no processor", "only config.json", "vl only config.json"],
+)
 def test_incomplete_model_folder_names_what_is_missing(tmp_path, tiny_vl_path, tiny_lm_path, case):
     from verl_npu.models.loading import load_tokenizer_and_processor
 
@@ -402,8 +471,10 @@ def test_complete_model_folder_still_loads(tmp_path, tiny_vl_path):
 
 # ============================================================== 4. data position in samples
 def _rows(n: int) -> list[dict]:
-    return [{"input_ids": torch.full((3,), i), "attention_mask": torch.ones(3, dtype=torch.long), "index": i}
-            for i in range(n)]
+    return [
+        {"input_ids": torch.full((3,), i), "attention_mask": torch.ones(3, dtype=torch.long), "index": i}
+        for i in range(n)
+    ]
 
 
 def test_resume_with_another_batch_size_continues_at_the_same_sample(caplog):
@@ -463,11 +534,14 @@ def _truncated_png() -> dict:
     return {"bytes": data[: len(data) // 2], "path": None}  # a valid header, then the file ends
 
 
-@pytest.mark.parametrize("bad_image, what", [
-    ({"bytes": b"not an image at all", "path": None}, "image 0 cannot be decoded"),
-    (None, "image 0 cannot be decoded"),  # filled in below: a truncated PNG (its header still reads)
-    (png((1, 300)), "image 0 is 1x300 px and cannot be resized"),
-])
+@pytest.mark.parametrize(
+    "bad_image, what",
+    [
+        ({"bytes": b"not an image at all", "path": None}, "image 0 cannot be decoded"),
+        (None, "image 0 cannot be decoded"),  # filled in below: a truncated PNG (its header still reads)
+        (png((1, 300)), "image 0 is 1x300 px and cannot be resized"),
+    ],
+)
 def test_a_bad_image_is_found_when_the_dataset_is_built(tmp_path, vl_processor, bad_image, what):
     bad_image = bad_image or _truncated_png()
     path = tmp_path / "train.parquet"

@@ -29,17 +29,26 @@ def test_short_demo_run_beats_the_image_blind_ceiling(tmp_path, tiny_vl_path):
     data = tmp_path / "data"
     prepare_synthetic(data, n_train=512, n_test=32, seed=0, image_size=56)
     out = tmp_path / "out"
-    rc = load_recipe("tiny_geo3k", [
-        f"af_output_dir={out}", f"data.train_files={data / 'train.parquet'}",
-        f"data.val_files={data / 'test.parquet'}", f"trainer.total_training_steps={STEPS}",
-        f"trainer.test_freq={STEPS}", "trainer.save_freq=0", "trainer.logger=[console]",
-        # the demo's learning rate over these steps (its cosine decay spans 300 steps, not 80)
-        "actor_rollout_ref.actor.optim.warmup_style=constant",
-    ])
+    rc = load_recipe(
+        "tiny_geo3k",
+        [
+            f"af_output_dir={out}",
+            f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'test.parquet'}",
+            f"trainer.total_training_steps={STEPS}",
+            f"trainer.test_freq={STEPS}",
+            "trainer.save_freq=0",
+            "trainer.logger=[console]",
+            # the demo's learning rate over these steps (its cosine decay spans 300 steps, not 80)
+            "actor_rollout_ref.actor.optim.warmup_style=constant",
+        ],
+    )
     assert run_training(rc) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     accuracy = rows[-1]["val-aux/synthetic_geometry/accuracy/mean@1"]
-    assert accuracy > 0.25 + MARGIN, f"held-out accuracy {accuracy} after {STEPS} steps: the policy does not read the picture"
+    assert accuracy > 0.25 + MARGIN, (
+        f"held-out accuracy {accuracy} after {STEPS} steps: the policy does not read the picture"
+    )
     first = sum(r["critic/score/mean"] for r in rows[:10]) / 10
     last = sum(r["critic/score/mean"] for r in rows[-10:]) / 10
     assert last > BLIND_BEST_SCORE and last > 3 * first

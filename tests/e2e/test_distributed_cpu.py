@@ -13,35 +13,47 @@ from verl_npu.config import load_recipe
 from verl_npu.data.geometry3k import prepare_synthetic
 from verl_npu.trainer.entry import run_training
 
-COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
-            "actor/grad_norm", "actor/pg_clipfrac"]
+COMPARED = [
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/pg_clipfrac",
+]
 
 
 def overrides(out: Path, data: Path, gpus: int) -> list[str]:
     reward = write_varied_reward(out.parent / "dense_reward.py")
-    return run_overrides(out, data, {
-        "custom_reward_function.path": reward,
-        "data.train_batch_size": 4,
-        "data.max_response_length": 3,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,  # one update per step: same rows in it either way
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "actor_rollout_ref.actor.use_kl_loss": "true",
-        "actor_rollout_ref.actor.kl_loss_coef": 0.05,
-        "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
-        "trainer.n_gpus_per_node": gpus,
-        "trainer.total_training_steps": 3,
-        "trainer.save_freq": 3,
-        "trainer.test_freq": -1,
-        "trainer.logger": "[console]",
-        "ray_init.num_cpus": 2,
-    })
+    return run_overrides(
+        out,
+        data,
+        {
+            "custom_reward_function.path": reward,
+            "data.train_batch_size": 4,
+            "data.max_response_length": 3,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,  # one update per step: same rows in it either way
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "actor_rollout_ref.actor.use_kl_loss": "true",
+            "actor_rollout_ref.actor.kl_loss_coef": 0.05,
+            "actor_rollout_ref.rollout.n": 4,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+            "trainer.n_gpus_per_node": gpus,
+            "trainer.total_training_steps": 3,
+            "trainer.save_freq": 3,
+            "trainer.test_freq": -1,
+            "trainer.logger": "[console]",
+            "ray_init.num_cpus": 2,
+        },
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sp, vision", [(1, True), (2, True), (2, False)],
-                         ids=["data-parallel", "ulysses-sp2-vl", "ulysses-sp2-text"])
+@pytest.mark.parametrize(
+    "sp, vision", [(1, True), (2, True), (2, False)], ids=["data-parallel", "ulysses-sp2-vl", "ulysses-sp2-text"]
+)
 def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path, tiny_lm_path, sp, vision):
     """sp=1: two data-parallel FSDP2 workers; sp=2: one Ulysses group of two workers sharing each
     packed sequence; each against one worker."""
@@ -52,10 +64,15 @@ def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path, tiny_lm_path, 
         prepare_synthetic(data, n_train=12, n_test=4, seed=0, image_size=56)
     else:
         data, model_path = text_data(tmp_path / "data"), tiny_lm_path
-        extra = ["actor_rollout_ref.model.path=tiny://qwen2", "actor_rollout_ref.model.use_remove_padding=true",
-                 "data.max_prompt_length=32"]
-    ulysses = [f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}",
-               f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={sp}"]
+        extra = [
+            "actor_rollout_ref.model.path=tiny://qwen2",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            "data.max_prompt_length=32",
+        ]
+    ulysses = [
+        f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}",
+        f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={sp}",
+    ]
     assert run_training(load_recipe("tiny_geo3k", overrides(one, data, 1) + extra)) == 0
     assert run_training(load_recipe("tiny_geo3k", overrides(two, data, 2) + extra + ulysses)) == 0
     assert f"'data_parallel': {2 // sp}, 'ulysses_sp': {sp}" in (two / "logs" / "run.log").read_text()
@@ -70,10 +87,12 @@ def test_two_cpu_workers_match_one_worker(tmp_path, tiny_vl_path, tiny_lm_path, 
     ckpt2 = two / "checkpoints" / "global_step_3" / "actor"
     # sharded state: one file per rank; the Hugging Face export is one full model either way
     assert sorted(p.name for p in ckpt2.glob("model_world_size_*")) == [
-        "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
+        "model_world_size_2_rank_0.pt",
+        "model_world_size_2_rank_1.pt",
+    ]
     w1 = load_file(str(ckpt1 / "huggingface" / "model.safetensors"))
     w2 = load_file(str(ckpt2 / "huggingface" / "model.safetensors"))
-    assert set(w1) == set(w2), (set(w1) ^ set(w2))
+    assert set(w1) == set(w2), set(w1) ^ set(w2)
     initial = load_file(str(Path(model_path) / "model.safetensors"))
     # Adam divides by sqrt(v): on the rare elements whose gradient is nearly zero, float-level
     # differences in reduction order become visible (seen: at most ~6e-5 after 3 steps of lr 1e-3)
@@ -98,8 +117,14 @@ def test_a_dead_worker_stops_the_run_with_a_clear_error(tmp_path, tiny_cache):
     over = overrides(tmp_path / "run", data, 2) + ["trainer.total_training_steps=500", "trainer.save_freq=1"]
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, VERL_NPU_CACHE=str(tiny_cache))
-    proc = subprocess.Popen([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *over], cwd=repo, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *over],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     log = tmp_path / "run" / "logs" / "run.log"
     marker = tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt"
     deadline = time.time() + 180
@@ -137,8 +162,9 @@ def test_killed_two_worker_run_resumes_on_two_workers(tmp_path, tiny_cache):
     env = dict(os.environ, VERL_NPU_CACHE=str(tiny_cache))
     killed = tmp_path / "killed"
     cmd = [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *overrides(killed, data, 2), *steps]
-    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     marker = killed / "checkpoints" / "latest_checkpointed_iteration.txt"
     if wait_for_checkpoint(proc, marker, 2, timeout=180):
         os.killpg(proc.pid, signal.SIGKILL)  # the controller and its Ray workers, all at once

@@ -21,31 +21,58 @@ from verl_npu.trainer.entry import run_training
 
 REPO = Path(__file__).resolve().parents[2]
 
-ACTOR_METRICS = ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/entropy",
-                 "actor/grad_norm", "actor/lr"]
-STEP_METRICS = ["training/global_step", "training/epoch", "critic/score/mean", "critic/score/max",
-                "critic/score/min", "critic/advantages/mean", "response_length/mean", "response_length/max",
-                "response_length/clip_ratio", "prompt_length/mean", "timing_s/gen", "timing_s/reward",
-                "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timing_s/update_actor",
-                "timing_s/step", "perf/throughput"] + ACTOR_METRICS
+ACTOR_METRICS = [
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/lr",
+]
+STEP_METRICS = [
+    "training/global_step",
+    "training/epoch",
+    "critic/score/mean",
+    "critic/score/max",
+    "critic/score/min",
+    "critic/advantages/mean",
+    "response_length/mean",
+    "response_length/max",
+    "response_length/clip_ratio",
+    "prompt_length/mean",
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/old_log_prob",
+    "timing_s/ref",
+    "timing_s/adv",
+    "timing_s/update_actor",
+    "timing_s/step",
+    "perf/throughput",
+] + ACTOR_METRICS
 
 
 def tiny_overrides(tmp_path: Path, data_dir: Path, **extra) -> list[str]:
-    return run_overrides(tmp_path / "out", data_dir, {
-        "data.train_batch_size": 4,
-        "data.max_response_length": 4,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "actor_rollout_ref.actor.use_kl_loss": "true",
-        "actor_rollout_ref.actor.kl_loss_coef": 0.01,
-        "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
-        "trainer.total_training_steps": 3,
-        "trainer.save_freq": 3,
-        "trainer.test_freq": 3,
-        "trainer.logger": "[console,tensorboard]",
-    }, extra)
+    return run_overrides(
+        tmp_path / "out",
+        data_dir,
+        {
+            "data.train_batch_size": 4,
+            "data.max_response_length": 4,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "actor_rollout_ref.actor.use_kl_loss": "true",
+            "actor_rollout_ref.actor.kl_loss_coef": 0.01,
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+            "trainer.total_training_steps": 3,
+            "trainer.save_freq": 3,
+            "trainer.test_freq": 3,
+            "trainer.logger": "[console,tensorboard]",
+        },
+        extra,
+    )
 
 
 def read_metrics(out_dir: Path) -> list[dict]:
@@ -55,7 +82,9 @@ def read_metrics(out_dir: Path) -> list[dict]:
 def test_vl_run_trains_logs_and_checkpoints(tmp_path, geo_data, tiny_vl_path):
     # 3 steps of a random model score 0 (zero advantages, and the KL term is 0 while the actor equals
     # the reference): a small entropy bonus gives every parameter a real gradient to train on
-    rc = load_recipe("tiny_geo3k", tiny_overrides(tmp_path, geo_data, **{"actor_rollout_ref.actor.entropy_coeff": 0.01}))
+    rc = load_recipe(
+        "tiny_geo3k", tiny_overrides(tmp_path, geo_data, **{"actor_rollout_ref.actor.entropy_coeff": 0.01})
+    )
     assert run_training(rc) == 0
     out = tmp_path / "out"
     rows = read_metrics(out)
@@ -101,21 +130,29 @@ def _gsm8k_like(folder: Path) -> Path:
     rows = []
     for i in range(8):
         a, b = i + 1, 2 * i + 3
-        rows.append({
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": f"What is {a} plus {b}? Give the number after ####."}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"split": "train", "index": i},
-        })
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": f"What is {a} plus {b}? Give the number after ####."}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "extra_info": {"split": "train", "index": i},
+            }
+        )
     for name in ("train", "test"):
         pq.write_table(pa.Table.from_pylist(rows), folder / f"{name}.parquet")
     return folder
 
 
-@pytest.mark.parametrize("estimator, kl_type", [("rloo", "low_var_kl"), ("remax", "mse"),
-                                               ("reinforce_plus_plus", "full"),
-                                               ("reinforce_plus_plus_baseline", "abs")])
+@pytest.mark.parametrize(
+    "estimator, kl_type",
+    [
+        ("rloo", "low_var_kl"),
+        ("remax", "mse"),
+        ("reinforce_plus_plus", "full"),
+        ("reinforce_plus_plus_baseline", "abs"),
+    ],
+)
 def test_text_model_run(tmp_path, tiny_lm_path, estimator, kl_type):
     """A text model, padding-free log-probs, token-budget micro-batches, every estimator, KL kinds
     (the exact 'full' one included), JSONL dumps."""
@@ -132,16 +169,24 @@ def test_text_model_run(tmp_path, tiny_lm_path, estimator, kl_type):
     rc = load_recipe(
         "tiny_geo3k",
         tiny_overrides(
-            tmp_path, data,
-            **{"actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.model.use_remove_padding": "true",
-               "actor_rollout_ref.actor.use_dynamic_bsz": "true",
-               "data.max_prompt_length": 48, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 100,
-               "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 100,
-               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 100,
-               "algorithm.adv_estimator": estimator, "actor_rollout_ref.actor.kl_loss_type": kl_type,
-               "trainer.total_training_steps": 2, "trainer.save_freq": -1,
-               "trainer.test_freq": -1, "trainer.rollout_data_dir": tmp_path / "rollouts",
-               "custom_reward_function.path": reward},
+            tmp_path,
+            data,
+            **{
+                "actor_rollout_ref.model.path": "tiny://qwen2",
+                "actor_rollout_ref.model.use_remove_padding": "true",
+                "actor_rollout_ref.actor.use_dynamic_bsz": "true",
+                "data.max_prompt_length": 48,
+                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 100,
+                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 100,
+                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 100,
+                "algorithm.adv_estimator": estimator,
+                "actor_rollout_ref.actor.kl_loss_type": kl_type,
+                "trainer.total_training_steps": 2,
+                "trainer.save_freq": -1,
+                "trainer.test_freq": -1,
+                "trainer.rollout_data_dir": tmp_path / "rollouts",
+                "custom_reward_function.path": reward,
+            },
         ),
     )
     assert run_training(rc) == 0
@@ -158,24 +203,40 @@ def test_text_model_run(tmp_path, tiny_lm_path, estimator, kl_type):
 
 
 # ---- resume -----------------------------------------------------------------------------------
-COMPARED = ["critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "response_length/mean",
-            "actor/lr", "training/epoch"]
+COMPARED = [
+    "critic/score/mean",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/grad_norm",
+    "response_length/mean",
+    "actor/lr",
+    "training/epoch",
+]
 
 
 def _cli_run(overrides: list[str], cache: Path) -> subprocess.Popen:
     env = dict(os.environ, VERL_NPU_CACHE=str(cache), OMP_NUM_THREADS="1")
     return subprocess.Popen(
         [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *overrides],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
 @pytest.mark.parametrize("batch_size", [4, 2], ids=["epoch-boundary", "mid-epoch"])
 def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path, geo_data, tiny_cache, batch_size):
     """8 train rows: batch 4 -> the step-2 checkpoint sits on an epoch boundary; batch 2 -> mid-epoch."""
-    common = {"data.train_batch_size": batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size": batch_size,
-              "trainer.total_training_steps": 4, "trainer.save_freq": 2, "trainer.test_freq": -1,
-              "trainer.logger": "[console]"}
+    common = {
+        "data.train_batch_size": batch_size,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": batch_size,
+        "trainer.total_training_steps": 4,
+        "trainer.save_freq": 2,
+        "trainer.test_freq": -1,
+        "trainer.logger": "[console]",
+    }
     straight = tmp_path / "straight"
     assert run_training(load_recipe("tiny_geo3k", tiny_overrides(straight, geo_data, **common))) == 0
     reference = {r["step"]: r for r in read_metrics(straight / "out")}
@@ -202,8 +263,16 @@ def test_killed_run_resumes_like_an_uninterrupted_one(tmp_path, geo_data, tiny_c
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path, geo_data, tiny_cache):
-    over = tiny_overrides(tmp_path, geo_data, **{"trainer.total_training_steps": 200, "trainer.save_freq": 1,
-                                                 "trainer.test_freq": -1, "trainer.logger": "[console]"})
+    over = tiny_overrides(
+        tmp_path,
+        geo_data,
+        **{
+            "trainer.total_training_steps": 200,
+            "trainer.save_freq": 1,
+            "trainer.test_freq": -1,
+            "trainer.logger": "[console]",
+        },
+    )
     proc = _cli_run(over, tiny_cache)
     marker = tmp_path / "out" / "checkpoints" / "latest_checkpointed_iteration.txt"
     wait_for_checkpoint(proc, marker, 2)

@@ -43,13 +43,20 @@ from types import SimpleNamespace
 
 import pytest
 
-if __name__ == "__main__":   # the driver process, run as a script: the helpers' folder, as tests/conftest.py puts it
+if __name__ == "__main__":  # the driver process, run as a script: the helpers' folder, as tests/conftest.py puts it
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from run_helpers import run_overrides, step_metrics, text_data, write_varied_reward
 
 REPO = Path(__file__).resolve().parents[2]
-COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
-            "actor/grad_norm", "actor/pg_clipfrac"]
+COMPARED = [
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/pg_clipfrac",
+]
 STEPS = 3
 DRIVER_TIMEOUT_S = 300
 MARKER = "VERL_NPU_TEST_RAY_CLUSTER"  # set in every process the cluster starts: how leftovers are found
@@ -111,9 +118,13 @@ def two_node_cluster():
     os.environ.update(env)  # the node processes (and the workers they start) inherit it
     try:
         nodes = [
-            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", include_dashboard=False,
-                             resources={f"{NODE_RANK_RESOURCE}{rank}": 1},
-                             **({"dashboard_port": _free_port()} if rank == 0 else {}))  # not Ray's shared 8265
+            cluster.add_node(
+                num_cpus=1,
+                node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                resources={f"{NODE_RANK_RESOURCE}{rank}": 1},
+                **({"dashboard_port": _free_port()} if rank == 0 else {}),
+            )  # not Ray's shared 8265
             for rank in range(2)
         ]
         cluster.wait_for_nodes()
@@ -138,27 +149,31 @@ def two_node_cluster():
 # ---------------------------------------------------------------------------- one training run
 def overrides(out: Path, data: Path, model: Path, engine: str, nnodes: int) -> list[str]:
     reward = write_varied_reward(data / "dense_reward.py")
-    return run_overrides(out, data, {
-        "custom_reward_function.path": reward,
-        "data.train_batch_size": 4,
-        "data.max_prompt_length": 32,
-        "data.max_response_length": 3,
-        "actor_rollout_ref.model.path": model,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,  # one update per step: same rows in it either way
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "actor_rollout_ref.actor.use_kl_loss": "true",
-        "actor_rollout_ref.actor.kl_loss_coef": 0.05,
-        "actor_rollout_ref.rollout.name": engine,
-        "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
-        "trainer.nnodes": nnodes,
-        "trainer.n_gpus_per_node": 1,
-        "trainer.total_training_steps": STEPS,
-        "trainer.save_freq": STEPS,
-        "trainer.test_freq": -1,
-        "trainer.logger": "[console]",
-    })
+    return run_overrides(
+        out,
+        data,
+        {
+            "custom_reward_function.path": reward,
+            "data.train_batch_size": 4,
+            "data.max_prompt_length": 32,
+            "data.max_response_length": 3,
+            "actor_rollout_ref.model.path": model,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,  # one update per step: same rows in it either way
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "actor_rollout_ref.actor.use_kl_loss": "true",
+            "actor_rollout_ref.actor.kl_loss_coef": 0.05,
+            "actor_rollout_ref.rollout.name": engine,
+            "actor_rollout_ref.rollout.n": 4,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+            "trainer.nnodes": nnodes,
+            "trainer.n_gpus_per_node": 1,
+            "trainer.total_training_steps": STEPS,
+            "trainer.save_freq": STEPS,
+            "trainer.test_freq": -1,
+            "trainer.logger": "[console]",
+        },
+    )
 
 
 def train_and_capture(over: list[str]) -> dict:
@@ -200,8 +215,14 @@ def run_driver(spec: dict, env: dict, log: Path) -> subprocess.CompletedProcess:
     spec_file = Path(spec["result"]).with_suffix(".json")
     spec_file.write_text(json.dumps(spec))
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, __file__, str(spec_file)], cwd=REPO, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, __file__, str(spec_file)],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=DRIVER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -235,8 +256,24 @@ def test_two_ray_nodes_train_like_one_worker(tmp_path, tiny_lm_path, engine):
         env = dict(os.environ, **cluster.env, RAY_ADDRESS=cluster.address)
         over2 = overrides(two, data, tiny_lm_path, engine, nnodes=2)
         preflight = subprocess.run(
-            [sys.executable, "-m", "verl_npu.cluster", "preflight", "--address", cluster.address, "--launched-nodes",
-             "2", "tiny_geo3k", *over2], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "verl_npu.cluster",
+                "preflight",
+                "--address",
+                cluster.address,
+                "--launched-nodes",
+                "2",
+                "tiny_geo3k",
+                *over2,
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert preflight.returncode == 0, preflight.stdout + preflight.stderr
         assert "preflight passed: 2 node(s) x 1 CPU" in preflight.stdout + preflight.stderr
         done = run_driver({"overrides": over2, "result": str(tmp_path / "two.pt")}, env, driver_log)
@@ -254,7 +291,9 @@ def test_two_ray_nodes_train_like_one_worker(tmp_path, tiny_lm_path, engine):
     assert set(placed.values()) == set(node_ids)
     ckpt = two / "checkpoints" / f"global_step_{STEPS}" / "actor"
     assert sorted(p.name for p in ckpt.glob("model_world_size_*")) == [
-        "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
+        "model_world_size_2_rank_0.pt",
+        "model_world_size_2_rank_1.pt",
+    ]
 
     # training: the same per-step metrics as one worker
     m1, m2 = step_metrics(one), step_metrics(two)

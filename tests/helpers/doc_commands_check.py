@@ -186,10 +186,10 @@ def _validate_for_run(recipe_arg: str, overrides: list[str], ctx: Context) -> No
     try:
         recipe = _resolve_recipe(recipe_arg, ctx)
         with _in_dir(ctx.cwd):
-            if is_stages_tree(read_yaml_file(recipe)):   # SFT then RL: both stages validated
+            if is_stages_tree(read_yaml_file(recipe)):  # SFT then RL: both stages validated
                 load_stages(str(recipe), overrides)
                 return
-            if is_sft_recipe(recipe):   # `run` hands an SFT recipe to `verl-npu sft`
+            if is_sft_recipe(recipe):  # `run` hands an SFT recipe to `verl-npu sft`
                 load_sft_recipe(str(recipe), overrides)
                 return
             load_recipe(str(recipe), _filled_overrides(recipe, overrides, ctx))  # trainer refusals included
@@ -230,7 +230,7 @@ def check_verl_npu(args: list[str], ctx: Context, synopsis: bool) -> None:
     _check_flags_known(sub, args[1:], f"verl-npu {verb}")
     if verb == "retrieval-server":
         ctx.allow("server")
-        if not synopsis and len(args) > 1:   # `verl-npu retrieval-server` alone is a mention of the verb
+        if not synopsis and len(args) > 1:  # `verl-npu retrieval-server` alone is a mention of the verb
             code, _, err = _capture(lambda: parser.parse_args(args))
             if code:
                 raise CommandFailed(f"does not parse: {err.strip()}")
@@ -245,8 +245,12 @@ def check_verl_npu(args: list[str], ctx: Context, synopsis: bool) -> None:
     positional = [a for a in args[1:] if not a.startswith("-")]
     if synopsis:
         placeholders = [a for a in positional if is_synopsis([a])]
-        if verb in ("validate", "show", "run") and placeholders == positional[:1] and positional \
-                and not any(is_synopsis([a]) for a in args[1:] if a not in placeholders):
+        if (
+            verb in ("validate", "show", "run")
+            and placeholders == positional[:1]
+            and positional
+            and not any(is_synopsis([a]) for a in args[1:] if a not in placeholders)
+        ):
             _any_recipe(lambda name: check_verl_npu([verb, name, *args[2:]], ctx, False))
         return
     code, _, err = _capture(lambda: parser.parse_args(args))
@@ -283,29 +287,43 @@ def _geo_fixture(root: Path) -> Path:
     Image.new("RGB", (32, 32), (200, 30, 30)).save(buf, format="PNG")
     images = pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
     for split in ("train", "test"):
-        table = pa.table({"images": pa.array([[{"bytes": buf.getvalue(), "path": None}]] * 2, type=images),
-                          "problem": ["<image>Find x.", "<image>Find y."], "answer": ["3", "4"]})
+        table = pa.table(
+            {
+                "images": pa.array([[{"bytes": buf.getvalue(), "path": None}]] * 2, type=images),
+                "problem": ["<image>Find x.", "<image>Find y."],
+                "answer": ["3", "4"],
+            }
+        )
         pq.write_table(table, root / f"{split}-00000-of-00001.parquet")
     return root
 
 
 def _gsm_fixture(root: Path) -> Path:
     for split in ("train", "test"):
-        pq.write_table(pa.table({"question": ["What is 2 + 2?", "What is 3 + 1?"],
-                                 "answer": ["2 + 2 = 4\n#### 4", "3 + 1 = 4\n#### 4"]}),
-                       root / f"{split}-00000-of-00001.parquet")
+        pq.write_table(
+            pa.table(
+                {"question": ["What is 2 + 2?", "What is 3 + 1?"], "answer": ["2 + 2 = 4\n#### 4", "3 + 1 = 4\n#### 4"]}
+            ),
+            root / f"{split}-00000-of-00001.parquet",
+        )
     return root
 
 
 def _search_fixture(root: Path) -> Path:
-    for split in ("train", "test"):   # Search-R1's data (PeterJinGo/nq_hotpotqa_train)
-        pq.write_table(pa.table({"question": ["who wrote hamlet?"], "golden_answers": [["Shakespeare"]],
-                                 "data_source": ["nq"]}), root / f"{split}.parquet")
+    for split in ("train", "test"):  # Search-R1's data (PeterJinGo/nq_hotpotqa_train)
+        pq.write_table(
+            pa.table({"question": ["who wrote hamlet?"], "golden_answers": [["Shakespeare"]], "data_source": ["nq"]}),
+            root / f"{split}.parquet",
+        )
     return root
 
 
-FIXTURES = {"geometry3k.py": _geo_fixture, "geo3k.py": _geo_fixture, "gsm8k.py": _gsm_fixture,
-            "search_r1.py": _search_fixture}
+FIXTURES = {
+    "geometry3k.py": _geo_fixture,
+    "geo3k.py": _geo_fixture,
+    "gsm8k.py": _gsm_fixture,
+    "search_r1.py": _search_fixture,
+}
 SAVE_FLAGS = ("--local-save-dir", "--local_save_dir", "--local_dir")
 DATASET_FLAGS = ("--local-dataset-path", "--local_dataset_path")
 
@@ -329,8 +347,10 @@ def _replace_value(args: list[str], flags: tuple[str, ...], value: str) -> tuple
 
 def check_data_prep(script: Path, args: list[str], ctx: Context, synopsis: bool) -> None:
     if not script.is_file():
-        raise CommandFailed(f"{script.relative_to(REPO)} does not exist "
-                            f"(data_prep has: {', '.join(sorted(p.name for p in script.parent.glob('*.py')))})")
+        raise CommandFailed(
+            f"{script.relative_to(REPO)} does not exist "
+            f"(data_prep has: {', '.join(sorted(p.name for p in script.parent.glob('*.py')))})"
+        )
     if synopsis:
         code, out, err = _run_script(script, ["--help"])
         if code:
@@ -392,8 +412,9 @@ def check_launcher(args: list[str], env: dict[str, str], ctx: Context, synopsis:
     record.unlink(missing_ok=True)
     run_env = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "RAY_ADDRESS")}
     run_env.update(env, VERL_NPU_PYTHON=str(fake), VERL_NPU_DOCS_RECORD=str(record))
-    proc = subprocess.run(["bash", str(script), *args], cwd=ctx.cwd, env=run_env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        ["bash", str(script), *args], cwd=ctx.cwd, env=run_env, capture_output=True, text=True, timeout=60
+    )
     if proc.returncode != 0 or not record.is_file():
         raise CommandFailed(f"the launcher failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
     argv = record.read_text().split("\0")[:-1]
@@ -471,15 +492,21 @@ def check_python(exe: str, args: list[str], redirect: str | None, ctx: Context, 
                 raise CommandFailed(f"python -m verl_npu.cluster has no command {rest[:1]}")
             _check_flags_known(sub, rest[1:], f"verl_npu.cluster {rest[0]}")
             return
-        if module in ("verl_npu.config.reference", "verl_npu.config.compat"):   # generated docs
-            proc = subprocess.run([sys.executable, "-m", module], cwd=REPO, capture_output=True, text=True,
-                                  timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        if module in ("verl_npu.config.reference", "verl_npu.config.compat"):  # generated docs
+            proc = subprocess.run(
+                [sys.executable, "-m", module],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=dict(os.environ, PYTHONPATH=str(REPO)),
+            )
             if proc.returncode:
                 raise CommandFailed(f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}")
             if redirect and proc.stdout != (REPO / redirect).read_text():
                 raise CommandFailed(f"its output differs from {redirect}: regenerate the file with this command")
             return
-        if module == "verl_npu.config.sections_gen":   # the generated typed sections: the file is what it writes
+        if module == "verl_npu.config.sections_gen":  # the generated typed sections: the file is what it writes
             from verl_npu.config import sections_gen
 
             if sections_gen.render() != (REPO / "verl_npu" / "config" / "sections.py").read_text():
@@ -505,8 +532,14 @@ def check_python(exe: str, args: list[str], redirect: str | None, ctx: Context, 
         ctx.allow("bench")
         if not script.is_file():
             raise CommandFailed(f"{args[0]} does not exist")
-        proc = subprocess.run([sys.executable, str(script), "--help"], cwd=REPO, capture_output=True, text=True,
-                              timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        proc = subprocess.run(
+            [sys.executable, str(script), "--help"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+        )
         if proc.returncode != 0:
             raise CommandFailed(f"--help failed: {proc.stderr.strip()[-600:]}")
         for flag in _flags(args[1:]):

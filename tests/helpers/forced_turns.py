@@ -59,16 +59,37 @@ def scripted_engine(model_path, prompt_length: int, response_length: int, multi_
     tok, _ = load_tokenizer_and_processor(str(model_path))
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
     seqs = 8
-    cfg = OmegaConf.create({"data": {"seed": 0}, "actor_rollout_ref": {
-        "model": {"path": str(model_path), "trust_remote_code": False},
-        "rollout": {"name": "vllm", "dtype": "float32", "tensor_model_parallel_size": 1, "enforce_eager": True,
-                    "max_num_seqs": seqs, "max_num_batched_tokens": seqs * (prompt_length + response_length),
-                    "enable_chunked_prefill": True, "prompt_length": prompt_length,
-                    "response_length": response_length, "free_cache_engine": True, "load_format": "auto",
-                    "gpu_memory_utilization": 0.5, "multi_turn": {"enable": True, **multi_turn},
+    cfg = OmegaConf.create(
+        {
+            "data": {"seed": 0},
+            "actor_rollout_ref": {
+                "model": {"path": str(model_path), "trust_remote_code": False},
+                "rollout": {
+                    "name": "vllm",
+                    "dtype": "float32",
+                    "tensor_model_parallel_size": 1,
+                    "enforce_eager": True,
+                    "max_num_seqs": seqs,
+                    "max_num_batched_tokens": seqs * (prompt_length + response_length),
+                    "enable_chunked_prefill": True,
+                    "prompt_length": prompt_length,
+                    "response_length": response_length,
+                    "free_cache_engine": True,
+                    "load_format": "auto",
+                    "gpu_memory_utilization": 0.5,
+                    "multi_turn": {"enable": True, **multi_turn},
                     "agent": {"default_agent_loop": "tool_agent", **(agent or {})},
-                    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20, "logits_processors": [PROCESSOR],
-                                               "logprobs_mode": "raw_logprobs"}}}}})
+                    "engine_kwargs": {
+                        "vllm": {
+                            "kv_cache_memory_bytes": 32 << 20,
+                            "logits_processors": [PROCESSOR],
+                            "logprobs_mode": "raw_logprobs",
+                        }
+                    },
+                },
+            },
+        }
+    )
     return build_rollout("vllm", model, tok, None, cfg), model, tok
 
 
@@ -76,8 +97,9 @@ def set_scripts(tok, eos: int, scripts: dict[str, list[str]]) -> None:
     """Script from now on, in this process, the model turns `scripts[uid]` (text; the tokenizer's ids without
     special tokens) of the prompts with those uids, each turn followed by `eos`; the earlier scripts go."""
     SCRIPTS.clear()
-    SCRIPTS.update({uid: [tok(text, add_special_tokens=False)["input_ids"] for text in turns]
-                    for uid, turns in scripts.items()})
+    SCRIPTS.update(
+        {uid: [tok(text, add_special_tokens=False)["input_ids"] for text in turns] for uid, turns in scripts.items()}
+    )
     EOS[0] = eos
 
 

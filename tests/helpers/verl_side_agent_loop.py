@@ -21,8 +21,12 @@ CLASSES = ("AgentLoopBase", "AgentLoopOutput", "AgentLoopMetrics")
 
 def params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     a = node.args
-    return ([x.arg for x in a.posonlyargs + a.args] + ([f"*{a.vararg.arg}"] if a.vararg else [])
-            + [x.arg for x in a.kwonlyargs] + ([f"**{a.kwarg.arg}"] if a.kwarg else []))
+    return (
+        [x.arg for x in a.posonlyargs + a.args]
+        + ([f"*{a.vararg.arg}"] if a.vararg else [])
+        + [x.arg for x in a.kwonlyargs]
+        + ([f"**{a.kwarg.arg}"] if a.kwarg else [])
+    )
 
 
 def interface(source: str) -> dict:

@@ -34,19 +34,32 @@ def run_loss(case: dict) -> dict:
 
     settings = dict(case["actor"])
     policy_loss = PolicyLossConfig(loss_mode=case["mode"], **settings.pop("policy_loss"))
-    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=policy_loss,
-                         loss_agg_mode=case["loss_agg_mode"], global_batch_info=dict(case["global_batch_info"]),
-                         **settings)
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        policy_loss=policy_loss,
+        loss_agg_mode=case["loss_agg_mode"],
+        global_batch_info=dict(case["global_batch_info"]),
+        **settings,
+    )
     log_prob = case["log_prob"].clone().requires_grad_(True)
     torch.manual_seed(case["seed"])
     pg_loss, metrics = get_policy_loss_fn(case["mode"])(
-        old_log_prob=case["old_log_prob"], log_prob=log_prob, advantages=case["advantages"],
-        response_mask=case["response_mask"], loss_agg_mode=case["loss_agg_mode"], config=config,
+        old_log_prob=case["old_log_prob"],
+        log_prob=log_prob,
+        advantages=case["advantages"],
+        response_mask=case["response_mask"],
+        loss_agg_mode=case["loss_agg_mode"],
+        config=config,
         rollout_is_weights=case.get("rollout_is_weights"),
     )
     pg_loss.backward()
-    return {"pg_loss": pg_loss.detach(), "grad": log_prob.grad.detach(),
-            "metrics": {k.removeprefix("actor/"): float(v) for k, v in metrics.items()}}
+    return {
+        "pg_loss": pg_loss.detach(),
+        "grad": log_prob.grad.detach(),
+        "metrics": {k.removeprefix("actor/"): float(v) for k, v in metrics.items()},
+    }
 
 
 def run_estimator(case: dict) -> dict:
@@ -61,7 +74,7 @@ def run_estimator(case: dict) -> dict:
     if case["algorithm"] is not None:  # gae takes gamma / lam as arguments, not a config
         kwargs["config"] = AlgoConfig(**case["algorithm"])
     advantages, returns = get_adv_estimator_fn(case["name"])(
-        token_level_rewards=case["token_level_rewards"].clone(), response_mask=case["response_mask"], **kwargs,
+        token_level_rewards=case["token_level_rewards"].clone(), response_mask=case["response_mask"], **kwargs
     )
     return {"advantages": advantages, "returns": returns}
 
@@ -77,9 +90,14 @@ def run_variance_proxy(case: dict) -> dict:
 def main(inputs: str, outputs: str) -> None:
     torch.set_num_threads(1)
     cases = torch.load(inputs, weights_only=False)
-    torch.save({"losses": [run_loss(c) for c in cases["losses"]],
-                "estimators": [run_estimator(c) for c in cases["estimators"]],
-                "variance_proxy": [run_variance_proxy(c) for c in cases.get("variance_proxy", [])]}, outputs)
+    torch.save(
+        {
+            "losses": [run_loss(c) for c in cases["losses"]],
+            "estimators": [run_estimator(c) for c in cases["estimators"]],
+            "variance_proxy": [run_variance_proxy(c) for c in cases.get("variance_proxy", [])],
+        },
+        outputs,
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def _pack(padded: torch.Tensor, prompt_length: int, lengths: list[int], junk: to
             row = torch.randn((prompt_length + r, *padded.shape[2:]), generator=junk, dtype=padded.dtype)
         else:
             row = torch.zeros((prompt_length + r, *padded.shape[2:]), dtype=padded.dtype)
-        row[prompt_length - 1: prompt_length - 1 + r] = padded[i, :r]
+        row[prompt_length - 1 : prompt_length - 1 + r] = padded[i, :r]
         rows.append(row)
     return torch.cat(rows)
 
@@ -43,7 +43,7 @@ def _unpack(packed: torch.Tensor, like: torch.Tensor, prompt_length: int, length
     out = torch.zeros_like(like)
     offset = 0
     for i, r in enumerate(lengths):
-        out[i, :r] = packed[offset + prompt_length - 1: offset + prompt_length - 1 + r]
+        out[i, :r] = packed[offset + prompt_length - 1 : offset + prompt_length - 1 + r]
         offset += prompt_length + r
     return out
 
@@ -61,18 +61,34 @@ def run(case: dict) -> dict:
     loss_cfg = DistillationLossConfig(**case["loss"])
     distill_cfg = DistillationConfig(enabled=False, distillation_loss=loss_cfg)
     info = case["global_batch_info"]
-    actor_cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
-                            loss_agg_mode=case["loss_agg_mode"], global_batch_info={},
-                            loss_scale_factor=info["loss_scale_factor"])
+    actor_cfg = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        loss_agg_mode=case["loss_agg_mode"],
+        global_batch_info={},
+        loss_scale_factor=info["loss_scale_factor"],
+    )
     P, lengths = case["prompt_length"], case["response_lengths"]
     B, R = case["response_mask"].shape
     junk = torch.Generator().manual_seed(0)
-    attention = torch.cat([torch.ones(B, P, dtype=torch.long),
-                           (torch.arange(R).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).long()], dim=1)
-    data = {"prompts": torch.zeros(B, P, dtype=torch.long), "responses": torch.zeros(B, R, dtype=torch.long),
-            "attention_mask": attention, "response_mask": case["response_mask"],
-            "old_log_probs": case["old_log_prob"], "dp_size": info["dp_size"],
-            "batch_num_tokens": info["batch_num_tokens"], "global_batch_size": info["global_batch_size"]}
+    attention = torch.cat(
+        [
+            torch.ones(B, P, dtype=torch.long),
+            (torch.arange(R).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).long(),
+        ],
+        dim=1,
+    )
+    data = {
+        "prompts": torch.zeros(B, P, dtype=torch.long),
+        "responses": torch.zeros(B, R, dtype=torch.long),
+        "attention_mask": attention,
+        "response_mask": case["response_mask"],
+        "old_log_probs": case["old_log_prob"],
+        "dp_size": info["dp_size"],
+        "batch_num_tokens": info["batch_num_tokens"],
+        "global_batch_size": info["global_batch_size"],
+    }
     if case.get("rollout_is_weights") is not None:
         data["rollout_is_weights"] = case["rollout_is_weights"]
     log_prob_packed = _pack(case["log_prob"], P, lengths, junk).requires_grad_(True)
@@ -83,8 +99,12 @@ def run(case: dict) -> dict:
         teacher_lp = _nested(_pack(case["teacher_topk_log_probs"], P, lengths, junk), P, lengths)
         teacher_ids = _nested(_pack(case["teacher_topk_ids"], P, lengths, junk), P, lengths)
         outputs = fsdp_losses.compute_forward_kl_topk(
-            student_logits=logits_packed.unsqueeze(0), teacher_topk_log_probs=teacher_lp,
-            teacher_topk_ids=teacher_ids, config=distill_cfg, data_format="thd")
+            student_logits=logits_packed.unsqueeze(0),
+            teacher_topk_log_probs=teacher_lp,
+            teacher_topk_ids=teacher_ids,
+            config=distill_cfg,
+            data_format="thd",
+        )
         model_output.update({k: v.squeeze(0) for k, v in outputs.items()})
         if not loss_cfg.use_policy_gradient:
             wrt = logits_packed

@@ -30,12 +30,20 @@ def run_correction(case: dict) -> dict:
 
     s = case["settings"]
     proto, mask, metrics = compute_rollout_correction_and_rejection_mask(
-        old_log_prob=case["old_log_prob"], rollout_log_prob=case["rollout_log_prob"],
-        response_mask=case["response_mask"], rollout_is=s["rollout_is"],
-        rollout_is_threshold=s["rollout_is_threshold"], rollout_is_batch_normalize=s["rollout_is_batch_normalize"],
-        rollout_rs=s["rollout_rs"], rollout_rs_threshold=s["rollout_rs_threshold"])
-    return {"weights": None if proto is None else proto.batch["rollout_is_weights"], "mask": mask,
-            "metrics": {k: float(v) for k, v in metrics.items()}}
+        old_log_prob=case["old_log_prob"],
+        rollout_log_prob=case["rollout_log_prob"],
+        response_mask=case["response_mask"],
+        rollout_is=s["rollout_is"],
+        rollout_is_threshold=s["rollout_is_threshold"],
+        rollout_is_batch_normalize=s["rollout_is_batch_normalize"],
+        rollout_rs=s["rollout_rs"],
+        rollout_rs_threshold=s["rollout_rs_threshold"],
+    )
+    return {
+        "weights": None if proto is None else proto.batch["rollout_is_weights"],
+        "mask": mask,
+        "metrics": {k: float(v) for k, v in metrics.items()},
+    }
 
 
 def run_bypass(case: dict) -> dict:
@@ -44,25 +52,48 @@ def run_bypass(case: dict) -> dict:
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
     settings = dict(case["actor"])
-    policy_loss = PolicyLossConfig(loss_mode="bypass_mode", **settings.pop("policy_loss"),
-                                   rollout_correction=RolloutCorrectionConfig(**case["settings"]))
-    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=policy_loss,
-                         loss_agg_mode=case["loss_agg_mode"], global_batch_info={}, **settings)
+    policy_loss = PolicyLossConfig(
+        loss_mode="bypass_mode",
+        **settings.pop("policy_loss"),
+        rollout_correction=RolloutCorrectionConfig(**case["settings"]),
+    )
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        policy_loss=policy_loss,
+        loss_agg_mode=case["loss_agg_mode"],
+        global_batch_info={},
+        **settings,
+    )
     log_prob = case["log_prob"].clone().requires_grad_(True)
     pg_loss, metrics = get_policy_loss_fn("bypass_mode")(
-        old_log_prob=case["old_log_prob"], log_prob=log_prob, advantages=case["advantages"],
-        response_mask=case["response_mask"].bool(), loss_agg_mode=case["loss_agg_mode"], config=config)
+        old_log_prob=case["old_log_prob"],
+        log_prob=log_prob,
+        advantages=case["advantages"],
+        response_mask=case["response_mask"].bool(),
+        loss_agg_mode=case["loss_agg_mode"],
+        config=config,
+    )
     pg_loss.backward()
-    return {"pg_loss": pg_loss.detach(), "grad": log_prob.grad.detach(),
-            "metrics": {k.removeprefix("actor/"): float(v) for k, v in metrics.items()}}
+    return {
+        "pg_loss": pg_loss.detach(),
+        "grad": log_prob.grad.detach(),
+        "metrics": {k.removeprefix("actor/"): float(v) for k, v in metrics.items()},
+    }
 
 
 def main(inputs: str, outputs: str) -> None:
     torch.set_num_threads(1)
     cases = torch.load(inputs, weights_only=False)
-    torch.save({"corrections": [run_correction(c) for c in cases["corrections"]],
-                "bypass": [run_bypass(c) for c in cases["bypass"]],
-                "losses": [run_loss(c) for c in cases["losses"]]}, outputs)
+    torch.save(
+        {
+            "corrections": [run_correction(c) for c in cases["corrections"]],
+            "bypass": [run_bypass(c) for c in cases["bypass"]],
+            "losses": [run_loss(c) for c in cases["losses"]],
+        },
+        outputs,
+    )
 
 
 if __name__ == "__main__":

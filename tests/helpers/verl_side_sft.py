@@ -36,14 +36,25 @@ def main(inputs: str, outputs: str) -> None:
         labels = torch.roll(ids, shifts=-1)
         log_probs.append(torch.log_softmax(logits, dim=-1).gather(-1, labels[:, None])[:, 0])
     masks = [row["loss_mask"] for row in rows]
-    data = TensorDict({"loss_mask": torch.nested.as_nested_tensor(masks, layout=torch.jagged),
-                       "dp_size": torch.tensor(1), "batch_num_tokens": torch.stack([m.sum() for m in masks]).sum()},
-                      batch_size=[])
+    data = TensorDict(
+        {
+            "loss_mask": torch.nested.as_nested_tensor(masks, layout=torch.jagged),
+            "dp_size": torch.tensor(1),
+            "batch_num_tokens": torch.stack([m.sum() for m in masks]).sum(),
+        },
+        batch_size=[],
+    )
     loss, _ = sft_loss(None, {"log_probs": torch.nested.as_nested_tensor(log_probs, layout=torch.jagged)}, data)
     loss.backward()
-    torch.save({"input_ids": [r["input_ids"].tolist() for r in rows], "loss_mask": [m.tolist() for m in masks],
-                "loss": float(loss), "grads": {n: p.grad.clone() for n, p in model.named_parameters()
-                                               if p.grad is not None}}, outputs)
+    torch.save(
+        {
+            "input_ids": [r["input_ids"].tolist() for r in rows],
+            "loss_mask": [m.tolist() for m in masks],
+            "loss": float(loss),
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        },
+        outputs,
+    )
 
 
 if __name__ == "__main__":

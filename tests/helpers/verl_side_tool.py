@@ -48,9 +48,13 @@ def _manager(model, optimizer, scheduler, tokenizer):
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     contents = ["model", "optimizer", "extra"]
-    return FSDPCheckpointManager(model, optimizer, lr_scheduler=scheduler, processing_class=tokenizer,
-                                 checkpoint_config=OmegaConf.create({"save_contents": contents,
-                                                                     "load_contents": contents}))
+    return FSDPCheckpointManager(
+        model,
+        optimizer,
+        lr_scheduler=scheduler,
+        processing_class=tokenizer,
+        checkpoint_config=OmegaConf.create({"save_contents": contents, "load_contents": contents}),
+    )
 
 
 def _shard_and_optimize(model, mesh, lr: float, warmup: int):
@@ -72,8 +76,13 @@ def _reference(model, optimizer, scheduler) -> dict:
         moments[name] = {k: state[k].full_tensor().clone() for k in ("exp_avg", "exp_avg_sq") if k in state}
         if "step" in state:
             moments[name]["step"] = float(state["step"])
-    return {"weights": weights, "moments": moments, "last_epoch": scheduler.last_epoch,
-            "lr": scheduler.get_last_lr()[0], "torch_cpu_rng": torch.get_rng_state()}
+    return {
+        "weights": weights,
+        "moments": moments,
+        "last_epoch": scheduler.last_epoch,
+        "lr": scheduler.get_last_lr()[0],
+        "torch_cpu_rng": torch.get_rng_state(),
+    }
 
 
 def save(args) -> None:
@@ -94,8 +103,9 @@ def save(args) -> None:
         optimizer.step()
         scheduler.step()
     step_dir = os.path.join(args.root, f"global_step_{args.steps}")
-    _manager(model, optimizer, scheduler, tokenizer).save_checkpoint(os.path.join(step_dir, "actor"),
-                                                                     global_step=args.steps)
+    _manager(model, optimizer, scheduler, tokenizer).save_checkpoint(
+        os.path.join(step_dir, "actor"), global_step=args.steps
+    )
     reference = _reference(model, optimizer, scheduler)
     if dist.get_rank() == 0:
         # what verl's trainer writes beside actor/: its dataloader state after the steps of this
@@ -119,8 +129,11 @@ def load(args) -> None:
     mesh = _setup()
     hf_dir = os.path.join(args.actor_dir, "huggingface")
     config = AutoConfig.from_pretrained(hf_dir)
-    auto = AutoModelForCausalLM if any(a.endswith("ForCausalLM") for a in config.architectures) \
+    auto = (
+        AutoModelForCausalLM
+        if any(a.endswith("ForCausalLM") for a in config.architectures)
         else AutoModelForImageTextToText
+    )
     torch.manual_seed(123)  # weights unlike the checkpoint's: the load must replace every one
     model = auto.from_config(config, dtype=torch.float32)
     optimizer, scheduler = _shard_and_optimize(model, mesh, 1e-3, 0)
@@ -138,8 +151,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
     p_save = sub.add_parser("save")
-    for name, kind in (("--model", str), ("--root", str), ("--steps", int), ("--lr", float), ("--warmup", int),
-                       ("--rows", int), ("--batch-size", int), ("--reference", str)):
+    for name, kind in (
+        ("--model", str),
+        ("--root", str),
+        ("--steps", int),
+        ("--lr", float),
+        ("--warmup", int),
+        ("--rows", int),
+        ("--batch-size", int),
+        ("--reference", str),
+    ):
         p_save.add_argument(name, type=kind, required=True)
     p_save.add_argument("--seed", type=int, default=1)
     p_save.add_argument("--shuffle", action="store_true")

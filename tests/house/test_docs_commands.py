@@ -109,18 +109,21 @@ def test_a_broken_command_fails(text, expected, tmp_path):
 
 def test_an_unknown_command_in_a_shell_block_fails_but_prose_is_ignored(tmp_path):
     doc = tmp_path / "doc.md"
-    doc.write_text("```bash\nfrobnicate --all\n```\n`ray status` and `frobnicate` are prose.\n"
-                   "```\naf_output_dir/\n  logs/\n```\n")
+    doc.write_text(
+        "```bash\nfrobnicate --all\n```\n`ray status` and `frobnicate` are prose.\n```\naf_output_dir/\n  logs/\n```\n"
+    )
     failures, _ = check_file(doc, tmp_path / "run")
     assert len(failures) == 1 and "frobnicate --all" in failures[0] and "not a command" in failures[0]
 
 
 def test_recipe_header_run_block_is_read(tmp_path):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("# A recipe.\n# Trains: x (`python data_prep/gsm8k.py --synthetic N`)\n"
-                      "# Run:\n#   verl-npu cp qwen25_gsm8k mine.yaml     # then edit\n"
-                      "#   bash launch/run_recipe.sh mine.yaml \\\n#       trainer.total_epochs=1\n"
-                      "#   (prose in parentheses is skipped)\n# Expect: y\naf_output_dir: x\n")
+    recipe.write_text(
+        "# A recipe.\n# Trains: x (`python data_prep/gsm8k.py --synthetic N`)\n"
+        "# Run:\n#   verl-npu cp qwen25_gsm8k mine.yaml     # then edit\n"
+        "#   bash launch/run_recipe.sh mine.yaml \\\n#       trainer.total_epochs=1\n"
+        "#   (prose in parentheses is skipped)\n# Expect: y\naf_output_dir: x\n"
+    )
     cmds = commands_of(recipe)
     assert [(c.text, c.strict) for c in cmds] == [
         ("verl-npu cp qwen25_gsm8k mine.yaml     # then edit", True),
@@ -137,8 +140,14 @@ def test_recipe_header_run_block_is_read(tmp_path):
 
 def test_show_output_ends_with_a_newline():
     """`verl-npu show` as a user runs it: the next prompt starts on its own line."""
-    proc = subprocess.run([sys.executable, "-m", "verl_npu.cli", "show", "tiny_geo3k"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl_npu.cli", "show", "tiny_geo3k"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.endswith("\n") and not proc.stdout.endswith("\n\n")
     assert proc.stdout.splitlines()[-1].startswith("  ")  # the last line is the YAML's, not a blank one

@@ -42,8 +42,11 @@ LAYERS = [
     (r"verl_npu\.tools(\..*)?$", 3),
     (r"verl_npu\.(models|rewards|memory)(\..*)?$", 2),
     (r"verl_npu\.config(\..*)?$", 1),
-    (r"verl_npu(\.(errors|batch|device|device_tables|host|algorithms(\..*)?|optim|hub|registry(\..*)?"
-     r"|rollout_corrections|tool_registry|distillation_losses))?$", 0),
+    (
+        r"verl_npu(\.(errors|batch|device|device_tables|host|algorithms(\..*)?|optim|hub|registry(\..*)?"
+        r"|rollout_corrections|tool_registry|distillation_losses))?$",
+        0,
+    ),
 ]
 HEAVY = ("torch", "ray", "vllm", "vllm_ascend", "torch_npu", "transformers")
 
@@ -105,7 +108,8 @@ def test_every_module_has_a_layer_and_imports_only_its_own_or_lower_ones():
     assert len(MODULES) > 60
     upward = {(a, b) for a, targets in EDGES.items() for b in targets if layer(b) > layer(a)}
     assert upward - KNOWN_UPWARD == set(), "imports that run upward: " + ", ".join(
-        f"{a} (layer {layer(a)}) -> {b} (layer {layer(b)})" for a, b in sorted(upward - KNOWN_UPWARD))
+        f"{a} (layer {layer(a)}) -> {b} (layer {layer(b)})" for a, b in sorted(upward - KNOWN_UPWARD)
+    )
     assert KNOWN_UPWARD - upward == set(), f"gone, remove them from KNOWN_UPWARD: {sorted(KNOWN_UPWARD - upward)}"
 
 
@@ -159,6 +163,7 @@ def test_no_module_sits_in_an_import_cycle():
 def test_no_package_sits_in_an_import_cycle():
     """Modules folded to their package (`verl_npu.tools.envs.grid` -> `verl_npu.tools`): rewards -> data ->
     tools -> rewards was such a circle, without any module in one."""
+
     def package(module: str) -> str:
         return ".".join(module.split(".")[:2])
 
@@ -189,11 +194,13 @@ def test_validating_a_vllm_recipe_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom verl_npu.config import load_recipe\n"
-            "rc = load_recipe('tiny_gsm8k', ['actor_rollout_ref.rollout.name=vllm', 'global_profiler.tool=torch',"
-            " 'global_profiler.steps=[1]', 'actor_rollout_ref.actor.profiler.enable=true',"
-            " 'actor_rollout_ref.actor.profiler.all_ranks=true'])\n"
-            "print(rc.backend.actor_rollout_ref.rollout.enable_chunked_prefill, 'torch' in sys.modules)\n")
+    code = (
+        "import sys\nfrom verl_npu.config import load_recipe\n"
+        "rc = load_recipe('tiny_gsm8k', ['actor_rollout_ref.rollout.name=vllm', 'global_profiler.tool=torch',"
+        " 'global_profiler.steps=[1]', 'actor_rollout_ref.actor.profiler.enable=true',"
+        " 'actor_rollout_ref.actor.profiler.all_ranks=true'])\n"
+        "print(rc.backend.actor_rollout_ref.rollout.enable_chunked_prefill, 'torch' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     chunked, torch_imported = out.stdout.split()

@@ -113,8 +113,10 @@ def test_the_guide_examples_give_the_verl_commands_values_key_by_key(name, comma
 
 def test_the_batch_arithmetic_follows_the_units_tasks_experiences_and_sync_interval(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("model: {model_path: m}\nalgorithm: {repeat_times: 4}\n"
-                   "buffer: {batch_size: 8, train_batch_size: 16}\nsynchronizer: {sync_interval: 3}\n")
+    cfg.write_text(
+        "model: {model_path: m}\nalgorithm: {repeat_times: 4}\n"
+        "buffer: {batch_size: 8, train_batch_size: 16}\nsynchronizer: {sync_interval: 3}\n"
+    )
     r = import_config("trinity", cfg)
     # 8 tasks per explore step x 3 explore steps per sync = 24 prompts per verl step; a gradient step
     # takes 16 experiences = 4 prompts of 4 responses
@@ -133,8 +135,17 @@ REFUSED = {"dpo_humanlike.yaml": "dpo"}
 def test_the_corpus_covers_the_kinds_the_issue_names():
     assert len(CORPUS) >= 10
     text = " ".join((DATA / n).read_text() for n in CORPUS)
-    for marker in ("algorithm_type: grpo", "algorithm_type: ppo", "lora_configs", "algorithm_type: dapo",
-                   "alfworld_workflow", "mode: explore", "algorithm_type: sft", "stages:", "trainer_config_path"):
+    for marker in (
+        "algorithm_type: grpo",
+        "algorithm_type: ppo",
+        "lora_configs",
+        "algorithm_type: dapo",
+        "alfworld_workflow",
+        "mode: explore",
+        "algorithm_type: sft",
+        "stages:",
+        "trainer_config_path",
+    ):
         assert marker in text, marker
 
 
@@ -163,11 +174,13 @@ def _import(tmp_path, text: str):
     return import_to("trinity", cfg, tmp_path / "r.yaml")[0]
 
 
-ONE_DEVICE = ("model: {model_path: tiny://qwen2, max_prompt_tokens: 64, max_response_tokens: 16}\n"
-              "cluster: {node_num: 1, gpu_per_node: 1}\nalgorithm: {algorithm_type: grpo, repeat_times: 2}\n"
-              "explorer: {rollout_model: {tensor_parallel_size: 1}}\n"
-              "buffer: {batch_size: 4, explorer_input: {taskset: {path: d, split: train}, "
-              "eval_tasksets: [{path: d, split: test}]}}\n")
+ONE_DEVICE = (
+    "model: {model_path: tiny://qwen2, max_prompt_tokens: 64, max_response_tokens: 16}\n"
+    "cluster: {node_num: 1, gpu_per_node: 1}\nalgorithm: {algorithm_type: grpo, repeat_times: 2}\n"
+    "explorer: {rollout_model: {tensor_parallel_size: 1}}\n"
+    "buffer: {batch_size: 4, explorer_input: {taskset: {path: d, split: train}, "
+    "eval_tasksets: [{path: d, split: test}]}}\n"
+)
 
 
 def test_sync_offset_and_interval_map_onto_separate_async_with_its_bound(tmp_path):
@@ -211,12 +224,15 @@ def test_stages_become_an_sft_recipe_and_a_stages_recipe_beside_the_rl_one(tmp_p
     assert rows["stages[0].buffer.train_batch_size"].target == "SFT stage: data.train_batch_size"
     sft = (tmp_path / "r.sft.yaml").read_text()
     assert "train_batch_size: 128   # trinity: buffer.train_batch_size" in sft and "total_training_steps: 10" in sft
-    assert "path: Qwen/Qwen2.5-1.5B-Instruct" in sft   # the top-level model, under the stage's fields
+    assert "path: Qwen/Qwen2.5-1.5B-Instruct" in sft  # the top-level model, under the stage's fields
     stages = (tmp_path / "r.stages.yaml").read_text()
     assert "recipe: r.sft.yaml" in stages and "recipe: r.yaml" in stages
     # the RL recipe validates; the SFT stage names what it lacks (token-budget batches over 8 workers)
-    assert result.problems == [p for p in result.problems if p.startswith("r.stages.yaml: sft: backend_config.data."
-                                                                          "use_dynamic_bsz")] and result.problems
+    assert (
+        result.problems
+        == [p for p in result.problems if p.startswith("r.stages.yaml: sft: backend_config.data.use_dynamic_bsz")]
+        and result.problems
+    )
 
 
 def test_the_cli_prints_the_table_and_exits_1_on_a_refusal(tmp_path, capsys):
@@ -234,11 +250,14 @@ def test_an_inline_agent_loop_config_path_maps_and_workflows_point_at_custom_loo
     """trainer.trainer_config's rollout.agent keys are verl's (issue 39: custom agent loops are built), and a
     workflow's row says how to port it."""
     loops = Path(__file__).resolve().parents[1] / "toys" / "agent_loops.yaml"
-    text = ONE_DEVICE.replace("explorer_input: {taskset: {path: d, split: train}",
-                              "explorer_input: {taskset: {path: d, split: train, default_workflow_type: "
-                              "math_workflow}")
+    text = ONE_DEVICE.replace(
+        "explorer_input: {taskset: {path: d, split: train}",
+        "explorer_input: {taskset: {path: d, split: train, default_workflow_type: math_workflow}",
+    )
     agent = f"{{agent_loop_config_path: {loops}, default_agent_loop: two_turn_toy}}"
-    r = _import(tmp_path, text + f"trainer: {{trainer_config: {{actor_rollout_ref: {{rollout: {{agent: {agent}}}}}}}}}\n")
+    r = _import(
+        tmp_path, text + f"trainer: {{trainer_config: {{actor_rollout_ref: {{rollout: {{agent: {agent}}}}}}}}}\n"
+    )
     rec = {k.removeprefix("backend_config."): v for k, v in r.recipe.items()}
     assert rec["actor_rollout_ref.rollout.agent.agent_loop_config_path"] == str(loops)
     assert rec["actor_rollout_ref.rollout.agent.default_agent_loop"] == "two_turn_toy"

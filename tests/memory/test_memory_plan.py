@@ -16,18 +16,39 @@ from verl_npu.cli import main
 from verl_npu.config import load_recipe
 from verl_npu.errors import UserError
 from verl_npu.memory import plan as mp
-from verl_npu.memory.recipe import add_knobs, build_plan, parse_device_memory, plan_recipe, settings_from_recipe
+from verl_npu.memory.budget import parse_device_memory
+from verl_npu.memory.recipe import add_knobs, build_plan, plan_recipe
+from verl_npu.memory.settings import settings_from_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 #: Qwen2.5-7B-Instruct's config.json numbers (public); 7,615,616,512 parameters
-QWEN25_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-             "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-             "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False,
-             "max_position_embeddings": 32768}
-QWEN25_VL_7B = {**QWEN25_7B, "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
-                "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
-                                  "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
-                                  "temporal_patch_size": 2}}
+QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 32768,
+}
+QWEN25_VL_7B = {
+    **QWEN25_7B,
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    "vision_config": {
+        "depth": 32,
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "num_heads": 16,
+        "out_hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+}
 SMALL = mp.ModelSize(hidden=8, layers=2, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10, tied=True)
 OUT = ["af_output_dir=/tmp/out", "data.train_files=/tmp/t.parquet", "data.val_files=/tmp/t.parquet"]
 
@@ -35,7 +56,7 @@ OUT = ["af_output_dir=/tmp/out", "data.train_files=/tmp/t.parquet", "data.val_fi
 # ------------------------------------------------------------------ model numbers
 def test_parameter_counts_of_the_public_7b_configs():
     assert mp.model_size(QWEN25_7B).params == 7_615_616_512
-    assert mp.model_size(QWEN25_VL_7B).params == 8_292_166_656      # Qwen2.5-VL-7B: 8.29 B
+    assert mp.model_size(QWEN25_VL_7B).params == 8_292_166_656  # Qwen2.5-VL-7B: 8.29 B
 
 
 @pytest.mark.parametrize("which", ["tiny_lm_path", "tiny_vl_path"])
@@ -69,37 +90,41 @@ def test_weights_grads_adam_shard_and_offload():
 
 def test_activations_by_hand():
     # no checkpointing: T * (L * (6.4 H + 4.7 I) + 8 H) * b = 100 * (2 * (51.2 + 75.2) + 64) * 4
-    assert mp.activation_bytes(SMALL, 100, checkpointing=False, remove_padding=False, compute_bytes=4) == \
-        int(100 * (2 * (6.4 * 8 + 4.7 * 16) + 8 * 8) * 4)
+    assert mp.activation_bytes(SMALL, 100, checkpointing=False, remove_padding=False, compute_bytes=4) == int(
+        100 * (2 * (6.4 * 8 + 4.7 * 16) + 8 * 8) * 4
+    )
     # padding-free adds 2 H per layer; bf16 halves
-    assert mp.activation_bytes(SMALL, 100, checkpointing=False, remove_padding=True, compute_bytes=2) == \
-        int(100 * (2 * (6.4 * 8 + 4.7 * 16 + 16) + 64) * 2)
+    assert mp.activation_bytes(SMALL, 100, checkpointing=False, remove_padding=True, compute_bytes=2) == int(
+        100 * (2 * (6.4 * 8 + 4.7 * 16 + 16) + 64) * 2
+    )
     # checkpointing: each layer's input + one layer recomputed: T * (L * H + 9 H + 6 I) * b
-    assert mp.activation_bytes(SMALL, 100, checkpointing=True, remove_padding=False, compute_bytes=4) == \
-        int(100 * (2 * 8 + 9 * 8 + 6 * 16) * 4)
+    assert mp.activation_bytes(SMALL, 100, checkpointing=True, remove_padding=False, compute_bytes=4) == int(
+        100 * (2 * 8 + 9 * 8 + 6 * 16) * 4
+    )
 
 
 def test_logits_and_fused_cap():
     assert mp.logits_bytes(1000, 152064, copies=3, fused=False) == 3 * 4 * 1000 * 152064
     assert mp.logits_bytes(1000, 152064, copies=3, fused=True) == 3 * (64 << 20)
-    assert mp.logits_bytes(10, 10, copies=3, fused=True) == 3 * 400   # below one chunk: unchanged
+    assert mp.logits_bytes(10, 10, copies=3, fused=True) == 3 * 400  # below one chunk: unchanged
 
 
 def test_kv_cache_per_token_and_tensor_parallel():
     m = mp.model_size(QWEN25_7B)
     assert mp.kv_bytes_per_token(m, 1, 2) == 2 * 28 * 4 * 128 * 2 == 57344
     assert mp.kv_bytes_per_token(m, 4, 2) == 57344 // 4
-    assert mp.kv_bytes_per_token(m, 8, 2) == 57344 // 4       # 4 kv heads: one per rank at TP 8 (replicated)
+    assert mp.kv_bytes_per_token(m, 8, 2) == 57344 // 4  # 4 kv heads: one per rank at TP 8 (replicated)
 
 
 def _settings(*overrides, accelerator=True):
-    return settings_from_recipe(load_recipe("qwen25_gsm8k", [*OUT, "actor_rollout_ref.model.path=/tmp/none",
-                                                             *overrides]), accelerator)
+    return settings_from_recipe(
+        load_recipe("qwen25_gsm8k", [*OUT, "actor_rollout_ref.model.path=/tmp/none", *overrides]), accelerator
+    )
 
 
 def test_vllm_engine_kv_cache_holds_whole_sequences():
     m = mp.model_size(QWEN25_7B)
-    s = _settings()     # 8 devices, TP 2, gpu_memory_utilization 0.6, max_model_len 1536
+    s = _settings()  # 8 devices, TP 2, gpu_memory_utilization 0.6, max_model_len 1536
     plan = build_plan(s, m, device_bytes=64 << 30, device_name="910B")
     rollout = plan.phases[0]
     engine = next(p for p in rollout.parts if p.name == "vLLM engine")
@@ -108,7 +133,7 @@ def test_vllm_engine_kv_cache_holds_whole_sequences():
     act = 8192 * (8 * 3584 + 2 * 18944) * 2 + 1024 * 152064 * 4
     seqs = (engine.bytes - weights - act) // (mp.kv_bytes_per_token(m, 2, 2) * 1536)
     assert f"{seqs} sequences of 1536 tokens" in engine.formula and seqs > 100
-    tiny = build_plan(s, m, device_bytes=12 << 30, device_name="12 GiB")   # 7.2 GiB < the weights' 7.1 + 1.6
+    tiny = build_plan(s, m, device_bytes=12 << 30, device_name="12 GiB")  # 7.2 GiB < the weights' 7.1 + 1.6
     assert tiny.verdict == "will not fit" and "holds no sequence" in tiny.problems[0]
 
 
@@ -121,19 +146,19 @@ def test_actor_update_sums_the_resident_state_and_its_micro_batch():
     # 256 prompts x 5 / 8 ranks = 160 rows a mini-batch, 10 micro-batches of 16: later backwards run beside
     # the accumulated gradients
     assert update["actor grads (accumulated)"] == math.ceil(4 * m.params / 8)
-    one = build_plan(replace(s, micro_rows=160), m, device_bytes=1 << 40, device_name="x")   # one micro-batch
+    one = build_plan(replace(s, micro_rows=160), m, device_bytes=1 << 40, device_name="x")  # one micro-batch
     first = {p.name: p.bytes for p in next(ph for ph in one.phases if ph.name == "actor update").parts}
-    assert first["actor grads at the peak"] == 4 * 152064 * 3584 // 8     # zero_grad freed the rest: the head's
+    assert first["actor grads at the peak"] == 4 * 152064 * 3584 // 8  # zero_grad freed the rest: the head's
     assert next(p for p in plan.phases if p.name == "rollout").parts[1].bytes == math.ceil(4 * m.params / 8)
     assert update["actor AdamW"] == math.ceil(8 * m.params / 8)
-    tokens = 16 * 1536     # ppo_micro_batch_size_per_gpu 16 x (512 + 1024)
-    assert update["logits + grads"] == 3 * 4 * 16 * 1024 * 152064   # padding-free: response tokens only
+    tokens = 16 * 1536  # ppo_micro_batch_size_per_gpu 16 x (512 + 1024)
+    assert update["logits + grads"] == 3 * 4 * 16 * 1024 * 152064  # padding-free: response tokens only
     saved, recompute = mp.checkpointed_split(m, tokens, remove_padding=True, compute_bytes=2)
     assert saved + recompute == mp.activation_bytes(m, tokens, checkpointing=True, remove_padding=True, compute_bytes=2)
     # checkpointing: one layer's recompute (12.4 GB - 4.9 GB) is smaller than the logits (29.9 GB): not added;
     # 8 balanced ranks with n = 5: a prompt's samples land on different ranks, no prompt is shared
     assert update["activations"] == saved == 16 * 1536 * 28 * 3584 * 2
-    assert "ref weights" not in update          # the ref is offloaded in this recipe
+    assert "ref weights" not in update  # the ref is offloaded in this recipe
     assert "actor_rollout_ref.model.use_fused_kernels=true" in dict(plan.knobs)
 
 
@@ -156,12 +181,12 @@ def qwen7b(tmp_path):
 def test_plan_of_a_tiny_recipe_fits(tiny_lm_path, capsys):
     assert main(["plan", "tiny_gsm8k"]) == 0
     out = capsys.readouterr().out
-    assert "actor update" in out and "peak: " in out and ": fits" in out   # (its 32 samples share a prompt)
+    assert "actor update" in out and "peak: " in out and ": fits" in out  # (its 32 samples share a prompt)
 
 
 def test_every_shipped_recipe_gets_a_plan(tiny_lm_path, tiny_vl_path, tmp_path):
     from verl_npu.config.recipes import list_recipes
-    from verl_npu.memory.recipe import plan_for
+    from verl_npu.memory.budget import plan_for
 
     for name, conf in (("qwen7b", QWEN25_7B), ("qwen7bvl", QWEN25_VL_7B)):
         (tmp_path / name).mkdir()
@@ -172,26 +197,54 @@ def test_every_shipped_recipe_gets_a_plan(tiny_lm_path, tiny_vl_path, tmp_path):
 
     for recipe in list_recipes():
         if is_sft_recipe(recipe.path) or is_stages_tree(read_yaml_file(recipe.path)):
-            continue   # an SFT recipe has no rollout: `plan` is for RL recipes (docs/sft.md); stages name both
+            continue  # an SFT recipe has no rollout: `plan` is for RL recipes (docs/sft.md); stages name both
         text = recipe.path.read_text()
-        model = [] if "tiny://" in text else \
-            [f"actor_rollout_ref.model.path={tmp_path / ('qwen7bvl' if 'vl' in recipe.name else 'qwen7b')}"]
+        model = (
+            []
+            if "tiny://" in text
+            else [f"actor_rollout_ref.model.path={tmp_path / ('qwen7bvl' if 'vl' in recipe.name else 'qwen7b')}"]
+        )
         plan, why = plan_for(load_recipe(recipe.name, [*OUT, *model] if model else []))
         assert plan is not None, (recipe.name, why)
         assert plan.verdict in ("fits", "tight", "will not fit") and plan.peak.total > 0
         if not model:
-            assert plan.verdict == "fits", recipe.name     # the CPU demos are never refused by `run`
+            assert plan.verdict == "fits", recipe.name  # the CPU demos are never refused by `run`
 
 
 def test_plan_names_the_phase_and_part_that_overflow_and_the_knobs(qwen7b, capsys):
-    assert main(["plan", "qwen25_gsm8k", *OUT, f"actor_rollout_ref.model.path={qwen7b}",   # verl's micro batch
-                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32", "--device-memory", "64GiB"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "qwen25_gsm8k",
+                *OUT,
+                f"actor_rollout_ref.model.path={qwen7b}",  # verl's micro batch
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+                "--device-memory",
+                "64GiB",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "peak: old log-probs" in out and "will not fit" in out and "largest part: logits" in out
     assert "actor_rollout_ref.model.use_fused_kernels=true" in out
-    assert main(["plan", "qwen25_gsm8k", *OUT, f"actor_rollout_ref.model.path={qwen7b}", "--json",
-                 "actor_rollout_ref.model.use_fused_kernels=true",
-                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "--device-memory", "H100"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "qwen25_gsm8k",
+                *OUT,
+                f"actor_rollout_ref.model.path={qwen7b}",
+                "--json",
+                "actor_rollout_ref.model.use_fused_kernels=true",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+                "--device-memory",
+                "H100",
+            ]
+        )
+        == 0
+    )
     plan = json.loads(capsys.readouterr().out)
     assert plan["verdict"] in ("fits", "tight") and plan["device_bytes"] == 80 << 30
     assert {p["name"] for p in plan["phases"]} >= {"rollout", "old log-probs", "ref log-probs", "actor update"}
@@ -211,10 +264,16 @@ def test_run_refuses_a_plan_that_will_not_fit_unless_forced(tiny_lm_path, tmp_pa
 
     trained = []
     monkeypatch.setattr(entry, "run_training", lambda rc, **_: trained.append(rc) or 0)
-    monkeypatch.chdir(tmp_path)   # the demo data is written under ./data
-    big = [f"af_output_dir={tmp_path / 'out'}", "data.max_prompt_length=2000", "data.max_response_length=2000",
-           "actor_rollout_ref.rollout.n=64", "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4096"]    # 4096 rows of 4000 tokens at once
+    monkeypatch.chdir(tmp_path)  # the demo data is written under ./data
+    big = [
+        f"af_output_dir={tmp_path / 'out'}",
+        "data.max_prompt_length=2000",
+        "data.max_response_length=2000",
+        "actor_rollout_ref.rollout.n=64",
+        "data.train_batch_size=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4096",
+    ]  # 4096 rows of 4000 tokens at once
     assert main(["run", "tiny_gsm8k", *big]) == 1
     err = capsys.readouterr().err
     assert "will not fit" in err and "actor update" in err and "--force" in err and "Traceback" not in err
@@ -227,13 +286,19 @@ def test_run_refuses_a_plan_that_will_not_fit_unless_forced(tiny_lm_path, tmp_pa
 def test_run_only_warns_for_an_assumed_accelerator_card(qwen7b, capsys):
     from verl_npu.cli import _refuse_if_it_will_not_fit
 
-    rc = load_recipe("qwen25_gsm8k", [*OUT, f"actor_rollout_ref.model.path={qwen7b}",   # will not fit a 910B
-                                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32"])
-    _refuse_if_it_will_not_fit(rc, force=False)            # trainer.device auto: the 910B is assumed
+    rc = load_recipe(
+        "qwen25_gsm8k",
+        [
+            *OUT,
+            f"actor_rollout_ref.model.path={qwen7b}",  # will not fit a 910B
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+        ],
+    )
+    _refuse_if_it_will_not_fit(rc, force=False)  # trainer.device auto: the 910B is assumed
     assert "will not fit" in capsys.readouterr().out
     with pytest.raises(UserError, match="will not fit"):
         _refuse_if_it_will_not_fit(rc, force=False, device_memory="64GiB")
-    _refuse_if_it_will_not_fit(rc, force=False, device_memory="H200")   # 141 GiB: fits
+    _refuse_if_it_will_not_fit(rc, force=False, device_memory="H200")  # 141 GiB: fits
     assert "warning" not in capsys.readouterr().out
 
 
@@ -248,11 +313,19 @@ def _measure():
 def test_actor_update_prediction_is_near_a_real_cpu_update(tiny_lm_path):
     rows, prompt, response = 8, 64, 32
     measured = _measure()(tiny_lm_path, rows=rows, prompt=prompt, response=response)
-    rc = load_recipe("tiny_gsm8k", [f"actor_rollout_ref.model.path={tiny_lm_path}", f"data.max_prompt_length={prompt}",
-                                    f"data.max_response_length={response}", "actor_rollout_ref.rollout.n=2",
-                                    f"data.train_batch_size={rows // 2}", f"actor_rollout_ref.actor.ppo_mini_batch_size={rows // 2}",
-                                    f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows}",
-                                    "actor_rollout_ref.model.use_remove_padding=false"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            f"actor_rollout_ref.model.path={tiny_lm_path}",
+            f"data.max_prompt_length={prompt}",
+            f"data.max_response_length={response}",
+            "actor_rollout_ref.rollout.n=2",
+            f"data.train_batch_size={rows // 2}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={rows // 2}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows}",
+            "actor_rollout_ref.model.use_remove_padding=false",
+        ],
+    )
     size = mp.model_size(json.loads((Path(tiny_lm_path) / "config.json").read_text()))
     assert size.params == measured["params"]
     plan = plan_recipe(rc, 1 << 34, "test", {"actor": size}, accelerator=False)
@@ -266,22 +339,26 @@ def test_shared_prompts_run_each_prompt_once_padding_free():
     m = mp.model_size(QWEN25_7B)
     base = _settings("actor_rollout_ref.model.enable_gradient_checkpointing=false", accelerator=True)
     padded = replace(base, remove_padding=False)
-    free = replace(base, remove_padding=True, balance=False)   # trainer.balance_batch=false: samples stay together
+    free = replace(base, remove_padding=True, balance=False)  # trainer.balance_batch=false: samples stay together
     balanced = replace(base, remove_padding=True)
     act = {}
     for name, s in (("padded", padded), ("free", free), ("balanced", balanced)):
         plan = build_plan(s, m, device_bytes=64 << 30, device_name="910B")
-        act[name] = next(p for p in next(ph for ph in plan.phases if ph.name == "actor update").parts
-                         if p.name == "activations")
+        act[name] = next(
+            p for p in next(ph for ph in plan.phases if ph.name == "actor update").parts if p.name == "activations"
+        )
     # 16 rows, n = 5: ceil(16 / 5) = 4 prompts of 512 + 16 responses of 1024 tokens
-    assert act["free"].bytes == mp.activation_bytes(m, 4 * 512 + 16 * 1024, checkpointing=False, remove_padding=True,
-                                                    compute_bytes=2)
-    assert act["padded"].bytes == mp.activation_bytes(m, 16 * 1536, checkpointing=False, remove_padding=False,
-                                                      compute_bytes=2)
+    assert act["free"].bytes == mp.activation_bytes(
+        m, 4 * 512 + 16 * 1024, checkpointing=False, remove_padding=True, compute_bytes=2
+    )
+    assert act["padded"].bytes == mp.activation_bytes(
+        m, 16 * 1536, checkpointing=False, remove_padding=False, compute_bytes=2
+    )
     assert "each prompt once" in act["free"].formula
     # balance_batch deals a prompt's 5 samples to 5 of the 8 ranks: nothing shared
-    assert act["balanced"].bytes == mp.activation_bytes(m, 16 * 1536, checkpointing=False, remove_padding=True,
-                                                         compute_bytes=2)
+    assert act["balanced"].bytes == mp.activation_bytes(
+        m, 16 * 1536, checkpointing=False, remove_padding=True, compute_bytes=2
+    )
 
 
 def test_fsdp_backward_holds_a_prefetched_layer_and_two_layers_of_grads():
@@ -289,10 +366,14 @@ def test_fsdp_backward_holds_a_prefetched_layer_and_two_layers_of_grads():
     s = _settings()
     plan = build_plan(s, m, device_bytes=64 << 30, device_name="910B")
     update = {p.name: p.bytes for p in next(ph for ph in plan.phases if ph.name == "actor update").parts}
-    assert update["FSDP2 backward: a prefetched layer + two layers' unsharded grads"] == \
-        m.layer_params * 2 + 2 * 4 * m.layer_params
+    assert (
+        update["FSDP2 backward: a prefetched layer + two layers' unsharded grads"]
+        == m.layer_params * 2 + 2 * 4 * m.layer_params
+    )
     lora = build_plan(replace(s, lora_rank=8), m, device_bytes=64 << 30, device_name="910B")
-    part = next(p for p in next(ph for ph in lora.phases if ph.name == "actor update").parts if "FSDP2 backward" in p.name)
+    part = next(
+        p for p in next(ph for ph in lora.phases if ph.name == "actor update").parts if "FSDP2 backward" in p.name
+    )
     assert part.bytes == m.layer_params * 2 + 2 * 4 * (mp.lora_params(m, 8) // m.layers)
     one = build_plan(replace(s, world=1, fsdp=False), m, device_bytes=1 << 40, device_name="x")
     assert not any("FSDP2" in p.name for ph in one.phases for p in ph.parts)
@@ -300,28 +381,37 @@ def test_fsdp_backward_holds_a_prefetched_layer_and_two_layers_of_grads():
 
 def test_offload_moves_nothing_off_a_cpu_device_and_lora_has_a_reference_pass():
     m = mp.model_size(QWEN25_7B)
-    s = _settings("actor_rollout_ref.actor.fsdp_config.param_offload=true",
-                  "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", accelerator=False)
+    s = _settings(
+        "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+        accelerator=False,
+    )
     cpu = build_plan(s, m, device_bytes=1 << 40, device_name="cpu")
     accel = build_plan(replace(s, cpu=False), m, device_bytes=1 << 40, device_name="npu")
-    resident = lambda plan: {p.name: p.bytes for p in plan.phases[-1].parts}   # noqa: E731 - checkpoint save
+    resident = lambda plan: {p.name: p.bytes for p in plan.phases[-1].parts}  # noqa: E731 - checkpoint save
     assert resident(cpu)["actor weights"] == math.ceil(4 * m.params / 8) and "actor weights" not in resident(accel)
     assert not any("offloaded" in p.name for p in cpu.host)
-    lora = settings_from_recipe(load_recipe("qwen25_gsm8k", [*OUT, "actor_rollout_ref.model.path=/tmp/none",
-                                                             "actor_rollout_ref.model.lora_rank=8"]))
+    lora = settings_from_recipe(
+        load_recipe(
+            "qwen25_gsm8k", [*OUT, "actor_rollout_ref.model.path=/tmp/none", "actor_rollout_ref.model.lora_rank=8"]
+        )
+    )
     assert not lora.use_ref and lora.kl
     phases = {p.name: p for p in build_plan(lora, m, device_bytes=64 << 30, device_name="910B").phases}
     assert "ref log-probs" in phases and not any(p.name == "ref weights" for p in phases["ref log-probs"].parts)
 
 
 # ------------------------------------------------------------------ known model shapes
-@pytest.mark.parametrize("path, hub_id, params", [
-    ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", 494_032_768),      # the model card's counts
-    ("/home/user/verl/models/Qwen2.5-3B", "Qwen/Qwen2.5-3B-Instruct", 3_085_938_688),
-    ("/home/user/verl/models/Qwen2.5-7B-Instrct", "Qwen/Qwen2.5-7B-Instruct", 7_615_616_512),
-    ("Qwen/Qwen2.5-32B", "Qwen/Qwen2.5-32B-Instruct", 32_763_876_352),
-    ("EDIT_ME: /path/to/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct", 8_292_166_656),
-])
+@pytest.mark.parametrize(
+    "path, hub_id, params",
+    [
+        ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", 494_032_768),  # the model card's counts
+        ("/home/user/verl/models/Qwen2.5-3B", "Qwen/Qwen2.5-3B-Instruct", 3_085_938_688),
+        ("/home/user/verl/models/Qwen2.5-7B-Instrct", "Qwen/Qwen2.5-7B-Instruct", 7_615_616_512),
+        ("Qwen/Qwen2.5-32B", "Qwen/Qwen2.5-32B-Instruct", 32_763_876_352),
+        ("EDIT_ME: /path/to/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct", 8_292_166_656),
+    ],
+)
 def test_known_shapes_give_the_published_parameter_counts(path, hub_id, params):
     from verl_npu.config.known_models import known_config
 
@@ -338,9 +428,11 @@ def test_unknown_names_are_not_guessed():
 
 
 # ------------------------------------------------------------------ the shipped recipes' headers
-HEADER = re.compile(r"^# Memory: per NPU: ([0-9.]+) GiB of ([0-9]+) at the ([a-z -]+?) \(([a-z ]+)\): a forecast, "
-                    r"not measured on an NPU, from\n#   `verl-npu plan (\w+) actor_rollout_ref\.model\.path=([^`]+)`",
-                    re.M)
+HEADER = re.compile(
+    r"^# Memory: per NPU: ([0-9.]+) GiB of ([0-9]+) at the ([a-z -]+?) \(([a-z ]+)\): a forecast, "
+    r"not measured on an NPU, from\n#   `verl-npu plan (\w+) actor_rollout_ref\.model\.path=([^`]+)`",
+    re.M,
+)
 
 
 #: every shipped accelerator recipe (the tiny_* ones run on a CPU)
@@ -361,7 +453,12 @@ def test_accelerator_recipe_header_states_its_plan(recipe, capsys):
     out = capsys.readouterr().out
     printed = re.search(r"^peak: (.+?), ([0-9.]+) GiB of ([0-9.]+) GiB \(\d+%\): (.+)$", out, re.M)
     assert printed, out
-    assert (printed[1], f"{float(printed[2]):.1f}", float(printed[3]), printed[4]) == (phase, gib, float(device), verdict)
+    assert (printed[1], f"{float(printed[2]):.1f}", float(printed[3]), printed[4]) == (
+        phase,
+        gib,
+        float(device),
+        verdict,
+    )
     assert verdict in ("fits", "tight")
 
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from verl_npu.config import load_recipe
 from verl_npu.memory import plan as mp
-from verl_npu.memory.recipe import build_plan, settings_from_recipe
+from verl_npu.memory.recipe import build_plan
+from verl_npu.memory.settings import settings_from_recipe
 
-OUT = ["af_output_dir=/tmp/out", "data.train_files=/tmp/t.parquet", "data.val_files=/tmp/t.parquet",
-       "actor_rollout_ref.model.path=/tmp/none"]
+OUT = [
+    "af_output_dir=/tmp/out",
+    "data.train_files=/tmp/t.parquet",
+    "data.val_files=/tmp/t.parquet",
+    "actor_rollout_ref.model.path=/tmp/none",
+]
 MODEL = mp.ModelSize(hidden=512, layers=8, heads=8, kv_heads=2, head_dim=64, intermediate=1536, vocab=512)
 
 
@@ -34,10 +39,16 @@ def test_one_cpu_worker_host_is_base_tensors_and_retained_blocks():
     assert host["worker processes"] == mp.CPU_WORKER_BASE_BYTES
     assert host["the workers' tensors (the CPU is the device)"] == peak
     assert host["C allocator's retained blocks"] == int(mp.CPU_ALLOCATOR_RETAINED * peak)
-    assert "driver process" not in host and "Ray's processes" not in host   # one worker runs in the driver
+    assert "driver process" not in host and "Ray's processes" not in host  # one worker runs in the driver
     batch = s.train_batch * s.n * s.seq * 8 * 6
-    assert sum(host.values()) == mp.CPU_WORKER_BASE_BYTES + peak + int(mp.CPU_ALLOCATOR_RETAINED * peak) \
-        + host.get("checkpoint export (rank 0)", 0) + batch
+    assert (
+        sum(host.values())
+        == mp.CPU_WORKER_BASE_BYTES
+        + peak
+        + int(mp.CPU_ALLOCATOR_RETAINED * peak)
+        + host.get("checkpoint export (rank 0)", 0)
+        + batch
+    )
 
 
 def test_two_cpu_workers_count_each_worker_and_the_driver():
@@ -63,8 +74,8 @@ def test_checkpoint_save_on_cpu_gathers_the_full_model_on_rank_0_when_sharded():
 
     _, two = _cpu_plan("trainer.n_gpus_per_node=2")
     assert save_parts(two)["the full model gathered on rank 0"] == 4 * MODEL.params
-    _, one = _cpu_plan()   # one worker saves its own tensors: nothing is gathered
+    _, one = _cpu_plan()  # one worker saves its own tensors: nothing is gathered
     assert save_parts(one)["one gathered tensor"] == MODEL.vocab * MODEL.hidden * 4
     s = settings_from_recipe(load_recipe("tiny_gsm8k", [*OUT, "trainer.device=cpu", "trainer.n_gpus_per_node=2"]), True)
     accel = save_parts(build_plan(s, MODEL, device_bytes=64 << 30, device_name="910B"))
-    assert "the full model gathered on rank 0" not in accel   # an accelerator gathers it into host memory
+    assert "the full model gathered on rank 0" not in accel  # an accelerator gathers it into host memory

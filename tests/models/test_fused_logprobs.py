@@ -63,8 +63,8 @@ def _batch(vocab: int, prompt: int = 7, response: int = 5):
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, vocab, (3, prompt + response), generator=gen)
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0                      # left padding of a short prompt
-    mask[1, prompt + 3:] = 0             # a short response
+    mask[0, :3] = 0  # left padding of a short prompt
+    mask[1, prompt + 3 :] = 0  # a short response
     return ids, mask, response
 
 
@@ -75,12 +75,16 @@ def test_model_log_probs_entropy_and_gradients_equal_unfused(tiny_lm_path, remov
     results = {}
     for fused in (False, True):
         model.zero_grad(set_to_none=True)
-        lp, ent = response_log_probs(model, ids, mask, response, temperature=0.8, with_entropy=True,
-                                     remove_padding=remove_padding, fused=fused)
+        lp, ent = response_log_probs(
+            model, ids, mask, response, temperature=0.8, with_entropy=True, remove_padding=remove_padding, fused=fused
+        )
         resp_mask = mask[:, -response:].float()
         ((lp * resp_mask).sum() - 0.3 * (ent * resp_mask).sum()).backward()
-        results[fused] = (lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                                        if p.grad is not None})
+        results[fused] = (
+            lp.detach(),
+            ent.detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
     (lp0, ent0, g0), (lp1, ent1, g1) = results[False], results[True]
     keep = mask[:, -response:].bool()
     torch.testing.assert_close(lp1[keep], lp0[keep], **TOL)
@@ -99,8 +103,19 @@ def test_vl_model_log_probs_equal_unfused(tiny_vl_path):
     ids = torch.cat([prompts["input_ids"], torch.randint(3, 100, (2, 4))], dim=1)
     mask = torch.cat([prompts["attention_mask"], torch.ones(2, 4, dtype=torch.long)], dim=1)
     with torch.no_grad():
-        out = [response_log_probs(model, ids, mask, 4, multi_modal_inputs=prompts["multi_modal_inputs"],
-                                  with_entropy=True, remove_padding=True, fused=fused) for fused in (False, True)]
+        out = [
+            response_log_probs(
+                model,
+                ids,
+                mask,
+                4,
+                multi_modal_inputs=prompts["multi_modal_inputs"],
+                with_entropy=True,
+                remove_padding=True,
+                fused=fused,
+            )
+            for fused in (False, True)
+        ]
     torch.testing.assert_close(out[1][0], out[0][0], **TOL)
     torch.testing.assert_close(out[1][1], out[0][1], **TOL)
 
@@ -114,12 +129,24 @@ def test_torch_compile_gives_the_same_log_probs_entropy_and_gradients(tiny_lm_pa
     results = {}
     for fused, compile in ((False, False), (False, True), (True, True)):
         model.zero_grad(set_to_none=True)
-        lp, ent = response_log_probs(model, ids, mask, response, temperature=0.8, with_entropy=True,
-                                     remove_padding=True, fused=fused, compile=compile)
+        lp, ent = response_log_probs(
+            model,
+            ids,
+            mask,
+            response,
+            temperature=0.8,
+            with_entropy=True,
+            remove_padding=True,
+            fused=fused,
+            compile=compile,
+        )
         keep = mask[:, -response:].float()
         ((lp * keep).sum() - 0.3 * (ent * keep).sum()).backward()
-        results[fused, compile] = (lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
-                                                               if p.grad is not None})
+        results[fused, compile] = (
+            lp.detach(),
+            ent.detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
     lp0, ent0, g0 = results[False, False]
     keep = mask[:, -response:].bool()
     for variant in ((False, True), (True, True)):

@@ -37,7 +37,9 @@ def _vl_prompts(path):
     for text, image in zip(texts, images):
         one = proc(text=[text], images=[image], return_tensors="pt")
         rows.append({"pixel_values": one["pixel_values"], "image_grid_thw": one["image_grid_thw"]})
-    batch = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, {"multi_modal_inputs": rows})
+    batch = Batch(
+        {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, {"multi_modal_inputs": rows}
+    )
     return proc.tokenizer, batch
 
 
@@ -99,12 +101,17 @@ def text_rollout(path, texts: list[str], n: int, seed: int | None = None) -> tup
 
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_text_log_probs_equal_plain_forward_with_padding(tiny_lm_path, remove_padding):
-    model, rollout = text_rollout(tiny_lm_path, ["a short one", "a much longer prompt with many more words in it"],
-                                  n=3, seed=1)
+    model, rollout = text_rollout(
+        tiny_lm_path, ["a short one", "a much longer prompt with many more words in it"], n=3, seed=1
+    )
     with torch.no_grad():
         lp, ent = response_log_probs(
-            model, rollout["input_ids"], rollout["attention_mask"], RESPONSE_LEN,
-            with_entropy=True, remove_padding=remove_padding,
+            model,
+            rollout["input_ids"],
+            rollout["attention_mask"],
+            RESPONSE_LEN,
+            with_entropy=True,
+            remove_padding=remove_padding,
         )
     mask = rollout["response_mask"].bool()
     torch.testing.assert_close(lp[mask], _plain_log_probs(model, rollout)[mask], atol=1e-5, rtol=1e-5)
@@ -159,8 +166,11 @@ def test_samples_depend_on_the_prompt_not_on_its_batch(tiny_lm_path, monkeypatch
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32).eval()
     calls = []
     real_decode = hf.decode
-    monkeypatch.setattr(hf, "decode", lambda module, ids, *a, **kw: calls.append((ids.shape[0], kw["n"]))
-                        or real_decode(module, ids, *a, **kw))
+    monkeypatch.setattr(
+        hf,
+        "decode",
+        lambda module, ids, *a, **kw: calls.append((ids.shape[0], kw["n"])) or real_decode(module, ids, *a, **kw),
+    )
     enc = tok(["first prompt here", "the second one"], return_tensors="pt", padding=True)
     both = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, {"uid": ["u1", "u2"]})
     engine = HFRollout(model, tok, seed=7)
@@ -197,8 +207,13 @@ def test_returned_logits_give_the_same_log_probs(tiny_lm_path, remove_padding):
     model, rollout = text_rollout(tiny_lm_path, ["short", "a longer prompt than that"], n=2)
     with torch.no_grad():
         lp, _, logits = response_log_probs(
-            model, rollout["input_ids"], rollout["attention_mask"], RESPONSE_LEN,
-            temperature=0.7, remove_padding=remove_padding, return_logits=True,
+            model,
+            rollout["input_ids"],
+            rollout["attention_mask"],
+            RESPONSE_LEN,
+            temperature=0.7,
+            remove_padding=remove_padding,
+            return_logits=True,
         )
     assert logits.shape == (4, RESPONSE_LEN, model.config.vocab_size)
     from_logits = torch.log_softmax(logits, -1).gather(-1, rollout["responses"].unsqueeze(-1)).squeeze(-1)

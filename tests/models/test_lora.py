@@ -18,9 +18,15 @@ from verl_npu.models.forward import response_log_probs
 from verl_npu.models.loading import load_policy_model
 from verl_npu.trainer.entry import run_training
 
-LORA = {"actor_rollout_ref.model.path": "tiny://qwen2", "actor_rollout_ref.model.lora_rank": 4,
-        "actor_rollout_ref.model.lora_alpha": 8, "actor_rollout_ref.actor.optim.lr": 0.05,
-        "data.max_prompt_length": 48, "trainer.test_freq": -1, "trainer.logger": "[console]"}
+LORA = {
+    "actor_rollout_ref.model.path": "tiny://qwen2",
+    "actor_rollout_ref.model.lora_rank": 4,
+    "actor_rollout_ref.model.lora_alpha": 8,
+    "actor_rollout_ref.actor.optim.lr": 0.05,
+    "data.max_prompt_length": 48,
+    "trainer.test_freq": -1,
+    "trainer.logger": "[console]",
+}
 
 
 def _worker(tmp_path, **extra):
@@ -39,9 +45,15 @@ def _batch(vocab: int, rows: int = 4, prompt: int = 6, response: int = 4) -> Bat
     ids = torch.randint(3, vocab, (rows, prompt + response), generator=gen)
     mask = torch.ones_like(ids)
     mask[0, :2] = 0  # one left-padded prompt
-    return Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, prompt:],
-                  "response_mask": torch.ones(rows, response),
-                  "advantages": torch.linspace(-1, 1, rows)[:, None].expand(rows, response).contiguous()})
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "responses": ids[:, prompt:],
+            "response_mask": torch.ones(rows, response),
+            "advantages": torch.linspace(-1, 1, rows)[:, None].expand(rows, response).contiguous(),
+        }
+    )
 
 
 def _base_log_probs(path: str, batch: Batch) -> torch.Tensor:
@@ -90,8 +102,9 @@ def test_merged_weights_equal_peft_merge_and_unload(tiny_lm_path):
     from peft import LoraConfig, get_peft_model
 
     base = load_policy_model(tiny_lm_path, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=16, target_modules="all-linear",
-                                            exclude_modules=["o_proj"]))
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", exclude_modules=["o_proj"])
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".lora_B." in name:
@@ -113,8 +126,13 @@ def test_checkpoint_export_resume_and_adapter_path(tmp_path, tiny_lm_path):
     from peft import PeftModel
 
     data = _gsm8k_like(tmp_path / "gsm")
-    common = {**LORA, "trainer.total_training_steps": 3, "trainer.save_freq": 1,
-              "trainer.max_actor_ckpt_to_keep": "null", "custom_reward_function.path": _dense_reward(tmp_path)}
+    common = {
+        **LORA,
+        "trainer.total_training_steps": 3,
+        "trainer.save_freq": 1,
+        "trainer.max_actor_ckpt_to_keep": "null",
+        "custom_reward_function.path": _dense_reward(tmp_path),
+    }
     straight = tmp_path / "straight"
     assert run_training(load_recipe("tiny_geo3k", tiny_overrides(straight, data, **common))) == 0
     reference = {r["step"]: r for r in read_metrics(straight / "out")}
@@ -154,8 +172,10 @@ def test_checkpoint_export_resume_and_adapter_path(tmp_path, tiny_lm_path):
 
 def _dense_reward(tmp_path):
     reward = tmp_path / "dense.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return float(sum(map(ord, solution_str)) % 7) / 6.0\n")
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(sum(map(ord, solution_str)) % 7) / 6.0\n"
+    )
     return reward
 
 
@@ -178,19 +198,29 @@ def test_two_fsdp2_workers_train_the_adapter(tmp_path, tiny_lm_path):
     from peft import PeftModel
 
     data = _gsm8k_like(tmp_path / "gsm")
-    over = {**LORA, "trainer.n_gpus_per_node": 2, "trainer.total_training_steps": 1, "trainer.save_freq": 1,
-            "custom_reward_function.path": _dense_reward(tmp_path), "ray_init.num_cpus": 2}
+    over = {
+        **LORA,
+        "trainer.n_gpus_per_node": 2,
+        "trainer.total_training_steps": 1,
+        "trainer.save_freq": 1,
+        "custom_reward_function.path": _dense_reward(tmp_path),
+        "ray_init.num_cpus": 2,
+    }
     assert run_training(load_recipe("tiny_geo3k", tiny_overrides(tmp_path, data, **over))) == 0
     [row] = read_metrics(tmp_path / "out")
     # two mini-batches: the second one's KL to the adapters-off reference is above 0
     assert row["actor/grad_norm"] > 0 and 0 < row["actor/kl_loss"] < 1
     hf = tmp_path / "out" / "checkpoints" / "global_step_1" / "actor" / "huggingface"
     base = load_policy_model(tiny_lm_path, dtype=torch.float32).state_dict()
-    merged = PeftModel.from_pretrained(load_policy_model(tiny_lm_path, dtype=torch.float32),
-                                       hf / "lora_adapter").merge_and_unload().state_dict()
+    merged = (
+        PeftModel.from_pretrained(load_policy_model(tiny_lm_path, dtype=torch.float32), hf / "lora_adapter")
+        .merge_and_unload()
+        .state_dict()
+    )
     exported = load_file(hf / "model.safetensors")
     for key, value in exported.items():
         torch.testing.assert_close(value, merged[key], rtol=1e-5, atol=1e-6, msg=key)
     assert torch.equal(exported["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
-    assert not torch.equal(exported["model.layers.0.self_attn.q_proj.weight"],
-                           base["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        exported["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )

@@ -24,9 +24,20 @@ def _worker(tmp_path, tiny_lm_path, dtype: str):
     from verl_npu.workers.actor import ActorRolloutRefWorker
 
     data = _gsm8k_like(tmp_path / "gsm")
-    rc = load_recipe("tiny_geo3k", tiny_overrides(tmp_path, data, **{
-        "actor_rollout_ref.model.path": tiny_lm_path, "actor_rollout_ref.actor.fsdp_config.model_dtype": dtype,
-        "data.max_prompt_length": 48, "trainer.test_freq": -1, "trainer.logger": "[console]"}))
+    rc = load_recipe(
+        "tiny_geo3k",
+        tiny_overrides(
+            tmp_path,
+            data,
+            **{
+                "actor_rollout_ref.model.path": tiny_lm_path,
+                "actor_rollout_ref.actor.fsdp_config.model_dtype": dtype,
+                "data.max_prompt_length": 48,
+                "trainer.test_freq": -1,
+                "trainer.logger": "[console]",
+            },
+        ),
+    )
     worker = ActorRolloutRefWorker(rc.typed, device=detect_device("cpu"), total_training_steps=2)
     worker.init_model()
     return worker
@@ -48,13 +59,27 @@ def test_the_actors_weights_grads_and_adam_state_are_in_model_dtype(tmp_path, ti
 
 def test_the_memory_plan_counts_two_bytes_for_bf16_master_weights():
     from verl_npu.memory import plan as mp
-    from verl_npu.memory.recipe import build_plan, settings_from_recipe
+    from verl_npu.memory.recipe import build_plan
+    from verl_npu.memory.settings import settings_from_recipe
 
-    out = ["af_output_dir=/tmp/x", "actor_rollout_ref.model.path=/tmp/none", "data.train_files=/tmp/t.parquet",
-           "data.val_files=/tmp/t.parquet"]
-    m = mp.model_size({"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
-                       "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
-                       "tie_word_embeddings": False, "max_position_embeddings": 32768})
+    out = [
+        "af_output_dir=/tmp/x",
+        "actor_rollout_ref.model.path=/tmp/none",
+        "data.train_files=/tmp/t.parquet",
+        "data.val_files=/tmp/t.parquet",
+    ]
+    m = mp.model_size(
+        {
+            "hidden_size": 3584,
+            "intermediate_size": 18944,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "vocab_size": 152064,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 32768,
+        }
+    )
 
     def update(*extra):
         s = settings_from_recipe(load_recipe("qwen25_gsm8k", [*out, *extra]), True)
@@ -85,23 +110,34 @@ def test_a_third_party_distillation_script_validates_with_local_paths(tmp_path, 
     from verl_npu.data import gsm8k
 
     monkeypatch.setattr(device, "configured_device", lambda requested=None: device.DeviceInfo("npu"))
-    monkeypatch.setitem(sys.modules, "swanlab", type(sys)("swanlab"))   # the logger's package, as installed there
+    monkeypatch.setitem(sys.modules, "swanlab", type(sys)("swanlab"))  # the logger's package, as installed there
     gsm8k.prepare_synthetic(tmp_path / "data", 32, 8, seed=0)
     reward = tmp_path / "reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
-    local = {"data.train_files": tmp_path / "data" / "train.parquet", "data.val_files": tmp_path / "data" / "test.parquet",
-             "actor_rollout_ref.model.path": tiny_lm_path,
-             "distillation.teacher_models.teacher_model.model_path": tiny_lm_path,
-             "reward.custom_reward_function.path": reward, "trainer.default_local_dir": tmp_path / "ckpt",
-             "trainer.validation_data_dir": tmp_path / "val"}
+    local = {
+        "data.train_files": tmp_path / "data" / "train.parquet",
+        "data.val_files": tmp_path / "data" / "test.parquet",
+        "actor_rollout_ref.model.path": tiny_lm_path,
+        "distillation.teacher_models.teacher_model.model_path": tiny_lm_path,
+        "reward.custom_reward_function.path": reward,
+        "trainer.default_local_dir": tmp_path / "ckpt",
+        "trainer.validation_data_dir": tmp_path / "val",
+    }
     args = []
     for line in (FIXTURES / "third_party_scripts" / "opd_forward_kl_topk_finqa.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             key = line.split("=", 1)[0]
             args.append(f"{key}={local[key]}" if key in local else line)
     assert sum(a.startswith("distillation.") for a in args) == 20
-    code = main(["validate", str(FIXTURES / "verl_scripts" / "verl_base.yaml"), *args, f"af_output_dir={tmp_path}",
-                 "--check-paths"])
+    code = main(
+        [
+            "validate",
+            str(FIXTURES / "verl_scripts" / "verl_base.yaml"),
+            *args,
+            f"af_output_dir={tmp_path}",
+            "--check-paths",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0, err
     rc = load_recipe(FIXTURES / "verl_scripts" / "verl_base.yaml", [*args, f"af_output_dir={tmp_path}"])

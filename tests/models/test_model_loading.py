@@ -143,7 +143,8 @@ def test_load_vl_policy_model_matches_plain_transformers(vl_dir):
     proc = AutoProcessor.from_pretrained(vl_dir)
     text = proc.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Sides?"}]}],
-        tokenize=False, add_generation_prompt=True,
+        tokenize=False,
+        add_generation_prompt=True,
     )
     batch = proc(text=[text], images=[Image.new("RGB", (84, 56), (200, 30, 30))], return_tensors="pt")
     model.eval()
@@ -168,7 +169,8 @@ def test_override_config(text_dir, vl_dir):
     model = loading.load_policy_model(str(text_dir), dtype=torch.float32, override_config={"attention_dropout": 0.25})
     assert model.config.attention_dropout == 0.25
     vl = loading.load_policy_model(
-        "tiny://qwen25vl", dtype=torch.float32,
+        "tiny://qwen25vl",
+        dtype=torch.float32,
         override_config={"attention_dropout": 0.5, "vision_config": {"initializer_range": 0.5}},
     )
     assert vl.config.text_config.attention_dropout == 0.5
@@ -207,8 +209,10 @@ def test_folder_without_weights_is_user_error(tmp_path, vl_dir):
 def test_index_with_missing_shard_is_user_error(tmp_path, text_dir):
     folder = _copy(text_dir, tmp_path / "sharded", skip=("model.safetensors",))
     shutil.copy(text_dir / "model.safetensors", folder / "model-00001-of-00002.safetensors")
-    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
-                                            "b": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(UserError, match=r"1 are missing: model-00002-of-00002\.safetensors"):
         loading.load_policy_model(str(folder), dtype=torch.float32)

@@ -35,9 +35,20 @@ def test_the_actor_loads_from_shared_memory(tmp_path, monkeypatch, tiny_lm_path)
 
     monkeypatch.setenv("VERL_NPU_SHM_DIR", str(tmp_path / "shm"))
     data = _gsm8k_like(tmp_path / "gsm")
-    rc = load_recipe("tiny_geo3k", tiny_overrides(tmp_path, data, **{
-        "actor_rollout_ref.model.path": tiny_lm_path, "actor_rollout_ref.model.use_shm": "true",
-        "data.max_prompt_length": 48, "trainer.test_freq": -1, "trainer.logger": "[console]"}))
+    rc = load_recipe(
+        "tiny_geo3k",
+        tiny_overrides(
+            tmp_path,
+            data,
+            **{
+                "actor_rollout_ref.model.path": tiny_lm_path,
+                "actor_rollout_ref.model.use_shm": "true",
+                "data.max_prompt_length": 48,
+                "trainer.test_freq": -1,
+                "trainer.logger": "[console]",
+            },
+        ),
+    )
     assert rc.backend.actor_rollout_ref.model.use_shm is True
     worker = ActorRolloutRefWorker(rc.typed, device=detect_device("cpu"), total_training_steps=2)
     worker.init_model()
@@ -49,7 +60,7 @@ def test_the_actor_loads_from_shared_memory(tmp_path, monkeypatch, tiny_lm_path)
     original = AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32)
     name, param = next(iter(original.named_parameters()))
     loaded = dict(worker.module.named_parameters())[name]
-    loaded = loaded.full_tensor() if hasattr(loaded, "full_tensor") else loaded   # an FSDP2 shard
+    loaded = loaded.full_tensor() if hasattr(loaded, "full_tensor") else loaded  # an FSDP2 shard
     assert torch.equal(loaded.detach(), param.detach())
 
 
@@ -61,9 +72,18 @@ def test_a_verl_script_with_use_shm_and_activation_offload_runs_two_steps(tmp_pa
 
     monkeypatch.setenv("VERL_NPU_SHM_DIR", str(tmp_path / "shm"))
     data = text_data(tmp_path / "data")
-    rc = load_recipe("tiny_gsm8k", text_run_overrides(tmp_path / "out", data, **{
-        "actor_rollout_ref.model.use_shm": "true", "actor_rollout_ref.model.enable_activation_offload": "true",
-        "actor_rollout_ref.model.enable_gradient_checkpointing": "true"}))
+    rc = load_recipe(
+        "tiny_gsm8k",
+        text_run_overrides(
+            tmp_path / "out",
+            data,
+            **{
+                "actor_rollout_ref.model.use_shm": "true",
+                "actor_rollout_ref.model.enable_activation_offload": "true",
+                "actor_rollout_ref.model.enable_gradient_checkpointing": "true",
+            },
+        ),
+    )
     assert run_training(rc) == 0
     steps = [r["step"] for r in read_metrics(tmp_path / "out") if "actor/pg_loss" in r]
     assert steps == [1, 2]

@@ -59,8 +59,15 @@ def _vl_prompt(question: str) -> list[dict]:
 def test_materialize_layout_and_reuse(cache_dir, vl_dir):
     assert vl_dir.parent == cache_dir / "tiny"
     assert vl_dir.name == f"qwen25vl-{tiny.build_hash('qwen25vl')}"
-    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "chat_template.jinja", "processor_config.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "processor_config.json",
+    ):
         assert (vl_dir / name).is_file(), name
     mtime = (vl_dir / "model.safetensors").stat().st_mtime_ns
     start = time.perf_counter()
@@ -314,8 +321,12 @@ def test_text_model_loads_and_generates(text_dir):
     model = AutoModelForCausalLM.from_pretrained(text_dir).eval()
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.vocab_size) == (128, 2, 512)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
-                                     return_tensors="pt", return_dict=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     with torch.no_grad():
         out = model.generate(**prompt, max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert out.shape[1] == prompt["input_ids"].shape[1] + 5
@@ -348,7 +359,9 @@ def test_seed_in_the_uri_builds_other_weights_in_its_own_folder(cache_dir, text_
     assert tiny.parse_tiny_uri("tiny://qwen25vl?seed=12") == ("qwen25vl", 12)
 
 
-@pytest.mark.parametrize("uri", ["tiny://qwen2?seed=-1", "tiny://qwen2?seed=x", "tiny://qwen2?rev=1", "tiny://qwen2?seed="])
+@pytest.mark.parametrize(
+    "uri", ["tiny://qwen2?seed=-1", "tiny://qwen2?seed=x", "tiny://qwen2?rev=1", "tiny://qwen2?seed="]
+)
 def test_bad_tiny_seed_is_user_error(uri, tmp_path):
     with pytest.raises(UserError, match=r"tiny://qwen2\?seed=N"):
         tiny.materialize(uri, cache_dir=tmp_path)

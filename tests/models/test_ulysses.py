@@ -111,8 +111,13 @@ def _compare_model(model, ids, pos, rank, inner: str) -> None:
     torch.testing.assert_close(lp, ref_lp, rtol=0, atol=1e-5)
     (lp * loss_weights).sum().backward()
     for name, param in model.named_parameters():
-        torch.testing.assert_close(_sum_over_ranks(param.grad), ref_grads[name], rtol=1e-4, atol=1e-5,
-                                   msg=lambda m, name=name: f"{inner} {name}: {m}")
+        torch.testing.assert_close(
+            _sum_over_ranks(param.grad),
+            ref_grads[name],
+            rtol=1e-4,
+            atol=1e-5,
+            msg=lambda m, name=name: f"{inner} {name}: {m}",
+        )
     model.zero_grad(set_to_none=True)
 
     # the mask matters: attending across the packed sequences changes the numbers
@@ -138,8 +143,15 @@ def _model_worker(rank: int, world: int, port: int, model_path: str) -> None:
 
         # 1 kv head < 2 ranks: kv heads are repeated before the all-to-all; eager attention inside
         torch.manual_seed(0)
-        config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)
+        config = Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+        )
         small = Qwen2ForCausalLM(config).float()
         ids, pos = _packed_batch(64, [5, 7, 8], seed=2)  # T=20: no padding
         _compare_model(small, ids, pos, rank, inner="eager")
@@ -182,8 +194,16 @@ def test_without_sp_group_the_attention_equals_plain_sdpa():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=4, num_key_value_heads=2))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     ids, pos = _packed_batch(64, [4, 6], seed=3)
     model.set_attn_implementation("sdpa")
     ref = model(input_ids=ids, position_ids=pos, use_cache=False).logits

@@ -20,8 +20,7 @@ RESPONSE = 5
 def _mixed_batch(tok):
     """Left-padded prompts of different lengths, right-padded responses of lengths 5, 1, 3."""
     tok.padding_side = "left"
-    enc = tok(["a much longer prompt than the others here", "hi", "a medium prompt"], return_tensors="pt",
-              padding=True)
+    enc = tok(["a much longer prompt than the others here", "hi", "a medium prompt"], return_tensors="pt", padding=True)
     responses = torch.randint(3, 200, (3, RESPONSE))
     response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]])
     responses = responses.masked_fill(response_mask == 0, tok.pad_token_id)
@@ -44,13 +43,17 @@ def test_packed_log_probs_and_gradients_equal_the_padded_path(tiny_lm_path, monk
     ids, mask, resp = _mixed_batch(tok)
     seen = []
     real = varlen.varlen_attention_forward
-    monkeypatch.setattr(varlen, "varlen_attention_forward",
-                        lambda m, q, k, v, a, **kw: seen.append((a, q.shape)) or real(m, q, k, v, a, **kw))
+    monkeypatch.setattr(
+        varlen,
+        "varlen_attention_forward",
+        lambda m, q, k, v, a, **kw: seen.append((a, q.shape)) or real(m, q, k, v, a, **kw),
+    )
     assert_packed_matches_padded(model, ids, mask, resp, RESPONSE)
     # the packed forward ran through the varlen kernel, one packed row, and no mask was built
     layers = model.config.num_hidden_layers
-    assert len(seen) == layers * (2 if checkpointing else 1) and all(a is None and shape[0] == 1 and shape[2] == int(mask.sum())
-                                       for a, shape in seen)
+    assert len(seen) == layers * (2 if checkpointing else 1) and all(
+        a is None and shape[0] == 1 and shape[2] == int(mask.sum()) for a, shape in seen
+    )
     # the previous implementation is back for generate and the padded path
     assert model.config._attn_implementation == "sdpa"
 
@@ -88,20 +91,24 @@ def test_sdpa_sequences_with_shared_prompt_keys_batches_by_query_length(monkeypa
     v = torch.randn(int(cu_k[-1]), 2, 8, dtype=torch.float64, requires_grad=True)
     padded = []
     real_sdpa = varlen.F.scaled_dot_product_attention
-    monkeypatch.setattr(varlen.F, "scaled_dot_product_attention",
-                        lambda q_, *a, **kw: padded.append(q_.shape[0] * q_.shape[2]) or real_sdpa(q_, *a, **kw))
+    monkeypatch.setattr(
+        varlen.F,
+        "scaled_dot_product_attention",
+        lambda q_, *a, **kw: padded.append(q_.shape[0] * q_.shape[2]) or real_sdpa(q_, *a, **kw),
+    )
     out = varlen.VARLEN_KERNELS["sdpa_sequences"](q, k, v, cu, 0.3, cu_k=cu_k)
     expected = []
     for s in range(len(q_lengths)):
-        qs, ks, vs = q[cu[s]:cu[s + 1]], k[cu_k[s]:cu_k[s + 1]], v[cu_k[s]:cu_k[s + 1]]
+        qs, ks, vs = q[cu[s] : cu[s + 1]], k[cu_k[s] : cu_k[s + 1]], v[cu_k[s] : cu_k[s + 1]]
         ks, vs = ks.repeat_interleave(2, 1), vs.repeat_interleave(2, 1)
         seen = torch.arange(len(ks))[None, :] <= torch.arange(len(qs))[:, None] + (len(ks) - len(qs))
         scores = torch.einsum("qhd,khd->hqk", qs, ks).mul(0.3).masked_fill(~seen, float("-inf"))
         expected.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs))
     expected = torch.cat(expected)
     torch.testing.assert_close(out, expected)
-    for got, want in zip(torch.autograd.grad(out.sin().sum(), (q, k, v)),
-                         torch.autograd.grad(expected.sin().sum(), (q, k, v))):
+    for got, want in zip(
+        torch.autograd.grad(out.sin().sum(), (q, k, v)), torch.autograd.grad(expected.sin().sum(), (q, k, v))
+    ):
         torch.testing.assert_close(got, want)
     assert len(padded) > 1 and sum(padded) <= 2 * int(cu[-1]), padded
 
@@ -111,8 +118,9 @@ def test_npu_kernel_passes_the_tnd_layout_and_cumulative_lengths(monkeypatch):
     a stand-in torch_npu computes what the op documents (dense block-diagonal causal attention)."""
     calls = []
 
-    def npu_fusion_attention(q, k, v, head_num, input_layout, scale, keep_prob, atten_mask, sparse_mode,
-                             actual_seq_qlen, actual_seq_kvlen):
+    def npu_fusion_attention(
+        q, k, v, head_num, input_layout, scale, keep_prob, atten_mask, sparse_mode, actual_seq_qlen, actual_seq_kvlen
+    ):
         calls.append((head_num, input_layout, sparse_mode, actual_seq_qlen, actual_seq_kvlen, atten_mask.shape))
         assert actual_seq_qlen == actual_seq_kvlen and keep_prob == 1.0
         cu = torch.tensor([0] + list(actual_seq_qlen))
@@ -138,5 +146,6 @@ def test_npu_kernel_passes_the_tnd_layout_and_cumulative_lengths(monkeypatch):
 
 def test_varlen_attention_outside_a_packed_call_is_an_error():
     with pytest.raises(RuntimeError, match="packed_attention"):
-        varlen.varlen_attention_forward(None, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4),
-                                        torch.zeros(1, 2, 3, 4), None)
+        varlen.varlen_attention_forward(
+            None, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), None
+        )

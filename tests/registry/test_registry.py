@@ -26,7 +26,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("config/paths.py", "file"): "a kind of path (a file, not a folder), not the metrics.jsonl sink",
     ("tool_registry.py", "file"): "a tool class given by a file path, not the metrics.jsonl sink",
     ("tools/loading.py", "file"): "a tool class given by a file path, not the metrics.jsonl sink",
-    ("workers/weight_transfer.py", "file"): "the weight transfer's file backend (a shared-memory file), not the metrics.jsonl sink",
+    (
+        "workers/weight_transfer.py",
+        "file",
+    ): "the weight transfer's file backend (a shared-memory file), not the metrics.jsonl sink",
     ("data/dataset.py", "reward_model"): "the parquet column reward_model (verl's data format), not the role",
 }
 
@@ -82,13 +85,13 @@ def test_no_registry_name_is_compared_as_a_string_outside_its_registry():
     names, own = registered_names(), declaring_files()
     assert {"hf", "vllm", "critic", "reward_model", "remax", "dapo", "gspo"} <= set(names)
     assert {"token", "sequence", "token_k1", "seq_max_k3", "ppo_clip", "reinforce"} <= set(names)  # corrections
-    assert {"gsm8k", "search", "image_zoom_in", "code_interpreter"} <= set(names)                  # tools
+    assert {"gsm8k", "search", "image_zoom_in", "code_interpreter"} <= set(names)  # tools
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = str(path.relative_to(PACKAGE))
         if rel.startswith("registry/"):
             continue
-        if rel.startswith(FOREIGN_CONFIG_READERS):   # their strings are another system's config values
+        if rel.startswith(FOREIGN_CONFIG_READERS):  # their strings are another system's config values
             continue
         for line, name in comparisons_with_names(path, names):
             if rel in own.get(name, ()) or (rel, name) in ALLOWED:
@@ -119,23 +122,26 @@ def test_specs_are_read_without_importing_the_implementations():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom verl_npu import registry\n"
-            "print(sorted(registry.ROLLOUT_ENGINES.specs), registry.ADVANTAGE_ESTIMATORS.spec('gae').needs_critic,"
-            " registry.ROLLOUT_ENGINES.spec('hf').on_actor_module, 'torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=PACKAGE.parent)
+    code = (
+        "import sys\nfrom verl_npu import registry\n"
+        "print(sorted(registry.ROLLOUT_ENGINES.specs), registry.ADVANTAGE_ESTIMATORS.spec('gae').needs_critic,"
+        " registry.ROLLOUT_ENGINES.spec('hf').on_actor_module, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["['hf',", "'vllm']", "True", "True", "False"]
 
 
 def test_a_declaration_with_a_non_literal_argument_is_refused(tmp_path):
     path = tmp_path / "loss.py"
-    path.write_text("from verl_npu.registry import POLICY_LOSSES\nDOC = 'ok'\n\n\n"
-                    "@POLICY_LOSSES.register('mine', doc=DOC + ' too')\ndef mine(*a, **k):\n    return {}\n\n\n"
-                    "@POLICY_LOSSES.register('other', doc=str(1))\ndef other(*a, **k):\n    return {}\n")
+    path.write_text(
+        "from verl_npu.registry import POLICY_LOSSES\nDOC = 'ok'\n\n\n"
+        "@POLICY_LOSSES.register('mine', doc=DOC + ' too')\ndef mine(*a, **k):\n    return {}\n\n\n"
+        "@POLICY_LOSSES.register('other', doc=str(1))\ndef other(*a, **k):\n    return {}\n"
+    )
     assert registry.POLICY_LOSSES.spec(f"{path}:mine").doc == "ok too"
     assert "must be literals" in registry.POLICY_LOSSES.file_problem(f"{path}:other")
-    assert registry.ROLLOUT_ENGINES.user_files is False   # engines are named only by the registry
+    assert registry.ROLLOUT_ENGINES.user_files is False  # engines are named only by the registry
     with pytest.raises(registry.RegistryError, match="unknown rollout engine"):
         registry.ROLLOUT_ENGINES.spec(f"{path}:mine")
 
@@ -146,18 +152,27 @@ def test_rollout_corrections_and_tools_are_read_from_their_registries_without_to
     import subprocess
     import sys
 
-    code = ("import sys\nfrom verl_npu import rollout_corrections as rc, tool_registry as tr\n"
-            "from verl_npu.config.schema import SCHEMA\n"
-            "print(list(rc.ROLLOUT_IS_LEVELS), list(rc.BYPASS_LOSS_TYPES), len(rc.ROLLOUT_RS_OPTIONS),\n"
-            "      SCHEMA['backend_config.algorithm.rollout_correction.rollout_is'].choices,\n"
-            "      tr.BUILTIN_TOOLS['search'], sorted(tr.IMAGE_TOOLS), tr.VERL_CLASS_PATHS['verl.tools.gsm8k_tool.Gsm8kTool'],\n"
-            "      'torch' in sys.modules, any(m.startswith('verl_npu.tools') for m in sys.modules), sep='|')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=PACKAGE.parent)
+    code = (
+        "import sys\nfrom verl_npu import rollout_corrections as rc, tool_registry as tr\n"
+        "from verl_npu.config.schema import SCHEMA\n"
+        "print(list(rc.ROLLOUT_IS_LEVELS), list(rc.BYPASS_LOSS_TYPES), len(rc.ROLLOUT_RS_OPTIONS),\n"
+        "      SCHEMA['backend_config.algorithm.rollout_correction.rollout_is'].choices,\n"
+        "      tr.BUILTIN_TOOLS['search'], sorted(tr.IMAGE_TOOLS), tr.VERL_CLASS_PATHS['verl.tools.gsm8k_tool.Gsm8kTool'],\n"
+        "      'torch' in sys.modules, any(m.startswith('verl_npu.tools') for m in sys.modules), sep='|')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().split("|") == [
-        "['token', 'sequence']", "['ppo_clip', 'reinforce']", "11", "('token', 'sequence')",
-        "verl_npu.tools.search:SearchTool", "['image_zoom_in']", "gsm8k", "False", "False"]
+        "['token', 'sequence']",
+        "['ppo_clip', 'reinforce']",
+        "11",
+        "('token', 'sequence')",
+        "verl_npu.tools.search:SearchTool",
+        "['image_zoom_in']",
+        "gsm8k",
+        "False",
+        "False",
+    ]
 
 
 def test_a_rejection_option_is_judged_by_what_its_spec_declares():
@@ -168,14 +183,17 @@ def test_a_rejection_option_is_judged_by_what_its_spec_declares():
     from verl_npu.algorithms.rollout_correction import rollout_rejection_mask
 
     spec = registry.ROLLOUT_CORRECTIONS.spec
-    assert (spec("token_k2").per_token, spec("seq_mean_k2").per_token, spec("seq_mean_k2").statistic) == \
-        (True, False, "k2")
+    assert (spec("token_k2").per_token, spec("seq_mean_k2").per_token, spec("seq_mean_k2").statistic) == (
+        True,
+        False,
+        "k2",
+    )
     assert spec("seq_sum_k1").ratio_bounds and not spec("seq_max_k3").ratio_bounds
     log_ratio = torch.tensor([[0.0, 2.0, 0.0], [0.1, 0.1, 0.1]])
     mask = torch.ones(2, 3)
-    by_token, _ = rollout_rejection_mask(log_ratio, mask, "token_k2", 1.0)      # k2 = d^2/2: 2.0 -> 2 > 1
+    by_token, _ = rollout_rejection_mask(log_ratio, mask, "token_k2", 1.0)  # k2 = d^2/2: 2.0 -> 2 > 1
     by_max, _ = rollout_rejection_mask(log_ratio, mask, "seq_max_k2", 1.0)
-    by_mean, _ = rollout_rejection_mask(log_ratio, mask, "seq_mean_k2", 1.0)   # row 0's mean k2: 2/3 <= 1
+    by_mean, _ = rollout_rejection_mask(log_ratio, mask, "seq_mean_k2", 1.0)  # row 0's mean k2: 2/3 <= 1
     assert by_token.tolist() == [[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
     assert by_max.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
     assert by_mean.tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]

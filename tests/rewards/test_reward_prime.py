@@ -13,7 +13,7 @@ from verl_npu.config import load_recipe
 from verl_npu.registry import REWARD_MANAGERS
 from verl_npu.rewards.prime import ParallelRewardScorer, prime_scores, read_result
 
-REWARD = '''
+REWARD = """
 import os, time
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -38,7 +38,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         return (0.25, "details")
     time.sleep(0.3)
     return float(solution_str == ground_truth)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +79,12 @@ def test_the_responses_are_scored_in_parallel_worker_processes(reward_file, tmp_
 
 def test_a_hanging_reward_scores_0_within_the_timeout_and_the_others_are_scored(scorer, tmp_path):
     where = tmp_path / "hung_pid"
-    scores, extras = scorer.score(["a", "zzz", "b", "c", "d", "e"], ["ok", "hang", "ok", "raise", "text", "tuple"],
-                                  ["a", str(where), "b", "c", "d", "e"])
-    returned = time.monotonic()   # one clock for all processes (CLOCK_MONOTONIC)
+    scores, extras = scorer.score(
+        ["a", "zzz", "b", "c", "d", "e"],
+        ["ok", "hang", "ok", "raise", "text", "tuple"],
+        ["a", str(where), "b", "c", "d", "e"],
+    )
+    returned = time.monotonic()  # one clock for all processes (CLOCK_MONOTONIC)
     assert scores == [1.0, 0.0, 1.0, 0.0, 0.0, 0.25]
     assert extras["prime_timeout"] == [0, 1, 0, 0, 0, 0]
     assert extras["prime_error"] == [0, 0, 0, 1, 1, 0]
@@ -90,7 +93,7 @@ def test_a_hanging_reward_scores_0_within_the_timeout_and_the_others_are_scored(
     hung, started = where.read_text().split()
     assert 2.0 <= returned - float(started) < 5.0, returned - float(started)
     hung = int(hung)
-    for _ in range(50):   # its worker is ended after the batch, and the next batch gets a fresh pool
+    for _ in range(50):  # its worker is ended after the batch, and the next batch gets a fresh pool
         if not _alive(hung):
             break
         time.sleep(0.1)
@@ -102,7 +105,7 @@ def test_a_reward_that_ends_its_worker_scores_0_and_the_calls_beside_it_are_scor
     scores, extras = scorer.score(["a", "x", "b", "c"], ["ok", "exit", "ok", "ok"], ["a", "x", "b", "c"])
     assert scores == [1.0, 0.0, 1.0, 1.0]
     assert extras["prime_error"] == [0, 1, 0, 0]
-    assert scorer.score(["q"], ["ok"], ["q"])[0] == [1.0]   # a fresh pool after the broken one
+    assert scorer.score(["q"], ["ok"], ["q"])[0] == [1.0]  # a fresh pool after the broken one
 
 
 def test_results_are_read_as_verl_reads_them():
@@ -114,8 +117,7 @@ def test_results_are_read_as_verl_reads_them():
     assert scores == [0.5, 1.0] and extras["acc"] == [0.5, 1.0]
 
 
-@pytest.mark.parametrize("key", ["reward_model.reward_manager", "reward.reward_manager.name",
-                                 "reward_manager.name"])
+@pytest.mark.parametrize("key", ["reward_model.reward_manager", "reward.reward_manager.name", "reward_manager.name"])
 def test_every_spelling_of_the_managers_name_selects_prime(key):
     rc = load_recipe("tiny_gsm8k", [f"{key}=prime", "reward_model.prime.timeout_s=5"])
     spec = REWARD_MANAGERS.spec(rc.typed.reward_model.reward_manager)

@@ -67,7 +67,10 @@ GSM8K_TABLE = [
 @pytest.mark.parametrize("response, gt, strict, flexible", GSM8K_TABLE)
 def test_gsm8k_table(response, gt, strict, flexible):
     assert default_compute_score("openai/gsm8k", response, gt) == {
-        "score": strict, "strict_accuracy": strict, "flexible_accuracy": flexible}
+        "score": strict,
+        "strict_accuracy": strict,
+        "flexible_accuracy": flexible,
+    }
 
 
 def test_gsm8k_reads_only_the_tail_and_flexible_method():
@@ -175,36 +178,45 @@ def test_scorer_reports_a_raising_reward_with_row_and_source():
             raise ZeroDivisionError("division by zero")
         return 1.0
 
-    with pytest.raises(UserError, match=r"reward of data file t.parquet row 7 \(data_source 'src/b', response 1 of "
-                                        r"the batch\).*flaky raised ZeroDivisionError: division by zero"):
-        RewardScorer(flaky).score(["ok", "boom"], ["src/a", "src/b"], ["x", "y"], [{}, {}],
-                                  rows=["data file t.parquet row 3", "data file t.parquet row 7"])
+    with pytest.raises(
+        UserError,
+        match=r"reward of data file t.parquet row 7 \(data_source 'src/b', response 1 of "
+        r"the batch\).*flaky raised ZeroDivisionError: division by zero",
+    ):
+        RewardScorer(flaky).score(
+            ["ok", "boom"],
+            ["src/a", "src/b"],
+            ["x", "y"],
+            [{}, {}],
+            rows=["data file t.parquet row 3", "data file t.parquet row 7"],
+        )
     with pytest.raises(UserError, match=r"dataset row 4 \(data_source 'unknown/ds', response 0.*no reward function"):
         RewardScorer().score(["x"], ["unknown/ds"], ["y"], [{}], rows=[4])
 
 
-@pytest.mark.parametrize("result, message", [
-    ({"accuracy": 1.0}, "without 'score'"),
-    ("high", "not a number"),
-    (float("nan"), "non-finite"),
-])
+@pytest.mark.parametrize(
+    "result, message", [({"accuracy": 1.0}, "without 'score'"), ("high", "not a number"), (float("nan"), "non-finite")]
+)
 def test_scorer_rejects_malformed_results(result, message):
     with pytest.raises(UserError, match=message):
         RewardScorer(lambda *a: result).score(["x"], ["s"], ["y"], [{}])
 
 
 # ---- the ground truth as the parquet stores it (verl's behaviour) ------------------------------------
-@pytest.mark.parametrize("source, response, gt, score", [
-    ("openai/gsm8k", "so #### 18", 18, 1.0),               # a number column: read as its text
-    ("openai/gsm8k", "so #### 18", 18.0, 1.0),
-    ("openai/gsm8k", "so #### 18", 17, 0.0),
-    ("synthetic_arithmetic", "18", 18, 1.0),
-    ("hiyouga/geometry3k", "<think>x</think>\\boxed{4}", 4, 1.0),
-    ("synthetic_geometry", "4", 4, 1.0),
-    ("searchR1_nq", "<answer>Kyoto</answer>", {"target": ["Osaka", "Kyoto"]}, 1.0),   # verl's dict
-    ("searchR1_nq", "<answer>Kyoto</answer>", ["Kyoto"], 1.0),
-    ("searchR1_nq", "<answer>Nara</answer>", {"target": ["Kyoto"]}, 0.0),
-])
+@pytest.mark.parametrize(
+    "source, response, gt, score",
+    [
+        ("openai/gsm8k", "so #### 18", 18, 1.0),  # a number column: read as its text
+        ("openai/gsm8k", "so #### 18", 18.0, 1.0),
+        ("openai/gsm8k", "so #### 18", 17, 0.0),
+        ("synthetic_arithmetic", "18", 18, 1.0),
+        ("hiyouga/geometry3k", "<think>x</think>\\boxed{4}", 4, 1.0),
+        ("synthetic_geometry", "4", 4, 1.0),
+        ("searchR1_nq", "<answer>Kyoto</answer>", {"target": ["Osaka", "Kyoto"]}, 1.0),  # verl's dict
+        ("searchR1_nq", "<answer>Kyoto</answer>", ["Kyoto"], 1.0),
+        ("searchR1_nq", "<answer>Nara</answer>", {"target": ["Kyoto"]}, 0.0),
+    ],
+)
 def test_builtin_rewards_read_a_ground_truth_that_is_not_text(source, response, gt, score):
     result = default_compute_score(source, response, gt)
     assert (result["score"] if isinstance(result, dict) else result) == score
@@ -235,33 +247,52 @@ def test_a_dict_and_a_list_ground_truth_reach_a_custom_reward_unchanged(tmp_path
     from verl_npu.config import load_recipe
     from verl_npu.trainer.entry import run_training
 
-    truths = {"dict": {"target": ["Kyoto", "Osaka"], "year": 794}, "list": [3, 4]}  # as stored: pyarrow makes [3, 4.5] doubles
+    truths = {
+        "dict": {"target": ["Kyoto", "Osaka"], "year": 794},
+        "list": [3, 4],
+    }  # as stored: pyarrow makes [3, 4.5] doubles
     for name, gt in truths.items():
-        rows = [{"data_source": "my/source", "prompt": [{"role": "user", "content": f"Question {i}?"}],
-                 "reward_model": {"style": "rule", "ground_truth": gt},
-                 "extra_info": {"split": "train" if i < 4 else "test", "index": i}} for i in range(8)]
+        rows = [
+            {
+                "data_source": "my/source",
+                "prompt": [{"role": "user", "content": f"Question {i}?"}],
+                "reward_model": {"style": "rule", "ground_truth": gt},
+                "extra_info": {"split": "train" if i < 4 else "test", "index": i},
+            }
+            for i in range(8)
+        ]
         pq.write_table(pa.Table.from_pylist(rows[:4]), tmp_path / f"{name}_train.parquet")
         pq.write_table(pa.Table.from_pylist(rows[4:]), tmp_path / f"{name}_test.parquet")
     log = tmp_path / "seen.jsonl"
     reward = tmp_path / "recording_reward.py"
     reward.write_text(RECORDING_REWARD.format(log=str(log)))
     out = tmp_path / "out"
-    rc = load_recipe("tiny_gsm8k", text_run_overrides(out, tmp_path, **{
-        "custom_reward_function.path": reward,
-        "data.train_files": f"[{tmp_path / 'dict_train.parquet'},{tmp_path / 'list_train.parquet'}]",
-        "data.val_files": f"[{tmp_path / 'dict_test.parquet'},{tmp_path / 'list_test.parquet'}]",
-        "trainer.val_before_train": "true",
-        "trainer.rollout_data_dir": tmp_path / "rollouts",
-        "trainer.validation_data_dir": tmp_path / "val_dumps",
-        "trainer.log_val_generations": 2,
-    }))
+    rc = load_recipe(
+        "tiny_gsm8k",
+        text_run_overrides(
+            out,
+            tmp_path,
+            **{
+                "custom_reward_function.path": reward,
+                "data.train_files": f"[{tmp_path / 'dict_train.parquet'},{tmp_path / 'list_train.parquet'}]",
+                "data.val_files": f"[{tmp_path / 'dict_test.parquet'},{tmp_path / 'list_test.parquet'}]",
+                "trainer.val_before_train": "true",
+                "trainer.rollout_data_dir": tmp_path / "rollouts",
+                "trainer.validation_data_dir": tmp_path / "val_dumps",
+                "trainer.log_val_generations": 2,
+            },
+        ),
+    )
     assert run_training(rc) == 0
     seen = [json.loads(line) for line in log.read_text().splitlines()]
     for split in ("train", "test"):
         kinds = {(s["type"], json.dumps(s["value"])) for s in seen if s["split"] == split}
         assert kinds == {("dict", json.dumps(truths["dict"])), ("list", json.dumps(truths["list"]))}, (split, kinds)
     for folder in ("rollouts", "val_dumps"):
-        dumped = [json.loads(line)["ground_truth"] for f in sorted((tmp_path / folder).glob("*.jsonl"))
-                  for line in f.read_text().splitlines()]
+        dumped = [
+            json.loads(line)["ground_truth"]
+            for f in sorted((tmp_path / folder).glob("*.jsonl"))
+            for line in f.read_text().splitlines()
+        ]
         assert dumped and all(gt in truths.values() for gt in dumped), (folder, dumped[:3])
         assert {type(gt) for gt in dumped} == {dict, list}, folder

@@ -22,24 +22,27 @@ def test_registered_under_its_data_source():
     assert synthetic_arithmetic.DATA_SOURCE == "synthetic_arithmetic"
 
 
-@pytest.mark.parametrize("response, expected", [   # (score, accuracy, clean, format)
-    ("#### 7", (1.0, 1.0, 1.0, 1.0)),          # GSM8K's format alone, right
-    ("####7", (1.0, 1.0, 1.0, 1.0)),
-    ("7", (1.0, 1.0, 1.0, 0.0)),               # a bare right number, the end of the turn right after it
-    (" 7 ", (1.0, 1.0, 1.0, 0.0)),             # white space aside
-    ("7<|im_end|>", (0.8, 1.0, 0.0, 0.0)),     # decoded without special tokens this is "7": here it is text
-    ("3 + 4 = 7\n#### 7", (0.8, 1.0, 0.0, 1.0)),  # right, with more than the answer
-    ("x 7 4", (0.8, 1.0, 0.0, 0.0)),           # the first number is the answer; trailing text
-    ("7 +", (0.8, 1.0, 0.0, 0.0)),
-    ("77", (0.0, 0.0, 1.0, 0.0)),              # the number 77: wrong, though nothing else was written
-    ("4 7", (0.0, 0.0, 0.0, 0.0)),
-    ("4 #### 7", (0.8, 1.0, 0.0, 1.0)),        # the number after the last #### wins over the first number
-    ("7 #### 4", (0.0, 0.0, 0.0, 1.0)),        # the format, a wrong answer: no credit for form alone
-    ("#### .", (0.0, 0.0, 0.0, 0.0)),          # '####' without a number is no format
-    ("7.0", (1.0, 1.0, 1.0, 0.0)),
-    ("", (0.0, 0.0, 0.0, 0.0)),
-    ("seven", (0.0, 0.0, 0.0, 0.0)),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [  # (score, accuracy, clean, format)
+        ("#### 7", (1.0, 1.0, 1.0, 1.0)),  # GSM8K's format alone, right
+        ("####7", (1.0, 1.0, 1.0, 1.0)),
+        ("7", (1.0, 1.0, 1.0, 0.0)),  # a bare right number, the end of the turn right after it
+        (" 7 ", (1.0, 1.0, 1.0, 0.0)),  # white space aside
+        ("7<|im_end|>", (0.8, 1.0, 0.0, 0.0)),  # decoded without special tokens this is "7": here it is text
+        ("3 + 4 = 7\n#### 7", (0.8, 1.0, 0.0, 1.0)),  # right, with more than the answer
+        ("x 7 4", (0.8, 1.0, 0.0, 0.0)),  # the first number is the answer; trailing text
+        ("7 +", (0.8, 1.0, 0.0, 0.0)),
+        ("77", (0.0, 0.0, 1.0, 0.0)),  # the number 77: wrong, though nothing else was written
+        ("4 7", (0.0, 0.0, 0.0, 0.0)),
+        ("4 #### 7", (0.8, 1.0, 0.0, 1.0)),  # the number after the last #### wins over the first number
+        ("7 #### 4", (0.0, 0.0, 0.0, 1.0)),  # the format, a wrong answer: no credit for form alone
+        ("#### .", (0.0, 0.0, 0.0, 0.0)),  # '####' without a number is no format
+        ("7.0", (1.0, 1.0, 1.0, 0.0)),
+        ("", (0.0, 0.0, 0.0, 0.0)),
+        ("seven", (0.0, 0.0, 0.0, 0.0)),
+    ],
+)
 def test_scores(response, expected):
     result = score(response)
     assert (result["score"], result["accuracy"], result["clean"], result["format"]) == pytest.approx(expected)
@@ -72,12 +75,22 @@ def test_tiny_gsm8k_recipe_trains_on_the_synthetic_task(tmp_path, tiny_lm_path):
     from verl_npu.trainer.entry import run_training
 
     data = prepare_synthetic(tmp_path / "data", n_train=8, n_test=4, seed=0)
-    rc = load_recipe("tiny_gsm8k", [
-        f"af_output_dir={tmp_path / 'out'}", f"data.train_files={data['train']}", f"data.val_files={data['test']}",
-        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1", "trainer.logger=[console]",
-    ])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            f"af_output_dir={tmp_path / 'out'}",
+            f"data.train_files={data['train']}",
+            f"data.val_files={data['test']}",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=2",
+            "trainer.save_freq=-1",
+            "trainer.logger=[console]",
+        ],
+    )
     assert str(rc.backend.actor_rollout_ref.model.path) == "tiny://qwen2"
     assert run_training(rc) == 0
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]

@@ -56,13 +56,26 @@ print(json.dumps({"scores": out["reward_tensor"].sum(-1).tolist(),
 def test_overlong_penalty_matches_verl(buffer_len, factor):
     lengths, max_resp_len, score = [1, 5, 6, 7, 8, 9, 10], 10, 1.0
     cfg = {"enable": True, "len": buffer_len, "penalty_factor": factor, "log": True}
-    proc = subprocess.run([VERL_PY, "-c", SCRIPT, json.dumps(
-        {"lengths": lengths, "max_resp_len": max_resp_len, "score": score, "cfg": cfg})],
-        capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            VERL_PY,
+            "-c",
+            SCRIPT,
+            json.dumps({"lengths": lengths, "max_resp_len": max_resp_len, "score": score, "cfg": cfg}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     verl = json.loads(proc.stdout.strip().splitlines()[-1])
-    scores, extras = dapo_scores([score] * len(lengths), {}, lengths,
-                                 {"max_resp_len": max_resp_len, "overlong_buffer_cfg": cfg}, max_response_length=99)
+    scores, extras = dapo_scores(
+        [score] * len(lengths),
+        {},
+        lengths,
+        {"max_resp_len": max_resp_len, "overlong_buffer_cfg": cfg},
+        max_response_length=99,
+    )
     assert scores == pytest.approx(verl["scores"], abs=1e-6)
     for name in ("acc", "overlong_reward", "overlong"):
         assert extras[name] == pytest.approx(verl["extras"][name], abs=1e-6), name

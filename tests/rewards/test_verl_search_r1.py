@@ -63,10 +63,9 @@ def random_cases(n: int, seed: int = 0) -> list:
 
 def test_scores_match_verls_search_r1_like_qa_em():
     cases = HAND + random_cases(300)
-    proc = subprocess.run([VERL_PY, "-c", SCRIPT], input=json.dumps(cases), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([VERL_PY, "-c", SCRIPT], input=json.dumps(cases), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     verl = json.loads(proc.stdout.strip().splitlines()[-1])
     ours = [default_compute_score(s, r, {"target": t}) for s, r, t in cases]
     assert ours == verl
-    assert 0 < sum(v == 1.0 for v in verl) < len(cases)      # the cases reach both outcomes
+    assert 0 < sum(v == 1.0 for v in verl) < len(cases)  # the cases reach both outcomes

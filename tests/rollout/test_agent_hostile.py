@@ -33,8 +33,10 @@ def tokenizer():
 
 
 def schema(name: str) -> dict:
-    return {"type": "function", "function": {"name": name, "description": "d",
-                                             "parameters": {"type": "object", "properties": {}}}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": "d", "parameters": {"type": "object", "properties": {}}},
+    }
 
 
 class Echo(BaseTool):
@@ -87,12 +89,25 @@ class Scripted(TurnBackend):
 
 def run_loop(tokenizer, tools: dict, texts: dict[str, list[str]], budget: int = 6000, **settings):
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    loop = AgentLoop(None, tokenizer, tools, section(MULTI_TURN, {"max_parallel_calls": 8, **settings}),
-                     eos_ids=[eos], pad_id=tokenizer.pad_token_id or 0, turns=Scripted(tokenizer, eos, texts))
+    loop = AgentLoop(
+        None,
+        tokenizer,
+        tools,
+        section(MULTI_TURN, {"max_parallel_calls": 8, **settings}),
+        eos_ids=[eos],
+        pad_id=tokenizer.pad_token_id or 0,
+        turns=Scripted(tokenizer, eos, texts),
+    )
     uids = list(texts)
-    rows = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": "go"}], tokenize=False,
-                                                    add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-            for _ in uids]
+    rows = [
+        tokenizer(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": "go"}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for _ in uids
+    ]
     batch = left_padded(rows, loop.pad_id, max(len(r) for r in rows), uid=uids, extra_info=[{} for _ in uids])
     return loop.run(batch, SamplingParams(max_new_tokens=budget))
 
@@ -104,9 +119,12 @@ def call(name: str, args) -> str:
 # ------------------------------------------------------------------ parsing
 def test_a_thousand_nested_brackets_are_an_error_call_not_a_recursion_error():
     deep = "[" * 1000 + "]" * 1000
-    for body in ('{"name": "echo", "arguments": {"x": ' + deep + "}}",
-                 '{"name": "echo", "arguments": ' + json.dumps('{"x": ' + deep + "}") + "}",  # arguments as a string
-                 deep, "{" * 100000):
+    for body in (
+        '{"name": "echo", "arguments": {"x": ' + deep + "}}",
+        '{"name": "echo", "arguments": ' + json.dumps('{"x": ' + deep + "}") + "}",  # arguments as a string
+        deep,
+        "{" * 100000,
+    ):
         calls = parse_hermes(f"<tool_call>{body}</tool_call>")
         assert len(calls) == 1 and calls[0].error and calls[0].arguments is None
     assert f"deeper than {MAX_DEPTH}" in parse_hermes(f"<tool_call>{deep}</tool_call>")[0].error
@@ -117,12 +135,14 @@ def test_a_thousand_nested_brackets_are_an_error_call_not_a_recursion_error():
 
 
 def test_hostile_json_size_numbers_unicode_and_count_are_bounded():
-    assert "is not usable JSON" in parse_hermes('<tool_call>{"name": "e", "arguments": {"n": ' + "9" * 5000
-                                                + "}}</tool_call>")[0].error   # past Python's int digit limit
+    assert (
+        "is not usable JSON"
+        in parse_hermes('<tool_call>{"name": "e", "arguments": {"n": ' + "9" * 5000 + "}}</tool_call>")[0].error
+    )  # past Python's int digit limit
     assert "not valid Unicode" in parse_hermes('<tool_call>{"name": "e\\ud800", "arguments": {}}</tool_call>')[0].error
     assert "characters long" in parse_hermes(call("echo", {"x": "y" * 200_000}))[0].error
     assert len(parse_hermes(call("echo", {}) * 5000)) == MAX_CALLS
-    t0 = time.monotonic()   # many openings without a closing tag: one linear scan, no backtracking
+    t0 = time.monotonic()  # many openings without a closing tag: one linear scan, no backtracking
     assert parse_hermes("<tool_call>{" * 200_000) == []
     assert time.monotonic() - t0 < 2
 
@@ -132,9 +152,13 @@ def test_user_tools_raising_systemexit_or_blocking_their_event_loop_become_error
     """SystemExit from a sync or async tool, a KeyboardInterrupt a tool raises itself, and a busy loop in
     an async tool past its call_timeout: each an error turn, the run goes on, and the busy tool does not
     block the others (the whole round takes about its call_timeout, not the 6 s it busies)."""
-    tools = {"echo": Echo({}, schema("echo")), "exits": Exits({}, schema("exits")),
-             "async_exits": AsyncExits({}, schema("async_exits")), "ctrl_c": FakeCtrlC({}, schema("ctrl_c")),
-             "busy": BusyAsync({"call_timeout": 1}, schema("busy"))}
+    tools = {
+        "echo": Echo({}, schema("echo")),
+        "exits": Exits({}, schema("exits")),
+        "async_exits": AsyncExits({}, schema("async_exits")),
+        "ctrl_c": FakeCtrlC({}, schema("ctrl_c")),
+        "busy": BusyAsync({"call_timeout": 1}, schema("busy")),
+    }
     first = "".join(call(n, {}) for n in ("exits", "async_exits", "ctrl_c", "busy", "echo"))
     t0 = time.monotonic()
     out = run_loop(tokenizer, tools, {"q": [first, "done"]})
@@ -168,28 +192,44 @@ def test_a_tool_that_keeps_failing_is_reported(tokenizer, caplog):
 
 
 ADVERSARIAL = [
-    "[" * 1000, "{" * 1000 + "}" * 1000, "[" * 1000 + "]" * 1000, '"' * 500, "\\" * 500, "\x00\x01\x7f",
-    '{"name": "echo", "arguments": ' + "[" * 1000 + "]" * 1000 + "}", '{"name": "echo", "arguments": "[[[["}',
-    '{"name": "echo", "arguments": {"n": ' + "7" * 6000 + "}}", '{"name": "\\ud800", "arguments": {}}',
-    '{"name": "echo", "arguments": {"s": "\\udfff\\ud800"}}', '{"name": "' + "n" * 5000 + '", "arguments": {}}',
-    '{"name": null, "arguments": []}', "[]", "1e999999", "NaN", '{"name": "echo", "arguments": {"a": NaN}}',
-    '{"name": "echo", "arguments": {"a": 1}, "name": "exits"}', "\ufeff{}", "é" * 300, "🙂" * 200,
-    '{"name": "echo", "arguments": {"k": "' + "x" * 3000 + '"}}', '{"name": "echo", "arguments": "{\\"a\\": [' + "1," * 500 + '1]}"}',
+    "[" * 1000,
+    "{" * 1000 + "}" * 1000,
+    "[" * 1000 + "]" * 1000,
+    '"' * 500,
+    "\\" * 500,
+    "\x00\x01\x7f",
+    '{"name": "echo", "arguments": ' + "[" * 1000 + "]" * 1000 + "}",
+    '{"name": "echo", "arguments": "[[[["}',
+    '{"name": "echo", "arguments": {"n": ' + "7" * 6000 + "}}",
+    '{"name": "\\ud800", "arguments": {}}',
+    '{"name": "echo", "arguments": {"s": "\\udfff\\ud800"}}',
+    '{"name": "' + "n" * 5000 + '", "arguments": {}}',
+    '{"name": null, "arguments": []}',
+    "[]",
+    "1e999999",
+    "NaN",
+    '{"name": "echo", "arguments": {"a": NaN}}',
+    '{"name": "echo", "arguments": {"a": 1}, "name": "exits"}',
+    "\ufeff{}",
+    "é" * 300,
+    "🙂" * 200,
+    '{"name": "echo", "arguments": {"k": "' + "x" * 3000 + '"}}',
+    '{"name": "echo", "arguments": "{\\"a\\": [' + "1," * 500 + '1]}"}',
 ]
 
 
 def fuzz_text(rng: random.Random, tokenizer) -> str:
     kind = rng.randrange(5)
-    if kind == 0:   # random tokens, as a policy early in training writes them
+    if kind == 0:  # random tokens, as a policy early in training writes them
         return tokenizer.decode([rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(1, 300))])
-    if kind == 1:   # many calls, some cut off
+    if kind == 1:  # many calls, some cut off
         calls = "".join(f"<tool_call>{rng.choice(ADVERSARIAL)}</tool_call>" for _ in range(rng.randrange(1, 100)))
         return calls[: rng.randrange(len(calls) + 1)] if rng.random() < 0.3 else calls
-    if kind == 2:   # a valid call with random JSON-ish noise spliced in
+    if kind == 2:  # a valid call with random JSON-ish noise spliced in
         text = call(rng.choice(["echo", "exits", "nope"]), {"x": rng.random()})
         pos = rng.randrange(len(text))
         return text[:pos] + rng.choice(ADVERSARIAL)[:200] + text[pos:]
-    if kind == 3:   # random bytes decoded leniently, inside a call
+    if kind == 3:  # random bytes decoded leniently, inside a call
         raw = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400)))
         return "<tool_call>" + raw.decode("utf-8", errors="replace") + "</tool_call>"
     return f"<tool_call>{rng.choice(ADVERSARIAL)}</tool_call>" + "<tool_call>" * rng.randrange(3)
@@ -256,8 +296,13 @@ def test_a_real_ctrl_c_still_stops_the_loop_while_a_tool_runs():
     import sys
     from pathlib import Path
 
-    proc = subprocess.Popen([sys.executable, "-c", CTRL_C], cwd=Path(__file__).resolve().parents[2],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         t0 = time.monotonic()
@@ -267,4 +312,4 @@ def test_a_real_ctrl_c_still_stops_the_loop_while_a_tool_runs():
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130 and "stopped by Ctrl-C" in out, (out, err[-2000:])
-    assert time.monotonic() - t0 < 120   # long before the tool (600 s) or its deadline (900 s) would end it
+    assert time.monotonic() - t0 < 120  # long before the tool (600 s) or its deadline (900 s) would end it

@@ -24,7 +24,7 @@ from verl_npu.rollout.image_turns import ImageTurns
 from verl_npu.tools.geo3k import Geo3kTool
 from verl_npu.tools.image_zoom import ImageZoomInTool, fit_box
 
-R = 400   # the tiny tokenizer writes a tool call in about 80 tokens
+R = 400  # the tiny tokenizer writes a tool call in about 80 tokens
 REPO_TOOLS = Path(__file__).resolve().parents[2] / "examples" / "tool_config"
 ZOOM = '<tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [10, 8, 60, 50], "label": "corner"}}</tool_call>'
 ZOOM_ALL = '<tool_call>{"name": "image_zoom_in_tool", "arguments": {"bbox_2d": [0, 0, 112, 84]}}</tool_call>'
@@ -57,9 +57,19 @@ def png(img: Image.Image) -> bytes:
 
 
 def data_cfg(**kw) -> dict:
-    base = {"prompt_key": "prompt", "image_key": "images", "video_key": None, "reward_fn_key": "data_source",
-            "max_prompt_length": 512, "truncation": "error", "filter_overlong_prompts": False,
-            "filter_overlong_prompts_workers": 1, "return_raw_chat": False, "min_pixels": None, "max_pixels": None}
+    base = {
+        "prompt_key": "prompt",
+        "image_key": "images",
+        "video_key": None,
+        "reward_fn_key": "data_source",
+        "max_prompt_length": 512,
+        "truncation": "error",
+        "filter_overlong_prompts": False,
+        "filter_overlong_prompts_workers": 1,
+        "return_raw_chat": False,
+        "min_pixels": None,
+        "max_pixels": None,
+    }
     return {**base, **kw}
 
 
@@ -70,8 +80,15 @@ def tools() -> dict:
 def prompt_batch(processor, tmp_path, n_rows: int) -> Batch:
     """Rows of verl's multi-turn geometry format (a picture each), read by the dataset as training reads them."""
     to_row, schema = row_format("both")
-    rows = [to_row({"images": [png(picture())], "problem": "<image>How many sides does the polygon have?",
-                    "answer": "4"}, "train", i, "synthetic_geometry") for i in range(n_rows)]
+    rows = [
+        to_row(
+            {"images": [png(picture())], "problem": "<image>How many sides does the polygon have?", "answer": "4"},
+            "train",
+            i,
+            "synthetic_geometry",
+        )
+        for i in range(n_rows)
+    ]
     path = tmp_path / "train.parquet"
     write_rl_parquet(rows, path, with_images=True, schema=schema)
     schemas = [t.tool_schema.model_dump() for t in tools().values()]
@@ -85,10 +102,17 @@ def prompt_batch(processor, tmp_path, n_rows: int) -> Batch:
 def loop_for(model, processor, scripts, images=True, **settings):
     tok = processor.tokenizer
     eng = HFRollout(model, tok, seed=0)
-    return eng, AgentLoop(model, tok, tools(), section(MULTI_TURN, {"max_assistant_turns": 4, **settings}),
-                          eos_ids=eng.eos_ids, pad_id=eng.pad_id, suppress_ids=eng.suppress_ids,
-                          pick_factory=scripted(tok, eng.eos_ids[0], scripts),
-                          images=ImageTurns(processor) if images else None)
+    return eng, AgentLoop(
+        model,
+        tok,
+        tools(),
+        section(MULTI_TURN, {"max_assistant_turns": 4, **settings}),
+        eos_ids=eng.eos_ids,
+        pad_id=eng.pad_id,
+        suppress_ids=eng.suppress_ids,
+        pick_factory=scripted(tok, eng.eos_ids[0], scripts),
+        images=ImageTurns(processor) if images else None,
+    )
 
 
 def one_forward_log_probs(model, processor, ids: torch.Tensor, images: list) -> torch.Tensor:
@@ -102,7 +126,7 @@ def one_forward_log_probs(model, processor, ids: torch.Tensor, images: list) -> 
     pad = re.escape(processor.image_token)
     text = re.sub(f"(?:{pad})+", processor.image_token, processor.tokenizer.decode(ids))
     inputs = processor(text=[text], images=images, return_tensors="pt", do_resize=False)
-    assert inputs["input_ids"][0].tolist() == ids.tolist()    # the same tokens, image tokens expanded alike
+    assert inputs["input_ids"][0].tolist() == ids.tolist()  # the same tokens, image tokens expanded alike
     logits = model(**inputs).logits[0].float()
     logits[:, vision_marker_ids(model.config)] = float("-inf")
     return torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]
@@ -113,9 +137,11 @@ def test_a_tool_image_joins_the_conversation_masked_and_scored_like_one_forward(
 
     model, processor = vl
     tok = processor.tokenizer
-    scripts = {"q0": [ZOOM, ZOOM_ALL, "4"],   # two zooms: the prompt's picture and two tool pictures
-               "q1": [BAD_BOX, "4"],          # an invalid box: an error text, no picture
-               "q2": [GEO, "4"]}              # verl's geo3k tool: text
+    scripts = {
+        "q0": [ZOOM, ZOOM_ALL, "4"],  # two zooms: the prompt's picture and two tool pictures
+        "q1": [BAD_BOX, "4"],  # an invalid box: an error text, no picture
+        "q2": [GEO, "4"],
+    }  # verl's geo3k tool: text
     eng, loop = loop_for(model, processor, scripts)
     batch = prompt_batch(processor, tmp_path, 3)
     out = loop.run(batch, SamplingParams(n=2, max_new_tokens=R), record_log_probs=True)
@@ -128,15 +154,24 @@ def test_a_tool_image_joins_the_conversation_masked_and_scored_like_one_forward(
     # the 50x42 crop, enlarged to the zoom tool's min_pixels (56 x 56) with sides multiples of 28
     assert turns[1]["images"] == 1 and turns[1]["calls"][0]["images"] == [[56, 56]]
     pad = "<|image_pad|>"
-    first = (f"\n<|im_start|>tool\n<|vision_start|>{pad * 4}<|vision_end|>Zoomed in on the image to the region "
-             "[10, 8, 60, 50] with label corner.<|im_end|>\n<|im_start|>assistant\n")
-    second = (f"\n<|im_start|>tool\n<|vision_start|>{pad * 12}<|vision_end|>Zoomed in on the image to the region "
-              "[0, 0, 112, 84].<|im_end|>\n<|im_start|>assistant\n")
+    first = (
+        f"\n<|im_start|>tool\n<|vision_start|>{pad * 4}<|vision_end|>Zoomed in on the image to the region "
+        "[10, 8, 60, 50] with label corner.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    second = (
+        f"\n<|im_start|>tool\n<|vision_start|>{pad * 12}<|vision_end|>Zoomed in on the image to the region "
+        "[0, 0, 112, 84].<|im_end|>\n<|im_start|>assistant\n"
+    )
     model_turns = [ids(ZOOM) + [eos], ids(ZOOM_ALL) + [eos], ids("4") + [eos]]
     tool_turns = [ids(first), ids(second)]
     want_ids = model_turns[0] + tool_turns[0] + model_turns[1] + tool_turns[1] + model_turns[2]
-    want_mask = ([1] * len(model_turns[0]) + [0] * len(tool_turns[0]) + [1] * len(model_turns[1])
-                 + [0] * len(tool_turns[1]) + [1] * len(model_turns[2]))
+    want_mask = (
+        [1] * len(model_turns[0])
+        + [0] * len(tool_turns[0])
+        + [1] * len(model_turns[1])
+        + [0] * len(tool_turns[1])
+        + [1] * len(model_turns[2])
+    )
     for row in (0, 1):  # the two samples of q0
         assert out["responses"][row, : len(want_ids)].tolist() == want_ids
         assert out["response_mask"][row].tolist() == want_mask + [0] * (R - len(want_mask))
@@ -154,8 +189,9 @@ def test_a_tool_image_joins_the_conversation_masked_and_scored_like_one_forward(
     trained = out["response_mask"].bool()
     mm = out["multi_modal_inputs"]
     padded = response_log_probs(model, out["input_ids"], out["attention_mask"], R, multi_modal_inputs=mm)[0]
-    packed = response_log_probs(model, out["input_ids"], out["attention_mask"], R, multi_modal_inputs=mm,
-                                remove_padding=True)[0]
+    packed = response_log_probs(
+        model, out["input_ids"], out["attention_mask"], R, multi_modal_inputs=mm, remove_padding=True
+    )[0]
     for row in range(len(out["responses"])):
         real = out["attention_mask"][row].bool()
         seq = out["input_ids"][row][real]
@@ -171,11 +207,11 @@ def test_a_text_only_rollout_turns_a_tool_image_into_an_error_message(vl, tmp_pa
     model, processor = vl
     _, loop = loop_for(model, processor, {"q0": [ZOOM, "4"]}, images=False)
     batch = prompt_batch(processor, tmp_path, 1)
-    batch.lists.pop("multi_modal_data")   # a text-only rollout of the same prompt (its tokens as they are)
+    batch.lists.pop("multi_modal_data")  # a text-only rollout of the same prompt (its tokens as they are)
     batch.lists.pop("multi_modal_inputs")
     out = loop.run(batch, SamplingParams(n=1, max_new_tokens=R))
     text = out["agent_turns"][0][1]["text"]
-    assert "there is no image to zoom into" in text            # a row without a picture to crop
+    assert "there is no image to zoom into" in text  # a row without a picture to crop
     _, loop = loop_for(model, processor, {"q0": [ZOOM, "4"]}, images=False)
     from verl_npu.errors import UserError
 
@@ -185,12 +221,12 @@ def test_a_text_only_rollout_turns_a_tool_image_into_an_error_message(vl, tmp_pa
 
 def test_zoom_tool_checks_its_box_and_sizes_its_crop():
     assert fit_box([10, 8, 60, 50], 112, 84, 28) == [10.0, 8.0, 60.0, 50.0]
-    assert fit_box([-5, -5, 200, 200], 112, 84, 28) == [0.0, 0.0, 112.0, 84.0]     # clamped to the image
-    assert fit_box([50, 40, 55, 44], 112, 84, 28) is not None                       # grown around its centre
+    assert fit_box([-5, -5, 200, 200], 112, 84, 28) == [0.0, 0.0, 112.0, 84.0]  # clamped to the image
+    assert fit_box([50, 40, 55, 44], 112, 84, 28) is not None  # grown around its centre
     left, top, right, bottom = fit_box([50, 40, 55, 44], 112, 84, 28)
     assert min(right - left, bottom - top) >= 28 and right <= 112 and bottom <= 84
-    assert fit_box([60, 50, 10, 8], 112, 84, 28) is None                            # corners swapped
-    assert fit_box([0, 0, 112, 1], 112, 84, 28) is None                             # aspect ratio over 100
+    assert fit_box([60, 50, 10, 8], 112, 84, 28) is None  # corners swapped
+    assert fit_box([0, 0, 112, 1], 112, 84, 28) is None  # aspect ratio over 100
     tool = ImageZoomInTool({"max_pixels": 56 * 56})
     iid, _ = tool.create(create_kwargs={"image": {"bytes": png(picture((300, 200))), "path": None}})
     reply, reward, metrics = tool.execute(iid, {"bbox_2d": [0, 0, 300, 200]})
@@ -207,10 +243,10 @@ def test_zoom_tool_checks_its_box_and_sizes_its_crop():
 def test_geo3k_tool_grades_answers_as_verl_does():
     tool = Geo3kTool({})
     iid, _ = tool.create(create_kwargs={"ground_truth": "4"})
-    assert tool.execute(iid, {"answer": "3"})[1:] == (-0.05, {})       # wrong: no improvement
+    assert tool.execute(iid, {"answer": "3"})[1:] == (-0.05, {})  # wrong: no improvement
     reply, step, _ = tool.execute(iid, {"answer": "4"})
     assert reply.text == "Current parsed answer='4' reward=1.0" and step == 0.0 and tool.calc_reward(iid) == 1.0
-    assert tool.execute(iid, {"answer": "4.0"})[1] == -0.05            # right again: not better
+    assert tool.execute(iid, {"answer": "4.0"})[1] == -0.05  # right again: not better
     tool.release(iid)
 
 
@@ -221,9 +257,13 @@ def test_data_prep_writes_verl_multiturn_geometry_rows(tmp_path):
     row = pq.read_table(tmp_path / "train.parquet").to_pylist()[0]
     assert [m["role"] for m in row["prompt"]] == ["system", "user"] and row["agent_name"] == "tool_agent"
     assert "image_zoom_in_tool" in row["prompt"][0]["content"] and "calc_geo3k_reward" in row["prompt"][0]["content"]
-    assert row["extra_info"]["tools_kwargs"]["calc_geo3k_reward"]["create_kwargs"]["ground_truth"] == \
-        row["reward_model"]["ground_truth"]
-    assert row["extra_info"]["need_tools_kwargs"] and len(row["images"]) == 1 and "<image>" in row["prompt"][1]["content"]
+    assert (
+        row["extra_info"]["tools_kwargs"]["calc_geo3k_reward"]["create_kwargs"]["ground_truth"]
+        == row["reward_model"]["ground_truth"]
+    )
+    assert (
+        row["extra_info"]["need_tools_kwargs"] and len(row["images"]) == 1 and "<image>" in row["prompt"][1]["content"]
+    )
 
 
 def test_tiny_geo3k_tool_runs_two_steps_with_pictures_and_the_tools(tmp_path):
@@ -234,13 +274,21 @@ def test_tiny_geo3k_tool_runs_two_steps_with_pictures_and_the_tools(tmp_path):
 
     data = tmp_path / "data"
     prepare_synthetic(data, 8, 2, multiturn="both")
-    over = {"af_output_dir": tmp_path / "out", "data.train_files": data / "train.parquet",
-            "data.val_files": data / "test.parquet", "actor_rollout_ref.rollout.n": 2,
-            "actor_rollout_ref.actor.ppo_mini_batch_size": 2,          # two updates: old log-probs
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-            "actor_rollout_ref.actor.use_kl_loss": "true", "actor_rollout_ref.actor.kl_loss_coef": 0.01,
-            "actor_rollout_ref.rollout.calculate_log_probs": "true", "trainer.total_training_steps": 2,
-            "trainer.test_freq": 2, "trainer.save_freq": 2, "trainer.rollout_data_dir": tmp_path / "rollouts"}
+    over = {
+        "af_output_dir": tmp_path / "out",
+        "data.train_files": data / "train.parquet",
+        "data.val_files": data / "test.parquet",
+        "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,  # two updates: old log-probs
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "actor_rollout_ref.actor.use_kl_loss": "true",
+        "actor_rollout_ref.actor.kl_loss_coef": 0.01,
+        "actor_rollout_ref.rollout.calculate_log_probs": "true",
+        "trainer.total_training_steps": 2,
+        "trainer.test_freq": 2,
+        "trainer.save_freq": 2,
+        "trainer.rollout_data_dir": tmp_path / "rollouts",
+    }
     rc = load_recipe("tiny_geo3k_tool", [f"{k}={v}" for k, v in over.items()])
     assert run_training(rc) == 0
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -248,7 +296,7 @@ def test_tiny_geo3k_tool_runs_two_steps_with_pictures_and_the_tools(tmp_path):
     assert [r["training/global_step"] for r in train] == [1.0, 2.0]
     for r in train:
         assert r["num_turns/min"] >= 2 and "tool_call_counts/mean" in r and "actor/kl_loss" in r
-        assert r["training/rollout_probs_diff_max"] < 1e-4       # fp32 on CPU: the same distribution
+        assert r["training/rollout_probs_diff_max"] < 1e-4  # fp32 on CPU: the same distribution
     assert "val-aux/num_turns/mean" in rows[-1]
     dumped = [json.loads(line) for line in (tmp_path / "rollouts" / "1.jsonl").read_text().splitlines()]
     assert len(dumped) == 8 and all(d["turns"][0]["role"] == "assistant" for d in dumped)
@@ -261,8 +309,12 @@ def test_images_in_turns_on_vllm_are_refused_before_start(tmp_path):
 
     data = tmp_path / "data"
     prepare_synthetic(data, 8, 2, multiturn="both")
-    over = [f"af_output_dir={tmp_path / 'out'}", f"data.train_files={data / 'train.parquet'}",
-            f"data.val_files={data / 'test.parquet'}", "actor_rollout_ref.rollout.name=vllm"]
+    over = [
+        f"af_output_dir={tmp_path / 'out'}",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+        "actor_rollout_ref.rollout.name=vllm",
+    ]
     # an image tool in the tool config: the config check names rollout.name and the tool
     with pytest.raises(ConfigErrors) as err:
         load_recipe("tiny_geo3k_tool", over, check_paths=True)
@@ -299,7 +351,7 @@ def _sharded_worker(rank: int, world: int, port: int, result_dir: str) -> None:
         loop.synced = True
         folder = Path(result_dir) / f"data{rank}"
         folder.mkdir()
-        batch = prompt_batch(processor, folder, 2).select([rank])   # rank 0: q0 (a zoom), rank 1: q1 (one turn)
+        batch = prompt_batch(processor, folder, 2).select([rank])  # rank 0: q0 (a zoom), rank 1: q1 (one turn)
         out = loop.run(batch, SamplingParams(max_new_tokens=R))
         torch.save({k: out[k] for k in ("responses", "response_mask")}, os.path.join(result_dir, f"rank{rank}.pt"))
 

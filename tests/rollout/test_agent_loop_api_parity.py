@@ -40,7 +40,9 @@ def test_the_interface_offers_verls_methods_and_fields():
             assert member in output_init and member in agent_loop_api.AgentLoopOutput.FIELDS, name
             assert (output_init[member].default is not inspect.Parameter.empty) == detail, name
         elif kind == "field":
-            assert member in metric_fields and (metric_fields[member].default is not dataclasses.MISSING) == detail, name
+            assert member in metric_fields and (metric_fields[member].default is not dataclasses.MISSING) == detail, (
+                name
+            )
         else:
             fn = getattr(getattr(agent_loop_api, owner), member) if owner else getattr(agent_loop_api, member)
             assert _params(fn) == detail, (name, _params(fn), detail)
@@ -54,6 +56,11 @@ def test_the_recorded_table_is_verls():
     from run_helpers import verl_side_python
 
     python = verl_side_python()
-    out = subprocess.run([python, str(TESTS / "helpers" / "verl_side_agent_loop.py")], capture_output=True,
-                         text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [python, str(TESTS / "helpers" / "verl_side_agent_loop.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert json.loads(out.stdout) == json.loads(TABLE.read_text())

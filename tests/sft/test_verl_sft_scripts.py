@@ -21,9 +21,16 @@ HERE = Path(__file__).resolve().parents[1] / "fixtures" / "verl_sft_scripts"
 SCRIPTS = sorted(HERE.glob("*.txt"))
 HEADER_KEYS = ("source", "expect", "drop", "fixed", "train")
 #: what a CPU run of 2 steps changes besides the paths: batch sizes and lengths for 8 tiny conversations
-SIZING = ["data.train_batch_size=4", "data.micro_batch_size_per_gpu=2", "data.max_length=512",
-          "data.use_dynamic_bsz=false", "trainer.total_training_steps=2", "trainer.total_epochs=1",
-          "trainer.save_freq=-1", "trainer.logger=console"]
+SIZING = [
+    "data.train_batch_size=4",
+    "data.micro_batch_size_per_gpu=2",
+    "data.max_length=512",
+    "data.use_dynamic_bsz=false",
+    "trainer.total_training_steps=2",
+    "trainer.total_epochs=1",
+    "trainer.save_freq=-1",
+    "trainer.logger=console",
+]
 
 
 def read_script(path: Path) -> tuple[list[str], dict[str, str]]:
@@ -46,8 +53,13 @@ def sft_data(tmp_path_factory):
 
 
 def localized(overrides: list[str], data: Path, model: Path, out: Path) -> list[str]:
-    paths = {"data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
-             "model.path": model, "model.partial_pretrain": model, "trainer.default_local_dir": out / "checkpoints"}
+    paths = {
+        "data.train_files": data / "train.parquet",
+        "data.val_files": data / "test.parquet",
+        "model.path": model,
+        "model.partial_pretrain": model,
+        "trainer.default_local_dir": out / "checkpoints",
+    }
     result = []
     for item in overrides:
         key = item.split("=", 1)[0]

@@ -24,6 +24,7 @@ def _call(tool, create_kwargs, arguments):
         out = await tool.execute(instance, arguments)
         await tool.release(instance)
         return out
+
     return asyncio.run(go())
 
 
@@ -37,7 +38,7 @@ def test_the_tool_answers_the_rows_code_for_its_key_only():
     assert _call(tool, entry, {})[0].text == "no entry for ''"
     with pytest.raises(ValueError, match="create_kwargs"):
         _call(tool, {}, {"key": "K"})
-    assert tool._entries == {}   # released
+    assert tool._entries == {}  # released
 
 
 def test_the_tool_config_builds_the_builtin_tool():
@@ -50,16 +51,17 @@ def test_the_tool_config_builds_the_builtin_tool():
 def test_the_reward_pays_the_right_code_and_nothing_for_the_call():
     def score(text):
         return default_compute_score("tool_lookup", text, "7")["score"]
+
     assert score("#### 7") == 1.0
-    assert score("\n<|im_start|>tool\n7\n#### 7") == 1.0      # after the tool's reply
-    assert score("#### 3") == 0.0 and score("7") == 0.0       # a wrong code; a bare number is no answer
-    assert score("#### 7 #### 8") == 0.0                      # the last answer counts
+    assert score("\n<|im_start|>tool\n7\n#### 7") == 1.0  # after the tool's reply
+    assert score("#### 3") == 0.0 and score("7") == 0.0  # a wrong code; a bare number is no answer
+    assert score("#### 7 #### 8") == 0.0  # the last answer counts
 
 
 def test_the_data_hides_each_code_behind_the_tool():
     rows = tool_lookup.sft_rows(400, 0, "train")
     calling = [r for r in rows if len(r["messages"]) == 4]
-    assert 0.4 < len(calling) / len(rows) < 0.6   # CALL_SHARE 0.5: the rest guess
+    assert 0.4 < len(calling) / len(rows) < 0.6  # CALL_SHARE 0.5: the rest guess
     for r in calling[:20]:
         user, call, reply, answer = r["messages"]
         key = user["content"].split()[-1].rstrip("?")
@@ -68,7 +70,7 @@ def test_the_data_hides_each_code_behind_the_tool():
     kwargs = rl[0]["extra_info"]["tools_kwargs"]["lookup"]["create_kwargs"]
     assert kwargs["value"] == rl[0]["reward_model"]["ground_truth"] and kwargs["key"] in rl[0]["prompt"][0]["content"]
     assert kwargs["value"] not in rl[0]["prompt"][0]["content"]
-    assert len({r["reward_model"]["ground_truth"] for r in rl}) == 10   # the codes vary row to row
+    assert len({r["reward_model"]["ground_truth"] for r in rl}) == 10  # the codes vary row to row
 
 
 def test_run_makes_each_stages_data_from_its_own_writer(tmp_path):
@@ -76,8 +78,9 @@ def test_run_makes_each_stages_data_from_its_own_writer(tmp_path):
     from the writer of its recipe name (verl_npu/demo.py)."""
     from verl_npu.config.recipes import find_recipe
 
-    writer, kwargs, _ = _data_writer("tiny://qwen2", multi_turn=True,
-                                     tool_data=_tool_demo_data("examples/tool_config/lookup_tool_config.yaml"))
+    writer, kwargs, _ = _data_writer(
+        "tiny://qwen2", multi_turn=True, tool_data=_tool_demo_data("examples/tool_config/lookup_tool_config.yaml")
+    )
     rl = pq.read_table(writer(tmp_path / "rl", 4, 2, seed=0, **kwargs)["paths"]["test"]).to_pylist()
     assert {r["data_source"] for r in rl} == {"tool_lookup"} and rl[0]["agent_name"] == "tool_agent"
     assert _tool_demo_data("examples/tool_config/gsm8k_tool_config.yaml") == ""

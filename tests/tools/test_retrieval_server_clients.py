@@ -23,8 +23,13 @@ DOCS = [{"id": str(i), "contents": f"Title {i}\nthe city number {i} has river {i
 def start_cli(tmp_path: Path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    proc = subprocess.Popen([sys.executable, "-m", "verl_npu.cli", "retrieval-server", "--corpus", str(corpus),
-                             "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verl_npu.cli", "retrieval-server", "--corpus", str(corpus), "--port", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     assert "retrieval_service_url" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
     port = int(line.rsplit(":", 1)[1].split("/")[0])
@@ -32,17 +37,22 @@ def start_cli(tmp_path: Path):
 
 
 def retrieve(port: int, query: str) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/retrieve", method="POST",
-                                 data=json.dumps({"queries": [query], "topk": 2}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/retrieve",
+        method="POST",
+        data=json.dumps({"queries": [query], "topk": 2}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return r.status, json.loads(r.read())
 
 
 def hang_up_mid_body(port: int) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 5000\r\n\r\n{\"queries\": [\"ci")
+        s.sendall(
+            b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 5000\r\n\r\n{"queries": ["ci'
+        )
         s.shutdown(socket.SHUT_WR)
         time.sleep(0.1)
     # and one that hangs up before its answer is written, leaving the server a write to a closed socket
@@ -89,10 +99,10 @@ def test_stalling_and_oversized_clients_are_refused_and_logged(capfd):
     srv = RetrievalServer(DOCS, port=0, client_timeout=1.0)
     srv.start_in_thread()
     try:
-        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:   # headers, then silence
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:  # headers, then silence
             s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
             t0 = time.monotonic()
-            assert s.recv(100) == b""           # dropped at the client timeout
+            assert s.recv(100) == b""  # dropped at the client timeout
             assert time.monotonic() - t0 < 8
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
             s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n")

@@ -21,8 +21,10 @@ from verl_npu.tools.loading import load_tools
 from verl_npu.tools.sandbox import SandboxLimits, namespaces_work, run_python
 
 # as root on Linux (CI) the namespace sandbox must work: a broken one fails these tests instead of skipping
-NEEDS_NS = pytest.mark.skipif(not namespaces_work() and not (sys.platform.startswith("linux") and os.geteuid() == 0),
-                              reason="no namespace sandbox here (needs root, or unprivileged user namespaces)")
+NEEDS_NS = pytest.mark.skipif(
+    not namespaces_work() and not (sys.platform.startswith("linux") and os.geteuid() == 0),
+    reason="no namespace sandbox here (needs root, or unprivileged user namespaces)",
+)
 NS = pytest.param("namespaces", marks=NEEDS_NS)
 BOTH = [NS, "unsafe_process"]
 
@@ -69,7 +71,7 @@ print(open("mine.txt").read(), os.getcwd() == os.environ["HOME"])
     folders = lambda: set(Path(tempfile.gettempdir()).glob("verl_npu_sandbox_*"))  # noqa: E731
     before = folders()
     r = run_python(code, limits(isolation))
-    assert folders() <= before                       # the run's folder is deleted
+    assert folders() <= before  # the run's folder is deleted
     assert r.exit_code == 0, r.output
     assert "WROTE" not in r.output and "TOP-SECRET-4711" not in r.output
     assert "read refused:" in r.output and "inside True" in r.output
@@ -86,7 +88,7 @@ def test_an_endless_loop_is_stopped_at_the_wall_clock_and_the_cpu_limit(isolatio
     assert r.timed_out and time.monotonic() - t0 < 20
     # the CPU limit (RLIMIT_CPU) ends a busy loop before a long wall clock does
     r = run_python("while True:\n    pass\n", limits(isolation, wall_s=60, cpu_s=1))
-    assert not r.timed_out and r.exit_code in (128 + 9, 128 + 24), r   # SIGKILL or SIGXCPU
+    assert not r.timed_out and r.exit_code in (128 + 9, 128 + 24), r  # SIGKILL or SIGXCPU
     assert time.monotonic() - t0 < 50
 
 
@@ -107,7 +109,7 @@ def test_no_process_outlives_the_code():
     r = run_python(bomb, limits("namespaces", wall_s=2, processes=16))
     assert r.timed_out
     time.sleep(0.5)
-    assert sandbox_user_processes() - before == set()    # none running, and no zombie left either
+    assert sandbox_user_processes() - before == set()  # none running, and no zombie left either
 
 
 def _status(pid: str) -> str:
@@ -120,13 +122,15 @@ def _status(pid: str) -> str:
 def test_the_process_isolation_refuses_new_processes():
     r = run_python("import subprocess\nsubprocess.run(['true'])\n", limits("unsafe_process"))
     assert r.exit_code == 1 and "PermissionError: the sandbox does not allow subprocess.Popen" in r.output
-    assert "sandbox_boot" not in r.output          # the traceback is the code's own
+    assert "sandbox_boot" not in r.output  # the traceback is the code's own
 
 
 @pytest.mark.parametrize("isolation", BOTH)
 def test_ten_gib_fail_cleanly(isolation):
-    r = run_python("try:\n    x = bytearray(10 * 2**30)\nexcept MemoryError:\n    print('no memory')\n",
-                   limits(isolation, memory_mb=512))
+    r = run_python(
+        "try:\n    x = bytearray(10 * 2**30)\nexcept MemoryError:\n    print('no memory')\n",
+        limits(isolation, memory_mb=512),
+    )
     assert r.exit_code == 0 and r.output.strip() == "no memory"
 
 
@@ -137,8 +141,10 @@ def test_code_cannot_open_a_socket(isolation):
     server.listen(1)
     server.settimeout(0.5)
     port = server.getsockname()[1]
-    code = (f"import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
-            "    print('CONNECTED')\nexcept Exception as e:\n    print('failed:', type(e).__name__)\n")
+    code = (
+        f"import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
+        "    print('CONNECTED')\nexcept Exception as e:\n    print('failed:', type(e).__name__)\n"
+    )
     r = run_python(code, limits(isolation))
     try:
         with pytest.raises(socket.timeout):
@@ -149,8 +155,10 @@ def test_code_cannot_open_a_socket(isolation):
 
 
 def test_output_is_capped_while_it_is_read():
-    r = run_python("import sys\nfor _ in range(10**6):\n    sys.stdout.write('y' * 100)\n",
-                   limits("unsafe_process", max_output_bytes=1000))
+    r = run_python(
+        "import sys\nfor _ in range(10**6):\n    sys.stdout.write('y' * 100)\n",
+        limits("unsafe_process", max_output_bytes=1000),
+    )
     assert r.truncated and len(r.output) == 1000 and r.exit_code == 0
 
 
@@ -178,7 +186,7 @@ tools:
         parameters: {type: object, properties: {code: {type: string, description: code}}, required: [code]}
 """)
     tools = load_tools("tools.yaml")
-    assert tools["python"].run("```python\nx = 6\nx * 7\n```")[0] == "42\n"   # ReTool's preparation
+    assert tools["python"].run("```python\nx = 6\nx * 7\n```")[0] == "42\n"  # ReTool's preparation
     tool = tools["code_interpreter"]
     assert isinstance(tool, CodeInterpreterTool) and tool.limits.wall_s == 5 and tool.limits.memory_mb == 512
     text, metrics = tool.run("print(6 * 7)")
@@ -194,7 +202,7 @@ tools:
 
 def test_retool_code_preparation():
     assert retool_code("Let me compute.\n```python\nx = 3\nx * 2\n```\nthen") == "x = 3\nprint(x * 2)"
-    assert retool_code("y = 1\n") == "y = 1\n"                     # an assignment is not wrapped
+    assert retool_code("y = 1\n") == "y = 1\n"  # an assignment is not wrapped
     assert retool_code("print(1)\n\n") == "print(1)\n\n"
     assert retool_code("for i in range(2):\n    i") == "for i in range(2):\n    i"
 
@@ -208,8 +216,14 @@ def test_hanging_and_failing_tools_and_a_long_output_in_a_rollout():
     from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, ToolCall, Trajectory
     from verl_npu.tools.base import BaseTool
 
-    schema = lambda n: {"type": "function", "function": {"name": n, "description": "d",  # noqa: E731
-                                                         "parameters": {"type": "object", "properties": {}}}}
+    schema = lambda n: {
+        "type": "function",
+        "function": {
+            "name": n,
+            "description": "d",  # noqa: E731
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
 
     class SyncHang(BaseTool):
         def execute(self, instance_id, parameters, **kwargs):
@@ -223,16 +237,23 @@ def test_hanging_and_failing_tools_and_a_long_output_in_a_rollout():
         async def execute(self, instance_id, parameters, **kwargs):
             raise KeyError("no such thing")
 
-    tools = {"code_interpreter": CodeInterpreterTool({"default_timeout": 10}),
-             "sync_hang": SyncHang({"call_timeout": 1}, schema("sync_hang")),
-             "async_hang": AsyncHang({"call_timeout": 1}, schema("async_hang")),
-             "raises": Raises({}, schema("raises"))}
+    tools = {
+        "code_interpreter": CodeInterpreterTool({"default_timeout": 10}),
+        "sync_hang": SyncHang({"call_timeout": 1}, schema("sync_hang")),
+        "async_hang": AsyncHang({"call_timeout": 1}, schema("async_hang")),
+        "raises": Raises({}, schema("raises")),
+    }
     loop = AgentLoop.__new__(AgentLoop)  # only the call path: no model needed
     loop.tools, loop.settings = tools, section(MULTI_TURN, {"max_tool_response_length": 200})
     traj = Trajectory([1], "u#0", {})
-    calls = [ToolCall("code_interpreter", {"code": "print('z' * 5000)"}), ToolCall("sync_hang", {}),
-             ToolCall("async_hang", {}), ToolCall("raises", {}), ToolCall("code_interpreter", {"code": 5}),
-             ToolCall("code_interpreter", {"code": "import os; os.kill(1, 9)"})]
+    calls = [
+        ToolCall("code_interpreter", {"code": "print('z' * 5000)"}),
+        ToolCall("sync_hang", {}),
+        ToolCall("async_hang", {}),
+        ToolCall("raises", {}),
+        ToolCall("code_interpreter", {"code": 5}),
+        ToolCall("code_interpreter", {"code": "import os; os.kill(1, 9)"}),
+    ]
 
     async def all_calls():
         return await asyncio.gather(*(loop._call(traj, c) for c in calls))
@@ -242,8 +263,9 @@ def test_hanging_and_failing_tools_and_a_long_output_in_a_rollout():
     assert time.monotonic() - t0 < 30
     texts = [r[0] for r in results]
     assert len(texts[0]) <= 200 + len("...(truncated)...") and "(truncated)" in texts[0] and texts[0].startswith("z")
-    assert texts[1] == ("Error executing tool 'sync_hang': ToolTimeout: execute of tool 'sync_hang' did not return "
-                        "within 1 s")
+    assert texts[1] == (
+        "Error executing tool 'sync_hang': ToolTimeout: execute of tool 'sync_hang' did not return within 1 s"
+    )
     assert "ToolTimeout" in texts[2] and "'async_hang'" in texts[2]
     assert texts[3] == "Error executing tool 'raises': KeyError: 'no such thing'"
     assert texts[4].startswith("Error: the code interpreter needs")
@@ -260,10 +282,15 @@ def test_without_namespaces_a_code_tool_refuses_to_start_unless_unsafe_is_asked_
     monkeypatch.setattr(sandbox, "namespaces_problem", lambda: "unshare: Operation not permitted")
     monkeypatch.chdir(tmp_path)
     for isolation in ("auto", "namespaces"):
-        Path("tools.yaml").write_text(f"tools:\n  - class_name: code_interpreter\n    config: {{isolation: {isolation}}}\n")
-        with pytest.raises(UserError, match=rf"tools\[0\]: constructing 'code_interpreter' failed: RuntimeError: "
-                                            rf"isolation: {isolation} needs the namespace sandbox.*unshare: Operation "
-                                            r"not permitted. To get it: run the trainer as root.*unsafe_process"):
+        Path("tools.yaml").write_text(
+            f"tools:\n  - class_name: code_interpreter\n    config: {{isolation: {isolation}}}\n"
+        )
+        with pytest.raises(
+            UserError,
+            match=rf"tools\[0\]: constructing 'code_interpreter' failed: RuntimeError: "
+            rf"isolation: {isolation} needs the namespace sandbox.*unshare: Operation "
+            r"not permitted. To get it: run the trainer as root.*unsafe_process",
+        ):
             load_tools("tools.yaml")
     with pytest.raises(ValueError, match="isolation: process is no boundary.*unsafe_process"):
         CodeInterpreterTool({"isolation": "process"})
@@ -279,8 +306,9 @@ def test_without_namespaces_a_code_tool_refuses_to_start_unless_unsafe_is_asked_
 
     loop = AgentLoop.__new__(AgentLoop)
     loop.tools, loop.settings = {"code_interpreter": tool}, section(MULTI_TURN, {})
-    text, _, record, _ = asyncio.run(loop._call(Trajectory([1], "u#0", {}), ToolCall("code_interpreter",
-                                                                                      {"code": "print(1)"})))
+    text, _, record, _ = asyncio.run(
+        loop._call(Trajectory([1], "u#0", {}), ToolCall("code_interpreter", {"code": "print(1)"}))
+    )
     assert text == "1\n" and record["sandbox"] == "unsafe_process"
     metrics = tool_call_metrics([[{"role": "tool", "calls": [record]}]])
     assert metrics["tool_calls/unsafe_sandbox"] == 1.0

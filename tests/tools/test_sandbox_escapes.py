@@ -30,9 +30,11 @@ ISOLATION = os.environ.get("VERL_NPU_ESCAPE_ISOLATION", "auto")
 ROOT = Path(__file__).resolve().parents[2]
 # as root on Linux (CI) the namespace sandbox must work: a broken one fails here instead of skipping
 pytestmark = pytest.mark.skipif(
-    ISOLATION != "unsafe_process" and not namespaces_work() and not (sys.platform.startswith("linux")
-                                                                     and os.geteuid() == 0),
-    reason="no namespace sandbox here (needs root, or unprivileged user namespaces)")
+    ISOLATION != "unsafe_process"
+    and not namespaces_work()
+    and not (sys.platform.startswith("linux") and os.geteuid() == 0),
+    reason="no namespace sandbox here (needs root, or unprivileged user namespaces)",
+)
 SECRET = "hf_SECRET_" + uuid.uuid4().hex
 TRAINER = """
 import json, sys
@@ -48,11 +50,17 @@ def run_in_trainer(code: str, deadline: float = 60, **limits) -> tuple[dict | No
     """(the sandboxed call's result, the trainer's exit status): None when the trainer died or froze."""
     spec = {"wall_s": 10, "cpu_s": 10, "isolation": ISOLATION, **limits}
     env = {**os.environ, "WANDB_API_KEY": SECRET, "HF_TOKEN": SECRET}
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, json.dumps(spec)], cwd=ROOT, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, json.dumps(spec)],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         out, _ = proc.communicate(textwrap.dedent(code).encode(), timeout=deadline)
-    except subprocess.TimeoutExpired:   # frozen (SIGSTOP) or held
+    except subprocess.TimeoutExpired:  # frozen (SIGSTOP) or held
         proc.kill()
         proc.communicate()
         return None, -999
@@ -99,7 +107,9 @@ def test_guard_rewriting_then_secrets_network_and_a_daemon():
     server.settimeout(0.5)
     port = server.getsockname()[1]
     marker = f"4242.{uuid.uuid4().int % 10**6}"
-    code = DISARM + f"""
+    code = (
+        DISARM
+        + f"""
 import os, socket, subprocess
 for pid in {{os.getppid(), 1, *[p for p in os.listdir("/proc") if p.isdigit()]}}:
     try:
@@ -118,6 +128,7 @@ try:
 except Exception as e:
     print("daemon refused:", type(e).__name__)
 """
+    )
     try:
         result, status = run_in_trainer(code)
         try:
@@ -207,7 +218,7 @@ for tail in ((-1, None, None, None, -1, None, False), (-1, None, None, None, -1,
     kill_all(left)
     assert status == 0 and result is not None
     assert left == [], "a process of the call outlived it"
-    assert took < 4 + 2 + 15, f"the call took {took:.0f} s"   # wall clock + drain + start-up on a busy machine
+    assert took < 4 + 2 + 15, f"the call took {took:.0f} s"  # wall clock + drain + start-up on a busy machine
 
 
 def test_disk_limit_covers_the_whole_writable_filesystem():
@@ -241,13 +252,25 @@ def test_the_probe_works_with_the_venv_under_tmp(tmp_path):
     venv = Path(tempfile.mkdtemp(prefix="verl_npu_venv_"))
     venv.chmod(0o755)  # as `python -m venv /tmp/x` makes it: the sandbox's user must be able to run it
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
-                       check=True, capture_output=True, timeout=120)
-        probe = ("from verl_npu.tools.sandbox import namespaces_problem, run_python, SandboxLimits\n"
-                 "import sys\nprint(sys.prefix)\nprint(repr(namespaces_problem()))\n"
-                 "print(run_python('import sys; print(sys.prefix)', SandboxLimits(wall_s=20)).output.strip())\n")
-        out = subprocess.run([str(venv / "bin" / "python"), "-c", probe], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        probe = (
+            "from verl_npu.tools.sandbox import namespaces_problem, run_python, SandboxLimits\n"
+            "import sys\nprint(sys.prefix)\nprint(repr(namespaces_problem()))\n"
+            "print(run_python('import sys; print(sys.prefix)', SandboxLimits(wall_s=20)).output.strip())\n"
+        )
+        out = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", probe],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         prefix, problem, inside = out.stdout.strip().splitlines()
         assert prefix == str(venv) and problem == "''" and inside == str(venv)

@@ -51,8 +51,9 @@ def url(srv) -> str:
 
 def post(srv, body: bytes | dict, path: str = "/retrieve") -> tuple[int, dict]:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{srv.port}{path}", data=raw, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{srv.port}{path}", data=raw, method="POST", headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read())
@@ -82,23 +83,26 @@ def test_topk_and_return_scores_are_honoured(server):
     q = data.synthetic_facts(1, seed=3)[0]["question"]
     for k in (1, 2, 5):
         assert len(post(server, {"queries": [q], "topk": k, "return_scores": True})[1]["result"][0]) == k
-    status, answer = post(server, {"queries": [q, "capital"]})           # no topk: the server's --topk
+    status, answer = post(server, {"queries": [q, "capital"]})  # no topk: the server's --topk
     assert status == 200 and [len(r) for r in answer["result"]] == [3, 3]
-    assert set(answer["result"][0][0]) == {"id", "contents"}            # return_scores false: documents alone
-    assert post(server, {"queries": ["zzzz qqqq"], "topk": 3})[1] == {"result": [[]]}   # no shared word: none
+    assert set(answer["result"][0][0]) == {"id", "contents"}  # return_scores false: documents alone
+    assert post(server, {"queries": ["zzzz qqqq"], "topk": 3})[1] == {"result": [[]]}  # no shared word: none
     assert post(server, {"queries": []})[1] == {"result": []}
 
 
-@pytest.mark.parametrize("body, what", [
-    (b"{not json", "not JSON"),
-    (b"[1, 2]", "must be a JSON object"),
-    ({"query": ["x"]}, "unknown field(s) ['query']"),
-    ({"queries": "x"}, "'queries' must be a list of strings"),
-    ({"queries": ["x", 3]}, "'queries' must be a list of strings"),
-    ({"queries": ["x"], "topk": 0}, "'topk' must be a positive integer, got 0"),
-    ({"queries": ["x"], "topk": "3"}, "'topk' must be a positive integer"),
-    ({"queries": ["x"], "return_scores": "yes"}, "'return_scores' must be true or false"),
-])
+@pytest.mark.parametrize(
+    "body, what",
+    [
+        (b"{not json", "not JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        ({"query": ["x"]}, "unknown field(s) ['query']"),
+        ({"queries": "x"}, "'queries' must be a list of strings"),
+        ({"queries": ["x", 3]}, "'queries' must be a list of strings"),
+        ({"queries": ["x"], "topk": 0}, "'topk' must be a positive integer, got 0"),
+        ({"queries": ["x"], "topk": "3"}, "'topk' must be a positive integer"),
+        ({"queries": ["x"], "return_scores": "yes"}, "'return_scores' must be true or false"),
+    ],
+)
 def test_malformed_requests_get_400_with_a_message(server, body, what):
     status, answer = post(server, body)
     assert status == 400 and what in answer["error"]
@@ -130,9 +134,23 @@ def test_the_command_serves_until_stopped(corpus):
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "verl_npu.cli", "retrieval-server", "--corpus",
-                             corpus["paths"]["corpus"], "--port", "0", "--topk", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "verl_npu.cli",
+            "retrieval-server",
+            "--corpus",
+            corpus["paths"]["corpus"],
+            "--port",
+            "0",
+            "--topk",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         port = int(re.search(r"http://127\.0\.0\.1:(\d+)/retrieve", line).group(1))
@@ -157,9 +175,9 @@ def test_search_tool_hands_the_model_verls_text(server):
     response, reward, metrics = t.execute(iid, {"query_list": [f["question"] for f in facts]})
     result = json.loads(response.text)["result"]
     first, second = result.split("\n---\n")
-    assert first.startswith(f"Doc 1 (Title: \"{facts[0]['title']}\")\n") and facts[0]["answer"] in first
+    assert first.startswith(f'Doc 1 (Title: "{facts[0]["title"]}")\n') and facts[0]["answer"] in first
     assert "\n\nDoc 2 (Title: " in first and "Doc 3" not in first
-    assert second.startswith(f"Doc 1 (Title: \"{facts[1]['title']}\")\n")
+    assert second.startswith(f'Doc 1 (Title: "{facts[1]["title"]}")\n')
     assert reward == 0.0 and metrics["status"] == "success" and metrics["total_results"] == 4
     assert t.calc_reward(iid) == [response.text]
     t.release(iid)
@@ -186,19 +204,25 @@ class _Answer(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("status, body, attempts, what", [
-    (200, b"<html>not json</html>", 1, "answer is not JSON"),
-    (200, b'{"documents": []}', 1, "has no 'result' list"),
-    (503, b"busy", 3, "answered HTTP 503: busy (after 3 attempts)"),
-    (400, b'{"error": "bad topk"}', 1, 'answered HTTP 400: {"error": "bad topk"}'),
-])
+@pytest.mark.parametrize(
+    "status, body, attempts, what",
+    [
+        (200, b"<html>not json</html>", 1, "answer is not JSON"),
+        (200, b'{"documents": []}', 1, "has no 'result' list"),
+        (503, b"busy", 3, "answered HTTP 503: busy (after 3 attempts)"),
+        (400, b'{"error": "bad topk"}', 1, 'answered HTTP 400: {"error": "bad topk"}'),
+    ],
+)
 def test_broken_servers_become_an_error_message_in_the_conversation(status, body, attempts, what):
     handler = type("H", (_Answer,), {"status": status, "body": body, "calls": [0]})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        text = tool(f"http://127.0.0.1:{srv.server_address[1]}/retrieve", max_attempts=3,
-                    retry_delay=0).execute("i", {"query_list": ["q"]})[0].text
+        text = (
+            tool(f"http://127.0.0.1:{srv.server_address[1]}/retrieve", max_attempts=3, retry_delay=0)
+            .execute("i", {"query_list": ["q"]})[0]
+            .text
+        )
     finally:
         srv.shutdown()
         srv.server_close()
@@ -208,14 +232,20 @@ def test_broken_servers_become_an_error_message_in_the_conversation(status, body
 
 
 def test_unreachable_and_silent_servers_become_error_messages():
-    text = tool(f"http://127.0.0.1:{free_port()}/retrieve", max_attempts=2, retry_delay=0).execute(
-        "i", {"query_list": ["q"]})[0].text
+    text = (
+        tool(f"http://127.0.0.1:{free_port()}/retrieve", max_attempts=2, retry_delay=0)
+        .execute("i", {"query_list": ["q"]})[0]
+        .text
+    )
     assert "Search error: cannot reach" in text and "(after 2 attempts)" in text
-    with socket.socket() as silent:                 # accepts connections, never answers
+    with socket.socket() as silent:  # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(4)
-        text = tool(f"http://127.0.0.1:{silent.getsockname()[1]}/retrieve", timeout=0.3, max_attempts=1).execute(
-            "i", {"query_list": ["q"]})[0].text
+        text = (
+            tool(f"http://127.0.0.1:{silent.getsockname()[1]}/retrieve", timeout=0.3, max_attempts=1)
+            .execute("i", {"query_list": ["q"]})[0]
+            .text
+        )
     assert "within 0.3 s" in text and "(after 1 attempt)" in text
 
 
@@ -244,9 +274,14 @@ class _Slow(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("config, most", [({"num_workers": 2, "enable_global_rate_limit": False}, 2),
-                                          ({"num_workers": 8, "rate_limit": 3}, 3),
-                                          ({"num_workers": 8, "enable_global_rate_limit": False}, 6)])
+@pytest.mark.parametrize(
+    "config, most",
+    [
+        ({"num_workers": 2, "enable_global_rate_limit": False}, 2),
+        ({"num_workers": 8, "rate_limit": 3}, 3),
+        ({"num_workers": 8, "enable_global_rate_limit": False}, 6),
+    ],
+)
 def test_num_workers_and_rate_limit_bound_the_requests_in_flight(config, most):
     handler = type("H", (_Slow,), {"lock": threading.Lock(), "now": [0], "most": [0]})
     server_class = type("Srv", (http.server.ThreadingHTTPServer,), {"request_queue_size": 32})
@@ -274,15 +309,25 @@ def test_verls_search_tool_config_loads_under_verls_class_path(server, tmp_path)
     assert "Doc 1 (Title:" in built.execute("i", {"query_list": ["capital"]})[0].text
 
 
-@pytest.mark.parametrize("config, where, what", [
-    ("{type: native}", "config.retrieval_service_url", "is missing"),
-    ("{type: native, retrieval_service_url: localhost:8000}", "config.retrieval_service_url", "http://host:port"),
-    ("{type: native, retrieval_service_url: 'http://h/r', topk: 0}", "config.topk", "positive integer"),
-    ("{type: native, retrieval_service_url: 'http://h/r', timeout: -1}", "config.timeout", "positive number"),
-    ("{type: native, retrieval_service_url: 'http://h/r', top_k: 3}", "config.top_k", "not a key of the search tool"),
-    ("{type: native, retrieval_service_url: 'http://h/r', enable_global_rate_limit: 1}",
-     "config.enable_global_rate_limit", "true or false"),
-])
+@pytest.mark.parametrize(
+    "config, where, what",
+    [
+        ("{type: native}", "config.retrieval_service_url", "is missing"),
+        ("{type: native, retrieval_service_url: localhost:8000}", "config.retrieval_service_url", "http://host:port"),
+        ("{type: native, retrieval_service_url: 'http://h/r', topk: 0}", "config.topk", "positive integer"),
+        ("{type: native, retrieval_service_url: 'http://h/r', timeout: -1}", "config.timeout", "positive number"),
+        (
+            "{type: native, retrieval_service_url: 'http://h/r', top_k: 3}",
+            "config.top_k",
+            "not a key of the search tool",
+        ),
+        (
+            "{type: native, retrieval_service_url: 'http://h/r', enable_global_rate_limit: 1}",
+            "config.enable_global_rate_limit",
+            "true or false",
+        ),
+    ],
+)
 def test_bad_search_configs_are_refused_by_key(tmp_path, config, where, what):
     path = tmp_path / "t.yaml"
     path.write_text(f"tools:\n  - class_name: verl.tools.search_tool.SearchTool\n    config: {config}\n")
@@ -309,8 +354,12 @@ def test_local_search_r1_data_converts(tmp_path):
 
     src = tmp_path / "src"
     src.mkdir()
-    pq.write_table(pa.Table.from_pylist([{"question": "who wrote hamlet?", "golden_answers": ["Shakespeare"],
-                                          "data_source": "nq"}]), src / "train.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{"question": "who wrote hamlet?", "golden_answers": ["Shakespeare"], "data_source": "nq"}]
+        ),
+        src / "train.parquet",
+    )
     data.main(["--local_dataset_path", str(src), "--local_dir", str(tmp_path / "out")])
     [row] = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()
     assert row["data_source"] == "searchR1_nq" and row["reward_model"]["ground_truth"] == {"target": ["Shakespeare"]}
@@ -318,18 +367,21 @@ def test_local_search_r1_data_converts(tmp_path):
         data.main(["--local-dataset-path", str(src), "--local-save-dir", str(tmp_path / "out")])
 
 
-@pytest.mark.parametrize("response, truth, score", [
-    ("<think>x</think><answer> Beijing </answer>", {"target": ["beijing"]}, 1.0),
-    ("<answer>The Beijing!</answer>", {"target": ["Beijing"]}, 1.0),                  # article, punctuation, case
-    ("<answer>Paris</answer> then <answer>Beijing</answer>", {"target": ["Beijing"]}, 1.0),   # the last one counts
-    ("<answer>Beijing</answer> then <answer>Paris</answer>", {"target": ["Beijing"]}, 0.0),
-    ("Beijing", {"target": ["Beijing"]}, 0.0),                                         # no answer tag
-    ("<answer>Beijing city</answer>", {"target": ["Beijing"]}, 0.0),                  # exact, not substring
-    ("<answer>x</answer>" * 11 + "<answer>Beijing</answer>", {"target": ["Beijing"]}, 0.25),  # > 10 tags
-    ("<answer>Kyoto</answer>", {"target": ["Tokyo", "Kyoto"]}, 1.0),
-    ("<answer>Kyoto</answer>", "{'target': ['Kyoto']}", 1.0),                         # the mapping as text
-    ("<answer>Kyoto</answer>", "Kyoto", 1.0),
-])
+@pytest.mark.parametrize(
+    "response, truth, score",
+    [
+        ("<think>x</think><answer> Beijing </answer>", {"target": ["beijing"]}, 1.0),
+        ("<answer>The Beijing!</answer>", {"target": ["Beijing"]}, 1.0),  # article, punctuation, case
+        ("<answer>Paris</answer> then <answer>Beijing</answer>", {"target": ["Beijing"]}, 1.0),  # the last one counts
+        ("<answer>Beijing</answer> then <answer>Paris</answer>", {"target": ["Beijing"]}, 0.0),
+        ("Beijing", {"target": ["Beijing"]}, 0.0),  # no answer tag
+        ("<answer>Beijing city</answer>", {"target": ["Beijing"]}, 0.0),  # exact, not substring
+        ("<answer>x</answer>" * 11 + "<answer>Beijing</answer>", {"target": ["Beijing"]}, 0.25),  # > 10 tags
+        ("<answer>Kyoto</answer>", {"target": ["Tokyo", "Kyoto"]}, 1.0),
+        ("<answer>Kyoto</answer>", "{'target': ['Kyoto']}", 1.0),  # the mapping as text
+        ("<answer>Kyoto</answer>", "Kyoto", 1.0),
+    ],
+)
 def test_exact_match_reward_hand_cases(response, truth, score):
     assert compute_score("searchR1_nq", response, truth) == score
     assert default_compute_score("searchR1_hotpotqa", response, truth) == score
@@ -353,9 +405,13 @@ def test_run_stops_early_naming_the_key_and_the_server_command(tmp_path, capsys,
 
     dead = tmp_path / "tools.yaml"
     dead.write_text(VERL_CONFIG.read_text().replace("127.0.0.1:8000", f"127.0.0.1:{free_port()}"))
-    args = [f"{MT}tool_config_path={dead}", f"data.train_files={corpus['paths']['train']}",
-            f"data.val_files={corpus['paths']['test']}", f"af_output_dir={tmp_path / 'out'}"]
-    assert main(["validate", "tiny_search_r1", *args]) == 0           # validation does not need the server
+    args = [
+        f"{MT}tool_config_path={dead}",
+        f"data.train_files={corpus['paths']['train']}",
+        f"data.val_files={corpus['paths']['test']}",
+        f"af_output_dir={tmp_path / 'out'}",
+    ]
+    assert main(["validate", "tiny_search_r1", *args]) == 0  # validation does not need the server
     assert "retrieval server cannot be reached" in capsys.readouterr().out
     assert main(["run", "tiny_search_r1", *args]) == 1
     err = capsys.readouterr().err
@@ -389,23 +445,38 @@ def test_scripted_search_turn_comes_back_as_an_untrained_tool_turn(server):
         return lambda scores, i: torch.tensor([p[i] if i < len(p) else eos for p in plan])
 
     search = tool(url(server), topk=1)
-    loop = AgentLoop(model, tok, {"search": search}, section(MULTI_TURN, {"max_tool_response_length": 4000}),
-                     eos_ids=eng.eos_ids, pad_id=eng.pad_id, suppress_ids=eng.suppress_ids, pick_factory=factory)
-    prompt = tok(tok.apply_chat_template([{"role": "user", "content": fact["question"]}], tokenize=False,
-                                         add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-    batch = Batch({"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, len(prompt), dtype=torch.long)},
-                  {"raw_prompt_ids": [prompt], "uid": ["q"], "extra_info": [{}]})
+    loop = AgentLoop(
+        model,
+        tok,
+        {"search": search},
+        section(MULTI_TURN, {"max_tool_response_length": 4000}),
+        eos_ids=eng.eos_ids,
+        pad_id=eng.pad_id,
+        suppress_ids=eng.suppress_ids,
+        pick_factory=factory,
+    )
+    prompt = tok(
+        tok.apply_chat_template(
+            [{"role": "user", "content": fact["question"]}], tokenize=False, add_generation_prompt=True
+        ),
+        add_special_tokens=False,
+    )["input_ids"]
+    batch = Batch(
+        {"input_ids": torch.tensor([prompt]), "attention_mask": torch.ones(1, len(prompt), dtype=torch.long)},
+        {"raw_prompt_ids": [prompt], "uid": ["q"], "extra_info": [{}]},
+    )
     width = 400
     out = loop.run(batch, SamplingParams(n=1, max_new_tokens=width))
 
-    want_text = json.dumps({"result": f"Doc 1 (Title: \"{fact['title']}\")\n"
-                                      + fact["contents"].partition("\n")[2]}, ensure_ascii=False)
+    want_text = json.dumps(
+        {"result": f'Doc 1 (Title: "{fact["title"]}")\n' + fact["contents"].partition("\n")[2]}, ensure_ascii=False
+    )
     model_turn, tool_turn, answer_turn = out["agent_turns"][0]
     assert tool_turn["role"] == "tool" and tool_turn["calls"][0]["result"] == want_text
     assert tool_turn["calls"][0]["arguments"] == {"query_list": [fact["question"]]}
     n1, n2, n3 = model_turn["tokens"], tool_turn["tokens"], answer_turn["tokens"]
-    tool_ids = out["responses"][0, n1: n1 + n2].tolist()
-    assert want_text in tok.decode(tool_ids)                                     # the server's answer, verl's text
+    tool_ids = out["responses"][0, n1 : n1 + n2].tolist()
+    assert want_text in tok.decode(tool_ids)  # the server's answer, verl's text
     assert out["response_mask"][0].tolist() == [1] * n1 + [0] * n2 + [1] * n3 + [0] * (width - n1 - n2 - n3)
     assert out["tool_call_counts"] == [1]
     conversation = tok.decode(out["responses"][0, : n1 + n2 + n3], skip_special_tokens=True)

@@ -14,11 +14,13 @@ MT = "actor_rollout_ref.rollout.multi_turn."
 
 
 def test_validate_check_paths_reports_bad_tool_and_interaction_classes(tmp_path):
-    (tmp_path / "my_tools.py").write_text("from verl_npu.tools import BaseTool\n\nclass Calc(BaseTool):\n"
-                                          "    def execute(self, instance_id, parameters, **kwargs):\n"
-                                          "        return 'ok'\n")
+    (tmp_path / "my_tools.py").write_text(
+        "from verl_npu.tools import BaseTool\n\nclass Calc(BaseTool):\n"
+        "    def execute(self, instance_id, parameters, **kwargs):\n"
+        "        return 'ok'\n"
+    )
     (tmp_path / "broken.py").write_text("import no_such_package_36\n")
-    (tmp_path / "exits.py").write_text("import os\nos._exit(7)\n")   # would end validate if imported there
+    (tmp_path / "exits.py").write_text("import os\nos._exit(7)\n")  # would end validate if imported there
     (tmp_path / "tools.yaml").write_text(f"""
 tools:
   - class_name: {tmp_path}/my_tools.py:Calc
@@ -28,10 +30,20 @@ tools:
   - class_name: {tmp_path}/broken.py:Tool
     tool_schema: {{type: function, function: {{name: broken, description: d, parameters: {{type: object, properties: {{}}}}}}}}
 """)
-    (tmp_path / "interactions.yaml").write_text(f"interaction:\n  - name: chess\n    class_name: {tmp_path}/my_tools.py:Chess\n")
-    cmd = [sys.executable, "-m", "verl_npu.cli", "validate", "tiny_grid_env", f"{MT}enable=true",
-           f"{MT}tool_config_path={tmp_path}/tools.yaml", f"{MT}interaction_config_path={tmp_path}/interactions.yaml",
-           "--check-paths"]
+    (tmp_path / "interactions.yaml").write_text(
+        f"interaction:\n  - name: chess\n    class_name: {tmp_path}/my_tools.py:Chess\n"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "verl_npu.cli",
+        "validate",
+        "tiny_grid_env",
+        f"{MT}enable=true",
+        f"{MT}tool_config_path={tmp_path}/tools.yaml",
+        f"{MT}interaction_config_path={tmp_path}/interactions.yaml",
+        "--check-paths",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 1, text
@@ -39,7 +51,7 @@ tools:
     assert "has no class 'NoSuchTool'" in text and "tools[1]" in text
     assert "tools[2].class_name: importing" in text and "No module named 'no_such_package_36'" in text
     assert "has no class 'Chess'" in text and "interaction_config_path" in text
-    assert "tools[0]" not in text            # the tool that is fine is not reported
+    assert "tools[0]" not in text  # the tool that is fine is not reported
 
     # a module that exits the process while being imported: a problem, and validate still reports
     (tmp_path / "tools.yaml").write_text(f"""
@@ -67,8 +79,16 @@ def test_validate_check_paths_reports_bad_agent_loop_classes_by_key(tmp_path):
 - {{name: broken, _target_: broken_loop.Loop}}
 """)
     key = "actor_rollout_ref.rollout.agent."
-    cmd = [sys.executable, "-m", "verl_npu.cli", "validate", "tiny_gsm8k", f"{key}agent_loop_config_path={tmp_path}/loops.yaml",
-           f"{key}default_agent_loop=react", "--check-paths"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verl_npu.cli",
+        "validate",
+        "tiny_gsm8k",
+        f"{key}agent_loop_config_path={tmp_path}/loops.yaml",
+        f"{key}default_agent_loop=react",
+        "--check-paths",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 1 and "Traceback" not in text, text

@@ -23,20 +23,30 @@ class TwoTurnAgentLoop(AgentLoopBase):
     async def run(self, sampling_params, **kwargs):
         prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
         first = await self.server_manager.generate(
-            request_id=uuid4().hex, prompt_ids=prompt_ids,
-            sampling_params={**sampling_params, "max_tokens": self.first_turn_tokens})
+            request_id=uuid4().hex,
+            prompt_ids=prompt_ids,
+            sampling_params={**sampling_params, "max_tokens": self.first_turn_tokens},
+        )
         end = "" if first.token_ids and first.stop_reason == "completed" else "<|im_end|>"
-        user = self.tokenizer(f"{end}\n<|im_start|>user\n{self.follow_up}<|im_end|>\n<|im_start|>assistant\n",
-                              add_special_tokens=False)["input_ids"]
+        user = self.tokenizer(
+            f"{end}\n<|im_start|>user\n{self.follow_up}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+        )["input_ids"]
         second = await self.server_manager.generate(
-            request_id=uuid4().hex, prompt_ids=prompt_ids + first.token_ids + user, sampling_params=sampling_params)
+            request_id=uuid4().hex, prompt_ids=prompt_ids + first.token_ids + user, sampling_params=sampling_params
+        )
         response = first.token_ids + user + second.token_ids
         mask = [1] * len(first.token_ids) + [0] * len(user) + [1] * len(second.token_ids)
         logprobs = first.log_probs + [0.0] * len(user) + second.log_probs
         n = self.response_length
-        return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response[:n], response_mask=mask[:n],
-                               response_logprobs=logprobs[:n], num_turns=4, metrics={},
-                               extra_fields={"follow_up_tokens": len(user)})
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response[:n],
+            response_mask=mask[:n],
+            response_logprobs=logprobs[:n],
+            num_turns=4,
+            metrics={},
+            extra_fields={"follow_up_tokens": len(user)},
+        )
 
 
 class RaisingLoop(AgentLoopBase):
@@ -46,8 +56,9 @@ class RaisingLoop(AgentLoopBase):
 
 class BadOutputLoop(AgentLoopBase):
     async def run(self, sampling_params, **kwargs):
-        return AgentLoopOutput(prompt_ids=list(kwargs["raw_prompt_ids"]), response_ids=[1, 2, 3],
-                               response_mask=[1, 0], metrics={})
+        return AgentLoopOutput(
+            prompt_ids=list(kwargs["raw_prompt_ids"]), response_ids=[1, 2, 3], response_mask=[1, 0], metrics={}
+        )
 
 
 class NotALoop:

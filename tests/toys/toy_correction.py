@@ -7,8 +7,12 @@ import torch
 from verl_npu.registry import ROLLOUT_CORRECTIONS
 
 
-@ROLLOUT_CORRECTIONS.register("toy_half", option="rollout_is", per_token=True,
-                              doc="one weight per token, exp(log-ratio / 2) truncated (a test's toy)")
+@ROLLOUT_CORRECTIONS.register(
+    "toy_half",
+    option="rollout_is",
+    per_token=True,
+    doc="one weight per token, exp(log-ratio / 2) truncated (a test's toy)",
+)
 def toy_half_weights(log_ratio, mask):
     """(statistic, raw weights): the halved log-ratio and its exp, per token."""
     half = log_ratio / 2

@@ -6,8 +6,13 @@ import os
 from verl_npu.registry import ROLES
 
 
-@ROLES.register("toy_role", needed_when=("always",), checkpointed=False, metrics="toy_role",
-                doc="a worker that only reports it was built (a test's toy)")
+@ROLES.register(
+    "toy_role",
+    needed_when=("always",),
+    checkpointed=False,
+    metrics="toy_role",
+    doc="a worker that only reports it was built (a test's toy)",
+)
 class ToyRole:
     def __init__(self, cfg, total_training_steps, device, rank=0, world_size=1):
         self.steps, self.rank, self.world_size = total_training_steps, rank, world_size

@@ -7,8 +7,14 @@ from verl_npu.registry import ROLLOUT_ENGINES
 from verl_npu.rollout.hf import HFRollout
 
 
-@ROLLOUT_ENGINES.register("toy_hf", on_actor_module=True, tensor_parallel=False, images_in_multiturn=False,
-                          memory="actor_module", doc="the hf engine, logging its calls (a test's toy)")
+@ROLLOUT_ENGINES.register(
+    "toy_hf",
+    on_actor_module=True,
+    tensor_parallel=False,
+    images_in_multiturn=False,
+    memory="actor_module",
+    doc="the hf engine, logging its calls (a test's toy)",
+)
 class ToyRollout(HFRollout):
     def generate(self, prompts, params):
         out = super().generate(prompts, params)

@@ -4,10 +4,18 @@ $VERL_NPU_PLUGINS; a tool config file names it `class_name: toy_reverse`."""
 from verl_npu.registry import TOOLS
 from verl_npu.tools import BaseTool, ToolResponse
 
-SCHEMA = {"type": "function", "function": {
-    "name": "reverse_text", "description": "Reverses a text.",
-    "parameters": {"type": "object", "properties": {"text": {"type": "string", "description": "the text"}},
-                   "required": ["text"]}}}
+SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "reverse_text",
+        "description": "Reverses a text.",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string", "description": "the text"}},
+            "required": ["text"],
+        },
+    },
+}
 
 
 @TOOLS.register("toy_reverse", function_name="reverse_text", doc="replies with the text reversed (a test's toy)")

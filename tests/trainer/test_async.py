@@ -12,8 +12,11 @@ from verl_npu.trainer import async_ppo
 from verl_npu.trainer.off_policy import StalenessSampler, staleness_metrics
 
 BC = "backend_config."
-ASYNC = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
-         "trainer.v1.separate_async.parameter_sync_step=1"]  # tiny_gsm8k: train_batch_size 8 = 1 x mini-batch 8
+ASYNC = [
+    "trainer.v1.trainer_mode=separate_async",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "trainer.v1.separate_async.parameter_sync_step=1",
+]  # tiny_gsm8k: train_batch_size 8 = 1 x mini-batch 8
 
 
 # ---- the sampler ---------------------------------------------------------------------------------------------
@@ -80,16 +83,24 @@ def test_sampler_refuses_a_twice_issued_uid_and_reports_verls_metrics():
         s.arrive("9-9", 0, None)
     m = staleness_metrics([0, 0, 2, 2], [3, 1], dropped=1)
     assert m["training/off_policy/trajectory_staleness/max"] == 2 and m["training/off_policy/trajectory_spans/max"] == 1
-    assert m["training/off_policy/trajectory_staleness_worst/mean"] == 1 and m["training/off_policy/dropped_stale_groups"] == 1
+    assert (
+        m["training/off_policy/trajectory_staleness_worst/mean"] == 1
+        and m["training/off_policy/dropped_stale_groups"] == 1
+    )
 
 
 # ---- config ------------------------------------------------------------------------------------------------------
 def test_separate_async_keys_load_and_derive_the_behaviour_log_probs():
-    rc = load_recipe("tiny_gsm8k", ASYNC + ["trainer.v1.sampler.max_off_policy_threshold=1",
-                                            "trainer.v1.sampler.max_off_policy_strategy=wait"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        ASYNC + ["trainer.v1.sampler.max_off_policy_threshold=1", "trainer.v1.sampler.max_off_policy_strategy=wait"],
+    )
     v1 = rc.typed.trainer.v1
-    assert (v1.trainer_mode, v1.sampler.max_off_policy_threshold, v1.sampler.max_off_policy_strategy) == \
-        ("separate_async", 1, "wait")
+    assert (v1.trainer_mode, v1.sampler.max_off_policy_threshold, v1.sampler.max_off_policy_strategy) == (
+        "separate_async",
+        1,
+        "wait",
+    )
     assert rc.typed.actor_rollout_ref.rollout.calculate_log_probs is True
     assert BC + "actor_rollout_ref.rollout.calculate_log_probs" in {d.key for d in rc.derived}
     assert load_recipe("tiny_gsm8k", []).typed.trainer.v1.trainer_mode == "sync"
@@ -104,9 +115,12 @@ def test_the_device_layer_places_rollout_processes_and_picks_the_weight_broadcas
     from verl_npu.device import DeviceInfo
 
     for kind, backend, count, processes, want in [
-            ("cuda", "nccl", 8, 2, ([1, 2], False)), ("cuda", "nccl", 1, 1, ([0], True)),
-            ("npu", "hccl", 2, 2, ([0, 1], True)), ("npu", "hccl", 16, 8, (list(range(1, 9)), False)),
-            ("cpu", "gloo", 2, 2, ([0, 0], False))]:
+        ("cuda", "nccl", 8, 2, ([1, 2], False)),
+        ("cuda", "nccl", 1, 1, ([0], True)),
+        ("npu", "hccl", 2, 2, ([0, 1], True)),
+        ("npu", "hccl", 16, 8, (list(range(1, 9)), False)),
+        ("cpu", "gloo", 2, 2, ([0, 0], False)),
+    ]:
         device = DeviceInfo(kind)
         monkeypatch.setattr(DeviceInfo, "count", lambda self, _n=count: _n)
         placed = device.beside_trainer(1, processes)
@@ -114,34 +128,70 @@ def test_the_device_layer_places_rollout_processes_and_picks_the_weight_broadcas
         assert device.weight_sync_backend(placed[1]) == ("gloo" if placed[1] else backend)
 
 
-@pytest.mark.parametrize("overrides,key,words", [
-    (["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1"],
-     "trainer.v1.separate_async.parameter_sync_step", "parameter_sync_step=1"),
-    (["trainer.v1.trainer_mode=colocate_async"], "trainer.v1.trainer_mode", "separate_async"),
-    (ASYNC[:1] + ASYNC[2:], "actor_rollout_ref.rollout.nnodes", "rollout.nnodes=1"),
-    (ASYNC + ["actor_rollout_ref.rollout.nnodes=2"], "actor_rollout_ref.rollout.nnodes", "n_gpus_per_node=2"),
-    (["actor_rollout_ref.rollout.nnodes=1"], "actor_rollout_ref.rollout.nnodes", "trainer_mode=separate_async"),
-    (ASYNC + ["trainer.nnodes=2"], "trainer.nnodes", "trainer.nnodes=1"),
-    (ASYNC + ["actor_rollout_ref.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank", "lora_rank=0"),
-    (ASYNC + ["algorithm.adv_estimator=remax"], "algorithm.adv_estimator", "grpo"),
-    (ASYNC + ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc", "data.gen_batch_size=16"],
-     "data.gen_batch_size", "gen_batch_size=null"),
-    (ASYNC + ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
-     "actor_rollout_ref.rollout.n_gpus_per_node", "multiple of 2"),
-    # each built with the hf rollout side; with vllm's partial rollout not yet tested together: refused by name
-    (ASYNC + ["actor_rollout_ref.rollout.name=vllm", "algorithm.filter_groups.enable=true",
-              "algorithm.filter_groups.metric=acc"], "algorithm.filter_groups.enable", "rollout.name=hf"),
-    (ASYNC + ["actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=2"], "trainer.n_gpus_per_node",
-     "rollout.name=hf"),
-    (ASYNC + ["actor_rollout_ref.rollout.calculate_log_probs=false"], "actor_rollout_ref.rollout.calculate_log_probs",
-     "calculate_log_probs=true"),
-    (ASYNC + ["trainer.v1.sampler.max_off_policy_threshold=0", "trainer.v1.separate_async.num_warmup_batches=2"],
-     "trainer.v1.separate_async.num_warmup_batches", "num_warmup_batches <= 1"),
-    (ASYNC + ["trainer.v1.separate_async.hybrid_rollout.enable_switch=true"],
-     "trainer.v1.separate_async.hybrid_rollout.enable_switch", "hybrid_rollout"),
-    (ASYNC + ["trainer.v1.sampler.custom_sampler.path=my.py"], "trainer.v1.sampler.custom_sampler.path",
-     "max_off_policy_strategy"),
-])
+@pytest.mark.parametrize(
+    "overrides,key,words",
+    [
+        (
+            ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1"],
+            "trainer.v1.separate_async.parameter_sync_step",
+            "parameter_sync_step=1",
+        ),
+        (["trainer.v1.trainer_mode=colocate_async"], "trainer.v1.trainer_mode", "separate_async"),
+        (ASYNC[:1] + ASYNC[2:], "actor_rollout_ref.rollout.nnodes", "rollout.nnodes=1"),
+        (ASYNC + ["actor_rollout_ref.rollout.nnodes=2"], "actor_rollout_ref.rollout.nnodes", "n_gpus_per_node=2"),
+        (["actor_rollout_ref.rollout.nnodes=1"], "actor_rollout_ref.rollout.nnodes", "trainer_mode=separate_async"),
+        (ASYNC + ["trainer.nnodes=2"], "trainer.nnodes", "trainer.nnodes=1"),
+        (ASYNC + ["actor_rollout_ref.model.lora_rank=8"], "actor_rollout_ref.model.lora_rank", "lora_rank=0"),
+        (ASYNC + ["algorithm.adv_estimator=remax"], "algorithm.adv_estimator", "grpo"),
+        (
+            ASYNC
+            + ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc", "data.gen_batch_size=16"],
+            "data.gen_batch_size",
+            "gen_batch_size=null",
+        ),
+        (
+            ASYNC + ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+            "actor_rollout_ref.rollout.n_gpus_per_node",
+            "multiple of 2",
+        ),
+        # each built with the hf rollout side; with vllm's partial rollout not yet tested together: refused by name
+        (
+            ASYNC
+            + [
+                "actor_rollout_ref.rollout.name=vllm",
+                "algorithm.filter_groups.enable=true",
+                "algorithm.filter_groups.metric=acc",
+            ],
+            "algorithm.filter_groups.enable",
+            "rollout.name=hf",
+        ),
+        (
+            ASYNC + ["actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=2"],
+            "trainer.n_gpus_per_node",
+            "rollout.name=hf",
+        ),
+        (
+            ASYNC + ["actor_rollout_ref.rollout.calculate_log_probs=false"],
+            "actor_rollout_ref.rollout.calculate_log_probs",
+            "calculate_log_probs=true",
+        ),
+        (
+            ASYNC + ["trainer.v1.sampler.max_off_policy_threshold=0", "trainer.v1.separate_async.num_warmup_batches=2"],
+            "trainer.v1.separate_async.num_warmup_batches",
+            "num_warmup_batches <= 1",
+        ),
+        (
+            ASYNC + ["trainer.v1.separate_async.hybrid_rollout.enable_switch=true"],
+            "trainer.v1.separate_async.hybrid_rollout.enable_switch",
+            "hybrid_rollout",
+        ),
+        (
+            ASYNC + ["trainer.v1.sampler.custom_sampler.path=my.py"],
+            "trainer.v1.sampler.custom_sampler.path",
+            "max_off_policy_strategy",
+        ),
+    ],
+)
 def test_what_separate_async_does_not_build_is_refused_by_name_with_a_fix(overrides, key, words):
     with pytest.raises(ConfigErrors) as info:
         load_recipe("tiny_gsm8k", overrides)

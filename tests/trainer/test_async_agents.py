@@ -43,25 +43,47 @@ def _data(folder):
     for split in ("train", "test"):
         rows = pq.read_table(folder / f"{split}.parquet").to_pylist()
         for row in rows:
-            row["extra_info"]["interaction_kwargs"] = {"name": "gsm8k",
-                                                       "ground_truth": row["reward_model"]["ground_truth"]}
+            row["extra_info"]["interaction_kwargs"] = {
+                "name": "gsm8k",
+                "ground_truth": row["reward_model"]["ground_truth"],
+            }
         pq.write_table(pa.Table.from_pylist(rows), folder / f"{split}.parquet")
     return folder
 
 
 def _overrides(tmp_path, data, name, k=None):
-    mode = {} if k is None else {
-        "trainer.v1.trainer_mode": "separate_async", "actor_rollout_ref.rollout.nnodes": 1,
-        "trainer.v1.separate_async.parameter_sync_step": 1, "trainer.v1.sampler.max_off_policy_threshold": k}
-    return run_overrides(tmp_path / name, data, {
-        "data.train_batch_size": 4, "data.max_response_length": 48, "data.shuffle": "false",
-        "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.rollout.calculate_log_probs": "true", "algorithm.rollout_correction.rollout_is": "token",
-        "actor_rollout_ref.rollout.multi_turn.interaction_config_path": INTERACTIONS,
-        "custom_reward_function.path": write_varied_reward(tmp_path / f"{name}_reward.py"),
-        "trainer.total_training_steps": STEPS, "trainer.test_freq": -1, "trainer.save_freq": -1,
-        "trainer.rollout_data_dir": "null", "trainer.logger": "[console]", **mode})
+    mode = (
+        {}
+        if k is None
+        else {
+            "trainer.v1.trainer_mode": "separate_async",
+            "actor_rollout_ref.rollout.nnodes": 1,
+            "trainer.v1.separate_async.parameter_sync_step": 1,
+            "trainer.v1.sampler.max_off_policy_threshold": k,
+        }
+    )
+    return run_overrides(
+        tmp_path / name,
+        data,
+        {
+            "data.train_batch_size": 4,
+            "data.max_response_length": 48,
+            "data.shuffle": "false",
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.rollout.calculate_log_probs": "true",
+            "algorithm.rollout_correction.rollout_is": "token",
+            "actor_rollout_ref.rollout.multi_turn.interaction_config_path": INTERACTIONS,
+            "custom_reward_function.path": write_varied_reward(tmp_path / f"{name}_reward.py"),
+            "trainer.total_training_steps": STEPS,
+            "trainer.test_freq": -1,
+            "trainer.save_freq": -1,
+            "trainer.rollout_data_dir": "null",
+            "trainer.logger": "[console]",
+            **mode,
+        },
+    )
 
 
 def _run(tmp_path, monkeypatch, data, name, k=None) -> tuple[dict, object]:
@@ -70,8 +92,11 @@ def _run(tmp_path, monkeypatch, data, name, k=None) -> tuple[dict, object]:
     score = PPOTrainer.score
 
     def score_and_keep(self, batch, scorer=None):
-        batches[self.global_step] = {"uid": list(batch["uid"]), "num_turns": list(batch["__num_turns__"]),
-                                     **{key: batch[key].clone() for key in KEPT}}
+        batches[self.global_step] = {
+            "uid": list(batch["uid"]),
+            "num_turns": list(batch["__num_turns__"]),
+            **{key: batch[key].clone() for key in KEPT},
+        }
         return score(self, batch, scorer)
 
     monkeypatch.setattr(PPOTrainer, "score", score_and_keep)
@@ -85,7 +110,7 @@ def test_multi_turn_agents_as_the_rollout_side(tmp_path, monkeypatch):
     sync, _ = _run(tmp_path, monkeypatch, data, "sync")
     assert sorted(sync) == list(range(1, STEPS + 1))
     # the tool turns are in the responses and masked out: a response whose mask is not its attention
-    shown = [b["attention_mask"][:, -b["responses"].shape[1]:] for b in sync.values()]
+    shown = [b["attention_mask"][:, -b["responses"].shape[1] :] for b in sync.values()]
     assert any(not torch.equal(m, b["response_mask"]) for m, b in zip(shown, sync.values()))
     assert all(min(b["num_turns"]) >= 2 for b in sync.values())
 
@@ -123,14 +148,16 @@ def test_multi_turn_agents_as_the_rollout_side(tmp_path, monkeypatch):
     async1, rc = _run(tmp_path, monkeypatch, data, "async1", k=1)
     records = [json.loads(line) for line in (tmp_path / "async1" / "async" / "versions.jsonl").read_text().splitlines()]
     assert sorted(r["uid"] for r in records) == sorted(f"{s}-{i}" for s in range(1, STEPS + 1) for i in range(4))
-    assert all(r["generation_version"] == max(0, r["step"] - 2) and r["uid"].startswith(f"{r['step']}-")
-               for r in records)
+    assert all(
+        r["generation_version"] == max(0, r["step"] - 2) and r["uid"].startswith(f"{r['step']}-") for r in records
+    )
     # the sync path's engine: the hf rollout (agent loop included) built over a module, as the actor worker builds it
     model_cfg = rc.typed.actor_rollout_ref.model
     tokenizer, processor = load_tokenizer_and_processor(model_cfg.path)
     module = load_policy_model(model_cfg.path, dtype=torch.float32).eval()
-    engine = build_rollout(rc.typed.actor_rollout_ref.rollout.name, module, tokenizer, processor, rc.typed,
-                           device=DeviceInfo("cpu"))
+    engine = build_rollout(
+        rc.typed.actor_rollout_ref.rollout.name, module, tokenizer, processor, rc.typed, device=DeviceInfo("cpu")
+    )
     params = SamplingParams.for_training(rc.typed.actor_rollout_ref.rollout)
     for step, got in async1.items():
         version = max(0, step - 2)

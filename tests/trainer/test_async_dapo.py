@@ -64,14 +64,28 @@ def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_pa
     data = text_data(tmp_path / "data", rows=64)
     for attempt in range(2):  # stopped at the start of step 5 (checkpoint: step 4), then resumed to the end
         runs.append([])
-        rc = load_recipe("tiny_gsm8k", text_run_overrides(out, data, **{
-            "custom_reward_function.path": reward, "trainer.total_training_steps": STEPS,
-            "trainer.save_freq": STEPS // 2, "trainer.test_freq": STEPS // 2,
-            "data.shuffle": "false", "actor_rollout_ref.rollout.calculate_log_probs": "true",
-            "algorithm.filter_groups.enable": "true", "algorithm.filter_groups.metric": "score",
-            "trainer.v1.trainer_mode": "separate_async", "actor_rollout_ref.rollout.nnodes": 1,
-            "trainer.v1.separate_async.parameter_sync_step": 1, "trainer.v1.sampler.max_off_policy_threshold": 1,
-            "algorithm.rollout_correction.rollout_is": "token"}))
+        rc = load_recipe(
+            "tiny_gsm8k",
+            text_run_overrides(
+                out,
+                data,
+                **{
+                    "custom_reward_function.path": reward,
+                    "trainer.total_training_steps": STEPS,
+                    "trainer.save_freq": STEPS // 2,
+                    "trainer.test_freq": STEPS // 2,
+                    "data.shuffle": "false",
+                    "actor_rollout_ref.rollout.calculate_log_probs": "true",
+                    "algorithm.filter_groups.enable": "true",
+                    "algorithm.filter_groups.metric": "score",
+                    "trainer.v1.trainer_mode": "separate_async",
+                    "actor_rollout_ref.rollout.nnodes": 1,
+                    "trainer.v1.separate_async.parameter_sync_step": 1,
+                    "trainer.v1.sampler.max_off_policy_threshold": 1,
+                    "algorithm.rollout_correction.rollout_is": "token",
+                },
+            ),
+        )
         if attempt == 0:
             with pytest.raises(Stopped):
                 run_training(rc)
@@ -87,7 +101,7 @@ def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_pa
     kept = [r for r in records if not r.get("filtered")]
     first, second = runs
     # the resumed run reissues what the step-4 checkpoint held, first; otherwise no run issues a uid twice
-    assert held(STEPS // 2) and second[:len(held(STEPS // 2))] == held(STEPS // 2)
+    assert held(STEPS // 2) and second[: len(held(STEPS // 2))] == held(STEPS // 2)
     assert len(set(first)) == len(first) and len(set(second)) == len(second)
     issued = set(first) | set(second)
     refills = {u for u in issued if u.startswith("r")}

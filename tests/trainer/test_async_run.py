@@ -40,12 +40,27 @@ STEPS = 10
 
 def _overrides(tmp_path, name, k=None, rows=4 * STEPS, **extra):
     data = text_data(tmp_path / "data", rows=rows)
-    mode = {} if k is None else {
-        "trainer.v1.trainer_mode": "separate_async", "actor_rollout_ref.rollout.nnodes": 1,
-        "trainer.v1.separate_async.parameter_sync_step": 1, "trainer.v1.sampler.max_off_policy_threshold": k}
-    return text_run_overrides(tmp_path / name, data, **{
-        "trainer.total_training_steps": STEPS, "actor_rollout_ref.rollout.calculate_log_probs": "true",
-        "data.shuffle": "false", **mode, **extra})
+    mode = (
+        {}
+        if k is None
+        else {
+            "trainer.v1.trainer_mode": "separate_async",
+            "actor_rollout_ref.rollout.nnodes": 1,
+            "trainer.v1.separate_async.parameter_sync_step": 1,
+            "trainer.v1.sampler.max_off_policy_threshold": k,
+        }
+    )
+    return text_run_overrides(
+        tmp_path / name,
+        data,
+        **{
+            "trainer.total_training_steps": STEPS,
+            "actor_rollout_ref.rollout.calculate_log_probs": "true",
+            "data.shuffle": "false",
+            **mode,
+            **extra,
+        },
+    )
 
 
 def _run(tmp_path, name, k=None, **extra) -> dict:
@@ -116,17 +131,23 @@ def test_offset_0_equals_sync_bit_for_bit(tmp_path, transfers_checked):
     _exact_staleness(tmp_path / "async0", 0)
 
 
-def test_threshold_2_trains_every_group_exactly_2_versions_after_it_was_generated(tmp_path, monkeypatch,
-                                                                                  transfers_checked):
+def test_threshold_2_trains_every_group_exactly_2_versions_after_it_was_generated(
+    tmp_path, monkeypatch, transfers_checked
+):
     """k=2 over the file backend with two rollout processes (each batch's prompts split between them), with
     decoupled PPO (token IS weights of pi_old against the behaviour policy)."""
     monkeypatch.setattr(async_ppo, "TRANSFER_BACKEND", "file")
-    _run(tmp_path, "async2", k=2, **{"algorithm.rollout_correction.rollout_is": "token",
-                                     "actor_rollout_ref.rollout.n_gpus_per_node": 2})
+    _run(
+        tmp_path,
+        "async2",
+        k=2,
+        **{"algorithm.rollout_correction.rollout_is": "token", "actor_rollout_ref.rollout.n_gpus_per_node": 2},
+    )
     _exact_staleness(tmp_path / "async2", 2)
     rows = step_metrics(tmp_path / "async2")
-    assert [rows[s]["training/off_policy/trajectory_staleness/max"] for s in sorted(rows)] == \
-        [min(2, s - 1) for s in range(1, STEPS + 1)]
+    assert [rows[s]["training/off_policy/trajectory_staleness/max"] for s in sorted(rows)] == [
+        min(2, s - 1) for s in range(1, STEPS + 1)
+    ]
     assert rows[STEPS]["weight_transfer/verified"] == 1 and rows[STEPS]["weight_transfer/bytes"] > 0
     assert "rollout_corr/rollout_is_mean" in rows[STEPS]
     assert transfers_checked == list(range(STEPS)) and transfers_checked.processes == {2}
@@ -155,8 +176,9 @@ def _resumed_once(out, steps, last, reissued) -> None:
     assert sorted(step_metrics(out)) == list(range(1, steps + 1))
 
 
-def test_one_step_off_after_a_killed_rollout_process_resumes_and_trains_every_prompt_once(tmp_path, monkeypatch,
-                                                                                          transfers_checked):
+def test_one_step_off_after_a_killed_rollout_process_resumes_and_trains_every_prompt_once(
+    tmp_path, monkeypatch, transfers_checked
+):
     """k=1 (the one-step-off preset), two rollout processes, a checkpoint every step. In step 3 rollout process 1 is
     killed (SIGKILL): the run stops with an error naming it; the rerun resumes from the last checkpoint, reissues
     the prompts it holds as issued and untrained at the restored version, and finishes."""
@@ -169,8 +191,10 @@ def test_one_step_off_after_a_killed_rollout_process_resumes_and_trains_every_pr
         return step(self, prompts)
 
     monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", kill_rollout_in_step_3)
-    rc = load_recipe("tiny_gsm8k", _overrides(tmp_path, "resumed", 1, **{
-        "trainer.save_freq": 1, "actor_rollout_ref.rollout.n_gpus_per_node": 2}))
+    rc = load_recipe(
+        "tiny_gsm8k",
+        _overrides(tmp_path, "resumed", 1, **{"trainer.save_freq": 1, "actor_rollout_ref.rollout.n_gpus_per_node": 2}),
+    )
     with pytest.raises(RolloutSideDied, match=r"rollout process 1 \(pid \d+\) exited with code -9"):
         run_training(rc)
     out = tmp_path / "resumed"
@@ -180,7 +204,7 @@ def test_one_step_off_after_a_killed_rollout_process_resumes_and_trains_every_pr
     monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", step)
     assert run_training(rc) == 0
     _resumed_once(out, STEPS, last, reissued)
-    assert transfers_checked[-(STEPS - last):] == list(range(last, STEPS))  # the rerun pushes version `last` first
+    assert transfers_checked[-(STEPS - last) :] == list(range(last, STEPS))  # the rerun pushes version `last` first
     assert transfers_checked.processes == {2}
 
 
@@ -192,20 +216,25 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_trainer_killed_by_sigkill_takes_its_rollout_process_along_and_the_rerun_trains_every_prompt_once(
-        tmp_path):
+def test_a_trainer_killed_by_sigkill_takes_its_rollout_process_along_and_the_rerun_trains_every_prompt_once(tmp_path):
     """k=1, 5 steps (one epoch), a checkpoint every step; `verl-npu run` in a process of its own is killed by
     SIGKILL once its step-2 checkpoint is complete (in step 3 or later). Its rollout process (the pid the run logs)
     exits within 5 s; the rerun resumes from the newest checkpoint and trains every prompt of the epoch exactly
     once: the version records of steps trained after that checkpoint (lost with the trainer) are dropped."""
     steps = 5
     out = tmp_path / "killed"
-    args = _overrides(tmp_path, "killed", 1, rows=4 * steps, **{"trainer.save_freq": 1,
-                                                                 "trainer.total_training_steps": steps})
+    args = _overrides(
+        tmp_path, "killed", 1, rows=4 * steps, **{"trainer.save_freq": 1, "trainer.total_training_steps": steps}
+    )
     log_path = tmp_path / "killed.log"
     with log_path.open("w") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "verl_npu.cli", "run", "tiny_gsm8k", *args], cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=log_file, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verl_npu.cli", "run", "tiny_gsm8k", *args],
+            cwd=REPO,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
         marker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
         reached = wait_for_checkpoint(proc, marker, 2)
         os.kill(proc.pid, signal.SIGKILL)

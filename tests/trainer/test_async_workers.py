@@ -39,13 +39,26 @@ def test_two_trainer_workers_keep_every_rank_in_sync_and_train_like_one(tmp_path
     final = {}
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
-        rc = load_recipe("tiny_gsm8k", text_run_overrides(out, data, **{
-            "trainer.n_gpus_per_node": workers, "ray_init.num_cpus": 2, "trainer.total_training_steps": STEPS,
-            "data.shuffle": "false", "actor_rollout_ref.rollout.calculate_log_probs": "true",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-            "trainer.v1.trainer_mode": "separate_async", "actor_rollout_ref.rollout.nnodes": 1,
-            "trainer.v1.separate_async.parameter_sync_step": 1, "trainer.v1.sampler.max_off_policy_threshold": 1,
-            "algorithm.rollout_correction.rollout_is": "token"}))
+        rc = load_recipe(
+            "tiny_gsm8k",
+            text_run_overrides(
+                out,
+                data,
+                **{
+                    "trainer.n_gpus_per_node": workers,
+                    "ray_init.num_cpus": 2,
+                    "trainer.total_training_steps": STEPS,
+                    "data.shuffle": "false",
+                    "actor_rollout_ref.rollout.calculate_log_probs": "true",
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+                    "trainer.v1.trainer_mode": "separate_async",
+                    "actor_rollout_ref.rollout.nnodes": 1,
+                    "trainer.v1.separate_async.parameter_sync_step": 1,
+                    "trainer.v1.sampler.max_off_policy_threshold": 1,
+                    "algorithm.rollout_correction.rollout_is": "token",
+                },
+            ),
+        )
         assert run_training(rc, after_fit=lambda w, _n=workers: final.update({_n: w.parameter_snapshots()})) == 0
     assert checked == [(v, 1) for v in range(STEPS)] + [(v, 2) for v in range(STEPS)]
     assert all(torch.equal(final[2][1][n], final[2][0][n]) for n in final[2][0])  # the two ranks agree exactly
@@ -56,7 +69,12 @@ def test_two_trainer_workers_keep_every_rank_in_sync_and_train_like_one(tmp_path
     assert versions[1] == versions[2] and len(versions[1]) == 4 * STEPS
     one, two = step_metrics(tmp_path / "w1"), step_metrics(tmp_path / "w2")
     for step in range(1, STEPS + 1):
-        for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm",
-                    "training/off_policy/trajectory_staleness/mean"):
+        for key in (
+            "critic/score/mean",
+            "response_length/mean",
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "training/off_policy/trajectory_staleness/mean",
+        ):
             assert two[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-6), (step, key)
     assert one[STEPS]["actor/grad_norm"] > 0

@@ -19,12 +19,18 @@ from verl_npu.trainer.entry import run_training
 A = "backend_config.actor_rollout_ref.actor."
 
 
-@pytest.mark.parametrize("override,key,fragment", [
-    ("trainer.del_local_ckpt_after_load=true", "backend_config.trainer.del_local_ckpt_after_load", "HDFS"),
-    ("actor_rollout_ref.actor.checkpoint.load_contents=[model,hf_model]", A + "checkpoint.load_contents",
-     "does not support load_contents=hf_model"),
-    ("actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]", A + "checkpoint.save_contents", "weights"),
-])
+@pytest.mark.parametrize(
+    "override,key,fragment",
+    [
+        ("trainer.del_local_ckpt_after_load=true", "backend_config.trainer.del_local_ckpt_after_load", "HDFS"),
+        (
+            "actor_rollout_ref.actor.checkpoint.load_contents=[model,hf_model]",
+            A + "checkpoint.load_contents",
+            "does not support load_contents=hf_model",
+        ),
+        ("actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]", A + "checkpoint.save_contents", "weights"),
+    ],
+)
 def test_unsupported_checkpoint_values_are_refused_by_name(override, key, fragment):
     with pytest.raises(ConfigErrors) as info:
         load_recipe("tiny_gsm8k", [override])
@@ -33,16 +39,29 @@ def test_unsupported_checkpoint_values_are_refused_by_name(override, key, fragme
 
 
 def overrides(out: Path, data: Path, model: str, steps: int, **extra) -> list[str]:
-    return run_overrides(out, data, {
-        "actor_rollout_ref.model.path": model,
-        "custom_reward_function.path": write_varied_reward(data / "reward.py"),
-        "data.train_batch_size": 2, "data.max_response_length": 3, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "actor_rollout_ref.actor.optim.lr": 1e-3,
-        "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": steps,
-        "trainer.save_freq": 1, "trainer.test_freq": -1, "trainer.val_before_train": "false",
-        "trainer.logger": "[console]", "trainer.default_local_dir": out.parent / "ckpt",
-    }, extra)
+    return run_overrides(
+        out,
+        data,
+        {
+            "actor_rollout_ref.model.path": model,
+            "custom_reward_function.path": write_varied_reward(data / "reward.py"),
+            "data.train_batch_size": 2,
+            "data.max_response_length": 3,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "actor_rollout_ref.actor.optim.lr": 1e-3,
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+            "trainer.total_training_steps": steps,
+            "trainer.save_freq": 1,
+            "trainer.test_freq": -1,
+            "trainer.val_before_train": "false",
+            "trainer.logger": "[console]",
+            "trainer.default_local_dir": out.parent / "ckpt",
+        },
+        extra,
+    )
 
 
 @pytest.mark.slow
@@ -53,13 +72,18 @@ def test_save_and_load_contents(tmp_path, tiny_lm_path):
     assert run_training(load_recipe("tiny_gsm8k", overrides(tmp_path / "a", data, tiny_lm_path, 1, **save))) == 0
     actor = tmp_path / "ckpt" / "global_step_1" / "actor"
     names = sorted(p.name for p in actor.iterdir())
-    assert names == ["extra_state_world_size_1_rank_0.pt", "fsdp_config.json", "huggingface",
-                     "model_world_size_1_rank_0.pt"]
+    assert names == [
+        "extra_state_world_size_1_rank_0.pt",
+        "fsdp_config.json",
+        "huggingface",
+        "model_world_size_1_rank_0.pt",
+    ]
     hf = {p.name for p in (actor / "huggingface").iterdir()}
     assert {"config.json", "tokenizer.json"} <= hf and not any(n.endswith(".safetensors") for n in hf)
     assert json.loads((actor / "fsdp_config.json").read_text()) == {"FSDP_version": 2, "world_size": 1}
-    saved = {k: v.to_local() for k, v in load_torch(actor / "model_world_size_1_rank_0.pt").items()
-             if hasattr(v, "to_local")}
+    saved = {
+        k: v.to_local() for k, v in load_torch(actor / "model_world_size_1_rank_0.pt").items() if hasattr(v, "to_local")
+    }
 
     # resuming with the default load_contents needs the optimizer file: an error naming it and the key
     with pytest.raises(UserError, match=r"optim_world_size_1_rank_0\.pt \(optimizer\).*load_contents"):
@@ -67,8 +91,17 @@ def test_save_and_load_contents(tmp_path, tiny_lm_path):
 
     def resumed_state(name: str, contents: str) -> dict:
         seen = []
-        rc = load_recipe("tiny_gsm8k", overrides(tmp_path / name, data, tiny_lm_path, 1, **save, **{
-            "actor_rollout_ref.actor.checkpoint.load_contents": contents}))
+        rc = load_recipe(
+            "tiny_gsm8k",
+            overrides(
+                tmp_path / name,
+                data,
+                tiny_lm_path,
+                1,
+                **save,
+                **{"actor_rollout_ref.actor.checkpoint.load_contents": contents},
+            ),
+        )
         assert run_training(rc, after_fit=lambda group: seen.extend(group.broadcast("training_state_snapshot"))) == 0
         return seen[0]
 
@@ -76,8 +109,9 @@ def test_save_and_load_contents(tmp_path, tiny_lm_path):
     assert all(torch.equal(state["params"][k], v) for k, v in saved.items() if k in state["params"])
     assert state["last_epoch"] == 1 and all(not m for m in state["moments"].values())
     state = resumed_state("d", "[model]")  # weights only: the schedule starts over too
-    assert state["last_epoch"] == 0 and all(torch.equal(state["params"][k], v) for k, v in saved.items()
-                                            if k in state["params"])
+    assert state["last_epoch"] == 0 and all(
+        torch.equal(state["params"][k], v) for k, v in saved.items() if k in state["params"]
+    )
 
 
 # ---- checkpoints of upstream verl's trainer, recognised without verl (the real ones: test_verl_interop.py)
@@ -86,7 +120,8 @@ def _verl_like(root: Path, step: int, fsdp_version: int = 2, world_size: int = 1
     folder = root / f"global_step_{step}"
     (folder / "actor").mkdir(parents=True)
     (folder / "actor" / "fsdp_config.json").write_text(
-        json.dumps({"FSDP_version": fsdp_version, "world_size": world_size}))
+        json.dumps({"FSDP_version": fsdp_version, "world_size": world_size})
+    )
     torch.save({"_num_yielded": step, "_sampler_iter_state": {"samples_yielded": 2 * step}}, folder / "data.pt")
     return folder
 

@@ -38,14 +38,19 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def _overrides(tmp_path: Path, reward: str, **extra) -> list[str]:
     data = text_data(tmp_path / "data", rows=16)
     (tmp_path / "reward.py").write_text(reward)
-    return text_run_overrides(tmp_path / "out", data, **{
-        "custom_reward_function.path": tmp_path / "reward.py",
-        "algorithm.filter_groups.enable": "true",
-        "algorithm.filter_groups.metric": "seq_reward",
-        "data.gen_batch_size": 2,
-        "actor_rollout_ref.rollout.n": 4,
-        "trainer.total_training_steps": 1,
-        **extra})
+    return text_run_overrides(
+        tmp_path / "out",
+        data,
+        **{
+            "custom_reward_function.path": tmp_path / "reward.py",
+            "algorithm.filter_groups.enable": "true",
+            "algorithm.filter_groups.metric": "seq_reward",
+            "data.gen_batch_size": 2,
+            "actor_rollout_ref.rollout.n": 4,
+            "trainer.total_training_steps": 1,
+            **extra,
+        },
+    )
 
 
 def _state(out: Path, step: int) -> dict:
@@ -54,8 +59,14 @@ def _state(out: Path, step: int) -> dict:
 
 # ---- dynamic sampling in a real run -----------------------------------------------------------------------
 def test_dynamic_sampling_drops_zero_variance_groups_and_trains_on_train_batch_size(tmp_path, capfd):
-    rc = load_recipe("tiny_gsm8k", _overrides(tmp_path, HALF_CONSTANT_REWARD, **{
-        "trainer.save_freq": 1, "trainer.rollout_data_dir": tmp_path / "rollouts"}))
+    rc = load_recipe(
+        "tiny_gsm8k",
+        _overrides(
+            tmp_path,
+            HALF_CONSTANT_REWARD,
+            **{"trainer.save_freq": 1, "trainer.rollout_data_dir": tmp_path / "rollouts"},
+        ),
+    )
     assert run_training(rc) == 0
     log_text = capfd.readouterr().err
     row = step_metrics(tmp_path / "out")[1]
@@ -93,8 +104,9 @@ def test_dynamic_sampling_keeps_exactly_train_batch_size_groups():
         return b
 
     sampler = DynamicSampler(train_batch_size=4, metric="reward", max_num_gen_batches=0)
-    batch, metrics = sampler.collect(Batch({"p": torch.zeros(3)}, {}), lambda: Batch({"p": torch.zeros(3)}, {}),
-                                     generate_and_score, step=1)
+    batch, metrics = sampler.collect(
+        Batch({"p": torch.zeros(3)}, {}), lambda: Batch({"p": torch.zeros(3)}, {}), generate_and_score, step=1
+    )
     assert made == [0, 1, 2, 3]  # one group kept per batch
     assert list(dict.fromkeys(batch["uid"])) == ["0-1", "1-1", "2-1", "3-1"]
     assert len(batch) == 8 and batch.meta["reward_extras"]["x"] == [2, 3] * 4
@@ -108,24 +120,31 @@ def test_zero_variance_groups_keeps_single_responses_and_nan():
 
 
 def test_dynamic_sampling_stops_at_max_num_gen_batches(tmp_path):
-    rc = load_recipe("tiny_gsm8k", _overrides(tmp_path, CONSTANT_REWARD, **{
-        "algorithm.filter_groups.max_num_gen_batches": 3}))
-    with pytest.raises(TooFewGroups, match=r"max_num_gen_batches=3 batches .* kept only 0 of the "
-                                           r"data.train_batch_size=4 .* raise max_num_gen_batches"):
+    rc = load_recipe(
+        "tiny_gsm8k", _overrides(tmp_path, CONSTANT_REWARD, **{"algorithm.filter_groups.max_num_gen_batches": 3})
+    )
+    with pytest.raises(
+        TooFewGroups,
+        match=r"max_num_gen_batches=3 batches .* kept only 0 of the "
+        r"data.train_batch_size=4 .* raise max_num_gen_batches",
+    ):
         run_training(rc)
 
 
 @pytest.mark.slow
 def test_dynamic_sampling_resume_continues_exactly(tmp_path):
     """2 steps straight vs 1 step, then resume for the second: the same loader positions and metrics."""
-    straight = _overrides(tmp_path / "a", HALF_CONSTANT_REWARD, **{"trainer.total_training_steps": 2,
-                                                                    "trainer.save_freq": 1})
+    straight = _overrides(
+        tmp_path / "a", HALF_CONSTANT_REWARD, **{"trainer.total_training_steps": 2, "trainer.save_freq": 1}
+    )
     assert run_training(load_recipe("tiny_gsm8k", straight)) == 0
-    half = _overrides(tmp_path / "b", HALF_CONSTANT_REWARD, **{"trainer.total_training_steps": 1,
-                                                                "trainer.save_freq": 1})
+    half = _overrides(
+        tmp_path / "b", HALF_CONSTANT_REWARD, **{"trainer.total_training_steps": 1, "trainer.save_freq": 1}
+    )
     assert run_training(load_recipe("tiny_gsm8k", half)) == 0
-    rest = _overrides(tmp_path / "b", HALF_CONSTANT_REWARD, **{"trainer.total_training_steps": 2,
-                                                                "trainer.save_freq": 1})
+    rest = _overrides(
+        tmp_path / "b", HALF_CONSTANT_REWARD, **{"trainer.total_training_steps": 2, "trainer.save_freq": 1}
+    )
     assert run_training(load_recipe("tiny_gsm8k", rest)) == 0
     assert _state(tmp_path / "a" / "out", 2)["dataloader"] == _state(tmp_path / "b" / "out", 2)["dataloader"]
     a, b = step_metrics(tmp_path / "a" / "out")[2], step_metrics(tmp_path / "b" / "out")[2]
@@ -154,8 +173,12 @@ def test_dynamic_sampling_killed_run_resumes_like_an_uninterrupted_one(tmp_path)
     a, b = step_metrics(tmp_path / "a" / "out"), step_metrics(tmp_path / "b" / "out")
     assert sorted(b) == list(range(1, 9))
     for step in range(1, 9):
-        for key in ("train/num_gen_batches", "training/filter_groups/kept_groups", "critic/score/mean",
-                    "actor/pg_loss"):
+        for key in (
+            "train/num_gen_batches",
+            "training/filter_groups/kept_groups",
+            "critic/score/mean",
+            "actor/pg_loss",
+        ):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-4, abs=1e-6), (step, key)
     assert _state(tmp_path / "a" / "out", 8)["dataloader"] == _state(tmp_path / "b" / "out", 8)["dataloader"]
 
@@ -168,8 +191,10 @@ def test_overlong_penalty_values():
 
 
 def test_dapo_scores_add_the_penalty_and_log_extras():
-    kwargs = {"max_resp_len": None, "overlong_buffer_cfg": {"enable": True, "len": 2, "penalty_factor": 1.0,
-                                                            "log": True}}
+    kwargs = {
+        "max_resp_len": None,
+        "overlong_buffer_cfg": {"enable": True, "len": 2, "penalty_factor": 1.0, "log": True},
+    }
     scores, extras = dapo_scores([1.0, 1.0, 0.0], {}, [2, 3, 4], kwargs, max_response_length=4)
     assert scores == [1.0, 0.5, -1.0]
     assert extras == {"acc": [1.0, 1.0, 0.0], "overlong_reward": [0.0, -0.5, -1.0], "overlong": [0.0, 1.0, 1.0]}
@@ -179,13 +204,22 @@ def test_dapo_scores_add_the_penalty_and_log_extras():
 
 def test_dapo_reward_manager_in_a_run(tmp_path):
     """max_response_length 4, buffer 4, factor 1: every response of L tokens scores 1 - L/4."""
-    rc = load_recipe("tiny_gsm8k", _overrides(tmp_path, CONSTANT_REWARD, **{
-        "algorithm.filter_groups.enable": "false", "data.gen_batch_size": "null",
-        "reward_model.reward_manager": "dapo",
-        "reward_model.reward_kwargs.overlong_buffer_cfg.enable": "true",
-        "reward_model.reward_kwargs.overlong_buffer_cfg.len": 4,
-        "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
-        "reward_model.reward_kwargs.overlong_buffer_cfg.log": "true"}))
+    rc = load_recipe(
+        "tiny_gsm8k",
+        _overrides(
+            tmp_path,
+            CONSTANT_REWARD,
+            **{
+                "algorithm.filter_groups.enable": "false",
+                "data.gen_batch_size": "null",
+                "reward_model.reward_manager": "dapo",
+                "reward_model.reward_kwargs.overlong_buffer_cfg.enable": "true",
+                "reward_model.reward_kwargs.overlong_buffer_cfg.len": 4,
+                "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": 1.0,
+                "reward_model.reward_kwargs.overlong_buffer_cfg.log": "true",
+            },
+        ),
+    )
     assert run_training(rc) == 0
     row = step_metrics(tmp_path / "out")[1]
     length = row["response_length/mean"]
@@ -198,24 +232,59 @@ def test_dapo_reward_manager_in_a_run(tmp_path):
 BASE = ["actor_rollout_ref.model.path=tiny://qwen2"]
 
 
-@pytest.mark.parametrize("overrides,key,fragment", [
-    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=null"],
-     "algorithm.filter_groups.metric", "must be set"),
-    (["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=1"],
-     "actor_rollout_ref.rollout.n", "at least 2 responses"),
-    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward",
-      "algorithm.use_kl_in_reward=true"], "algorithm.filter_groups.metric", "not known when groups"),
-    (["reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
-      "reward_model.reward_kwargs.overlong_buffer_cfg.len=2"], "reward_model.reward_manager", "set reward_model."),
-    (["reward_model.reward_manager=dapo", "reward_model.reward_kwargs.overlong_buffer_cfg.enable=true"],
-     "reward_model.reward_kwargs.overlong_buffer_cfg.len", "must be positive"),
-    (["reward_model.reward_manager=dapo", "reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
-      "reward_model.reward_kwargs.overlong_buffer_cfg.len=300", "reward_model.reward_kwargs.max_resp_len=256"],
-     "reward_model.reward_kwargs.overlong_buffer_cfg.len", "longer than max_resp_len=256"),
-    (["data.gen_batch_size=0"], "data.gen_batch_size", ""),
-    (["algorithm.filter_groups.enable=true", "data.gen_batch_size=3", "trainer.n_gpus_per_node=2"],
-     "data.gen_batch_size", "3 prompts cannot be split evenly over the 2 rollout groups"),
-])
+@pytest.mark.parametrize(
+    "overrides,key,fragment",
+    [
+        (
+            ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=null"],
+            "algorithm.filter_groups.metric",
+            "must be set",
+        ),
+        (
+            ["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=1"],
+            "actor_rollout_ref.rollout.n",
+            "at least 2 responses",
+        ),
+        (
+            [
+                "algorithm.filter_groups.enable=true",
+                "algorithm.filter_groups.metric=seq_final_reward",
+                "algorithm.use_kl_in_reward=true",
+            ],
+            "algorithm.filter_groups.metric",
+            "not known when groups",
+        ),
+        (
+            [
+                "reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+                "reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
+            ],
+            "reward_model.reward_manager",
+            "set reward_model.",
+        ),
+        (
+            ["reward_model.reward_manager=dapo", "reward_model.reward_kwargs.overlong_buffer_cfg.enable=true"],
+            "reward_model.reward_kwargs.overlong_buffer_cfg.len",
+            "must be positive",
+        ),
+        (
+            [
+                "reward_model.reward_manager=dapo",
+                "reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+                "reward_model.reward_kwargs.overlong_buffer_cfg.len=300",
+                "reward_model.reward_kwargs.max_resp_len=256",
+            ],
+            "reward_model.reward_kwargs.overlong_buffer_cfg.len",
+            "longer than max_resp_len=256",
+        ),
+        (["data.gen_batch_size=0"], "data.gen_batch_size", ""),
+        (
+            ["algorithm.filter_groups.enable=true", "data.gen_batch_size=3", "trainer.n_gpus_per_node=2"],
+            "data.gen_batch_size",
+            "3 prompts cannot be split evenly over the 2 rollout groups",
+        ),
+    ],
+)
 def test_dapo_config_refusals(overrides, key, fragment):
     with pytest.raises(ConfigErrors) as err:
         load_recipe("tiny_gsm8k", BASE + overrides)
@@ -225,15 +294,27 @@ def test_dapo_config_refusals(overrides, key, fragment):
 
 
 def test_dapo_keys_are_accepted_and_the_old_overlong_spelling_warns():
-    rc = load_recipe("tiny_gsm8k", BASE + [
-        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
-        "algorithm.filter_groups.max_num_gen_batches=10", "data.gen_batch_size=16",
-        "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
-        "reward_model.overlong_buffer.len=2", "reward_model.overlong_buffer.penalty_factor=1.0"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        BASE
+        + [
+            "algorithm.filter_groups.enable=true",
+            "algorithm.filter_groups.metric=acc",
+            "algorithm.filter_groups.max_num_gen_batches=10",
+            "data.gen_batch_size=16",
+            "reward_model.reward_manager=dapo",
+            "reward_model.overlong_buffer.enable=true",
+            "reward_model.overlong_buffer.len=2",
+            "reward_model.overlong_buffer.penalty_factor=1.0",
+        ],
+    )
     ob = rc.backend.reward_model.reward_kwargs.overlong_buffer_cfg
     assert (ob.enable, ob.len, ob.penalty_factor) == (True, 2, 1.0)
-    assert any("reward_model.overlong_buffer.len is the DAPO recipe's older spelling of "
-               "reward_model.reward_kwargs.overlong_buffer_cfg.len" in w for w in rc.warnings)
+    assert any(
+        "reward_model.overlong_buffer.len is the DAPO recipe's older spelling of "
+        "reward_model.reward_kwargs.overlong_buffer_cfg.len" in w
+        for w in rc.warnings
+    )
     plain = load_recipe("tiny_gsm8k", BASE + ["data.gen_batch_size=16"])
     assert any("data.gen_batch_size=16 has no effect" in w for w in plain.warnings)
 
@@ -246,7 +327,7 @@ def test_metric_values_read_extras_and_name_a_missing_one():
     batch = Batch({"token_level_scores": scores}, {"uid": ["a", "a"]})
     batch.meta["reward_extras"] = {"accuracy": [1.0, 0.0]}
     assert metric_values(batch, "seq_reward") == [2.0, 1.0]
-    assert metric_values(batch, "acc") == [2.0, 1.0]          # no extra 'acc': the summed score
+    assert metric_values(batch, "acc") == [2.0, 1.0]  # no extra 'acc': the summed score
     assert metric_values(batch, "accuracy") == [1.0, 0.0]
     with pytest.raises(UserError, match=r"metric='format' is not a reward extra of this run \(extras: accuracy\)"):
         metric_values(batch, "format")
@@ -254,12 +335,20 @@ def test_metric_values_read_extras_and_name_a_missing_one():
 
 def test_the_dapo_scripts_plus_spelling_of_reward_kwargs_loads():
     """verl's DAPO scripts add the reward kwargs with Hydra's +."""
-    rc = load_recipe("tiny_gsm8k", BASE + [
-        "data.max_response_length=64", "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
-        "data.gen_batch_size=48", "reward_model.reward_manager=dapo",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=16",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
-        "+reward_model.reward_kwargs.max_resp_len=64"])
+    rc = load_recipe(
+        "tiny_gsm8k",
+        BASE
+        + [
+            "data.max_response_length=64",
+            "algorithm.filter_groups.enable=True",
+            "algorithm.filter_groups.metric=acc",
+            "data.gen_batch_size=48",
+            "reward_model.reward_manager=dapo",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=16",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+            "+reward_model.reward_kwargs.max_resp_len=64",
+        ],
+    )
     kwargs = rc.backend.reward_model.reward_kwargs
     assert kwargs.max_resp_len == 64 and kwargs.overlong_buffer_cfg.len == 16 and not rc.warnings

@@ -15,10 +15,14 @@ from verl_npu.config import load_recipe
 from verl_npu.errors import ConfigErrors
 from verl_npu.trainer.tracking import Tracker
 
-CONFIG = {"af_output_dir": "/tmp/x", "backend_config": {"data": {"train_batch_size": 8},
-                                                         "trainer": {"project_name": "proj"}}}
-METRICS = {1: {"critic/score/mean": 0.25, "actor/pg_loss": -0.5, "val-core/synthetic/reward/mean@1": 0.5},
-           2: {"critic/score/mean": 0.75, "actor/pg_loss": -0.25}}
+CONFIG = {
+    "af_output_dir": "/tmp/x",
+    "backend_config": {"data": {"train_batch_size": 8}, "trainer": {"project_name": "proj"}},
+}
+METRICS = {
+    1: {"critic/score/mean": 0.25, "actor/pg_loss": -0.5, "val-core/synthetic/reward/mean@1": 0.5},
+    2: {"critic/score/mean": 0.75, "actor/pg_loss": -0.25},
+}
 GENERATIONS = "[ground truth: 4] '\\\\boxed{4}'\n[ground truth: 3] 'five'"
 
 
@@ -36,16 +40,16 @@ def _leveldb_records(path: Path, header_len: int = 7, block: int = 32768) -> lis
     data = path.read_bytes()
     pos, records, pending = header_len, [], b""
     while pos + 7 <= len(data):
-        if block - pos % block < 7:          # block trailer: skip to the next block
+        if block - pos % block < 7:  # block trailer: skip to the next block
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:
             break
-        chunk = data[pos + 7:pos + 7 + length]
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         pending += chunk
-        if kind in (1, 4):                   # FULL or LAST
+        if kind in (1, 4):  # FULL or LAST
             records.append(pending)
             pending = b""
     return records
@@ -166,13 +170,17 @@ def test_swanlab_offline_run_holds_metrics_names_and_config(tmp_path, monkeypatc
 
 
 # ---- a missing library -----------------------------------------------------------------------
-FILLED = ["af_output_dir=/tmp/verl_npu_out", "data.train_files=/data/t.parquet", "data.val_files=/data/v.parquet",
-          "actor_rollout_ref.model.path=/models/m"]
+FILLED = [
+    "af_output_dir=/tmp/verl_npu_out",
+    "data.train_files=/data/t.parquet",
+    "data.val_files=/data/v.parquet",
+    "actor_rollout_ref.model.path=/models/m",
+]
 
 
 @pytest.mark.parametrize("name", ["wandb", "mlflow", "swanlab"])
 def test_a_missing_logger_library_is_refused_at_validation_naming_the_extra(name, monkeypatch):
-    monkeypatch.setitem(sys.modules, name, None)   # as if the library were not installed
+    monkeypatch.setitem(sys.modules, name, None)  # as if the library were not installed
     with pytest.raises(ConfigErrors) as info:
         load_recipe("qwen25vl_geo3k", FILLED + [f"trainer.logger=[console,{name}]"])
     (problem,) = [p for p in info.value.problems if p.key == "backend_config.trainer.logger"]

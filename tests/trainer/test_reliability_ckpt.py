@@ -45,8 +45,15 @@ from verl_npu.trainer.entry import run_training
 from verl_npu.trainer.runlock import LOCK_FILE, OutputFolderBusy, RunLock
 
 REPO = Path(__file__).resolve().parents[2]
-COMPARED = ["critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "response_length/mean",
-            "actor/lr", "actor/entropy"]
+COMPARED = [
+    "critic/score/mean",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/grad_norm",
+    "response_length/mean",
+    "actor/lr",
+    "actor/entropy",
+]
 MODEL = "actor/model_world_size_1_rank_0.pt"
 OPTIM = "actor/optim_world_size_1_rank_0.pt"
 EXTRA = "actor/extra_state_world_size_1_rank_0.pt"
@@ -62,25 +69,30 @@ def overrides(out: Path, data: Path, **extra) -> list[str]:
     reward = data / "dense_reward.py"
     if not reward.exists():
         reward.write_text(DENSE_REWARD)
-    return run_overrides(out, data, {
-        "custom_reward_function.path": reward,
-        "data.train_batch_size": 4,
-        "data.max_response_length": 3,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "actor_rollout_ref.actor.use_kl_loss": "true",
-        "actor_rollout_ref.actor.kl_loss_coef": 0.05,
-        "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
-        "trainer.total_training_steps": 3,
-        "trainer.save_freq": 1,
-        "trainer.test_freq": -1,
-        "trainer.val_before_train": "false",
-        "trainer.max_actor_ckpt_to_keep": "null",
-        "trainer.logger": "[console]",
-        "ray_init.num_cpus": 2,
-    }, extra)
+    return run_overrides(
+        out,
+        data,
+        {
+            "custom_reward_function.path": reward,
+            "data.train_batch_size": 4,
+            "data.max_response_length": 3,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "actor_rollout_ref.actor.use_kl_loss": "true",
+            "actor_rollout_ref.actor.kl_loss_coef": 0.05,
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+            "trainer.total_training_steps": 3,
+            "trainer.save_freq": 1,
+            "trainer.test_freq": -1,
+            "trainer.val_before_train": "false",
+            "trainer.max_actor_ckpt_to_keep": "null",
+            "trainer.logger": "[console]",
+            "ray_init.num_cpus": 2,
+        },
+        extra,
+    )
 
 
 def metrics(out: Path) -> dict[int, dict]:
@@ -98,8 +110,15 @@ def assert_rows_match(got: dict, ref: dict, steps) -> None:
 
 def cli(args: list[str], cache: Path, **popen) -> subprocess.Popen:
     env = dict(os.environ, VERL_NPU_CACHE=str(cache), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "verl_npu.cli", "run", "tiny_geo3k", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
 
 
 def wait_for(predicate, proc: subprocess.Popen | None = None, timeout: float = 180) -> None:
@@ -164,8 +183,8 @@ def _damage(ckpt: Path, how: str) -> tuple[str, str]:
         path = ckpt / OPTIM
         data = bytearray(path.read_bytes())
         start = len(data) // 2
-        assert any(data[start:start + 4096]), "pick a block that is not already zero"
-        data[start:start + 4096] = bytes(4096)
+        assert any(data[start : start + 4096]), "pick a block that is not already zero"
+        data[start : start + 4096] = bytes(4096)
         path.write_bytes(bytes(data))
         assert path.stat().st_size == len(data)  # same size: only the checksum can tell
         return OPTIM, "contents changed"
@@ -213,10 +232,21 @@ def test_resume_path_to_a_damaged_checkpoint_is_a_clean_cli_error(tmp_path, refe
 
     out = copy_run(reference, tmp_path / "out")
     _damage(out / "checkpoints" / "global_step_3", "zero-4k")
-    code = main(["run", "tiny_geo3k", *overrides(out, geo_data, **{
-        "trainer.resume_mode": "resume_path",
-        "trainer.resume_from_path": out / "checkpoints" / "global_step_3",
-        "trainer.total_training_steps": 4})])
+    code = main(
+        [
+            "run",
+            "tiny_geo3k",
+            *overrides(
+                out,
+                geo_data,
+                **{
+                    "trainer.resume_mode": "resume_path",
+                    "trainer.resume_from_path": out / "checkpoints" / "global_step_3",
+                    "trainer.total_training_steps": 4,
+                },
+            ),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1, err
     assert "global_step_3 is damaged" in err and OPTIM in err and "Traceback" not in err
@@ -238,8 +268,10 @@ def test_resume_after_fallback_or_from_an_unverified_checkpoint_matches(tmp_path
         old = ckpts / "global_step_2"
         state = load_trainer_state(old)
         # what verl-npu wrote before: one torch pickle holding numpy arrays and Python tuples
-        torch.save({"dataloader": state["dataloader"], "global_step": 2, "kl_coef": state["kl_coef"],
-                    "rng": state["rng"]}, old / "data.pt")
+        torch.save(
+            {"dataloader": state["dataloader"], "global_step": 2, "kl_coef": state["kl_coef"], "rng": state["rng"]},
+            old / "data.pt",
+        )
         (old / TRAINER_STATE_FILE).unlink()
         (old / MANIFEST_FILE).unlink()
     with caplog.at_level(logging.INFO, logger="verl_npu"):
@@ -323,9 +355,16 @@ def test_sharded_and_legacy_states_load_with_weights_only(tmp_path):
     try:
         mesh = init_device_mesh("cpu", (1,))
         shard = distribute_tensor(torch.arange(6.0).reshape(3, 2), mesh, [Shard(0)])
-        torch.save({"w": shard, "opt": {"state": {"w": {"exp_avg": shard, "step": torch.tensor(3.0)}},
-                                        "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": ["w"]}]}},
-                   tmp_path / "shard.pt")
+        torch.save(
+            {
+                "w": shard,
+                "opt": {
+                    "state": {"w": {"exp_avg": shard, "step": torch.tensor(3.0)}},
+                    "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": ["w"]}],
+                },
+            },
+            tmp_path / "shard.pt",
+        )
         back = load_torch(tmp_path / "shard.pt")
         assert isinstance(back["w"], DTensor) and torch.equal(back["w"].full_tensor(), shard.full_tensor())
     finally:
@@ -363,8 +402,10 @@ def test_trainer_state_is_json_and_restores_rng_exactly(tmp_path):
 
 # ---- 3. one run per output folder ---------------------------------------------------------------
 def _holder(tmp_path: Path, folder: Path) -> subprocess.Popen:
-    code = ("import sys, time; from verl_npu.trainer.runlock import RunLock\n"
-            "lock = RunLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)")
+    code = (
+        "import sys, time; from verl_npu.trainer.runlock import RunLock\n"
+        "lock = RunLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
     return proc
@@ -495,8 +536,9 @@ def small_fs(tmp_path):
         point.mkdir()
         if os.geteuid() != 0:
             pytest.skip("mounting a small file system needs root (the simulated ENOSPC tests cover the rest)")
-        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(point)],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(point)], capture_output=True, text=True
+        )
         if res.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
         mounted.append(point)
@@ -515,8 +557,9 @@ def test_a_real_full_disk_stops_cleanly(tmp_path, geo_data, tiny_cache, small_fs
     size = json.loads((reference / "checkpoints" / "global_step_1" / MANIFEST_FILE).read_text())["total_bytes"]
     fs = small_fs(int(size * (1.5 if workers == 1 else 0.4)) // 1024)
     out = tmp_path / "out"
-    proc = cli(overrides(out, geo_data, **{"trainer.default_local_dir": fs, "trainer.n_gpus_per_node": workers}),
-               tiny_cache)
+    proc = cli(
+        overrides(out, geo_data, **{"trainer.default_local_dir": fs, "trainer.n_gpus_per_node": workers}), tiny_cache
+    )
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, output
     assert f"no space left on {fs}: needed " in output and "free " in output, output
@@ -593,8 +636,14 @@ def test_save_on_preempt_false_stops_without_saving(tmp_path, geo_data, tiny_vl_
     monkeypatch.setattr(PPOTrainer, "train_step", step_then_signal)
     preempt.reset()
     out = tmp_path / "out"
-    rc = load_recipe("tiny_geo3k", overrides(out, geo_data, **{
-        "trainer.total_training_steps": 5, "trainer.save_freq": -1, "trainer.save_on_preempt": "false"}))
+    rc = load_recipe(
+        "tiny_geo3k",
+        overrides(
+            out,
+            geo_data,
+            **{"trainer.total_training_steps": 5, "trainer.save_freq": -1, "trainer.save_on_preempt": "false"},
+        ),
+    )
     try:
         with caplog.at_level(logging.WARNING, logger="verl_npu"):
             assert run_training(rc) == 143

@@ -13,10 +13,17 @@ def write_rows(folder, rows):
 
 
 def test_summary_compares_first_and_last_steps_and_names_the_outputs(tmp_path):
-    rows = [{"step": s, "critic/score/mean": 0.02 if s <= 10 else 0.9, "response_length/clip_ratio": 0.5}
-            for s in range(1, 31)]
-    rows[-1].update({"response_length/clip_ratio": 0.0, "val-core/synthetic_geometry/reward/mean@1": 0.95,
-                     "val-aux/synthetic_geometry/accuracy/mean@1": 1.0})
+    rows = [
+        {"step": s, "critic/score/mean": 0.02 if s <= 10 else 0.9, "response_length/clip_ratio": 0.5}
+        for s in range(1, 31)
+    ]
+    rows[-1].update(
+        {
+            "response_length/clip_ratio": 0.0,
+            "val-core/synthetic_geometry/reward/mean@1": 0.95,
+            "val-aux/synthetic_geometry/accuracy/mean@1": 1.0,
+        }
+    )
     rows[9]["val-core/synthetic_geometry/reward/mean@1"] = 0.1  # an earlier validation: not the last one
     out = tmp_path / "run"
     write_rows(out, rows)
@@ -31,8 +38,17 @@ def test_summary_compares_first_and_last_steps_and_names_the_outputs(tmp_path):
 
 
 def test_summary_without_tensorboard_or_builtin_reward_claims_neither(tmp_path):
-    write_rows(tmp_path, [{"step": 1, "critic/score/mean": 0.0, "val-core/my_task/reward/mean@1": 0.5,
-                           "val-core/synthetic_geometry/reward/mean@1": 0.5}])
+    write_rows(
+        tmp_path,
+        [
+            {
+                "step": 1,
+                "critic/score/mean": 0.0,
+                "val-core/my_task/reward/mean@1": 0.5,
+                "val-core/synthetic_geometry/reward/mean@1": 0.5,
+            }
+        ],
+    )
     text = "\n".join(run_summary(tmp_path, tensorboard_dir=None, builtin_rewards=False))
     assert "first 1 steps 0.000 -> last 1 steps 0.000" in text and "x)" not in text  # no ratio from a zero
     assert "validation (my_task, step 1): reward 0.500" in text
@@ -42,8 +58,17 @@ def test_summary_without_tensorboard_or_builtin_reward_claims_neither(tmp_path):
 def test_summary_names_a_data_source_with_a_slash_whole(tmp_path):
     """verl's data sources are hub names (openai/gsm8k, hiyouga/geometry3k): the summary must not cut them
     at the first slash and lose the reward."""
-    write_rows(tmp_path, [{"step": 2, "critic/score/mean": 0.1, "val-core/openai/gsm8k/reward/mean@1": 0.25,
-                           "val-aux/openai/gsm8k/accuracy/mean@1": 0.5}])
+    write_rows(
+        tmp_path,
+        [
+            {
+                "step": 2,
+                "critic/score/mean": 0.1,
+                "val-core/openai/gsm8k/reward/mean@1": 0.25,
+                "val-aux/openai/gsm8k/accuracy/mean@1": 0.5,
+            }
+        ],
+    )
     text = "\n".join(run_summary(tmp_path, tensorboard_dir=None))
     assert "validation (openai/gsm8k, step 2): reward 0.250, accuracy 0.500" in text
     assert "validation (openai," not in text

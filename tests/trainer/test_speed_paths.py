@@ -10,8 +10,17 @@ from run_helpers import text_run_overrides as overrides
 from verl_npu.config import load_recipe
 from verl_npu.trainer.entry import run_training
 
-COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm",
-            "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy_before_update", "critic/advantages/mean"]
+COMPARED = [
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/entropy_before_update",
+    "critic/advantages/mean",
+]
 
 
 def _count_forwards(monkeypatch) -> list[int]:
@@ -69,13 +78,16 @@ def test_skipped_old_log_prob_pass_gives_the_same_run(tmp_path, tiny_cache, monk
     assert skip[2]["actor/grad_norm"] > 0
 
 
-@pytest.mark.parametrize("extra, reason", [
-    ({"actor_rollout_ref.actor.ppo_epochs": 2}, "ppo_epochs=2"),
-    ({"data.train_batch_size": 8}, "ppo_mini_batch_size=4 < data.train_batch_size=8"),
-    ({"algorithm.use_kl_in_reward": "true"}, "use_kl_in_reward"),
-    ({"algorithm.rollout_correction.rollout_is": "token"}, "rollout.calculate_log_probs"),
-    ({"actor_rollout_ref.model.override_config.attention_dropout": 0.1}, "attention_dropout=0.1"),
-])
+@pytest.mark.parametrize(
+    "extra, reason",
+    [
+        ({"actor_rollout_ref.actor.ppo_epochs": 2}, "ppo_epochs=2"),
+        ({"data.train_batch_size": 8}, "ppo_mini_batch_size=4 < data.train_batch_size=8"),
+        ({"algorithm.use_kl_in_reward": "true"}, "use_kl_in_reward"),
+        ({"algorithm.rollout_correction.rollout_is": "token"}, "rollout.calculate_log_probs"),
+        ({"actor_rollout_ref.model.override_config.attention_dropout": 0.1}, "attention_dropout=0.1"),
+    ],
+)
 def test_old_log_prob_pass_runs_where_it_is_not_redundant(tmp_path, tiny_lm_path, extra, reason):
     from transformers import AutoModelForCausalLM
 

@@ -203,8 +203,9 @@ def test_kl_panel_plots_what_the_run_has():
     from verl_npu.trainer.tracking import kl_panel
 
     def rows(**series):
-        return [{"training/global_step": i + 1, **{k.replace("__", "/"): v[i] for k, v in series.items()}}
-                for i in range(2)]
+        return [
+            {"training/global_step": i + 1, **{k.replace("__", "/"): v[i] for k, v in series.items()}} for i in range(2)
+        ]
 
     assert kl_panel(rows(actor__kl_loss=[0.1, 0.2], actor__ppo_kl=[0.0, 0.3])) == ("KL", [("actor/kl_loss",) * 2])
     assert kl_panel(rows(actor__kl_loss=[0.0, 0.0], actor__ppo_kl=[0.0, 0.3]))[1] == [("actor/ppo_kl",) * 2]

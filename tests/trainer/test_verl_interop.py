@@ -86,15 +86,25 @@ def our_checkpoint(workers: int, geo_data: Path, root: Path) -> Path:
     if workers not in _RUNS:
         out = root / f"ours{workers}"
         values = {
-            "af_output_dir": out, "data.train_files": geo_data / "train.parquet",
+            "af_output_dir": out,
+            "data.train_files": geo_data / "train.parquet",
             "custom_reward_function.path": write_varied_reward(root / "varied_reward.py"),
-            "data.val_files": geo_data / "test.parquet", "data.train_batch_size": 4, "data.max_response_length": 3,
-            "actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-            "actor_rollout_ref.actor.optim.lr": 1e-3, "actor_rollout_ref.rollout.n": 2,
+            "data.val_files": geo_data / "test.parquet",
+            "data.train_batch_size": 4,
+            "data.max_response_length": 3,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "actor_rollout_ref.actor.optim.lr": 1e-3,
+            "actor_rollout_ref.rollout.n": 2,
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": 1,
-            "trainer.save_freq": 1, "trainer.test_freq": -1, "trainer.val_before_train": "false",
-            "trainer.logger": "[console]", "ray_init.num_cpus": 2, "trainer.n_gpus_per_node": workers,
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+            "trainer.total_training_steps": 1,
+            "trainer.save_freq": 1,
+            "trainer.test_freq": -1,
+            "trainer.val_before_train": "false",
+            "trainer.logger": "[console]",
+            "ray_init.num_cpus": 2,
+            "trainer.n_gpus_per_node": workers,
         }
         assert run_training(load_recipe("tiny_geo3k", [f"{k}={v}" for k, v in values.items()])) == 0
         _RUNS[workers] = out / "checkpoints" / "global_step_1" / "actor"
@@ -114,8 +124,14 @@ def test_verl_model_merger_reads_our_checkpoint(workers, geo_data, runs_root, ti
     for rank in range(workers):
         for kind in ("model", "optim", "extra_state"):
             assert (actor / f"{kind}_world_size_{workers}_rank_{rank}.pt").is_file()
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "processor_config.json", "model.safetensors"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "processor_config.json",
+        "model.safetensors",
+    ):
         assert (actor / "huggingface" / name).is_file(), name
     shards = load_torch(actor / f"model_world_size_{workers}_rank_0.pt")
     meshes = {v.device_mesh.mesh_dim_names for v in shards.values() if hasattr(v, "device_mesh")}
@@ -125,8 +141,9 @@ def test_verl_model_merger_reads_our_checkpoint(workers, geo_data, runs_root, ti
     assert extra["lr_scheduler"]["last_epoch"] == 1
 
     target = tmp_path / "merged"
-    side("-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor),
-         "--target_dir", str(target))
+    side(
+        "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor), "--target_dir", str(target)
+    )
     merged, ours = safetensors_of(target), safetensors_of(actor / "huggingface")
     assert sorted(merged) == sorted(ours)
     assert {t.dtype for t in merged.values()} == {torch.bfloat16}  # verl's merger always writes bf16
@@ -142,9 +159,14 @@ def test_verl_model_merger_reads_our_critic_checkpoint(runs_root, tiny_cache, tm
     data = text_data(runs_root / "ppo_data")
     out = runs_root / "ppo"
     values = {  # the text run of run_helpers, with GAE and a critic, one step and its checkpoint
-        "data.max_response_length": 3, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "algorithm.adv_estimator": "gae", "critic.optim.lr": 1e-3, "critic.ppo_micro_batch_size_per_gpu": 2,
-        "trainer.total_training_steps": 1, "trainer.save_freq": 1, "ray_init.num_cpus": 2,
+        "data.max_response_length": 3,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "algorithm.adv_estimator": "gae",
+        "critic.optim.lr": 1e-3,
+        "critic.ppo_micro_batch_size_per_gpu": 2,
+        "trainer.total_training_steps": 1,
+        "trainer.save_freq": 1,
+        "ray_init.num_cpus": 2,
     }
     assert run_training(load_recipe("tiny_geo3k", text_run_overrides(out, data, **values))) == 0
     critic = out / "checkpoints" / "global_step_1" / "critic"
@@ -154,8 +176,9 @@ def test_verl_model_merger_reads_our_critic_checkpoint(runs_root, tiny_cache, tm
     for name in ("config.json", "tokenizer_config.json", "model.safetensors"):
         assert (critic / "huggingface" / name).is_file(), name
     target = tmp_path / "merged_critic"
-    side("-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(critic),
-         "--target_dir", str(target))
+    side(
+        "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(critic), "--target_dir", str(target)
+    )
     merged, ours = safetensors_of(target), safetensors_of(critic / "huggingface")
     assert sorted(merged) == sorted(ours) and any("score" in k for k in ours)  # the value head is there
     diff = max(float((merged[k].float() - ours[k].to(torch.bfloat16).float()).abs().max()) for k in ours)
@@ -170,21 +193,31 @@ def test_verl_model_merger_reads_our_lora_checkpoint(runs_root, tiny_cache, tmp_
     data = text_data(runs_root / "lora_data")
     out = runs_root / "lora"
     values = {  # the text run of run_helpers, with LoRA adapters, one step and its checkpoint
-        "data.max_response_length": 3, "actor_rollout_ref.model.lora_rank": 4, "actor_rollout_ref.model.lora_alpha": 8,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "trainer.total_training_steps": 1,
+        "data.max_response_length": 3,
+        "actor_rollout_ref.model.lora_rank": 4,
+        "actor_rollout_ref.model.lora_alpha": 8,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+        "trainer.total_training_steps": 1,
         "trainer.save_freq": 1,
     }
     assert run_training(load_recipe("tiny_geo3k", text_run_overrides(out, data, **values))) == 0
     actor = out / "checkpoints" / "global_step_1" / "actor"
-    assert json.loads((actor / "lora_train_meta.json").read_text()) == {"r": 4, "lora_alpha": 8,
-                                                                         "task_type": "CAUSAL_LM"}
+    assert json.loads((actor / "lora_train_meta.json").read_text()) == {
+        "r": 4,
+        "lora_alpha": 8,
+        "task_type": "CAUSAL_LM",
+    }
     target = tmp_path / "merged_lora"
-    side("-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor),
-         "--target_dir", str(target))
+    side(
+        "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor), "--target_dir", str(target)
+    )
     shards = load_torch(actor / "model_world_size_1_rank_0.pt")
     assert all(name.startswith("base_model.model.") for name in shards)  # peft's names, as verl's files
-    base = {name.removeprefix("base_model.model.").replace(".base_layer.", "."): t.full_tensor()
-            for name, t in shards.items() if "lora_" not in name}
+    base = {
+        name.removeprefix("base_model.model.").replace(".base_layer.", "."): t.full_tensor()
+        for name, t in shards.items()
+        if "lora_" not in name
+    }
     merged = safetensors_of(target)
     assert set(merged) <= set(base) and set(base) - set(merged) <= {"lm_head.weight"}  # tied to the embeddings
     assert max(float((merged[k].float() - base[k].to(torch.bfloat16).float()).abs().max()) for k in merged) == 0.0
@@ -228,9 +261,27 @@ def verl_checkpoint(dest: Path, model: Path, workers: int, shuffle: bool) -> dic
     if key not in _VERL_CKPTS:
         root = dest.parent / f"verl_written_{workers}_{shuffle}"
         reference = dest.parent / f"verl_reference_{workers}_{shuffle}.pt"
-        torchrun(workers, "save", "--model", str(model), "--root", str(root), "--steps", str(STEPS), "--lr", str(LR),
-                 "--warmup", str(WARMUP), "--rows", str(ROWS), "--batch-size", str(BATCH),
-                 "--reference", str(reference), *(["--shuffle"] if shuffle else []))
+        torchrun(
+            workers,
+            "save",
+            "--model",
+            str(model),
+            "--root",
+            str(root),
+            "--steps",
+            str(STEPS),
+            "--lr",
+            str(LR),
+            "--warmup",
+            str(WARMUP),
+            "--rows",
+            str(ROWS),
+            "--batch-size",
+            str(BATCH),
+            "--reference",
+            str(reference),
+            *(["--shuffle"] if shuffle else []),
+        )
         names = sorted(p.name for p in root.iterdir())
         assert names == [f"global_step_{STEPS}", "latest_checkpointed_iteration.txt"]
         assert not (root / f"global_step_{STEPS}" / "COMPLETE").exists()
@@ -240,20 +291,35 @@ def verl_checkpoint(dest: Path, model: Path, workers: int, shuffle: bool) -> dic
     return verl
 
 
-def resume_overrides(out: Path, ckpt_root: Path, data: Path, model: Path, workers: int, total: int,
-                     shuffle: bool) -> list[str]:
-    return run_overrides(out, data, {
-        "actor_rollout_ref.model.path": model, "data.train_batch_size": BATCH, "data.shuffle": str(shuffle).lower(),
-        "data.max_response_length": 3,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": BATCH,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "actor_rollout_ref.actor.optim.lr": LR,
-        "actor_rollout_ref.actor.optim.lr_warmup_steps": WARMUP, "actor_rollout_ref.rollout.n": 2,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": total,
-        "trainer.save_freq": 1, "trainer.test_freq": -1, "trainer.val_before_train": "false",
-        "trainer.logger": "[console]", "ray_init.num_cpus": 2, "trainer.n_gpus_per_node": workers,
-        "trainer.default_local_dir": ckpt_root, "trainer.resume_mode": "auto",
-    })
+def resume_overrides(
+    out: Path, ckpt_root: Path, data: Path, model: Path, workers: int, total: int, shuffle: bool
+) -> list[str]:
+    return run_overrides(
+        out,
+        data,
+        {
+            "actor_rollout_ref.model.path": model,
+            "data.train_batch_size": BATCH,
+            "data.shuffle": str(shuffle).lower(),
+            "data.max_response_length": 3,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": BATCH,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "actor_rollout_ref.actor.optim.lr": LR,
+            "actor_rollout_ref.actor.optim.lr_warmup_steps": WARMUP,
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+            "trainer.total_training_steps": total,
+            "trainer.save_freq": 1,
+            "trainer.test_freq": -1,
+            "trainer.val_before_train": "false",
+            "trainer.logger": "[console]",
+            "ray_init.num_cpus": 2,
+            "trainer.n_gpus_per_node": workers,
+            "trainer.default_local_dir": ckpt_root,
+            "trainer.resume_mode": "auto",
+        },
+    )
 
 
 def assert_state_is_verls(snapshot: dict, verl: dict) -> None:
@@ -275,8 +341,9 @@ def test_a_verl_checkpoint_resumes_with_its_exact_state(workers, tmp_path, tiny_
     root = tmp_path / "verl_ckpt"
     verl = verl_checkpoint(root, Path(tiny_lm_path), workers, shuffle=False)
     seen = []
-    rc = load_recipe("tiny_gsm8k", resume_overrides(tmp_path / "out", root, data, tiny_lm_path, workers, STEPS,
-                                                     shuffle=False))
+    rc = load_recipe(
+        "tiny_gsm8k", resume_overrides(tmp_path / "out", root, data, tiny_lm_path, workers, STEPS, shuffle=False)
+    )
     assert run_training(rc, after_fit=lambda group: seen.extend(group.broadcast("training_state_snapshot"))) == 0
     assert len(seen) == workers
     for snapshot in seen:

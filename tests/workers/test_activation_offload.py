@@ -18,6 +18,7 @@ from verl_npu.workers.engine import micro_batching
 @contextlib.contextmanager
 def _counting(packed: list):
     """saved_tensors_hooks that record every tensor autograd saves (and give it back unchanged)."""
+
     def pack(t):
         packed.append(tuple(t.shape))
         return t

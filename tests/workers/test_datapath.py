@@ -15,8 +15,12 @@ from verl_npu.config import load_recipe
 from verl_npu.rollout.base import SamplingParams, finish_rollout
 from verl_npu.workers.group import LocalWorkerGroup
 
-TEXT = {"actor_rollout_ref.model.path": "tiny://qwen2", "data.max_prompt_length": 48, "trainer.logger": "[console]",
-        "actor_rollout_ref.actor.use_kl_loss": "false"}
+TEXT = {
+    "actor_rollout_ref.model.path": "tiny://qwen2",
+    "data.max_prompt_length": 48,
+    "trainer.logger": "[console]",
+    "actor_rollout_ref.actor.use_kl_loss": "false",
+}
 
 
 class RecordingGroup(LocalWorkerGroup):
@@ -74,8 +78,14 @@ def test_calls_are_sent_only_the_columns_they_read(tmp_path, tiny_cache):
     batch.set("advantages", torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(0)))
     result = group.update_actor(batch)
     sent = group.sent_columns["update_actor"]
-    assert sent - {"multi_modal_inputs"} == {"input_ids", "attention_mask", "responses", "response_mask", "advantages",
-                                             "old_log_probs"}, sent
+    assert sent - {"multi_modal_inputs"} == {
+        "input_ids",
+        "attention_mask",
+        "responses",
+        "response_mask",
+        "advantages",
+        "old_log_probs",
+    }, sent
     assert result["actor/grad_norm"] > 0 and len(result.columns) == 0  # the pass ran: nothing kept
 
 
@@ -85,8 +95,9 @@ def test_the_skipped_pass_returns_the_update_forwards_entropies(tmp_path, tiny_c
     it replaces; told they are in the batch when they are not, it refuses."""
     from verl_npu.workers.actor import OldLogProbs
 
-    cfg, loader, group = _setup(tmp_path, **{"actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-                                             "actor_rollout_ref.actor.shuffle": "true"})
+    cfg, loader, group = _setup(
+        tmp_path, **{"actor_rollout_ref.actor.ppo_mini_batch_size": 4, "actor_rollout_ref.actor.shuffle": "true"}
+    )
     assert group.old_log_prob_pass_reasons() == []
     prompts = next(iter(loader))
     prompts.set("uid", [f"1-{i}" for i in range(len(prompts))])
@@ -136,8 +147,14 @@ def test_an_undeclared_read_fails_naming_the_method_and_the_column():
         with pytest.raises(UndeclaredColumn, match="add it to @reads"):
             read(sent)
         # the worker's reshaping keeps the refusal (micro-batches, rows repeated, trimmed, moved)
-        for part in (sent.select([1, 0]), sent.slice(0, 2), sent.repeat_interleave(2), sent.to("cpu"),
-                     Batch.concat(sent.split(2)), sent.only(["x"])):
+        for part in (
+            sent.select([1, 0]),
+            sent.slice(0, 2),
+            sent.repeat_interleave(2),
+            sent.to("cpu"),
+            Batch.concat(sent.split(2)),
+            sent.only(["x"]),
+        ):
             with pytest.raises(UndeclaredColumn):
                 read(part)
     assert "images" not in sent and sent.get("images") is None

@@ -19,7 +19,9 @@ def _engine() -> TrainingEngine:
     engine = TrainingEngine("toy", detect_device("cpu"), seed=0)
     torch.manual_seed(0)
     engine.attach(torch.nn.Linear(2, 1), {})
-    engine.add_optimizer(section("actor_rollout_ref.actor.optim", {"lr": 0.1, "weight_decay": 0.0}), total_training_steps=1)
+    engine.add_optimizer(
+        section("actor_rollout_ref.actor.optim", {"lr": 0.1, "weight_decay": 0.0}), total_training_steps=1
+    )
     return engine
 
 
@@ -29,10 +31,16 @@ def _batch() -> Batch:
     attention[:3, 0] = 0  # left padding
     response_mask = torch.ones(ROWS, RESPONSE)
     response_mask[1, 2:] = 0  # a shorter response
-    return Batch({"input_ids": torch.zeros(ROWS, PROMPT + RESPONSE, dtype=torch.long), "attention_mask": attention,
-                  "responses": torch.zeros(ROWS, RESPONSE, dtype=torch.long), "response_mask": response_mask,
-                  "features": torch.randn(ROWS, RESPONSE, 2, generator=generator),
-                  "targets": torch.randn(ROWS, RESPONSE, generator=generator)})
+    return Batch(
+        {
+            "input_ids": torch.zeros(ROWS, PROMPT + RESPONSE, dtype=torch.long),
+            "attention_mask": attention,
+            "responses": torch.zeros(ROWS, RESPONSE, dtype=torch.long),
+            "response_mask": response_mask,
+            "features": torch.randn(ROWS, RESPONSE, 2, generator=generator),
+            "targets": torch.randn(ROWS, RESPONSE, generator=generator),
+        }
+    )
 
 
 def _forward(module, part):
@@ -52,16 +60,30 @@ def test_micro_batches_add_up_to_one_step_over_the_mini_batch(micro):
     got = split.train(_batch(), _forward, _loss, micro=micro, **settings)
     for name, param in whole.module.named_parameters():
         torch.testing.assert_close(dict(split.module.named_parameters())[name], param)
-    assert set(got) == {"toy/loss", "toy/mean_output", "toy/grad_norm", "toy/lr", "toy/skipped_updates",
-                        "toy/skipped_updates_in_a_row"}
+    assert set(got) == {
+        "toy/loss",
+        "toy/mean_output",
+        "toy/grad_norm",
+        "toy/lr",
+        "toy/skipped_updates",
+        "toy/skipped_updates_in_a_row",
+    }
     for key in ("toy/loss", "toy/mean_output", "toy/grad_norm"):
         assert got[key] == pytest.approx(expected[key], rel=1e-5), key
 
 
 def test_two_mini_batches_are_two_optimizer_steps_with_averaged_metrics():
     engine = _engine()
-    metrics = engine.train(_batch(), _forward, _loss, mini_rows=ROWS // 2, epochs=1, shuffle=True,
-                           micro={"micro_batch_size": 2}, grad_clip=1e9)
+    metrics = engine.train(
+        _batch(),
+        _forward,
+        _loss,
+        mini_rows=ROWS // 2,
+        epochs=1,
+        shuffle=True,
+        micro={"micro_batch_size": 2},
+        grad_clip=1e9,
+    )
     assert int(next(iter(engine.optimizer.state.values()))["step"]) == 2
     assert metrics["toy/skipped_updates"] == 0.0 and engine.lr_scheduler.last_epoch == 1
 

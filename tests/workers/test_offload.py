@@ -15,23 +15,37 @@ from verl_npu.config import load_recipe
 from verl_npu.trainer.entry import run_training
 from verl_npu.workers import parallel
 
-COMPARED = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
-            "actor/grad_norm", "actor/ppo_kl"]
-OFFLOAD = {"actor_rollout_ref.actor.fsdp_config.param_offload": "true",
-           "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "true",
-           "actor_rollout_ref.ref.fsdp_config.param_offload": "true"}
+COMPARED = [
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/ppo_kl",
+]
+OFFLOAD = {
+    "actor_rollout_ref.actor.fsdp_config.param_offload": "true",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "true",
+    "actor_rollout_ref.ref.fsdp_config.param_offload": "true",
+}
 
 
 def overrides(out: Path, data: Path, steps: int, **extra) -> list[str]:
-    return text_run_overrides(out, data, **{
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "actor_rollout_ref.actor.use_kl_loss": "true",
-        "actor_rollout_ref.actor.optim.lr": 1e-3,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
-        "trainer.total_training_steps": steps,
-        "trainer.save_freq": 2,
-        **extra})
+    return text_run_overrides(
+        out,
+        data,
+        **{
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "actor_rollout_ref.actor.use_kl_loss": "true",
+            "actor_rollout_ref.actor.optim.lr": 1e-3,
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+            "trainer.total_training_steps": steps,
+            "trainer.save_freq": 2,
+            **extra,
+        },
+    )
 
 
 def _close(a: float, b: float) -> bool:
@@ -53,8 +67,7 @@ def test_one_worker_offload_trains_like_the_plain_worker_and_resumes(tmp_path, t
 
     plain, offloaded = tmp_path / "plain", tmp_path / "offloaded"
     assert run_training(load_recipe("tiny_geo3k", overrides(plain, data, 3))) == 0
-    assert run_training(load_recipe("tiny_geo3k", overrides(offloaded, data, 3, **OFFLOAD)),
-                        after_fit=inspect) == 0
+    assert run_training(load_recipe("tiny_geo3k", overrides(offloaded, data, 3, **OFFLOAD)), after_fit=inspect) == 0
     assert not parallel.fsdp_enabled(1), "a later run in this process would be sharded too"
     assert seen["group_size"] == 1
     assert seen["actor"] == ("CPUOffloadPolicy", 1) and seen["ref"] == ("CPUOffloadPolicy", 1)

@@ -17,14 +17,19 @@ TOOL = ["global_profiler.tool=torch_memory", "global_profiler.steps=[1]"]
 
 
 def test_cpu_refuses_it_by_name_and_says_what_it_records():
-    with pytest.raises(ConfigErrors, match=r"does not support the torch_memory profiler \(memory snapshots.*on cpu: it runs on cuda / npu"):
+    with pytest.raises(
+        ConfigErrors,
+        match=r"does not support the torch_memory profiler \(memory snapshots.*on cpu: it runs on cuda / npu",
+    ):
         load_recipe("tiny_gsm8k", [*TOOL, *ROLE, "trainer.device=cpu"])
 
 
 def test_its_options_are_checked_by_name():
     with pytest.raises(ConfigErrors, match=r"torch_memory has \['depth'\]; verl-npu reads trace_alloc_max_entries"):
-        load_recipe("tiny_gsm8k", [*TOOL, *ROLE, "trainer.device=cpu",
-                                   "global_profiler.global_tool_config={torch_memory: {depth: 3}}"])
+        load_recipe(
+            "tiny_gsm8k",
+            [*TOOL, *ROLE, "trainer.device=cpu", "global_profiler.global_tool_config={torch_memory: {depth: 3}}"],
+        )
 
 
 class _MemoryModule:
@@ -50,7 +55,9 @@ class _Device:
 def test_the_worker_records_between_start_and_stop_and_dumps_one_snapshot_per_rank(tmp_path):
 
     device = _Device()
-    arr = load_recipe("tiny_gsm8k", [*ROLE, "global_profiler.tool=torch", "global_profiler.steps=[1]"]).typed.actor_rollout_ref
+    arr = load_recipe(
+        "tiny_gsm8k", [*ROLE, "global_profiler.tool=torch", "global_profiler.steps=[1]"]
+    ).typed.actor_rollout_ref
     profiler = WorkerProfiler(arr, 3, device)
     profiler.start(str(tmp_path / "step_1"), "torch_memory", {"trace_alloc_max_entries": 500, "stack_depth": 0})
     assert isinstance(profiler._running, MemorySnapshot)

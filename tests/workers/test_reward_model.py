@@ -36,12 +36,18 @@ def padded_batch(rows: list[tuple[list[int], list[int]]], prompt_len: int, respo
     ids = torch.full((n, prompt_len + response_len), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, (p, r) in enumerate(rows):
-        ids[i, prompt_len - len(p):prompt_len] = torch.tensor(p)
-        mask[i, prompt_len - len(p):prompt_len] = 1
-        ids[i, prompt_len:prompt_len + len(r)] = torch.tensor(r)
-        mask[i, prompt_len:prompt_len + len(r)] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, prompt_len:],
-                  "response_mask": mask[:, prompt_len:]})
+        ids[i, prompt_len - len(p) : prompt_len] = torch.tensor(p)
+        mask[i, prompt_len - len(p) : prompt_len] = 1
+        ids[i, prompt_len : prompt_len + len(r)] = torch.tensor(r)
+        mask[i, prompt_len : prompt_len + len(r)] = 1
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "responses": ids[:, prompt_len:],
+            "response_mask": mask[:, prompt_len:],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +81,15 @@ def sample_rows(seed: int = 0, n: int = 6, pad: int = 0):
     return rows
 
 
-@pytest.mark.parametrize("extra", [[], ["reward_model.micro_batch_size_per_gpu=2"],
-                                   ["reward_model.use_dynamic_bsz=true",
-                                    "reward_model.forward_max_token_len_per_gpu=20000"]],
-                         ids=["one-batch", "micro-2", "dynamic"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["reward_model.micro_batch_size_per_gpu=2"],
+        ["reward_model.use_dynamic_bsz=true", "reward_model.forward_max_token_len_per_gpu=20000"],
+    ],
+    ids=["one-batch", "micro-2", "dynamic"],
+)
 def test_scores_equal_a_direct_forward_at_the_last_valid_token(rm_path, hf_rm, extra):
     worker = make_worker(*extra)
     pad = worker.tokenizer.pad_token_id
@@ -88,8 +99,8 @@ def test_scores_equal_a_direct_forward_at_the_last_valid_token(rm_path, hf_rm, e
     assert out.shape == (6, 6)
     for i, (p, r) in enumerate(rows):
         assert out[i, len(r) - 1].item() == pytest.approx(hf_score(hf_rm, p + r), abs=1e-4), i
-        assert int((out[i] != 0).sum()) == 1   # the score sits on the last response token only
-    assert len({round(float(x), 4) for x in out.sum(-1)}) > 3   # the rows get different scores
+        assert int((out[i] != 0).sum()) == 1  # the score sits on the last response token only
+    assert len({round(float(x), 4) for x in out.sum(-1)}) > 3  # the rows get different scores
 
 
 def test_dynamic_batches_are_really_split(rm_path, hf_rm):
@@ -99,8 +110,12 @@ def test_dynamic_batches_are_really_split(rm_path, hf_rm):
     rows = sample_rows(seed=1)
     batch = padded_batch(rows, prompt_len=10, response_len=6, pad=0)
     assert len(micro_batch_indices(batch["attention_mask"], max_token_len=16)) > 2
-    worker = make_worker("reward_model.use_dynamic_bsz=true", "data.max_prompt_length=10",
-                         "data.max_response_length=6", "reward_model.forward_max_token_len_per_gpu=16")
+    worker = make_worker(
+        "reward_model.use_dynamic_bsz=true",
+        "data.max_prompt_length=10",
+        "data.max_response_length=6",
+        "reward_model.forward_max_token_len_per_gpu=16",
+    )
     out = worker.compute_rm_score(batch)["rm_scores"].sum(-1)
     expected = [hf_score(hf_rm, p + r) for p, r in rows]
     assert out.tolist() == pytest.approx(expected, abs=1e-4)
@@ -151,8 +166,9 @@ def test_the_reward_model_role_is_built_only_when_enabled_and_is_not_checkpointe
     from verl_npu.registry import ROLES
     from verl_npu.workers.roles import checkpointed_roles, roles_for
 
-    cfg = OmegaConf.create({"algorithm": {"adv_estimator": "grpo"}, "critic": {"enable": None},
-                            "reward_model": {"enable": True}})
+    cfg = OmegaConf.create(
+        {"algorithm": {"adv_estimator": "grpo"}, "critic": {"enable": None}, "reward_model": {"enable": True}}
+    )
     assert roles_for(cfg) == ["actor", "reward_model"]
     cfg.reward_model.enable = False
     assert roles_for(cfg) == ["actor"]
@@ -168,13 +184,18 @@ def problems(overrides):
 
 
 def test_reward_model_keys_load_and_unsupported_ones_are_refused_by_name():
-    b = rm_recipe("reward_model.micro_batch_size_per_gpu=4", "reward_model.max_length=64",
-                  "reward_model.model.fsdp_config.param_offload=false").backend
+    b = rm_recipe(
+        "reward_model.micro_batch_size_per_gpu=4",
+        "reward_model.max_length=64",
+        "reward_model.model.fsdp_config.param_offload=false",
+    ).backend
     assert b.reward_model.enable and b.reward_model.micro_batch_size_per_gpu == 4
-    refused = {"reward_model.rollout.name=vllm": "generative reward models",
-               "reward_model.use_reward_loop=true": "reward loop",
-               "reward_model.enable_resource_pool=true": "separate resource pool",
-               "reward_model.sandbox_fusion.url=http://x": "sandbox"}
+    refused = {
+        "reward_model.rollout.name=vllm": "generative reward models",
+        "reward_model.use_reward_loop=true": "reward loop",
+        "reward_model.enable_resource_pool=true": "separate resource pool",
+        "reward_model.sandbox_fusion.url=http://x": "sandbox",
+    }
     for override, what in refused.items():
         [p] = problems([override])
         assert p.key == "backend_config." + override.split("=")[0] and what in p.message, (override, p)
@@ -182,8 +203,14 @@ def test_reward_model_keys_load_and_unsupported_ones_are_refused_by_name():
     assert "deprecated" in p.message and "micro_batch_size_per_gpu" in p.fix
     [p] = problems(["reward_model.enable=true"])
     assert p.key == "backend_config.reward_model.model.path" and "required" in p.message
-    [p] = problems(["reward_model.enable=true", f"reward_model.model.path={RM}", "reward_model.use_dynamic_bsz=true",
-                    "reward_model.forward_max_token_len_per_gpu=8"])
+    [p] = problems(
+        [
+            "reward_model.enable=true",
+            f"reward_model.model.path={RM}",
+            "reward_model.use_dynamic_bsz=true",
+            "reward_model.forward_max_token_len_per_gpu=8",
+        ]
+    )
     assert p.key.endswith("forward_max_token_len_per_gpu")
 
 
@@ -202,9 +229,20 @@ def test_a_bad_reward_model_path_is_a_clean_error_before_anything_starts(tmp_pat
     # a disabled reward model's path is not checked
     rc = load_recipe("tiny_gsm8k", [f"reward_model.model.path={tmp_path / 'nope'}"])
     assert not [p for p in check_paths(rc) if "reward_model" in p.key]
-    out = subprocess.run([sys.executable, "-m", "verl_npu.cli", "validate", "tiny_gsm8k", "--check-paths",
-                          "reward_model.enable=true", f"reward_model.model.path={tmp_path / 'nope'}"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verl_npu.cli",
+            "validate",
+            "tiny_gsm8k",
+            "--check-paths",
+            "reward_model.enable=true",
+            f"reward_model.model.path={tmp_path / 'nope'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0 and "Traceback" not in out.stderr and "reward_model.model.path" in out.stderr
 
 
@@ -213,12 +251,22 @@ def run_overrides(out, data, gpus: int = 1, **extra) -> list[str]:
     """The text run of run_helpers.text_run_overrides scored by the tiny reward model, validated at step 2."""
     from run_helpers import text_run_overrides
 
-    return text_run_overrides(out, data, **{
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "reward_model.enable": "true", "reward_model.model.path": RM, "reward_model.micro_batch_size_per_gpu": 2,
-        "trainer.n_gpus_per_node": gpus, "trainer.save_freq": 2, "trainer.test_freq": 2,
-        "trainer.rollout_data_dir": out / "rollouts", "ray_init.num_cpus": 2,
-        **extra})
+    return text_run_overrides(
+        out,
+        data,
+        **{
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "reward_model.enable": "true",
+            "reward_model.model.path": RM,
+            "reward_model.micro_batch_size_per_gpu": 2,
+            "trainer.n_gpus_per_node": gpus,
+            "trainer.save_freq": 2,
+            "trainer.test_freq": 2,
+            "trainer.rollout_data_dir": out / "rollouts",
+            "ray_init.num_cpus": 2,
+            **extra,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -246,10 +294,10 @@ def test_a_grpo_run_is_scored_by_the_reward_model(tmp_path, rm_data, rm_path):
         rule = [namespace["compute_score"](d["data_source"], d["response"], d["ground_truth"]) for d in dumped]
         assert row["critic/score/mean"] == pytest.approx(sum(scores) / len(scores), abs=1e-5)
         assert row["critic/score/rule_reward/mean"] == pytest.approx(sum(rule) / len(rule), abs=1e-5)
-        assert scores != pytest.approx(rule, abs=1e-3)   # the model's scores, not the rule's
+        assert scores != pytest.approx(rule, abs=1e-3)  # the model's scores, not the rule's
     assert any(k.startswith("val-core/") for k in rows[2]) and any("rule_reward" in k for k in rows[2])
     step2 = out / "checkpoints" / "global_step_2"
-    assert sorted(p.name for p in step2.iterdir() if p.is_dir()) == ["actor"]   # the frozen RM is not saved
+    assert sorted(p.name for p in step2.iterdir() if p.is_dir()) == ["actor"]  # the frozen RM is not saved
     # resuming needs no reward model folder: it is loaded again from reward_model.model.path
     longer = run_overrides(out, rm_data, **{"trainer.total_training_steps": 3})
     assert run_training(load_recipe("tiny_geo3k", longer)) == 0
@@ -295,5 +343,10 @@ def test_a_causal_lm_is_refused_as_a_reward_model_when_loaded(tiny_lm_path):
     from verl_npu.workers.reward_model import load_reward_model
 
     with pytest.raises(UserError, match=r"reward_model.model.path=.*Qwen2ForCausalLM, not a sequence-classification"):
-        load_reward_model(str(tiny_lm_path), dtype=torch.float32, attn_implementation="sdpa", override_config=None,
-                          trust_remote_code=False)
+        load_reward_model(
+            str(tiny_lm_path),
+            dtype=torch.float32,
+            attn_implementation="sdpa",
+            override_config=None,
+            trust_remote_code=False,
+        )

@@ -19,8 +19,15 @@ RESPONSE = 4
 
 
 def _load(path, **kw):
-    return load_value_model(str(path), dtype=torch.float32, attn_implementation="sdpa", override_config=None,
-                            trust_remote_code=False, gradient_checkpointing=False, **kw)
+    return load_value_model(
+        str(path),
+        dtype=torch.float32,
+        attn_implementation="sdpa",
+        override_config=None,
+        trust_remote_code=False,
+        gradient_checkpointing=False,
+        **kw,
+    )
 
 
 def _vl_rows(path):
@@ -34,8 +41,11 @@ def _vl_rows(path):
     red, blue = Image.new("RGB", (56, 56), (255, 0, 0)), Image.new("RGB", (28, 56), (0, 0, 255))
 
     def chat(text):
-        return proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}],
-                                        add_generation_prompt=True, tokenize=False)
+        return proc.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
 
     texts, images = [chat("how many sides?"), chat("sides")], [red, blue]
     enc = proc(text=texts, images=images, return_tensors="pt", padding=True)
@@ -68,8 +78,8 @@ def _hand_values(model: VisionLanguageValueModel, ids, mask, rows_mm):
     for r in range(len(ids)):
         keep = mask[r].bool()
         row = ids[r][keep][None]
-        types = (row == model.config.image_token_id).int()   # which tokens stand for the picture
-        hidden = base(input_ids=row, mm_token_type_ids=types, **rows_mm[r]).last_hidden_state[0]   # [tokens, H]
+        types = (row == model.config.image_token_id).int()  # which tokens stand for the picture
+        hidden = base(input_ids=row, mm_token_type_ids=types, **rows_mm[r]).last_hidden_state[0]  # [tokens, H]
         full = torch.zeros(ids.shape[1], hidden.shape[-1])
         full[keep] = hidden
         out.append(full[ids.shape[1] - RESPONSE - 1 : -1] @ w + b)
@@ -86,8 +96,8 @@ def test_vl_value_model_is_the_actors_model_with_a_value_head(tiny_vl_path):
     names = dict(model.named_parameters())
     assert names["v_head.summary.weight"].shape == (1, hidden) and names["v_head.summary.bias"].shape == (1,)
     head = {"v_head.summary.weight", "v_head.summary.bias"}
-    assert all(n.startswith(PREFIX) for n in names if n not in head)   # verl's (trl's) names
-    assert any(".visual." in n for n in names)                         # the vision tower is part of it
+    assert all(n.startswith(PREFIX) for n in names if n not in head)  # verl's (trl's) names
+    assert any(".visual." in n for n in names)  # the vision tower is part of it
 
 
 @pytest.mark.parametrize("remove_padding", [False, True], ids=["padded", "padding-free"])
@@ -162,23 +172,38 @@ def test_text_values_padded_and_padding_free_agree(tiny_lm_path):
         packed = response_values(model, ids, mask, RESPONSE, remove_padding=True)
         # the token-classification forward at every position, read before each response token
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        direct = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[..., 0][:, -RESPONSE - 1:-1]
+        direct = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[..., 0][:, -RESPONSE - 1 : -1]
     assert torch.equal(padded, direct)
     torch.testing.assert_close(packed[resp_mask.bool()], padded[resp_mask.bool()], atol=2e-5, rtol=1e-4)
 
 
 # ---- a GAE run on the picture demo ---------------------------------------------------------------------
 def _geo_overrides(out, data, **extra) -> list[str]:
-    return run_overrides(out, data, {
-        "data.train_batch_size": 2, "data.max_response_length": 3,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
-        "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
-        "algorithm.adv_estimator": "gae", "algorithm.gamma": 1.0, "algorithm.lam": 0.95,
-        "critic.optim.lr": 1e-2, "critic.ppo_micro_batch_size_per_gpu": 2, "critic.model.use_remove_padding": "true",
-        "critic.model.enable_gradient_checkpointing": "false",
-        "trainer.total_training_steps": 2, "trainer.save_freq": 1, "trainer.test_freq": -1,
-        "trainer.logger": "[console]", "ray_init.num_cpus": 2,
-    }, extra)
+    return run_overrides(
+        out,
+        data,
+        {
+            "data.train_batch_size": 2,
+            "data.max_response_length": 3,
+            "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+            "actor_rollout_ref.rollout.n": 2,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 4,
+            "algorithm.adv_estimator": "gae",
+            "algorithm.gamma": 1.0,
+            "algorithm.lam": 0.95,
+            "critic.optim.lr": 1e-2,
+            "critic.ppo_micro_batch_size_per_gpu": 2,
+            "critic.model.use_remove_padding": "true",
+            "critic.model.enable_gradient_checkpointing": "false",
+            "trainer.total_training_steps": 2,
+            "trainer.save_freq": 1,
+            "trainer.test_freq": -1,
+            "trainer.logger": "[console]",
+            "ray_init.num_cpus": 2,
+        },
+        extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +234,7 @@ def test_vl_gae_run_trains_the_critic(vl_gae_run):
     assert sorted(rows) == [1, 2]
     for row in rows.values():
         assert torch.isfinite(torch.tensor(row["critic/vf_loss"])) and row["critic/grad_norm"] > 0
-    assert rows[1]["critic/values/mean"] != rows[2]["critic/values/mean"]   # the critic learns
+    assert rows[1]["critic/values/mean"] != rows[2]["critic/values/mean"]  # the critic learns
 
 
 @pytest.mark.slow
@@ -226,9 +251,13 @@ def test_vl_critic_checkpoint_holds_verls_names_and_the_value_head(vl_gae_run, t
     weights = load_file(str(hf / "model.safetensors"))
     head = weights["v_head.summary.weight"]
     assert head.shape == (1, json.loads((hf / "config.json").read_text())["text_config"]["hidden_size"])
-    assert not any(k.startswith(PREFIX) for k in weights)      # trl's layout: the model's own names + v_head.*
-    torch.testing.assert_close(head, shard["v_head.summary.weight"].to_local() if hasattr(
-        shard["v_head.summary.weight"], "to_local") else shard["v_head.summary.weight"])
+    assert not any(k.startswith(PREFIX) for k in weights)  # trl's layout: the model's own names + v_head.*
+    torch.testing.assert_close(
+        head,
+        shard["v_head.summary.weight"].to_local()
+        if hasattr(shard["v_head.summary.weight"], "to_local")
+        else shard["v_head.summary.weight"],
+    )
     # critic.model.path = that folder continues the trained critic: its value head is loaded
     assert set(saved_value_head(str(hf))) == {"summary.weight", "summary.bias"}
     torch.testing.assert_close(_load(hf).v_head.summary.weight.detach(), head)
@@ -263,7 +292,7 @@ def test_vision_language_reward_model_folder_is_refused_by_check_paths(tmp_path,
     folder = tmp_path / "vl_rm"
     shutil.copytree(tiny_vl_path, folder)
     config = json.loads((folder / "config.json").read_text())
-    config["architectures"] = ["Qwen2_5_VLForSequenceClassification"]   # what a VL reward model would say
+    config["architectures"] = ["Qwen2_5_VLForSequenceClassification"]  # what a VL reward model would say
     (folder / "config.json").write_text(json.dumps(config))
     rc = load_recipe("tiny_geo3k", ["reward_model.enable=true", f"reward_model.model.path={folder}"])
     problems = [p for p in check_paths(rc) if p.key.endswith("reward_model.model.path")]
@@ -282,8 +311,13 @@ def test_vision_language_reward_model_is_refused_by_the_worker_by_name(tiny_vl_p
     from verl_npu.workers.reward_model import load_reward_model
 
     with pytest.raises(UserError, match=r"reward_model\.model\.path=tiny://qwen25vl .*vision-language"):
-        load_reward_model("tiny://qwen25vl", dtype=torch.float32, attn_implementation="sdpa", override_config=None,
-                          trust_remote_code=False)
+        load_reward_model(
+            "tiny://qwen25vl",
+            dtype=torch.float32,
+            attn_implementation="sdpa",
+            override_config=None,
+            trust_remote_code=False,
+        )
 
 
 @pytest.mark.slow

@@ -69,7 +69,9 @@ def test_rollout_probs_diff_metrics_on_known_numbers():
     same = rollout_probs_diff_metrics(actor, actor, mask)
     assert same["training/rollout_probs_diff_max"] == 0.0
     assert same["training/rollout_actor_probs_pearson_corr"] == pytest.approx(1.0)
-    assert rollout_probs_diff_metrics(actor, actor, torch.zeros_like(mask)) == {"training/rollout_probs_diff_valid": 0.0}
+    assert rollout_probs_diff_metrics(actor, actor, torch.zeros_like(mask)) == {
+        "training/rollout_probs_diff_valid": 0.0
+    }
 
 
 def _trainer(limit):

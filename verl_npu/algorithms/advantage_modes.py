@@ -151,8 +151,15 @@ def grpo_vectorized_advantage(token_level_rewards, response_mask, group_ids, con
 
 
 @ADVANTAGE_ESTIMATORS.register("gdpo", needs_group=True, score_components=True)
-def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
-                   reward_components: Mapping[str, Sequence[float]] | None = None, **_unused):
+def gdpo_advantage(
+    token_level_rewards,
+    response_mask,
+    group_ids,
+    config=None,
+    *,
+    reward_components: Mapping[str, Sequence[float]] | None = None,
+    **_unused,
+):
     """GRPO per reward component (algorithm.gdpo_reward_keys: keys of the reward function's dict), weighted
     (gdpo_reward_weights), summed, whitened over the batch
 
@@ -169,17 +176,21 @@ def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
     if keys:
         if reward_components is None or any(key not in reward_components for key in keys):
             have = sorted(reward_components or {})
-            raise UserError(f"algorithm.gdpo_reward_keys {keys} must all be keys of the dict your reward function "
-                            f"returns besides 'score'; it returned {have or 'no other key'}: return them, or "
-                            "fix gdpo_reward_keys")
+            raise UserError(
+                f"algorithm.gdpo_reward_keys {keys} must all be keys of the dict your reward function "
+                f"returns besides 'score'; it returned {have or 'no other key'}: return them, or "
+                "fix gdpo_reward_keys"
+            )
         last = (response_mask.sum(dim=-1).long() - 1).clamp(min=0)
         rows = torch.arange(response_mask.shape[0], device=response_mask.device)
         components = []
         for key in keys:
             missing = sum(1 for value in reward_components[key] if value != value)  # NaN: a row without it
             if missing:
-                raise UserError(f"algorithm.gdpo_reward_keys: {missing} of {len(reward_components[key])} rows' "
-                                f"rewards have no {key!r}; every row's reward dict must hold every gdpo key")
+                raise UserError(
+                    f"algorithm.gdpo_reward_keys: {missing} of {len(reward_components[key])} rows' "
+                    f"rewards have no {key!r}; every row's reward dict must hold every gdpo key"
+                )
             placed = torch.zeros_like(token_level_rewards)
             placed[rows, last] = torch.as_tensor(reward_components[key], dtype=placed.dtype, device=placed.device)
             components.append(placed)
@@ -187,8 +198,10 @@ def gdpo_advantage(token_level_rewards, response_mask, group_ids, config=None, *
         components = [token_level_rewards]
     weights = list(config.gdpo_reward_weights or [1.0] * len(components))
     if len(weights) != len(components):
-        raise UserError(f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(components)} "
-                        "gdpo_reward_keys: give one weight per key")
+        raise UserError(
+            f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(components)} "
+            "gdpo_reward_keys: give one weight per key"
+        )
     total = sum(float(w) * grpo_advantage(c, response_mask, group_ids, config)[0] for w, c in zip(weights, components))
     advantages = masked_whiten(total, response_mask) * response_mask
     return advantages, advantages
@@ -203,21 +216,31 @@ def _reward_to_go(token_level_rewards: torch.Tensor, response_mask: torch.Tensor
     return (token_level_rewards * response_mask).flip(-1).cumsum(-1).flip(-1)
 
 
-def _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_squared, rollout_is_weights,
-         handle_zero_tail: bool, by_token_index: bool):
+def _otb(
+    token_level_rewards,
+    response_mask,
+    group_ids,
+    old_log_probs,
+    sum_pi_squared,
+    rollout_is_weights,
+    handle_zero_tail: bool,
+    by_token_index: bool,
+):
     """The optimal token baseline on columns (``by_token_index`` false) or on each row's k-th response token
     (true: the rows' masks need not start at column 0 nor be contiguous); see the two estimators."""
     if old_log_probs is None or sum_pi_squared is None:
-        raise UserError("optimal_token_baseline needs the actor's old log-probs and sum of squared token "
-                        "probabilities: set actor_rollout_ref.actor.calculate_sum_pi_squared=true")
+        raise UserError(
+            "optimal_token_baseline needs the actor's old log-probs and sum of squared token "
+            "probabilities: set actor_rollout_ref.actor.calculate_sum_pi_squared=true"
+        )
     returns = _reward_to_go(token_level_rewards, response_mask)
     w = 1.0 - 2.0 * torch.exp(old_log_probs.to(returns.dtype)) + sum_pi_squared.to(returns.dtype)
     if rollout_is_weights is not None:
         w = w * rollout_is_weights.to(returns.dtype) ** 2
-    path = (w * response_mask).cumsum(-1)          # W_{i,t} = Σ_{t' ≤ t} w_{i,t'}·mask
+    path = (w * response_mask).cumsum(-1)  # W_{i,t} = Σ_{t' ≤ t} w_{i,t'}·mask
     lengths = response_mask.sum(-1).long()
     valid = response_mask.bool()
-    if by_token_index:   # row i's k-th response token at column k: G and W gathered there, 0 past the row's end
+    if by_token_index:  # row i's k-th response token at column k: G and W gathered there, 0 past the row's end
         width = int(lengths.max()) if lengths.numel() else 0
         g_cols, w_cols = returns.new_zeros(len(lengths), width), returns.new_zeros(len(lengths), width)
         for i in range(len(lengths)):
@@ -229,9 +252,9 @@ def _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_sq
     groups = _groups(group_ids, returns.shape[0])
     for rows in groups.values():
         if by_token_index:
-            rows = [r for r in rows if lengths[r] > 0]   # an empty response is in no group
+            rows = [r for r in rows if lengths[r] > 0]  # an empty response is in no group
         if len(rows) < 2:
-            continue                                      # a group of one: baseline 0, A = G
+            continue  # a group of one: baseline 0, A = G
         index = torch.tensor(rows, device=returns.device)
         weight = w_cols[index] * live[index]
         baselines[index] = ((g_cols[index] * weight).sum(0) / (weight.sum(0) + OTB_EPS)).to(baselines.dtype)
@@ -250,10 +273,19 @@ def _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_sq
     return advantages * response_mask, returns
 
 
-@ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", needs_group=True, inputs=('old_log_probs', 'sum_pi_squared'))
-def optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
-                                     old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
-                                     handle_zero_tail: bool = True, **_unused):
+@ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", needs_group=True, inputs=("old_log_probs", "sum_pi_squared"))
+def optimal_token_baseline_advantage(
+    token_level_rewards,
+    response_mask,
+    group_ids,
+    config=None,
+    *,
+    old_log_probs=None,
+    sum_pi_squared=None,
+    rollout_is_weights=None,
+    handle_zero_tail: bool = True,
+    **_unused,
+):
     """reward-to-go minus a per-token group baseline weighted by the path variance 1 - 2 pi + sum pi^2 accumulated so
     far (needs actor.calculate_sum_pi_squared=true)
 
@@ -271,14 +303,33 @@ def optimal_token_baseline_advantage(token_level_rewards, response_mask, group_i
     longer than the second longest (length L2), gets ``B = 0`` from column L2 on (no other row estimates it
     there). ``A_{i,t} = (G_{i,t} - B_{g(i),t})·mask``; returns = G.
     """
-    return _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_squared, rollout_is_weights,
-                handle_zero_tail, by_token_index=False)
+    return _otb(
+        token_level_rewards,
+        response_mask,
+        group_ids,
+        old_log_probs,
+        sum_pi_squared,
+        rollout_is_weights,
+        handle_zero_tail,
+        by_token_index=False,
+    )
 
 
-@ADVANTAGE_ESTIMATORS.register("tir_optimal_token_baseline", needs_group=True, inputs=('old_log_probs', 'sum_pi_squared'))
-def tir_optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, *,
-                                         old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
-                                         handle_zero_tail: bool = True, **_unused):
+@ADVANTAGE_ESTIMATORS.register(
+    "tir_optimal_token_baseline", needs_group=True, inputs=("old_log_probs", "sum_pi_squared")
+)
+def tir_optimal_token_baseline_advantage(
+    token_level_rewards,
+    response_mask,
+    group_ids,
+    config=None,
+    *,
+    old_log_probs=None,
+    sum_pi_squared=None,
+    rollout_is_weights=None,
+    handle_zero_tail: bool = True,
+    **_unused,
+):
     """optimal_token_baseline with positions counted over response-mask tokens (multi-turn masks); the same as
     optimal_token_baseline here
 
@@ -288,5 +339,13 @@ def tir_optimal_token_baseline_advantage(token_level_rewards, response_mask, gro
     token left out of their group. For responses whose mask is one run from column 0 (every single-turn
     response here) it equals ``optimal_token_baseline``.
     """
-    return _otb(token_level_rewards, response_mask, group_ids, old_log_probs, sum_pi_squared, rollout_is_weights,
-                handle_zero_tail, by_token_index=True)
+    return _otb(
+        token_level_rewards,
+        response_mask,
+        group_ids,
+        old_log_probs,
+        sum_pi_squared,
+        rollout_is_weights,
+        handle_zero_tail,
+        by_token_index=True,
+    )

@@ -23,13 +23,7 @@ GRPO_EPS = 1e-6
 WHITEN_EPS = 1e-8
 LOG_RATIO_CLAMP = 20.0
 LOW_VAR_KL_CLAMP = 10.0
-LOSS_AGG_MODES = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 # ----------------------------------------------------------------------------- masked helpers
@@ -128,9 +122,7 @@ def compute_advantages(
             f"{tuple(response_mask.shape)} must both be [B, T]"
         )
     with torch.no_grad():
-        return estimator(
-            token_level_rewards, response_mask.to(token_level_rewards.dtype), group_ids, config, **kwargs
-        )
+        return estimator(token_level_rewards, response_mask.to(token_level_rewards.dtype), group_ids, config, **kwargs)
 
 
 def _groups(group_ids: Sequence[Hashable] | None, batch_size: int) -> dict[Hashable, list[int]]:
@@ -245,7 +237,7 @@ def reinforce_plus_plus_baseline_advantage(token_level_rewards, response_mask, g
     return advantages, advantages
 
 
-@registry.ADVANTAGE_ESTIMATORS.register("remax", needs_group=False, inputs=('baseline_rewards',))
+@registry.ADVANTAGE_ESTIMATORS.register("remax", needs_group=False, inputs=("baseline_rewards",))
 def remax_advantage(token_level_rewards, response_mask, group_ids=None, config=None, *, baseline_rewards=None, **_):
     """return minus the score of a greedy response
 
@@ -266,7 +258,7 @@ def remax_advantage(token_level_rewards, response_mask, group_ids=None, config=N
     return advantages, returns
 
 
-@registry.ADVANTAGE_ESTIMATORS.register("gae", needs_group=False, inputs=('values',))
+@registry.ADVANTAGE_ESTIMATORS.register("gae", needs_group=False, inputs=("values",))
 def gae_advantage(token_level_rewards, response_mask, group_ids=None, config=None, *, values=None, **_unused):
     """generalised advantage estimation from a critic's values (gamma, lam), whitened over the batch; trains a critic
 

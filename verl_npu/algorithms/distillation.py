@@ -53,17 +53,19 @@ SUMMED_METRICS = ("distillation/loss",)
 def uses_topk(loss_mode: str) -> bool:
     """Whether `loss_mode` needs the teacher's top-k tokens (else the log-prob of the sampled token)."""
     if loss_mode not in DISTILLATION_LOSS_MODES:
-        raise ValueError(f"unknown distillation loss_mode {loss_mode!r}; choose one of: "
-                         f"{', '.join(DISTILLATION_LOSS_MODES)}")
+        raise ValueError(
+            f"unknown distillation loss_mode {loss_mode!r}; choose one of: {', '.join(DISTILLATION_LOSS_MODES)}"
+        )
     return loss_mode in TOPK_MODES
 
 
 class TopkKL(NamedTuple):
     """Per-token results of `forward_kl_topk_per_token`, each [B, T]."""
-    losses: torch.Tensor           # Σ_k p_k (q_k - s_k) over the teacher's top-k (not yet clamped at 0)
-    student_mass: torch.Tensor     # Σ_k e^{s_k}: the student's probability of the teacher's top-k tokens
-    teacher_mass: torch.Tensor     # Σ_k e^{q_k}: the teacher's probability of its own top-k tokens
-    overlap_count: torch.Tensor    # how many of the teacher's top-k are among the student's own top-k
+
+    losses: torch.Tensor  # Σ_k p_k (q_k - s_k) over the teacher's top-k (not yet clamped at 0)
+    student_mass: torch.Tensor  # Σ_k e^{s_k}: the student's probability of the teacher's top-k tokens
+    teacher_mass: torch.Tensor  # Σ_k e^{q_k}: the teacher's probability of its own top-k tokens
+    overlap_count: torch.Tensor  # how many of the teacher's top-k are among the student's own top-k
     overlap_token_advantage: torch.Tensor  # mean of -p_k (q_k - s_k) over those shared tokens (0 when none)
 
 
@@ -123,7 +125,8 @@ def topk_metrics(out: TopkKL, response_mask: torch.Tensor, topk: int) -> dict[st
     metrics["distillation/overlap_ratio"] = float(count.float().mean() / topk)
     with_overlap = on & (out.overlap_count > 0)
     metrics["distillation/overlap_token_advantage"] = (
-        float(out.overlap_token_advantage[with_overlap].detach().mean()) if with_overlap.any() else 0.0)
+        float(out.overlap_token_advantage[with_overlap].detach().mean()) if with_overlap.any() else 0.0
+    )
     return metrics
 
 
@@ -132,8 +135,9 @@ def topk_losses(out: TopkKL) -> torch.Tensor:
     return out.losses.clamp_min(0.0)
 
 
-def estimator_per_token(student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor, loss_mode: str,
-                        response_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+def estimator_per_token(
+    student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor, loss_mode: str, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, float]]:
     """A single-sample estimator's per-token loss ``kl_penalty(student, teacher, loss_mode)`` [B, T] (see
     `verl_npu.algorithms.kl_penalty`: the log-probs of the sampled tokens) and its metric
     ``distillation/abs_loss`` = mean |loss| over the response tokens (k1 can be negative)."""
@@ -177,14 +181,24 @@ def distillation_term(
     low = loss_cfg.clip_ratio_low if loss_cfg.clip_ratio_low is not None else loss_cfg.clip_ratio
     high = loss_cfg.clip_ratio_high if loss_cfg.clip_ratio_high is not None else loss_cfg.clip_ratio
     pg = policy_loss_fn(loss_cfg.policy_loss_mode)(
-        log_prob, old_log_prob, -losses.detach(), response_mask, low, high, DISTILLATION_CLIP_RATIO_C, loss_agg_mode,
-        rollout_is_weights=rollout_is_weights, **agg)
+        log_prob,
+        old_log_prob,
+        -losses.detach(),
+        response_mask,
+        low,
+        high,
+        DISTILLATION_CLIP_RATIO_C,
+        loss_agg_mode,
+        rollout_is_weights=rollout_is_weights,
+        **agg,
+    )
     metrics.update({f"distillation/{k}": float(v) for k, v in pg.items() if k != "pg_loss"})
     return pg["pg_loss"], metrics
 
 
-def combine_with_policy_loss(policy_loss: torch.Tensor | float, distill_loss: torch.Tensor,
-                             loss_cfg: Any) -> torch.Tensor:
+def combine_with_policy_loss(
+    policy_loss: torch.Tensor | float, distill_loss: torch.Tensor, loss_cfg: Any
+) -> torch.Tensor:
     """The actor's loss: with ``use_task_rewards``, ``policy_loss + distillation_loss_coef · distill_loss``
     (``policy_loss``: the whole PPO loss of the task rewards, entropy and KL terms included); without,
     ``distill_loss`` alone (coefficient 1, nothing of the task rewards)."""
@@ -201,8 +215,9 @@ def response_topk(teacher_logits: torch.Tensor, topk: int) -> tuple[torch.Tensor
     return values, ids
 
 
-def per_token_kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                            response_mask: torch.Tensor) -> torch.Tensor:
+def per_token_kl_to_teacher(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
     """Diagnostics (not a verl loss): the exact reverse KL(student || teacher) per row, ``Σ_v p_s (log p_s -
     log p_t)`` averaged over the row's response tokens [B]; what distillation drives down."""
     s = torch.log_softmax(_at_least_float32(student_logits), dim=-1)

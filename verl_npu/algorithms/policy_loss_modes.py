@@ -50,8 +50,10 @@ def _setting_get(config: Any, path: str) -> float:
             break
         node = node.get(part) if isinstance(node, Mapping) or hasattr(node, "get") else getattr(node, part, None)
     if node is None:
-        raise ValueError(f"this policy loss reads actor_rollout_ref.actor.{path}, which is not set; "
-                         f"fix: set actor_rollout_ref.actor.{path}")
+        raise ValueError(
+            f"this policy loss reads actor_rollout_ref.actor.{path}, which is not set; "
+            f"fix: set actor_rollout_ref.actor.{path}"
+        )
     return float(node)
 
 
@@ -69,9 +71,20 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                **agg_kwargs):
+def gspo_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    **agg_kwargs,
+):
     """GSPO: PPO clip on the sequence-level (length-normalised) ratio
 
     GSPO (sequence-level ratio, arXiv 2507.18071).
@@ -94,15 +107,29 @@ def gspo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     per_token = torch.maximum(loss_unclipped, loss_clipped)
     pg_loss = agg_loss(_weighted(per_token, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     with torch.no_grad():
-        metrics = {"pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(mask.dtype), mask),
-                   "ppo_kl": masked_mean(-log_ratio, mask), "pg_clipfrac_lower": _zero(mask)}
+        metrics = {
+            "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(mask.dtype), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "pg_clipfrac_lower": _zero(mask),
+        }
     return {"pg_loss": pg_loss, **metrics}
 
 
 @POLICY_LOSSES.register("sapo")
-def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                     clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                **agg_kwargs):
+def sapo_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    **agg_kwargs,
+):
     """SAPO: a smooth sigmoid gate of the ratio (actor.tau_pos / tau_neg) instead of a hard clip; always averaged per
     sequence (seq-mean-token-mean)
 
@@ -124,15 +151,29 @@ def sapo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rat
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     pg_loss = agg_loss(_weighted(-gate * advantages, rollout_is_weights), mask, "seq-mean-token-mean", **agg_kwargs)
     with torch.no_grad():
-        metrics = {"pg_clipfrac": _zero(mask), "ppo_kl": masked_mean(-log_ratio, mask),
-                   "pg_clipfrac_lower": _zero(mask)}
+        metrics = {
+            "pg_clipfrac": _zero(mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "pg_clipfrac_lower": _zero(mask),
+        }
     return {"pg_loss": pg_loss, **metrics}
 
 
 @POLICY_LOSSES.register("gpg")
-def gpg_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                    clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                **agg_kwargs):
+def gpg_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    **agg_kwargs,
+):
     """GPG: plain policy gradient -A x log-prob, no ratio or clip
 
     GPG (plain policy gradient, arXiv 2504.02546): ``L = -logp·A``; ``pg_loss = agg(L)``.
@@ -140,14 +181,26 @@ def gpg_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_rati
     No ratio, no clip; no metrics besides pg_loss (verl logs none for this mode).
     """
     mask = response_mask.to(log_prob.dtype)
-    return {"pg_loss": agg_loss(_weighted(-log_prob * advantages, rollout_is_weights), mask, loss_agg_mode,
-                                **agg_kwargs)}
+    return {
+        "pg_loss": agg_loss(_weighted(-log_prob * advantages, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
+    }
 
 
 @POLICY_LOSSES.register("clip_cov")
-def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                **agg_kwargs):
+def clip_cov_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    **agg_kwargs,
+):
     """Clip-Cov: PPO clip, plus no gradient for a random few tokens of high advantage/log-prob covariance
     (policy_loss.clip_cov_ratio / clip_cov_lb / clip_cov_ub)
 
@@ -187,15 +240,28 @@ def clip_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
     per_token = torch.maximum(loss_unclipped, loss_clipped) * corr
     pg_loss = agg_loss(_weighted(per_token, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs)
     with torch.no_grad():
-        metrics = {"pg_clipfrac": masked_mean((corr == 0).to(mask.dtype), mask),
-                   "ppo_kl": masked_mean(-log_ratio, mask)}
+        metrics = {
+            "pg_clipfrac": masked_mean((corr == 0).to(mask.dtype), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+        }
     return {"pg_loss": pg_loss, **metrics}
 
 
 @POLICY_LOSSES.register("kl_cov")
-def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                       clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                **agg_kwargs):
+def kl_cov_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    **agg_kwargs,
+):
     """KL-Cov: unclipped ratio loss, plus a |log-ratio| penalty on the tokens of highest covariance
     (policy_loss.kl_cov_ratio / ppo_kl_coef)
 
@@ -234,9 +300,22 @@ def kl_cov_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_r
 
 
 @POLICY_LOSSES.register("geo_mean")
-def geo_mean_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                         clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                         global_seqs=None, dp_size=1, **_agg_kwargs):
+def geo_mean_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    global_seqs=None,
+    dp_size=1,
+    **_agg_kwargs,
+):
     """GMPO: the geometric mean of the token ratios per sequence, clipped token-wise
 
     GMPO (geometric-mean ratio per sequence, arXiv 2507.20673).
@@ -275,9 +354,20 @@ def geo_mean_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip
 
 
 @POLICY_LOSSES.register("cispo")
-def cispo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                      clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                **agg_kwargs):
+def cispo_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    **agg_kwargs,
+):
     """CISPO: -clip(ratio) x A x log-prob with the clipped ratio as a constant weight
 
     CISPO (clipped importance-sampling weight, arXiv 2506.13585).
@@ -291,33 +381,53 @@ def cispo_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ra
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high).detach()
-    pg_loss = agg_loss(_weighted(-weight * advantages * log_prob, rollout_is_weights), mask, loss_agg_mode,
-                       **agg_kwargs)
+    pg_loss = agg_loss(
+        _weighted(-weight * advantages * log_prob, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs
+    )
     with torch.no_grad():
-        metrics = {"pg_clipfrac": masked_mean((ratio != weight).to(mask.dtype), mask),
-                   "ppo_kl": masked_mean(-log_ratio, mask), "pg_clipfrac_lower": _zero(mask)}
+        metrics = {
+            "pg_clipfrac": masked_mean((ratio != weight).to(mask.dtype), mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "pg_clipfrac_lower": _zero(mask),
+        }
     return {"pg_loss": pg_loss, **metrics}
 
 
-def _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs,
-          rollout_is_weights=None):
+def _dppo(
+    log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs, rollout_is_weights=None
+):
     """The part DPPO-TV and DPPO-KL share: the truncated weight, the masked loss, the metrics."""
     log_ratio = _clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, max=clip_ratio_c).detach()
     valid = valid.detach().to(mask.dtype)
-    pg_loss = agg_loss(_weighted(-advantages * weight * log_prob * valid, rollout_is_weights), mask, loss_agg_mode,
-                       **agg_kwargs)
+    pg_loss = agg_loss(
+        _weighted(-advantages * weight * log_prob * valid, rollout_is_weights), mask, loss_agg_mode, **agg_kwargs
+    )
     with torch.no_grad():
-        metrics = {"pg_clipfrac": masked_mean(1.0 - valid, mask), "ppo_kl": masked_mean(-log_ratio, mask),
-                   "pg_clipfrac_lower": masked_mean((ratio > clip_ratio_c).to(mask.dtype) * valid, mask)}
+        metrics = {
+            "pg_clipfrac": masked_mean(1.0 - valid, mask),
+            "ppo_kl": masked_mean(-log_ratio, mask),
+            "pg_clipfrac_lower": masked_mean((ratio > clip_ratio_c).to(mask.dtype) * valid, mask),
+        }
     return {"pg_loss": pg_loss, **metrics}
 
 
 @POLICY_LOSSES.register("dppo_tv")
-def dppo_tv_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                        clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                **agg_kwargs):
+def dppo_tv_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    **agg_kwargs,
+):
     """DPPO with a binary total-variation trust region (clip_ratio_low/high are the thresholds; clip_ratio_c truncates
     the weight)
 
@@ -334,14 +444,26 @@ def dppo_tv_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
     mask = response_mask.to(log_prob.dtype)
     shift = torch.exp(log_prob) - torch.exp(old_log_prob)
     valid = torch.where(advantages > 0, shift <= clip_ratio_high, shift >= -clip_ratio_low)
-    return _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs,
-                 rollout_is_weights)
+    return _dppo(
+        log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs, rollout_is_weights
+    )
 
 
 @POLICY_LOSSES.register("dppo_kl")
-def dppo_kl_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                        clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                **agg_kwargs):
+def dppo_kl_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    **agg_kwargs,
+):
     """DPPO with a binary KL trust region (thresholds and truncation as dppo_tv)
 
     DPPO, binary KL trust region (arXiv 2602.04879).
@@ -354,17 +476,31 @@ def dppo_kl_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_
     mask = response_mask.to(log_prob.dtype)
     p, q = torch.exp(log_prob), torch.exp(old_log_prob)
     binary_kl = q * (old_log_prob - log_prob) + (1 - q) * torch.log(
-        (1.0 - q + BINARY_KL_EPS) / (1.0 - p + BINARY_KL_EPS))
-    valid = torch.where(advantages > 0, (binary_kl <= clip_ratio_high) | (p <= q),
-                        (binary_kl <= clip_ratio_low) | (p >= q))
-    return _dppo(log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs,
-                 rollout_is_weights)
+        (1.0 - q + BINARY_KL_EPS) / (1.0 - p + BINARY_KL_EPS)
+    )
+    valid = torch.where(
+        advantages > 0, (binary_kl <= clip_ratio_high) | (p <= q), (binary_kl <= clip_ratio_low) | (p >= q)
+    )
+    return _dppo(
+        log_prob, old_log_prob, advantages, mask, valid, clip_ratio_c, loss_agg_mode, agg_kwargs, rollout_is_weights
+    )
 
 
 @POLICY_LOSSES.register("dro", requires=("policy_loss.dro_beta",))
-def dro_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                    clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None, rollout_is_weights=None,
-                **agg_kwargs):
+def dro_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    **agg_kwargs,
+):
     """DRO: -(A x log-prob - dro_beta/2 x log-ratio^2) (policy_loss.dro_beta)
 
     DRO (direct reward optimisation with a quadratic log-ratio penalty):

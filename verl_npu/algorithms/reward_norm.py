@@ -68,8 +68,9 @@ def normalize_group(scores: torch.Tensor, method: str) -> torch.Tensor:
     return out.clamp(*ASYM_CLIP) if method == "asym_clip" else out
 
 
-def normalize_scores(scores: torch.Tensor, keys: Sequence[Hashable], method: str,
-                     clip: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def normalize_scores(
+    scores: torch.Tensor, keys: Sequence[Hashable], method: str, clip: float | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Sequence scores [B] normalised per group (rows with equal `keys`) by `method`, then clamped to
     [-clip, clip] when `clip` is set. Metrics: `critic/reward_clip_frac` (ROLL's name: the share of rows the
     clip changed) with a clip, `critic/reward_norm/groups` (how many groups) otherwise too."""
@@ -97,9 +98,14 @@ def reward_norm_active(config: Any) -> bool:
     return config.method != "identity" or config.clip is not None
 
 
-def apply_reward_norm(token_level_scores: torch.Tensor, response_mask: torch.Tensor, config: Any, *,
-                      uids: Sequence[Hashable], data_sources: Sequence[Hashable] | None = None,
-                      ) -> tuple[torch.Tensor, dict[str, float]]:
+def apply_reward_norm(
+    token_level_scores: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Any,
+    *,
+    uids: Sequence[Hashable],
+    data_sources: Sequence[Hashable] | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The token-level scores [B, T] after `algorithm.reward_norm` (`config`: grouping, method, clip):
     each row's normalised sequence score on its last response token (``Σ_t mask - 1``, at least 0), 0
     elsewhere; the input itself when `config` changes nothing. Returns (scores, metrics)."""

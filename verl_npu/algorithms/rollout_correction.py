@@ -53,8 +53,10 @@ def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, largest: bool) -> 
 
 def _check_inputs(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> None:
     if log_ratio.shape != response_mask.shape:
-        raise ValueError(f"log_ratio {tuple(log_ratio.shape)} and response_mask {tuple(response_mask.shape)} "
-                         "must have the same shape")
+        raise ValueError(
+            f"log_ratio {tuple(log_ratio.shape)} and response_mask {tuple(response_mask.shape)} "
+            "must have the same shape"
+        )
     if not bool(response_mask.bool().any()):
         raise ValueError("response_mask has no valid token")
 
@@ -62,25 +64,36 @@ def _check_inputs(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------- importance weights
 
 
-@ROLLOUT_CORRECTIONS.register("token", option="rollout_is", per_token=True,
-                              doc="one weight per token, exp(log-ratio) truncated (biased, low variance)")
+@ROLLOUT_CORRECTIONS.register(
+    "token",
+    option="rollout_is",
+    per_token=True,
+    doc="one weight per token, exp(log-ratio) truncated (biased, low variance)",
+)
 def token_level_weights(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(statistic, raw weights) of the token level: ``d`` and ``exp(c(d))``, per token."""
     return log_ratio, torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
 
 
-@ROLLOUT_CORRECTIONS.register("sequence", option="rollout_is", per_token=False,
-                              doc="one weight per response, exp(sum of its token log-ratios) truncated, on every "
-                                  "token (unbiased, high variance)")
+@ROLLOUT_CORRECTIONS.register(
+    "sequence",
+    option="rollout_is",
+    per_token=False,
+    doc="one weight per response, exp(sum of its token log-ratios) truncated, on every token (unbiased, high variance)",
+)
 def sequence_level_weights(log_ratio: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(statistic, raw weights) of the sequence level: ``S_i`` [B] and ``exp(c(S_i))`` on each token of row i."""
     stat = _msum(log_ratio, mask, dim=-1)  # S_i, [B]
     return stat, torch.exp(torch.clamp(stat, -SAFETY_BOUND, SAFETY_BOUND)).unsqueeze(-1).expand_as(log_ratio)
 
 
-def rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str = "token",
-                       threshold: float | str = 2.0, batch_normalize: bool = False
-                       ) -> tuple[torch.Tensor, dict[str, float]]:
+def rollout_is_weights(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str = "token",
+    threshold: float | str = 2.0,
+    batch_normalize: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated importance weights ``w`` [B, T] (0 on padding) and their metrics.
 
     Raw weights: ``level="token"``: ``ρ = exp(c(d))·mask``; ``level="sequence"``: ``ρ_{i,t} = exp(c(S_i))·mask``.
@@ -205,8 +218,12 @@ def sequence_max_statistic(values: torch.Tensor, mask: torch.Tensor, valid_token
     return _broadcast_rows(torch.where(top == float("-inf"), torch.zeros_like(top), top), mask)
 
 
-def rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, options: str = "token_k1",
-                           thresholds: float | str | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def rollout_rejection_mask(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    options: str = "token_k1",
+    thresholds: float | str | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The response mask with rejected tokens set to 0 (same dtype as ``response_mask``), and the metrics.
 
     ``options``: comma-separated `rollout_rs` options (duplicates dropped); a token is kept only when every
@@ -257,7 +274,8 @@ def rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor,
         row_kept = (~(~keep & valid_token)).all(dim=-1)
         rows = valid_row.to(mask.dtype)
         metrics[f"rollout_rs_{name}_seq_masked_fraction"] = (
-            float(((1.0 - row_kept.to(mask.dtype)) * rows).sum() / rows.sum()) if float(rows.sum()) > 0 else 0.0)
+            float(((1.0 - row_kept.to(mask.dtype)) * rows).sum() / rows.sum()) if float(rows.sum()) > 0 else 0.0
+        )
     metrics["rollout_rs_masked_fraction"] = float(_mmean(1.0 - keep_all, mask))
     rejected_row = (~((keep_all > 0.5) & valid_token) & valid_token).any(dim=-1)
     metrics["rollout_rs_seq_masked_fraction"] = float(rejected_row.float().mean())
@@ -296,8 +314,9 @@ def _rs_metrics(name, stat, row_stat, mask, valid_row, hi, lo, is_k1) -> dict[st
 # ----------------------------------------------------------------------------- diagnostics
 
 
-def rollout_offpolicy_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor | None,
-                              response_mask: torch.Tensor) -> dict[str, float]:
+def rollout_offpolicy_metrics(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor | None, response_mask: torch.Tensor
+) -> dict[str, float]:
     """The off-policy diagnostics verl logs (names without the ``rollout_corr/`` prefix).
 
     Per row ``a_i = mean_m(old)_i``, ``r_i = mean_m(rollout)_i``, ``g_i = r_i - a_i``; means over all rows:
@@ -345,24 +364,34 @@ class RolloutCorrection:
     metrics: dict[str, float]
 
 
-def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor, *,
-                       rollout_is: str | None = None, rollout_is_threshold: float | str | None = 2.0,
-                       rollout_is_batch_normalize: bool = False, rollout_rs: str | None = None,
-                       rollout_rs_threshold: float | str | None = None) -> RolloutCorrection:
+def rollout_correction(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    rollout_is: str | None = None,
+    rollout_is_threshold: float | str | None = 2.0,
+    rollout_is_batch_normalize: bool = False,
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: float | str | None = None,
+) -> RolloutCorrection:
     """Weights (``rollout_is_weights`` with ``d = old - rollout``, when ``rollout_is`` and its threshold are
     set), rejection (``rollout_rejection_mask``, when ``rollout_rs`` is set) and ``rollout_offpolicy_metrics``,
     every metric name prefixed ``rollout_corr/``. The keyword names are the config keys'."""
     if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
-        raise ValueError(f"old_log_prob {tuple(old_log_prob.shape)}, rollout_log_prob "
-                         f"{tuple(rollout_log_prob.shape)} and response_mask {tuple(response_mask.shape)} differ")
+        raise ValueError(
+            f"old_log_prob {tuple(old_log_prob.shape)}, rollout_log_prob "
+            f"{tuple(rollout_log_prob.shape)} and response_mask {tuple(response_mask.shape)} differ"
+        )
     if not bool(response_mask.bool().any()):
         raise ValueError("response_mask has no valid token")
     log_ratio = (old_log_prob - rollout_log_prob).detach()
     metrics: dict[str, float] = {}
     weights = None
     if rollout_is is not None and rollout_is_threshold is not None:
-        weights, is_metrics = rollout_is_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold,
-                                                 rollout_is_batch_normalize)
+        weights, is_metrics = rollout_is_weights(
+            log_ratio, response_mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize
+        )
         metrics.update(is_metrics)
     mask = response_mask.clone()
     if rollout_rs is not None:
@@ -379,21 +408,58 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
 _correct = rollout_correction  # the bypass loss's keyword of the same name hides the function
 
 
-@ROLLOUT_CORRECTIONS.register("ppo_clip", option="loss_type",
-                              doc="the dual-clip PPO loss with the rollout's log-probs as the old policy (no IS "
-                                  "weights applied: the ratio is the importance weight)")
-def _ppo_clip_bypass_loss(log_prob, old_log_prob, advantages, mask, weights, clip_ratio_low, clip_ratio_high,
-                          clip_ratio_c, loss_agg_mode, config, agg_kwargs) -> dict:
+@ROLLOUT_CORRECTIONS.register(
+    "ppo_clip",
+    option="loss_type",
+    doc="the dual-clip PPO loss with the rollout's log-probs as the old policy (no IS "
+    "weights applied: the ratio is the importance weight)",
+)
+def _ppo_clip_bypass_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    mask,
+    weights,
+    clip_ratio_low,
+    clip_ratio_high,
+    clip_ratio_c,
+    loss_agg_mode,
+    config,
+    agg_kwargs,
+) -> dict:
     """``ppo_policy_loss(logp, old_log_prob, A, m, ...)``; the weights are not applied."""
-    return ppo_policy_loss(log_prob, old_log_prob, advantages, mask, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-                           loss_agg_mode, config=config, **agg_kwargs)
+    return ppo_policy_loss(
+        log_prob,
+        old_log_prob,
+        advantages,
+        mask,
+        clip_ratio_low,
+        clip_ratio_high,
+        clip_ratio_c,
+        loss_agg_mode,
+        config=config,
+        **agg_kwargs,
+    )
 
 
-@ROLLOUT_CORRECTIONS.register("reinforce", option="loss_type",
-                              doc="-w x A x log-prob with the truncated IS weights w (rollout_is) as constants, no "
-                                  "ratio or clip")
-def _reinforce_bypass_loss(log_prob, old_log_prob, advantages, mask, weights, clip_ratio_low, clip_ratio_high,
-                           clip_ratio_c, loss_agg_mode, config, agg_kwargs) -> dict:
+@ROLLOUT_CORRECTIONS.register(
+    "reinforce",
+    option="loss_type",
+    doc="-w x A x log-prob with the truncated IS weights w (rollout_is) as constants, no ratio or clip",
+)
+def _reinforce_bypass_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    mask,
+    weights,
+    clip_ratio_low,
+    clip_ratio_high,
+    clip_ratio_c,
+    loss_agg_mode,
+    config,
+    agg_kwargs,
+) -> dict:
     """``L = -A·logp·w`` (``-A·logp`` without weights) aggregated over ``m``, and ``ppo_kl`` = mean_m(old - logp)."""
     per_token = -advantages * log_prob
     if weights is not None:
@@ -404,9 +470,21 @@ def _reinforce_bypass_loss(log_prob, old_log_prob, advantages, mask, weights, cl
 
 
 @POLICY_LOSSES.register("bypass_mode", rollout_correction=True)
-def bypass_mode_policy_loss(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low=0.2,
-                            clip_ratio_high=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean", *, config=None,
-                            rollout_is_weights=None, rollout_correction=None, **agg_kwargs):
+def bypass_mode_policy_loss(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.2,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    *,
+    config=None,
+    rollout_is_weights=None,
+    rollout_correction=None,
+    **agg_kwargs,
+):
     """rollout correction's bypass mode: the rollout engine's log-probs as the old policy (no old-log-prob pass), IS
     weights and rejection from algorithm.rollout_correction.*, the loss by its loss_type (ppo_clip or reinforce);
     selected by algorithm.rollout_correction.bypass_mode
@@ -431,15 +509,31 @@ def bypass_mode_policy_loss(log_prob, old_log_prob, advantages, response_mask, c
     loss_type = settings.loss_type
     with torch.no_grad():
         corr = _correct(
-            log_prob.detach(), old_log_prob, response_mask, rollout_is=settings.rollout_is,
+            log_prob.detach(),
+            old_log_prob,
+            response_mask,
+            rollout_is=settings.rollout_is,
             rollout_is_threshold=settings.rollout_is_threshold,
             rollout_is_batch_normalize=settings.rollout_is_batch_normalize,
-            rollout_rs=settings.rollout_rs, rollout_rs_threshold=settings.rollout_rs_threshold)
+            rollout_rs=settings.rollout_rs,
+            rollout_rs_threshold=settings.rollout_rs_threshold,
+        )
     mask = corr.response_mask.to(log_prob.dtype)
     if str(loss_type) not in correction_modes("loss_type"):
-        raise ValueError(f"rollout_correction.loss_type must be {' or '.join(correction_modes('loss_type'))}, "
-                         f"got {loss_type!r}")
-    out = ROLLOUT_CORRECTIONS.load(loss_type)(log_prob, old_log_prob, advantages, mask, corr.weights, clip_ratio_low,
-                                              clip_ratio_high, clip_ratio_c, loss_agg_mode, config, agg_kwargs)
+        raise ValueError(
+            f"rollout_correction.loss_type must be {' or '.join(correction_modes('loss_type'))}, got {loss_type!r}"
+        )
+    out = ROLLOUT_CORRECTIONS.load(loss_type)(
+        log_prob,
+        old_log_prob,
+        advantages,
+        mask,
+        corr.weights,
+        clip_ratio_low,
+        clip_ratio_high,
+        clip_ratio_c,
+        loss_agg_mode,
+        config,
+        agg_kwargs,
+    )
     return {**out, **corr.metrics}
-

@@ -62,6 +62,22 @@ def find_key(name: str) -> Key | None:
 
 
 __all__ = [
-    "ALIASES", "DEPRECATED", "REFUSED_SUBTREES", "REQUIRED", "RULES", "VERL_ONLY", "SCHEMA", "UNSUPPORTED_PREFIXES", "Derived", "Key", "RecipeConfig",
-    "check_paths", "describe_key", "expand_key", "find_key", "load_recipe", "parse_override", "parse_value",
+    "ALIASES",
+    "DEPRECATED",
+    "REFUSED_SUBTREES",
+    "REQUIRED",
+    "RULES",
+    "VERL_ONLY",
+    "SCHEMA",
+    "UNSUPPORTED_PREFIXES",
+    "Derived",
+    "Key",
+    "RecipeConfig",
+    "check_paths",
+    "describe_key",
+    "expand_key",
+    "find_key",
+    "load_recipe",
+    "parse_override",
+    "parse_value",
 ]

@@ -35,8 +35,13 @@ def read_agent_loop_config(path: str | os.PathLike) -> tuple[list[LoopEntry], li
     except yaml.YAMLError as err:
         return [], [(str(path), f"is not valid YAML: {str(err).splitlines()[0]}")]
     if not isinstance(data, list) or not data:
-        return [], [(str(path), "must be a non-empty YAML list of agent loops ([{name: <agent_name>, "
-                                "_target_: package.module.Class or path/to/file.py:Class}, ...])")]
+        return [], [
+            (
+                str(path),
+                "must be a non-empty YAML list of agent loops ([{name: <agent_name>, "
+                "_target_: package.module.Class or path/to/file.py:Class}, ...])",
+            )
+        ]
     entries, problems, seen = [], [], set()
     for i, item in enumerate(data):
         where = f"{path}: [{i}]"
@@ -49,12 +54,14 @@ def read_agent_loop_config(path: str | os.PathLike) -> tuple[list[LoopEntry], li
         elif name in seen:
             problems.append((f"{where}.name", f"{name!r} is named twice"))
         if not isinstance(target, str) or not target.strip():
-            problems.append((f"{where}._target_", "must name the loop class: package.module.Class or "
-                                                  "path/to/file.py:Class"))
+            problems.append(
+                (f"{where}._target_", "must name the loop class: package.module.Class or path/to/file.py:Class")
+            )
         if isinstance(name, str) and isinstance(target, str) and name.strip() and target.strip():
             seen.add(name)
-            entries.append(LoopEntry(name, target, {k: v for k, v in item.items() if k not in ("name", "_target_")},
-                                     where))
+            entries.append(
+                LoopEntry(name, target, {k: v for k, v in item.items() if k not in ("name", "_target_")}, where)
+            )
     return entries, problems
 
 

@@ -15,7 +15,7 @@ from verl_npu.config.tree import BC, get
 from verl_npu.errors import Problem
 
 MT = BC + "actor_rollout_ref.rollout.multi_turn."
-TIMEOUT_S = 120.0   # importing a user's module (and what it imports: torch, transformers) on a busy machine
+TIMEOUT_S = 120.0  # importing a user's module (and what it imports: torch, transformers) on a busy machine
 PATH_KEYS = ("tool_config_path", "interaction_config_path", "function_tool_path")
 
 
@@ -27,8 +27,9 @@ def class_problems(cfg, skip: frozenset[str] | set[str] = frozenset()) -> list[P
     paths = {k: str(get(cfg, MT + k)) for k in PATH_KEYS if get(cfg, MT + k) and MT + k not in skip}
     if not paths:
         return []
-    return _checked_in_subprocess(MT + next(iter(paths)), list(paths.values()),
-                                  ["-m", "verl_npu.tools.class_check", json.dumps(paths)])
+    return _checked_in_subprocess(
+        MT + next(iter(paths)), list(paths.values()), ["-m", "verl_npu.tools.class_check", json.dumps(paths)]
+    )
 
 
 def agent_loop_class_problems(cfg, skip: frozenset[str] | set[str] = frozenset()) -> list[Problem]:
@@ -51,9 +52,13 @@ def _checked_in_subprocess(anchor: str, files: list[str], args: list[str]) -> li
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
-        return [Problem(anchor, f"importing the classes named by {named} did not finish within "
-                                f"{TIMEOUT_S:g} s", "find the module that blocks at import (run the check again "
-                                                     "with `verl-npu run`, which names it)")]
+        return [
+            Problem(
+                anchor,
+                f"importing the classes named by {named} did not finish within {TIMEOUT_S:g} s",
+                "find the module that blocks at import (run the check again with `verl-npu run`, which names it)",
+            )
+        ]
     lines = done.stdout.strip().splitlines()
     try:
         rows = json.loads(lines[-1]) if done.returncode == 0 and lines else None
@@ -61,6 +66,11 @@ def _checked_in_subprocess(anchor: str, files: list[str], args: list[str]) -> li
         rows = None
     if rows is None:
         tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        return [Problem(anchor, f"importing the classes named by {named} ended the checking "
-                                f"process ({tail[:300]})", "fix the module a class_name names")]
+        return [
+            Problem(
+                anchor,
+                f"importing the classes named by {named} ended the checking process ({tail[:300]})",
+                "fix the module a class_name names",
+            )
+        ]
     return [Problem(BC + key, message, fix) for key, message, fix in rows]

@@ -49,8 +49,9 @@ class Status:
 def _refused_values(key: Key) -> str:
     if key.off_only:
         off = "`null` / `false`" if key.default is None else f"`{scalar(key.default)}`"
-        return (f"only {off} accepted ({key.off_only}: not supported yet)"
-                + (f"; instead: {key.instead}" if key.instead else ""))
+        return f"only {off} accepted ({key.off_only}: not supported yet)" + (
+            f"; instead: {key.instead}" if key.instead else ""
+        )
     return ""
 
 
@@ -61,8 +62,10 @@ def status(name: str) -> Status:
     found = _status(path)
     if found.kind == UNKNOWN:
         return found
-    for table, words in ((OLDER_VERL, "a key of verl before 0.9.1; in 0.9.1: "),
-                         (READ_WITH_PLUS, "set with `+` in verl 0.9.1, read by ")):
+    for table, words in (
+        (OLDER_VERL, "a key of verl before 0.9.1; in 0.9.1: "),
+        (READ_WITH_PLUS, "set with `+` in verl 0.9.1, read by "),
+    ):
         hit = next((p for p in table if path == p or path.startswith(p + ".")), None)
         if hit:
             return Status(found.kind, f"{found.text} ({words}{table[hit]})")
@@ -77,13 +80,17 @@ def _status(path: str) -> Status:
         if key.noop:
             return Status(NOOP, key.noop)
         # verl-npu's own keys (an extension of verl's schema) say so at the start of their meaning
-        text = "verl-npu's own key (an extension: verl has no such key)" if key.doc.startswith("verl-npu:") \
+        text = (
+            "verl-npu's own key (an extension: verl has no such key)"
+            if key.doc.startswith("verl-npu:")
             else "read by verl-npu"
+        )
         if key.unsupported:
             text += "; values not supported yet: " + ", ".join(f"`{v}`" for v in key.unsupported)
         if key.renamed:
             text += "; verl's deprecated names refused: " + ", ".join(
-                f"`{old}` (write `{new}`)" for old, new in key.renamed)
+                f"`{old}` (write `{new}`)" for old, new in key.renamed
+            )
         if key.derived:
             text += f"; derived when unset: {key.derived}"
         return Status(SUPPORTED, text)
@@ -100,8 +107,10 @@ def _status(path: str) -> Status:
     if path in DEPRECATED_MAPPED:
         return Status(DEPRECATED_KIND, f"accepted (verl 0.9.1 still reads it): {DEPRECATED_MAPPED[path]}")
     if path in DEPRECATED:
-        return Status(DEPRECATED_KIND, "no longer read by verl 0.9.1, refused: use "
-                      f"`{DEPRECATED[path].removeprefix('backend_config.')}`")
+        return Status(
+            DEPRECATED_KIND,
+            f"no longer read by verl 0.9.1, refused: use `{DEPRECATED[path].removeprefix('backend_config.')}`",
+        )
     if path in DEPRECATED_WARN_ONLY:
         return Status(DEPRECATED_KIND, f"accepted with a warning: {DEPRECATED_WARN_ONLY[path]}")
     hit = refused_subtree(path)
@@ -142,14 +151,19 @@ def _cell(text: str) -> str:
 def rows() -> list[tuple[str, str, Status]]:
     """(section, key or `prefix.*`, status) for every key the schema knows, sorted by section."""
     names: list[str] = []
-    names += [p for p in SCHEMA if p.startswith("backend_config.") or p.startswith("engine_kwargs")
-              or p == "af_output_dir"]
+    names += [
+        p for p in SCHEMA if p.startswith("backend_config.") or p.startswith("engine_kwargs") or p == "af_output_dir"
+    ]
     names += list(ALIASES) + list(VERL_ONLY) + list(DEPRECATED_MAPPED) + list(DEPRECATED) + list(DEPRECATED_WARN_ONLY)
-    out = [(_section(n.removeprefix("backend_config.")), f"`{n.removeprefix('backend_config.')}`", status(n))
-           for n in dict.fromkeys(names)]
+    out = [
+        (_section(n.removeprefix("backend_config.")), f"`{n.removeprefix('backend_config.')}`", status(n))
+        for n in dict.fromkeys(names)
+    ]
     prefixes = dict.fromkeys(list(REFUSED_SUBTREES) + list(UNSUPPORTED_PREFIXES))
-    out += [(_section(p.removeprefix("backend_config.")), f"`{p.removeprefix('backend_config.')}.*`",
-             status(p + ".any")) for p in prefixes]
+    out += [
+        (_section(p.removeprefix("backend_config.")), f"`{p.removeprefix('backend_config.')}.*`", status(p + ".any"))
+        for p in prefixes
+    ]
     order = {s: i for i, s in enumerate(dict.fromkeys(r[0] for r in out))}
     return sorted(out, key=lambda r: order[r[0]])
 

@@ -43,8 +43,9 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
-           ) -> tuple[list[tuple[str, Any, str]], list[Problem]]:
+def derive(
+    cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
+) -> tuple[list[tuple[str, Any, str]], list[Problem]]:
     """Fill in derived values in `cfg` (in place). Returns ([(key, value, reason)], problems)."""
     derived: list[tuple[str, Any, str]] = []
     problems: list[Problem] = []
@@ -71,11 +72,13 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
         put(ROLL + "response_length", r, "data.max_response_length")
         put(ROLL + "max_model_len", p + r, f"max_prompt_length + max_response_length = {p + r}")
         if p + r > LONG_RESPONSE:
-            put(ROLL + "max_num_batched_tokens", p + r,
-                f"prompt + response = {p + r} exceeds 8192, so the engine must batch a whole sequence")
+            put(
+                ROLL + "max_num_batched_tokens",
+                p + r,
+                f"prompt + response = {p + r} exceeds 8192, so the engine must batch a whole sequence",
+            )
         else:
-            put(ROLL + "max_num_batched_tokens", LONG_RESPONSE,
-                f"prompt + response = {p + r} fits in the default 8192")
+            put(ROLL + "max_num_batched_tokens", LONG_RESPONSE, f"prompt + response = {p + r} fits in the default 8192")
 
     def rollout_tp() -> None:
         name = val(ROLL + "name")
@@ -90,10 +93,12 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
         if r > LONG_RESPONSE:
             heads = model_heads(val(BC + "actor_rollout_ref.model.path"))
             sp = ulysses_size(r, world, heads)
-            fit = (f"fits {world} devices and {heads[0]}/{heads[1]} attention/kv heads" if heads else
-                   f"fits {world} devices (model config not readable: heads not checked)")
-            put(key, sp, f"responses of {r} tokens exceed 8192: {r} // 2048 = {r // 2048}, lowered to {sp} "
-                f"that {fit}")
+            fit = (
+                f"fits {world} devices and {heads[0]}/{heads[1]} attention/kv heads"
+                if heads
+                else f"fits {world} devices (model config not readable: heads not checked)"
+            )
+            put(key, sp, f"responses of {r} tokens exceed 8192: {r} // 2048 = {r // 2048}, lowered to {sp} that {fit}")
         sp_now = val(key)
         if sp_now != get(cfg, REF + "ulysses_sequence_parallel_size"):
             put(REF + "ulysses_sequence_parallel_size", sp_now, "actor.ulysses_sequence_parallel_size")
@@ -106,8 +111,7 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             return
         n = val(ROLL + "n")
         seq = val(DATA + "max_prompt_length") + val(DATA + "max_response_length")
-        put(ACTOR + "ppo_max_token_len_per_gpu", n * seq,
-            f"use_dynamic_bsz: n x (prompt + response) = {n} x {seq}")
+        put(ACTOR + "ppo_max_token_len_per_gpu", n * seq, f"use_dynamic_bsz: n x (prompt + response) = {n} x {seq}")
         tokens = val(ACTOR + "ppo_max_token_len_per_gpu")
         for key in (ROLL + "log_prob_max_token_len_per_gpu", REF + "log_prob_max_token_len_per_gpu"):
             put(key, tokens, "actor.ppo_max_token_len_per_gpu")
@@ -141,8 +145,13 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             inner = dict(val(target) or {})
             for k, v in top.items():
                 if k in inner and inner[k] != v:
-                    problems.append(Problem(f"engine_kwargs.{engine}.{k}", f"is {v!r} but {target}.{k} is "
-                                            f"{inner[k]!r}", "set it in one place only"))
+                    problems.append(
+                        Problem(
+                            f"engine_kwargs.{engine}.{k}",
+                            f"is {v!r} but {target}.{k} is {inner[k]!r}",
+                            "set it in one place only",
+                        )
+                    )
                 inner[k] = v
             OmegaConf.update(cfg, target, inner, merge=False)
             derived.append((target, inner, f"merged from top-level engine_kwargs.{engine}"))
@@ -156,9 +165,12 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
         device = configured_device(val(TRAINER + "device"))
         if device is None or device.vllm_chunked_prefill_with_seeds:
             return
-        put(ROLL + "enable_chunked_prefill", False,
+        put(
+            ROLL + "enable_chunked_prefill",
+            False,
             f"vLLM on {device.kind} cannot prefill a prompt in chunks while it samples from its own seed "
-            "(it dies with 'CPU Generator does not use offset'); whole prefills give the same samples")
+            "(it dies with 'CPU Generator does not use offset'); whole prefills give the same samples",
+        )
         # what the engine gets: an engine_kwargs.vllm entry (already merged) wins over the rollout key
         engine = val(ROLL + "engine_kwargs.vllm") or {}
 
@@ -169,9 +181,12 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             return  # chunked prefill asked for, or the budget set in engine_kwargs: the rules decide
         length, tokens = effective("max_model_len"), val(ROLL + "max_num_batched_tokens")
         if _is_int(length) and _is_int(tokens) and tokens < length:
-            put(ROLL + "max_num_batched_tokens", length,
+            put(
+                ROLL + "max_num_batched_tokens",
+                length,
                 f"max_model_len = {length}: without chunked prefill (on {device.kind}) a whole prompt must fit "
-                "one engine step")
+                "one engine step",
+            )
 
     def rollout_correction() -> None:
         rc = ALGO + "rollout_correction."
@@ -179,14 +194,21 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
         if bypass or val(rc + "rollout_is") is not None or val(rc + "rollout_rs") is not None:
             put(ROLL + "calculate_log_probs", True, "algorithm.rollout_correction needs the rollout's own log-probs")
         elif val(TRAINER + "v1.trainer_mode") == "separate_async":
-            put(ROLL + "calculate_log_probs", True, "trainer.v1.trainer_mode=separate_async: the rollout side's "
-                "log-probs are the behaviour policy")
+            put(
+                ROLL + "calculate_log_probs",
+                True,
+                "trainer.v1.trainer_mode=separate_async: the rollout side's log-probs are the behaviour policy",
+            )
         mode = POLICY_LOSSES.find(val(ACTOR + "policy_loss.loss_mode"))
         if bypass and mode is not None and mode.bypass_replaces and ACTOR + "policy_loss.loss_mode" not in bad:
             # replaced even when set by the user: the worker runs the loss the config names, nothing else
-            path, reason = ACTOR + "policy_loss.loss_mode", (
-                f"algorithm.rollout_correction.bypass_mode=true (its {mode.name} loss is bypass mode's "
-                "loss_type=ppo_clip; verl's trainer switches the loss the same way)")
+            path, reason = (
+                ACTOR + "policy_loss.loss_mode",
+                (
+                    f"algorithm.rollout_correction.bypass_mode=true (its {mode.name} loss is bypass mode's "
+                    "loss_type=ppo_clip; verl's trainer switches the loss the same way)"
+                ),
+            )
             OmegaConf.update(cfg, path, bypass_loss().name, merge=False)
             derived[:] = [d for d in derived if d[0] != path] + [(path, bypass_loss().name, reason)]
 
@@ -200,9 +222,21 @@ def derive(cfg: DictConfig, user_keys: frozenset[str], bad: set[str]
             file, _, function = str(value).rpartition(":")
             absolute = f"{Path(file).expanduser().resolve()}:{function}"
             OmegaConf.update(cfg, path, absolute, merge=False)
-            derived[:] = [d for d in derived if d[0] != path] + [(path, absolute, f"{value} (relative to {Path.cwd()})")]
+            derived[:] = [d for d in derived if d[0] != path] + [
+                (path, absolute, f"{value} (relative to {Path.cwd()})")
+            ]
 
-    for fn in (lengths, rollout_tp, sequence_parallel, dynamic_bsz, clip, folders, engine_kwargs, vllm_prefill,
-               rollout_correction, user_files):
+    for fn in (
+        lengths,
+        rollout_tp,
+        sequence_parallel,
+        dynamic_bsz,
+        clip,
+        folders,
+        engine_kwargs,
+        vllm_prefill,
+        rollout_correction,
+        user_files,
+    ):
         step(fn)
     return derived, problems

@@ -44,18 +44,18 @@ GRID_ENV_KEYS = {
     "max_steps": "most environment steps per episode (ROLL's max_steps of an environment); default 8",
     "format_penalty": "added to a turn's score when the turn is not one move (ROLL's format_penalty); default -0.1",
     "max_tokens_per_step": "most tokens of one model turn (ROLL's max_tokens_per_step); a longer turn is cut "
-                           "there and read as it is; null: only the response budget",
+    "there and read as it is; null: only the response budget",
 }
 #: ROLL environment-manager keys that a grid_env config may not carry: what to do instead
 ROLL_KEYS = {
     "group_size": "the samples per environment seed are actor_rollout_ref.rollout.n (each row's environment seed is "
-                  "shared by its n samples: GRPO's group)",
+    "shared by its n samples: GRPO's group)",
     "env_groups": "the environments per step are the prompt rows per step: data.train_batch_size",
     "n_groups": "the environments per step are the prompt rows per step: data.train_batch_size",
     "tags": "a row chooses its environment with extra_info.interaction_kwargs.env (frozen_lake or sokoban)",
     "max_traj_per_env": "not built: each row's environment runs exactly actor_rollout_ref.rollout.n trajectories",
     "worker_cls": "not built: write an interaction class (docs/agents.md, 'Writing an interaction') and name it "
-                  "in class_name",
+    "in class_name",
     "is_slippery": "not built: the FrozenLake grid is not slippery; remove it",
 }
 
@@ -68,7 +68,7 @@ class InteractionEntry:
     name: str
     class_name: str
     config: dict = field(default_factory=dict)
-    where: str = ""                 # "<file>: interaction[i]"
+    where: str = ""  # "<file>: interaction[i]"
 
     @property
     def builtin(self) -> str | None:
@@ -116,16 +116,21 @@ def grid_env_problems(config: dict, key: str) -> list[tuple[str, str]]:
 def read_interaction_config(path) -> tuple[list[InteractionEntry], list[tuple[str, str]]]:
     """(entries, problems) of an interaction config file; a problem is (where, what is wrong), `where`
     naming the file and the entry's key. Nothing is imported (module classes are only looked up)."""
-    path, items, problems = tool_registry.listed_mappings(path, "interaction", ("name", "class_name", "config"),
-                                                          "interaction", non_empty=True)
+    path, items, problems = tool_registry.listed_mappings(
+        path, "interaction", ("name", "class_name", "config"), "interaction", non_empty=True
+    )
     entries, names = [], {}  # type: list, dict[str, int]
     for i, key, item in items:
         class_problems = tool_registry.class_name_problems(
-            item.get("class_name"), f"{key}.class_name", what="interaction", builtins=BUILTIN_INTERACTIONS,
+            item.get("class_name"),
+            f"{key}.class_name",
+            what="interaction",
+            builtins=BUILTIN_INTERACTIONS,
             verl_paths=VERL_CLASS_PATHS,
             verl_hint=f"the built-in interactions are {', '.join(BUILTIN_INTERACTIONS)} (and "
-                      f"{', '.join(VERL_CLASS_PATHS)}); for your own, change its import to `from "
-                      "verl_npu.tools.interactions import BaseInteraction` and name it path/to/file.py:ClassName")
+            f"{', '.join(VERL_CLASS_PATHS)}); for your own, change its import to `from "
+            "verl_npu.tools.interactions import BaseInteraction` and name it path/to/file.py:ClassName",
+        )
         problems += class_problems
         config = item.get("config") or {}
         if not isinstance(config, dict):
@@ -139,8 +144,9 @@ def read_interaction_config(path) -> tuple[list[InteractionEntry], list[tuple[st
             problems.append((f"{key}.name", f"is {name!r}; it must be a non-empty string"))
             name = str(name)
         if name in names:
-            problems.append((f"{key}.name", f"{name!r} is also the name of interaction[{names[name]}]; names must "
-                             "be unique"))
+            problems.append(
+                (f"{key}.name", f"{name!r} is also the name of interaction[{names[name]}]; names must be unique")
+            )
         names.setdefault(name, i)
         entry = InteractionEntry(i, name, class_name, dict(config), key)
         if entry.builtin == "grid_env":
@@ -152,9 +158,13 @@ def read_interaction_config(path) -> tuple[list[InteractionEntry], list[tuple[st
 def row_interaction_problem(kwargs: Any, names: list[str]) -> str | None:
     """What is wrong with a row's extra_info.interaction_kwargs when an interaction config is set, or None."""
     if not isinstance(kwargs, dict) or not kwargs.get("name"):
-        return (f"extra_info.interaction_kwargs has no name; with {KEY} set, every multi-turn row names its "
-                f"interaction ({', '.join(names)}) in extra_info.interaction_kwargs.name")
+        return (
+            f"extra_info.interaction_kwargs has no name; with {KEY} set, every multi-turn row names its "
+            f"interaction ({', '.join(names)}) in extra_info.interaction_kwargs.name"
+        )
     if kwargs["name"] not in names:
-        return (f"extra_info.interaction_kwargs.name is {kwargs['name']!r}, which the interaction config does not "
-                f"define (its interactions: {', '.join(names)}); fix the row or add the interaction")
+        return (
+            f"extra_info.interaction_kwargs.name is {kwargs['name']!r}, which the interaction config does not "
+            f"define (its interactions: {', '.join(names)}); fix the row or add the interaction"
+        )
     return None

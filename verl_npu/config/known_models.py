@@ -14,13 +14,26 @@ from __future__ import annotations
 
 import re
 
-_QWEN25_VISION = {"depth": 32, "hidden_size": 1280, "num_heads": 16, "patch_size": 14, "spatial_merge_size": 2,
-                  "temporal_patch_size": 2}
+_QWEN25_VISION = {
+    "depth": 32,
+    "hidden_size": 1280,
+    "num_heads": 16,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+}
 
 
 def _text(hidden, inter, layers, heads, kv, vocab, tied, head_dim=None):
-    row = {"hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
-           "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab, "tie_word_embeddings": tied}
+    row = {
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+    }
     if head_dim:
         row["head_dim"] = head_dim
     return row
@@ -36,13 +49,27 @@ KNOWN: dict[str, tuple[str, dict]] = {
     "qwen2.5-math-7b": ("Qwen/Qwen2.5-Math-7B", _text(3584, 18944, 28, 28, 4, 152064, False)),
     "qwen2.5-14b": ("Qwen/Qwen2.5-14B-Instruct", _text(5120, 13824, 48, 40, 8, 152064, False)),
     "qwen2.5-32b": ("Qwen/Qwen2.5-32B-Instruct", _text(5120, 27648, 64, 40, 8, 152064, False)),
-    "qwen2.5-vl-3b": ("Qwen/Qwen2.5-VL-3B-Instruct", {**_text(2048, 11008, 36, 16, 2, 151936, True), "vision_config": {
-        **_QWEN25_VISION, "intermediate_size": 3420, "out_hidden_size": 2048}}),
-    "qwen2.5-vl-7b": ("Qwen/Qwen2.5-VL-7B-Instruct", {**_text(3584, 18944, 28, 28, 4, 152064, False), "vision_config": {
-        **_QWEN25_VISION, "intermediate_size": 3420, "out_hidden_size": 3584}}),
-    "qwen2.5-vl-32b": ("Qwen/Qwen2.5-VL-32B-Instruct", {**_text(5120, 27648, 64, 40, 8, 152064, False),
-                                                         "vision_config": {**_QWEN25_VISION, "intermediate_size": 3456,
-                                                                           "out_hidden_size": 5120}}),
+    "qwen2.5-vl-3b": (
+        "Qwen/Qwen2.5-VL-3B-Instruct",
+        {
+            **_text(2048, 11008, 36, 16, 2, 151936, True),
+            "vision_config": {**_QWEN25_VISION, "intermediate_size": 3420, "out_hidden_size": 2048},
+        },
+    ),
+    "qwen2.5-vl-7b": (
+        "Qwen/Qwen2.5-VL-7B-Instruct",
+        {
+            **_text(3584, 18944, 28, 28, 4, 152064, False),
+            "vision_config": {**_QWEN25_VISION, "intermediate_size": 3420, "out_hidden_size": 3584},
+        },
+    ),
+    "qwen2.5-vl-32b": (
+        "Qwen/Qwen2.5-VL-32B-Instruct",
+        {
+            **_text(5120, 27648, 64, 40, 8, 152064, False),
+            "vision_config": {**_QWEN25_VISION, "intermediate_size": 3456, "out_hidden_size": 5120},
+        },
+    ),
     "qwen3-0.6b": ("Qwen/Qwen3-0.6B", _text(1024, 3072, 28, 16, 8, 151936, True, 128)),
     "qwen3-1.7b": ("Qwen/Qwen3-1.7B", _text(2048, 6144, 28, 16, 8, 151936, True, 128)),
     "qwen3-4b": ("Qwen/Qwen3-4B", _text(2560, 9728, 36, 32, 8, 151936, True, 128)),

@@ -69,10 +69,10 @@ class RecipeConfig:
     cfg: DictConfig
     derived: list[Derived]
     source: Path
-    user_keys: frozenset[str] = frozenset()      # full keys set by the recipe or the overrides
+    user_keys: frozenset[str] = frozenset()  # full keys set by the recipe or the overrides
     warnings: list[str] = field(default_factory=list)
-    noop: list[Derived] = field(default_factory=list)   # verl keys the user set that change nothing here, and why
-    ignored: dict[str, Any] = field(default_factory=dict)   # keys added with `+` that nothing reads: full key -> value
+    noop: list[Derived] = field(default_factory=list)  # verl keys the user set that change nothing here, and why
+    ignored: dict[str, Any] = field(default_factory=dict)  # keys added with `+` that nothing reads: full key -> value
 
     @property
     def backend(self) -> DictConfig:
@@ -107,12 +107,15 @@ class RecipeConfig:
         """The resolved recipe as YAML; each derived value carries a `# derived: <reason>` comment."""
         notes = {d.key: d.reason for d in self.derived}
         data = cast(dict, OmegaConf.to_container(self.cfg, resolve=True))
-        lines = [f"# resolved by verl-npu from {self.source}",
-                 "# values marked 'derived' were filled in by verl-npu; set them to override"]
+        lines = [
+            f"# resolved by verl-npu from {self.source}",
+            "# values marked 'derived' were filled in by verl-npu; set them to override",
+        ]
         _emit(data, 0, "", notes, lines)
-        if self.ignored:   # comments: the file stays a recipe verl-npu loads
-            lines.append("# ignored: added with + on the command line, read by nothing here "
-                         "(neither verl nor verl-npu)")
+        if self.ignored:  # comments: the file stays a recipe verl-npu loads
+            lines.append(
+                "# ignored: added with + on the command line, read by nothing here (neither verl nor verl-npu)"
+            )
             lines += [f"#   {k.removeprefix(BC)}={scalar(v)}" for k, v in self.ignored.items()]
         return "\n".join(lines) + "\n"
 
@@ -170,7 +173,7 @@ def parse_value(text: str) -> Any:
     except yaml.YAMLError:
         return s
     if isinstance(value, dict) and not s.startswith("{"):
-        return s    # 'EDIT_ME: x' or 'a: b' on a command line is text, not a mapping
+        return s  # 'EDIT_ME: x' or 'a: b' on a command line is text, not a mapping
     return value
 
 
@@ -183,8 +186,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     if delete:
         body = body[1:]
     elif "=" not in body:
-        raise UserError(f"override '{text}' is not key=value (example: data.train_batch_size=64; "
-                        "~key puts a key back to its default)")
+        raise UserError(
+            f"override '{text}' is not key=value (example: data.train_batch_size=64; "
+            "~key puts a key back to its default)"
+        )
     key, _, value = body.partition("=")
     key = key.strip()
     if not delete:
@@ -236,11 +241,17 @@ def _interpolation_problem(path: str, raw: Any, exc: Exception) -> Problem:
     found = _MISSING_REF.search(text)
     if found:
         ref = (found.group(1) or found.group(2)).removeprefix("backend_config.")
-        return Problem(path, f"refers to {ref!r}, which is not a key of the recipe (value {raw!r})",
-                       "refer to an existing key, e.g. ${data.max_response_length} (verl's short form) "
-                       "or ${backend_config.data.max_response_length}")
-    return Problem(path, f"the reference in {raw!r} cannot be resolved ({text})",
-                   "write ${section.key}, e.g. ${data.max_response_length}")
+        return Problem(
+            path,
+            f"refers to {ref!r}, which is not a key of the recipe (value {raw!r})",
+            "refer to an existing key, e.g. ${data.max_response_length} (verl's short form) "
+            "or ${backend_config.data.max_response_length}",
+        )
+    return Problem(
+        path,
+        f"the reference in {raw!r} cannot be resolved ({text})",
+        "write ${section.key}, e.g. ${data.max_response_length}",
+    )
 
 
 def _suggest(path: str) -> str:
@@ -250,7 +261,7 @@ def _suggest(path: str) -> str:
     by_leaf: dict[str, str] = {}
     for k in keys:
         by_leaf.setdefault(k.rsplit(".", 1)[-1], k)
-    close = [by_leaf[leaf]] if leaf in by_leaf else []          # the right name in the wrong section
+    close = [by_leaf[leaf]] if leaf in by_leaf else []  # the right name in the wrong section
     close = close or difflib.get_close_matches(path, keys, n=1, cutoff=0.8)
     if not close:
         hit = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
@@ -266,15 +277,15 @@ def _harmless(value: Any) -> bool:
 class _Sorted:
     """User keys sorted by what verl-npu does with them."""
 
-    accepted: dict[str, Any] = field(default_factory=dict)     # schema keys (aliases already renamed)
-    verl_only: dict[str, Any] = field(default_factory=dict)    # VERL_ONLY keys / _target_ (checked, no effect)
-    alias_of: dict[str, str] = field(default_factory=dict)     # schema key -> the verl alias that set it
-    deprecated: dict[str, Any] = field(default_factory=dict)   # verl's deprecated keys verl-npu maps (mapped later)
-    ignored: dict[str, Any] = field(default_factory=dict)      # unknown keys added with `+`: ignored, with a warning
+    accepted: dict[str, Any] = field(default_factory=dict)  # schema keys (aliases already renamed)
+    verl_only: dict[str, Any] = field(default_factory=dict)  # VERL_ONLY keys / _target_ (checked, no effect)
+    alias_of: dict[str, str] = field(default_factory=dict)  # schema key -> the verl alias that set it
+    deprecated: dict[str, Any] = field(default_factory=dict)  # verl's deprecated keys verl-npu maps (mapped later)
+    ignored: dict[str, Any] = field(default_factory=dict)  # unknown keys added with `+`: ignored, with a warning
     problems: list[Problem] = field(default_factory=list)
 
     def update(self, other: _Sorted) -> None:
-        for target in other.accepted:      # a later source replaces an earlier one, alias or not
+        for target in other.accepted:  # a later source replaces an earlier one, alias or not
             self.alias_of.pop(target, None)
         self.accepted.update(other.accepted)
         self.verl_only.update(other.verl_only)
@@ -297,26 +308,32 @@ def classify(user: dict[str, Any], origin: str, added: Iterable[str] = ()) -> _S
         if path in SCHEMA or free_form_owner(path):
             key = SCHEMA.get(path)
             if key is not None and key.type == STR_LIST and isinstance(value, str):
-                value = [value]   # verl accepts one name for a list of names (trainer.logger=console)
+                value = [value]  # verl accepts one name for a list of names (trainer.logger=console)
             out.accepted[path] = value
         elif path in ALIASES:
             target = ALIASES[path]
             if target in out.accepted and out.accepted[target] != value:
-                out.problems.append(Problem(path, f"is {value!r} but {target.removeprefix(BC)} (the key it "
-                                            f"stands for) is {out.accepted[target]!r} ({origin})",
-                                            "set only one of them"))
+                out.problems.append(
+                    Problem(
+                        path,
+                        f"is {value!r} but {target.removeprefix(BC)} (the key it "
+                        f"stands for) is {out.accepted[target]!r} ({origin})",
+                        "set only one of them",
+                    )
+                )
             else:
                 out.accepted[target] = value
                 out.alias_of[target] = path
         elif path in VERL_ONLY:
-            out.verl_only[path] = value     # checked once resolved (_check_verl_only)
+            out.verl_only[path] = value  # checked once resolved (_check_verl_only)
         elif is_target(path) and top == "backend_config" and isinstance(value, str):
             out.verl_only[path] = value
         elif path in DEPRECATED_MICRO or path in DEPRECATED_RENAMED or path == DEPRECATED_CKPT[0]:
-            out.deprecated[path] = value    # mapped to the new key once the config is resolved (_map_deprecated)
+            out.deprecated[path] = value  # mapped to the new key once the config is resolved (_map_deprecated)
         elif path in DEPRECATED:
-            out.problems.append(Problem(path, f"is a deprecated verl key ({origin})",
-                                        f"use {DEPRECATED[path]} instead"))
+            out.problems.append(
+                Problem(path, f"is a deprecated verl key ({origin})", f"use {DEPRECATED[path]} instead")
+            )
         elif refused_subtree(path) or any(path == p or path.startswith(p + ".") for p in UNSUPPORTED_PREFIXES):
             hit = refused_subtree(path)
             if hit:
@@ -327,17 +344,28 @@ def classify(user: dict[str, Any], origin: str, added: Iterable[str] = ()) -> _S
             if _harmless(value):
                 out.verl_only[path] = value
             else:
-                out.problems.append(Problem(path, f"verl-npu does not support {what} yet (a verl feature; "
-                                            f"{origin})", instead))
+                out.problems.append(
+                    Problem(path, f"verl-npu does not support {what} yet (a verl feature; {origin})", instead)
+                )
         elif known_section(path):
             inside = next((k for k in list(SCHEMA) + list(VERL_ONLY) if k.startswith(path + ".")), path)
-            out.problems.append(Problem(path, f"is a section, not a value ({origin})",
-                                        f"set the keys inside it, e.g. {inside.removeprefix(BC)}=..."))
+            out.problems.append(
+                Problem(
+                    path,
+                    f"is a section, not a value ({origin})",
+                    f"set the keys inside it, e.g. {inside.removeprefix(BC)}=...",
+                )
+            )
         elif plus:
             out.ignored[path] = value
         elif top not in TOP_LEVEL:
-            out.problems.append(Problem(path, f"unknown top-level key ({origin}); a recipe has af_output_dir, "
-                                        "backend_config and engine_kwargs", _suggest(expand_key(path))))
+            out.problems.append(
+                Problem(
+                    path,
+                    f"unknown top-level key ({origin}); a recipe has af_output_dir, backend_config and engine_kwargs",
+                    _suggest(expand_key(path)),
+                )
+            )
         else:
             out.problems.append(Problem(path, f"unknown key ({origin}): not a verl-npu or verl key", _suggest(path)))
     return out
@@ -348,12 +376,13 @@ def _into_aliased_dict(key: str) -> str:
     spelled inside the dict verl-npu reads (`custom_reward_function.reward_kwargs.x`); any other key as it is."""
     for alias, target in ALIASES.items():
         if key.startswith(alias + ".") and target in SCHEMA and SCHEMA[target].type == DICT:
-            return target + key[len(alias):]
+            return target + key[len(alias) :]
     return key
 
 
-def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dict[str, Any],
-                     added: Iterable[str] = ()) -> _Sorted:
+def _apply_overrides(
+    parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dict[str, Any], added: Iterable[str] = ()
+) -> _Sorted:
     """Command-line overrides, in order, as a `_Sorted` of their own; `~key` deletions remove the
     key from `base` (the recipe file's keys) and from earlier overrides. `added`: the keys written `+key=...`."""
     over_flat: dict[str, Any] = {}
@@ -361,10 +390,10 @@ def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dic
         key = _into_aliased_dict(key)
         owner = free_form_owner(key)
         if value is DELETE:
-            if owner and owner != key:       # one entry of a free-form dict
+            if owner and owner != key:  # one entry of a free-form dict
                 current = dict(over_flat.get(owner, base.accepted.get(owner, SCHEMA[owner].default)) or {})
                 node: dict = current
-                *heads, leaf = key[len(owner) + 1:].split(".")
+                *heads, leaf = key[len(owner) + 1 :].split(".")
                 for h in heads:
                     child = node.get(h)
                     node = child if isinstance(child, dict) else {}
@@ -379,9 +408,9 @@ def _apply_overrides(parsed: list[tuple[str, Any]], base: _Sorted, raw_flat: dic
                 over_flat.pop(target, None)
                 base.accepted.pop(target, None)
             continue
-        if owner and owner != key:   # one entry inside a free-form dict: merge into that dict
+        if owner and owner != key:  # one entry inside a free-form dict: merge into that dict
             current = dict(over_flat.get(owner, base.accepted.get(owner, SCHEMA[owner].default)) or {})
-            set_path(current, key[len(owner) + 1:], value)
+            set_path(current, key[len(owner) + 1 :], value)
             over_flat[owner] = current
         elif isinstance(value, dict) and key not in SCHEMA and key not in VERL_ONLY and known_section(key):
             flatten(value, key, over_flat)
@@ -402,13 +431,13 @@ def _resolve(cfg: DictConfig, sorted_: _Sorted) -> list[Problem]:
             node = OmegaConf.select(cfg, path, throw_on_missing=True)
             if OmegaConf.is_config(node):
                 OmegaConf.to_container(node, resolve=True)
-        except Exception as exc:   # omegaconf's InterpolationKeyError, GrammarParseError, ...
+        except Exception as exc:  # omegaconf's InterpolationKeyError, GrammarParseError, ...
             problems.append(_interpolation_problem(path, raw, exc))
             default = SCHEMA[path].default if path in SCHEMA else None
             OmegaConf.update(cfg, path, default, merge=False)
     try:
         OmegaConf.resolve(cfg)
-    except Exception as exc:   # a reference in a schema default or in an unexpected place
+    except Exception as exc:  # a reference in a schema default or in an unexpected place
         problems.append(_interpolation_problem("(interpolation)", "", exc))
     return problems
 
@@ -434,8 +463,13 @@ def _noop_reason(path: str) -> str:
     if is_target(path):
         return TARGET_NOOP
     hit = refused_subtree(path)
-    what = hit[1][0] if hit else next((w for p, w in UNSUPPORTED_PREFIXES.items() if path.startswith(p + ".")
-                                       or path == p), "this verl feature")
+    what = (
+        hit[1][0]
+        if hit
+        else next(
+            (w for p, w in UNSUPPORTED_PREFIXES.items() if path.startswith(p + ".") or path == p), "this verl feature"
+        )
+    )
     return f"left off: verl-npu does not support {what} yet"
 
 
@@ -443,8 +477,7 @@ def _short(path: str) -> str:
     return path.removeprefix(BC)
 
 
-def _map_deprecated(cfg: DictConfig, sorted_: _Sorted, bad: set[str]
-                    ) -> tuple[list[Derived], list[Problem], list[str]]:
+def _map_deprecated(cfg: DictConfig, sorted_: _Sorted, bad: set[str]) -> tuple[list[Derived], list[Problem], list[str]]:
     """verl's deprecated keys that verl 0.9.1 still reads, mapped as verl maps them onto the new keys
     (in `cfg`, in place): (the values set, problems, one warning per key naming both). A new key
     whose old key is refused joins `bad`, so that the rules do not report it a second time."""
@@ -453,27 +486,40 @@ def _map_deprecated(cfg: DictConfig, sorted_: _Sorted, bad: set[str]
     warnings: list[str] = []
     trainer = BC + "trainer."
     for old, value in sorted_.deprecated.items():
-        if value is None:      # verl's own default: the same as not setting it
+        if value is None:  # verl's own default: the same as not setting it
             continue
         if old == DEPRECATED_CKPT[0]:
             if not isinstance(value, bool):
-                problems.append(Problem(old, f"must be a bool, got {value!r}", "set true or false (or remove it: "
-                                        "it is verl's deprecated key; write trainer.max_actor_ckpt_to_keep=1)"))
+                problems.append(
+                    Problem(
+                        old,
+                        f"must be a bool, got {value!r}",
+                        "set true or false (or remove it: "
+                        "it is verl's deprecated key; write trainer.max_actor_ckpt_to_keep=1)",
+                    )
+                )
                 continue
             if not value:
                 continue
             clash = [k for k in DEPRECATED_CKPT[1] if sorted_.accepted.get(k) not in (None, 1)]
             if clash:
-                problems.append(Problem(old, f"is true (keep one checkpoint) but {_short(clash[0])} is "
-                                        f"{sorted_.accepted[clash[0]]}", f"remove {_short(old)} (verl's deprecated "
-                                        f"key) and keep {_short(clash[0])}, or set {_short(clash[0])}=1"))
+                problems.append(
+                    Problem(
+                        old,
+                        f"is true (keep one checkpoint) but {_short(clash[0])} is {sorted_.accepted[clash[0]]}",
+                        f"remove {_short(old)} (verl's deprecated "
+                        f"key) and keep {_short(clash[0])}, or set {_short(clash[0])}=1",
+                    )
+                )
                 continue
             for new in DEPRECATED_CKPT[1]:
                 OmegaConf.update(cfg, new, 1, merge=False)
                 done.append(Derived(new, 1, f"from verl's deprecated {_short(old)}=true"))
-            warnings.append(f"{_short(old)}=true is verl's deprecated key: mapped to "
-                            + " and ".join(f"{_short(k)}=1" for k in DEPRECATED_CKPT[1])
-                            + "; write those instead")
+            warnings.append(
+                f"{_short(old)}=true is verl's deprecated key: mapped to "
+                + " and ".join(f"{_short(k)}=1" for k in DEPRECATED_CKPT[1])
+                + "; write those instead"
+            )
             continue
         if old in DEPRECATED_RENAMED:
             new = DEPRECATED_RENAMED[old]
@@ -483,52 +529,77 @@ def _map_deprecated(cfg: DictConfig, sorted_: _Sorted, bad: set[str]
                 continue
             user = sorted_.accepted.get(new)
             if user is not None and user != value:
-                problems.append(Problem(old, f"is {value} but {_short(sorted_.alias_of.get(new, new))} is {user}; "
-                                        f"{_short(old)} is verl's deprecated key", f"remove {_short(old)} and keep "
-                                        f"{_short(sorted_.alias_of.get(new, new))}"))
+                problems.append(
+                    Problem(
+                        old,
+                        f"is {value} but {_short(sorted_.alias_of.get(new, new))} is {user}; "
+                        f"{_short(old)} is verl's deprecated key",
+                        f"remove {_short(old)} and keep {_short(sorted_.alias_of.get(new, new))}",
+                    )
+                )
                 continue
             if user is None:
                 OmegaConf.update(cfg, new, value, merge=False)
                 done.append(Derived(new, value, f"from verl's deprecated {_short(old)}={value}"))
-            warnings.append(f"{_short(old)}={value} is verl's deprecated key: mapped to {_short(new)}={value} "
-                            f"(verl: optim.clip_grad); write {_short(new)}={value} instead")
+            warnings.append(
+                f"{_short(old)}={value} is verl's deprecated key: mapped to {_short(new)}={value} "
+                f"(verl: optim.clip_grad); write {_short(new)}={value} instead"
+            )
             continue
         new, sp_key = DEPRECATED_MICRO[old]
         if isinstance(value, bool) or not isinstance(value, int):
-            problems.append(Problem(old, f"must be an int, got {value!r} ({type(value).__name__})",
-                                    f"set {_short(new)} instead (responses per device)"))
+            problems.append(
+                Problem(
+                    old,
+                    f"must be an int, got {value!r} ({type(value).__name__})",
+                    f"set {_short(new)} instead (responses per device)",
+                )
+            )
             bad.add(new)
             continue
         if sorted_.accepted.get(new) is not None:
             critic = new.startswith(BC + "critic.")
             dyn = _rules.get(cfg, BC + "critic.use_dynamic_bsz") if critic else None
             dyn = _rules.get(cfg, BC + "actor_rollout_ref.actor.use_dynamic_bsz") if dyn is None else dyn
-            if dyn:    # verl reads neither with dynamic batch sizes, and lets both through
-                warnings.append(f"{_short(old)} (verl's deprecated key) is not read: {_short(new)} is set too, "
-                                "and use_dynamic_bsz packs micro batches by token count")
+            if dyn:  # verl reads neither with dynamic batch sizes, and lets both through
+                warnings.append(
+                    f"{_short(old)} (verl's deprecated key) is not read: {_short(new)} is set too, "
+                    "and use_dynamic_bsz packs micro batches by token count"
+                )
                 continue
-            problems.append(Problem(old, f"and {_short(new)} are both set ({value} and {sorted_.accepted[new]}); "
-                                    f"{_short(old)} is verl's deprecated key", f"remove {_short(old)} and keep "
-                                    f"{_short(new)} (responses per device)"))
+            problems.append(
+                Problem(
+                    old,
+                    f"and {_short(new)} are both set ({value} and {sorted_.accepted[new]}); "
+                    f"{_short(old)} is verl's deprecated key",
+                    f"remove {_short(old)} and keep {_short(new)} (responses per device)",
+                )
+            )
             continue
         needed = (trainer + "nnodes", trainer + "n_gpus_per_node", sp_key)
         if any(k in bad for k in needed):
-            continue          # already reported
+            continue  # already reported
         world = int(_rules.get(cfg, needed[0])) * int(_rules.get(cfg, needed[1]))
         sp = int(_rules.get(cfg, sp_key) or 1)
         ranks = max(world // sp, 1)
         per = value // ranks
         how = f"{value} // {ranks} data-parallel ranks: {world} devices / {_short(sp_key)} {sp}"
         if per < 1:
-            problems.append(Problem(old, f"is {value}, {per} responses per device ({how}); verl refuses "
-                                    "below one too", f"write {_short(new)}=<responses per device>, "
-                                    f"e.g. {_short(new)}=1"))
+            problems.append(
+                Problem(
+                    old,
+                    f"is {value}, {per} responses per device ({how}); verl refuses below one too",
+                    f"write {_short(new)}=<responses per device>, e.g. {_short(new)}=1",
+                )
+            )
             bad.add(new)
             continue
         OmegaConf.update(cfg, new, per, merge=False)
         done.append(Derived(new, per, f"from verl's deprecated {_short(old)}={value}: {how}"))
-        warnings.append(f"{_short(old)}={value} is verl's deprecated key: mapped to {_short(new)}={per} "
-                        f"({how}); write {_short(new)}={per} instead")
+        warnings.append(
+            f"{_short(old)}={value} is verl's deprecated key: mapped to {_short(new)}={per} "
+            f"({how}); write {_short(new)}={per} instead"
+        )
     return done, problems, warnings
 
 
@@ -543,8 +614,7 @@ def _ignored_warning(ignored: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ load
-def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, check_paths: bool = False
-                ) -> RecipeConfig:
+def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, check_paths: bool = False) -> RecipeConfig:
     """Load, merge, validate and derive a recipe (a shipped name or a YAML path).
 
     Raises `ConfigErrors` listing every problem, or `UserError` for an unreadable file or a
@@ -557,11 +627,15 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     from verl_npu.config.sft_schema import is_sft_tree
 
     if "stages" in raw:
-        raise UserError(f"{source} names stages (SFT, then RL): `verl-npu run {name_or_path}` runs them, "
-                        f"`verl-npu validate {name_or_path}` checks them (docs/sft.md)")
+        raise UserError(
+            f"{source} names stages (SFT, then RL): `verl-npu run {name_or_path}` runs them, "
+            f"`verl-npu validate {name_or_path}` checks them (docs/sft.md)"
+        )
     if is_sft_tree(raw):
-        raise UserError(f"{source} is an SFT recipe (verl's SFT sections model/engine/optim, no actor_rollout_ref): "
-                        f"run it with `verl-npu sft {name_or_path}` (docs/sft.md)")
+        raise UserError(
+            f"{source} is an SFT recipe (verl's SFT sections model/engine/optim, no actor_rollout_ref): "
+            f"run it with `verl-npu sft {name_or_path}` (docs/sft.md)"
+        )
     flat: dict[str, Any] = {}
     flatten(raw, "", flat)
     sorted_ = classify(flat, source.name)
@@ -581,8 +655,7 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     # the rules skip every key in error under its schema name (a key set through its verl alias too)
     bad = {p.key for p in key_problems} | {p.key for p in problems}
     # an error on a key set through its verl alias names the alias the user wrote
-    key_problems = [replace(p, key=sorted_.alias_of[p.key]) if p.key in sorted_.alias_of else p
-                    for p in key_problems]
+    key_problems = [replace(p, key=sorted_.alias_of[p.key]) if p.key in sorted_.alias_of else p for p in key_problems]
     bad |= {p.key for p in key_problems}
     problems += key_problems
     derived_raw, derive_problems = _derive.derive(cfg, user_keys, bad)
@@ -590,18 +663,27 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     bad |= {p.key for p in derive_problems}
     mapped, map_problems, warnings = _map_deprecated(cfg, sorted_, bad)
     problems += map_problems
-    user_keys |= {d.key for d in mapped}     # the rules read them as set by the user
+    user_keys |= {d.key for d in mapped}  # the rules read them as set by the user
     rel_problems, rel_warnings = _rules.check_relations(cfg, user_keys, bad)
     problems += rel_problems
     if sorted_.ignored:
         warnings.insert(0, _ignored_warning(sorted_.ignored))
     noop = [Derived(k, _rules.get(cfg, k), _noop_reason(k)) for k in sorted_.verl_only]
-    rel_warnings += [f"{alias.removeprefix(BC)} is the DAPO recipe's older spelling of {target.removeprefix(BC)}: "
-                     "read as that key (write the new one)"
-                     for target, alias in sorted_.alias_of.items() if alias in WARN_ALIASES]
-    rc = RecipeConfig(cfg=cfg, derived=[Derived(*d) for d in derived_raw] + mapped, source=source,
-                      user_keys=user_keys, warnings=warnings + rel_warnings, noop=noop,
-                      ignored=dict(sorted_.ignored))
+    rel_warnings += [
+        f"{alias.removeprefix(BC)} is the DAPO recipe's older spelling of {target.removeprefix(BC)}: "
+        "read as that key (write the new one)"
+        for target, alias in sorted_.alias_of.items()
+        if alias in WARN_ALIASES
+    ]
+    rc = RecipeConfig(
+        cfg=cfg,
+        derived=[Derived(*d) for d in derived_raw] + mapped,
+        source=source,
+        user_keys=user_keys,
+        warnings=warnings + rel_warnings,
+        noop=noop,
+        ignored=dict(sorted_.ignored),
+    )
     if check_paths and not problems:
         problems += _paths.check_paths(rc)
     if problems:
@@ -611,8 +693,12 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
 
 def describe_key(key: Key) -> str:
     """Meaning, type, default, choices/range and the rules that involve the key (for `explain`)."""
-    lines = [key.path, f"  {key.doc}", f"  type: {key.type}{' | null' if key.allows_null else ''}",
-             f"  default: {scalar(key.default)}"]
+    lines = [
+        key.path,
+        f"  {key.doc}",
+        f"  type: {key.type}{' | null' if key.allows_null else ''}",
+        f"  default: {scalar(key.default)}",
+    ]
     if key.required:
         lines.append("  required: yes (shipped recipes hold an EDIT_ME placeholder here)")
     if key.choices:
@@ -620,8 +706,9 @@ def describe_key(key: Key) -> str:
     if key.unsupported:
         lines.append(f"  known to verl but not supported by verl-npu yet: {', '.join(key.unsupported)}")
     if key.renamed:
-        lines.append("  verl's deprecated names (refused): "
-                     + ", ".join(f"{old} -> write {new}" for old, new in key.renamed))
+        lines.append(
+            "  verl's deprecated names (refused): " + ", ".join(f"{old} -> write {new}" for old, new in key.renamed)
+        )
     rng = _rules.range_text(key)
     if rng:
         lines.append(f"  range: {rng}")

@@ -46,8 +46,16 @@ def model_heads(path: Any) -> tuple[int, int] | None:
     return heads, kv
 
 
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
-                  "max_seq_length", "seq_len", "model_max_length")
+_POSITION_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+    "model_max_length",
+)
 
 
 def _factors(node: Any) -> list[float]:
@@ -70,10 +78,15 @@ def model_length_limit(path: Any) -> tuple[int, str] | None:
     conf = model_config(path)
     if conf is None:
         return None
-    nodes = [conf] + [conf[k] for k in ("text_config", "language_config", "llm_config")
-                      if isinstance(conf.get(k), dict)]
-    lengths = [(int(n[k]), k) for n in nodes for k in _POSITION_KEYS
-               if isinstance(n.get(k), int) and not isinstance(n.get(k), bool) and n[k] > 0]
+    nodes = [conf] + [
+        conf[k] for k in ("text_config", "language_config", "llm_config") if isinstance(conf.get(k), dict)
+    ]
+    lengths = [
+        (int(n[k]), k)
+        for n in nodes
+        for k in _POSITION_KEYS
+        if isinstance(n.get(k), int) and not isinstance(n.get(k), bool) and n[k] > 0
+    ]
     if not lengths:
         return None
     factor = max([1.0] + [f for n in nodes for k in ("rope_scaling", "rope_parameters") for f in _factors(n.get(k))])

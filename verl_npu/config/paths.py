@@ -41,12 +41,17 @@ def _role_needed(spec: RoleSpec, cfg: Any) -> bool:
 
 
 #: keys that name a model folder: a local folder, a tiny:// model or a hub id (data.tokenizer is refused unless null)
-MODEL_PATH_KEYS = (BC + "actor_rollout_ref.model.path", BC + "critic.model.path", BC + "reward_model.model.path",
-                   rules_distill.TEACHER_PATH)
+MODEL_PATH_KEYS = (
+    BC + "actor_rollout_ref.model.path",
+    BC + "critic.model.path",
+    BC + "reward_model.model.path",
+    rules_distill.TEACHER_PATH,
+)
 #: model path keys the run reads only in some configs: path key -> "is it read?" (on the whole config)
 _MODEL_PATH_USED_IF: dict[str, Callable[[Any], bool]] = {
     BC + spec.model_key: functools.partial(_role_needed, spec)
-    for spec in ROLES.specs.values() if spec.model_key and "always" not in spec.needed_when
+    for spec in ROLES.specs.values()
+    if spec.model_key and "always" not in spec.needed_when
 }
 #: model path keys whose folder must hold a particular kind of model (checked by the role's rules)
 _MODEL_KIND_CHECKED = (BC + "reward_model.model.path",)
@@ -88,11 +93,11 @@ DEMO_DATA_COMMANDS = {
     "data/tiny_geo3k": "python data_prep/geometry3k.py --synthetic 512 --local-save-dir data/tiny_geo3k",
     "data/tiny_gsm8k": "python data_prep/gsm8k.py --synthetic 512 --local-save-dir data/tiny_gsm8k",
     "data/tiny_geo3k_tool": "python data_prep/geometry3k.py --synthetic 512 --multiturn both "
-                            "--local-save-dir data/tiny_geo3k_tool",
+    "--local-save-dir data/tiny_geo3k_tool",
     "data/tiny_tool_gsm8k": "python data_prep/gsm8k_multiturn_w_tool.py --synthetic 512 "
-                            "--local-save-dir data/tiny_tool_gsm8k",
+    "--local-save-dir data/tiny_tool_gsm8k",
     "data/tiny_code_tool": "python data_prep/gsm8k_multiturn_w_tool.py --synthetic 512 "
-                           "--local-save-dir data/tiny_code_tool",
+    "--local-save-dir data/tiny_code_tool",
     "data/tiny_grid_env": "python data_prep/grid_env.py --synthetic 512 --local-save-dir data/tiny_grid_env",
     "data/tiny_search_r1": "python data_prep/search_r1.py --synthetic 64 --local-save-dir data/tiny_search_r1",
 }
@@ -102,13 +107,15 @@ def _make_data_fix(rc, key: str) -> str:
     """How to get the data file of `key`: the exact data_prep command for a shipped demo's folder,
     else the general advice."""
     value = get(rc.cfg, key)
-    for item in (value if isinstance(value, list) else [value]):
+    for item in value if isinstance(value, list) else [value]:
         folder = Path(os.path.abspath(os.path.expanduser(str(item)))).parent
         for demo, command in DEMO_DATA_COMMANDS.items():
             if folder == Path(os.path.abspath(demo)):
                 return f"make it with `{command}` (from {Path.cwd()}), or fix the path"
-    return ("point the key at a file in verl's row format (parquet, .jsonl, .json or .csv), made by one of the "
-            "data_prep/*.py scripts (each has --help and --synthetic N), or fix the path")
+    return (
+        "point the key at a file in verl's row format (parquet, .jsonl, .json or .csv), made by one of the "
+        "data_prep/*.py scripts (each has --help and --synthetic N), or fix the path"
+    )
 
 
 def check_paths(rc, skip: AbstractSet[str] = frozenset()) -> list[Problem]:
@@ -125,13 +132,16 @@ def check_paths(rc, skip: AbstractSet[str] = frozenset()) -> list[Problem]:
         (b + "data.val_files", get(rc.cfg, b + "data.val_files"), "file"),
         *((key, get(rc.cfg, key), "model") for key in _model_path_keys(rc.cfg) if key not in bad),
         (b + "custom_reward_function.path", get(rc.cfg, b + "custom_reward_function.path"), "file"),
-        (b + "actor_rollout_ref.model.lora_adapter_path", get(rc.cfg, b + "actor_rollout_ref.model.lora_adapter_path"),
-         "adapter"),
+        (
+            b + "actor_rollout_ref.model.lora_adapter_path",
+            get(rc.cfg, b + "actor_rollout_ref.model.lora_adapter_path"),
+            "adapter",
+        ),
     ]
     for key, value, kind in checks:
         if key in skip:
             continue
-        for item in (value if isinstance(value, list) else [value]):
+        for item in value if isinstance(value, list) else [value]:
             if item is None:
                 continue
             if kind == "model" and str(item).startswith("tiny://"):  # built locally: only its kind is checked
@@ -139,34 +149,65 @@ def check_paths(rc, skip: AbstractSet[str] = frozenset()) -> list[Problem]:
                     problems += rules_roles.tiny_model_problems(key, str(item))
                 continue
             if re.match(r"^[a-z]+://", str(item)):
-                problems.append(Problem(key, f"{item!r}: remote paths are not supported yet",
-                                        "copy the files to a local folder and point the key at them"))
+                problems.append(
+                    Problem(
+                        key,
+                        f"{item!r}: remote paths are not supported yet",
+                        "copy the files to a local folder and point the key at them",
+                    )
+                )
                 continue
             path = Path(os.path.expanduser(str(item)))
             if kind == "model" and not path.is_dir():
-                problems.append(Problem(key, f"model folder {item!r} does not exist",
-                                        "set it to a local model folder or a Hugging Face hub id (owner/name)"))
+                problems.append(
+                    Problem(
+                        key,
+                        f"model folder {item!r} does not exist",
+                        "set it to a local model folder or a Hugging Face hub id (owner/name)",
+                    )
+                )
             elif kind == "model" and key in _MODEL_KIND_CHECKED:
                 problems += rules_roles.model_folder_problems(key, path)
             elif kind == "adapter" and not (path / "adapter_config.json").is_file():
-                problems.append(Problem(key, f"{item!r} is not a peft adapter folder (no adapter_config.json)",
-                                        "name a folder written by peft's save_pretrained, e.g. a checkpoint's "
-                                        "actor/huggingface/lora_adapter"))
+                problems.append(
+                    Problem(
+                        key,
+                        f"{item!r} is not a peft adapter folder (no adapter_config.json)",
+                        "name a folder written by peft's save_pretrained, e.g. a checkpoint's "
+                        "actor/huggingface/lora_adapter",
+                    )
+                )
             elif kind == "file" and not path.is_file():
-                problems.append(Problem(key, f"file {item!r} ({path.resolve()}) does not exist (relative paths "
-                                        f"start at the current folder, {Path.cwd()})", _make_data_fix(rc, key)))
+                problems.append(
+                    Problem(
+                        key,
+                        f"file {item!r} ({path.resolve()}) does not exist (relative paths "
+                        f"start at the current folder, {Path.cwd()})",
+                        _make_data_fix(rc, key),
+                    )
+                )
             elif kind == "file" and key.startswith(b + "data."):
-                needed = (get(rc.cfg, b + "data.prompt_key") or "prompt", get(rc.cfg, b + "data.reward_fn_key")
-                          or "data_source", "reward_model")
+                needed = (
+                    get(rc.cfg, b + "data.prompt_key") or "prompt",
+                    get(rc.cfg, b + "data.reward_fn_key") or "data_source",
+                    "reward_model",
+                )
                 why = row_file_problem(path, tuple(needed))
                 if why:
                     problems.append(Problem(key, f"data file {item!r} {why}", _make_data_fix(rc, key)))
-    files = (rules_multiturn.tool_config_problems(rc.cfg) + rules_multiturn.function_tool_problems(rc.cfg)
-             + rules_multiturn.interaction_config_problems(rc.cfg) + rules_multiturn.agent_loop_config_problems(rc.cfg))
+    files = (
+        rules_multiturn.tool_config_problems(rc.cfg)
+        + rules_multiturn.function_tool_problems(rc.cfg)
+        + rules_multiturn.interaction_config_problems(rc.cfg)
+        + rules_multiturn.agent_loop_config_problems(rc.cfg)
+    )
     # the classes those files name, imported in a process of their own (files with problems left out)
-    return (problems + files + class_problems(rc.cfg, skip={p.key for p in files})
-            + agent_loop_class_problems(rc.cfg, skip={p.key for p in files}))
-
+    return (
+        problems
+        + files
+        + class_problems(rc.cfg, skip={p.key for p in files})
+        + agent_loop_class_problems(rc.cfg, skip={p.key for p in files})
+    )
 
 
 def machine_problems(rc) -> tuple[list[Problem], list[str]]:
@@ -200,8 +241,10 @@ def machine_problems(rc) -> tuple[list[Problem], list[str]]:
             err = HubIdMissing(value, path_key.removeprefix(BC), f"the hub cannot be reached: {unreachable}")
             problems.append(Problem(path_key, err.what, err.advice))
         else:
-            notes.append(f"{path_key.removeprefix(BC)}: hub id {value} is not in the Hugging Face cache; "
-                         "the run downloads it first")
+            notes.append(
+                f"{path_key.removeprefix(BC)}: hub id {value} is not in the Hugging Face cache; "
+                "the run downloads it first"
+            )
     return problems + retrieval_server_problems(rc.cfg), notes
 
 
@@ -234,10 +277,14 @@ def retrieval_server_problems(cfg) -> list[Problem]:
             continue
         except OSError as err:
             reason = err.strerror or str(err) or type(err).__name__
-        problems.append(Problem(
-            key, f"{path}: {entry.where.split(': ', 1)[-1]}.config.retrieval_service_url {url!r}: the retrieval "
-                 f"server cannot be reached ({reason})",
-            f"start it first: verl-npu retrieval-server --corpus <corpus.jsonl> --port {port} (for the synthetic "
-            "Search-R1 data: python data_prep/search_r1.py --synthetic 64 --local-save-dir data/tiny_search_r1, "
-            "then --corpus data/tiny_search_r1/corpus.jsonl), or point retrieval_service_url at a running server"))
+        problems.append(
+            Problem(
+                key,
+                f"{path}: {entry.where.split(': ', 1)[-1]}.config.retrieval_service_url {url!r}: the retrieval "
+                f"server cannot be reached ({reason})",
+                f"start it first: verl-npu retrieval-server --corpus <corpus.jsonl> --port {port} (for the synthetic "
+                "Search-R1 data: python data_prep/search_r1.py --synthetic 64 --local-save-dir data/tiny_search_r1, "
+                "then --corpus data/tiny_search_r1/corpus.jsonl), or point retrieval_service_url at a running server",
+            )
+        )
     return problems

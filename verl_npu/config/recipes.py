@@ -68,13 +68,18 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
     if len(matches) == 1:
         return matches[0].path
     if len(matches) > 1:
-        raise UserError(f"recipe name '{text}' is ambiguous: " + ", ".join(str(m.path) for m in matches)
-                        + "; pass the file path instead")
+        raise UserError(
+            f"recipe name '{text}' is ambiguous: "
+            + ", ".join(str(m.path) for m in matches)
+            + "; pass the file path instead"
+        )
     names = [r.name for r in list_recipes()]
     close = difflib.get_close_matches(text, names, n=1)
     hint = f" Did you mean {close[0]}?" if close else ""
-    raise UserError(f"no recipe named '{text}'.{hint} Shipped recipes: {', '.join(names) or '(none)'}; "
-                    "or pass a path to a .yaml file.")
+    raise UserError(
+        f"no recipe named '{text}'.{hint} Shipped recipes: {', '.join(names) or '(none)'}; "
+        "or pass a path to a .yaml file."
+    )
 
 
 def placeholder_fields(path: Path) -> list[str]:
@@ -94,8 +99,10 @@ def copy_recipe(name_or_path: str, dest: str | os.PathLike) -> tuple[Path, list[
     if target.is_dir():
         target = target / src.name
     if target.exists():
-        raise UserError(f"{target} already exists; verl-npu cp does not overwrite. Pick another "
-                        "destination or delete the file first.")
+        raise UserError(
+            f"{target} already exists; verl-npu cp does not overwrite. Pick another "
+            "destination or delete the file first."
+        )
     if not target.parent.is_dir():
         raise UserError(f"folder {target.parent} does not exist; create it first (mkdir -p {target.parent})")
     shutil.copyfile(src, target)

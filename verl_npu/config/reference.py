@@ -20,7 +20,7 @@ from verl_npu.config.tree import scalar as _scalar
 
 def _section(key: Key) -> str:
     parts = key.short.split(".")
-    if key.path == key.short:           # top level: af_output_dir, engine_kwargs.*
+    if key.path == key.short:  # top level: af_output_dir, engine_kwargs.*
         return "top level"
     if parts[0] == "actor_rollout_ref" and len(parts) > 2:
         return f"actor_rollout_ref.{parts[1]}"
@@ -40,8 +40,9 @@ def _notes(key: Key) -> str:
     if key.unsupported:
         notes.append("not supported yet: " + ", ".join(f"`{c}`" for c in key.unsupported))
     if key.renamed:
-        notes.append("verl's deprecated names, refused: "
-                     + ", ".join(f"`{old}` (write `{new}`)" for old, new in key.renamed))
+        notes.append(
+            "verl's deprecated names, refused: " + ", ".join(f"`{old}` (write `{new}`)" for old, new in key.renamed)
+        )
     if range_text(key):
         notes.append("range: " + range_text(key))
     if key.off_only:
@@ -78,20 +79,34 @@ def render_reference() -> str:
         out += [f"## {name}", "", "| key | type | default | meaning | notes |", "|---|---|---|---|---|"]
         for k in keys:
             type_ = _cell(k.type + (" | null" if k.allows_null else ""))
-            out.append(f"| `{k.short}` | {type_} | `{_cell(_scalar(k.default))}` | {_cell(k.doc)} | "
-                       f"{_cell(_notes(k))} |")
+            out.append(
+                f"| `{k.short}` | {type_} | `{_cell(_scalar(k.default))}` | {_cell(k.doc)} | {_cell(_notes(k))} |"
+            )
         out.append("")
-    out += ["## Deprecated verl keys", "",
-            "Those verl 0.9.1 still reads are accepted and mapped as verl maps them, with a warning naming both:", ""]
+    out += [
+        "## Deprecated verl keys",
+        "",
+        "Those verl 0.9.1 still reads are accepted and mapped as verl maps them, with a warning naming both:",
+        "",
+    ]
     out += [f"- `{old.removeprefix('backend_config.')}`: {how}" for old, how in DEPRECATED_MAPPED.items()]
     out += ["", "Those verl 0.9.1 no longer reads are errors:", ""]
-    out += [f"- `{old.removeprefix('backend_config.')}`: use `{new.removeprefix('backend_config.')}`"
-            for old, new in DEPRECATED.items()]
-    out += [f"- `{old.removeprefix('backend_config.')}`: only a warning; {why}"
-            for old, why in DEPRECATED_WARN_ONLY.items()]
+    out += [
+        f"- `{old.removeprefix('backend_config.')}`: use `{new.removeprefix('backend_config.')}`"
+        for old, new in DEPRECATED.items()
+    ]
+    out += [
+        f"- `{old.removeprefix('backend_config.')}`: only a warning; {why}" for old, why in DEPRECATED_WARN_ONLY.items()
+    ]
     out += ["", "## verl sections not supported yet (errors unless null/false)", ""]
     out += [f"- `{p.removeprefix('backend_config.')}.*`: {what}" for p, what in UNSUPPORTED_PREFIXES.items()]
-    out += ["", "## Cross-key rules", "", "Checked before anything heavy starts; every problem is reported at once.", ""]
+    out += [
+        "",
+        "## Cross-key rules",
+        "",
+        "Checked before anything heavy starts; every problem is reported at once.",
+        "",
+    ]
     out += [f"- **{r.name}**: {r.text}" for r in RULES]
     out.append("")
     return "\n".join(out)

@@ -82,8 +82,9 @@ def row_file_problem(path: str | Path, needed: tuple[str, ...]) -> str | None:
         except OSError as exc:
             return f"cannot be read ({exc.strerror})"
         if tail != PARQUET_MAGIC:
-            return ("is not a parquet file (name it .jsonl, .json or .csv if it is one of those: verl-npu "
-                    "reads them too)")
+            return (
+                "is not a parquet file (name it .jsonl, .json or .csv if it is one of those: verl-npu reads them too)"
+            )
         return None
     try:
         first = read_rows(path, limit=1)
@@ -93,6 +94,8 @@ def row_file_problem(path: str | Path, needed: tuple[str, ...]) -> str | None:
         return f"has no rows ({fmt.upper()})"
     missing = [c for c in needed if c not in first[0]]
     if missing:
-        return (f"has no column {', '.join(repr(c) for c in missing)} (columns: {', '.join(map(str, first[0]))}): "
-                f"each row needs verl's row format (prompt messages, data_source, reward_model.ground_truth)")
+        return (
+            f"has no column {', '.join(repr(c) for c in missing)} (columns: {', '.join(map(str, first[0]))}): "
+            f"each row needs verl's row format (prompt messages, data_source, reward_model.ground_truth)"
+        )
     return None

@@ -40,6 +40,10 @@ from verl_npu.registry import (  # specs read from the implementations' source: 
     ROLLOUT_ENGINES,
 )
 
+# A table: one call per key, kept one per line so that the keys read as rows (ruff format would put each
+# argument on a line of its own).
+# fmt: off
+
 #: first segments of verl's own config; `data.x=1` on the command line means `backend_config.data.x=1`.
 VERL_SECTIONS = (
     "data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function",
@@ -670,6 +674,7 @@ del _A
 DEPRECATED_WARN_ONLY = {"backend_config.data.val_batch_size": "leave it null: validation sends the whole set at once"}
 
 REQUIRED = tuple(k.path for k in SCHEMA.values() if k.required)
+# fmt: on
 
 
 def free_form_owner(path: str) -> str | None:

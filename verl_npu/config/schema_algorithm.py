@@ -10,6 +10,10 @@ from typing import Any
 from verl_npu.config.key import BOOL, FLOAT, FLOAT_OR_STR, STR, Key
 from verl_npu.rollout_corrections import BYPASS_LOSS_TYPES, ROLLOUT_IS_LEVELS, ROLLOUT_RS_OPTIONS  # names only
 
+# A table: one call per key, kept one per line so that the keys read as rows (ruff format would put each
+# argument on a line of its own).
+# fmt: off
+
 #: ROLL's reward normalisation (`algorithm.reward_norm.*`, a verl-npu extension; tensor code in
 #: `verl_npu.algorithms.reward_norm`): which rows are normalised together, and how.
 REWARD_NORM_GROUPINGS = {

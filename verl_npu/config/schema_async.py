@@ -9,6 +9,10 @@ from typing import Any
 
 from verl_npu.config.key import INT, STR, Key
 
+# A table: one call per key, kept one per line so that the keys read as rows (ruff format would put each
+# argument on a line of its own).
+# fmt: off
+
 KEYS: list[Key] = []
 V1, RO = "trainer.v1", "actor_rollout_ref.rollout"
 #: why colocate_async is refused (docs/async.md, "What is refused")

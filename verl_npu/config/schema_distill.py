@@ -16,6 +16,10 @@ from typing import Any
 from verl_npu.config.key import BOOL, DICT, FLOAT, INT, INT_LIST, STR, Key
 from verl_npu.distillation_losses import DISTILLATION_LOSS_MODES, DISTILLATION_POLICY_LOSSES  # names only
 
+# A table: one call per key, kept one per line so that the keys read as rows (ruff format would put each
+# argument on a line of its own).
+# fmt: off
+
 DI = "distillation"
 DL = f"{DI}.distillation_loss"
 TM = f"{DI}.teacher_models.teacher_model"

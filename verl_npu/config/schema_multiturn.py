@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# A table: one call per key, kept one per line so that the keys read as rows (ruff format would put each
+# argument on a line of its own).
+# fmt: off
+
 #: verl's agent loops a dataset row may name (`agent_name` column) or `agent.default_agent_loop` may be.
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")
 #: tool-call formats parsed here: hermes, and SGLang's parser names of the same syntax, which verl's SGLang

@@ -26,6 +26,10 @@ from typing import Any
 
 from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, STR, STR_LIST, Key
 
+# A table: one call per key, kept one per line so that the keys read as rows (ruff format would put each
+# argument on a line of its own).
+# fmt: off
+
 #: top-level verl sections besides schema.VERL_SECTIONS (all of their keys are in this module).
 EXTRA_VERL_SECTIONS = ("reward_manager", "transfer_queue", "ray_kwargs", "reward", "distillation", "skip",
                        "sandbox_fusion")
@@ -321,6 +325,7 @@ READ_WITH_PLUS: dict[str, str] = {_full(k): v for k, v in {
     "algorithm.gdpo_reward_keys": "the algorithm config (gdpo)",
     "algorithm.gdpo_reward_weights": "the algorithm config (gdpo)",
 }.items()}
+# fmt: on
 
 
 def refused_subtree(path: str) -> tuple[str, tuple[str, str]] | None:

@@ -15,6 +15,10 @@ from typing import Any
 from verl_npu.config import schema_distill
 from verl_npu.config.schema import BOOL, DICT, FLOAT, INT, INT_LIST, STR, STR_LIST
 
+# A table: one call per key, kept one per line so that the keys read as rows (ruff format would put each
+# argument on a line of its own).
+# fmt: off
+
 A, AC, R, RO, M = ("actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.ref",
                    "actor_rollout_ref.rollout", "actor_rollout_ref.model")
 LEAVE = "leave it at its default"

@@ -15,7 +15,7 @@ BUILD: Callable[[str, Any], Any] | None = None
 
 
 def _short(path: str) -> str:
-    return path[len(ROOT) + 1:] if path.startswith(ROOT + ".") else path
+    return path[len(ROOT) + 1 :] if path.startswith(ROOT + ".") else path
 
 
 class ConfigKeyError(AttributeError, KeyError):

@@ -16,6 +16,10 @@ from typing import Any
 from verl_npu.config.key import BOOL, DICT, FLOAT, FLOAT_LIST, INT, STR, STR_LIST, STR_OR_LIST, Key
 from verl_npu.registry import METRIC_SINKS
 
+# A table: one call per key, kept one per line so that the keys read as rows (ruff format would put each
+# argument on a line of its own).
+# fmt: off
+
 SECTIONS = ("data", "model", "engine", "optim", "checkpoint", "trainer", "profiler")
 BC = "backend_config."
 
@@ -230,6 +234,7 @@ LEGACY_REFUSED = {
     "data.response_dict_keys": (None, "the same: fold prompt and response into a messages column"),
     "data.micro_batch_size": (None, "use data.micro_batch_size_per_gpu (per worker)"),
 }
+# fmt: on
 
 
 def defaults_tree() -> dict:
@@ -239,7 +244,7 @@ def defaults_tree() -> dict:
         if not key.path.startswith(BC):
             continue
         node = tree
-        *heads, leaf = key.path[len(BC):].split(".")
+        *heads, leaf = key.path[len(BC) :].split(".")
         for head in heads:
             node = node.setdefault(head, {})
         node[leaf] = key.default
@@ -273,9 +278,13 @@ def reference_table() -> str:
             note += f" One of: {', '.join(map(str, key.choices))}."
         if key.unsupported:
             note += f" Refused: {', '.join(key.unsupported)} ({key.instead})."
-        lines.append(f"| `{key.short}` | {key.type.replace('|', 'or')} | `{key.default!r}` | {note.replace('|', '/')} |")
+        lines.append(
+            f"| `{key.short}` | {key.type.replace('|', 'or')} | `{key.default!r}` | {note.replace('|', '/')} |"
+        )
     lines += ["", "verl's older `fsdp_sft_trainer` spellings:", "", "| older key | read as / refused |", "|---|---|"]
     lines += [f"| `{old}` | `{new}` (with a warning) |" for old, new in LEGACY.items()]
-    lines += [f"| `{old}` | " + (f"accepted at `{ok}` with a warning; " if ok is not None else "refused: ") + f"{fix} |"
-              for old, (ok, fix) in LEGACY_REFUSED.items()]
+    lines += [
+        f"| `{old}` | " + (f"accepted at `{ok}` with a warning; " if ok is not None else "refused: ") + f"{fix} |"
+        for old, (ok, fix) in LEGACY_REFUSED.items()
+    ]
     return "\n".join(lines) + "\n"

@@ -36,7 +36,7 @@ def is_stages_tree(raw) -> bool:
 @dataclass
 class Stage:
     name: str
-    kind: str                     # "sft" or "rl"
+    kind: str  # "sft" or "rl"
     recipe: Path
     overrides: list[str] = field(default_factory=list)
 
@@ -50,8 +50,11 @@ class StagesRecipe:
     def stage_overrides(self, stage: Stage, model_path: str | None = None) -> list[str]:
         """`stage`'s overrides as its loader takes them: its own output folder, and for the RL stage the model."""
         extra = [f"af_output_dir={self.out_dir / stage.name}"]
-        if stage.kind == "rl" and model_path is not None and not any(
-                o.split("=", 1)[0].strip().endswith("actor_rollout_ref.model.path") for o in stage.overrides):
+        if (
+            stage.kind == "rl"
+            and model_path is not None
+            and not any(o.split("=", 1)[0].strip().endswith("actor_rollout_ref.model.path") for o in stage.overrides)
+        ):
             extra.append(f"actor_rollout_ref.model.path={model_path}")
         return [*stage.overrides, *extra]
 
@@ -74,13 +77,27 @@ def load_stages(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Stag
     problems: list[Problem] = []
     for key in raw:
         if key not in ("af_output_dir", "stages"):
-            problems.append(Problem(str(key), "unknown key of a stages recipe", "a stages recipe has af_output_dir "
-                                    "and stages (each stage's settings go in its recipe or its overrides)"))
+            problems.append(
+                Problem(
+                    str(key),
+                    "unknown key of a stages recipe",
+                    "a stages recipe has af_output_dir "
+                    "and stages (each stage's settings go in its recipe or its overrides)",
+                )
+            )
     entries = raw.get("stages")
     if not isinstance(entries, list) or len(entries) != 2:
-        raise ConfigErrors(problems + [Problem("stages", "must list two stages: SFT, then RL",
-                                               "stages: [{name: sft, recipe: ...}, {name: rl, recipe: ...}]")],
-                           source=str(source))
+        raise ConfigErrors(
+            problems
+            + [
+                Problem(
+                    "stages",
+                    "must list two stages: SFT, then RL",
+                    "stages: [{name: sft, recipe: ...}, {name: rl, recipe: ...}]",
+                )
+            ],
+            source=str(source),
+        )
     if not raw.get("af_output_dir"):
         problems.append(Problem("af_output_dir", "is required", "set the folder both stages write under"))
     stages: list[Stage] = []
@@ -100,8 +117,13 @@ def load_stages(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Stag
             continue
         kind = "sft" if is_sft_recipe(path) else "rl"
         if kind != ("sft", "rl")[i]:
-            problems.append(Problem(f"{where}.recipe", f"{path} is an {kind.upper()} recipe; the stages are SFT, "
-                                    "then RL", "put the SFT recipe first and the RL recipe second"))
+            problems.append(
+                Problem(
+                    f"{where}.recipe",
+                    f"{path} is an {kind.upper()} recipe; the stages are SFT, then RL",
+                    "put the SFT recipe first and the RL recipe second",
+                )
+            )
             continue
         stage_overrides = [str(o) for o in entry.get("overrides") or []]
         stages.append(Stage(name, kind, path, stage_overrides))
@@ -115,18 +137,25 @@ def load_stages(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Stag
         head, _, rest = text.partition(".")
         target = [s for s in stages if s.name == head.lstrip("+~")]
         if not target or not rest:
-            raise UserError(f"override '{text}': a stages recipe's overrides start with a stage name "
-                            f"({', '.join(s.name for s in stages)}), e.g. {stages[0].name}.optim.lr=1e-4 "
-                            "(or are af_output_dir=DIR)")
-        target[0].overrides.append(text[:len(head) - len(head.lstrip("+~"))] + rest)
+            raise UserError(
+                f"override '{text}': a stages recipe's overrides start with a stage name "
+                f"({', '.join(s.name for s in stages)}), e.g. {stages[0].name}.optim.lr=1e-4 "
+                "(or are af_output_dir=DIR)"
+            )
+        target[0].overrides.append(text[: len(head) - len(head.lstrip("+~"))] + rest)
     recipe = StagesRecipe(source, Path(os.path.expanduser(str(out_dir))), stages)
     sft, rl = stages
     try:
         rc = load_sft_recipe(sft.recipe, recipe.stage_overrides(sft))
         if "hf_model" not in rc.typed.checkpoint.save_contents:
-            problems.append(Problem(f"{sft.name}: checkpoint.save_contents", "the RL stage starts from the SFT stage's "
-                                    "huggingface/ export, which holds weights only with hf_model",
-                                    "add hf_model to the SFT stage's checkpoint.save_contents"))
+            problems.append(
+                Problem(
+                    f"{sft.name}: checkpoint.save_contents",
+                    "the RL stage starts from the SFT stage's "
+                    "huggingface/ export, which holds weights only with hf_model",
+                    "add hf_model to the SFT stage's checkpoint.save_contents",
+                )
+            )
     except ConfigErrors as exc:
         problems += [Problem(f"{sft.name}: {p.key}", p.message, p.fix) for p in exc.problems]
     try:

@@ -20,8 +20,12 @@ from verl_npu.errors import UserError
 
 #: full-path prefixes of the sections the rules and derivations read.
 BC = "backend_config."
-DATA, ACTOR, ROLL, REF = (BC + "data.", BC + "actor_rollout_ref.actor.", BC + "actor_rollout_ref.rollout.",
-                          BC + "actor_rollout_ref.ref.")
+DATA, ACTOR, ROLL, REF = (
+    BC + "data.",
+    BC + "actor_rollout_ref.actor.",
+    BC + "actor_rollout_ref.rollout.",
+    BC + "actor_rollout_ref.ref.",
+)
 TRAINER, ALGO = BC + "trainer.", BC + "algorithm."
 
 
@@ -125,10 +129,17 @@ def _parse_yaml_file(path: Path) -> dict:
     except (yaml.YAMLError, UnicodeDecodeError):
         plain = {}
     if not isinstance(loaded, DictConfig) or not isinstance(plain, dict):
-        what = ("an empty file" if plain is None else f"a {type(plain).__name__} ({str(plain)[:60]!r})"
-                if not isinstance(plain, dict) else f"a {type(loaded).__name__}")
-        raise UserError(f"{path}: not a YAML mapping: a recipe must be a YAML mapping with af_output_dir, "
-                        f"backend_config and engine_kwargs, not {what}")
+        what = (
+            "an empty file"
+            if plain is None
+            else f"a {type(plain).__name__} ({str(plain)[:60]!r})"
+            if not isinstance(plain, dict)
+            else f"a {type(loaded).__name__}"
+        )
+        raise UserError(
+            f"{path}: not a YAML mapping: a recipe must be a YAML mapping with af_output_dir, "
+            f"backend_config and engine_kwargs, not {what}"
+        )
     return cast(dict, OmegaConf.to_container(loaded, resolve=False))
 
 

@@ -40,8 +40,17 @@ from verl_npu.config.schema_verl import REFUSED_SUBTREES, VERL_ONLY
 from verl_npu.config.section_base import ROOT, SECTIONS, ConfigKeyError, FrozenDict, Section, _short, _unknown, plain  # noqa: F401 - the sections' face
 
 # ------------------------------------------------------------------ generation
-_PY_TYPES = {INT: int, FLOAT: float, BOOL: bool, STR: str, DICT: FrozenDict, STR_LIST: tuple, INT_LIST: tuple,
-             FLOAT_LIST: tuple, STR_OR_LIST: Any}
+_PY_TYPES = {
+    INT: int,
+    FLOAT: float,
+    BOOL: bool,
+    STR: str,
+    DICT: FrozenDict,
+    STR_LIST: tuple,
+    INT_LIST: tuple,
+    FLOAT_LIST: tuple,
+    STR_OR_LIST: Any,
+}
 
 #: full section path -> {leaf name: full key path}; its sub-sections' names
 _LEAVES: dict[str, dict[str, str]] = {}
@@ -60,8 +69,13 @@ def _class_name(path: str) -> str:
 
 def _read_keys() -> list[Key]:
     """The schema's keys, and verl's keys that verl-npu supports only at their default (in verl's sections)."""
-    fixed = [k for k in VERL_ONLY.values() if k.off_only and k.path.split(".")[1] in VERL_SECTIONS
-             and not any(k.path.startswith(r + ".") for r in REFUSED_SUBTREES)]
+    fixed = [
+        k
+        for k in VERL_ONLY.values()
+        if k.off_only
+        and k.path.split(".")[1] in VERL_SECTIONS
+        and not any(k.path.startswith(r + ".") for r in REFUSED_SUBTREES)
+    ]
     return list(SCHEMA.values()) + fixed
 
 
@@ -73,7 +87,7 @@ def _generate() -> None:
             continue  # top-level keys (af_output_dir) are not in a section
         _LEAVES.setdefault(parent, {})[parts[-1]] = key.path
         for i in range(len(parts) - 1, 1, -1):  # every ancestor section lists its child sections
-            above, child = ".".join(parts[:i - 1]), parts[i - 1]
+            above, child = ".".join(parts[: i - 1]), parts[i - 1]
             children = _CHILDREN.setdefault(above, [])
             if child not in children:
                 children.append(child)
@@ -81,11 +95,17 @@ def _generate() -> None:
         fields = section_fields(path)
         cls: Any = getattr(generated, _class_name(path), None)
         if cls is None or [(f.name, f.type) for f in dataclasses.fields(cls)] != [
-                (name, text) for name, _, text in fields]:
+            (name, text) for name, _, text in fields
+        ]:
             # the generated module is stale (a schema key added or changed without running
             # `python -m verl_npu.config.sections_gen`; tests/config/test_config_typed.py fails on it): built here
-            cls = dataclasses.make_dataclass(_class_name(path), [(n, t) for n, t, _ in fields], bases=(Section,),
-                                             frozen=True, namespace={"__module__": generated.__name__})
+            cls = dataclasses.make_dataclass(
+                _class_name(path),
+                [(n, t) for n, t, _ in fields],
+                bases=(Section,),
+                frozen=True,
+                namespace={"__module__": generated.__name__},
+            )
             setattr(generated, cls.__name__, cls)
         cls._path_ = path
         cls._keys_ = tuple(name for name, _, _ in fields)
@@ -114,8 +134,11 @@ def section_fields(path: str) -> list[tuple[str, Any, str]]:
 def _ignored(path: str) -> bool:
     """A key that may sit in a resolved config although the schema does not read it: verl's keys that
     verl-npu accepts and ignores (`schema_verl.VERL_ONLY`) and what lies under them."""
-    return path in VERL_ONLY or any(v.startswith(path + ".") or path.startswith(v + ".") for v in VERL_ONLY) \
+    return (
+        path in VERL_ONLY
+        or any(v.startswith(path + ".") or path.startswith(v + ".") for v in VERL_ONLY)
         or any(path == r or path.startswith(r + ".") for r in REFUSED_SUBTREES)
+    )
 
 
 def _value(key: Key, value: Any) -> Any:
@@ -191,4 +214,4 @@ def defaults(path: str) -> Section:
 
 
 _generate()
-section_base.BUILD = section   # Section.replace builds through it
+section_base.BUILD = section  # Section.replace builds through it

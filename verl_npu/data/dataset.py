@@ -114,7 +114,7 @@ def truncate_ids(ids: torch.Tensor, max_len: int, mode: str) -> torch.Tensor:
         return ids[:max_len]
     if mode == "middle":
         head = max_len // 2
-        return torch.cat([ids[:head], ids[ids.numel() - (max_len - head):]])
+        return torch.cat([ids[:head], ids[ids.numel() - (max_len - head) :]])
     raise ValueError(f"unknown truncation mode {mode!r}")
 
 
@@ -137,8 +137,15 @@ class RLDataset:
             was filtered out.
     """
 
-    def __init__(self, files: Any, tokenizer: Any, processor: Any, data_cfg: Any, tools: list[dict] | None = None,
-                 raw_chat: bool = False):
+    def __init__(
+        self,
+        files: Any,
+        tokenizer: Any,
+        processor: Any,
+        data_cfg: Any,
+        tools: list[dict] | None = None,
+        raw_chat: bool = False,
+    ):
         # every row gets its raw_prompt whatever data.return_raw_chat says: custom agent loops read it (verl's
         # dataset always gives it)
         self.raw_chat = raw_chat
@@ -206,9 +213,11 @@ class RLDataset:
         try:
             table = pq.read_table(f) if fmt == "parquet" else pa.Table.from_pylist(read_rows(f))
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, ValueError) as e:
-            raise UserError(f"data file {f} is not a readable {fmt.upper() if fmt != 'parquet' else 'parquet'} "
-                            f"file of rows ({e}); verl-npu reads parquet, .jsonl, .json and .csv in verl's row "
-                            "format") from None
+            raise UserError(
+                f"data file {f} is not a readable {fmt.upper() if fmt != 'parquet' else 'parquet'} "
+                f"file of rows ({e}); verl-npu reads parquet, .jsonl, .json and .csv in verl's row "
+                "format"
+            ) from None
         cols = table.column_names
         for key, col in (("data.prompt_key", s.prompt_key), ("data.reward_fn_key", s.reward_fn_key)):
             if col not in cols:
@@ -263,8 +272,14 @@ class RLDataset:
 
         problems: list[str] = []
         bad_rows = 0
-        with tqdm(total=total, desc="checking images", unit="row", file=sys.stderr, leave=False,
-                  disable=total <= CHECK_PROGRESS_MIN_ROWS) as bar:
+        with tqdm(
+            total=total,
+            desc="checking images",
+            unit="row",
+            file=sys.stderr,
+            leave=False,
+            disable=total <= CHECK_PROGRESS_MIN_ROWS,
+        ) as bar:
             for fi, table in tables:
                 r = 0
                 for chunk in table.select([s.image_key, s.prompt_key]).to_batches(max_chunksize=256):
@@ -272,14 +287,15 @@ class RLDataset:
                         found = self._row_image_problems(images or [], prompt, self.files[fi], r)
                         if found:
                             bad_rows += 1
-                            problems += found[:max(0, MAX_LISTED_PROBLEMS - len(problems))]
+                            problems += found[: max(0, MAX_LISTED_PROBLEMS - len(problems))]
                         r += 1
                     bar.update(chunk.num_rows)
         if bad_rows:
             more = f"\n  ({bad_rows} bad rows in all)" if bad_rows > 1 else ""
             raise UserError(
                 f"{bad_rows} of {total} rows with images cannot be used (checked before training):\n  - "
-                + "\n  - ".join(problems) + more
+                + "\n  - ".join(problems)
+                + more
                 + "\nFix or drop these rows (data_prep/geometry3k.py --skip-bad-rows drops undecodable ones), "
                 "or point data.train_files / data.val_files at good files"
             )
@@ -303,14 +319,18 @@ class RLDataset:
             try:
                 h, w = self.resizer.size(image.height, image.width)
             except (ValueError, ZeroDivisionError, AssertionError) as e:
-                out.append(f"{where}: image {k} is {image.width}x{image.height} px and cannot be resized within "
-                           f"min_pixels={self.min_pixels}..max_pixels={self.max_pixels} ({e}); crop or pad it")
+                out.append(
+                    f"{where}: image {k} is {image.width}x{image.height} px and cannot be resized within "
+                    f"min_pixels={self.min_pixels}..max_pixels={self.max_pixels} ({e}); crop or pad it"
+                )
                 continue
             tokens += self.image_tokens(h, w)
         if tokens > s.max_prompt_length and not s.filter_overlong_prompts:
-            out.append(f"{where}: the images alone take {tokens} prompt tokens, more than data.max_prompt_length="
-                       f"{s.max_prompt_length}; raise data.max_prompt_length, lower data.max_pixels (now "
-                       f"{self.max_pixels}), or set data.filter_overlong_prompts=true to drop such rows")
+            out.append(
+                f"{where}: the images alone take {tokens} prompt tokens, more than data.max_prompt_length="
+                f"{s.max_prompt_length}; raise data.max_prompt_length, lower data.max_pixels (now "
+                f"{self.max_pixels}), or set data.filter_overlong_prompts=true to drop such rows"
+            )
         return out
 
     def _prompt_lengths(self) -> list[int]:
@@ -330,8 +350,12 @@ class RLDataset:
     def _raise_bad_rows(self, what: str, problems: list[str], fix: str) -> None:
         if problems:
             more = f"\n  ({len(problems)} such rows in all)" if len(problems) > MAX_LISTED_PROBLEMS else ""
-            raise UserError(f"{len(problems)} of {len(self._refs)} rows {what} (checked before training):\n  - "
-                            + "\n  - ".join(problems[:MAX_LISTED_PROBLEMS]) + more + f"\nFix: {fix}")
+            raise UserError(
+                f"{len(problems)} of {len(self._refs)} rows {what} (checked before training):\n  - "
+                + "\n  - ".join(problems[:MAX_LISTED_PROBLEMS])
+                + more
+                + f"\nFix: {fix}"
+            )
 
     def check_prompt_lengths(self) -> None:
         """With ``truncation=error`` (and no filtering), every prompt must fit ``max_prompt_length``:
@@ -341,7 +365,8 @@ class RLDataset:
             f"have prompts longer than data.max_prompt_length={limit}",
             [f"{self._row(i)[1]}: {n} tokens" for i, n in enumerate(self._prompt_lengths()) if n > limit],
             "raise data.max_prompt_length, set data.filter_overlong_prompts=true to drop such rows, or set "
-            "data.truncation to left, right or middle")
+            "data.truncation to left, right or middle",
+        )
 
     def check_ground_truths(self) -> None:
         """Every visible row needs ``reward_model.ground_truth`` (not null) for its reward."""
@@ -351,8 +376,11 @@ class RLDataset:
             rm = columns[fi][r]
             if not isinstance(rm, dict) or rm.get("ground_truth") is None:
                 problems.append(f"data file {self.files[fi]} row {r}: 'reward_model' is {rm!r}")
-        self._raise_bad_rows("have no reward_model.ground_truth", problems,
-                             "give every row a ground truth (re-run data prep), or drop those rows")
+        self._raise_bad_rows(
+            "have no reward_model.ground_truth",
+            problems,
+            "give every row a ground truth (re-run data prep), or drop those rows",
+        )
 
     def _filter_overlong(self) -> None:
         n = len(self._refs)
@@ -366,8 +394,9 @@ class RLDataset:
                 "or lower data.max_pixels"
             )
         if self.num_filtered:
-            logger.info("filtered %d of %d prompts longer than %d tokens", self.num_filtered, n,
-                        self.settings.max_prompt_length)
+            logger.info(
+                "filtered %d of %d prompts longer than %d tokens", self.num_filtered, n, self.settings.max_prompt_length
+            )
         self._refs = keep
 
     # ------------------------------------------------------------------ rows
@@ -502,8 +531,11 @@ class RLDataset:
         if self.processor is None:
             return []
         key = self.settings.image_key
-        return [str(self.files[fi]) for fi, t in enumerate(self._tables)
-                if key in t.column_names and any(t.column(key).to_pylist())]
+        return [
+            str(self.files[fi])
+            for fi, t in enumerate(self._tables)
+            if key in t.column_names and any(t.column(key).to_pylist())
+        ]
 
     def check_agent_names(self, known: tuple[str, ...], multi_turn: bool, custom: tuple[str, ...] = ()) -> None:
         """Refuse rows whose ``agent_name`` is not one of ``known`` or ``custom`` (the names of
@@ -523,14 +555,18 @@ class RLDataset:
                 if name in custom:
                     continue
                 if name not in known:
-                    raise UserError(f"{where}: agent_name {name!r} is not an agent loop of this run (built in: "
-                                    f"{', '.join(known)}; from actor_rollout_ref.rollout.agent.agent_loop_config_path: "
-                                    f"{', '.join(custom) or 'none'}); fix the column, add the loop to that file "
-                                    "(docs/agents.md, 'Custom agent loops'), or drop the column to use "
-                                    "actor_rollout_ref.rollout.agent.default_agent_loop")
+                    raise UserError(
+                        f"{where}: agent_name {name!r} is not an agent loop of this run (built in: "
+                        f"{', '.join(known)}; from actor_rollout_ref.rollout.agent.agent_loop_config_path: "
+                        f"{', '.join(custom) or 'none'}); fix the column, add the loop to that file "
+                        "(docs/agents.md, 'Custom agent loops'), or drop the column to use "
+                        "actor_rollout_ref.rollout.agent.default_agent_loop"
+                    )
                 if name != "single_turn_agent" and not multi_turn:
-                    raise UserError(f"{where}: agent_name {name!r} needs multi-turn rollout; set "
-                                    "actor_rollout_ref.rollout.multi_turn.enable=true (and multi_turn.tool_config_path)")
+                    raise UserError(
+                        f"{where}: agent_name {name!r} needs multi-turn rollout; set "
+                        "actor_rollout_ref.rollout.multi_turn.enable=true (and multi_turn.tool_config_path)"
+                    )
 
     def check_interaction_names(self, names: list[str], default_agent: str) -> None:
         """With interactions configured, refuse a multi-turn row (its ``agent_name``, else ``default_agent``,
@@ -543,10 +579,16 @@ class RLDataset:
         from verl_npu.config.interaction_file import row_interaction_problem
 
         for fi, table in enumerate(self._tables):
-            agents = (table.column("agent_name").to_pylist() if "agent_name" in table.column_names
-                      else [None] * table.num_rows)
-            extras = (table.column("extra_info").to_pylist() if "extra_info" in table.column_names
-                      else [None] * table.num_rows)
+            agents = (
+                table.column("agent_name").to_pylist()
+                if "agent_name" in table.column_names
+                else [None] * table.num_rows
+            )
+            extras = (
+                table.column("extra_info").to_pylist()
+                if "extra_info" in table.column_names
+                else [None] * table.num_rows
+            )
             for r, (agent, extra) in enumerate(zip(agents, extras)):
                 if (agent or default_agent) == "single_turn_agent":
                     continue
@@ -562,8 +604,9 @@ class RLDataset:
             return ids
         n_image = int((ids == self.image_token_id).sum()) if self.image_token_id is not None else 0
         image_note = f" ({n_image} of them image tokens)" if n_image else ""
-        pixels_fix = (f", or lower data.max_pixels (now {self.max_pixels}) so images take fewer tokens"
-                      if n_image else "")
+        pixels_fix = (
+            f", or lower data.max_pixels (now {self.max_pixels}) so images take fewer tokens" if n_image else ""
+        )
         if s.truncation == "error":
             raise UserError(
                 f"{where}: the prompt is {n} tokens{image_note}, longer than data.max_prompt_length="
@@ -588,8 +631,8 @@ class RLDataset:
         input_ids = torch.full((L,), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros(L, dtype=torch.long)
         if ids.numel():
-            input_ids[L - ids.numel():] = ids.long()
-            attention_mask[L - ids.numel():] = 1
+            input_ids[L - ids.numel() :] = ids.long()
+            attention_mask[L - ids.numel() :] = 1
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 

@@ -55,10 +55,14 @@ def find_files(path: str | Path, split: str | None = None, subset: str | None = 
             found = sorted(f for f in base.glob(f"{split or 'train'}*") if f.suffix in SUFFIXES)
         if found:
             return found
-        raise UserError(f"{base}: no {split or 'train'}.jsonl / .json / .parquet in it (give --input the data "
-                        "file itself, or the folder holding <split>.jsonl)")
-    raise UserError(f"{p}: no such file or folder (a Hugging Face hub id must be downloaded first, e.g. with "
-                    "`huggingface-cli download --repo-type dataset ID --local-dir DIR`)")
+        raise UserError(
+            f"{base}: no {split or 'train'}.jsonl / .json / .parquet in it (give --input the data "
+            "file itself, or the folder holding <split>.jsonl)"
+        )
+    raise UserError(
+        f"{p}: no such file or folder (a Hugging Face hub id must be downloaded first, e.g. with "
+        "`huggingface-cli download --repo-type dataset ID --local-dir DIR`)"
+    )
 
 
 def read_rows(path: Path) -> Iterator[dict]:
@@ -103,9 +107,21 @@ def _messages(value: Any, where: str) -> list[dict]:
     return [{"role": str(m["role"]), "content": str(m["content"])} for m in value]
 
 
-def convert_row(row: dict, *, index: int, split: str, where: str, prompt_key: str | None, messages_key: str | None,
-                answer_key: str, data_source: str, tag_key: str | None, system_prompt: str | None,
-                ability: str, answer_mark: str | None) -> dict:
+def convert_row(
+    row: dict,
+    *,
+    index: int,
+    split: str,
+    where: str,
+    prompt_key: str | None,
+    messages_key: str | None,
+    answer_key: str,
+    data_source: str,
+    tag_key: str | None,
+    system_prompt: str | None,
+    ability: str,
+    answer_mark: str | None,
+) -> dict:
     """One source row as a verl RL row (schema in the module doc)."""
     here = f"{where} row {index}"
     if messages_key:
@@ -128,9 +144,13 @@ def convert_row(row: dict, *, index: int, split: str, where: str, prompt_key: st
     except ValueError as exc:
         raise UserError(f"{here}: {exc}") from None
     source = str(row.get(tag_key) or data_source) if tag_key else data_source
-    return {"data_source": source, "prompt": messages, "ability": ability,
-            "reward_model": {"style": "rule", "ground_truth": truth},
-            "extra_info": {"split": split, "index": index, "answer": answer, "question": question}}
+    return {
+        "data_source": source,
+        "prompt": messages,
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+    }
 
 
 def convert(files: list[Path], output: str | Path, **kw: Any) -> int:
@@ -163,8 +183,12 @@ def convert_sft(files: list[Path], output: str | Path, messages_key: str, tools_
             if not isinstance(value, list) or not all(isinstance(m, dict) and "role" in m for m in value):
                 raise UserError(f"{here}: the {messages_key!r} column must be a list of {{role, content}} objects")
             tools = row.get(tools_key)
-            rows.append({"messages": value, "tools": None if tools is None else
-                         (tools if isinstance(tools, str) else json.dumps(tools))})
+            rows.append(
+                {
+                    "messages": value,
+                    "tools": None if tools is None else (tools if isinstance(tools, str) else json.dumps(tools)),
+                }
+            )
             index += 1
     if not rows:
         raise UserError(f"{', '.join(map(str, files))}: no rows")
@@ -181,18 +205,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="(trinity) the taskset's split (default train)")
     p.add_argument("--subset", help="(trinity) the taskset's subset_name folder")
     p.add_argument("--prompt-key", help="question column (trinity default: prompt; roll default: prompt)")
-    p.add_argument("--messages-key", help="(roll) chat-message column instead of a question column; (--sft) the "
-                   "conversation column (default messages)")
+    p.add_argument(
+        "--messages-key",
+        help="(roll) chat-message column instead of a question column; (--sft) the "
+        "conversation column (default messages)",
+    )
     p.add_argument("--sft", action="store_true", help="write SFT rows (messages, tools) from conversations")
     p.add_argument("--response-key", help="(trinity) answer column (default: response)")
     p.add_argument("--ground-truth-key", default="ground_truth", help="(roll) answer column (default ground_truth)")
     p.add_argument("--tag-key", default="tag", help="(roll) domain column, written as data_source (default tag)")
     p.add_argument("--system-prompt", help="a system message before every question (trinity format.system_prompt)")
-    p.add_argument("--data-source", help="data_source of every row (default: the input's stem); it picks the "
-                   "built-in reward (docs/data_formats.md)")
+    p.add_argument(
+        "--data-source",
+        help="data_source of every row (default: the input's stem); it picks the "
+        "built-in reward (docs/data_formats.md)",
+    )
     p.add_argument("--ability", default="general")
-    p.add_argument("--final-answer-after", metavar="MARK", help="ground truth = the text after the last MARK "
-                   "(e.g. '####' for GSM8K answers)")
+    p.add_argument(
+        "--final-answer-after",
+        metavar="MARK",
+        help="ground truth = the text after the last MARK (e.g. '####' for GSM8K answers)",
+    )
     return p
 
 
@@ -205,11 +238,19 @@ def main(argv: list[str] | None = None) -> None:
             print(f"wrote {convert_sft(files, args.output, args.messages_key or 'messages')} rows to {args.output}")
             return 0
         roll = args.system == "roll"
-        n = convert(files, args.output, split=args.split, prompt_key=args.prompt_key or "prompt",
-                    messages_key=args.messages_key if roll else None,
-                    answer_key=args.ground_truth_key if roll else (args.response_key or "response"),
-                    data_source=args.data_source or Path(args.input).stem, tag_key=args.tag_key if roll else None,
-                    system_prompt=args.system_prompt, ability=args.ability, answer_mark=args.final_answer_after)
+        n = convert(
+            files,
+            args.output,
+            split=args.split,
+            prompt_key=args.prompt_key or "prompt",
+            messages_key=args.messages_key if roll else None,
+            answer_key=args.ground_truth_key if roll else (args.response_key or "response"),
+            data_source=args.data_source or Path(args.input).stem,
+            tag_key=args.tag_key if roll else None,
+            system_prompt=args.system_prompt,
+            ability=args.ability,
+            answer_mark=args.final_answer_after,
+        )
         print(f"wrote {n} rows to {args.output}")
         return 0
 

@@ -67,6 +67,7 @@ INSTRUCTION = (
 # compute on every step, so it asks for the bare answer (its reward accepts a bare number or \boxed{}).
 SYNTHETIC_INSTRUCTION = "Answer with the number only."
 
+
 def encode_image(value: Any) -> bytes:
     """Encoded image bytes for one source image value, verified to decode.
 
@@ -151,11 +152,17 @@ def row_format(multiturn: str | None) -> tuple[Callable[..., dict], pa.Schema | 
 
     def to_row(row: dict, split: str, index: int, data_source: str, instruction: str = INSTRUCTION) -> dict:
         return geometry3k_multiturn.to_multiturn(geometry3k_row(row, split, index, data_source, instruction), multiturn)
+
     return to_row, geometry3k_multiturn.multiturn_schema(rl_schema(with_images=True), EXTRA_INFO_TYPE)
 
 
 def prepare_synthetic(
-    save_dir: str | os.PathLike, n_train: int, n_test: int, seed: int = 0, image_size: int = 56, progress: bool = False,
+    save_dir: str | os.PathLike,
+    n_train: int,
+    n_test: int,
+    seed: int = 0,
+    image_size: int = 56,
+    progress: bool = False,
     multiturn: str | None = None,
 ) -> dict:
     """Write the synthetic polygon task to ``<save_dir>/{train,test}.parquet`` (data_source ``synthetic_geometry``);
@@ -165,9 +172,12 @@ def prepare_synthetic(
     "images": {split: n}, "skipped": {split: 0}}``.
     """
     too_small = f"--image-size must be at least 16 pixels to draw a polygon (got {image_size})"
-    splits = synthetic_splits(n_train, n_test,
-                              lambda n, split: synthetic_geometry.generate_rows(n, seed, image_size, split),
-                              problem=too_small if image_size < 16 else None)
+    splits = synthetic_splits(
+        n_train,
+        n_test,
+        lambda n, split: synthetic_geometry.generate_rows(n, seed, image_size, split),
+        problem=too_small if image_size < 16 else None,
+    )
     to_row, schema = row_format(multiturn)
     result = convert_splits(
         splits,
@@ -221,19 +231,34 @@ def prepare(
 
 def build_parser() -> argparse.ArgumentParser:
     def image_size(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--image-size", "--image_size", dest="image_size", type=int, default=56,
-                       help="synthetic image side in pixels (default 56)")
-        p.add_argument("--multiturn", nargs="?", const="geo3k", default=None, choices=tuple(geometry3k_multiturn.MODES),
-                       help="write verl's multi-turn tool format (agent_name tool_agent, a system prompt naming the "
-                            "tools, extra_info.tools_kwargs): the tools the system prompt names are verl's geo3k "
-                            "answer check (geo3k, the default), the image zoom-in tool (zoom) or both; default "
-                            "output folder ~/data/geo3k_multiturn_w_tool")
+        p.add_argument(
+            "--image-size",
+            "--image_size",
+            dest="image_size",
+            type=int,
+            default=56,
+            help="synthetic image side in pixels (default 56)",
+        )
+        p.add_argument(
+            "--multiturn",
+            nargs="?",
+            const="geo3k",
+            default=None,
+            choices=tuple(geometry3k_multiturn.MODES),
+            help="write verl's multi-turn tool format (agent_name tool_agent, a system prompt naming the "
+            "tools, extra_info.tools_kwargs): the tools the system prompt names are verl's geo3k "
+            "answer check (geo3k, the default), the image zoom-in tool (zoom) or both; default "
+            "output folder ~/data/geo3k_multiturn_w_tool",
+        )
 
     return prep_parser(
-        "data_prep/geometry3k.py", "Geometry3K (or a synthetic polygon task)", default_dir="~/data/geo3k",
+        "data_prep/geometry3k.py",
+        "Geometry3K (or a synthetic polygon task)",
+        default_dir="~/data/geo3k",
         dataset_help="a local copy of hiyouga/geometry3k: a folder of parquet files or a save_to_disk folder",
         synthetic_help="write N synthetic train rows (rendered polygons, no network) instead of Geometry3K",
-        synthetic_options=image_size)
+        synthetic_options=image_size,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -241,9 +266,20 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.multiturn and args.local_save_dir == "~/data/geo3k":  # verl's multi-turn tool rows
         args.local_save_dir = geometry3k_multiturn.DEFAULT_DIR
-    prep_main(args, synthetic_rows=f"synthetic polygon rows (seed {args.seed}, {args.image_size} px)",
-              synthetic=lambda n_test: prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed,
-                                                         args.image_size, progress=True, multiturn=args.multiturn),
-              hub=HUB_ID,
-              prepare_rows=lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows,
-                                           multiturn=args.multiturn))
+    prep_main(
+        args,
+        synthetic_rows=f"synthetic polygon rows (seed {args.seed}, {args.image_size} px)",
+        synthetic=lambda n_test: prepare_synthetic(
+            args.local_save_dir,
+            args.synthetic,
+            n_test,
+            args.seed,
+            args.image_size,
+            progress=True,
+            multiturn=args.multiturn,
+        ),
+        hub=HUB_ID,
+        prepare_rows=lambda: prepare(
+            args.local_save_dir, args.local_dataset_path, args.skip_bad_rows, multiturn=args.multiturn
+        ),
+    )

@@ -27,9 +27,9 @@ DEFAULT_DIR = "~/data/geo3k_multiturn_w_tool"
 #: what the system prompt says about each tool
 TOOL_LINES = {
     "geo3k": f"Check your answer with the `{GEO3K_TOOL}` tool at least once before the final answer, and correct "
-             "it if the tool says it is wrong.",
+    "it if the tool says it is wrong.",
     "zoom": f"To look at a part of the picture more closely, call the `{ZOOM_TOOL}` tool with the region's "
-            "bounding box [x1, y1, x2, y2] in the picture's pixels; it replies with that region enlarged.",
+    "bounding box [x1, y1, x2, y2] in the picture's pixels; it replies with that region enlarged.",
 }
 #: --multiturn mode -> the tools its system prompt names
 MODES = {"geo3k": ("geo3k",), "zoom": ("zoom",), "both": ("zoom", "geo3k")}
@@ -46,17 +46,25 @@ def system_prompt(mode: str) -> str:
 def to_multiturn(row: dict, mode: str) -> dict:
     """A single-turn Geometry3K RL row (`geometry3k.geometry3k_row`) as a multi-turn tool row (module doc)."""
     truth = row["reward_model"]["ground_truth"]
-    return {**row, "prompt": [{"role": "system", "content": system_prompt(mode)}] + list(row["prompt"]),
-            "agent_name": AGENT_NAME,
-            "extra_info": {**row["extra_info"], "need_tools_kwargs": True,
-                           "tools_kwargs": {GEO3K_TOOL: {"create_kwargs": {"ground_truth": truth}}}}}
+    return {
+        **row,
+        "prompt": [{"role": "system", "content": system_prompt(mode)}] + list(row["prompt"]),
+        "agent_name": AGENT_NAME,
+        "extra_info": {
+            **row["extra_info"],
+            "need_tools_kwargs": True,
+            "tools_kwargs": {GEO3K_TOOL: {"create_kwargs": {"ground_truth": truth}}},
+        },
+    }
 
 
 def multiturn_schema(base: pa.Schema, extra_info_type: pa.StructType) -> pa.Schema:
     """The Arrow schema of a multi-turn row from the RL schema `base` (with images) and its extra_info type:
     extra_info's tool fields added, and the agent_name column."""
     create = pa.struct([("create_kwargs", pa.struct([("ground_truth", pa.string())]))])
-    extra = pa.struct(list(extra_info_type) + [pa.field("need_tools_kwargs", pa.bool_()),
-                                               pa.field("tools_kwargs", pa.struct([(GEO3K_TOOL, create)]))])
+    extra = pa.struct(
+        list(extra_info_type)
+        + [pa.field("need_tools_kwargs", pa.bool_()), pa.field("tools_kwargs", pa.struct([(GEO3K_TOOL, create)]))]
+    )
     fields = [pa.field("extra_info", extra) if f.name == "extra_info" else f for f in base]
     return pa.schema(fields + [pa.field("agent_name", pa.string())])

@@ -84,14 +84,27 @@ def prepare(
     "skipped": {split: n}}``.
     """
     splits = source_splits(local_dataset_path, SOURCE_COLUMNS, SPLITS, HUB_ID, HUB_CONFIG)
-    result = convert_splits(splits, to_row or gsm8k_row, save_dir, with_images=False, skip_bad_rows=skip_bad_rows,
-                            progress=progress, schema=schema)
+    result = convert_splits(
+        splits,
+        to_row or gsm8k_row,
+        save_dir,
+        with_images=False,
+        skip_bad_rows=skip_bad_rows,
+        progress=progress,
+        schema=schema,
+    )
     return result.as_dict()
 
 
 def prepare_synthetic(
-    save_dir: str | os.PathLike, n_train: int, n_test: int, seed: int = 0, progress: bool = False,
-    max_number: int = synthetic_arithmetic.MAX_NUMBER, to_row=None, schema=None,
+    save_dir: str | os.PathLike,
+    n_train: int,
+    n_test: int,
+    seed: int = 0,
+    progress: bool = False,
+    max_number: int = synthetic_arithmetic.MAX_NUMBER,
+    to_row=None,
+    schema=None,
 ) -> dict:
     """Write the synthetic arithmetic task to ``<save_dir>/{train,test}.parquet`` (data_source
     ``synthetic_arithmetic``), through the same conversion as GSM8K.
@@ -99,10 +112,12 @@ def prepare_synthetic(
     Returns the same dict as ``prepare`` (``"images"`` are 0).
     """
     result = convert_splits(
-        synthetic_splits(n_train, n_test,
-                         lambda n, split: synthetic_arithmetic.generate_rows(n, seed, split, max_number)),
-        lambda row, split, i: (to_row or gsm8k_row)(row, split, i, synthetic_arithmetic.DATA_SOURCE,
-                                                    SYNTHETIC_INSTRUCTION),
+        synthetic_splits(
+            n_train, n_test, lambda n, split: synthetic_arithmetic.generate_rows(n, seed, split, max_number)
+        ),
+        lambda row, split, i: (to_row or gsm8k_row)(
+            row, split, i, synthetic_arithmetic.DATA_SOURCE, SYNTHETIC_INSTRUCTION
+        ),
         save_dir,
         with_images=False,
         progress=progress,
@@ -113,20 +128,29 @@ def prepare_synthetic(
 
 def build_parser() -> argparse.ArgumentParser:
     return prep_parser(
-        "data_prep/gsm8k.py", "GSM8K (or a synthetic arithmetic task)", default_dir="~/data/gsm8k",
+        "data_prep/gsm8k.py",
+        "GSM8K (or a synthetic arithmetic task)",
+        default_dir="~/data/gsm8k",
         dataset_help="a local copy of openai/gsm8k (main): a folder of parquet files or a save_to_disk folder",
         synthetic_help="write N synthetic train rows (one-step word problems: a count of 1-5 things grows by "
-                       "one; no network) instead of GSM8K")
+        "one; no network) instead of GSM8K",
+    )
 
 
-def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None, to_row=None,
-         schema=None) -> None:
+def main(
+    argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None, to_row=None, schema=None
+) -> None:
     """CLI entry point of ``data_prep/gsm8k.py`` (and, with its parser, row function and schema, of
     ``data_prep/gsm8k_multiturn_w_tool.py``)."""
     args = (parser or build_parser()).parse_args(argv)
-    prep_main(args, synthetic_rows=f"synthetic arithmetic rows (seed {args.seed})",
-              synthetic=lambda n_test: prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed,
-                                                         progress=True, to_row=to_row, schema=schema),
-              hub=f"{HUB_ID} ({HUB_CONFIG})",
-              prepare_rows=lambda: prepare(args.local_save_dir, args.local_dataset_path, args.skip_bad_rows,
-                                           to_row=to_row, schema=schema))
+    prep_main(
+        args,
+        synthetic_rows=f"synthetic arithmetic rows (seed {args.seed})",
+        synthetic=lambda n_test: prepare_synthetic(
+            args.local_save_dir, args.synthetic, n_test, args.seed, progress=True, to_row=to_row, schema=schema
+        ),
+        hub=f"{HUB_ID} ({HUB_CONFIG})",
+        prepare_rows=lambda: prepare(
+            args.local_save_dir, args.local_dataset_path, args.skip_bad_rows, to_row=to_row, schema=schema
+        ),
+    )

@@ -22,13 +22,16 @@ from verl_npu.data.prep import EXTRA_INFO_TYPE, prep_parser, rl_schema
 
 TOOL_NAME = "calc_gsm8k_reward"
 AGENT_NAME = "tool_agent"
-SYSTEM = ("You solve math word problems. Think step by step first. Then check your answer with the "
-          f"`{TOOL_NAME}` tool at least once, and correct it if the tool says it is wrong. End with the final "
-          "answer written as `#### <answer>`.")
+SYSTEM = (
+    "You solve math word problems. Think step by step first. Then check your answer with the "
+    f"`{TOOL_NAME}` tool at least once, and correct it if the tool says it is wrong. End with the final "
+    "answer written as `#### <answer>`."
+)
 
 
-def multiturn_row(row: dict, split: str, index: int, data_source: str = gsm8k.HUB_ID,
-                  instruction: str = gsm8k.INSTRUCTION) -> dict:
+def multiturn_row(
+    row: dict, split: str, index: int, data_source: str = gsm8k.HUB_ID, instruction: str = gsm8k.INSTRUCTION
+) -> dict:
     """A GSM8K source row as a multi-turn tool row (format in the module doc)."""
     out = gsm8k.gsm8k_row(row, split, index, data_source, instruction)
     truth = out["reward_model"]["ground_truth"]
@@ -48,12 +51,17 @@ def multiturn_row(row: dict, split: str, index: int, data_source: str = gsm8k.HU
 def multiturn_schema() -> pa.Schema:
     """The Arrow schema of a multi-turn row: the RL schema, extra_info's tool fields, agent_name."""
     create = pa.struct([("create_kwargs", pa.struct([("ground_truth", pa.string())]))])
-    extra = pa.struct(list(EXTRA_INFO_TYPE) + [
-        pa.field("need_tools_kwargs", pa.bool_()),
-        pa.field("tools_kwargs", pa.struct([(TOOL_NAME, create)])),
-        pa.field("interaction_kwargs", pa.struct([("name", pa.string()), ("query", pa.string()),
-                                                  ("ground_truth", pa.string())])),
-    ])
+    extra = pa.struct(
+        list(EXTRA_INFO_TYPE)
+        + [
+            pa.field("need_tools_kwargs", pa.bool_()),
+            pa.field("tools_kwargs", pa.struct([(TOOL_NAME, create)])),
+            pa.field(
+                "interaction_kwargs",
+                pa.struct([("name", pa.string()), ("query", pa.string()), ("ground_truth", pa.string())]),
+            ),
+        ]
+    )
     base = rl_schema(with_images=False)
     fields = [pa.field("extra_info", extra) if f.name == "extra_info" else f for f in base]
     return pa.schema(fields + [pa.field("agent_name", pa.string())])
@@ -61,18 +69,21 @@ def multiturn_schema() -> pa.Schema:
 
 def prepare_synthetic(save_dir, n_train: int, n_test: int, seed: int = 0, progress: bool = False) -> dict:
     """The synthetic arithmetic task (`gsm8k.prepare_synthetic`) as multi-turn tool rows."""
-    return gsm8k.prepare_synthetic(save_dir, n_train, n_test, seed=seed, progress=progress, to_row=multiturn_row,
-                                   schema=multiturn_schema())
+    return gsm8k.prepare_synthetic(
+        save_dir, n_train, n_test, seed=seed, progress=progress, to_row=multiturn_row, schema=multiturn_schema()
+    )
 
 
 def build_parser():
     return prep_parser(
         "data_prep/gsm8k_multiturn_w_tool.py",
         "GSM8K (or the synthetic arithmetic task) for multi-turn rollout with the GSM8K tool, in verl's multi-turn "
-        "format (a system prompt, extra_info.tools_kwargs),", default_dir="~/data/gsm8k_multiturn_w_tool",
+        "format (a system prompt, extra_info.tools_kwargs),",
+        default_dir="~/data/gsm8k_multiturn_w_tool",
         dataset_help="a local copy of openai/gsm8k (main): a folder of parquet files or a save_to_disk folder",
         synthetic_help="write N synthetic train rows (one-step word problems: a count of 1-5 things grows by "
-                       "one; no network) instead of GSM8K")
+        "one; no network) instead of GSM8K",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

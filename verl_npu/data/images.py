@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ImageResizer:
-    factor: int             # patch_size x merge_size of the image processor
+    factor: int  # patch_size x merge_size of the image processor
     min_pixels: int | None
     max_pixels: int | None
 
@@ -19,16 +19,17 @@ class ImageResizer:
         """The image processor's factor and pixel limits; `min_pixels` / `max_pixels` (data settings) win."""
         merge = int(getattr(image_processor, "merge_size", 2))
         size = getattr(image_processor, "size", None) or {}
-        return cls(int(getattr(image_processor, "patch_size", 14)) * merge,
-                   min_pixels or getattr(image_processor, "min_pixels", None) or size.get("shortest_edge"),
-                   max_pixels or getattr(image_processor, "max_pixels", None) or size.get("longest_edge"))
+        return cls(
+            int(getattr(image_processor, "patch_size", 14)) * merge,
+            min_pixels or getattr(image_processor, "min_pixels", None) or size.get("shortest_edge"),
+            max_pixels or getattr(image_processor, "max_pixels", None) or size.get("longest_edge"),
+        )
 
     def size(self, height: int, width: int) -> tuple[int, int]:
         """(h, w) after smart_resize."""
         from qwen_vl_utils.vision_process import smart_resize  # noqa: PLC0415
 
-        return smart_resize(height, width, factor=self.factor, min_pixels=self.min_pixels,
-                            max_pixels=self.max_pixels)
+        return smart_resize(height, width, factor=self.factor, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
 
     def __call__(self, image):
         """`image` (PIL) in RGB at `size`."""

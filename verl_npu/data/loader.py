@@ -66,8 +66,15 @@ class StatefulBatchLoader:
     same sample count) with a warning, since the prompts before it are no longer the ones seen.
     """
 
-    def __init__(self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True,
-                 num_workers: int = 0):
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        num_workers: int = 0,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset = dataset
@@ -75,7 +82,7 @@ class StatefulBatchLoader:
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
-        self.num_workers = int(num_workers)   # data.dataloader_num_workers: threads preparing a batch's rows
+        self.num_workers = int(num_workers)  # data.dataloader_num_workers: threads preparing a batch's rows
         self.epoch = 0
         self.sample_index = 0
 
@@ -168,21 +175,40 @@ class StatefulBatchLoader:
         if epoch < 0 or sample_index < 0:
             raise ValueError(f"loader state has a negative position: {state!r}")
         if "sample_index" not in state:
-            logger.info("data position saved in batches (an older checkpoint): batch %d of epoch %d read as sample "
-                        "%d with the current batch size %d", int(state["batch_index"]), epoch, sample_index,
-                        self.batch_size)
+            logger.info(
+                "data position saved in batches (an older checkpoint): batch %d of epoch %d read as sample "
+                "%d with the current batch size %d",
+                int(state["batch_index"]),
+                epoch,
+                sample_index,
+                self.batch_size,
+            )
         saved_bs = state.get("batch_size")
         if saved_bs is not None and int(saved_bs) != self.batch_size:
-            logger.warning("data.train_batch_size is %d, the checkpoint was saved with %d: continuing at the same "
-                           "sample (%d of epoch %d), so no prompt is skipped or repeated; the steps per epoch change "
-                           "to %d", self.batch_size, int(saved_bs), sample_index, epoch, len(self))
-        changed = [f"{key} {state[key]!r} -> {now!r}"
-                   for key, now in (("num_rows", len(self.dataset)), ("seed", self.seed), ("shuffle", self.shuffle))
-                   if key in state and state[key] != now]
+            logger.warning(
+                "data.train_batch_size is %d, the checkpoint was saved with %d: continuing at the same "
+                "sample (%d of epoch %d), so no prompt is skipped or repeated; the steps per epoch change "
+                "to %d",
+                self.batch_size,
+                int(saved_bs),
+                sample_index,
+                epoch,
+                len(self),
+            )
+        changed = [
+            f"{key} {state[key]!r} -> {now!r}"
+            for key, now in (("num_rows", len(self.dataset)), ("seed", self.seed), ("shuffle", self.shuffle))
+            if key in state and state[key] != now
+        ]
         if changed:
-            logger.warning("the data order changed since the checkpoint (%s): resuming at sample %d of epoch %d of "
-                           "the new order; this epoch's remaining prompts differ from the ones an uninterrupted run "
-                           "would see", ", ".join(changed), sample_index, epoch)
+            logger.warning(
+                "the data order changed since the checkpoint (%s): resuming at sample %d of epoch %d of "
+                "the new order; this epoch's remaining prompts differ from the ones an uninterrupted run "
+                "would see",
+                ", ".join(changed),
+                sample_index,
+                epoch,
+            )
         if not self._has_batch_at(sample_index, len(self.dataset)):
             epoch, sample_index = epoch + 1, 0  # nothing left of that epoch (fewer rows now)
         self.epoch, self.sample_index = epoch, sample_index

@@ -183,8 +183,11 @@ def hub_splits(hub_id: str, wanted: tuple[str, ...], config_name: str | None = N
     try:
         dsd = datasets.load_dataset(hub_id, config_name) if config_name else datasets.load_dataset(hub_id)
     except Exception as e:  # network errors come in many types; all mean the same to the user
-        why = f"the hub cannot be reached ({unreachable}) and the datasets cache has no copy" if unreachable \
+        why = (
+            f"the hub cannot be reached ({unreachable}) and the datasets cache has no copy"
+            if unreachable
             else f"{type(e).__name__}: {e}"
+        )
         raise UserError(
             f"could not load {hub_id} from the Hugging Face hub ({why}); "
             f"use --local-dataset-path DIR (a saved copy) or --synthetic N (no network)"
@@ -203,8 +206,13 @@ def hub_splits(hub_id: str, wanted: tuple[str, ...], config_name: str | None = N
     return out
 
 
-def source_splits(local_dataset_path: str | os.PathLike | None, required: tuple[str, ...], wanted: tuple[str, ...],
-                  hub_id: str, config_name: str | None = None) -> dict[str, SourceSplit]:
+def source_splits(
+    local_dataset_path: str | os.PathLike | None,
+    required: tuple[str, ...],
+    wanted: tuple[str, ...],
+    hub_id: str,
+    config_name: str | None = None,
+) -> dict[str, SourceSplit]:
     """The ``wanted`` splits of ``local_dataset_path`` (``local_splits``) when given, else of the hub
     dataset (``hub_splits``); a UserError names a split without one of the ``required`` columns."""
     if local_dataset_path:
@@ -230,8 +238,9 @@ def memory_splits(rows_by_split: dict[str, list[dict]], where: str) -> dict[str,
     return out
 
 
-def synthetic_splits(n_train: int, n_test: int, generate: Callable[[int, str], list[dict]],
-                     problem: str | None = None) -> dict[str, SourceSplit]:
+def synthetic_splits(
+    n_train: int, n_test: int, generate: Callable[[int, str], list[dict]], problem: str | None = None
+) -> dict[str, SourceSplit]:
     """In-memory train and test splits of a synthetic generator (`generate(rows, split)`); a UserError
     for fewer than 1 row in either, else for `problem` (the generator's own settings), before generating."""
     if n_train < 1 or n_test < 1:
@@ -243,6 +252,7 @@ def synthetic_splits(n_train: int, n_test: int, generate: Callable[[int, str], l
 
 # --------------------------------------------------------------------------- conversion
 
+
 def rl_schema(with_images: bool) -> pa.Schema:
     """Arrow schema of an RL parquet file (the ``images`` column only when ``with_images``)."""
     fields = [("data_source", pa.string()), ("prompt", PROMPT_TYPE)]
@@ -252,8 +262,9 @@ def rl_schema(with_images: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def write_rl_parquet(rows: list[dict], path: str | os.PathLike, with_images: bool,
-                     schema: pa.Schema | None = None) -> None:
+def write_rl_parquet(
+    rows: list[dict], path: str | os.PathLike, with_images: bool, schema: pa.Schema | None = None
+) -> None:
     """Write RL rows to ``path`` with ``schema`` (default: the fixed schema of ``rl_schema``; parent folders
     created)."""
     path = Path(path)
@@ -344,8 +355,10 @@ def run_cli(body: Callable[[], dict], save_dir: str | os.PathLike, overwrite: bo
     try:
         existing = existing_outputs(save_dir)
         if existing and not overwrite:
-            raise UserError(f"{', '.join(map(str, existing))} already exist(s); data prep does not replace files "
-                            "silently. Pass --overwrite to replace them, or choose another --local-save-dir")
+            raise UserError(
+                f"{', '.join(map(str, existing))} already exist(s); data prep does not replace files "
+                "silently. Pass --overwrite to replace them, or choose another --local-save-dir"
+            )
         result = body()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -353,32 +366,66 @@ def run_cli(body: Callable[[], dict], save_dir: str | os.PathLike, overwrite: bo
     print(PrepResult.from_dict(result).summary())
 
 
-def prep_parser(prog: str, task: str, *, default_dir: str, dataset_help: str, synthetic_help: str,
-                synthetic_options: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.ArgumentParser:
+def prep_parser(
+    prog: str,
+    task: str,
+    *,
+    default_dir: str,
+    dataset_help: str,
+    synthetic_help: str,
+    synthetic_options: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.ArgumentParser:
     """The options every data_prep CLI takes (`task`: what it writes, e.g. "GSM8K (or a synthetic
     arithmetic task)"); `synthetic_options` adds a task's own synthetic-generator options after --seed."""
     p = argparse.ArgumentParser(
         prog=prog,
         description=f"Write {task} as RL parquet files: train.parquet, test.parquet. "
-                    "verl's underscore spellings of the options are accepted too (--local_save_dir, "
-                    "--local_dir, --local_dataset_path).",
+        "verl's underscore spellings of the options are accepted too (--local_save_dir, "
+        "--local_dir, --local_dataset_path).",
     )
-    p.add_argument("--local-save-dir", "--local_save_dir", "--local_dir", dest="local_save_dir",
-                   default=default_dir, help=f"output folder (default: {default_dir})")
-    p.add_argument("--local-dataset-path", "--local_dataset_path", dest="local_dataset_path", default=None,
-                   help=dataset_help)
+    p.add_argument(
+        "--local-save-dir",
+        "--local_save_dir",
+        "--local_dir",
+        dest="local_save_dir",
+        default=default_dir,
+        help=f"output folder (default: {default_dir})",
+    )
+    p.add_argument(
+        "--local-dataset-path", "--local_dataset_path", dest="local_dataset_path", default=None, help=dataset_help
+    )
     p.add_argument("--synthetic", type=int, default=None, metavar="N", help=synthetic_help)
-    p.add_argument("--synthetic-test", "--synthetic_test", dest="synthetic_test", type=int, default=None,
-                   metavar="N", help="synthetic test rows (default: N // 4, at least 1)")
+    p.add_argument(
+        "--synthetic-test",
+        "--synthetic_test",
+        dest="synthetic_test",
+        type=int,
+        default=None,
+        metavar="N",
+        help="synthetic test rows (default: N // 4, at least 1)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")
     if synthetic_options is not None:
         synthetic_options(p)
-    p.add_argument("--skip-bad-rows", "--skip_bad_rows", dest="skip_bad_rows", action="store_true",
-                   help="skip (and count) rows that cannot be converted instead of stopping at the first")
-    p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
-                   help="check the options and say what would be read and written, without reading or writing")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace train.parquet / test.parquet if they exist (without it an existing file stops the run)")
+    p.add_argument(
+        "--skip-bad-rows",
+        "--skip_bad_rows",
+        dest="skip_bad_rows",
+        action="store_true",
+        help="skip (and count) rows that cannot be converted instead of stopping at the first",
+    )
+    p.add_argument(
+        "--dry-run",
+        "--dry_run",
+        dest="dry_run",
+        action="store_true",
+        help="check the options and say what would be read and written, without reading or writing",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace train.parquet / test.parquet if they exist (without it an existing file stops the run)",
+    )
     return p
 
 
@@ -389,8 +436,14 @@ def dry_run_plan(source: str, save_dir: str) -> str:
     return f"dry run: would {source} and write {out / 'train.parquet'}, {out / 'test.parquet'} (nothing done)"
 
 
-def prep_main(args: argparse.Namespace, *, synthetic_rows: str, synthetic: Callable[[int], dict], hub: str,
-              prepare_rows: Callable[[], dict]) -> None:
+def prep_main(
+    args: argparse.Namespace,
+    *,
+    synthetic_rows: str,
+    synthetic: Callable[[int], dict],
+    hub: str,
+    prepare_rows: Callable[[], dict],
+) -> None:
     """What every data_prep CLI does with its parsed `args`: `synthetic(n_test)` with --synthetic
     (`synthetic_rows` says what it makes), else `prepare_rows()` from --local-dataset-path or the hub
     (`hub`: the dataset's id), or with --dry-run only the plan."""
@@ -405,8 +458,11 @@ def prep_main(args: argparse.Namespace, *, synthetic_rows: str, synthetic: Calla
             return
         run_cli(lambda: synthetic(n_test), args.local_save_dir, args.overwrite)
     elif args.dry_run:
-        source = (f"convert the local copy {args.local_dataset_path}" if args.local_dataset_path
-                  else f"download {hub} from the Hugging Face hub (needs the network and the 'datasets' package)")
+        source = (
+            f"convert the local copy {args.local_dataset_path}"
+            if args.local_dataset_path
+            else f"download {hub} from the Hugging Face hub (needs the network and the 'datasets' package)"
+        )
         print(dry_run_plan(source, args.local_save_dir))
     else:
         run_cli(prepare_rows, args.local_save_dir, args.overwrite)

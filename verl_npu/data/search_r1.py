@@ -47,10 +47,35 @@ USER_PREFIX = (
     "<tool_call> query </tool_call> and it will return the top searched results between <tool_response> and "
     "</tool_response>. You can search as many times as your want. If you find no further external knowledge "
     "needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. "
-    "For example, <answer> Beijing </answer>. Question: ")
+    "For example, <answer> Beijing </answer>. Question: "
+)
 
-SYLLABLES = ("ka", "lo", "mi", "ra", "ven", "tor", "sel", "dun", "bri", "zo", "qua", "mel", "nor", "thi", "vas",
-             "pel", "gro", "li", "fen", "dar", "su", "ke", "rho", "man")
+SYLLABLES = (
+    "ka",
+    "lo",
+    "mi",
+    "ra",
+    "ven",
+    "tor",
+    "sel",
+    "dun",
+    "bri",
+    "zo",
+    "qua",
+    "mel",
+    "nor",
+    "thi",
+    "vas",
+    "pel",
+    "gro",
+    "li",
+    "fen",
+    "dar",
+    "su",
+    "ke",
+    "rho",
+    "man",
+)
 #: (question about X, the document's text, kind of answer) of the synthetic facts
 FACTS = (
     ("What is the capital of {x}?", "{x} is a small country by the sea. Its capital city is {a}.", "place"),
@@ -85,8 +110,14 @@ def synthetic_facts(n: int, seed: int) -> list[dict]:
             answer = fresh(lambda: f"{_name(rng, 2)} {_name(rng, 3)}")
         else:
             answer = fresh(lambda: _name(rng, 2))
-        facts.append({"question": question.format(x=subject), "answer": answer, "title": subject,
-                      "contents": f"\"{subject}\"\n" + text.format(x=subject, a=answer)})
+        facts.append(
+            {
+                "question": question.format(x=subject),
+                "answer": answer,
+                "title": subject,
+                "contents": f'"{subject}"\n' + text.format(x=subject, a=answer),
+            }
+        )
     return facts
 
 
@@ -98,9 +129,15 @@ def search_row(question: str, answers: list[str], data_source: str, split: str, 
         "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER_PREFIX + question}],
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": truth},
-        "extra_info": {"index": index, "need_tools_kwargs": True, "question": question, "split": split,
-                       "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"ground_truth": truth, "question": question,
-                                                                      "data_source": data_source}}}},
+        "extra_info": {
+            "index": index,
+            "need_tools_kwargs": True,
+            "question": question,
+            "split": split,
+            "tools_kwargs": {
+                TOOL_NAME: {"create_kwargs": {"ground_truth": truth, "question": question, "data_source": data_source}}
+            },
+        },
         "agent_name": AGENT_NAME,
     }
 
@@ -109,25 +146,48 @@ def schema() -> pa.Schema:
     msg = pa.struct([("role", pa.string()), ("content", pa.string())])
     truth = pa.struct([("target", pa.list_(pa.string()))])
     create = pa.struct([("ground_truth", truth), ("question", pa.string()), ("data_source", pa.string())])
-    extra = pa.struct([("index", pa.int64()), ("need_tools_kwargs", pa.bool_()), ("question", pa.string()),
-                       ("split", pa.string()), ("tools_kwargs", pa.struct([(TOOL_NAME, pa.struct([("create_kwargs",
-                                                                                                  create)]))]))])
-    return pa.schema([("data_source", pa.string()), ("prompt", pa.list_(msg)), ("ability", pa.string()),
-                      ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", truth)])),
-                      ("extra_info", extra), ("agent_name", pa.string())])
+    extra = pa.struct(
+        [
+            ("index", pa.int64()),
+            ("need_tools_kwargs", pa.bool_()),
+            ("question", pa.string()),
+            ("split", pa.string()),
+            ("tools_kwargs", pa.struct([(TOOL_NAME, pa.struct([("create_kwargs", create)]))])),
+        ]
+    )
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(msg)),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", truth)])),
+            ("extra_info", extra),
+            ("agent_name", pa.string()),
+        ]
+    )
 
 
-def prepare_synthetic(save_dir, n_train: int, n_test: int, seed: int = 0, progress: bool = False,
-                      overwrite: bool = True) -> dict:
+def prepare_synthetic(
+    save_dir, n_train: int, n_test: int, seed: int = 0, progress: bool = False, overwrite: bool = True
+) -> dict:
     """Write `<save_dir>/{train,test}.parquet` and `<save_dir>/corpus.jsonl` (every fact's document, train and
     test); returns {"paths": {"train", "test", "corpus"}, "rows": {split: n}} (the demo-data writer's contract)."""
     save_dir = Path(os.path.expanduser(str(save_dir)))
     facts = synthetic_facts(n_train + n_test, seed)
     splits = {"train": facts[:n_train], "test": facts[n_train:]}
-    written = write_split_files(save_dir, ((split, [search_row(f["question"], [f["answer"]], SYNTHETIC_SOURCE,
-                                                               split, i) for i, f in enumerate(chosen)])
-                                           for split, chosen in splits.items()),
-                                schema(), overwrite=overwrite, progress=progress)
+    written = write_split_files(
+        save_dir,
+        (
+            (
+                split,
+                [search_row(f["question"], [f["answer"]], SYNTHETIC_SOURCE, split, i) for i, f in enumerate(chosen)],
+            )
+            for split, chosen in splits.items()
+        ),
+        schema(),
+        overwrite=overwrite,
+        progress=progress,
+    )
     corpus = save_dir / "corpus.jsonl"
     if corpus.exists() and not overwrite:
         raise FileExistsError(f"{corpus} exists; pass --overwrite to replace it")
@@ -156,10 +216,12 @@ def prepare_local(save_dir, dataset_dir, overwrite: bool = False, progress: bool
     save_dir = Path(os.path.expanduser(str(save_dir)))
     found = [s for s in ("train", "test") if (src / f"{s}.parquet").is_file()]
     if not found:
-        raise FileNotFoundError(f"--local-dataset-path {src}: no train.parquet or test.parquet there (Search-R1's "
-                                "data, e.g. a copy of the PeterJinGo/nq_hotpotqa_train dataset's files)")
+        raise FileNotFoundError(
+            f"--local-dataset-path {src}: no train.parquet or test.parquet there (Search-R1's "
+            "data, e.g. a copy of the PeterJinGo/nq_hotpotqa_train dataset's files)"
+        )
 
-    def converted():   # one split at a time: train.parquet is written before test.parquet is read
+    def converted():  # one split at a time: train.parquet is written before test.parquet is read
         for split in found:
             table = pq.read_table(src / f"{split}.parquet")
             if "question" not in table.column_names:
@@ -168,37 +230,75 @@ def prepare_local(save_dir, dataset_dir, overwrite: bool = False, progress: bool
             for i, row in enumerate(table.to_pylist()):
                 where = f"{src / f'{split}.parquet'} row {i}"
                 source = str(row.get("data_source") or "unknown")
-                rows.append(search_row(str(row["question"]), _answers(row, where),
-                                       source if source.startswith("searchR1_") else f"searchR1_{source}", split, i))
+                rows.append(
+                    search_row(
+                        str(row["question"]),
+                        _answers(row, where),
+                        source if source.startswith("searchR1_") else f"searchR1_{source}",
+                        split,
+                        i,
+                    )
+                )
             yield split, rows
+
     return write_split_files(save_dir, converted(), schema(), overwrite=overwrite, progress=progress)
 
 
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point of ``data_prep/search_r1.py``."""
-    p = argparse.ArgumentParser(prog="data_prep/search_r1.py", description=(
-        "Write Search-R1 question answering for the search tool as multi-turn RL parquet files (train.parquet, "
-        "test.parquet; verl's Search-R1 format), from a local copy of Search-R1's data or, with --synthetic N, a "
-        "made-up set with its corpus (corpus.jsonl, for `verl-npu retrieval-server --corpus`). No network."))
-    p.add_argument("--local-save-dir", "--local_save_dir", "--local_dir", dest="local_save_dir",
-                   default="~/data/searchR1_processed_direct", help="output folder (default: verl's, "
-                   "~/data/searchR1_processed_direct)")
-    p.add_argument("--local-dataset-path", "--local_dataset_path", dest="local_dataset_path", default=None,
-                   help="a folder with Search-R1's train.parquet / test.parquet (question, golden_answers, data_source)")
-    p.add_argument("--synthetic", type=int, default=None, metavar="N", help="write N synthetic train rows and "
-                   "their corpus instead")
-    p.add_argument("--synthetic-test", "--synthetic_test", dest="synthetic_test", type=int, default=None,
-                   metavar="N", help="synthetic test rows (default: N // 4, at least 1)")
+    p = argparse.ArgumentParser(
+        prog="data_prep/search_r1.py",
+        description=(
+            "Write Search-R1 question answering for the search tool as multi-turn RL parquet files (train.parquet, "
+            "test.parquet; verl's Search-R1 format), from a local copy of Search-R1's data or, with --synthetic N, a "
+            "made-up set with its corpus (corpus.jsonl, for `verl-npu retrieval-server --corpus`). No network."
+        ),
+    )
+    p.add_argument(
+        "--local-save-dir",
+        "--local_save_dir",
+        "--local_dir",
+        dest="local_save_dir",
+        default="~/data/searchR1_processed_direct",
+        help="output folder (default: verl's, ~/data/searchR1_processed_direct)",
+    )
+    p.add_argument(
+        "--local-dataset-path",
+        "--local_dataset_path",
+        dest="local_dataset_path",
+        default=None,
+        help="a folder with Search-R1's train.parquet / test.parquet (question, golden_answers, data_source)",
+    )
+    p.add_argument(
+        "--synthetic", type=int, default=None, metavar="N", help="write N synthetic train rows and their corpus instead"
+    )
+    p.add_argument(
+        "--synthetic-test",
+        "--synthetic_test",
+        dest="synthetic_test",
+        type=int,
+        default=None,
+        metavar="N",
+        help="synthetic test rows (default: N // 4, at least 1)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
-                   help="check the options and say what would be read and written, without reading or writing")
+    p.add_argument(
+        "--dry-run",
+        "--dry_run",
+        dest="dry_run",
+        action="store_true",
+        help="check the options and say what would be read and written, without reading or writing",
+    )
     args = p.parse_args(argv)
     if (args.synthetic is None) == (args.local_dataset_path is None):
         p.error("give one of --synthetic N (offline, made-up data and corpus) or --local-dataset-path DIR")
     if args.dry_run:
-        source = (f"{args.synthetic} synthetic train rows (seed {args.seed}) and their corpus.jsonl"
-                  if args.synthetic is not None else f"Search-R1's train/test.parquet from {args.local_dataset_path}")
+        source = (
+            f"{args.synthetic} synthetic train rows (seed {args.seed}) and their corpus.jsonl"
+            if args.synthetic is not None
+            else f"Search-R1's train/test.parquet from {args.local_dataset_path}"
+        )
         print(f"dry run: would write {source} as train.parquet / test.parquet to {args.local_save_dir}")
         return
     try:
@@ -206,8 +306,9 @@ def main(argv: list[str] | None = None) -> None:
             if args.synthetic < 1:
                 p.error("--synthetic must be at least 1")
             n_test = args.synthetic_test if args.synthetic_test is not None else max(1, args.synthetic // 4)
-            out = prepare_synthetic(args.local_save_dir, args.synthetic, n_test, args.seed, progress=True,
-                                    overwrite=args.overwrite)
+            out = prepare_synthetic(
+                args.local_save_dir, args.synthetic, n_test, args.seed, progress=True, overwrite=args.overwrite
+            )
             print(f"serve the corpus: verl-npu retrieval-server --corpus {out['paths']['corpus']}")
         else:
             prepare_local(args.local_save_dir, args.local_dataset_path, args.overwrite, progress=True)

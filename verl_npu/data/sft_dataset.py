@@ -79,8 +79,9 @@ class ChatTokenizer:
         self.kwargs = dict(config.apply_chat_template_kwargs)
 
     def _ids(self, messages, tools, add_generation_prompt: bool, extra: dict) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **extra)
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+        )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def encode(self, messages: list[dict], tools, where: str, thinking=None) -> Conversation:
@@ -91,8 +92,10 @@ class ChatTokenizer:
         try:
             ids = self._ids(messages, tools, False, extra)
         except Exception as exc:  # noqa: BLE001 - a template error is about this row's data
-            raise UserError(f"{where}: the chat template cannot render this conversation ({type(exc).__name__}: "
-                            f"{str(exc)[:200]}); fix the row, or set model.custom_chat_template") from None
+            raise UserError(
+                f"{where}: the chat template cannot render this conversation ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); fix the row, or set model.custom_chat_template"
+            ) from None
         mask = [0] * len(ids)
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
@@ -105,16 +108,23 @@ class ChatTokenizer:
                         f"{where}: the chat template renders message {i} differently inside the whole conversation "
                         "than after the turns before it, so its tokens cannot be told apart (templates that drop "
                         "earlier reasoning do this); fix the template (model.custom_chat_template) or set "
-                        "data.ignore_input_ids_mismatch=true to mask by the closest match")
-                log.warning("%s: message %d renders differently in the whole conversation; masked by its prefix "
-                            "lengths (data.ignore_input_ids_mismatch)", where, i)
+                        "data.ignore_input_ids_mismatch=true to mask by the closest match"
+                    )
+                log.warning(
+                    "%s: message %d renders differently in the whole conversation; masked by its prefix "
+                    "lengths (data.ignore_input_ids_mismatch)",
+                    where,
+                    i,
+                )
             for t in range(min(len(start), len(ids)), min(len(end), len(ids))):
                 mask[t] = 1
         limit, mode = int(self.config.max_length), self.config.truncation
         if len(ids) > limit:
             if mode == "error":
-                raise UserError(f"{where}: {len(ids)} tokens, longer than data.max_length={limit}; raise "
-                                "data.max_length, shorten the conversation, or set data.truncation=left or right")
+                raise UserError(
+                    f"{where}: {len(ids)} tokens, longer than data.max_length={limit}; raise "
+                    "data.max_length, shorten the conversation, or set data.truncation=left or right"
+                )
             keep = slice(len(ids) - limit, None) if mode == "left" else slice(0, limit)
             ids, mask = ids[keep], mask[keep]
         return Conversation(tuple(ids), tuple(mask), where)
@@ -139,13 +149,17 @@ class SFTDataset:
                 raise UserError(f"{file}: not a readable parquet file ({exc})") from None
             columns = table.column_names
             if config.messages_key not in columns:
-                raise UserError(f"{file}: no column '{config.messages_key}' (data.messages_key); its columns: "
-                                f"{', '.join(columns)}. Set data.messages_key to the column holding the "
-                                "conversations, or convert the data (docs/sft.md)")
+                raise UserError(
+                    f"{file}: no column '{config.messages_key}' (data.messages_key); its columns: "
+                    f"{', '.join(columns)}. Set data.messages_key to the column holding the "
+                    "conversations, or convert the data (docs/sft.md)"
+                )
             for media, key in (("images", config.image_key), ("videos", config.video_key)):
                 if key in columns and any(_present(v) for v in table.column(key).to_pylist()):
-                    raise UserError(f"{file}: rows hold {media} (column '{key}'): vision-language SFT is not built "
-                                    "yet in verl-npu; train on text conversations")
+                    raise UserError(
+                        f"{file}: rows hold {media} (column '{key}'): vision-language SFT is not built "
+                        "yet in verl-npu; train on text conversations"
+                    )
             records = table.to_pylist()
             for index, record in enumerate(records):
                 if 0 <= max_samples <= len(self.rows):
@@ -173,13 +187,17 @@ class SFTDataset:
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise UserError(f"{where}: message {i} is not a {{role, content}} mapping: {str(message)[:120]}")
             if message["role"] not in ROLES:
-                raise UserError(f"{where}: message {i} has role '{message['role']}', which the chat template does "
-                                f"not know (roles: {', '.join(ROLES)})")
+                raise UserError(
+                    f"{where}: message {i} has role '{message['role']}', which the chat template does "
+                    f"not know (roles: {', '.join(ROLES)})"
+                )
             if message["content"] is None:
                 message["content"] = ""
         if not any(m["role"] == "assistant" for m in value):
-            raise UserError(f"{where}: the conversation has no assistant turn, so nothing to learn; drop the row "
-                            "or add the assistant's answer")
+            raise UserError(
+                f"{where}: the conversation has no assistant turn, so nothing to learn; drop the row "
+                "or add the assistant's answer"
+            )
         return value
 
     def __len__(self) -> int:
@@ -199,8 +217,14 @@ def collate(rows: list[Conversation], pad_id: int) -> Batch:
         ids[i, :n] = torch.tensor(row.input_ids)
         attention[i, :n] = 1
         mask[i, :n] = torch.tensor(row.loss_mask)
-    return Batch({"input_ids": ids, "attention_mask": attention, "responses": ids[:, 1:].clone(),
-                  "response_mask": mask[:, 1:].clone()})
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": attention,
+            "responses": ids[:, 1:].clone(),
+            "response_mask": mask[:, 1:].clone(),
+        }
+    )
 
 
 class StepSampler:
@@ -224,5 +248,11 @@ class StepSampler:
     def state(self, step: int) -> dict:
         """What `data_<rank>.pt` of a checkpoint records: the position after `step` steps."""
         epoch, index = divmod(step, self.steps_per_epoch)
-        return {"global_step": step, "epoch": epoch, "batch_in_epoch": index, "seed": self.seed,
-                "shuffle": self.shuffle, "batch_size": self.batch_size}
+        return {
+            "global_step": step,
+            "epoch": epoch,
+            "batch_in_epoch": index,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+        }

@@ -53,13 +53,16 @@ def rows(n: int, seed: int, split: str) -> list[dict]:
     out = []
     for row in generate_rows(n, seed, split):
         answer = row["answer"].rsplit("####", 1)[1].strip()
-        out.append({"messages": transcript(row["question"], answer), "tools": TOOLS,
-                    "data_source": DATA_SOURCE})
+        out.append({"messages": transcript(row["question"], answer), "tools": TOOLS, "data_source": DATA_SOURCE})
     return out
 
 
 def prepare_synthetic(save_dir, n_train: int, n_test: int, seed: int = 0, progress: bool = False) -> dict:
     """`train.parquet` and `test.parquet` of `n_train` / `n_test` transcripts under `save_dir` (the demo-data
     writer's contract, verl_npu/demo.py)."""
-    return write_split_files(save_dir, (("train", rows(n_train, seed, "train")), ("test", rows(n_test, seed, "test"))),
-                             schema(), progress=progress)
+    return write_split_files(
+        save_dir,
+        (("train", rows(n_train, seed, "train")), ("test", rows(n_test, seed, "test"))),
+        schema(),
+        progress=progress,
+    )

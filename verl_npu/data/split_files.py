@@ -12,8 +12,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-def write_split_files(save_dir, splits: Iterable[tuple[str, list[dict]]], schema: pa.Schema, *,
-                      overwrite: bool = True, progress: bool = False) -> dict:
+def write_split_files(
+    save_dir,
+    splits: Iterable[tuple[str, list[dict]]],
+    schema: pa.Schema,
+    *,
+    overwrite: bool = True,
+    progress: bool = False,
+) -> dict:
     """Write each `(split, rows)` of `splits` to `<save_dir>/<split>.parquet` (the folder is created), one split
     at a time as `splits` yields them; returns {"paths": {split: path}, "rows": {split: n}} (the demo-data
     writer's contract, verl_npu/demo.py). With `overwrite=False` a file that exists already stops the run

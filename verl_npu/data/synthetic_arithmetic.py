@@ -46,7 +46,8 @@ def make_problem(a: int, rng: np.random.Generator) -> dict:
     if not 1 <= a <= 8:
         raise ValueError(f"a must be in 1..8 (single-digit answers), got {a}")
     question = TEMPLATES[int(rng.integers(len(TEMPLATES)))].format(
-        name=NAMES[int(rng.integers(len(NAMES)))], item=ITEMS[int(rng.integers(len(ITEMS)))], a=a)
+        name=NAMES[int(rng.integers(len(NAMES)))], item=ITEMS[int(rng.integers(len(ITEMS)))], a=a
+    )
     return {"question": question, "answer": f"{a} + 1 = {a + 1}\n#### {a + 1}"}
 
 

@@ -63,8 +63,10 @@ def polygon_vertices(
     """Vertices of a regular polygon: ``centre + radius * (cos, sin)(rotation + 2*pi*k/sides)``."""
     cx, cy = centre
     return [
-        (cx + radius * math.cos(rotation + 2 * math.pi * k / sides),
-         cy + radius * math.sin(rotation + 2 * math.pi * k / sides))
+        (
+            cx + radius * math.cos(rotation + 2 * math.pi * k / sides),
+            cy + radius * math.sin(rotation + 2 * math.pi * k / sides),
+        )
         for k in range(sides)
     ]
 
@@ -79,10 +81,7 @@ def draw_polygon(kind: PolygonKind, rng: np.random.Generator, image_size: int) -
         raise ValueError(f"image_size must be >= 16 px to draw a polygon, got {image_size}")
     radius = float(rng.uniform(0.35, 0.47)) * image_size
     slack = max(0.0, image_size / 2 - radius - 1)
-    centre = (
-        image_size / 2 + float(rng.uniform(-slack, slack)),
-        image_size / 2 + float(rng.uniform(-slack, slack)),
-    )
+    centre = (image_size / 2 + float(rng.uniform(-slack, slack)), image_size / 2 + float(rng.uniform(-slack, slack)))
     rotation = float(rng.uniform(0, 2 * math.pi))
     image = Image.new("RGB", (image_size, image_size), BACKGROUND)
     ImageDraw.Draw(image).polygon(
@@ -111,7 +110,5 @@ def generate_rows(n: int, seed: int, image_size: int = 56, split: str = "train")
     rows = []
     for kind in balanced_kinds(n, rng):
         template = QUESTION_TEMPLATES[int(rng.integers(len(QUESTION_TEMPLATES)))]
-        rows.append(
-            {"images": [draw_polygon(kind, rng, image_size)], "problem": template, "answer": str(kind.sides)}
-        )
+        rows.append({"images": [draw_polygon(kind, rng, image_size)], "problem": template, "answer": str(kind.sides)})
     return rows

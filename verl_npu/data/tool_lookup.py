@@ -62,17 +62,24 @@ def rl_row(key: str, code: str, split: str, index: int) -> dict:
         "prompt": [{"role": "user", "content": question(key)}],
         "ability": "lookup",
         "reward_model": {"style": "rule", "ground_truth": code},
-        "extra_info": {"split": split, "index": index, "answer": code, "question": question(key),
-                       "need_tools_kwargs": True,
-                       "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"key": key, "value": code}}}},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "answer": code,
+            "question": question(key),
+            "need_tools_kwargs": True,
+            "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"key": key, "value": code}}},
+        },
         "agent_name": AGENT_NAME,
     }
 
 
 def rl_schema_lookup() -> pa.Schema:
     create = pa.struct([("create_kwargs", pa.struct([("key", pa.string()), ("value", pa.string())]))])
-    extra = pa.struct(list(EXTRA_INFO_TYPE) + [pa.field("need_tools_kwargs", pa.bool_()),
-                                                pa.field("tools_kwargs", pa.struct([(TOOL_NAME, create)]))])
+    extra = pa.struct(
+        list(EXTRA_INFO_TYPE)
+        + [pa.field("need_tools_kwargs", pa.bool_()), pa.field("tools_kwargs", pa.struct([(TOOL_NAME, create)]))]
+    )
     fields = [pa.field("extra_info", extra) if f.name == "extra_info" else f for f in rl_schema(with_images=False)]
     return pa.schema(fields + [pa.field("agent_name", pa.string())])
 
@@ -83,27 +90,39 @@ def transcript(key: str, code: str, call: bool, guess: str) -> list[dict]:
     if not call:
         return [user, {"role": "assistant", "content": f"#### {guess}"}]
     text = json.dumps({"name": TOOL_NAME, "arguments": {"key": key}})
-    return [user, {"role": "assistant", "content": f"<tool_call>\n{text}\n</tool_call>"},
-            {"role": "tool", "content": code}, {"role": "assistant", "content": f"#### {code}"}]
+    return [
+        user,
+        {"role": "assistant", "content": f"<tool_call>\n{text}\n</tool_call>"},
+        {"role": "tool", "content": code},
+        {"role": "assistant", "content": f"#### {code}"},
+    ]
 
 
 def sft_rows(n: int, seed: int, split: str, call_share: float = CALL_SHARE) -> list[dict]:
     rng = random.Random(f"tool_lookup_sft/{seed}/{split}")
-    return [{"messages": transcript(key, code, rng.random() < call_share, str(rng.randint(*CODES))),
-             "tools": [SCHEMA], "data_source": SFT_DATA_SOURCE}
-            for key, code in problems(n, seed, split)]
+    return [
+        {
+            "messages": transcript(key, code, rng.random() < call_share, str(rng.randint(*CODES))),
+            "tools": [SCHEMA],
+            "data_source": SFT_DATA_SOURCE,
+        }
+        for key, code in problems(n, seed, split)
+    ]
 
 
 def prepare_synthetic(save_dir, n_train: int, n_test: int, seed: int = 0, progress: bool = False) -> dict:
     """RL rows: `train.parquet` / `test.parquet` under `save_dir` (the demo-data writer's contract,
     verl_npu/demo.py)."""
-    splits = [(split, [rl_row(key, code, split, i) for i, (key, code) in enumerate(problems(n, seed, split))])
-              for split, n in (("train", n_train), ("test", n_test))]
+    splits = [
+        (split, [rl_row(key, code, split, i) for i, (key, code) in enumerate(problems(n, seed, split))])
+        for split, n in (("train", n_train), ("test", n_test))
+    ]
     return write_split_files(save_dir, splits, rl_schema_lookup(), progress=progress)
 
 
-def prepare_sft(save_dir, n_train: int, n_test: int, seed: int = 0, progress: bool = False,
-                call_share: float = CALL_SHARE) -> dict:
+def prepare_sft(
+    save_dir, n_train: int, n_test: int, seed: int = 0, progress: bool = False, call_share: float = CALL_SHARE
+) -> dict:
     """SFT transcripts: `train.parquet` / `test.parquet` under `save_dir` (the same contract)."""
     schema = pa.Table.from_pylist(sft_rows(1, 0, "train", 1.0)).schema  # a calling row: every message field
     splits = [(split, sft_rows(n, seed, split, call_share)) for split, n in (("train", n_train), ("test", n_test))]

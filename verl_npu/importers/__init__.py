@@ -50,7 +50,8 @@ def import_config(system: str, path: str | Path) -> ImportResult:
                 f"{path}: Trinity-RFT's older config schema (it has {', '.join(legacy)}): verl-npu imports the "
                 "current schema only (project/name/checkpoint_root_dir, algorithm, model, buffer.explorer_input."
                 "tasksets, explorer.rollout_model, trainer.trainer_config, synchronizer). Rewrite it for Trinity-RFT "
-                ">= 0.2 (its examples/ folder has the current form of every example), then import again")
+                ">= 0.2 (its examples/ folder has the current form of every example), then import again"
+            )
         refusal = trinity.map_trinity(led, raw)
     else:
         refusal = roll.map_roll(led)
@@ -72,13 +73,18 @@ def import_to(system: str, path: str | Path, out: str | Path | None = None) -> t
                 result.recipe[key] = str(target)
     write_recipe(result, out)
     stages = None
-    if "sft.yaml" in result.extra_files:   # an SFT stage, then this RL recipe (importers.trinity_stages)
+    if "sft.yaml" in result.extra_files:  # an SFT stage, then this RL recipe (importers.trinity_stages)
         stages = out.with_name(f"{out.stem}.stages.yaml")
-        tree = {"af_output_dir": str(result.recipe.get("af_output_dir", "outputs/imported")),
-                "stages": [{"name": "sft", "recipe": f"{out.stem}.sft.yaml"}, {"name": "rl", "recipe": out.name}]}
-        stages.write_text(f"# Imported by `verl-npu import {system} {Path(path).name}`: the SFT stage, then RL from "
-                          "its checkpoint (docs/sft.md); run with `verl-npu run` on this file\n"
-                          + yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+        tree = {
+            "af_output_dir": str(result.recipe.get("af_output_dir", "outputs/imported")),
+            "stages": [{"name": "sft", "recipe": f"{out.stem}.sft.yaml"}, {"name": "rl", "recipe": out.name}],
+        }
+        stages.write_text(
+            f"# Imported by `verl-npu import {system} {Path(path).name}`: the SFT stage, then RL from "
+            "its checkpoint (docs/sft.md); run with `verl-npu run` on this file\n"
+            + yaml.safe_dump(tree, sort_keys=False),
+            encoding="utf-8",
+        )
         result.extra_files["stages.yaml"] = tree
     validate(result, out, stages)
     return result, out

@@ -30,12 +30,22 @@ def write_separate_async(led: Ledger, threshold: int, why: str) -> None:
     led.set(V1 + "sampler.max_off_policy_threshold", threshold, f"{system}: {why}")
     batch, mini = led.recipe.get(BC + "data.train_batch_size"), led.recipe.get(MINI)
     if batch and mini:
-        led.set(V1 + "separate_async.parameter_sync_step", max(1, int(batch) // int(mini)),
-                f"data.train_batch_size / ppo_mini_batch_size = {batch} / {mini} (verl's rule: one step, one sync)")
+        led.set(
+            V1 + "separate_async.parameter_sync_step",
+            max(1, int(batch) // int(mini)),
+            f"data.train_batch_size / ppo_mini_batch_size = {batch} / {mini} (verl's rule: one step, one sync)",
+        )
     for key in ("nnodes", "n_gpus_per_node"):
-        led.set(f"{BC}actor_rollout_ref.rollout.{key}", 1, f"{system}: the rollout side's own process (verl-npu's "
-                "separate_async layout: one rollout process, docs/async.md)")
+        led.set(
+            f"{BC}actor_rollout_ref.rollout.{key}",
+            1,
+            f"{system}: the rollout side's own process (verl-npu's "
+            "separate_async layout: one rollout process, docs/async.md)",
+        )
     if BC + "algorithm.rollout_correction.rollout_is" not in led.recipe:
-        led.set(BC + "algorithm.rollout_correction.rollout_is", "token",
-                f"{system}: stale samples are weighted against the behaviour policy (decoupled PPO, docs/async.md); "
-                "remove it for an uncorrected update")
+        led.set(
+            BC + "algorithm.rollout_correction.rollout_is",
+            "token",
+            f"{system}: stale samples are weighted against the behaviour policy (decoupled PPO, docs/async.md); "
+            "remove it for an uncorrected update",
+        )

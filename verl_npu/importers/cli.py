@@ -20,8 +20,10 @@ def run_import(system: str, config: str, output: str | None, say: Callable[[str]
     for note in result.notes:
         say(f"next: {note}")
     if result.validated:
-        say(f"the recipe validates (verl-npu validate {out}); check data and model paths with "
-            f"`verl-npu validate {out} --check-paths`")
+        say(
+            f"the recipe validates (verl-npu validate {out}); check data and model paths with "
+            f"`verl-npu validate {out} --check-paths`"
+        )
         return 0
     say(f"the recipe does not validate yet; {len(result.problems)} thing(s) to fix in {out}:")
     for p in result.problems:

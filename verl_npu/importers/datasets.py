@@ -33,8 +33,16 @@ def trinity_parquet(path: str, split: str | None, subset: str | None = None) -> 
     return str(base / f"{split or 'train'}.parquet")
 
 
-def trinity_prep(path: str, split: str | None, subset: str | None, prompt_key: str | None,
-                 response_key: str | None, system_prompt: str | None, out: str, name: str | None = None) -> str:
+def trinity_prep(
+    path: str,
+    split: str | None,
+    subset: str | None,
+    prompt_key: str | None,
+    response_key: str | None,
+    system_prompt: str | None,
+    out: str,
+    name: str | None = None,
+) -> str:
     """The command that writes `out` from a Trinity taskset (a JSON/JSONL file, a folder of them, or a
     local Hugging Face `datasets` folder with that split)."""
     cmd = [PREP, "trinity", "--input", _q(path), "--split", _q(split or "train")]

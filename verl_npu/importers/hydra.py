@@ -68,11 +68,13 @@ def compose(path: Path, *, _seen: tuple[Path, ...] = ()) -> tuple[dict, list[Pat
         name, package = _entry(entry, path)
         if name is None:
             continue
-        target = (path.parent / name)
+        target = path.parent / name
         target = target if target.suffix in (".yaml", ".yml") else target.with_suffix(".yaml")
         if not target.exists():
-            raise UserError(f"{path}: defaults entry {entry!r} names {target}, which does not exist; put the "
-                            "included file beside the config (as in ROLL's examples/config/) or remove the entry")
+            raise UserError(
+                f"{path}: defaults entry {entry!r} names {target}, which does not exist; put the "
+                "included file beside the config (as in ROLL's examples/config/) or remove the entry"
+            )
         sub, sub_files = compose(target, _seen=(*_seen, path))
         files += sub_files
         merged = merge(merged, _place(sub, package))
@@ -85,7 +87,7 @@ def _entry(entry: Any, path: Path) -> tuple[str | None, str]:
         name, _, package = entry.partition("@")
         return name.strip(), package.strip() or "_here_"
     if isinstance(entry, dict) and len(entry) == 1:
-        (key, option), = entry.items()
+        ((key, option),) = entry.items()
         key = str(key).removeprefix("optional ").removeprefix("override ").strip()
         group, _, package = key.partition("@")
         if option is None:
@@ -103,8 +105,10 @@ def resolve(tree: dict, source: Path) -> dict:
         return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or "?"
-        raise UserError(f"{source}: interpolation at {key} cannot be resolved ({exc.msg if hasattr(exc, 'msg') else exc}); "
-                        "set the key it refers to, or the environment variable") from None
+        raise UserError(
+            f"{source}: interpolation at {key} cannot be resolved ({exc.msg if hasattr(exc, 'msg') else exc}); "
+            "set the key it refers to, or the environment variable"
+        ) from None
 
 
 def device_list(text: Any, key: str) -> list[int]:
@@ -114,8 +118,9 @@ def device_list(text: Any, key: str) -> list[int]:
     try:
         value = _eval(ast.parse(str(text), mode="eval").body)
     except (ValueError, SyntaxError, TypeError) as exc:
-        raise UserError(f"{key}: {text!r} is not a device list (write e.g. list(range(0,8)) or [0,1,2,3]): {exc}"
-                        ) from None
+        raise UserError(
+            f"{key}: {text!r} is not a device list (write e.g. list(range(0,8)) or [0,1,2,3]): {exc}"
+        ) from None
     if isinstance(value, range):
         value = list(value)
     if not isinstance(value, list) or not all(isinstance(v, int) for v in value):

@@ -59,10 +59,10 @@ class Ledger:
     flat: dict[str, Any]
     rows: dict[str, Row] = field(default_factory=dict)
     recipe: dict[str, Any] = field(default_factory=dict)
-    origin: dict[str, str] = field(default_factory=dict)   # recipe key -> where its value came from
-    notes: list[str] = field(default_factory=list)         # what the user must do next (data prep, files)
-    extra_files: dict[str, Any] = field(default_factory=dict)   # suffix -> YAML tree (or text) beside the recipe
-    kind: str = "rl"       # the recipe's kind: "rl" (verl-npu run) or "sft" (verl-npu sft)
+    origin: dict[str, str] = field(default_factory=dict)  # recipe key -> where its value came from
+    notes: list[str] = field(default_factory=list)  # what the user must do next (data prep, files)
+    extra_files: dict[str, Any] = field(default_factory=dict)  # suffix -> YAML tree (or text) beside the recipe
+    kind: str = "rl"  # the recipe's kind: "rl" (verl-npu run) or "sft" (verl-npu sft)
 
     # ---- reading the input
     def has(self, key: str) -> bool:
@@ -109,7 +109,9 @@ class Ledger:
             return
         theirs = str(self.flat[key])
         if theirs in choices:
-            self.map(key, target, choices[theirs], "1:1" if choices[theirs] == theirs else f"{theirs} -> {choices[theirs]}")
+            self.map(
+                key, target, choices[theirs], "1:1" if choices[theirs] == theirs else f"{theirs} -> {choices[theirs]}"
+            )
         else:
             self.not_mapped(key, "not mapped: " + instead.format(theirs))
 
@@ -139,8 +141,11 @@ class Ledger:
 
     def finish(self) -> list[Row]:
         """Rows for every input key (those nothing settled: not mapped, unknown to the importer)."""
-        self.not_mapped_under("", f"unknown to the {self.system} importer: nothing in verl-npu reads it; "
-                                  "check the key's spelling against the source system's schema")
+        self.not_mapped_under(
+            "",
+            f"unknown to the {self.system} importer: nothing in verl-npu reads it; "
+            "check the key's spelling against the source system's schema",
+        )
         ordered = [self.rows[k] for k in self.flat]
         return ordered + [r for k, r in self.rows.items() if k not in self.flat]
 

@@ -14,8 +14,19 @@ from verl_npu.importers.ledger import DEFAULT, MAPPED, NOT_MAPPED, Ledger, Row, 
 
 #: the recipe's top-level blocks, in the order shipped recipes write them
 TOP_ORDER = ("af_output_dir", "backend_config", "engine_kwargs")
-SECTION_ORDER = ("data", "model", "engine", "optim", "checkpoint", "actor_rollout_ref", "critic", "reward_model",
-                 "custom_reward_function", "algorithm", "trainer")
+SECTION_ORDER = (
+    "data",
+    "model",
+    "engine",
+    "optim",
+    "checkpoint",
+    "actor_rollout_ref",
+    "critic",
+    "reward_model",
+    "custom_reward_function",
+    "algorithm",
+    "trainer",
+)
 
 
 @dataclass
@@ -29,16 +40,25 @@ class ImportResult:
     recipe: dict[str, Any]
     origin: dict[str, str]
     notes: list[str]
-    refused: str = ""                     # why no recipe was written at all (then recipe is empty)
-    extra_files: dict[str, Any] = field(default_factory=dict)   # suffix -> YAML tree (or text) beside the recipe
+    refused: str = ""  # why no recipe was written at all (then recipe is empty)
+    extra_files: dict[str, Any] = field(default_factory=dict)  # suffix -> YAML tree (or text) beside the recipe
     problems: list[str] = field(default_factory=list)
     validated: bool = False
-    kind: str = "rl"                      # "rl" (verl-npu run) or "sft" (verl-npu sft)
+    kind: str = "rl"  # "rl" (verl-npu run) or "sft" (verl-npu sft)
 
     @classmethod
     def from_ledger(cls, ledger: Ledger, source: Path, refused: str = "") -> ImportResult:
-        return cls(ledger.system, source, ledger.finish(), dict(ledger.recipe), dict(ledger.origin),
-                   list(ledger.notes), refused, dict(ledger.extra_files), kind=ledger.kind)
+        return cls(
+            ledger.system,
+            source,
+            ledger.finish(),
+            dict(ledger.recipe),
+            dict(ledger.origin),
+            list(ledger.notes),
+            refused,
+            dict(ledger.extra_files),
+            kind=ledger.kind,
+        )
 
     def rows_with(self, status: str) -> list[Row]:
         return [r for r in self.rows if r.status == status]
@@ -47,17 +67,21 @@ class ImportResult:
 def recipe_yaml(result: ImportResult) -> str:
     """The recipe as YAML, every value followed by a comment naming its source key and arithmetic."""
     what = "an SFT recipe (`verl-npu sft`" if result.kind == "sft" else "a verl-npu recipe (`verl-npu run`"
-    lines = [f"# Imported by `verl-npu import {result.system} {result.source.name}`: {what}; verl 0.9.1 keys",
-             "# under backend_config; docs/import.md). Each value's comment names the input key it came from",
-             f"# ('{result.system}: key'), the arithmetic, or the {result.system} default written out because",
-             "# verl's differs. Keys the import could not map are listed in the table it printed (not here)."]
+    lines = [
+        f"# Imported by `verl-npu import {result.system} {result.source.name}`: {what}; verl 0.9.1 keys",
+        "# under backend_config; docs/import.md). Each value's comment names the input key it came from",
+        f"# ('{result.system}: key'), the arithmetic, or the {result.system} default written out because",
+        "# verl's differs. Keys the import could not map are listed in the table it printed (not here).",
+    ]
     for note in result.notes:
         lines += textwrap.wrap(note, 110, initial_indent="# NEXT: ", subsequent_indent="#       ")
     tree = nested(result.recipe)
     if "backend_config" in tree:
         bc = tree["backend_config"]
-        tree["backend_config"] = {k: bc[k] for k in sorted(bc, key=lambda k: SECTION_ORDER.index(k)
-                                                             if k in SECTION_ORDER else len(SECTION_ORDER))}
+        tree["backend_config"] = {
+            k: bc[k]
+            for k in sorted(bc, key=lambda k: SECTION_ORDER.index(k) if k in SECTION_ORDER else len(SECTION_ORDER))
+        }
     for top in sorted(tree, key=lambda k: TOP_ORDER.index(k) if k in TOP_ORDER else len(TOP_ORDER)):
         _emit(top, tree[top], 0, top, result.origin, lines)
     if "engine_kwargs" not in tree and result.kind != "sft":

@@ -15,16 +15,31 @@ from verl_npu.importers.ledger import Ledger
 from verl_npu.importers.sft import map_roll_sft
 
 A, AC, RO = "actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-LOGGERS = {"tensorboard": "tensorboard", "wandb": "wandb", "stdout": "console", "swanlab": "swanlab",
-           "mlflow": "mlflow"}
-ESTIMATORS = {"gae": "gae", "grpo": "grpo", "reinforce_plus_plus": "reinforce_plus_plus", "rloo": "rloo",
-              "remax": "remax"}
+LOGGERS = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "stdout": "console",
+    "swanlab": "swanlab",
+    "mlflow": "mlflow",
+}
+ESTIMATORS = {
+    "gae": "gae",
+    "grpo": "grpo",
+    "reinforce_plus_plus": "reinforce_plus_plus",
+    "rloo": "rloo",
+    "remax": "remax",
+}
 KL_PENALTY = {"kl": "kl", "abs": "abs", "mse": "mse", "full": "full", "low_var_kl": "low_var_kl", "k3": "low_var_kl"}
 #: ROLL env_type -> verl-npu grid environment
 GRID_ENVS = {"sokoban": "sokoban", "frozen_lake": "frozen_lake", "frozenlake": "frozen_lake"}
 #: ROLL reward_normalization.grouping -> verl-npu algorithm.reward_norm.grouping
-GROUPINGS = {"state": "state", "traj_group_id": "state", "batch": "batch", "inductive": "inductive",
-             "tags": "inductive"}
+GROUPINGS = {
+    "state": "state",
+    "traj_group_id": "state",
+    "batch": "batch",
+    "inductive": "inductive",
+    "tags": "inductive",
+}
 METHODS = {"identity": "identity", "mean_std": "mean_std", "mean": "mean", "asym_clip": "asym_clip"}
 
 
@@ -35,7 +50,7 @@ def is_agentic(led: Ledger) -> bool:
 def map_roll(led: Ledger) -> str:
     """Fill `led` from a composed, resolved ROLL config; returns a refusal reason ('' normally)."""
     agentic = is_agentic(led)
-    if led.under("sft_train") and not led.under("actor_infer") and not agentic:   # ROLL's SFT pipeline
+    if led.under("sft_train") and not led.under("actor_infer") and not agentic:  # ROLL's SFT pipeline
         led.kind = "sft"
         map_roll_sft(led)
         return ""
@@ -55,23 +70,36 @@ def map_roll(led: Ledger) -> str:
         led.accept("async_generation_ratio", "0: synchronous generation, the sync loop")
     elif ratio > 0:
         threshold = versions_ahead(ratio, 1)
-        why = (f"async_generation_ratio {ratio:g}: the next batch generated while this one trains, at most "
-               f"ceil({ratio:g}) = {threshold} model version(s) stale")
+        why = (
+            f"async_generation_ratio {ratio:g}: the next batch generated while this one trains, at most "
+            f"ceil({ratio:g}) = {threshold} model version(s) stale"
+        )
         write_separate_async(led, threshold, why)
         led.map("async_generation_ratio", "trainer.v1.sampler.max_off_policy_threshold", threshold, why)
     led.not_mapped_under("hydra", "not mapped: Hydra's own run settings (verl-npu writes to af_output_dir)")
     led.not_mapped_under("custom_env", "not mapped: environment templates; custom_envs picks from them (mapped there)")
-    led.not_mapped_under("sft_train", "not mapped: an SFT worker beside the RL workers; import ROLL's SFT pipeline "
-                         "config by itself (an SFT recipe), then point actor_rollout_ref.model.path at its export")
+    led.not_mapped_under(
+        "sft_train",
+        "not mapped: an SFT worker beside the RL workers; import ROLL's SFT pipeline "
+        "config by itself (an SFT recipe), then point actor_rollout_ref.model.path at its export",
+    )
     for key in [k for k in led.unsettled() if k.startswith("deepspeed_")]:
-        led.not_mapped(key, "not mapped: a DeepSpeed config included for strategy_config; verl-npu has no DeepSpeed "
-                       "backend (FSDP2 instead)")
+        led.not_mapped(
+            key,
+            "not mapped: a DeepSpeed config included for strategy_config; verl-npu has no DeepSpeed "
+            "backend (FSDP2 instead)",
+        )
     for k in ("teacher", "student_train", "student_infer", "is_pure_opd", "use_opd"):
-        led.not_mapped_under(k, "not mapped: the importer does not convert ROLL's on-policy distillation; verl-npu "
-                             "reads verl 0.9.1's distillation.* keys (`verl-npu explain distillation`): set them by hand")
+        led.not_mapped_under(
+            k,
+            "not mapped: the importer does not convert ROLL's on-policy distillation; verl-npu "
+            "reads verl 0.9.1's distillation.* keys (`verl-npu explain distillation`): set them by hand",
+        )
     if not led.under("actor_infer") and not agentic:
-        return ("no actor_infer (rollout) worker and no sft_train worker: neither ROLL's RL pipelines nor its SFT "
-                "pipeline; add the workers the config's pipeline needs")
+        return (
+            "no actor_infer (rollout) worker and no sft_train worker: neither ROLL's RL pipelines nor its SFT "
+            "pipeline; add the workers the config's pipeline needs"
+        )
     return ""
 
 
@@ -91,8 +119,11 @@ def _pipeline(led: Ledger, agentic: bool, n: int) -> None:
     project = led.get("tracker_kwargs.project")
     if project is not None:
         led.map("tracker_kwargs.project", "trainer.project_name")
-    led.not_mapped_under("tracker_kwargs", "not mapped: verl-npu's loggers take no extra arguments (the "
-                         "tensorboard folder is <af_output_dir>/tensorboard or $TENSORBOARD_DIR)")
+    led.not_mapped_under(
+        "tracker_kwargs",
+        "not mapped: verl-npu's loggers take no extra arguments (the "
+        "tensorboard folder is <af_output_dir>/tensorboard or $TENSORBOARD_DIR)",
+    )
     led.map("seed", "data.seed")
     out = led.get("checkpoint_config.output_dir") or led.get("output_dir")
     if out is not None:
@@ -104,12 +135,29 @@ def _pipeline(led: Ledger, agentic: bool, n: int) -> None:
         led.set("af_output_dir", "./output", "roll default of output_dir")
     led.not_mapped_under("checkpoint_config", "not mapped: verl-npu writes checkpoints to <af_output_dir>/checkpoints")
     led.map("rollout_dump_dir", "trainer.rollout_data_dir")
-    for k in ("logging_dir", "base_dir", "render_save_dir", "system_envs", "profiler_timeline",
-              "profiler_output_dir", "profiler_memory", "local_rank", "rpc_timeout", "generate_opt_level",
-              "is_num_return_sequences_expand", "is_use_additional_prompts", "max_additional_running_prompts",
-              "model_update_buffer_size_mb", "logging_steps", "num_gpus_per_worker"):
-        led.not_mapped_under(k, "not mapped: ROLL's scheduling / logging plumbing; verl-npu logs every step "
-                             "to trainer.logger and needs no RPC or request settings")
+    for k in (
+        "logging_dir",
+        "base_dir",
+        "render_save_dir",
+        "system_envs",
+        "profiler_timeline",
+        "profiler_output_dir",
+        "profiler_memory",
+        "local_rank",
+        "rpc_timeout",
+        "generate_opt_level",
+        "is_num_return_sequences_expand",
+        "is_use_additional_prompts",
+        "max_additional_running_prompts",
+        "model_update_buffer_size_mb",
+        "logging_steps",
+        "num_gpus_per_worker",
+    ):
+        led.not_mapped_under(
+            k,
+            "not mapped: ROLL's scheduling / logging plumbing; verl-npu logs every step "
+            "to trainer.logger and needs no RPC or request settings",
+        )
     led.map("max_running_requests", f"{RO}.max_num_seqs", how="concurrent requests of the inference engine")
     track = led.get("track_with")
     if track is not None:
@@ -119,28 +167,46 @@ def _pipeline(led: Ledger, agentic: bool, n: int) -> None:
             led.not_mapped("track_with", f"not mapped: verl-npu has no {track} logger")
     led.map("max_steps", "trainer.total_training_steps")
     if led.has("max_steps"):
-        led.set("backend_config.trainer.total_epochs", 1000,
-                "roll: max_steps bounds the run (ROLL cycles its data); epochs only need not stop it earlier")
+        led.set(
+            "backend_config.trainer.total_epochs",
+            1000,
+            "roll: max_steps bounds the run (ROLL cycles its data); epochs only need not stop it earlier",
+        )
     led.map("save_steps", "trainer.save_freq")
     led.map("eval_steps", "trainer.test_freq")
     rc = led.get("resume_from_checkpoint")
     if rc is not None:
         if isinstance(rc, bool):
-            led.map("resume_from_checkpoint", "trainer.resume_mode", "auto" if rc else "disable",
-                    "true -> auto, false -> disable")
+            led.map(
+                "resume_from_checkpoint",
+                "trainer.resume_mode",
+                "auto" if rc else "disable",
+                "true -> auto, false -> disable",
+            )
         else:
-            led.not_mapped("resume_from_checkpoint", "not mapped: a ROLL checkpoint folder is in ROLL's layout; "
-                           "verl-npu resumes its own (trainer.resume_mode auto). To start from its weights, save "
-                           "them as a Hugging Face folder and set actor_rollout_ref.model.path")
+            led.not_mapped(
+                "resume_from_checkpoint",
+                "not mapped: a ROLL checkpoint folder is in ROLL's layout; "
+                "verl-npu resumes its own (trainer.resume_mode auto). To start from its weights, save "
+                "them as a Hugging Face folder and set actor_rollout_ref.model.path",
+            )
     keep = led.get("max_ckpt_to_keep")
     if keep is not None:
-        led.map("max_ckpt_to_keep", "trainer.max_actor_ckpt_to_keep", None if int(keep) == 0 else int(keep),
-                "0 (keep all) -> null")
+        led.map(
+            "max_ckpt_to_keep",
+            "trainer.max_actor_ckpt_to_keep",
+            None if int(keep) == 0 else int(keep),
+            "0 (keep all) -> null",
+        )
     rbs = led.get("rollout_batch_size")
     if rbs is not None:
         if agentic:
-            led.map("rollout_batch_size", "data.train_batch_size", max(int(rbs) // max(n, 1), 1),
-                    f"trajectories / group_size = {rbs}/{n} environment seeds (prompts)")
+            led.map(
+                "rollout_batch_size",
+                "data.train_batch_size",
+                max(int(rbs) // max(n, 1), 1),
+                f"trajectories / group_size = {rbs}/{n} environment seeds (prompts)",
+            )
         else:
             led.map("rollout_batch_size", "data.train_batch_size", how="prompts per step")
     led.map("val_batch_size", "data.val_batch_size")
@@ -172,10 +238,15 @@ def _algorithm(led: Ledger) -> None:
         if est in ESTIMATORS:
             led.map("adv_estimator", "algorithm.adv_estimator", ESTIMATORS[est])
         else:
-            led.not_mapped("adv_estimator", f"not mapped: verl-npu has no {est} estimator; the nearest are "
-                           "reinforce_plus_plus / reinforce_plus_plus_baseline / rloo (the recipe keeps grpo)")
+            led.not_mapped(
+                "adv_estimator",
+                f"not mapped: verl-npu has no {est} estimator; the nearest are "
+                "reinforce_plus_plus / reinforce_plus_plus_baseline / rloo (the recipe keeps grpo)",
+            )
     else:
-        led.default("adv_estimator", "algorithm.adv_estimator", "gae", "ROLL's default estimator is gae (verl-npu: grpo)")
+        led.default(
+            "adv_estimator", "algorithm.adv_estimator", "gae", "ROLL's default estimator is gae (verl-npu: grpo)"
+        )
     if est == "gae":
         if led.has("lambd"):
             led.map("lambd", "algorithm.lam")
@@ -195,8 +266,11 @@ def _algorithm(led: Ledger) -> None:
     if led.get("dual_clip_loss"):
         led.accept("dual_clip_loss", "verl-npu always applies dual clip (actor.clip_ratio_c 3.0)")
     else:
-        led.not_mapped("dual_clip_loss", "not mapped: verl-npu always applies dual clip (actor.clip_ratio_c); "
-                       "a very large clip_ratio_c turns it off in effect")
+        led.not_mapped(
+            "dual_clip_loss",
+            "not mapped: verl-npu always applies dual clip (actor.clip_ratio_c); "
+            "a very large clip_ratio_c turns it off in effect",
+        )
     led.map("value_clip", "critic.cliprange_value")
     kp = led.get("kl_penalty")
     if kp is not None:
@@ -226,8 +300,12 @@ def _algorithm(led: Ledger) -> None:
     if led.has("loss_agg_mode"):
         led.map("loss_agg_mode", f"{AC}.loss_agg_mode")
     else:
-        led.default("loss_agg_mode", f"{AC}.loss_agg_mode", "seq-mean-token-mean",
-                    "ROLL averages per sequence then over sequences (verl: token-mean)")
+        led.default(
+            "loss_agg_mode",
+            f"{AC}.loss_agg_mode",
+            "seq-mean-token-mean",
+            "ROLL averages per sequence then over sequences (verl: token-mean)",
+        )
     led.map("critic_warmup", "trainer.critic_warmup")
     _norm(led)
     led.map("reward_clip", "algorithm.reward_norm.clip", how="verl-npu's ROLL reward clip")
@@ -235,13 +313,34 @@ def _algorithm(led: Ledger) -> None:
     if led.has("val_greedy"):
         led.map("val_greedy", f"{RO}.val_kwargs.do_sample", transform=lambda v: not v, how="do_sample = not greedy")
     led.accept("enable_reference", "verl-npu builds the reference model when a KL term needs it")
-    for k in ("use_reward_scaling", "use_reward_norm", "add_len_reward", "whiten_rewards", "whiten_advantages",
-              "advantage_clip", "difficulty_loss_weight", "length_loss_weight", "sft_loss_coef", "use_topr_loss",
-              "rl_loss_coef", "postive_loss_coef", "use_policy_loss_type", "max_len_mask", "difficulty_mask",
-              "difficulty_low_threshold", "difficulty_high_threshold", "error_max_len_clip", "balance_length",
-              "dataset_filter", "train_infer_correction"):
-        led.not_mapped_under(k, "not mapped: ROLL's own loss/reward shaping; verl-npu has no such key "
-                             "(train-inference mismatch: algorithm.rollout_correction.*)")
+    for k in (
+        "use_reward_scaling",
+        "use_reward_norm",
+        "add_len_reward",
+        "whiten_rewards",
+        "whiten_advantages",
+        "advantage_clip",
+        "difficulty_loss_weight",
+        "length_loss_weight",
+        "sft_loss_coef",
+        "use_topr_loss",
+        "rl_loss_coef",
+        "postive_loss_coef",
+        "use_policy_loss_type",
+        "max_len_mask",
+        "difficulty_mask",
+        "difficulty_low_threshold",
+        "difficulty_high_threshold",
+        "error_max_len_clip",
+        "balance_length",
+        "dataset_filter",
+        "train_infer_correction",
+    ):
+        led.not_mapped_under(
+            k,
+            "not mapped: ROLL's own loss/reward shaping; verl-npu has no such key "
+            "(train-inference mismatch: algorithm.rollout_correction.*)",
+        )
 
 
 def _norm(led: Ledger) -> None:
@@ -258,13 +357,17 @@ def _norm(led: Ledger) -> None:
     grouping = {"group": "state", "batch": "batch"}.get(str(mean or std))
     if grouping is None or (mean and std and mean != std):
         for k in ("norm_mean_type", "norm_std_type", "reward_norm"):
-            led.not_mapped(k, "not mapped: verl-npu normalises within a group (state) or the batch; "
-                           "running statistics have no counterpart")
+            led.not_mapped(
+                k,
+                "not mapped: verl-npu normalises within a group (state) or the batch; "
+                "running statistics have no counterpart",
+            )
         return
     method = "mean_std" if mean and std else ("mean" if mean else None)
     if method is None:
-        led.not_mapped("norm_std_type", "not mapped: dividing by the std without subtracting the mean has no "
-                       "verl-npu counterpart")
+        led.not_mapped(
+            "norm_std_type", "not mapped: dividing by the std without subtracting the mean has no verl-npu counterpart"
+        )
         return
     led.set("backend_config.algorithm.reward_norm.method", method, f"roll: norm_mean_type {mean} / norm_std_type {std}")
     led.set("backend_config.algorithm.reward_norm.grouping", grouping, f"roll: {mean or std} -> {grouping}")
@@ -284,8 +387,11 @@ def _agentic(led: Ledger, n: int) -> None:
     tm = "train_env_manager"
     groups = led.get(f"{tm}.num_env_groups")
     if groups is not None:
-        led.mapped_into(f"{tm}.num_env_groups", "data.train_batch_size",
-                        "environment seeds per step = rollout_batch_size / group_size")
+        led.mapped_into(
+            f"{tm}.num_env_groups",
+            "data.train_batch_size",
+            "environment seeds per step = rollout_batch_size / group_size",
+        )
     led.map(f"{tm}.max_env_num_per_worker", f"{RO}.agent.num_workers", how="parallel environments per worker")
     envs = _custom_envs(led)
     tags = led.get(f"{tm}.tags") or []
@@ -293,8 +399,11 @@ def _agentic(led: Ledger, n: int) -> None:
     for key in [k for k in led.under(f"{tm}.tags")]:
         led.mapped_into(key, "data_prep/grid_env.py --env", "the environments the train rows are written for")
     led.not_mapped_under(tm, "not mapped: ROLL's environment-manager plumbing (worker classes, group partitions)")
-    led.not_mapped_under("val_env_manager", "not mapped: verl-npu validates on data.val_files rows (write them "
-                         "with data_prep/grid_env.py for the same environments)")
+    led.not_mapped_under(
+        "val_env_manager",
+        "not mapped: verl-npu validates on data.val_files rows (write them "
+        "with data_prep/grid_env.py for the same environments)",
+    )
     penalty = led.get(f"{tm}.format_penalty")
     interaction = {"name": "grid_env", "class_name": "grid_env", "config": {}}
     if matched:
@@ -308,38 +417,63 @@ def _agentic(led: Ledger, n: int) -> None:
             interaction["config"][grid_key] = led.get(key)
             led.mapped_into(key, f"{RO}.multi_turn.interaction_config_path", f"grid_env {grid_key}")
     if led.has("max_actions_per_traj"):
-        led.set(f"backend_config.{RO}.multi_turn.max_assistant_turns", int(led.get("max_actions_per_traj")),
-                "roll: max_actions_per_traj (one action per model turn)")
+        led.set(
+            f"backend_config.{RO}.multi_turn.max_assistant_turns",
+            int(led.get("max_actions_per_traj")),
+            "roll: max_actions_per_traj (one action per model turn)",
+        )
     if penalty is not None:
         interaction["config"]["format_penalty"] = penalty
         led.mapped_into(f"{tm}.format_penalty", f"{RO}.multi_turn.interaction_config_path", "grid_env format_penalty")
     if matched:
         led.extra_files["interaction.yaml"] = {"interaction": [interaction]}
         led.set(f"backend_config.{RO}.multi_turn.enable", True, "roll: agentic pipeline (multi-turn episodes)")
-        led.set(f"backend_config.{RO}.multi_turn.interaction_config_path", "<interaction.yaml>",
-                "roll: custom_envs -> the grid_env interaction file written beside this recipe")
+        led.set(
+            f"backend_config.{RO}.multi_turn.interaction_config_path",
+            "<interaction.yaml>",
+            "roll: custom_envs -> the grid_env interaction file written beside this recipe",
+        )
         led.set(f"backend_config.{RO}.agent.default_agent_loop", "tool_agent", "roll: multi-turn agent loop")
         env = matched[0][0]
-        led.notes.append(f"write the episodes with: python data_prep/grid_env.py --env {env} "
-                         f"--max-steps {interaction['config'].get('max_steps', 8)} --local-save-dir data/{env} "
-                         f"and point data.train_files / val_files at data/{env}/train.parquet / test.parquet")
+        led.notes.append(
+            f"write the episodes with: python data_prep/grid_env.py --env {env} "
+            f"--max-steps {interaction['config'].get('max_steps', 8)} --local-save-dir data/{env} "
+            f"and point data.train_files / val_files at data/{env}/train.parquet / test.parquet"
+        )
         if not led.recipe.get("backend_config.data.train_files"):
             led.set("backend_config.data.train_files", f"data/{env}/train.parquet", "roll: data_prep/grid_env.py rows")
             led.set("backend_config.data.val_files", f"data/{env}/test.parquet", "roll: data_prep/grid_env.py rows")
     rn = "reward_normalization"
-    led.map_choice(f"{rn}.grouping", "algorithm.reward_norm.grouping", GROUPINGS,
-                   "verl-npu groups by state, batch or inductive, not {}")
+    led.map_choice(
+        f"{rn}.grouping",
+        "algorithm.reward_norm.grouping",
+        GROUPINGS,
+        "verl-npu groups by state, batch or inductive, not {}",
+    )
     led.map_choice(f"{rn}.method", "algorithm.reward_norm.method", METHODS, "verl-npu has no {} normalisation")
     led.not_mapped_under(rn, "not mapped: verl-npu's reward_norm has method, grouping and clip")
     # ROLL's env manager class drives an episode itself, as verl's custom agent loops do
-    led.not_mapped_under("env_manager_cls", "not mapped: a ROLL env manager class; port its episode loop as a verl "
-                         "custom agent loop (an AgentLoopBase subclass named in actor_rollout_ref.rollout.agent."
-                         "agent_loop_config_path, docs/agents.md 'Custom agent loops') or an interaction")
-    for k in ("episode_reward_weight", "step_reward_weight", "step_reward_gamma", "ratio_type", "batch_adjust_mode",
-              "use_token_reward", "dirty_data_mask", "env_monitor", "max_actions_per_traj",
-              "max_tokens_per_step"):
-        led.not_mapped_under(k, "not mapped: ROLL's trajectory shaping; the grid_env interaction scores each step "
-                             "(docs/agents.md)")
+    led.not_mapped_under(
+        "env_manager_cls",
+        "not mapped: a ROLL env manager class; port its episode loop as a verl "
+        "custom agent loop (an AgentLoopBase subclass named in actor_rollout_ref.rollout.agent."
+        "agent_loop_config_path, docs/agents.md 'Custom agent loops') or an interaction",
+    )
+    for k in (
+        "episode_reward_weight",
+        "step_reward_weight",
+        "step_reward_gamma",
+        "ratio_type",
+        "batch_adjust_mode",
+        "use_token_reward",
+        "dirty_data_mask",
+        "env_monitor",
+        "max_actions_per_traj",
+        "max_tokens_per_step",
+    ):
+        led.not_mapped_under(
+            k, "not mapped: ROLL's trajectory shaping; the grid_env interaction scores each step (docs/agents.md)"
+        )
 
 
 def _custom_envs(led: Ledger) -> dict[str, tuple[str, dict, str, int | None]]:
@@ -350,8 +484,11 @@ def _custom_envs(led: Ledger) -> dict[str, tuple[str, dict, str, int | None]]:
         p = f"custom_envs.{name}"
         kind = str(led.get(f"{p}.env_type", "")).lower()
         if kind not in GRID_ENVS:
-            led.not_mapped_under(p, f"not mapped: verl-npu's environments are {', '.join(sorted(set(GRID_ENVS.values())))}"
-                                 f", not {kind or 'this one'}; write an interaction (docs/agents.md)")
+            led.not_mapped_under(
+                p,
+                f"not mapped: verl-npu's environments are {', '.join(sorted(set(GRID_ENVS.values())))}"
+                f", not {kind or 'this one'}; write an interaction (docs/agents.md)",
+            )
             continue
         env = GRID_ENVS[kind]
         options: dict = {}
@@ -365,15 +502,21 @@ def _custom_envs(led: Ledger) -> dict[str, tuple[str, dict, str, int | None]]:
             led.accept(f"{c}.num_boxes", "one box: verl-npu's Sokoban")
         led.mapped_into(f"{p}.max_steps", "grid_env max_steps", "environment steps per episode")
         led.not_mapped_under(c, f"not mapped: verl-npu's {env} options are size (and hole_ratio for frozen_lake)")
-        led.not_mapped_under(p, "not mapped: the grid_env interaction writes its own prompts and parses one move "
-                             "per turn")
+        led.not_mapped_under(
+            p, "not mapped: the grid_env interaction writes its own prompts and parses one move per turn"
+        )
         out[name] = (env, options, f"{p}.env_type", led.get(f"{p}.max_steps"))
     return out
 
 
 def _rewards(led: Ledger) -> None:
-    led.not_mapped_under("rewards", "not mapped: ROLL's per-domain reward workers; verl-npu scores by the rows' "
-                         "data_source (built-in rewards) or one compute_score in custom_reward_function.path that "
-                         "dispatches on data_source (data_prep keeps ROLL's tag there)")
-    led.not_mapped_under("reward_model", "not mapped: an LLM judge; verl-npu's reward model is a sequence "
-                         "classifier (reward_model.model.path)")
+    led.not_mapped_under(
+        "rewards",
+        "not mapped: ROLL's per-domain reward workers; verl-npu scores by the rows' "
+        "data_source (built-in rewards) or one compute_score in custom_reward_function.path that "
+        "dispatches on data_source (data_prep keeps ROLL's tag there)",
+    )
+    led.not_mapped_under(
+        "reward_model",
+        "not mapped: an LLM judge; verl-npu's reward model is a sequence classifier (reward_model.model.path)",
+    )

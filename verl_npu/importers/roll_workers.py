@@ -17,8 +17,14 @@ ROLES = ("actor_train", "actor_infer", "reference", "critic", "reward")
 #: ROLL's GeneratingArguments defaults that differ from verl's (verl: temperature 1.0, top_p 1.0, top_k -1)
 GENERATION_DEFAULTS = {"temperature": 0.95, "top_p": 0.7, "top_k": 50}
 TRAIN_STRATEGIES = {"fsdp2_train": "fsdp2", "fsdp_train": "fsdp"}
-NOT_OURS = {"megatron_train": "Megatron", "megatron_infer": "Megatron", "deepspeed_train": "DeepSpeed",
-            "deepspeed_infer": "DeepSpeed", "sglang": "SGLang", "vllm_v1": None}
+NOT_OURS = {
+    "megatron_train": "Megatron",
+    "megatron_infer": "Megatron",
+    "deepspeed_train": "DeepSpeed",
+    "deepspeed_infer": "DeepSpeed",
+    "sglang": "SGLang",
+    "vllm_v1": None,
+}
 
 
 def devices(led: Ledger) -> tuple[list[int], dict[str, list[int]]]:
@@ -38,10 +44,16 @@ def map_cluster(led: Ledger) -> None:
     if union:
         nodes = -(-(max(union) + 1) // gpn)
         per_node = gpn if nodes > 1 else max(union) + 1
-        led.set("backend_config.trainer.nnodes", nodes,
-                f"roll: ceil((max device id {max(union)} + 1) / num_gpus_per_node {gpn}), as ROLL derives num_nodes")
-        led.set("backend_config.trainer.n_gpus_per_node", per_node,
-                "roll: devices of the device_mappings on one node (verl-npu colocates every role on them)")
+        led.set(
+            "backend_config.trainer.nnodes",
+            nodes,
+            f"roll: ceil((max device id {max(union)} + 1) / num_gpus_per_node {gpn}), as ROLL derives num_nodes",
+        )
+        led.set(
+            "backend_config.trainer.n_gpus_per_node",
+            per_node,
+            "roll: devices of the device_mappings on one node (verl-npu colocates every role on them)",
+        )
         for role, ids in per_role.items():
             note = "its devices count into trainer.nnodes x n_gpus_per_node (every role colocated)"
             if role == "actor_infer" and set(ids).isdisjoint(per_role.get("actor_train", [])):
@@ -61,13 +73,26 @@ def map_workers(led: Ledger, n: int, agentic: bool) -> None:
     _critic(led)
     _reward(led)
     for role in ROLES:
-        for k in ("world_size", "worker_cls", "model_update_frequency", "backend_timeout", "offload_nccl",
-                  "logits_in_fp32", "use_sequence_packing", "apply_loss_scale", "pg_variant", "system_envs",
-                  "name", "checkpoint_config"):
+        for k in (
+            "world_size",
+            "worker_cls",
+            "model_update_frequency",
+            "backend_timeout",
+            "offload_nccl",
+            "logits_in_fp32",
+            "use_sequence_packing",
+            "apply_loss_scale",
+            "pg_variant",
+            "system_envs",
+            "name",
+            "checkpoint_config",
+        ):
             led.not_mapped_under(f"{role}.{k}", "not mapped: ROLL's worker plumbing; verl-npu's workers need none")
         led.not_mapped_under(f"{role}.model_args", "not mapped: no verl-npu model option of that name")
-        led.not_mapped_under(f"{role}.training_args", "not mapped: verl-npu's optimizer keys are actor.optim.* "
-                             "(lr, weight_decay, warmup, betas)")
+        led.not_mapped_under(
+            f"{role}.training_args",
+            "not mapped: verl-npu's optimizer keys are actor.optim.* (lr, weight_decay, warmup, betas)",
+        )
         led.not_mapped_under(f"{role}.generating_args", "not mapped: verl-npu samples with temperature/top_p/top_k")
         led.not_mapped_under(f"{role}.strategy_args", "not mapped: no verl-npu counterpart for this strategy option")
         led.not_mapped_under(role, "not mapped: no verl-npu worker option of that name")
@@ -77,11 +102,16 @@ def _strategy(led: Ledger, role: str, target: str | None) -> str:
     key = f"{role}.strategy_args.strategy_name"
     name = str(led.get(key, "fsdp2_train" if role != "actor_infer" else "vllm"))
     if name in NOT_OURS and NOT_OURS[name]:
-        led.not_mapped(key, f"not mapped: verl-npu has no {NOT_OURS[name]} backend; it trains with FSDP2 "
-                       "(the import writes FSDP2: check memory with `verl-npu plan`)")
-        led.not_mapped_under(f"{role}.strategy_args.strategy_config",
-                             f"not mapped: {NOT_OURS[name]} options (parallel sizes, recompute, ZeRO) have no "
-                             "FSDP2 counterpart; see docs/memory.md for FSDP2's offload and sequence parallel")
+        led.not_mapped(
+            key,
+            f"not mapped: verl-npu has no {NOT_OURS[name]} backend; it trains with FSDP2 "
+            "(the import writes FSDP2: check memory with `verl-npu plan`)",
+        )
+        led.not_mapped_under(
+            f"{role}.strategy_args.strategy_config",
+            f"not mapped: {NOT_OURS[name]} options (parallel sizes, recompute, ZeRO) have no "
+            "FSDP2 counterpart; see docs/memory.md for FSDP2's offload and sequence parallel",
+        )
     elif target and name in TRAIN_STRATEGIES and led.has(key):
         led.map(key, target, TRAIN_STRATEGIES[name], f"{name} -> {TRAIN_STRATEGIES[name]}")
     elif name.endswith("_infer") and role == "reference":
@@ -93,8 +123,12 @@ def map_model_args(led: Ledger, role: str, model: str) -> None:
     m = f"{role}.model_args"
     led.map(f"{m}.model_name_or_path", f"{model}.path")
     if led.has(f"{m}.disable_gradient_checkpointing"):
-        led.map(f"{m}.disable_gradient_checkpointing", f"{model}.enable_gradient_checkpointing",
-                transform=lambda v: not v, how="enable = not disable")
+        led.map(
+            f"{m}.disable_gradient_checkpointing",
+            f"{model}.enable_gradient_checkpointing",
+            transform=lambda v: not v,
+            how="enable = not disable",
+        )
 
 
 def _actor_train(led: Ledger, n: int) -> None:
@@ -105,14 +139,23 @@ def _actor_train(led: Ledger, n: int) -> None:
         led.map(f"{m}.lora_rank", f"{A}.model.lora_rank")
         alpha = led.get(f"{m}.lora_alpha")
         if alpha is None:
-            led.default(f"{m}.lora_alpha", f"{A}.model.lora_alpha", 2 * int(led.get(f"{m}.lora_rank")),
-                        "ROLL's lora_alpha defaults to 2 x lora_rank (verl: 16)")
+            led.default(
+                f"{m}.lora_alpha",
+                f"{A}.model.lora_alpha",
+                2 * int(led.get(f"{m}.lora_rank")),
+                "ROLL's lora_alpha defaults to 2 x lora_rank (verl: 16)",
+            )
         else:
             led.map(f"{m}.lora_alpha", f"{A}.model.lora_alpha")
         target = led.get(f"{m}.lora_target")
-        led.map(f"{m}.lora_target", f"{A}.model.target_modules",
-                transform=lambda v: v if v in ("all-linear",) or isinstance(v, list) else
-                [s.strip() for s in str(v).split(",")], how="comma list -> list")
+        led.map(
+            f"{m}.lora_target",
+            f"{A}.model.target_modules",
+            transform=lambda v: (
+                v if v in ("all-linear",) or isinstance(v, list) else [s.strip() for s in str(v).split(",")]
+            ),
+            how="comma list -> list",
+        )
         del target
     elif led.has(f"{m}.lora_rank"):
         led.accept(f"{m}.lora_rank", "no lora_target: ROLL trains the full model")
@@ -122,8 +165,9 @@ def _actor_train(led: Ledger, n: int) -> None:
     led.map(f"{r}.use_dynamic_batching_in_infer", f"{RO}.log_prob_use_dynamic_bsz")
     led.map(f"{r}.max_tokens_per_microbatch_in_infer", f"{RO}.log_prob_max_token_len_per_gpu")
     _infer_batch(led, r, f"{RO}.log_prob_micro_batch_size_per_gpu", "the actor's old-log-prob pass")
-    led.not_mapped(f"{m}.dtype", "not mapped: verl-npu trains with fp32 master weights and bf16 compute "
-                   "(FSDP2 mixed precision)")
+    led.not_mapped(
+        f"{m}.dtype", "not mapped: verl-npu trains with fp32 master weights and bf16 compute (FSDP2 mixed precision)"
+    )
     strategy = _strategy(led, r, f"{AC}.strategy")
     t = f"{r}.training_args"
     led.map(f"{t}.learning_rate", f"{AC}.optim.lr")
@@ -158,15 +202,24 @@ def _actor_infer(led: Ledger, agentic: bool) -> None:
     r = "actor_infer"
     m = f"{r}.model_args"
     led.accept(f"{m}.model_name_or_path", "the rollout runs the actor's weights (actor_rollout_ref.model.path)")
-    led.map(f"{m}.dtype", f"{RO}.dtype", transform=lambda v: {"bf16": "bfloat16", "fp16": "float16",
-                                                               "fp32": "float32"}.get(str(v), v))
+    led.map(
+        f"{m}.dtype",
+        f"{RO}.dtype",
+        transform=lambda v: {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(str(v), v),
+    )
     led.accept(f"{m}.disable_gradient_checkpointing", "inference: no gradients")
     name = _strategy(led, r, None)
     if name in ("vllm", "hf_infer"):
         led.map(f"{r}.strategy_args.strategy_name", f"{RO}.name", "vllm" if name == "vllm" else "hf")
     sc = f"{r}.strategy_args.strategy_config"
-    for k in ("gpu_memory_utilization", "max_model_len", "load_format", "enforce_eager", "max_num_batched_tokens",
-              "enable_chunked_prefill"):
+    for k in (
+        "gpu_memory_utilization",
+        "max_model_len",
+        "load_format",
+        "enforce_eager",
+        "max_num_batched_tokens",
+        "enable_chunked_prefill",
+    ):
         led.map(f"{sc}.{k}", f"{RO}.{k}")
     if led.has(f"{sc}.block_size"):
         led.map(f"{sc}.block_size", "engine_kwargs.vllm.block_size", how="a vLLM engine argument")
@@ -176,12 +229,20 @@ def _actor_infer(led: Ledger, agentic: bool) -> None:
         if led.has(f"{g}.{k}"):
             led.map(f"{g}.{k}", f"{RO}.{k}")
         else:
-            led.default(f"{g}.{k}", f"{RO}.{k}", dflt, f"ROLL samples with {k} {dflt} by default (verl: "
-                        f"{ {'temperature': 1.0, 'top_p': 1.0, 'top_k': -1}[k] })")
+            led.default(
+                f"{g}.{k}",
+                f"{RO}.{k}",
+                dflt,
+                f"ROLL samples with {k} {dflt} by default (verl: "
+                f"{ {'temperature': 1.0, 'top_p': 1.0, 'top_k': -1}[k] })",
+            )
     led.map(f"{g}.do_sample", f"{RO}.do_sample")
     if agentic:
-        led.accept(f"{g}.max_new_tokens", "agentic: the tokens of one turn (max_tokens_per_step caps a turn; "
-                   "data.max_response_length holds the whole episode)")
+        led.accept(
+            f"{g}.max_new_tokens",
+            "agentic: the tokens of one turn (max_tokens_per_step caps a turn; "
+            "data.max_response_length holds the whole episode)",
+        )
     elif led.has("response_length") or led.has("sequence_length"):
         led.accept(f"{g}.max_new_tokens", "ROLL replaces it with response_length (mapped from there)")
     else:
@@ -190,8 +251,11 @@ def _actor_infer(led: Ledger, agentic: bool) -> None:
         led.accept(f"{g}.num_return_sequences", "agentic: ROLL forces 1; the group is train_env_manager.group_size")
     elif led.has(f"{g}.num_return_sequences"):
         led.accept(f"{g}.num_return_sequences", "ROLL replaces it with num_return_sequences_in_group (rollout.n)")
-    led.not_mapped(f"{r}.infer_batch_size", "not mapped: verl-npu's rollout engine batches by itself (the "
-                   "log-prob micro batch comes from actor_train.infer_batch_size)")
+    led.not_mapped(
+        f"{r}.infer_batch_size",
+        "not mapped: verl-npu's rollout engine batches by itself (the "
+        "log-prob micro batch comes from actor_train.infer_batch_size)",
+    )
 
 
 def _infer_batch(led: Ledger, role: str, target: str, what: str) -> None:
@@ -227,8 +291,11 @@ def _critic(led: Ledger) -> None:
 def _reward(led: Ledger) -> None:
     r = "reward"
     if led.has(f"{r}.model_args.model_name_or_path"):
-        led.map(f"{r}.model_args.model_name_or_path", "reward_model.model.path",
-                how="a sequence-classification reward model")
+        led.map(
+            f"{r}.model_args.model_name_or_path",
+            "reward_model.model.path",
+            how="a sequence-classification reward model",
+        )
         led.set("backend_config.reward_model.enable", True, "roll: reward.model_args (a reward model worker)")
 
 
@@ -245,15 +312,24 @@ def map_data(led: Ledger, role: str, val: bool) -> None:
         if out != f:
             led.notes.append(f"{d}.file_name: write {out} with: {datasets.roll_prep(f, prompt, messages, out)}")
     target = "data.val_files" if val else "data.train_files"
-    led.map(f"{d}.file_name", target, outs if len(outs) > 1 else outs[0],
-            "json/jsonl -> parquet written by data_prep/foreign_json.py (the recipe's NEXT lines)")
+    led.map(
+        f"{d}.file_name",
+        target,
+        outs if len(outs) > 1 else outs[0],
+        "json/jsonl -> parquet written by data_prep/foreign_json.py (the recipe's NEXT lines)",
+    )
     for k in ("prompt", "messages", "response", "tag", "id"):
         led.mapped_into(f"{d}.{k}", target, "a column name, read by the data_prep command")
     if str(led.get(f"{d}.template", "native")) == "native":
         led.accept(f"{d}.template", "native: the tokenizer's chat template, as verl-npu uses")
     else:
-        led.not_mapped(f"{d}.template", "not mapped: verl-npu applies the tokenizer's chat template; a custom one "
-                       "goes in actor_rollout_ref.model.custom_chat_template (Jinja text)")
-    led.not_mapped_under(f"{d}.domain_interleave_probs", "not mapped: verl-npu reads the files' rows in order "
-                         "(or shuffled): mix the domains in the parquet")
+        led.not_mapped(
+            f"{d}.template",
+            "not mapped: verl-npu applies the tokenizer's chat template; a custom one "
+            "goes in actor_rollout_ref.model.custom_chat_template (Jinja text)",
+        )
+    led.not_mapped_under(
+        f"{d}.domain_interleave_probs",
+        "not mapped: verl-npu reads the files' rows in order (or shuffled): mix the domains in the parquet",
+    )
     led.not_mapped_under(d, "not mapped: no verl-npu data option of that name")

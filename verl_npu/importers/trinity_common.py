@@ -16,13 +16,21 @@ def top_level(led: Ledger) -> None:
     if led.has("checkpoint_root_dir"):
         root = str(led.get("checkpoint_root_dir")).rstrip("/")
         out = f"{root}/{led.get('project', 'Trinity-RFT')}/{led.get('name', 'rft')}"
-        led.map("checkpoint_root_dir", "af_output_dir", out,
-                "<checkpoint_root_dir>/<project>/<name>, Trinity's checkpoint folder; checkpoints in <it>/checkpoints")
+        led.map(
+            "checkpoint_root_dir",
+            "af_output_dir",
+            out,
+            "<checkpoint_root_dir>/<project>/<name>, Trinity's checkpoint folder; checkpoints in <it>/checkpoints",
+        )
     else:
         led.set("af_output_dir", "outputs/imported", "no checkpoint_root_dir in the input: a local folder")
     if led.has("continue_from_checkpoint"):
-        led.map("continue_from_checkpoint", "trainer.resume_mode",
-                transform=lambda v: "auto" if v else "disable", how="true -> auto, false -> disable")
+        led.map(
+            "continue_from_checkpoint",
+            "trainer.resume_mode",
+            transform=lambda v: "auto" if v else "disable",
+            how="true -> auto, false -> disable",
+        )
     led.not_mapped("ray_namespace", "not mapped: verl-npu starts its own Ray namespace")
     mt = led.get("monitor.monitor_type")
     if mt is not None:

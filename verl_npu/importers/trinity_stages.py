@@ -37,16 +37,20 @@ def map_stages(led: Ledger, raw: dict) -> None:
     if not stages:
         return
     if not (isinstance(stages, list) and len(stages) == 2 and _is_sft(stages[0]) and not _is_sft(stages[1])):
-        led.not_mapped_under("stages", "not mapped: verl-npu's stages recipe runs two stages, an SFT stage "
-                             "(algorithm_type sft) then the RL run; import each stage's config by itself instead")
+        led.not_mapped_under(
+            "stages",
+            "not mapped: verl-npu's stages recipe runs two stages, an SFT stage "
+            "(algorithm_type sft) then the RL run; import each stage's config by itself instead",
+        )
         return
     base = {k: v for k, v in raw.items() if k != "stages"}
-    sub = Ledger("trinity", flatten_input(merged(base, {k: v for k, v in stages[0].items() if k != "stage_name"})),
-                 kind="sft")
+    sub = Ledger(
+        "trinity", flatten_input(merged(base, {k: v for k, v in stages[0].items() if k != "stage_name"})), kind="sft"
+    )
     map_trinity_sft(sub)
     sub_rows = {row.key: row for row in sub.finish()}
     for key in led.under("stages[0]"):
-        inner = key[len("stages[0]."):]
+        inner = key[len("stages[0].") :]
         row = sub_rows.get(inner)
         if inner == "stage_name":
             led.accept(key, "the SFT stage (the stages recipe names it sft)")
@@ -58,7 +62,10 @@ def map_stages(led: Ledger, raw: dict) -> None:
         if key.split(".", 1)[1] in RL_STAGE_KEYS:
             led.accept(key, "the RL stage: the top-level config, imported as the RL recipe")
         else:
-            led.not_mapped(key, "not mapped: the RL stage is imported from the config's top level; move this "
-                           "setting there and import again")
+            led.not_mapped(
+                key,
+                "not mapped: the RL stage is imported from the config's top level; move this "
+                "setting there and import again",
+            )
     led.extra_files["sft.yaml"] = recipe_yaml(ImportResult.from_ledger(sub, Path("stages[0]")))
     led.notes += [f"SFT stage: {note}" for note in sub.notes]

@@ -23,22 +23,22 @@ import math
 from dataclasses import dataclass, field
 
 GIB = 1 << 30
-TIGHT = 0.10                 # under 10% headroom: tight
+TIGHT = 0.10  # under 10% headroom: tight
 #: fp32 elements a token keeps per decoder layer for backward (measured: bench/results/memory_plan.md)
 ACT_PER_LAYER_H, ACT_PER_LAYER_I, ACT_RMPAD_EXTRA_H = 6.4, 4.7, 2.0
-ACT_OUTSIDE_H = 8.0          # embeddings, final norm, the hidden states before the head
+ACT_OUTSIDE_H = 8.0  # embeddings, final norm, the hidden states before the head
 CKPT_LAYER_H, CKPT_RECOMPUTE_H, CKPT_RECOMPUTE_I = 1.0, 9.0, 6.0
-LOGIT_COPIES_TRAIN = 3       # float32 log-softmax output, its gradient, the logits' gradient
-LOGIT_COPIES_INFER = 4       # float32 logits, log-softmax, entropy's exp and product (old log-probs)
+LOGIT_COPIES_TRAIN = 3  # float32 log-softmax output, its gradient, the logits' gradient
+LOGIT_COPIES_INFER = 4  # float32 logits, log-softmax, entropy's exp and product (old log-probs)
 FUSED_CHUNK_BYTES = 64 << 20  # verl_npu.models.fused_logprobs.CHUNK_BYTES
-WORKER_BASE_BYTES = GIB      # one worker process on an accelerator: Python, torch, transformers, the
-                             # device runtime (not measured; the CPU's base below and some room for it)
-CPU_WORKER_BASE_BYTES = 870 << 20   # one worker process on CPU: Python, torch, transformers, the data
-CPU_ALLOCATOR_RETAINED = 0.2        # of the peak tensors: what the C allocator keeps beside them (below)
+WORKER_BASE_BYTES = GIB  # one worker process on an accelerator: Python, torch, transformers, the
+# device runtime (not measured; the CPU's base below and some room for it)
+CPU_WORKER_BASE_BYTES = 870 << 20  # one worker process on CPU: Python, torch, transformers, the data
+CPU_ALLOCATOR_RETAINED = 0.2  # of the peak tensors: what the C allocator keeps beside them (below)
 #: an accelerator's matmul library workspaces (cuBLAS and cuBLASLt), taken from the caching allocator by the first
 #: matmul and kept: 66-74 MB allocated before the first phase beyond the weights and optimizer states (H200)
 ACCELERATOR_WORKSPACE_BYTES = 64 << 20
-RAY_BYTES = GIB // 2         # Ray's own processes (GCS, raylet) beside several workers (not measured)
+RAY_BYTES = GIB // 2  # Ray's own processes (GCS, raylet) beside several workers (not measured)
 
 
 # ------------------------------------------------------------------------------------------------ model numbers
@@ -118,10 +118,15 @@ def model_size(conf: dict | None) -> ModelSize | None:
     vc, vision = conf.get("vision_config"), None
     if isinstance(vc, dict) and _int(vc, "depth", "num_hidden_layers"):
         vh = _int(vc, "hidden_size", "embed_dim") or hidden
-        vision = {"hidden": vh, "depth": _int(vc, "depth", "num_hidden_layers"),
-                  "intermediate": _int(vc, "intermediate_size") or 4 * vh, "patch": _int(vc, "patch_size") or 14,
-                  "merge": _int(vc, "spatial_merge_size") or 2, "temporal": _int(vc, "temporal_patch_size") or 2,
-                  "out": _int(vc, "out_hidden_size") or hidden}
+        vision = {
+            "hidden": vh,
+            "depth": _int(vc, "depth", "num_hidden_layers"),
+            "intermediate": _int(vc, "intermediate_size") or 4 * vh,
+            "patch": _int(vc, "patch_size") or 14,
+            "merge": _int(vc, "spatial_merge_size") or 2,
+            "temporal": _int(vc, "temporal_patch_size") or 2,
+            "out": _int(vc, "out_hidden_size") or hidden,
+        }
     return ModelSize(hidden, layers, heads, kv, head_dim, inter, vocab, tied, vision)
 
 
@@ -155,8 +160,9 @@ def adam_bytes(trainable: int, shards: int, offload: bool, dtype_bytes: int = 4)
     return 0 if offload else math.ceil(2 * dtype_bytes * trainable / shards)
 
 
-def activation_bytes(m: ModelSize, tokens: float, *, checkpointing: bool, remove_padding: bool,
-                     compute_bytes: int) -> int:
+def activation_bytes(
+    m: ModelSize, tokens: float, *, checkpointing: bool, remove_padding: bool, compute_bytes: int
+) -> int:
     """What backward needs of one micro-batch of `tokens` tokens (per device, after Ulysses' 1/sp), in
     float32 elements times b/4:
     without checkpointing T * (L * (6.4 H + 4.7 I [+ 2 H padding-free]) + 8 H);
@@ -184,8 +190,9 @@ def inference_bytes(m: ModelSize, tokens: float, compute_bytes: int) -> int:
     return int(tokens * (4 * m.hidden + 3 * m.intermediate) * compute_bytes)
 
 
-def vision_activation_bytes(m: ModelSize, patches: float, *, checkpointing: bool, frozen: bool,
-                            compute_bytes: int) -> int:
+def vision_activation_bytes(
+    m: ModelSize, patches: float, *, checkpointing: bool, frozen: bool, compute_bytes: int
+) -> int:
     """The vision tower's saved activations for `patches` patches: like a decoder layer, depth *
     (6.4 Hv + 4.7 Iv) per patch (depth * Hv + one block with checkpointing); a frozen tower keeps
     one block's working set only (no gradient flows into it)."""
@@ -249,9 +256,9 @@ class Plan:
     phases: list[Phase]
     host: list[Part]
     notes: list[str] = field(default_factory=list)
-    knobs: list[tuple[str, int]] = field(default_factory=list)   # (override, bytes saved at the peak)
-    problems: list[str] = field(default_factory=list)            # e.g. a KV cache too small for one sequence
-    device_assumed: bool = False   # the device's memory is the kind's usual card, not known (run then only warns)
+    knobs: list[tuple[str, int]] = field(default_factory=list)  # (override, bytes saved at the peak)
+    problems: list[str] = field(default_factory=list)  # e.g. a KV cache too small for one sequence
+    device_assumed: bool = False  # the device's memory is the kind's usual card, not known (run then only warns)
 
     @property
     def peak(self) -> Phase:
@@ -267,13 +274,26 @@ class Plan:
         return "tight" if self.peak.total > (1 - TIGHT) * self.device_bytes else "fits"
 
     def as_dict(self) -> dict:
-        return {"device": self.device_name, "device_bytes": self.device_bytes, "verdict": self.verdict,
-                "peak_phase": self.peak.name, "peak_bytes": self.peak.total,
-                "phases": [{"name": p.name, "total_bytes": p.total, "note": p.note,
-                            "parts": [{"name": q.name, "bytes": q.bytes, "formula": q.formula} for q in p.parts]}
-                           for p in self.phases],
-                "host": {"total_bytes": sum(p.bytes for p in self.host),
-                         "parts": [{"name": q.name, "bytes": q.bytes, "formula": q.formula} for q in self.host]},
-                "knobs": [{"override": k, "saves_bytes": s} for k, s in self.knobs],
-                "problems": list(self.problems), "notes": list(self.notes)}
-
+        return {
+            "device": self.device_name,
+            "device_bytes": self.device_bytes,
+            "verdict": self.verdict,
+            "peak_phase": self.peak.name,
+            "peak_bytes": self.peak.total,
+            "phases": [
+                {
+                    "name": p.name,
+                    "total_bytes": p.total,
+                    "note": p.note,
+                    "parts": [{"name": q.name, "bytes": q.bytes, "formula": q.formula} for q in p.parts],
+                }
+                for p in self.phases
+            ],
+            "host": {
+                "total_bytes": sum(p.bytes for p in self.host),
+                "parts": [{"name": q.name, "bytes": q.bytes, "formula": q.formula} for q in self.host],
+            },
+            "knobs": [{"override": k, "saves_bytes": s} for k, s in self.knobs],
+            "problems": list(self.problems),
+            "notes": list(self.notes),
+        }

@@ -77,8 +77,9 @@ def merge_multi_modal_inputs(rows: list[dict | None] | None, device=None) -> dic
     for row in rows:
         for key, value in (row or {}).items():
             merged.setdefault(key, []).append(value)
-    return {k: torch.cat(v, dim=0) if device is None else torch.cat(v, dim=0).to(device)
-            for k, v in merged.items() if v}
+    return {
+        k: torch.cat(v, dim=0) if device is None else torch.cat(v, dim=0).to(device) for k, v in merged.items() if v
+    }
 
 
 def supports_remove_padding(model) -> bool:
@@ -90,8 +91,17 @@ def _text_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return pos.clamp(min=0)
 
 
-def rope_positions(model, input_ids, attention_mask, mm_inputs, vt: VisionTokens, *, response_length: int = 0,
-                   rows_mm: list[dict] | None = None, groups: list[list[int]] | None = None) -> torch.Tensor:
+def rope_positions(
+    model,
+    input_ids,
+    attention_mask,
+    mm_inputs,
+    vt: VisionTokens,
+    *,
+    response_length: int = 0,
+    rows_mm: list[dict] | None = None,
+    groups: list[list[int]] | None = None,
+) -> torch.Tensor:
     """Position ids as the model itself computes them: [N, L] for text models; [3, N, L] 3-D rope for
     Qwen-VL with images (via the model's own `get_rope_index`).
 
@@ -226,16 +236,43 @@ def response_log_probs(
     suppress = torch.tensor(vision_marker_ids(model.config), dtype=torch.long, device=input_ids.device)
     if fused and extra is None:
         with fused_head(model, temperature, with_entropy, compile, suppress) as head:
-            return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
-                                       temperature, with_entropy, remove_padding, extra, sp_group, head,
-                                       compile, entropy_chunk, suppress)
-    return _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs,
-                               temperature, with_entropy, remove_padding, extra, sp_group, None, compile,
-                               entropy_chunk, suppress)
+            return _response_log_probs(
+                model,
+                input_ids,
+                attention_mask,
+                response_length,
+                multi_modal_inputs,
+                temperature,
+                with_entropy,
+                remove_padding,
+                extra,
+                sp_group,
+                head,
+                compile,
+                entropy_chunk,
+                suppress,
+            )
+    return _response_log_probs(
+        model,
+        input_ids,
+        attention_mask,
+        response_length,
+        multi_modal_inputs,
+        temperature,
+        with_entropy,
+        remove_padding,
+        extra,
+        sp_group,
+        None,
+        compile,
+        entropy_chunk,
+        suppress,
+    )
 
 
-def _log_probs_entropy(raw, targets, temperature, with_entropy, head, compile, entropy_chunk=0, suppress=None,
-                       extra=None):
+def _log_probs_entropy(
+    raw, targets, temperature, with_entropy, head, compile, entropy_chunk=0, suppress=None, extra=None
+):
     """(log-probs, entropy or None, third) from the model's output `raw`: logits, or with a fused `head`
     the [..., 2] (log-prob, entropy) it computed. `third`: Σπ² with `extra` == "sum_pi_squared", else
     the scaled logits (None with a fused head). `entropy_chunk` > 0 (plain path) computes the entropy
@@ -252,28 +289,53 @@ def _log_probs_entropy(raw, targets, temperature, with_entropy, head, compile, e
     return lp, ent, (sum_pi_squared(logits, entropy_chunk) if extra == "sum_pi_squared" else logits)
 
 
-def _response_log_probs(model, input_ids, attention_mask, response_length, multi_modal_inputs, temperature,
-                        with_entropy, remove_padding, extra, sp_group, head, compile, entropy_chunk=0,
-                        suppress=None):
+def _response_log_probs(
+    model,
+    input_ids,
+    attention_mask,
+    response_length,
+    multi_modal_inputs,
+    temperature,
+    with_entropy,
+    remove_padding,
+    extra,
+    sp_group,
+    head,
+    compile,
+    entropy_chunk=0,
+    suppress=None,
+):
     """`response_log_probs` with `extra` None, "logits" (the third item: the scaled logits [N, R, V]) or
     "sum_pi_squared" (the third item: Σπ² [N, R])."""
     device = input_ids.device
     vt = VisionTokens.of(model)
     mm = merge_multi_modal_inputs(multi_modal_inputs, device)
     # rows with the same prompt: their 3-D rope positions are computed once, their prompt packed once
-    groups = (prompt_groups(input_ids, attention_mask, response_length, multi_modal_inputs)
-              if vt.is_vision and "image_grid_thw" in mm else None)
-    positions = rope_positions(model, input_ids, attention_mask, mm, vt, response_length=response_length,
-                               rows_mm=multi_modal_inputs, groups=groups)
+    groups = (
+        prompt_groups(input_ids, attention_mask, response_length, multi_modal_inputs)
+        if vt.is_vision and "image_grid_thw" in mm
+        else None
+    )
+    positions = rope_positions(
+        model,
+        input_ids,
+        attention_mask,
+        mm,
+        vt,
+        response_length=response_length,
+        rows_mm=multi_modal_inputs,
+        groups=groups,
+    )
     n, length = input_ids.shape
     targets = torch.roll(input_ids, shifts=-1, dims=1)  # targets[:, t] = input_ids[:, t + 1]
 
     if remove_padding:
         _check_remove_padding(model, "actor_rollout_ref.model.use_remove_padding")
-        keep, flat_ids, packed_pos, needed, wanted = _packed_layout(input_ids, attention_mask, response_length,
-                                                                    positions)
+        keep, flat_ids, packed_pos, needed, wanted = _packed_layout(
+            input_ids, attention_mask, response_length, positions
+        )
         if sp_group is not None:
-            if head is not None:   # the fused head needs the targets of the tokens it sees: this rank's slice
+            if head is not None:  # the fused head needs the targets of the tokens it sees: this rank's slice
                 from verl_npu.models import ulysses
 
                 head.targets = ulysses.pad_and_shard(targets[keep].unsqueeze(0), 1, sp_group)[0]
@@ -281,18 +343,28 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
         else:
             if head is not None:
                 head.targets = targets[needed].unsqueeze(0)
-            raw = _packed_outputs(model, input_ids, attention_mask, response_length, multi_modal_inputs, positions,
-                                  (keep, flat_ids, packed_pos, needed, wanted), mm, groups)
+            raw = _packed_outputs(
+                model,
+                input_ids,
+                attention_mask,
+                response_length,
+                multi_modal_inputs,
+                positions,
+                (keep, flat_ids, packed_pos, needed, wanted),
+                mm,
+                groups,
+            )
             # raw: [len(wanted), V] ([len(wanted), 2] with a fused head)
-        lp_flat, ent_flat, logits = _log_probs_entropy(raw, targets[needed], temperature, with_entropy, head, compile,
-                                                       entropy_chunk, suppress, extra)
+        lp_flat, ent_flat, logits = _log_probs_entropy(
+            raw, targets[needed], temperature, with_entropy, head, compile, entropy_chunk, suppress, extra
+        )
         log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
         log_probs[needed] = lp_flat
         entropy = None
         if with_entropy:
             entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
             entropy[needed] = ent_flat
-        if extra is not None:   # logits [n, L, V] or Σπ² [n, L]
+        if extra is not None:  # logits [n, L, V] or Σπ² [n, L]
             packed_logits, logits = logits, logits.new_zeros(n, length, *logits.shape[1:])
             logits[needed] = packed_logits
     else:
@@ -310,8 +382,9 @@ def _response_log_probs(model, input_ids, attention_mask, response_length, multi
             logits_to_keep=n_keep,
             **mm,
         )
-        log_probs, entropy, logits = _log_probs_entropy(out.logits, targets[:, left:], temperature, with_entropy, head,
-                                                        compile, entropy_chunk, suppress, extra)
+        log_probs, entropy, logits = _log_probs_entropy(
+            out.logits, targets[:, left:], temperature, with_entropy, head, compile, entropy_chunk, suppress, extra
+        )
         log_probs = F.pad(log_probs, (left, 0))
         entropy = F.pad(entropy, (left, 0)) if entropy is not None else None
         if extra == "logits":
@@ -367,8 +440,9 @@ def _forward_takes(cls, name: str) -> bool:
     return name in inspect.signature(cls.forward).parameters
 
 
-def _packed_outputs(model, input_ids, attention_mask, response_length, multi_modal_inputs, positions, layout, mm,
-                    groups=None):
+def _packed_outputs(
+    model, input_ids, attention_mask, response_length, multi_modal_inputs, positions, layout, mm, groups=None
+):
     """The model's output (`.logits[0]`) at the packed positions `wanted` of `layout` (`_packed_layout`),
     in row-major order of `needed`: one packed row of the real tokens, or with each distinct prompt once
     (rollout.n > 1: verl_npu.models.shared_prompt), under variable-length attention. `groups`: the rows'
@@ -379,25 +453,42 @@ def _packed_outputs(model, input_ids, attention_mask, response_length, multi_mod
     # layout encodes only its representative rows' images
     image_id = getattr(getattr(model, "config", None), "image_token_id", None)
     response_images = image_id is not None and bool((input_ids[:, -response_length:] == image_id).any())
-    shared = None if response_images else shared_prompt_layout(input_ids, attention_mask, response_length,
-                                                                multi_modal_inputs, groups=groups)
+    shared = (
+        None
+        if response_images
+        else shared_prompt_layout(input_ids, attention_mask, response_length, multi_modal_inputs, groups=groups)
+    )
     if shared is None:
         lengths, keys = keep.sum(1), {}
     else:
-        flat_ids, packed_pos, wanted, mm = _shared_inputs(shared, input_ids, attention_mask, positions,
-                                                          needed, multi_modal_inputs)
+        flat_ids, packed_pos, wanted, mm = _shared_inputs(
+            shared, input_ids, attention_mask, positions, needed, multi_modal_inputs
+        )
         lengths, keys = shared.query_lengths, {"key_index": shared.key_index, "key_lengths": shared.key_lengths}
     selects = _takes_logits_to_keep(model)
     with packed_attention(model, lengths, kernel, **keys):
-        out = model(input_ids=flat_ids, position_ids=packed_pos, attention_mask=None, use_cache=False,
-                    **({"logits_to_keep": wanted} if selects else {}), **mm)
+        out = model(
+            input_ids=flat_ids,
+            position_ids=packed_pos,
+            attention_mask=None,
+            use_cache=False,
+            **({"logits_to_keep": wanted} if selects else {}),
+            **mm,
+        )
     logits = out.logits.squeeze(0)  # a view (see varlen_attention_forward)
     return logits if selects else logits[wanted]
 
 
-def response_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, *,
-                    multi_modal_inputs: list[dict] | None = None, remove_padding: bool = False,
-                    remove_padding_key: str = "critic.model.use_remove_padding") -> torch.Tensor:
+def response_values(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    *,
+    multi_modal_inputs: list[dict] | None = None,
+    remove_padding: bool = False,
+    remove_padding_key: str = "critic.model.use_remove_padding",
+) -> torch.Tensor:
     """Values [N, R] (float32) of the response tokens under a value model (one output per position: a
     token-classification model, or `value_model.VisionLanguageValueModel`): the value of response
     token t is the output at the position that predicts it, the hidden state of the token before it,
@@ -416,15 +507,26 @@ def response_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     if remove_padding:
         _check_remove_padding(model, remove_padding_key)
         layout = _packed_layout(input_ids, attention_mask, response_length, positions)
-        packed = _packed_outputs(model, input_ids, attention_mask, response_length, multi_modal_inputs, positions,
-                                 layout, mm).squeeze(-1).float()
+        packed = (
+            _packed_outputs(
+                model, input_ids, attention_mask, response_length, multi_modal_inputs, positions, layout, mm
+            )
+            .squeeze(-1)
+            .float()
+        )
         needed = layout[3]
         values = torch.zeros(n, length, dtype=packed.dtype, device=input_ids.device)
         values[needed] = packed
         return values[:, start : length - 1]
     if _takes_logits_to_keep(model):  # only the last R + 1 positions go through the head
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
-                    logits_to_keep=response_length + 1, **mm)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=response_length + 1,
+            **mm,
+        )
         return out.logits.squeeze(-1).float()[:, :-1]
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False, **mm)
     return out.logits.squeeze(-1).float()[:, start : length - 1]

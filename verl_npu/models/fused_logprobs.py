@@ -74,8 +74,14 @@ def suppress_logits(logits: torch.Tensor, suppress: torch.Tensor | None) -> torc
     return logits.index_fill(-1, suppress.to(logits.device), torch.finfo(logits.dtype).min)
 
 
-def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias, dtype: torch.dtype, temperature: float,
-                  suppress: torch.Tensor | None = None):
+def _chunk_logits(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias,
+    dtype: torch.dtype,
+    temperature: float,
+    suppress: torch.Tensor | None = None,
+):
     raw = F.linear(h.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
     return suppress_logits(raw.float() / temperature, suppress)
 
@@ -120,8 +126,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 dz = torch.zeros_like(z)
                 if grad_lp is not None:
                     dz -= p * grad_lp[start:stop].float().unsqueeze(-1)
-                    dz.scatter_add_(-1, targets[start:stop].unsqueeze(-1),
-                                    grad_lp[start:stop].float().unsqueeze(-1))
+                    dz.scatter_add_(-1, targets[start:stop].unsqueeze(-1), grad_lp[start:stop].float().unsqueeze(-1))
                 if ctx.with_entropy and grad_ent is not None:
                     mean_z = (p * z).sum(-1, keepdim=True)
                     dz -= grad_ent[start:stop].float().unsqueeze(-1) * p * (z - mean_z)
@@ -160,8 +165,9 @@ def chunked_log_probs(
     flat_t = targets.reshape(-1).long()
     chunk = int(chunk or chunk_tokens(weight.shape[0]))
     formula = compiled_log_probs_entropy() if compile else log_probs_entropy
-    out = _ChunkedLogProbs.apply(flat_h, weight, bias, flat_t, float(temperature), chunk, bool(with_entropy), formula,
-                                 suppress)
+    out = _ChunkedLogProbs.apply(
+        flat_h, weight, bias, flat_t, float(temperature), chunk, bool(with_entropy), formula, suppress
+    )
     if with_entropy:
         log_probs, entropy = out
         return log_probs.reshape(lead), entropy.reshape(lead)
@@ -177,12 +183,13 @@ class FusedHead:
     with_entropy: bool = False
     compile: bool = False
     targets: torch.Tensor | None = None
-    suppress: torch.Tensor | None = None   # token ids of probability 0 (the rollout never samples them)
+    suppress: torch.Tensor | None = None  # token ids of probability 0 (the rollout never samples them)
 
 
 @contextlib.contextmanager
-def fused_head(model, temperature: float, with_entropy: bool, compile: bool = False,
-               suppress: torch.Tensor | None = None):
+def fused_head(
+    model, temperature: float, with_entropy: bool, compile: bool = False, suppress: torch.Tensor | None = None
+):
     """Within the block the model's output projection returns, instead of logits [..., V], the
     tensor [..., 2] of (log p(targets), entropy) computed by `chunked_log_probs` from its input
     hidden states and its own weight (the entropy column is 0 without `with_entropy`). The
@@ -193,14 +200,24 @@ def fused_head(model, temperature: float, with_entropy: bool, compile: bool = Fa
 
     def forward(hidden):
         if state.targets is None or state.targets.shape != hidden.shape[:-1]:
-            raise RuntimeError(f"fused log-probs: targets {None if state.targets is None else tuple(state.targets.shape)}"
-                               f" do not match the hidden states {tuple(hidden.shape[:-1])}")
-        lp, ent = chunked_log_probs(hidden, head.weight, head.bias, state.targets, state.temperature,
-                                    state.with_entropy, compile=state.compile, suppress=state.suppress)
+            raise RuntimeError(
+                f"fused log-probs: targets {None if state.targets is None else tuple(state.targets.shape)}"
+                f" do not match the hidden states {tuple(hidden.shape[:-1])}"
+            )
+        lp, ent = chunked_log_probs(
+            hidden,
+            head.weight,
+            head.bias,
+            state.targets,
+            state.temperature,
+            state.with_entropy,
+            compile=state.compile,
+            suppress=state.suppress,
+        )
         return torch.stack([lp, ent if ent is not None else torch.zeros_like(lp)], dim=-1)
 
     head.forward = forward
     try:
         yield state
     finally:
-        del head.forward   # back to the class's forward
+        del head.forward  # back to the class's forward

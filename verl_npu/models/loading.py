@@ -70,7 +70,8 @@ def checkpoint_model_folder(path: str) -> str:
         f"model path {path} is a checkpoint folder whose huggingface/ holds no weights (the run saved only its "
         "sharded files). Fix: train with checkpoint.save_contents=[model,optimizer,extra,hf_model] (SFT) or "
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model] (RL), or merge the "
-        f"shards: python -m verl.model_merger merge --backend fsdp --local_dir {folder} --target_dir <hf folder>")
+        f"shards: python -m verl.model_merger merge --backend fsdp --local_dir {folder} --target_dir <hf folder>"
+    )
 
 
 def _check_path_exists(path: str, original) -> None:
@@ -95,7 +96,7 @@ def load_config(path, *, trust_remote_code: bool = False):
     _check_path_exists(local, path)
     if os.path.isdir(local) and not os.path.isfile(os.path.join(local, "config.json")):
         below = _model_folders_below(local)
-        hint = (f" Model folders below it: {', '.join(below)}." if below else "")
+        hint = f" Model folders below it: {', '.join(below)}." if below else ""
         raise UserError(
             f"{MODEL_KEY}.path {path!r}: the folder has no config.json, so it is not a Hugging Face "
             f"model folder (it holds: {_listing(local)}).{hint} Point the path at the folder that has config.json, "
@@ -190,14 +191,23 @@ def load_tokenizer_and_processor(path, *, trust_remote_code: bool = False, custo
 
 
 # Files that hold a tokenizer's vocabulary (one of them is needed); `*.tiktoken` too.
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
-                    "sentencepiece.bpe.model", "vocab.model")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.model",
+)
 _PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 # A tokenizer with fewer tokens than this was built without its vocabulary files.
 _MIN_VOCAB = 16
-_TOKENIZER_FIX = ("Copy the tokenizer files of the model it comes from (tokenizer.json and tokenizer_config.json, or "
-                  "vocab.json + merges.txt; a fine-tuned checkpoint often lacks them) into the folder, or download "
-                  "the complete model (`huggingface-cli download ORG/NAME --local-dir DIR`).")
+_TOKENIZER_FIX = (
+    "Copy the tokenizer files of the model it comes from (tokenizer.json and tokenizer_config.json, or "
+    "vocab.json + merges.txt; a fine-tuned checkpoint often lacks them) into the folder, or download "
+    "the complete model (`huggingface-cli download ORG/NAME --local-dir DIR`)."
+)
 
 
 def _hub_name(folder: str) -> str:
@@ -224,8 +234,9 @@ def _has_tokenizer_files(folder: str, trust_remote_code: bool) -> bool:
 
 def _has_weights(folder: str) -> bool:
     names = os.listdir(folder)
-    return (any(n in _SINGLE_WEIGHT_FILES or n in _INDEX_FILES for n in names)
-            or any(n.endswith(".safetensors") for n in names))
+    return any(n in _SINGLE_WEIGHT_FILES or n in _INDEX_FILES for n in names) or any(
+        n.endswith(".safetensors") for n in names
+    )
 
 
 def check_model_folder(folder: str, shown_path, config, *, trust_remote_code: bool = False) -> None:
@@ -239,14 +250,17 @@ def check_model_folder(folder: str, shown_path, config, *, trust_remote_code: bo
     if not _has_tokenizer_files(folder, trust_remote_code):
         missing.append("tokenizer files (tokenizer.json and tokenizer_config.json, or vocab.json + merges.txt)")
     if is_vision_language(config) and not any(os.path.isfile(os.path.join(folder, f)) for f in _PROCESSOR_FILES):
-        missing.append(f"processor files (preprocessor_config.json or processor_config.json: the image settings of "
-                       f"this vision-language model, {config.model_type})")
+        missing.append(
+            f"processor files (preprocessor_config.json or processor_config.json: the image settings of "
+            f"this vision-language model, {config.model_type})"
+        )
     if not missing:
         check_weights_present(folder, shown_path)
         return
     raise UserError(
         f"{MODEL_KEY}.path {shown_path!r} is not a complete model folder: it has config.json but no "
-        + "; no ".join(missing) + f". The folder holds: {_listing(folder)}. Download the complete model into it "
+        + "; no ".join(missing)
+        + f". The folder holds: {_listing(folder)}. Download the complete model into it "
         f"(`huggingface-cli download {_hub_name(folder)} --local-dir {folder}` adds the missing files), or copy the "
         "missing files from the model it comes from (a fine-tuned checkpoint often lacks tokenizer and processor "
         "files: copy them from its base model)."
@@ -359,8 +373,7 @@ def load_policy_model(
             importlib.import_module(external_lib)
         except ImportError as err:
             raise UserError(
-                f"{MODEL_KEY}.external_lib={external_lib!r} cannot be imported ({err}); install it or "
-                "remove the key."
+                f"{MODEL_KEY}.external_lib={external_lib!r} cannot be imported ({err}); install it or remove the key."
             ) from err
 
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -412,4 +425,3 @@ def enable_activation_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-

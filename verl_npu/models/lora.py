@@ -67,9 +67,11 @@ def wrap_lora(module: torch.nn.Module, model_cfg) -> torch.nn.Module:
         from verl_npu.errors import UserError
 
         if not (Path(str(path)) / "adapter_config.json").is_file():
-            raise UserError(f"actor_rollout_ref.model.lora_adapter_path={path}: no adapter_config.json there; "
-                            "name a folder written by peft's save_pretrained (e.g. a checkpoint's "
-                            f"huggingface/{ADAPTER_DIR})")
+            raise UserError(
+                f"actor_rollout_ref.model.lora_adapter_path={path}: no adapter_config.json there; "
+                "name a folder written by peft's save_pretrained (e.g. a checkpoint's "
+                f"huggingface/{ADAPTER_DIR})"
+            )
         return PeftModel.from_pretrained(module, str(path), is_trainable=True)
     return get_peft_model(module, lora_config(model_cfg))
 
@@ -106,12 +108,13 @@ def _base_name(name: str) -> str:
     """A peft state-dict name as the base model names it: without `base_model.model.` and
     `.base_layer`."""
     if name.startswith("base_model.model."):
-        name = name[len("base_model.model."):]
+        name = name[len("base_model.model.") :]
     return name.replace(".base_layer.", ".")
 
 
-def merged_tensors(module: torch.nn.Module, entries: Iterable[tuple[str, torch.Tensor]],
-                   dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_tensors(
+    module: torch.nn.Module, entries: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Turn (peft name, whole tensor) entries of `module`'s state dict (in state-dict order) into
     the base model's (name, tensor): each LoRA layer's weight becomes W + (B @ A) * scaling (in
     float32, then `dtype`; transposed for fan_in_fan_out layers), the A / B entries disappear and
@@ -155,8 +158,9 @@ def save_hf_lora(out_dir: Path, module: torch.nn.Module, peft_model, state: dict
     the transformers model inside `peft_model` (`wrap_lora`), `state` its gathered state dict (rank 0)."""
     merged = merged_state_dict(module, state)
     tied = getattr(module, "all_tied_weights_keys", None) or {}
-    module.save_pretrained(out_dir, state_dict={k: v for k, v in merged.items() if k not in tied},
-                           safe_serialization=True)
+    module.save_pretrained(
+        out_dir, state_dict={k: v for k, v in merged.items() if k not in tied}, safe_serialization=True
+    )
     # peft names the inner model's entries base_model.model.<name>
     prefixed = {k if k.startswith("base_model.model.") else f"base_model.model.{k}": v for k, v in state.items()}
     peft_model.save_pretrained(out_dir / ADAPTER_DIR, state_dict=prefixed, safe_serialization=True)

@@ -51,8 +51,12 @@ def _same_inputs(a: dict | None, b: dict | None) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                  multi_modal_inputs: list[dict] | None = None) -> list[list[int]]:
+def prompt_groups(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    multi_modal_inputs: list[dict] | None = None,
+) -> list[list[int]]:
     """Rows grouped by identical prompt (ids, padding and multimodal inputs), in order of first row."""
     prompt_cols = input_ids.shape[1] - response_length
     prompts = torch.where(attention_mask[:, :prompt_cols].bool(), input_ids[:, :prompt_cols], -1)
@@ -71,9 +75,13 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, respons
     return groups
 
 
-def shared_prompt_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int,
-                         multi_modal_inputs: list[dict] | None = None,
-                         groups: list[list[int]] | None = None) -> SharedPromptLayout | None:
+def shared_prompt_layout(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    multi_modal_inputs: list[dict] | None = None,
+    groups: list[list[int]] | None = None,
+) -> SharedPromptLayout | None:
     """The packed layout with each distinct prompt once, or None when no two rows share a prompt (or
     a row has an empty prompt): then the plain padding-free layout is as good. `groups`: the rows'
     `prompt_groups` (of the same arguments) when the caller has them already."""

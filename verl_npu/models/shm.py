@@ -60,8 +60,10 @@ def shm_folder(path) -> str:
             except OSError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 if is_disk_full(exc):
-                    raise UserError(f"actor_rollout_ref.model.use_shm: {root} has no room for the model "
-                                    f"{local}; free shared memory or set use_shm=false") from None
+                    raise UserError(
+                        f"actor_rollout_ref.model.use_shm: {root} has no room for the model "
+                        f"{local}; free shared memory or set use_shm=false"
+                    ) from None
                 raise
             logger.info("model.use_shm: copied %s to %s", local, target)
     return str(target)

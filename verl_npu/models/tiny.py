@@ -142,7 +142,7 @@ def parse_tiny_uri(uri: str) -> tuple[str, int]:
     """
     if not is_tiny_uri(uri):
         raise UserError(f"{uri!r} is not a tiny model path; expected one of: {_known_uris()}")
-    name, _, query = uri[len(TINY_SCHEME):].partition("?")
+    name, _, query = uri[len(TINY_SCHEME) :].partition("?")
     name = name.strip("/")
     if name not in TINY_BUILDERS:
         raise UserError(f"unknown tiny model {uri!r}; known tiny models: {_known_uris()}")
@@ -163,11 +163,50 @@ _INSTRUCTION = (
     "Reason step by step before you answer. Put your reasoning between <think> and </think> tags, "
     "then write the final answer inside \\boxed{}."
 )
-_SHAPES = ["triangle", "square", "rectangle", "pentagon", "hexagon", "circle", "polygon", "rhombus",
-           "trapezoid", "parallelogram", "quadrilateral", "octagon", "shape", "figure"]
-_PARTS = ["side", "sides", "angle", "angles", "radius", "diameter", "area", "perimeter", "length",
-          "height", "base", "vertex", "vertices", "edge", "diagonal", "chord", "arc", "segment",
-          "line", "point", "center", "midpoint", "hypotenuse", "leg", "measure", "value"]
+_SHAPES = [
+    "triangle",
+    "square",
+    "rectangle",
+    "pentagon",
+    "hexagon",
+    "circle",
+    "polygon",
+    "rhombus",
+    "trapezoid",
+    "parallelogram",
+    "quadrilateral",
+    "octagon",
+    "shape",
+    "figure",
+]
+_PARTS = [
+    "side",
+    "sides",
+    "angle",
+    "angles",
+    "radius",
+    "diameter",
+    "area",
+    "perimeter",
+    "length",
+    "height",
+    "base",
+    "vertex",
+    "vertices",
+    "edge",
+    "diagonal",
+    "chord",
+    "arc",
+    "segment",
+    "line",
+    "point",
+    "center",
+    "midpoint",
+    "hypotenuse",
+    "leg",
+    "measure",
+    "value",
+]
 _SENTENCES = [
     "How many sides does the {shape} in the picture have?",
     "The figure shows a regular {shape}. How many sides does it have?",
@@ -267,9 +306,7 @@ def _save_model(model, out_dir: Path, ids: dict[str, int]) -> None:
     from transformers import GenerationConfig
 
     model.generation_config = GenerationConfig(
-        bos_token_id=ids[PAD_TOKEN],
-        eos_token_id=[ids[EOS_TOKEN], ids[PAD_TOKEN]],
-        pad_token_id=ids[PAD_TOKEN],
+        bos_token_id=ids[PAD_TOKEN], eos_token_id=[ids[EOS_TOKEN], ids[PAD_TOKEN]], pad_token_id=ids[PAD_TOKEN]
     )
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
@@ -329,8 +366,11 @@ def build_tiny_qwen25vl(out_dir: str | Path, *, seed: int = 0, **size_overrides)
             **text,
             vocab_size=len(tokenizer),
             hidden_act="silu",
-            rope_parameters={"rope_type": "default", "rope_theta": rope_theta,
-                             "mrope_section": _mrope_section(head_dim)},
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": rope_theta,
+                "mrope_section": _mrope_section(head_dim),
+            },
             bos_token_id=ids[PAD_TOKEN],
             eos_token_id=ids[EOS_TOKEN],
             pad_token_id=ids[PAD_TOKEN],
@@ -371,9 +411,14 @@ def _tiny_qwen2_config(out_dir: str | Path, size_overrides: dict, **extra):
     ids = _token_ids(tokenizer)
     rope_theta = text.pop("rope_theta")
     config = Qwen2Config(
-        **text, vocab_size=len(tokenizer), hidden_act="silu",
+        **text,
+        vocab_size=len(tokenizer),
+        hidden_act="silu",
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-        bos_token_id=ids[PAD_TOKEN], eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN], **extra,
+        bos_token_id=ids[PAD_TOKEN],
+        eos_token_id=ids[EOS_TOKEN],
+        pad_token_id=ids[PAD_TOKEN],
+        **extra,
     )
     return out_dir, config, ids
 
@@ -395,8 +440,8 @@ def _split_sizes(overrides: dict, text_defaults: dict, vision_defaults: dict) ->
     with a ``vision_`` prefix; without the prefix it means the text model."""
     text, vision = dict(text_defaults), dict(vision_defaults)
     for key, value in overrides.items():
-        if key.startswith("vision_") and key[len("vision_"):] in vision:
-            vision[key[len("vision_"):]] = value
+        if key.startswith("vision_") and key[len("vision_") :] in vision:
+            vision[key[len("vision_") :]] = value
         elif key in text:
             text[key] = value
         elif key in vision:
@@ -488,8 +533,8 @@ def materialize(uri: str, cache_dir: str | Path | None = None) -> Path:
     try:
         TINY_BUILDERS[name](tmp, seed=seed)
         (tmp / "verl_npu_tiny.json").write_text(
-            json.dumps({"uri": uri, "seed": seed, "build_hash": build_hash(name, seed),
-                        "build_version": BUILD_VERSION}) + "\n"
+            json.dumps({"uri": uri, "seed": seed, "build_hash": build_hash(name, seed), "build_version": BUILD_VERSION})
+            + "\n"
         )
         try:
             os.rename(tmp, final)

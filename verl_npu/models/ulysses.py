@@ -297,7 +297,9 @@ def _inner_function(module, inner_name: str):
 
         return sys.modules[type(module).__module__].eager_attention_forward
     if inner_name == ATTENTION_NAME or inner_name not in AttentionInterface._global_mapping:
-        raise ValueError(f"{ATTENTION_NAME}: inner attention {inner_name!r} is not a registered attention implementation")
+        raise ValueError(
+            f"{ATTENTION_NAME}: inner attention {inner_name!r} is not a registered attention implementation"
+        )
     return AttentionInterface._global_mapping[inner_name]
 
 
@@ -326,20 +328,25 @@ def ulysses_attention_forward(module, query, key, value, attention_mask, **kwarg
         if local is None:
             raise RuntimeError(
                 f"{ATTENTION_NAME}: no position ids; run the model inside ulysses.sequence_parallel(group, "
-                f"global_position_ids) or pass position_ids")
+                f"global_position_ids) or pass position_ids"
+            )
         local = _text_positions_2d(local)
         positions = local if world == 1 else _gathered_positions(local, group)
 
     if world > 1:
         if kwargs.get("use_cache"):
-            raise ValueError(f"{ATTENTION_NAME}: sequence parallelism needs use_cache=False in the model call "
-                             "(a KV cache would hold only this rank's tokens)")
+            raise ValueError(
+                f"{ATTENTION_NAME}: sequence parallelism needs use_cache=False in the model call "
+                "(a KV cache would hold only this rank's tokens)"
+            )
         heads, kv_heads = query.shape[1], key.shape[1]
         if heads % world:
             raise ValueError(f"{ATTENTION_NAME}: {heads} attention heads are not divisible by SP size {world}")
         if kv_heads % world:
             if world % kv_heads:
-                raise ValueError(f"{ATTENTION_NAME}: {kv_heads} kv heads and SP size {world}: one must divide the other")
+                raise ValueError(
+                    f"{ATTENTION_NAME}: {kv_heads} kv heads and SP size {world}: one must divide the other"
+                )
             # fewer kv heads than ranks: repeat each so that every rank gets one
             key = key.repeat_interleave(world // kv_heads, dim=1)
             value = value.repeat_interleave(world // kv_heads, dim=1)
@@ -349,7 +356,8 @@ def ulysses_attention_forward(module, query, key, value, attention_mask, **kwarg
         if positions.shape[-1] != query.shape[2]:
             raise ValueError(
                 f"{ATTENTION_NAME}: global position ids cover {positions.shape[-1]} tokens but the gathered "
-                f"sequence has {query.shape[2]}; pass the padded, unsharded position ids")
+                f"sequence has {query.shape[2]}; pass the padded, unsharded position ids"
+            )
 
     groups = query.shape[1] // key.shape[1]
     if groups != getattr(module, "num_key_value_groups", groups):
@@ -388,9 +396,13 @@ def check_heads(config, sp: int) -> str | None:
     if heads is None:
         return "the model config has no num_attention_heads; Ulysses sequence parallelism cannot split its heads"
     if heads % sp:
-        return (f"num_attention_heads={heads} is not divisible by ulysses_sequence_parallel_size={sp}; "
-                f"choose a size that divides {heads}")
+        return (
+            f"num_attention_heads={heads} is not divisible by ulysses_sequence_parallel_size={sp}; "
+            f"choose a size that divides {heads}"
+        )
     if kv_heads % sp and sp % kv_heads:
-        return (f"num_key_value_heads={kv_heads} and ulysses_sequence_parallel_size={sp}: one must divide the other; "
-                f"choose a size that divides {kv_heads} or a multiple of it that divides {heads}")
+        return (
+            f"num_key_value_heads={kv_heads} and ulysses_sequence_parallel_size={sp}: one must divide the other; "
+            f"choose a size that divides {kv_heads} or a multiple of it that divides {heads}"
+        )
     return None

@@ -108,16 +108,28 @@ class VisionLanguageValueModel(torch.nn.Module):
     def can_generate(self) -> bool:
         return False
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, use_cache=False, logits_to_keep=0,
-                **multi_modal_inputs) -> ValueOutput:
-        out = self.pretrained_model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                               position_ids=position_ids, use_cache=use_cache, **multi_modal_inputs)
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        use_cache=False,
+        logits_to_keep=0,
+        **multi_modal_inputs,
+    ) -> ValueOutput:
+        out = self.pretrained_model.base_model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            **multi_modal_inputs,
+        )
         return ValueOutput(logits=self.v_head(_keep(out[0], logits_to_keep)))
 
     def save_pretrained(self, out_dir, *, state_dict: dict, **kwargs) -> None:
         """The full weights in trl's Hugging Face layout: the model's own names (transformers loads the
         folder as the vision-language model) plus `v_head.summary.*`."""
-        own = {k[len(PREFIX):] if k.startswith(PREFIX) else k: v for k, v in state_dict.items()}
+        own = {k[len(PREFIX) :] if k.startswith(PREFIX) else k: v for k, v in state_dict.items()}
         self.pretrained_model.save_pretrained(out_dir, state_dict=own, **kwargs)
 
 
@@ -142,13 +154,19 @@ def saved_value_head(folder: str) -> dict[str, torch.Tensor]:
         with safe_open(path, framework="pt") as f:
             for key in f.keys():
                 if key.startswith(HEAD_PREFIX):
-                    found[key[len(HEAD_PREFIX):]] = f.get_tensor(key)
+                    found[key[len(HEAD_PREFIX) :]] = f.get_tensor(key)
     return found
 
 
-def load_vision_language_value_model(path, *, dtype: torch.dtype, attn_implementation: str,
-                                     override_config: dict | None, trust_remote_code: bool,
-                                     gradient_checkpointing: bool) -> VisionLanguageValueModel:
+def load_vision_language_value_model(
+    path,
+    *,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    override_config: dict | None,
+    trust_remote_code: bool,
+    gradient_checkpointing: bool,
+) -> VisionLanguageValueModel:
     """`VisionLanguageValueModel` of the vision-language model at `path`, loaded with the actor's loader
     (`load_policy_model`). The value head is new (initialised from the current torch seed) unless the
     folder's weights hold one (`v_head.summary.*`: a critic saved with its huggingface/ weights), which
@@ -157,8 +175,13 @@ def load_vision_language_value_model(path, *, dtype: torch.dtype, attn_implement
     level = loader_log.level
     loader_log.setLevel(logging.ERROR)  # a saved critic's v_head.* are "unused weights" to transformers: ours below
     try:
-        model = load_policy_model(path, dtype=dtype, attn_implementation=attn_implementation,
-                                  override_config=override_config, trust_remote_code=trust_remote_code)
+        model = load_policy_model(
+            path,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            override_config=override_config,
+            trust_remote_code=trust_remote_code,
+        )
     finally:
         loader_log.setLevel(level)
     value_model = VisionLanguageValueModel(model)
@@ -173,8 +196,15 @@ def load_vision_language_value_model(path, *, dtype: torch.dtype, attn_implement
     return value_model
 
 
-def load_value_model(path, *, dtype: torch.dtype, attn_implementation: str, override_config: dict | None,
-                     trust_remote_code: bool, gradient_checkpointing: bool) -> torch.nn.Module:
+def load_value_model(
+    path,
+    *,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    override_config: dict | None,
+    trust_remote_code: bool,
+    gradient_checkpointing: bool,
+) -> torch.nn.Module:
     """The critic's value model of `path`: `VisionLanguageValueModel` for a vision-language model, else
     the token-classification model with one label and no classifier dropout (its `score` Linear is new,
     initialised by transformers, when `path` holds a causal LM)."""
@@ -182,14 +212,22 @@ def load_value_model(path, *, dtype: torch.dtype, attn_implementation: str, over
     apply_override_config(config, override_config)
     if is_vision_language(config):
         return load_vision_language_value_model(
-            path, dtype=dtype, attn_implementation=attn_implementation, override_config=override_config,
-            trust_remote_code=trust_remote_code, gradient_checkpointing=gradient_checkpointing)
+            path,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            override_config=override_config,
+            trust_remote_code=trust_remote_code,
+            gradient_checkpointing=gradient_checkpointing,
+        )
     from transformers import AutoModelForTokenClassification
 
     config.num_labels = 1
     config.classifier_dropout = 0.0
     model = AutoModelForTokenClassification.from_pretrained(
-        resolve_model_path(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
+        resolve_model_path(path),
+        config=config,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
     if gradient_checkpointing:

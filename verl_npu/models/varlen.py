@@ -36,9 +36,9 @@ ATTENTION_NAME = "verl_npu_varlen"
 class _Packed:
     cu_seqlens: torch.Tensor | None = None  # int64 [S + 1], on CPU: the queries of each sequence
     kernel: str = "sdpa_sequences"
-    model: object = None                    # the model whose attention is switched (for recomputation)
-    key_index: torch.Tensor | None = None   # shared prompts: packed positions of each sequence's keys
-    cu_k: torch.Tensor | None = None        # shared prompts: int64 [S + 1] delimiting key_index
+    model: object = None  # the model whose attention is switched (for recomputation)
+    key_index: torch.Tensor | None = None  # shared prompts: packed positions of each sequence's keys
+    cu_k: torch.Tensor | None = None  # shared prompts: int64 [S + 1] delimiting key_index
     plans: dict = field(default_factory=dict)  # device -> `_sdpa_plan` of cu / cu_k, shared by the layers
 
 
@@ -73,11 +73,11 @@ class _SdpaBatch:
 
     sequences: int
     longest: int
-    src: torch.Tensor                # [S x longest] packed position of each padded query (0 under padding)
-    real: torch.Tensor               # the rows of the padded output that are real queries, sequence after sequence
+    src: torch.Tensor  # [S x longest] packed position of each padded query (0 under padding)
+    real: torch.Tensor  # the rows of the padded output that are real queries, sequence after sequence
     k_longest: int = 0
     k_src: torch.Tensor | None = None  # [S x k_longest] shared prompts: position in k of each padded key
-    mask: torch.Tensor | None = None   # [S, 1, longest, k_longest] shared prompts: which keys each query sees
+    mask: torch.Tensor | None = None  # [S, 1, longest, k_longest] shared prompts: which keys each query sees
 
 
 def _sdpa_plan(cu: torch.Tensor, cu_k: torch.Tensor | None, device) -> tuple[list[_SdpaBatch], torch.Tensor | None]:
@@ -118,8 +118,11 @@ def _sdpa_batch(cu, cu_k, seqs: torch.Tensor, device) -> tuple[_SdpaBatch, torch
         k_starts, k_lengths = cu_k[:-1][seqs], (cu_k[1:] - cu_k[:-1])[seqs]
         batch.k_longest = int(k_lengths.max())
         k_pos = torch.arange(batch.k_longest)
-        batch.k_src = torch.where(k_pos[None, :] < k_lengths[:, None], k_starts[:, None] + k_pos[None, :],
-                                  0).reshape(-1).to(device)
+        batch.k_src = (
+            torch.where(k_pos[None, :] < k_lengths[:, None], k_starts[:, None] + k_pos[None, :], 0)
+            .reshape(-1)
+            .to(device)
+        )
         # query i of a sequence sees key j iff j <= i + (keys - queries) and j is a real key; a padded
         # query (i >= queries) sees every real key, so no row of the mask is empty
         shift = (k_lengths - lengths)[:, None, None]
@@ -141,8 +144,9 @@ def _sdpa_padded(q, k, v, batch: _SdpaBatch, scaling: float) -> torch.Tensor:
         ks, vs = (gather(x, batch.k_src, batch.k_longest) for x in (k, v))
     if groups > 1:
         ks, vs = ks.repeat_interleave(groups, dim=1), vs.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(gather(q, batch.src, batch.longest), ks, vs, attn_mask=batch.mask,
-                                         is_causal=batch.mask is None, scale=scaling)
+    out = F.scaled_dot_product_attention(
+        gather(q, batch.src, batch.longest), ks, vs, attn_mask=batch.mask, is_causal=batch.mask is None, scale=scaling
+    )
     return out.transpose(1, 2).reshape(-1, *q.shape[1:]).index_select(0, batch.real)
 
 
@@ -152,8 +156,17 @@ def _flash_attn(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tensor | 
     cu_k = cu if cu_k is None else cu_k
     cu32, cu_k32 = (x.to(device=q.device, dtype=torch.int32) for x in (cu, cu_k))
     # flash-attention (>= 2.1) aligns the causal mask to the last key when there are more keys
-    return flash_attn_varlen_func(q, k, v, cu32, cu_k32, int((cu[1:] - cu[:-1]).max()),
-                                  int((cu_k[1:] - cu_k[:-1]).max()), softmax_scale=scaling, causal=True)
+    return flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu32,
+        cu_k32,
+        int((cu[1:] - cu[:-1]).max()),
+        int((cu_k[1:] - cu_k[:-1]).max()),
+        softmax_scale=scaling,
+        causal=True,
+    )
 
 
 _NPU_CAUSAL_MASK_SIZE = 2048  # the op's compressed causal mask is 2048 x 2048 (sparse_mode 3)
@@ -167,8 +180,17 @@ def _npu_fusion(q, k, v, cu: torch.Tensor, scaling: float, cu_k: torch.Tensor | 
     # sparse_mode 3 is the causal mask aligned to the bottom right (the last key), also when a
     # sequence has more keys than queries (shared prompts)
     return torch_npu.npu_fusion_attention(
-        q, k, v, q.shape[1], input_layout="TND", scale=scaling, keep_prob=1.0, atten_mask=mask,
-        sparse_mode=3, actual_seq_qlen=ends, actual_seq_kvlen=ends if cu_k is None else cu_k[1:].tolist(),
+        q,
+        k,
+        v,
+        q.shape[1],
+        input_layout="TND",
+        scale=scaling,
+        keep_prob=1.0,
+        atten_mask=mask,
+        sparse_mode=3,
+        actual_seq_qlen=ends,
+        actual_seq_kvlen=ends if cu_k is None else cu_k[1:].tolist(),
     )[0]
 
 
@@ -186,7 +208,9 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
     if cu is None:
         raise RuntimeError(f"{ATTENTION_NAME} attention runs only inside verl_npu.models.varlen.packed_attention")
     if query.shape[0] != 1 or int(cu[-1]) != query.shape[2]:
-        raise RuntimeError(f"{ATTENTION_NAME}: expected one packed row of {int(cu[-1])} tokens, got {tuple(query.shape)}")
+        raise RuntimeError(
+            f"{ATTENTION_NAME}: expected one packed row of {int(cu[-1])} tokens, got {tuple(query.shape)}"
+        )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     # squeeze, not [0]: the backward of a view, where `x[0]`'s would fill a zero tensor of x's size and copy into it
@@ -209,8 +233,14 @@ def register_varlen_attention() -> str:
 
 
 @contextlib.contextmanager
-def packed_attention(model, lengths: torch.Tensor, kernel: str, *, key_index: torch.Tensor | None = None,
-                     key_lengths: torch.Tensor | None = None):
+def packed_attention(
+    model,
+    lengths: torch.Tensor,
+    kernel: str,
+    *,
+    key_index: torch.Tensor | None = None,
+    key_lengths: torch.Tensor | None = None,
+):
     """Within the block, `model`'s language-model attention is the variable-length `kernel` over the
     sequences of `lengths` (tokens per packed sequence, in order); the previous implementation is
     restored afterwards. A vision tower keeps its own attention.
@@ -267,5 +297,6 @@ def checkpoint_context_fn():
     again, so the recomputed layer is the layer that ran (same numbers, same saved tensors)."""
     if _STATE.cu_seqlens is None or _STATE.model is None:
         return contextlib.nullcontext(), contextlib.nullcontext()
-    return contextlib.nullcontext(), _packed_state(_STATE.cu_seqlens, _STATE.kernel, _STATE.model,
-                                                   _STATE.key_index, _STATE.cu_k)
+    return contextlib.nullcontext(), _packed_state(
+        _STATE.cu_seqlens, _STATE.kernel, _STATE.model, _STATE.key_index, _STATE.cu_k
+    )

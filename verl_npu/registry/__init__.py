@@ -38,9 +38,10 @@ class PolicyLossSpec(Spec):
     `rollout_correction` settings (it weights and rejects by the rollout's log-probs itself: the loss of
     algorithm.rollout_correction.bypass_mode). `bypass_replaces`: with bypass_mode, the config replaces
     this loss by the rollout-correction one (whose ppo_clip loss_type computes it)."""
+
     rollout_correction: bool = False
     bypass_replaces: bool = False
-    requires: tuple[str, ...] = ()   # actor settings it reads that have no default (a rule requires them)
+    requires: tuple[str, ...] = ()  # actor settings it reads that have no default (a rule requires them)
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,11 @@ class EstimatorSpec(Spec):
     **inputs) -> (advantages, returns). `needs_group`: it compares the responses to one prompt
     (rollout.n >= 2); `inputs`: the batch columns it reads beyond the rewards (values: a critic is built;
     baseline_rewards: the trainer samples one greedy response per prompt for it)."""
+
     needs_group: bool = False
     inputs: tuple[str, ...] = ()
-    score_components: bool = False   # it normalises the reward function's components (algorithm.gdpo_reward_keys)
-    group_mean_std: bool = False     # (score - group mean) / group std (norm_adv_by_std_in_grpo): GRPO's own
+    score_components: bool = False  # it normalises the reward function's components (algorithm.gdpo_reward_keys)
+    group_mean_std: bool = False  # (score - group mean) / group std (norm_adv_by_std_in_grpo): GRPO's own
 
     @property
     def needs_critic(self) -> bool:
@@ -80,6 +82,7 @@ class RolloutSpec(Spec):
     package, install_hint: the separately installed package it needs, and how to install it.
     partial_rollout: as the rollout side of separate_async it steps its requests one engine step at a time, and a
         weight update interrupts them and resumes them on the new weights (`verl_npu.rollout.vllm_partial`)."""
+
     on_actor_module: bool = False
     tensor_parallel: bool = False
     images_in_multiturn: bool = False
@@ -117,6 +120,7 @@ class RoleSpec(Spec):
     keep_key: the trainer key limiting how many of its checkpoints are kept.
     model_key: the backend key naming its model folder.
     scores: it scores responses (its rm_scores replace the rule reward)."""
+
     needed_when: tuple[str, ...] = ()
     methods: tuple[str, ...] = ()
     metrics: str = ""
@@ -147,6 +151,7 @@ class RewardManagerSpec(Spec):
     overlong_buffer_cfg (DAPO's overlong shaping). `parallel_scoring`: the rule reward is computed by
     `verl_npu.rewards.prime.ParallelRewardScorer` (worker processes, per-response deadlines, a failed
     response scores 0) instead of row by row in the trainer."""
+
     overlong_penalty: bool = False
     parallel_scoring: bool = False
 
@@ -155,6 +160,7 @@ class RewardManagerSpec(Spec):
 class MetricSinkSpec(Spec):
     """A `trainer.logger` sink. `module`: the library it imports, `extra`: the pyproject extra that installs
     it ("" for the built-in sinks, which `verl_npu.trainer.tracking.Tracker` writes itself)."""
+
     module: str = ""
     extra: str = ""
 
@@ -167,8 +173,10 @@ class MetricSinkSpec(Spec):
         """For a tracker whose library is not installed: what to do; else None."""
         if not self.module or library_available(self.module):
             return None
-        return (f"the {self.module} library is not installed: pip install 'verl-npu[{self.extra}]' "
-                f"(or remove {self.name} from trainer.logger)")
+        return (
+            f"the {self.module} library is not installed: pip install 'verl-npu[{self.extra}]' "
+            f"(or remove {self.name} from trainer.logger)"
+        )
 
 
 @dataclass(frozen=True)
@@ -183,6 +191,7 @@ class RolloutCorrectionSpec(Spec):
         k1 options take ratio bounds 'L_U'.
     loss_type (bypass mode's loss): fn(log_prob, old_log_prob, advantages, mask, weights, ...) -> the loss's
         entries."""
+
     option: str = ""
     per_token: bool = False
     statistic: str = ""
@@ -204,6 +213,7 @@ class ToolSpec(Spec):
     retrieval server (config.retrieval_service_url), which `validate --check-paths` probes; demo_data:
     "module:function" writing the synthetic data of a multi-turn demo recipe on a tiny model that uses it
     (verl_npu/demo.py; empty: the model's default demo data)."""
+
     function_name: str | None = None
     verl_class_paths: tuple[str, ...] = ()
     returns_images: bool = False
@@ -235,24 +245,53 @@ def library_available(module: str) -> bool:
 
 
 POLICY_LOSSES: Registry[PolicyLossSpec] = Registry(
-    "POLICY_LOSSES", "policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode", PolicyLossSpec,
-    ("algorithms",), user_files=True)
+    "POLICY_LOSSES",
+    "policy loss",
+    "actor_rollout_ref.actor.policy_loss.loss_mode",
+    PolicyLossSpec,
+    ("algorithms",),
+    user_files=True,
+)
 ADVANTAGE_ESTIMATORS: Registry[EstimatorSpec] = Registry(
-    "ADVANTAGE_ESTIMATORS", "advantage estimator", "algorithm.adv_estimator", EstimatorSpec, ("algorithms",),
-    user_files=True)
+    "ADVANTAGE_ESTIMATORS",
+    "advantage estimator",
+    "algorithm.adv_estimator",
+    EstimatorSpec,
+    ("algorithms",),
+    user_files=True,
+)
 ROLLOUT_ENGINES: Registry[RolloutSpec] = Registry(
-    "ROLLOUT_ENGINES", "rollout engine", "actor_rollout_ref.rollout.name", RolloutSpec, ("rollout",),
-    unsupported=("sglang", "trtllm"))
+    "ROLLOUT_ENGINES",
+    "rollout engine",
+    "actor_rollout_ref.rollout.name",
+    RolloutSpec,
+    ("rollout",),
+    unsupported=("sglang", "trtllm"),
+)
 ROLES: Registry[RoleSpec] = Registry("ROLES", "worker role", "(roles)", RoleSpec, ("workers",))
 REWARD_MANAGERS: Registry[RewardManagerSpec] = Registry(
-    "REWARD_MANAGERS", "reward manager", "reward_model.reward_manager", RewardManagerSpec, ("rewards",),
-    unsupported=("batch",))
+    "REWARD_MANAGERS",
+    "reward manager",
+    "reward_model.reward_manager",
+    RewardManagerSpec,
+    ("rewards",),
+    unsupported=("batch",),
+)
 METRIC_SINKS: Registry[MetricSinkSpec] = Registry(
-    "METRIC_SINKS", "logger", "trainer.logger", MetricSinkSpec, ("trainer/tracking.py", "trainer"),
-    unsupported=("clearml", "trackio", "vemlp_wandb", "rl_insight"))
+    "METRIC_SINKS",
+    "logger",
+    "trainer.logger",
+    MetricSinkSpec,
+    ("trainer/tracking.py", "trainer"),
+    unsupported=("clearml", "trackio", "vemlp_wandb", "rl_insight"),
+)
 ROLLOUT_CORRECTIONS: Registry[RolloutCorrectionSpec] = Registry(
-    "ROLLOUT_CORRECTIONS", "rollout correction mode", "algorithm.rollout_correction", RolloutCorrectionSpec,
-    ("algorithms/rollout_correction.py",))
+    "ROLLOUT_CORRECTIONS",
+    "rollout correction mode",
+    "algorithm.rollout_correction",
+    RolloutCorrectionSpec,
+    ("algorithms/rollout_correction.py",),
+)
 TOOLS: Registry[ToolSpec] = Registry("TOOLS", "tool", "tools[].class_name", ToolSpec, ("tools/gsm8k.py", "tools"))
 
 
@@ -281,8 +320,11 @@ def estimator_spec(name: Any) -> EstimatorSpec | None:
     """The spec of a built-in estimator or of a readable user's file entry; None for anything else (for
     questions asked before the config is validated)."""
     found = ADVANTAGE_ESTIMATORS.find(name)
-    if found is None and ADVANTAGE_ESTIMATORS.user_files_allowed(str(name)) and \
-            ADVANTAGE_ESTIMATORS.file_problem(str(name)) is None:
+    if (
+        found is None
+        and ADVANTAGE_ESTIMATORS.user_files_allowed(str(name))
+        and ADVANTAGE_ESTIMATORS.file_problem(str(name)) is None
+    ):
         found = ADVANTAGE_ESTIMATORS.file_spec(str(name))
     return found
 
@@ -313,5 +355,13 @@ def correction_mode(option: str, name: Any) -> RolloutCorrectionSpec:
     return found
 
 
-ALL = (POLICY_LOSSES, ADVANTAGE_ESTIMATORS, ROLLOUT_ENGINES, ROLES, REWARD_MANAGERS, METRIC_SINKS, ROLLOUT_CORRECTIONS,
-       TOOLS)
+ALL = (
+    POLICY_LOSSES,
+    ADVANTAGE_ESTIMATORS,
+    ROLLOUT_ENGINES,
+    ROLES,
+    REWARD_MANAGERS,
+    METRIC_SINKS,
+    ROLLOUT_CORRECTIONS,
+    TOOLS,
+)

@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 
 from verl_npu.errors import UserError
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # verl_npu/
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # verl_npu/
 FILE_SEPARATOR = ".py:"
 PLUGINS_VARIABLE = "VERL_NPU_PLUGINS"
 
@@ -49,6 +49,7 @@ class RegistryError(UserError, ValueError):
 class Spec:
     """What every registered implementation has: its name, where it lives ("module:attribute", or
     "path/file.py:attribute" for a user's file) and one line on what it is."""
+
     name: str
     target: str
     doc: str = ""
@@ -102,21 +103,29 @@ class Registry(Generic[S]):
     """One extension point: `handle` is the variable the decorators use (`@HANDLE.register(...)`), `key`
     the config key that names an entry, `folders` the package folders whose files declare entries."""
 
-    def __init__(self, handle: str, what: str, key: str, spec_type: type[S], folders: tuple[str, ...],
-                 unsupported: Iterable[str] = (), user_files: bool = False):
+    def __init__(
+        self,
+        handle: str,
+        what: str,
+        key: str,
+        spec_type: type[S],
+        folders: tuple[str, ...],
+        unsupported: Iterable[str] = (),
+        user_files: bool = False,
+    ):
         self.handle, self.what, self.key, self.spec_type = handle, what, key, spec_type
         self.folders = folders
         self.unsupported = tuple(unsupported)
-        self.user_files = user_files          # whether `path/file.py:attribute` may name an entry
+        self.user_files = user_files  # whether `path/file.py:attribute` may name an entry
         self.implementations: dict[str, Any] = {}
         self._specs: dict[str, S] | None = None
         self._file_specs: dict[str, S] = {}
-        self._file_objects: dict[str, Any] = {}   # users' file entries, apart from the registered names
+        self._file_objects: dict[str, Any] = {}  # users' file entries, apart from the registered names
 
     # ---- the specs, read from the source -------------------------------------------------------
     def _source_files(self) -> list[Path]:
         files: list[Path] = []
-        for folder in self.folders:   # a file named first puts its entries first (the order of the docs)
+        for folder in self.folders:  # a file named first puts its entries first (the order of the docs)
             path = PACKAGE_ROOT / folder
             found = [path] if path.is_file() else sorted(path.rglob("*.py"), key=lambda p: (p.stem != "core", str(p)))
             files += [f for f in found if f not in files]
@@ -143,10 +152,10 @@ class Registry(Generic[S]):
                     raise ValueError(f"a ** argument in @{self.handle}.register is not a literal")
                 fields = {str(k.arg): reader.value(k.value) for k in call.keywords}
                 name = args[0] if args else fields.pop("name")
-                if "doc" not in fields:   # the docstring's first paragraph says what it is
+                if "doc" not in fields:  # the docstring's first paragraph says what it is
                     fields["doc"] = " ".join((ast.get_docstring(node) or "").split("\n\n")[0].split())
                 found.append(self.spec_type(name=name, target=f"{module}:{node.name}", **fields))
-            if attribute is not None and not declared:   # a user's undecorated function: defaults, its docstring
+            if attribute is not None and not declared:  # a user's undecorated function: defaults, its docstring
                 doc = (ast.get_docstring(node) or "").strip().split("\n")[0]
                 found.append(self.spec_type(name=f"{module}:{node.name}", target=f"{module}:{node.name}", doc=doc))
         return found
@@ -157,7 +166,8 @@ class Registry(Generic[S]):
             return False
         owner = func.value
         return (isinstance(owner, ast.Name) and owner.id == self.handle) or (
-            isinstance(owner, ast.Attribute) and owner.attr == self.handle)
+            isinstance(owner, ast.Attribute) and owner.attr == self.handle
+        )
 
     def user_files_allowed(self, name: str) -> bool:
         """`name` is a user's `path/file.py:attribute` and this registry takes those."""
@@ -173,8 +183,10 @@ class Registry(Generic[S]):
                 module = ".".join(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts) if inside else str(path)
                 for spec in self._declarations(path, module.removesuffix(".__init__")):
                     if spec.name in specs:
-                        raise RegistryError(f"{self.what} {spec.name!r} is registered twice: {specs[spec.name].target} "
-                                            f"and {spec.target}")
+                        raise RegistryError(
+                            f"{self.what} {spec.name!r} is registered twice: {specs[spec.name].target} "
+                            f"and {spec.target}"
+                        )
                     specs[spec.name] = spec
             self._specs = specs
         return self._specs
@@ -193,8 +205,10 @@ class Registry(Generic[S]):
             return self.specs[name]
         if self.user_files_allowed(name):
             return self.file_spec(name)
-        raise RegistryError(f"unknown {self.what} {name!r} ({self.key}); registered: {', '.join(self.specs)}"
-                            + ("; or your own as path/to/file.py:name" if self.user_files else ""))
+        raise RegistryError(
+            f"unknown {self.what} {name!r} ({self.key}); registered: {', '.join(self.specs)}"
+            + ("; or your own as path/to/file.py:name" if self.user_files else "")
+        )
 
     def file_problem(self, name: str) -> str | None:
         """What is wrong with a user's `path/file.py:attribute` entry, or None."""
@@ -209,15 +223,18 @@ class Registry(Generic[S]):
             file, _, attribute = name.rpartition(":")
             path = Path(file).expanduser()
             if not path.is_file():
-                raise RegistryError(f"{self.key}={name}: no file {path} (give the path of a .py file and the name "
-                                    "of the function in it: path/to/file.py:function)")
+                raise RegistryError(
+                    f"{self.key}={name}: no file {path} (give the path of a .py file and the name "
+                    "of the function in it: path/to/file.py:function)"
+                )
             try:
                 found = self._declarations(path, str(path), attribute)
             except SyntaxError as err:
                 raise RegistryError(f"{self.key}={name}: {path} is not valid Python: {err}") from None
             except (ValueError, TypeError) as err:
-                raise RegistryError(f"{self.key}={name}: the arguments of @{self.handle}.register in {path} must be "
-                                    f"literals: {err}") from None
+                raise RegistryError(
+                    f"{self.key}={name}: the arguments of @{self.handle}.register in {path} must be literals: {err}"
+                ) from None
             if not found:
                 raise RegistryError(f"{self.key}={name}: {path} defines no top-level {attribute!r}")
             self._file_specs[name] = dataclasses.replace(found[0], name=name)
@@ -227,22 +244,29 @@ class Registry(Generic[S]):
     def register(self, name: str, **fields: Any) -> Callable[[T], T]:
         """Declares `name` with its spec fields (literals: the registry reads them from the source) and,
         when the module is imported, binds the decorated object to it."""
+
         def bind(obj: T) -> T:
             module = getattr(obj, "__module__", "")
             declared = self._bound_spec(name, module, obj)
             for field, value in fields.items():
                 if getattr(declared, field) != (tuple(value) if isinstance(value, list) else value):
-                    raise RegistryError(f"{self.what} {name!r}: {field}={value!r} differs from what the source "
-                                        f"declares ({getattr(declared, field)!r}): use literals in @{self.handle}"
-                                        ".register")
+                    raise RegistryError(
+                        f"{self.what} {name!r}: {field}={value!r} differs from what the source "
+                        f"declares ({getattr(declared, field)!r}): use literals in @{self.handle}"
+                        ".register"
+                    )
             if not self._declares(name, module, obj):
-                return obj   # a user's file named by path: `load` binds it under that entry, never a registered name
+                return obj  # a user's file named by path: `load` binds it under that entry, never a registered name
             known = self.implementations.get(declared.name)
-            if known is not None and known is not obj and getattr(known, "__qualname__", None) != getattr(
-                    obj, "__qualname__", None):
+            if (
+                known is not None
+                and known is not obj
+                and getattr(known, "__qualname__", None) != getattr(obj, "__qualname__", None)
+            ):
                 raise RegistryError(f"{self.what} {declared.name!r} is registered twice")
             self.implementations[declared.name] = obj
             return obj
+
         return bind
 
     def _declares(self, name: str, module: str, obj: Any) -> bool:
@@ -251,19 +275,23 @@ class Registry(Generic[S]):
         if spec is None:
             return False
         file = getattr(sys.modules.get(module), "__file__", None)
-        return spec.target in (f"{module}:{obj.__qualname__}",
-                               f"{Path(file).resolve()}:{obj.__qualname__}" if file else None)
+        return spec.target in (
+            f"{module}:{obj.__qualname__}",
+            f"{Path(file).resolve()}:{obj.__qualname__}" if file else None,
+        )
 
     def _bound_spec(self, name: str, module: str, obj: Any) -> S:
         if name in self.specs and self.specs[name].target == f"{module}:{obj.__qualname__}":
             return self.specs[name]
         file = getattr(sys.modules.get(module), "__file__", None)
-        if file is not None:   # a user's file (or a test's), loaded by path
+        if file is not None:  # a user's file (or a test's), loaded by path
             for spec in self._declarations(Path(file), str(file), obj.__qualname__):
                 if spec.name == name:
                     return spec
-        raise RegistryError(f"{self.what} {name!r}: {module}.{obj.__qualname__} is not declared where the registry "
-                            f"reads ({', '.join(self.folders)} under verl_npu/, or a user's file)")
+        raise RegistryError(
+            f"{self.what} {name!r}: {module}.{obj.__qualname__} is not declared where the registry "
+            f"reads ({', '.join(self.folders)} under verl_npu/, or a user's file)"
+        )
 
     def load(self, name: str) -> Any:
         """The implementation of `name` (imports its module, or the user's file, on first use)."""
@@ -275,7 +303,7 @@ class Registry(Generic[S]):
             return self._file_objects[spec.name]
         if spec.name not in self.implementations:
             importlib.import_module(module)
-        if spec.name not in self.implementations:   # declared, but the module did not bind it
+        if spec.name not in self.implementations:  # declared, but the module did not bind it
             self.implementations[spec.name] = getattr(sys.modules[module], attribute)
         return self.implementations[spec.name]
 
@@ -285,7 +313,7 @@ class Registry(Generic[S]):
         problems = []
         for name, spec in self.specs.items():
             module, _, attribute = spec.target.rpartition(":")
-            if is_file_entry(spec.target):   # a plugin file: bound when loaded
+            if is_file_entry(spec.target):  # a plugin file: bound when loaded
                 continue
             importlib.import_module(module)
             obj = self.implementations.get(name)

@@ -54,7 +54,7 @@ from verl_npu.rewards import geo3k, grid_env, gsm8k, search_r1, synthetic_arithm
 RewardFn = Callable[..., "float | dict"]
 
 #: seconds one reward call may take (custom_reward_function.timeout_s; null: no limit)
-DEFAULT_TIMEOUT_S = defaults("custom_reward_function").timeout_s   # the schema's
+DEFAULT_TIMEOUT_S = defaults("custom_reward_function").timeout_s  # the schema's
 #: alarms a timed-out reward may swallow (one a second) before the process is ended
 STUCK_ALARMS = 5
 _BUILTIN = "verl_npu.rewards.default_compute_score (the built-in rewards)"
@@ -107,8 +107,9 @@ def blind_ceiling(data_source: str) -> tuple[float, str] | None:
     return BLIND_CEILINGS.get(data_source)
 
 
-def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
-                          extra_info: dict | None = None) -> float | dict:
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> float | dict:
     """The registered reward of ``data_source`` applied to one response.
 
     Raises:
@@ -134,8 +135,9 @@ def _timeout_of(cfg: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
-        raise UserError(f"custom_reward_function.timeout_s must be a positive number of seconds or null "
-                        f"(no limit), got {value!r}")
+        raise UserError(
+            f"custom_reward_function.timeout_s must be a positive number of seconds or null (no limit), got {value!r}"
+        )
     return float(value)
 
 
@@ -308,8 +310,9 @@ def _die(message: str) -> None:
     os._exit(1)
 
 
-def call_with_timeout(fn: Callable, args: tuple, timeout_s: float | None,
-                      stuck_message: str = "a reward function ignores its timeout") -> tuple[bool, Any]:
+def call_with_timeout(
+    fn: Callable, args: tuple, timeout_s: float | None, stuck_message: str = "a reward function ignores its timeout"
+) -> tuple[bool, Any]:
     """``fn(*args)`` with a deadline: ``(True, result)`` or ``(False, None)`` after ``timeout_s``
     seconds (None: no deadline). Exceptions of ``fn`` propagate."""
     if timeout_s is None:
@@ -365,14 +368,20 @@ class RewardScorer:
     def close(self) -> None:
         """Nothing to end: it scores in the caller's process (the prime manager's scorer ends its workers)."""
 
-    def score(self, responses: list[str], data_sources: list[str], ground_truths: list,
-              extra_infos: list[dict] | None = None,
-              rows: list | None = None) -> tuple[list[float], dict[str, list[float]]]:
+    def score(
+        self,
+        responses: list[str],
+        data_sources: list[str],
+        ground_truths: list,
+        extra_infos: list[dict] | None = None,
+        rows: list | None = None,
+    ) -> tuple[list[float], dict[str, list[float]]]:
         n = len(responses)
         if extra_infos is None:
             extra_infos = [None] * n
-        if not (len(data_sources) == len(ground_truths) == len(extra_infos) == n) or (rows is not None
-                                                                                   and len(rows) != n):
+        if not (len(data_sources) == len(ground_truths) == len(extra_infos) == n) or (
+            rows is not None and len(rows) != n
+        ):
             raise ValueError(
                 f"RewardScorer.score: lengths differ (responses {n}, data_sources {len(data_sources)}, "
                 f"ground_truths {len(ground_truths)}, extra_infos {len(extra_infos)}"
@@ -390,19 +399,29 @@ class RewardScorer:
                 row_text = str(row)
             where = f"reward of {row_text} (data_source {src!r}, response {i} of the batch)"
             name = self._name_for(src)
-            timeout_text = (f"the reward function {name} did not return within custom_reward_function.timeout_s"
-                            f"={self.timeout_s:g} s (response: {_short(resp, 120)})") if self.timeout_s else ""
+            timeout_text = (
+                (
+                    f"the reward function {name} did not return within custom_reward_function.timeout_s"
+                    f"={self.timeout_s:g} s (response: {_short(resp, 120)})"
+                )
+                if self.timeout_s
+                else ""
+            )
             try:
                 finished, result = call_with_timeout(
-                    self.fn, (src, resp, gt, info), self.timeout_s,
+                    self.fn,
+                    (src, resp, gt, info),
+                    self.timeout_s,
                     f"{where}: {timeout_text} and ignores the timeout (it catches BaseException); the "
                     "process stops. Fix the function.",
                 )
             except UserError as e:
                 raise UserError(f"{where}: {e}") from e
             except SystemExit as e:
-                raise UserError(f"{where}: the reward function {name} called sys.exit({e.code!r}); a reward "
-                                "function must return a score, not end the process") from None
+                raise UserError(
+                    f"{where}: the reward function {name} called sys.exit({e.code!r}); a reward "
+                    "function must return a score, not end the process"
+                ) from None
             except Exception as e:
                 raise UserError(f"{where}: the reward function {name} raised {type(e).__name__}: {e}") from e
             if not finished:
@@ -413,8 +432,10 @@ class RewardScorer:
             subs: dict[str, float] = {}
             if isinstance(result, dict):
                 if "score" not in result:
-                    raise UserError(f"{where}: the reward function {name} returned a dict without 'score' "
-                                    f"(keys: {', '.join(map(str, result))}); add a 'score' entry")
+                    raise UserError(
+                        f"{where}: the reward function {name} returned a dict without 'score' "
+                        f"(keys: {', '.join(map(str, result))}); add a 'score' entry"
+                    )
                 value = result["score"]
                 what = "a dict whose 'score' is "
                 subs = numeric_subscores(result)
@@ -429,8 +450,10 @@ class RewardScorer:
             if not math.isfinite(number):
                 raise UserError(f"{where}: the reward function {name} returned a non-finite score ({number})")
             if abs(number) > FLOAT32_MAX:  # finite in Python, infinite once stored as float32 for training
-                raise UserError(f"{where}: the reward function {name} returned {number:g}, beyond what float32 "
-                                f"holds (|score| <= {FLOAT32_MAX:.4g}); scale your rewards to a few units")
+                raise UserError(
+                    f"{where}: the reward function {name} returned {number:g}, beyond what float32 "
+                    f"holds (|score| <= {FLOAT32_MAX:.4g}); scale your rewards to a few units"
+                )
             scores.append(number)
             for k, v in subs.items():
                 if k not in extras:
@@ -451,6 +474,14 @@ def _describe(fn: Any) -> str:
 
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S", "RewardFunction", "RewardScorer", "RewardTimeout", "as_score", "call_with_timeout",
-    "default_compute_score", "load_reward_fn", "register_reward", "registered_data_sources",
+    "DEFAULT_TIMEOUT_S",
+    "RewardFunction",
+    "RewardScorer",
+    "RewardTimeout",
+    "as_score",
+    "call_with_timeout",
+    "default_compute_score",
+    "load_reward_fn",
+    "register_reward",
+    "registered_data_sources",
 ]

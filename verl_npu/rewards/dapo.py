@@ -23,21 +23,34 @@ from verl_npu.config.typed import section
 from verl_npu.registry import REWARD_MANAGERS
 
 
-def overlong_penalty(valid_response_lengths: Sequence[int], buffer_len: int, max_resp_len: int,
-                     penalty_factor: float) -> list[float]:
+def overlong_penalty(
+    valid_response_lengths: Sequence[int], buffer_len: int, max_resp_len: int, penalty_factor: float
+) -> list[float]:
     """`min(-(L - (max_resp_len - buffer_len)) / buffer_len * penalty_factor, 0)` for each valid length L."""
     if buffer_len <= 0:
         raise ValueError(f"the overlong buffer length must be positive, got {buffer_len}")
     expected_len = max_resp_len - buffer_len
-    return [min(-(int(length) - expected_len) / buffer_len * float(penalty_factor), 0.0)
-            for length in valid_response_lengths]
+    return [
+        min(-(int(length) - expected_len) / buffer_len * float(penalty_factor), 0.0)
+        for length in valid_response_lengths
+    ]
 
 
-@REWARD_MANAGERS.register("dapo", overlong_penalty=True, doc=(
-    "the same, plus DAPO's overlong penalty (reward_model.reward_kwargs.overlong_buffer_cfg), and the reward "
-    "extra 'acc' (the score) for functions that return a float"))
-def dapo_scores(scores: Sequence[float], extras: dict[str, list[float]], valid_response_lengths: Sequence[int],
-                reward_kwargs: Any, max_response_length: int) -> tuple[list[float], dict[str, list[float]]]:
+@REWARD_MANAGERS.register(
+    "dapo",
+    overlong_penalty=True,
+    doc=(
+        "the same, plus DAPO's overlong penalty (reward_model.reward_kwargs.overlong_buffer_cfg), and the reward "
+        "extra 'acc' (the score) for functions that return a float"
+    ),
+)
+def dapo_scores(
+    scores: Sequence[float],
+    extras: dict[str, list[float]],
+    valid_response_lengths: Sequence[int],
+    reward_kwargs: Any,
+    max_response_length: int,
+) -> tuple[list[float], dict[str, list[float]]]:
     """The dapo manager's `(scores, extras)` from the naive ones: `acc` added (the scores before any
     penalty) when the extras have no `acc` of the reward function's own; with `overlong_buffer_cfg.enable` the
     overlong penalty added to each score (and, with `log`, the extras `overlong_reward` and `overlong`).

@@ -46,8 +46,13 @@ def answer_reward(answer: str, ground_truth: str) -> float:
     return 1.0 if grade_answer(str(answer).strip(), str(ground_truth)) else 0.0
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  format_weight: float = FORMAT_WEIGHT) -> dict:
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    format_weight: float = FORMAT_WEIGHT,
+) -> dict:
     """``{"score": (1 - w) * accuracy + w * format, "accuracy", "format"}`` with ``w = format_weight``."""
     acc = accuracy_reward(solution_str, ground_truth)
     fmt = format_reward(solution_str)

@@ -25,6 +25,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     info = extra_info or {}
     scores = [float(s) for s in (info.get("turn_scores") or [])]
     meta = info.get("interaction") or {}
-    return {"score": float(sum(scores)), "accuracy": 1.0 if meta.get("success") else 0.0,
-            "invalid_moves": float(sum(1 for s in scores if s < 0))}
-
+    return {
+        "score": float(sum(scores)),
+        "accuracy": 1.0 if meta.get("success") else 0.0,
+        "invalid_moves": float(sum(1 for s in scores if s < 0)),
+    }

@@ -53,12 +53,16 @@ def numbers_match(answer: str | None, ground_truth: Any) -> bool:
     return a is not None and b is not None and a == b
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  method: str = "strict") -> dict:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, method: str = "strict"
+) -> dict:
     """``{"score", "strict_accuracy", "flexible_accuracy"}`` (1.0 / 0.0 each); ``score`` follows ``method``."""
     if method not in ("strict", "flexible"):
         raise ValueError(f"method must be 'strict' or 'flexible', got {method!r}")
     strict = 1.0 if numbers_match(strict_answer(solution_str), ground_truth) else 0.0
     flexible = 1.0 if numbers_match(flexible_answer(solution_str), ground_truth) else 0.0
-    return {"score": strict if method == "strict" else flexible, "strict_accuracy": strict,
-            "flexible_accuracy": flexible}
+    return {
+        "score": strict if method == "strict" else flexible,
+        "strict_accuracy": strict,
+        "flexible_accuracy": flexible,
+    }

@@ -41,11 +41,16 @@ _WORKER_FN: Any = None
 _STARTS: Any = None
 
 
-@REWARD_MANAGERS.register("prime", parallel_scoring=True, doc=(
-    "verl's PRIME manager: the responses of a batch scored in parallel worker processes "
-    "(reward_model.prime.num_processes), each within reward_model.prime.timeout_s seconds; a response whose "
-    "reward call times out, raises or returns no number scores 0 (the run goes on); reward extras acc, "
-    "prime_timeout, prime_error"))
+@REWARD_MANAGERS.register(
+    "prime",
+    parallel_scoring=True,
+    doc=(
+        "verl's PRIME manager: the responses of a batch scored in parallel worker processes "
+        "(reward_model.prime.num_processes), each within reward_model.prime.timeout_s seconds; a response whose "
+        "reward call times out, raises or returns no number scores 0 (the run goes on); reward extras acc, "
+        "prime_timeout, prime_error"
+    ),
+)
 def prime_scores(scores, extras, valid_response_lengths, reward_kwargs, max_response_length):
     """The prime manager's `(scores, extras)` from the parallel scorer's: the scores unchanged, the extra `acc`
     (the score, as verl stores it) added when the reward function returned none of its own."""
@@ -60,7 +65,7 @@ def _load_in_worker(function_cfg: dict, starts: Any) -> None:
 
 
 def _score_in_worker(call_id: tuple[int, int], args: tuple) -> Any:
-    _STARTS.put(call_id)   # the call's deadline counts from here (not from a worker's start-up)
+    _STARTS.put(call_id)  # the call's deadline counts from here (not from a worker's start-up)
     return _WORKER_FN(*args)
 
 
@@ -89,12 +94,16 @@ class ParallelRewardScorer:
         cfg = section("custom_reward_function", function_cfg)
         # loaded here too: a missing file or function is the user's error before any worker starts
         self.function: RewardFunction = load_reward_fn(cfg)
-        self.function_cfg = {"path": cfg.path, "name": cfg.name, "reward_kwargs": dict(cfg.reward_kwargs or {}),
-                             "timeout_s": None}
+        self.function_cfg = {
+            "path": cfg.path,
+            "name": cfg.name,
+            "reward_kwargs": dict(cfg.reward_kwargs or {}),
+            "timeout_s": None,
+        }
         self.num_processes = int(num_processes)
         self.timeout_s = None if timeout_s is None else float(timeout_s)
         self._pool: ProcessPoolExecutor | None = None
-        self._starts: Any = None   # the pool's queue of (batch, call) the workers start
+        self._starts: Any = None  # the pool's queue of (batch, call) the workers start
         self._batches = 0
 
     def covers(self, data_sources: list[str]) -> bool:
@@ -105,8 +114,12 @@ class ParallelRewardScorer:
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
             self._starts = context.Queue()
-            self._pool = ProcessPoolExecutor(max_workers=self.num_processes, mp_context=context,
-                                             initializer=_load_in_worker, initargs=(self.function_cfg, self._starts))
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.num_processes,
+                mp_context=context,
+                initializer=_load_in_worker,
+                initargs=(self.function_cfg, self._starts),
+            )
         return self._pool
 
     def _started(self, batch: int, started: dict[int, float]) -> None:
@@ -139,18 +152,27 @@ class ParallelRewardScorer:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:   # interpreter shutdown: the pool's own exit handler ends the workers
+        except Exception:  # interpreter shutdown: the pool's own exit handler ends the workers
             pass
 
-    def score(self, responses: list[str], data_sources: list[str], ground_truths: list,
-              extra_infos: list | None = None, rows: list | None = None) -> tuple[list[float], dict[str, list[float]]]:
+    def score(
+        self,
+        responses: list[str],
+        data_sources: list[str],
+        ground_truths: list,
+        extra_infos: list | None = None,
+        rows: list | None = None,
+    ) -> tuple[list[float], dict[str, list[float]]]:
         n = len(responses)
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
         if not (len(data_sources) == len(ground_truths) == len(extra_infos) == n):
-            raise ValueError(f"ParallelRewardScorer.score: lengths differ (responses {n}, data_sources "
-                             f"{len(data_sources)}, ground_truths {len(ground_truths)}, extra_infos {len(extra_infos)})")
-        results, timed_out, failed = self._run([(s, r, g, e) for r, s, g, e in
-                                                zip(responses, data_sources, ground_truths, extra_infos)])
+            raise ValueError(
+                f"ParallelRewardScorer.score: lengths differ (responses {n}, data_sources "
+                f"{len(data_sources)}, ground_truths {len(ground_truths)}, extra_infos {len(extra_infos)})"
+            )
+        results, timed_out, failed = self._run(
+            [(s, r, g, e) for r, s, g, e in zip(responses, data_sources, ground_truths, extra_infos)]
+        )
         scores, extras = [], {"prime_timeout": [0.0] * n, "prime_error": [0.0] * n}
         for i in range(n):
             number, subs = (None, {}) if i in timed_out or i in failed else read_result(results[i])
@@ -164,9 +186,16 @@ class ParallelRewardScorer:
         for i in failed:
             extras["prime_error"][i] = 1.0
         if timed_out or failed:
-            log.warning("prime reward manager: %d of %d responses scored 0 (%d past reward_model.prime.timeout_s=%s s, "
-                        "%d failed%s)", len(timed_out) + len(failed), n, len(timed_out), self.timeout_s, len(failed),
-                        "".join(f"; {_row(rows, i)}: {why}" for i, why in list(failed.items())[:3]))
+            log.warning(
+                "prime reward manager: %d of %d responses scored 0 (%d past reward_model.prime.timeout_s=%s s, "
+                "%d failed%s)",
+                len(timed_out) + len(failed),
+                n,
+                len(timed_out),
+                self.timeout_s,
+                len(failed),
+                "".join(f"; {_row(rows, i)}: {why}" for i, why in list(failed.items())[:3]),
+            )
         return scores, extras
 
     def _run(self, calls: list[tuple]) -> tuple[dict[int, Any], set[int], dict[int, str]]:
@@ -182,8 +211,8 @@ class ParallelRewardScorer:
         failed: dict[int, str] = {}
         waiting = list(range(len(calls)))[::-1]
         running: dict[Future, int] = {}
-        started: dict[int, float] = {}   # when a worker reported starting each call
-        alone: set[int] = set()   # calls in flight when a worker died: rerun one at a time
+        started: dict[int, float] = {}  # when a worker reported starting each call
+        alone: set[int] = set()  # calls in flight when a worker died: rerun one at a time
         slots = self.num_processes
         while waiting or running:
             while waiting and len(running) < (1 if alone & {*waiting, *running.values()} else slots):
@@ -191,14 +220,14 @@ class ParallelRewardScorer:
                 started.pop(i, None)
                 try:
                     future = pool.submit(_score_in_worker, (batch, i), calls[i])
-                except BrokenProcessPool:   # a worker died: a fresh pool
+                except BrokenProcessPool:  # a worker died: a fresh pool
                     self.close()
                     pool, slots = self._executor(), self.num_processes
                     future = pool.submit(_score_in_worker, (batch, i), calls[i])
                 running[future] = i
             self._started(batch, started)
             timeout = None
-            if self.timeout_s is not None:   # the next deadline; a short look while a call is not started yet
+            if self.timeout_s is not None:  # the next deadline; a short look while a call is not started yet
                 begun = [started[i] for i in running.values() if i in started]
                 timeout = min(begun) + self.timeout_s - time.monotonic() if begun else 0.05
                 if len(begun) < len(running):
@@ -209,26 +238,30 @@ class ParallelRewardScorer:
                 try:
                     results[i] = future.result()
                 except BrokenProcessPool:
-                    if i in alone:   # it ran alone: it is the call that ends its worker
+                    if i in alone:  # it ran alone: it is the call that ends its worker
                         failed[i] = "its reward call ended the worker process"
                     else:
                         alone.add(i)
                         waiting.append(i)
-                except Exception as err:   # the reward raised
+                except Exception as err:  # the reward raised
                     failed[i] = f"{type(err).__name__}: {err}"
             self._started(batch, started)
             now = time.monotonic()
             for future, i in list(running.items()):
-                if self.timeout_s is not None and i in started and now - started[i] >= self.timeout_s \
-                        and not future.done():
+                if (
+                    self.timeout_s is not None
+                    and i in started
+                    and now - started[i] >= self.timeout_s
+                    and not future.done()
+                ):
                     running.pop(future)
                     timed_out.add(i)
-                    slots -= 1   # its worker is still busy with it
+                    slots -= 1  # its worker is still busy with it
             if slots <= 0 and waiting:
-                self.close()   # every worker is stuck: start a fresh pool for the rest
+                self.close()  # every worker is stuck: start a fresh pool for the rest
                 pool, slots = self._executor(), self.num_processes
         if timed_out or alone:
-            self.close()   # abandoned calls still run in their workers, or the pool broke: a fresh pool next batch
+            self.close()  # abandoned calls still run in their workers, or the pool broke: a fresh pool next batch
         return results, timed_out, failed
 
 

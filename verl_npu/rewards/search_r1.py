@@ -25,8 +25,16 @@ PUNCTUATION = set(string.punctuation)
 MAX_TAGS = 10
 #: verl's Search-R1 data sources (examples/data_preprocess/preprocess_search_r1_dataset.py prefixes
 #: `searchR1_`), and the synthetic set of data_prep/search_r1.py
-DATA_SOURCES = ("searchR1_nq", "searchR1_triviaqa", "searchR1_popqa", "searchR1_hotpotqa",
-                "searchR1_2wikimultihopqa", "searchR1_musique", "searchR1_bamboogle", "searchR1_synthetic")
+DATA_SOURCES = (
+    "searchR1_nq",
+    "searchR1_triviaqa",
+    "searchR1_popqa",
+    "searchR1_hotpotqa",
+    "searchR1_2wikimultihopqa",
+    "searchR1_musique",
+    "searchR1_bamboogle",
+    "searchR1_synthetic",
+)
 
 
 def normalize_answer(text: str) -> str:
@@ -60,8 +68,14 @@ def targets(ground_truth: Any) -> list[str]:
     return [] if ground_truth is None else [str(ground_truth)]
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  score: float = 1.0, format_score: float = 0.0) -> float:
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    score: float = 1.0,
+    format_score: float = 0.0,
+) -> float:
     answer = extract_answer(solution_str)
     if answer is None:
         return 0.0

@@ -71,5 +71,9 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     """``{"score": accuracy * (0.8 + 0.2 * clean), "accuracy", "clean", "format"}``."""
     acc = 1.0 if numbers_match(extract_answer(solution_str), ground_truth) else 0.0
     clean = clean_reward(solution_str)
-    return {"score": acc * ((1 - CLEAN_WEIGHT) + CLEAN_WEIGHT * clean), "accuracy": acc, "clean": clean,
-            "format": format_reward(solution_str)}
+    return {
+        "score": acc * ((1 - CLEAN_WEIGHT) + CLEAN_WEIGHT * clean),
+        "accuracy": acc,
+        "clean": clean,
+        "format": format_reward(solution_str),
+    }

@@ -10,8 +10,10 @@ def rollout_class(name: str) -> type:
     return ROLLOUT_ENGINES.load(name)
 
 
-def build_rollout(name: str, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
-                  weights=None):
+def build_rollout(
+    name: str, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None, weights=None
+):
     """The engine `name`, built for this rank (the arguments: `RolloutEngine.from_config`)."""
-    return rollout_class(name).from_config(module, tokenizer, processor, cfg, rank=rank, world_size=world_size,
-                                           device=device, weights=weights)
+    return rollout_class(name).from_config(
+        module, tokenizer, processor, cfg, rank=rank, world_size=world_size, device=device, weights=weights
+    )

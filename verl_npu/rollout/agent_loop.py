@@ -92,7 +92,7 @@ def truncate(text: str, limit: int, side: str) -> str:
     if side == "right":
         return text[:limit] + "...(truncated)"
     half = limit // 2
-    return text[:half] + "...(truncated)..." + text[len(text) - half:]
+    return text[:half] + "...(truncated)..." + text[len(text) - half :]
 
 
 class ToolTurnRenderer:
@@ -118,15 +118,16 @@ class ToolTurnRenderer:
 
     def text(self, tool_messages: list[dict], ended_with: str) -> tuple[str, str]:
         """(the whole rendered probe conversation, the turn's text)."""
-        full = self.template.apply_chat_template(self.PROBE + tool_messages, tokenize=False,
-                                                 add_generation_prompt=True)
+        full = self.template.apply_chat_template(self.PROBE + tool_messages, tokenize=False, add_generation_prompt=True)
         if full.count(self.MARK) != 1:
-            raise UserError("the chat template does not render an assistant message's content as given, so tool "
-                            "turns cannot be appended to a conversation; use a chat template that does "
-                            "(actor_rollout_ref.model.custom_chat_template)")
-        delta = full[full.index(self.MARK) + 1:]
+            raise UserError(
+                "the chat template does not render an assistant message's content as given, so tool "
+                "turns cannot be appended to a conversation; use a chat template that does "
+                "(actor_rollout_ref.model.custom_chat_template)"
+            )
+        delta = full[full.index(self.MARK) + 1 :]
         if ended_with and delta.startswith(ended_with):
-            delta = delta[len(ended_with):]
+            delta = delta[len(ended_with) :]
         return full, delta
 
     def ids(self, tool_messages: list[dict], ended_with: str) -> list[int]:
@@ -141,17 +142,21 @@ class ToolTurnRenderer:
         rendered conversation tokenized at once (strict), or the same once whitespace-only tokens are left
         out (ignore_strippable); a mismatch is logged once."""
         whole = self.tokenizer(full, add_special_tokens=False)["input_ids"]
-        got, want = list(ids), whole[len(whole) - len(ids):]
+        got, want = list(ids), whole[len(whole) - len(ids) :]
         if self.mode == "ignore_strippable":
             keep = lambda seq: [t for t in seq if self.tokenizer.decode([t]).strip()]  # noqa: E731
             got = keep(ids)
-            want = keep(whole)[len(keep(whole)) - len(got):] if got else []
+            want = keep(whole)[len(keep(whole)) - len(got) :] if got else []
         if got != want:
             self.warned = True
-            log.warning("multi-turn tokenization check (%s): a tool turn tokenized alone differs from the same "
-                        "text tokenized with the whole conversation (%r); the turn's own tokens are used. Set "
-                        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable to silence "
-                        "this", self.mode, delta[:80])
+            log.warning(
+                "multi-turn tokenization check (%s): a tool turn tokenized alone differs from the same "
+                "text tokenized with the whole conversation (%r); the turn's own tokens are used. Set "
+                "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable to silence "
+                "this",
+                self.mode,
+                delta[:80],
+            )
 
 
 @dataclass
@@ -169,10 +174,10 @@ class Trajectory:
     tool_rewards: list[float] = field(default_factory=list)
     turns: list[dict] = field(default_factory=list)
     pending: list[ToolCall] = field(default_factory=list)
-    ended_with: str = ""      # the text of the token that ended the last assistant turn
+    ended_with: str = ""  # the text of the token that ended the last assistant turn
     done: bool = False
-    interaction: Any = None   # interaction_turns.InteractionState of a row with an interaction
-    images: list = field(default_factory=list)     # the prompt's images, then the tools' (PIL, as the model sees them)
+    interaction: Any = None  # interaction_turns.InteractionState of a row with an interaction
+    images: list = field(default_factory=list)  # the prompt's images, then the tools' (PIL, as the model sees them)
     mm_inputs: dict = field(default_factory=dict)  # their processor tensors (pixel_values, image_grid_thw), same order
     turn_limit: int | None = None  # most tokens of its next turn (a custom loop's generate call: its max_tokens)
 
@@ -202,8 +207,9 @@ class TurnBackend:
         """This rank's loop raised `error` (before its batch was done): make the ranks that `sync` keeps in
         step with it raise too, instead of waiting for it."""
 
-    def next_turns(self, active: list[Trajectory], params: SamplingParams, budget: int,
-                   record: bool) -> list[tuple[list[int], list[float] | None]] | None:
+    def next_turns(
+        self, active: list[Trajectory], params: SamplingParams, budget: int, record: bool
+    ) -> list[tuple[list[int], list[float] | None]] | None:
         """One (new token ids, their log-probs or None) per trajectory of `active`, in its order: the
         sampled turn up to and including its end-of-turn token, at most `turn_room(t, budget)` tokens.
         None when this rank, and every rank it keeps in step with, has nothing left to generate."""
@@ -251,10 +257,18 @@ class HFTurns(TurnBackend):
         was_training = loop.module.training
         loop.module.eval()
         try:
-            decode(loop.module, torch.tensor([row], device=device), torch.ones(1, len(row), dtype=torch.long,
-                   device=device), n=1, max_new_tokens=steps, eos_ids=loop.eos_ids, pad_id=loop.pad_id,
-                   pick=lambda scores, t: torch.full((scores.shape[0],), eos, device=scores.device),
-                   synced=loop.synced, mm_inputs=merge_multi_modal_inputs([mm], device) if mm else None)
+            decode(
+                loop.module,
+                torch.tensor([row], device=device),
+                torch.ones(1, len(row), dtype=torch.long, device=device),
+                n=1,
+                max_new_tokens=steps,
+                eos_ids=loop.eos_ids,
+                pad_id=loop.pad_id,
+                pick=lambda scores, t: torch.full((scores.shape[0],), eos, device=scores.device),
+                synced=loop.synced,
+                mm_inputs=merge_multi_modal_inputs([mm], device) if mm else None,
+            )
         finally:
             loop.module.train(was_training)
 
@@ -265,12 +279,14 @@ class HFTurns(TurnBackend):
         from PIL import Image
 
         images = self.loop.images
-        text = images.processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}]}],
-                                                    tokenize=False, add_generation_prompt=True)
+        text = images.processor.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}]}], tokenize=False, add_generation_prompt=True
+        )
         return images.encode(text, [images.resize(Image.new("RGB", (images.factor, images.factor)))])
 
-    def _decode(self, active: list[Trajectory], params: SamplingParams, budget: int, record: bool,
-                steps: int) -> list[tuple[list[int], list[float] | None]]:
+    def _decode(
+        self, active: list[Trajectory], params: SamplingParams, budget: int, record: bool, steps: int
+    ) -> list[tuple[list[int], list[float] | None]]:
         loop = self.loop
         device = loop.torch_device()
         contexts = [t.prompt_ids + t.response for t in active]
@@ -279,7 +295,7 @@ class HFTurns(TurnBackend):
         mm_rows = [t.mm_inputs for t in active]
         filler = loop.synced and loop.images is not None and not any(t.images for t in active)
         if filler:
-            filler_ids, filler_mm = self._vision_filler()    # this rank's vision tower runs with the other ranks'
+            filler_ids, filler_mm = self._vision_filler()  # this rank's vision tower runs with the other ranks'
             contexts.append(filler_ids)
             mm_rows.append(filler_mm)
         mm = merge_multi_modal_inputs(mm_rows, device) if any(mm_rows) else None
@@ -287,13 +303,17 @@ class HFTurns(TurnBackend):
         ids = torch.full((len(contexts), width), loop.pad_id, dtype=torch.long)
         mask = torch.zeros((len(contexts), width), dtype=torch.long)
         for r, ctx in enumerate(contexts):
-            ids[r, width - len(ctx):] = torch.tensor(ctx)
-            mask[r, width - len(ctx):] = 1
+            ids[r, width - len(ctx) :] = torch.tensor(ctx)
+            mask[r, width - len(ctx) :] = 1
         pick = greedy_pick
         if loop.pick_factory is not None:
             scripted = loop.pick_factory(active, steps)
-            pick = scripted if not filler else (   # the filler row (the last) decodes greedily
-                lambda scores, t: torch.cat([scripted(scores[:-1], t), scores[-1:].argmax(-1)]))
+            pick = (
+                scripted
+                if not filler
+                # the filler row (the last) decodes greedily
+                else (lambda scores, t: torch.cat([scripted(scores[:-1], t), scores[-1:].argmax(-1)]))
+            )
         elif not params.greedy:
             seeds = [prompt_seed(loop.seed, f"{t.uid}#turn{t.assistant_turns}") for t in active]
             pick = PerRowSampler(replace(params, n=1, max_new_tokens=steps), seeds + [0] * filler)
@@ -301,9 +321,20 @@ class HFTurns(TurnBackend):
         was_training = loop.module.training
         loop.module.eval()
         try:
-            out = decode(loop.module, ids.to(device), mask.to(device), n=1, max_new_tokens=steps,
-                         eos_ids=loop.eos_ids, pad_id=loop.pad_id, pick=pick, suppress_ids=loop.suppress_ids,
-                         synced=loop.synced, log_probs=log_probs, mm_inputs=mm).cpu()
+            out = decode(
+                loop.module,
+                ids.to(device),
+                mask.to(device),
+                n=1,
+                max_new_tokens=steps,
+                eos_ids=loop.eos_ids,
+                pad_id=loop.pad_id,
+                pick=pick,
+                suppress_ids=loop.suppress_ids,
+                synced=loop.synced,
+                log_probs=log_probs,
+                mm_inputs=mm,
+            ).cpu()
         finally:
             loop.module.train(was_training)
         lps = log_probs[0].cpu() if log_probs else None
@@ -321,10 +352,25 @@ class AgentLoop:
     section (`MULTI_TURN`; a mapping is read as that section, its missing keys at the schema's defaults);
     `turns` generates the model turns (None: the `hf` engine's decode over `module`, `HFTurns`)."""
 
-    def __init__(self, module, tokenizer, tools: dict, settings, *, eos_ids: list[int],
-                 pad_id: int, suppress_ids=None, seed: int = 0, pick_factory=None, default_agent: str = "tool_agent",
-                 synced: bool = False, turns: TurnBackend | None = None, interactions: dict | None = None,
-                 images: ImageTurns | None = None, compute_device=None):
+    def __init__(
+        self,
+        module,
+        tokenizer,
+        tools: dict,
+        settings,
+        *,
+        eos_ids: list[int],
+        pad_id: int,
+        suppress_ids=None,
+        seed: int = 0,
+        pick_factory=None,
+        default_agent: str = "tool_agent",
+        synced: bool = False,
+        turns: TurnBackend | None = None,
+        interactions: dict | None = None,
+        images: ImageTurns | None = None,
+        compute_device=None,
+    ):
         settings = section(MULTI_TURN, settings)
         self.compute_device = compute_device  # the hf engine's (None: decode.forward_device's own choice)
         self.module, self.tokenizer, self.tools, self.settings = module, tokenizer, tools, settings
@@ -341,8 +387,11 @@ class AgentLoop:
         self.eos_ids, self.pad_id, self.suppress_ids, self.seed = eos_ids, pad_id, suppress_ids, seed
         # images in the conversation (a vision-language model on the hf engine; None: text only)
         self.images = images
-        self.renderer = ToolTurnRenderer(tokenizer, settings.tokenization_sanity_check_mode,
-                                         template=images.processor if images is not None else None)
+        self.renderer = ToolTurnRenderer(
+            tokenizer,
+            settings.tokenization_sanity_check_mode,
+            template=images.processor if images is not None else None,
+        )
         self.turns = turns if turns is not None else HFTurns(self)
         self.health = ToolHealth()
         # the custom agent loops of rollout.agent.agent_loop_config_path (custom_loops.CustomLoopRunner), or None
@@ -366,8 +415,15 @@ class AgentLoop:
         built_in = [i for i in range(len(prompts)) if i not in set(custom)]
         ours = self._run_turns(prompts.select(built_in), params, record_log_probs)
         try:
-            theirs = self.custom.rows(prompts.select(custom), [names[i] for i in custom], params, self.turns,
-                                      self.pad_id, self.eos_ids[0], record_log_probs)
+            theirs = self.custom.rows(
+                prompts.select(custom),
+                [names[i] for i in custom],
+                params,
+                self.turns,
+                self.pad_id,
+                self.eos_ids[0],
+                record_log_probs,
+            )
         except Exception as err:
             self.turns.fail(err)  # the ranks kept in step raise too, instead of waiting for this one
             raise
@@ -378,8 +434,10 @@ class AgentLoop:
         mm_data = prompts.get("multi_modal_data") or [None] * len(prompts)
         mm_inputs = prompts.get("multi_modal_inputs") or [None] * len(prompts)
         if self.images is None and any(mm_data):
-            raise UserError("multi-turn rollout with images runs on the hf engine with a vision-language model: set "
-                            "actor_rollout_ref.rollout.name=hf (vLLM's multi-turn rollout takes text prompts only)")
+            raise UserError(
+                "multi-turn rollout with images runs on the hf engine with a vision-language model: set "
+                "actor_rollout_ref.rollout.name=hf (vLLM's multi-turn rollout takes text prompts only)"
+            )
         uids = prompts.get("uid") or [str(i) for i in range(len(prompts))]
         extra = prompts.get("extra_info") or [{} for _ in range(len(prompts))]
         agents = prompts.get("agent_name") or [None] * len(prompts)
@@ -389,9 +447,16 @@ class AgentLoop:
             ids = [int(t) for t in (raw.tolist() if hasattr(raw, "tolist") else raw)]
             kwargs = (extra[i] or {}).get("tools_kwargs") or {}
             for j in range(params.n):
-                trajs.append(Trajectory(ids, f"{uids[i]}#{j}", kwargs if isinstance(kwargs, dict) else {},
-                                        single_turn=single[i], images=list((mm_data[i] or {}).get("image") or []),
-                                        mm_inputs=dict(mm_inputs[i] or {})))
+                trajs.append(
+                    Trajectory(
+                        ids,
+                        f"{uids[i]}#{j}",
+                        kwargs if isinstance(kwargs, dict) else {},
+                        single_turn=single[i],
+                        images=list((mm_data[i] or {}).get("image") or []),
+                        mm_inputs=dict(mm_inputs[i] or {}),
+                    )
+                )
         budget = params.max_new_tokens
         # a tensor-parallel engine's ranks but the first neither start, run nor finalize tools and
         # interactions: they take the first rank's trajectories at every sync (vllm_turns, rank_sync)
@@ -410,8 +475,9 @@ class AgentLoop:
                 asyncio.run(interaction_turns.finalize(trajs))
         return self._rows(prompts, trajs, params.n, budget, record_log_probs)
 
-    def _rounds(self, trajs: list[Trajectory], params: SamplingParams, budget: int, record_log_probs: bool,
-                owner: bool) -> None:
+    def _rounds(
+        self, trajs: list[Trajectory], params: SamplingParams, budget: int, record_log_probs: bool, owner: bool
+    ) -> None:
         """Generate, run the tools, let the interactions answer; again, until no trajectory is left."""
         while True:
             self.turns.sync(trajs)
@@ -428,8 +494,9 @@ class AgentLoop:
             if any(t.interaction is not None and t.interaction.waiting for t in active):
                 asyncio.run(interaction_turns.respond(active, self.renderer, self.tokenizer, budget))
 
-    def _take_turns(self, active: list[Trajectory], sampled: list[tuple[list[int], list[float] | None]],
-                    budget: int) -> None:
+    def _take_turns(
+        self, active: list[Trajectory], sampled: list[tuple[list[int], list[float] | None]], budget: int
+    ) -> None:
         """Append each trajectory's new model turn (its tokens, up to and including the end-of-turn token
         when it wrote one) and decide whether it goes on to a tool turn."""
         for t, (new, lps) in zip(active, sampled):
@@ -446,9 +513,13 @@ class AgentLoop:
             s = self.settings
             # a turn cut at its interaction's max_tokens_per_turn (not at the budget) is read as it is
             cut = ended is None and len(new) == room and len(t.response) < budget and t.interaction is not None
-            if (len(t.response) >= budget or (ended is None and not cut) or t.single_turn
-                    or (s.max_assistant_turns and t.assistant_turns >= s.max_assistant_turns)
-                    or (s.max_user_turns and t.user_turns >= s.max_user_turns)):
+            if (
+                len(t.response) >= budget
+                or (ended is None and not cut)
+                or t.single_turn
+                or (s.max_assistant_turns and t.assistant_turns >= s.max_assistant_turns)
+                or (s.max_user_turns and t.user_turns >= s.max_user_turns)
+            ):
                 t.done = True
                 continue
             t.pending = parse_hermes(text)[: s.max_parallel_calls]
@@ -482,19 +553,34 @@ class AgentLoop:
                 turn_ids = self.renderer.ids(messages, t.ended_with)
             if len(t.response) + len(turn_ids) >= budget:
                 t.done = True
-                t.turns.append({"role": "tool", "text": "".join(texts), "tokens": 0, "trained": False,
-                                "calls": records, "dropped": "the response budget is used up"})
+                t.turns.append(
+                    {
+                        "role": "tool",
+                        "text": "".join(texts),
+                        "tokens": 0,
+                        "trained": False,
+                        "calls": records,
+                        "dropped": "the response budget is used up",
+                    }
+                )
                 continue
             t.response += turn_ids
             t.mask += [0] * len(turn_ids)
             t.log_probs += [0.0] * len(turn_ids)
             t.user_turns += 1
             t.images += images
-            t.mm_inputs = merge_multi_modal_inputs([t.mm_inputs, turn_mm])   # the trajectory's images, then the turn's
+            t.mm_inputs = merge_multi_modal_inputs([t.mm_inputs, turn_mm])  # the trajectory's images, then the turn's
             text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
-            t.turns.append({"role": "tool", "text": short_text(text, self.images.image_token) if images else text,
-                            "tokens": len(turn_ids), "trained": False, "calls": records,
-                            **({"images": len(images)} if images else {})})
+            t.turns.append(
+                {
+                    "role": "tool",
+                    "text": short_text(text, self.images.image_token) if images else text,
+                    "tokens": len(turn_ids),
+                    "trained": False,
+                    "calls": records,
+                    **({"images": len(images)} if images else {}),
+                }
+            )
 
     async def _call(self, t: Trajectory, call: ToolCall) -> tuple[str, float | None, dict, list]:
         """(text for the conversation, step reward or None, record, images for the conversation) of one
@@ -520,8 +606,9 @@ class AgentLoop:
             out = await run_method(tool.execute, instance_id, call.arguments)
             response, reward = (out[0], out[1]) if isinstance(out, tuple) else (out, 0.0)
             if isinstance(response, dict):  # verl's tools may reply {"text": ..., "image": [...]}
-                response = ToolResponse(text=response.get("text"), image=response.get("image"),
-                                        video=response.get("video"))
+                response = ToolResponse(
+                    text=response.get("text"), image=response.get("image"), video=response.get("video")
+                )
             if isinstance(response, ToolResponse) or hasattr(response, "text"):
                 if getattr(response, "video", None):
                     raise ValueError("tools returning videos are not built; return images (ToolResponse(image=[...]))")
@@ -555,8 +642,10 @@ class AgentLoop:
         if not images:
             return []
         if self.images is None:
-            raise ValueError("this rollout takes no images (a text model, or the vllm engine): image tools need a "
-                             "vision-language model with actor_rollout_ref.rollout.name=hf")
+            raise ValueError(
+                "this rollout takes no images (a text model, or the vllm engine): image tools need a "
+                "vision-language model with actor_rollout_ref.rollout.name=hf"
+            )
         images = images if isinstance(images, (list, tuple)) else [images]
         if not all(hasattr(im, "size") and hasattr(im, "convert") for im in images):
             raise ValueError("a tool's image must be a PIL image")
@@ -601,8 +690,11 @@ def merge_parts(ours: Batch, our_prompts: list[int], theirs: Batch, their_prompt
         for key in a.lists:
             if key not in b.lists:
                 b.set(key, [None] * len(b))
-    merged = Batch.concat([part for part in (ours, theirs) if len(part)]) if len(ours) and len(theirs) else (
-        ours if len(ours) else theirs)
+    merged = (
+        Batch.concat([part for part in (ours, theirs) if len(part)])
+        if len(ours) and len(theirs)
+        else (ours if len(ours) else theirs)
+    )
     order = [p * n + j for p in [*our_prompts, *their_prompts] for j in range(n)]
     position = {row: k for k, row in enumerate(order)}
     return merged.select([position[row] for row in range(len(order))])
@@ -613,8 +705,16 @@ def custom_call(prompt_ids: list[int], uid: str, limit: int) -> Trajectory:
     return Trajectory(prompt_ids, uid, {}, turn_limit=limit)
 
 
-def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None = None, processor=None,
-                     min_pixels: int | None = None, max_pixels: int | None = None, custom=None) -> AgentLoop:
+def build_agent_loop(
+    engine,
+    mt,
+    default_agent: str,
+    turns: TurnBackend | None = None,
+    processor=None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    custom=None,
+) -> AgentLoop:
     """The agent loop of a rollout engine over the typed `rollout.multi_turn` section `mt`, its tools built
     from `mt.tool_config_path` and `mt.function_tool_path` and its interactions from `mt.interaction_config_path` (neither: the loop
     stops after the first turn); `default_agent`: `rollout.agent.default_agent_loop`; `turns`: the engine's
@@ -625,15 +725,27 @@ def build_agent_loop(engine, mt, default_agent: str, turns: TurnBackend | None =
     from verl_npu.tools.interactions.loading import load_interactions
     from verl_npu.tools.loading import load_tools
 
-    tools = load_tools(mt.tool_config_path, mt.function_tool_path) if (mt.tool_config_path or
-                                                                       mt.function_tool_path) else {}
+    tools = (
+        load_tools(mt.tool_config_path, mt.function_tool_path) if (mt.tool_config_path or mt.function_tool_path) else {}
+    )
     interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
-    loop = AgentLoop(getattr(engine, "module", None), engine.tokenizer, tools, mt,
-                     eos_ids=engine.eos_ids, pad_id=engine.pad_id, suppress_ids=getattr(engine, "suppress_ids", None),
-                     seed=engine.seed, default_agent=default_agent, synced=getattr(engine, "synced", False),
-                     turns=turns, interactions=interactions, compute_device=getattr(engine, "compute_device", None),
-                     images=ImageTurns(processor, min_pixels, max_pixels) if processor is not None else None)
-    if custom is not None:   # rollout.agent.agent_loop_config_path's loops (custom_loops)
+    loop = AgentLoop(
+        getattr(engine, "module", None),
+        engine.tokenizer,
+        tools,
+        mt,
+        eos_ids=engine.eos_ids,
+        pad_id=engine.pad_id,
+        suppress_ids=getattr(engine, "suppress_ids", None),
+        seed=engine.seed,
+        default_agent=default_agent,
+        synced=getattr(engine, "synced", False),
+        turns=turns,
+        interactions=interactions,
+        compute_device=getattr(engine, "compute_device", None),
+        images=ImageTurns(processor, min_pixels, max_pixels) if processor is not None else None,
+    )
+    if custom is not None:  # rollout.agent.agent_loop_config_path's loops (custom_loops)
         from verl_npu.rollout.custom_loops import CustomLoopRunner, load_agent_loops
 
         config, path = custom

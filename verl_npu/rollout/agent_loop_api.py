@@ -81,15 +81,37 @@ class AgentLoopOutput:
     computed one (it then replaces the reward function's); num_turns: user + assistant + tool turns;
     metrics: `AgentLoopMetrics` or a dict of its fields; extra_fields: any further per-trajectory values."""
 
-    FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "routed_experts",
-              "multi_modal_data", "reward_score", "num_turns", "metrics", "extra_fields", "mm_processor_kwargs",
-              "mm_processor_output")
+    FIELDS = (
+        "prompt_ids",
+        "response_ids",
+        "response_mask",
+        "response_logprobs",
+        "routed_experts",
+        "multi_modal_data",
+        "reward_score",
+        "num_turns",
+        "metrics",
+        "extra_fields",
+        "mm_processor_kwargs",
+        "mm_processor_output",
+    )
 
-    def __init__(self, *, prompt_ids: list[int], response_ids: list[int], response_mask: list[int],
-                 metrics: AgentLoopMetrics | dict, response_logprobs: list[float] | None = None,
-                 routed_experts: Any = None, multi_modal_data: dict[str, Any] | None = None,
-                 reward_score: float | None = None, num_turns: int = 0, extra_fields: dict[str, Any] | None = None,
-                 mm_processor_kwargs: dict[str, Any] | None = None, mm_processor_output: list | None = None):
+    def __init__(
+        self,
+        *,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        response_mask: list[int],
+        metrics: AgentLoopMetrics | dict,
+        response_logprobs: list[float] | None = None,
+        routed_experts: Any = None,
+        multi_modal_data: dict[str, Any] | None = None,
+        reward_score: float | None = None,
+        num_turns: int = 0,
+        extra_fields: dict[str, Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        mm_processor_output: list | None = None,
+    ):
         self.prompt_ids, self.response_ids, self.response_mask = prompt_ids, response_ids, response_mask
         self.response_logprobs, self.routed_experts = response_logprobs, routed_experts
         self.multi_modal_data, self.reward_score, self.num_turns = multi_modal_data, reward_score, num_turns
@@ -139,9 +161,17 @@ class AgentLoopBase(ABC):
     `tokenizer`, `processor` (None for text models), `data_config` (`config.data`), `dataset_cls` (None),
     `apply_chat_template_kwargs` (data.apply_chat_template_kwargs)."""
 
-    def __init__(self, trainer_config: DictConfigWrap, server_manager: Any, tokenizer: Any, processor: Any,
-                 dataset_cls: Any = None, data_config: DictConfigWrap | None = None, hf_model_type: str | None = None,
-                 **kwargs):
+    def __init__(
+        self,
+        trainer_config: DictConfigWrap,
+        server_manager: Any,
+        tokenizer: Any,
+        processor: Any,
+        dataset_cls: Any = None,
+        data_config: DictConfigWrap | None = None,
+        hf_model_type: str | None = None,
+        **kwargs,
+    ):
         self.config = trainer_config.config
         self.rollout_config = self.config.actor_rollout_ref.rollout
         self.server_manager = server_manager
@@ -174,27 +204,43 @@ class AgentLoopBase(ABC):
 
     @staticmethod
     def build_sglang_video_payload(videos, mm_inputs: dict[str, Any]) -> list | None:
-        return None   # no videos here (and no SGLang)
+        return None  # no videos here (and no SGLang)
 
     # ---- tokens ----------------------------------------------------------------------------------
     def _render_ids(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=generation_prompt,
-                                                 tokenize=True, **self.apply_chat_template_kwargs)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):   # newer transformers may return a BatchEncoding
+        ids = self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=tools,
+            add_generation_prompt=generation_prompt,
+            tokenize=True,
+            **self.apply_chat_template_kwargs,
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # newer transformers may return a BatchEncoding
             ids = ids["input_ids"]
         return [int(t) for t in ids]
 
-    async def ct_build_initial_tokens(self, messages: list[dict], tools: list[dict] | None = None,
-                                      images: list | None = None, videos: list | None = None,
-                                      audios: list | None = None, mm_inputs_out: dict | None = None) -> list[int]:
+    async def ct_build_initial_tokens(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        images: list | None = None,
+        videos: list | None = None,
+        audios: list | None = None,
+        mm_inputs_out: dict | None = None,
+    ) -> list[int]:
         """The prompt's token ids: `messages` rendered by the chat template with the generation prompt (and
         `tools`' schemas), the start cut off beyond `rollout.prompt_length`."""
         self._assert_mm_supported(bool(images or videos or audios))
         return self._cap_text_prompt_length(self._render_ids(messages, tools, True))
 
-    async def ct_merge_assistant_token(self, runtime_token_ids: list[int], assistant_token_ids: list[int],
-                                       response_mask: list[int], response_logprobs: list[float] | None = None,
-                                       assistant_logprobs: list[float] | None = None):
+    async def ct_merge_assistant_token(
+        self,
+        runtime_token_ids: list[int],
+        assistant_token_ids: list[int],
+        response_mask: list[int],
+        response_logprobs: list[float] | None = None,
+        assistant_logprobs: list[float] | None = None,
+    ):
         """(the context with the model's tokens appended, the mask with 1 per new token, the log-probs with
         theirs appended, or None when `response_logprobs` is None)."""
         new = [int(t) for t in assistant_token_ids]
@@ -203,21 +249,39 @@ class AgentLoopBase(ABC):
             logprobs = list(response_logprobs) + (list(assistant_logprobs) if assistant_logprobs else [0.0] * len(new))
         return MergeResult(list(runtime_token_ids) + new), list(response_mask) + [1] * len(new), logprobs
 
-    async def ct_merge_context_msg(self, previous_messages: list[dict], updated_messages: list[dict],
-                                   runtime_token_ids: list[int], response_mask: list[int],
-                                   response_logprobs: list[float] | None = None, tools: list[dict] | None = None):
+    async def ct_merge_context_msg(
+        self,
+        previous_messages: list[dict],
+        updated_messages: list[dict],
+        runtime_token_ids: list[int],
+        response_mask: list[int],
+        response_logprobs: list[float] | None = None,
+        tools: list[dict] | None = None,
+    ):
         """(the context with the messages appended after `previous_messages` rendered as the chat template
         writes them, up to the next generation prompt; mask 0 and log-prob 0 per new token). The new tokens
         are those the template adds for `updated_messages` beyond `previous_messages` (without a generation
         prompt), as token ids of the rendered text's difference."""
-        before = self.tokenizer.apply_chat_template(list(previous_messages), tools=tools, tokenize=False,
-                                                    add_generation_prompt=False, **self.apply_chat_template_kwargs)
-        after = self.tokenizer.apply_chat_template(list(updated_messages), tools=tools, tokenize=False,
-                                                   add_generation_prompt=True, **self.apply_chat_template_kwargs)
+        before = self.tokenizer.apply_chat_template(
+            list(previous_messages),
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=False,
+            **self.apply_chat_template_kwargs,
+        )
+        after = self.tokenizer.apply_chat_template(
+            list(updated_messages),
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=True,
+            **self.apply_chat_template_kwargs,
+        )
         if not after.startswith(before):
-            raise ValueError("the chat template renders the earlier messages differently once messages are "
-                             "appended; append the new turn's tokens yourself")
-        new = self.tokenizer(after[len(before):], add_special_tokens=False)["input_ids"]
+            raise ValueError(
+                "the chat template renders the earlier messages differently once messages are "
+                "appended; append the new turn's tokens yourself"
+            )
+        new = self.tokenizer(after[len(before) :], add_special_tokens=False)["input_ids"]
         logprobs = None if response_logprobs is None else list(response_logprobs) + [0.0] * len(new)
         return MergeResult(list(runtime_token_ids) + list(new)), list(response_mask) + [0] * len(new), logprobs
 

@@ -44,9 +44,15 @@ class SamplingParams:
     @classmethod
     def _of(cls, sampling, rollout_cfg) -> SamplingParams:
         """n / temperature / top_k / top_p / do_sample from `sampling`, the length and EOS rule from `rollout_cfg`."""
-        return cls(n=int(sampling.n), temperature=float(sampling.temperature), top_k=int(sampling.top_k),
-                   top_p=float(sampling.top_p), do_sample=bool(sampling.do_sample),
-                   max_new_tokens=int(rollout_cfg.response_length), ignore_eos=bool(rollout_cfg.ignore_eos))
+        return cls(
+            n=int(sampling.n),
+            temperature=float(sampling.temperature),
+            top_k=int(sampling.top_k),
+            top_p=float(sampling.top_p),
+            do_sample=bool(sampling.do_sample),
+            max_new_tokens=int(rollout_cfg.response_length),
+            ignore_eos=bool(rollout_cfg.ignore_eos),
+        )
 
 
 class RolloutEngine(ABC):
@@ -54,8 +60,18 @@ class RolloutEngine(ABC):
 
     @classmethod
     @abstractmethod
-    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
-                    weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> RolloutEngine:
+    def from_config(
+        cls,
+        module,
+        tokenizer,
+        processor,
+        cfg,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        device=None,
+        weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+    ) -> RolloutEngine:
         """The engine for this rank: `module` is the actor (FSDP2-sharded with several workers),
         `cfg` the typed backend_config section (`verl_npu.config.typed`; a dict or OmegaConf node is
         read as that section, its missing keys at the schema's defaults); `rank` / `world_size` place
@@ -94,8 +110,14 @@ def stop_and_pad_ids(module, tokenizer) -> tuple[list[int], int]:
     return eos_ids, int(pad_id)
 
 
-def finish_rollout(prompts: Batch, responses: torch.Tensor, eos_ids: list[int], pad_id: int, n: int,
-                   lengths: torch.Tensor | None = None) -> Batch:
+def finish_rollout(
+    prompts: Batch,
+    responses: torch.Tensor,
+    eos_ids: list[int],
+    pad_id: int,
+    n: int,
+    lengths: torch.Tensor | None = None,
+) -> Batch:
     """Shared tail of every engine: pad responses, build masks (here, once) and the full sequences.
     `lengths` [B*n]: how many tokens each response really has, for an engine whose ids may stop
     without an EOS and leave padding that reads like tokens (vLLM's stop rules): the columns past a
@@ -113,8 +135,9 @@ def finish_rollout(prompts: Batch, responses: torch.Tensor, eos_ids: list[int], 
     return attach_responses(rows, responses, response_mask)
 
 
-def attach_responses(rows: Batch, responses: torch.Tensor, response_mask: torch.Tensor,
-                     attention_tail: torch.Tensor | None = None) -> Batch:
+def attach_responses(
+    rows: Batch, responses: torch.Tensor, response_mask: torch.Tensor, attention_tail: torch.Tensor | None = None
+) -> Batch:
     """Set the columns every engine returns on ``rows`` (prompt rows, left-padded): ``prompts`` (the
     prompt ids), ``responses``, ``response_mask`` (1 on the tokens the policy is trained on),
     ``input_ids`` (prompt then response) and ``attention_mask`` (the prompt's, then ``attention_tail``:

@@ -89,17 +89,23 @@ def loop_class(entry: LoopEntry, folder: Path) -> type:
             else:
                 module = importlib.import_module(where)
     except BaseException as err:  # noqa: BLE001 - the user's module may raise anything at import (SystemExit too)
-        raise UserError(f"{entry.where}._target_: importing {where!r} failed: {type(err).__name__}: {err}. Fix the "
-                        f"module (verl's agent loop interface is there as verl.experimental.agent_loop; nothing "
-                        f"else of verl is), or the _target_ in {KEY}") from None
+        raise UserError(
+            f"{entry.where}._target_: importing {where!r} failed: {type(err).__name__}: {err}. Fix the "
+            f"module (verl's agent loop interface is there as verl.experimental.agent_loop; nothing "
+            f"else of verl is), or the _target_ in {KEY}"
+        ) from None
     found = class_of(module, where, cls, f"{entry.where}._target_")
     if not issubclass(found, AgentLoopBase):
-        raise UserError(f"{entry.where}._target_: {entry.target!r} is not an agent loop: it must subclass "
-                        "AgentLoopBase (from verl.experimental.agent_loop import AgentLoopBase, or from "
-                        "verl_npu.rollout.agent_loop_api)")
+        raise UserError(
+            f"{entry.where}._target_: {entry.target!r} is not an agent loop: it must subclass "
+            "AgentLoopBase (from verl.experimental.agent_loop import AgentLoopBase, or from "
+            "verl_npu.rollout.agent_loop_api)"
+        )
     if not asyncio.iscoroutinefunction(getattr(found, "run", None)) or getattr(found.run, "__isabstractmethod__", 0):
-        raise UserError(f"{entry.where}._target_: {entry.target!r} has no `async def run(self, sampling_params, "
-                        "**kwargs)` returning an AgentLoopOutput; define it")
+        raise UserError(
+            f"{entry.where}._target_: {entry.target!r} has no `async def run(self, sampling_params, "
+            "**kwargs)` returning an AgentLoopOutput; define it"
+        )
     return found
 
 
@@ -117,7 +123,7 @@ def load_agent_loops(path: str | os.PathLike) -> dict[str, tuple[type, dict]]:
 # ---- running a batch -------------------------------------------------------------------------------
 @dataclass
 class Request:
-    traj: Any                  # the agent_loop.Trajectory the TurnBackend samples (prompt = the request's ids)
+    traj: Any  # the agent_loop.Trajectory the TurnBackend samples (prompt = the request's ids)
     future: asyncio.Future
 
 
@@ -137,15 +143,25 @@ class TrajectoryServer:
     def __init__(self, shared: BatchedServer, uid: str, handed: dict):
         self.shared, self.uid, self.handed, self.calls = shared, uid, handed, 0
 
-    async def generate(self, request_id: Any = None, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       image_data: Any = None, video_data: Any = None, audio_data: Any = None,
-                       **kwargs: Any) -> TokenOutput:
+    async def generate(
+        self,
+        request_id: Any = None,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        audio_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
         if image_data or video_data or audio_data:
             raise ValueError("pictures, videos and audio in a custom agent loop are not built in verl-npu")
         changed = [k for k in FIXED_SAMPLING if k in sampling_params and sampling_params[k] != self.handed.get(k)]
         if changed:
-            raise ValueError(f"generate: sampling_params {changed} differ from the ones run() was given; verl-npu "
-                             "samples a batch with the rollout's settings (change rollout.temperature / top_p / top_k)")
+            raise ValueError(
+                f"generate: sampling_params {changed} differ from the ones run() was given; verl-npu "
+                "samples a batch with the rollout's settings (change rollout.temperature / top_p / top_k)"
+            )
         limit = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
         limit = self.shared.budget if limit is None else max(0, min(int(limit), self.shared.budget))
         ids = [int(t) for t in prompt_ids]
@@ -178,8 +194,15 @@ class CustomLoopRunner:
     """Runs the rows of a batch whose agent is a custom loop (module docstring). `loops`: load_agent_loops's;
     `config`: the typed backend config handed to the loops; `new_trajectory`: `BatchedServer`'s."""
 
-    def __init__(self, loops: dict[str, tuple[type, dict]], config: Any, tokenizer: Any, eos_ids: list[int],
-                 new_trajectory, processor: Any = None):
+    def __init__(
+        self,
+        loops: dict[str, tuple[type, dict]],
+        config: Any,
+        tokenizer: Any,
+        eos_ids: list[int],
+        new_trajectory,
+        processor: Any = None,
+    ):
         self.loops, self.config, self.tokenizer, self.processor = loops, config, tokenizer, processor
         self.new_trajectory = new_trajectory
         self.eos_ids = set(eos_ids)
@@ -187,11 +210,15 @@ class CustomLoopRunner:
     def handed_sampling(self, params) -> dict[str, Any]:
         """The `sampling_params` run() gets: verl's keys from the rollout's sampling settings."""
         greedy = params.greedy
-        return {"temperature": 0.0 if greedy else params.temperature, "top_p": 1.0 if greedy else params.top_p,
-                "top_k": -1 if greedy else params.top_k, "repetition_penalty": 1.0, "logprobs": True}
+        return {
+            "temperature": 0.0 if greedy else params.temperature,
+            "top_p": 1.0 if greedy else params.top_p,
+            "top_k": -1 if greedy else params.top_k,
+            "repetition_penalty": 1.0,
+            "logprobs": True,
+        }
 
-    def rows(self, prompts: Batch, names: list[str], params, turns, pad_id: int, eos_id: int,
-             record: bool) -> Batch:
+    def rows(self, prompts: Batch, names: list[str], params, turns, pad_id: int, eos_id: int, record: bool) -> Batch:
         """The B * n training rows of the B prompt rows `prompts`, whose agents are `names` (custom loops)."""
         rows = prompts.repeat_interleave(params.n)
         fields = [k for k in prompts.lists if k not in ("multi_modal_inputs", "multi_modal_data", "uid")]
@@ -230,15 +257,26 @@ class CustomLoopRunner:
                 break
             for request, (ids, lps) in zip(requests, sampled):
                 ended = bool(ids) and ids[-1] in self.eos_ids
-                request.future.set_result(TokenOutput(token_ids=list(ids), log_probs=list(lps or [0.0] * len(ids)),
-                                                      stop_reason="completed" if ended else "length"))
+                request.future.set_result(
+                    TokenOutput(
+                        token_ids=list(ids),
+                        log_probs=list(lps or [0.0] * len(ids)),
+                        stop_reason="completed" if ended else "length",
+                    )
+                )
         await asyncio.gather(*tasks)
 
     async def _one(self, job: Job, shared: BatchedServer, handed: dict) -> None:
         try:
-            loop = job.cls(trainer_config=DictConfigWrap(self.config), server_manager=TrajectoryServer(
-                shared, job.uid, handed), tokenizer=self.tokenizer, processor=self.processor, dataset_cls=None,
-                data_config=DictConfigWrap(self.config.data), **job.kwargs)
+            loop = job.cls(
+                trainer_config=DictConfigWrap(self.config),
+                server_manager=TrajectoryServer(shared, job.uid, handed),
+                tokenizer=self.tokenizer,
+                processor=self.processor,
+                dataset_cls=None,
+                data_config=DictConfigWrap(self.config.data),
+                **job.kwargs,
+            )
             output = await loop.run(dict(handed), **job.row)
             job.output = checked_output(output)
         except Exception as err:  # a failing loop is this trajectory's error, never the run's end
@@ -259,8 +297,9 @@ def checked_output(output: Any) -> AgentLoopOutput:
     if any(m not in (0, 1) for m in output.response_mask):
         raise ValueError("AgentLoopOutput.response_mask must hold 0 (added by the loop) or 1 (the model's) only")
     if output.response_logprobs is not None and len(output.response_logprobs) != n:
-        raise ValueError(f"AgentLoopOutput.response_logprobs has {len(output.response_logprobs)} entries for {n} "
-                         "response ids")
+        raise ValueError(
+            f"AgentLoopOutput.response_logprobs has {len(output.response_logprobs)} entries for {n} response ids"
+        )
     if output.multi_modal_data:
         raise ValueError("AgentLoopOutput.multi_modal_data: pictures in custom agent loops are not built in verl-npu")
     return output
@@ -271,11 +310,13 @@ def job_rows(prompts: Batch, jobs: list[Job], width: int, pad_id: int, eos_id: i
     dataset's, already repeated per sample)."""
     rows = prompts.select(list(range(len(prompts))))
     prompt_width = rows["input_ids"].shape[1]
-    for job in jobs:   # a prompt longer than the batch's prompt width cannot be a training row
+    for job in jobs:  # a prompt longer than the batch's prompt width cannot be a training row
         out = job.output
         if out is not None and len(out.prompt_ids) > prompt_width:
-            job.error = (f"agent loop {job.name!r}: its prompt_ids have {len(out.prompt_ids)} tokens, more than "
-                         f"data.max_prompt_length ({prompt_width}); shorten the prompt the loop builds")
+            job.error = (
+                f"agent loop {job.name!r}: its prompt_ids have {len(out.prompt_ids)} tokens, more than "
+                f"data.max_prompt_length ({prompt_width}); shorten the prompt the loop builds"
+            )
             job.output = None
     prompt_ids = torch.full((len(jobs), prompt_width), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((len(jobs), prompt_width), dtype=torch.long)
@@ -286,7 +327,7 @@ def job_rows(prompts: Batch, jobs: list[Job], width: int, pad_id: int, eos_id: i
     turns, scores, extras, num_turns = [], [], [], []
     for r, job in enumerate(jobs):
         out = job.output
-        if out is None:   # an error trajectory: its prompt, one end-of-turn token, nothing trained
+        if out is None:  # an error trajectory: its prompt, one end-of-turn token, nothing trained
             keep = rows["attention_mask"][r].bool()
             prompt = rows["input_ids"][r][keep].tolist()
             response, rmask, lps = [eos_id], [0], [0.0]
@@ -297,13 +338,22 @@ def job_rows(prompts: Batch, jobs: list[Job], width: int, pad_id: int, eos_id: i
         else:
             prompt, response, rmask = list(out.prompt_ids), list(out.response_ids), list(out.response_mask)
             lps = list(out.response_logprobs) if out.response_logprobs is not None else [0.0] * len(response)
-            turns.append([{"role": "custom", "agent": job.name, "tokens": len(response), "trained": True,
-                           "model_tokens": sum(rmask[:width])}])
+            turns.append(
+                [
+                    {
+                        "role": "custom",
+                        "agent": job.name,
+                        "tokens": len(response),
+                        "trained": True,
+                        "model_tokens": sum(rmask[:width]),
+                    }
+                ]
+            )
             scores.append(None if out.reward_score is None else float(out.reward_score))
             extras.append(dict(out.extra_fields))
             num_turns.append(int(out.num_turns))
-        prompt_ids[r, prompt_width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        prompt_mask[r, prompt_width - len(prompt):] = 1
+        prompt_ids[r, prompt_width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        prompt_mask[r, prompt_width - len(prompt) :] = 1
         k = min(len(response), width)
         responses[r, :k] = torch.tensor(response[:k], dtype=torch.long)
         mask[r, :k] = torch.tensor(rmask[:k], dtype=torch.long)
@@ -327,13 +377,12 @@ def job_rows(prompts: Batch, jobs: list[Job], width: int, pad_id: int, eos_id: i
     return rows
 
 
-
 def class_problems(path: str) -> list[list[str]]:
     """[key, what is wrong, fix] for each entry of the agent loop config at `path` whose class cannot be
     imported or is not an agent loop (`loop_class`); nothing is constructed."""
     entries, shape = read_agent_loop_config(path)
     if shape:
-        return []   # the config's own checks name them
+        return []  # the config's own checks name them
     folder = Path(os.path.expanduser(str(path))).resolve().parent
     out = []
     for entry in entries:
@@ -342,8 +391,13 @@ def class_problems(path: str) -> list[list[str]]:
         except UserError as err:
             out.append([KEY, str(err), f"fix the class or the _target_ in {path}"])
         except BaseException as err:  # noqa: BLE001 - a user module may raise anything
-            out.append([KEY, f"{entry.where}._target_: checking {entry.target!r} failed: {type(err).__name__}: {err}",
-                        "fix the module the class lives in"])
+            out.append(
+                [
+                    KEY,
+                    f"{entry.where}._target_: checking {entry.target!r} failed: {type(err).__name__}: {err}",
+                    "fix the module the class lives in",
+                ]
+            )
     return out
 
 

@@ -230,8 +230,9 @@ def decode(
         mm_inputs["mm_token_type_ids"] = mm_token_type_ids(input_ids, VisionTokens.of(module))
     positions = prompt_positions(module, input_ids, attention_mask, mm_inputs)
     extra = {"logits_to_keep": 1} if _takes_logits_to_keep(module) else {}
-    out = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                 **mm_inputs, **extra)
+    out = module(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True, **mm_inputs, **extra
+    )
     cache_name = _cache_name(module)
     cache = out.cache if cache_name == "cache" else out.past_key_values
     logits = out.logits[:, -1]
@@ -275,6 +276,11 @@ def decode(
         if step is not None:
             logits = step(token, t)
             continue
-        logits = module(input_ids=token.unsqueeze(-1), attention_mask=step_mask(width + t + 1),
-                        position_ids=new_positions[..., t : t + 1], use_cache=True, **{cache_name: cache}).logits[:, -1]
+        logits = module(
+            input_ids=token.unsqueeze(-1),
+            attention_mask=step_mask(width + t + 1),
+            position_ids=new_positions[..., t : t + 1],
+            use_cache=True,
+            **{cache_name: cache},
+        ).logits[:, -1]
     return tokens[:, :0]

@@ -49,8 +49,9 @@ _OWN_LAYERS = {
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+    )
 
 
 def _global_hooks() -> bool:
@@ -65,7 +66,9 @@ def _own_layer_parts(layer) -> bool:
         return False
     attn, mlp = layer.self_attn, layer.mlp
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
-    if (type(attn).__name__, type(norms[0]).__name__, type(mlp).__name__) != names or type(norms[1]) is not type(norms[0]):
+    if (type(attn).__name__, type(norms[0]).__name__, type(mlp).__name__) != names or type(norms[1]) is not type(
+        norms[0]
+    ):
         return False
     linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
     if any(type(linear) is not torch.nn.Linear for linear in linears):
@@ -109,8 +112,10 @@ class _OwnLayer:
     def of(cls, layer, cache) -> _OwnLayer:
         attn, mlp = layer.self_attn, layer.mlp
         norms = [(n.weight, n.variance_epsilon) for n in (layer.input_layernorm, layer.post_attention_layernorm)]
-        linears = [(m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-                                                 mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+        linears = [
+            (m.weight, m.bias)
+            for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        ]
         return cls(attn, cache.layers[attn.layer_idx], *norms, *linears, attn.head_dim, attn.scaling)
 
 
@@ -118,8 +123,19 @@ class DecodeStep:
     """`step(token, t)`: the logits [rows, vocab] after new token t (`token` [rows]) was fed (see the module
     docstring). Built once per decode by `build`, after the prefill."""
 
-    def __init__(self, module, decoder, cache, cache_name: str, masks: Callable, width: int,
-                 text_positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, own_layers: bool):
+    def __init__(
+        self,
+        module,
+        decoder,
+        cache,
+        cache_name: str,
+        masks: Callable,
+        width: int,
+        text_positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        own_layers: bool,
+    ):
         self.module, self.decoder, self.cache, self.cache_name = module, decoder, cache, cache_name
         self.masks, self.width, self.text_positions = masks, width, text_positions
         self.cos, self.sin = cos, sin  # [rows, T, head_dim]
@@ -139,8 +155,16 @@ class DecodeStep:
             self.head = (module.lm_head.weight, module.lm_head.bias)
 
     @classmethod
-    def build(cls, module, cache, cache_name: str, full_mask: torch.Tensor, width: int,
-              new_positions: torch.Tensor, cache_in_place: bool) -> DecodeStep | None:
+    def build(
+        cls,
+        module,
+        cache,
+        cache_name: str,
+        full_mask: torch.Tensor,
+        width: int,
+        new_positions: torch.Tensor,
+        cache_in_place: bool,
+    ) -> DecodeStep | None:
         """The step for `module`, or None where the loop must call the model (see the module docstring).
         `cache`: the prefilled KV cache; `full_mask` [rows, all keys]: the 2-D attention mask of the whole
         decode; `width`: the prompt's width; `new_positions`: the position ids of the new tokens ([rows, T], or
@@ -151,13 +175,23 @@ class DecodeStep:
             return None
         decoder = module.get_decoder()
         config = decoder.config
-        if (config._attn_implementation != "sdpa"
-                or any(t != "full_attention" for t in getattr(config, "layer_types", None) or [])
-                or getattr(decoder.rotary_emb, "rope_type", None) != "default" or getattr(module, "use_kernels", False)
-                or getattr(cache, "offloading", False)):
+        if (
+            config._attn_implementation != "sdpa"
+            or any(t != "full_attention" for t in getattr(config, "layer_types", None) or [])
+            or getattr(decoder.rotary_emb, "rope_type", None) != "default"
+            or getattr(module, "use_kernels", False)
+            or getattr(cache, "offloading", False)
+        ):
             return None
-        skipped = (module, module.model, decoder, decoder.embed_tokens, decoder.norm, decoder.rotary_emb,
-                   module.lm_head)
+        skipped = (
+            module,
+            module.model,
+            decoder,
+            decoder.embed_tokens,
+            decoder.norm,
+            decoder.rotary_emb,
+            module.lm_head,
+        )
         if _global_hooks() or any(_has_hooks(m) for m in skipped):
             return None
         vision = kind.__name__ == "Qwen2_5_VLForConditionalGeneration"
@@ -173,9 +207,13 @@ class DecodeStep:
             additive = additive.masked_fill_(full_mask == 0, float("-inf"))[:, None, None, :]
             masks = lambda length: additive[..., :length]  # noqa: E731  4-D: the layers take it as is
         layers = decoder.layers[: config.num_hidden_layers]
-        own = (len(layers) > 0 and all(_own_layer_parts(layer) for layer in layers)
-               and type(decoder.norm).__name__ == _OWN_LAYERS[type(layers[0]).__name__][1]
-               and type(module.lm_head) is torch.nn.Linear and cache_in_place)
+        own = (
+            len(layers) > 0
+            and all(_own_layer_parts(layer) for layer in layers)
+            and type(decoder.norm).__name__ == _OWN_LAYERS[type(layers[0]).__name__][1]
+            and type(module.lm_head) is torch.nn.Linear
+            and cache_in_place
+        )
         return cls(module, decoder, cache, cache_name, masks, width, text_positions, cos, sin, own)
 
     def __call__(self, token: torch.Tensor, t: int) -> torch.Tensor:
@@ -189,16 +227,23 @@ class DecodeStep:
             rope = (self.cos[:, t : t + 1], self.sin[:, t : t + 1])
             positions, cache = self.text_positions[:, t : t + 1], {self.cache_name: self.cache}
             for layer in self.layers:
-                hidden = layer(hidden, attention_mask=mask, position_embeddings=rope, position_ids=positions,
-                               use_cache=True, **cache)
+                hidden = layer(
+                    hidden,
+                    attention_mask=mask,
+                    position_embeddings=rope,
+                    position_ids=positions,
+                    use_cache=True,
+                    **cache,
+                )
         if self.own_layers:  # the final norm is the layers' RMSNorm; lm_head a plain linear layer
             hidden = _rms_norm(*self.final_norm, hidden)
             return F.linear(hidden[:, -1:, :], *self.head)[:, -1]
         hidden = self.decoder.norm(hidden)
         return self.module.lm_head(hidden[:, -1:, :])[:, -1]
 
-    def _own_layer(self, layer: _OwnLayer, hidden: torch.Tensor, mask, cos: torch.Tensor,
-                   sin_signed: torch.Tensor) -> torch.Tensor:
+    def _own_layer(
+        self, layer: _OwnLayer, hidden: torch.Tensor, mask, cos: torch.Tensor, sin_signed: torch.Tensor
+    ) -> torch.Tensor:
         """One Qwen2 / Qwen2.5-VL decoder layer on [rows, 1, hidden], as its forward computes it."""
         rows = hidden.shape[0]
         heads_shape = (rows, 1, -1, layer.head_dim)
@@ -209,8 +254,9 @@ class DecodeStep:
         query = query * cos + query.index_select(-1, self.halves_swapped) * sin_signed
         key = key * cos + key.index_select(-1, self.halves_swapped) * sin_signed
         key, value = layer.cache_layer.update(key, value)
-        out, _ = self.attention(layer.attn, query, key, value, mask, dropout=0.0, scaling=layer.scaling,
-                                sliding_window=None)
+        out, _ = self.attention(
+            layer.attn, query, key, value, mask, dropout=0.0, scaling=layer.scaling, sliding_window=None
+        )
         hidden = hidden + F.linear(out.reshape(rows, 1, -1).contiguous(), *layer.o)
         x = _rms_norm(*layer.norm_post, hidden)
         return hidden + F.linear(F.silu(F.linear(x, *layer.gate)) * F.linear(x, *layer.up), *layer.down)

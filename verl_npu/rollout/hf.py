@@ -40,12 +40,25 @@ from verl_npu.rollout.decode import PerRowSampler, decode, forward_device, greed
 from verl_npu.rollout.requests import prompt_seed
 
 
-@ROLLOUT_ENGINES.register("hf", on_actor_module=True, tensor_parallel=False, images_in_multiturn=True,
-                          memory="actor_module",
-                          doc="transformers generate on the actor's own module (CPU, tests, one device)")
+@ROLLOUT_ENGINES.register(
+    "hf",
+    on_actor_module=True,
+    tensor_parallel=False,
+    images_in_multiturn=True,
+    memory="actor_module",
+    doc="transformers generate on the actor's own module (CPU, tests, one device)",
+)
 class HFRollout(RolloutEngine):
-    def __init__(self, module: torch.nn.Module, tokenizer, *, seed: int = 0, synced: bool = False,
-                 log_probs: bool = False, compute_device: torch.device | None = None):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        tokenizer,
+        *,
+        seed: int = 0,
+        synced: bool = False,
+        log_probs: bool = False,
+        compute_device: torch.device | None = None,
+    ):
         self.module = module
         self.compute_device = forward_device(module, compute_device)
         # rollout.calculate_log_probs: keep the sampled tokens' log-probs (`rollout_log_probs`)
@@ -59,24 +72,36 @@ class HFRollout(RolloutEngine):
         self.suppress_ids = vision_marker_ids(module.config)
 
     @classmethod
-    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
-                    weights=None) -> HFRollout:
+    def from_config(
+        cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None, weights=None
+    ) -> HFRollout:
         # every rank seeds from data.seed: a prompt's samples depend on its uid only (see above);
         # the engine samples from `module` itself, so it never reads `weights`
         cfg = section(ROOT, cfg)
         rollout = cfg.actor_rollout_ref.rollout
-        engine = cls(module, tokenizer, seed=cfg.data.seed, synced=world_size > 1,
-                     log_probs=rollout.calculate_log_probs,
-                     compute_device=device.worker_device() if device is not None else None)
+        engine = cls(
+            module,
+            tokenizer,
+            seed=cfg.data.seed,
+            synced=world_size > 1,
+            log_probs=rollout.calculate_log_probs,
+            compute_device=device.worker_device() if device is not None else None,
+        )
         mt = rollout.multi_turn
-        custom = rollout.agent.agent_loop_config_path   # custom agent loops (custom_loops.py)
+        custom = rollout.agent.agent_loop_config_path  # custom agent loops (custom_loops.py)
         if mt.enable or custom:  # multi-turn with tools: verl_npu/rollout/agent_loop.py
             from verl_npu.rollout.agent_loop import build_agent_loop
 
             vision = processor if getattr(processor, "image_processor", None) is not None else None
-            engine.agent_loop = build_agent_loop(engine, mt, rollout.agent.default_agent_loop, processor=vision,
-                                                 min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
-                                                 custom=(cfg, custom) if custom else None)
+            engine.agent_loop = build_agent_loop(
+                engine,
+                mt,
+                rollout.agent.default_agent_loop,
+                processor=vision,
+                min_pixels=cfg.data.min_pixels,
+                max_pixels=cfg.data.max_pixels,
+                custom=(cfg, custom) if custom else None,
+            )
         return engine
 
     @torch.no_grad()
@@ -108,11 +133,19 @@ class HFRollout(RolloutEngine):
         mm = prompts.get("multi_modal_inputs")
         try:
             out = decode(
-                module, input_ids.to(device), attention_mask.to(device), n=params.n,
-                max_new_tokens=params.max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id, pick=pick,
-                suppress_ids=self.suppress_ids, min_new_tokens=params.max_new_tokens if params.ignore_eos else 0,
+                module,
+                input_ids.to(device),
+                attention_mask.to(device),
+                n=params.n,
+                max_new_tokens=params.max_new_tokens,
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
+                pick=pick,
+                suppress_ids=self.suppress_ids,
+                min_new_tokens=params.max_new_tokens if params.ignore_eos else 0,
                 mm_inputs=merge_multi_modal_inputs(mm, device) if mm and any(mm) else None,
-                synced=self.synced, log_probs=log_probs,
+                synced=self.synced,
+                log_probs=log_probs,
             )
         finally:
             module.train(was_training)

@@ -41,8 +41,10 @@ class ImageTurns:
         ip = getattr(processor, "image_processor", None)
         self.image_token = getattr(processor, "image_token", None)
         if ip is None or self.image_token is None:
-            raise UserError(f"the processor {type(processor).__name__} has no image processor / image token, so "
-                            "images cannot join a multi-turn conversation; use a vision-language model (Qwen2.5-VL)")
+            raise UserError(
+                f"the processor {type(processor).__name__} has no image processor / image token, so "
+                "images cannot join a multi-turn conversation; use a vision-language model (Qwen2.5-VL)"
+            )
         self.processor = processor
         tok = getattr(processor, "tokenizer", processor)
         self.image_token_id = tok.convert_tokens_to_ids(self.image_token)
@@ -60,7 +62,9 @@ class ImageTurns:
         want = int(grid.prod(-1).sum()) // (merge * merge) if grid is not None else 0
         found = int((ids == self.image_token_id).sum())
         if found != want or grid is None or len(grid) != len(images):
-            raise UserError(f"a tool turn with {len(images)} image(s) rendered {found} image tokens where its images "
-                            f"need {want}: the chat template must write one image placeholder per image part of a "
-                            "tool message (actor_rollout_ref.model.custom_chat_template)")
+            raise UserError(
+                f"a tool turn with {len(images)} image(s) rendered {found} image tokens where its images "
+                f"need {want}: the chat template must write one image placeholder per image part of a "
+                "tool message (actor_rollout_ref.model.custom_chat_template)"
+            )
         return ids.tolist(), {k: v for k, v in out.items() if k not in SEQUENCE_KEYS}

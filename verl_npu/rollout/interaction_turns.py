@@ -39,7 +39,7 @@ class InteractionState:
     instance_id: str = ""
     prompt_messages: list = field(default_factory=list)
     started: bool = False
-    waiting: bool = False           # the last model turn is answered next
+    waiting: bool = False  # the last model turn is answered next
     scores: list = field(default_factory=list)
     last_metadata: dict = field(default_factory=dict)
 
@@ -71,11 +71,13 @@ def attach(trajs: list, prompts, n: int, interactions: dict, tokenizer, single_t
         kwargs = {k: v for k, v in kwargs.items() if v is not None}  # parquet structs fill absent fields with None
         name = kwargs.get("name")
         if name not in interactions:
-            raise UserError(f"{where[i]}: extra_info.interaction_kwargs.name is {name!r}, but the interactions of "
-                            f"actor_rollout_ref.rollout.multi_turn.interaction_config_path are "
-                            f"{', '.join(interactions)}; name one of them in the row")
+            raise UserError(
+                f"{where[i]}: extra_info.interaction_kwargs.name is {name!r}, but the interactions of "
+                f"actor_rollout_ref.rollout.multi_turn.interaction_config_path are "
+                f"{', '.join(interactions)}; name one of them in the row"
+            )
         messages = _prompt_messages(prompts, i, tokenizer)
-        for t in trajs[i * n:(i + 1) * n]:
+        for t in trajs[i * n : (i + 1) * n]:
             t.interaction = InteractionState(interactions[name], kwargs, prompt_messages=messages)
 
 
@@ -122,15 +124,23 @@ async def respond(trajs: list, renderer, tokenizer, budget: int) -> None:
         s = t.interaction
         s.waiting = False
         if not (isinstance(out, tuple) and len(out) == 4):
-            raise UserError(f"interaction {s.interaction.name!r}: generate_response must return (should_terminate, "
-                            f"response, score, metadata), not {type(out).__name__}")
+            raise UserError(
+                f"interaction {s.interaction.name!r}: generate_response must return (should_terminate, "
+                f"response, score, metadata), not {type(out).__name__}"
+            )
         terminate, text, score, metadata = out
         text = "" if text is None else str(text)
         if score is not None:
             s.scores.append(float(score))
         s.last_metadata = dict(metadata or {})
-        record = {"role": "user", "content": text, "trained": False, "interaction": s.interaction.name,
-                  "score": None if score is None else float(score), "metadata": s.last_metadata}
+        record = {
+            "role": "user",
+            "content": text,
+            "trained": False,
+            "interaction": s.interaction.name,
+            "score": None if score is None else float(score),
+            "metadata": s.last_metadata,
+        }
         turn_ids = renderer.ids([{"role": "user", "content": text}], t.ended_with)
         if len(t.response) + len(turn_ids) >= budget:
             t.done = True
@@ -140,8 +150,9 @@ async def respond(trajs: list, renderer, tokenizer, budget: int) -> None:
         t.mask += [0] * len(turn_ids)
         t.log_probs += [0.0] * len(turn_ids)
         t.user_turns += 1
-        t.turns.append({**record, "text": tokenizer.decode(turn_ids, skip_special_tokens=False),
-                        "tokens": len(turn_ids)})
+        t.turns.append(
+            {**record, "text": tokenizer.decode(turn_ids, skip_special_tokens=False), "tokens": len(turn_ids)}
+        )
         if terminate:
             t.done = True
 

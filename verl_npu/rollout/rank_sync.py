@@ -96,12 +96,17 @@ class RankGroupSync:
         if arrived and outcome and isinstance(outcome[0], ValueError):
             self._untimed(outcome[0])
         elif not arrived or outcome:
-            raise _from_peer(self._late(self._who(0) + " (it runs the round's tools and interactions)",
-                                        outcome[0] if outcome else None), 0) from None
+            raise _from_peer(
+                self._late(
+                    self._who(0) + " (it runs the round's tools and interactions)", outcome[0] if outcome else None
+                ),
+                0,
+            ) from None
 
     def _untimed(self, exc: BaseException) -> None:
-        log.warning("multi-turn rollout: %s cannot time its rounds (%s); %s is not applied", self.what, exc,
-                    TIMEOUT_KEY)
+        log.warning(
+            "multi-turn rollout: %s cannot time its rounds (%s); %s is not applied", self.what, exc, TIMEOUT_KEY
+        )
         self.timeout_s = None
 
     def _late(self, who: str, exc: BaseException | None) -> RuntimeError:
@@ -109,7 +114,8 @@ class RankGroupSync:
         return RuntimeError(
             f"multi-turn rollout: {who} did not reach the start of the agent loop's round within "
             f"{self.timeout_s:g} s: it died, or hangs (a tool or an interaction that does not return). The run "
-            f"is stopped. If a round's tools legitimately take longer, raise {TIMEOUT_KEY}.{cause}")
+            f"is stopped. If a round's tools legitimately take longer, raise {TIMEOUT_KEY}.{cause}"
+        )
 
     def exchange(self, payload: Any = None, error: BaseException | None = None) -> Any:
         """Called by every rank of the group at the same point: the first rank's `payload` (on every rank).
@@ -149,8 +155,9 @@ class RankGroupSync:
         try:
             self.exchange(error=error)
         except Exception as exc:  # noqa: BLE001 - the original error is the one to raise
-            log.warning("multi-turn rollout: could not tell the other ranks of %s that this rank failed: %s",
-                        self.what, exc)
+            log.warning(
+                "multi-turn rollout: could not tell the other ranks of %s that this rank failed: %s", self.what, exc
+            )
 
 
 def trajectories_wire(trajectories: list) -> list[dict]:
@@ -168,8 +175,9 @@ def trajectories_wire(trajectories: list) -> list[dict]:
 def adopt_trajectories(trajectories: list, wire: list[dict]) -> None:
     """Take over the first rank's trajectories (`trajectories_wire`), in place."""
     if len(wire) != len(trajectories):  # the worker group gives a TP group's ranks the same prompts
-        raise RuntimeError(f"the ranks of one vLLM engine hold different batches ({len(wire)} vs "
-                           f"{len(trajectories)} trajectories)")
+        raise RuntimeError(
+            f"the ranks of one vLLM engine hold different batches ({len(wire)} vs {len(trajectories)} trajectories)"
+        )
     for mine, theirs in zip(trajectories, wire):
         state = theirs.pop("interaction", None)
         if (state is None) != (mine.interaction is None):

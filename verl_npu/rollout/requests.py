@@ -60,8 +60,10 @@ def token_prompts(
             prompts.append({"prompt_token_ids": ids})
             continue
         if image_token_id is None:
-            raise UserError(f"prompt row {row} has images but the model config has no image_token_id; "
-                            f"use a vision-language model (e.g. Qwen2.5-VL) for image data")
+            raise UserError(
+                f"prompt row {row} has images but the model config has no image_token_id; "
+                f"use a vision-language model (e.g. Qwen2.5-VL) for image data"
+            )
         collapsed = collapse_image_tokens(ids, image_token_id)
         placeholders = sum(1 for t in collapsed if t == image_token_id)
         if placeholders != len(images):
@@ -87,10 +89,7 @@ def sampling_kwargs(
     `banned_token_ids` (image/video markers) get a -100 logit bias: never sampled.
     """
     kwargs: dict[str, Any] = dict(
-        max_tokens=int(params.max_new_tokens),
-        ignore_eos=bool(params.ignore_eos),
-        logprobs=0,
-        detokenize=False,
+        max_tokens=int(params.max_new_tokens), ignore_eos=bool(params.ignore_eos), logprobs=0, detokenize=False
     )
     if not params.ignore_eos and stop_token_ids:
         kwargs["stop_token_ids"] = [int(t) for t in stop_token_ids]

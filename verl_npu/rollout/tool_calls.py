@@ -22,10 +22,10 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-MAX_CALLS = 64            # calls read from one turn (max_parallel_calls then keeps the first ones)
+MAX_CALLS = 64  # calls read from one turn (max_parallel_calls then keeps the first ones)
 MAX_CALL_CHARS = 1 << 17  # characters of one call's JSON
-MAX_DEPTH = 64            # nesting of one call's JSON (objects and arrays)
-FAILING_STREAK = 20       # consecutive failed calls of one tool before the log says it keeps failing
+MAX_DEPTH = 64  # nesting of one call's JSON (objects and arrays)
+FAILING_STREAK = 20  # consecutive failed calls of one tool before the log says it keeps failing
 SHAPE = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
 
@@ -33,7 +33,7 @@ SHAPE = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 class ToolCall:
     name: str | None
     arguments: dict | None
-    error: str | None = None     # set for a call that could not be parsed
+    error: str | None = None  # set for a call that could not be parsed
 
 
 def call_bodies(text: str) -> list[str]:
@@ -47,7 +47,7 @@ def call_bodies(text: str) -> list[str]:
         end = text.find(CLOSE, start + len(OPEN))
         if end < 0:  # no closing tag after this one: none after any later opening tag either
             break
-        bodies.append(text[start + len(OPEN):end])
+        bodies.append(text[start + len(OPEN) : end])
         pos = end + len(CLOSE)
     return bodies
 
@@ -107,8 +107,11 @@ def parse_call(body: str) -> ToolCall:
     if isinstance(args, str):  # arguments given as a JSON string
         args, _ = _load(args)
     if not isinstance(name, str) or not isinstance(args, dict):
-        return ToolCall(name if isinstance(name, str) else None, None,
-                        'Error: a tool call needs "name" (a string) and "arguments" (a JSON object)')
+        return ToolCall(
+            name if isinstance(name, str) else None,
+            None,
+            'Error: a tool call needs "name" (a string) and "arguments" (a JSON object)',
+        )
     return ToolCall(name, args)
 
 
@@ -155,5 +158,11 @@ class ToolHealth:
             return
         self.failures[name] += 1
         if self.failures[name] == self.streak:
-            log.warning("tool %r keeps failing: its last %d calls failed (tool_calls/%s/error_ratio in the "
-                        "metrics); the last error: %s", name, self.streak, name, error[:300])
+            log.warning(
+                "tool %r keeps failing: its last %d calls failed (tool_calls/%s/error_ratio in the "
+                "metrics); the last error: %s",
+                name,
+                self.streak,
+                name,
+                error[:300],
+            )

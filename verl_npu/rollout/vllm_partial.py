@@ -85,7 +85,9 @@ class PartialRollouts:
         requests = []
         for i, prompt in enumerate(inputs):
             for j in range(samples):
-                seeded = dict(kwargs) if params.greedy else dict(kwargs, seed=prompt_seed(engine.seed, f"{uids[i]}/{j}"))
+                seeded = (
+                    dict(kwargs) if params.greedy else dict(kwargs, seed=prompt_seed(engine.seed, f"{uids[i]}/{j}"))
+                )
                 requests.append(_Request(f"{issue_id}|{i}|{j}", dict(prompt), seeded, budget))
         self.parts[issue_id] = _Part(prompts, params, repeat, requests)
         for request in requests:
@@ -145,7 +147,7 @@ class PartialRollouts:
         versions = torch.full((len(samples), width), -1, dtype=torch.long)
         for row, request in enumerate(r for r in part.requests for _ in range(part.repeat)):
             got = request.versions[:width]
-            versions[row, :len(got)] = torch.as_tensor(got, dtype=torch.long)
+            versions[row, : len(got)] = torch.as_tensor(got, dtype=torch.long)
         lengths = torch.tensor([min(len(ids), width) for ids, _ in samples], dtype=torch.long)
         rows = finish_rollout(part.prompts, responses, engine.eos_ids, engine.pad_id, part.params.n, lengths=lengths)
         mask = rows["response_mask"]

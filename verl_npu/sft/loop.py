@@ -55,14 +55,18 @@ def prepare(rc):
 
     cfg = rc.typed
     tokenizer, _ = load_tokenizer_and_processor(
-        cfg.model.tokenizer_path or cfg.model.path, trust_remote_code=cfg.model.trust_remote_code,
-        custom_chat_template=cfg.model.custom_chat_template)
+        cfg.model.tokenizer_path or cfg.model.path,
+        trust_remote_code=cfg.model.trust_remote_code,
+        custom_chat_template=cfg.model.custom_chat_template,
+    )
     train = SFTDataset(cfg.data.train_files, tokenizer, cfg.data, cfg.data.train_max_samples)
     val = SFTDataset(cfg.data.val_files, tokenizer, cfg.data, cfg.data.val_max_samples) if cfg.data.val_files else None
     sampler = StepSampler(len(train), cfg.data.train_batch_size, cfg.data.shuffle, cfg.trainer.seed)
     if sampler.steps_per_epoch == 0:
-        raise UserError(f"data.train_files has {len(train)} conversations, fewer than data.train_batch_size="
-                        f"{cfg.data.train_batch_size}: lower it or add data")
+        raise UserError(
+            f"data.train_files has {len(train)} conversations, fewer than data.train_batch_size="
+            f"{cfg.data.train_batch_size}: lower it or add data"
+        )
     return train, val, sampler, total_steps(cfg, sampler.steps_per_epoch)
 
 
@@ -82,8 +86,15 @@ def run_sft(rc, *, after_fit=None) -> int:
         (out_dir / "exp-config.yaml").write_text(rc.to_yaml(), encoding="utf-8")
         device = detect_device(rc.typed.trainer.device)
         train, val, sampler, steps = prepare(rc)
-        log.info("SFT: %d conversations (%d steps per epoch, %d steps); device %s; %d worker(s); output %s",
-                 len(train), sampler.steps_per_epoch, steps, device.kind, rc.world_size, out_dir)
+        log.info(
+            "SFT: %d conversations (%d steps per epoch, %d steps); device %s; %d worker(s); output %s",
+            len(train),
+            sampler.steps_per_epoch,
+            steps,
+            device.kind,
+            rc.world_size,
+            out_dir,
+        )
         world = rc.world_size
         if world == 1:
             _rank_main(0, 1, rc, device, train, val, sampler, steps, after_fit, None)
@@ -95,9 +106,13 @@ def run_sft(rc, *, after_fit=None) -> int:
                 raise UserError(problem)
             port = _free_port()
             try:
-                mp.spawn(_rank_main, args=(world, rc, device, train, val, sampler, steps, after_fit, port),
-                         nprocs=world, join=True)
-            except mp.ProcessRaisedException as exc:   # a rank's UserError stays a user's error (no traceback)
+                mp.spawn(
+                    _rank_main,
+                    args=(world, rc, device, train, val, sampler, steps, after_fit, port),
+                    nprocs=world,
+                    join=True,
+                )
+            except mp.ProcessRaisedException as exc:  # a rank's UserError stays a user's error (no traceback)
                 marker = "verl_npu.errors.UserError: "
                 text = str(exc)
                 if marker in text:
@@ -112,11 +127,18 @@ def _rank_main(rank, world, rc, device, train, val, sampler, steps, after_fit, p
     from verl_npu.workers import parallel
 
     if world > 1:
-        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+        )
         device.set_device(rank)
         dist.init_process_group(backend=device.dist_backend, rank=rank, world_size=world)
-    elif rc.typed.engine.param_offload:   # offloading is FSDP2's: one worker shards over a group of itself
+    elif rc.typed.engine.param_offload:  # offloading is FSDP2's: one worker shards over a group of itself
         parallel.start_one_rank_group(device.dist_backend)
     try:
         _SFTLoop(rank, world, rc, device, train, val, sampler, steps).fit(after_fit)
@@ -156,9 +178,15 @@ class _SFTLoop:
                 log.info("resumed from %s (step %d)", latest, start)
         tracker = None
         if self.rank == 0:
-            tracker = Tracker(self.rc.out_dir, list(cfg.trainer.logger), cfg.trainer.project_name,
-                              cfg.trainer.experiment_name, resume_step=start,
-                              tensorboard_dir=cfg.trainer.tensorboard_dir, run_config=self.rc.tree)
+            tracker = Tracker(
+                self.rc.out_dir,
+                list(cfg.trainer.logger),
+                cfg.trainer.project_name,
+                cfg.trainer.experiment_name,
+                resume_step=start,
+                tensorboard_dir=cfg.trainer.tensorboard_dir,
+                run_config=self.rc.tree,
+            )
             tracker.total_steps = self.steps
         try:
             for step in range(start + 1, self.steps + 1):
@@ -173,8 +201,9 @@ class _SFTLoop:
                 if tracker is not None:
                     tracker.log(metrics, step=step)
                 if tracker is not None and (step % CURVES_EVERY == 0 or last):  # drawing costs more than a tiny step
-                    plot_training_curves(self.rc.out_dir / "metrics.jsonl", self.rc.out_dir / "training_curves.png",
-                                         panels=SFT_CURVES)
+                    plot_training_curves(
+                        self.rc.out_dir / "metrics.jsonl", self.rc.out_dir / "training_curves.png", panels=SFT_CURVES
+                    )
             if after_fit is not None:
                 after_fit(self.worker)
         finally:

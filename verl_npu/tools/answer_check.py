@@ -54,8 +54,11 @@ class AnswerCheckTool(BaseTool):
         create_kwargs = kwargs.get("create_kwargs") or {}
         instance_id = instance_id or str(uuid.uuid4())
         truth = ground_truth if ground_truth is not None else create_kwargs.get("ground_truth")
-        self._state[instance_id] = {"response": "", "ground_truth": None if truth is None else str(truth),
-                                    "reward": 0.0}
+        self._state[instance_id] = {
+            "response": "",
+            "ground_truth": None if truth is None else str(truth),
+            "reward": 0.0,
+        }
         return instance_id, ToolResponse()
 
     def execute(self, instance_id: str, parameters: Any, **kwargs):

@@ -33,8 +33,13 @@ def _guarded(key: str, check) -> list[list[str]]:
     except UserError as err:
         return [[key, str(err), ""]]
     except BaseException as err:  # noqa: BLE001 - a user module's import may raise anything
-        return [[key, f"checking the classes it names failed: {type(err).__name__}: {err}",
-                 "fix the module the class lives in"]]
+        return [
+            [
+                key,
+                f"checking the classes it names failed: {type(err).__name__}: {err}",
+                "fix the module the class lives in",
+            ]
+        ]
     return []
 
 

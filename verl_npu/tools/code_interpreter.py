@@ -57,17 +57,35 @@ SCHEMA = {
 }
 #: verl's Sandbox Fusion settings that have no meaning without a server: accepted, not used
 SERVER_KEYS = ("sandbox_fusion_url", "rate_limit", "enable_global_rate_limit")
-KEYS = ("type", "default_timeout", "cpu_time_limit", "memory_limit_mb", "disk_limit_mb", "max_processes",
-        "num_workers", "max_output_bytes", "python_packages", "isolation", "default_language", "call_timeout",
-        *SERVER_KEYS)
-SIGNALS = {137: "it was killed (SIGKILL)", 152: "it used up its CPU time limit (SIGXCPU)",
-           153: "it wrote a file larger than the disk limit (SIGXFSZ)"}
+KEYS = (
+    "type",
+    "default_timeout",
+    "cpu_time_limit",
+    "memory_limit_mb",
+    "disk_limit_mb",
+    "max_processes",
+    "num_workers",
+    "max_output_bytes",
+    "python_packages",
+    "isolation",
+    "default_language",
+    "call_timeout",
+    *SERVER_KEYS,
+)
+SIGNALS = {
+    137: "it was killed (SIGKILL)",
+    152: "it used up its CPU time limit (SIGXCPU)",
+    153: "it wrote a file larger than the disk limit (SIGXFSZ)",
+}
 
 
 # verl's Sandbox Fusion tool runs locally here, in the sandbox of verl_npu.tools.sandbox
-@TOOLS.register("code_interpreter", function_name=None,
-                verl_class_paths=("verl.tools.sandbox_fusion_tools.SandboxFusionTool",),
-                doc="runs the model's Python code in a local sandbox and replies with its output")
+@TOOLS.register(
+    "code_interpreter",
+    function_name=None,
+    verl_class_paths=("verl.tools.sandbox_fusion_tools.SandboxFusionTool",),
+    doc="runs the model's Python code in a local sandbox and replies with its output",
+)
 class CodeInterpreterTool(BaseTool):
     """Runs the `code` argument in a sandbox per call (module docstring)."""
 
@@ -82,25 +100,41 @@ class CodeInterpreterTool(BaseTool):
             active_isolation(isolation)  # raises, naming the values (and what `process` became)
         wall = float(cfg.get("default_timeout", 30))
         self.limits = SandboxLimits(
-            wall_s=wall, cpu_s=float(cfg.get("cpu_time_limit", wall)), memory_mb=int(cfg.get("memory_limit_mb", 1024)),
-            disk_mb=int(cfg.get("disk_limit_mb", 64)), processes=int(cfg.get("max_processes", 64)),
+            wall_s=wall,
+            cpu_s=float(cfg.get("cpu_time_limit", wall)),
+            memory_mb=int(cfg.get("memory_limit_mb", 1024)),
+            disk_mb=int(cfg.get("disk_limit_mb", 64)),
+            processes=int(cfg.get("max_processes", 64)),
             max_output_bytes=int(cfg.get("max_output_bytes", 65536)),
-            python_packages=bool(cfg.get("python_packages", True)), isolation=isolation)
+            python_packages=bool(cfg.get("python_packages", True)),
+            isolation=isolation,
+        )
         if min(self.limits.wall_s, self.limits.cpu_s, self.limits.memory_mb, self.limits.disk_mb) <= 0:
             raise ValueError("default_timeout, cpu_time_limit, memory_limit_mb and disk_limit_mb must be positive")
         # raises, naming what is missing and how to get it, when no operating-system boundary can run here
         self.isolation = active_isolation(isolation)
         if self.isolation == UNSAFE:
-            log.warning("code interpreter %r: isolation unsafe_process: model-written code runs WITHOUT an "
-                        "operating-system boundary (Python-level guards only, which code can defeat)", self.name)
+            log.warning(
+                "code interpreter %r: isolation unsafe_process: model-written code runs WITHOUT an "
+                "operating-system boundary (Python-level guards only, which code can defeat)",
+                self.name,
+            )
         # the agent loop's guard (run_method): the run's own deadline plus time to start and clean up
         self.call_timeout = float(cfg.get("call_timeout", self.limits.wall_s + 30.0))
         self._slots = threading.BoundedSemaphore(max(int(cfg.get("num_workers", 4)), 1))
         if any(k in cfg for k in SERVER_KEYS):
-            log.info("code interpreter: %s set; verl-npu runs the code locally, the server settings are not "
-                     "used", ", ".join(k for k in SERVER_KEYS if k in cfg))
-        log.info("code interpreter %r: sandbox isolation %s, %.0f s wall / %.0f s CPU, %d MiB memory", self.name,
-                 self.isolation, self.limits.wall_s, self.limits.cpu_s, self.limits.memory_mb)
+            log.info(
+                "code interpreter: %s set; verl-npu runs the code locally, the server settings are not used",
+                ", ".join(k for k in SERVER_KEYS if k in cfg),
+            )
+        log.info(
+            "code interpreter %r: sandbox isolation %s, %.0f s wall / %.0f s CPU, %d MiB memory",
+            self.name,
+            self.isolation,
+            self.limits.wall_s,
+            self.limits.cpu_s,
+            self.limits.memory_mb,
+        )
 
     def create(self, instance_id: str | None = None, **kwargs):
         return instance_id or str(uuid.uuid4()), ToolResponse()
@@ -126,8 +160,12 @@ class CodeInterpreterTool(BaseTool):
             text += f"\n[stopped: {SIGNALS[result.exit_code]}]"
         if not text.strip():
             text = "(no output)"
-        return text, {"exit_code": result.exit_code, "timed_out": result.timed_out,
-                      "seconds": round(result.seconds, 3), "isolation": result.isolation}
+        return text, {
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "seconds": round(result.seconds, 3),
+            "isolation": result.isolation,
+        }
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs):
         import asyncio
@@ -173,9 +211,12 @@ def retool_code(code: str) -> str:
 
 
 # the ReTool recipe's variant of the Sandbox Fusion tool
-@TOOLS.register("retool_code_interpreter", function_name=None,
-                verl_class_paths=("recipe.retool.retool.CustomSandboxFusionTool",),
-                doc="the code interpreter with ReTool's code preparation")
+@TOOLS.register(
+    "retool_code_interpreter",
+    function_name=None,
+    verl_class_paths=("recipe.retool.retool.CustomSandboxFusionTool",),
+    doc="the code interpreter with ReTool's code preparation",
+)
 class ReToolCodeInterpreter(CodeInterpreterTool):
     """The code interpreter with ReTool's code preparation (`retool_code`)."""
 

@@ -82,25 +82,34 @@ def function_tool(name: str | Callable | None = None, *, schema: dict | None = N
 def _schema_of(fn: Callable, tool_name: str) -> dict:
     from transformers.utils import get_json_schema
 
-    variadic = [p for p, v in inspect.signature(fn).parameters.items()
-                if v.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    variadic = [
+        p
+        for p, v in inspect.signature(fn).parameters.items()
+        if v.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
     if variadic:
-        raise ValueError(f"@function_tool {tool_name!r}: parameters {variadic} (*args / **kwargs) cannot be written "
-                         "in an OpenAI tool schema; name every parameter")
+        raise ValueError(
+            f"@function_tool {tool_name!r}: parameters {variadic} (*args / **kwargs) cannot be written "
+            "in an OpenAI tool schema; name every parameter"
+        )
     try:
         return get_json_schema(fn)
     except Exception as err:  # transformers' DocstringParsingException / TypeHintParsingException
-        raise ValueError(f"@function_tool {tool_name!r}: its schema cannot be read from the function ({err}); give "
-                         "every parameter a type hint and a line under 'Args:' in a Google-style docstring, or pass "
-                         "schema={...}") from None
+        raise ValueError(
+            f"@function_tool {tool_name!r}: its schema cannot be read from the function ({err}); give "
+            "every parameter a type hint and a line under 'Args:' in a Google-style docstring, or pass "
+            "schema={...}"
+        ) from None
 
 
 def tool_result(value: Any) -> tuple[ToolResponse, float, dict]:
     """(response, step reward, metrics) of a function's return value (verl's rules, module docstring)."""
     if isinstance(value, tuple):
         if not 1 <= len(value) <= 3:
-            raise TypeError(f"a function tool returned a tuple of {len(value)} values; return (response,), "
-                            "(response, reward) or (response, reward, metrics)")
+            raise TypeError(
+                f"a function tool returned a tuple of {len(value)} values; return (response,), "
+                "(response, reward) or (response, reward, metrics)"
+            )
         response = tool_result(value[0])[0]
         reward = 0.0 if len(value) < 2 or value[1] is None else float(value[1])
         metrics = {} if len(value) < 3 or value[2] is None else dict(value[2])
@@ -138,8 +147,10 @@ def load_function_tools(path: str | Path) -> dict[str, FunctionToolAdapter]:
     file = Path(path).expanduser()
     file = file if file.is_absolute() else Path.cwd() / file
     if not file.is_file():
-        raise UserError(f"{KEY}: file {str(file)!r} does not exist; point it at a .py file with @function_tool "
-                        "functions (docs/agents.md, 'Function tools')")
+        raise UserError(
+            f"{KEY}: file {str(file)!r} does not exist; point it at a .py file with @function_tool "
+            "functions (docs/agents.md, 'Function tools')"
+        )
     name = "verl_npu_function_tools_" + hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:12]
     spec = importlib_util.spec_from_file_location(name, file)
     module = importlib_util.module_from_spec(spec)
@@ -161,6 +172,8 @@ def load_function_tools(path: str | Path) -> dict[str, FunctionToolAdapter]:
             raise UserError(f"{KEY}: {file} declares the function tool {tool.name!r} twice; rename one")
         tools[tool.name] = FunctionToolAdapter(tool)
     if not tools:
-        raise UserError(f"{KEY}: {file} declares no tool; decorate its functions with @function_tool "
-                        "(from verl_npu.tools.function_tool import function_tool)")
+        raise UserError(
+            f"{KEY}: {file} declares no tool; decorate its functions with @function_tool "
+            "(from verl_npu.tools.function_tool import function_tool)"
+        )
     return tools

@@ -18,12 +18,19 @@ from verl_npu.rewards.geo3k import answer_reward
 from verl_npu.tools.answer_check import AnswerCheckTool, answer_tool_schema
 
 SCHEMA = answer_tool_schema(
-    "calc_geo3k_reward", "A tool for calculating the reward of geo3k (1.0 if the parsed answer is correct, 0.0 if it "
-    "is incorrect or cannot be parsed).", "The answer to the geo3k problem.")
+    "calc_geo3k_reward",
+    "A tool for calculating the reward of geo3k (1.0 if the parsed answer is correct, 0.0 if it "
+    "is incorrect or cannot be parsed).",
+    "The answer to the geo3k problem.",
+)
 
 
-@TOOLS.register("geo3k", function_name="calc_geo3k_reward", verl_class_paths=("verl.tools.geo3k_tool.Geo3kTool",),
-                doc="the Geometry3K answer check: grades a submitted answer against the row's ground truth")
+@TOOLS.register(
+    "geo3k",
+    function_name="calc_geo3k_reward",
+    verl_class_paths=("verl.tools.geo3k_tool.Geo3kTool",),
+    doc="the Geometry3K answer check: grades a submitted answer against the row's ground truth",
+)
 class Geo3kTool(AnswerCheckTool):
     SCHEMA = SCHEMA
 

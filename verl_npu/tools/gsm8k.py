@@ -16,12 +16,17 @@ from verl_npu.registry import TOOLS
 from verl_npu.rewards.gsm8k import compute_score
 from verl_npu.tools.answer_check import AnswerCheckTool, answer_tool_schema
 
-SCHEMA = answer_tool_schema("calc_gsm8k_reward", "A tool for calculating the reward of gsm8k",
-                            "The answer to the question")
+SCHEMA = answer_tool_schema(
+    "calc_gsm8k_reward", "A tool for calculating the reward of gsm8k", "The answer to the question"
+)
 
 
-@TOOLS.register("gsm8k", function_name="calc_gsm8k_reward", verl_class_paths=("verl.tools.gsm8k_tool.Gsm8kTool",),
-                doc="the GSM8K answer check: scores a submitted answer against the row's ground truth")
+@TOOLS.register(
+    "gsm8k",
+    function_name="calc_gsm8k_reward",
+    verl_class_paths=("verl.tools.gsm8k_tool.Gsm8kTool",),
+    doc="the GSM8K answer check: scores a submitted answer against the row's ground truth",
+)
 class Gsm8kTool(AnswerCheckTool):
     SCHEMA = SCHEMA
 

@@ -52,9 +52,14 @@ SCHEMA = {
         "parameters": {
             "type": "object",
             "properties": {
-                "bbox_2d": {"type": "array", "items": {"type": "number"}, "minItems": 4, "maxItems": 4,
-                            "description": "The region as [x1, y1, x2, y2]: top-left and bottom-right corners, "
-                                           "in the image's pixels."},
+                "bbox_2d": {
+                    "type": "array",
+                    "items": {"type": "number"},
+                    "minItems": 4,
+                    "maxItems": 4,
+                    "description": "The region as [x1, y1, x2, y2]: top-left and bottom-right corners, "
+                    "in the image's pixels.",
+                },
                 "label": {"type": "string", "description": "What is in the region (optional)."},
             },
             "required": ["bbox_2d"],
@@ -94,7 +99,7 @@ def fit_box(box: list[float], width: int, height: int, min_side: int) -> list[fl
     if min(w, h) < min_side:
         scale = min_side / min(w, h)
         w, h = w * scale, h * scale
-        shrink = min(1.0, width / w, height / h)     # an image smaller than the grown box: fit it
+        shrink = min(1.0, width / w, height / h)  # an image smaller than the grown box: fit it
         w, h = w * shrink, h * shrink
         cx, cy = (left + right) / 2, (top + bottom) / 2
         left = min(max(0.0, cx - w / 2), width - w)
@@ -112,9 +117,13 @@ def _valid(left: float, top: float, right: float, bottom: float) -> bool:
     return max(w, h) / min(w, h) <= MAX_ASPECT
 
 
-@TOOLS.register("image_zoom_in", function_name="image_zoom_in_tool",
-                verl_class_paths=("verl.tools.image_zoom_in_tool.ImageZoomInTool",), returns_images=True,
-                doc="crops the row's image to the model's box and replies with that region")
+@TOOLS.register(
+    "image_zoom_in",
+    function_name="image_zoom_in_tool",
+    verl_class_paths=("verl.tools.image_zoom_in_tool.ImageZoomInTool",),
+    returns_images=True,
+    doc="crops the row's image to the model's box and replies with that region",
+)
 class ImageZoomInTool(BaseTool):
     """Crops the row's image to the model's box and replies with it (module docstring)."""
 
@@ -127,8 +136,10 @@ class ImageZoomInTool(BaseTool):
         self.min_pixels = int(cfg.get("min_pixels", 4 * 28 * 28))
         self.max_pixels = int(cfg.get("max_pixels", 1280 * 28 * 28))
         if not (self.min_side >= 1 and 0 < self.min_pixels <= self.max_pixels):
-            raise ValueError(f"need min_side >= 1 and 0 < min_pixels <= max_pixels (got min_side={self.min_side}, "
-                             f"min_pixels={self.min_pixels}, max_pixels={self.max_pixels})")
+            raise ValueError(
+                f"need min_side >= 1 and 0 < min_pixels <= max_pixels (got min_side={self.min_side}, "
+                f"min_pixels={self.min_pixels}, max_pixels={self.max_pixels})"
+            )
         self._images: dict[str, Any] = {}
 
     def create(self, instance_id: str | None = None, image: Any = None, **kwargs):
@@ -144,13 +155,18 @@ class ImageZoomInTool(BaseTool):
         image = self._images.get(instance_id)
         if image is None:
             return self._error("there is no image to zoom into in this conversation")
-        if (not isinstance(box, (list, tuple)) or len(box) != 4
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box)):
+        if (
+            not isinstance(box, (list, tuple))
+            or len(box) != 4
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box)
+        ):
             return self._error("bbox_2d must be a list of 4 numbers [x1, y1, x2, y2]")
         fitted = fit_box(list(box), image.width, image.height, self.min_side)
         if fitted is None:
-            return self._error(f"the bounding box {list(box)} is invalid on this {image.width}x{image.height} image "
-                               f"or its crop is smaller than {self.min_side}x{self.min_side}")
+            return self._error(
+                f"the bounding box {list(box)} is invalid on this {image.width}x{image.height} image "
+                f"or its crop is smaller than {self.min_side}x{self.min_side}"
+            )
         crop = image.crop(tuple(fitted))
         crop = self._resize(crop)
         text = f"Zoomed in on the image to the region {list(box)}" + (f" with label {label}" if label else "") + "."

@@ -26,8 +26,15 @@ KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 TOOL_METHODS = ("create", "execute", "release")
 
 
-def named_class(target: tuple[str, str, str], entry_where: str, class_name: str, config_key: str,
-                methods: tuple[str, ...], what: str, how: str) -> type:
+def named_class(
+    target: tuple[str, str, str],
+    entry_where: str,
+    class_name: str,
+    config_key: str,
+    methods: tuple[str, ...],
+    what: str,
+    how: str,
+) -> type:
     """The class a tool or interaction entry names (`target`: its class_target), with `methods`.
     Raises UserError naming the entry (`entry_where`) when it cannot be imported or is not `what`
     (`how`: how to make one)."""
@@ -39,13 +46,16 @@ def named_class(target: tuple[str, str, str], entry_where: str, class_name: str,
         else:
             module = importlib.import_module(where)
     except Exception as err:  # the user's module failed to import: its error, named
-        raise UserError(f"{entry_where}.class_name: importing {where!r} failed: {type(err).__name__}: {err}. "
-                        f"Fix the module (or the class_name in {config_key})") from None
+        raise UserError(
+            f"{entry_where}.class_name: importing {where!r} failed: {type(err).__name__}: {err}. "
+            f"Fix the module (or the class_name in {config_key})"
+        ) from None
     found = class_of(module, where, cls, f"{entry_where}.class_name")
     missing = [m for m in methods if not callable(getattr(found, m, None))]
     if missing:
-        raise UserError(f"{entry_where}.class_name: {class_name!r} is not {what}: it has no "
-                        f"{', '.join(missing)} method(s). {how}")
+        raise UserError(
+            f"{entry_where}.class_name: {class_name!r} is not {what}: it has no {', '.join(missing)} method(s). {how}"
+        )
     return found
 
 
@@ -55,8 +65,10 @@ def class_of(module, where: str, cls: str, key: str) -> type:
     found = getattr(module, cls, None)
     if not isinstance(found, type):
         have = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
-        raise UserError(f"{key}: {where!r} has no class {cls!r} (classes there: {', '.join(have) or 'none'}); "
-                        f"fix {key.rpartition('.')[2]}")
+        raise UserError(
+            f"{key}: {where!r} has no class {cls!r} (classes there: {', '.join(have) or 'none'}); "
+            f"fix {key.rpartition('.')[2]}"
+        )
     return found
 
 
@@ -65,8 +77,15 @@ def tool_class(entry: ToolEntry) -> type:
     registry; else the user's class. Raises UserError naming the entry when it cannot be imported."""
     if entry.builtin:
         return TOOLS.load(entry.builtin)
-    return named_class(class_target(entry.class_name), entry.where, entry.class_name, KEY, TOOL_METHODS,
-                       "a tool", "Subclass verl_npu.tools.BaseTool (docs/agents.md)")
+    return named_class(
+        class_target(entry.class_name),
+        entry.where,
+        entry.class_name,
+        KEY,
+        TOOL_METHODS,
+        "a tool",
+        "Subclass verl_npu.tools.BaseTool (docs/agents.md)",
+    )
 
 
 def build_tool(entry: ToolEntry):
@@ -75,20 +94,26 @@ def build_tool(entry: ToolEntry):
     try:
         tool = cls(config=dict(entry.config), tool_schema=entry.schema)
     except Exception as err:
-        raise UserError(f"{entry.where}: constructing {entry.class_name!r} failed: {type(err).__name__}: {err}. "
-                        "Fix its config / tool_schema") from None
+        raise UserError(
+            f"{entry.where}: constructing {entry.class_name!r} failed: {type(err).__name__}: {err}. "
+            "Fix its config / tool_schema"
+        ) from None
     schema = getattr(tool, "tool_schema", None)
     dump = schema.model_dump() if hasattr(schema, "model_dump") else schema
     name = ((dump or {}).get("function") or {}).get("name")
     if not name:
-        raise UserError(f"{entry.where}.tool_schema: {entry.class_name!r} has no schema with a function name; "
-                        "give the entry a tool_schema (type: function, function: {name, description, parameters})")
+        raise UserError(
+            f"{entry.where}.tool_schema: {entry.class_name!r} has no schema with a function name; "
+            "give the entry a tool_schema (type: function, function: {name, description, parameters})"
+        )
     declared = getattr(cls, "name", None) if isinstance(getattr(cls, "name", None), str) else None
     if entry.builtin:
         declared = BUILTIN_FUNCTION_NAMES[entry.builtin]
     if declared and entry.name and declared != entry.name:
-        raise UserError(f"{entry.where}.tool_schema.function.name: is {entry.name!r} but {entry.class_name!r} is "
-                        f"the tool {declared!r}; use name: {declared}")
+        raise UserError(
+            f"{entry.where}.tool_schema.function.name: is {entry.name!r} but {entry.class_name!r} is "
+            f"the tool {declared!r}; use name: {declared}"
+        )
     tool.name = name
     return tool
 
@@ -97,8 +122,10 @@ def checked_entries(read, key: str, path) -> list:
     """The entries `read(path)` returns; a UserError listing every problem of the file (at `key`) if it has any."""
     entries, problems = read(path)
     if problems:
-        raise UserError(f"{key} ({path}) has {len(problems)} problem(s):\n"
-                        + "\n".join(f"  {where}: {what}" for where, what in problems))
+        raise UserError(
+            f"{key} ({path}) has {len(problems)} problem(s):\n"
+            + "\n".join(f"  {where}: {what}" for where, what in problems)
+        )
     return entries
 
 
@@ -120,8 +147,10 @@ def load_tools(path: str | os.PathLike | None, function_tool_path: str | os.Path
         functions = load_function_tools(function_tool_path)
         both = sorted(set(functions) & set(tools))
         if both:
-            raise UserError(f"{FUNCTION_KEY} ({function_tool_path}) declares tool name(s) {both}, which {KEY} "
-                            f"({path}) declares too; tool names must be unique across the two files: rename one")
+            raise UserError(
+                f"{FUNCTION_KEY} ({function_tool_path}) declares tool name(s) {both}, which {KEY} "
+                f"({path}) declares too; tool names must be unique across the two files: rename one"
+            )
         tools.update(functions)
     return tools
 
@@ -166,6 +195,7 @@ def _settle(loop, future, setter, value):
     def settle():
         if not future.done():
             setter(value)
+
     try:
         loop.call_soon_threadsafe(settle)
     except RuntimeError:  # the loop is gone: nobody waits any more
@@ -240,6 +270,7 @@ async def run_method(method, *args, **kwargs):
             result = await asyncio.wait_for(_on_own_loop(owner, result), timeout)
     except asyncio.TimeoutError:
         name = getattr(owner, "name", type(owner).__name__)
-        raise ToolTimeout(f"{getattr(method, '__name__', 'the call')} of tool {name!r} did not return within "
-                          f"{timeout:g} s") from None
+        raise ToolTimeout(
+            f"{getattr(method, '__name__', 'the call')} of tool {name!r} did not return within {timeout:g} s"
+        ) from None
     return result

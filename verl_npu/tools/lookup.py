@@ -37,8 +37,12 @@ def not_found(key: str) -> str:
     return f"no entry for {key!r}"
 
 
-@TOOLS.register("lookup", function_name="lookup", demo_data="verl_npu.data.tool_lookup:prepare_synthetic",
-                doc="the tool demo's lookup: answers the value stored under the row's key (its create_kwargs)")
+@TOOLS.register(
+    "lookup",
+    function_name="lookup",
+    demo_data="verl_npu.data.tool_lookup:prepare_synthetic",
+    doc="the tool demo's lookup: answers the value stored under the row's key (its create_kwargs)",
+)
 class LookupTool(BaseTool):
     def __init__(self, config: dict, tool_schema=None):
         super().__init__(config, tool_schema or SCHEMA)
@@ -50,8 +54,10 @@ class LookupTool(BaseTool):
         instance_id = instance_id or str(uuid.uuid4())
         key, value = create_kwargs.get("key"), create_kwargs.get("value")
         if key is None or value is None:
-            raise ValueError("the lookup tool needs the row's extra_info.tools_kwargs.lookup.create_kwargs "
-                             "{key, value} (verl_npu.data.tool_lookup writes them)")
+            raise ValueError(
+                "the lookup tool needs the row's extra_info.tools_kwargs.lookup.create_kwargs "
+                "{key, value} (verl_npu.data.tool_lookup writes them)"
+            )
         self._entries[instance_id] = (str(key), str(value))
         return instance_id, ToolResponse()
 

@@ -43,9 +43,9 @@ WORD = re.compile(r"\w+", re.UNICODE)
 K1, B = 0.9, 0.4
 REQUEST_FIELDS = ("queries", "topk", "return_scores")
 MAX_BODY = 10 * 1024 * 1024
-MAX_CONNECTIONS = 64   # connections served at once (one thread each)
-LISTEN_BACKLOG = 256   # connections the kernel queues before accept
-SLOT_WAIT_S = 10.0     # how long an accepted connection waits for a free slot before it is closed
+MAX_CONNECTIONS = 64  # connections served at once (one thread each)
+LISTEN_BACKLOG = 256  # connections the kernel queues before accept
+SLOT_WAIT_S = 10.0  # how long an accepted connection waits for a free slot before it is closed
 CLIENT_TIMEOUT_S = 10.0
 
 
@@ -61,8 +61,10 @@ def read_corpus(path: str | Path) -> list[dict]:
     """The documents of a jsonl corpus ({"id", "contents"} per line; blank lines skipped)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise CorpusError(f"corpus file {str(path)!r} does not exist; write one with "
-                          "`python data_prep/search_r1.py --synthetic 64` or point --corpus at your jsonl file")
+        raise CorpusError(
+            f"corpus file {str(path)!r} does not exist; write one with "
+            "`python data_prep/search_r1.py --synthetic 64` or point --corpus at your jsonl file"
+        )
     docs = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -73,7 +75,7 @@ def read_corpus(path: str | Path) -> list[dict]:
             except json.JSONDecodeError as err:
                 raise CorpusError(f"{path} line {n}: not JSON ({err.msg})") from None
             if not isinstance(doc, dict) or not isinstance(doc.get("contents"), str):
-                raise CorpusError(f"{path} line {n}: each line must be {{\"id\": ..., \"contents\": \"<title>\\n<text>\"}}")
+                raise CorpusError(f'{path} line {n}: each line must be {{"id": ..., "contents": "<title>\\n<text>"}}')
             docs.append({"id": str(doc.get("id", len(docs))), "contents": doc["contents"]})
     if not docs:
         raise CorpusError(f"{path} holds no documents")
@@ -86,7 +88,7 @@ class BM25:
     def __init__(self, documents: list[dict], k1: float = K1, b: float = B):
         self.documents, self.k1, self.b = documents, k1, b
         self.lengths = []
-        self.postings: dict[str, list[tuple[int, int]]] = defaultdict(list)   # word -> [(doc, count)]
+        self.postings: dict[str, list[tuple[int, int]]] = defaultdict(list)  # word -> [(doc, count)]
         for i, doc in enumerate(documents):
             counts = Counter(words(doc["contents"]))
             self.lengths.append(sum(counts.values()))
@@ -120,10 +122,11 @@ def parse_request(body: bytes, default_topk: int) -> tuple[list[str], int, bool]
     try:
         data = json.loads(body or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BadRequest(f"the body is not JSON ({err}); send {{\"queries\": [...], \"topk\": 3, "
-                         "\"return_scores\": true}") from None
+        raise BadRequest(
+            f'the body is not JSON ({err}); send {{"queries": [...], "topk": 3, "return_scores": true}}'
+        ) from None
     if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object {\"queries\": [...], \"topk\": 3, \"return_scores\": true}")
+        raise BadRequest('the body must be a JSON object {"queries": [...], "topk": 3, "return_scores": true}')
     unknown = sorted(set(data) - set(REQUEST_FIELDS))
     if unknown:
         raise BadRequest(f"unknown field(s) {unknown}; the fields are {', '.join(REQUEST_FIELDS)}")
@@ -154,11 +157,18 @@ class RetrievalServer(ThreadingHTTPServer):
     `client_timeout`: seconds a client may stay silent (module docstring)."""
 
     daemon_threads = True
-    block_on_close = False   # stopping does not wait for a stalled client
+    block_on_close = False  # stopping does not wait for a stalled client
     request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, documents: list[dict], host: str = "127.0.0.1", port: int = 8000, topk: int = 3,
-                 quiet: bool = True, client_timeout: float = CLIENT_TIMEOUT_S):
+    def __init__(
+        self,
+        documents: list[dict],
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        topk: int = 3,
+        quiet: bool = True,
+        client_timeout: float = CLIENT_TIMEOUT_S,
+    ):
         self.index, self.topk, self.quiet, self.client_timeout = BM25(documents), topk, quiet, client_timeout
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__((host, port), _Handler)
@@ -213,8 +223,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, payload: dict) -> None:
         if status >= 400:
-            note(f"refused {self.address_string()} {self.command} {self.path[:200]!r}: {status} "
-                 f"{str(payload.get('error'))[:300]}")
+            note(
+                f"refused {self.address_string()} {self.command} {self.path[:200]!r}: {status} "
+                f"{str(payload.get('error'))[:300]}"
+            )
         body = json.dumps(payload, ensure_ascii=False).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -269,14 +281,17 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def build_parser(prog: str = "verl-npu retrieval-server") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Serve BM25 search over a jsonl corpus with Search-R1's "
-                                "retrieval protocol (POST /retrieve), for the search tool (docs/agents.md).")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve BM25 search over a jsonl corpus with Search-R1's "
+        "retrieval protocol (POST /retrieve), for the search tool (docs/agents.md).",
+    )
     add_arguments(p)
     return p
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", required=True, help="jsonl file, one {\"id\", \"contents\"} object a line")
+    p.add_argument("--corpus", required=True, help='jsonl file, one {"id", "contents"} object a line')
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000, the search tool config's; 0: any free)")
     p.add_argument("--topk", type=int, default=3, help="documents per query when a request gives no topk (default 3)")
@@ -299,11 +314,17 @@ def serve(args: argparse.Namespace) -> int:
     try:
         server = RetrievalServer(documents, args.host, args.port, args.topk, quiet=not args.verbose)
     except OSError as err:
-        print(f"error: cannot listen on {args.host}:{args.port} ({err.strerror or err}); pick another --port "
-              "(and the same port in the tool config's retrieval_service_url)", file=sys.stderr)
+        print(
+            f"error: cannot listen on {args.host}:{args.port} ({err.strerror or err}); pick another --port "
+            "(and the same port in the tool config's retrieval_service_url)",
+            file=sys.stderr,
+        )
         return 1
-    print(f"[retrieval-server] {len(documents)} documents from {args.corpus}; "
-          f"retrieval_service_url: http://{args.host}:{server.port}/retrieve", flush=True)
+    print(
+        f"[retrieval-server] {len(documents)} documents from {args.corpus}; "
+        f"retrieval_service_url: http://{args.host}:{server.port}/retrieve",
+        flush=True,
+    )
     stopped = []
 
     def on_signal(signum, _frame) -> None:

@@ -85,13 +85,15 @@ class SandboxResult:
     seconds: float
 
 
-_NAMESPACES: str | None = None   # None: not probed yet; "": they work; else why not
+_NAMESPACES: str | None = None  # None: not probed yet; "": they work; else why not
 _NAMESPACE_LOCK = threading.Lock()
-HOW_TO_GET = ("run the trainer as root, or allow unprivileged user namespaces (sysctl "
-              "user.max_user_namespaces > 0; on Debian kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
-              "kernel.apparmor_restrict_unprivileged_userns=0), and in a container allow the unshare, mount and "
-              "seccomp calls (e.g. docker run --privileged, or --security-opt seccomp=unconfined "
-              "--security-opt apparmor=unconfined)")
+HOW_TO_GET = (
+    "run the trainer as root, or allow unprivileged user namespaces (sysctl "
+    "user.max_user_namespaces > 0; on Debian kernel.unprivileged_userns_clone=1; on Ubuntu 23.10+ "
+    "kernel.apparmor_restrict_unprivileged_userns=0), and in a container allow the unshare, mount and "
+    "seccomp calls (e.g. docker run --privileged, or --security-opt seccomp=unconfined "
+    "--security-opt apparmor=unconfined)"
+)
 
 
 def _readonly_paths(python_packages: bool) -> list[str]:
@@ -104,8 +106,11 @@ def _readonly_paths(python_packages: bool) -> list[str]:
     if not any(exe.startswith(p.rstrip("/") + "/") for p in paths):
         paths.append(os.path.dirname(exe))
     # a folder inside another one already bound (a Python under /usr) needs no bind of its own
-    return [p for i, p in enumerate(paths)
-            if not any(p.startswith(q.rstrip("/") + "/") or (p == q and j < i) for j, q in enumerate(paths) if j != i)]
+    return [
+        p
+        for i, p in enumerate(paths)
+        if not any(p.startswith(q.rstrip("/") + "/") or (p == q and j < i) for j, q in enumerate(paths) if j != i)
+    ]
 
 
 def _python(python_packages: bool) -> str:
@@ -139,19 +144,23 @@ def active_isolation(requested: str = "auto") -> str:
     """The isolation a run gets: namespaces (auto or namespaces), or unsafe_process when asked for by
     that name. Raises RuntimeError naming what is missing, and how to get it, when namespaces cannot run."""
     if requested == "process":
-        raise ValueError("isolation: process is no boundary (model-written code can defeat its Python-level "
-                         "guards) and is not chosen by that name any more; use auto or namespaces, or say "
-                         "isolation: unsafe_process to run model code without an operating-system boundary")
+        raise ValueError(
+            "isolation: process is no boundary (model-written code can defeat its Python-level "
+            "guards) and is not chosen by that name any more; use auto or namespaces, or say "
+            "isolation: unsafe_process to run model code without an operating-system boundary"
+        )
     if requested not in ISOLATIONS:
         raise ValueError(f"isolation is {requested!r}; one of {', '.join(ISOLATIONS)}")
     if requested == UNSAFE:
         return UNSAFE
     problem = namespaces_problem()
     if problem:
-        raise RuntimeError(f"isolation: {requested} needs the namespace sandbox (user, mount, PID and network "
-                           f"namespaces with a seccomp filter), which cannot run here: {problem}. To get it: "
-                           f"{HOW_TO_GET}. Or, knowing model-written code then runs with only Python-level guards "
-                           f"that it can defeat, set isolation: {UNSAFE}")
+        raise RuntimeError(
+            f"isolation: {requested} needs the namespace sandbox (user, mount, PID and network "
+            f"namespaces with a seccomp filter), which cannot run here: {problem}. To get it: "
+            f"{HOW_TO_GET}. Or, knowing model-written code then runs with only Python-level guards "
+            f"that it can defeat, set isolation: {UNSAFE}"
+        )
     return "namespaces"
 
 
@@ -196,17 +205,31 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _run(code: str, limits: SandboxLimits, isolation: str) -> SandboxResult:
     start = time.monotonic()
     folder = tempfile.mkdtemp(prefix="verl_npu_sandbox_")
-    spec = {"isolation": isolation, "cpu_s": max(1, int(round(limits.cpu_s))),
-            "memory_bytes": int(limits.memory_mb) * MIB, "file_bytes": int(limits.disk_mb) * MIB,
-            "disk_bytes": int(limits.disk_mb) * MIB, "processes": int(limits.processes),
-            "readonly": _readonly_paths(limits.python_packages), "python": _python(limits.python_packages),
-            "root": folder, "folder": folder}
+    spec = {
+        "isolation": isolation,
+        "cpu_s": max(1, int(round(limits.cpu_s))),
+        "memory_bytes": int(limits.memory_mb) * MIB,
+        "file_bytes": int(limits.disk_mb) * MIB,
+        "disk_bytes": int(limits.disk_mb) * MIB,
+        "processes": int(limits.processes),
+        "readonly": _readonly_paths(limits.python_packages),
+        "python": _python(limits.python_packages),
+        "root": folder,
+        "folder": folder,
+    }
     timed_out = False
     try:
         # start_new_session: the launcher leads its own process group, which a time-out kills whole
-        proc = subprocess.Popen([sys.executable, "-I", "-B", str(BOOT), json.dumps(spec)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                close_fds=True, cwd=folder, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", str(BOOT), json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=folder,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        )
         reader = _Reader(proc.stdout, int(limits.max_output_bytes))
         reader.start()
         try:

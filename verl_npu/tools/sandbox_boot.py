@@ -39,7 +39,9 @@ import sys
 SETUP_FAILED = 121
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-NEW_NAMESPACES = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+NEW_NAMESPACES = (
+    CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECCOMP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 1, 24, 22, 28, 38
@@ -64,17 +66,21 @@ def check(result, what):
 
 def mount(source, target, fstype, flags, data=None):
     enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    check(libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-          f"mount {source} on {target}")
+    check(
+        libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        f"mount {source} on {target}",
+    )
 
 
 def set_limits(spec):
-    limits = [(resource.RLIMIT_CPU, spec["cpu_s"], spec["cpu_s"] + 1),
-              (resource.RLIMIT_AS, spec["memory_bytes"], spec["memory_bytes"]),
-              (resource.RLIMIT_FSIZE, spec["file_bytes"], spec["file_bytes"]),
-              (resource.RLIMIT_NPROC, spec["processes"], spec["processes"]),
-              (resource.RLIMIT_NOFILE, 256, 256),
-              (resource.RLIMIT_CORE, 0, 0)]
+    limits = [
+        (resource.RLIMIT_CPU, spec["cpu_s"], spec["cpu_s"] + 1),
+        (resource.RLIMIT_AS, spec["memory_bytes"], spec["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, spec["file_bytes"], spec["file_bytes"]),
+        (resource.RLIMIT_NPROC, spec["processes"], spec["processes"]),
+        (resource.RLIMIT_NOFILE, 256, 256),
+        (resource.RLIMIT_CORE, 0, 0),
+    ]
     for which, soft, hard in limits:
         resource.setrlimit(which, (soft, hard))
 
@@ -95,25 +101,66 @@ def wait_for(pid):
 
 
 def env_for(home, tmp):
-    return {"HOME": home, "TMPDIR": tmp, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-            "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    return {
+        "HOME": home,
+        "TMPDIR": tmp,
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+    }
 
 
 # ---------------------------------------------------------------- seccomp
 # the calls the sandbox may not make: name -> (x86_64 number: asm/unistd_64.h, aarch64: asm-generic/unistd.h)
 DENIED = {
-    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "kexec_load": (246, 104),
-    "kexec_file_load": (320, 294), "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41),
-    "unshare": (272, 97), "setns": (308, 268), "chroot": (161, 51), "bpf": (321, 280), "perf_event_open": (298, 241),
-    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218), "init_module": (175, 105),
-    "finit_module": (313, 273), "delete_module": (176, 106), "userfaultfd": (323, 282),
-    "open_by_handle_at": (304, 265), "name_to_handle_at": (303, 264), "reboot": (169, 142), "swapon": (167, 224),
-    "swapoff": (168, 225), "syslog": (103, 116), "acct": (163, 89), "settimeofday": (164, 170),
-    "clock_settime": (227, 112), "pidfd_getfd": (438, 438), "io_uring_setup": (425, 425), "fsopen": (430, 430),
-    "fsmount": (432, 432), "move_mount": (429, 429), "open_tree": (428, 428), "fspick": (433, 433),
-    "mount_setattr": (442, 442), "personality": (135, 92), "vhangup": (153, 58), "quotactl": (179, 60),
-    "iopl": (172, None), "ioperm": (173, None),
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "chroot": (161, 51),
+    "bpf": (321, 280),
+    "perf_event_open": (298, 241),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "userfaultfd": (323, 282),
+    "open_by_handle_at": (304, 265),
+    "name_to_handle_at": (303, 264),
+    "reboot": (169, 142),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "syslog": (103, 116),
+    "acct": (163, 89),
+    "settimeofday": (164, 170),
+    "clock_settime": (227, 112),
+    "pidfd_getfd": (438, 438),
+    "io_uring_setup": (425, 425),
+    "fsopen": (430, 430),
+    "fsmount": (432, 432),
+    "move_mount": (429, 429),
+    "open_tree": (428, 428),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "personality": (135, 92),
+    "vhangup": (153, 58),
+    "quotactl": (179, 60),
+    "iopl": (172, None),
+    "ioperm": (173, None),
 }
 #: per architecture: its seccomp audit value, the column of DENIED, and the numbers of clone and clone3
 ARCHES = {"x86_64": (0xC000003E, 0, 56, 435), "aarch64": (0xC00000B7, 1, 220, 435)}
@@ -136,10 +183,15 @@ def seccomp_filter(machine=None):
         prog += [(JGE_K, 0, 1, 0x40000000), (RET_K, 0, 0, RET_ERRNO | EPERM)]
     for nr in sorted(denied.values()):
         prog += [(JEQ_K, 0, 1, nr), (RET_K, 0, 0, RET_ERRNO | EPERM)]
-    prog += [(JEQ_K, 0, 1, clone3_nr), (RET_K, 0, 0, RET_ERRNO | ENOSYS),
-             (JEQ_K, 0, 3, clone_nr), (LD_ABS_W, 0, 0, 16),  # clone's flags: the low half of args[0]
-             (JSET_K, 0, 1, NEW_NAMESPACES), (RET_K, 0, 0, RET_ERRNO | EPERM),
-             (RET_K, 0, 0, RET_ALLOW)]
+    prog += [
+        (JEQ_K, 0, 1, clone3_nr),
+        (RET_K, 0, 0, RET_ERRNO | ENOSYS),
+        (JEQ_K, 0, 3, clone_nr),
+        (LD_ABS_W, 0, 0, 16),  # clone's flags: the low half of args[0]
+        (JSET_K, 0, 1, NEW_NAMESPACES),
+        (RET_K, 0, 0, RET_ERRNO | EPERM),
+        (RET_K, 0, 0, RET_ALLOW),
+    ]
     return prog
 
 
@@ -298,11 +350,44 @@ def audit_guard(folder, readable):
     also under `readable`)."""
     folder = os.path.realpath(folder)
     readable = tuple(os.path.realpath(p) for p in readable)
-    banned = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-              "os.forkpty", "pty.", "ctypes.", "os.kill", "os.killpg", "signal.pthread_kill", "os.chroot")
-    path_events = {"os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod", "os.chown", "os.symlink",
-                   "os.link", "os.truncate", "os.utime", "os.listdir", "os.scandir", "os.chdir", "shutil.rmtree",
-                   "os.listxattr", "os.getxattr", "os.setxattr", "os.removexattr", "glob.glob", "shutil.copyfile"}
+    banned = (
+        "socket.",
+        "subprocess.",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.fork",
+        "os.forkpty",
+        "pty.",
+        "ctypes.",
+        "os.kill",
+        "os.killpg",
+        "signal.pthread_kill",
+        "os.chroot",
+    )
+    path_events = {
+        "os.remove",
+        "os.rename",
+        "os.mkdir",
+        "os.rmdir",
+        "os.chmod",
+        "os.chown",
+        "os.symlink",
+        "os.link",
+        "os.truncate",
+        "os.utime",
+        "os.listdir",
+        "os.scandir",
+        "os.chdir",
+        "shutil.rmtree",
+        "os.listxattr",
+        "os.getxattr",
+        "os.setxattr",
+        "os.removexattr",
+        "glob.glob",
+        "shutil.copyfile",
+    }
 
     def inside(path, allowed):
         if isinstance(path, int):
@@ -321,7 +406,8 @@ def audit_guard(folder, readable):
             if path is None:
                 return
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC))
+                isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+            )
             if not inside(path, (folder,) if writing else (folder, *readable)):
                 raise PermissionError(f"the sandbox does not allow opening {path!r} outside its folder")
         elif event in path_events:
@@ -361,8 +447,11 @@ def run_process(spec, code):
         os._exit(1)
     except BaseException:  # noqa: BLE001 - the code's traceback is its output
         # the launcher's own frames (runpy, the audit hook) left out: the model sees its code's traceback
-        frames = [fr for fr in traceback.extract_tb(sys.exc_info()[2])
-                  if fr.filename != __file__ and "runpy" not in fr.filename]
+        frames = [
+            fr
+            for fr in traceback.extract_tb(sys.exc_info()[2])
+            if fr.filename != __file__ and "runpy" not in fr.filename
+        ]
         sys.stderr.write("Traceback (most recent call last):\n")
         sys.stderr.write("".join(traceback.format_list(frames)))
         sys.stderr.write("".join(traceback.format_exception_only(*sys.exc_info()[:2])))

@@ -47,8 +47,15 @@ from verl_npu.tools.base import BaseTool, ToolResponse
 log = logging.getLogger(__name__)
 
 #: verl's defaults
-DEFAULTS = {"topk": 3, "timeout": 30, "num_workers": 120, "rate_limit": 120, "enable_global_rate_limit": True,
-            "max_attempts": 10, "retry_delay": 1.0}
+DEFAULTS = {
+    "topk": 3,
+    "timeout": 30,
+    "num_workers": 120,
+    "rate_limit": 120,
+    "enable_global_rate_limit": True,
+    "max_attempts": 10,
+    "retry_delay": 1.0,
+}
 SCHEMA = {
     "type": "function",
     "function": {
@@ -56,9 +63,14 @@ SCHEMA = {
         "description": "Searches the web for relevant information based on the given query.",
         "parameters": {
             "type": "object",
-            "properties": {"query_list": {"type": "array", "items": {"type": "string"},
-                                          "description": "A list of fully-formed semantic queries. The tool will "
-                                                         "return search results for each query."}},
+            "properties": {
+                "query_list": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "A list of fully-formed semantic queries. The tool will "
+                    "return search results for each query.",
+                }
+            },
             "required": ["query_list"],
         },
     },
@@ -98,8 +110,12 @@ def post_json(url: str, payload: dict, timeout: float) -> Any:
     """The decoded JSON answer of one POST. Raises SearchFailed (retry: connection refused or reset, a
     timeout, 5xx; no retry: another HTTP error, with the server's message, or an answer that is not JSON)."""
     try:
-        request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                         headers={"Content-Type": "application/json", "Accept": "application/json"})
+        request = urllib.request.Request(
+            url,
+            data=json.dumps(payload).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
     except ValueError as err:
         raise SearchFailed(f"retrieval_service_url {url!r} is not a URL: {err}", retry=False) from None
     try:
@@ -107,8 +123,9 @@ def post_json(url: str, payload: dict, timeout: float) -> Any:
             body = response.read()
     except urllib.error.HTTPError as err:
         detail = err.read()[:300].decode(errors="replace").strip()
-        raise SearchFailed(f"the retrieval server answered HTTP {err.code}" + (f": {detail}" if detail else ""),
-                           retry=err.code >= 500) from None
+        raise SearchFailed(
+            f"the retrieval server answered HTTP {err.code}" + (f": {detail}" if detail else ""), retry=err.code >= 500
+        ) from None
     except TimeoutError:
         raise SearchFailed(f"no answer from {url} within {timeout:g} s", retry=True) from None
     except (urllib.error.URLError, ConnectionError, OSError) as err:
@@ -122,9 +139,14 @@ def post_json(url: str, payload: dict, timeout: float) -> Any:
         raise SearchFailed(f"the retrieval server's answer is not JSON ({err}): {body[:200]!r}", retry=False) from None
 
 
-@TOOLS.register("search", function_name=None, verl_class_paths=("verl.tools.search_tool.SearchTool",),
-                config_check="verl_npu.tool_registry:search_config_problems", retrieval_server=True,
-                doc="queries a retrieval server over HTTP and replies with the documents found (Search-R1)")
+@TOOLS.register(
+    "search",
+    function_name=None,
+    verl_class_paths=("verl.tools.search_tool.SearchTool",),
+    config_check="verl_npu.tool_registry:search_config_problems",
+    retrieval_server=True,
+    doc="queries a retrieval server over HTTP and replies with the documents found (Search-R1)",
+)
 class SearchTool(BaseTool):
     """verl's SearchTool (module docstring): `execute(instance_id, {"query_list": [...]})`."""
 
@@ -137,8 +159,10 @@ class SearchTool(BaseTool):
             raise ValueError("; ".join(f"{key}: {what}" for key, what in problems))
         props = ((self.tool_schema.model_dump().get("function") or {}).get("parameters") or {}).get("properties") or {}
         if "query_list" not in props:
-            raise ValueError("the tool_schema's parameters must have query_list (a list of strings): the search "
-                             "tool reads its queries there")
+            raise ValueError(
+                "the tool_schema's parameters must have query_list (a list of strings): the search "
+                "tool reads its queries there"
+            )
         settings = {**DEFAULTS, **{k: v for k, v in self.config.items() if v is not None}}
         self.url = settings["retrieval_service_url"]
         self.topk, self.timeout = int(settings["topk"]), float(settings["timeout"])
@@ -147,8 +171,9 @@ class SearchTool(BaseTool):
         self._global = None
         if settings["enable_global_rate_limit"]:
             with _GLOBAL_LOCK:
-                self._global = _GLOBAL_LIMITS.setdefault(int(settings["rate_limit"]),
-                                                         threading.BoundedSemaphore(int(settings["rate_limit"])))
+                self._global = _GLOBAL_LIMITS.setdefault(
+                    int(settings["rate_limit"]), threading.BoundedSemaphore(int(settings["rate_limit"]))
+                )
         self._state: dict[str, dict[str, Any]] = {}
 
     def create(self, instance_id: str | None = None, **kwargs):
@@ -161,8 +186,11 @@ class SearchTool(BaseTool):
         if not queries or not isinstance(queries, list):
             return ToolResponse(text=result_text(MISSING_QUERIES)), 0.0, {"status": "bad_parameters"}
         if not all(isinstance(q, str) and q.strip() for q in queries):
-            return (ToolResponse(text=result_text("Error: every entry of 'query_list' must be a non-empty string.")),
-                    0.0, {"status": "bad_parameters"})
+            return (
+                ToolResponse(text=result_text("Error: every entry of 'query_list' must be a non-empty string.")),
+                0.0,
+                {"status": "bad_parameters"},
+            )
         text, metrics = self.search(queries)
         self._state.setdefault(instance_id, {"response": "", "reward": []})["reward"].append(text.strip())
         return ToolResponse(text=text), 0.0, metrics
@@ -174,8 +202,10 @@ class SearchTool(BaseTool):
             answer = self._request({"queries": queries, "topk": self.topk, "return_scores": True})
             results = answer.get("result") if isinstance(answer, dict) else None
             if results is None or not isinstance(results, list) or not all(isinstance(r, list) for r in results):
-                raise SearchFailed("the retrieval server's answer has no 'result' list of document lists: "
-                                   f"{str(answer)[:200]}", retry=False)
+                raise SearchFailed(
+                    f"the retrieval server's answer has no 'result' list of document lists: {str(answer)[:200]}",
+                    retry=False,
+                )
         except SearchFailed as err:
             metrics.update(status="api_error", api_request_error=str(err))
             return result_text(f"Search error: {err}"), metrics
@@ -189,7 +219,7 @@ class SearchTool(BaseTool):
         """post_json within the tool's limits, tried up to max_attempts times while a retry may help."""
         last = None
         for attempt in range(1, self.max_attempts + 1):
-            with self._workers, (self._global or contextlib.nullcontext()):
+            with self._workers, self._global or contextlib.nullcontext():
                 try:
                     return post_json(self.url, payload, self.timeout)
                 except SearchFailed as err:

@@ -98,9 +98,15 @@ def check_layout(cfg, device) -> None:
     processes = rollout_processes(cfg)
     indices, shared = device.beside_trainer(int(cfg.trainer.n_gpus_per_node), processes)
     if shared:
-        log.warning("separate_async: %d rollout process(es) and the trainer share %s device(s) %s (the node has %d): "
-                    "generation and training compete for them, and the weights travel by %s through host memory",
-                    processes, device.kind, sorted(set(indices)), device.count(), device.weight_sync_backend(True))
+        log.warning(
+            "separate_async: %d rollout process(es) and the trainer share %s device(s) %s (the node has %d): "
+            "generation and training compete for them, and the weights travel by %s through host memory",
+            processes,
+            device.kind,
+            sorted(set(indices)),
+            device.count(),
+            device.weight_sync_backend(True),
+        )
 
 
 def _step_of(record: str) -> float:
@@ -179,20 +185,26 @@ class AsyncPPOTrainer(PPOTrainer):
         metrics["trainer/idle_ratio"] = metrics.get("timing_s/gen", 0.0) / step_s if step_s > 0 else 0.0
         stats = self.rollout_stats
         total = stats["idle"] + stats["busy"]
-        metrics.update({
-            "rollouter/idle_ratio": stats["idle"] / total if total > 0 else 0.0,
-            "rollouter/generated_groups": float(stats["groups"]),
-            "rollouter/update_weights_seconds": stats["update_s"],
-            "separate_async/parameter_sync_step": float(self.updates_per_sync),
-            "separate_async/max_off_policy_threshold": float(self.threshold),
-        })
+        metrics.update(
+            {
+                "rollouter/idle_ratio": stats["idle"] / total if total > 0 else 0.0,
+                "rollouter/generated_groups": float(stats["groups"]),
+                "rollouter/update_weights_seconds": stats["update_s"],
+                "separate_async/parameter_sync_step": float(self.updates_per_sync),
+                "separate_async/max_off_policy_threshold": float(self.threshold),
+            }
+        )
         self.rollout_stats = {"idle": 0.0, "busy": 0.0, "groups": 0, "update_s": 0.0}
         if self.group_filter is not None:  # since the last step, on the rollout stream
             stats, n = self.filter_stats, self.train_sampling.n
-            metrics.update({"training/filter_groups/dropped_groups": float(stats["filtered"]),
-                            "training/filter_groups/evicted_samples": float(stats["filtered"] * n),
-                            "training/filter_groups/kept_groups": float(stats["kept"]),
-                            "training/filter_groups/refilled_groups": float(stats["refilled"])})
+            metrics.update(
+                {
+                    "training/filter_groups/dropped_groups": float(stats["filtered"]),
+                    "training/filter_groups/evicted_samples": float(stats["filtered"] * n),
+                    "training/filter_groups/kept_groups": float(stats["kept"]),
+                    "training/filter_groups/refilled_groups": float(stats["refilled"]),
+                }
+            )
             self.filter_stats = {"filtered": 0, "kept": 0, "refilled": 0}
         return metrics
 
@@ -200,9 +212,15 @@ class AsyncPPOTrainer(PPOTrainer):
         """The checkpoint's `async_state.pt` (plain data, loaded without running pickled code): the issued-batch
         count and every issued, untrained prompt as (uid, its row of the training dataset), in issue order."""
         untrained = [(r.uid, self.row_index[r.uid]) for r in self.sampler.untrained()]
-        save_torch({"issued_batches": self.issued_batches, "untrained": untrained,
-                    "refill_queue": list(self.refill_queue), "refill_batches": self.refill_batches},
-                   folder / ASYNC_STATE_FILE)
+        save_torch(
+            {
+                "issued_batches": self.issued_batches,
+                "untrained": untrained,
+                "refill_queue": list(self.refill_queue),
+                "refill_batches": self.refill_batches,
+            },
+            folder / ASYNC_STATE_FILE,
+        )
 
     def resume(self, ckpt: Path | None) -> None:
         """The sync loop's resume; then the version records of steps after the restored one (a run stopped
@@ -229,9 +247,15 @@ class AsyncPPOTrainer(PPOTrainer):
         from verl_npu.workers.rollout_side import RolloutSide
 
         threads = torch.get_num_threads()
-        self.rollout = RolloutSide(self.cfg, TRANSFER_BACKEND, threads, self.device, rollout_processes(self.cfg),
-                                   trainer_devices=int(self.cfg.trainer.n_gpus_per_node),
-                                   tp=rollout_tensor_parallel(self.cfg))
+        self.rollout = RolloutSide(
+            self.cfg,
+            TRANSFER_BACKEND,
+            threads,
+            self.device,
+            rollout_processes(self.cfg),
+            trainer_devices=int(self.cfg.trainer.n_gpus_per_node),
+            tp=rollout_tensor_parallel(self.cfg),
+        )
         self.push_weights(self.global_step)
         dataset = self.train_loader.dataset
         for uid, row in self.reissue_on_start:  # a resumed run's untrained prompts, at the restored version
@@ -267,11 +291,16 @@ class AsyncPPOTrainer(PPOTrainer):
         """The actor's state-dict entries the rollout model has as parameters (its layout: a tied output layer
         is one parameter there), checked against the layout's shapes and dtypes."""
         missing = [n for n in self.rollout.layout if n not in state]
-        wrong = [n for n, (shape, dtype) in self.rollout.layout.items()
-                 if n in state and (tuple(state[n].shape) != shape or str(state[n].dtype) != dtype)]
+        wrong = [
+            n
+            for n, (shape, dtype) in self.rollout.layout.items()
+            if n in state and (tuple(state[n].shape) != shape or str(state[n].dtype) != dtype)
+        ]
         if missing or wrong:
-            raise RuntimeError(f"the rollout model's parameters do not match the actor's: missing {missing[:3]}, "
-                               f"other shape or dtype {wrong[:3]}")
+            raise RuntimeError(
+                f"the rollout model's parameters do not match the actor's: missing {missing[:3]}, "
+                f"other shape or dtype {wrong[:3]}"
+            )
         return {n: state[n] for n in self.rollout.layout}
 
     def _send(self, version: int, named: dict) -> None:
@@ -309,15 +338,17 @@ class AsyncPPOTrainer(PPOTrainer):
         epoch, start = int(position["epoch"]), int(position["sample_index"])
         if start + loader.batch_size > len(loader.dataset):
             epoch, start = epoch + 1, 0
-        return [int(i) for i in loader.order(epoch)[start:start + loader.batch_size]]
+        return [int(i) for i in loader.order(epoch)[start : start + loader.batch_size]]
 
     def handle(self, reply: tuple) -> None:
         kind = reply[0]
         if kind == "weights":
             _, index, version, stats, digest = reply
             if digest != self.digests.get(version):
-                raise WeightsOutOfSync(f"after the transfer of version {version} the weights of rollout process "
-                                       f"{index} differ from the trainer's (weight digests differ)")
+                raise WeightsOutOfSync(
+                    f"after the transfer of version {version} the weights of rollout process "
+                    f"{index} differ from the trainer's (weight digests differ)"
+                )
             self.rollout_stats["update_s"] += stats["seconds"]
             self.confirmed[version] = self.confirmed.get(version, 0) + 1
             if self.confirmed[version] == len(self.rollout.processes):  # every process holds this version
@@ -350,9 +381,14 @@ class AsyncPPOTrainer(PPOTrainer):
             selection = self.sampler.select(step_version, self.batch_groups)
             evicted = selection.dropped if selection is not None else self.sampler.pending_dropped
             for record in evicted:
-                log.warning("step %d: group %s was generated by version %d, staler than "
-                            "trainer.v1.sampler.max_off_policy_threshold=%d: dropped, its prompt reissued",
-                            self.global_step, record.uid, record.version, self.threshold)
+                log.warning(
+                    "step %d: group %s was generated by version %d, staler than "
+                    "trainer.v1.sampler.max_off_policy_threshold=%d: dropped, its prompt reissued",
+                    self.global_step,
+                    record.uid,
+                    record.version,
+                    self.threshold,
+                )
                 self.issue([record.uid], self.prompt_rows[record.uid], [self.row_index[record.uid]])
             dropped_here += len(evicted)
             if selection is not None:
@@ -366,8 +402,11 @@ class AsyncPPOTrainer(PPOTrainer):
         staleness = [step_version - v for _, newest, _ in spans for v in newest]
         worst = [step_version - v for oldest, _, _ in spans for v in oldest]
         versions = [r.version for r in records]
-        self.pending_metrics.update(staleness_metrics(staleness, versions, dropped_here, worst=worst,
-                                                      spans=[s for _, _, group in spans for s in group]))
+        self.pending_metrics.update(
+            staleness_metrics(
+                staleness, versions, dropped_here, worst=worst, spans=[s for _, _, group in spans for s in group]
+            )
+        )
         self.pending_metrics["training/off_policy/model_version"] = float(step_version)
         if self.group_filter is not None:  # scored on arrival: the per-response reward extras go along
             return concat_rows([r.data for r in records]), records
@@ -400,7 +439,8 @@ class AsyncPPOTrainer(PPOTrainer):
                 f"std of algorithm.filter_groups.metric={self.group_filter.metric!r}) since the last step, "
                 f"max_num_gen_batches={limit} batches of data.train_batch_size={self.batch_groups} prompts. The "
                 "prompts are too easy or too hard for the model: raise max_num_gen_batches (0 or less: no limit), "
-                "raise rollout.n, or use other data")
+                "raise rollout.n, or use other data"
+            )
 
     def refill(self) -> None:
         """Issue the next prompt of the loader in a filtered group's place (uid `r<n>-<i>`: row i of the n-th
@@ -423,8 +463,10 @@ class AsyncPPOTrainer(PPOTrainer):
     def record_filtered(self, uid: str, version: int) -> None:
         self.versions_file.parent.mkdir(parents=True, exist_ok=True)
         with self.versions_file.open("a") as f:
-            f.write(json.dumps({"step": self.global_step, "uid": uid, "generation_version": version,
-                                "filtered": True}) + "\n")
+            f.write(
+                json.dumps({"step": self.global_step, "uid": uid, "generation_version": version, "filtered": True})
+                + "\n"
+            )
 
     def next_reply(self) -> tuple:
         if self.rollout.early:
@@ -436,9 +478,19 @@ class AsyncPPOTrainer(PPOTrainer):
         with self.versions_file.open("a") as f:
             for r in records:
                 oldest, newest, spans = token_versions(r.data, r.version)
-                f.write(json.dumps({"step": self.global_step, "uid": r.uid, "generation_version": r.version,
-                                    "trained_version": self.global_step - 1, "newest_version": max(newest),
-                                    "max_spans": max(spans)}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": self.global_step,
+                            "uid": r.uid,
+                            "generation_version": r.version,
+                            "trained_version": self.global_step - 1,
+                            "newest_version": max(newest),
+                            "max_spans": max(spans),
+                        }
+                    )
+                    + "\n"
+                )
 
     def rollout_snapshots(self) -> list[dict[str, torch.Tensor]]:
         """Every rollout process's weights after every transfer sent so far, in process order (tests)."""

@@ -264,8 +264,10 @@ def verify_checkpoint(folder: str | Path) -> Verification:
         if isinstance(result, BaseException):
             problems.append(f"{rel}: unreadable ({result})")
         elif result[1] != str(files[rel]["crc32"]):
-            problems.append(f"{rel}: contents changed since the save (CRC-32 {result[1]}, the manifest says "
-                            f"{files[rel]['crc32']}): the file is damaged or was modified")
+            problems.append(
+                f"{rel}: contents changed since the save (CRC-32 {result[1]}, the manifest says "
+                f"{files[rel]['crc32']}): the file is damaged or was modified"
+            )
     for rel in _listed_files(folder):
         if rel not in files:
             problems.append(f"{rel}: not in the manifest (added after the save)")
@@ -277,9 +279,7 @@ def _complete_step_dirs(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     found = [
-        child
-        for child in folder.iterdir()
-        if _STEP_DIR_RE.match(child.name) and CheckpointManager.is_complete(child)
+        child for child in folder.iterdir() if _STEP_DIR_RE.match(child.name) and CheckpointManager.is_complete(child)
     ]
     return sorted(found, key=CheckpointManager.step_of)
 
@@ -369,8 +369,11 @@ class CheckpointManager:
         else:
             need = f"needed more than {human_bytes(written or 0)} (written before the disk filled)"
         latest = self.latest()
-        kept = (f"the last complete checkpoint, {latest}, is intact" if latest is not None
-                else "no complete checkpoint exists yet")
+        kept = (
+            f"the last complete checkpoint, {latest}, is intact"
+            if latest is not None
+            else "no complete checkpoint exists yet"
+        )
         return DiskFull(
             f"no space left on {self.root}: {need}, free {human_bytes(free)}. Checkpoint step {step} was not "
             f"saved and nothing was removed: {kept}. Free some space there (a save needs room for one "
@@ -415,8 +418,10 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, Exception) and is_disk_full(exc):
                 raise self._disk_full(
-                    step, expected[0] if expected else None,
-                    f"the size of {expected[1].name}" if expected else "", written,
+                    step,
+                    expected[0] if expected else None,
+                    f"the size of {expected[1].name}" if expected else "",
+                    written,
                 ) from None
             raise
 
@@ -463,8 +468,12 @@ class CheckpointManager:
                 target = os.readlink(path)
                 path.unlink()
                 _fsync_dir(self.root)
-                logger.info("removed the link %s -> %s (max_to_keep=%d); the folder it points to is left in place",
-                            path, target, self.max_to_keep)
+                logger.info(
+                    "removed the link %s -> %s (max_to_keep=%d); the folder it points to is left in place",
+                    path,
+                    target,
+                    self.max_to_keep,
+                )
                 excess -= 1
                 continue
             # Rename before deleting so a half-deleted folder is never visible as a checkpoint.
@@ -535,8 +544,7 @@ class CheckpointManager:
             return found
         if resume_mode != "resume_path":
             raise UserError(
-                f"trainer.resume_mode: {resume_mode!r} is not a resume mode; "
-                f"use one of {', '.join(RESUME_MODES)}"
+                f"trainer.resume_mode: {resume_mode!r} is not a resume mode; use one of {', '.join(RESUME_MODES)}"
             )
         if not resume_from_path:
             raise UserError(
@@ -552,13 +560,14 @@ class CheckpointManager:
                 "point it at a folder named global_step_N (e.g. .../global_step_10)"
             )
         if not path.is_dir():
-            raise UserError(
-                f"trainer.resume_from_path: {path} does not exist; "
-                f"{self._available_hint(path.parent)}"
-            )
+            raise UserError(f"trainer.resume_from_path: {path} does not exist; {self._available_hint(path.parent)}")
         if is_verl_checkpoint(path):
-            logger.warning("%s was written by upstream verl (no %s, no %s): resuming it without verifying its "
-                           "files", path, COMPLETE_FILE, MANIFEST_FILE)
+            logger.warning(
+                "%s was written by upstream verl (no %s, no %s): resuming it without verifying its files",
+                path,
+                COMPLETE_FILE,
+                MANIFEST_FILE,
+            )
             return path
         if not self.is_complete(path):
             raise UserError(
@@ -580,7 +589,9 @@ class CheckpointManager:
         if not check.verified:
             logger.warning(
                 "checkpoint %s has no %s (it was written by upstream verl or an older verl-npu): its files "
-                "cannot be verified before loading", check.path, MANIFEST_FILE,
+                "cannot be verified before loading",
+                check.path,
+                MANIFEST_FILE,
             )
 
     def _newest_intact(self) -> Path | None:
@@ -602,7 +613,8 @@ class CheckpointManager:
             logger.error("checkpoint %s is damaged, skipping it: %s", path, check.describe())
             damaged.append(f"{path.name}: {check.describe()}")
         raise UserError(
-            f"every checkpoint in {self.root} is damaged, so none can be resumed: " + " | ".join(damaged)
+            f"every checkpoint in {self.root} is damaged, so none can be resumed: "
+            + " | ".join(damaged)
             + ". Move the folder aside (or set trainer.resume_mode=disable) to start fresh"
         )
 

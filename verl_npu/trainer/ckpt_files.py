@@ -48,11 +48,7 @@ def save_rng_state() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch_cpu": torch.get_rng_state(),
-    }
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch_cpu": torch.get_rng_state()}
 
 
 def load_rng_state(state: dict[str, Any]) -> None:
@@ -106,8 +102,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def save_trainer_state(path: str | Path, *, dataloader: dict, global_step: int, kl_coef: float,
-                       rng: dict[str, Any]) -> None:
+def save_trainer_state(
+    path: str | Path, *, dataloader: dict, global_step: int, kl_coef: float, rng: dict[str, Any]
+) -> None:
     """Write the trainer's state to `path` as JSON (temp file + fsync + rename). `rng` is what
     `save_rng_state()` returns."""
     doc = {
@@ -143,18 +140,24 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
         if legacy.is_file():
             state = load_torch(legacy)
             if not isinstance(state, dict) or not {"dataloader", "kl_coef", "rng"} <= set(state):
-                raise UserError(f"{legacy} is not a verl-npu trainer state (keys: "
-                                f"{sorted(state) if isinstance(state, dict) else type(state).__name__})")
+                raise UserError(
+                    f"{legacy} is not a verl-npu trainer state (keys: "
+                    f"{sorted(state) if isinstance(state, dict) else type(state).__name__})"
+                )
             try:
                 state["kl_coef"] = float(state["kl_coef"])
                 _check_trainer_state(state)
             except _MALFORMED as exc:
-                raise UserError(f"{legacy} is not a valid verl-npu trainer state ({type(exc).__name__}: "
-                                f"{str(exc)[:200]}); the file is damaged: resume from another checkpoint") from None
+                raise UserError(
+                    f"{legacy} is not a valid verl-npu trainer state ({type(exc).__name__}: "
+                    f"{str(exc)[:200]}); the file is damaged: resume from another checkpoint"
+                ) from None
             logger.info("read the trainer state of %s from %s (older verl-npu format)", ckpt, legacy.name)
             return state
-        raise UserError(f"checkpoint {ckpt} has no {TRAINER_STATE_FILE} (nor {LEGACY_TRAINER_STATE_FILE}): "
-                        "its save did not finish or the file was deleted; resume from another checkpoint")
+        raise UserError(
+            f"checkpoint {ckpt} has no {TRAINER_STATE_FILE} (nor {LEGACY_TRAINER_STATE_FILE}): "
+            "its save did not finish or the file was deleted; resume from another checkpoint"
+        )
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         if doc.get("format") != _TRAINER_STATE_FORMAT:
@@ -168,13 +171,14 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
         _check_trainer_state(state)
         return state
     except _MALFORMED as exc:
-        raise UserError(f"{path} is not a valid verl-npu trainer state ({type(exc).__name__}: "
-                        f"{str(exc)[:200]}); the file is damaged: resume from another checkpoint") from None
+        raise UserError(
+            f"{path} is not a valid verl-npu trainer state ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); the file is damaged: resume from another checkpoint"
+        ) from None
 
 
 #: what reading a damaged state can raise (deep nesting: RecursionError; huge numbers: OverflowError)
-_MALFORMED = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, OverflowError,
-              RuntimeError)
+_MALFORMED = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, OverflowError, RuntimeError)
 
 
 def _check_trainer_state(state: dict[str, Any]) -> None:
@@ -187,8 +191,11 @@ def _check_trainer_state(state: dict[str, Any]) -> None:
     if not math.isfinite(state["kl_coef"]):
         raise ValueError(f"kl_coef is {state['kl_coef']}")
     position = state["dataloader"]
-    counts = [position.get(k, "absent") for k in ("epoch", "sample_index", "batch_index")
-              if k in position or k == "epoch"] if isinstance(position, dict) else ["not a dict"]
+    counts = (
+        [position.get(k, "absent") for k in ("epoch", "sample_index", "batch_index") if k in position or k == "epoch"]
+        if isinstance(position, dict)
+        else ["not a dict"]
+    )
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
         raise ValueError(f"dataloader position {str(position)[:100]} is not non-negative integers")
     rng = state["rng"]

@@ -62,7 +62,8 @@ def metric_values(batch: Batch, metric: str) -> list[float]:
             raise UserError(
                 f"algorithm.filter_groups.metric={metric!r} is not a reward extra of this run (extras: "
                 f"{', '.join(sorted(extras)) or 'none'}): use reward, seq_reward, score or acc, or a key of the "
-                "dict your reward function returns")
+                "dict your reward function returns"
+            )
     return batch["token_level_scores"].sum(-1).tolist()
 
 
@@ -71,8 +72,11 @@ def zero_variance_groups(uids: list, values: list[float]) -> set:
     by_uid: dict = {}
     for uid, value in zip(uids, values):
         by_uid.setdefault(uid, []).append(value)
-    return {uid for uid, vals in by_uid.items()
-            if len(vals) > 1 and not any(math.isnan(v) for v in vals) and float(np.std(vals)) == 0.0}
+    return {
+        uid
+        for uid, vals in by_uid.items()
+        if len(vals) > 1 and not any(math.isnan(v) for v in vals) and float(np.std(vals)) == 0.0
+    }
 
 
 def select_rows(batch: Batch, index: list[int]) -> Batch:
@@ -88,7 +92,8 @@ def concat_rows(batches: list[Batch]) -> Batch:
     out = Batch.concat(batches)
     names = sorted({k for b in batches for k in b.meta.get("reward_extras", {})})
     out.meta["reward_extras"] = {
-        k: [v for b in batches for v in b.meta["reward_extras"].get(k, [math.nan] * len(b))] for k in names}
+        k: [v for b in batches for v in b.meta["reward_extras"].get(k, [math.nan] * len(b))] for k in names
+    }
     return out
 
 
@@ -109,8 +114,13 @@ class DynamicSampler:
             return None
         return cls(cfg.data.train_batch_size, fg.metric, fg.max_num_gen_batches)
 
-    def collect(self, first: Batch, next_prompts: Callable[[], Batch],
-                generate_and_score: Callable[[Batch, int], Batch], step: int) -> tuple[Batch, dict[str, float]]:
+    def collect(
+        self,
+        first: Batch,
+        next_prompts: Callable[[], Batch],
+        generate_and_score: Callable[[Batch, int], Batch],
+        step: int,
+    ) -> tuple[Batch, dict[str, float]]:
         """Generate (`generate_and_score(prompts, k)` for the k-th batch of the step, k from 0) from
         `first` and then from `next_prompts()` until `train_batch_size` groups are kept; returns the
         first `train_batch_size` kept groups and the step's sampling metrics."""
@@ -140,7 +150,8 @@ class DynamicSampler:
                     f"{self.train_batch_size} groups it needs ({dropped_groups} groups had zero std of "
                     f"filter_groups.metric={self.metric!r}). The prompts are too easy or too hard for the model: "
                     "raise max_num_gen_batches (0 or less: no limit) or data.gen_batch_size, lower "
-                    "data.train_batch_size, raise rollout.n, or use other data")
+                    "data.train_batch_size, raise rollout.n, or use other data"
+                )
             prompts = next_prompts()
         surplus_samples = (passed_groups - kept_groups) * (len(uids) // max(len(groups), 1))  # x rollout.n
         metrics = {
@@ -150,7 +161,14 @@ class DynamicSampler:
             "training/filter_groups/kept_groups": float(passed_groups),
             "training/filter_groups/dropped_groups": float(dropped_groups),
         }
-        log.info("dynamic sampling, step %d: %d generation batch(es); %d groups kept, %d dropped (zero std of %s); "
-                 "training on %d groups", step, k, passed_groups, dropped_groups, self.metric,
-                 self.train_batch_size)
+        log.info(
+            "dynamic sampling, step %d: %d generation batch(es); %d groups kept, %d dropped (zero std of %s); "
+            "training on %d groups",
+            step,
+            k,
+            passed_groups,
+            dropped_groups,
+            self.metric,
+            self.train_batch_size,
+        )
         return concat_rows(kept), metrics

@@ -50,8 +50,9 @@ def checkpoints_to_keep(cfg: BackendConfigSection) -> int | None:
     A step folder resumes only with every role's files, so a role's limit removes whole steps."""
     from verl_npu.registry import roles_needed
 
-    limits = [getattr(cfg.trainer, spec.keep_key.removeprefix("trainer.")) for spec in roles_needed(cfg)
-              if spec.keep_key]
+    limits = [
+        getattr(cfg.trainer, spec.keep_key.removeprefix("trainer.")) for spec in roles_needed(cfg) if spec.keep_key
+    ]
     limits = [n for n in limits if n is not None]
     return min(limits) if limits else None
 
@@ -147,7 +148,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     )
     check_teacher_tokenizer(cfg, tokenizer)  # distillation: the teacher reads the student's token ids
     tools = _tool_schemas(cfg)  # multi-turn: the tools are built (and checked) before any data or worker
-    raw_chat = bool(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)   # custom loops read raw_prompt
+    raw_chat = bool(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)  # custom loops read raw_prompt
     train_set = RLDataset(cfg.data.train_files, tokenizer, processor, cfg.data, tools=tools, raw_chat=raw_chat)
     _check_agent_names(cfg, train_set)
     # DAPO's dynamic sampling reads batches of data.gen_batch_size prompts (verl_npu/trainer/dynamic_sampling.py)
@@ -155,7 +156,11 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     dynamic = cfg.algorithm.filter_groups.enable and gen_batch is not None
     loader_batch = gen_batch if dynamic and gen_batch is not None else cfg.data.train_batch_size
     train_loader = StatefulBatchLoader(
-        train_set, loader_batch, cfg.data.shuffle, cfg.data.seed, drop_last=True,
+        train_set,
+        loader_batch,
+        cfg.data.shuffle,
+        cfg.data.seed,
+        drop_last=True,
         num_workers=cfg.data.dataloader_num_workers,
     )
     if len(train_loader) == 0:
@@ -168,20 +173,31 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
         val_set = RLDataset(cfg.data.val_files, tokenizer, processor, cfg.data, tools=tools, raw_chat=raw_chat)
         _check_agent_names(cfg, val_set)
         if len(val_set) == 0:
-            raise UserError(f"data.val_files ({', '.join(map(str, _as_list(cfg.data.val_files)))}) has no usable "
-                            "row: add rows, point data.val_files at another file, or turn validation off "
-                            "(data.val_files=null, or trainer.test_freq=-1 with trainer.val_before_train=false)")
+            raise UserError(
+                f"data.val_files ({', '.join(map(str, _as_list(cfg.data.val_files)))}) has no usable "
+                "row: add rows, point data.val_files at another file, or turn validation off "
+                "(data.val_files=null, or trainer.test_freq=-1 with trainer.val_before_train=false)"
+            )
         val_batch = min(len(val_set), 256)
         val_loader = StatefulBatchLoader(
-            val_set, val_batch, cfg.data.validation_shuffle, cfg.data.seed, drop_last=False,
+            val_set,
+            val_batch,
+            cfg.data.validation_shuffle,
+            cfg.data.seed,
+            drop_last=False,
             num_workers=cfg.data.dataloader_num_workers,
         )
     steps = total_steps(cfg, len(train_loader))
-    log.info("%d steps (%d per epoch); %d prompts x %d responses per step",
-             steps, len(train_loader), cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n)
+    log.info(
+        "%d steps (%d per epoch); %d prompts x %d responses per step",
+        steps,
+        len(train_loader),
+        cfg.data.train_batch_size,
+        cfg.actor_rollout_ref.rollout.n,
+    )
 
     reward_scorer: RewardScorer | ParallelRewardScorer
-    if REWARD_MANAGERS.spec(cfg.reward_model.reward_manager).parallel_scoring:   # prime: worker processes
+    if REWARD_MANAGERS.spec(cfg.reward_model.reward_manager).parallel_scoring:  # prime: worker processes
         reward_scorer = build_scorer(cfg)
     else:
         reward_scorer = RewardScorer(load_reward_fn(cfg.custom_reward_function))
@@ -205,10 +221,14 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     try:
         info = workers.init_model()
         log.info("model: %s", info)
-        trainer_class, extra = ((AsyncPPOTrainer, {"device": device}) if cfg.trainer.v1.trainer_mode == "separate_async"
-                                else (PPOTrainer, {}))
-        trainer = trainer_class(rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps,
-                                **extra)
+        trainer_class, extra = (
+            (AsyncPPOTrainer, {"device": device})
+            if cfg.trainer.v1.trainer_mode == "separate_async"
+            else (PPOTrainer, {})
+        )
+        trainer = trainer_class(
+            rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps, **extra
+        )
         final = trainer.fit(resume_from=latest)
         if after_fit is not None:
             after_fit(workers)
@@ -219,8 +239,11 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
         text = str(stop)
         if "checkpoint" not in text:
             latest = checkpoints.latest()
-            text += (f"; the last complete checkpoint, {latest}, is intact: rerun the same command to resume"
-                     if latest is not None else f"; no complete checkpoint exists in {checkpoints.root}")
+            text += (
+                f"; the last complete checkpoint, {latest}, is intact: rerun the same command to resume"
+                if latest is not None
+                else f"; no complete checkpoint exists in {checkpoints.root}"
+            )
         log.warning("%s", text)
         return stop.exit_code
     except Exception as exc:  # noqa: BLE001 - turn device OOM and a full disk into advice, re-raise the rest
@@ -229,9 +252,13 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
             raise UserError(
                 f"no space left on device while writing the run's files under {out_dir} (logs, metrics, "
                 f"TensorBoard, curves). Fix: free space there or point af_output_dir at a larger disk, then rerun "
-                f"the same command: " + (f"the last complete checkpoint, {latest}, is intact and the run resumes "
-                                         f"from it" if latest is not None else
-                                         f"no checkpoint was complete yet in {checkpoints.root}")) from None
+                f"the same command: "
+                + (
+                    f"the last complete checkpoint, {latest}, is intact and the run resumes from it"
+                    if latest is not None
+                    else f"no checkpoint was complete yet in {checkpoints.root}"
+                )
+            ) from None
         cause: BaseException | None = exc
         while cause is not None:  # a worker's OOM arrives wrapped in the worker group's error
             if device.is_oom_error(cause):
@@ -241,11 +268,15 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     finally:
         tracker.close()
         workers.shutdown()
-        reward_scorer.close()   # prime: its worker processes
+        reward_scorer.close()  # prime: its worker processes
     if final:  # an already complete run trained nothing and said so
         score = final.get("critic/score/mean")
-        log.info("done: %d steps; last mean score %s; outputs in %s", trainer.global_step,
-                 f"{score:.3f}" if score is not None and math.isfinite(score) else "n/a", out_dir)
+        log.info(
+            "done: %d steps; last mean score %s; outputs in %s",
+            trainer.global_step,
+            f"{score:.3f}" if score is not None and math.isfinite(score) else "n/a",
+            out_dir,
+        )
     _log_summary(cfg, out_dir, tracker, threads)
     return 0
 
@@ -263,9 +294,11 @@ def _interrupted_message(checkpoints, step: int | None) -> str:
         lost = f"step {step} (in progress) is lost"
     else:
         lost = f"steps {saved + 1}-{step} are lost (step {step} was in progress)"
-    kept = (f"the last complete checkpoint, {latest} (step {saved}), is intact: rerun the same command to "
-            f"resume from it" if latest is not None else
-            f"there is no complete checkpoint in {checkpoints.root}: a rerun starts from step 1")
+    kept = (
+        f"the last complete checkpoint, {latest} (step {saved}), is intact: rerun the same command to resume from it"
+        if latest is not None
+        else f"there is no complete checkpoint in {checkpoints.root}: a rerun starts from step 1"
+    )
     return f"interrupted by Ctrl-C: stopped at once; {lost}; {kept}"
 
 
@@ -305,14 +338,18 @@ def _check_agent_names(cfg: BackendConfigSection, dataset) -> None:
     from verl_npu.registry import ROLLOUT_ENGINES, image_engines
 
     mt = cfg.actor_rollout_ref.rollout.multi_turn
-    dataset.check_agent_names(AGENT_LOOPS, mt.enable, tuple(loop_names(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)))
+    dataset.check_agent_names(
+        AGENT_LOOPS, mt.enable, tuple(loop_names(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path))
+    )
     engine = cfg.actor_rollout_ref.rollout.name
     takes_images = ROLLOUT_ENGINES.spec(engine).images_in_multiturn
     with_images = dataset.image_files() if mt.enable and not takes_images else []
     if with_images:
-        raise UserError(f"data file {with_images[0]} has images, but multi-turn rollout with images runs on the "
-                        f"{' / '.join(image_engines())} engine only (actor_rollout_ref.rollout.name is {engine!r}): "
-                        f"set actor_rollout_ref.rollout.name={image_engines()[0]}, or turn multi_turn off")
+        raise UserError(
+            f"data file {with_images[0]} has images, but multi-turn rollout with images runs on the "
+            f"{' / '.join(image_engines())} engine only (actor_rollout_ref.rollout.name is {engine!r}): "
+            f"set actor_rollout_ref.rollout.name={image_engines()[0]}, or turn multi_turn off"
+        )
     if mt.enable and mt.interaction_config_path:
         # the interactions are built (and checked) here, before any worker starts
         from verl_npu.tools.interactions.loading import load_interactions

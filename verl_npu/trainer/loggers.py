@@ -57,8 +57,12 @@ class Sink:
         raise NotImplementedError
 
 
-@METRIC_SINKS.register("wandb", module="wandb", extra="wandb", doc="Weights & Biases (offline files under "
-                       "<af_output_dir>/wandb unless WANDB_MODE / WANDB_API_KEY)")
+@METRIC_SINKS.register(
+    "wandb",
+    module="wandb",
+    extra="wandb",
+    doc="Weights & Biases (offline files under <af_output_dir>/wandb unless WANDB_MODE / WANDB_API_KEY)",
+)
 class WandbSink(Sink):
     """A wandb run named `experiment` in project `project`, config = the resolved recipe."""
 
@@ -67,11 +71,19 @@ class WandbSink(Sink):
 
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=project, name=experiment, config=config, dir=str(out_dir), mode=mode,
-                              reinit="create_new", settings=wandb.Settings(silent=True))
+        self.run = wandb.init(
+            project=project,
+            name=experiment,
+            config=config,
+            dir=str(out_dir),
+            mode=mode,
+            reinit="create_new",
+            settings=wandb.Settings(silent=True),
+        )
         if mode == "offline":
-            log.info("wandb: offline run in %s (upload later with: wandb sync %s)", self.run.dir,
-                     Path(self.run.dir).parent)
+            log.info(
+                "wandb: offline run in %s (upload later with: wandb sync %s)", self.run.dir, Path(self.run.dir).parent
+            )
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
@@ -103,8 +115,12 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, str]:
     return {prefix: str(tree)}
 
 
-@METRIC_SINKS.register("mlflow", module="mlflow", extra="mlflow", doc="MLflow (MLFLOW_TRACKING_URI, else a local "
-                       "store in <af_output_dir>/mlflow)")
+@METRIC_SINKS.register(
+    "mlflow",
+    module="mlflow",
+    extra="mlflow",
+    doc="MLflow (MLFLOW_TRACKING_URI, else a local store in <af_output_dir>/mlflow)",
+)
 class MlflowSink(Sink):
     """An MLflow run named `experiment` in experiment `project`; the resolved recipe is logged as
     flattened params (`backend_config.data.train_batch_size` = ...) and as `config.yaml`."""
@@ -122,12 +138,15 @@ class MlflowSink(Sink):
             artifact_location = (store / "artifacts").resolve().as_uri()
         self.client = mlflow.MlflowClient(tracking_uri=uri)
         found = self.client.get_experiment_by_name(project)
-        exp_id = found.experiment_id if found else self.client.create_experiment(
-            project, artifact_location=artifact_location)
+        exp_id = (
+            found.experiment_id
+            if found
+            else self.client.create_experiment(project, artifact_location=artifact_location)
+        )
         self.run_id = self.client.create_run(exp_id, run_name=experiment).info.run_id
         params = [Param(k[:250], v[:6000]) for k, v in _flatten(config).items()]
         for start in range(0, len(params), 100):
-            self.client.log_batch(self.run_id, params=params[start:start + 100])
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
         self.client.log_dict(self.run_id, config, "config.yaml")
         log.info("mlflow: run %s in experiment %r at %s", self.run_id, project, uri)
 
@@ -139,7 +158,7 @@ class MlflowSink(Sink):
         now = int(time.time() * 1000)
         metrics = [Metric(mlflow_name(k), float(v), now, int(step)) for k, v in values.items()]
         for start in range(0, len(metrics), 500):
-            self.client.log_batch(self.run_id, metrics=metrics[start:start + 500])
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + 500])
 
     def log_text(self, tag: str, text: str, step: int) -> None:
         self.client.log_text(self.run_id, text, f"{tag}/step_{int(step):08d}.txt")
@@ -148,8 +167,12 @@ class MlflowSink(Sink):
         self.client.set_terminated(self.run_id)
 
 
-@METRIC_SINKS.register("swanlab", module="swanlab", extra="swanlab", doc="SwanLab (offline files under "
-                       "<af_output_dir>/swanlog unless SWANLAB_MODE / SWANLAB_API_KEY)")
+@METRIC_SINKS.register(
+    "swanlab",
+    module="swanlab",
+    extra="swanlab",
+    doc="SwanLab (offline files under <af_output_dir>/swanlog unless SWANLAB_MODE / SWANLAB_API_KEY)",
+)
 class SwanlabSink(Sink):
     """A SwanLab experiment named `experiment` in project `project`, config = the resolved recipe."""
 
@@ -159,8 +182,9 @@ class SwanlabSink(Sink):
         mode = os.environ.get("SWANLAB_MODE") or ("cloud" if os.environ.get("SWANLAB_API_KEY") else "offline")
         logdir = out_dir / "swanlog"
         logdir.mkdir(parents=True, exist_ok=True)
-        self.run = swanlab.init(project=project, experiment_name=experiment, config=config,
-                                logdir=str(logdir), mode=mode)
+        self.run = swanlab.init(
+            project=project, experiment_name=experiment, config=config, logdir=str(logdir), mode=mode
+        )
         self._swanlab = swanlab
 
     def log(self, values: dict[str, float], step: int) -> None:

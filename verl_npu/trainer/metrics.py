@@ -52,7 +52,7 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     mask = batch["response_mask"].bool()
     # generated tokens: the attention mask's response columns (rollout correction may have removed rejected
     # tokens from response_mask)
-    response_len = batch["attention_mask"][:, batch["prompts"].shape[1]:].sum(-1).float()
+    response_len = batch["attention_mask"][:, batch["prompts"].shape[1] :].sum(-1).float()
     if "tool_mask" in batch:  # multi-turn: the tools' tokens are not the model's (docs/agents.md)
         response_len = response_len - batch["tool_mask"].sum(-1).float()
     prompt_len = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
@@ -134,21 +134,21 @@ def variance_proxy_metrics(batch: Batch, gradient_norm: float | None = None) -> 
     w = 1.0 - 2.0 * torch.exp(batch["old_log_probs"].float()) + batch["sum_pi_squared"].float()
     rho = batch["rollout_is_weights"].float() if "rollout_is_weights" in batch else None
     if rho is not None:
-        w = w * rho ** 2
+        w = w * rho**2
     adv = row_sum(batch["advantages"].float()) / (mask.sum(-1) + 1e-8)
     w_rows = row_sum(w)
     if rho is not None:
         rho_rows = row_sum(rho) / (mask.sum(-1) + 1e-8)
-        original = row_sum(w / torch.clamp(rho ** 2, min=1e-10)).clamp(min=0.0)
-        power = float((rho_rows ** 2 * adv ** 2 * original).mean())
+        original = row_sum(w / torch.clamp(rho**2, min=1e-10)).clamp(min=0.0)
+        power = float((rho_rows**2 * adv**2 * original).mean())
     else:
-        power = float((adv ** 2 * w_rows.clamp(min=0.0)).mean())
+        power = float((adv**2 * w_rows.clamp(min=0.0)).mean())
     signal = float(gradient_norm) ** 2 if gradient_norm is not None else None
     noise = max(0.0, (power - signal) / (len(adv) - 1)) if signal is not None and len(adv) > 1 else 0.0
     return {
         "variance_proxy/proxy1_signal_strength": signal if signal is not None else 0.0,
         "variance_proxy/proxy2_total_power": power,
         "variance_proxy/proxy3_pure_noise": noise,
-        "variance_proxy/expected_a_squared": float((adv ** 2).mean()),
+        "variance_proxy/expected_a_squared": float((adv**2).mean()),
         "variance_proxy/expected_w": float(w_rows.mean()),
     }

@@ -124,8 +124,13 @@ class StalenessSampler:
         return sorted([*self.ready, *self.in_flight.values()], key=lambda r: r.seq)
 
 
-def staleness_metrics(staleness: list[int], versions: list[int], dropped: int, worst: list[int] | None = None,
-                      spans: list[int] | None = None) -> dict[str, float]:
+def staleness_metrics(
+    staleness: list[int],
+    versions: list[int],
+    dropped: int,
+    worst: list[int] | None = None,
+    spans: list[int] | None = None,
+) -> dict[str, float]:
     """verl's off-policy metrics of one step's responses (one value per response, as verl's per-sample
     distributions). `training/off_policy/trajectory_staleness/*`: the current version minus the newest version
     that generated the trajectory (`staleness`); `trajectory_staleness_worst/*`: minus the oldest one (`worst`;
@@ -134,8 +139,11 @@ def staleness_metrics(staleness: list[int], versions: list[int], dropped: int, w
     out: dict[str, float] = {}
     spans = spans if spans is not None else [1] * len(staleness)
     worst = worst if worst is not None else staleness
-    for name, values in (("trajectory_staleness", staleness), ("trajectory_staleness_worst", worst),
-                         ("trajectory_spans", spans)):
+    for name, values in (
+        ("trajectory_staleness", staleness),
+        ("trajectory_staleness_worst", worst),
+        ("trajectory_spans", spans),
+    ):
         if values:
             out[f"training/off_policy/{name}/mean"] = sum(values) / len(values)
             out[f"training/off_policy/{name}/max"] = float(max(values))

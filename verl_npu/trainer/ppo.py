@@ -69,8 +69,6 @@ from verl_npu.workers.roles import checkpointed_roles
 log = logging.getLogger("verl_npu")
 
 
-
-
 def multi_turn_extra_info(batch: Batch) -> list:
     """Each row's extra_info for the reward function; a multi-turn row's gets what its trajectory
     collected, as verl's reward managers add its agent loop's extra fields: `turn_scores` (the
@@ -79,8 +77,12 @@ def multi_turn_extra_info(batch: Batch) -> list:
     extra = list(batch["extra_info"])
     if "agent_turns" not in batch:
         return extra
-    fields = {"turn_scores": batch.get("turn_scores"), "tool_rewards": batch.get("tool_rewards"),
-              "interaction": batch.get("interaction_info"), "num_turns": batch.get("__num_turns__")}
+    fields = {
+        "turn_scores": batch.get("turn_scores"),
+        "tool_rewards": batch.get("tool_rewards"),
+        "interaction": batch.get("interaction_info"),
+        "num_turns": batch.get("__num_turns__"),
+    }
     out = []
     for i, info in enumerate(extra):
         added = {k: v[i] for k, v in fields.items() if v is not None}
@@ -90,6 +92,7 @@ def multi_turn_extra_info(batch: Batch) -> list:
         if fields_of_row:
             out[i] = {**(out[i] or {}), **fields_of_row}
     return out
+
 
 def with_agent_scores(rule, batch: Batch):
     """The rows' rule rewards, each replaced by its custom agent loop's own `reward_score` where the loop gave one
@@ -153,7 +156,8 @@ class PPOTrainer:
             raise UserError(
                 f"checkpoint {ckpt} has no {', '.join(r + '/' for r in absent)} folder, which this run needs "
                 f"(roles: {', '.join(roles)}): it was saved by a run without that role. Resume it with "
-                f"the config that wrote it, or start fresh (trainer.resume_mode=disable)")
+                f"the config that wrote it, or start fresh (trainer.resume_mode=disable)"
+            )
         for role in roles:  # one folder per role: actor/, critic/
             self.workers.load_checkpoint(str(Path(ckpt) / role), role=role)
         self.train_loader.load_state_dict(state["dataloader"])
@@ -235,10 +239,15 @@ class PPOTrainer:
             if trainer_cfg.val_only:
                 return val_metrics
         if self.global_step >= self.total_training_steps:
-            log.warning("nothing to do: the run in %s is already complete at step %d of %d "
-                        "(trainer.total_training_steps). To train further, raise trainer.total_training_steps "
-                        "(or trainer.total_epochs); to start over, set trainer.resume_mode=disable or use "
-                        "another af_output_dir", self.out_dir, self.global_step, self.total_training_steps)
+            log.warning(
+                "nothing to do: the run in %s is already complete at step %d of %d "
+                "(trainer.total_training_steps). To train further, raise trainer.total_training_steps "
+                "(or trainer.total_epochs); to start over, set trainer.resume_mode=disable or use "
+                "another af_output_dir",
+                self.out_dir,
+                self.global_step,
+                self.total_training_steps,
+            )
             return {}
         progress = ProgressBar(total=self.total_training_steps, initial=self.global_step)
         profiling = StepProfiling(self.cfg, self.out_dir, self.workers)
@@ -267,8 +276,11 @@ class PPOTrainer:
                             self.save_checkpoint()
                     progress.update(self.global_step, metrics.get("critic/score/mean"))
                     if self.global_step % CURVES_EVERY == 0 or is_last:
-                        plot_training_curves(self.out_dir / "metrics.jsonl", self.out_dir / "training_curves.png",
-                                             builtin_rewards=not self.cfg.custom_reward_function.path)
+                        plot_training_curves(
+                            self.out_dir / "metrics.jsonl",
+                            self.out_dir / "training_curves.png",
+                            builtin_rewards=not self.cfg.custom_reward_function.path,
+                        )
                     if is_last:
                         break
                     signum = preempt.stop_requested()
@@ -293,24 +305,32 @@ class PPOTrainer:
                     self.score(batch)
             else:  # DAPO's dynamic sampling: scored batches until train_batch_size groups are kept
                 batch, sampling_metrics = self.dynamic_sampler.collect(
-                    prompts, self.next_prompts, lambda p, k: self.generate(p, k, timings, score=True), self.global_step)
+                    prompts, self.next_prompts, lambda p, k: self.generate(p, k, timings, score=True), self.global_step
+                )
                 if cfg.trainer.balance_batch:
                     batch = batch.select(balance_for_ranks(batch["attention_mask"], self.workers.dp_size))
             has_critic = self.workers.serves("compute_values")
             # a critic-warmup step does not update the actor: the update's forward cannot give the old log-probs
             update_actor = self.global_step > cfg.trainer.critic_warmup
             # rollout correction's bypass mode: the rollout's log-probs are the old ones (verl: apply_bypass_mode)
-            old = (OldLogProbs.ROLLOUT if cfg.algorithm.rollout_correction.bypass_mode
-                   else OldLogProbs.UPDATE_FORWARD if update_actor and not self.old_log_prob_pass_needed()
-                   else OldLogProbs.PASS)
+            old = (
+                OldLogProbs.ROLLOUT
+                if cfg.algorithm.rollout_correction.bypass_mode
+                else OldLogProbs.UPDATE_FORWARD
+                if update_actor and not self.old_log_prob_pass_needed()
+                else OldLogProbs.PASS
+            )
             with timed("old_log_prob", timings):
                 if old is OldLogProbs.ROLLOUT:
                     batch.set("old_log_probs", self.rollout_log_probs(batch))
                 elif old is OldLogProbs.PASS:
                     batch.update(self.workers.compute_log_prob(batch))
             sync_metrics = {} if old is OldLogProbs.ROLLOUT else self.check_rollout_sync(batch)
-            entropy = (algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
-                       if old is OldLogProbs.PASS else None)
+            entropy = (
+                algorithms.masked_mean(batch["entropys"], batch["response_mask"].float())
+                if old is OldLogProbs.PASS
+                else None
+            )
             if needs_reference(cfg):
                 with timed("ref", timings):
                     batch.update(self.workers.compute_ref_log_prob(batch))
@@ -374,8 +394,10 @@ class PPOTrainer:
         for _ in range(2):
             for prompts in self.train_loader:
                 return prompts
-        raise UserError("the training loader yields no batch: data.train_files has fewer usable rows than "
-                        "data.gen_batch_size; lower data.gen_batch_size or add data")
+        raise UserError(
+            "the training loader yields no batch: data.train_files has fewer usable rows than "
+            "data.gen_batch_size; lower data.gen_batch_size or add data"
+        )
 
     def stop_if_updates_keep_failing(self, update_metrics: dict[str, float]) -> None:
         """Raise a UserError when a role's optimizer steps were skipped (non-finite gradients)
@@ -390,8 +412,12 @@ class PPOTrainer:
                     f"step {self.global_step}: the last {in_a_row} optimizer steps of the {role} were skipped for "
                     f"non-finite gradients (trainer.max_consecutive_skipped_updates={limit}): the run has "
                     f"diverged. Lower the {role}'s optim.lr, check the rewards, or lower grad_clip; "
-                    + (f"the last complete checkpoint, {latest}, is intact (resume from it after the change)"
-                       if latest is not None else "no checkpoint was saved"))
+                    + (
+                        f"the last complete checkpoint, {latest}, is intact (resume from it after the change)"
+                        if latest is not None
+                        else "no checkpoint was saved"
+                    )
+                )
 
     def old_log_prob_pass_needed(self) -> bool:
         """Whether the separate old-log-prob pass runs (asked of the workers once, logged once)."""
@@ -400,16 +426,20 @@ class PPOTrainer:
             if self.old_log_prob_reasons:
                 log.info("old-log-prob pass: runs (%s)", "; ".join(self.old_log_prob_reasons))
             else:
-                log.info("old-log-prob pass: skipped, the update's own forward gives the old log-probs "
-                         "(hf rollout, one epoch of one mini-batch, no KL in reward, no dropout)")
+                log.info(
+                    "old-log-prob pass: skipped, the update's own forward gives the old log-probs "
+                    "(hf rollout, one epoch of one mini-batch, no KL in reward, no dropout)"
+                )
         return bool(self.old_log_prob_reasons)
 
     def rollout_log_probs(self, batch: Batch) -> torch.Tensor:
         """The rollout engine's own log-probs (bypass mode's old log-probs); the config makes every engine
         return them (rollout.calculate_log_probs), so their absence is a bug of the engine."""
         if "rollout_log_probs" not in batch:
-            raise RuntimeError(f"algorithm.rollout_correction.bypass_mode: the {self.cfg.actor_rollout_ref.rollout.name}"
-                               " rollout returned no rollout_log_probs although rollout.calculate_log_probs is true")
+            raise RuntimeError(
+                f"algorithm.rollout_correction.bypass_mode: the {self.cfg.actor_rollout_ref.rollout.name}"
+                " rollout returned no rollout_log_probs although rollout.calculate_log_probs is true"
+            )
         return batch["rollout_log_probs"]
 
     def rollout_correction(self, batch: Batch) -> dict[str, float]:
@@ -421,13 +451,20 @@ class PPOTrainer:
         if settings.bypass_mode or not self.cfg.actor_rollout_ref.rollout.calculate_log_probs:
             return {}
         if "rollout_log_probs" not in batch:
-            raise RuntimeError(f"rollout.calculate_log_probs: the {self.cfg.actor_rollout_ref.rollout.name} rollout "
-                               "returned no rollout_log_probs")
+            raise RuntimeError(
+                f"rollout.calculate_log_probs: the {self.cfg.actor_rollout_ref.rollout.name} rollout "
+                "returned no rollout_log_probs"
+            )
         out = algorithms.compute_rollout_correction(
-            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-            rollout_is=settings.rollout_is, rollout_is_threshold=settings.rollout_is_threshold,
-            rollout_is_batch_normalize=settings.rollout_is_batch_normalize, rollout_rs=settings.rollout_rs,
-            rollout_rs_threshold=settings.rollout_rs_threshold)
+            batch["old_log_probs"],
+            batch["rollout_log_probs"],
+            batch["response_mask"],
+            rollout_is=settings.rollout_is,
+            rollout_is_threshold=settings.rollout_is_threshold,
+            rollout_is_batch_normalize=settings.rollout_is_batch_normalize,
+            rollout_rs=settings.rollout_rs,
+            rollout_rs_threshold=settings.rollout_rs_threshold,
+        )
         batch.set("response_mask", out.response_mask)
         if out.weights is not None:
             batch.set("rollout_is_weights", out.weights.float())
@@ -465,7 +502,7 @@ class PPOTrainer:
     def decode_responses(self, batch: Batch) -> list[str]:
         # every response token the sequence holds (attention mask): a multi-turn response's tool turns too
         texts = []
-        shown = batch["attention_mask"][:, -batch["responses"].shape[1]:]
+        shown = batch["attention_mask"][:, -batch["responses"].shape[1] :]
         for ids, mask in zip(batch["responses"], shown):
             texts.append(self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True))
         return texts
@@ -484,7 +521,10 @@ class PPOTrainer:
         rule, extras = None, {}
         if not with_rm or scorer.covers(batch["data_source"]):
             rule, extras = scorer.score(
-                texts, batch["data_source"], batch["ground_truth"], multi_turn_extra_info(batch),
+                texts,
+                batch["data_source"],
+                batch["ground_truth"],
+                multi_turn_extra_info(batch),
                 rows=batch["data_row"] if "data_row" in batch else None,  # errors name the dataset row
             )
         mask = batch["response_mask"]
@@ -496,8 +536,13 @@ class PPOTrainer:
         else:
             rule = with_agent_scores(rule, batch)
             manager = REWARD_MANAGERS.load(self.cfg.reward_model.reward_manager)  # dapo: the overlong penalty, acc
-            rule, extras = manager(rule, extras, mask.sum(-1).tolist(), self.cfg.reward_model.reward_kwargs,
-                                   self.cfg.data.max_response_length)
+            rule, extras = manager(
+                rule,
+                extras,
+                mask.sum(-1).tolist(),
+                self.cfg.reward_model.reward_kwargs,
+                self.cfg.data.max_response_length,
+            )
             token_scores = algorithms.scores_on_last_token(torch.tensor(rule, dtype=torch.float32), mask)
         batch.set("token_level_scores", token_scores)
         batch.meta["reward_extras"] = extras
@@ -508,8 +553,12 @@ class PPOTrainer:
         # ROLL's reward normalisation (algorithm.reward_norm, verl-npu's keys): before the KL penalty and the
         # estimator, as in ROLL; token_level_scores stays the raw score (critic/score/*)
         scores, metrics = algorithms.apply_reward_norm(
-            batch["token_level_scores"], batch["response_mask"], algo.reward_norm,
-            uids=batch["uid"], data_sources=batch["data_source"])
+            batch["token_level_scores"],
+            batch["response_mask"],
+            algo.reward_norm,
+            uids=batch["uid"],
+            data_sources=batch["data_source"],
+        )
         if algo.use_kl_in_reward:
             rewards, kl_metrics = algorithms.apply_kl_in_reward(
                 scores,
@@ -533,8 +582,11 @@ class PPOTrainer:
             reward_components=batch.meta.get("reward_extras"),  # gdpo's per-component rewards
             # remax's baseline, gae's values; the optimal token baseline's old log-probs and sum of squared
             # probabilities (actor.calculate_sum_pi_squared), and rollout importance weights when there are any
-            **{k: batch[k] for k in ("baseline_rewards", "values", "old_log_probs", "sum_pi_squared",
-                                     "rollout_is_weights") if k in batch},
+            **{
+                k: batch[k]
+                for k in ("baseline_rewards", "values", "old_log_probs", "sum_pi_squared", "rollout_is_weights")
+                if k in batch
+            },
         )
         batch.set("advantages", advantages)
         batch.set("returns", returns)
@@ -589,7 +641,7 @@ class PPOTrainer:
                     extras_per_source.setdefault(src, {}).setdefault(name, []).append(values[i])
             budget = self.cfg.trainer.log_val_generations - len(samples)
             for i, (text, gt) in enumerate(list(zip(texts, batch["ground_truth"]))[: max(budget, 0)]):
-                shown = batch["attention_mask"][i, -batch["responses"].shape[1]:].bool()  # tool turns too
+                shown = batch["attention_mask"][i, -batch["responses"].shape[1] :].bool()  # tool turns too
                 ids = batch["responses"][i][shown].tolist()
                 samples.append(f"[ground truth: {gt}] {quoted_sample(readable_text(self.tokenizer, ids, text))}")
             if self.cfg.trainer.validation_data_dir:  # validation rows have no uid: name them by their place

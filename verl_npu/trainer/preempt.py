@@ -91,8 +91,10 @@ def _on_sigterm(signum, _frame) -> None:
     _state["signal"] = int(signum)
     phase = _state["phase"]
     if phase == "training":
-        _note(f"{name} received: finishing the current step, then saving a checkpoint "
-              f"(trainer.save_on_preempt) and stopping")
+        _note(
+            f"{name} received: finishing the current step, then saving a checkpoint "
+            f"(trainer.save_on_preempt) and stopping"
+        )
     elif phase == "finishing":
         _note(f"{name} received while the run is finishing: completing the shutdown")
     else:
@@ -105,9 +107,11 @@ def _on_sigint(signum, _frame) -> None:
         return
     if _state["phase"] == "training" and _state["signal"] is None:
         _state["signal"] = int(signum)
-        _note("Ctrl-C: finishing the current step, then saving a checkpoint and stopping. "
-              "Press Ctrl-C again to stop at once (the step in progress and the steps since the last "
-              "checkpoint are then lost)")
+        _note(
+            "Ctrl-C: finishing the current step, then saving a checkpoint and stopping. "
+            "Press Ctrl-C again to stop at once (the step in progress and the steps since the last "
+            "checkpoint are then lost)"
+        )
         return
     _state["interrupting"] = True
     if _state["signal"] == signal.SIGINT:

@@ -108,19 +108,27 @@ class RunLock:
         """Create the output folder, or say in the user's words why it cannot be (a file in the way,
         a file as a parent, no permission, a read-only or full file system)."""
         if self.folder.exists() and not self.folder.is_dir():
-            raise UserError(f"af_output_dir {self.folder} is an existing file, not a folder. Point af_output_dir at "
-                            "a folder (it is created if missing), or move the file away")
+            raise UserError(
+                f"af_output_dir {self.folder} is an existing file, not a folder. Point af_output_dir at "
+                "a folder (it is created if missing), or move the file away"
+            )
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except FileExistsError:
-            raise UserError(f"af_output_dir {self.folder}: a part of this path is an existing file, not a folder. "
-                            "Point af_output_dir at a path below a folder") from None
+            raise UserError(
+                f"af_output_dir {self.folder}: a part of this path is an existing file, not a folder. "
+                "Point af_output_dir at a path below a folder"
+            ) from None
         except NotADirectoryError:
-            raise UserError(f"af_output_dir {self.folder}: a part of this path is a file, not a folder. "
-                            "Point af_output_dir at a path below a folder") from None
+            raise UserError(
+                f"af_output_dir {self.folder}: a part of this path is a file, not a folder. "
+                "Point af_output_dir at a path below a folder"
+            ) from None
         except OSError as exc:
-            raise UserError(f"af_output_dir {self.folder}: cannot create the folder ({exc.strerror}). Give "
-                            "af_output_dir a place this user may write (or fix its permissions)") from None
+            raise UserError(
+                f"af_output_dir {self.folder}: cannot create the folder ({exc.strerror}). Give "
+                "af_output_dir a place this user may write (or fix its permissions)"
+            ) from None
 
     def acquire(self) -> RunLock:
         try:
@@ -133,8 +141,10 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise UserError(f"af_output_dir {self.folder}: cannot create {self.path} ({exc.strerror}). "
-                                "Give af_output_dir a folder this user may write (or fix its permissions)") from None
+                raise UserError(
+                    f"af_output_dir {self.folder}: cannot create {self.path} ({exc.strerror}). "
+                    "Give af_output_dir a folder this user may write (or fix its permissions)"
+                ) from None
             flock_works = fcntl is not None
             try:
                 if fcntl is not None:

@@ -44,20 +44,25 @@ def tool_lines(rows: list[dict]) -> list[str]:
     lines = []
     unsafe = sum(float(r.get("tool_calls/unsafe_sandbox", 0) or 0) for r in rows)
     if unsafe:
-        lines.append(f"  UNSAFE: model-written code ran without an operating-system boundary in {unsafe:.0f} tool "
-                     "calls (isolation: unsafe_process; docs/agents.md \"The code interpreter sandbox\")")
+        lines.append(
+            f"  UNSAFE: model-written code ran without an operating-system boundary in {unsafe:.0f} tool "
+            'calls (isolation: unsafe_process; docs/agents.md "The code interpreter sandbox")'
+        )
     last: dict[str, float] = {}
     for r in rows:
         last.update({k: v for k, v in r.items() if k.startswith("tool_calls/") and k.endswith("/error_ratio")})
-    failing = sorted(k[len("tool_calls/"):-len("/error_ratio")] for k, v in last.items() if v >= 0.5)
+    failing = sorted(k[len("tool_calls/") : -len("/error_ratio")] for k, v in last.items() if v >= 0.5)
     if failing:
-        lines.append(f"  tools whose calls mostly failed in the last step that called them: {', '.join(failing)} "
-                     "(tool_calls/<name>/error_ratio; the conversations in the rollout dumps show the errors)")
+        lines.append(
+            f"  tools whose calls mostly failed in the last step that called them: {', '.join(failing)} "
+            "(tool_calls/<name>/error_ratio; the conversations in the rollout dumps show the errors)"
+        )
     return lines
 
 
-def run_summary(out_dir: str | Path, *, tensorboard_dir: str | Path | None = None,
-                builtin_rewards: bool = True) -> list[str]:
+def run_summary(
+    out_dir: str | Path, *, tensorboard_dir: str | Path | None = None, builtin_rewards: bool = True
+) -> list[str]:
     """Lines of the end-of-run summary for the run in ``out_dir`` (see the module docstring).
     ``tensorboard_dir``: the run's TensorBoard folder, None when TensorBoard was not a logger;
     ``builtin_rewards``: False when a custom reward scored the run (no blind ceiling is quoted)."""
@@ -71,42 +76,56 @@ def run_summary(out_dir: str | Path, *, tensorboard_dir: str | Path | None = Non
     if scores:
         first, last = _mean(scores[:WINDOW]), _mean(scores[-WINDOW:])
         ratio = f" ({last / first:.1f}x)" if first > 0 else ""
-        lines.append(f"  mean reward ({SCORE_KEY}): first {min(WINDOW, len(scores))} steps {first:.3f} -> "
-                     f"last {min(WINDOW, len(scores))} steps {last:.3f}{ratio}")
-    clipped = [r["response_length/clip_ratio"] for r in rows
-               if isinstance(r.get("response_length/clip_ratio"), (int, float))]
+        lines.append(
+            f"  mean reward ({SCORE_KEY}): first {min(WINDOW, len(scores))} steps {first:.3f} -> "
+            f"last {min(WINDOW, len(scores))} steps {last:.3f}{ratio}"
+        )
+    clipped = [
+        r["response_length/clip_ratio"] for r in rows if isinstance(r.get("response_length/clip_ratio"), (int, float))
+    ]
     if clipped:
         lines.append(f"  responses cut at the token budget (no end of turn), last step: {clipped[-1]:.0%}")
     for role in ("actor", "critic"):
         skipped = sum(float(r.get(f"{role}/skipped_updates", 0) or 0) for r in rows)
         if skipped:
-            lines.append(f"  {role} optimizer steps skipped for a non-finite gradient: {skipped:.0f} "
-                         f"({role}/skipped_updates): the updates of those steps were dropped")
+            lines.append(
+                f"  {role} optimizer steps skipped for a non-finite gradient: {skipped:.0f} "
+                f"({role}/skipped_updates): the updates of those steps were dropped"
+            )
     turns = [r for r in rows if isinstance(r.get("num_turns/mean"), (int, float))]
     if turns:  # multi-turn rollout (verl's metric names)
-        lines.append(f"  multi-turn, last step: {turns[-1]['num_turns/mean']:.2f} turns and "
-                     f"{turns[-1].get('tool_call_counts/mean', 0.0):.2f} tool calls per trajectory "
-                     "(num_turns/mean, tool_call_counts/mean)")
+        lines.append(
+            f"  multi-turn, last step: {turns[-1]['num_turns/mean']:.2f} turns and "
+            f"{turns[-1].get('tool_call_counts/mean', 0.0):.2f} tool calls per trajectory "
+            "(num_turns/mean, tool_call_counts/mean)"
+        )
     lines += tool_lines(rows)
     step, val = last_validation(rows)
     # val-core/<source>/reward/...: a source may hold slashes (openai/gsm8k); not val-aux/num_turns/*
-    sources = sorted({k[len("val-core/"):k.rindex("/reward/")] for k in val
-                      if k.startswith("val-core/") and "/reward/" in k})
+    sources = sorted(
+        {k[len("val-core/") : k.rindex("/reward/")] for k in val if k.startswith("val-core/") and "/reward/" in k}
+    )
     for src in sources:
         reward = next((v for k, v in val.items() if k.startswith(f"val-core/{src}/reward/")), None)
         acc = next((v for k, v in val.items() if k.startswith(f"val-aux/{src}/accuracy/")), None)
-        parts = [f"reward {reward:.3f}" if reward is not None else None,
-                 f"accuracy {acc:.3f}" if acc is not None else None]
+        parts = [
+            f"reward {reward:.3f}" if reward is not None else None,
+            f"accuracy {acc:.3f}" if acc is not None else None,
+        ]
         lines.append(f"  validation ({src}, step {step}): {', '.join(p for p in parts if p)}")
     for src in sources if builtin_rewards else []:
         ceiling = blind_ceiling(src)
         if ceiling is not None:
-            lines.append(f"  a policy that ignores the {ceiling[1]} scores at most {ceiling[0]:.3f} ({src}); "
-                         f"a reward above that means the policy reads the {ceiling[1]}")
+            lines.append(
+                f"  a policy that ignores the {ceiling[1]} scores at most {ceiling[0]:.3f} ({src}); "
+                f"a reward above that means the policy reads the {ceiling[1]}"
+            )
     curves = out_dir / "training_curves.png"
     if curves.is_file():
         lines.append(f"  training curves: {curves}")
     if tensorboard_dir is not None:
-        lines.append(f"  TensorBoard logs: {tensorboard_dir}  (open them: tensorboard --logdir "
-                     f"{shlex.quote(str(tensorboard_dir))})")
+        lines.append(
+            f"  TensorBoard logs: {tensorboard_dir}  (open them: tensorboard --logdir "
+            f"{shlex.quote(str(tensorboard_dir))})"
+        )
     return lines

@@ -31,7 +31,7 @@ def keep_aside(path: Path, why: str) -> Path | None:
     it (a user's file is never overwritten silently) and say so; None when there is no such file."""
     if not path.exists():
         return None
-    stamp = time.strftime('%Y%m%d-%H%M%S')
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = path.with_name(f"{path.stem}.previous-{stamp}{path.suffix}")
     n = 1
     while aside.exists():  # two fresh starts within a second: keep both earlier files
@@ -39,6 +39,8 @@ def keep_aside(path: Path, why: str) -> Path | None:
     os.replace(path, aside)
     logger.warning("%s: moved the existing %s to %s", why, path, aside)
     return aside
+
+
 TENSORBOARD_DIR = "tensorboard"
 
 # (metric key, short label) shown on the console line, in this order, when present.
@@ -344,16 +346,22 @@ def curve_panels(rows: list[dict], builtin_rewards: bool = True) -> tuple[list, 
     from verl_npu.rewards import blind_ceiling
 
     val_keys = sorted({k for r in rows for k in r if k.startswith("val-core/") and k.endswith("/reward/mean@1")})
-    sources = [k[len("val-core/"):-len("/reward/mean@1")] for k in val_keys]
+    sources = [k[len("val-core/") : -len("/reward/mean@1")] for k in val_keys]
     panels = [
-        ("reward", [("critic/score/mean", "training reward (mean of the step's responses)")]
-         + [(k, f"validation reward ({src})") for k, src in zip(val_keys, sources)]),
+        (
+            "reward",
+            [("critic/score/mean", "training reward (mean of the step's responses)")]
+            + [(k, f"validation reward ({src})") for k, src in zip(val_keys, sources)],
+        ),
         ("response length (tokens)", [("response_length/mean", "mean response length (tokens)")]),
         kl_panel(rows),
         ("policy loss", [("actor/pg_loss", "actor/pg_loss")]),
     ]
-    ceilings = [(c[0], f"blind ceiling {c[0]:.2f}: a policy ignoring the {c[1]}")
-                for c in (blind_ceiling(src) for src in sources if builtin_rewards) if c is not None]
+    ceilings = [
+        (c[0], f"blind ceiling {c[0]:.2f}: a policy ignoring the {c[1]}")
+        for c in (blind_ceiling(src) for src in sources if builtin_rewards)
+        if c is not None
+    ]
     return panels, ceilings
 
 
@@ -361,8 +369,9 @@ def curve_panels(rows: list[dict], builtin_rewards: bool = True) -> tuple[list, 
 CURVES_EVERY = 10
 
 
-def plot_training_curves(metrics_jsonl: str | Path, out_png: str | Path, builtin_rewards: bool = True,
-                         panels=None) -> None:
+def plot_training_curves(
+    metrics_jsonl: str | Path, out_png: str | Path, builtin_rewards: bool = True, panels=None
+) -> None:
     """Draw a 2x2 PNG from metrics.jsonl over `training/global_step` (or `step`):
     reward (`critic/score/mean` and every `val-core/*/reward/mean@1`, labelled in words, and with
     `builtin_rewards` the image- or question-blind ceiling of a built-in demo task as a dashed line, the
@@ -420,13 +429,7 @@ class ProgressBar:
         from tqdm import tqdm
 
         self._bar = tqdm(
-            total=total,
-            initial=initial,
-            unit="step",
-            desc="training",
-            dynamic_ncols=True,
-            disable=disable,
-            file=file,
+            total=total, initial=initial, unit="step", desc="training", dynamic_ncols=True, disable=disable, file=file
         )
         self.step = initial
         self.reward: float | None = None
@@ -470,9 +473,7 @@ def setup_run_logging(out_dir: str | Path) -> logging.Logger:
             run_logger.removeHandler(handler)
             handler.close()
     file_handler = logging.FileHandler(log_dir / "run.log", encoding="utf-8")
-    file_handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
-    )
+    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     console_handler = _TqdmConsoleHandler(sys.stderr)
     console_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     for handler in (file_handler, console_handler):

@@ -32,7 +32,8 @@ def is_verl_checkpoint(folder: str | Path) -> bool:
     and none of the files verl-npu adds (COMPLETE, manifest.json, trainer_state.json)."""
     folder = Path(folder)
     return (folder / "actor" / "fsdp_config.json").is_file() and not any(
-        (folder / name).exists() for name in _VERL_NPU_FILES)
+        (folder / name).exists() for name in _VERL_NPU_FILES
+    )
 
 
 def _batches_yielded(folder: Path) -> int | None:
@@ -64,20 +65,43 @@ def trainer_state_from_verl(folder: str | Path, loader, kl_coef: float) -> dict[
     epoch, batch = divmod(step, per_epoch)
     yielded = _batches_yielded(folder)
     if yielded is not None and yielded % per_epoch != batch:
-        log.warning("%s: verl's loader had yielded %d batches of its epoch, step %d implies %d (another batch "
-                    "size or data?); continuing from the step's position", folder / VERL_DATA_FILE, yielded, step,
-                    batch)
+        log.warning(
+            "%s: verl's loader had yielded %d batches of its epoch, step %d implies %d (another batch "
+            "size or data?); continuing from the step's position",
+            folder / VERL_DATA_FILE,
+            yielded,
+            step,
+            batch,
+        )
     if loader.shuffle and batch:
         log.warning(
             "resuming verl checkpoint %s: verl shuffles the data in another order than verl-npu, so the position "
             "inside epoch %d (batch %d of %d) cannot be carried over; the run starts epoch %d over from its first "
             "batch (its first %d batches' prompts are seen again). Set data.shuffle=false in both to keep the "
-            "exact position", folder, epoch, batch, per_epoch, epoch, batch)
+            "exact position",
+            folder,
+            epoch,
+            batch,
+            per_epoch,
+            epoch,
+            batch,
+        )
         batch = 0
     position = {
-        "epoch": epoch, "sample_index": batch * loader.batch_size, "batch_size": loader.batch_size,
-        "num_rows": len(loader.dataset), "seed": loader.seed, "shuffle": loader.shuffle,
+        "epoch": epoch,
+        "sample_index": batch * loader.batch_size,
+        "batch_size": loader.batch_size,
+        "num_rows": len(loader.dataset),
+        "seed": loader.seed,
+        "shuffle": loader.shuffle,
     }
-    log.info("resuming verl checkpoint %s: step %d, data at epoch %d, batch %d; the KL coefficient starts at "
-             "%s (verl does not save it)", folder, step, epoch, batch, kl_coef)
+    log.info(
+        "resuming verl checkpoint %s: step %d, data at epoch %d, batch %d; the KL coefficient starts at "
+        "%s (verl does not save it)",
+        folder,
+        step,
+        epoch,
+        batch,
+        kl_coef,
+    )
     return {"dataloader": position, "global_step": step, "kl_coef": float(kl_coef), "rng": None}

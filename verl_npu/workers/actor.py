@@ -63,9 +63,10 @@ def _active_dropout(module) -> list[str]:
 class OldLogProbs(str, Enum):
     """Where the actor's update takes the old policy's log-probs from: the trainer decides, and says so
     in the update request (`update_actor(batch, old_log_probs)`)."""
-    PASS = "pass"                       # the old-log-prob pass ran: the batch's old_log_probs column
-    ROLLOUT = "rollout"                 # bypass mode: the rollout engine's log-probs, as old_log_probs
-    UPDATE_FORWARD = "update_forward"   # the pass skipped as redundant: each micro-batch's own forward
+
+    PASS = "pass"  # the old-log-prob pass ran: the batch's old_log_probs column
+    ROLLOUT = "rollout"  # bypass mode: the rollout engine's log-probs, as old_log_probs
+    UPDATE_FORWARD = "update_forward"  # the pass skipped as redundant: each micro-batch's own forward
 
 
 def old_log_prob_pass_needed(cfg: BackendConfigSection, module) -> list[str]:
@@ -85,32 +86,51 @@ def old_log_prob_pass_needed(cfg: BackendConfigSection, module) -> list[str]:
     if actor.ppo_epochs != 1:
         reasons.append(f"actor.ppo_epochs={actor.ppo_epochs}: later epochs update from changed weights")
     if actor.ppo_mini_batch_size < cfg.data.train_batch_size:
-        reasons.append(f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < data.train_batch_size="
-                       f"{cfg.data.train_batch_size}: later mini-batches update from changed weights")
+        reasons.append(
+            f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < data.train_batch_size="
+            f"{cfg.data.train_batch_size}: later mini-batches update from changed weights"
+        )
     if cfg.algorithm.use_kl_in_reward:
         reasons.append("algorithm.use_kl_in_reward: the reward needs the old log-probs before the update")
     if actor.calculate_sum_pi_squared:
-        reasons.append("actor.calculate_sum_pi_squared: the advantages need the sum of squared probabilities "
-                       "and old log-probs before the update")
+        reasons.append(
+            "actor.calculate_sum_pi_squared: the advantages need the sum of squared probabilities "
+            "and old log-probs before the update"
+        )
     if rollout.calculate_log_probs and not cfg.algorithm.rollout_correction.bypass_mode:
-        reasons.append("rollout.calculate_log_probs: rollout correction weighs the rollout's log-probs against the "
-                       "old ones before the update")
+        reasons.append(
+            "rollout.calculate_log_probs: rollout correction weighs the rollout's log-probs against the "
+            "old ones before the update"
+        )
     dropout = _active_dropout(module)
     if dropout:
         reasons.append(f"dropout is active in training mode ({', '.join(dropout[:3])})")
     return reasons
 
 
-@ROLES.register("actor", needed_when=("always",), metrics="actor", trains=True, model_key="actor_rollout_ref.model.path",
-                keep_key="trainer.max_actor_ckpt_to_keep",
-                methods=("generate_sequences", "compute_log_prob", "old_log_prob_pass_reasons", "compute_ref_log_prob",
-                         "update_actor"),
-                doc="policy, rollout engine and reference policy (always built)")
+@ROLES.register(
+    "actor",
+    needed_when=("always",),
+    metrics="actor",
+    trains=True,
+    model_key="actor_rollout_ref.model.path",
+    keep_key="trainer.max_actor_ckpt_to_keep",
+    methods=(
+        "generate_sequences",
+        "compute_log_prob",
+        "old_log_prob_pass_reasons",
+        "compute_ref_log_prob",
+        "update_actor",
+    ),
+    doc="policy, rollout engine and reference policy (always built)",
+)
 class ActorRolloutRefWorker:
     """The actor role: the policy's engine (trained with the PPO loss), the reference policy's
     frozen engine (or, with LoRA, the policy's with its adapters off) and the rollout engine."""
 
-    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1
+    ):
         """`cfg`: the typed backend config (the rollout engine it builds reads it whole); `device`: the
         run's `DeviceInfo`, resolved once by the driver."""
         self.cfg = cfg
@@ -118,9 +138,14 @@ class ActorRolloutRefWorker:
         self.world_size = world_size
         self.total_training_steps = total_training_steps
         self.device = device
-        self.engine = TrainingEngine("actor", device, seed=cfg.data.seed,
-                                     checkpoint=cfg.actor_rollout_ref.actor.checkpoint, rank=rank,
-                                     world_size=world_size)
+        self.engine = TrainingEngine(
+            "actor",
+            device,
+            seed=cfg.data.seed,
+            checkpoint=cfg.actor_rollout_ref.actor.checkpoint,
+            rank=rank,
+            world_size=world_size,
+        )
         self.ref = None  # the reference policy's engine, when a KL term needs a separate one
         from verl_npu.workers.profiler import WorkerProfiler
 
@@ -150,22 +175,31 @@ class ActorRolloutRefWorker:
 
             model_path = shm_folder(model_cfg.path)
         self.tokenizer, self.processor = load_tokenizer_and_processor(
-            model_path, trust_remote_code=model_cfg.trust_remote_code,
-            custom_chat_template=model_cfg.custom_chat_template)
+            model_path,
+            trust_remote_code=model_cfg.trust_remote_code,
+            custom_chat_template=model_cfg.custom_chat_template,
+        )
         engine.tokenizer, engine.processor = self.tokenizer, self.processor
-        load_kwargs = dict(attn_implementation=self.device.attn_implementation(),
-                           override_config=dict(model_cfg.override_config),
-                           trust_remote_code=model_cfg.trust_remote_code, external_lib=model_cfg.external_lib)
+        load_kwargs = dict(
+            attn_implementation=self.device.attn_implementation(),
+            override_config=dict(model_cfg.override_config),
+            trust_remote_code=model_cfg.trust_remote_code,
+            external_lib=model_cfg.external_lib,
+        )
         # actor.fsdp_config.model_dtype: the master weights' dtype (and so the gradients' and AdamW's)
         master = master_dtype(actor_cfg.fsdp_config)
         if master == torch.bfloat16 and not self.device.supports_bf16():
-            raise UserError(f"actor_rollout_ref.actor.fsdp_config.model_dtype={actor_cfg.fsdp_config.model_dtype}: "
-                            f"{self.device.describe()} has no bfloat16; set it to fp32")
-        module = load_policy_model(model_path, dtype=master, **load_kwargs,
-                                   gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
-        engine.attach(module, actor_cfg.fsdp_config, model_cfg=model_cfg,
-                      freeze_vision_tower=actor_cfg.freeze_vision_tower)
-        engine.offload_activations = model_cfg.enable_activation_offload   # the device says how (a no-op on cpu)
+            raise UserError(
+                f"actor_rollout_ref.actor.fsdp_config.model_dtype={actor_cfg.fsdp_config.model_dtype}: "
+                f"{self.device.describe()} has no bfloat16; set it to fp32"
+            )
+        module = load_policy_model(
+            model_path, dtype=master, **load_kwargs, gradient_checkpointing=model_cfg.enable_gradient_checkpointing
+        )
+        engine.attach(
+            module, actor_cfg.fsdp_config, model_cfg=model_cfg, freeze_vision_tower=actor_cfg.freeze_vision_tower
+        )
+        engine.offload_activations = model_cfg.enable_activation_offload  # the device says how (a no-op on cpu)
         # a LoRA actor's reference is the actor itself with its adapters off (no second copy)
         self.ref_is_actor = needs_reference(cfg) and engine.peft_model is not None
         if needs_reference(cfg) and not self.ref_is_actor:
@@ -202,23 +236,43 @@ class ActorRolloutRefWorker:
             # the rollout processes generate for training; this engine only validates, at a sync point: the one
             # that samples on this module (no second copy of the weights, no second vLLM engine, any TP size)
             name = next(n for n in ROLLOUT_ENGINES.names() if ROLLOUT_ENGINES.spec(n).on_actor_module)
-        return build_rollout(name, self.module, self.tokenizer,
-                             self.processor, self.cfg, rank=self.rank, world_size=self.world_size,
-                             device=self.device, weights=self._rollout_weights())
+        return build_rollout(
+            name,
+            self.module,
+            self.tokenizer,
+            self.processor,
+            self.cfg,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            weights=self._rollout_weights(),
+        )
 
     def _rollout_weights(self):
         """The actor's full weights for the rollout engine's `update_weights`, lazily gathered (a
         collective) in `rollout.dtype`, `rollout.update_weights_bucket_megabytes` at a time."""
         rollout_cfg = self.cfg.actor_rollout_ref.rollout
-        return self.engine.rollout_weights(dtype=ROLLOUT_DTYPES.get(rollout_cfg.dtype),
-                                           bucket_bytes=rollout_cfg.update_weights_bucket_megabytes << 20)
+        return self.engine.rollout_weights(
+            dtype=ROLLOUT_DTYPES.get(rollout_cfg.dtype), bucket_bytes=rollout_cfg.update_weights_bucket_megabytes << 20
+        )
 
     # ---- rollout ---------------------------------------------------------------------------
     # what the engines read of a prompt (`hf`: the tokens and processor inputs; `vllm`: raw_prompt_ids and the
     # images) and, for the multi-turn agent loop, the chat messages, extra_info (tools_kwargs, interaction
     # kwargs), agent_name and data_row (errors name the row)
-    @reads("input_ids", "attention_mask", "raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "uid",
-           "raw_prompt", "extra_info", "agent_name", "data_row", trimmed=False)
+    @reads(
+        "input_ids",
+        "attention_mask",
+        "raw_prompt_ids",
+        "multi_modal_data",
+        "multi_modal_inputs",
+        "uid",
+        "raw_prompt",
+        "extra_info",
+        "agent_name",
+        "data_row",
+        trimmed=False,
+    )
     def generate_sequences(self, prompts: Batch, params: SamplingParams) -> Batch:
         with self.engine.autocast():
             return self.rollout.generate(prompts, params)
@@ -227,11 +281,22 @@ class ActorRolloutRefWorker:
     def _forward_settings(self) -> dict:
         """The keywords of `response_log_probs` that every forward of this role shares."""
         arr = self.cfg.actor_rollout_ref
-        return dict(temperature=arr.rollout.temperature, remove_padding=arr.model.use_remove_padding,
-                    sp_group=self.sp_group, fused=arr.model.use_fused_kernels)
+        return dict(
+            temperature=arr.rollout.temperature,
+            remove_padding=arr.model.use_remove_padding,
+            sp_group=self.sp_group,
+            fused=arr.model.use_fused_kernels,
+        )
 
-    def _log_probs(self, engine: TrainingEngine, batch: Batch, *, with_entropy: bool, micro: dict,
-                   with_sum_pi_squared: bool = False):
+    def _log_probs(
+        self,
+        engine: TrainingEngine,
+        batch: Batch,
+        *,
+        with_entropy: bool,
+        micro: dict,
+        with_sum_pi_squared: bool = False,
+    ):
         """(log-probs, entropies or None[, Σπ² with `with_sum_pi_squared`]) of the responses of `batch` under
         `engine`'s module; the policy's own engine (also as the LoRA reference) chunks the entropy and
         compiles as configured."""
@@ -241,10 +306,17 @@ class ActorRolloutRefWorker:
 
         def forward(module, part):
             return response_log_probs(
-                module, part["input_ids"], part["attention_mask"], response_length,
-                multi_modal_inputs=part.get("multi_modal_inputs"), with_entropy=with_entropy,
-                entropy_chunk=self.entropy_chunk if own else 0, compile=own and self._compile,
-                with_sum_pi_squared=with_sum_pi_squared, **settings)
+                module,
+                part["input_ids"],
+                part["attention_mask"],
+                response_length,
+                multi_modal_inputs=part.get("multi_modal_inputs"),
+                with_entropy=with_entropy,
+                entropy_chunk=self.entropy_chunk if own else 0,
+                compile=own and self._compile,
+                with_sum_pi_squared=with_sum_pi_squared,
+                **settings,
+            )
 
         return engine.infer(batch, forward, micro)
 
@@ -253,8 +325,12 @@ class ActorRolloutRefWorker:
         return self.world_size // self.engine.dp_size if self.sp_group is not None else 1
 
     def _log_prob_micro(self, role_cfg) -> dict:
-        return micro_batching(role_cfg.log_prob_use_dynamic_bsz, role_cfg.log_prob_max_token_len_per_gpu,
-                              role_cfg.log_prob_micro_batch_size_per_gpu or 1, sp=self._sp_size())
+        return micro_batching(
+            role_cfg.log_prob_use_dynamic_bsz,
+            role_cfg.log_prob_max_token_len_per_gpu,
+            role_cfg.log_prob_micro_batch_size_per_gpu or 1,
+            sp=self._sp_size(),
+        )
 
     @reads(*FORWARD_READS)
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -265,8 +341,9 @@ class ActorRolloutRefWorker:
         if not self.cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
             log_probs, entropy = self._log_probs(self.engine, batch, with_entropy=True, micro=micro)
             return Batch({"old_log_probs": log_probs, "entropys": entropy})
-        log_probs, entropy, sum_pi_sq = self._log_probs(self.engine, batch, with_entropy=True, micro=micro,
-                                                        with_sum_pi_squared=True)
+        log_probs, entropy, sum_pi_sq = self._log_probs(
+            self.engine, batch, with_entropy=True, micro=micro, with_sum_pi_squared=True
+        )
         return Batch({"old_log_probs": log_probs, "entropys": entropy, "sum_pi_squared": sum_pi_sq})
 
     def old_log_prob_pass_reasons(self) -> list[str]:
@@ -293,8 +370,15 @@ class ActorRolloutRefWorker:
             yield self.ref
 
     # ---- update ----------------------------------------------------------------------------
-    @reads(*FORWARD_READS, "response_mask", "advantages", "old_log_probs", "ref_log_prob", "rollout_is_weights",
-           *distillation.TEACHER_COLUMNS)
+    @reads(
+        *FORWARD_READS,
+        "response_mask",
+        "advantages",
+        "old_log_probs",
+        "ref_log_prob",
+        "rollout_is_weights",
+        *distillation.TEACHER_COLUMNS,
+    )
     def update_actor(self, batch: Batch, old_log_probs: OldLogProbs = OldLogProbs.PASS) -> TrainResult:
         """`ppo_epochs` passes over mini-batches; one optimizer step per mini-batch; gradients
         accumulated over micro-batches so that the step equals one over the whole mini-batch
@@ -308,20 +392,33 @@ class ActorRolloutRefWorker:
         actor_cfg = self.cfg.actor_rollout_ref.actor
         reuse = OldLogProbs(old_log_probs) is OldLogProbs.UPDATE_FORWARD
         if reuse and self.old_log_prob_reasons:
-            raise RuntimeError("update_actor told to take the old log-probs from its own forward, but the pass is "
-                               "needed: " + "; ".join(self.old_log_prob_reasons))
+            raise RuntimeError(
+                "update_actor told to take the old log-probs from its own forward, but the pass is "
+                "needed: " + "; ".join(self.old_log_prob_reasons)
+            )
         if not reuse and "old_log_probs" not in batch:
-            raise RuntimeError(f"update_actor told the old log-probs come from {OldLogProbs(old_log_probs).value}, "
-                               "but the batch has no old_log_probs column")
+            raise RuntimeError(
+                f"update_actor told the old log-probs come from {OldLogProbs(old_log_probs).value}, "
+                "but the batch has no old_log_probs column"
+            )
         rows = actor_cfg.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.engine.dp_size
         metrics = self.engine.train(
-            batch, self._train_forward, functools.partial(self._ppo_loss, own_forward=reuse), mini_rows=rows,
-            epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle,
-            micro=micro_batching(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
-                                 actor_cfg.ppo_micro_batch_size_per_gpu or 1, sp=self._sp_size()),
+            batch,
+            self._train_forward,
+            functools.partial(self._ppo_loss, own_forward=reuse),
+            mini_rows=rows,
+            epochs=actor_cfg.ppo_epochs,
+            shuffle=actor_cfg.shuffle,
+            micro=micro_batching(
+                actor_cfg.use_dynamic_bsz,
+                actor_cfg.ppo_max_token_len_per_gpu,
+                actor_cfg.ppo_micro_batch_size_per_gpu or 1,
+                sp=self._sp_size(),
+            ),
             grad_clip=actor_cfg.grad_clip,
             summed=("actor/pg_loss", "actor/entropy", "actor/kl_loss", *distillation.SUMMED_METRICS),
-            keep=(lambda out: {"entropys": out[1]}) if reuse else None)
+            keep=(lambda out: {"entropys": out[1]}) if reuse else None,
+        )
         # the rollout engine samples the next batch from the new weights (a no-op for `hf`, which
         # shares the module; a collective for vLLM, so every rank calls it)
         self.rollout.update_weights(self._rollout_weights())
@@ -338,17 +435,29 @@ class ActorRolloutRefWorker:
         # the top-k distillation loss reads the student's whole distribution too
         with_logits = full_kl or distillation.student_logits_needed(self.cfg)
         response_length = part["responses"].shape[1]
-        forward = dict(multi_modal_inputs=part.get("multi_modal_inputs"), entropy_chunk=self.entropy_chunk,
-                       **self._forward_settings())
+        forward = dict(
+            multi_modal_inputs=part.get("multi_modal_inputs"),
+            entropy_chunk=self.entropy_chunk,
+            **self._forward_settings(),
+        )
         # entropy is logged as actor/entropy even when it is not in the loss
-        out = response_log_probs(module, part["input_ids"], part["attention_mask"], response_length,
-                                 with_entropy=True, return_logits=with_logits, compile=self._compile, **forward)
+        out = response_log_probs(
+            module,
+            part["input_ids"],
+            part["attention_mask"],
+            response_length,
+            with_entropy=True,
+            return_logits=with_logits,
+            compile=self._compile,
+            **forward,
+        )
         logits = out[2] if with_logits else None
         if not full_kl:
             return out[0], out[1], {}, logits
         with torch.no_grad(), self._reference() as ref:
-            ref_out = response_log_probs(ref.module, part["input_ids"], part["attention_mask"], response_length,
-                                         return_logits=True, **forward)
+            ref_out = response_log_probs(
+                ref.module, part["input_ids"], part["attention_mask"], response_length, return_logits=True, **forward
+            )
         return out[0], out[1], {"logits": out[2], "ref_logits": ref_out[2]}, logits
 
     def _ppo_loss(self, part: Batch, out, mask: torch.Tensor, agg: dict, own_forward: bool = False):
@@ -361,25 +470,36 @@ class ActorRolloutRefWorker:
         # the redundant pass skipped: the old log-probs are this forward's own (ratio exactly 1)
         old_log_prob = log_prob.detach() if own_forward else part["old_log_probs"]
         correction = self.cfg.algorithm.rollout_correction
-        loss_mode = actor_cfg.policy_loss.loss_mode   # the config names bypass mode's loss when it is on
+        loss_mode = actor_cfg.policy_loss.loss_mode  # the config names bypass mode's loss when it is on
         # bypass mode: old_log_prob is the rollout's, the loss computes its own weights and rejection
-        extra = ({"rollout_correction": correction} if POLICY_LOSSES.spec(loss_mode).rollout_correction
-                 else {"rollout_is_weights": part.get("rollout_is_weights")})
+        extra = (
+            {"rollout_correction": correction}
+            if POLICY_LOSSES.spec(loss_mode).rollout_correction
+            else {"rollout_is_weights": part.get("rollout_is_weights")}
+        )
         pg = algorithms.policy_loss_fn(loss_mode)(
-            log_prob, old_log_prob, part["advantages"], mask,
+            log_prob,
+            old_log_prob,
+            part["advantages"],
+            mask,
             clip_ratio_low=actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else clip,
             clip_ratio_high=actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else clip,
-            clip_ratio_c=actor_cfg.clip_ratio_c, loss_agg_mode=mode,
+            clip_ratio_c=actor_cfg.clip_ratio_c,
+            loss_agg_mode=mode,
             config=actor_cfg,  # each loss mode reads its own settings (policy_loss.*, tau_pos, ...)
-            **extra, **agg)
+            **extra,
+            **agg,
+        )
         loss = pg["pg_loss"]
         entropy_loss = algorithms.agg_loss(entropy, mask, mode, **agg)
         if actor_cfg.entropy_coeff:
             loss = loss - actor_cfg.entropy_coeff * entropy_loss
         # pg_loss and the metrics the loss mode logs (pg_clipfrac, ppo_kl, pg_clipfrac_lower; fewer for some modes;
         # bypass_mode adds rollout_corr/*, which keep their own prefix as in verl)
-        stats = {"actor/entropy": entropy_loss,
-                 **{key if "/" in key else f"actor/{key}": value for key, value in pg.items()}}
+        stats = {
+            "actor/entropy": entropy_loss,
+            **{key if "/" in key else f"actor/{key}": value for key, value in pg.items()},
+        }
         if actor_cfg.use_kl_loss:
             kl = algorithms.kl_penalty(log_prob, part["ref_log_prob"], actor_cfg.kl_loss_type, **kl_inputs)
             kl_loss = algorithms.agg_loss(kl, mask, mode, **agg)
@@ -388,8 +508,16 @@ class ActorRolloutRefWorker:
             stats["actor/kl_coef"] = actor_cfg.kl_loss_coef
         if distillation.enabled(self.cfg):
             loss, stats = distillation.add_distillation_term(
-                self.cfg, part, loss, stats, log_prob=log_prob, old_log_prob=old_log_prob, student_logits=logits,
-                mask=mask, agg=agg)
+                self.cfg,
+                part,
+                loss,
+                stats,
+                log_prob=log_prob,
+                old_log_prob=old_log_prob,
+                student_logits=logits,
+                mask=mask,
+                agg=agg,
+            )
         return loss, stats
 
     # ---- profiling (verl_npu.workers.profiler) ---------------------------------------------

@@ -46,7 +46,6 @@ FSDP_VERSION = 2
 CONTENT_FILES = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
 
 
-
 def rank_file(kind: str, world_size: int, rank: int) -> str:
     """verl's per-rank file name, e.g. `model_world_size_2_rank_1.pt`."""
     return f"{kind}_world_size_{int(world_size)}_rank_{int(rank)}.pt"
@@ -97,7 +96,8 @@ def restore_extra_state(extra: Any, lr_scheduler, device, path: Path) -> None:
 # ---- fsdp_config.json -----------------------------------------------------------------------------
 def write_fsdp_config(actor_dir: Path, world_size: int) -> None:
     (Path(actor_dir) / FSDP_CONFIG_FILE).write_text(
-        json.dumps({"FSDP_version": FSDP_VERSION, "world_size": int(world_size)}, indent=4), encoding="utf-8")
+        json.dumps({"FSDP_version": FSDP_VERSION, "world_size": int(world_size)}, indent=4), encoding="utf-8"
+    )
 
 
 LORA_META_FILE = "lora_train_meta.json"
@@ -127,8 +127,9 @@ def read_fsdp_config(actor_dir: Path) -> dict | None:
         int(doc["world_size"])
         return doc
     except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path} is not verl's fsdp_config.json ({type(exc).__name__}: {exc}); the checkpoint "
-                        "is damaged") from None
+        raise UserError(
+            f"{path} is not verl's fsdp_config.json ({type(exc).__name__}: {exc}); the checkpoint is damaged"
+        ) from None
 
 
 # ---- Hugging Face folder --------------------------------------------------------------------------
@@ -174,13 +175,15 @@ def save_actor(worker, actor_dir: str | Path) -> None:
     save_contents, _ = checkpoint_contents(worker.checkpoint)
     ws, rank = worker.world_size, worker.rank
     # every rank counts its shards' non-finite weights and all learn the total: all refuse together
-    bad = parallel.all_reduce_sum(float(sum(not bool(torch.isfinite(p.detach()).all()) for p in _local_params(worker))),
-                                  ws, worker.torch_device)
+    bad = parallel.all_reduce_sum(
+        float(sum(not bool(torch.isfinite(p.detach()).all()) for p in _local_params(worker))), ws, worker.torch_device
+    )
     if bad:
         raise UserError(
             f"not saving {actor_dir}: {int(bad)} weight tensor(s) of the {actor_dir.name} hold non-finite values "
             "(NaN / inf), which no checkpoint may hold; the run diverged (lower the learning rate, check the "
-            "rewards, or lower grad_clip). The checkpoints saved before are intact: resume from the last one")
+            "rewards, or lower grad_clip). The checkpoints saved before are intact: resume from the last one"
+        )
     try:
         actor_dir.mkdir(parents=True, exist_ok=True)
         # one worker is not sharded; its files still hold DTensors of a one-rank mesh, as verl's do
@@ -191,16 +194,24 @@ def save_actor(worker, actor_dir: str | Path) -> None:
                 state = {PEFT_PREFIX + name: value for name, value in state.items()}
             save_torch(state, actor_dir / rank_file("model", ws, rank))
         if "optimizer" in save_contents:
-            save_torch(parallel.optimizer_state_dict(worker.module, worker.optimizer, mesh),
-                       actor_dir / rank_file("optim", ws, rank))
+            save_torch(
+                parallel.optimizer_state_dict(worker.module, worker.optimizer, mesh),
+                actor_dir / rank_file("optim", ws, rank),
+            )
         if "extra" in save_contents:
             save_torch(extra_state(worker.lr_scheduler, worker.device), actor_dir / rank_file("extra_state", ws, rank))
         full = parallel.full_state_dict_on_rank0(worker.module) if "hf_model" in save_contents else None
         if rank == 0:
             write_fsdp_config(actor_dir, ws)
             write_lora_train_meta(actor_dir, getattr(worker, "peft_model", None))
-            save_hf_folder(actor_dir / HF_DIR, worker.module, worker.tokenizer, worker.processor, full,
-                           peft_model=getattr(worker, "peft_model", None))
+            save_hf_folder(
+                actor_dir / HF_DIR,
+                worker.module,
+                worker.tokenizer,
+                worker.processor,
+                full,
+                peft_model=getattr(worker, "peft_model", None),
+            )
     except Exception as exc:
         if is_disk_full(exc) and not (isinstance(exc, OSError) and exc.filename):
             raise OSError(errno.ENOSPC, f"No space left on device (rank {rank})", str(actor_dir)) from exc
@@ -212,14 +223,18 @@ def _check_model_fits(module, state: dict, path: Path) -> None:
     """UserError naming `path` when a weight of the checkpoint has another shape than the model's
     weight of that name (a checkpoint of another model size), before anything is loaded."""
     own = module.state_dict()
-    wrong = [f"{name} {tuple(value.shape)} vs {tuple(own[name].shape)}" for name, value in state.items()
-             if name in own and hasattr(value, "shape") and tuple(value.shape) != tuple(own[name].shape)]
+    wrong = [
+        f"{name} {tuple(value.shape)} vs {tuple(own[name].shape)}"
+        for name, value in state.items()
+        if name in own and hasattr(value, "shape") and tuple(value.shape) != tuple(own[name].shape)
+    ]
     if wrong:
         raise UserError(
             f"{path} holds weights of another shape than this run's model ({len(wrong)} of {len(state)}, "
             f"checkpoint vs model: {'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}): it was saved "
             "from another model. Resume it with the actor_rollout_ref.model.path that wrote it, or start fresh "
-            "(trainer.resume_mode=disable)")
+            "(trainer.resume_mode=disable)"
+        )
 
 
 def load_actor(worker, actor_dir: str | Path) -> None:
@@ -235,12 +250,14 @@ def load_actor(worker, actor_dir: str | Path) -> None:
             raise UserError(
                 f"{actor_dir / FSDP_CONFIG_FILE}: the checkpoint was written with FSDP1 (verl's strategy=fsdp), "
                 "whose shards verl-npu cannot read; resume it in verl with strategy=fsdp2, or start verl-npu from "
-                f"its {HF_DIR}/ weights (actor_rollout_ref.model.path)")
+                f"its {HF_DIR}/ weights (actor_rollout_ref.model.path)"
+            )
         if int(config["world_size"]) != ws:
             raise UserError(
                 f"checkpoint {actor_dir} was saved by {config['world_size']} workers, this run has {ws}: a "
                 "checkpoint resumes on the same number of workers it was saved with (set trainer.nnodes x "
-                f"trainer.n_gpus_per_node = {config['world_size']})")
+                f"trainer.n_gpus_per_node = {config['world_size']})"
+            )
     wanted = [c for c in ("model", "optimizer", "extra") if c in load_contents]
     files = {c: actor_dir / rank_file(CONTENT_FILES[c], ws, rank) for c in wanted}
     if "model" in files and not files["model"].exists():
@@ -248,20 +265,27 @@ def load_actor(worker, actor_dir: str | Path) -> None:
         if found and not any(f"world_size_{ws}_" in name for name in found):
             raise UserError(
                 f"checkpoint {actor_dir} has no {files['model'].name} (found: {', '.join(found)}); "
-                f"a checkpoint resumes on the same number of workers it was saved with")
+                f"a checkpoint resumes on the same number of workers it was saved with"
+            )
     missing = [f"{p.name} ({c})" for c, p in files.items() if not p.is_file()]
     if missing:
         raise UserError(
             f"checkpoint {actor_dir} lacks {', '.join(missing)}: it is incomplete, or was saved without that "
             "part; resume from another checkpoint, or leave the part out of "
-            "actor_rollout_ref.actor.checkpoint.load_contents")
+            "actor_rollout_ref.actor.checkpoint.load_contents"
+        )
     states = {c: load_torch(p) for c, p in files.items()}
     if "extra" in states and (not isinstance(states["extra"], dict) or "lr_scheduler" not in states["extra"]):
         raise UserError(f"{files['extra']} is not an extra state of verl or verl-npu (it has no lr_scheduler)")
     skipped = [c for c in ("model", "optimizer", "extra") if c not in wanted]
     if skipped and rank == 0:
-        log.warning("actor_rollout_ref.actor.checkpoint.load_contents=%s: not loading %s from %s (they start "
-                    "as in a fresh run)", load_contents, ", ".join(skipped), actor_dir)
+        log.warning(
+            "actor_rollout_ref.actor.checkpoint.load_contents=%s: not loading %s from %s (they start "
+            "as in a fresh run)",
+            load_contents,
+            ", ".join(skipped),
+            actor_dir,
+        )
     state = states.get("model")
     if state is not None and getattr(worker, "peft_model", None) is not None:
         state = {name.removeprefix(PEFT_PREFIX): value for name, value in state.items()}
@@ -277,6 +301,7 @@ def load_actor(worker, actor_dir: str | Path) -> None:
             f"checkpoint {actor_dir} does not fit this run's model ({type(exc).__name__}: "
             f"{str(exc).strip().splitlines()[0][:300]}): it was saved from another model or another LoRA setting; "
             "resume it with the model.path and settings that wrote it, or start fresh "
-            "(trainer.resume_mode=disable)") from None
+            "(trainer.resume_mode=disable)"
+        ) from None
     if "extra" in states:
         restore_extra_state(states["extra"], worker.lr_scheduler, worker.device, files["extra"])

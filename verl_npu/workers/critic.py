@@ -49,21 +49,34 @@ def critic_model_path(cfg: BackendConfigSection) -> str:
     return cfg.critic.model.path or cfg.actor_rollout_ref.model.path
 
 
-@ROLES.register("critic", needed_when=("critic.enable", "estimator.needs_critic"), metrics="critic", trains=True,
-                keep_key="trainer.max_critic_ckpt_to_keep", model_key="critic.model.path",
-                methods=("compute_values", "update_critic"),
-                doc="value model (a value head on a transformers model) for gae")
+@ROLES.register(
+    "critic",
+    needed_when=("critic.enable", "estimator.needs_critic"),
+    metrics="critic",
+    trains=True,
+    keep_key="trainer.max_critic_ckpt_to_keep",
+    model_key="critic.model.path",
+    methods=("compute_values", "update_critic"),
+    doc="value model (a value head on a transformers model) for gae",
+)
 class CriticWorker:
     """The critic role: the value model's engine, trained with the clipped value loss."""
 
-    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1
+    ):
         """`cfg`: the typed backend config (the critic section, and the actor's values its nulls stand for)."""
         self.cfg = cfg
         self.total_training_steps = total_training_steps
         # a critic checkpoint holds what an actor checkpoint holds (actor.checkpoint.*), in the same layout
-        self.engine = TrainingEngine("critic", device, seed=cfg.data.seed,
-                                     checkpoint=cfg.actor_rollout_ref.actor.checkpoint, rank=rank,
-                                     world_size=world_size)
+        self.engine = TrainingEngine(
+            "critic",
+            device,
+            seed=cfg.data.seed,
+            checkpoint=cfg.actor_rollout_ref.actor.checkpoint,
+            rank=rank,
+            world_size=world_size,
+        )
 
     def init_model(self) -> dict:
         cfg, engine = self.cfg, self.engine
@@ -74,8 +87,11 @@ class CriticWorker:
         engine.device.manual_seed(cfg.data.seed + 1)  # the value head's initialisation
         engine.tokenizer, engine.processor = load_tokenizer_and_processor(path, trust_remote_code=trust)
         module = load_value_model(
-            path, dtype=torch.float32, attn_implementation=engine.device.attn_implementation(),
-            override_config=dict(model_cfg.override_config), trust_remote_code=trust,
+            path,
+            dtype=torch.float32,
+            attn_implementation=engine.device.attn_implementation(),
+            override_config=dict(model_cfg.override_config),
+            trust_remote_code=trust,
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
         )
         engine.attach(module, model_cfg.fsdp_config)
@@ -91,19 +107,28 @@ class CriticWorker:
         c = self.cfg.critic
         budget = c.forward_max_token_len_per_gpu if forward else None
         rows = c.forward_micro_batch_size_per_gpu if forward else None
-        return micro_batching(critic_setting(self.cfg, "use_dynamic_bsz"), budget or c.ppo_max_token_len_per_gpu,
-                              int(rows or critic_setting(self.cfg, "ppo_micro_batch_size_per_gpu") or 1))
+        return micro_batching(
+            critic_setting(self.cfg, "use_dynamic_bsz"),
+            budget or c.ppo_max_token_len_per_gpu,
+            int(rows or critic_setting(self.cfg, "ppo_micro_batch_size_per_gpu") or 1),
+        )
 
     def _values(self, module, part: Batch) -> torch.Tensor:
         """The critic's forward: values [B, T] of a micro-batch's response tokens."""
-        return response_values(module, part["input_ids"], part["attention_mask"], part["responses"].shape[1],
-                               multi_modal_inputs=part.get("multi_modal_inputs"),
-                               remove_padding=self.cfg.critic.model.use_remove_padding)
+        return response_values(
+            module,
+            part["input_ids"],
+            part["attention_mask"],
+            part["responses"].shape[1],
+            multi_modal_inputs=part.get("multi_modal_inputs"),
+            remove_padding=self.cfg.critic.model.use_remove_padding,
+        )
 
     # multi_modal_inputs: a vision-language critic's forward reads the images (main's value_model)
     @reads("input_ids", "attention_mask", "responses", "response_mask", "multi_modal_inputs")
     def compute_values(self, batch: Batch) -> Batch:
         """`values` [B, T] of the response tokens (times the response mask), in eval mode, no grad."""
+
         def masked_values(module, part):
             return self._values(module, part) * part["response_mask"].float()
 
@@ -121,17 +146,27 @@ class CriticWorker:
         loss_agg_mode = critic_setting(self.cfg, "loss_agg_mode")
 
         def value_loss(part, vpreds, mask, agg):
-            out = algorithms.clipped_value_loss(vpreds, part["values"], part["returns"], mask,
-                                                c.cliprange_value, loss_agg_mode, **agg)
-            return out["vf_loss"], {"critic/vf_loss": out["vf_loss"], "critic/vf_clipfrac": out["vf_clipfrac"],
-                                    "critic/vpred_mean": algorithms.masked_mean(vpreds.detach(), mask)}
+            out = algorithms.clipped_value_loss(
+                vpreds, part["values"], part["returns"], mask, c.cliprange_value, loss_agg_mode, **agg
+            )
+            return out["vf_loss"], {
+                "critic/vf_loss": out["vf_loss"],
+                "critic/vf_clipfrac": out["vf_clipfrac"],
+                "critic/vpred_mean": algorithms.masked_mean(vpreds.detach(), mask),
+            }
 
         n = self.cfg.actor_rollout_ref.rollout.n
         return self.engine.train(
-            batch, self._values, value_loss,
+            batch,
+            self._values,
+            value_loss,
             mini_rows=max(1, critic_setting(self.cfg, "ppo_mini_batch_size") * n // self.engine.dp_size),
-            epochs=critic_setting(self.cfg, "ppo_epochs"), shuffle=c.shuffle,
-            micro=self._micro(forward=False), grad_clip=c.grad_clip, summed=("critic/vf_loss",))
+            epochs=critic_setting(self.cfg, "ppo_epochs"),
+            shuffle=c.shuffle,
+            micro=self._micro(forward=False),
+            grad_clip=c.grad_clip,
+            summed=("critic/vf_loss",),
+        )
 
     def save_checkpoint(self, critic_dir: str) -> None:
         """This rank's part of `critic_dir`, in the actor's (verl's) layout (`TrainingEngine.save`)."""

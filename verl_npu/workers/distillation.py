@@ -54,10 +54,12 @@ def vocabulary_problem(teacher_tokenizer, student_tokenizer, teacher_path: str, 
         return None
     differ = sorted(t for t in set(teacher_vocab) | set(student_vocab) if teacher_vocab.get(t) != student_vocab.get(t))
     shown = ", ".join(repr(t) for t in differ[:3])
-    return (f"{TEACHER_KEY}={teacher_path!r} has another vocabulary than the student ({student_path!r}): "
-            f"{len(differ)} tokens differ in id ({shown}, ...). The teacher scores the student's token ids as they "
-            "are, so both tokenizers must give every token the same id; pick a teacher of the student's model "
-            "family (the same tokenizer)")
+    return (
+        f"{TEACHER_KEY}={teacher_path!r} has another vocabulary than the student ({student_path!r}): "
+        f"{len(differ)} tokens differ in id ({shown}, ...). The teacher scores the student's token ids as they "
+        "are, so both tokenizers must give every token the same id; pick a teacher of the student's model "
+        "family (the same tokenizer)"
+    )
 
 
 def check_teacher_tokenizer(cfg, student_tokenizer) -> None:
@@ -73,13 +75,20 @@ def check_teacher_tokenizer(cfg, student_tokenizer) -> None:
         raise UserError(problem)
     loss_cfg = cfg.distillation.distillation_loss
     if D.uses_topk(loss_cfg.loss_mode) and loss_cfg.topk > len(teacher_tokenizer):
-        raise UserError(f"distillation.distillation_loss.topk={loss_cfg.topk} is more than the teacher's "
-                        f"{len(teacher_tokenizer)} tokens; set it to at most {len(teacher_tokenizer)}")
+        raise UserError(
+            f"distillation.distillation_loss.topk={loss_cfg.topk} is more than the teacher's "
+            f"{len(teacher_tokenizer)} tokens; set it to at most {len(teacher_tokenizer)}"
+        )
 
 
-@ROLES.register("teacher", needed_when=("distillation.enabled",), checkpointed=False,
-                model_key="distillation.teacher_models.teacher_model.model_path", methods=("compute_teacher_log_probs",),
-                doc="frozen teacher that scores the student's samples (distillation.enabled)")
+@ROLES.register(
+    "teacher",
+    needed_when=("distillation.enabled",),
+    checkpointed=False,
+    model_key="distillation.teacher_models.teacher_model.model_path",
+    methods=("compute_teacher_log_probs",),
+    doc="frozen teacher that scores the student's samples (distillation.enabled)",
+)
 class TeacherWorker:
     """The teacher role: a frozen engine and the forward that scores the student's samples. It reads the
     `distillation` section, the actor's model settings (trust_remote_code, override_config, external_lib),
@@ -94,16 +103,24 @@ class TeacherWorker:
         cfg = self.cfg
         model_cfg = cfg.actor_rollout_ref.model
         path = cfg.distillation.teacher_models.teacher_model.model_path
-        student_tokenizer, _ = load_tokenizer_and_processor(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+        student_tokenizer, _ = load_tokenizer_and_processor(
+            model_cfg.path, trust_remote_code=model_cfg.trust_remote_code
+        )
         check_teacher_tokenizer(cfg, student_tokenizer)  # again here: a worker may see other files than the driver
-        module = load_policy_model(path, dtype=self.engine.compute_dtype,
-                                   attn_implementation=self.device.attn_implementation(),
-                                   override_config=dict(model_cfg.override_config),
-                                   trust_remote_code=model_cfg.trust_remote_code, external_lib=model_cfg.external_lib)
+        module = load_policy_model(
+            path,
+            dtype=self.engine.compute_dtype,
+            attn_implementation=self.device.attn_implementation(),
+            override_config=dict(model_cfg.override_config),
+            trust_remote_code=model_cfg.trust_remote_code,
+            external_lib=model_cfg.external_lib,
+        )
         module.requires_grad_(False)
         module = self.engine.attach(module.eval(), cfg.actor_rollout_ref.ref.fsdp_config)
-        return {"num_params": sum(p.numel() for p in module.parameters()),
-                "loss_mode": cfg.distillation.distillation_loss.loss_mode}
+        return {
+            "num_params": sum(p.numel() for p in module.parameters()),
+            "loss_mode": cfg.distillation.distillation_loss.loss_mode,
+        }
 
     @reads(*FORWARD_READS)
     def compute_teacher_log_probs(self, batch: Batch) -> Batch:
@@ -112,16 +129,23 @@ class TeacherWorker:
         loss_cfg = self.cfg.distillation.distillation_loss
         topk = loss_cfg.topk if D.uses_topk(loss_cfg.loss_mode) else None
         ref = self.cfg.actor_rollout_ref.ref
-        micro = micro_batching(ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu,
-                               ref.log_prob_micro_batch_size_per_gpu or 1)
+        micro = micro_batching(
+            ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu, ref.log_prob_micro_batch_size_per_gpu or 1
+        )
         response_length = batch["responses"].shape[1]
         remove_padding = self.cfg.actor_rollout_ref.model.use_remove_padding
 
         def forward(module, part):
             out = response_log_probs(
-                module, part["input_ids"], part["attention_mask"], response_length,
-                multi_modal_inputs=part.get("multi_modal_inputs"), temperature=1.0, remove_padding=remove_padding,
-                return_logits=topk is not None)
+                module,
+                part["input_ids"],
+                part["attention_mask"],
+                response_length,
+                multi_modal_inputs=part.get("multi_modal_inputs"),
+                temperature=1.0,
+                remove_padding=remove_padding,
+                return_logits=topk is not None,
+            )
             if topk is None:
                 return out[0].float()
             return D.response_topk(out[2], topk)  # only [.., K] per micro-batch is kept, never [.., V]
@@ -132,9 +156,18 @@ class TeacherWorker:
         return Batch({"teacher_topk_log_probs": top_log_probs, "teacher_topk_ids": top_ids})
 
 
-def add_distillation_term(cfg, part: Batch, policy_loss: torch.Tensor, stats: dict, *, log_prob: torch.Tensor,
-                          old_log_prob: torch.Tensor, student_logits: torch.Tensor | None, mask: torch.Tensor,
-                          agg: dict) -> tuple[torch.Tensor, dict]:
+def add_distillation_term(
+    cfg,
+    part: Batch,
+    policy_loss: torch.Tensor,
+    stats: dict,
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    student_logits: torch.Tensor | None,
+    mask: torch.Tensor,
+    agg: dict,
+) -> tuple[torch.Tensor, dict]:
     """The actor's loss with the distillation term of one micro-batch, and `stats` with the `distillation/*`
     metrics (verl's `distillation_ppo_loss`): the per-token loss of the loss mode (top-k from `student_logits`,
     the temperature-scaled logits of the training forward; an estimator from `log_prob`), then
@@ -143,14 +176,24 @@ def add_distillation_term(cfg, part: Batch, policy_loss: torch.Tensor, stats: di
     loss_cfg = cfg.distillation.distillation_loss
     mode = loss_cfg.loss_mode
     if D.uses_topk(mode):
-        out = D.forward_kl_topk_per_token(student_logits, part["teacher_topk_log_probs"].to(student_logits.device),
-                                          part["teacher_topk_ids"].to(student_logits.device),
-                                          loss_cfg.log_prob_min_clamp)
+        out = D.forward_kl_topk_per_token(
+            student_logits,
+            part["teacher_topk_log_probs"].to(student_logits.device),
+            part["teacher_topk_ids"].to(student_logits.device),
+            loss_cfg.log_prob_min_clamp,
+        )
         per_token, metrics = D.topk_losses(out), D.topk_metrics(out, mask, loss_cfg.topk)
     else:
         per_token, metrics = D.estimator_per_token(log_prob, part["teacher_log_prob"].to(log_prob.dtype), mode, mask)
     distill, term_metrics = D.distillation_term(
-        per_token, mask, loss_cfg, cfg.actor_rollout_ref.actor.loss_agg_mode, log_prob=log_prob,
-        old_log_prob=old_log_prob, rollout_is_weights=part.get("rollout_is_weights"), **agg)
+        per_token,
+        mask,
+        loss_cfg,
+        cfg.actor_rollout_ref.actor.loss_agg_mode,
+        log_prob=log_prob,
+        old_log_prob=old_log_prob,
+        rollout_is_weights=part.get("rollout_is_weights"),
+        **agg,
+    )
     stats = {**stats, **metrics, **term_metrics, "distillation/loss": distill.detach()}
     return D.combine_with_policy_loss(policy_loss, distill, loss_cfg), stats

@@ -60,11 +60,12 @@ class TrainingEngine:
     `processor`, set by the role, go into a checkpoint's huggingface/ folder. `dp_size` is the
     data-parallel size (world size / Ulysses size)."""
 
-    def __init__(self, role: str, device, *, seed: int | None = None, checkpoint=None, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self, role: str, device, *, seed: int | None = None, checkpoint=None, rank: int = 0, world_size: int = 1
+    ):
         self.role, self.device, self.seed, self.checkpoint = role, device, seed, checkpoint
         self.rank, self.world_size, self.dp_size = rank, world_size, world_size
-        self.offload_activations = False   # model.enable_activation_offload (set by the role)
+        self.offload_activations = False  # model.enable_activation_offload (set by the role)
         self.torch_device = device.worker_device()
         # master weights and optimizer state in the dtype the role loads (fp32 unless the actor's
         # fsdp_config.model_dtype says bf16); forward/backward in the device's compute dtype
@@ -88,8 +89,9 @@ class TrainingEngine:
             from verl_npu.models.freeze import freeze_vision_tower as freeze
 
             log.info("freeze_vision_tower: %d vision-tower parameters frozen", freeze(module))
-        self.module = parallel.shard_module(module.to(self.torch_device), fsdp_cfg, self.world_size,
-                                            param_dtype=self.compute_dtype)
+        self.module = parallel.shard_module(
+            module.to(self.torch_device), fsdp_cfg, self.world_size, param_dtype=self.compute_dtype
+        )
         return self.module
 
     def add_optimizer(self, optim_cfg, total_training_steps: int) -> None:
@@ -125,17 +127,29 @@ class TrainingEngine:
                 for _, part in self._parts(batch, micro):
                     with self.autocast():
                         out = fn(self.module, part)
-                    outs.append(tuple(t.cpu() if t is not None else None for t in out)
-                                if isinstance(out, tuple) else out.cpu())
+                    outs.append(
+                        tuple(t.cpu() if t is not None else None for t in out) if isinstance(out, tuple) else out.cpu()
+                    )
         finally:
             self.module.train(was_training)
         if not isinstance(outs[0], tuple):
             return torch.cat(outs)
         return tuple(torch.cat(column) if column[0] is not None else None for column in zip(*outs))
 
-    def train(self, batch: Batch, forward: Callable, loss_fn: Callable, *, mini_rows: int, epochs: int,
-              shuffle: bool, micro: dict, grad_clip: float, summed: tuple[str, ...] = (),
-              keep: Callable | None = None) -> TrainResult:
+    def train(
+        self,
+        batch: Batch,
+        forward: Callable,
+        loss_fn: Callable,
+        *,
+        mini_rows: int,
+        epochs: int,
+        shuffle: bool,
+        micro: dict,
+        grad_clip: float,
+        summed: tuple[str, ...] = (),
+        keep: Callable | None = None,
+    ) -> TrainResult:
         """`epochs` passes over mini-batches of `mini_rows` rows (in a seeded random order with
         `shuffle`); one optimizer step per mini-batch, gradients accumulated over its micro-batches.
 
@@ -164,24 +178,36 @@ class TrainingEngine:
             order = torch.randperm(len(batch), generator=generator) if shuffle else torch.arange(len(batch))
             for start in range(0, len(batch), mini_rows):
                 mini = batch.select(order[start : start + mini_rows])
-                tokens = parallel.all_reduce_sum(float(mini["response_mask"].sum()), self.world_size,
-                                                 self.torch_device) / sp
-                seqs = parallel.all_reduce_sum(float((mini["response_mask"].sum(1) > 0).sum()), self.world_size,
-                                               self.torch_device) / sp
+                tokens = (
+                    parallel.all_reduce_sum(float(mini["response_mask"].sum()), self.world_size, self.torch_device) / sp
+                )
+                seqs = (
+                    parallel.all_reduce_sum(
+                        float((mini["response_mask"].sum(1) > 0).sum()), self.world_size, self.torch_device
+                    )
+                    / sp
+                )
                 # at least 1: a mini-batch whose every token was rejected (rollout correction) has a zero loss
-                agg = dict(global_tokens=max(tokens, 1.0), global_seqs=max(seqs, 1.0), dp_size=self.dp_size,
-                           loss_scale_factor=response_length)
+                agg = dict(
+                    global_tokens=max(tokens, 1.0),
+                    global_seqs=max(seqs, 1.0),
+                    dp_size=self.dp_size,
+                    loss_scale_factor=response_length,
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 rows_of_mini = order[start : start + mini_rows]
                 for idx, part in self._parts(mini, micro):
                     mask = part["response_mask"].float()
-                    offload = self.device.offload_activations() if self.offload_activations else contextlib.nullcontext()
+                    offload = (
+                        self.device.offload_activations() if self.offload_activations else contextlib.nullcontext()
+                    )
                     with self.autocast(), offload:
                         out = forward(self.module, part)
                     if keep is not None:
                         for name, value in keep(out).items():
-                            column = kept.setdefault(name, value.new_zeros((len(batch), *value.shape[1:]),
-                                                                           device="cpu"))
+                            column = kept.setdefault(
+                                name, value.new_zeros((len(batch), *value.shape[1:]), device="cpu")
+                            )
                             column[rows_of_mini[idx]] = value.detach().cpu()
                     loss, stats = loss_fn(part, out, mask, agg)
                     loss.backward()
@@ -194,9 +220,12 @@ class TrainingEngine:
                 sums.setdefault(grad_key, []).append(float(grad_norm))
         self.lr_scheduler.step()
         mini_batches = max(1, epochs * -(-len(batch) // mini_rows))
-        metrics = {key: EXTREMES[key](values) if key in EXTREMES
-                   else sum(values) / (len(values) if key == grad_key else mini_batches)
-                   for key, values in sums.items()}
+        metrics = {
+            key: EXTREMES[key](values)
+            if key in EXTREMES
+            else sum(values) / (len(values) if key == grad_key else mini_batches)
+            for key, values in sums.items()
+        }
         metrics[f"{self.role}/lr"] = float(self.lr_scheduler.get_last_lr()[0])
         metrics.update(self.optimizer_step.metrics())
         return TrainResult(metrics, Batch(kept))
@@ -237,8 +266,9 @@ class TrainingEngine:
         moments = {}
         for name, param in self.module.named_parameters():
             state = self.optimizer.state.get(param, {})
-            moments[name] = {k: parallel._gathered(state[k]).cpu().clone() for k in ("exp_avg", "exp_avg_sq")
-                             if k in state}
+            moments[name] = {
+                k: parallel._gathered(state[k]).cpu().clone() for k in ("exp_avg", "exp_avg_sq") if k in state
+            }
             if "step" in state:
                 moments[name]["step"] = float(state["step"])
         return {

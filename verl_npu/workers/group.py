@@ -80,11 +80,11 @@ class WorkerGroup(ABC):
         sent = batch.only(columns, reader=f"{worker_class.__name__}.{method}")
         return trim_left_padding(sent) if declared.trimmed and "attention_mask" in sent.tensors else sent
 
-    def dispatch(self, method: str, batch: Batch, *args, group: int | None = None, role: str = "actor",
-                 **kwargs) -> Batch:
+    def dispatch(
+        self, method: str, batch: Batch, *args, group: int | None = None, role: str = "actor", **kwargs
+    ) -> Batch:
         group = self.sp_size if group is None else group
-        results = self.scatter(method, self._shards(self.sent(method, batch, role), group), *args, role=role,
-                               **kwargs)
+        results = self.scatter(method, self._shards(self.sent(method, batch, role), group), *args, role=role, **kwargs)
         # the ranks of a group return the same rows; what they return is the controller's, nothing withheld
         return Batch.concat(results[::group]).released()
 
@@ -118,8 +118,12 @@ class WorkerGroup(ABC):
         """The actor's update: its metrics, and with `old_log_probs=OldLogProbs.UPDATE_FORWARD` (the
         old-log-prob pass skipped as redundant) the update forward's `entropys` as a column
         (`TrainResult.columns`). `old_log_probs`: where the old log-probs come from (default: the batch's)."""
-        return self.update(role_with_method("update_actor"), "update_actor", batch,
-                           *(() if old_log_probs is None else (old_log_probs,)))
+        return self.update(
+            role_with_method("update_actor"),
+            "update_actor",
+            batch,
+            *(() if old_log_probs is None else (old_log_probs,)),
+        )
 
     def update(self, role: str, method: str, batch: Batch, *args) -> TrainResult:
         """Run a training method of `role` on every rank's shard: the metrics averaged over ranks (the minima and
@@ -127,9 +131,16 @@ class WorkerGroup(ABC):
         columns the update's forward kept (`TrainResult.columns`, rows in `batch`'s order; usually none)."""
         per_rank = self.scatter(method, self._shards(self.sent(method, batch, role)), *args, role=role)
         keys = per_rank[0].keys()
-        columns = Batch.concat([getattr(r, "columns", Batch()) for r in per_rank[::self.sp_size]]).released()
-        return TrainResult({k: EXTREMES[k]([m[k] for m in per_rank]) if k in EXTREMES
-                            else sum(m[k] for m in per_rank) / len(per_rank) for k in keys}, columns)
+        columns = Batch.concat([getattr(r, "columns", Batch()) for r in per_rank[:: self.sp_size]]).released()
+        return TrainResult(
+            {
+                k: EXTREMES[k]([m[k] for m in per_rank])
+                if k in EXTREMES
+                else sum(m[k] for m in per_rank) / len(per_rank)
+                for k in keys
+            },
+            columns,
+        )
 
     def compute_values(self, batch: Batch) -> Batch:
         """The critic's values of the response tokens (`values` [B, T])."""

@@ -36,4 +36,3 @@ def micro_batch_indices(
     if current:
         groups.append(current)
     return groups
-

@@ -208,8 +208,10 @@ class GuardedOptimizerStep:
 
     def metrics(self) -> dict[str, float]:
         """`<role>/skipped_updates` since the last call (then reset) and `<role>/skipped_updates_in_a_row`."""
-        out = {f"{self.role}/skipped_updates": float(self.skipped),
-               f"{self.role}/skipped_updates_in_a_row": float(self.in_a_row)}
+        out = {
+            f"{self.role}/skipped_updates": float(self.skipped),
+            f"{self.role}/skipped_updates_in_a_row": float(self.in_a_row),
+        }
         self.skipped = 0
         return out
 
@@ -288,8 +290,10 @@ def optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Optimiz
     shapes = {index: p.shape for index, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     wrapped = {}
     for index, entry in state["state"].items():
-        wrapped[index] = {k: _as_shard(v, mesh) if torch.is_tensor(v) and v.dim() and v.shape == shapes.get(index)
-                          else v for k, v in entry.items()}
+        wrapped[index] = {
+            k: _as_shard(v, mesh) if torch.is_tensor(v) and v.dim() and v.shape == shapes.get(index) else v
+            for k, v in entry.items()
+        }
     return {"state": wrapped, "param_groups": state["param_groups"]}
 
 
@@ -297,15 +301,18 @@ def load_optimizer_state_dict(module: torch.nn.Module, optimizer: torch.optim.Op
     """Load `optimizer_state_dict`'s format (verl's), or the parameter-name keyed format that
     older verl-npu checkpoints hold (torch.distributed.checkpoint's `get_optimizer_state_dict`)."""
     by_name = any(isinstance(k, str) for k in state.get("state", {})) or any(
-        isinstance(p, str) for group in state.get("param_groups", []) for p in group.get("params", []))
+        isinstance(p, str) for group in state.get("param_groups", []) for p in group.get("params", [])
+    )
     if by_name:
         if is_fsdp(module):
             from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
             set_optimizer_state_dict(module, optimizer, state)
             return
-        names = {name: index for index, (name, p) in enumerate(
-            (n, p) for n, p in module.named_parameters() if p.requires_grad)}
+        names = {
+            name: index
+            for index, (name, p) in enumerate((n, p) for n, p in module.named_parameters() if p.requires_grad)
+        }
         state = {
             "state": {names[k]: v for k, v in state["state"].items()},
             "param_groups": [dict(g, params=[names[p] for p in g["params"]]) for g in state["param_groups"]],
@@ -373,4 +380,3 @@ def full_state_dict_on_rank0(module: torch.nn.Module) -> dict[str, torch.Tensor]
 
         return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k: v.detach().cpu() for k, v in module.state_dict().items()}
-

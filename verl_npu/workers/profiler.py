@@ -61,9 +61,12 @@ class MemorySnapshot:
         self.memory = device.torch_module.memory
         self.path = Path(out_dir) / "memory_snapshot.pickle"
         with_stacks = int(options.get("stack_depth", 32) or 0) > 0
-        self.memory._record_memory_history(enabled="all", context="all" if with_stacks else None,
-                                           stacks="all" if with_stacks else "python",
-                                           max_entries=int(options.get("trace_alloc_max_entries", 100_000)))
+        self.memory._record_memory_history(
+            enabled="all",
+            context="all" if with_stacks else None,
+            stacks="all" if with_stacks else "python",
+            max_entries=int(options.get("trace_alloc_max_entries", 100_000)),
+        )
 
     def stop(self) -> Path:
         try:

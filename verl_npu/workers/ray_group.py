@@ -54,7 +54,8 @@ def check_ray_address_reachable(address: str, timeout_s: float = RAY_CONNECT_PRO
         raise UserError(
             f"the Ray address {address!r} (RAY_ADDRESS, or preflight --address) is not one Ray understands. "
             "Fix: set it to the head node's host:port (e.g. 10.0.0.1:6379, what `ray start --head` prints), "
-            "ray://host:10001, or auto; or unset RAY_ADDRESS to run on this machine")
+            "ray://host:10001, or auto; or unset RAY_ADDRESS to run on this machine"
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:
@@ -103,8 +104,9 @@ class _WorkerHost:
     config needs (`verl_npu.workers.roles`), all on this actor's device. `cfg` is the typed backend
     config (it pickles as it is); `device` the driver's `DeviceInfo` (the run resolves it once)."""
 
-    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int, world_size: int,
-                 threads=None):
+    def __init__(
+        self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int, world_size: int, threads=None
+    ):
         self._args = (cfg, total_training_steps, device, rank, world_size)
         if threads is not None:  # the run's CPU thread policy (its variables came with the runtime_env)
             from verl_npu.device import set_torch_threads
@@ -184,8 +186,10 @@ class RayWorkerGroup(WorkerGroup):
         if not sys.stderr.isatty():  # a pipe or a log file: Ray's coloured worker prefixes would be raw escapes
             os.environ.setdefault("RAY_COLOR_PREFIX", "0")
         if not ray.is_initialized():
-            init_kwargs: dict[str, Any] = {"include_dashboard": False,
-                                           "runtime_env": ray_runtime_env(device.kind, threads=threads)}
+            init_kwargs: dict[str, Any] = {
+                "include_dashboard": False,
+                "runtime_env": ray_runtime_env(device.kind, threads=threads),
+            }
             if os.environ.get("RAY_ADDRESS"):
                 check_ray_address_reachable(os.environ["RAY_ADDRESS"])
                 init_kwargs["address"] = os.environ["RAY_ADDRESS"]
@@ -222,7 +226,8 @@ class RayWorkerGroup(WorkerGroup):
             host_cls.options(
                 **options,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=bundles[rank]),
+                    self._pg, placement_group_bundle_index=bundles[rank]
+                ),
                 name=None,
             ).remote(cfg, total_training_steps, device, rank, self.world_size, threads)
             for rank in range(self.world_size)

@@ -50,8 +50,15 @@ RM_KEY = "reward_model.model"
 log = logging.getLogger("verl_npu")
 
 
-def load_reward_model(path, *, dtype: torch.dtype, attn_implementation: str, override_config: dict | None,
-                      trust_remote_code: bool, external_lib: str | None = None) -> torch.nn.Module:
+def load_reward_model(
+    path,
+    *,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    override_config: dict | None,
+    trust_remote_code: bool,
+    external_lib: str | None = None,
+) -> torch.nn.Module:
     """The token-classification model (one label, no dropout) of the sequence-classification
     checkpoint at `path`, in eval mode with gradients off; a missing `score.bias` is zero."""
     from transformers import AutoModelForTokenClassification
@@ -60,27 +67,36 @@ def load_reward_model(path, *, dtype: torch.dtype, attn_implementation: str, ove
         try:
             importlib.import_module(external_lib)
         except ImportError as err:
-            raise UserError(f"{RM_KEY}.external_lib={external_lib!r} cannot be imported ({err}); install it or "
-                            "remove the key") from err
+            raise UserError(
+                f"{RM_KEY}.external_lib={external_lib!r} cannot be imported ({err}); install it or remove the key"
+            ) from err
     config = load_config(path, trust_remote_code=trust_remote_code)
     apply_override_config(config, override_config)
     if is_vision_language(config):  # the config check refuses a folder; this a tiny:// or hub model
         raise UserError(f"{RM_KEY}.path={path} ({config.model_type}) {VL_REWARD_MODEL}; {VL_REWARD_MODEL_FIX}")
     archs = list(getattr(config, "architectures", None) or [])
     if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
-        raise UserError(f"{RM_KEY}.path={path} is a {', '.join(archs)}, not a sequence-classification model; "
-                        "point it at a reward model (AutoModelForSequenceClassification, num_labels=1)")
+        raise UserError(
+            f"{RM_KEY}.path={path} is a {', '.join(archs)}, not a sequence-classification model; "
+            "point it at a reward model (AutoModelForSequenceClassification, num_labels=1)"
+        )
     if int(getattr(config, "num_labels", 1)) != 1:
-        raise UserError(f"{RM_KEY}.path={path}: the model has num_labels={config.num_labels}; a reward model "
-                        "gives one score (num_labels=1)")
+        raise UserError(
+            f"{RM_KEY}.path={path}: the model has num_labels={config.num_labels}; a reward model "
+            "gives one score (num_labels=1)"
+        )
     config.classifier_dropout = 0.0
     loader_log = logging.getLogger("transformers.modeling_utils")
     level = loader_log.level
     loader_log.setLevel(logging.ERROR)  # its report of the missing score.bias reads like an error: ours below
     try:
         model, info = AutoModelForTokenClassification.from_pretrained(
-            resolve_model_path(path), config=config, dtype=dtype, attn_implementation=attn_implementation,
-            trust_remote_code=trust_remote_code, output_loading_info=True,
+            resolve_model_path(path),
+            config=config,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
         )
     except ValueError as err:  # an architecture without a token-classification class
         raise UserError(f"{RM_KEY}.path={path}: cannot load it as a per-token scorer ({err})") from err
@@ -89,14 +105,17 @@ def load_reward_model(path, *, dtype: torch.dtype, attn_implementation: str, ove
     missing = set(info.get("missing_keys", ()))
     head = [k for k in missing if not k.endswith("score.bias")]
     if head:
-        raise UserError(f"{RM_KEY}.path={path} has no weights for {', '.join(sorted(head)[:3])}: it is not a "
-                        "sequence-classification (reward) model; point it at one (num_labels=1)")
+        raise UserError(
+            f"{RM_KEY}.path={path} has no weights for {', '.join(sorted(head)[:3])}: it is not a "
+            "sequence-classification (reward) model; point it at one (num_labels=1)"
+        )
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name in missing:  # score.bias: sequence-classification heads have none
                 param.zero_()
-                log.info("reward model: %s is not in the checkpoint (a sequence-classification head has no "
-                         "bias): zero", name)
+                log.info(
+                    "reward model: %s is not in the checkpoint (a sequence-classification head has no bias): zero", name
+                )
     model.requires_grad_(False)
     return model.eval()
 
@@ -127,8 +146,10 @@ def load_input_tokenizer(path: str, trust_remote_code: bool):
     try:
         return AutoTokenizer.from_pretrained(local, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise UserError(f"{RM_KEY}.input_tokenizer={path!r}: no tokenizer can be loaded from it ({err}); point it "
-                        "at the actor's model (or tokenizer) folder, or set it to null") from err
+        raise UserError(
+            f"{RM_KEY}.input_tokenizer={path!r}: no tokenizer can be loaded from it ({err}); point it "
+            "at the actor's model (or tokenizer) folder, or set it to null"
+        ) from err
 
 
 def same_tokenizer(a, b) -> bool:
@@ -136,14 +157,22 @@ def same_tokenizer(a, b) -> bool:
     return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
 
 
-@ROLES.register("reward_model", needed_when=("reward_model.enable",), checkpointed=False, scores=True,
-                model_key="reward_model.model.path", methods=("compute_rm_score",),
-                doc="frozen sequence-classification reward model (reward_model.enable)")
+@ROLES.register(
+    "reward_model",
+    needed_when=("reward_model.enable",),
+    checkpointed=False,
+    scores=True,
+    model_key="reward_model.model.path",
+    methods=("compute_rm_score",),
+    doc="frozen sequence-classification reward model (reward_model.enable)",
+)
 class RewardModelWorker:
     """The reward model role: a frozen engine and `last_token_scores` as its forward. It reads only
     the `reward_model` section of the typed backend config `cfg`."""
 
-    def __init__(self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self, cfg: BackendConfigSection, total_training_steps: int, device, rank: int = 0, world_size: int = 1
+    ):
         self.cfg = cfg.reward_model
         self.engine = TrainingEngine("reward_model", device, rank=rank, world_size=world_size)
 
@@ -158,13 +187,18 @@ class RewardModelWorker:
             if not same_tokenizer(source, self.tokenizer):
                 self.input_tokenizer = source
         module = load_reward_model(
-            path, dtype=torch.float32, attn_implementation=self.engine.device.attn_implementation(),
-            override_config=dict(model_cfg.override_config), trust_remote_code=trust,
+            path,
+            dtype=torch.float32,
+            attn_implementation=self.engine.device.attn_implementation(),
+            override_config=dict(model_cfg.override_config),
+            trust_remote_code=trust,
             external_lib=model_cfg.external_lib,
         )
         module = self.engine.attach(module, model_cfg.fsdp_config)
-        return {"num_params": sum(p.numel() for p in module.parameters()),
-                "retokenize": self.input_tokenizer is not None}
+        return {
+            "num_params": sum(p.numel() for p in module.parameters()),
+            "retokenize": self.input_tokenizer is not None,
+        }
 
     def _inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids, attention_mask) the reward model reads, before max_length."""
@@ -190,8 +224,8 @@ class RewardModelWorker:
         ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):  # left-padded: every row ends at the last column
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = 1
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
         return ids, mask
 
     @reads("input_ids", "attention_mask", "responses", "response_mask", "raw_prompt", "response_text")
@@ -205,5 +239,6 @@ class RewardModelWorker:
         inputs = Batch({"input_ids": ids, "attention_mask": keep_last_tokens(mask, rm.max_length)})
         micro = micro_batching(rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu, rm.micro_batch_size_per_gpu)
         scores = self.engine.infer(
-            inputs, lambda module, part: last_token_scores(module, part["input_ids"], part["attention_mask"]), micro)
+            inputs, lambda module, part: last_token_scores(module, part["input_ids"], part["attention_mask"]), micro
+        )
         return Batch({"rm_scores": algorithms.scores_on_last_token(scores, batch["response_mask"])})

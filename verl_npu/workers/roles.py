@@ -29,5 +29,7 @@ def build_workers(cfg, total_training_steps: int, device, rank: int = 0, world_s
     """One worker per needed role, on this rank: {role name: worker}. `cfg` is the typed backend config,
     `device` the run's `DeviceInfo` (resolved once, by the driver)."""
     device.use_kernels()
-    return {name: ROLES.load(name)(cfg, total_training_steps, device, rank=rank, world_size=world_size)
-            for name in roles_for(cfg)}
+    return {
+        name: ROLES.load(name)(cfg, total_training_steps, device, rank=rank, world_size=world_size)
+        for name in roles_for(cfg)
+    }

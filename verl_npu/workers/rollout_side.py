@@ -46,8 +46,16 @@ class RolloutSide:
     """The trainer's handle on the rollout processes. `device`: the run's `DeviceInfo`; the trainer's workers hold
     its devices 0..trainer_devices-1."""
 
-    def __init__(self, cfg_tree: dict, transfer_backend: str, threads: int, device, processes: int = 1,
-                 trainer_devices: int = 1, tp: int = 1):
+    def __init__(
+        self,
+        cfg_tree: dict,
+        transfer_backend: str,
+        threads: int,
+        device,
+        processes: int = 1,
+        trainer_devices: int = 1,
+        tp: int = 1,
+    ):
         ctx = torch.multiprocessing.get_context("spawn")
         engines = processes // tp  # engine e is processes e*tp .. e*tp+tp-1; its leader (the first) reads commands
         self.early: list = []  # replies read while looking for another one (snapshot): the trainer reads them first
@@ -59,22 +67,43 @@ class RolloutSide:
         indices, shared = device.beside_trainer(trainer_devices, processes)
         self.dist_backend = device.weight_sync_backend(shared)
         port = free_port() if transfer_backend == "collective" else None
-        self.sender = WeightSender(transfer_backend, port=port, receivers=processes, device_kind=device.kind,
-                                   dist_backend=self.dist_backend)
+        self.sender = WeightSender(
+            transfer_backend, port=port, receivers=processes, device_kind=device.kind, dist_backend=self.dist_backend
+        )
         self.processes = []
         engine_ports = [free_port() if tp > 1 else 0 for _ in range(engines)]
         for i in range(processes):
             engine, tp_rank = divmod(i, tp)
-            self.processes.append(ctx.Process(
-                target=rollout_main, name=f"verl-npu-rollout-{i}", daemon=True,
-                args=(cfg_tree, device.kind, indices[i], i, self.sender.receiver_args(),
-                      self.commands[engine] if tp_rank == 0 else None, self.replies, max(1, threads // processes),
-                      os.getpid(), (tp_rank, tp, engine_ports[engine]))))
+            self.processes.append(
+                ctx.Process(
+                    target=rollout_main,
+                    name=f"verl-npu-rollout-{i}",
+                    daemon=True,
+                    args=(
+                        cfg_tree,
+                        device.kind,
+                        indices[i],
+                        i,
+                        self.sender.receiver_args(),
+                        self.commands[engine] if tp_rank == 0 else None,
+                        self.replies,
+                        max(1, threads // processes),
+                        os.getpid(),
+                        (tp_rank, tp, engine_ports[engine]),
+                    ),
+                )
+            )
             self.processes[-1].start()
-        log.info("separate_async: %d rollout process(es) (pids %s) on %s device(s) %s%s; weights by %s%s",
-                 processes, [p.pid for p in self.processes], device.kind, indices,
-                 ", shared with the trainer" if shared else "", transfer_backend,
-                 f" ({self.dist_backend})" if transfer_backend == "collective" else "")
+        log.info(
+            "separate_async: %d rollout process(es) (pids %s) on %s device(s) %s%s; weights by %s%s",
+            processes,
+            [p.pid for p in self.processes],
+            device.kind,
+            indices,
+            ", shared with the trainer" if shared else "",
+            transfer_backend,
+            f" ({self.dist_backend})" if transfer_backend == "collective" else "",
+        )
         self.sender.connect()
         ready = sorted(self.next_reply(timeout_s=600.0)[1:] for _ in range(processes))
         self.layout = ready[0][1]  # name -> (shape, dtype); every process builds the same model
@@ -129,10 +158,13 @@ class RolloutSide:
                             f"rollout process {i} (pid {process.pid}) exited with code {process.exitcode} while "
                             "the trainer waited for it (trainer.v1.trainer_mode=separate_async). Nothing of the "
                             "step in progress was trained; rerun the same command to resume from the last complete "
-                            "checkpoint") from None
+                            "checkpoint"
+                        ) from None
                 if deadline is not None and time.monotonic() > deadline:
-                    raise RolloutSideDied(f"the rollout processes (pids {[p.pid for p in self.processes]}) did not "
-                                          f"answer within {timeout_s:.0f} s") from None
+                    raise RolloutSideDied(
+                        f"the rollout processes (pids {[p.pid for p in self.processes]}) did not "
+                        f"answer within {timeout_s:.0f} s"
+                    ) from None
                 continue
             if reply[0] == "error":
                 raise RuntimeError(f"rollout process {reply[1]} failed:\n{reply[2]}")
@@ -175,26 +207,43 @@ def _build_engine(cfg_tree: dict, device, tp_rank: int = 0, tp_size: int = 1) ->
     partial = ROLLOUT_ENGINES.find(cfg.actor_rollout_ref.rollout.name).partial_rollout
     model_cfg = cfg.actor_rollout_ref.model
     tokenizer, processor = load_tokenizer_and_processor(
-        model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
-        custom_chat_template=model_cfg.custom_chat_template)
+        model_cfg.path,
+        trust_remote_code=model_cfg.trust_remote_code,
+        custom_chat_template=model_cfg.custom_chat_template,
+    )
     # the actor's master-weight dtype (actor.fsdp_config.model_dtype): the transfer then copies bit for bit
-    module = load_policy_model(model_cfg.path, dtype=master_dtype(cfg.actor_rollout_ref.actor.fsdp_config),
-                               attn_implementation=device.attn_implementation(),
-                               override_config=dict(model_cfg.override_config),
-                               trust_remote_code=model_cfg.trust_remote_code, external_lib=model_cfg.external_lib)
+    module = load_policy_model(
+        model_cfg.path,
+        dtype=master_dtype(cfg.actor_rollout_ref.actor.fsdp_config),
+        attn_implementation=device.attn_implementation(),
+        override_config=dict(model_cfg.override_config),
+        trust_remote_code=model_cfg.trust_remote_code,
+        external_lib=model_cfg.external_lib,
+    )
     module.requires_grad_(False)
     if partial:
         from verl_npu.workers.rollout_side_vllm import build_vllm_engine
 
         return module, build_vllm_engine(cfg, module, tokenizer, processor, device, tp_rank, tp_size), True
     module.to(device.worker_device())
-    engine = build_rollout(cfg.actor_rollout_ref.rollout.name, module, tokenizer, processor, cfg, rank=0, world_size=1,
-                           device=device)
+    engine = build_rollout(
+        cfg.actor_rollout_ref.rollout.name, module, tokenizer, processor, cfg, rank=0, world_size=1, device=device
+    )
     return module, engine, False
 
 
-def rollout_main(cfg_tree: dict, device_kind: str, device_index: int, index: int, receiver_args: dict, commands,
-                 replies, threads: int, parent_pid: int, tensor_parallel: tuple[int, int, int] = (0, 1, 0)) -> None:
+def rollout_main(
+    cfg_tree: dict,
+    device_kind: str,
+    device_index: int,
+    index: int,
+    receiver_args: dict,
+    commands,
+    replies,
+    threads: int,
+    parent_pid: int,
+    tensor_parallel: tuple[int, int, int] = (0, 1, 0),
+) -> None:
     """Rollout process `index`: take its device, build the model, join the weight transfer, answer commands until
     told to stop. `tensor_parallel`: (its rank in its engine, the engine's ranks, the engine group's port);
     `commands` is None on a rank other than the engine's first."""

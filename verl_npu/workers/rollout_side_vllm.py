@@ -36,10 +36,12 @@ def join_engine_group(tp_rank: int, tp_size: int, port: int, device) -> object |
         return None
     import torch.distributed as dist
 
-    os.environ.update({"RANK": str(tp_rank), "WORLD_SIZE": str(tp_size), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
-    dist.init_process_group(backend=device.dist_backend, rank=tp_rank, world_size=tp_size,
-                            timeout=timedelta(seconds=3600))
+    os.environ.update(
+        {"RANK": str(tp_rank), "WORLD_SIZE": str(tp_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    dist.init_process_group(
+        backend=device.dist_backend, rank=tp_rank, world_size=tp_size, timeout=timedelta(seconds=3600)
+    )
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=3600))
 
 
@@ -48,8 +50,17 @@ def build_vllm_engine(cfg, module, tokenizer, processor, device, tp_rank: int, t
     device back to a trainer)."""
     from verl_npu.rollout import build_rollout
 
-    engine = build_rollout(cfg.actor_rollout_ref.rollout.name, module, tokenizer, processor, cfg, rank=tp_rank,
-                           world_size=tp_size, device=device, weights=list(module.state_dict().items()))
+    engine = build_rollout(
+        cfg.actor_rollout_ref.rollout.name,
+        module,
+        tokenizer,
+        processor,
+        cfg,
+        rank=tp_rank,
+        world_size=tp_size,
+        device=device,
+        weights=list(module.state_dict().items()),
+    )
     engine.wake_up()
     engine.free_cache_engine = False
     return engine
@@ -105,8 +116,12 @@ def serve_partial(index: int, tp_rank: int, group, module, engine, receiver, com
             busy += time.perf_counter() - stepped
             for issue_id, rows in done:
                 if tp_rank == 0:
-                    stats = {"gen_seconds": busy, "idle_seconds": idle, "busy_seconds": busy,
-                             "interrupted_requests": partial.interrupted}
+                    stats = {
+                        "gen_seconds": busy,
+                        "idle_seconds": idle,
+                        "busy_seconds": busy,
+                        "interrupted_requests": partial.interrupted,
+                    }
                     replies.put(pack(("groups", index, issue_id, version, rows, stats)))
                 idle = busy = 0.0
 

@@ -50,8 +50,10 @@ def _safe_globals() -> list:
 
     allowed: list = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), type(np.dtype(np.float64))]
     reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
-    allowed += [(reconstruct, "numpy._core.multiarray._reconstruct"),
-                (reconstruct, "numpy.core.multiarray._reconstruct")]
+    allowed += [
+        (reconstruct, "numpy._core.multiarray._reconstruct"),
+        (reconstruct, "numpy.core.multiarray._reconstruct"),
+    ]
     import torch.distributed as dist
 
     if dist.is_available():
@@ -60,8 +62,11 @@ def _safe_globals() -> list:
         from torch.distributed.tensor import _dtensor_spec, placement_types
 
         allowed += [dtensor.DTensor, device_mesh.DeviceMesh, _dtensor_spec.DTensorSpec, _dtensor_spec.TensorMeta]
-        allowed += [getattr(placement_types, name) for name in ("Shard", "Replicate", "Partial", "_StridedShard")
-                    if hasattr(placement_types, name)]
+        allowed += [
+            getattr(placement_types, name)
+            for name in ("Shard", "Replicate", "Partial", "_StridedShard")
+            if hasattr(placement_types, name)
+        ]
         if hasattr(_dtensor_spec, "ShardOrderEntry"):
             allowed.append(_dtensor_spec.ShardOrderEntry)
     return allowed
@@ -92,8 +97,11 @@ def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
         raise UserError(f"checkpoint file {path} is missing") from None
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL (\S+)", str(exc))
-        what = f"it refers to {found.group(1)}, which is not on the allow-list" if found else \
-            str(exc).strip().splitlines()[-1][:200]
+        what = (
+            f"it refers to {found.group(1)}, which is not on the allow-list"
+            if found
+            else str(exc).strip().splitlines()[-1][:200]
+        )
         raise UnsafeCheckpointFile(
             f"refusing to load {path}: it holds a Python object that is not a tensor or plain data "
             f"({what}). verl-npu never writes such objects: the file was replaced or modified, and "

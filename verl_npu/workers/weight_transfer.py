@@ -61,8 +61,17 @@ class WeightSender:
     layer's answers) say where the broadcast's tensors live: on this process's device for nccl / hccl, on the host
     for gloo."""
 
-    def __init__(self, backend: str, *, folder: str | None = None, port: int | None = None, receivers: int = 1,
-                 device_kind: str = "cpu", dist_backend: str = "gloo", timeout_s: float = 600.0):
+    def __init__(
+        self,
+        backend: str,
+        *,
+        folder: str | None = None,
+        port: int | None = None,
+        receivers: int = 1,
+        device_kind: str = "cpu",
+        dist_backend: str = "gloo",
+        timeout_s: float = 600.0,
+    ):
         if backend not in BACKENDS:
             raise ValueError(f"weight transfer backend must be one of {BACKENDS}, got {backend!r}")
         self.backend, self.receivers = backend, int(receivers)
@@ -72,14 +81,22 @@ class WeightSender:
 
     def receiver_args(self) -> dict:
         """What a receiver is built with (picklable): `WeightReceiver(**args, rank=...)`."""
-        return {"backend": self.backend, "folder": str(self.folder), "port": self.port, "receivers": self.receivers,
-                "device_kind": self.device_kind, "dist_backend": self.dist_backend, "timeout_s": self.timeout_s}
+        return {
+            "backend": self.backend,
+            "folder": str(self.folder),
+            "port": self.port,
+            "receivers": self.receivers,
+            "device_kind": self.device_kind,
+            "dist_backend": self.dist_backend,
+            "timeout_s": self.timeout_s,
+        }
 
     def connect(self) -> None:
         """Rank 0 of the collective group (blocks until every receiver has joined); nothing for `file`."""
         if self.backend == "collective":
-            self.group = _collective_group(self.port, 0, self.receivers + 1, self.device_kind, self.dist_backend,
-                                           self.timeout_s)
+            self.group = _collective_group(
+                self.port, 0, self.receivers + 1, self.device_kind, self.dist_backend, self.timeout_s
+            )
 
     def send(self, version: int, named: dict[str, torch.Tensor]) -> dict[str, float]:
         """Send one version of the weights; returns `{"bytes", "seconds"}` of this send."""
@@ -120,8 +137,17 @@ class WeightSender:
 class WeightReceiver:
     """A rollout process's end (rank 1..N): `receive` copies one version into `module`'s parameters in place."""
 
-    def __init__(self, backend: str, folder: str, port: int | None, receivers: int, device_kind: str,
-                 dist_backend: str, timeout_s: float, rank: int = 1):
+    def __init__(
+        self,
+        backend: str,
+        folder: str,
+        port: int | None,
+        receivers: int,
+        device_kind: str,
+        dist_backend: str,
+        timeout_s: float,
+        rank: int = 1,
+    ):
         self.backend, self.folder, self.rank, self.timeout_s = backend, Path(folder), int(rank), timeout_s
         self.where = _tensor_device(device_kind, dist_backend)
         self.group = None
@@ -150,8 +176,10 @@ class WeightReceiver:
                 time.sleep(0.01)
             state = torch.load(path, map_location="cpu", weights_only=True)
             if sorted(state) != sorted(params):
-                raise RuntimeError(f"weights file {path} holds other parameters than the rollout model: "
-                                   f"{sorted(set(state) ^ set(params))[:5]}")
+                raise RuntimeError(
+                    f"weights file {path} holds other parameters than the rollout model: "
+                    f"{sorted(set(state) ^ set(params))[:5]}"
+                )
             for name, tensor in state.items():
                 params[name].data.copy_(tensor)
                 size += tensor.numel() * tensor.element_size()

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 from verl_npu.tools.envs.grid import ACTIONS, GridEnv, StepResult, parse_action
 
-ENVS = {
-    "frozen_lake": "verl_npu.tools.envs.frozen_lake:FrozenLake",
-    "sokoban": "verl_npu.tools.envs.sokoban:Sokoban",
-}
+ENVS = {"frozen_lake": "verl_npu.tools.envs.frozen_lake:FrozenLake", "sokoban": "verl_npu.tools.envs.sokoban:Sokoban"}
 
 
 def env_class(name: str) -> type:

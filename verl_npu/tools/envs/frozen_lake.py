@@ -35,11 +35,21 @@ class FrozenLake(GridEnv):
     # observation (show_goal's direction line), not in this constant text
     RULES = "Move P to G; H is a hole. Reply with one move, a capital letter: up, down, left or right."
 
-    def __init__(self, seed: int = 0, size: int = 4, hole_ratio: float = 0.2, map: list[str] | None = None,
-                 max_steps: int = 8, show_goal: str | None = None, show_grid: bool = True):
+    def __init__(
+        self,
+        seed: int = 0,
+        size: int = 4,
+        hole_ratio: float = 0.2,
+        map: list[str] | None = None,
+        max_steps: int = 8,
+        show_goal: str | None = None,
+        show_grid: bool = True,
+    ):
         super().__init__(seed, max_steps)
         if not show_grid and not show_goal:
-            raise ValueError("show_grid: false needs show_goal (positions or direction): the observation would be empty")
+            raise ValueError(
+                "show_grid: false needs show_goal (positions or direction): the observation would be empty"
+            )
         self.show_grid = bool(show_grid)
         if show_goal not in (None, "positions", "direction"):
             raise ValueError(f"show_goal must be positions, direction or null, not {show_goal!r}")

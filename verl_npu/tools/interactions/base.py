@@ -33,8 +33,9 @@ class BaseInteraction:
     async def start_interaction(self, instance_id: str | None = None, **kwargs) -> str:
         return instance_id or str(uuid.uuid4())
 
-    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]],
-                                **kwargs) -> tuple[bool, str, float, dict[str, Any]]:
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs
+    ) -> tuple[bool, str, float, dict[str, Any]]:
         return False, "Go on.", 0.0, {}
 
     async def calculate_score(self, instance_id: str | None = None, **kwargs) -> float:

@@ -39,8 +39,9 @@ class Gsm8kInteraction(BaseInteraction):
         state = self._state[instance_id]
         if state["ground_truth"] is None:
             return 0.0
-        return float(compute_score("openai/gsm8k", state["response"], state["ground_truth"],
-                                   method="flexible")["score"])
+        return float(
+            compute_score("openai/gsm8k", state["response"], state["ground_truth"], method="flexible")["score"]
+        )
 
     def finalize_interaction(self, instance_id: str | None = None, **kwargs) -> None:
         self._state.pop(instance_id, None)

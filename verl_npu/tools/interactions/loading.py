@@ -18,9 +18,15 @@ METHODS = ("start_interaction", "generate_response")
 
 
 def interaction_class(entry: InteractionEntry) -> type:
-    return named_class(class_target(entry.class_name), entry.where, entry.class_name, KEY, METHODS,
-                       "an interaction", "Subclass verl_npu.tools.interactions.BaseInteraction (docs/agents.md, "
-                       "'Writing an interaction')")
+    return named_class(
+        class_target(entry.class_name),
+        entry.where,
+        entry.class_name,
+        KEY,
+        METHODS,
+        "an interaction",
+        "Subclass verl_npu.tools.interactions.BaseInteraction (docs/agents.md, 'Writing an interaction')",
+    )
 
 
 def load_interactions(path) -> dict[str, Any]:
@@ -33,8 +39,9 @@ def load_interactions(path) -> dict[str, Any]:
         try:
             obj = cls(config={**entry.config, "name": entry.name})
         except Exception as err:
-            raise UserError(f"{entry.where}: constructing {entry.class_name!r} failed: {type(err).__name__}: "
-                            f"{err}. Fix its config") from None
+            raise UserError(
+                f"{entry.where}: constructing {entry.class_name!r} failed: {type(err).__name__}: {err}. Fix its config"
+            ) from None
         obj.name = entry.name
         out[entry.name] = obj
     return out
