@@ -294,7 +294,7 @@ def _placeholders_for_plan(recipe: str, overrides: list[str]) -> list[str]:
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     fills = []
     for key in placeholder_fields(path):
-        value = flat[key]
+        value = flat.get(key)  # None for a key inside a free-form dict: not filled
         if key in given or key.removeprefix("backend_config.") in given or not isinstance(value, str):
             continue
         example = value.split(":", 1)[1].strip() if ":" in value else ""

@@ -9,6 +9,7 @@ import pytest
 
 from verl_npu.config import REQUIRED, load_recipe
 from verl_npu.config.recipes import copy_recipe, find_recipe, list_recipes, placeholder_fields
+from verl_npu.config.rules_distill import TEACHER_PATH
 from verl_npu.config.sft import is_sft_recipe, load_sft_recipe
 from verl_npu.config.stages import is_stages_tree, load_stages
 from verl_npu.config.tree import read_yaml_file
@@ -26,7 +27,11 @@ SUPPLY = {
     "backend_config.data.train_files": "/data/train.parquet",
     "backend_config.data.val_files": "/data/test.parquet",
     "backend_config.actor_rollout_ref.model.path": "/models/model",
+    TEACHER_PATH: "/models/teacher",  # required with distillation.enabled
+    "backend_config.model.path": "/models/model",  # an SFT recipe's model
 }
+#: placeholders a shipped RL recipe may hold: the required fields, and the teacher of a distillation recipe
+PLACEHOLDER_KEYS = {*REQUIRED, TEACHER_PATH}
 
 
 def _filled(path: Path) -> list[str]:
@@ -43,7 +48,7 @@ def test_recipes_are_found():
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_recipe_validates_with_required_fields_supplied(path):
     fields = placeholder_fields(path)
-    assert set(fields) <= set(REQUIRED), f"placeholders only belong in required fields: {fields}"
+    assert set(fields) <= PLACEHOLDER_KEYS, f"placeholders only belong in required fields: {fields}"
     rc = load_recipe(path.stem, _filled(path))
     assert rc.source == path and rc.world_size >= 1
     if fields:  # a recipe that ships placeholders is refused as is, naming each field
@@ -59,6 +64,23 @@ def test_recipe_is_fully_supported_by_the_trainer(path):
     load_recipe(path.stem, _filled(path))  # the trainer's own refusals are rules of the same registry
 
 
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_recipe_files_named_from_the_repository_root_load(path):
+    """The tool config and custom reward file a recipe names (paths from the repository root, where the launcher
+    runs) exist and load: validation without --check-paths reads neither."""
+    from verl_npu.rewards import load_reward_fn
+    from verl_npu.tool_registry import read_tool_config
+
+    backend = load_recipe(path.stem, _filled(path)).backend
+    tools = backend.actor_rollout_ref.rollout.multi_turn.tool_config_path
+    if tools:
+        entries, problems = read_tool_config(REPO / tools)
+        assert entries and not problems, (tools, problems)
+    if backend.custom_reward_function.path:
+        reward = dict(backend.custom_reward_function, path=str(REPO / backend.custom_reward_function.path))
+        assert load_reward_fn(reward).name
+
+
 def test_tensor_parallel_recipes_keep_their_sizes():
     sizes = {
         name: load_recipe(name, _filled(find_recipe(name))).backend.actor_rollout_ref.rollout.tensor_model_parallel_size
@@ -69,16 +91,36 @@ def test_tensor_parallel_recipes_keep_their_sizes():
 
 @pytest.mark.parametrize("path", SFT_RECIPES, ids=[p.stem for p in SFT_RECIPES])
 def test_sft_recipe_validates_and_the_rl_loader_names_the_sft_command(path):
-    rc = load_sft_recipe(path)
+    fields = placeholder_fields(path)
+    rc = load_sft_recipe(path, _filled(path))
     assert rc.source == path and rc.world_size >= 1 and rc.typed.model.path
+    if fields:  # an accelerator SFT recipe ships placeholders: refused as is, naming each field
+        with pytest.raises(ConfigErrors) as info:
+            load_sft_recipe(path)
+        assert sorted(p.key for p in info.value.problems) == sorted(fields)
     with pytest.raises(UserError, match=f"verl-npu sft {path.stem}"):
         load_recipe(path.stem)
 
 
 @pytest.mark.parametrize("path", STAGES_RECIPES, ids=[p.stem for p in STAGES_RECIPES])
 def test_stages_recipe_validates_both_stages(path):
-    recipe = load_stages(path)
+    recipe = load_stages(path, _stage_fills(path))
     assert [s.kind for s in recipe.stages] == ["sft", "rl"] and recipe.source == path
+    if placeholder_fields(path):  # refused as is, each stage's placeholders named with the stage
+        with pytest.raises(ConfigErrors) as info:
+            load_stages(path)
+        assert {p.key.split(":")[0] for p in info.value.problems} == {"sft", "rl"}
+
+
+def _stage_fills(path: Path) -> list[str]:
+    """Command-line fills for a stages recipe's placeholders: its own, then each stage recipe's
+    (`<stage>.key=value`; the RL stage's model path is the SFT stage's output, set by the stages loader)."""
+    fills = _filled(path)
+    for stage in read_yaml_file(path)["stages"]:
+        for fill in _filled(find_recipe(stage["recipe"])):
+            if fill.split("=")[0] not in ("af_output_dir", "backend_config.actor_rollout_ref.model.path"):
+                fills.append(f"{stage['name']}.{fill}")
+    return fills
 
 
 @pytest.mark.parametrize("path", ALL_RECIPES, ids=[p.stem for p in ALL_RECIPES])

@@ -164,12 +164,19 @@ def _resolve_recipe(arg: str, ctx: Context) -> Path:
         return find_recipe(arg).resolve()
 
 
-def _filled_overrides(recipe: Path, overrides: list[str], ctx: Context) -> list[str]:
-    """``overrides`` plus a value for every EDIT_ME field of ``recipe`` they do not set."""
+def _filled_overrides(recipe: Path, overrides: list[str], ctx: Context, sft: bool = False) -> list[str]:
+    """``overrides`` plus a value for every EDIT_ME field of ``recipe`` they do not set (``sft``: an SFT
+    recipe, whose short keys are its own sections')."""
     from verl_npu.config import expand_key
     from verl_npu.config.recipes import placeholder_fields
 
-    given = {expand_key(o.split("=", 1)[0]) for o in overrides if "=" in o}
+    def full(key: str) -> str:
+        key = key.lstrip("+")
+        if not sft:
+            return expand_key(key)
+        return key if key == "af_output_dir" or key.startswith("backend_config.") else "backend_config." + key
+
+    given = {full(o.split("=", 1)[0]) for o in overrides if "=" in o}
     supply = dict(SUPPLY, af_output_dir=str(ctx.tmp / "af_output_dir"))
     extra = [f"{k}={supply[k]}" for k in placeholder_fields(recipe) if k not in given and k in supply]
     return [*overrides, *extra]
@@ -190,7 +197,7 @@ def _validate_for_run(recipe_arg: str, overrides: list[str], ctx: Context) -> No
                 load_stages(str(recipe), overrides)
                 return
             if is_sft_recipe(recipe):  # `run` hands an SFT recipe to `verl-npu sft`
-                load_sft_recipe(str(recipe), overrides)
+                load_sft_recipe(str(recipe), _filled_overrides(recipe, overrides, ctx, sft=True))
                 return
             load_recipe(str(recipe), _filled_overrides(recipe, overrides, ctx))  # trainer refusals included
     except UserError as e:

@@ -59,6 +59,8 @@ SUPPLY = {  # values for EDIT_ME fields a quoted command leaves to the user's ed
     "backend_config.data.train_files": "/data/train.parquet",
     "backend_config.data.val_files": "/data/test.parquet",
     "backend_config.actor_rollout_ref.model.path": "/models/model",
+    "backend_config.model.path": "/models/model",  # an SFT recipe's model
+    "backend_config.distillation.teacher_models.teacher_model.model_path": "/models/teacher",
 }
 
 

@@ -11,6 +11,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from verl_npu.errors import UserError
 
@@ -83,12 +84,21 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
 
 
 def placeholder_fields(path: Path) -> list[str]:
-    """Full dotted keys in a recipe file whose value is an EDIT_ME placeholder."""
-    from verl_npu.config.tree import flatten, is_placeholder, read_yaml_file
+    """Full dotted keys in a recipe file whose value is an EDIT_ME placeholder, in file order. The whole tree
+    is walked, whatever its sections: an SFT recipe's `model.path` is a placeholder as an RL recipe's is."""
+    from verl_npu.config.tree import is_placeholder, read_yaml_file
 
-    flat: dict = {}
-    flatten(read_yaml_file(path), "", flat)
-    return [k for k, v in flat.items() if is_placeholder(v)]
+    found: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        elif is_placeholder(node):
+            found.append(prefix)
+
+    walk(read_yaml_file(path), "")
+    return found
 
 
 def copy_recipe(name_or_path: str, dest: str | os.PathLike) -> tuple[Path, list[str]]:
