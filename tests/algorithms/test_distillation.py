@@ -223,6 +223,50 @@ def test_the_teacher_scores_the_students_tokens_as_a_direct_forward_does(tiny_ca
         assert torch.equal(out["teacher_topk_ids"][valid], top[valid])
 
 
+def test_a_teacher_wider_than_the_student_ranks_only_the_students_rows(tmp_path, tiny_cache):
+    """Qwen2.5-7B's output layer has 152064 rows, 1.5B's 151936 (padding past the tokenizer): the teacher's top-k
+    must never name a row the student has no logit for. Here the teacher has 64 extra rows built to win every
+    position; the ids sent stay below the student's width and are the top-k of the student's rows."""
+    from transformers import AutoModelForCausalLM
+
+    from verl_npu.batch import Batch
+    from verl_npu.device import detect_device
+    from verl_npu.models.tiny import materialize
+    from verl_npu.workers.distillation import TeacherWorker
+
+    source = materialize(TEACHER, cache_dir=tiny_cache)
+    folder = tmp_path / "wide_teacher"
+    shutil.copytree(source, folder)
+    model = AutoModelForCausalLM.from_pretrained(source)
+    width = model.get_output_embeddings().weight.shape[0]
+    model.resize_token_embeddings(width + 64)
+    with torch.no_grad():  # the padding rows would win the top-k if they were ranked
+        model.get_output_embeddings().weight[width:] = 50.0 * model.get_output_embeddings().weight[3]
+    model.save_pretrained(folder)
+
+    rc = load_recipe(
+        "tiny_gsm8k",
+        [
+            "distillation.enabled=true",
+            f"distillation.teacher_models.teacher_model.model_path={folder}",
+            "distillation.distillation_loss.loss_mode=forward_kl_topk",
+            "distillation.distillation_loss.topk=5",
+        ],
+    )
+    worker = TeacherWorker(rc.typed, 1, detect_device("cpu"))
+    worker.init_model()
+    ids = torch.randint(3, 500, (3, 9), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    out = worker.compute_teacher_log_probs(Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, 5:]}))
+    with torch.no_grad():
+        logits = model.eval()(input_ids=ids, attention_mask=mask).logits[:, 4:-1].float()
+    assert bool((torch.topk(logits, 5, dim=-1).indices >= width).any())  # unranked, the padding rows would be sent
+    values, top = torch.topk(torch.log_softmax(logits[..., :width], -1), 5, dim=-1)
+    assert int(out["teacher_topk_ids"].max()) < width
+    assert torch.equal(out["teacher_topk_ids"], top)
+    torch.testing.assert_close(out["teacher_topk_log_probs"], values, atol=1e-5, rtol=1e-5)
+
+
 # ---- a tiny run ------------------------------------------------------------------------------------
 def _fixed_batch(tokenizer, rows: int = 12, response: int = 4):
     """Each training question's chat prompt followed by `response` seeded random tokens: (ids, mask)."""

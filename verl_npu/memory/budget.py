@@ -142,6 +142,9 @@ def plan_for(rc: RecipeConfig, spec: str | None = None) -> tuple[Plan | None, st
         "actor": actor,
         "critic": model_numbers(critic_path) if critic_path else None,
         "reward": model_numbers(b.reward_model.model.path) if b.reward_model.enable else None,
+        "teacher": (
+            model_numbers(b.distillation.teacher_models.teacher_model.model_path) if b.distillation.enabled else None
+        ),
     }
     size, name, accelerator = device_memory(rc, spec)
     plan = plan_recipe(rc, size, name, models, accelerator)

@@ -139,6 +139,7 @@ def build_plan(
     device_name: str,
     critic: ModelSize | None = None,
     reward: ModelSize | None = None,
+    teacher: ModelSize | None = None,
 ) -> Plan:
     """The phases of one device and the host figure of one node for settings `s`."""
     if s.cpu:  # offloading to the host moves nothing off a CPU device: the same memory (measured)
@@ -196,6 +197,15 @@ def build_plan(
     if s.reward_model and reward is not None:
         rm_bytes = mp.weight_bytes(reward.params, s.compute_bytes, shards, s.rm_offload)
         resident.append(Part("reward model weights", rm_bytes, f"{s.compute_bytes} x {reward.params:,} / {shards}"))
+    if s.teacher and teacher is not None:  # frozen, in the compute dtype, sharded like the reference policy
+        t_weights = mp.weight_bytes(teacher.params, s.compute_bytes, shards, s.ref_offload)
+        resident.append(
+            Part(
+                "teacher weights",
+                t_weights,
+                f"{s.compute_bytes} x {teacher.params:,} / {shards}" + (" (offloaded)" if s.ref_offload else ""),
+            )
+        )
     resident = [p for p in resident if p.bytes]
     # held on the device while any forward runs, beside the resident states: FSDP2's gathered unit, the matmul
     # workspaces, autocast's weight copies
@@ -294,6 +304,23 @@ def build_plan(
                         "logits", mp.logits_bytes(r_logits, actor.vocab, copies=2, fused=s.fused), "fp32 [Rt x V] x 2"
                     ),
                     *_sp_logits(s, actor, r_tokens),
+                ],
+            )
+        )
+    if s.teacher and teacher is not None:  # the teacher scores the responses with the ref's micro-batches
+        t_tokens, t_logits, how = _micro(s, s.ref_micro_rows, s.dynamic, s.lp_budget)
+        phases.append(
+            Phase(
+                "teacher log-probs",
+                resident
+                + while_computing
+                + [
+                    Part("forward (no grad)", mp.inference_bytes(teacher, t_tokens / s.sp, s.compute_bytes), how),
+                    Part(
+                        "logits",
+                        mp.logits_bytes(t_logits, teacher.vocab, copies=2, fused=False),
+                        "fp32 [Rt x V] x 2 (log-softmax, then its top-k)",
+                    ),
                 ],
             )
         )
@@ -433,6 +460,14 @@ def build_plan(
     if s.use_ref and s.ref_offload:
         host.append(
             Part("offloaded ref", local * math.ceil(s.compute_bytes * p_actor / shards), "b x P / W per worker")
+        )
+    if s.teacher and teacher is not None and s.ref_offload:
+        host.append(
+            Part(
+                "offloaded teacher",
+                local * math.ceil(s.compute_bytes * teacher.params / shards),
+                "b x P_teacher / W per worker",
+            )
         )
     if s.kv_pool and s.free_cache:
         host.append(
@@ -595,11 +630,17 @@ def plan_recipe(
     models: dict[str, ModelSize | None],
     accelerator: bool | None = None,
 ) -> Plan:
-    """The plan of a resolved recipe; `models`: "actor" (required), "critic", "reward" ModelSizes."""
+    """The plan of a resolved recipe; `models`: "actor" (required), "critic", "reward", "teacher" ModelSizes."""
     s = settings_from_recipe(rc, accelerator)
     actor = models["actor"]
-    extra = {"critic": models.get("critic") or (actor if s.critic else None), "reward": models.get("reward")}
+    extra = {
+        "critic": models.get("critic") or (actor if s.critic else None),
+        "reward": models.get("reward"),
+        "teacher": models.get("teacher"),
+    }
     plan = build_plan(s, actor, device_bytes=device_bytes, device_name=device_name, **extra)
     if s.reward_model and extra["reward"] is None:
         plan.notes.append("reward model: its config.json is not readable here; not counted")
+    if s.teacher and extra["teacher"] is None:
+        plan.notes.append("distillation teacher: its config.json is not readable here; not counted")
     return add_knobs(plan, s, actor, **extra)

@@ -68,6 +68,7 @@ class Settings:
     reward_model: bool
     rm_micro_rows: int | None
     rm_offload: bool
+    teacher: bool  # distillation.enabled: a frozen teacher, sharded and micro-batched like the reference policy
     saves: bool
     kl: bool = False  # a KL term needs reference log-probs (LoRA: the actor with its adapters off)
     cpu: bool = False  # planned for the CPU: the device's memory is the host's
@@ -147,6 +148,7 @@ def settings_from_recipe(rc: RecipeConfig, accelerator: bool | None = None) -> S
         reward_model=bool(rm.enable),
         rm_micro_rows=_opt_int(rm.micro_batch_size_per_gpu),
         rm_offload=bool(rm.model.fsdp_config.param_offload),
+        teacher=ROLES.spec("teacher").needed(b),
         saves=int(tr.save_freq or 0) > 0,
         kl=bool(actor.use_kl_loss) or bool(b.algorithm.use_kl_in_reward),
         cpu=not accelerator,

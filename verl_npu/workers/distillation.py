@@ -7,7 +7,10 @@ student's own samples with one forward at temperature 1 (as verl's teacher serve
 for `forward_kl_topk` its `topk` most likely tokens and their log-probs at every response position
 (`teacher_topk_log_probs`, `teacher_topk_ids` [B, R, K]); for the single-sample estimators the log-prob of the
 sampled token (`teacher_log_prob` [B, R]). The teacher reads the student's token ids as they are, so the two
-must share one vocabulary: checked when the teacher loads (and refused naming the key).
+must share one vocabulary: checked when the teacher loads (and refused naming the key). A teacher whose output
+layer is wider than the student's (Qwen2.5-7B's 152064 rows against 1.5B's 151936: padding rows past the
+tokenizer's tokens) ranks only the student's rows: its top-k is taken over the first `student width` logits, so
+it never names a token the student has no logit for.
 
 The actor adds the distillation term to its loss (`add_distillation_term`, called from the actor's PPO loss):
 the per-token loss of `distillation_loss.loss_mode` from the student's log-probs or (top-k) temperature-scaled
@@ -23,7 +26,7 @@ from verl_npu.algorithms import distillation as D
 from verl_npu.batch import Batch, reads
 from verl_npu.errors import UserError
 from verl_npu.models.forward import response_log_probs
-from verl_npu.models.loading import load_policy_model, load_tokenizer_and_processor
+from verl_npu.models.loading import load_config, load_policy_model, load_tokenizer_and_processor
 from verl_npu.registry import ROLES
 from verl_npu.workers.engine import TrainingEngine, micro_batching
 
@@ -62,6 +65,16 @@ def vocabulary_problem(teacher_tokenizer, student_tokenizer, teacher_path: str, 
     )
 
 
+def output_width(config) -> int | None:
+    """The rows of a model's output layer from its config (`vocab_size`, a vision-language model's in its
+    `text_config`), or None when the config does not say."""
+    for node in (config, getattr(config, "text_config", None)):
+        width = getattr(node, "vocab_size", None)
+        if isinstance(width, int) and width > 0:
+            return width
+    return None
+
+
 def check_teacher_tokenizer(cfg, student_tokenizer) -> None:
     """Before any worker starts: a UserError when the teacher's tokenizer differs from the student's, or when
     forward_kl_topk's topk exceeds the teacher's vocabulary (nothing happens without distillation)."""
@@ -98,6 +111,7 @@ class TeacherWorker:
         self.cfg = cfg
         self.device = device
         self.engine = TrainingEngine("teacher", device, rank=rank, world_size=world_size)
+        self.ranked_width: int | None = None  # set by init_model when the teacher's output layer is the wider
 
     def init_model(self) -> dict:
         cfg = self.cfg
@@ -116,6 +130,10 @@ class TeacherWorker:
             external_lib=model_cfg.external_lib,
         )
         module.requires_grad_(False)
+        teacher_width = module.get_output_embeddings().weight.shape[0]
+        student_width = output_width(load_config(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code))
+        # the top-k ranks the rows both models have (a wider teacher's extra rows are padding past the tokenizer)
+        self.ranked_width = student_width if student_width and teacher_width > student_width else None
         module = self.engine.attach(module.eval(), cfg.actor_rollout_ref.ref.fsdp_config)
         return {
             "num_params": sum(p.numel() for p in module.parameters()),
@@ -148,7 +166,8 @@ class TeacherWorker:
             )
             if topk is None:
                 return out[0].float()
-            return D.response_topk(out[2], topk)  # only [.., K] per micro-batch is kept, never [.., V]
+            logits = out[2] if self.ranked_width is None else out[2][..., : self.ranked_width]
+            return D.response_topk(logits, topk)  # only [.., K] per micro-batch is kept, never [.., V]
 
         if topk is None:
             return Batch({"teacher_log_prob": self.engine.infer(batch, forward, micro)})
