@@ -59,8 +59,15 @@ def _vl_prompt(question: str) -> list[dict]:
 def test_materialize_layout_and_reuse(cache_dir, vl_dir):
     assert vl_dir.parent == cache_dir / "tiny"
     assert vl_dir.name == f"qwen25vl-{tiny.build_hash('qwen25vl')}"
-    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "chat_template.jinja", "processor_config.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "processor_config.json",
+    ):
         assert (vl_dir / name).is_file(), name
     mtime = (vl_dir / "model.safetensors").stat().st_mtime_ns
     start = time.perf_counter()
@@ -314,8 +321,12 @@ def test_text_model_loads_and_generates(text_dir):
     model = AutoModelForCausalLM.from_pretrained(text_dir).eval()
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.vocab_size) == (128, 2, 512)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
-                                     return_tensors="pt", return_dict=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     with torch.no_grad():
         out = model.generate(**prompt, max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert out.shape[1] == prompt["input_ids"].shape[1] + 5
@@ -345,10 +356,45 @@ def test_seed_in_the_uri_builds_other_weights_in_its_own_folder(cache_dir, text_
     assert any(not torch.equal(a[k], b[k]) for k in a)
     ref = load_file(tiny.build_tiny_qwen2(cache_dir / "ref3", seed=3) / "model.safetensors")
     assert all(torch.equal(ref[k], b[k]) for k in ref)
-    assert tiny.parse_tiny_uri("tiny://qwen25vl?seed=12") == ("qwen25vl", 12)
+    assert tiny.parse_tiny_uri("tiny://qwen25vl?seed=12") == ("qwen25vl", 12, {})
 
 
-@pytest.mark.parametrize("uri", ["tiny://qwen2?seed=-1", "tiny://qwen2?seed=x", "tiny://qwen2?rev=1", "tiny://qwen2?seed="])
+def test_sizes_in_the_uri_build_a_smaller_model_with_the_same_tokenizer(cache_dir, text_dir):
+    from transformers import AutoConfig
+
+    uri = "tiny://qwen2?seed=1&num_hidden_layers=1&hidden_size=64"
+    assert tiny.parse_tiny_uri(uri) == ("qwen2", 1, {"num_hidden_layers": 1, "hidden_size": 64})
+    small = tiny.materialize(uri, cache_dir=cache_dir)
+    assert small.parent == text_dir.parent and small != tiny.materialize("tiny://qwen2?seed=1", cache_dir=cache_dir)
+    config = AutoConfig.from_pretrained(small)
+    assert (config.num_hidden_layers, config.hidden_size) == (1, 64)
+    assert config.vocab_size == AutoConfig.from_pretrained(text_dir).vocab_size
+    assert (small / "tokenizer.json").read_bytes() == (text_dir / "tokenizer.json").read_bytes()
+    n_small = sum(t.numel() for t in load_file(small / "model.safetensors").values())
+    n_full = sum(t.numel() for t in load_file(text_dir / "model.safetensors").values())
+    assert n_small < n_full / 3, (n_small, n_full)
+    assert tiny.materialize("tiny://qwen2?hidden_size=64&num_hidden_layers=1&seed=1", cache_dir=cache_dir) == small
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("tiny://qwen2?hidden_size=62", "hidden_size 62 is not a multiple of num_attention_heads 4"),
+        ("tiny://qwen2?num_key_value_heads=3", "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ("tiny://qwen2?depth=1", r"bad option 'depth=1'.*size keys: hidden_size"),
+        ("tiny://qwen2?num_hidden_layers=0", "bad option 'num_hidden_layers=0'"),
+        ("tiny://qwen2?rms_norm_eps=1", "bad option 'rms_norm_eps=1'"),
+    ],
+)
+def test_bad_tiny_sizes_are_user_errors(uri, message, tmp_path):
+    with pytest.raises(UserError, match=message):
+        tiny.materialize(uri, cache_dir=tmp_path)
+    assert not (tmp_path / "tiny").exists()  # refused before anything is built
+
+
+@pytest.mark.parametrize(
+    "uri", ["tiny://qwen2?seed=-1", "tiny://qwen2?seed=x", "tiny://qwen2?rev=1", "tiny://qwen2?seed="]
+)
 def test_bad_tiny_seed_is_user_error(uri, tmp_path):
     with pytest.raises(UserError, match=r"tiny://qwen2\?seed=N"):
         tiny.materialize(uri, cache_dir=tmp_path)
