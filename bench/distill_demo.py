@@ -10,11 +10,13 @@
    `tiny://qwen2?seed=S&<the recipe's student sizes>` (smaller than the teacher; `--student` names
    another), data.seed=S (data order and sampling), `--steps` steps: GRPO + forward_kl_topk
    distillation, and GRPO alone (distillation.enabled=false).
-3. Every run has OMP_NUM_THREADS=1; `--parallel` runs (default 2) go at once, a seed's two runs side by
-   side, so they share the machine alike. The report (`--out`): a row per run (critic/score/mean over the
-   first and last 10 steps, the first step whose 10-step mean reaches 0.5, wall time, load average before
-   / after), on how many seeds distillation ends above GRPO alone, the 10-step means along the runs, the
-   teacher's and the student's sizes, the exact command; the curves go to <out stem>_curves.png.
+3. Every run has OMP_NUM_THREADS=1; `--parallel` runs (default 2) go at once, started in order (a
+   seed's distill run, then its rl_only run, then the next seed's), a new one as soon as one ends.
+   The report (`--out`): a row per run (critic/score/mean over the first and last 10 steps, the first
+   step whose 10-step mean reaches 0.5, wall time, load average before / after), on how many seeds
+   distillation ends above GRPO alone, the 10-step means along the runs, the teacher's and the student's
+   sizes, the exact command; the curves go to <out stem>_curves.png. `--report-only` writes the report
+   from the finished runs in `--work`.
 """
 
 from __future__ import annotations
@@ -241,8 +243,8 @@ def report(
         "```",
         "",
         f"on {os.cpu_count()} CPU cores shared with other work (the load average before / after each run is in the "
-        f"table), Python {sys.version.split()[0]}; every run has 1 torch thread, {parallel} runs at once (a seed's "
-        f"two runs side by side); "
+        f"table), Python {sys.version.split()[0]}; every run has 1 torch thread, {parallel} runs at once (started "
+        f"in order: seed 1 distill, seed 1 rl_only, seed 2 distill, ...; a run starts when one ends); "
         + (
             f"{wall / 60:.1f} minutes in all."
             if wall is not None
