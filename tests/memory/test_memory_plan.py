@@ -71,6 +71,19 @@ def test_parameter_count_equals_the_loaded_tiny_model(which, request):
     assert size.params == sum(p.numel() for p in model.parameters())
 
 
+def test_a_tiny_model_of_other_sizes_is_planned_with_its_own_shapes(tiny_cache):
+    """tiny://qwen2?num_hidden_layers=1 (the distillation demo's student) is planned from a build of those sizes,
+    any seed, never from the default-size build."""
+    from verl_npu.memory.budget import model_numbers
+    from verl_npu.models.tiny import materialize
+
+    materialize("tiny://qwen2", cache_dir=tiny_cache)
+    materialize("tiny://qwen2?seed=2&num_hidden_layers=1", cache_dir=tiny_cache)
+    full, half = model_numbers("tiny://qwen2?seed=7"), model_numbers("tiny://qwen2?seed=5&num_hidden_layers=1")
+    assert (full.layers, half.layers) == (2, 1) and half.params < full.params
+    assert model_numbers("tiny://qwen2?hidden_size=64") is None  # not built yet: unknown, not guessed
+
+
 def test_small_model_by_hand():
     # embeddings 10*8; layer: q 8*8+8, k,v 2*(8*4+4), o 8*8, mlp 3*8*16, norms 16; final norm 8
     layer = 72 + 72 + 64 + 384 + 16

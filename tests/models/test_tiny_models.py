@@ -356,7 +356,40 @@ def test_seed_in_the_uri_builds_other_weights_in_its_own_folder(cache_dir, text_
     assert any(not torch.equal(a[k], b[k]) for k in a)
     ref = load_file(tiny.build_tiny_qwen2(cache_dir / "ref3", seed=3) / "model.safetensors")
     assert all(torch.equal(ref[k], b[k]) for k in ref)
-    assert tiny.parse_tiny_uri("tiny://qwen25vl?seed=12") == ("qwen25vl", 12)
+    assert tiny.parse_tiny_uri("tiny://qwen25vl?seed=12") == ("qwen25vl", 12, {})
+
+
+def test_sizes_in_the_uri_build_a_smaller_model_with_the_same_tokenizer(cache_dir, text_dir):
+    from transformers import AutoConfig
+
+    uri = "tiny://qwen2?seed=1&num_hidden_layers=1&hidden_size=64"
+    assert tiny.parse_tiny_uri(uri) == ("qwen2", 1, {"num_hidden_layers": 1, "hidden_size": 64})
+    small = tiny.materialize(uri, cache_dir=cache_dir)
+    assert small.parent == text_dir.parent and small != tiny.materialize("tiny://qwen2?seed=1", cache_dir=cache_dir)
+    config = AutoConfig.from_pretrained(small)
+    assert (config.num_hidden_layers, config.hidden_size) == (1, 64)
+    assert config.vocab_size == AutoConfig.from_pretrained(text_dir).vocab_size
+    assert (small / "tokenizer.json").read_bytes() == (text_dir / "tokenizer.json").read_bytes()
+    n_small = sum(t.numel() for t in load_file(small / "model.safetensors").values())
+    n_full = sum(t.numel() for t in load_file(text_dir / "model.safetensors").values())
+    assert n_small < n_full / 3, (n_small, n_full)
+    assert tiny.materialize("tiny://qwen2?hidden_size=64&num_hidden_layers=1&seed=1", cache_dir=cache_dir) == small
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("tiny://qwen2?hidden_size=62", "hidden_size 62 is not a multiple of num_attention_heads 4"),
+        ("tiny://qwen2?num_key_value_heads=3", "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ("tiny://qwen2?depth=1", r"bad option 'depth=1'.*size keys: hidden_size"),
+        ("tiny://qwen2?num_hidden_layers=0", "bad option 'num_hidden_layers=0'"),
+        ("tiny://qwen2?rms_norm_eps=1", "bad option 'rms_norm_eps=1'"),
+    ],
+)
+def test_bad_tiny_sizes_are_user_errors(uri, message, tmp_path):
+    with pytest.raises(UserError, match=message):
+        tiny.materialize(uri, cache_dir=tmp_path)
+    assert not (tmp_path / "tiny").exists()  # refused before anything is built
 
 
 @pytest.mark.parametrize(

@@ -149,7 +149,8 @@ _k(f"{A}.hybrid_engine", True, BOOL, "Actor and rollout share devices (the only 
    off_only="a separate (non-hybrid) rollout")
 _k(f"{A}.model.path", None, STR, "Hugging Face model folder, a hub id (owner/name[@revision], taken from "
    "the local HF cache, downloaded only where the hub is reachable), or tiny://qwen25vl / tiny://qwen2 for a "
-   "tiny local model (tiny://qwen25vl?seed=N: other random initial weights).", required=True)
+   "tiny local model (tiny://qwen25vl?seed=N: other random initial weights; tiny://qwen2?num_hidden_layers=1"
+   "&hidden_size=64: other sizes, the same tokenizer).", required=True)
 _k(f"{A}.model.external_lib", None, STR, "Python module imported first to register custom models.")
 _k(f"{A}.model.override_config", {}, DICT, "Model config fields to override (e.g. attn_implementation, dropout).")
 _k(f"{A}.model.enable_gradient_checkpointing", True, BOOL, "Recompute activations in backward to save memory.")

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------------------------------------ inputs
+def _tiny_shape(uri: str) -> tuple[str, list[str]]:
+    """A tiny:// path without its seed: the model's name and its size options (`num_hidden_layers=1`, ...)."""
+    base, _, query = uri.partition("?")
+    return base.rstrip("/"), sorted(item for item in query.split("&") if item and not item.startswith("seed="))
+
+
 def model_numbers(path: Any) -> ModelSize | None:
     """The ModelSize of a model path: a local folder or a hub id in the local cache (config.json,
     nothing downloaded), a tiny:// model already built in the verl-npu cache, or else a path naming
@@ -32,13 +38,13 @@ def model_numbers(path: Any) -> ModelSize | None:
     from verl_npu.config.modelinfo import model_config
 
     if isinstance(path, str) and path.startswith("tiny://"):
-        name, _, query = path[len("tiny://") :].partition("?")
+        name = path[len("tiny://") :].partition("?")[0]
         root = Path(os.environ.get("VERL_NPU_CACHE") or Path.home() / ".cache" / "verl_npu").expanduser() / "tiny"
         builds = []
         for marker in root.glob(f"{name.strip('/')}-*/verl_npu_tiny.json"):
             try:
-                # any seed's build will do: a seed changes the weights, never the shapes the plan reads
-                if str(json.loads(marker.read_text()).get("uri", "")).partition("?")[0] == path.partition("?")[0]:
+                # any seed's build of the same sizes will do: a seed changes the weights, never the shapes
+                if _tiny_shape(str(json.loads(marker.read_text()).get("uri", ""))) == _tiny_shape(path):
                     builds.append(marker.parent)
             except (OSError, ValueError):
                 continue

@@ -1,13 +1,18 @@
 """Tiny random-init models built locally, addressed as ``tiny://NAME`` model paths.
 
 Nothing is downloaded: the tokenizer is a small byte-level BPE trained here on a built-in
-corpus, the weights are random with a fixed seed (0, or ``N`` for ``tiny://NAME?seed=N``). Two
+corpus, the weights are random with a fixed seed (0, or ``N`` for ``tiny://NAME?seed=N``). Three
 models exist:
 
 - ``tiny://qwen25vl``: a Qwen2.5-VL (vision tower + text decoder) with a
   ``Qwen2_5_VLProcessor``; the CPU demo's model.
 - ``tiny://qwen2``: a Qwen2 causal LM with the same text sizes and tokenizer.
 - ``tiny://qwen2rm``: a Qwen2 sequence-classification model (one label: a reward model), same sizes and tokenizer.
+
+Other sizes of the same model: any integer size key of ``TEXT_SIZES`` (and, for qwen25vl, of
+``VISION_SIZES``; ``vision_hidden_size`` / ``vision_intermediate_size`` for the tower's) in the query,
+e.g. ``tiny://qwen2?seed=1&num_hidden_layers=1&hidden_size=64`` (a smaller student for distillation). The
+tokenizer, and so the vocabulary, is the same whatever the sizes.
 
 A built folder is a normal Hugging Face model folder (``config.json``, ``model.safetensors``,
 ``generation_config.json``, tokenizer and, for the VL model, processor files) that plain
@@ -133,12 +138,15 @@ def is_tiny_uri(s) -> bool:
     return isinstance(s, str) and s.startswith(TINY_SCHEME)
 
 
-def parse_tiny_uri(uri: str) -> tuple[str, int]:
-    """``(name, seed)`` of ``tiny://NAME`` (seed 0) or ``tiny://NAME?seed=N`` (the seed of the
-    random initial weights; N a non-negative integer).
+def parse_tiny_uri(uri: str) -> tuple[str, int, dict[str, int]]:
+    """``(name, seed, sizes)`` of ``tiny://NAME`` (seed 0, the default sizes) or
+    ``tiny://NAME?seed=N&KEY=V&...``: ``seed`` is the seed of the random initial weights (N a
+    non-negative integer), every other ``KEY`` an integer size key of the model (see `tiny_sizes`)
+    with V a positive integer; ``sizes`` holds those overrides only.
 
     Raises:
-        UserError: ``uri`` is not a tiny path, names no known tiny model, or has another query.
+        UserError: ``uri`` is not a tiny path, names no known tiny model, has a malformed or unknown
+            query key, or sizes the model cannot have (`tiny_sizes`).
     """
     if not is_tiny_uri(uri):
         raise UserError(f"{uri!r} is not a tiny model path; expected one of: {_known_uris()}")
@@ -146,15 +154,58 @@ def parse_tiny_uri(uri: str) -> tuple[str, int]:
     name = name.strip("/")
     if name not in TINY_BUILDERS:
         raise UserError(f"unknown tiny model {uri!r}; known tiny models: {_known_uris()}")
-    if not query:
-        return name, 0
-    key, _, value = query.partition("=")
-    if key != "seed" or not value.isdigit():
-        raise UserError(
-            f"tiny model path {uri!r}: the only option is the weight seed, written "
-            f"{TINY_SCHEME}{name}?seed=N with N a non-negative integer (e.g. {TINY_SCHEME}{name}?seed=1)"
+    seed, sizes = 0, {}
+    for item in query.split("&") if query else []:
+        key, _, value = item.partition("=")
+        if key == "seed" and value.isdigit():
+            seed = int(value)
+        elif key != "seed" and key in _integer_size_keys(name) and value.isdigit() and int(value) > 0:
+            sizes[key] = int(value)
+        else:
+            raise UserError(
+                f"tiny model path {uri!r}: bad option {item!r}. Options: the weight seed, written "
+                f"{TINY_SCHEME}{name}?seed=N with N a non-negative integer (e.g. {TINY_SCHEME}{name}?seed=1), and "
+                f"sizes KEY=V with V a positive integer, joined by '&' (e.g. {TINY_SCHEME}{name}?seed=1&"
+                f"num_hidden_layers=1&hidden_size=64); size keys: {', '.join(_integer_size_keys(name))}"
+            )
+    tiny_sizes(name, sizes)  # refuses sizes the model cannot have, before anything is built
+    return name, seed, sizes
+
+
+def tiny_sizes(name: str, overrides: dict | None = None) -> tuple[dict, dict | None]:
+    """The text and vision sizes (vision: None for the text-only models) of tiny model ``name`` with
+    ``overrides`` applied (`_split_sizes`).
+
+    Raises:
+        UserError: an unknown key, or a hidden size not divisible into the attention heads, or query
+            heads not divisible into key/value heads (text model or vision tower).
+    """
+    text, vision = _split_sizes(overrides or {}, TEXT_SIZES, VISION_SIZES if name == "qwen25vl" else {})
+    problems = []
+    if text["hidden_size"] % text["num_attention_heads"]:
+        problems.append(
+            f"hidden_size {text['hidden_size']} is not a multiple of num_attention_heads {text['num_attention_heads']}"
         )
-    return name, int(value)
+    if text["num_attention_heads"] % text["num_key_value_heads"]:
+        problems.append(
+            f"num_attention_heads {text['num_attention_heads']} is not a multiple of "
+            f"num_key_value_heads {text['num_key_value_heads']}"
+        )
+    if vision and vision["hidden_size"] % vision["num_heads"]:
+        problems.append(
+            f"vision_hidden_size {vision['hidden_size']} is not a multiple of num_heads {vision['num_heads']}"
+        )
+    if problems:
+        raise UserError(f"tiny model {TINY_SCHEME}{name}: {'; '.join(problems)}; change the sizes in the path's query")
+    return text, vision or None
+
+
+def _integer_size_keys(name: str) -> list[str]:
+    """The size keys a ``tiny://NAME`` query may set: the integer ones of the model's size tables."""
+    text = [k for k, v in TEXT_SIZES.items() if isinstance(v, int)]
+    if name != "qwen25vl":
+        return text
+    return text + [f"vision_{k}" if k in TEXT_SIZES else k for k, v in VISION_SIZES.items() if isinstance(v, int)]
 
 
 # ----------------------------------------------------------------------------- corpus + tokenizer
@@ -485,18 +536,20 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("VERL_NPU_CACHE") or Path.home() / ".cache" / "verl_npu").expanduser()
 
 
-def build_hash(name: str, seed: int = 0) -> str:
-    """12 hex chars identifying what a build of ``name`` contains: the build version, sizes, seed
-    and the transformers/tokenizers versions (which decide the file formats)."""
+def build_hash(name: str, seed: int = 0, sizes: dict | None = None) -> str:
+    """12 hex chars identifying what a build of ``name`` contains: the build version, sizes (the
+    defaults with ``sizes`` applied), seed and the transformers/tokenizers versions (which decide
+    the file formats)."""
     import tokenizers
     import transformers
 
+    text, vision = tiny_sizes(name, sizes)
     recipe = {
         "build_version": BUILD_VERSION,
         "name": name,
         "seed": seed,
-        "text": TEXT_SIZES,
-        "vision": VISION_SIZES if name == "qwen25vl" else None,
+        "text": text,
+        "vision": vision,
         "vocab": VOCAB_SIZE,
         "pixels": [IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS],
         "transformers": transformers.__version__,
@@ -506,18 +559,18 @@ def build_hash(name: str, seed: int = 0) -> str:
 
 
 def materialize(uri: str, cache_dir: str | Path | None = None) -> Path:
-    """Return the local folder of the tiny model ``uri`` (``tiny://qwen25vl`` or ``tiny://qwen2``,
-    optionally with ``?seed=N`` for other random initial weights), building it first if the cache
-    lacks it.
+    """Return the local folder of the tiny model ``uri`` (``tiny://qwen25vl``, ``tiny://qwen2`` or
+    ``tiny://qwen2rm``, optionally with ``?seed=N`` for other random initial weights and size keys for
+    other sizes: `parse_tiny_uri`), building it first if the cache lacks it.
 
-    The folder is ``<cache_dir or default_cache_dir()>/tiny/<name>-<build_hash(name, seed)>/``. A build goes
+    The folder is ``<cache_dir or default_cache_dir()>/tiny/<name>-<build_hash(name, seed, sizes)>/``. A build goes
     into a private temporary sibling folder that is then renamed into place, so the final folder
     exists only complete; when another process renamed its build first, that one is used and ours
     is discarded.
     """
-    name, seed = parse_tiny_uri(uri)
+    name, seed, sizes = parse_tiny_uri(uri)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    final = root / "tiny" / f"{name}-{build_hash(name, seed)}"
+    final = root / "tiny" / f"{name}-{build_hash(name, seed, sizes)}"
     if (final / "config.json").is_file():
         return final
     try:
@@ -531,9 +584,17 @@ def materialize(uri: str, cache_dir: str | Path | None = None) -> Path:
         ) from None
     logger.info("building tiny model %s into %s (once; later runs reuse it)", uri, final)
     try:
-        TINY_BUILDERS[name](tmp, seed=seed)
+        TINY_BUILDERS[name](tmp, seed=seed, **sizes)
         (tmp / "verl_npu_tiny.json").write_text(
-            json.dumps({"uri": uri, "seed": seed, "build_hash": build_hash(name, seed), "build_version": BUILD_VERSION})
+            json.dumps(
+                {
+                    "uri": uri,
+                    "seed": seed,
+                    "sizes": sizes,
+                    "build_hash": build_hash(name, seed, sizes),
+                    "build_version": BUILD_VERSION,
+                }
+            )
             + "\n"
         )
         try:
