@@ -98,6 +98,7 @@ def test_every_problem_is_reported_at_once_by_name(tmp_path, tiny_lm_path, sft_d
                 "data.truncation=cut",
                 "optim.lr_scheduler=wsd",
                 "checkpoint.save_contents=[model,weights]",
+                "data.val_files='EDIT_ME: /path/to/val.parquet'",
             ],
         )
     problems = {p.key.removeprefix(BC): f"{p.message} {p.fix}" for p in info.value.problems}
@@ -111,6 +112,7 @@ def test_every_problem_is_reported_at_once_by_name(tmp_path, tiny_lm_path, sft_d
     assert "megatron" in problems["engine.strategy"]
     assert "cut" in problems["data.truncation"] and "wsd" in problems["optim.lr_scheduler"]
     assert "weights" in problems["checkpoint.save_contents"]
+    assert "placeholder" in problems["data.val_files"]  # an optional key: a placeholder is still not a path
 
 
 def test_every_key_is_documented_and_read_by_code():

@@ -140,6 +140,14 @@ def _value_problems(key: Key, value: Any, user_set: bool) -> list[Problem]:
     short = key.short
     if key.required and (value is None or is_placeholder(value)):
         return [Problem(key.path, "is required" + (" (it still holds a placeholder)" if value else ""), f"set {short}")]
+    if is_placeholder(value):  # an optional key too: a placeholder is never a value (it would be read as a path)
+        return [
+            Problem(
+                key.path,
+                f"still holds the placeholder {value!r}",
+                f"edit it in the recipe, pass {short}=<your value>, or {short}=null to leave it unset",
+            )
+        ]
     if key.path in EPOCH_FREQ_KEYS and value == EPOCH_FREQ:
         return []
     bad = _type_problem(key, value)
