@@ -6,7 +6,8 @@ Regenerate with:  python -m verl_npu.config.reference > docs/config_reference.md
 
 from __future__ import annotations
 
-from verl_npu.config.rules import RULES, range_text
+from verl_npu.config.key_checks import range_text
+from verl_npu.config.rules import RULES
 from verl_npu.config.schema import (
     DEPRECATED,
     DEPRECATED_MAPPED,
