@@ -282,6 +282,7 @@ def test_the_walk_fails_for_a_key_no_code_reads():
 ORDER = [
     "schema",
     "schema_verl",
+    "schema_deprecated",
     "tree",
     "overrides",
     "modelinfo",

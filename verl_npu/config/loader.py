@@ -25,20 +25,13 @@ from verl_npu.config import key_checks
 from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
 from verl_npu.config.overrides import DELETE, added_with_plus, parse_override
-from verl_npu.config.schema import (
+from verl_npu.config.schema import DICT, SCHEMA, STR_LIST, TOP_LEVEL, VERL_SECTIONS, Key, defaults_tree, free_form_owner
+from verl_npu.config.schema_deprecated import (
     DEPRECATED,
     DEPRECATED_CKPT,
     DEPRECATED_MICRO,
     DEPRECATED_RENAMED,
-    DICT,
-    SCHEMA,
-    STR_LIST,
-    TOP_LEVEL,
     UNSUPPORTED_PREFIXES,
-    VERL_SECTIONS,
-    Key,
-    defaults_tree,
-    free_form_owner,
 )
 from verl_npu.config.schema_verl import (
     ALIASES,

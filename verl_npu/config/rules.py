@@ -18,7 +18,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from verl_npu.config.modelinfo import model_heads
-from verl_npu.config.schema import DEPRECATED_WARN_ONLY, TP_SIZES
+from verl_npu.config.schema import TP_SIZES
+from verl_npu.config.schema_deprecated import DEPRECATED_WARN_ONLY
 from verl_npu.config.tree import (
     ACTOR,
     ALGO,
