@@ -207,7 +207,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 0
     from verl_npu.config.compat import DEPRECATED_KIND, NOOP, REFUSED, SUPPORTED, status
     from verl_npu.config.loader import _suggest
-    from verl_npu.config.schema import DEPRECATED_MAPPED
+    from verl_npu.config.schema_deprecated import DEPRECATED_MAPPED
 
     full = expand_key(args.key)
     st = status(full)

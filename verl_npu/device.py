@@ -15,7 +15,6 @@ torch is imported lazily inside functions, so importing this module costs only t
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -24,13 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_npu.device_tables import (  # noqa: F401  (the device layer's answers read these tables)
-    COMMON_ENV_DEFAULTS,
-    CPU_ENV_DEFAULTS,
-    CUDA_ENV_DEFAULTS,
-    NPU_ENV_DEFAULTS,
-    EnvDefault,
-)
+# the device layer answers what its processes' environment needs too (device_env)
+from verl_npu.device_env import apply_env_defaults, env_defaults, ray_runtime_env, ray_start_args  # noqa: F401
+from verl_npu.device_tables import KINDS, NODE_RANK_RESOURCE_PREFIX, RAY_RESOURCES  # noqa: F401 (callers ask here)
 from verl_npu.errors import UserError
 from verl_npu.host import (  # noqa: F401  (the device layer answers host questions too)
     GIB,
@@ -44,10 +39,6 @@ from verl_npu.host import (  # noqa: F401  (the device layer answers host questi
     set_torch_threads,
 )
 
-KINDS = ("npu", "cuda", "cpu")
-#: Ray resource of one device (cpu: none): every Ray request is built from it; node R also gets `<prefix>R`
-RAY_RESOURCES = {"npu": "NPU", "cuda": "GPU", "cpu": None}
-NODE_RANK_RESOURCE_PREFIX = "verl_npu_node_rank_"
 # Spellings accepted for trainer.device beyond the three kinds.
 _AUTO_SPELLINGS = ("", "auto")
 _ALIASES = {"gpu": "cuda"}
@@ -61,59 +52,6 @@ _FIRST_BF16_SOC_VERSION = 220
 
 # Substrings of out-of-memory messages that are plain RuntimeErrors (NPU allocator, CPU allocator).
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "failed to allocate memory")
-
-
-def env_defaults(kind: str) -> tuple[EnvDefault, ...]:
-    """The environment defaults for `kind` ("npu" | "cuda" | "cpu"): kind-specific ones, then common."""
-    specific = {"npu": NPU_ENV_DEFAULTS, "cuda": CUDA_ENV_DEFAULTS, "cpu": CPU_ENV_DEFAULTS}
-    if kind not in specific:
-        raise ValueError(f"unknown device kind {kind!r}; expected one of {KINDS}")
-    return specific[kind] + COMMON_ENV_DEFAULTS
-
-
-def apply_env_defaults(kind: str, env: MutableMapping[str, str] | None = None) -> list[tuple[str, str, str]]:
-    """Set each default of `env_defaults(kind)` in `env` (default `os.environ`) unless the variable is
-    already present (a value the user set, even an empty one, wins). Returns `(var, value, reason)`
-    for each default that was applied, in table order."""
-    env = os.environ if env is None else env
-    applied: list[tuple[str, str, str]] = []
-    for default in env_defaults(kind):
-        if default.var not in env:
-            env[default.var] = default.value
-            applied.append((default.var, default.value, default.reason))
-    return applied
-
-
-def ray_start_args(kind: str, device_count: int, node_rank: int) -> list[str]:
-    """Device arguments for `ray start` on node `node_rank` with `device_count` devices of `kind`:
-    npu `--resources {"NPU": n, "verl_npu_node_rank_R": 1}`; cuda `--num-gpus n` and the node-rank
-    resource; cpu only the node-rank resource (Ray counts the CPUs itself)."""
-    if kind not in RAY_RESOURCES:
-        raise ValueError(f"unknown device kind {kind!r}")
-    resource = RAY_RESOURCES[kind]  # Ray counts GPUs itself; an NPU is a custom resource
-    resources = {resource: int(device_count)} if resource not in (None, "GPU") else {}
-    resources[f"{NODE_RANK_RESOURCE_PREFIX}{int(node_rank)}"] = 1
-    gpus = ["--num-gpus", str(int(device_count))] if resource == "GPU" else []
-    return gpus + ["--resources", json.dumps(resources, separators=(",", ":"))]
-
-
-def ray_runtime_env(
-    kind: str, env: MutableMapping[str, str] | None = None, threads: ThreadPolicy | None = None
-) -> dict[str, Any]:
-    """The Ray `runtime_env` every worker should get: `{"env_vars": {var: value}}` for each variable of
-    `env_defaults(kind)`, with the driver's value (from `env`, default `os.environ`) when it has one,
-    else the default. This makes workers on every node agree with the driver. With `threads` (the
-    run's CPU thread policy), its variables too (`ThreadPolicy.env`).
-
-    The visible-devices variable is never included: Ray sets `ASCEND_RT_VISIBLE_DEVICES` /
-    `CUDA_VISIBLE_DEVICES` per actor to the devices it was given (unless the user sets
-    `RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1`; see `DeviceInfo.local_device_index`).
-    """
-    env = os.environ if env is None else env
-    env_vars = {d.var: env.get(d.var, d.value) for d in env_defaults(kind)}
-    if threads is not None:  # the CPU thread policy (Ray would set OMP_NUM_THREADS to num_cpus)
-        env_vars.update(threads.env())
-    return {"env_vars": env_vars}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,13 +1,20 @@
-"""The device layer's tables: the environment variables each device kind's runtime needs set before it
-starts (with the reason for each) and the memory of one device of known accelerators.
+"""The device layer's tables: the device kinds and their Ray resource names, the environment variables each
+device kind's runtime needs set before it starts (with the reason for each) and the memory of one device of
+known accelerators.
 
-Data only: which environment table applies to a run is `verl_npu.device`'s answer (`env_defaults`,
-`apply_env_defaults`; `device.py` re-exports those tables); the memory planner reads the accelerator tables.
+Data only: which environment table applies to a run is `verl_npu.device_env`'s answer (`env_defaults`,
+`apply_env_defaults`, which `device.py` re-exports with the kinds and Ray resources); the memory planner reads
+the accelerator tables.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+KINDS = ("npu", "cuda", "cpu")
+#: Ray resource of one device (cpu: none): every Ray request is built from it; node R also gets `<prefix>R`
+RAY_RESOURCES = {"npu": "NPU", "cuda": "GPU", "cpu": None}
+NODE_RANK_RESOURCE_PREFIX = "verl_npu_node_rank_"
 
 
 class EnvDefault(NamedTuple):

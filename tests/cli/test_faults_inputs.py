@@ -277,7 +277,7 @@ def test_yaml_alias_bomb_as_an_override_is_refused_at_once():
 
 
 def test_override_without_aliases_still_parses_lists_and_dicts():
-    from verl_npu.config.loader import parse_value
+    from verl_npu.config.overrides import parse_value
 
     assert parse_value("[console,tensorboard]") == ["console", "tensorboard"]
     assert parse_value("{a: 1, b: [2]}") == {"a": 1, "b": [2]}

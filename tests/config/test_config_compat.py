@@ -282,8 +282,11 @@ def test_the_walk_fails_for_a_key_no_code_reads():
 ORDER = [
     "schema",
     "schema_verl",
+    "schema_deprecated",
     "tree",
+    "overrides",
     "modelinfo",
+    "key_checks",
     "rules",
     "rules_vllm",
     "rules_roles",

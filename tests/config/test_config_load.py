@@ -53,7 +53,7 @@ def test_override_short_full_and_hydra_plus_forms():
     with pytest.raises(UserError, match="not key=value"):
         parse_override("data.train_batch_size")
     assert parse_override("++data.seed=3") == ("backend_config.data.seed", 3)
-    from verl_npu.config.loader import DELETE
+    from verl_npu.config.overrides import DELETE
 
     assert parse_override("~data.seed") == ("backend_config.data.seed", DELETE)
     assert parse_override("~data.seed=1") == ("backend_config.data.seed", DELETE)

@@ -18,7 +18,8 @@ import pytest
 
 from verl_npu.config import load_recipe
 from verl_npu.config.compat import UNKNOWN, status
-from verl_npu.config.schema import DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, SCHEMA, UNSUPPORTED_PREFIXES
+from verl_npu.config.schema import SCHEMA
+from verl_npu.config.schema_deprecated import DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, UNSUPPORTED_PREFIXES
 from verl_npu.config.schema_verl import ALIASES, OLDER_VERL, READ_WITH_PLUS, REFUSED_SUBTREES, VERL_ONLY
 
 HERE = Path(__file__).resolve().parents[1]  # tests/

@@ -3,7 +3,7 @@
 Every `import` of a verl_npu module is read from the source (the AST), inside functions too, so a lazy
 import counts like a top-level one. Layers, lowest first:
 
-    0  bottom: errors, batch, device, device_tables, host, algorithms, optim, hub, the extension points'
+    0  bottom: errors, batch, device, device_env, device_tables, host, algorithms, optim, hub, the extension points'
        registries (registry: specs read from the implementations' source, nothing imported),
        rollout_corrections, tool_registry, distillation_losses
     1  config (recipe files found and copied by config/recipes.py)
@@ -43,7 +43,7 @@ LAYERS = [
     (r"verl_npu\.(models|rewards|memory)(\..*)?$", 2),
     (r"verl_npu\.config(\..*)?$", 1),
     (
-        r"verl_npu(\.(errors|batch|device|device_tables|host|algorithms(\..*)?|optim|hub|registry(\..*)?"
+        r"verl_npu(\.(errors|batch|device|device_env|device_tables|host|algorithms(\..*)?|optim|hub|registry(\..*)?"
         r"|rollout_corrections|tool_registry|distillation_losses))?$",
         0,
     ),

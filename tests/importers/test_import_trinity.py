@@ -11,7 +11,7 @@ import pytest
 from import_helpers import assert_every_key_is_in_the_table, assert_valid_or_names_what_it_lacks
 
 from verl_npu.config import load_recipe
-from verl_npu.config.loader import parse_value
+from verl_npu.config.overrides import parse_value
 from verl_npu.config.tree import get
 from verl_npu.errors import UserError
 from verl_npu.importers import import_config, import_to

@@ -17,9 +17,10 @@ from gloo_workers import gloo_group, spawn_gloo
 from verl_npu import algorithms
 from verl_npu.batch import Batch
 from verl_npu.config.typed import section
-from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, parse_hermes, truncate
+from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, parse_hermes
 from verl_npu.rollout.base import SamplingParams
 from verl_npu.rollout.hf import HFRollout
+from verl_npu.rollout.tool_turns import truncate
 from verl_npu.tools.base import BaseTool, ToolResponse
 from verl_npu.tools.gsm8k import Gsm8kTool
 
@@ -326,7 +327,7 @@ QWEN3_LIKE = (
 def test_tool_turns_follow_the_chat_template_and_pass_the_tokenization_check(model_and_tokenizer, caplog):
     import copy
 
-    from verl_npu.rollout.agent_loop import ToolTurnRenderer
+    from verl_npu.rollout.tool_turns import ToolTurnRenderer
 
     tok = copy.deepcopy(model_and_tokenizer[1])
     tok.chat_template = QWEN3_LIKE

@@ -220,14 +220,17 @@ def _otb(
     token_level_rewards,
     response_mask,
     group_ids,
-    old_log_probs,
-    sum_pi_squared,
-    rollout_is_weights,
-    handle_zero_tail: bool,
+    *,
     by_token_index: bool,
+    old_log_probs=None,
+    sum_pi_squared=None,
+    rollout_is_weights=None,
+    handle_zero_tail: bool = True,
+    **_unused,
 ):
     """The optimal token baseline on columns (``by_token_index`` false) or on each row's k-th response token
-    (true: the rows' masks need not start at column 0 nor be contiguous); see the two estimators."""
+    (true: the rows' masks need not start at column 0 nor be contiguous); see the two estimators, whose keyword
+    inputs (``old_log_probs``, ``sum_pi_squared``, ``rollout_is_weights``, ``handle_zero_tail``) land here."""
     if old_log_probs is None or sum_pi_squared is None:
         raise UserError(
             "optimal_token_baseline needs the actor's old log-probs and sum of squared token "
@@ -274,18 +277,7 @@ def _otb(
 
 
 @ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", needs_group=True, inputs=("old_log_probs", "sum_pi_squared"))
-def optimal_token_baseline_advantage(
-    token_level_rewards,
-    response_mask,
-    group_ids,
-    config=None,
-    *,
-    old_log_probs=None,
-    sum_pi_squared=None,
-    rollout_is_weights=None,
-    handle_zero_tail: bool = True,
-    **_unused,
-):
+def optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, **inputs):
     """reward-to-go minus a per-token group baseline weighted by the path variance 1 - 2 pi + sum pi^2 accumulated so
     far (needs actor.calculate_sum_pi_squared=true)
 
@@ -303,33 +295,13 @@ def optimal_token_baseline_advantage(
     longer than the second longest (length L2), gets ``B = 0`` from column L2 on (no other row estimates it
     there). ``A_{i,t} = (G_{i,t} - B_{g(i),t})·mask``; returns = G.
     """
-    return _otb(
-        token_level_rewards,
-        response_mask,
-        group_ids,
-        old_log_probs,
-        sum_pi_squared,
-        rollout_is_weights,
-        handle_zero_tail,
-        by_token_index=False,
-    )
+    return _otb(token_level_rewards, response_mask, group_ids, by_token_index=False, **inputs)
 
 
 @ADVANTAGE_ESTIMATORS.register(
     "tir_optimal_token_baseline", needs_group=True, inputs=("old_log_probs", "sum_pi_squared")
 )
-def tir_optimal_token_baseline_advantage(
-    token_level_rewards,
-    response_mask,
-    group_ids,
-    config=None,
-    *,
-    old_log_probs=None,
-    sum_pi_squared=None,
-    rollout_is_weights=None,
-    handle_zero_tail: bool = True,
-    **_unused,
-):
+def tir_optimal_token_baseline_advantage(token_level_rewards, response_mask, group_ids, config=None, **inputs):
     """optimal_token_baseline with positions counted over response-mask tokens (multi-turn masks); the same as
     optimal_token_baseline here
 
@@ -339,13 +311,4 @@ def tir_optimal_token_baseline_advantage(
     token left out of their group. For responses whose mask is one run from column 0 (every single-turn
     response here) it equals ``optimal_token_baseline``.
     """
-    return _otb(
-        token_level_rewards,
-        response_mask,
-        group_ids,
-        old_log_probs,
-        sum_pi_squared,
-        rollout_is_weights,
-        handle_zero_tail,
-        by_token_index=True,
-    )
+    return _otb(token_level_rewards, response_mask, group_ids, by_token_index=True, **inputs)

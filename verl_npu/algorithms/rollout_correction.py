@@ -408,37 +408,43 @@ def rollout_correction(
 _correct = rollout_correction  # the bypass loss's keyword of the same name hides the function
 
 
+@dataclass
+class BypassLossInputs:
+    """What a bypass-mode ``loss_type`` reads: the policy loss's arguments, ``mask`` the correction's response
+    mask (rejected tokens removed) and ``weights`` its IS weights (None without ``rollout_is``)."""
+
+    log_prob: torch.Tensor
+    old_log_prob: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    weights: torch.Tensor | None
+    clip_ratio_low: float
+    clip_ratio_high: float
+    clip_ratio_c: float
+    loss_agg_mode: str
+    config: object
+    agg_kwargs: dict
+
+
 @ROLLOUT_CORRECTIONS.register(
     "ppo_clip",
     option="loss_type",
     doc="the dual-clip PPO loss with the rollout's log-probs as the old policy (no IS "
     "weights applied: the ratio is the importance weight)",
 )
-def _ppo_clip_bypass_loss(
-    log_prob,
-    old_log_prob,
-    advantages,
-    mask,
-    weights,
-    clip_ratio_low,
-    clip_ratio_high,
-    clip_ratio_c,
-    loss_agg_mode,
-    config,
-    agg_kwargs,
-) -> dict:
+def _ppo_clip_bypass_loss(x: BypassLossInputs) -> dict:
     """``ppo_policy_loss(logp, old_log_prob, A, m, ...)``; the weights are not applied."""
     return ppo_policy_loss(
-        log_prob,
-        old_log_prob,
-        advantages,
-        mask,
-        clip_ratio_low,
-        clip_ratio_high,
-        clip_ratio_c,
-        loss_agg_mode,
-        config=config,
-        **agg_kwargs,
+        x.log_prob,
+        x.old_log_prob,
+        x.advantages,
+        x.mask,
+        x.clip_ratio_low,
+        x.clip_ratio_high,
+        x.clip_ratio_c,
+        x.loss_agg_mode,
+        config=x.config,
+        **x.agg_kwargs,
     )
 
 
@@ -447,26 +453,14 @@ def _ppo_clip_bypass_loss(
     option="loss_type",
     doc="-w x A x log-prob with the truncated IS weights w (rollout_is) as constants, no ratio or clip",
 )
-def _reinforce_bypass_loss(
-    log_prob,
-    old_log_prob,
-    advantages,
-    mask,
-    weights,
-    clip_ratio_low,
-    clip_ratio_high,
-    clip_ratio_c,
-    loss_agg_mode,
-    config,
-    agg_kwargs,
-) -> dict:
+def _reinforce_bypass_loss(x: BypassLossInputs) -> dict:
     """``L = -A·logp·w`` (``-A·logp`` without weights) aggregated over ``m``, and ``ppo_kl`` = mean_m(old - logp)."""
-    per_token = -advantages * log_prob
-    if weights is not None:
-        per_token = per_token * weights
+    per_token = -x.advantages * x.log_prob
+    if x.weights is not None:
+        per_token = per_token * x.weights
     with torch.no_grad():
-        ppo_kl = masked_mean(old_log_prob - log_prob.detach(), mask)
-    return {"pg_loss": agg_loss(per_token, mask, loss_agg_mode, **agg_kwargs), "ppo_kl": ppo_kl}
+        ppo_kl = masked_mean(x.old_log_prob - x.log_prob.detach(), x.mask)
+    return {"pg_loss": agg_loss(per_token, x.mask, x.loss_agg_mode, **x.agg_kwargs), "ppo_kl": ppo_kl}
 
 
 @POLICY_LOSSES.register("bypass_mode", rollout_correction=True)
@@ -524,16 +518,18 @@ def bypass_mode_policy_loss(
             f"rollout_correction.loss_type must be {' or '.join(correction_modes('loss_type'))}, got {loss_type!r}"
         )
     out = ROLLOUT_CORRECTIONS.load(loss_type)(
-        log_prob,
-        old_log_prob,
-        advantages,
-        mask,
-        corr.weights,
-        clip_ratio_low,
-        clip_ratio_high,
-        clip_ratio_c,
-        loss_agg_mode,
-        config,
-        agg_kwargs,
+        BypassLossInputs(
+            log_prob,
+            old_log_prob,
+            advantages,
+            mask,
+            corr.weights,
+            clip_ratio_low,
+            clip_ratio_high,
+            clip_ratio_c,
+            loss_agg_mode,
+            config,
+            agg_kwargs,
+        )
     )
     return {**out, **corr.metrics}

@@ -13,9 +13,12 @@ function; tests/config/test_config_compat.py checks it, and imports each module 
     schema_multiturn  the multi-turn rollout keys as plain data (imports nothing; schema reads it)
     schema        the keys verl-npu reads (defaults, types, limits)
     schema_verl   verl keys verl-npu does not implement: no-ops, refusals, aliases, refused subtrees
+    schema_deprecated  verl subtrees verl-npu does not support, verl's deprecated keys (refused, mapped, warned)
     tree          key spellings, the recipe file as a dict, flattening, reading one value
+    overrides     command-line `key=value` overrides parsed as verl / Hydra users write them
     modelinfo     what the checks read from a local model's config.json
-    rules         per-key checks and the cross-key rule registry (RULES), trainer refusals included
+    key_checks    per-key checks: one key's value against its schema entry on its own
+    rules         the cross-key rule registry (RULES), trainer refusals included
     rules_vllm    the vLLM engine arguments' rules (what vLLM refuses at engine start), added to RULES
     rules_roles   the worker roles' rules (every role's FSDP settings, reward_model.*, actor.policy_loss),
                   added to RULES
@@ -41,18 +44,12 @@ function; tests/config/test_config_compat.py checks it, and imports each module 
     sections_gen  writes sections.py from the schema (`python -m verl_npu.config.sections_gen`)
 """
 
-from verl_npu.config.loader import (
-    Derived,
-    RecipeConfig,
-    describe_key,
-    expand_key,
-    load_recipe,
-    parse_override,
-    parse_value,
-)
+from verl_npu.config.loader import Derived, RecipeConfig, describe_key, expand_key, load_recipe
+from verl_npu.config.overrides import parse_override, parse_value
 from verl_npu.config.paths import check_paths
 from verl_npu.config.rules import RULES
-from verl_npu.config.schema import DEPRECATED, REQUIRED, SCHEMA, UNSUPPORTED_PREFIXES, Key
+from verl_npu.config.schema import REQUIRED, SCHEMA, Key
+from verl_npu.config.schema_deprecated import DEPRECATED, UNSUPPORTED_PREFIXES
 from verl_npu.config.schema_verl import ALIASES, REFUSED_SUBTREES, VERL_ONLY
 
 

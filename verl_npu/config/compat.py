@@ -13,15 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_npu.config.schema import (
-    DEPRECATED,
-    DEPRECATED_MAPPED,
-    DEPRECATED_WARN_ONLY,
-    DICT,
-    SCHEMA,
-    UNSUPPORTED_PREFIXES,
-    Key,
-)
+from verl_npu.config.schema import DICT, SCHEMA, Key
+from verl_npu.config.schema_deprecated import DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, UNSUPPORTED_PREFIXES
 from verl_npu.config.schema_verl import (
     ALIASES,
     OLDER_VERL,

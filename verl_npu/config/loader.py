@@ -18,26 +18,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from verl_npu.config import derive as _derive
+from verl_npu.config import key_checks
 from verl_npu.config import paths as _paths
 from verl_npu.config import rules as _rules
-from verl_npu.config.schema import (
+from verl_npu.config.overrides import DELETE, added_with_plus, parse_override
+from verl_npu.config.schema import DICT, SCHEMA, STR_LIST, TOP_LEVEL, VERL_SECTIONS, Key, defaults_tree, free_form_owner
+from verl_npu.config.schema_deprecated import (
     DEPRECATED,
     DEPRECATED_CKPT,
     DEPRECATED_MICRO,
     DEPRECATED_RENAMED,
-    DICT,
-    SCHEMA,
-    STR_LIST,
-    TOP_LEVEL,
     UNSUPPORTED_PREFIXES,
-    VERL_SECTIONS,
-    Key,
-    defaults_tree,
-    free_form_owner,
 )
 from verl_npu.config.schema_verl import (
     ALIASES,
@@ -131,77 +125,6 @@ def _emit(node: dict, indent: int, prefix: str, notes: dict[str, str], lines: li
             _emit(v, indent + 2, path + ".", notes, lines)
         else:
             lines.append(f"{pad}{scalar(k)}: {scalar(v)}{note}")
-
-
-# ------------------------------------------------------------------ overrides
-_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")
-
-
-class _Delete:
-    """The value of a Hydra `~key` override: remove the key, so its default applies."""
-
-    def __repr__(self) -> str:
-        return "<delete>"
-
-
-DELETE = _Delete()
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """YAML without anchors' aliases: a value on the command line is never expanded from a `*ref`
-    (a "billion laughs" override of a few hundred characters would otherwise grow to gigabytes)."""
-
-    def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's own signature
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.YAMLError("YAML aliases (*name) are not accepted in a command-line value")
-        return super().compose_node(parent, index)
-
-
-def parse_value(text: str) -> Any:
-    """A command-line value parsed as verl/Hydra users expect: ints, floats (1e-6), true/false,
-    null, [a,b] lists and {k: v} dicts; anything else stays a string."""
-    s = text.strip()
-    if s == "":
-        return ""
-    for conv in (int, float):
-        try:
-            return conv(s)
-        except ValueError:
-            pass
-    try:
-        value = yaml.load(s, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader without aliases
-    except yaml.YAMLError:
-        return s
-    if isinstance(value, dict) and not s.startswith("{"):
-        return s  # 'EDIT_ME: x' or 'a: b' on a command line is text, not a mapping
-    return value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """`key=value` -> (full dotted key, parsed value), with Hydra's prefixes: `+key=value` (add) and
-    `++key=value` (add or override) set the key like `key=value`; `~key` (or `~key=value`) deletes
-    it, so the schema default applies again: its value is `DELETE`."""
-    body = text.strip()
-    delete = body.startswith("~")
-    if delete:
-        body = body[1:]
-    elif "=" not in body:
-        raise UserError(
-            f"override '{text}' is not key=value (example: data.train_batch_size=64; "
-            "~key puts a key back to its default)"
-        )
-    key, _, value = body.partition("=")
-    key = key.strip()
-    if not delete:
-        key = key[2:] if key.startswith("++") else key[1:] if key.startswith("+") else key
-    if not _KEY_RE.match(key):
-        raise UserError(f"override '{text}': '{key}' is not a dotted key (example: data.train_batch_size=64)")
-    return expand_key(key), DELETE if delete else parse_value(value)
-
-
-def added_with_plus(text: str) -> bool:
-    """True for Hydra's `+key=value` / `++key=value`: a key the user adds, which verl itself lets through."""
-    return text.strip().startswith("+")
 
 
 # ------------------------------------------------------------------ interpolations
@@ -448,7 +371,7 @@ def _check_verl_only(cfg: DictConfig, sorted_: _Sorted, earlier: list[Problem]) 
     done = {p.key for p in earlier}
     found: list[Problem] = []
     for path in [p for p in sorted_.verl_only if p in VERL_ONLY and p not in done]:
-        bad = _rules.check_key(VERL_ONLY[path], _rules.get(cfg, path))
+        bad = key_checks.check_key(VERL_ONLY[path], _rules.get(cfg, path))
         if bad:
             found += bad
             del sorted_.verl_only[path]
@@ -523,7 +446,7 @@ def _map_deprecated(cfg: DictConfig, sorted_: _Sorted, bad: set[str]) -> tuple[l
             continue
         if old in DEPRECATED_RENAMED:
             new = DEPRECATED_RENAMED[old]
-            bad_value = [replace(p, key=old) for p in _rules.check_key(SCHEMA[new], value)]
+            bad_value = [replace(p, key=old) for p in key_checks.check_key(SCHEMA[new], value)]
             if bad_value:
                 problems += bad_value
                 continue
@@ -651,7 +574,7 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, chec
     cfg = OmegaConf.create(tree)
     problems += _resolve(cfg, sorted_)
     user_keys = frozenset(sorted_.accepted)
-    key_problems = _rules.check_keys(cfg, user_keys) + _check_verl_only(cfg, sorted_, problems)
+    key_problems = key_checks.check_keys(cfg, user_keys) + _check_verl_only(cfg, sorted_, problems)
     # the rules skip every key in error under its schema name (a key set through its verl alias too)
     bad = {p.key for p in key_problems} | {p.key for p in problems}
     # an error on a key set through its verl alias names the alias the user wrote
@@ -709,7 +632,7 @@ def describe_key(key: Key) -> str:
         lines.append(
             "  verl's deprecated names (refused): " + ", ".join(f"{old} -> write {new}" for old, new in key.renamed)
         )
-    rng = _rules.range_text(key)
+    rng = key_checks.range_text(key)
     if rng:
         lines.append(f"  range: {rng}")
     if key.off_only:

@@ -6,15 +6,10 @@ Regenerate with:  python -m verl_npu.config.reference > docs/config_reference.md
 
 from __future__ import annotations
 
-from verl_npu.config.rules import RULES, range_text
-from verl_npu.config.schema import (
-    DEPRECATED,
-    DEPRECATED_MAPPED,
-    DEPRECATED_WARN_ONLY,
-    SCHEMA,
-    UNSUPPORTED_PREFIXES,
-    Key,
-)
+from verl_npu.config.key_checks import range_text
+from verl_npu.config.rules import RULES
+from verl_npu.config.schema import SCHEMA, Key
+from verl_npu.config.schema_deprecated import DEPRECATED, DEPRECATED_MAPPED, DEPRECATED_WARN_ONLY, UNSUPPORTED_PREFIXES
 from verl_npu.config.tree import scalar as _scalar
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from verl_npu.config.rules import _WORLD, Ctx, _rule, rollout_groups
+from verl_npu.config.rules import _WORLD, Ctx, _rule, prompts_split_over_rollout_groups
 from verl_npu.config.tree import ACTOR, ALGO, BC, DATA, ROLL
 from verl_npu.errors import Problem
 from verl_npu.registry import REWARD_MANAGERS
@@ -102,13 +102,4 @@ def _dapo_gen_batch_divisible(c: Ctx) -> Iterator[Problem]:
     gen = c(DATA + "gen_batch_size")
     if not c(FG + "enable") or gen is None:
         return
-    size, why = rollout_groups(c)
-    if c.world % size:
-        return  # tp_divides / sp_divides report it
-    groups = c.world // size
-    if int(gen) % groups:
-        yield Problem(
-            DATA + "gen_batch_size",
-            f"{gen} prompts cannot be split evenly over the {groups} rollout groups ({c.world} devices / {why})",
-            f"make data.gen_batch_size a multiple of {groups}",
-        )
+    yield from prompts_split_over_rollout_groups(c, DATA + "gen_batch_size", int(gen))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_npu.config.key import BOOL, DICT, FLOAT, FLOAT_LIST, INT, STR, STR_LIST, STR_OR_LIST, Key
-from verl_npu.config.loader import DELETE, parse_value
+from verl_npu.config.overrides import DELETE, parse_value
 from verl_npu.config.sft_schema import (  # noqa: F401 - is_sft_tree: this module's face too
     BC,
     EPOCH_FREQ,

@@ -366,6 +366,46 @@ def run_cli(body: Callable[[], dict], save_dir: str | os.PathLike, overwrite: bo
     print(PrepResult.from_dict(result).summary())
 
 
+def add_source_options(
+    p: argparse.ArgumentParser, *, default_dir: str, dataset_help: str, synthetic_help: str, dir_help: str | None = None
+) -> None:
+    """Adds the options that say where a data_prep CLI reads and writes: --local-save-dir (`dir_help`, by default
+    the folder `default_dir`), --local-dataset-path, --synthetic N, --synthetic-test N and --seed."""
+    p.add_argument(
+        "--local-save-dir",
+        "--local_save_dir",
+        "--local_dir",
+        dest="local_save_dir",
+        default=default_dir,
+        help=dir_help or f"output folder (default: {default_dir})",
+    )
+    p.add_argument(
+        "--local-dataset-path", "--local_dataset_path", dest="local_dataset_path", default=None, help=dataset_help
+    )
+    p.add_argument("--synthetic", type=int, default=None, metavar="N", help=synthetic_help)
+    p.add_argument(
+        "--synthetic-test",
+        "--synthetic_test",
+        dest="synthetic_test",
+        type=int,
+        default=None,
+        metavar="N",
+        help="synthetic test rows (default: N // 4, at least 1)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")
+
+
+def add_dry_run_option(p: argparse.ArgumentParser) -> None:
+    """Adds --dry-run: the options are checked and the plan printed, nothing read or written."""
+    p.add_argument(
+        "--dry-run",
+        "--dry_run",
+        dest="dry_run",
+        action="store_true",
+        help="check the options and say what would be read and written, without reading or writing",
+    )
+
+
 def prep_parser(
     prog: str,
     task: str,
@@ -383,28 +423,7 @@ def prep_parser(
         "verl's underscore spellings of the options are accepted too (--local_save_dir, "
         "--local_dir, --local_dataset_path).",
     )
-    p.add_argument(
-        "--local-save-dir",
-        "--local_save_dir",
-        "--local_dir",
-        dest="local_save_dir",
-        default=default_dir,
-        help=f"output folder (default: {default_dir})",
-    )
-    p.add_argument(
-        "--local-dataset-path", "--local_dataset_path", dest="local_dataset_path", default=None, help=dataset_help
-    )
-    p.add_argument("--synthetic", type=int, default=None, metavar="N", help=synthetic_help)
-    p.add_argument(
-        "--synthetic-test",
-        "--synthetic_test",
-        dest="synthetic_test",
-        type=int,
-        default=None,
-        metavar="N",
-        help="synthetic test rows (default: N // 4, at least 1)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")
+    add_source_options(p, default_dir=default_dir, dataset_help=dataset_help, synthetic_help=synthetic_help)
     if synthetic_options is not None:
         synthetic_options(p)
     p.add_argument(
@@ -414,13 +433,7 @@ def prep_parser(
         action="store_true",
         help="skip (and count) rows that cannot be converted instead of stopping at the first",
     )
-    p.add_argument(
-        "--dry-run",
-        "--dry_run",
-        dest="dry_run",
-        action="store_true",
-        help="check the options and say what would be read and written, without reading or writing",
-    )
+    add_dry_run_option(p)
     p.add_argument(
         "--overwrite",
         action="store_true",

@@ -33,6 +33,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from verl_npu.data.prep import add_dry_run_option, add_source_options
 from verl_npu.data.split_files import write_split_files
 
 TOOL_NAME = "search"
@@ -254,42 +255,15 @@ def main(argv: list[str] | None = None) -> None:
             "made-up set with its corpus (corpus.jsonl, for `verl-npu retrieval-server --corpus`). No network."
         ),
     )
-    p.add_argument(
-        "--local-save-dir",
-        "--local_save_dir",
-        "--local_dir",
-        dest="local_save_dir",
-        default="~/data/searchR1_processed_direct",
-        help="output folder (default: verl's, ~/data/searchR1_processed_direct)",
+    add_source_options(
+        p,
+        default_dir="~/data/searchR1_processed_direct",
+        dir_help="output folder (default: verl's, ~/data/searchR1_processed_direct)",
+        dataset_help="a folder with Search-R1's train.parquet / test.parquet (question, golden_answers, data_source)",
+        synthetic_help="write N synthetic train rows and their corpus instead",
     )
-    p.add_argument(
-        "--local-dataset-path",
-        "--local_dataset_path",
-        dest="local_dataset_path",
-        default=None,
-        help="a folder with Search-R1's train.parquet / test.parquet (question, golden_answers, data_source)",
-    )
-    p.add_argument(
-        "--synthetic", type=int, default=None, metavar="N", help="write N synthetic train rows and their corpus instead"
-    )
-    p.add_argument(
-        "--synthetic-test",
-        "--synthetic_test",
-        dest="synthetic_test",
-        type=int,
-        default=None,
-        metavar="N",
-        help="synthetic test rows (default: N // 4, at least 1)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    p.add_argument(
-        "--dry-run",
-        "--dry_run",
-        dest="dry_run",
-        action="store_true",
-        help="check the options and say what would be read and written, without reading or writing",
-    )
+    add_dry_run_option(p)
     args = p.parse_args(argv)
     if (args.synthetic is None) == (args.local_dataset_path is None):
         p.error("give one of --synthetic N (offline, made-up data and corpus) or --local-dataset-path DIR")

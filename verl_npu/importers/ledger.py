@@ -139,6 +139,14 @@ class Ledger:
         if key in self.flat and key not in self.rows:
             self.rows[key] = Row(key, self.flat[key], MAPPED, "(nothing to write)", note)
 
+    def accept_only(self, key: str, value: str, note: str, instead: str) -> None:
+        """`key` holding `value` (what verl-npu does anyway) is accepted with `note`; any other value is not
+        mapped, `instead` saying why and what to do."""
+        if str(self.get(key, value)) == value:
+            self.accept(key, note)
+        else:
+            self.not_mapped(key, instead)
+
     def finish(self) -> list[Row]:
         """Rows for every input key (those nothing settled: not mapped, unknown to the importer)."""
         self.not_mapped_under(

@@ -320,14 +320,13 @@ def map_data(led: Ledger, role: str, val: bool) -> None:
     )
     for k in ("prompt", "messages", "response", "tag", "id"):
         led.mapped_into(f"{d}.{k}", target, "a column name, read by the data_prep command")
-    if str(led.get(f"{d}.template", "native")) == "native":
-        led.accept(f"{d}.template", "native: the tokenizer's chat template, as verl-npu uses")
-    else:
-        led.not_mapped(
-            f"{d}.template",
-            "not mapped: verl-npu applies the tokenizer's chat template; a custom one "
-            "goes in actor_rollout_ref.model.custom_chat_template (Jinja text)",
-        )
+    led.accept_only(
+        f"{d}.template",
+        "native",
+        "native: the tokenizer's chat template, as verl-npu uses",
+        "not mapped: verl-npu applies the tokenizer's chat template; a custom one "
+        "goes in actor_rollout_ref.model.custom_chat_template (Jinja text)",
+    )
     led.not_mapped_under(
         f"{d}.domain_interleave_probs",
         "not mapped: verl-npu reads the files' rows in order (or shuffled): mix the domains in the parquet",

@@ -79,14 +79,13 @@ def map_trinity_sft(led: Ledger) -> None:
         for k in ("split", "subset_name", "name", "storage_type"):
             led.mapped_into(f"{eb}.{k}", "data.train_files", "read by the data_prep command")
         led.mapped_into(f"{eb}.format.messages_key", "data.train_files", "the conversation column data_prep reads")
-        if str(led.get(f"{eb}.format.prompt_type", "messages")) == "messages":
-            led.accept(f"{eb}.format.prompt_type", "messages: conversations, verl's SFT rows")
-        else:
-            led.not_mapped(
-                f"{eb}.format.prompt_type",
-                "not mapped: verl's SFT trains on conversations (a messages "
-                "column); turn prompt/response pairs into [user, assistant] messages first",
-            )
+        led.accept_only(
+            f"{eb}.format.prompt_type",
+            "messages",
+            "messages: conversations, verl's SFT rows",
+            "not mapped: verl's SFT trains on conversations (a messages "
+            "column); turn prompt/response pairs into [user, assistant] messages first",
+        )
         led.notes.append(f"{eb}: write {out} with: " + datasets.sft_prep("trinity", path, split, subset, key, out))
     led.not_mapped_under(b, "not mapped: no verl-npu SFT data option of that name")
     t = "trainer"

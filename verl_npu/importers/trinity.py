@@ -588,14 +588,13 @@ def _synchronizer(led: Ledger) -> None:
         led.mapped_into(
             f"{s}.sync_interval", "data.train_batch_size", "data.train_batch_size = buffer.batch_size x sync_interval"
         )
-    if str(led.get(f"{s}.sync_style", "fixed")) == "fixed":
-        led.accept(f"{s}.sync_style", "fixed: the weights move after every training step, as in verl-npu")
-    else:
-        led.not_mapped(
-            f"{s}.sync_style",
-            "not mapped: verl-npu moves the weights after every training step "
-            "(Trinity's fixed style); the recipe does that",
-        )
+    led.accept_only(
+        f"{s}.sync_style",
+        "fixed",
+        "fixed: the weights move after every training step, as in verl-npu",
+        "not mapped: verl-npu moves the weights after every training step "
+        "(Trinity's fixed style); the recipe does that",
+    )
     if offset == 0 and not separate:
         led.accept(f"{s}.sync_offset", "0: on-policy, the sync loop (generate, then train)")
         led.not_mapped_under(

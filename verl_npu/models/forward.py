@@ -15,6 +15,7 @@ Two paths give the same numbers:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from dataclasses import dataclass
@@ -234,40 +235,102 @@ def response_log_probs(
     extra = "sum_pi_squared" if with_sum_pi_squared else ("logits" if return_logits else None)
     # the rollout never samples image / video marker tokens: the log-probs describe that distribution
     suppress = torch.tensor(vision_marker_ids(model.config), dtype=torch.long, device=input_ids.device)
-    if fused and extra is None:
-        with fused_head(model, temperature, with_entropy, compile, suppress) as head:
-            return _response_log_probs(
-                model,
-                input_ids,
-                attention_mask,
-                response_length,
-                multi_modal_inputs,
-                temperature,
-                with_entropy,
-                remove_padding,
-                extra,
-                sp_group,
-                head,
-                compile,
-                entropy_chunk,
-                suppress,
+    # a pass that returns the logits or Σπ² needs the logits: it is not fused (head None)
+    fusing = fused_head(model, temperature, with_entropy, compile, suppress) if fused and extra is None else None
+    with fusing or contextlib.nullcontext() as head:
+        device = input_ids.device
+        vt = VisionTokens.of(model)
+        mm = merge_multi_modal_inputs(multi_modal_inputs, device)
+        # rows with the same prompt: their 3-D rope positions are computed once, their prompt packed once
+        groups = (
+            prompt_groups(input_ids, attention_mask, response_length, multi_modal_inputs)
+            if vt.is_vision and "image_grid_thw" in mm
+            else None
+        )
+        positions = rope_positions(
+            model,
+            input_ids,
+            attention_mask,
+            mm,
+            vt,
+            response_length=response_length,
+            rows_mm=multi_modal_inputs,
+            groups=groups,
+        )
+        n, length = input_ids.shape
+        targets = torch.roll(input_ids, shifts=-1, dims=1)  # targets[:, t] = input_ids[:, t + 1]
+
+        if remove_padding:
+            _check_remove_padding(model, "actor_rollout_ref.model.use_remove_padding")
+            keep, flat_ids, packed_pos, needed, wanted = _packed_layout(
+                input_ids, attention_mask, response_length, positions
             )
-    return _response_log_probs(
-        model,
-        input_ids,
-        attention_mask,
-        response_length,
-        multi_modal_inputs,
-        temperature,
-        with_entropy,
-        remove_padding,
-        extra,
-        sp_group,
-        None,
-        compile,
-        entropy_chunk,
-        suppress,
-    )
+            if sp_group is not None:
+                if head is not None:  # the fused head needs the targets of the tokens it sees: this rank's slice
+                    from verl_npu.models import ulysses
+
+                    head.targets = ulysses.pad_and_shard(targets[keep].unsqueeze(0), 1, sp_group)[0]
+                raw = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group)[wanted]
+            else:
+                if head is not None:
+                    head.targets = targets[needed].unsqueeze(0)
+                raw = _packed_outputs(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    response_length,
+                    multi_modal_inputs,
+                    positions,
+                    (keep, flat_ids, packed_pos, needed, wanted),
+                    mm,
+                    groups,
+                )
+                # raw: [len(wanted), V] ([len(wanted), 2] with a fused head)
+            lp_flat, ent_flat, logits = _log_probs_entropy(
+                raw, targets[needed], temperature, with_entropy, head, compile, entropy_chunk, suppress, extra
+            )
+            log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
+            log_probs[needed] = lp_flat
+            entropy = None
+            if with_entropy:
+                entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
+                entropy[needed] = ent_flat
+            if extra is not None:  # logits [n, L, V] or Σπ² [n, L]
+                packed_logits, logits = logits, logits.new_zeros(n, length, *logits.shape[1:])
+                logits[needed] = packed_logits
+        else:
+            # only the last R + 1 positions need logits (the first R of them predict the response): the
+            # lm head, log-softmax and entropy run on those only; the rest is zero-padded on the left
+            n_keep = response_length + 1
+            left = length - n_keep
+            if head is not None:
+                head.targets = targets[:, left:]
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=positions,
+                use_cache=False,
+                logits_to_keep=n_keep,
+                **mm,
+            )
+            log_probs, entropy, logits = _log_probs_entropy(
+                out.logits, targets[:, left:], temperature, with_entropy, head, compile, entropy_chunk, suppress, extra
+            )
+            log_probs = F.pad(log_probs, (left, 0))
+            entropy = F.pad(entropy, (left, 0)) if entropy is not None else None
+            if extra == "logits":
+                logits = F.pad(logits, (0, 0, left, 0))  # [N, L, V]
+            elif extra is not None:
+                logits = F.pad(logits, (left, 0))  # Σπ² [N, L]
+
+        # logits at position t predict token t+1: responses occupy [L-R, L), so read [L-R-1, L-1)
+        start = length - response_length - 1
+        log_probs = log_probs[:, start : length - 1]
+        if entropy is not None:
+            entropy = entropy[:, start : length - 1]
+        if extra is not None:
+            return log_probs, entropy, logits[:, start : length - 1]
+        return log_probs, entropy
 
 
 def _log_probs_entropy(
@@ -287,119 +350,6 @@ def _log_probs_entropy(
     else:
         lp, ent = log_probs_entropy(logits, targets, with_entropy)  # one log-softmax for both
     return lp, ent, (sum_pi_squared(logits, entropy_chunk) if extra == "sum_pi_squared" else logits)
-
-
-def _response_log_probs(
-    model,
-    input_ids,
-    attention_mask,
-    response_length,
-    multi_modal_inputs,
-    temperature,
-    with_entropy,
-    remove_padding,
-    extra,
-    sp_group,
-    head,
-    compile,
-    entropy_chunk=0,
-    suppress=None,
-):
-    """`response_log_probs` with `extra` None, "logits" (the third item: the scaled logits [N, R, V]) or
-    "sum_pi_squared" (the third item: Σπ² [N, R])."""
-    device = input_ids.device
-    vt = VisionTokens.of(model)
-    mm = merge_multi_modal_inputs(multi_modal_inputs, device)
-    # rows with the same prompt: their 3-D rope positions are computed once, their prompt packed once
-    groups = (
-        prompt_groups(input_ids, attention_mask, response_length, multi_modal_inputs)
-        if vt.is_vision and "image_grid_thw" in mm
-        else None
-    )
-    positions = rope_positions(
-        model,
-        input_ids,
-        attention_mask,
-        mm,
-        vt,
-        response_length=response_length,
-        rows_mm=multi_modal_inputs,
-        groups=groups,
-    )
-    n, length = input_ids.shape
-    targets = torch.roll(input_ids, shifts=-1, dims=1)  # targets[:, t] = input_ids[:, t + 1]
-
-    if remove_padding:
-        _check_remove_padding(model, "actor_rollout_ref.model.use_remove_padding")
-        keep, flat_ids, packed_pos, needed, wanted = _packed_layout(
-            input_ids, attention_mask, response_length, positions
-        )
-        if sp_group is not None:
-            if head is not None:  # the fused head needs the targets of the tokens it sees: this rank's slice
-                from verl_npu.models import ulysses
-
-                head.targets = ulysses.pad_and_shard(targets[keep].unsqueeze(0), 1, sp_group)[0]
-            raw = _sequence_parallel_logits(model, flat_ids, packed_pos, mm, sp_group)[wanted]
-        else:
-            if head is not None:
-                head.targets = targets[needed].unsqueeze(0)
-            raw = _packed_outputs(
-                model,
-                input_ids,
-                attention_mask,
-                response_length,
-                multi_modal_inputs,
-                positions,
-                (keep, flat_ids, packed_pos, needed, wanted),
-                mm,
-                groups,
-            )
-            # raw: [len(wanted), V] ([len(wanted), 2] with a fused head)
-        lp_flat, ent_flat, logits = _log_probs_entropy(
-            raw, targets[needed], temperature, with_entropy, head, compile, entropy_chunk, suppress, extra
-        )
-        log_probs = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
-        log_probs[needed] = lp_flat
-        entropy = None
-        if with_entropy:
-            entropy = torch.zeros(n, length, dtype=lp_flat.dtype, device=device)
-            entropy[needed] = ent_flat
-        if extra is not None:  # logits [n, L, V] or Σπ² [n, L]
-            packed_logits, logits = logits, logits.new_zeros(n, length, *logits.shape[1:])
-            logits[needed] = packed_logits
-    else:
-        # only the last R + 1 positions need logits (the first R of them predict the response): the
-        # lm head, log-softmax and entropy run on those only; the rest is zero-padded on the left
-        n_keep = response_length + 1
-        left = length - n_keep
-        if head is not None:
-            head.targets = targets[:, left:]
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            use_cache=False,
-            logits_to_keep=n_keep,
-            **mm,
-        )
-        log_probs, entropy, logits = _log_probs_entropy(
-            out.logits, targets[:, left:], temperature, with_entropy, head, compile, entropy_chunk, suppress, extra
-        )
-        log_probs = F.pad(log_probs, (left, 0))
-        entropy = F.pad(entropy, (left, 0)) if entropy is not None else None
-        if extra == "logits":
-            logits = F.pad(logits, (0, 0, left, 0))  # [N, L, V]
-        elif extra is not None:
-            logits = F.pad(logits, (left, 0))  # Σπ² [N, L]
-
-    # logits at position t predict token t+1: responses occupy [L-R, L), so read [L-R-1, L-1)
-    start = length - response_length - 1
-    log_probs = log_probs[:, start : length - 1]
-    if entropy is not None:
-        entropy = entropy[:, start : length - 1]
-    if extra is not None:
-        return log_probs, entropy, logits[:, start : length - 1]
-    return log_probs, entropy
 
 
 def _check_remove_padding(model, key: str) -> None:

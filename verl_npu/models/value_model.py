@@ -159,29 +159,17 @@ def saved_value_head(folder: str) -> dict[str, torch.Tensor]:
 
 
 def load_vision_language_value_model(
-    path,
-    *,
-    dtype: torch.dtype,
-    attn_implementation: str,
-    override_config: dict | None,
-    trust_remote_code: bool,
-    gradient_checkpointing: bool,
+    path, *, dtype: torch.dtype, gradient_checkpointing: bool, **load_options
 ) -> VisionLanguageValueModel:
     """`VisionLanguageValueModel` of the vision-language model at `path`, loaded with the actor's loader
-    (`load_policy_model`). The value head is new (initialised from the current torch seed) unless the
-    folder's weights hold one (`v_head.summary.*`: a critic saved with its huggingface/ weights), which
-    is then loaded."""
+    (`load_policy_model`, which takes `load_options`: attn_implementation, override_config, trust_remote_code).
+    The value head is new (initialised from the current torch seed) unless the folder's weights hold one
+    (`v_head.summary.*`: a critic saved with its huggingface/ weights), which is then loaded."""
     loader_log = logging.getLogger("transformers.modeling_utils")
     level = loader_log.level
     loader_log.setLevel(logging.ERROR)  # a saved critic's v_head.* are "unused weights" to transformers: ours below
     try:
-        model = load_policy_model(
-            path,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-            override_config=override_config,
-            trust_remote_code=trust_remote_code,
-        )
+        model = load_policy_model(path, dtype=dtype, **load_options)
     finally:
         loader_log.setLevel(level)
     value_model = VisionLanguageValueModel(model)

@@ -43,6 +43,12 @@ def open_sink(name: str, out_dir: Path, project: str, experiment: str, config: d
     return METRIC_SINKS.load(name)(Path(out_dir), project, experiment, config)
 
 
+def _tracker_mode(service: str, online: str) -> str:
+    """The mode a hosted tracker's run starts in: ``<service>_MODE`` when set, else `online` (the tracker's word
+    for uploading) when ``<service>_API_KEY`` is set, else "offline" (files only)."""
+    return os.environ.get(f"{service}_MODE") or (online if os.environ.get(f"{service}_API_KEY") else "offline")
+
+
 class Sink:
     """A tracker run: `log(values, step)` with float values, `close()` once."""
 
@@ -69,7 +75,7 @@ class WandbSink(Sink):
     def __init__(self, out_dir: Path, project: str, experiment: str, config: dict):
         import wandb
 
-        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        mode = _tracker_mode("WANDB", online="online")
         out_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
             project=project,
@@ -179,7 +185,7 @@ class SwanlabSink(Sink):
     def __init__(self, out_dir: Path, project: str, experiment: str, config: dict):
         import swanlab
 
-        mode = os.environ.get("SWANLAB_MODE") or ("cloud" if os.environ.get("SWANLAB_API_KEY") else "offline")
+        mode = _tracker_mode("SWANLAB", online="cloud")
         logdir = out_dir / "swanlog"
         logdir.mkdir(parents=True, exist_ok=True)
         self.run = swanlab.init(

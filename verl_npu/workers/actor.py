@@ -138,14 +138,7 @@ class ActorRolloutRefWorker:
         self.world_size = world_size
         self.total_training_steps = total_training_steps
         self.device = device
-        self.engine = TrainingEngine(
-            "actor",
-            device,
-            seed=cfg.data.seed,
-            checkpoint=cfg.actor_rollout_ref.actor.checkpoint,
-            rank=rank,
-            world_size=world_size,
-        )
+        self.engine = TrainingEngine.for_trained_role("actor", cfg, device, rank, world_size)
         self.ref = None  # the reference policy's engine, when a KL term needs a separate one
         from verl_npu.workers.profiler import WorkerProfiler
 

@@ -68,15 +68,7 @@ class CriticWorker:
         """`cfg`: the typed backend config (the critic section, and the actor's values its nulls stand for)."""
         self.cfg = cfg
         self.total_training_steps = total_training_steps
-        # a critic checkpoint holds what an actor checkpoint holds (actor.checkpoint.*), in the same layout
-        self.engine = TrainingEngine(
-            "critic",
-            device,
-            seed=cfg.data.seed,
-            checkpoint=cfg.actor_rollout_ref.actor.checkpoint,
-            rank=rank,
-            world_size=world_size,
-        )
+        self.engine = TrainingEngine.for_trained_role("critic", cfg, device, rank, world_size)
 
     def init_model(self) -> dict:
         cfg, engine = self.cfg, self.engine

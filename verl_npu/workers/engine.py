@@ -60,6 +60,20 @@ class TrainingEngine:
     `processor`, set by the role, go into a checkpoint's huggingface/ folder. `dp_size` is the
     data-parallel size (world size / Ulysses size)."""
 
+    @classmethod
+    def for_trained_role(cls, role: str, cfg, device, rank: int, world_size: int) -> TrainingEngine:
+        """The engine of a PPO role that trains (actor, critic) from the typed backend config `cfg`: data.seed
+        shuffles its mini-batches, and its checkpoints hold what actor.checkpoint.* says (a critic's in the
+        actor's layout)."""
+        return cls(
+            role,
+            device,
+            seed=cfg.data.seed,
+            checkpoint=cfg.actor_rollout_ref.actor.checkpoint,
+            rank=rank,
+            world_size=world_size,
+        )
+
     def __init__(
         self, role: str, device, *, seed: int | None = None, checkpoint=None, rank: int = 0, world_size: int = 1
     ):
