@@ -13,15 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_npu.device import (
-    CUDA_ENV_DEFAULTS,
-    NPU_ENV_DEFAULTS,
-    DeviceInfo,
-    apply_env_defaults,
-    detect_device,
-    env_defaults,
-    ray_runtime_env,
-)
+from verl_npu.device import DeviceInfo, apply_env_defaults, detect_device, env_defaults, ray_runtime_env
+from verl_npu.device_tables import CUDA_ENV_DEFAULTS, NPU_ENV_DEFAULTS
 from verl_npu.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
