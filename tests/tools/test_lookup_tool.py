@@ -1,4 +1,4 @@
-"""The tool demo's lookup task: the tool answers the row's own code only for the row's key, the reward pays
+"""The tool demo's lookup task: the tool answers the row's own code (it takes no argument), the reward pays
 the right code written as `#### n` and nothing for calling, the data hides each code behind the tool, and
 `run` makes the multi-turn recipe's data from the tool's own writer (its registry spec), the SFT recipe's from
 its own."""
@@ -24,20 +24,18 @@ def _call(tool, create_kwargs, arguments):
         out = await tool.execute(instance, arguments)
         await tool.release(instance)
         return out
+
     return asyncio.run(go())
 
 
-def test_the_tool_answers_the_rows_code_for_its_key_only():
+def test_the_tool_answers_the_rows_own_code_whatever_its_arguments():
     tool = LookupTool({"type": "native"})
-    entry = {"key": "K", "value": "7"}
-    response, reward, _ = _call(tool, entry, {"key": " k "})
+    response, reward, _ = _call(tool, {"key": "K", "value": "7"}, {})
     assert (response.text, reward) == ("7", 1.0)
-    response, reward, _ = _call(tool, entry, {"key": "J"})
-    assert (response.text, reward) == ("no entry for 'J'", 0.0)
-    assert _call(tool, entry, {})[0].text == "no entry for ''"
+    assert _call(tool, {"value": "3"}, {"key": "J"})[0].text == "3"  # an argument is ignored
     with pytest.raises(ValueError, match="create_kwargs"):
-        _call(tool, {}, {"key": "K"})
-    assert tool._entries == {}   # released
+        _call(tool, {"key": "K"}, {})
+    assert tool._codes == {}  # released
 
 
 def test_the_tool_config_builds_the_builtin_tool():
@@ -50,25 +48,28 @@ def test_the_tool_config_builds_the_builtin_tool():
 def test_the_reward_pays_the_right_code_and_nothing_for_the_call():
     def score(text):
         return default_compute_score("tool_lookup", text, "7")["score"]
+
     assert score("#### 7") == 1.0
-    assert score("\n<|im_start|>tool\n7\n#### 7") == 1.0      # after the tool's reply
-    assert score("#### 3") == 0.0 and score("7") == 0.0       # a wrong code; a bare number is no answer
-    assert score("#### 7 #### 8") == 0.0                      # the last answer counts
+    assert score("\n<|im_start|>tool\n7\n#### 7") == 1.0  # after the tool's reply
+    assert score("#### 3") == 0.0 and score("7") == 0.0  # a wrong code; a bare number is no answer
+    assert score("#### 7 #### 8") == 0.0  # the last answer counts
 
 
 def test_the_data_hides_each_code_behind_the_tool():
     rows = tool_lookup.sft_rows(400, 0, "train")
     calling = [r for r in rows if len(r["messages"]) == 4]
-    assert 0.4 < len(calling) / len(rows) < 0.6   # CALL_SHARE 0.5: the rest guess
+    assert 0.5 < len(calling) / len(rows) < 0.7  # CALL_SHARE 0.6: the rest guess
     for r in calling[:20]:
         user, call, reply, answer = r["messages"]
-        key = user["content"].split()[-1].rstrip("?")
-        assert f'"key": "{key}"' in call["content"] and answer["content"] == f"#### {reply['content']}"
+        assert call["content"] == '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>'  # one fixed call
+        assert reply["role"] == "tool" and answer["content"] == f"#### {reply['content']}"
+    guesses = [r["messages"][1]["content"] for r in rows if len(r["messages"]) == 2]
+    assert set(guesses) == {"#### 0"}  # one fixed guess (tool_lookup.GUESS)
     rl = [tool_lookup.rl_row(k, c, "test", i) for i, (k, c) in enumerate(tool_lookup.problems(50, 0, "test"))]
     kwargs = rl[0]["extra_info"]["tools_kwargs"]["lookup"]["create_kwargs"]
     assert kwargs["value"] == rl[0]["reward_model"]["ground_truth"] and kwargs["key"] in rl[0]["prompt"][0]["content"]
     assert kwargs["value"] not in rl[0]["prompt"][0]["content"]
-    assert len({r["reward_model"]["ground_truth"] for r in rl}) == 10   # the codes vary row to row
+    assert len({r["reward_model"]["ground_truth"] for r in rl}) == 10  # the codes vary row to row
 
 
 def test_run_makes_each_stages_data_from_its_own_writer(tmp_path):
@@ -76,8 +77,9 @@ def test_run_makes_each_stages_data_from_its_own_writer(tmp_path):
     from the writer of its recipe name (verl_npu/demo.py)."""
     from verl_npu.config.recipes import find_recipe
 
-    writer, kwargs, _ = _data_writer("tiny://qwen2", multi_turn=True,
-                                     tool_data=_tool_demo_data("examples/tool_config/lookup_tool_config.yaml"))
+    writer, kwargs, _ = _data_writer(
+        "tiny://qwen2", multi_turn=True, tool_data=_tool_demo_data("examples/tool_config/lookup_tool_config.yaml")
+    )
     rl = pq.read_table(writer(tmp_path / "rl", 4, 2, seed=0, **kwargs)["paths"]["test"]).to_pylist()
     assert {r["data_source"] for r in rl} == {"tool_lookup"} and rl[0]["agent_name"] == "tool_agent"
     assert _tool_demo_data("examples/tool_config/gsm8k_tool_config.yaml") == ""
