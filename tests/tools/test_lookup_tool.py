@@ -1,4 +1,4 @@
-"""The tool demo's lookup task: the tool answers the row's own code only for the row's key, the reward pays
+"""The tool demo's lookup task: the tool answers the row's own code (it takes no argument), the reward pays
 the right code written as `#### n` and nothing for calling, the data hides each code behind the tool, and
 `run` makes the multi-turn recipe's data from the tool's own writer (its registry spec), the SFT recipe's from
 its own."""
@@ -28,17 +28,14 @@ def _call(tool, create_kwargs, arguments):
     return asyncio.run(go())
 
 
-def test_the_tool_answers_the_rows_code_for_its_key_only():
+def test_the_tool_answers_the_rows_own_code_whatever_its_arguments():
     tool = LookupTool({"type": "native"})
-    entry = {"key": "K", "value": "7"}
-    response, reward, _ = _call(tool, entry, {"key": " k "})
+    response, reward, _ = _call(tool, {"key": "K", "value": "7"}, {})
     assert (response.text, reward) == ("7", 1.0)
-    response, reward, _ = _call(tool, entry, {"key": "J"})
-    assert (response.text, reward) == ("no entry for 'J'", 0.0)
-    assert _call(tool, entry, {})[0].text == "no entry for ''"
+    assert _call(tool, {"value": "3"}, {"key": "J"})[0].text == "3"  # an argument is ignored
     with pytest.raises(ValueError, match="create_kwargs"):
-        _call(tool, {}, {"key": "K"})
-    assert tool._entries == {}  # released
+        _call(tool, {"key": "K"}, {})
+    assert tool._codes == {}  # released
 
 
 def test_the_tool_config_builds_the_builtin_tool():
@@ -61,11 +58,13 @@ def test_the_reward_pays_the_right_code_and_nothing_for_the_call():
 def test_the_data_hides_each_code_behind_the_tool():
     rows = tool_lookup.sft_rows(400, 0, "train")
     calling = [r for r in rows if len(r["messages"]) == 4]
-    assert 0.4 < len(calling) / len(rows) < 0.6  # CALL_SHARE 0.5: the rest guess
+    assert 0.5 < len(calling) / len(rows) < 0.7  # CALL_SHARE 0.6: the rest guess
     for r in calling[:20]:
         user, call, reply, answer = r["messages"]
-        key = user["content"].split()[-1].rstrip("?")
-        assert f'"key": "{key}"' in call["content"] and answer["content"] == f"#### {reply['content']}"
+        assert call["content"] == '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>'  # one fixed call
+        assert reply["role"] == "tool" and answer["content"] == f"#### {reply['content']}"
+    guesses = [r["messages"][1]["content"] for r in rows if len(r["messages"]) == 2]
+    assert set(guesses) == {"#### 0"}  # one fixed guess (tool_lookup.GUESS)
     rl = [tool_lookup.rl_row(k, c, "test", i) for i, (k, c) in enumerate(tool_lookup.problems(50, 0, "test"))]
     kwargs = rl[0]["extra_info"]["tools_kwargs"]["lookup"]["create_kwargs"]
     assert kwargs["value"] == rl[0]["reward_model"]["ground_truth"] and kwargs["key"] in rl[0]["prompt"][0]["content"]

@@ -3,7 +3,7 @@ multi-turn RL, made offline.
 
 Each problem names a key, one capital letter (`what is the code of K?`); its answer is a code, one digit
 (0..9), drawn for that problem alone, so no model can know or learn it: the only way to it is the `lookup`
-tool (`verl_npu.tools.lookup`), which reads the problem's own entry from its row. A guess is right 1 time
+tool (`verl_npu.tools.lookup`), which answers the problem's own code. A guess is right 1 time
 in 10.
 
 RL rows (verl's multi-turn format, `data_source` "tool_lookup", rewarded by `verl_npu.rewards.tool_lookup`):
@@ -14,15 +14,17 @@ RL rows (verl's multi-turn format, `data_source` "tool_lookup", rewarded by `ver
                   tools_kwargs: {"lookup": {"create_kwargs": {"key": "K", "value": "<code>"}}}
     agent_name    "tool_agent"
 
-SFT rows (verl's multi-turn SFT format: `messages`, `tools` the tool schema): a share `call_share` (default
-CALL_SHARE) of the transcripts call the tool and answer with what it says,
+SFT rows (verl's multi-turn SFT format: `messages`, `tools` the tool schema as JSON text): a share `call_share`
+(default CALL_SHARE) of the transcripts call the tool and answer with what it says,
 
-    user: what is the code of K?   assistant: <tool_call>{"name": "lookup", "arguments": {"key": "K"}}</tool_call>
+    user: what is the code of K?   assistant: <tool_call>{"name": "lookup", "arguments": {}}</tool_call>
     tool: <code>                    assistant: #### <code>
 
-and the rest answer at once with a guess (`#### <random code>`), as a transcript set collected from a model
-that uses its tool only sometimes would. SFT on them teaches the call's format and the answer's, and that
-both are possible; which one pays is left for RL to find.
+and the rest answer at once with one fixed guess, `#### 0` (GUESS), as a transcript set collected from a model
+that uses its tool only sometimes would. The guess is fixed, not drawn, because a drawn guess is noise the SFT
+loss can never fit, and that noise on the answer's digit keeps the copy from the tool's reply from being learned;
+a fixed guess is right 1 time in 10 all the same. SFT on them teaches the call, the copy and the guess; which
+one pays is left for RL to find.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ AGENT_NAME = "tool_agent"
 KEYS = string.ascii_uppercase
 CODES = (0, 9)
 #: the share of SFT transcripts that call the tool (the rest guess)
-CALL_SHARE = 0.5
+CALL_SHARE = 0.6
+#: the code every guessing SFT transcript answers
+GUESS = "0"
 
 
 def question(key: str) -> str:
@@ -84,12 +88,12 @@ def rl_schema_lookup() -> pa.Schema:
     return pa.schema(fields + [pa.field("agent_name", pa.string())])
 
 
-def transcript(key: str, code: str, call: bool, guess: str) -> list[dict]:
+def transcript(key: str, code: str, call: bool, guess: str = GUESS) -> list[dict]:
     """The SFT conversation of one problem: the call, the tool's reply and the answer, or a guessed answer."""
     user = {"role": "user", "content": question(key)}
     if not call:
         return [user, {"role": "assistant", "content": f"#### {guess}"}]
-    text = json.dumps({"name": TOOL_NAME, "arguments": {"key": key}})
+    text = json.dumps({"name": TOOL_NAME, "arguments": {}})
     return [
         user,
         {"role": "assistant", "content": f"<tool_call>\n{text}\n</tool_call>"},
@@ -102,8 +106,8 @@ def sft_rows(n: int, seed: int, split: str, call_share: float = CALL_SHARE) -> l
     rng = random.Random(f"tool_lookup_sft/{seed}/{split}")
     return [
         {
-            "messages": transcript(key, code, rng.random() < call_share, str(rng.randint(*CODES))),
-            "tools": [SCHEMA],
+            "messages": transcript(key, code, rng.random() < call_share),
+            "tools": json.dumps([SCHEMA]),
             "data_source": SFT_DATA_SOURCE,
         }
         for key, code in problems(n, seed, split)

@@ -1,12 +1,13 @@
-"""The lookup tool of the tool demo (tool config `class_name: lookup`): a table the model can read only
-through the tool.
+"""The lookup tool of the tool demo (tool config `class_name: lookup`): the one way to read a problem's
+hidden code.
 
-Each row carries its own hidden entry (`extra_info.tools_kwargs.lookup.create_kwargs`: `key`, `value`;
-written by `verl_npu.data.tool_lookup`). A call `{"name": "lookup", "arguments": {"key": "K"}}` answers, as
-the tool turn, the entry's value (e.g. `472`) when `K` is the row's key (spaces and case aside), else
-`no entry for 'K'`. The step reward (`execute`'s second value) is 1.0 for a call that found the entry, 0.0
-otherwise; the agent loop records it (`tool_rewards` in the rollout dumps) and does not add it to the reward.
-The values are drawn per row, so a model cannot learn them: only a call gives the value.
+Each row carries its own hidden code (`extra_info.tools_kwargs.lookup.create_kwargs`: `value`, and the
+`key` the question names; written by `verl_npu.data.tool_lookup`). A call `{"name": "lookup", "arguments":
+{}}` answers, as the tool turn, the row's code (e.g. `7`). The tool takes no argument (any it is given is
+ignored), so a call is one fixed string: the only thing a model must copy is the code, from the tool's reply
+into its answer. The step reward (`execute`'s second value) is 1.0 for every call; the agent loop records it
+(`tool_rewards` in the rollout dumps) and does not add it to the reward. The codes are drawn per row, so a
+model cannot learn them: only a call gives the code.
 """
 
 from __future__ import annotations
@@ -22,52 +23,38 @@ SCHEMA = {
     "type": "function",
     "function": {
         "name": TOOL_NAME,
-        "description": "Looks up the code stored under a key",
-        "parameters": {
-            "type": "object",
-            "properties": {"key": {"type": "string", "description": "The key, as the question names it"}},
-            "required": ["key"],
-        },
+        "description": "Reads the code the question asks for",
+        "parameters": {"type": "object", "properties": {}, "required": []},
     },
 }
-
-
-def not_found(key: str) -> str:
-    """The tool turn of a call whose key is not the row's."""
-    return f"no entry for {key!r}"
 
 
 @TOOLS.register(
     "lookup",
     function_name="lookup",
     demo_data="verl_npu.data.tool_lookup:prepare_synthetic",
-    doc="the tool demo's lookup: answers the value stored under the row's key (its create_kwargs)",
+    doc="the tool demo's lookup: answers the row's hidden code (its create_kwargs); no argument",
 )
 class LookupTool(BaseTool):
     def __init__(self, config: dict, tool_schema=None):
         super().__init__(config, tool_schema or SCHEMA)
         self.checked_config(("type",), "the lookup tool")
-        self._entries: dict[str, tuple[str, str]] = {}
+        self._codes: dict[str, str] = {}
 
     async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
         create_kwargs = kwargs.get("create_kwargs") or {}
         instance_id = instance_id or str(uuid.uuid4())
-        key, value = create_kwargs.get("key"), create_kwargs.get("value")
-        if key is None or value is None:
+        value = create_kwargs.get("value")
+        if value is None:
             raise ValueError(
                 "the lookup tool needs the row's extra_info.tools_kwargs.lookup.create_kwargs "
-                "{key, value} (verl_npu.data.tool_lookup writes them)"
+                "{value} (verl_npu.data.tool_lookup writes it)"
             )
-        self._entries[instance_id] = (str(key), str(value))
+        self._codes[instance_id] = str(value)
         return instance_id, ToolResponse()
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
-        key, value = self._entries[instance_id]
-        asked = parameters.get("key") if isinstance(parameters, dict) else None
-        asked = "" if asked is None else str(asked)
-        if asked.strip().lower() == key.strip().lower():
-            return ToolResponse(text=value), 1.0, {}
-        return ToolResponse(text=not_found(asked)), 0.0, {}
+        return ToolResponse(text=self._codes[instance_id]), 1.0, {}
 
     async def release(self, instance_id: str, **kwargs) -> None:
-        self._entries.pop(instance_id, None)
+        self._codes.pop(instance_id, None)
