@@ -21,6 +21,7 @@ from transformers import (
 
 import verl_npu.rollout.decode as decode_mod
 from verl_npu.models.forward import vision_marker_ids
+from verl_npu.models.loading import MODEL_LOAD_KWARGS
 from verl_npu.rollout.base import SamplingParams, stop_and_pad_ids
 from verl_npu.rollout.decode import PerRowSampler, decode
 from verl_npu.rollout.decode_step import DecodeStep
@@ -123,7 +124,9 @@ def test_other_decoders_run_their_layers_as_modules(family, monkeypatch, tiny_lm
 def test_the_model_is_called_where_the_step_does_not_apply(monkeypatch, tiny_lm_path):
     tok, _, ids, mask, _ = _text_batch(tiny_lm_path)
     eager = _sharpen(
-        AutoModelForCausalLM.from_pretrained(tiny_lm_path, dtype=torch.float32, attn_implementation="eager")
+        AutoModelForCausalLM.from_pretrained(
+            tiny_lm_path, dtype=torch.float32, attn_implementation="eager", **MODEL_LOAD_KWARGS
+        )
     )
     eos, pad = stop_and_pad_ids(eager, tok)
     _, built = _decode_both(monkeypatch, eager, ids, mask, {}, eos, pad, sampled=False)

@@ -20,6 +20,7 @@ from transformers import (
 
 from verl_npu.batch import Batch
 from verl_npu.models.forward import VisionTokens, mm_token_type_ids, vision_marker_ids
+from verl_npu.models.loading import MODEL_LOAD_KWARGS
 from verl_npu.rollout.base import SamplingParams, stop_and_pad_ids
 from verl_npu.rollout.decode import PerRowSampler, decode
 from verl_npu.rollout.hf import HFRollout
@@ -42,7 +43,7 @@ def _sharpen(model):
 def _text_batch(path, extra_left_pad=0):
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
-    model = _sharpen(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+    model = _sharpen(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **MODEL_LOAD_KWARGS))
     enc = tok(
         ["hi", "a much longer prompt with many more words in it", "three words here"], return_tensors="pt", padding=True
     )
@@ -56,7 +57,7 @@ def _text_batch(path, extra_left_pad=0):
 def _vl_batch(path):
     proc = AutoProcessor.from_pretrained(path)
     proc.tokenizer.padding_side = "left"
-    model = _sharpen(AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32))
+    model = _sharpen(AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, **MODEL_LOAD_KWARGS))
     questions = ["How many sides?", "What is the shape? answer with a number please, quickly"]
     images = [Image.new("RGB", (56, 56), (255, 0, 0)), Image.new("RGB", (112, 84), (0, 128, 255))]
     texts = [

@@ -88,6 +88,13 @@ def _check_path_exists(path: str, original) -> None:
     )
 
 
+#: keyword arguments of every model load: transformers 5.25 turned on its hub kernels by default
+#: (`use_kernels`), which swap layers' forwards for kernels fetched from the Hugging Face Hub at load time: a
+#: download at run time, numbers that differ from the layers verl-npu computes itself (the fused head, the
+#: rollout's own decode step), and CUDA builds on other devices. Off, as with earlier transformers.
+MODEL_LOAD_KWARGS = {"use_kernels": False}
+
+
 def load_config(path, *, trust_remote_code: bool = False):
     """The transformers config of the model at ``path`` (resolved as in `resolve_model_path`)."""
     from transformers import AutoConfig
@@ -396,6 +403,7 @@ def load_policy_model(
             dtype=dtype,
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
+            **MODEL_LOAD_KWARGS,
         )
     except (ImportError, ValueError) as err:
         if "attn" in str(err).lower() or "attention" in str(err).lower():

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from verl_npu.models.loading import (
+    MODEL_LOAD_KWARGS,
     apply_override_config,
     enable_activation_checkpointing,
     is_vision_language,
@@ -217,6 +218,7 @@ def load_value_model(
         dtype=dtype,
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
+        **MODEL_LOAD_KWARGS,
     )
     if gradient_checkpointing:
         enable_activation_checkpointing(model)

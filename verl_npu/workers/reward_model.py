@@ -33,6 +33,7 @@ from verl_npu.batch import Batch, reads
 from verl_npu.config.rules_roles import VL_REWARD_MODEL, VL_REWARD_MODEL_FIX
 from verl_npu.errors import UserError
 from verl_npu.models.loading import (
+    MODEL_LOAD_KWARGS,
     apply_override_config,
     is_vision_language,
     load_config,
@@ -97,6 +98,7 @@ def load_reward_model(
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
             output_loading_info=True,
+            **MODEL_LOAD_KWARGS,
         )
     except ValueError as err:  # an architecture without a token-classification class
         raise UserError(f"{RM_KEY}.path={path}: cannot load it as a per-token scorer ({err})") from err
