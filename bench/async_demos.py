@@ -82,7 +82,9 @@ def model_table(rows: list[tuple[float, float, float]], sync_cost: float, device
 
 
 # ------------------------------------------------------------------------------------------------ the runs
-def one_step_off_overrides(recipe: str) -> list[str]:
+def one_step_off_overrides(recipe: str, bypass: bool = False) -> list[str]:
+    """The one-step-off settings of `recipe`; `bypass`: verl's bypass mode, the rollout's log-probs are pi_old, so
+    the trainer runs no old-log-prob pass (the importance weights then come from the loss's own ratio)."""
     from verl_npu.config import load_recipe
 
     cfg = load_recipe(recipe, []).typed
@@ -94,6 +96,7 @@ def one_step_off_overrides(recipe: str) -> list[str]:
         f"trainer.v1.separate_async.parameter_sync_step={sync_step}",
         "trainer.v1.sampler.max_off_policy_threshold=1",
         "algorithm.rollout_correction.rollout_is=token",
+        *(["algorithm.rollout_correction.bypass_mode=true"] if bypass else []),
     ]
 
 
@@ -106,12 +109,14 @@ def pin(pid: int, core: int) -> None:
             pass
 
 
-def run_one(recipe: str, seed: int, mode: str, root: Path, pin_cores: bool, overrides: list[str]) -> dict:
+def run_one(
+    recipe: str, seed: int, mode: str, root: Path, pin_cores: bool, overrides: list[str], bypass: bool = False
+) -> dict:
     demo_learning.RECIPE = recipe
     out_dir = root / recipe / f"seed{seed}_{mode}"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    extra = [*overrides, *(one_step_off_overrides(recipe) if mode != "sync" else [])]
+    extra = [*overrides, *(one_step_off_overrides(recipe, bypass) if mode != "sync" else [])]
     # the launcher's Python: the caller's choice, else the one running this script (a worktree has no .venv)
     env = dict(
         os.environ,
@@ -256,7 +261,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated demos (default both)")
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (default 5, bench/demo_learning.py's)")
+    parser.add_argument("--first-seed", type=int, default=0, help="start at this seed (finish a run cut short)")
     parser.add_argument("--no-pin", action="store_true", help="leave the processes where the OS puts them")
+    parser.add_argument(
+        "--bypass", action="store_true", help="one-step-off in verl's bypass mode (no old-log-prob pass on the trainer)"
+    )
     parser.add_argument("--out", default=str(BENCH / "results" / "async_demos.md"))
     parser.add_argument("--output-dir", default="/tmp/verl_npu_bench_async")
     parser.add_argument("--report-only", action="store_true", help="the report from finished runs, running nothing")
@@ -288,9 +297,9 @@ def main() -> int:
     else:
         results = []
         for recipe in recipes:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.seeds):
                 for mode in MODES:
-                    r = run_one(recipe, seed, mode, root, not args.no_pin, args.overrides)
+                    r = run_one(recipe, seed, mode, root, not args.no_pin, args.overrides, args.bypass)
                     print(f"{recipe} seed {seed} {mode}: last-10 {r['last']:.3f}, {r['wall']:.0f} s", flush=True)
                     results.append(r)
     if not results:
