@@ -127,6 +127,17 @@ def _sp_logits(s: Settings, m: ModelSize, tokens: float) -> list[Part]:
     ]
 
 
+def _scoring_parts(s: Settings, model: ModelSize, fused: bool, logits_formula: str, ulysses: bool) -> list[Part]:
+    """A frozen model's no-grad forward over the reference policy's micro-batch: the forward and its fp32 logits
+    twice; `ulysses`: also the logits Ulysses gathers (`_sp_logits`)."""
+    tokens, logit_tokens, how = _micro(s, s.ref_micro_rows, s.dynamic, s.lp_budget)
+    return [
+        Part("forward (no grad)", mp.inference_bytes(model, tokens / s.sp, s.compute_bytes), how),
+        Part("logits", mp.logits_bytes(logit_tokens, model.vocab, copies=2, fused=fused), logits_formula),
+        *(_sp_logits(s, model, tokens) if ulysses else []),
+    ]
+
+
 def gib_text(x: float) -> str:
     return f"{x / mp.GIB:.2f} GiB"
 
@@ -292,38 +303,15 @@ def build_plan(
     ] + _sp_logits(s, actor, lp_tokens)
     phases.append(Phase("old log-probs", resident + while_computing + infer))
     if s.use_ref or s.kl:  # a LoRA actor's reference is itself with the adapters off: no weights of its own
-        r_tokens, r_logits, how = _micro(s, s.ref_micro_rows, s.dynamic, s.lp_budget)
         phases.append(
             Phase(
                 "ref log-probs",
-                resident
-                + while_computing
-                + [
-                    Part("forward (no grad)", mp.inference_bytes(actor, r_tokens / s.sp, s.compute_bytes), how),
-                    Part(
-                        "logits", mp.logits_bytes(r_logits, actor.vocab, copies=2, fused=s.fused), "fp32 [Rt x V] x 2"
-                    ),
-                    *_sp_logits(s, actor, r_tokens),
-                ],
+                resident + while_computing + _scoring_parts(s, actor, s.fused, "fp32 [Rt x V] x 2", True),
             )
         )
     if s.teacher and teacher is not None:  # the teacher scores the responses with the ref's micro-batches
-        t_tokens, t_logits, how = _micro(s, s.ref_micro_rows, s.dynamic, s.lp_budget)
-        phases.append(
-            Phase(
-                "teacher log-probs",
-                resident
-                + while_computing
-                + [
-                    Part("forward (no grad)", mp.inference_bytes(teacher, t_tokens / s.sp, s.compute_bytes), how),
-                    Part(
-                        "logits",
-                        mp.logits_bytes(t_logits, teacher.vocab, copies=2, fused=False),
-                        "fp32 [Rt x V] x 2 (log-softmax, then its top-k)",
-                    ),
-                ],
-            )
-        )
+        parts = _scoring_parts(s, teacher, False, "fp32 [Rt x V] x 2 (log-softmax, then its top-k)", False)
+        phases.append(Phase("teacher log-probs", resident + while_computing + parts))
     # actor update
     tokens, logit_tokens, how = _micro(s, s.micro_rows, s.dynamic, s.token_budget)
     act = mp.activation_bytes(
