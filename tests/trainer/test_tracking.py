@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -211,3 +212,21 @@ def test_kl_panel_plots_what_the_run_has():
     assert kl_panel(rows(actor__kl_loss=[0.0, 0.0], actor__ppo_kl=[0.0, 0.3]))[1] == [("actor/ppo_kl",) * 2]
     title, series = kl_panel(rows(actor__ppo_kl=[0.0, 0.0], actor__entropy=[2.0, 1.5]))  # the demos' case
     assert title == "entropy (no KL in this run)" and series == [("actor/entropy", "actor/entropy")]
+
+
+def test_curve_redraws_keep_drawing_under_their_share_of_the_run(monkeypatch):
+    """training_curves.png is redrawn every CURVES_EVERY steps only while drawing stays under CURVES_SHARE of the
+    time (a tiny model's step is shorter than a redraw), and always at the last step."""
+    from verl_npu.trainer import tracking
+
+    drawn: list[int] = []
+    monkeypatch.setattr(tracking, "plot_training_curves", lambda step: (time.sleep(0.02), drawn.append(step)))
+    curves = tracking.CurveRedraws()
+    assert not curves.due(5, False) and curves.due(10, False)
+    curves.draw(10)
+    assert not curves.due(20, False)  # 0.02 s of drawing asks for 0.02 / CURVES_SHARE = 0.4 s before the next
+    assert curves.due(23, True)  # the last step always
+    time.sleep(0.02 / tracking.CURVES_SHARE + 0.05)
+    assert curves.due(30, False) and not curves.due(31, False)
+    curves.draw(30)
+    assert drawn == [10, 30]

@@ -167,22 +167,17 @@ def _layout(c: Ctx) -> Iterator[Problem]:
             f"set actor_rollout_ref.rollout.n_gpus_per_node to a multiple of {tp} "
             f"(e.g. {tp}: one engine), or lower tensor_model_parallel_size",
         )
-    if spec is not None and getattr(spec, "partial_rollout", False):
-        # each of these runs with the hf rollout side (tested); with a serving engine's partial rollout not yet
-        untested = {
-            ROLL + "multi_turn.enable": (c(ROLL + "multi_turn.enable") is True, "multi-turn rollouts"),
-            ALGO + "filter_groups.enable": (c(ALGO + "filter_groups.enable") is True, "dynamic sampling"),
-            TRAINER + "n_gpus_per_node": ((c(TRAINER + "n_gpus_per_node") or 1) > 1, "several trainer workers"),
-        }
-        for key, (on, what) in untested.items():
-            if on:
-                yield Problem(
-                    key,
-                    f"{what} with the {spec.name} engine as the rollout side of separate_async: "
-                    "built and tested with the hf rollout side only",
-                    f"set actor_rollout_ref.rollout.name=hf for {what} in separate_async, or "
-                    "trainer.v1.trainer_mode=sync",
-                )
+    custom_loops = c(ROLL + "agent.agent_loop_config_path")
+    if spec is not None and getattr(spec, "partial_rollout", False) and custom_loops:
+        # the built-in agent loop's turns are stepped and carry each token's version (PartialTurns); a custom
+        # loop's rows are built by its own code, without them
+        yield Problem(
+            ROLL + "agent.agent_loop_config_path",
+            f"custom agent loops ({custom_loops}) with the {spec.name} engine as the rollout side of separate_async: "
+            "its partial rollout records each token's policy version for the built-in agent loop only",
+            "set actor_rollout_ref.rollout.name=hf for custom agent loops in separate_async, or "
+            "trainer.v1.trainer_mode=sync",
+        )
     for key, (refused, what, instead) in _NOT_WITH_ASYNC.items():
         value = c(key)
         if refused(value):

@@ -67,7 +67,7 @@ from verl_npu.config.typed import section
 from verl_npu.errors import UserError
 from verl_npu.models.forward import merge_multi_modal_inputs
 from verl_npu.rollout import interaction_turns
-from verl_npu.rollout.base import SamplingParams, attach_responses
+from verl_npu.rollout.base import VERSIONS_KEY, SamplingParams, attach_responses
 from verl_npu.rollout.decode import PerRowSampler, decode, forward_device, greedy_pick
 from verl_npu.rollout.image_turns import ImageTurns, short_text
 from verl_npu.rollout.requests import prompt_seed
@@ -92,6 +92,7 @@ class Trajectory:
     response: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # each model token's policy version (records_versions)
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -123,6 +124,9 @@ class TurnBackend:
     #: whether this rank runs the tools and interactions; False on the ranks of a tensor-parallel engine
     #: but its first, which take over the first rank's trajectories at the next `sync` instead
     runs_tools: bool = True
+    #: whether `next_turns` appends each model token's policy version to its trajectory's `versions` (a partial
+    #: rollout, whose weights may change mid-turn); the rows then carry them as VERSIONS_KEY
+    records_versions: bool = False
 
     def sync(self, trajectories: list[Trajectory]) -> None:
         """Make the ranks that must agree on the batch hold the same trajectories (before each round)."""
@@ -593,6 +597,8 @@ class AgentLoop:
         rows.set("tool_mask", filled - response_mask)  # 1 on the tools' tokens (response-length metrics)
         if record:  # rollout.calculate_log_probs: as the single-turn engines return them, 0 on tool tokens
             rows.set("rollout_log_probs", log_probs)
+        if self.turns.records_versions:
+            rows.set(VERSIONS_KEY, model_token_versions(trajs, width))
         rows.set("__num_turns__", [t.assistant_turns + t.user_turns + 1 for t in trajs])
         rows.set("tool_call_counts", [t.tool_calls for t in trajs])
         rows.set("tool_rewards", [list(t.tool_rewards) for t in trajs])
@@ -605,6 +611,18 @@ class AgentLoop:
             rows.set("turn_scores", [f["turn_scores"] for f in fields])
             rows.set("interaction_info", [f["interaction"] for f in fields])
         return rows
+
+
+def model_token_versions(trajs: list[Trajectory], width: int) -> torch.Tensor:
+    """[trajectories, width]: each model token's version at its place in the response (its `versions`, which hold
+    the model's tokens only, in order), -1 on tool and user turns and on padding."""
+    versions = torch.full((len(trajs), width), -1, dtype=torch.long)
+    for r, t in enumerate(trajs):
+        places = [p for p in range(min(len(t.response), width)) if t.mask[p]]
+        got = t.versions[: len(places)]
+        if got:
+            versions[r, places[: len(got)]] = torch.tensor(got, dtype=torch.long)
+    return versions
 
 
 def merge_parts(ours: Batch, our_prompts: list[int], theirs: Batch, their_prompts: list[int], n: int) -> Batch:

@@ -16,6 +16,10 @@ import torch
 
 from verl_npu.batch import Batch
 
+#: a partial rollout's rows: each response token's policy version (-1 on padding and on tool turns); the rollout side
+#: of separate_async on an engine that steps its requests (`verl_npu.rollout.vllm_partial`)
+VERSIONS_KEY = "rollout_versions"
+
 
 @dataclass(frozen=True)
 class SamplingParams:

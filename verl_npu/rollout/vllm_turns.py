@@ -83,31 +83,37 @@ class VLLMTurns(TurnBackend):
         if ranks is not None:
             ranks.fail(error)
 
-    def next_turns(self, active, params: SamplingParams, budget: int, record: bool):
-        if not active:
-            return None
+    def round_requests(self, active, params: SamplingParams, budget: int) -> list[tuple[dict, dict, int]]:
+        """Each trajectory's request this round: (prompt as token ids, vLLM sampling arguments, its room)."""
         eng = self.engine
         base, _ = sampling_kwargs(replace(params, n=1), eng.eos_ids, eng.banned_ids)
-        requests, sampling, rooms = [], [], []
+        out = []
         for t in active:
             room = turn_room(t, budget)  # an interaction may limit a turn (max_tokens_per_turn)
             kwargs = dict(base, max_tokens=room, extra_args={"trajectory": t.uid, "turn": t.assistant_turns})
             if not params.greedy:
                 kwargs["seed"] = prompt_seed(eng.seed, f"{t.uid}#turn{t.assistant_turns}")
-            requests.append({"prompt_token_ids": t.prompt_ids + t.response})
-            sampling.append(eng._vllm.SamplingParams(**kwargs))
-            rooms.append(room)
-        outputs = eng.llm.generate(requests, sampling_params=sampling, use_tqdm=False)
+            out.append(({"prompt_token_ids": t.prompt_ids + t.response}, kwargs, room))
+        self.stats["rounds"] += 1
+        self.stats["requests"] += len(out)
+        self.stats["prompt_tokens"] += sum(len(prompt["prompt_token_ids"]) for prompt, _, _ in out)
+        return out
+
+    def next_turns(self, active, params: SamplingParams, budget: int, record: bool):
+        if not active:
+            return None
+        requests = self.round_requests(active, params, budget)
+        sampling = [self.engine._vllm.SamplingParams(**kwargs) for _, kwargs, _ in requests]
+        outputs = self.engine.llm.generate(
+            [prompt for prompt, _, _ in requests], sampling_params=sampling, use_tqdm=False
+        )
         turns = []
-        for request, out, room in zip(requests, outputs, rooms):
+        for (_, _, room), out in zip(requests, outputs):
             completion = out.outputs[0]
             ids = [int(tok) for tok in completion.token_ids][:room]
             lps = None
             if record:
                 lps = sampled_log_probs(ids, getattr(completion, "logprobs", None)) or [float("nan")] * len(ids)
             turns.append((ids, lps))
-            self.stats["prompt_tokens"] += len(request["prompt_token_ids"])
             self.stats["cached_tokens"] += int(getattr(out, "num_cached_tokens", 0) or 0)
-        self.stats["rounds"] += 1
-        self.stats["requests"] += len(requests)
         return turns

@@ -166,7 +166,7 @@ class _SFTLoop:
         return collate([self.train_set.rows[i] for i in rows[self.rank :: self.world]], self.pad_id)
 
     def fit(self, after_fit) -> None:
-        from verl_npu.trainer.tracking import CURVES_EVERY, Tracker, plot_training_curves
+        from verl_npu.trainer.tracking import CurveRedraws, Tracker
 
         cfg = self.cfg
         latest = self.checkpoints.resolve_resume(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
@@ -188,6 +188,7 @@ class _SFTLoop:
                 run_config=self.rc.tree,
             )
             tracker.total_steps = self.steps
+        curves = CurveRedraws()
         try:
             for step in range(start + 1, self.steps + 1):
                 metrics = self.worker.train_step(self._my_rows(self.sampler.rows(step - 1)))
@@ -200,8 +201,8 @@ class _SFTLoop:
                     self.save(step)
                 if tracker is not None:
                     tracker.log(metrics, step=step)
-                if tracker is not None and (step % CURVES_EVERY == 0 or last):  # drawing costs more than a tiny step
-                    plot_training_curves(
+                if tracker is not None and curves.due(step, last):  # drawing costs more than a tiny step
+                    curves.draw(
                         self.rc.out_dir / "metrics.jsonl", self.rc.out_dir / "training_curves.png", panels=SFT_CURVES
                     )
             if after_fit is not None:

@@ -40,7 +40,7 @@ from verl_npu.batch import Batch
 from verl_npu.data.loader import collate_rows
 from verl_npu.device import DeviceInfo
 from verl_npu.registry import ROLLOUT_ENGINES
-from verl_npu.rollout.vllm_partial import VERSIONS_KEY
+from verl_npu.rollout.base import VERSIONS_KEY
 from verl_npu.trainer.checkpoint import load_torch, save_torch
 from verl_npu.trainer.dynamic_sampling import (
     TooFewGroups,
@@ -89,6 +89,24 @@ def token_versions(group: Batch, fallback: int) -> tuple[list[int], list[int], l
     return oldest, newest, spans
 
 
+def start_rollout_side(cfg, device, wait: bool = True):
+    """separate_async's rollout processes (`verl_npu.workers.rollout_side.RolloutSide`), started with this
+    process's torch thread count; `wait=False` returns before they are ready (`AsyncPPOTrainer(rollout=...)`
+    waits for them), so their start overlaps the trainer's."""
+    from verl_npu.workers.rollout_side import RolloutSide
+
+    return RolloutSide(
+        cfg,
+        TRANSFER_BACKEND,
+        torch.get_num_threads(),
+        device,
+        rollout_processes(cfg),
+        trainer_devices=int(cfg.trainer.n_gpus_per_node),
+        tp=rollout_tensor_parallel(cfg),
+        wait=wait,
+    )
+
+
 def check_layout(cfg, device) -> None:
     """Where separate_async's rollout processes go, said before any worker starts (docs/async.md): devices of
     their own beside the trainer's when the node has enough, else shared with the trainer (the weights then
@@ -124,7 +142,7 @@ class WeightsOutOfSync(RuntimeError):
 class AsyncPPOTrainer(PPOTrainer):
     """PPOTrainer whose step trains on responses generated ahead by a separate rollout process."""
 
-    def __init__(self, *args, device=None, **kwargs):
+    def __init__(self, *args, device=None, rollout=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.device = device if device is not None else DeviceInfo("cpu")  # the run's: the rollout side's kind
         v1 = self.cfg.trainer.v1
@@ -138,7 +156,7 @@ class AsyncPPOTrainer(PPOTrainer):
         self.issued_batches = 0
         self.prompt_rows: dict[str, Batch] = {}  # uid -> its prompt row, until the group is trained
         self.row_index: dict[str, int] = {}  # uid -> its row of the training dataset (what a checkpoint keeps)
-        self.rollout = None
+        self.rollout = rollout  # a RolloutSide started early (`start_rollout_side`), or None: started in `fit`
         self.reissue_on_start: list[tuple[str, int]] = []  # a resumed run's (uid, dataset row) to issue first
         self.pending_metrics: dict[str, float] = {}
         self.rollout_stats = {"idle": 0.0, "busy": 0.0, "groups": 0, "update_s": 0.0}
@@ -244,18 +262,11 @@ class AsyncPPOTrainer(PPOTrainer):
 
     # ---- the rollout side ---------------------------------------------------------------------------
     def start_rollout(self) -> None:
-        from verl_npu.workers.rollout_side import RolloutSide
-
-        threads = torch.get_num_threads()
-        self.rollout = RolloutSide(
-            self.cfg,
-            TRANSFER_BACKEND,
-            threads,
-            self.device,
-            rollout_processes(self.cfg),
-            trainer_devices=int(self.cfg.trainer.n_gpus_per_node),
-            tp=rollout_tensor_parallel(self.cfg),
-        )
+        """The rollout side, ready, with this run's weights pushed (started here unless `start_rollout_side` started
+        it before the trainer's workers built their models)."""
+        if self.rollout is None:
+            self.rollout = start_rollout_side(self.cfg, self.device)
+        self.rollout.wait_ready()
         self.push_weights(self.global_step)
         dataset = self.train_loader.dataset
         for uid, row in self.reissue_on_start:  # a resumed run's untrained prompts, at the restored version

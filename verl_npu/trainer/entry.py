@@ -108,7 +108,7 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
     from verl_npu.models.loading import load_tokenizer_and_processor
     from verl_npu.rewards import RewardScorer, load_reward_fn
     from verl_npu.rewards.prime import ParallelRewardScorer, build_scorer
-    from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout, rollout_processes
+    from verl_npu.trainer.async_ppo import AsyncPPOTrainer, check_layout, rollout_processes, start_rollout_side
     from verl_npu.trainer.checkpoint import CheckpointManager
     from verl_npu.trainer.ppo import PPOTrainer
     from verl_npu.trainer.preempt import Preempted
@@ -216,15 +216,21 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
         tensorboard_dir=cfg.trainer.tensorboard_dir,
         run_config=_run_config(rc),
     )
-    workers = build_workers(rc, steps, device)
+    separate = cfg.trainer.v1.trainer_mode == "separate_async"
+    # the rollout processes start first: their start (imports, model, engine) overlaps the workers' model build
+    rollout_side = start_rollout_side(cfg, device, wait=False) if separate else None
+    try:
+        workers = build_workers(rc, steps, device)
+    except BaseException:
+        if rollout_side is not None:
+            rollout_side.close()
+        raise
     trainer = None
     try:
         info = workers.init_model()
         log.info("model: %s", info)
         trainer_class, extra = (
-            (AsyncPPOTrainer, {"device": device})
-            if cfg.trainer.v1.trainer_mode == "separate_async"
-            else (PPOTrainer, {})
+            (AsyncPPOTrainer, {"device": device, "rollout": rollout_side}) if separate else (PPOTrainer, {})
         )
         trainer = trainer_class(
             rc, workers, tokenizer, train_loader, val_loader, reward_scorer, tracker, checkpoints, steps, **extra
@@ -266,6 +272,8 @@ def _run_training_locked(rc: RecipeConfig, after_fit=None, device=None) -> int:
             cause = cause.__cause__
         raise
     finally:
+        if trainer is None and rollout_side is not None:  # the trainer (whose fit closes it) never started
+            rollout_side.close()
         tracker.close()
         workers.shutdown()
         reward_scorer.close()  # prime: its worker processes

@@ -58,7 +58,7 @@ from verl_npu.trainer.metrics import (
 )
 from verl_npu.trainer.profiling import StepProfiling
 from verl_npu.trainer.readable import quoted_sample, readable_text
-from verl_npu.trainer.tracking import CURVES_EVERY, ProgressBar, Tracker, dump_jsonl, plot_training_curves
+from verl_npu.trainer.tracking import CurveRedraws, ProgressBar, Tracker, dump_jsonl
 from verl_npu.trainer.verl_resume import is_verl_checkpoint, trainer_state_from_verl
 from verl_npu.workers.actor import OldLogProbs, needs_reference
 from verl_npu.workers.balance import balance_for_ranks
@@ -253,6 +253,7 @@ class PPOTrainer:
         profiling = StepProfiling(self.cfg, self.out_dir, self.workers)
         metrics: dict[str, float] = {}
         save_timing: dict[str, float] = {}  # reported in the row of the step after the save
+        curves = CurveRedraws()
         # a SIGTERM from here on lets the step in progress finish (verl_npu.trainer.preempt)
         preempt.set_phase("training")
         try:
@@ -275,8 +276,8 @@ class PPOTrainer:
                         with timed("save_checkpoint", save_timing):
                             self.save_checkpoint()
                     progress.update(self.global_step, metrics.get("critic/score/mean"))
-                    if self.global_step % CURVES_EVERY == 0 or is_last:
-                        plot_training_curves(
+                    if curves.due(self.global_step, is_last):
+                        curves.draw(
                             self.out_dir / "metrics.jsonl",
                             self.out_dir / "training_curves.png",
                             builtin_rewards=not self.cfg.custom_reward_function.path,

@@ -367,6 +367,27 @@ def curve_panels(rows: list[dict], builtin_rewards: bool = True) -> tuple[list, 
 
 #: steps between refreshes of training_curves.png (RL and SFT; drawing it costs more than a tiny model's step)
 CURVES_EVERY = 10
+#: the most of a run's time redrawing training_curves.png may take (a redraw is ~0.3 s on a CPU core)
+CURVES_SHARE = 0.05
+
+
+class CurveRedraws:
+    """When to redraw training_curves.png: at most every CURVES_EVERY steps and no more often than keeps the
+    drawing under CURVES_SHARE of the run's time (a tiny model's step is shorter than a redraw: on the CPU demos,
+    every 10 steps was ~10 % of the run, taken from the training core), and always at the last step."""
+
+    def __init__(self) -> None:
+        self.ready_at = 0.0  # perf_counter time from which the next redraw may start
+
+    def due(self, step: int, is_last: bool) -> bool:
+        return is_last or (step % CURVES_EVERY == 0 and time.perf_counter() >= self.ready_at)
+
+    def draw(self, *args, **kwargs) -> None:
+        """plot_training_curves(*args, **kwargs), timed: the next redraw waits cost / CURVES_SHARE."""
+        started = time.perf_counter()
+        plot_training_curves(*args, **kwargs)
+        ended = time.perf_counter()
+        self.ready_at = ended + (ended - started) / CURVES_SHARE
 
 
 def plot_training_curves(

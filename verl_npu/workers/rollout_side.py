@@ -55,7 +55,11 @@ class RolloutSide:
         processes: int = 1,
         trainer_devices: int = 1,
         tp: int = 1,
+        wait: bool = True,
     ):
+        """Start the rollout processes; with `wait` (the default), also `wait_ready`. A caller that has other
+        start-up work (the trainer's own model) passes wait=False and calls `wait_ready` after it: the processes'
+        start (imports, model, engine: minutes for a serving engine on accelerators) overlaps it."""
         ctx = torch.multiprocessing.get_context("spawn")
         engines = processes // tp  # engine e is processes e*tp .. e*tp+tp-1; its leader (the first) reads commands
         self.early: list = []  # replies read while looking for another one (snapshot): the trainer reads them first
@@ -104,12 +108,21 @@ class RolloutSide:
             transfer_backend,
             f" ({self.dist_backend})" if transfer_backend == "collective" else "",
         )
+        self._turn = 0
+        self.layout: dict = {}
+        self.devices: list[str] = []
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Join the weight transfer and wait until every rollout process has built its model (and says where)."""
+        if self.devices:
+            return
         self.sender.connect()
-        ready = sorted(self.next_reply(timeout_s=600.0)[1:] for _ in range(processes))
+        ready = sorted(self.next_reply(timeout_s=600.0)[1:] for _ in range(len(self.processes)))
         self.layout = ready[0][1]  # name -> (shape, dtype); every process builds the same model
         self.devices = [where for _, _, where in ready]  # where each process's model is, in process order
         log.info("separate_async: the rollout processes' models are on %s", self.devices)
-        self._turn = 0
 
     def send_all(self, *command: Any) -> None:
         data = _pack(command)
@@ -183,11 +196,14 @@ class RolloutSide:
         return [found[i] for i in range(len(self.processes))]
 
     def close(self) -> None:
-        alive = [p for p in self.processes if p.is_alive()]
-        if alive:
+        """Stop the processes: asked to (they finish the command in hand), or killed when they never became ready
+        (they wait in the weight transfer's rendezvous, reading no command) or do not stop within 30 s."""
+        ready = bool(self.devices)
+        if ready and any(p.is_alive() for p in self.processes):
             self.send_all("stop")
         for process in self.processes:
-            process.join(timeout=30)
+            if ready:
+                process.join(timeout=30)
             if process.is_alive():
                 process.kill()
                 process.join(timeout=5)

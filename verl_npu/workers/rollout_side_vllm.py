@@ -14,6 +14,12 @@ handled, so a part's first tokens come from the version it was issued at (the st
 a `weights` command that finds requests in flight interrupts them, loads the new version and resumes them on it
 (`verl_npu.rollout.vllm_partial`: partial rollout, each token's version recorded). Only the leader replies
 with generated groups; every rank replies to `weights` and `snapshot`.
+
+Multi-turn (`rollout.multi_turn.enable`): a part is the agent loop over its prompts (tools, interactions), its
+model turns stepped by `PartialTurns`; parts then run one after another, and between two engine steps of a part
+the commands that arrived are handled: a `weights` command interrupts the turns in flight and resumes them on the
+new version, as above; a `generate` (and whatever was sent after it) waits for the part to finish, so that every
+part still starts on the version it was issued at.
 """
 
 from __future__ import annotations
@@ -63,67 +69,154 @@ def build_vllm_engine(cfg, module, tokenizer, processor, device, tp_rank: int, t
     )
     engine.wake_up()
     engine.free_cache_engine = False
+    loop = getattr(engine, "agent_loop", None)
+    if loop is not None:  # multi-turn: the agent loop's turns stepped, so a weight update can arrive mid-turn
+        from verl_npu.rollout.vllm_partial import PartialTurns
+
+        loop.turns = PartialTurns(engine, cfg.actor_rollout_ref.rollout.multi_turn.tp_round_timeout_s)
     return engine
+
+
+class _Stop(Exception):
+    """The trainer said `stop` while a multi-turn part was in flight."""
 
 
 def serve_partial(index: int, tp_rank: int, group, module, engine, receiver, commands, replies, pack, unpack) -> None:
     """Answer the trainer's commands until `stop` (see the module's docstring). `index` names this process in
     replies; `commands` is None on a rank other than the engine's leader."""
-    import torch.distributed as dist
+    try:
+        _PartialServer(index, tp_rank, group, module, engine, receiver, commands, replies, pack, unpack).serve()
+    except _Stop:
+        return
 
-    from verl_npu.rollout.vllm_partial import PartialRollouts
-    from verl_npu.workers.weight_transfer import weights_digest
 
-    partial = PartialRollouts(engine)
-    version, idle, busy = -1, 0.0, 0.0
-    while True:
-        waited = time.perf_counter()
+class _PartialServer:
+    """One rollout process of a vLLM engine (the module's docstring): single-turn parts are stepped side by side
+    (`PartialRollouts`); a multi-turn part (the agent loop over `PartialTurns`) runs one at a time, the commands
+    that arrive meanwhile handled between its engine steps: a weight update mid-part interrupts and resumes its
+    requests; a later part (and everything sent after it) waits for this one to finish, so that each part starts
+    on the version it was issued at."""
+
+    def __init__(self, index, tp_rank, group, module, engine, receiver, commands, replies, pack, unpack):
+        from verl_npu.rollout.vllm_partial import PartialRollouts, PartialTurns
+
+        self.index, self.tp_rank, self.group = index, tp_rank, group
+        self.module, self.engine, self.receiver = module, engine, receiver
+        self.commands, self.replies, self.pack, self.unpack = commands, replies, pack, unpack
+        self.partial = PartialRollouts(engine)
+        loop = getattr(engine, "agent_loop", None)
+        self.turns = loop.turns if loop is not None and isinstance(loop.turns, PartialTurns) else None
+        if self.turns is not None:
+            self.turns.between_steps = self._between_steps
+        self.version, self.idle, self.busy = -1, 0.0, 0.0
+        self.deferred: list = []  # commands read during a multi-turn part, taken after it (in order)
+
+    def _next(self, block: bool):
+        """The next command (its data, or None): a deferred one, else the leader's read (waiting at most
+        POLL_S when `block`), broadcast so that every rank of the engine handles it at the same step."""
+        if self.deferred:
+            return self.deferred.pop(0)
         data = None
-        if commands is not None:
+        if self.commands is not None:
             try:
-                data = commands.get_nowait() if partial.busy else commands.get(timeout=POLL_S)
+                data = self.commands.get(timeout=POLL_S) if block else self.commands.get_nowait()
             except queue.Empty:
                 pass
-        if group is not None:  # every rank of the engine handles the leader's command at the same step
+        if self.group is not None:
+            import torch.distributed as dist
+
             shared = [data]
-            dist.broadcast_object_list(shared, src=0, group=group)
+            dist.broadcast_object_list(shared, src=0, group=self.group)
             data = shared[0]
-        if not partial.busy:
-            idle += time.perf_counter() - waited
-        started = time.perf_counter()
-        command = unpack(data) if data is not None else ("none",)
-        kind = command[0]
-        if kind == "stop":
+        return data
+
+    def serve(self) -> None:
+        partial = self.partial
+        while True:
+            waited = time.perf_counter()
+            data = self._next(block=not partial.busy)
+            if not partial.busy:
+                self.idle += time.perf_counter() - waited
+            command = self.unpack(data) if data is not None else ("none",)
+            kind = command[0]
+            if kind == "stop":
+                return
+            if kind in ("snapshot", "weights"):
+                self._answer(command)
+            elif kind == "generate" and self.turns is not None:
+                self._multi_turn_part(*command[1:])
+            elif kind == "generate":
+                _, issue_id, prompts, sampling = command
+                partial.add(issue_id, prompts, sampling)
+            if partial.busy:
+                stepped = time.perf_counter()
+                done = partial.step(self.version)
+                self.busy += time.perf_counter() - stepped
+                for issue_id, rows in done:
+                    self._reply_groups(issue_id, rows, partial.interrupted)
+
+    def _answer(self, command: tuple) -> None:
+        """A `snapshot` or a `weights` command (the latter interrupting and resuming what is in flight)."""
+        from verl_npu.workers.weight_transfer import weights_digest
+
+        if command[0] == "snapshot":
+            tensors = {n: p.detach().cpu().clone() for n, p in self.module.named_parameters()}
+            tensors.update({ENGINE_PREFIX + n: t for n, t in engine_parameters(self.engine).items()})
+            self.replies.put(self.pack(("snapshot", self.index, tensors)))
             return
-        if kind == "snapshot":
-            tensors = {n: p.detach().cpu().clone() for n, p in module.named_parameters()}
-            tensors.update({ENGINE_PREFIX + n: t for n, t in engine_parameters(engine).items()})
-            replies.put(pack(("snapshot", index, tensors)))
-        elif kind == "weights":
-            version = int(command[1])
-            partial.interrupt()
-            stats = receiver.receive(version, module)
-            engine.update_weights(list(module.state_dict().items()))
-            partial.resume()
-            busy += time.perf_counter() - started
-            replies.put(pack(("weights", index, version, stats, weights_digest(module.named_parameters()))))
-        elif kind == "generate":
-            _, issue_id, prompts, sampling = command
-            partial.add(issue_id, prompts, sampling)
-        if partial.busy:
-            stepped = time.perf_counter()
-            done = partial.step(version)
-            busy += time.perf_counter() - stepped
-            for issue_id, rows in done:
-                if tp_rank == 0:
-                    stats = {
-                        "gen_seconds": busy,
-                        "idle_seconds": idle,
-                        "busy_seconds": busy,
-                        "interrupted_requests": partial.interrupted,
-                    }
-                    replies.put(pack(("groups", index, issue_id, version, rows, stats)))
-                idle = busy = 0.0
+        started = time.perf_counter()
+        version = int(command[1])
+        stats: dict = {}
+
+        def load() -> None:
+            stats.update(self.receiver.receive(version, self.module))
+            self.engine.update_weights(list(self.module.state_dict().items()))
+
+        if self.turns is not None:
+            self.turns.load_weights(version, load)
+        self.partial.interrupt()
+        if self.turns is None:
+            load()
+        self.partial.resume()
+        self.version = version
+        self.busy += time.perf_counter() - started
+        digest = weights_digest(self.module.named_parameters())
+        self.replies.put(self.pack(("weights", self.index, version, stats, digest)))
+
+    def _between_steps(self) -> None:
+        """Before each engine step of a multi-turn part: the commands that arrived, up to the first that must
+        wait for the part (a `generate`), handled now; a `stop` ends the process."""
+        if self.deferred:
+            return
+        data = self._next(block=False)
+        if data is None:
+            return
+        command = self.unpack(data)
+        if command[0] == "stop":
+            raise _Stop
+        if command[0] in ("snapshot", "weights"):
+            self._answer(command)
+        else:
+            self.deferred.append(data)
+
+    def _multi_turn_part(self, issue_id: str, prompts, sampling) -> None:
+        started = time.perf_counter()
+        before = self.turns.requests.interrupted
+        self.turns.version, self.turns.stepped = self.version, False
+        rows = self.engine.generate(prompts, sampling)
+        self.busy += time.perf_counter() - started
+        self._reply_groups(issue_id, rows, self.turns.requests.interrupted - before)
+
+    def _reply_groups(self, issue_id: str, rows, interrupted: int) -> None:
+        if self.tp_rank == 0:
+            stats = {
+                "gen_seconds": self.busy,
+                "idle_seconds": self.idle,
+                "busy_seconds": self.busy,
+                "interrupted_requests": interrupted,
+            }
+            self.replies.put(self.pack(("groups", self.index, issue_id, self.version, rows, stats)))
+        self.idle = self.busy = 0.0
 
 
 def engine_parameters(engine) -> dict[str, torch.Tensor]:
