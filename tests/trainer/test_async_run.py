@@ -18,7 +18,6 @@ Each run starts a rollout process (a fresh Python importing torch and transforme
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -27,11 +26,11 @@ import time
 
 import pytest
 import torch
+from async_helpers import resumed_once, stopped_at, versions_of
 from run_helpers import REPO, step_metrics, text_data, text_run_overrides, wait_for_checkpoint
 
 from verl_npu.config import load_recipe
 from verl_npu.trainer import async_ppo
-from verl_npu.trainer.checkpoint import load_torch
 from verl_npu.trainer.entry import run_training
 from verl_npu.workers.rollout_side import RolloutSideDied
 
@@ -70,10 +69,6 @@ def _run(tmp_path, name, k=None, **extra) -> dict:
     return weights
 
 
-def _versions(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "async" / "versions.jsonl").read_text().splitlines()]
-
-
 class Checked(list):
     """The versions whose transfer was checked, and how many rollout processes each check compared."""
 
@@ -102,7 +97,7 @@ def transfers_checked(monkeypatch):
 
 
 def _exact_staleness(out, k):
-    records = _versions(out)
+    records = versions_of(out)
     assert sorted(r["step"] for r in records) == sorted(s for s in range(1, STEPS + 1) for _ in range(4))
     assert sorted(r["uid"] for r in records) == sorted(f"{s}-{i}" for s in range(1, STEPS + 1) for i in range(4))
     for r in records:
@@ -131,6 +126,28 @@ def test_offset_0_equals_sync_bit_for_bit(tmp_path, transfers_checked):
     _exact_staleness(tmp_path / "async0", 0)
 
 
+def test_a_complete_run_started_again_stops_its_early_rollout_processes(tmp_path, monkeypatch):
+    """The rollout processes start before the trainer's workers build their models (their start overlaps); a run
+    that then has nothing to train (already complete) stops them without waiting for them to become ready (they
+    wait in the weight transfer's rendezvous and read no command) and writes no row."""
+    done = {"trainer.total_training_steps": 2, "trainer.save_freq": 2}
+    _run(tmp_path, "done", k=1, **done)
+    rows = (tmp_path / "done" / "metrics.jsonl").read_text()
+    started = []
+    start = async_ppo.start_rollout_side
+
+    def start_and_keep(cfg, device, wait=True):
+        started.append(start(cfg, device, wait=wait))
+        return started[-1]
+
+    monkeypatch.setattr(async_ppo, "start_rollout_side", start_and_keep)
+    rc = load_recipe("tiny_gsm8k", _overrides(tmp_path, "done", 1, **done))
+    assert run_training(rc) == 0
+    (side,) = started
+    assert side.devices == [] and not any(p.is_alive() for p in side.processes)
+    assert (tmp_path / "done" / "metrics.jsonl").read_text() == rows
+
+
 def test_threshold_2_trains_every_group_exactly_2_versions_after_it_was_generated(
     tmp_path, monkeypatch, transfers_checked
 ):
@@ -152,28 +169,6 @@ def test_threshold_2_trains_every_group_exactly_2_versions_after_it_was_generate
     assert "rollout_corr/rollout_is_mean" in rows[STEPS]
     assert transfers_checked == list(range(STEPS)) and transfers_checked.processes == {2}
     assert all(rows[s]["rollouter/generated_groups"] > 0 for s in rows)
-
-
-def _stopped_at(out) -> tuple[int, list[str]]:
-    """The newest checkpoint of a stopped one-step-off run and the uids it holds as issued and untrained: the next
-    batch (read before the rerun, which removes old checkpoints)."""
-    last = int((out / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
-    state = load_torch(out / "checkpoints" / f"global_step_{last}" / async_ppo.ASYNC_STATE_FILE)
-    reissued = [uid for uid, _ in state["untrained"]]
-    assert reissued == [f"{last + 1}-{i}" for i in range(4)] and state["issued_batches"] == last + 1
-    assert [row for _, row in state["untrained"]] == list(range(4 * last, 4 * last + 4))  # data.shuffle=false
-    return last, reissued
-
-
-def _resumed_once(out, steps, last, reissued) -> None:
-    """After the rerun: the prompts the checkpoint held were reissued at the restored version, and each of the
-    epoch's 4 x `steps` prompts was trained exactly once, every other group one version before the one it updates."""
-    records = _versions(out)
-    assert sorted(r["uid"] for r in records) == sorted(f"{s}-{i}" for s in range(1, steps + 1) for i in range(4))
-    for r in records:
-        expected = last if r["uid"] in reissued else max(0, r["step"] - 2)
-        assert r["generation_version"] == expected and r["uid"].split("-")[0] == str(r["step"]), r
-    assert sorted(step_metrics(out)) == list(range(1, steps + 1))
 
 
 def test_one_step_off_after_a_killed_rollout_process_resumes_and_trains_every_prompt_once(
@@ -198,12 +193,12 @@ def test_one_step_off_after_a_killed_rollout_process_resumes_and_trains_every_pr
     with pytest.raises(RolloutSideDied, match=r"rollout process 1 \(pid \d+\) exited with code -9"):
         run_training(rc)
     out = tmp_path / "resumed"
-    last, reissued = _stopped_at(out)
+    last, reissued = stopped_at(out)
     assert last in (2, 3)
-    assert sorted(r["step"] for r in _versions(out)) == sorted(s for s in range(1, last + 1) for _ in range(4))
+    assert sorted(r["step"] for r in versions_of(out)) == sorted(s for s in range(1, last + 1) for _ in range(4))
     monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", step)
     assert run_training(rc) == 0
-    _resumed_once(out, STEPS, last, reissued)
+    resumed_once(out, STEPS, last, reissued)
     assert transfers_checked[-(STEPS - last) :] == list(range(last, STEPS))  # the rerun pushes version `last` first
     assert transfers_checked.processes == {2}
 
@@ -246,7 +241,7 @@ def test_a_trainer_killed_by_sigkill_takes_its_rollout_process_along_and_the_rer
     while any(map(_running, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(_running, pids)), f"rollout process {pids} still running 5 s after its trainer was killed"
-    last, reissued = _stopped_at(out)
+    last, reissued = stopped_at(out)
     assert 2 <= last < steps
     assert run_training(load_recipe("tiny_gsm8k", args)) == 0
-    _resumed_once(out, steps, last, reissued)
+    resumed_once(out, steps, last, reissued)

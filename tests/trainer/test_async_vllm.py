@@ -11,23 +11,29 @@ These run in CI's vLLM venv (tests/vllm_cpu.sh) and are skipped where vLLM does 
   rank, the received weights equal the trainer's tensor by tensor, and the engine's own parameters that vllm-cpu
   keeps readable (embedding rows of this rank's vocabulary shard, norms, attention biases; its linear weights are
   repacked for oneDNN and read as empty) equal the trainer's slices for that rank; every uid is trained once, and
-  the spans / staleness metrics agree with the per-group records.
+  the spans / staleness metrics agree with the per-group records;
+- a one-step-off run on a TP 2 engine one of whose ranks is killed (SIGKILL) in step 3 stops naming it, and the
+  rerun trains every prompt of the epoch exactly once.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 import torch
 
 pytest.importorskip("vllm")
 
+from async_helpers import resumed_once, stopped_at  # noqa: E402
 from run_helpers import run_overrides, step_metrics, text_data, write_varied_reward  # noqa: E402
 
 from verl_npu.config import load_recipe  # noqa: E402
 from verl_npu.trainer import async_ppo  # noqa: E402
 from verl_npu.trainer.entry import run_training  # noqa: E402
+from verl_npu.workers.rollout_side import RolloutSideDied  # noqa: E402
 from verl_npu.workers.rollout_side_vllm import ENGINE_PREFIX  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -239,3 +245,32 @@ def test_a_transfer_mid_generation_continues_requests_on_the_new_weights(tmp_pat
         assert float((behaviour - lp).abs()[mine].max()) < 1e-3, version  # each token: its own version's log-prob
         gap[version] = float((behaviour - lp).abs()[(versions == 1 - version) & mask].max())
     assert min(gap.values()) > 0.1, gap  # the other version's log-probs differ: the check can fail
+
+
+def test_a_killed_tp_rank_stops_the_run_and_the_rerun_trains_every_prompt_once(tmp_path, tiny_cache, monkeypatch):
+    """One-step-off on a TP 2 engine, a checkpoint every step: the engine's TP rank 1 (rollout process 1) is killed
+    by SIGKILL in step 3. The run stops with an error naming it; the rerun starts a fresh engine, resumes from the
+    last complete checkpoint, reissues the prompts that checkpoint holds as issued and untrained at the restored
+    version, and trains every prompt of the epoch exactly once."""
+    steps = 5
+    step = async_ppo.AsyncPPOTrainer.train_step
+
+    def kill_rank_1_in_step_3(self, prompts):
+        if self.global_step == 3:
+            os.kill(self.rollout.processes[1].pid, signal.SIGKILL)
+            self.rollout.processes[1].join(timeout=60)
+        return step(self, prompts)
+
+    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", kill_rank_1_in_step_3)
+    out = tmp_path / "run"
+    data = text_data(tmp_path / "data", rows=4 * steps)
+    rc = load_recipe(
+        "tiny_gsm8k", _overrides(out, data, 2, **{"trainer.total_training_steps": steps, "trainer.save_freq": 1})
+    )
+    with pytest.raises(RolloutSideDied, match=r"rollout process 1 \(pid \d+\) exited with code -9"):
+        run_training(rc)
+    last, reissued = stopped_at(out)
+    assert last in (2, 3)
+    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", step)
+    assert run_training(rc) == 0
+    resumed_once(out, steps, last, reissued)
