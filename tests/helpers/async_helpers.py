@@ -36,3 +36,76 @@ def resumed_once(out, steps, last, reissued) -> None:
         expected = last if r["uid"] in reissued else max(0, r["step"] - 2)
         assert r["generation_version"] == expected and r["uid"].split("-")[0] == str(r["step"]), r
     assert sorted(step_metrics(out)) == list(range(1, steps + 1))
+
+
+def transfer_mid_part(cfg, model_path, prompts, params):
+    """A rollout side of one process (one engine) built from the typed config `cfg`: version 0 (the weights at
+    `model_path`) is pushed, `prompts` (their `uid`s name the part) are issued with `params`, and version 1, far from
+    version 0, is pushed right behind the part, so that it arrives while the part is in flight. Checks both
+    versions' digests as the rollout side reports them; returns (the part's rows, the model, {version: weights})."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl_npu.device import DeviceInfo
+    from verl_npu.workers.rollout_side import RolloutSide
+    from verl_npu.workers.weight_transfer import weights_digest
+
+    side = RolloutSide(cfg, "collective", 1, DeviceInfo("cpu"))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        v0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+        side.send_all("weights", 0)
+        side.sender.send(0, v0)
+        uids = list(prompts["uid"])
+        side.generate(uids, prompts, params)
+        torch.manual_seed(0)
+        v1 = {n: t + 0.3 * torch.randn_like(t) for n, t in v0.items()}  # far from v0: its tokens differ clearly
+        side.send_all("weights", 1)  # queued right behind the part: taken after the part's first engine step
+        side.sender.send(1, v1)
+        digests, rows = {}, None
+        while rows is None or len(digests) < 2:
+            reply = side.next_reply(timeout_s=300)
+            if reply[0] == "weights":
+                digests[reply[2]] = reply[4]
+            elif reply[0] == "groups":
+                rows = reply[4]
+        assert digests == {0: weights_digest(v0.items()), 1: weights_digest(v1.items())}
+    finally:
+        side.close()
+    return rows, model, {0: v0, 1: v1}
+
+
+def assert_each_token_is_its_versions(rows, model, weights: dict) -> None:
+    """Each model token's behaviour log-prob (`rollout_log_probs`) is transformers' log-prob of it, over its whole
+    context, under the weights of the version that sampled it (`rollout_versions`), to 1e-3; under the other
+    version's weights it differs by more than 0.1 somewhere (so the check can fail)."""
+    import torch
+
+    from verl_npu.models.forward import response_log_probs
+
+    versions, mask = rows["rollout_versions"], rows["response_mask"].bool()
+    width = versions.shape[1]
+    behaviour = rows["rollout_log_probs"]
+    gap = {}
+    for version, state in weights.items():
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(state[name])
+            lp, _ = response_log_probs(model, rows["input_ids"], rows["attention_mask"], width)
+        mine = (versions == version) & mask
+        assert float((behaviour - lp).abs()[mine].max()) < 1e-3, version  # each token: its own version's log-prob
+        gap[version] = float((behaviour - lp).abs()[(versions != version) & mask].max())
+    assert min(gap.values()) > 0.1, gap
+
+
+def one_step_off(rollout_processes: int = 1) -> dict:
+    """The overrides of a one-step-off run (k=1, a weight push after every one-mini-batch step, decoupled PPO) with
+    `rollout_processes` rollout processes."""
+    return {
+        "trainer.v1.trainer_mode": "separate_async",
+        "actor_rollout_ref.rollout.nnodes": 1,
+        "actor_rollout_ref.rollout.n_gpus_per_node": rollout_processes,
+        "trainer.v1.separate_async.parameter_sync_step": 1,
+        "trainer.v1.sampler.max_off_policy_threshold": 1,
+        "algorithm.rollout_correction.rollout_is": "token",
+    }

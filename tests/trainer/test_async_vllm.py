@@ -27,7 +27,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from async_helpers import resumed_once, stopped_at  # noqa: E402
+from async_helpers import assert_each_token_is_its_versions, one_step_off, resumed_once, stopped_at, transfer_mid_part  # noqa: E402
 from run_helpers import run_overrides, step_metrics, text_data, write_varied_reward  # noqa: E402
 
 from verl_npu.config import load_recipe  # noqa: E402
@@ -66,12 +66,7 @@ def _overrides(out, data, tp: int, response_length: int = 8, **extra) -> list[st
             "actor_rollout_ref.rollout.enable_chunked_prefill": "true",
             "actor_rollout_ref.rollout.max_num_batched_tokens": 16 * (32 + response_length),
             "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 32 << 20,
-            "trainer.v1.trainer_mode": "separate_async",
-            "actor_rollout_ref.rollout.nnodes": 1,
-            "actor_rollout_ref.rollout.n_gpus_per_node": tp,
-            "trainer.v1.separate_async.parameter_sync_step": 1,
-            "trainer.v1.sampler.max_off_policy_threshold": 1,
-            "algorithm.rollout_correction.rollout_is": "token",
+            **one_step_off(tp),
             "trainer.total_training_steps": STEPS,
             "trainer.save_freq": -1,
             "trainer.test_freq": -1,
@@ -187,64 +182,29 @@ def test_one_step_off_with_a_vllm_rollout_side(tmp_path, tiny_cache, transfers_c
 
 
 def test_a_transfer_mid_generation_continues_requests_on_the_new_weights(tmp_path, tiny_cache, tiny_lm_path):
-    from transformers import AutoModelForCausalLM
-
     from verl_npu.batch import Batch
-    from verl_npu.device import DeviceInfo
-    from verl_npu.models.forward import response_log_probs
     from verl_npu.rollout.base import SamplingParams
-    from verl_npu.workers.rollout_side import RolloutSide
-    from verl_npu.workers.weight_transfer import weights_digest
 
     width = 48
     rc = load_recipe("tiny_gsm8k", _overrides(tmp_path / "out", text_data(tmp_path / "data"), 1, width))
-    side = RolloutSide(rc.typed, "collective", 1, DeviceInfo("cpu"))
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(tiny_lm_path), dtype=torch.float32)
-        v0 = {n: p.detach().clone() for n, p in model.named_parameters()}
-        side.send_all("weights", 0)
-        side.sender.send(0, v0)
-        prompt_ids = [[5, 6, 7, 8, 9], [17, 18, 19]]
-        pad = max(map(len, prompt_ids))
-        prompts = Batch(
-            {
-                "input_ids": torch.tensor([[0] * (pad - len(p)) + p for p in prompt_ids]),
-                "attention_mask": torch.tensor([[0] * (pad - len(p)) + [1] * len(p) for p in prompt_ids]),
-            },
-            {"raw_prompt_ids": prompt_ids, "uid": ["a", "b"]},
-        )
-        side.generate(["a", "b"], prompts, SamplingParams(n=2, max_new_tokens=width, ignore_eos=True))
-        torch.manual_seed(0)
-        v1 = {n: t + 0.3 * torch.randn_like(t) for n, t in v0.items()}  # far from v0: its tokens differ clearly
-        side.send_all("weights", 1)  # queued right behind the part: it arrives after the first engine step
-        side.sender.send(1, v1)
-        digests, rows = {}, None
-        while rows is None or len(digests) < 2:
-            reply = side.next_reply(timeout_s=300)
-            if reply[0] == "weights":
-                digests[reply[2]] = reply[4]
-            elif reply[0] == "groups":
-                rows = reply[4]
-        assert digests == {0: weights_digest(v0.items()), 1: weights_digest(v1.items())}
-    finally:
-        side.close()
+    prompt_ids = [[5, 6, 7, 8, 9], [17, 18, 19]]
+    pad = max(map(len, prompt_ids))
+    prompts = Batch(
+        {
+            "input_ids": torch.tensor([[0] * (pad - len(p)) + p for p in prompt_ids]),
+            "attention_mask": torch.tensor([[0] * (pad - len(p)) + [1] * len(p) for p in prompt_ids]),
+        },
+        {"raw_prompt_ids": prompt_ids, "uid": ["a", "b"]},
+    )
+    params = SamplingParams(n=2, max_new_tokens=width, ignore_eos=True)
+    rows, model, weights = transfer_mid_part(rc.typed, tiny_lm_path, prompts, params)
     versions = rows["rollout_versions"]
     mask = rows["response_mask"].bool()
     assert bool((versions[:, 0] == 0).all()), versions  # first tokens: the version the part was issued at
     assert all({0, 1} <= set(row[m].tolist()) for row, m in zip(versions, mask)), versions  # spans 2, every row
     assert bool((versions[mask] >= 0).all()) and bool((versions[~mask] == -1).all())
     assert bool((versions[:, 1:] >= versions[:, :-1]).where(mask[:, 1:], torch.tensor(True)).all())
-    behaviour = rows["rollout_log_probs"]
-    gap = {}
-    for version, weights in ((0, v0), (1, v1)):
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(weights[name])
-            lp, _ = response_log_probs(model, rows["input_ids"], rows["attention_mask"], width)
-        mine = (versions == version) & mask
-        assert float((behaviour - lp).abs()[mine].max()) < 1e-3, version  # each token: its own version's log-prob
-        gap[version] = float((behaviour - lp).abs()[(versions == 1 - version) & mask].max())
-    assert min(gap.values()) > 0.1, gap  # the other version's log-probs differ: the check can fail
+    assert_each_token_is_its_versions(rows, model, weights)
 
 
 def test_a_killed_tp_rank_stops_the_run_and_the_rerun_trains_every_prompt_once(tmp_path, tiny_cache, monkeypatch):

@@ -22,6 +22,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from async_helpers import assert_each_token_is_its_versions, one_step_off, transfer_mid_part  # noqa: E402
 from run_helpers import run_overrides, step_metrics, write_varied_reward  # noqa: E402
 
 from verl_npu.config import load_recipe  # noqa: E402
@@ -98,12 +99,7 @@ def _overrides(out, data, interactions, tp: int, **extra) -> list[str]:
             "actor_rollout_ref.rollout.max_num_batched_tokens": seqs * (PROMPT + RESPONSE),
             "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes": 64 << 20,
             "actor_rollout_ref.rollout.multi_turn.interaction_config_path": interactions,
-            "trainer.v1.trainer_mode": "separate_async",
-            "actor_rollout_ref.rollout.nnodes": 1,
-            "actor_rollout_ref.rollout.n_gpus_per_node": tp,
-            "trainer.v1.separate_async.parameter_sync_step": 1,
-            "trainer.v1.sampler.max_off_policy_threshold": 1,
-            "algorithm.rollout_correction.rollout_is": "token",
+            **one_step_off(tp),
             "trainer.save_freq": -1,
             "trainer.test_freq": -1,
             "trainer.rollout_data_dir": "null",
@@ -130,61 +126,23 @@ def _prompts(rc, uids: list[str]):
 
 
 def test_a_transfer_mid_turn_continues_the_agent_loop_on_the_new_weights(tmp_path, tiny_cache, tiny_lm_path):
-    from transformers import AutoModelForCausalLM
-
-    from verl_npu.device import DeviceInfo
-    from verl_npu.models.forward import response_log_probs
     from verl_npu.rollout.base import SamplingParams
-    from verl_npu.workers.rollout_side import RolloutSide
-    from verl_npu.workers.weight_transfer import weights_digest
 
     data, interactions = interaction_data(tmp_path / "data", 4)
     overrides = _overrides(tmp_path / "out", data, interactions, 1, **{"trainer.total_training_steps": 1})
     rc = load_recipe("tiny_tool_gsm8k", overrides)
-    prompts = _prompts(rc, ["a", "b"])
     params = SamplingParams.for_training(rc.typed.actor_rollout_ref.rollout)
-    side = RolloutSide(rc.typed, "collective", 1, DeviceInfo("cpu"))
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(tiny_lm_path), dtype=torch.float32)
-        v0 = {n: p.detach().clone() for n, p in model.named_parameters()}
-        side.send_all("weights", 0)
-        side.sender.send(0, v0)
-        side.generate(["a", "b"], prompts, params)
-        torch.manual_seed(0)
-        v1 = {n: t + 0.3 * torch.randn_like(t) for n, t in v0.items()}  # far from v0: its tokens differ clearly
-        side.send_all("weights", 1)  # queued right behind the part: taken after the part's first engine step
-        side.sender.send(1, v1)
-        digests, rows = {}, None
-        while rows is None or len(digests) < 2:
-            reply = side.next_reply(timeout_s=300)
-            if reply[0] == "weights":
-                digests[reply[2]] = reply[4]
-            elif reply[0] == "groups":
-                rows = reply[4]
-        assert digests == {0: weights_digest(v0.items()), 1: weights_digest(v1.items())}
-    finally:
-        side.close()
+    rows, model, weights = transfer_mid_part(rc.typed, tiny_lm_path, _prompts(rc, ["a", "b"]), params)
     assert min(rows["__num_turns__"]) >= 4  # model, user, model, user, model: the part spans several turns
     versions, mask = rows["rollout_versions"], rows["response_mask"].bool()
-    width = versions.shape[1]
-    filled = rows["attention_mask"][:, -width:].bool()
+    filled = rows["attention_mask"][:, -versions.shape[1] :].bool()
     assert bool((versions[mask] >= 0).all()) and bool((versions[~mask] == -1).all())  # user turns: no version
     assert bool((filled & ~mask).any())  # ... and there are user turns in the responses
     for row, m in zip(versions, mask):
         mine = row[m].tolist()
         assert mine[0] == 0 and {0, 1} <= set(mine), mine  # first tokens: the issue version; then the new one
         assert mine == sorted(mine), mine
-    behaviour = rows["rollout_log_probs"]
-    gap = {}
-    for version, weights in ((0, v0), (1, v1)):
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(weights[name])
-            lp, _ = response_log_probs(model, rows["input_ids"], rows["attention_mask"], width)
-        mine = (versions == version) & mask
-        assert float((behaviour - lp).abs()[mine].max()) < 1e-3, version  # each token: its own version's log-prob
-        gap[version] = float((behaviour - lp).abs()[(versions == 1 - version) & mask].max())
-    assert min(gap.values()) > 0.1, gap  # the other version's log-probs differ: the check can fail
+    assert_each_token_is_its_versions(rows, model, weights)
 
 
 def test_one_step_off_multi_turn_on_a_tp2_engine_with_two_trainer_workers(tmp_path, tiny_cache, monkeypatch):
