@@ -109,3 +109,16 @@ def one_step_off(rollout_processes: int = 1) -> dict:
         "trainer.v1.sampler.max_off_policy_threshold": 1,
         "algorithm.rollout_correction.rollout_is": "token",
     }
+
+
+def async_mode(k: int | None) -> dict:
+    """The overrides of a separate_async run with staleness bound `k` (one rollout process, a weight push after
+    every one-mini-batch step); none for k=None (the sync run it is compared with)."""
+    if k is None:
+        return {}
+    return {
+        "trainer.v1.trainer_mode": "separate_async",
+        "actor_rollout_ref.rollout.nnodes": 1,
+        "trainer.v1.separate_async.parameter_sync_step": 1,
+        "trainer.v1.sampler.max_off_policy_threshold": k,
+    }

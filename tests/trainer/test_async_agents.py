@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 import torch
+from async_helpers import async_mode
 from run_helpers import REPO, run_overrides, step_metrics, write_varied_reward
 
 from verl_npu.config import load_recipe
@@ -52,16 +53,7 @@ def _data(folder):
 
 
 def _overrides(tmp_path, data, name, k=None):
-    mode = (
-        {}
-        if k is None
-        else {
-            "trainer.v1.trainer_mode": "separate_async",
-            "actor_rollout_ref.rollout.nnodes": 1,
-            "trainer.v1.separate_async.parameter_sync_step": 1,
-            "trainer.v1.sampler.max_off_policy_threshold": k,
-        }
-    )
+    mode = async_mode(k)
     return run_overrides(
         tmp_path / name,
         data,

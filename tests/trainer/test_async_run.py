@@ -26,7 +26,7 @@ import time
 
 import pytest
 import torch
-from async_helpers import resumed_once, stopped_at, versions_of
+from async_helpers import async_mode, resumed_once, stopped_at, versions_of
 from run_helpers import REPO, step_metrics, text_data, text_run_overrides, wait_for_checkpoint
 
 from verl_npu.config import load_recipe
@@ -39,16 +39,7 @@ STEPS = 10
 
 def _overrides(tmp_path, name, k=None, rows=4 * STEPS, **extra):
     data = text_data(tmp_path / "data", rows=rows)
-    mode = (
-        {}
-        if k is None
-        else {
-            "trainer.v1.trainer_mode": "separate_async",
-            "actor_rollout_ref.rollout.nnodes": 1,
-            "trainer.v1.separate_async.parameter_sync_step": 1,
-            "trainer.v1.sampler.max_off_policy_threshold": k,
-        }
-    )
+    mode = async_mode(k)
     return text_run_overrides(
         tmp_path / name,
         data,
