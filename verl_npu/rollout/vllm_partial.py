@@ -69,7 +69,7 @@ class SteppedRequests:
         self.paused: list[_Request] = []
         self.interrupted = 0  # requests aborted at a weight update and resumed (for stats)
 
-    def _submit(self, request: _Request) -> None:
+    def submit(self, request: _Request) -> None:
         left = request.budget - len(request.ids)
         if left <= 0:
             request.done = True
@@ -81,7 +81,7 @@ class SteppedRequests:
         self.llm_engine.add_request(request_id, prompt, params)
         self.live[request_id] = request
 
-    def _step_requests(self, version: int) -> None:
+    def step_requests(self, version: int) -> None:
         """One engine step with the weights of `version`: each live request's new tokens, their log-probs and
         version."""
         for output in self.llm_engine.step():
@@ -111,7 +111,7 @@ class SteppedRequests:
         """Submit the interrupted requests again, each continuing after the tokens it already has."""
         paused, self.paused = self.paused, []
         for request in paused:
-            self._submit(request)
+            self.submit(request)
 
 
 class PartialRollouts(SteppedRequests):
@@ -142,12 +142,12 @@ class PartialRollouts(SteppedRequests):
                 requests.append(_Request(f"{issue_id}|{i}|{j}", dict(prompt), seeded, budget))
         self.parts[issue_id] = _Part(prompts, params, repeat, requests)
         for request in requests:
-            self._submit(request)
+            self.submit(request)
 
     def step(self, version: int) -> list[tuple[str, Batch]]:
         """One engine step with the weights of `version`; returns the parts it completed, (issue id, rows) in
         issue order."""
-        self._step_requests(version)
+        self.step_requests(version)
         finished = [issue_id for issue_id, part in self.parts.items() if all(r.done for r in part.requests)]
         return [(issue_id, self._rows(self.parts.pop(issue_id))) for issue_id in finished]
 
@@ -171,10 +171,11 @@ class PartialRollouts(SteppedRequests):
 
 class PartialTurns(VLLMTurns):
     """The multi-turn agent loop's model turns (`VLLMTurns`' requests, seeds and TP lock-step) with partial
-    rollout: each round's requests are stepped one engine step at a time (`SteppedRequests`), `between_steps()` is
-    called before every step (on every TP rank: the rollout side's command handling, which may call
-    `load_weights`), and each model token's version goes to its trajectory's `versions`. The turn in flight at a
-    weight update continues on the new weights, as a single-turn request does."""
+    rollout: each round's requests are stepped one engine step at a time (`requests`, a `SteppedRequests`) with the
+    weights of `version`, `between_steps()` is called before every step but a part's first (on every TP rank: the
+    rollout side's command handling, which at a weight update interrupts `requests`, loads the weights, sets
+    `version` and resumes them), and each model token's version goes to its trajectory's `versions`. The turn in
+    flight at a weight update continues on the new weights, as a single-turn request does."""
 
     records_versions = True
 
@@ -187,13 +188,6 @@ class PartialTurns(VLLMTurns):
         # at, so nothing is taken before that step (the rollout side sets it False at each part's start)
         self.stepped = False
 
-    def load_weights(self, version: int, load: Callable[[], None]) -> None:
-        """Interrupt the requests in flight, `load()` the weights of `version`, resume the requests on them."""
-        self.requests.interrupt()
-        load()
-        self.version = int(version)
-        self.requests.resume()
-
     def next_turns(self, active, params: SamplingParams, budget: int, record: bool):
         if not active:
             return None
@@ -204,11 +198,11 @@ class PartialTurns(VLLMTurns):
             kwargs.pop("max_tokens")
             requests.append(_Request(f"{t.uid}|turn{t.assistant_turns}", prompt, kwargs, room))
         for request in requests:
-            stepped._submit(request)
+            stepped.submit(request)
         while not all(r.done for r in requests):
             if self.stepped:
                 self.between_steps()
-            stepped._step_requests(self.version)
+            stepped.step_requests(self.version)
             self.stepped = True
         turns = []
         for t, request in zip(active, requests):

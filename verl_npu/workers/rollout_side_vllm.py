@@ -106,6 +106,8 @@ class _PartialServer:
         self.partial = PartialRollouts(engine)
         loop = getattr(engine, "agent_loop", None)
         self.turns = loop.turns if loop is not None and isinstance(loop.turns, PartialTurns) else None
+        # the requests a weight update interrupts and resumes: the multi-turn part's, or the single-turn parts'
+        self.stepping = self.partial if self.turns is None else self.turns.requests
         if self.turns is not None:
             self.turns.between_steps = self._between_steps
         self.version, self.idle, self.busy = -1, 0.0, 0.0
@@ -153,7 +155,7 @@ class _PartialServer:
                 done = partial.step(self.version)
                 self.busy += time.perf_counter() - stepped
                 for issue_id, rows in done:
-                    self._reply_groups(issue_id, rows, partial.interrupted)
+                    self._reply_groups(issue_id, rows)
 
     def _answer(self, command: tuple) -> None:
         """A `snapshot` or a `weights` command (the latter interrupting and resuming what is in flight)."""
@@ -166,19 +168,13 @@ class _PartialServer:
             return
         started = time.perf_counter()
         version = int(command[1])
-        stats: dict = {}
-
-        def load() -> None:
-            stats.update(self.receiver.receive(version, self.module))
-            self.engine.update_weights(list(self.module.state_dict().items()))
-
-        if self.turns is not None:
-            self.turns.load_weights(version, load)
-        self.partial.interrupt()
-        if self.turns is None:
-            load()
-        self.partial.resume()
+        self.stepping.interrupt()
+        stats = self.receiver.receive(version, self.module)
+        self.engine.update_weights(list(self.module.state_dict().items()))
         self.version = version
+        if self.turns is not None:
+            self.turns.version = version
+        self.stepping.resume()
         self.busy += time.perf_counter() - started
         digest = weights_digest(self.module.named_parameters())
         self.replies.put(self.pack(("weights", self.index, version, stats, digest)))
@@ -201,19 +197,18 @@ class _PartialServer:
 
     def _multi_turn_part(self, issue_id: str, prompts, sampling) -> None:
         started = time.perf_counter()
-        before = self.turns.requests.interrupted
-        self.turns.version, self.turns.stepped = self.version, False
+        self.turns.stepped = False  # the part's first engine step comes before any command
         rows = self.engine.generate(prompts, sampling)
         self.busy += time.perf_counter() - started
-        self._reply_groups(issue_id, rows, self.turns.requests.interrupted - before)
+        self._reply_groups(issue_id, rows)
 
-    def _reply_groups(self, issue_id: str, rows, interrupted: int) -> None:
+    def _reply_groups(self, issue_id: str, rows) -> None:
         if self.tp_rank == 0:
             stats = {
                 "gen_seconds": self.busy,
                 "idle_seconds": self.idle,
                 "busy_seconds": self.busy,
-                "interrupted_requests": interrupted,
+                "interrupted_requests": self.stepping.interrupted,  # so far, in all
             }
             self.replies.put(self.pack(("groups", self.index, issue_id, self.version, rows, stats)))
         self.idle = self.busy = 0.0
