@@ -165,14 +165,7 @@ class RolloutSide:
             try:
                 reply = _unpack(self.replies.get(timeout=POLL_S))
             except queue.Empty:
-                for i, process in enumerate(self.processes):
-                    if not process.is_alive():
-                        raise RolloutSideDied(
-                            f"rollout process {i} (pid {process.pid}) exited with code {process.exitcode} while "
-                            "the trainer waited for it (trainer.v1.trainer_mode=separate_async). Nothing of the "
-                            "step in progress was trained; rerun the same command to resume from the last complete "
-                            "checkpoint"
-                        ) from None
+                self._raise_if_one_died()
                 if deadline is not None and time.monotonic() > deadline:
                     raise RolloutSideDied(
                         f"the rollout processes (pids {[p.pid for p in self.processes]}) did not "
@@ -180,8 +173,22 @@ class RolloutSide:
                     ) from None
                 continue
             if reply[0] == "error":
+                # a TP rank whose partner died fails in their shared collective: the death is the cause to name
+                self._raise_if_one_died(besides=reply[1])
                 raise RuntimeError(f"rollout process {reply[1]} failed:\n{reply[2]}")
             return reply
+
+    def _raise_if_one_died(self, besides: int | None = None) -> None:
+        """RolloutSideDied naming the first rollout process that has exited, if one has (`besides`: one that is
+        not to be named, a process that reported an error and may have exited since)."""
+        for i, process in enumerate(self.processes):
+            if i != besides and not process.is_alive():
+                raise RolloutSideDied(
+                    f"rollout process {i} (pid {process.pid}) exited with code {process.exitcode} while "
+                    "the trainer waited for it (trainer.v1.trainer_mode=separate_async). Nothing of the "
+                    "step in progress was trained; rerun the same command to resume from the last complete "
+                    "checkpoint"
+                ) from None
 
     def snapshot(self) -> list[dict[str, torch.Tensor]]:
         """Every process's weights now, in process order (tests), after every command sent before this one."""
