@@ -122,3 +122,36 @@ def async_mode(k: int | None) -> dict:
         "trainer.v1.separate_async.parameter_sync_step": 1,
         "trainer.v1.sampler.max_off_policy_threshold": k,
     }
+
+
+def kill_then_resume(monkeypatch, rc, out, steps: int) -> int:
+    """Run `rc` (one-step-off, a checkpoint every step, writing to `out`) with rollout process 1 killed by SIGKILL
+    in step 3: the run stops with an error naming it, the last checkpoint holds the next batch as issued and
+    untrained, and the version records are those of the checkpointed steps. Then the same command again: it resumes
+    and trains every prompt of the epoch (`steps` steps) exactly once. Returns the step it resumed from."""
+    import os
+    import signal
+
+    import pytest
+
+    from verl_npu.trainer.entry import run_training
+    from verl_npu.workers.rollout_side import RolloutSideDied
+
+    step = async_ppo.AsyncPPOTrainer.train_step
+
+    def kill_rollout_in_step_3(self, prompts):
+        if self.global_step == 3:
+            os.kill(self.rollout.processes[1].pid, signal.SIGKILL)
+            self.rollout.processes[1].join(timeout=60)
+        return step(self, prompts)
+
+    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", kill_rollout_in_step_3)
+    with pytest.raises(RolloutSideDied, match=r"rollout process 1 \(pid \d+\) exited with code -9"):
+        run_training(rc)
+    last, reissued = stopped_at(out)
+    assert last in (2, 3)
+    assert sorted(r["step"] for r in versions_of(out)) == sorted(s for s in range(1, last + 1) for _ in range(4))
+    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", step)
+    assert run_training(rc) == 0
+    resumed_once(out, steps, last, reissued)
+    return last

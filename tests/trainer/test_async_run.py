@@ -26,13 +26,12 @@ import time
 
 import pytest
 import torch
-from async_helpers import async_mode, resumed_once, stopped_at, versions_of
+from async_helpers import async_mode, kill_then_resume, resumed_once, stopped_at, versions_of
 from run_helpers import REPO, step_metrics, text_data, text_run_overrides, wait_for_checkpoint
 
 from verl_npu.config import load_recipe
 from verl_npu.trainer import async_ppo
 from verl_npu.trainer.entry import run_training
-from verl_npu.workers.rollout_side import RolloutSideDied
 
 STEPS = 10
 
@@ -168,28 +167,11 @@ def test_one_step_off_after_a_killed_rollout_process_resumes_and_trains_every_pr
     """k=1 (the one-step-off preset), two rollout processes, a checkpoint every step. In step 3 rollout process 1 is
     killed (SIGKILL): the run stops with an error naming it; the rerun resumes from the last checkpoint, reissues
     the prompts it holds as issued and untrained at the restored version, and finishes."""
-    step = async_ppo.AsyncPPOTrainer.train_step
-
-    def kill_rollout_in_step_3(self, prompts):
-        if self.global_step == 3:
-            os.kill(self.rollout.processes[1].pid, signal.SIGKILL)
-            self.rollout.processes[1].join(timeout=60)
-        return step(self, prompts)
-
-    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", kill_rollout_in_step_3)
     rc = load_recipe(
         "tiny_gsm8k",
         _overrides(tmp_path, "resumed", 1, **{"trainer.save_freq": 1, "actor_rollout_ref.rollout.n_gpus_per_node": 2}),
     )
-    with pytest.raises(RolloutSideDied, match=r"rollout process 1 \(pid \d+\) exited with code -9"):
-        run_training(rc)
-    out = tmp_path / "resumed"
-    last, reissued = stopped_at(out)
-    assert last in (2, 3)
-    assert sorted(r["step"] for r in versions_of(out)) == sorted(s for s in range(1, last + 1) for _ in range(4))
-    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", step)
-    assert run_training(rc) == 0
-    resumed_once(out, STEPS, last, reissued)
+    last = kill_then_resume(monkeypatch, rc, tmp_path / "resumed", STEPS)
     assert transfers_checked[-(STEPS - last) :] == list(range(last, STEPS))  # the rerun pushes version `last` first
     assert transfers_checked.processes == {2}
 

@@ -19,21 +19,18 @@ These run in CI's vLLM venv (tests/vllm_cpu.sh) and are skipped where vLLM does 
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 import torch
 
 pytest.importorskip("vllm")
 
-from async_helpers import assert_each_token_is_its_versions, one_step_off, resumed_once, stopped_at, transfer_mid_part  # noqa: E402
+from async_helpers import assert_each_token_is_its_versions, kill_then_resume, one_step_off, transfer_mid_part  # noqa: E402
 from run_helpers import run_overrides, step_metrics, text_data, write_varied_reward  # noqa: E402
 
 from verl_npu.config import load_recipe  # noqa: E402
 from verl_npu.trainer import async_ppo  # noqa: E402
 from verl_npu.trainer.entry import run_training  # noqa: E402
-from verl_npu.workers.rollout_side import RolloutSideDied  # noqa: E402
 from verl_npu.workers.rollout_side_vllm import ENGINE_PREFIX  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -213,24 +210,9 @@ def test_a_killed_tp_rank_stops_the_run_and_the_rerun_trains_every_prompt_once(t
     last complete checkpoint, reissues the prompts that checkpoint holds as issued and untrained at the restored
     version, and trains every prompt of the epoch exactly once."""
     steps = 5
-    step = async_ppo.AsyncPPOTrainer.train_step
-
-    def kill_rank_1_in_step_3(self, prompts):
-        if self.global_step == 3:
-            os.kill(self.rollout.processes[1].pid, signal.SIGKILL)
-            self.rollout.processes[1].join(timeout=60)
-        return step(self, prompts)
-
-    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", kill_rank_1_in_step_3)
     out = tmp_path / "run"
     data = text_data(tmp_path / "data", rows=4 * steps)
     rc = load_recipe(
         "tiny_gsm8k", _overrides(out, data, 2, **{"trainer.total_training_steps": steps, "trainer.save_freq": 1})
     )
-    with pytest.raises(RolloutSideDied, match=r"rollout process 1 \(pid \d+\) exited with code -9"):
-        run_training(rc)
-    last, reissued = stopped_at(out)
-    assert last in (2, 3)
-    monkeypatch.setattr(async_ppo.AsyncPPOTrainer, "train_step", step)
-    assert run_training(rc) == 0
-    resumed_once(out, steps, last, reissued)
+    kill_then_resume(monkeypatch, rc, out, steps)
