@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -313,3 +314,29 @@ def test_without_namespaces_a_code_tool_refuses_to_start_unless_unsafe_is_asked_
     metrics = tool_call_metrics([[{"role": "tool", "calls": [record]}]])
     assert metrics["tool_calls/unsafe_sandbox"] == 1.0
     assert tool_lines([metrics])[0].startswith("  UNSAFE: model-written code ran without an operating-system boundary")
+
+
+@NEEDS_NS
+def test_a_venv_reached_through_a_symlinked_folder_runs_code(tmp_path):
+    """A project whose .venv is a symlink (a shared venv, a snapshot of a checkout): the sandbox binds the venv at
+    its real path, so the interpreter must be named there too, still as the venv's own (its packages import)."""
+    venv = Path(sys.prefix)
+    linked = tmp_path / "linked_venv"
+    linked.symlink_to(venv, target_is_directory=True)
+    python = linked / Path(sys.executable).relative_to(venv) if Path(sys.executable).is_relative_to(venv) else None
+    if python is None:
+        pytest.skip("the tests' interpreter is not inside sys.prefix (no venv to link)")
+    program = (
+        "from verl_npu.tools.sandbox import SandboxLimits, run_python\n"
+        "r = run_python('import numpy, sys; print(\"numpy\", numpy.__name__, sys.prefix)', "
+        "SandboxLimits(isolation='namespaces', wall_s=20, cpu_s=10))\n"
+        "print(r.exit_code, r.output)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([str(python), "-c", program], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    code, _, printed = out.stdout.partition(" ")
+    assert code == "0", out.stdout
+    assert printed.startswith("numpy numpy "), out.stdout
+    # the code ran on the venv (its packages), reached at the venv's real folder
+    assert printed.split()[2] == os.path.realpath(venv), out.stdout

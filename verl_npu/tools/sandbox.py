@@ -114,8 +114,13 @@ def _readonly_paths(python_packages: bool) -> list[str]:
 
 
 def _python(python_packages: bool) -> str:
-    """The interpreter the code runs on: the environment's (its packages importable) or the base one."""
-    return sys.executable if python_packages else os.path.realpath(sys.executable)
+    """The interpreter the code runs on: the environment's (its packages importable) or the base one.
+    The environment's is named through its real folder (a venv reached through a symlinked folder is
+    bound at its real path, where the symlink does not exist), keeping the file's own name: a venv's
+    bin/python is itself a link, and following it would leave the venv."""
+    if not python_packages:
+        return os.path.realpath(sys.executable)
+    return os.path.join(os.path.realpath(os.path.dirname(sys.executable)), os.path.basename(sys.executable))
 
 
 def namespaces_problem() -> str:
