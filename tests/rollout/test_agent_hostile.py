@@ -191,6 +191,22 @@ def test_a_tool_that_keeps_failing_is_reported(tokenizer, caplog):
     assert "UNSAFE" in tool_lines([{"tool_calls/unsafe_sandbox": 3.0}])[0]
 
 
+def test_calls_of_no_known_tool_are_not_called_a_failing_tool():
+    """An unreadable call or an unknown name is the model's mistake: the summary counts them on a line of their own
+    (from the last step with tool calls), and does not list "(unknown)" among the failing tools."""
+    from verl_npu.trainer.summary import tool_lines
+
+    early = tool_call_metrics([[{"calls": [{"name": "nope", "known": False, "error": "Error: unknown tool"}] * 3}]])
+    last = tool_call_metrics(
+        [[{"calls": [{"name": "echo", "known": True}] * 5 + [{"name": None, "known": False, "error": "bad"}]}]]
+    )
+    assert early["tool_calls/(unknown)/error_ratio"] == 1.0
+    lines = tool_lines([early, last])
+    assert len(lines) == 1, lines
+    assert "named no known tool or could not be read, in the last step with tool calls: 1 of 6" in lines[0]
+    assert tool_lines([early, tool_call_metrics([[{"calls": [{"name": "echo", "known": True}]}]])]) == []
+
+
 ADVERSARIAL = [
     "[" * 1000,
     "{" * 1000 + "}" * 1000,

@@ -26,6 +26,7 @@ MAX_CALLS = 64  # calls read from one turn (max_parallel_calls then keeps the fi
 MAX_CALL_CHARS = 1 << 17  # characters of one call's JSON
 MAX_DEPTH = 64  # nesting of one call's JSON (objects and arrays)
 FAILING_STREAK = 20  # consecutive failed calls of one tool before the log says it keeps failing
+UNKNOWN_TOOL = "(unknown)"  # the name metrics give calls of no known tool, or that could not be read
 SHAPE = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
 
@@ -130,7 +131,7 @@ def tool_call_metrics(agent_turns: list) -> dict[str, float]:
     for turns in agent_turns or []:
         for turn in turns or []:
             for record in turn.get("calls") or []:
-                name = record.get("name") if record.get("known") else "(unknown)"
+                name = record.get("name") if record.get("known") else UNKNOWN_TOOL
                 calls[name] += 1
                 errors[name] += bool(record.get("error"))
                 unsafe += record.get("sandbox") == "unsafe_process"

@@ -8,7 +8,8 @@ Read from the run's ``metrics.jsonl`` (so a resumed run summarises every step it
 - the optimizer steps skipped for a non-finite gradient (``actor/skipped_updates``,
   ``critic/skipped_updates``), when there were any;
 - with tools: the calls whose code ran WITHOUT an operating-system boundary (`isolation:
-  unsafe_process`), and the tools whose calls mostly failed in the last step that called them;
+  unsafe_process`), the tools whose calls mostly failed in the last step that called them, and the calls
+  of the last step with tool calls that named no known tool or could not be read (the model's mistakes);
 - the last validation: mean reward and, where the reward logs one, accuracy, per data source;
 - for the built-in demo tasks, the best expected score of a policy that ignores its input
   (``verl_npu.rewards.BLIND_CEILINGS``; only when the built-in rewards score the run);
@@ -20,6 +21,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from verl_npu.rollout.tool_calls import UNKNOWN_TOOL
 from verl_npu.trainer.tracking import _read_jsonl
 
 SCORE_KEY = "critic/score/mean"
@@ -51,12 +53,24 @@ def tool_lines(rows: list[dict]) -> list[str]:
     last: dict[str, float] = {}
     for r in rows:
         last.update({k: v for k, v in r.items() if k.startswith("tool_calls/") and k.endswith("/error_ratio")})
+    # calls naming no tool, or unreadable, are the model's mistakes (always errors), not a failing tool
+    last.pop(f"tool_calls/{UNKNOWN_TOOL}/error_ratio", None)
     failing = sorted(k[len("tool_calls/") : -len("/error_ratio")] for k, v in last.items() if v >= 0.5)
     if failing:
         lines.append(
             f"  tools whose calls mostly failed in the last step that called them: {', '.join(failing)} "
             "(tool_calls/<name>/error_ratio; the conversations in the rollout dumps show the errors)"
         )
+    called = [r for r in rows if any(k.startswith("tool_calls/") and k.endswith("/count") for k in r)]
+    if called:
+        counts = {k: float(v) for k, v in called[-1].items() if k.startswith("tool_calls/") and k.endswith("/count")}
+        unread = counts.get(f"tool_calls/{UNKNOWN_TOOL}/count", 0.0)
+        if unread:
+            lines.append(
+                f"  calls that named no known tool or could not be read, in the last step with tool calls: "
+                f"{unread:.0f} of {sum(counts.values()):.0f} (tool_calls/{UNKNOWN_TOOL}/count; each got an "
+                "error message back)"
+            )
     return lines
 
 
