@@ -233,25 +233,31 @@ def _size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _plan_summary(rc: RecipeConfig, device_memory: str | None = None) -> str:
+def _plan_of(rc, device_memory: str | None = None):
+    """(plan or None, why not) of a loaded RL recipe (`RecipeConfig`) or SFT recipe (`SFTRecipe`)."""
+    from verl_npu.config.sft import SFTRecipe
+    from verl_npu.memory.budget import plan_for, plan_for_sft
+
+    return plan_for_sft(rc, device_memory) if isinstance(rc, SFTRecipe) else plan_for(rc, device_memory)
+
+
+def _plan_summary(rc, device_memory: str | None = None) -> str:
     """validate's and run's one line about memory (never an error: a plan that cannot be made says why)."""
-    from verl_npu.memory.budget import plan_for, summary_line
+    from verl_npu.memory.budget import summary_line
 
     try:
-        plan, why = plan_for(rc, device_memory)
+        plan, why = _plan_of(rc, device_memory)
     except (KeyError, ValueError, TypeError, AttributeError, ArithmeticError, OSError, UserError) as exc:
         return f"memory plan: not made ({type(exc).__name__}: {exc})"  # a plan never breaks validate or run
     return summary_line(plan) if plan is not None else f"memory plan: {why}"
 
 
-def _refuse_if_it_will_not_fit(rc: RecipeConfig, force: bool, device_memory: str | None = None) -> None:
-    """`run`: stop before any worker starts when the plan says the peak will not fit (unless --force).
+def _refuse_if_it_will_not_fit(rc, force: bool, device_memory: str | None = None) -> None:
+    """`run` (RL or SFT): stop before any worker starts when the plan says the peak will not fit (unless --force).
     Only where the device's memory is known (the CPU, or --device-memory): for an accelerator whose card
     is assumed, a warning (a wrong refusal would stop a run that fits a larger card)."""
-    from verl_npu.memory.budget import plan_for
-
     try:
-        plan, _ = plan_for(rc, device_memory)
+        plan, _ = _plan_of(rc, device_memory)
     except (KeyError, ValueError, TypeError, AttributeError, ArithmeticError, OSError, UserError):
         return
     if plan is None or plan.verdict != "will not fit":
@@ -285,10 +291,17 @@ def _placeholders_for_plan(recipe: str, overrides: list[str]) -> list[str]:
     from verl_npu.config.recipes import find_recipe, placeholder_fields
     from verl_npu.config.tree import flatten, read_yaml_file
 
+    def every_leaf(node, prefix: str) -> None:  # an SFT recipe's sections are not the RL schema's
+        for k, v in node.items():
+            every_leaf(v, f"{prefix}.{k}" if prefix else str(k)) if isinstance(v, dict) else flat.__setitem__(
+                f"{prefix}.{k}" if prefix else str(k), v
+            )
+
     try:
         path = find_recipe(recipe)
         flat: dict = {}
-        flatten(read_yaml_file(path), "", flat)
+        tree = read_yaml_file(path)
+        every_leaf(tree, "") if _is_sft(recipe) else flatten(tree, "", flat)
     except UserError:
         return []  # load_recipe says what is wrong with it
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
@@ -309,23 +322,33 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from verl_npu.memory.budget import model_numbers, plan_for
 
     filled = _placeholders_for_plan(args.recipe, args.overrides)
-    rc = load_recipe(args.recipe, [*filled, *args.overrides])
-    _warn(rc)
+    sft = _is_sft(args.recipe)
+    if sft:
+        from verl_npu.config.sft import load_sft_recipe
+        from verl_npu.memory.budget import plan_for_sft
+
+        rc = load_sft_recipe(args.recipe, [*filled, *args.overrides])
+        for warning in rc.warnings:
+            _say(f"[verl-npu] warning: {warning}")
+        model_key, path = "model.path", rc.typed.model.path
+    else:
+        rc = load_recipe(args.recipe, [*filled, *args.overrides])
+        _warn(rc)
+        model_key, path = "actor_rollout_ref.model.path", rc.typed.actor_rollout_ref.model.path
     if filled:
         _say(
             "[verl-npu] planning with the EDIT_ME fields still unfilled, each taken as its placeholder's example "
             "(the plan reads no data, writes nothing, and takes the model's shape from its name): "
             + ", ".join(f.split("=", 1)[0] for f in filled)
         )
-    path = rc.typed.actor_rollout_ref.model.path
     if isinstance(path, str) and path.startswith("tiny://") and model_numbers(path) is None:
         from verl_npu.models.tiny import materialize  # builds the tiny model once (seconds), as a run would
 
         materialize(path)
-    plan, why = plan_for(rc, args.device_memory)
+    plan, why = plan_for_sft(rc, args.device_memory) if sft else plan_for(rc, args.device_memory)
     if plan is None:
         raise UserError(
-            f"cannot plan {rc.source}: {why}; set actor_rollout_ref.model.path to a folder with a "
+            f"cannot plan {rc.source}: {why}; set {model_key} to a folder with a "
             "config.json (or pre-download the hub id into the Hugging Face cache)"
         )
     if args.json:
@@ -428,7 +451,9 @@ def cmd_sft(args: argparse.Namespace, validate_only: bool = False) -> int:
     _say(f"[verl-npu] {rc.source}: SFT configuration valid ({rc.world_size} worker(s))")
     for key, value, reason in rc.derived:
         _say(f"  {key} = {value}  ({reason})")
+    device_memory = getattr(args, "device_memory", None)
     if validate_only or getattr(args, "validate_only", False):
+        _say(f"  {_plan_summary(rc, device_memory)}")
         return 0
     from verl_npu.demo import prepare_sft_assets
     from verl_npu.sft.loop import run_sft
@@ -436,6 +461,8 @@ def cmd_sft(args: argparse.Namespace, validate_only: bool = False) -> int:
     for line in prepare_sft_assets(rc, demo_data=getattr(args, "demo_data", False)):
         _say(f"[verl-npu] prepared {line}")
     rc = load_sft_recipe(args.recipe, args.overrides, check_paths=True)
+    _say(f"[verl-npu] {_plan_summary(rc, device_memory)}")
+    _refuse_if_it_will_not_fit(rc, getattr(args, "force", False), device_memory)
     _say("[verl-npu] starting SFT")
     return run_sft(rc)
 

@@ -240,9 +240,17 @@ def test_every_shipped_recipe_gets_a_plan(tiny_lm_path, tiny_vl_path, tmp_path):
     from verl_npu.config.tree import read_yaml_file
 
     for recipe in list_recipes():
-        if is_sft_recipe(recipe.path) or is_stages_tree(read_yaml_file(recipe.path)):
-            continue  # an SFT recipe has no rollout: `plan` is for RL recipes (docs/sft.md); stages name both
+        if is_stages_tree(read_yaml_file(recipe.path)):
+            continue  # stages name two recipes, each planned on its own
         text = recipe.path.read_text()
+        if is_sft_recipe(recipe.path):
+            from verl_npu.config.sft import load_sft_recipe
+            from verl_npu.memory.budget import plan_for_sft
+
+            model = [] if "tiny://" in text else [f"model.path={tmp_path / 'qwen7b'}"]
+            plan, why = plan_for_sft(load_sft_recipe(recipe.name, [*OUT[:2], *model]))
+            assert plan is not None and plan.peak.name == "model update", (recipe.name, why)
+            continue
         model = (
             []
             if "tiny://" in text
@@ -476,19 +484,18 @@ def test_unknown_names_are_not_guessed():
 # ------------------------------------------------------------------ the shipped recipes' headers
 HEADER = re.compile(
     r"^# Memory: per NPU: ([0-9.]+) GiB of ([0-9]+) at the ([a-z -]+?) \(([a-z ]+)\): a forecast, "
-    r"not measured on an NPU, from\n#   `verl-npu plan (\w+) actor_rollout_ref\.model\.path=([^`]+)`",
+    r"not measured on an NPU, from\n#   `verl-npu plan (\w+) ((?:actor_rollout_ref\.)?model\.path)=([^`]+)`",
     re.M,
 )
 
 
 def _planned(path: Path) -> bool:
-    """Whether `verl-npu plan` plans the recipe: RL recipes; an SFT recipe has no rollout, and a stages recipe
-    names two recipes that are planned (or not) each on its own."""
-    from verl_npu.config.sft import is_sft_recipe
+    """Whether `verl-npu plan` plans the recipe: RL and SFT recipes; a stages recipe names two recipes that are
+    planned each on its own."""
     from verl_npu.config.stages import is_stages_tree
     from verl_npu.config.tree import read_yaml_file
 
-    return not (is_sft_recipe(path) or is_stages_tree(read_yaml_file(path)))
+    return not is_stages_tree(read_yaml_file(path))
 
 
 #: every shipped accelerator recipe that `plan` plans (the tiny_* ones run on a CPU)
@@ -504,9 +511,9 @@ def test_accelerator_recipe_header_states_its_plan(recipe, capsys):
     text = (REPO / "recipes" / f"{recipe}.yaml").read_text()
     m = HEADER.search(text)
     assert m, f"recipes/{recipe}.yaml has no '# Memory: per NPU: ...' header line"
-    gib, device, phase, verdict, name, model = m.groups()
+    gib, device, phase, verdict, name, model_key, model = m.groups()
     assert name == recipe and f"EDIT_ME: /path/to/{model}" in text
-    args = [*OUT, f"actor_rollout_ref.model.path={model}"]
+    args = [*OUT, f"{model_key}={model}"]
     assert main(["plan", recipe, *args]) == 0
     out = capsys.readouterr().out
     printed = re.search(r"^peak: (.+?), ([0-9.]+) GiB of ([0-9.]+) GiB \(\d+%\): (.+)$", out, re.M)

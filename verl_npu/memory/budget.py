@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from verl_npu.memory import plan as mp
 from verl_npu.memory.plan import ModelSize, Plan
-from verl_npu.memory.recipe import gib_text, plan_recipe
+from verl_npu.memory.recipe import gib_text, plan_recipe, plan_sft
 from verl_npu.memory.settings import plans_accelerator
 
 if TYPE_CHECKING:
     from verl_npu.config import RecipeConfig
+    from verl_npu.config.sft import SFTRecipe
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -100,16 +101,17 @@ def parse_device_memory(text: str) -> tuple[int, str, bool | None]:
     return value, f"{value / mp.GIB:.1f} GiB (--device-memory)", None
 
 
-def device_memory(rc: RecipeConfig, spec: str | None = None) -> tuple[int, str, bool]:
+def device_memory(rc: RecipeConfig | SFTRecipe, spec: str | None = None) -> tuple[int, str, bool]:
     """(bytes, name, an accelerator?) of the device the plan is for: --device-memory when given; on CPU this machine's
     memory shared by the node's workers; on an accelerator the kind's usual card (device layer table)."""
     from verl_npu.device import configured_device, host_memory_bytes
     from verl_npu.device_tables import DEFAULT_ACCELERATOR, DEVICE_MEMORY_GIB
 
+    trainer = rc.typed.trainer  # an RL or an SFT recipe: both have trainer.device and trainer.n_gpus_per_node
     if spec:
         size, name, card = parse_device_memory(spec)
-        return size, name, plans_accelerator(rc.backend.trainer.device) if card is None else card
-    requested = rc.backend.trainer.device
+        return size, name, plans_accelerator(trainer.device) if card is None else card
+    requested = trainer.device
     device = configured_device(requested)
     kind = device.kind if device is not None else "cpu"
     if kind == "cpu" and requested in (None, "", "auto"):
@@ -123,7 +125,7 @@ def device_memory(rc: RecipeConfig, spec: str | None = None) -> tuple[int, str, 
             True,
         )
     if kind == "cpu":
-        workers = max(1, min(int(rc.backend.trainer.n_gpus_per_node), rc.world_size))
+        workers = max(1, min(int(trainer.n_gpus_per_node), rc.world_size))
         total = host_memory_bytes()
         return total // workers, f"CPU: this machine's {total / mp.GIB:.1f} GiB / {workers} worker(s)", False
     name = DEFAULT_ACCELERATOR[kind]
@@ -159,13 +161,34 @@ def plan_for(rc: RecipeConfig, spec: str | None = None) -> tuple[Plan | None, st
     return plan, ""
 
 
+def plan_for_sft(rc: SFTRecipe, spec: str | None = None) -> tuple[Plan | None, str]:
+    """`plan_for` of a loaded SFT recipe (`verl_npu.memory.recipe.plan_sft`): model.path's numbers on its device."""
+    path = rc.typed.model.path
+    model = model_numbers(path)
+    if model is None:
+        return None, (
+            f"model numbers unknown: model.path={path} has no readable config.json here (a local folder, a hub id "
+            "in the local cache, or a built tiny model)"
+        )
+    size, name, accelerator = device_memory(rc, spec)
+    plan = plan_sft(rc, size, name, model, accelerator)
+    plan.device_assumed = not spec and accelerator
+    plan.notes += _known_shape_notes_of([("the", path)])
+    return plan, ""
+
+
 def _known_shape_notes(b) -> list[str]:
     """A note for every role whose numbers came from the known-shapes table, not a config.json."""
+    return _known_shape_notes_of([("actor", b.actor_rollout_ref.model.path), ("critic", b.critic.model.get("path"))])
+
+
+def _known_shape_notes_of(paths: list[tuple[str, Any]]) -> list[str]:
+    """`_known_shape_notes` for (role, model path) pairs."""
     from verl_npu.config.known_models import known_config
     from verl_npu.config.modelinfo import model_config
 
     notes = []
-    for role, path in (("actor", b.actor_rollout_ref.model.path), ("critic", b.critic.model.get("path"))):
+    for role, path in paths:
         if isinstance(path, str) and not path.startswith("tiny://") and model_config(path) is None:
             known = known_config(path)
             if known:

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 from verl_npu.memory import plan as mp
 from verl_npu.memory.plan import ModelSize, Part, Phase, Plan
-from verl_npu.memory.settings import Settings, settings_from_recipe
+from verl_npu.memory.settings import Settings, settings_from_recipe, settings_from_sft
 
 if TYPE_CHECKING:
     from verl_npu.config import RecipeConfig
+    from verl_npu.config.sft import SFTRecipe
 
 
 def _samples_together(s: Settings) -> int:
@@ -63,12 +64,13 @@ def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: Mode
     """The update starts by freeing the gradients (zero_grad): at the backward's peak only the head's
     exist, V * H * 4 / W (all of them only at its end, when the activations are gone): the larger of
     the two moments is kept."""
-    full = next((p for p in resident if p.name == "actor grads"), None)
+    role = _role(s)
+    full = next((p for p in resident if p.name == f"{role} grads"), None)
     if full is None:
         return resident
     if _micro_batches_per_mini(s) > 1:  # a later micro-batch's backward runs beside the accumulated grads
         part = Part(
-            "actor grads (accumulated)",
+            f"{role} grads (accumulated)",
             full.bytes,
             full.formula + f": a mini-batch of {_micro_batches_per_mini(s)} micro-batches accumulates them (measured)",
         )
@@ -76,14 +78,19 @@ def _update_grads(resident: list[Part], update: list[Part], s: Settings, m: Mode
     head = 0 if s.lora_rank > 0 else mp.grad_bytes(m.vocab * m.hidden, shards, False, s.master_bytes)
     if sum(p.bytes for p in update) + head >= full.bytes:
         part = Part(
-            "actor grads at the peak",
+            f"{role} grads at the peak",
             head,
             f"the head's V x H x {s.master_bytes} B (the others come as activations go)",
         )
     else:
-        part = Part("actor grads (end of backward)", full.bytes, full.formula)
+        part = Part(f"{role} grads (end of backward)", full.bytes, full.formula)
         update[:] = [Part("activations left", 0, "freed by then")]
     return [part if p is full else p for p in resident]
+
+
+def _role(s: Settings) -> str:
+    """The trained model's name in the plan's parts: the actor of an RL recipe, the model of an SFT one."""
+    return "model" if s.sft else "actor"
 
 
 def _micro_batches_per_mini(s: Settings) -> int:
@@ -142,6 +149,85 @@ def gib_text(x: float) -> str:
     return f"{x / mp.GIB:.2f} GiB"
 
 
+def _generation_and_scoring(
+    s: Settings,
+    actor: ModelSize,
+    resident: list[Part],
+    while_computing: list[Part],
+    *,
+    device_bytes: int,
+    problems: list[str],
+    teacher: ModelSize | None,
+) -> tuple[list[Phase], list[Part]]:
+    """An RL step's phases before the update: the rollout (on the trainer's devices, or separate_async's own), the
+    old log-probs, and the reference's and the teacher's log-probs when the recipe has them; and the resident parts
+    from then on (a vLLM engine without sleep mode stays). Appends to `problems` what cannot work."""
+    phases: list[Phase] = []
+    kv_tok = mp.kv_bytes_per_token(actor, s.tp, s.rollout_bytes)
+    if s.rollout_processes and not s.kv_pool:  # separate_async: generation on the rollout processes' devices
+        phases.append(_rollout_device_phase(s, actor))
+    elif s.kv_pool:
+        budget = int(s.gpu_memory_utilization * device_bytes)
+        weights = math.ceil(actor.params * s.rollout_bytes / s.tp)
+        act = s.max_batched_tokens * (8 * actor.hidden + 2 * actor.intermediate) * 2 + s.max_num_seqs * actor.vocab * 4
+        kv = s.kv_cache_bytes if s.kv_cache_bytes else budget - weights - act
+        engine = weights + act + kv if s.kv_cache_bytes else budget
+        seqs = kv // (kv_tok * s.max_model_len) if kv > 0 else 0
+        parts = resident + [
+            Part(
+                "vLLM engine",
+                engine,
+                f"gpu_memory_utilization {s.gpu_memory_utilization} x device: "
+                f"weights {gib_text(weights)} + activations {gib_text(act)} + KV cache {gib_text(max(kv, 0))} "
+                f"({seqs} sequences of {s.max_model_len} tokens)",
+            )
+        ]
+        phases.append(Phase("rollout", parts, f"KV cache holds {seqs} sequences of max_model_len {s.max_model_len}"))
+        if seqs < 1:
+            problems.append(
+                f"rollout: the vLLM engine's KV cache ({gib_text(max(kv, 0))}) holds no sequence of "
+                f"max_model_len {s.max_model_len} ({gib_text(kv_tok * s.max_model_len)} each)"
+            )
+        if not s.free_cache:
+            resident = resident + [Part("vLLM engine (no sleep mode)", engine, "rollout.free_cache_engine=false")]
+    else:
+        rows = s.train_batch * s.n // max(1, s.world // s.sp)
+        hf_tok = mp.kv_bytes_per_token(actor, 1, s.compute_bytes)
+        phases.append(
+            Phase(
+                "rollout",
+                resident
+                + while_computing
+                + [
+                    Part("hf KV cache", hf_tok * rows * s.seq, f"{rows} sequences x {s.seq} tokens x {hf_tok} B"),
+                    Part("sampling logits", 4 * rows * actor.vocab * 2, "2 x fp32 [rows x vocab]"),
+                ],
+            )
+        )
+    # old log-probs and ref log-probs
+    lp_tokens, lp_logits, how = _micro(s, s.lp_micro_rows, s.dynamic, s.lp_budget)
+    infer = [
+        Part("forward (no grad)", mp.inference_bytes(actor, lp_tokens / s.sp, s.compute_bytes), how),
+        Part(
+            "logits",
+            mp.logits_bytes(lp_logits, actor.vocab, copies=mp.LOGIT_COPIES_INFER, fused=s.fused),
+            "fp32 [Rt x V] x 4",
+        ),
+    ] + _sp_logits(s, actor, lp_tokens)
+    phases.append(Phase("old log-probs", resident + while_computing + infer))
+    if s.use_ref or s.kl:  # a LoRA actor's reference is itself with the adapters off: no weights of its own
+        phases.append(
+            Phase(
+                "ref log-probs",
+                resident + while_computing + _scoring_parts(s, actor, s.fused, "fp32 [Rt x V] x 2", True),
+            )
+        )
+    if s.teacher and teacher is not None:  # the teacher scores the responses with the ref's micro-batches
+        parts = _scoring_parts(s, teacher, False, "fp32 [Rt x V] x 2 (log-softmax, then its top-k)", False)
+        phases.append(Phase("teacher log-probs", resident + while_computing + parts))
+    return phases, resident
+
+
 def build_plan(
     s: Settings,
     actor: ModelSize,
@@ -166,9 +252,10 @@ def build_plan(
     master = "fp32" if s.master_bytes == 4 else "bf16"
     # LoRA adapters stay fp32 over a bf16 base (peft keeps adapter weights in fp32)
     t_bytes, t_dtype = (4, "fp32") if s.lora_rank else (s.master_bytes, master)
+    role = _role(s)
     resident = [
         Part(
-            "actor weights",
+            f"{role} weights",
             mp.weight_bytes(p_actor, s.master_bytes, shards, offload)
             + mp.weight_bytes(trainable if s.lora_rank else 0, 4, shards, offload),
             f"{master} {p_actor:,} params / {shards}"
@@ -176,12 +263,12 @@ def build_plan(
             + (f" + LoRA {trainable:,}" if s.lora_rank else ""),
         ),
         Part(
-            "actor grads",
+            f"{role} grads",
             mp.grad_bytes(trainable, shards, offload, t_bytes),
             f"{t_dtype} {t_bytes} x {trainable:,} / {shards}",
         ),
         Part(
-            "actor AdamW",
+            f"{role} AdamW",
             mp.adam_bytes(trainable, shards, offload or s.optimizer_offload, t_bytes),
             f"2 {t_dtype} moments {2 * t_bytes} x {trainable:,} / {shards}",
         ),
@@ -249,69 +336,11 @@ def build_plan(
             ]
 
     phases: list[Phase] = []
-    # rollout
-    kv_tok = mp.kv_bytes_per_token(actor, s.tp, s.rollout_bytes)
-    if s.rollout_processes and not s.kv_pool:  # separate_async: generation on the rollout processes' devices
-        phases.append(_rollout_device_phase(s, actor))
-    elif s.kv_pool:
-        budget = int(s.gpu_memory_utilization * device_bytes)
-        weights = math.ceil(actor.params * s.rollout_bytes / s.tp)
-        act = s.max_batched_tokens * (8 * actor.hidden + 2 * actor.intermediate) * 2 + s.max_num_seqs * actor.vocab * 4
-        kv = s.kv_cache_bytes if s.kv_cache_bytes else budget - weights - act
-        engine = weights + act + kv if s.kv_cache_bytes else budget
-        seqs = kv // (kv_tok * s.max_model_len) if kv > 0 else 0
-        parts = resident + [
-            Part(
-                "vLLM engine",
-                engine,
-                f"gpu_memory_utilization {s.gpu_memory_utilization} x device: "
-                f"weights {gib_text(weights)} + activations {gib_text(act)} + KV cache {gib_text(max(kv, 0))} "
-                f"({seqs} sequences of {s.max_model_len} tokens)",
-            )
-        ]
-        phases.append(Phase("rollout", parts, f"KV cache holds {seqs} sequences of max_model_len {s.max_model_len}"))
-        if seqs < 1:
-            problems.append(
-                f"rollout: the vLLM engine's KV cache ({gib_text(max(kv, 0))}) holds no sequence of "
-                f"max_model_len {s.max_model_len} ({gib_text(kv_tok * s.max_model_len)} each)"
-            )
-        if not s.free_cache:
-            resident = resident + [Part("vLLM engine (no sleep mode)", engine, "rollout.free_cache_engine=false")]
-    else:
-        rows = s.train_batch * s.n // max(1, s.world // s.sp)
-        hf_tok = mp.kv_bytes_per_token(actor, 1, s.compute_bytes)
-        phases.append(
-            Phase(
-                "rollout",
-                resident
-                + while_computing
-                + [
-                    Part("hf KV cache", hf_tok * rows * s.seq, f"{rows} sequences x {s.seq} tokens x {hf_tok} B"),
-                    Part("sampling logits", 4 * rows * actor.vocab * 2, "2 x fp32 [rows x vocab]"),
-                ],
-            )
+    if not s.sft:
+        generation, resident = _generation_and_scoring(
+            s, actor, resident, while_computing, device_bytes=device_bytes, problems=problems, teacher=teacher
         )
-    # old log-probs and ref log-probs
-    lp_tokens, lp_logits, how = _micro(s, s.lp_micro_rows, s.dynamic, s.lp_budget)
-    infer = [
-        Part("forward (no grad)", mp.inference_bytes(actor, lp_tokens / s.sp, s.compute_bytes), how),
-        Part(
-            "logits",
-            mp.logits_bytes(lp_logits, actor.vocab, copies=mp.LOGIT_COPIES_INFER, fused=s.fused),
-            "fp32 [Rt x V] x 4",
-        ),
-    ] + _sp_logits(s, actor, lp_tokens)
-    phases.append(Phase("old log-probs", resident + while_computing + infer))
-    if s.use_ref or s.kl:  # a LoRA actor's reference is itself with the adapters off: no weights of its own
-        phases.append(
-            Phase(
-                "ref log-probs",
-                resident + while_computing + _scoring_parts(s, actor, s.fused, "fp32 [Rt x V] x 2", True),
-            )
-        )
-    if s.teacher and teacher is not None:  # the teacher scores the responses with the ref's micro-batches
-        parts = _scoring_parts(s, teacher, False, "fp32 [Rt x V] x 2 (log-softmax, then its top-k)", False)
-        phases.append(Phase("teacher log-probs", resident + while_computing + parts))
+        phases += generation
     # actor update
     tokens, logit_tokens, how = _micro(s, s.micro_rows, s.dynamic, s.token_budget)
     act = mp.activation_bytes(
@@ -356,7 +385,7 @@ def build_plan(
     if vis:
         update.append(Part("vision tower activations", vis, f"{patches:.0f} patches at max_pixels"))
     update += _fsdp_backward(s, actor, s.lora_rank, 4 if s.lora_rank else s.master_bytes)
-    phases.append(Phase("actor update", _update_grads(resident, update, s, actor, shards) + while_computing + update))
+    phases.append(Phase(f"{role} update", _update_grads(resident, update, s, actor, shards) + while_computing + update))
     if s.critic and critic is not None:
         c_tokens, _, how = _micro(s, s.critic_micro_rows or s.micro_rows, s.critic_dynamic, s.critic_budget)
         critic_parts = [
@@ -423,7 +452,8 @@ def build_plan(
     host = [Part("worker processes", local * base, f"{local} x {what}")]
     if local > 1:
         host.append(Part("driver process", base, "the controller: Python, torch, the data, as a worker's base"))
-        host.append(Part("Ray's processes", mp.RAY_BYTES, "an estimate (not measured)"))
+        if not s.sft:  # SFT's ranks are processes spawned by the launching one, no Ray
+            host.append(Part("Ray's processes", mp.RAY_BYTES, "an estimate (not measured)"))
     if s.rollout_processes:
         host += _rollout_host_parts(s, actor, phases, base)
     if cpu:
@@ -468,9 +498,12 @@ def build_plan(
     if s.saves:
         host.append(Part("checkpoint export (rank 0)", 4 * actor.params, "the full fp32 model for huggingface/"))
     rows = s.train_batch * s.n
-    host.append(
-        Part("batch in the driver", rows * s.seq * 8 * 6, "token ids, masks, log-probs, advantages (int64/fp32)")
-    )
+    if s.sft:
+        host.append(Part("a step's conversations", rows * s.seq * 8 * 3, "token ids, loss masks, positions (int64)"))
+    else:
+        host.append(
+            Part("batch in the driver", rows * s.seq * 8 * 6, "token ids, masks, log-probs, advantages (int64/fp32)")
+        )
     if s.compute_bytes == 4:
         notes.append("CPU: float32 compute; the device is this machine's memory, shared by the node's workers")
     else:
@@ -576,6 +609,20 @@ KNOBS = [  # (override, change of Settings, applies when)
 ]
 
 
+SFT_KNOBS = [  # the same changes in an SFT recipe's keys
+    ("model.enable_gradient_checkpointing=true", {"checkpointing": True}, lambda s: not s.checkpointing),
+    (
+        "engine.param_offload=true",
+        {"actor_offload": True, "optimizer_offload": True, "fsdp": True},
+        lambda s: not s.actor_offload,
+    ),
+    ("data.micro_batch_size_per_gpu=half", "micro", lambda s: not s.dynamic and (s.micro_rows or 1) > 1),
+    ("data.max_token_len_per_gpu=half", "budget", lambda s: s.dynamic and s.token_budget > s.seq),
+    # SFT's token budgets run on one worker only
+    ("trainer.n_gpus_per_node=double (twice the devices)", "devices", lambda s: not s.dynamic),
+]
+
+
 def _knob_settings(s: Settings, change) -> tuple[Settings, str]:
     if isinstance(change, dict):
         return replace(s, **change), ""
@@ -591,6 +638,8 @@ def _knob_settings(s: Settings, change) -> tuple[Settings, str]:
     if change == "gmu":
         value = round(s.gpu_memory_utilization - 0.1, 2)
         return replace(s, gpu_memory_utilization=value), str(value)
+    if s.sft:  # one node: twice the node's devices
+        return replace(s, world=s.world * 2, gpus_per_node=s.gpus_per_node * 2, fsdp=True), str(s.gpus_per_node * 2)
     nodes = max(1, s.world // max(1, s.gpus_per_node))
     return replace(s, world=s.world * 2, fsdp=True), str(nodes * 2)
 
@@ -598,7 +647,7 @@ def _knob_settings(s: Settings, change) -> tuple[Settings, str]:
 def add_knobs(plan: Plan, s: Settings, actor: ModelSize, **models) -> Plan:
     """The knobs that lower the peak, each re-planned: (override, bytes saved at the peak), largest first."""
     found = []
-    for override, change, applies in KNOBS:
+    for override, change, applies in SFT_KNOBS if s.sft else KNOBS:
         if not applies(s):
             continue
         changed, value = _knob_settings(s, change)
@@ -632,3 +681,17 @@ def plan_recipe(
     if s.teacher and extra["teacher"] is None:
         plan.notes.append("distillation teacher: its config.json is not readable here; not counted")
     return add_knobs(plan, s, actor, **extra)
+
+
+def plan_sft(
+    rc: SFTRecipe, device_bytes: int, device_name: str, model: ModelSize, accelerator: bool | None = None
+) -> Plan:
+    """The plan of a loaded SFT recipe (`settings_from_sft`): the model's update and the checkpoint save, the host
+    figure, and the knobs in the SFT recipe's keys."""
+    s = settings_from_sft(rc, accelerator)
+    plan = build_plan(s, model, device_bytes=device_bytes, device_name=device_name)
+    plan.notes.append(
+        "SFT: each micro-batch planned at its most tokens (rows x data.max_length, or the token budget); "
+        "every position's logits are counted"
+    )
+    return add_knobs(plan, s, model)

@@ -11,6 +11,7 @@ from verl_npu.registry import ROLLOUT_ENGINES
 
 if TYPE_CHECKING:
     from verl_npu.config import RecipeConfig
+    from verl_npu.config.sft import SFTRecipe
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -75,6 +76,7 @@ class Settings:
     balance: bool = True  # trainer.balance_batch: rows spread over the data-parallel ranks
     mini_batch: int = 0  # actor.ppo_mini_batch_size (prompts); 0: unknown
     rollout_processes: int = 0  # separate_async: the standalone rollout pool's processes (0: sync, colocated)
+    sft: bool = False  # an SFT recipe: the model's update and checkpoint only (no rollout, no log-prob passes)
 
     @property
     def seq(self) -> int:
@@ -157,6 +159,74 @@ def settings_from_recipe(rc: RecipeConfig, accelerator: bool | None = None) -> S
         rollout_processes=(
             int(ro.nnodes or 0) * int(ro.n_gpus_per_node or 1) if tr.v1.trainer_mode == "separate_async" else 0
         ),
+    )
+
+
+def settings_from_sft(rc: SFTRecipe, accelerator: bool | None = None) -> Settings:
+    """The `Settings` of a loaded SFT recipe (`verl_npu.config.sft.load_sft_recipe`), in the RL plan's terms: one
+    sequence per row (prompt 0, response data.max_length: every position has logits), n 1, the step's rows as one
+    mini-batch (data.train_batch_size conversations, the micro-batches accumulating gradients); no rollout, no
+    reference policy, no critic. `accelerator` as `settings_from_recipe`."""
+    b = rc.typed
+    data, model, engine, tr = b.data, b.model, b.engine, b.trainer
+    if accelerator is None:
+        accelerator = plans_accelerator(tr.device)
+    offload = bool(engine.param_offload)
+    micro = int(data.micro_batch_size_per_gpu)
+    budget = int(data.max_token_len_per_gpu)
+    save_freq = tr.save_freq
+    return Settings(
+        world=int(rc.world_size),
+        gpus_per_node=int(tr.n_gpus_per_node),
+        compute_bytes=2 if accelerator and str(engine.dtype) != "float32" else 4,
+        master_bytes=4,  # engine.model_dtype is fp32 only (bf16 master weights are refused)
+        prompt=0,
+        response=int(data.max_length),
+        n=1,
+        train_batch=int(data.train_batch_size),
+        fsdp=rc.world_size > 1 or offload,
+        micro_rows=micro,
+        dynamic=bool(data.use_dynamic_bsz),
+        token_budget=budget,
+        checkpointing=bool(model.enable_gradient_checkpointing),
+        remove_padding=bool(model.use_remove_padding),
+        fused=False,  # refused in SFT
+        sp=1,  # Ulysses is refused in SFT
+        actor_offload=offload,
+        optimizer_offload=offload or bool(engine.optimizer_offload),
+        lora_rank=int(model.lora_rank or 0),
+        freeze_vision=False,
+        max_pixels=0,
+        lp_micro_rows=micro,  # the validation loss's no-grad forward: the training micro-batches
+        lp_budget=budget,
+        use_ref=False,
+        ref_micro_rows=None,
+        ref_offload=False,
+        rollout="hf",
+        kv_pool=False,
+        tp=1,
+        gpu_memory_utilization=0.0,
+        rollout_bytes=2,
+        max_model_len=int(data.max_length),
+        max_num_seqs=1,
+        max_batched_tokens=1,
+        free_cache=True,
+        kv_cache_bytes=None,
+        critic=False,
+        critic_micro_rows=None,
+        critic_dynamic=False,
+        critic_budget=0,
+        critic_checkpointing=False,
+        critic_offload=False,
+        reward_model=False,
+        rm_micro_rows=None,
+        rm_offload=False,
+        teacher=False,
+        saves=save_freq not in (None, -1, 0),
+        cpu=not accelerator,
+        balance=bool(tr.balance_batch),
+        mini_batch=int(data.train_batch_size),
+        sft=True,
     )
 
 
