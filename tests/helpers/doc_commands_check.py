@@ -274,7 +274,8 @@ def check_verl_npu(args: list[str], ctx: Context, synopsis: bool) -> None:
         except UserError as e:
             raise CommandFailed(str(e)) from None
         ns.recipe = str(recipe)
-        ns.overrides = _filled_overrides(recipe, ns.overrides, ctx)
+        if verb != "plan":  # plan fills them itself, from the placeholders' examples (a model's name gives its shape)
+            ns.overrides = _filled_overrides(recipe, ns.overrides, ctx)
     if verb in ("run", "sft"):
         _validate_for_run(ns.recipe, ns.overrides, ctx)
         return

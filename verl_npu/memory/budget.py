@@ -21,10 +21,17 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------------------------------------ inputs
-def _tiny_shape(uri: str) -> tuple[str, list[str]]:
-    """A tiny:// path without its seed: the model's name and its size options (`num_hidden_layers=1`, ...)."""
-    base, _, query = uri.partition("?")
-    return base.rstrip("/"), sorted(item for item in query.split("&") if item and not item.startswith("seed="))
+def _tiny_shape(uri: str) -> tuple[str, dict[str, int]] | None:
+    """A tiny:// path's model name and size options without its seed (`verl_npu.models.tiny.parse_tiny_uri`); None
+    when it is no valid tiny path."""
+    from verl_npu.errors import UserError
+    from verl_npu.models.tiny import parse_tiny_uri
+
+    try:
+        name, _, sizes = parse_tiny_uri(uri)
+    except UserError:
+        return None
+    return name, sizes
 
 
 def model_numbers(path: Any) -> ModelSize | None:
@@ -32,20 +39,20 @@ def model_numbers(path: Any) -> ModelSize | None:
     nothing downloaded), a tiny:// model already built in the verl-npu cache, or else a path naming
     a model of the known-shapes table (verl_npu.config.known_models); None otherwise."""
     import json
-    import os
-    from pathlib import Path
 
     from verl_npu.config.known_models import known_config
     from verl_npu.config.modelinfo import model_config
+    from verl_npu.models.tiny import default_cache_dir, is_tiny_uri
 
-    if isinstance(path, str) and path.startswith("tiny://"):
-        name = path[len("tiny://") :].partition("?")[0]
-        root = Path(os.environ.get("VERL_NPU_CACHE") or Path.home() / ".cache" / "verl_npu").expanduser() / "tiny"
+    if is_tiny_uri(path):
+        shape = _tiny_shape(path)
+        if shape is None:
+            return None
         builds = []
-        for marker in root.glob(f"{name.strip('/')}-*/verl_npu_tiny.json"):
+        for marker in (default_cache_dir() / "tiny").glob(f"{shape[0]}-*/verl_npu_tiny.json"):
             try:
                 # any seed's build of the same sizes will do: a seed changes the weights, never the shapes
-                if _tiny_shape(str(json.loads(marker.read_text()).get("uri", ""))) == _tiny_shape(path):
+                if _tiny_shape(str(json.loads(marker.read_text()).get("uri", ""))) == shape:
                     builds.append(marker.parent)
             except (OSError, ValueError):
                 continue
