@@ -82,9 +82,12 @@ def model_table(rows: list[tuple[float, float, float]], sync_cost: float, device
 
 
 # ------------------------------------------------------------------------------------------------ the runs
-def one_step_off_overrides(recipe: str, bypass: bool = False) -> list[str]:
+def one_step_off_overrides(recipe: str, bypass: bool = False, clip_ratio_high: float | None = None) -> list[str]:
     """The one-step-off settings of `recipe`; `bypass`: verl's bypass mode, the rollout's log-probs are pi_old, so
-    the trainer runs no old-log-prob pass (the importance weights then come from the loss's own ratio)."""
+    the trainer runs no old-log-prob pass (the importance weights then come from the loss's own ratio);
+    `clip_ratio_high`: the PPO ratio's upper clip (DAPO's clip-higher, 0.28; None: the recipe's 0.2). One step off,
+    the ratio of a step's single update starts at pi_{s-1} / pi_{s-2}, not at 1 as in sync, so the clip acts
+    (docs/async.md, "Benchmark")."""
     from verl_npu.config import load_recipe
 
     cfg = load_recipe(recipe, []).typed
@@ -97,6 +100,7 @@ def one_step_off_overrides(recipe: str, bypass: bool = False) -> list[str]:
         "trainer.v1.sampler.max_off_policy_threshold=1",
         "algorithm.rollout_correction.rollout_is=token",
         *(["algorithm.rollout_correction.bypass_mode=true"] if bypass else []),
+        *([f"actor_rollout_ref.actor.clip_ratio_high={clip_ratio_high}"] if clip_ratio_high is not None else []),
     ]
 
 
@@ -110,13 +114,20 @@ def pin(pid: int, core: int) -> None:
 
 
 def run_one(
-    recipe: str, seed: int, mode: str, root: Path, pin_cores: bool, overrides: list[str], bypass: bool = False
+    recipe: str,
+    seed: int,
+    mode: str,
+    root: Path,
+    pin_cores: bool,
+    overrides: list[str],
+    bypass: bool = False,
+    clip_ratio_high: float | None = None,
 ) -> dict:
     demo_learning.RECIPE = recipe
     out_dir = root / recipe / f"seed{seed}_{mode}"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    extra = [*overrides, *(one_step_off_overrides(recipe, bypass) if mode != "sync" else [])]
+    extra = [*overrides, *(one_step_off_overrides(recipe, bypass, clip_ratio_high) if mode != "sync" else [])]
     # the launcher's Python: the caller's choice, else the one running this script (a worktree has no .venv)
     env = dict(
         os.environ,
@@ -266,6 +277,12 @@ def main() -> int:
     parser.add_argument(
         "--bypass", action="store_true", help="one-step-off in verl's bypass mode (no old-log-prob pass on the trainer)"
     )
+    parser.add_argument(
+        "--clip-ratio-high",
+        type=float,
+        default=None,
+        help="one-step-off: actor.clip_ratio_high (DAPO's clip-higher, 0.28); default: the recipe's (0.2)",
+    )
     parser.add_argument("--out", default=str(BENCH / "results" / "async_demos.md"))
     parser.add_argument("--output-dir", default="/tmp/verl_npu_bench_async")
     parser.add_argument("--report-only", action="store_true", help="the report from finished runs, running nothing")
@@ -299,7 +316,9 @@ def main() -> int:
         for recipe in recipes:
             for seed in range(args.first_seed, args.seeds):
                 for mode in MODES:
-                    r = run_one(recipe, seed, mode, root, not args.no_pin, args.overrides, args.bypass)
+                    r = run_one(
+                        recipe, seed, mode, root, not args.no_pin, args.overrides, args.bypass, args.clip_ratio_high
+                    )
                     print(f"{recipe} seed {seed} {mode}: last-10 {r['last']:.3f}, {r['wall']:.0f} s", flush=True)
                     results.append(r)
     if not results:
