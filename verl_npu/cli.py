@@ -315,28 +315,27 @@ def _placeholders_for_plan(recipe: str, overrides: list[str]) -> list[str]:
     return fills
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    import json
-
+def _plan_recipe(recipe: str, overrides: list[str], device_memory: str | None, quiet_stdout: bool = False):
+    """(the loaded recipe, its plan) of an RL or SFT recipe, EDIT_ME fields the user left taken as their
+    placeholders' examples; `quiet_stdout` (--json): what it says goes to stderr, stdout holds the JSON alone."""
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if quiet_stdout else _say
     from verl_npu.config import load_recipe
-    from verl_npu.memory.budget import model_numbers, plan_for
+    from verl_npu.memory.budget import model_numbers
 
-    filled = _placeholders_for_plan(args.recipe, args.overrides)
-    sft = _is_sft(args.recipe)
-    if sft:
+    filled = _placeholders_for_plan(recipe, overrides)
+    if _is_sft(recipe):
         from verl_npu.config.sft import load_sft_recipe
-        from verl_npu.memory.budget import plan_for_sft
 
-        rc = load_sft_recipe(args.recipe, [*filled, *args.overrides])
+        rc = load_sft_recipe(recipe, [*filled, *overrides])
         for warning in rc.warnings:
-            _say(f"[verl-npu] warning: {warning}")
+            say(f"[verl-npu] warning: {warning}")
         model_key, path = "model.path", rc.typed.model.path
     else:
-        rc = load_recipe(args.recipe, [*filled, *args.overrides])
+        rc = load_recipe(recipe, [*filled, *overrides])
         _warn(rc)
         model_key, path = "actor_rollout_ref.model.path", rc.typed.actor_rollout_ref.model.path
     if filled:
-        _say(
+        say(
             "[verl-npu] planning with the EDIT_ME fields still unfilled, each taken as its placeholder's example "
             "(the plan reads no data, writes nothing, and takes the model's shape from its name): "
             + ", ".join(f.split("=", 1)[0] for f in filled)
@@ -345,16 +344,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from verl_npu.models.tiny import materialize  # builds the tiny model once (seconds), as a run would
 
         materialize(path)
-    plan, why = plan_for_sft(rc, args.device_memory) if sft else plan_for(rc, args.device_memory)
+    plan, why = _plan_of(rc, device_memory)
     if plan is None:
         raise UserError(
             f"cannot plan {rc.source}: {why}; set {model_key} to a folder with a "
             "config.json (or pre-download the hub id into the Hugging Face cache)"
         )
-    if args.json:
-        sys.stdout.write(json.dumps(plan.as_dict(), indent=2) + "\n")
-        return 0
-    _say(f"{rc.source}: memory plan per device on {plan.device_name}")
+    return rc, plan
+
+
+def _print_plan(source, plan) -> None:
+    _say(f"{source}: memory plan per device on {plan.device_name}")
     for phase in plan.phases:
         mark = "  <- peak" if phase is plan.peak else ""
         _say(f"  {phase.name:<16} {_size(phase.total):>12}{mark}{'  (' + phase.note + ')' if phase.note else ''}")
@@ -378,6 +378,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _say("knobs that lower the peak (each alone; memory saved at the peak):")
         for override, saved in plan.knobs:
             _say(f"  {override:<72} -{_size(saved)}")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """The memory plan of an RL or SFT recipe; of a stages recipe, each stage's in turn (each its own run)."""
+    import json
+
+    if _is_stages(args.recipe):
+        from verl_npu.config.stages import read_stages
+
+        filled = _placeholders_for_plan(args.recipe, args.overrides)  # the shared output folder's placeholder
+        stages = read_stages(args.recipe, [*filled, *args.overrides])
+        sft, rl = stages.stages
+        sft_rc, sft_plan = _plan_recipe(str(sft.recipe), stages.stage_overrides(sft), args.device_memory, args.json)
+        # the RL stage trains the SFT stage's export: the SFT model's shapes
+        rl_overrides = stages.stage_overrides(rl, model_path=str(sft_rc.typed.model.path))
+        plans = [
+            (sft, sft_rc, sft_plan),
+            (rl, *_plan_recipe(str(rl.recipe), rl_overrides, args.device_memory, args.json)),
+        ]
+        if args.json:
+            body = {"stages": [{"name": s.name, "recipe": str(rc.source), **p.as_dict()} for s, rc, p in plans]}
+            sys.stdout.write(json.dumps(body, indent=2) + "\n")
+            return 0
+        for stage, rc, plan in plans:
+            _say(f"stage {stage.name} ({stage.kind}), planned alone: its run holds the devices by itself")
+            _print_plan(rc.source, plan)
+        return 0
+    rc, plan = _plan_recipe(args.recipe, args.overrides, args.device_memory, args.json)
+    if args.json:
+        sys.stdout.write(json.dumps(plan.as_dict(), indent=2) + "\n")
+        return 0
+    _print_plan(rc.source, plan)
     return 0
 
 

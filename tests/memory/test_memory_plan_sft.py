@@ -147,3 +147,30 @@ def test_an_sft_run_that_will_not_fit_stops_before_training_unless_forced(tiny_l
     assert main([*args, "--device-memory", "16MiB", "--force"]) == 0 and len(trained) == 1
     assert main(args) == 0 and len(trained) == 2
     assert "memory plan: " in capsys.readouterr().out
+
+
+def test_a_stages_recipe_plans_each_stage_the_rl_stage_with_the_sft_models_shapes(capsys):
+    """`verl-npu plan qwen25_retool`: the SFT stage, then the RL stage, whose model is the SFT stage's export (the
+    placeholder of the RL recipe's own model path names no model): both planned with Qwen2.5-7B's numbers."""
+    assert main(["plan", "qwen25_retool"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("stage sft (sft)") < out.index("qwen25_retool_sft.yaml: memory plan") < out.index("stage rl (rl)")
+    peaks = re.findall(r"^peak: ([a-z ]+), ", out, re.M)
+    assert peaks[0] == "model update" and len(peaks) == 2, out
+    assert main(["plan", "qwen25_retool", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in body["stages"]] == ["sft", "rl"] and body["stages"][0]["peak_phase"] == "model update"
+    assert main(["plan", "qwen25_retool_dapo", "actor_rollout_ref.model.path=Qwen2.5-7B-Instruct", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert body["stages"][1]["phases"] == alone["phases"]  # the RL stage: Qwen2.5-7B, the SFT stage's model
+    assert main(["plan", "qwen25_retool", "sft.data.max_length=32768", "--json"]) == 0
+    longer = json.loads(capsys.readouterr().out)["stages"]
+    assert longer[0]["peak_bytes"] > body["stages"][0]["peak_bytes"]
+    assert longer[1]["peak_bytes"] == body["stages"][1]["peak_bytes"]  # a stage's override reaches its stage only
+
+
+def test_json_is_alone_on_stdout_when_placeholders_are_filled(capsys):
+    """`plan --json` of a recipe with EDIT_ME fields: the note about the stand-in values goes to stderr."""
+    assert main(["plan", "qwen25_gsm8k", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["peak_phase"] and "EDIT_ME fields still unfilled" in captured.err

@@ -66,11 +66,11 @@ def _recipe_path(text: str, base: Path) -> Path:
     return local if local.is_file() else find_recipe(text)
 
 
-def load_stages(name_or_path: str | Path, overrides: Iterable[str] = ()) -> StagesRecipe:
-    """Read a stages recipe and validate each stage with its own loader; ConfigErrors lists every problem."""
-    from verl_npu.config.loader import load_recipe
+def read_stages(name_or_path: str | Path, overrides: Iterable[str] = ()) -> StagesRecipe:
+    """A stages recipe's structure with `overrides` applied (`stage.key=value` to its stage, `af_output_dir=DIR`),
+    each stage's recipe found and of the right kind, but not validated (`load_stages` does that)."""
     from verl_npu.config.recipes import find_recipe
-    from verl_npu.config.sft import is_sft_recipe, load_sft_recipe
+    from verl_npu.config.sft import is_sft_recipe
 
     source = find_recipe(name_or_path)
     raw = read_yaml_file(source)
@@ -143,8 +143,17 @@ def load_stages(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Stag
                 "(or are af_output_dir=DIR)"
             )
         target[0].overrides.append(text[: len(head) - len(head.lstrip("+~"))] + rest)
-    recipe = StagesRecipe(source, Path(os.path.expanduser(str(out_dir))), stages)
-    sft, rl = stages
+    return StagesRecipe(source, Path(os.path.expanduser(str(out_dir))), stages)
+
+
+def load_stages(name_or_path: str | Path, overrides: Iterable[str] = ()) -> StagesRecipe:
+    """Read a stages recipe and validate each stage with its own loader; ConfigErrors lists every problem."""
+    from verl_npu.config.loader import load_recipe
+    from verl_npu.config.sft import load_sft_recipe
+
+    recipe = read_stages(name_or_path, overrides)
+    problems: list[Problem] = []
+    sft, rl = recipe.stages
     try:
         rc = load_sft_recipe(sft.recipe, recipe.stage_overrides(sft))
         if "hf_model" not in rc.typed.checkpoint.save_contents:
@@ -163,5 +172,5 @@ def load_stages(name_or_path: str | Path, overrides: Iterable[str] = ()) -> Stag
     except ConfigErrors as exc:
         problems += [Problem(f"{rl.name}: {p.key}", p.message, p.fix) for p in exc.problems]
     if problems:
-        raise ConfigErrors(problems, source=str(source))
+        raise ConfigErrors(problems, source=str(recipe.source))
     return recipe
