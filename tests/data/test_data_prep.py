@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 import runpy
 import socket
@@ -347,9 +348,14 @@ def test_geo3k_py_is_verls_name_for_geometry3k_py(tmp_path, capsys, monkeypatch)
 def test_data_prep_with_a_python_lacking_the_project_names_the_python_to_use():
     """`python data_prep/x.py` with the system Python (no verl_npu): one line naming the missing package
     and the project's Python, no traceback. `-S` leaves out site-packages, where the project is installed."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # -S keeps PYTHONPATH, which may hold the project
     for name in ("geometry3k.py", "gsm8k.py", "geo3k.py", "search_r1.py"):
         res = subprocess.run(
-            [sys.executable, "-S", str(REPO / "data_prep" / name), "--help"], capture_output=True, text=True, timeout=60
+            [sys.executable, "-S", str(REPO / "data_prep" / name), "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
         )
         assert res.returncode == 1, res
         assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
