@@ -17,9 +17,10 @@ KEYS: list[Key] = []
 V1, RO = "trainer.v1", "actor_rollout_ref.rollout"
 #: why colocate_async is refused (docs/async.md, "What is refused")
 COLOCATE_REFUSAL = (
-    "use trainer.v1.trainer_mode=separate_async (generation in a process of its own, overlapping training) or sync: "
-    "colocated overlap interleaves generation and training on the same devices, and on the CPU the two already "
-    "compete for the same cores (the hf engine samples from the actor's own module), so there is nothing to overlap")
+    "use trainer.v1.trainer_mode=separate_async: its rollout processes take the trainer's own devices when the node "
+    "has no others (docs/async.md, 'On accelerators'), which is the colocated overlap, with the weights in a second "
+    "copy instead of the actor's module time-shared (measured on the CPU demos, generation and training on the same "
+    "2 cores: a step 0.52-0.72 x sync's, bench/results/async_demos_all_seeds.md); or sync")
 
 
 def _k(path: str, default: Any, type_: str, doc: str, **kw: Any) -> None:
