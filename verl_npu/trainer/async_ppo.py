@@ -288,6 +288,13 @@ class AsyncPPOTrainer(PPOTrainer):
             if self.push_thread is not None:
                 self.push_thread.join()
             if self.push_result.get("error"):
+                from verl_npu.workers.rollout_side import RolloutSideDied
+
+                # a rollout process that died is why a transfer to it fails: name it, as a reply would
+                try:
+                    self.rollout.raise_if_one_died()
+                except RolloutSideDied as died:
+                    raise died from self.push_result["error"]
                 raise self.push_result["error"]
             named = self.rollout_weights(self.workers.parameter_snapshot())
             self.digests[version] = weights_digest(named.items())

@@ -178,6 +178,16 @@ class RolloutSide:
                 raise RuntimeError(f"rollout process {reply[1]} failed:\n{reply[2]}")
             return reply
 
+    def raise_if_one_died(self, within_s: float = 5.0) -> None:
+        """RolloutSideDied naming a rollout process that has exited, looking for up to `within_s` seconds: called when
+        a transfer to the rollout side failed (a peer's closed connection is seen a moment before its exit is)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            self._raise_if_one_died()
+            if time.monotonic() > deadline:
+                return
+            time.sleep(POLL_S)
+
     def _raise_if_one_died(self, besides: int | None = None) -> None:
         """RolloutSideDied naming the first rollout process that has exited, if one has (`besides`: one that is
         not to be named, a process that reported an error and may have exited since)."""
