@@ -307,6 +307,7 @@ except KeyboardInterrupt:
 
 
 def test_a_real_ctrl_c_still_stops_the_loop_while_a_tool_runs():
+    import os
     import signal
     import subprocess
     import sys
@@ -318,14 +319,44 @@ def test_a_real_ctrl_c_still_stops_the_loop_while_a_tool_runs():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a hang shows every thread's stack (SIGABRT below)
     )
     try:
         assert proc.stdout.readline().strip() == "ready"
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, err = proc.communicate(timeout=30)
+            raise AssertionError(f"no exit 120 s after SIGINT; the child's threads:\n{err[-6000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130 and "stopped by Ctrl-C" in out, (out, err[-2000:])
     assert time.monotonic() - t0 < 120  # long before the tool (600 s) or its deadline (900 s) would end it
+
+
+def test_tool_threads_leave_ctrl_c_and_sigterm_to_the_main_thread():
+    """A plain tool method runs in a thread of its own and an async one on its owner's loop thread: both block SIGINT
+    and SIGTERM there, so the kernel hands a Ctrl-C (or a scheduler's SIGTERM) to the main thread, whose handler acts
+    at once. (Taken by a tool's thread it was only flagged, while the main loop slept in select: the real Ctrl-C test
+    above then hung on a loaded machine.)"""
+    import signal
+
+    from verl_npu.tools.loading import run_method
+
+    class Masks(BaseTool):
+        def execute(self, instance_id, parameters, **kwargs):
+            return signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+        async def release(self, instance_id, **kwargs):
+            return signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+    tool = Masks({}, schema("masks"))
+    plain = asyncio.run(run_method(tool.execute, "i", {}))
+    on_loop = asyncio.run(run_method(tool.release, "i"))
+    for blocked in (plain, on_loop):
+        assert {signal.SIGINT, signal.SIGTERM} <= set(blocked), blocked
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())  # the main thread's is untouched

@@ -13,6 +13,7 @@ import asyncio
 import importlib
 import inspect
 import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,23 @@ def _settle(loop, future, setter, value):
         pass
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _without_stop_signals(target):
+    """`target`, to run in a thread of its own with SIGINT and SIGTERM blocked there: the kernel then hands a Ctrl-C
+    or a SIGTERM to the main thread, whose handler stops the run at once. Taken by a tool's thread, the signal would
+    only be flagged, and acted on when the main thread next ran Python: its event loop may sleep in select for as
+    long as a call's timeout (seen as a Ctrl-C that did nothing for minutes on a loaded machine)."""
+
+    def run():
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        target()
+
+    return run
+
+
 def _in_thread(method, args, kwargs):
     """Run a plain method in a daemon thread; a future the caller can stop waiting for. A method that
     never returns keeps its thread, never the rollout."""
@@ -216,7 +234,8 @@ def _in_thread(method, args, kwargs):
         except BaseException as err:  # noqa: BLE001 - SystemExit & co. of user code: an ordinary error
             _settle(loop, future, future.set_exception, ToolRaised(err))
 
-    threading.Thread(target=work, daemon=True, name=f"tool-{getattr(method, '__name__', 'call')}").start()
+    name = f"tool-{getattr(method, '__name__', 'call')}"
+    threading.Thread(target=_without_stop_signals(work), daemon=True, name=name).start()
     return future
 
 
@@ -233,7 +252,9 @@ def _owner_loop(owner) -> asyncio.AbstractEventLoop:
         if held is None or held[0] is not owner or held[1].is_closed():
             loop = asyncio.new_event_loop()
             name = getattr(owner, "name", type(owner).__name__)
-            threading.Thread(target=loop.run_forever, daemon=True, name=f"tool-loop-{name}").start()
+            threading.Thread(
+                target=_without_stop_signals(loop.run_forever), daemon=True, name=f"tool-loop-{name}"
+            ).start()
             held = _OWNER_LOOPS[id(owner)] = (owner, loop)
         return held[1]
 
