@@ -283,7 +283,10 @@ def test_the_loop_runs_async_tools_on_their_own_loop_between_rounds(tokenizer):
 
 
 CTRL_C = """
-import asyncio, sys, time
+import asyncio, signal, sys, time
+# as a user's foreground process has it: started from a background job (`pytest ... &`) SIGINT comes in ignored, and
+# Python then installs no Ctrl-C handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from verl_npu.config.typed import section
 from verl_npu.rollout.agent_loop import MULTI_TURN, AgentLoop, ToolCall, Trajectory
 from verl_npu.tools.base import BaseTool, ToolResponse
@@ -340,9 +343,8 @@ def test_a_real_ctrl_c_still_stops_the_loop_while_a_tool_runs():
 
 def test_tool_threads_leave_ctrl_c_and_sigterm_to_the_main_thread():
     """A plain tool method runs in a thread of its own and an async one on its owner's loop thread: both block SIGINT
-    and SIGTERM there, so the kernel hands a Ctrl-C (or a scheduler's SIGTERM) to the main thread, whose handler acts
-    at once. (Taken by a tool's thread it was only flagged, while the main loop slept in select: the real Ctrl-C test
-    above then hung on a loaded machine.)"""
+    and SIGTERM there, so the kernel hands a Ctrl-C (or a scheduler's SIGTERM) to the main thread, where Python runs
+    signal handlers (taken by another thread, a signal is only flagged until the main thread next runs Python)."""
     import signal
 
     from verl_npu.tools.loading import run_method

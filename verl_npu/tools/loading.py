@@ -208,9 +208,9 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 def _without_stop_signals(target):
     """`target`, to run in a thread of its own with SIGINT and SIGTERM blocked there: the kernel then hands a Ctrl-C
-    or a SIGTERM to the main thread, whose handler stops the run at once. Taken by a tool's thread, the signal would
+    or a SIGTERM to the main thread, where Python runs signal handlers. Taken by a tool's thread, the signal would
     only be flagged, and acted on when the main thread next ran Python: its event loop may sleep in select for as
-    long as a call's timeout (seen as a Ctrl-C that did nothing for minutes on a loaded machine)."""
+    long as a call's timeout."""
 
     def run():
         if hasattr(signal, "pthread_sigmask"):
