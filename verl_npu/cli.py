@@ -288,27 +288,22 @@ def _placeholders_for_plan(recipe: str, overrides: list[str]) -> list[str]:
     """Overrides that give each EDIT_ME field of the recipe file which the user did not set the example
     path its placeholder holds ("EDIT_ME: /path/to/Qwen2.5-VL-7B-Instruct" -> /path/to/Qwen2.5-VL-7B-Instruct):
     a plan needs only the model's shape, which a placeholder naming a known model gives."""
-    from verl_npu.config.recipes import find_recipe, placeholder_fields
+    from verl_npu.config.recipes import find_recipe, placeholders
     from verl_npu.config.tree import flatten, read_yaml_file
-
-    def every_leaf(node, prefix: str) -> None:  # an SFT recipe's sections are not the RL schema's
-        for k, v in node.items():
-            every_leaf(v, f"{prefix}.{k}" if prefix else str(k)) if isinstance(v, dict) else flat.__setitem__(
-                f"{prefix}.{k}" if prefix else str(k), v
-            )
 
     try:
         path = find_recipe(recipe)
-        flat: dict = {}
-        tree = read_yaml_file(path)
-        every_leaf(tree, "") if _is_sft(recipe) else flatten(tree, "", flat)
+        fields = placeholders(path)
+        if not _is_sft(recipe):  # a key inside a free-form dict of the RL schema is no override: not filled
+            flat: dict = {}
+            flatten(read_yaml_file(path), "", flat)
+            fields = {k: v for k, v in fields.items() if k in flat}
     except UserError:
         return []  # load_recipe says what is wrong with it
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     fills = []
-    for key in placeholder_fields(path):
-        value = flat.get(key)  # None for a key inside a free-form dict: not filled
-        if key in given or key.removeprefix("backend_config.") in given or not isinstance(value, str):
+    for key, value in fields.items():
+        if key in given or key.removeprefix("backend_config.") in given:
             continue
         example = value.split(":", 1)[1].strip() if ":" in value else ""
         fills.append(f"{key}={example or 'unset'}")

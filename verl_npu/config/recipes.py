@@ -83,22 +83,27 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
     )
 
 
-def placeholder_fields(path: Path) -> list[str]:
-    """Full dotted keys in a recipe file whose value is an EDIT_ME placeholder, in file order. The whole tree
-    is walked, whatever its sections: an SFT recipe's `model.path` is a placeholder as an RL recipe's is."""
+def placeholders(path: Path) -> dict[str, str]:
+    """{full dotted key: its EDIT_ME placeholder text} of a recipe file, in file order. The whole tree is walked,
+    whatever its sections: an SFT recipe's `model.path` is a placeholder as an RL recipe's is."""
     from verl_npu.config.tree import is_placeholder, read_yaml_file
 
-    found: list[str] = []
+    found: dict[str, str] = {}
 
     def walk(node: Any, prefix: str) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 walk(v, f"{prefix}.{k}" if prefix else str(k))
         elif is_placeholder(node):
-            found.append(prefix)
+            found[prefix] = node
 
     walk(read_yaml_file(path), "")
     return found
+
+
+def placeholder_fields(path: Path) -> list[str]:
+    """Full dotted keys in a recipe file whose value is an EDIT_ME placeholder, in file order (`placeholders`)."""
+    return list(placeholders(path))
 
 
 def copy_recipe(name_or_path: str, dest: str | os.PathLike) -> tuple[Path, list[str]]:
